@@ -1,0 +1,208 @@
+"""
+model.py: GPT-2 and Llama in one file, chosen by `arch`.
+
+    gpt2:  learned positions, LayerNorm (with bias if `bias`), GELU MLP, tied embeddings
+    llama: RoPE, RMSNorm, SwiGLU MLP, no biases, grouped-query attention, untied unless `tie_embeddings`
+
+Both are pre-norm decoder stacks: x = x + attn(norm(x)); x = x + mlp(norm(x)); logits = lm_head(norm_f(x)).
+The parameter layout (tok_emb, pos_emb, blocks[i].{attn_norm, attn, mlp_norm, mlp}, norm_f, lm_head) is what
+ledger.count_params counts and what train.py shards per block; test_model.py holds the two against each other.
+
+Speed on H100/H200: attention goes through F.scaled_dot_product_attention(is_causal=True) so the flash/cuDNN
+kernel runs, GQA uses enable_gqa instead of materialising repeated K/V, norms use torch's fused kernels, and
+forward has no .item() or data-dependent Python, so torch.compile sees one graph.
+"""
+import math
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
+
+from ledger import ModelConfig  # re-exported: `from model import ModelConfig` works
+
+__all__ = ['ModelConfig', 'GPT', 'Block']
+
+
+# -----------------------------------------------------------------------------------------------------
+# Rotary position embedding (RoPE, Su et al. 2021): rotate each (x1, x2) pair of a head by angle t * theta^(-2i/d).
+# We pair the first half of the head with the second half (GPT-NeoX / HF Llama layout), which needs only
+# chunk + cat, no strided views. The cos/sin tables are constants, so autograd saves only them (tiny), not q or k.
+
+def rope_tables(head_dim, block_size, theta, device=None):
+    """cos and sin of shape (block_size, head_dim // 2), in fp32."""
+    inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32, device=device) / head_dim)
+    angles = torch.outer(torch.arange(block_size, dtype=torch.float32, device=device), inv_freq)
+    return angles.cos(), angles.sin()
+
+
+def apply_rope(x, cos, sin):
+    """x: (B, T, heads, head_dim); cos, sin: (T, head_dim // 2). Returns the rotated x, same shape and dtype."""
+    cos, sin = cos[:, None, :].to(x.dtype), sin[:, None, :].to(x.dtype)  # broadcast over heads
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+
+
+# -----------------------------------------------------------------------------------------------------
+# Attention: separate q, k, v projections (k and v have n_kv_head heads: GQA when n_kv_head < n_head).
+# Separate rather than fused qkv so that with RoPE the un-rotated q and k are not kept alive for backward
+# through a shared storage: only rotated q, k, v and the attention output are saved.
+
+class Attention(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.n_head, self.n_kv_head, self.head_dim = config.n_head, config.kv_heads, config.head_dim
+        self.use_rope = config.arch == 'llama'
+        bias = config.bias and config.arch == 'gpt2'
+        self.q_proj = nn.Linear(config.n_embd, self.n_head * self.head_dim, bias=bias)
+        self.k_proj = nn.Linear(config.n_embd, self.n_kv_head * self.head_dim, bias=bias)
+        self.v_proj = nn.Linear(config.n_embd, self.n_kv_head * self.head_dim, bias=bias)
+        self.o_proj = nn.Linear(self.n_head * self.head_dim, config.n_embd, bias=bias)  # residual projection
+
+    def forward(self, x, cos, sin):
+        B, T, _ = x.shape
+        q = self.q_proj(x).view(B, T, self.n_head, self.head_dim)
+        k = self.k_proj(x).view(B, T, self.n_kv_head, self.head_dim)
+        v = self.v_proj(x).view(B, T, self.n_kv_head, self.head_dim)
+        if self.use_rope:
+            q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        # SDPA wants (B, heads, T, head_dim); transposes are free views. enable_gqa lets each group of
+        # n_head / n_kv_head query heads read one K/V head without a repeat_interleave copy (torch >= 2.5).
+        y = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True,
+                                           enable_gqa=self.n_kv_head != self.n_head)
+        return self.o_proj(y.transpose(1, 2).reshape(B, T, self.n_head * self.head_dim))
+
+
+# -----------------------------------------------------------------------------------------------------
+# MLPs. GPT-2: up (H -> 4H), GELU (tanh approximation, as GPT-2 trained), down. Llama: SwiGLU (Shazeer 2020),
+# down(silu(gate(x)) * up(x)) with width H' ~ 8H/3 so that three matrices cost what GPT-2's two do.
+
+class GeluMLP(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.up_proj = nn.Linear(config.n_embd, config.ffn_width, bias=config.bias)
+        self.down_proj = nn.Linear(config.ffn_width, config.n_embd, bias=config.bias)  # residual projection
+
+    def forward(self, x):
+        return self.down_proj(F.gelu(self.up_proj(x), approximate='tanh'))
+
+
+class SwiGLU(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.gate_proj = nn.Linear(config.n_embd, config.ffn_width, bias=False)
+        self.up_proj = nn.Linear(config.n_embd, config.ffn_width, bias=False)
+        self.down_proj = nn.Linear(config.ffn_width, config.n_embd, bias=False)  # residual projection
+
+    def forward(self, x):
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+def make_norm(config):
+    """LayerNorm (gpt2; bias only if config.bias) or RMSNorm (llama); both call torch's fused kernels."""
+    if config.arch == 'gpt2':
+        return nn.LayerNorm(config.n_embd, eps=config.norm_eps, bias=config.bias)
+    return nn.RMSNorm(config.n_embd, eps=config.norm_eps)
+
+
+class Block(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.attn_norm = make_norm(config)
+        self.attn = Attention(config)
+        self.mlp_norm = make_norm(config)
+        self.mlp = GeluMLP(config) if config.arch == 'gpt2' else SwiGLU(config)
+
+    def forward(self, x, cos, sin):
+        x = x + self.attn(self.attn_norm(x), cos, sin)
+        return x + self.mlp(self.mlp_norm(x))
+
+
+# -----------------------------------------------------------------------------------------------------
+# The model.
+
+class GPT(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.config = config
+        self.recompute = False  # True: keep only each block's input, recompute the block in backward (8P FLOPs)
+        self.tok_emb = nn.Embedding(config.vocab_size, config.n_embd)
+        if config.arch == 'gpt2':
+            self.pos_emb = nn.Embedding(config.block_size, config.n_embd)
+        self.blocks = nn.ModuleList(Block(config) for _ in range(config.n_layer))
+        self.norm_f = make_norm(config)
+        self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
+        if config.tie_embeddings:
+            self.lm_head.weight = self.tok_emb.weight  # one tensor: parameters() and the ledger count it once
+        # RoPE tables: derived constants, not state (non-persistent: not in checkpoints), rebuilt by init_weights.
+        if config.arch == 'llama':
+            cos, sin = rope_tables(config.head_dim, config.block_size, config.rope_theta)
+            self.register_buffer('rope_cos', cos, persistent=False)
+            self.register_buffer('rope_sin', sin, persistent=False)
+        if self.tok_emb.weight.device.type != 'meta':
+            self.init_weights()
+
+    @torch.no_grad()
+    def init_weights(self):
+        """GPT-2 initialisation: every weight N(0, 0.02), biases 0, norms 1; the two residual projections per
+        block get std 0.02 / sqrt(2 * n_layer), so the residual stream's variance does not grow with depth
+        (each of the 2L branches adds its output to it). Deterministic from torch's RNG, in module order.
+        Call after `to_empty(device=...)` when the model was built on the meta device."""
+        std, residual_std = 0.02, 0.02 / math.sqrt(2 * self.config.n_layer)
+        for module in self.modules():
+            if isinstance(module, (nn.Linear, nn.Embedding)):
+                nn.init.normal_(module.weight, mean=0.0, std=std)
+                if getattr(module, 'bias', None) is not None:
+                    nn.init.zeros_(module.bias)
+            elif isinstance(module, (nn.LayerNorm, nn.RMSNorm)):
+                module.reset_parameters()
+        for block in self.blocks:
+            nn.init.normal_(block.attn.o_proj.weight, mean=0.0, std=residual_std)
+            nn.init.normal_(block.mlp.down_proj.weight, mean=0.0, std=residual_std)
+        if self.config.arch == 'llama':
+            cos, sin = rope_tables(self.config.head_dim, self.config.block_size, self.config.rope_theta,
+                                   device=self.rope_cos.device)
+            self.rope_cos.copy_(cos)
+            self.rope_sin.copy_(sin)
+
+    def forward(self, idx, targets=None):
+        """idx: (B, T) token ids, T <= block_size. Returns logits (B, T, V) and, with targets (B, T), the mean
+        cross-entropy over all positions, computed from fp32 logits (bf16 log-softmax over 50K classes loses
+        digits); otherwise loss is None."""
+        B, T = idx.shape
+        x = self.tok_emb(idx)
+        cos = sin = None
+        if self.config.arch == 'gpt2':
+            x = x + self.pos_emb(torch.arange(T, device=idx.device))
+        else:
+            cos, sin = self.rope_cos[:T], self.rope_sin[:T]
+        for block in self.blocks:
+            if self.recompute and torch.is_grad_enabled():
+                x = checkpoint(block, x, cos, sin, use_reentrant=False)
+            else:
+                x = block(x, cos, sin)
+        logits = self.lm_head(self.norm_f(x))
+        loss = None
+        if targets is not None:
+            loss = F.cross_entropy(logits.float().view(B * T, -1), targets.view(B * T))
+        return logits, loss
+
+    @torch.no_grad()
+    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None):
+        """Append max_new_tokens sampled tokens to idx (B, T) and return it. temperature scales the logits
+        (0 means greedy); top_k keeps only the k most likely tokens. No KV cache: each step reruns the
+        (cropped) context, which is simple and fast enough for samples during training."""
+        for _ in range(max_new_tokens):
+            context = idx[:, -self.config.block_size:]
+            logits, _ = self(context)
+            logits = logits[:, -1, :].float()
+            if temperature == 0:
+                next_token = logits.argmax(dim=-1, keepdim=True)
+            else:
+                logits = logits / temperature
+                if top_k is not None:
+                    kth = torch.topk(logits, min(top_k, logits.size(-1))).values[:, -1:]
+                    logits = logits.masked_fill(logits < kth, float('-inf'))
+                next_token = torch.multinomial(F.softmax(logits, dim=-1), num_samples=1)
+            idx = torch.cat((idx, next_token), dim=1)
+        return idx
