@@ -9,7 +9,7 @@ The parameter layout (tok_emb, pos_emb, blocks[i].{attn_norm, attn, mlp_norm, ml
 ledger.count_params counts and what train.py shards per block; test_model.py holds the two against each other.
 
 Speed on H100/H200: attention goes through F.scaled_dot_product_attention(is_causal=True) so the flash/cuDNN
-kernel runs, GQA uses enable_gqa instead of materialising repeated K/V, norms use torch's fused kernels, and
+kernel runs, GQA uses enable_gqa instead of materialising repeated K/V, norms are torch's own (F.layer_norm, F.rms_norm), and
 forward has no .item() or data-dependent Python, so torch.compile sees one graph.
 """
 import math
@@ -44,9 +44,9 @@ def apply_rope(x, cos, sin):
 
 
 # -----------------------------------------------------------------------------------------------------
-# Attention: separate q, k, v projections (k and v have n_kv_head heads: GQA when n_kv_head < n_head).
-# Separate rather than fused qkv so that with RoPE the un-rotated q and k are not kept alive for backward
-# through a shared storage: only rotated q, k, v and the attention output are saved.
+# Attention: one fused qkv projection (k and v have n_kv_head heads: GQA when n_kv_head < n_head). Fused, as in
+# nanoGPT, because one big GEMM is faster than three, and because under bf16 autocast each Linear casts its fp32
+# input to bf16 separately (activation casts are not cached): three projections would save three bf16 copies.
 
 class Attention(nn.Module):
     def __init__(self, config):
@@ -54,16 +54,13 @@ class Attention(nn.Module):
         self.n_head, self.n_kv_head, self.head_dim = config.n_head, config.kv_heads, config.head_dim
         self.use_rope = config.arch == 'llama'
         bias = config.bias and config.arch == 'gpt2'
-        self.q_proj = nn.Linear(config.n_embd, self.n_head * self.head_dim, bias=bias)
-        self.k_proj = nn.Linear(config.n_embd, self.n_kv_head * self.head_dim, bias=bias)
-        self.v_proj = nn.Linear(config.n_embd, self.n_kv_head * self.head_dim, bias=bias)
+        self.qkv_proj = nn.Linear(config.n_embd, (self.n_head + 2 * self.n_kv_head) * self.head_dim, bias=bias)
         self.o_proj = nn.Linear(self.n_head * self.head_dim, config.n_embd, bias=bias)  # residual projection
 
     def forward(self, x, cos, sin):
         B, T, _ = x.shape
-        q = self.q_proj(x).view(B, T, self.n_head, self.head_dim)
-        k = self.k_proj(x).view(B, T, self.n_kv_head, self.head_dim)
-        v = self.v_proj(x).view(B, T, self.n_kv_head, self.head_dim)
+        qkv = self.qkv_proj(x).view(B, T, self.n_head + 2 * self.n_kv_head, self.head_dim)
+        q, k, v = qkv.split((self.n_head, self.n_kv_head, self.n_kv_head), dim=2)
         if self.use_rope:
             q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         # SDPA wants (B, heads, T, head_dim); transposes are free views. enable_gqa lets each group of
@@ -90,16 +87,17 @@ class GeluMLP(nn.Module):
 class SwiGLU(nn.Module):
     def __init__(self, config):
         super().__init__()
-        self.gate_proj = nn.Linear(config.n_embd, config.ffn_width, bias=False)
-        self.up_proj = nn.Linear(config.n_embd, config.ffn_width, bias=False)
+        self.width = config.ffn_width
+        self.gate_up_proj = nn.Linear(config.n_embd, 2 * config.ffn_width, bias=False)  # gate and up, fused
         self.down_proj = nn.Linear(config.ffn_width, config.n_embd, bias=False)  # residual projection
 
     def forward(self, x):
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        gate, up = self.gate_up_proj(x).split(self.width, dim=-1)
+        return self.down_proj(F.silu(gate) * up)
 
 
 def make_norm(config):
-    """LayerNorm (gpt2; bias only if config.bias) or RMSNorm (llama); both call torch's fused kernels."""
+    """LayerNorm (gpt2; bias only if config.bias) or RMSNorm (llama), torch's own modules."""
     if config.arch == 'gpt2':
         return nn.LayerNorm(config.n_embd, eps=config.norm_eps, bias=config.bias)
     return nn.RMSNorm(config.n_embd, eps=config.norm_eps)
