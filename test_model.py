@@ -1,0 +1,297 @@
+"""
+test_model.py: the model against the ledger (parameters, FLOPs, activation memory) and against its own contract
+(causality, attention, training, generation, recomputation). CPU only, float32, tiny shapes.
+
+    python -m pytest -q -x test_model.py
+"""
+import math
+import os
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.utils.flop_counter import FlopCounterMode
+
+import ledger
+from model import GPT, ModelConfig, apply_rope
+
+torch.set_num_threads(2)
+
+LLAMA = dict(arch='llama', n_layer=2, n_head=4, n_embd=64, vocab_size=256, block_size=32)
+GPT2 = dict(arch='gpt2', n_layer=2, n_head=4, n_embd=64, vocab_size=256, block_size=32, tie_embeddings=True,
+            bias=True)
+
+
+def tiny(**overrides):
+    base = LLAMA if overrides.get('arch', 'llama') == 'llama' else GPT2
+    return ModelConfig(**{**base, **overrides})
+
+
+def batch(config, micro_batch, seed=0):
+    generator = torch.Generator().manual_seed(seed)
+    shape = (micro_batch, config.block_size)
+    return (torch.randint(0, config.vocab_size, shape, generator=generator),
+            torch.randint(0, config.vocab_size, shape, generator=generator))
+
+
+# -----------------------------------------------------------------------------------------------------
+# Ledger 1: parameters. The ledger counts from the config; the model builds from it; they must agree exactly.
+
+PARAM_CONFIGS = [
+    tiny(),                                                     # llama, MHA, untied
+    tiny(n_kv_head=2),                                          # llama, GQA
+    tiny(n_kv_head=1, tie_embeddings=True),                     # llama, multi-query, tied
+    tiny(ffn_hidden=100, vocab_size=300, n_layer=3),            # explicit FFN width, odd vocab
+    tiny(arch='gpt2'),                                          # gpt2, bias, tied
+    tiny(arch='gpt2', bias=False),                              # gpt2, no bias
+    tiny(arch='gpt2', tie_embeddings=False),                    # gpt2, untied
+    tiny(arch='gpt2', n_kv_head=2, bias=True),                  # gpt2 with GQA
+    tiny(arch='gpt2', n_layer=12, n_head=12, n_embd=768, vocab_size=50304, block_size=1024),  # GPT-2 124M shape
+]
+
+
+@pytest.mark.parametrize('config', PARAM_CONFIGS, ids=lambda c: f'{c.arch}-kv{c.kv_heads}-tie{c.tie_embeddings}'
+                         f'-bias{c.bias}-L{c.n_layer}-H{c.n_embd}')
+def test_param_count_matches_ledger(config):
+    with torch.device('meta'):
+        model = GPT(config)
+    assert sum(p.numel() for p in model.parameters()) == ledger.count_params(config)['total']
+
+
+def test_llama_7b_on_meta_device_matches_ledger_and_paper():
+    if os.path.exists('configs/llama_7b.py'):
+        config, _ = ledger.load_config('configs/llama_7b.py')
+    else:  # the paper's shape (Touvron et al. 2023, table 2)
+        config = ModelConfig(arch='llama', n_layer=32, n_head=32, n_embd=4096, ffn_hidden=11008, vocab_size=32000,
+                             block_size=2048)
+    with torch.device('meta'):
+        model = GPT(config)
+    numel = sum(p.numel() for p in model.parameters())
+    assert numel == ledger.count_params(config)['total'] == 6_738_415_616
+    assert all(p.is_meta for p in model.parameters())
+
+
+def test_meta_construction_then_init_weights_is_complete_and_deterministic():
+    config = tiny(arch='llama', n_kv_head=2)
+    torch.manual_seed(0)
+    with torch.device('meta'):
+        meta_model = GPT(config)
+    meta_model.to_empty(device='cpu')
+    torch.manual_seed(1)
+    meta_model.init_weights()
+    real_model = GPT(config)  # initialised once by the constructor, with other random numbers
+    torch.manual_seed(1)
+    real_model.init_weights()
+    for (name, a), (_, b) in zip(meta_model.state_dict().items(), real_model.state_dict().items()):
+        assert torch.equal(a, b), name
+    assert torch.equal(meta_model.rope_cos, real_model.rope_cos) and torch.equal(meta_model.rope_sin, real_model.rope_sin)
+
+
+def test_init_scales_residual_projections():
+    config = tiny(n_layer=8, n_embd=256, n_head=4)
+    model = GPT(config)
+    residual_std = 0.02 / math.sqrt(2 * config.n_layer)
+    assert model.blocks[0].attn.qkv_proj.weight.std().item() == pytest.approx(0.02, rel=0.05)
+    assert model.blocks[3].attn.o_proj.weight.std().item() == pytest.approx(residual_std, rel=0.05)
+    assert model.blocks[7].mlp.down_proj.weight.std().item() == pytest.approx(residual_std, rel=0.05)
+    assert torch.equal(model.norm_f.weight, torch.ones(config.n_embd))
+
+
+# -----------------------------------------------------------------------------------------------------
+# Ledger 2: FLOPs. FlopCounterMode counts every aten matmul of a forward + backward. The CPU flash kernel has no
+# FLOP formula, so attention runs on the math backend, whose two batched matmuls (q k^T, p v) cover the full
+# T x T square: exactly the PaLM/nanoGPT non-causal convention of the ledger's 'matmul' figure.
+
+@pytest.mark.parametrize('config', [tiny(), tiny(n_kv_head=2), tiny(arch='gpt2'), tiny(arch='gpt2', bias=False)],
+                         ids=['llama', 'llama-gqa', 'gpt2', 'gpt2-nobias'])
+def test_flops_match_ledger_matmul_count(config):
+    model = GPT(config)
+    idx, targets = batch(config, micro_batch=2)
+    with FlopCounterMode(display=False) as counter, sdpa_kernel(SDPBackend.MATH):
+        model(idx, targets)[1].backward()
+    predicted = ledger.flops_per_token(config)['matmul'] * idx.numel()
+    assert counter.get_total_flops() == pytest.approx(predicted, rel=0.01)
+
+
+# -----------------------------------------------------------------------------------------------------
+# Ledger 4b: activation memory. We record every tensor autograd saves for backward during the forward (each
+# storage once: views of one buffer share it), leaving out parameters and buffers, and hold the ledger to it.
+
+def saved_bytes(run, exclude=()):
+    """Bytes of the distinct storages autograd saves while run() executes, minus the storages in exclude."""
+    storages = {}
+
+    def pack(tensor):
+        storage = tensor.untyped_storage()
+        storages[storage.data_ptr()] = storage.nbytes()
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        run()
+    excluded = {t.untyped_storage().data_ptr() for t in exclude}
+    return sum(nbytes for ptr, nbytes in storages.items() if ptr not in excluded)
+
+
+def measured_activation_bytes(model, micro_batch, recompute):
+    """What a training step holds for backward, measured: the tensors saved by the forward and the loss; with
+    recompute, plus one block's activations, rebuilt in the backward while that block's gradient is taken."""
+    config = model.config
+    idx, targets = batch(config, micro_batch)
+    model.recompute = recompute
+    state = list(model.parameters()) + list(model.buffers())
+    total = saved_bytes(lambda: model(idx, targets), exclude=state)
+    if recompute:
+        x = torch.randn(micro_batch, config.block_size, config.n_embd, requires_grad=True)
+        cos, sin = (model.rope_cos, model.rope_sin) if config.arch == 'llama' else (None, None)
+        total += saved_bytes(lambda: model.blocks[0](x, cos, sin), exclude=state + [x])  # x is already held
+    return total
+
+
+def predicted_activation_bytes(config, micro_batch, recompute, attention):
+    activations = ledger.activation_bytes(config, micro_batch, recompute, dtype_bytes=4, attention=attention,
+                                          fused_norm=False)
+    return activations['total'] + ledger.logits_bytes(config, micro_batch)['total']
+
+
+@pytest.mark.parametrize('recompute', [False, True], ids=['stored', 'recompute'])
+@pytest.mark.parametrize('config', [tiny(), tiny(n_kv_head=2), tiny(arch='gpt2'), tiny(arch='gpt2', bias=False)],
+                         ids=['llama', 'llama-gqa', 'gpt2', 'gpt2-nobias'])
+def test_activation_bytes_match_saved_tensors(config, recompute):
+    model = GPT(config)
+    for micro_batch in (1, 3):
+        measured = measured_activation_bytes(model, micro_batch, recompute)
+        predicted = predicted_activation_bytes(config, micro_batch, recompute, attention='flash')
+        assert predicted == pytest.approx(measured, rel=0.10), (micro_batch, predicted, measured)
+
+
+@pytest.mark.parametrize('config', [tiny(n_kv_head=2), tiny(arch='gpt2')], ids=['llama-gqa', 'gpt2'])
+def test_activation_bytes_math_attention_keeps_the_score_matrix(config):
+    model = GPT(config)
+    for micro_batch in (1, 3):
+        with sdpa_kernel(SDPBackend.MATH):
+            measured = measured_activation_bytes(model, micro_batch, recompute=False)
+        predicted = predicted_activation_bytes(config, micro_batch, recompute=False, attention='math')
+        assert predicted == pytest.approx(measured, rel=0.10), (micro_batch, predicted, measured)
+    flash = ledger.activation_bytes(config, 1, False, attention='flash')['total']
+    assert ledger.activation_bytes(config, 1, False, attention='math')['total'] > flash
+
+
+# -----------------------------------------------------------------------------------------------------
+# Behaviour.
+
+@pytest.mark.parametrize('arch', ['llama', 'gpt2'])
+def test_causal_changing_a_token_never_changes_earlier_logits(arch):
+    config = tiny(arch=arch)
+    model = GPT(config).eval()
+    idx, _ = batch(config, micro_batch=1)
+    logits, _ = model(idx)
+    for t in (0, 10, config.block_size - 2):
+        changed = idx.clone()
+        changed[0, t + 1] = (changed[0, t + 1] + 1) % config.vocab_size
+        changed_logits, _ = model(changed)
+        assert torch.equal(changed_logits[0, :t + 1], logits[0, :t + 1])
+        assert not torch.allclose(changed_logits[0, t + 1], logits[0, t + 1])
+
+
+def reference_attention(attn, x, cos, sin):
+    """Textbook attention from the module's weights: explicit heads, K/V repeated per group, RoPE as complex
+    rotation of the (i, i + d/2) pairs, masked softmax(q k^T / sqrt(d)) v."""
+    B, T, _ = x.shape
+    n_head, n_kv_head, head_dim = attn.n_head, attn.n_kv_head, attn.head_dim
+    q, k, v = (x @ attn.qkv_proj.weight.T).split([n_head * head_dim, n_kv_head * head_dim, n_kv_head * head_dim], -1)
+    q, k, v = (t.view(B, T, -1, head_dim).transpose(1, 2) for t in (q, k, v))
+    if attn.use_rope:
+        rotation = torch.polar(torch.ones_like(cos), torch.atan2(sin, cos))  # e^(i t theta)
+
+        def rotate(t):
+            pairs = torch.complex(t[..., :head_dim // 2], t[..., head_dim // 2:]) * rotation
+            return torch.cat((pairs.real, pairs.imag), dim=-1)
+        q, k = rotate(q), rotate(k)
+    k, v = k.repeat_interleave(n_head // n_kv_head, dim=1), v.repeat_interleave(n_head // n_kv_head, dim=1)
+    scores = q @ k.transpose(-1, -2) / math.sqrt(head_dim)
+    scores = scores.masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), float('-inf'))
+    y = (scores.softmax(-1) @ v).transpose(1, 2).reshape(B, T, n_head * head_dim)
+    return y @ attn.o_proj.weight.T
+
+
+@pytest.mark.parametrize('n_kv_head', [4, 2, 1], ids=['mha', 'gqa', 'mqa'])
+def test_attention_matches_reference_and_gqa_with_all_heads_is_multi_head(n_kv_head):
+    config = tiny(n_kv_head=n_kv_head)
+    model = GPT(config)
+    attn = model.blocks[0].attn
+    x = torch.randn(2, config.block_size, config.n_embd)
+    cos, sin = model.rope_cos, model.rope_sin
+    torch.testing.assert_close(attn(x, cos, sin), reference_attention(attn, x, cos, sin), atol=1e-5, rtol=1e-4)
+    if n_kv_head == config.n_head:  # n_kv_head = n_head is the same model as n_kv_head = 0 (plain multi-head)
+        torch.manual_seed(0)
+        plain = GPT(tiny(n_kv_head=0))
+        torch.manual_seed(0)
+        grouped = GPT(config)
+        idx, _ = batch(config, micro_batch=2)
+        assert torch.equal(plain(idx)[0], grouped(idx)[0])
+
+
+def test_rope_rotates_pairs_and_keeps_norms():
+    config = tiny()
+    model = GPT(config)
+    x = torch.randn(1, config.block_size, 2, config.head_dim)
+    rotated = apply_rope(x, model.rope_cos, model.rope_sin)
+    torch.testing.assert_close(rotated.norm(dim=-1), x.norm(dim=-1))
+    torch.testing.assert_close(rotated[:, 0], x[:, 0])  # position 0: angle 0
+
+
+@pytest.mark.parametrize('arch', ['llama', 'gpt2'])
+def test_loss_at_init_is_close_to_log_vocab(arch):
+    config = tiny(arch=arch, vocab_size=512)
+    model = GPT(config)
+    idx, targets = batch(config, micro_batch=4)
+    _, loss = model(idx, targets)
+    assert loss.item() == pytest.approx(math.log(config.vocab_size), abs=0.1)
+
+
+@pytest.mark.parametrize('arch', ['llama', 'gpt2'])
+def test_tiny_model_overfits_one_batch(arch):
+    torch.manual_seed(0)
+    config = tiny(arch=arch, n_layer=2, n_embd=32, n_head=2, vocab_size=64, block_size=16)
+    model = GPT(config)
+    idx, targets = batch(config, micro_batch=4)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.0)
+    for _ in range(100):
+        _, loss = model(idx, targets)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    assert loss.item() < 0.1, loss.item()  # from ln(64) = 4.16
+
+
+@pytest.mark.parametrize('arch', ['llama', 'gpt2'])
+def test_recompute_gives_the_same_loss_and_gradients(arch):
+    config = tiny(arch=arch)
+    model = GPT(config)
+    idx, targets = batch(config, micro_batch=2)
+    grads = []
+    for recompute in (False, True):
+        model.recompute = recompute
+        model.zero_grad()
+        _, loss = model(idx, targets)
+        loss.backward()
+        grads.append((loss.detach(), [p.grad.clone() for p in model.parameters()]))
+    assert torch.equal(grads[0][0], grads[1][0])
+    for plain, recomputed in zip(grads[0][1], grads[1][1]):
+        torch.testing.assert_close(plain, recomputed, atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize('arch', ['llama', 'gpt2'])
+def test_generate(arch):
+    config = tiny(arch=arch, block_size=16)
+    model = GPT(config).eval()
+    prompt = torch.randint(0, config.vocab_size, (2, 5))
+    out = model.generate(prompt, max_new_tokens=20, temperature=0.8, top_k=10)  # runs past block_size: crops
+    assert out.shape == (2, 25) and torch.equal(out[:, :5], prompt)
+    assert 0 <= out.min() and out.max() < config.vocab_size
+    greedy = model.generate(prompt, max_new_tokens=8, top_k=1)
+    assert torch.equal(greedy, model.generate(prompt, max_new_tokens=8, top_k=1))
+    assert torch.equal(greedy, model.generate(prompt, max_new_tokens=8, temperature=0))
+    logits, _ = model(prompt)
+    assert torch.equal(greedy[:, 5], logits[:, -1].argmax(-1))
