@@ -201,7 +201,11 @@ def validate(model, train):
 
 
 # -----------------------------------------------------------------------------------------------------
-# GPUs: dense BF16 peak FLOP/s (no sparsity) and memory, keyed by the name a config uses.
+# GPUs: dense BF16 tensor-core peak (no 2:4 sparsity) and memory, keyed by the name a config uses (any case).
+# Peaks: vendor datasheets (NVIDIA H100/H200/A100/B200, AMD MI300X), the table of issue 2. A800 is the A100
+# with slower NVLink, same compute. Memory: what the driver reports (nvidia-smi "MiB" total, rocm-smi bytes),
+# the ceiling torch's allocator works under; torch.cuda.get_device_properties().total_memory reads about
+# 0.5 GiB less, which the ledger's fixed overhead covers. The "80 GB" cards hold 80 GiB (A100) or 79.6 GiB (H100).
 
 @dataclass(frozen=True)
 class GPU:
@@ -210,14 +214,630 @@ class GPU:
     memory_bytes: int
 
 
+MIB = 2**20
+GIB = 2**30
 GPUS = {
-    'H200': GPU('H200 SXM', 989e12, 141 * 10**9),
+    'H200': GPU('H200 SXM 141GB', 989e12, 143771 * MIB),       # nvidia-smi: 143771MiB
+    'H200-NVL': GPU('H200 NVL 141GB', 835e12, 143771 * MIB),   # same 141 GB HBM3e stack as the SXM part
+    'H100': GPU('H100 SXM 80GB', 989e12, 81559 * MIB),         # nvidia-smi: 81559MiB
+    'H100-PCIe': GPU('H100 PCIe 80GB', 756e12, 81559 * MIB),
+    'H100-NVL': GPU('H100 NVL 94GB', 835e12, 95830 * MIB),     # nvidia-smi: 95830MiB
+    'A100': GPU('A100 SXM 80GB', 312e12, 81920 * MIB),         # nvidia-smi: 81920MiB
+    'A800': GPU('A800 80GB', 312e12, 81920 * MIB),
+    'MI300X': GPU('MI300X 192GB', 1307e12, 205_822_885_888),    # rocm-smi: VRAM Total Memory (B)
+    'B200': GPU('B200 180GB', 2250e12, 183359 * MIB),          # nvidia-smi: 183359MiB
 }
 
 
 def gpu_spec(name):
-    if name in GPUS:
-        return GPUS[name]
-    close = difflib.get_close_matches(name, list(GPUS), n=1, cutoff=0.3)
-    hint = f"did you mean '{close[0]}'?" if close else f"known: {', '.join(GPUS)}"
-    raise ConfigError(f"unknown gpu '{name}': {hint}")
+    """The GPU table's entry for a config's `gpu` name, case-insensitive; ConfigError naming the known ones."""
+    by_lower = {key.lower(): key for key in GPUS}
+    if name.lower() in by_lower:
+        return GPUS[by_lower[name.lower()]]
+    close = difflib.get_close_matches(name.lower(), list(by_lower), n=1, cutoff=0.5)
+    hint = f"did you mean '{by_lower[close[0]]}'? " if close else ''
+    raise ConfigError(f"unknown gpu '{name}': {hint}known: {', '.join(GPUS)} (add yours to GPUS in ledger.py)")
+
+
+# -----------------------------------------------------------------------------------------------------
+# Ledger 1: parameters, exact, counted the way model.py builds the model (== sum(p.numel())).
+# Llama with n_kv_head = n_head, untied: the book's P = 2VH + H + L(4H^2 + 3HH' + 2H); LLaMA-7B -> 6,738,415,616.
+
+def count_params(model):
+    """Parameter counts by part. 'matmul' is what takes part in matrix multiplies: every Linear weight including
+    the output projection (counted even when tied: the lookup is free, the projection is not); it excludes the
+    embedding lookups, norms and biases. 'blocks_matmul' is the part of it inside the transformer blocks."""
+    H, L, V, T = model.n_embd, model.n_layer, model.vocab_size, model.block_size
+    F, kv_width = model.ffn_width, model.kv_heads * model.head_dim
+    bias = model.arch == 'gpt2' and model.bias  # llama has no biases anywhere
+    attention_weights = H * (H + 2 * kv_width) + H * H          # q, k, v (GQA: k, v are kv_width wide) and output
+    attention_biases = (H + 2 * kv_width) + H if bias else 0
+    if model.arch == 'llama':
+        ffn_weights = 3 * H * F                                 # SwiGLU: gate and up H -> H', down H' -> H
+        ffn_biases = 0
+        norm = H                                                # RMSNorm: weight only
+    else:
+        ffn_weights = 2 * H * F                                 # GELU MLP: up H -> H', down H' -> H
+        ffn_biases = F + H if bias else 0
+        norm = 2 * H if bias else H                             # LayerNorm: weight (+ bias)
+    per_layer = attention_weights + attention_biases + ffn_weights + ffn_biases + 2 * norm
+    counts = {
+        'embedding': V * H,
+        'position': T * H if model.arch == 'gpt2' else 0,       # learned positions (gpt2); RoPE has none
+        'attention': L * (attention_weights + attention_biases),
+        'ffn': L * (ffn_weights + ffn_biases),
+        'norms': (2 * L + 1) * norm,                            # two per block and the final one
+        'output': 0 if model.tie_embeddings else V * H,         # lm_head; tied: shares the embedding's tensor
+        'per_layer': per_layer,
+        'blocks_matmul': L * (attention_weights + ffn_weights),
+    }
+    counts['matmul'] = counts['blocks_matmul'] + V * H
+    counts['total'] = sum(counts[k] for k in ('embedding', 'position', 'attention', 'ffn', 'norms', 'output'))
+    return counts
+
+
+# -----------------------------------------------------------------------------------------------------
+# Ledger 2: compute. A matmul (n x m) @ (m x p) costs 2nmp FLOPs, so a weight used once per token costs 2 FLOPs
+# per parameter forward and 4 backward (gradients for the input and for the weight): the book's 6P per token,
+# 8P with activation recomputation (one extra forward). Two conventions, both reported:
+#   book:   6P (8P with recompute), every parameter as if it were a matmul weight; ignores attention
+#   matmul: 6 * N_matmul + 12 * L * H * T (PaLM, Chowdhery et al. 2022, appendix B; nanoGPT's estimate_mfu):
+#           the Linear weights (output projection included, input embedding lookup not) plus attention's
+#           QK^T and AV, 2 * 2 * T * H FLOPs per token per layer forward, x3 for forward+backward, counted
+#           non-causal (the masked half is counted as done, as PaLM does). MFU uses this one.
+# Attention's share of the linear layers in the blocks is 12LHT / (6 * 12LH^2) = T/(6H) when the block holds
+# 12H^2 matmul parameters (GPT-2's 4H MLP, or SwiGLU at 8H/3): negligible while T << H.
+
+def flops_per_token(model, recompute=False):
+    """Training FLOPs per token (forward + backward) under the conventions above."""
+    params = count_params(model)
+    L, H, T = model.n_layer, model.n_embd, model.block_size
+    attention = 12 * L * H * T
+    matmul = 6 * params['matmul'] + attention
+    matmul_recompute = 8 * params['matmul'] + attention * 4 // 3   # + one more forward of everything
+    return {
+        'book': (8 if recompute else 6) * params['total'],
+        'matmul': matmul,                                          # model FLOPs: what MFU counts (PaLM)
+        'matmul_causal': 6 * params['matmul'] + attention // 2,    # only the unmasked half of QK^T and AV
+        'hardware': matmul_recompute if recompute else matmul,     # what the GPU executes
+        'attention': attention,
+        'attention_share': attention / (6 * params['blocks_matmul']),
+        'attention_share_approx': T / (6 * H),
+    }
+
+
+# -----------------------------------------------------------------------------------------------------
+# Ledger 3: time and money. days = total FLOPs / (n_gpu * peak * MFU) / 86400. The book's LLaMA-65B check:
+# 8CP = 8 * 1.4e12 * 6.5e10 = 7.28e23 FLOPs on 2048 A100 at an effective 2e14 FLOP/s -> 20.6 days (paper: 21).
+
+SECONDS_PER_DAY = 86400
+
+
+def train_days(total_flops, n_gpu, peak_flops, mfu):
+    return total_flops / (n_gpu * peak_flops * mfu) / SECONDS_PER_DAY
+
+
+# -----------------------------------------------------------------------------------------------------
+# Ledger 4a: model states (mixed precision + Adam; the book's eq. 6.11-6.15, from ZeRO, Rajbhandari et al. 2020).
+# Per parameter: 16-bit weight 2 + 16-bit gradient 2 + fp32 master weight, momentum, variance 4 each = 16 bytes.
+# ZeRO shards them over the N data-parallel GPUs: ZeRO-1 the optimizer states (4P + 12P/N), ZeRO-2 also the
+# gradients (2P + 14P/N), ZeRO-3/FSDP also the weights (16P/N). PyTorch autocast keeps fp32 weights and fp32
+# gradients instead (4P + 4P + Adam's 8P): the same 16P unsharded; the ledger uses the book's split throughout.
+
+def model_state_bytes(n_params, parallel='ddp', n_gpu=1):
+    """Bytes of weights, gradients and optimizer states per GPU, by strategy ('ddp', 'zero1', 'zero2', 'fsdp')."""
+    shards = {'ddp': (1, 1, 1), 'zero1': (1, 1, n_gpu), 'zero2': (1, n_gpu, n_gpu), 'fsdp': (n_gpu, n_gpu, n_gpu)}
+    if parallel not in shards:
+        raise ConfigError(f"parallel must be one of {', '.join(shards)}, not '{parallel}'")
+    weights_over, grads_over, optimizer_over = shards[parallel]
+    states = {
+        'weights': 2 * n_params / weights_over,        # 16-bit weights
+        'grads': 2 * n_params / grads_over,            # 16-bit gradients
+        'optimizer': 12 * n_params / optimizer_over,   # fp32 master weights, Adam momentum and variance
+    }
+    states['total'] = states['weights'] + states['grads'] + states['optimizer']
+    return states
+
+
+# -----------------------------------------------------------------------------------------------------
+# Ledger 4b: activations. FIRST VERSION by the ledger helper; the model helper calibrates these two functions
+# against the tensors autograd saves (torch.autograd.graph.saved_tensors_hooks) in test_model.py.
+# Counted per token per layer, in the activation dtype (bf16 under autocast: 2 bytes), after Korthikanti et al.
+# 2022 ("Reducing activation recomputation in large transformer models") without dropout masks:
+#   llama attention: norm input H, norm output H (q/k/v input), q H, k and v 2*kv_width, attention output H
+#                    (o_proj input), and the flash kernel's log-sum-exp, fp32 per head
+#   llama ffn:       norm input H, norm output H, gate H', up H', silu(gate) H', their product H' (down input)
+#   gpt2 attention:  as llama (LayerNorm also keeps mean and 1/std in fp32: 8 bytes)
+#   gpt2 ffn:        norm input H, norm output H, up output H' (GELU input), GELU output H' (down input)
+# Flash-style attention keeps no T x T matrix; attention='math' adds the softmax probabilities (n_head * T).
+# With full recomputation only each block's input (H) is kept, plus one block's activations live at a time
+# while the backward recomputes it.
+
+def activation_bytes(model, micro_batch, recompute, dtype_bytes=2, attention='flash'):
+    """Activation bytes held for the backward pass at its peak, for one GPU's micro-batch of full sequences."""
+    if attention not in ('flash', 'math'):
+        raise ConfigError(f"attention must be 'flash' or 'math', not '{attention}'")
+    H, L, F, T = model.n_embd, model.n_layer, model.ffn_width, model.block_size
+    kv_width, tokens = model.kv_heads * model.head_dim, micro_batch * model.block_size
+    norm_stats = 8 if model.arch == 'gpt2' else 4                      # LayerNorm: mean, 1/std; RMSNorm: 1/rms
+    attention_per_token = dtype_bytes * (4 * H + 2 * kv_width) + 4 * model.n_head + norm_stats
+    if attention == 'math':
+        attention_per_token += dtype_bytes * model.n_head * T          # the T x T probabilities, per head
+    ffn_tensors = 2 * H + (4 * F if model.arch == 'llama' else 2 * F)
+    ffn_per_token = dtype_bytes * ffn_tensors + norm_stats
+    layer_per_token = attention_per_token + ffn_per_token
+    parts = {'head': tokens * (dtype_bytes * 2 * H + norm_stats)}      # final norm input and output (lm_head input)
+    if recompute:
+        parts['block_inputs'] = tokens * L * dtype_bytes * H
+        parts['recomputed_block'] = tokens * layer_per_token
+    else:
+        parts['attention'] = tokens * L * attention_per_token
+        parts['ffn'] = tokens * L * ffn_per_token
+    parts['total'] = sum(parts.values())
+    return parts
+
+
+def logits_bytes(model, micro_batch, dtype_bytes=2):
+    """The logits and cross-entropy buffers, micro_batch x T x V elements each: the lm_head output (activation
+    dtype), its fp32 copy for the loss (model.py computes the loss from fp32 logits; none when already fp32), the
+    log-softmax cross-entropy saves for backward (fp32), and the fp32 gradient of the logits. This is the buffer
+    that ran nanochat out of memory on an 80 GB H100: 32 x 2048 x 65536 fp32 elements are 16 GiB each."""
+    elements = micro_batch * model.block_size * model.vocab_size
+    parts = {
+        'logits': elements * dtype_bytes,
+        'logits_fp32': elements * 4 if dtype_bytes != 4 else 0,
+        'log_softmax': elements * 4,
+        'grad_logits': elements * 4,
+    }
+    parts['total'] = sum(parts.values())
+    return parts
+
+
+# -----------------------------------------------------------------------------------------------------
+# Ledger 4c: the total per GPU = model states + activations + logits + a fixed overhead, against the GPU's memory.
+# The overhead is an ESTIMATE, not a measurement: the book's PyTorch kernels (0.81 GB) and fragmentation
+# (0.5-1 GB), rounded up to 2 GiB for the CUDA context, cuBLAS/flash workspaces and torch.compile's buffers.
+# torch.cuda.max_memory_allocated sees everything but the overhead ('allocated'); nvidia-smi sees the 'total'.
+
+OVERHEAD_BYTES = 2 * GIB
+
+
+def activation_dtype_bytes(train):
+    """2 for bf16 autocast ('auto' plans for the GPU, where train.py autocasts to bf16), 4 for float32."""
+    return 4 if train.dtype == 'float32' else 2
+
+
+def memory_per_gpu(model, train, n_gpu=None, micro_batch=None):
+    """Bytes per GPU by part, the total, the GPU's memory, the headroom, and whether it fits."""
+    n_gpu = n_gpu or train.n_gpu
+    micro_batch = micro_batch or train.micro_batch
+    dtype_bytes = activation_dtype_bytes(train)
+    states = model_state_bytes(count_params(model)['total'], train.parallel, n_gpu)
+    memory = {
+        'weights': states['weights'], 'grads': states['grads'], 'optimizer': states['optimizer'],
+        'model_states': states['total'],
+        'activations': activation_bytes(model, micro_batch, train.recompute, dtype_bytes)['total'],
+        'logits': logits_bytes(model, micro_batch, dtype_bytes)['total'],
+        'overhead': OVERHEAD_BYTES,
+    }
+    memory['allocated'] = memory['model_states'] + memory['activations'] + memory['logits']
+    memory['total'] = memory['allocated'] + memory['overhead']
+    memory['gpu_memory'] = gpu_spec(train.gpu).memory_bytes
+    memory['headroom'] = memory['gpu_memory'] - memory['total']
+    memory['fits'] = memory['headroom'] >= 0
+    return memory
+
+
+def max_micro_batch(model, train, n_gpu=None):
+    """The largest micro-batch (sequences per GPU) whose total fits the GPU; 0 if not even one does."""
+    if not memory_per_gpu(model, train, n_gpu, 1)['fits']:
+        return 0
+    low, high = 1, 2
+    while memory_per_gpu(model, train, n_gpu, high)['fits']:  # memory grows with the micro-batch: bracket, bisect
+        low, high = high, high * 2
+    while high - low > 1:
+        middle = (low + high) // 2
+        low, high = (middle, high) if memory_per_gpu(model, train, n_gpu, middle)['fits'] else (low, middle)
+    return low
+
+
+def gpus_for_model_states(n_params, gpu_memory_bytes):
+    """The book's rule of thumb for full-parameter training: 16P bytes sharded over N GPUs (ZeRO-3) must fit,
+    so N >= 16P / memory; the recommendation rounds up to a power of two (1, 2, 4, 8 per node, then whole
+    nodes), which leaves room for activations: 13B -> 3 (floor), 4 recommended; 30B -> 8; 65B -> 16 (80 GB)."""
+    floor = math.ceil(16 * n_params / gpu_memory_bytes)
+    return floor, 2 ** math.ceil(math.log2(floor))
+
+
+# -----------------------------------------------------------------------------------------------------
+# Data and tokens (seed 000). Chinchilla (Hoffmann et al. 2022): compute-optimal tokens ~ 20 x params.
+# Token storage: uint16 (2 bytes) while every id fits, i.e. vocab <= 65,536 (the book writes < 65,536), else
+# uint32. FineWeb-Edu parquet is ~3-4 bytes/token compressed. A checkpoint with Adam is 12P bytes (fp32 weights,
+# momentum, variance); a bf16 export of the weights alone is 2P.
+# Expected loss from a fitted scaling law L(N, D) = E + A/N^alpha + B/D^beta. Both fits are for THEIR data
+# (MassiveText) and tokenizer, so they give the shape of the curve, not our loss in nats per GPT-2 token.
+
+CHINCHILLA_TOKENS_PER_PARAM = 20
+CHINCHILLA_FITS = {
+    'hoffmann2022': dict(E=1.69, A=406.4, B=410.7, alpha=0.34, beta=0.28),            # Hoffmann et al. 2022
+    'epoch2024': dict(E=1.8172, A=482.01, B=2085.43, alpha=0.3478, beta=0.3658),      # Besiroglu et al. (Epoch AI) 2024
+}
+
+
+def chinchilla_loss(n_params, n_tokens, fit='hoffmann2022'):
+    c = CHINCHILLA_FITS[fit]
+    return c['E'] + c['A'] / n_params ** c['alpha'] + c['B'] / n_tokens ** c['beta']
+
+
+def token_bytes(vocab_size):
+    return 2 if vocab_size <= 2**16 else 4
+
+
+def data_ledger(n_params, vocab_size, train_tokens, dataset_tokens=0):
+    """Tokens per parameter against Chinchilla, whether the dataset is enough, storage, checkpoints, loss fits."""
+    stored_tokens = dataset_tokens or train_tokens
+    data = {
+        'train_tokens': train_tokens,
+        'tokens_per_param': train_tokens / n_params,
+        'chinchilla_tokens': CHINCHILLA_TOKENS_PER_PARAM * n_params,
+        'chinchilla_multiple': train_tokens / (CHINCHILLA_TOKENS_PER_PARAM * n_params),
+        'chinchilla_params_for_tokens': train_tokens / CHINCHILLA_TOKENS_PER_PARAM,
+        'dataset_tokens': dataset_tokens or None,
+        'enough_data': dataset_tokens >= train_tokens if dataset_tokens else None,
+        'epochs': train_tokens / dataset_tokens if dataset_tokens else None,
+        'token_bytes': token_bytes(vocab_size),
+        'shard_bytes': stored_tokens * token_bytes(vocab_size),
+        'parquet_bytes_low': stored_tokens * 3,
+        'parquet_bytes_high': stored_tokens * 4,
+        'checkpoint_bytes': 12 * n_params,
+        'export_bytes': 2 * n_params,
+        'expected_loss': {fit: chinchilla_loss(n_params, train_tokens, fit) for fit in CHINCHILLA_FITS},
+    }
+    return data
+
+
+# -----------------------------------------------------------------------------------------------------
+# The whole ledger for a config, as one JSON-able dict (train.py writes it to out_dir/ledger.json).
+
+def predict(model, train, n_gpu=None):
+    """Every sum of the ledger for (ModelConfig, TrainConfig) on n_gpu GPUs (default: train.n_gpu)."""
+    n_gpu = n_gpu or train.n_gpu
+    gpu = gpu_spec(train.gpu)
+    params = count_params(model)
+    flops = flops_per_token(model, train.recompute)
+    tokens = min(train.train_tokens, train.max_steps * train.batch_tokens) if train.max_steps else train.train_tokens
+    # train.mfu is the fraction of peak the GPUs spend on matmul FLOPs, recomputation included; MFU proper
+    # (PaLM) counts only the model's FLOPs, so with recompute the predicted MFU is lower by matmul / hardware.
+    hardware_flops_per_s = n_gpu * gpu.peak_flops * train.mfu
+    tokens_per_s = hardware_flops_per_s / flops['hardware']
+    days = tokens * flops['hardware'] / hardware_flops_per_s / SECONDS_PER_DAY
+    memory = memory_per_gpu(model, train, n_gpu)
+    return {
+        'model': dataclasses.asdict(model),
+        'train': dataclasses.asdict(train),
+        'gpu': dataclasses.asdict(gpu),
+        'n_gpu': n_gpu,
+        'params': params,
+        'flops_per_token': flops,
+        'tokens': tokens,
+        'steps': math.ceil(tokens / train.batch_tokens),
+        'grad_accum': train.batch_tokens / (train.micro_batch * model.block_size * n_gpu),
+        'total_flops': tokens * flops['hardware'],
+        'model_flops': tokens * flops['matmul'],
+        'book_flops': tokens * flops['book'],
+        'mfu_assumed': train.mfu,
+        'mfu': train.mfu * flops['matmul'] / flops['hardware'],
+        'tokens_per_s': tokens_per_s,
+        'step_seconds': train.batch_tokens / tokens_per_s,
+        'days': days,
+        'days_book': train_days(tokens * flops['book'], n_gpu, gpu.peak_flops, train.mfu),
+        'gpu_hours': days * 24 * n_gpu,
+        'cost_usd': days * 24 * n_gpu * train.usd_per_gpu_hour,
+        'memory': memory,
+        'memory_per_gpu_bytes': memory['total'],
+        'fits': memory['fits'],
+        'max_micro_batch': max_micro_batch(model, train, n_gpu),
+        'data': data_ledger(params['total'], model.vocab_size, tokens, train.dataset_tokens),
+    }
+
+
+# -----------------------------------------------------------------------------------------------------
+# The printed ledger: each number with its formula and source, in the book's order.
+
+def _si(x):
+    """1336502272 -> '1.34B'; 26e9 -> '26.0B'."""
+    for scale, suffix in ((1e12, 'T'), (1e9, 'B'), (1e6, 'M'), (1e3, 'K')):
+        if abs(x) >= scale:
+            return f'{x / scale:.3g}{suffix}'
+    return f'{x:.3g}'
+
+
+def _sci(x):
+    return f'{x:.3g}' if abs(x) < 1e5 else f'{x:.3e}'.replace('e+', 'e')
+
+
+def _days(days):
+    return f'{days:,.0f}' if days >= 100 else f'{days:.3g}'
+
+
+def _gib(n_bytes):
+    return f'{n_bytes / GIB:,.2f} GiB'
+
+
+def _gb(n_bytes):
+    return f'{n_bytes / 1e12:,.2f} TB' if n_bytes >= 1e12 else f'{n_bytes / 1e9:,.1f} GB'
+
+
+def _row(label, value, note=''):
+    return f'  {label:<34} {value:>18}   {note}'.rstrip()
+
+
+def format_report(prediction):
+    """The ledger as text: parameters, compute, time and money, memory, data, expected loss."""
+    p = prediction
+    m, t, params, flops, memory, data = p['model'], p['train'], p['params'], p['flops_per_token'], p['memory'], p['data']
+    H, L, V, T, F = m['n_embd'], m['n_layer'], m['vocab_size'], m['block_size'], m['ffn_hidden']
+    kv_heads = m['n_kv_head'] or m['n_head']
+    F = params['ffn'] and (F or (4 * H if m['arch'] == 'gpt2' else 256 * math.ceil(8 * H / 3 / 256)))
+    attention_kind = 'MHA' if kv_heads == m['n_head'] else f'GQA, {kv_heads} kv heads'
+    lines = [
+        f"ledger: {m['arch']}, {L} layers, H={H}, {m['n_head']} heads ({attention_kind}), H'={F}, V={V}, T={T}, "
+        f"{'tied' if m['tie_embeddings'] else 'untied'}{', biases' if m['arch'] == 'gpt2' and m['bias'] else ''}",
+        f"plan: {_si(p['tokens'])} tokens on {p['n_gpu']} x {p['gpu']['name']}, batch {t['batch_tokens']:,} tokens "
+        f"= {t['micro_batch']} x {T} x {p['n_gpu']} GPU x {p['grad_accum']:.4g} accumulation, {p['steps']:,} steps",
+        '',
+        "Ledger 1: parameters (exact, the way model.py builds them: = sum(p.numel()))",
+        _row('token embedding', f"{params['embedding']:,}", 'V*H'),
+    ]
+    if params['position']:
+        lines.append(_row('position embedding', f"{params['position']:,}", 'T*H (learned, gpt2)'))
+    if m['arch'] == 'llama':
+        lines += [_row('attention', f"{params['attention']:,}", 'L*(2H^2 + 2H*kv_width): q, o and GQA-sized k, v'),
+                  _row('ffn (SwiGLU)', f"{params['ffn']:,}", "L*3HH'"),
+                  _row('norms (RMSNorm)', f"{params['norms']:,}", '(2L + 1)*H')]
+    else:
+        bias = ' + biases' if m['bias'] else ''
+        lines += [_row('attention', f"{params['attention']:,}", f'L*(2H^2 + 2H*kv_width{bias})'),
+                  _row('ffn (GELU MLP)', f"{params['ffn']:,}", f"L*(2HH'{bias})"),
+                  _row('norms (LayerNorm)', f"{params['norms']:,}", f"(2L + 1)*H{' * 2 (weight, bias)' if m['bias'] else ''}")]
+    lines += [
+        _row('output projection', f"{params['output']:,}", 'tied: shares the embedding' if m['tie_embeddings'] else 'V*H'),
+        _row('per layer', f"{params['per_layer']:,}", "4H^2 + 3HH' + 2H when MHA (the book)"
+             if m['arch'] == 'llama' else "4H^2 + 2HH' + 2H (+ 7H + H' biases)"),
+        _row('total P', f"{params['total']:,}", f"{_si(params['total'])}"),
+        _row('in matmuls N_matmul', f"{params['matmul']:,}",
+             f"{params['matmul'] / params['total']:.1%} of P: Linear weights incl. the output projection"),
+        '',
+        'Ledger 2: compute per token, forward + backward (a matmul (n x m)(m x p) is 2nmp FLOPs)',
+        _row(f"book: {'8P (recompute)' if t['recompute'] else '6P'}", _sci(flops['book']),
+             'BOOK ledger 2: forward 2P + backward 4P' + (' + one recomputed forward 2P' if t['recompute'] else '')),
+        _row('matmul: 6N_matmul + 12LHT', _sci(flops['matmul']),
+             'PaLM/nanoGPT, non-causal attention, embedding lookup not counted; MFU uses this'),
+        _row('matmul, causal: 6N_matmul + 6LHT', _sci(flops['matmul_causal']), 'only the unmasked half of attention'),
+    ]
+    if t['recompute']:
+        lines.append(_row('executed: 8N_matmul + 16LHT', _sci(flops['hardware']), 'with the recomputed forward'))
+    book_p = '8P' if t['recompute'] else '6P'
+    lines += [
+        _row('attention share of block matmuls', f"{flops['attention_share']:.1%}",
+             f"12LHT / 6N_blocks; the book's T/(6H) = {flops['attention_share_approx']:.1%}"),
+        _row(f"total for {_si(p['tokens'])} tokens", _sci(p['total_flops']),
+             f"book {'8' if t['recompute'] else '6'}PD: {_sci(p['book_flops'])}"),
+        '',
+        f"Ledger 3: time and money (days = FLOPs / (n_gpu * peak * MFU) / 86400)",
+        _row('GPU', f"{p['n_gpu']} x {p['gpu']['name'].split()[0]}",
+             f"dense BF16 peak {p['gpu']['peak_flops'] / 1e12:,.0f} TFLOP/s each (vendor datasheet)"),
+        _row('assumed utilisation', f"{p['mfu_assumed']:.0%}", 'of peak (seed 000: 40% for a tuned Llama with '
+             'flash attention and torch.compile; real runs 30-70%)'),
+        _row('throughput', f"{p['tokens_per_s']:,.0f} tok/s", f"n_gpu * peak * MFU / FLOPs per token; "
+             f"{p['step_seconds']:.3g} s per step"),
+        _row('days', _days(p['days']), 'FLOPs by the matmul count (with attention)'),
+        _row(f"days, book {book_p}D", _days(p['days_book']), "FLOPs by the book's convention (the seed's table)"),
+        _row('GPU-hours', f"{p['gpu_hours']:,.0f}", 'days x 24 x n_gpu'),
+        _row('cost', f"${p['cost_usd']:,.0f}", f"at ${t['usd_per_gpu_hour']}/GPU-hour (book {book_p}D: "
+             f"${p['cost_usd'] * p['days_book'] / p['days']:,.0f}; seed 000: $3-4 per H200-hour)"),
+    ]
+    if t['recompute']:
+        lines.append(_row('predicted MFU (PaLM)', f"{p['mfu']:.1%}", 'recomputation is work MFU does not count'))
+    states = {'ddp': '16P', 'zero1': '4P + 12P/N', 'zero2': '2P + 14P/N', 'fsdp': '16P/N (ZeRO-3)'}[t['parallel']]
+    dtype = 'fp32' if t['dtype'] == 'float32' else 'bf16'
+    fits = 'fits' if p['fits'] else 'DOES NOT FIT'
+    lines += [
+        '',
+        f"Ledger 4: memory per GPU ({t['parallel']}, N={p['n_gpu']}: {states}; micro-batch {t['micro_batch']} x {T}, "
+        f"{dtype} activations, {'full recomputation' if t['recompute'] else 'no recomputation'}, flash attention)",
+        _row('weights', _gib(memory['weights']), f"16-bit, 2P{'/N' if t['parallel'] == 'fsdp' else ''}"),
+        _row('gradients', _gib(memory['grads']), f"16-bit, 2P{'/N' if t['parallel'] in ('zero2', 'fsdp') else ''}"),
+        _row('optimizer states', _gib(memory['optimizer']),
+             f"fp32 master weights + Adam m, v: 12P{'' if t['parallel'] == 'ddp' else '/N'}"),
+        _row('activations', _gib(memory['activations']), 'estimate of what autograd saves (block inputs only with '
+             'recompute)' if t['recompute'] else 'estimate of what autograd saves for backward'),
+        _row('logits and cross-entropy', _gib(memory['logits']), 'B*T*V x (bf16 logits + fp32 copy + fp32 '
+             'log-softmax + fp32 grad)' if dtype == 'bf16' else 'B*T*V x 4 bytes x 3'),
+        _row('fixed overhead', _gib(memory['overhead']), 'ESTIMATE: CUDA context, kernels 0.81 GB and fragmentation '
+             '0.5-1 GB (book)'),
+        _row('total', _gib(memory['total']), f"of {_gib(memory['gpu_memory'])}: {fits}, headroom "
+             f"{_gib(memory['headroom'])}"),
+        _row('largest micro-batch that fits', f"{p['max_micro_batch']}", f"sequences of {T} tokens per GPU"),
+        '',
+        'Data and tokens (seed 000)',
+        _row('Chinchilla-optimal tokens', _si(data['chinchilla_tokens']), '20 x P (Hoffmann et al. 2022)'),
+        _row('this plan', f"{data['tokens_per_param']:.3g} tok/param",
+             f"{data['chinchilla_multiple']:.2g} x Chinchilla; {_si(data['train_tokens'])} tokens are optimal for "
+             f"{_si(data['chinchilla_params_for_tokens'])} params"),
+    ]
+    if data['dataset_tokens']:
+        lines.append(_row('dataset', _si(data['dataset_tokens']) + ' tokens',
+                          f"{'enough' if data['enough_data'] else 'NOT enough'}: {data['epochs']:.3g} epochs"))
+    stored = 'dataset' if data['dataset_tokens'] else 'training tokens'
+    lines += [
+        _row('token shards', _gb(data['shard_bytes']), f"{data['token_bytes']} bytes/token "
+             f"({'uint16: vocab <= 65,536' if data['token_bytes'] == 2 else 'uint32: vocab > 65,536'}), the {stored}"),
+        _row('source parquet', f"{_gb(data['parquet_bytes_high'])}", f"~3-4 bytes/token compressed (FineWeb-Edu): "
+             f"{_gb(data['parquet_bytes_low'])} to {_gb(data['parquet_bytes_high'])}"),
+        _row('checkpoint', _gb(data['checkpoint_bytes']), '12P: fp32 weights + Adam m, v; bf16 export 2P = '
+             + _gb(data['export_bytes'])),
+        '',
+        'Expected loss L = E + A/N^alpha + B/D^beta: THEIR fits on their data (MassiveText) and tokenizer, not ours',
+    ]
+    for fit, label in (('hoffmann2022', 'Hoffmann et al. 2022'), ('epoch2024', 'Epoch AI 2024 replication')):
+        c = CHINCHILLA_FITS[fit]
+        lines.append(_row(label, f"{data['expected_loss'][fit]:.3f} nats",
+                          f"E {c['E']}, A {c['A']}, B {c['B']}, alpha {c['alpha']}, beta {c['beta']}"))
+    return '\n'.join(lines)
+
+
+def format_comparison(prediction, measured):
+    """A markdown table of predicted vs measured. measured may hold any of 'params', 'tokens_per_s' (all GPUs),
+    'mfu', 'peak_memory_bytes' (max_memory_allocated), 'peak_reserved_bytes' (max_memory_reserved), 'days';
+    missing ones (or None) print as '-'."""
+    p = prediction
+    rows = [  # (what, key, predicted, format)
+        ('parameters', 'params', p['params']['total'], lambda x: f'{x:,.0f}'),
+        ('throughput, tokens/s (all GPUs)', 'tokens_per_s', p['tokens_per_s'], lambda x: f'{x:,.0f}'),
+        ('MFU (6N_matmul + 12LHT per token)', 'mfu', p['mfu'], lambda x: f'{x:.1%}'),
+        ('peak memory allocated per GPU', 'peak_memory_bytes', p['memory']['allocated'], _gib),
+        ('peak memory reserved per GPU (+ overhead)', 'peak_reserved_bytes', p['memory']['total'], _gib),
+        (f"days for {_si(p['tokens'])} tokens", 'days', p['days'], lambda x: f'{x:.3g}'),
+    ]
+    lines = ['| quantity | predicted | measured | measured / predicted |', '| --- | ---: | ---: | ---: |']
+    for what, key, predicted, fmt in rows:
+        value = measured.get(key)
+        if value is None:
+            lines.append(f'| {what} | {fmt(predicted)} | - | - |')
+        else:
+            ratio = f'{value / predicted:.3f}' if predicted else '-'
+            lines.append(f'| {what} | {fmt(predicted)} | {fmt(value)} | {ratio} |')
+    return '\n'.join(lines)
+
+
+# -----------------------------------------------------------------------------------------------------
+# The book's worked examples (BOOK.md), recomputed: the book's figure beside the ledger's, compared at the
+# book's precision (the format spec). test_ledger.py checks every one.
+
+LLAMA_7B = ModelConfig(arch='llama', n_layer=32, n_head=32, n_embd=4096, ffn_hidden=11008, vocab_size=32000,
+                       block_size=2048)
+
+
+def book_examples():
+    """A list of dicts: section, what, formula, book (as written), book_value, value (the ledger's), precision
+    (the format spec the two agree at), matches."""
+    h200, a800 = GPUS['H200'], GPUS['A800']
+    p7b = count_params(LLAMA_7B)
+    def seed_days(params, tokens):  # seed 000: 6ND on one H200 at MFU 0.40
+        return train_days(6 * params * tokens, 1, h200.peak_flops, 0.40)
+    flops_65b = 8 * 1.4e12 * 6.5e10
+    seconds_65b = flops_65b / (2048 * 2e14)
+    memory_7b = model_state_bytes(p7b['total'], 'fsdp', 2)['total'] / GIB
+    total_7b = memory_7b + 6.20 + 3.91 + 6  # the book's activations, softmax intermediates, other: taken as given
+    examples = [
+        ('Ledger 1', 'LLaMA-7B parameters', "2VH + H + L(4H^2 + 3HH' + 2H), V 32000, L 32, H 4096, H' 11008",
+         '6,738,415,616', 6738415616, p7b['total'], ',d'),
+        ('Ledger 1', 'LLaMA-7B: share of params in linear layers', 'N_matmul / P (book: > 95%)',
+         '> 95%', 0.95, p7b['matmul'] / p7b['total'], '>'),
+        ('Ledger 2', 'LLaMA-7B on 1B tokens', '6 x P x C', '4.04e19', 4.04e19, 6 * p7b['total'] * 1e9, '.3g'),
+        ('Ledger 3', 'LLaMA-65B training FLOPs', '8CP, C 1.4e12, P 6.5e10 (recompute)', '7.28e23', 7.28e23,
+         flops_65b, '.3g'),
+        ('Ledger 3', 'LLaMA-65B seconds', '8CP / (2048 x 2e14 effective)', '1.78e6', 1.78e6, seconds_65b, '.3g'),
+        ('Ledger 3', 'LLaMA-65B days (paper: 21)', 'seconds / 86400', '20.6', 20.6,
+         train_days(flops_65b, 2048, GPUS['A100'].peak_flops, 2e14 / GPUS['A100'].peak_flops), '.3g'),
+        ('Ledger 3', 'one H200: 0.76B params, 25B tokens', '6ND / (989e12 x 0.40) / 86400', '~3.3', 3.3,
+         seed_days(0.76e9, 25e9), '.2g'),
+        ('Ledger 3', 'one H200: 1.3B params, 26B tokens', '6ND / (989e12 x 0.40) / 86400', '5.93 (~6)', 5.93,
+         seed_days(1.3e9, 26e9), '.3g'),
+        ('Ledger 3', 'one H200: 1.3B params, 50B tokens', '6ND / (989e12 x 0.40) / 86400', '11.4 (~11)', 11.4,
+         seed_days(1.3e9, 50e9), '.3g'),
+        ('Ledger 3', 'one H200: 7B params, 140B tokens', '6ND / (989e12 x 0.40) / 86400', '~172', 172,
+         seed_days(7e9, 140e9), '.3g'),
+        ('Ledger 3', 'one H200: 13B params, 260B tokens', '6ND / (989e12 x 0.40) / 86400', '593 (~590)', 593,
+         seed_days(13e9, 260e9), '.3g'),
+        ('Ledger 3', 'cost of the 1.3B/26B run, USD', 'days x 24 x $3.5/H200-hour ($3-4: '
+         f'{seed_days(1.3e9, 26e9) * 24 * 3:.0f}-{seed_days(1.3e9, 26e9) * 24 * 4:.0f})', '~$500', 500,
+         seed_days(1.3e9, 26e9) * 24 * 3.5, '.1g'),
+        ('Ledger 4', 'LLaMA-7B model states per GPU, GiB', '16P/2 (ZeRO-3 on 2 x A800-80G); 50.205, the book '
+         'truncates', '50.20', 50.20, memory_7b, '.3g'),
+        ('Ledger 4', 'LLaMA-7B total per GPU, GB', "16P/2 + the book's 6.20 + 3.91 + ~6", '~66', 66, total_7b, '.2g'),
+        ('Ledger 4', 'LLaMA-7B spare on an 80 GB card, GB', '80 - total', '~14', 14, a800.memory_bytes / GIB - total_7b,
+         '.2g'),
+        ('Ledger 4', '13B: model states, GB', '16P', '208', 208, 16 * 13e9 / 1e9, '.3g'),
+        ('Ledger 4', '13B: fewest 80 GB GPUs', 'ceil(16P / 80 GB)', '3', 3,
+         gpus_for_model_states(13e9, a800.memory_bytes)[0], 'd'),
+        ('Ledger 4', '13B: recommended GPUs', 'rounded up to a power of two', '4', 4,
+         gpus_for_model_states(13e9, a800.memory_bytes)[1], 'd'),
+        ('Ledger 4', '30B: recommended GPUs', 'ceil(16P / 80 GB) = 6, to a power of two', '8', 8,
+         gpus_for_model_states(30e9, a800.memory_bytes)[1], 'd'),
+        ('Ledger 4', '65B: recommended GPUs', 'ceil(16P / 80 GB) = 13, to a power of two', '16', 16,
+         gpus_for_model_states(65e9, a800.memory_bytes)[1], 'd'),
+        ('Ledger 4', '175B: model states alone, TB', '16P', '~2.8', 2.8, 16 * 175e9 / 1e12, '.2g'),
+        ('Data', '175B: Chinchilla-optimal tokens, T', '20 x P', '3.5', 3.5, 20 * 175e9 / 1e12, '.2g'),
+        ('Data', 'GPT-3 tokens per parameter', '300B / 175B', '~1.7', 1.7, 300e9 / 175e9, '.2g'),
+        ('Data', '25B tokens are optimal for, B params', 'D / 20', '~1.25', 1.25, 25e9 / 20 / 1e9, '.3g'),
+        ('Data', '0.76B params: optimal tokens, B', '20 x P', '15.2', 15.2, 20 * 0.76e9 / 1e9, '.3g'),
+        ('Data', 'Llama-3-8B tokens per parameter', '15T / 8B (~95x Chinchilla from the rounded 1,900)', '~1,900',
+         1900, 15e12 / 8e9, '.2g'),
+        ('Data', 'bytes per token, vocab 50,257 (GPT-2)', 'uint16 while vocab <= 65,536', '2', 2, token_bytes(50257),
+         'd'),
+        ('Data', 'bytes per token, vocab 128,256 (Llama 3)', 'uint32 above', '4', 4, token_bytes(128256), 'd'),
+        ('Data', '250B tokens at 2 bytes/token, GB', 'D x 2', '500', 500, 250e9 * token_bytes(50257) / 1e9, '.3g'),
+        ('Data', '25B tokens as parquet, GB', 'D x ~4 bytes/token (3-4)', '~100', 100, 25e9 * 4 / 1e9, '.2g'),
+        ('Data', '1.3B Adam checkpoint, GB', '12P: fp32 weights + Adam m, v', '~16', 16, 12 * 1.3e9 / 1e9, '.2g'),
+    ]
+    results = []
+    for section, what, formula, book, book_value, value, precision in examples:
+        if precision == '>':
+            matches, shown = value > book_value, f'{value:.1%}'
+        else:
+            matches = format(round(value) if precision == 'd' or precision == ',d' else value, precision) == \
+                format(book_value, precision)
+            shown = format(round(value), precision) if precision in ('d', ',d') else f'{value:.4g}'
+        results.append(dict(section=section, what=what, formula=formula, book=book, book_value=book_value,
+                            value=value, shown=shown, precision=precision, matches=matches))
+    return results
+
+
+def format_book():
+    lines = ["BOOK.md's worked examples, recomputed by the ledger (book's figure | ledger's | agree at the book's "
+             "precision)"]
+    section = None
+    for example in book_examples():
+        if example['section'] != section:
+            section = example['section']
+            lines += ['', section]
+        lines.append(f"  {example['what']:<46} {example['book']:>14} | {example['shown']:>14} | "
+                     f"{'ok' if example['matches'] else 'DIFFERS'}   {example['formula']}")
+    return '\n'.join(lines)
+
+
+# -----------------------------------------------------------------------------------------------------
+# CLI: python ledger.py CONFIG [--key=value ...] [--json] | python ledger.py --book
+
+USAGE = 'usage: python ledger.py CONFIG [--key=value ...] [--json]   or   python ledger.py --book'
+
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv and argv[0] in ('-h', '--help'):
+        print(__doc__.strip() + '\n\n' + USAGE)
+        return 0
+    try:
+        if '--book' in argv:
+            if argv != ['--book']:
+                raise ConfigError('--book takes no other arguments')
+            print(format_book())
+            return 0
+        as_json = '--json' in argv
+        args = [a for a in argv if a != '--json']
+        if not args:
+            raise ConfigError(f'no config given ({USAGE})')
+        path = None if args[0].startswith('--') else args[0]
+        model, train = load_config(path, args[1:] if path else args)
+        prediction = predict(model, train)
+        print(json.dumps(prediction, indent=2) if as_json else format_report(prediction))
+        return 0
+    except ConfigError as e:
+        print(f'error: {e}', file=sys.stderr)
+        return 2
+
+
+if __name__ == '__main__':
+    sys.exit(main())
