@@ -239,18 +239,24 @@ def finish_meta(out_dir, meta):
     return meta
 
 
-def complete_meta(out_dir, request):
-    """A rerun of a finished folder with the same request is a fast no-op: returns its meta (None when the
-    folder is unfinished). A finished folder made with another request is refused, not mixed with new shards."""
-    if not os.path.exists(os.path.join(out_dir, 'meta.json')):
+def complete_meta(out_dir, request, carry_on_keys=()):
+    """A rerun of a finished folder with the same request is a fast no-op: returns its meta (None when there is
+    work to do). If only `carry_on_keys` differ (a larger --tokens), the folder is marked unfinished and the
+    caller carries on; any other difference is refused rather than mixed with the old shards."""
+    path = os.path.join(out_dir, 'meta.json')
+    if not os.path.exists(path):
         return None
     meta = load_meta(out_dir)
-    if meta.get('request') != request:
+    if meta.get('request') == request:
+        print(f"already complete: {out_dir} ({meta['train_tokens']:,} train + {meta['val_tokens']:,} val tokens, "
+              f"{meta['tokenizer']}); delete the folder to rebuild it")
+        return meta
+    if {k: v for k, v in meta.get('request', {}).items() if k not in carry_on_keys} != \
+            {k: v for k, v in request.items() if k not in carry_on_keys}:
         raise DataError(f"{out_dir} already holds a dataset made with {meta.get('request')}: "
                         f"delete it or choose another --out")
-    print(f"already complete: {out_dir} ({meta['train_tokens']:,} train + {meta['val_tokens']:,} val tokens, "
-          f"{meta['tokenizer']}); delete the folder to rebuild it")
-    return meta
+    os.remove(path)
+    return None
 
 
 # -----------------------------------------------------------------------------------------------------
@@ -338,6 +344,448 @@ def prepare_pystdlib(out_dir='data/pystdlib', tokenizer='bpe:8192', workers=0, s
 
 
 # -----------------------------------------------------------------------------------------------------
+# Streams: sources too big for memory (fineweb_edu, files) are read one batch of documents at a time, in a
+# fixed order (file by file, row by row), and cut into shards at fixed stream offsets: the val shard holds
+# stream tokens [0, V), train shard k >= 1 holds [V + (k-1)S, V + kS). The cuts depend only on the documents
+# and the tokenizer, so after each full shard we record where the next one starts (file, row, tokens of that
+# document already written) in progress.json; a rerun skips the finished shards' documents without reading
+# them (whole files, then whole parquet row groups) and carries on, writing exactly the same shards.
+
+def read_documents(path, start_row=0):
+    """Yield (row, text) of one local file from `start_row` on: .parquet (its `text` column, one row group at a
+    time, so memory stays bounded), .jsonl (the "text" field of each non-blank line) or .txt (one document)."""
+    if path.endswith('.parquet'):
+        import pyarrow.parquet as pq
+        parquet = pq.ParquetFile(path)
+        if 'text' not in parquet.schema_arrow.names:
+            raise DataError(f"{path}: no 'text' column (it has {', '.join(parquet.schema_arrow.names)})")
+        first = 0
+        for group in range(parquet.num_row_groups):
+            rows = parquet.metadata.row_group(group).num_rows
+            if first + rows > start_row:
+                texts = parquet.read_row_group(group, columns=['text']).column('text').to_pylist()
+                for row in range(max(start_row, first), first + rows):
+                    yield row, texts[row - first] or ''
+            first += rows
+    elif path.endswith('.jsonl'):
+        with open(path, encoding='utf-8') as f:
+            row = 0
+            for line_number, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                if row >= start_row:
+                    try:
+                        text = json.loads(line)['text']
+                    except (ValueError, KeyError, TypeError):
+                        raise DataError(f"{path}:{line_number}: not a JSON object with a \"text\" field") from None
+                    yield row, text
+                row += 1
+    elif start_row == 0:
+        with open(path, encoding='utf-8') as f:
+            yield 0, f.read()
+
+
+def document_batches(paths, fetch, position, batch_docs, wait_for_file=None):
+    """Yield (file index, first row, texts) batches from `position` = (file, row) on; batches never span two
+    files. `fetch(i)` returns file i's local path (downloading it if needed); `wait_for_file(i)` is called first
+    and returns False when file i is not needed after all (the token target was reached)."""
+    start_file, start_row = position
+    for file_index in range(start_file, len(paths)):
+        if wait_for_file is not None and file_index > start_file and not wait_for_file(file_index):
+            return
+        texts, first_row = [], None
+        for row, text in read_documents(fetch(file_index), start_row if file_index == start_file else 0):
+            if first_row is None:
+                first_row = row
+            texts.append(text)
+            if len(texts) == batch_docs:
+                yield file_index, first_row, texts
+                texts, first_row = [], None
+        if texts:
+            yield file_index, first_row, texts
+
+
+def bpe_sample(documents, skip_chars, sample_chars):
+    """Texts for training the BPE: skip the first `skip_chars` characters of the stream (where the val shard's
+    documents are: BPE packs text into ~4-5 characters per token, so 8 characters per val token is a safe
+    margin) and take the next `sample_chars`, so val text stays unseen by the tokenizer too."""
+    seen = taken = 0
+    for text in documents:
+        seen += len(text)
+        if seen <= skip_chars:
+            continue
+        yield text
+        taken += len(text)
+        if taken >= sample_chars:
+            return
+
+
+def format_duration(seconds):
+    seconds = int(seconds)
+    return f"{seconds // 3600}h{seconds // 60 % 60:02d}m" if seconds >= 3600 else f"{seconds // 60}m{seconds % 60:02d}s"
+
+
+def tokenize_stream(out_dir, prefix, paths, fetch, request, workers, val_tokens, shard_tokens, max_tokens,
+                    batch_docs=256):
+    """Tokenize the documents of `paths` in order into shards, carrying on from progress.json; returns the meta
+    fields for the counts. `max_tokens` = 0 reads everything."""
+    import threading
+    progress_path = os.path.join(out_dir, 'progress.json')
+    state = {'request': request, 'shards': 0, 'file': 0, 'row': 0, 'skip': 0, 'documents': 0, 'text_bytes': 0}
+    if os.path.exists(progress_path):
+        with open(progress_path) as f:
+            state = json.load(f)
+        if state['request'] != request:
+            raise DataError(f"{out_dir} holds an unfinished dataset made with {state['request']}: rerun that "
+                            f"command to finish it, or delete the folder or choose another --out")
+    target = max_tokens or float('inf')
+
+    def shard_end(index):  # stream offset where shard `index` ends
+        return val_tokens + index * shard_tokens
+
+    shard = state['shards']
+    stream_offset = shard_end(shard - 1) if shard else 0  # stream offset of the first buffered token
+    if stream_offset >= target:
+        stream_offset, shard = 0, 0  # a smaller --tokens than a finished run's: start over
+        state.update(shards=0, file=0, row=0, skip=0, documents=0, text_bytes=0)
+    if shard:
+        print(f"{prefix}: carrying on after {shard} complete shards ({stream_offset:,} tokens)")
+    buffer, buffered = [], 0
+    documents, text_bytes = state['documents'], state['text_bytes']
+    written = [shard_path(out_dir, prefix, 'val' if i == 0 else 'train', i) for i in range(shard)]
+
+    # At most `in_flight` batches are out with the workers: the feeding thread blocks on `slots`, so files are
+    # downloaded as the tokenizer needs them. Before opening another file it waits until every batch out is
+    # written, and stops if the target has been reached: no file is fetched that the shards do not use.
+    in_flight = 4 * workers
+    slots, stop = threading.Semaphore(in_flight), threading.Event()
+
+    def wait_for_file(file_index):
+        for _ in range(in_flight):
+            slots.acquire()
+        for _ in range(in_flight):
+            slots.release()
+        return not stop.is_set()
+
+    def feed():
+        for batch in document_batches(paths, fetch, (state['file'], state['row']), batch_docs, wait_for_file):
+            slots.acquire()
+            if stop.is_set():
+                return
+            yield batch
+
+    started, started_offset, last_report, skip = time.time(), stream_offset, 0.0, state['skip']
+    done = False
+    with multiprocessing.Pool(workers, initializer=init_worker, initargs=(out_dir,)) as pool:
+        try:
+            for file_index, first_row, tokens, doc_tokens, doc_bytes in pool.imap(tokenize_batch, feed()):
+                slots.release()
+                counted = np.ones(len(doc_tokens), dtype=np.int64)
+                if skip:  # the first document was partly written before the stop: drop those tokens
+                    tokens, doc_tokens[0], counted[0], doc_bytes[0], skip = tokens[skip:], doc_tokens[0] - skip, 0, 0, 0
+                doc_starts = stream_offset + buffered + np.concatenate([[0], np.cumsum(doc_tokens)[:-1]])
+                buffer.append(tokens)
+                buffered += len(tokens)
+                while stream_offset + buffered >= min(shard_end(shard), target):
+                    end = min(shard_end(shard), target)
+                    data = np.concatenate(buffer)
+                    written.append(shard_path(out_dir, prefix, 'val' if shard == 0 else 'train', shard))
+                    write_shard(written[-1], data[:end - stream_offset])
+                    buffer, buffered = [data[end - stream_offset:]], stream_offset + buffered - end
+                    stream_offset, shard = end, shard + 1
+                    # the document holding stream token `end`, and how many of its tokens are written
+                    inside = np.searchsorted(doc_starts, end, side='right') - 1
+                    before = np.searchsorted(doc_starts, end, side='left')  # documents that began before `end`
+                    if end == shard_end(shard - 1):
+                        state.update(shards=shard, file=file_index, row=first_row + int(inside),
+                                     skip=int(end - doc_starts[inside]),
+                                     documents=documents + int(counted[:before].sum()),
+                                     text_bytes=text_bytes + int((doc_bytes * counted)[:before].sum()))
+                        save_json(progress_path, state)
+                    if end == target:
+                        documents += int(counted[:before].sum())
+                        text_bytes += int((doc_bytes * counted)[:before].sum())
+                        done = True
+                        break
+                if done:
+                    break
+                documents += int(counted.sum())
+                text_bytes += int((doc_bytes * counted).sum())
+                now = time.time()
+                if now - last_report > (1 if sys.stderr.isatty() else 30):
+                    last_report, total = now, stream_offset + buffered
+                    rate = (total - started_offset) / (now - started)
+                    eta = f" | ETA {format_duration((target - total) / rate)}" if max_tokens and rate else ''
+                    goal = f" / {max_tokens:,}" if max_tokens else ''
+                    line = (f"{prefix}: {total:,}{goal} tokens | {rate / 1e6:.2f}M tokens/s | shard {shard} | "
+                            f"file {file_index + 1}/{len(paths)}{eta}")
+                    if sys.stderr.isatty():  # one line redrawn in place
+                        print('\r' + line + '   ', end='', file=sys.stderr, flush=True)
+                    else:
+                        print(line, file=sys.stderr, flush=True)
+        finally:
+            stop.set()
+            for _ in range(in_flight):
+                slots.release()
+    if sys.stderr.isatty():
+        print(file=sys.stderr)
+    if not done and buffered:  # the documents ran out: the rest is the last (shorter) shard
+        if shard == 0:
+            raise DataError(f"only {buffered:,} tokens in all, fewer than the {val_tokens:,} of the val shard: "
+                            f"lower --val-tokens")
+        written.append(shard_path(out_dir, prefix, 'train', shard))
+        write_shard(written[-1], np.concatenate(buffer))
+        stream_offset, shard = stream_offset + buffered, shard + 1
+    if shard < 2:
+        raise DataError(f"all {stream_offset:,} tokens went to the val shard: lower --val-tokens")
+    remove_shards(out_dir, prefix, keep=written)
+    elapsed = time.time() - started
+    print(f"{prefix}: {stream_offset - started_offset:,} tokens in {elapsed:.1f} s "
+          f"({(stream_offset - started_offset) / max(elapsed, 1e-9) / 1e6:.2f}M tokens/s)")
+    return {'documents': documents, 'text_bytes': text_bytes, 'val_tokens': min(val_tokens, stream_offset),
+            'train_tokens': stream_offset - val_tokens, 'val_shards': 1, 'train_shards': shard - 1}
+
+
+# -----------------------------------------------------------------------------------------------------
+# Source 2: fineweb_edu. The parquet files of a FineWeb-Edu sample (HuggingFaceFW/fineweb-edu, folder
+# sample/10BT, sample/100BT or sample/350BT) over plain HTTP from the Hub: the revision ("main" by default) is
+# resolved to its commit once and pinned in progress.json and meta.json, so a rerun weeks later reads the same
+# files. Hub API: GET {endpoint}/api/datasets/{repo}/revision/{rev} -> {"sha": ...};
+# GET {endpoint}/api/datasets/{repo}/tree/{sha}/{folder} -> [{"type": "file", "path": ..., "size": ...}, ...]
+# (paged with a Link: <next>; rel="next" header); files at {endpoint}/datasets/{repo}/resolve/{sha}/{path}.
+
+HUB_ENDPOINT = 'https://huggingface.co'
+FINEWEB_EDU = 'HuggingFaceFW/fineweb-edu'
+HTTP_ATTEMPTS = 8          # tries per request before giving up (a download's count restarts when bytes arrive)
+RETRY_BACKOFF_S = 2.0      # waits 2, 4, 8, ... s (capped at 60) between tries
+HTTP_TIMEOUT_S = (10, 60)  # (connect, read between bytes)
+
+
+def http_get(session, url, headers=None, stream=False):
+    """GET with retries on 5xx/429, time-outs and dropped connections, with exponential backoff. A 4xx answer
+    is a DataError naming the URL (404: wrong sample, revision or endpoint)."""
+    import requests
+    for attempt in range(HTTP_ATTEMPTS):
+        try:
+            response = session.get(url, headers=headers, stream=stream, timeout=HTTP_TIMEOUT_S)
+        except (requests.ConnectionError, requests.Timeout) as e:
+            problem = type(e).__name__
+        else:
+            if response.status_code < 400:
+                return response
+            problem = f"HTTP {response.status_code}"
+            response.close()
+            if response.status_code == 404:
+                raise DataError(f"{url}: not found (HTTP 404): check --sample, --revision and --endpoint")
+            if response.status_code < 500 and response.status_code != 429:
+                raise DataError(f"{url}: HTTP {response.status_code} {response.reason}")
+        time.sleep(min(60.0, RETRY_BACKOFF_S * 2**attempt))
+    raise DataError(f"{url}: still failing after {HTTP_ATTEMPTS} tries ({problem}): check the network and rerun "
+                    f"(finished work is kept)")
+
+
+def hub_files(session, endpoint, repo, revision, folder):
+    """(commit sha, sorted [{'path', 'size'}] of the folder's .parquet files) at a revision."""
+    sha = http_get(session, f"{endpoint}/api/datasets/{repo}/revision/{revision}").json()['sha']
+    files, url = [], f"{endpoint}/api/datasets/{repo}/tree/{sha}/{folder}"
+    while url:
+        response = http_get(session, url)
+        files += [{'path': item['path'], 'size': item['size']} for item in response.json()
+                  if item['type'] == 'file' and item['path'].endswith('.parquet')]
+        url = response.links.get('next', {}).get('url')
+    if not files:
+        raise DataError(f"no parquet files in {repo}/{folder} at {revision}: check --sample")
+    return sha, sorted(files, key=lambda item: item['path'])
+
+
+def download(session, url, dest, size):
+    """Stream `url` to `dest`.partial, carrying on with an HTTP Range request after a dropped connection, check
+    the size, and rename to `dest` when complete. A complete `dest` is kept as it is."""
+    import requests
+    if os.path.exists(dest) and os.path.getsize(dest) == size:
+        return dest
+    partial, attempt = dest + '.partial', 0
+    while True:
+        have = os.path.getsize(partial) if os.path.exists(partial) else 0
+        if have == size:
+            break
+        if have > size:  # damaged: start over
+            os.remove(partial)
+            have = 0
+        response = http_get(session, url, headers={'Range': f'bytes={have}-'} if have else None, stream=True)
+        if have and response.status_code != 206:  # the server ignored the Range: take the whole file again
+            have = 0
+        try:
+            with response, open(partial, 'ab' if have else 'wb') as f:
+                for chunk in response.iter_content(chunk_size=1 << 20):
+                    f.write(chunk)
+        except (requests.ConnectionError, requests.Timeout, requests.exceptions.ChunkedEncodingError):
+            pass  # dropped half way: the next round asks for the rest
+        got = os.path.getsize(partial)
+        attempt = 0 if got > have else attempt + 1
+        if got != size and attempt >= HTTP_ATTEMPTS:
+            raise DataError(f"{url}: download stuck at {got:,} of {size:,} bytes after {HTTP_ATTEMPTS} tries: "
+                            f"rerun to carry on")
+        if got < size and got == have:
+            time.sleep(min(60.0, RETRY_BACKOFF_S * 2**attempt))
+    os.replace(partial, dest)
+    return dest
+
+
+def prepare_fineweb_edu(out_dir='data/fineweb_edu', sample='100BT', tokens=0, tokenizer='gpt2', workers=0,
+                        shard_tokens=100_000_000, val_tokens=0, endpoint=HUB_ENDPOINT, revision='main',
+                        bpe_sample_chars=1_000_000_000, delete_downloads=False):
+    """Build (or carry on, or find complete) a FineWeb-Edu data folder; returns its meta dict."""
+    import requests
+    if sample not in ('10BT', '100BT', '350BT'):
+        raise DataError(f"unknown sample '{sample}': use 10BT, 100BT or 350BT")
+    val_tokens = val_tokens or shard_tokens  # llm.c's convention: the first shard is val
+    request = {'source': 'fineweb_edu', 'sample': sample, 'tokenizer': tokenizer, 'shard_tokens': shard_tokens,
+               'val_tokens': val_tokens, 'endpoint': endpoint, 'revision': revision}
+    meta = complete_meta(out_dir, dict(request, tokens=tokens), carry_on_keys=('tokens',))
+    if meta is not None:
+        return meta
+    vocab_size = parse_tokenizer(tokenizer)
+    os.makedirs(os.path.join(out_dir, 'downloads'), exist_ok=True)
+    session = requests.Session()
+    manifest_path = os.path.join(out_dir, 'files.json')
+    if os.path.exists(manifest_path):  # pinned by the first run: same commit, same files, no listing needed
+        with open(manifest_path) as f:
+            manifest = json.load(f)
+    else:
+        sha, files = hub_files(session, endpoint, FINEWEB_EDU, revision, f'sample/{sample}')
+        manifest = {'repo': FINEWEB_EDU, 'revision': sha, 'files': files}
+        save_json(manifest_path, manifest)
+    files, sha = manifest['files'], manifest['revision']
+    print(f"fineweb_edu: sample/{sample} at {sha}: {len(files)} parquet files, "
+          f"{sum(f['size'] for f in files) / 1e9:,.1f} GB")
+    paths = [os.path.join(out_dir, 'downloads', os.path.basename(f['path'])) for f in files]
+
+    def fetch(index):
+        if not os.path.exists(paths[index]):
+            print(f"fineweb_edu: downloading {files[index]['path']} ({files[index]['size'] / 1e9:.2f} GB)")
+        if delete_downloads:  # files before this one are fully in complete shards once we start reading it
+            for old in paths[:index]:
+                if os.path.exists(old):
+                    os.remove(old)
+        return download(session, f"{endpoint}/datasets/{FINEWEB_EDU}/resolve/{sha}/{files[index]['path']}",
+                        paths[index], files[index]['size'])
+
+    if not os.path.exists(os.path.join(out_dir, 'tokenizer.json')):
+        if vocab_size is None:
+            make_gpt2_tokenizer(out_dir)
+        else:
+            texts = (text for _, _, batch in document_batches(paths, fetch, (0, 0), 1024) for text in batch)
+            train_bpe_tokenizer(out_dir, vocab_size, bpe_sample(texts, 8 * val_tokens, bpe_sample_chars))
+    counts = tokenize_stream(out_dir, 'fineweb_edu', paths, fetch, request, workers or default_workers(),
+                             val_tokens, shard_tokens, tokens)
+    return finish_meta(out_dir, dataset_meta(out_dir, f'fineweb_edu/sample/{sample}', sha, tokenizer,
+                                             shard_tokens, dict(request, tokens=tokens), counts))
+
+
+# -----------------------------------------------------------------------------------------------------
+# Source 3: files, your own text: .txt (a file is one document), .jsonl (a "text" field per line) or .parquet
+# (a "text" column), in the order given.
+
+FILE_TYPES = ('.txt', '.jsonl', '.parquet')
+
+
+def prepare_files(paths, out_dir='data/files', tokenizer='bpe:8192', workers=0, shard_tokens=100_000_000,
+                  val_tokens=0, tokens=0, bpe_sample_chars=1_000_000_000):
+    """Build (or carry on, or find complete) a data folder from local files; returns its meta dict."""
+    for path in paths:
+        if not os.path.isfile(path):
+            raise DataError(f"{path}: no such file")
+        if not path.endswith(FILE_TYPES):
+            raise DataError(f"{path}: unknown file type (use {', '.join(FILE_TYPES)})")
+    paths = [os.path.abspath(p) for p in paths]
+    # Default val: ~10% of the tokens, estimated at ~4 bytes of file per token (text and jsonl ~4-5, parquet
+    # ~3-4 compressed), at most one shard.
+    val_tokens = val_tokens or max(1, min(shard_tokens, sum(os.path.getsize(p) for p in paths) // 40))
+    request = {'source': 'files', 'paths': paths, 'tokenizer': tokenizer, 'shard_tokens': shard_tokens,
+               'val_tokens': val_tokens}
+    meta = complete_meta(out_dir, dict(request, tokens=tokens), carry_on_keys=('tokens',))
+    if meta is not None:
+        return meta
+    vocab_size = parse_tokenizer(tokenizer)
+    os.makedirs(out_dir, exist_ok=True)
+    if not os.path.exists(os.path.join(out_dir, 'tokenizer.json')):
+        if vocab_size is None:
+            make_gpt2_tokenizer(out_dir)
+        else:
+            texts = (text for _, _, batch in document_batches(paths, paths.__getitem__, (0, 0), 1024) for text in batch)
+            sample = list(bpe_sample(texts, 8 * val_tokens, bpe_sample_chars))
+            if not sample:
+                raise DataError(f"no text left to train the BPE on after the val part: lower --val-tokens "
+                                f"(now {val_tokens:,})")
+            train_bpe_tokenizer(out_dir, vocab_size, sample)
+    counts = tokenize_stream(out_dir, 'files', paths, paths.__getitem__, request, workers or default_workers(),
+                             val_tokens, shard_tokens, tokens)
+    return finish_meta(out_dir, dataset_meta(out_dir, 'files', None, tokenizer, shard_tokens,
+                                             dict(request, tokens=tokens), counts))
+
+
+def dataset_meta(out_dir, source, revision, tokenizer, shard_tokens, request, counts):
+    encoding = load_tokenizer(out_dir)
+    return dict({'source': source, 'revision': revision, 'tokenizer': tokenizer, 'vocab_size': encoding.n_vocab,
+                 'eot_id': encoding.eot_token, 'dtype': token_dtype(encoding.n_vocab).name,
+                 'shard_tokens': shard_tokens, 'request': request}, **counts)
+
+
+# -----------------------------------------------------------------------------------------------------
+# Benchmark (not a test): tokens/s of the whole pipeline (read parquet -> pool -> shards -> meta.json) against
+# raw tiktoken (encode_ordinary in the same number of processes, text already in memory, nothing written),
+# on the same text with the same tokenizer. Offline-friendly: the text is the stdlib sources repeated into a
+# parquet file, the tokenizer our bpe:8192 (or gpt2 where tiktoken has its files).
+
+def count_tokens(texts):
+    return sum(len(ids) for ids in _worker_encoding.encode_ordinary_batch(texts, num_threads=1))
+
+
+def bench(workers=0, megabytes=200, tokenizer='bpe:8192'):
+    import shutil
+    import tempfile
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    import tiktoken
+    workers = workers or default_workers()
+    with tempfile.TemporaryDirectory() as tmp:
+        stdlib = [text for _, text in pystdlib_files()]
+        texts, size = [], 0
+        while size < megabytes * 1e6:
+            texts += stdlib
+            size += sum(len(t) for t in stdlib)
+        parquet = os.path.join(tmp, 'bench.parquet')
+        pq.write_table(pa.table({'text': texts}), parquet, row_group_size=10_000)
+        tokenizer_dir = os.path.join(tmp, 'pipeline')
+        os.makedirs(tokenizer_dir)
+        if tokenizer == 'gpt2':
+            make_gpt2_tokenizer(tokenizer_dir)
+        else:
+            train_bpe_tokenizer(tokenizer_dir, parse_tokenizer(tokenizer), stdlib)
+        shutil.copy(os.path.join(tokenizer_dir, 'tokenizer.json'), tmp)
+        batches = [texts[i:i + 256] for i in range(0, len(texts), 256)]
+        with multiprocessing.Pool(workers, initializer=init_worker, initargs=(tmp,)) as pool:
+            pool.map(count_tokens, batches[:workers])  # warm up the workers
+            started = time.time()
+            raw_tokens = sum(pool.imap(count_tokens, batches))
+            raw_s = time.time() - started
+        started = time.time()
+        meta = prepare_files([parquet], tokenizer_dir, tokenizer, workers, shard_tokens=100_000_000)
+        pipeline_s = time.time() - started
+    pipeline_tokens = meta['train_tokens'] + meta['val_tokens']
+    raw_rate, pipeline_rate = raw_tokens / raw_s, pipeline_tokens / pipeline_s
+    print(f"bench: {size / 1e6:.0f} MB of text, {len(texts):,} documents, {tokenizer}, {workers} workers, "
+          f"tiktoken {tiktoken.__version__}, Python {sys.version.split()[0]}, {os.cpu_count()} CPUs")
+    print(f"bench: raw tiktoken  {raw_tokens:,} tokens in {raw_s:.2f} s = {raw_rate / 1e6:.2f}M tokens/s")
+    print(f"bench: pipeline      {pipeline_tokens:,} tokens in {pipeline_s:.2f} s = {pipeline_rate / 1e6:.2f}M "
+          f"tokens/s (incl. {len(texts):,} end-of-text tokens, parquet reading, shards, meta.json)")
+    print(f"bench: pipeline / raw = {pipeline_rate / raw_rate:.1%}")
+    return raw_rate, pipeline_rate
+
+
+# -----------------------------------------------------------------------------------------------------
 # Command line
 
 def main(argv=None):
@@ -359,10 +807,47 @@ def main(argv=None):
     common(sub, 'data/pystdlib', 'bpe:8192')
     sub.add_argument('--max-files', type=int, default=0, help='an evenly spread subset of the files (0: all)')
 
+    sub = sources.add_parser('fineweb_edu', help='a FineWeb-Edu sample from the Hugging Face Hub (resumable)')
+    common(sub, 'data/fineweb_edu', 'gpt2')
+    sub.add_argument('--sample', default='100BT', help='10BT, 100BT or 350BT (default 100BT)')
+    sub.add_argument('--tokens', type=lambda s: int(float(s)), default=0,
+                     help='stop after this many tokens, val included (e.g. 26e9; default: the whole sample)')
+    sub.add_argument('--val-tokens', type=lambda s: int(float(s)), default=0,
+                     help='tokens in the val shard (default: one shard)')
+    sub.add_argument('--endpoint', default=HUB_ENDPOINT, help=f'Hub base URL (default {HUB_ENDPOINT})')
+    sub.add_argument('--revision', default='main', help='dataset revision (branch, tag or commit; default main)')
+    sub.add_argument('--bpe-sample-chars', type=lambda s: int(float(s)), default=1_000_000_000,
+                     help='characters the bpe:V tokenizer trains on (default 1e9)')
+    sub.add_argument('--delete-downloads', action='store_true',
+                     help='delete each parquet file once its documents are in complete shards')
+
+    sub = sources.add_parser('files', help='your own .txt, .jsonl ("text" field) or .parquet ("text" column) files')
+    sub.add_argument('paths', nargs='+', metavar='PATH')
+    common(sub, 'data/files', 'bpe:8192')
+    sub.add_argument('--tokens', type=lambda s: int(float(s)), default=0, help='stop after this many tokens')
+    sub.add_argument('--val-tokens', type=lambda s: int(float(s)), default=0,
+                     help='tokens in the val shard (default: ~10%% of the estimated total, at most one shard)')
+    sub.add_argument('--bpe-sample-chars', type=lambda s: int(float(s)), default=1_000_000_000,
+                     help='characters the bpe:V tokenizer trains on (default 1e9)')
+
+    sub = sources.add_parser('bench', help='tokens/s of the pipeline against raw tiktoken (a benchmark, not a test)')
+    sub.add_argument('--workers', type=int, default=0, help='processes for both (default: all cores)')
+    sub.add_argument('--megabytes', type=int, default=200, help='MB of text (default 200)')
+    sub.add_argument('--tokenizer', default='bpe:8192', help='bpe:V (trained on the stdlib) or gpt2')
+
     args = parser.parse_args(argv)
     try:
         if args.source == 'pystdlib':
             prepare_pystdlib(args.out, args.tokenizer, args.workers, args.shard_tokens, args.max_files)
+        elif args.source == 'fineweb_edu':
+            prepare_fineweb_edu(args.out, args.sample, args.tokens, args.tokenizer, args.workers, args.shard_tokens,
+                                args.val_tokens, args.endpoint.rstrip('/'), args.revision, args.bpe_sample_chars,
+                                args.delete_downloads)
+        elif args.source == 'files':
+            prepare_files(args.paths, args.out, args.tokenizer, args.workers, args.shard_tokens, args.val_tokens,
+                          args.tokens, args.bpe_sample_chars)
+        else:
+            bench(args.workers, args.megabytes, args.tokenizer)
     except DataError as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
