@@ -128,7 +128,7 @@ def _parse_value(key, text, default):
             return float(text)
         return text
     except ValueError:
-        raise ConfigError(f"--{key}={text}: expected a {type(default).__name__}") from None
+        raise ConfigError(f"--{key}={text}: expected a value of type {type(default).__name__}") from None
 
 
 def load_config(path=None, overrides=()):
@@ -141,7 +141,11 @@ def load_config(path=None, overrides=()):
             raise ConfigError(f"config file not found: {path} (the configs are in configs/)")
         namespace = {}
         with open(path) as f:
-            exec(compile(f.read(), path, 'exec'), namespace)
+            source = f.read()
+        try:
+            exec(compile(source, path, 'exec'), namespace)
+        except Exception as e:  # a typo in a config file is bad input too: one line, no traceback
+            raise ConfigError(f"{path} does not run: {type(e).__name__}: {e}") from None
         for key, value in namespace.items():
             if key.startswith('_') or type(value).__name__ == 'module':
                 continue
@@ -658,7 +662,9 @@ def format_report(prediction):
              '0.5-1 GB (book)'),
         _row('total', _gib(memory['total']), f"of {_gib(memory['gpu_memory'])}: {fits}, headroom "
              f"{_gib(memory['headroom'])}"),
-        _row('largest micro-batch that fits', f"{p['max_micro_batch']}", f"sequences of {T} tokens per GPU"),
+        _row('largest micro-batch that fits', f"{p['max_micro_batch']}", f"sequences of {T} tokens per GPU" + (
+            '' if p['fits'] else f": try --micro_batch={p['max_micro_batch']}" if p['max_micro_batch'] else
+            ': not even one; try --recompute=1, or --parallel=fsdp over more GPUs')),
         '',
         'Data and tokens (seed 000)',
         _row('Chinchilla-optimal tokens', _si(data['chinchilla_tokens']), '20 x P (Hoffmann et al. 2022)'),

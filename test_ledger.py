@@ -1,0 +1,381 @@
+"""
+test_ledger.py: every figure of BOOK.md at the book's precision, published parameter counts, the ZeRO formulas,
+the seed's day table, the printed/JSON ledger, overrides and each bad-input error. Pure Python, a few seconds.
+"""
+import json
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+
+import ledger
+from ledger import GIB, ModelConfig, TrainConfig
+
+ROOT = os.path.dirname(os.path.abspath(__file__))
+CONFIGS = ['configs/llama_7b.py', 'configs/gpt2_124m.py', 'configs/gpt2_760m.py', 'configs/h200_1b3.py']
+
+
+def llama(**overrides):
+    return ModelConfig(**{**dict(arch='llama', vocab_size=32000, block_size=2048), **overrides})
+
+
+def gpt2(**overrides):  # OpenAI's GPT-2: V = 50257, learned positions, biases, tied embeddings
+    return ModelConfig(**{**dict(arch='gpt2', vocab_size=50257, block_size=1024, bias=True, tie_embeddings=True),
+                          **overrides})
+
+
+def run_cli(*args, isolated=False):
+    """python ledger.py ARGS in a subprocess; isolated: -S -E, no site-packages (proves stdlib only)."""
+    flags = ['-S', '-E'] if isolated else []
+    return subprocess.run([sys.executable, *flags, 'ledger.py', *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=60)
+
+
+# -----------------------------------------------------------------------------------------------------
+# Ledger 1: parameters
+
+PUBLISHED = [  # (name, config, published sum(p.numel()) of the released model)
+    ('LLaMA-7B', llama(n_layer=32, n_head=32, n_embd=4096), 6_738_415_616),         # book; ffn 8H/3 -> 11008
+    ('LLaMA-13B', llama(n_layer=40, n_head=40, n_embd=5120), 13_015_864_320),       # also Llama-2-13B
+    ('LLaMA-65B', llama(n_layer=80, n_head=64, n_embd=8192), 65_285_660_672),
+    ('TinyLlama-1.1B', llama(n_layer=22, n_head=32, n_kv_head=4, n_embd=2048), 1_100_048_384),  # GQA
+    ('Mistral-7B', llama(n_layer=32, n_head=32, n_kv_head=8, n_embd=4096, ffn_hidden=14336), 7_241_732_096),
+    ('Llama-3-8B', llama(n_layer=32, n_head=32, n_kv_head=8, n_embd=4096, ffn_hidden=14336, vocab_size=128256),
+     8_030_261_248),
+    ('GPT-2 124M', gpt2(n_layer=12, n_head=12, n_embd=768), 124_439_808),
+    ('GPT-2 medium', gpt2(n_layer=24, n_head=16, n_embd=1024), 354_823_168),
+    ('GPT-2 large', gpt2(n_layer=36, n_head=20, n_embd=1280), 774_030_080),
+    ('GPT-2 XL', gpt2(n_layer=48, n_head=25, n_embd=1600), 1_557_611_200),
+]
+
+
+@pytest.mark.parametrize('name,config,published', PUBLISHED, ids=[p[0] for p in PUBLISHED])
+def test_published_parameter_counts_exact(name, config, published):
+    assert ledger.count_params(config)['total'] == published
+
+
+@pytest.mark.parametrize('L,H,F,V', [(32, 4096, 11008, 32000), (3, 64, 176, 1000), (22, 2048, 5632, 50304)])
+def test_book_formula_for_llama(L, H, F, V):
+    """P = 2VH + H + L(4H^2 + 3HH' + 2H) for multi-head attention and untied embeddings."""
+    params = ledger.count_params(llama(n_layer=L, n_head=H // 64, n_embd=H, ffn_hidden=F, vocab_size=V))
+    assert params['total'] == 2 * V * H + H + L * (4 * H * H + 3 * H * F + 2 * H)
+    assert params['per_layer'] == 4 * H * H + 3 * H * F + 2 * H
+
+
+@pytest.mark.parametrize('config', [llama(n_layer=4, n_head=8, n_kv_head=2, n_embd=256), llama(tie_embeddings=True),
+                                    gpt2(), gpt2(bias=False, tie_embeddings=False, n_kv_head=4)],
+                         ids=['llama-gqa', 'llama-tied', 'gpt2', 'gpt2-nobias-untied-gqa'])
+def test_breakdown_sums_to_total(config):
+    params = ledger.count_params(config)
+    parts = ('embedding', 'position', 'attention', 'ffn', 'norms', 'output')
+    assert sum(params[k] for k in parts) == params['total']
+    assert params['attention'] + params['ffn'] + 2 * config.n_embd * config.n_layer \
+        * (2 if config.arch == 'gpt2' and config.bias else 1) == config.n_layer * params['per_layer']
+    assert params['output'] == (0 if config.tie_embeddings else config.vocab_size * config.n_embd)
+    assert params['position'] == (config.block_size * config.n_embd if config.arch == 'gpt2' else 0)
+    # matmul: every Linear weight, the output projection included even when tied; no lookups, norms, biases
+    assert params['matmul'] == params['blocks_matmul'] + config.vocab_size * config.n_embd
+
+
+def test_llama_default_ffn_width_is_llamas_rule():
+    assert [llama(n_embd=H).ffn_width for H in (4096, 5120, 6656, 8192)] == [11008, 13824, 17920, 22016]
+    assert gpt2(n_embd=768).ffn_width == 3072
+
+
+# -----------------------------------------------------------------------------------------------------
+# Ledger 2: compute
+
+def test_flops_conventions():
+    config = llama(n_layer=32, n_head=32, n_embd=4096)
+    params = ledger.count_params(config)
+    L, H, T = 32, 4096, 2048
+    flops = ledger.flops_per_token(config)
+    assert flops['book'] == 6 * params['total']
+    assert ledger.flops_per_token(config, recompute=True)['book'] == 8 * params['total']
+    assert flops['matmul'] == 6 * params['matmul'] + 12 * L * H * T
+    assert flops['matmul_causal'] == 6 * params['matmul'] + 6 * L * H * T
+    assert flops['hardware'] == flops['matmul']
+    assert ledger.flops_per_token(config, recompute=True)['hardware'] == 8 * params['matmul'] + 16 * L * H * T
+    assert flops['attention_share_approx'] == T / (6 * H)
+
+
+def test_attention_share_is_t_over_6h_for_a_12h2_block():
+    """The book: attention ~ T/(6H) of the linear layers; exact when a block holds 12H^2 matmul weights."""
+    config = gpt2(n_layer=12, n_head=12, n_embd=768)
+    flops = ledger.flops_per_token(config)
+    assert flops['attention_share'] == pytest.approx(1024 / (6 * 768), rel=1e-12)
+
+
+def test_llama_7b_on_1b_tokens():
+    flops = ledger.flops_per_token(ledger.LLAMA_7B)['book'] * 1e9
+    assert f'{flops:.3g}' == '4.04e+19'
+
+
+# -----------------------------------------------------------------------------------------------------
+# Ledger 3: time and money
+
+def test_llama_65b_days():
+    flops = 8 * 1.4e12 * 6.5e10
+    assert f'{flops:.3g}' == '7.28e+23'
+    assert f'{flops / (2048 * 2e14):.3g}' == '1.78e+06'
+    peak = ledger.gpu_spec('A100').peak_flops
+    assert f'{ledger.train_days(flops, 2048, peak, 2e14 / peak):.3g}' == '20.6'
+
+
+@pytest.mark.parametrize('params,tokens,days,digits', [(0.76e9, 25e9, 3.3, 2), (1.3e9, 26e9, 5.93, 3),
+                                                       (1.3e9, 50e9, 11.4, 3), (7e9, 140e9, 172, 3),
+                                                       (13e9, 260e9, 593, 3)])
+def test_seed_day_table_one_h200(params, tokens, days, digits):
+    h200 = ledger.gpu_spec('H200')
+    assert h200.peak_flops == 989e12
+    got = ledger.train_days(6 * params * tokens, 1, h200.peak_flops, 0.40)
+    assert f'{got:.{digits}g}' == f'{days:.{digits}g}'
+
+
+def test_seed_cost_about_500():
+    days = ledger.train_days(6 * 1.3e9 * 26e9, 1, 989e12, 0.40)
+    assert round(days * 24 * 3.5, -2) == 500
+    assert 400 < days * 24 * 3 < days * 24 * 4 < 600
+
+
+def test_gpu_table():
+    peaks = {'H200': 989, 'H100': 989, 'H100-PCIe': 756, 'H100-NVL': 835, 'H200-NVL': 835, 'A100': 312,
+             'A800': 312, 'MI300X': 1307, 'B200': 2250}
+    assert {name: gpu.peak_flops / 1e12 for name, gpu in ledger.GPUS.items()} == peaks
+    assert ledger.gpu_spec('h200') is ledger.GPUS['H200']  # any case
+    assert 140 * GIB < ledger.gpu_spec('H200').memory_bytes < 141 * GIB
+    assert ledger.gpu_spec('A800').memory_bytes == 80 * GIB
+
+
+# -----------------------------------------------------------------------------------------------------
+# Ledger 4: memory
+
+@pytest.mark.parametrize('n_gpu', [1, 2, 8, 64])
+def test_zero_formulas(n_gpu):
+    P, N = 7e9, n_gpu
+    expected = {'ddp': 16 * P, 'zero1': 4 * P + 12 * P / N, 'zero2': 2 * P + 14 * P / N, 'fsdp': 16 * P / N}
+    for parallel, total in expected.items():
+        states = ledger.model_state_bytes(P, parallel, n_gpu)
+        assert states['total'] == pytest.approx(total, rel=1e-12)
+        assert states['weights'] + states['grads'] + states['optimizer'] == pytest.approx(total, rel=1e-12)
+
+
+def test_book_memory_example_llama_7b_two_a800():
+    states = ledger.model_state_bytes(ledger.count_params(ledger.LLAMA_7B)['total'], 'fsdp', 2)['total'] / GIB
+    assert f'{states:.3g}' == '50.2'              # the book's 50.20 (50.205, truncated)
+    total = states + 6.20 + 3.91 + 6               # the book's activations, softmax intermediates, other
+    assert round(total) == 66
+    assert round(ledger.gpu_spec('A800').memory_bytes / GIB - total) == 14
+
+
+def test_llama_7b_config_reproduces_the_books_66_gb():
+    """The book's scenario through the ledger's own activation and logits estimates: near its ~66 GB, fits 80."""
+    model, train = ledger.load_config(os.path.join(ROOT, 'configs/llama_7b.py'))
+    memory = ledger.memory_per_gpu(model, train)
+    assert memory['fits'] and 60 * GIB < memory['total'] < 72 * GIB
+
+
+@pytest.mark.parametrize('params,floor,recommended', [(13e9, 3, 4), (30e9, 6, 8), (65e9, 13, 16)])
+def test_rule_of_thumb_gpus(params, floor, recommended):
+    assert 16 * 13e9 / 1e9 == 208
+    assert ledger.gpus_for_model_states(params, ledger.gpu_spec('A800').memory_bytes) == (floor, recommended)
+
+
+def test_175b_model_states():
+    assert f"{ledger.model_state_bytes(175e9)['total'] / 1e12:.2g}" == '2.8'
+
+
+def test_activations_structure():
+    config = llama(n_layer=4, n_head=8, n_embd=512, vocab_size=1000, block_size=256)
+    for recompute in (False, True):
+        sizes = [ledger.activation_bytes(config, b, recompute)['total'] for b in (1, 2, 4)]
+        assert sizes[0] < sizes[1] < sizes[2]
+        parts = ledger.activation_bytes(config, 2, recompute)
+        assert sum(v for k, v in parts.items() if k != 'total') == parts['total']
+    for b in (1, 4):
+        assert ledger.activation_bytes(config, b, True)['total'] < ledger.activation_bytes(config, b, False)['total']
+        assert ledger.activation_bytes(config, b, False, attention='math')['total'] > \
+            ledger.activation_bytes(config, b, False, attention='flash')['total']
+
+
+def test_logits_buffers():
+    config = gpt2(n_layer=2, n_head=2, n_embd=64)
+    for dtype_bytes in (2, 4):
+        one, three = (ledger.logits_bytes(config, b, dtype_bytes=dtype_bytes) for b in (1, 3))
+        assert three['total'] == 3 * one['total']
+        assert one['total'] == sum(v for k, v in one.items() if k != 'total')
+        assert one['total'] % (config.block_size * config.vocab_size) == 0  # B x T x V elements per buffer
+    assert ledger.logits_bytes(config, 1, 2)['total'] > ledger.logits_bytes(config, 1, 4)['total'] / 2
+
+
+def test_memory_total_and_largest_micro_batch():
+    model, train = ledger.load_config(os.path.join(ROOT, 'configs/h200_1b3.py'))
+    memory = ledger.memory_per_gpu(model, train)
+    parts = memory['model_states'] + memory['activations'] + memory['logits'] + memory['overhead']
+    assert memory['total'] == parts and memory['allocated'] == parts - memory['overhead']
+    assert memory['fits'] and memory['gpu_memory'] == ledger.gpu_spec('H200').memory_bytes
+    best = ledger.max_micro_batch(model, train)
+    assert best >= train.micro_batch
+    assert ledger.memory_per_gpu(model, train, micro_batch=best)['fits']
+    assert not ledger.memory_per_gpu(model, train, micro_batch=best + 1)['fits']
+    seven_b, ddp_one_gpu = ledger.load_config(os.path.join(ROOT, 'configs/llama_7b.py'), ['--parallel=ddp',
+                                                                                          '--n_gpu=1'])
+    assert ledger.max_micro_batch(seven_b, ddp_one_gpu) == 0  # 16P = 108 GB: not on one 80 GB card
+
+
+# -----------------------------------------------------------------------------------------------------
+# Data and tokens
+
+def test_data_figures():
+    assert 20 * 175e9 == 3.5e12 and round(300e9 / 175e9, 1) == 1.7
+    assert 25e9 / 20 == 1.25e9 and 20 * 0.76e9 == pytest.approx(15.2e9)
+    assert round(15e12 / 8e9, -2) == 1900
+    assert ledger.token_bytes(50257) == 2 and ledger.token_bytes(65536) == 2 and ledger.token_bytes(128256) == 4
+    data = ledger.data_ledger(1.3e9, 50304, 26e9, dataset_tokens=100e9)
+    assert data['chinchilla_tokens'] == 26e9 and data['chinchilla_multiple'] == pytest.approx(1.0)
+    assert data['enough_data'] and data['epochs'] == pytest.approx(0.26)
+    assert round(data['checkpoint_bytes'] / 1e9) == 16          # "a 1.3B model's Adam checkpoint is ~16 GB"
+    assert ledger.data_ledger(1e9, 50304, 250e9)['shard_bytes'] == 500e9
+    assert ledger.data_ledger(1e9, 50304, 25e9)['parquet_bytes_high'] == 100e9
+    short = ledger.data_ledger(1e9, 50304, 26e9, dataset_tokens=10e9)
+    assert short['enough_data'] is False and short['epochs'] == pytest.approx(2.6)
+
+
+def test_chinchilla_loss_fits():
+    # Chinchilla itself (70B, 1.4T tokens): Hoffmann's fit predicts ~1.94 nats on MassiveText
+    assert ledger.chinchilla_loss(70e9, 1.4e12) == pytest.approx(1.69 + 406.4 / 70e9**0.34 + 410.7 / 1.4e12**0.28)
+    assert round(ledger.chinchilla_loss(70e9, 1.4e12), 2) == 1.94
+    assert ledger.chinchilla_loss(70e9, 1.4e12, 'epoch2024') == pytest.approx(
+        1.8172 + 482.01 / 70e9**0.3478 + 2085.43 / 1.4e12**0.3658)
+
+
+# -----------------------------------------------------------------------------------------------------
+# The book's worked examples, as --book prints them
+
+def test_every_book_example_matches():
+    examples = ledger.book_examples()
+    assert len(examples) >= 30
+    assert [e['what'] for e in examples if not e['matches']] == []
+
+
+def test_book_cli_prints_every_figure():
+    result = run_cli('--book', isolated=True)
+    assert result.returncode == 0, result.stderr
+    for figure in ('6,738,415,616', '4.04e19', '7.28e23', '20.6', '~3.3', '5.93', '11.4', '~172', '593', '~$500',
+                   '50.20', '~66', '208', '~2.8', '3.5', '~1.7', '~1.25', '15.2', '~1,900', '500', '~16'):
+        assert figure in result.stdout, figure
+    assert 'DIFFERS' not in result.stdout
+
+
+# -----------------------------------------------------------------------------------------------------
+# predict, the report, the comparison table
+
+def test_predict_is_json_and_consistent():
+    model, train = ledger.load_config(os.path.join(ROOT, 'configs/h200_1b3.py'))
+    p = json.loads(json.dumps(ledger.predict(model, train)))
+    for key in ('params', 'flops_per_token', 'total_flops', 'days', 'gpu_hours', 'cost_usd', 'memory_per_gpu_bytes',
+                'memory', 'fits', 'max_micro_batch', 'data', 'tokens_per_s', 'mfu'):
+        assert key in p, key
+    assert p['params']['total'] == ledger.count_params(model)['total']
+    assert 1.25e9 < p['params']['total'] < 1.45e9                        # the seed's ~1.3B
+    assert p['total_flops'] == 26e9 * p['flops_per_token']['matmul']
+    assert p['days'] == pytest.approx(p['total_flops'] / (989e12 * 0.40) / 86400)
+    assert 5.5 < p['days_book'] < 6.5                                     # the seed's ~6 days
+    assert p['cost_usd'] == pytest.approx(p['days'] * 24 * 3.5)
+    assert p['memory_per_gpu_bytes'] == p['memory']['total'] and p['fits'] is True
+    assert p['grad_accum'] == 16 and p['steps'] == math.ceil(26e9 / 524288)
+
+
+def test_predict_recompute_and_n_gpu():
+    model, train = ledger.load_config(None, ['--recompute=1', '--n_gpu=4', '--parallel=fsdp'])
+    p = ledger.predict(model, train)
+    assert p['n_gpu'] == 4 and p['mfu'] < p['mfu_assumed'] == 0.40  # recomputation is work MFU does not count
+    assert ledger.predict(model, train, n_gpu=8)['days'] == pytest.approx(p['days'] / 2)
+
+
+def test_format_report_reads_like_the_book():
+    model, train = ledger.load_config(os.path.join(ROOT, 'configs/h200_1b3.py'))
+    report = ledger.format_report(ledger.predict(model, train))
+    for text in ('Ledger 1: parameters', '1,336,502,272', 'Ledger 2: compute', '6N_matmul + 12LHT', 'MFU uses this',
+                 'T/(6H)', 'Ledger 3: time and money', '989 TFLOP/s', 'days, book 6PD', 'Ledger 4: memory per GPU',
+                 '12P', 'ESTIMATE', 'largest micro-batch that fits', 'Chinchilla', 'Hoffmann et al. 2022',
+                 'Epoch AI 2024', 'not ours'):
+        assert text in report, text
+
+
+def test_format_comparison_with_missing_measurements():
+    model, train = ledger.load_config(os.path.join(ROOT, 'configs/gpt2_124m.py'))
+    p = ledger.predict(model, train)
+    table = ledger.format_comparison(p, {'params': p['params']['total'], 'mfu': p['mfu'] / 2,
+                                         'peak_memory_bytes': None})
+    lines = table.splitlines()
+    assert lines[0].startswith('| quantity | predicted | measured |') and lines[1].startswith('| --- |')
+    assert len(lines) == 2 + 6 and all(line.count('|') == 5 for line in lines)
+    assert '| 1.000 |' in table and '| 0.500 |' in table
+    assert sum(line.endswith('| - | - |') for line in lines) == 4
+    assert ledger.format_comparison(p, {}).count('| - | - |') == 6
+
+
+# -----------------------------------------------------------------------------------------------------
+# Configs, CLI, overrides, errors
+
+@pytest.mark.parametrize('path', CONFIGS)
+def test_configs_load_and_fit(path):
+    model, train = ledger.load_config(os.path.join(ROOT, path))
+    assert ledger.predict(model, train)['fits']
+
+
+def test_config_shapes():
+    sizes = {path: ledger.count_params(ledger.load_config(os.path.join(ROOT, path))[0])['total'] for path in CONFIGS}
+    assert sizes['configs/llama_7b.py'] == 6_738_415_616
+    assert 740e6 < sizes['configs/gpt2_760m.py'] < 780e6
+    model, _ = ledger.load_config(os.path.join(ROOT, 'configs/gpt2_124m.py'), ['--vocab_size=50257'])
+    assert ledger.count_params(model)['total'] == 124_439_808
+
+
+def test_cli_runs_with_the_standard_library_alone():
+    result = run_cli('configs/llama_7b.py', isolated=True)
+    assert result.returncode == 0, result.stderr
+    assert '6,738,415,616' in result.stdout and 'Ledger 4' in result.stdout
+
+
+def test_cli_json_and_overrides(capsys):
+    assert ledger.main(['configs/h200_1b3.py', '--json']) == 0
+    base = json.loads(capsys.readouterr().out)
+    assert ledger.main(['configs/h200_1b3.py', '--n_layer=11', '--gpu=B200', '--json']) == 0
+    smaller = json.loads(capsys.readouterr().out)
+    per_layer = base['params']['per_layer']
+    assert base['params']['total'] - smaller['params']['total'] == 11 * per_layer
+    assert smaller['gpu']['peak_flops'] == 2250e12 and smaller['model']['n_layer'] == 11
+    for key in ('params', 'flops_per_token', 'total_flops', 'days', 'cost_usd', 'memory_per_gpu_bytes', 'fits'):
+        assert key in base
+
+
+@pytest.mark.parametrize('args,message', [
+    (['configs/h200_1b3.py', '--n_layr=4'], "did you mean 'n_layer'"),
+    (['configs/h200_1b3.py', '--n_embd=1000'], 'n_embd (1000) must be divisible by n_head (16)'),
+    (['configs/h200_1b3.py', '--n_kv_head=5'], 'must be divisible by n_kv_head'),
+    (['configs/h200_1b3.py', '--n_layer=0'], 'n_layer must be positive'),
+    (['configs/h200_1b3.py', '--vocab_size=-3'], 'vocab_size must be positive'),
+    (['configs/h200_1b3.py', '--gpu=H300'], "unknown gpu 'H300'"),
+    (['configs/h200_1b3.py', '--n_layer=many'], 'expected a value of type int'),
+    (['configs/h200_1b3.py', 'n_layer=4'], 'overrides are written --key=value'),
+    (['configs/missing.py'], 'config file not found'),
+    ([], 'no config given'),
+])
+def test_cli_bad_input_is_one_line(args, message, capsys):
+    assert ledger.main(args) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ''
+    assert captured.err.startswith('error: ') and captured.err.count('\n') == 1 and message in captured.err
+
+
+def test_cli_bad_input_in_a_subprocess(tmp_path):
+    bad = tmp_path / 'bad.py'
+    bad.write_text('n_layer = 12\nn_embd = undefined_name\n')
+    for args in ([str(bad)], ['configs/h200_1b3.py', '--n_layr=4']):
+        result = run_cli(*args, isolated=True)
+        assert result.returncode == 2 and 'Traceback' not in result.stderr
+        assert result.stderr.startswith('error: ') and result.stderr.count('\n') == 1
