@@ -88,10 +88,13 @@ class TrainConfig:
     eval_every: int = 250
     eval_tokens: int = 1_048_576
     sample_every: int = 0        # 0: no samples during training
+    sample_tokens: int = 0       # tokens per text sample, at sample_every steps and at the end of the run (0: none)
     ckpt_every: int = 1000
     keep_ckpts: int = 3
     spike_factor: float = 3.0    # a loss above mean + spike_factor * std of the recent window is a spike
     spike_window: int = 50
+    spike_min_std: float = 0.02  # floor on that std, as a fraction of the mean: late in a run the loss is so steady
+                                 # (std ~0.01) that 3 std would read ordinary noise as spikes
     max_rollbacks: int = 5
     # the ledger's assumptions for time, money and memory
     gpu: str = 'H200'
