@@ -196,6 +196,9 @@ def validate(model, train):
                 'keep_ckpts'):
         if getattr(train, key) <= 0:
             raise ConfigError(f"{key} must be positive, got {getattr(train, key)}")
+    for key in ('max_steps', 'dataset_tokens', 'usd_per_gpu_hour'):
+        if getattr(train, key) < 0:
+            raise ConfigError(f"{key} must be positive (or 0), got {getattr(train, key)}")
     if not 0 < train.mfu <= 1:
         raise ConfigError(f"mfu must be in (0, 1], got {train.mfu}")
     if train.parallel not in ('ddp', 'zero1', 'zero2', 'fsdp'):
@@ -388,7 +391,7 @@ def logits_bytes(model, micro_batch, dtype_bytes=2):
     """The logits and cross-entropy buffers, micro_batch x T x V elements each: the lm_head output (activation
     dtype), its fp32 copy for the loss (model.py computes the loss from fp32 logits; none when already fp32), the
     log-softmax cross-entropy saves for backward (fp32), and the fp32 gradient of the logits. This is the buffer
-    that ran nanochat out of memory on an 80 GB H100: 32 x 2048 x 65536 fp32 elements are 16 GiB each."""
+    that ran nanochat out of memory on an 80 GB H100: at its 32 x 2048 x 65536, one fp32 copy is 16 GiB."""
     elements = micro_batch * model.block_size * model.vocab_size
     parts = {
         'logits': elements * dtype_bytes,
@@ -583,9 +586,9 @@ def format_report(prediction):
     """The ledger as text: parameters, compute, time and money, memory, data, expected loss."""
     p = prediction
     m, t, params, flops, memory, data = p['model'], p['train'], p['params'], p['flops_per_token'], p['memory'], p['data']
-    H, L, V, T, F = m['n_embd'], m['n_layer'], m['vocab_size'], m['block_size'], m['ffn_hidden']
-    kv_heads = m['n_kv_head'] or m['n_head']
-    F = params['ffn'] and (F or (4 * H if m['arch'] == 'gpt2' else 256 * math.ceil(8 * H / 3 / 256)))
+    model = ModelConfig(**m)  # for the derived widths
+    H, L, V, T, F = model.n_embd, model.n_layer, model.vocab_size, model.block_size, model.ffn_width
+    kv_heads = model.kv_heads
     attention_kind = 'MHA' if kv_heads == m['n_head'] else f'GQA, {kv_heads} kv heads'
     lines = [
         f"ledger: {m['arch']}, {L} layers, H={H}, {m['n_head']} heads ({attention_kind}), H'={F}, V={V}, T={T}, "

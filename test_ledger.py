@@ -360,6 +360,7 @@ def test_cli_json_and_overrides(capsys):
     (['configs/h200_1b3.py', '--n_layer=0'], 'n_layer must be positive'),
     (['configs/h200_1b3.py', '--vocab_size=-3'], 'vocab_size must be positive'),
     (['configs/h200_1b3.py', '--gpu=H300'], "unknown gpu 'H300'"),
+    (['configs/h200_1b3.py', '--dataset_tokens=-1'], 'dataset_tokens must be positive (or 0)'),
     (['configs/h200_1b3.py', '--n_layer=many'], 'expected a value of type int'),
     (['configs/h200_1b3.py', 'n_layer=4'], 'overrides are written --key=value'),
     (['configs/missing.py'], 'config file not found'),
