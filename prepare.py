@@ -474,12 +474,12 @@ def tokenize_stream(out_dir, prefix, paths, fetch, request, workers, val_tokens,
                 return
             yield batch
 
-    started, started_offset, last_report, skip = time.time(), stream_offset, 0.0, state['skip']
+    started, started_offset, skip = time.time(), stream_offset, state['skip']
+    last_report = started
     done = False
     with multiprocessing.Pool(workers, initializer=init_worker, initargs=(out_dir,)) as pool:
         try:
             for file_index, first_row, tokens, doc_tokens, doc_bytes in pool.imap(tokenize_batch, feed()):
-                slots.release()
                 counted = np.ones(len(doc_tokens), dtype=np.int64)
                 if skip:  # the first document was partly written before the stop: drop those tokens
                     tokens, doc_tokens[0], counted[0], doc_bytes[0], skip = tokens[skip:], doc_tokens[0] - skip, 0, 0, 0
@@ -523,6 +523,7 @@ def tokenize_stream(out_dir, prefix, paths, fetch, request, workers, val_tokens,
                         print('\r' + line + '   ', end='', file=sys.stderr, flush=True)
                     else:
                         print(line, file=sys.stderr, flush=True)
+                slots.release()  # only now: a batch counts as out until its tokens are in the buffer
         finally:
             stop.set()
             for _ in range(in_flight):
@@ -559,6 +560,7 @@ FINEWEB_EDU = 'HuggingFaceFW/fineweb-edu'
 HTTP_ATTEMPTS = 8          # tries per request before giving up (a download's count restarts when bytes arrive)
 RETRY_BACKOFF_S = 2.0      # waits 2, 4, 8, ... s (capped at 60) between tries
 HTTP_TIMEOUT_S = (10, 60)  # (connect, read between bytes)
+DOWNLOAD_CHUNK_BYTES = 1 << 20  # written to .partial chunk by chunk: a drop loses at most the chunk in flight
 
 
 def http_get(session, url, headers=None, stream=False):
@@ -617,7 +619,7 @@ def download(session, url, dest, size):
             have = 0
         try:
             with response, open(partial, 'ab' if have else 'wb') as f:
-                for chunk in response.iter_content(chunk_size=1 << 20):
+                for chunk in response.iter_content(chunk_size=DOWNLOAD_CHUNK_BYTES):
                     f.write(chunk)
         except (requests.ConnectionError, requests.Timeout, requests.exceptions.ChunkedEncodingError):
             pass  # dropped half way: the next round asks for the rest
@@ -664,12 +666,15 @@ def prepare_fineweb_edu(out_dir='data/fineweb_edu', sample='100BT', tokens=0, to
     def fetch(index):
         if not os.path.exists(paths[index]):
             print(f"fineweb_edu: downloading {files[index]['path']} ({files[index]['size'] / 1e9:.2f} GB)")
-        if delete_downloads:  # files before this one are fully in complete shards once we start reading it
+        return download(session, f"{endpoint}/datasets/{FINEWEB_EDU}/resolve/{sha}/{files[index]['path']}",
+                        paths[index], files[index]['size'])
+
+    def fetch_for_shards(index):
+        if delete_downloads:  # the earlier files have been read (a rerun downloads again what it still needs)
             for old in paths[:index]:
                 if os.path.exists(old):
                     os.remove(old)
-        return download(session, f"{endpoint}/datasets/{FINEWEB_EDU}/resolve/{sha}/{files[index]['path']}",
-                        paths[index], files[index]['size'])
+        return fetch(index)
 
     if not os.path.exists(os.path.join(out_dir, 'tokenizer.json')):
         if vocab_size is None:
@@ -677,7 +682,7 @@ def prepare_fineweb_edu(out_dir='data/fineweb_edu', sample='100BT', tokens=0, to
         else:
             texts = (text for _, _, batch in document_batches(paths, fetch, (0, 0), 1024) for text in batch)
             train_bpe_tokenizer(out_dir, vocab_size, bpe_sample(texts, 8 * val_tokens, bpe_sample_chars))
-    counts = tokenize_stream(out_dir, 'fineweb_edu', paths, fetch, request, workers or default_workers(),
+    counts = tokenize_stream(out_dir, 'fineweb_edu', paths, fetch_for_shards, request, workers or default_workers(),
                              val_tokens, shard_tokens, tokens)
     return finish_meta(out_dir, dataset_meta(out_dir, f'fineweb_edu/sample/{sample}', sha, tokenizer,
                                              shard_tokens, dict(request, tokens=tokens), counts))
@@ -819,7 +824,7 @@ def main(argv=None):
     sub.add_argument('--bpe-sample-chars', type=lambda s: int(float(s)), default=1_000_000_000,
                      help='characters the bpe:V tokenizer trains on (default 1e9)')
     sub.add_argument('--delete-downloads', action='store_true',
-                     help='delete each parquet file once its documents are in complete shards')
+                     help='delete each parquet file once it has been read (saves disk; a rerun may download again)')
 
     sub = sources.add_parser('files', help='your own .txt, .jsonl ("text" field) or .parquet ("text" column) files')
     sub.add_argument('paths', nargs='+', metavar='PATH')
