@@ -350,53 +350,79 @@ def model_state_bytes(n_params, parallel='ddp', n_gpu=1):
 
 
 # -----------------------------------------------------------------------------------------------------
-# Ledger 4b: activations. FIRST VERSION by the ledger helper; the model helper calibrates these two functions
-# against the tensors autograd saves (torch.autograd.graph.saved_tensors_hooks) in test_model.py.
-# Counted per token per layer, in the activation dtype (bf16 under autocast: 2 bytes), after Korthikanti et al.
-# 2022 ("Reducing activation recomputation in large transformer models") without dropout masks:
-#   llama attention: norm input H, norm output H (q/k/v input), q H, k and v 2*kv_width, attention output H
-#                    (o_proj input), and the flash kernel's log-sum-exp, fp32 per head
-#   llama ffn:       norm input H, norm output H, gate H', up H', silu(gate) H', their product H' (down input)
-#   gpt2 attention:  as llama (LayerNorm also keeps mean and 1/std in fp32: 8 bytes)
-#   gpt2 ffn:        norm input H, norm output H, up output H' (GELU input), GELU output H' (down input)
-# Flash-style attention keeps no T x T matrix; attention='math' adds the softmax probabilities (n_head * T).
-# With full recomputation only each block's input (H) is kept, plus one block's activations live at a time
-# while the backward recomputes it.
+# Ledger 4b: activations, calibrated against model.py: test_model.py records every tensor autograd saves for
+# backward (torch.autograd.graph.saved_tensors_hooks, each storage once) and holds these sums to it, for both
+# families, with and without recomputation, at fp32 and under bf16 autocast. Bytes per token, per layer:
+#   a = activation bytes (matmul and attention outputs: 2 under bf16, 4 in fp32)
+#   r = residual bytes (the residual stream and the norms: 4 under autocast, whose fp32 weights make the
+#       embedding and every residual add fp32; 2 when FSDP2 casts the weights themselves to bf16)
+#   norm:      its input r*H and fp32 statistics (LayerNorm mean and 1/std: 8; RMSNorm 1/rms: 4); CPU's RMSNorm
+#              is composite and also keeps x/rms (r*H more); CUDA's is one fused kernel (fused_norm=True)
+#   attention: input a*H (the norm output, or its bf16 copy), the fused qkv output a*(n_head + 2*n_kv_head)*d
+#              (v is a view of it, so the whole buffer stays), llama's rotated q and k a*(n_head + n_kv_head)*d,
+#              the output a*H (o_proj input) and, flash kernel, the fp32 log-sum-exp 4*n_head. The math kernel
+#              instead keeps q, k, v expanded to every head 3*a*H and the softmax probabilities a*n_head*T
+#   ffn:       input a*H; gpt2: up a*H' and GELU a*H'; llama: gate|up 2*a*H', silu(gate) a*H', product a*H'
+#   layer:     2 norms + attention + ffn. Outside the blocks: the token ids (int64, 8 bytes each for the input
+#              and the targets; gpt2 also the T positions), the final norm and lm_head's input a*H.
+# Under autocast every Linear also saves the bf16 copy of its weight (autocast casts each weight once per
+# forward; backward needs it for the input gradient): 2 bytes x the matmul parameters, held until backward.
+# With recomputation (torch.utils.checkpoint per block) only each block's input r*H is kept; in the backward one
+# block at a time is re-run, and its activations (and its bf16 weights) are live again while its gradient is
+# taken. LLaMA-7B, micro-batch 8 x 2048, FSDP bf16, recompute: 32 layers x 16384 tokens x 2 x 4096 = 4 GiB of
+# block inputs + 1.3 GiB for the block being recomputed (the book: 6.20 GB).
 
-def activation_bytes(model, micro_batch, recompute, dtype_bytes=2, attention='flash'):
-    """Activation bytes held for the backward pass at its peak, for one GPU's micro-batch of full sequences."""
+def activation_bytes(model, micro_batch, recompute, dtype_bytes=2, attention='flash', residual_bytes=4,
+                     fused_norm=True):
+    """Bytes autograd holds for backward at its peak (loss buffers aside: logits_bytes), for one GPU's
+    micro-batch of full sequences. attention: 'flash' (flash/cuDNN/efficient and CPU's flash kernel) or 'math'."""
     if attention not in ('flash', 'math'):
         raise ConfigError(f"attention must be 'flash' or 'math', not '{attention}'")
+    a, r = dtype_bytes, residual_bytes
     H, L, F, T = model.n_embd, model.n_layer, model.ffn_width, model.block_size
-    kv_width, tokens = model.kv_heads * model.head_dim, micro_batch * model.block_size
-    norm_stats = 8 if model.arch == 'gpt2' else 4                      # LayerNorm: mean, 1/std; RMSNorm: 1/rms
-    attention_per_token = dtype_bytes * (4 * H + 2 * kv_width) + 4 * model.n_head + norm_stats
-    if attention == 'math':
-        attention_per_token += dtype_bytes * model.n_head * T          # the T x T probabilities, per head
-    ffn_tensors = 2 * H + (4 * F if model.arch == 'llama' else 2 * F)
-    ffn_per_token = dtype_bytes * ffn_tensors + norm_stats
-    layer_per_token = attention_per_token + ffn_per_token
-    parts = {'head': tokens * (dtype_bytes * 2 * H + norm_stats)}      # final norm input and output (lm_head input)
-    if recompute:
-        parts['block_inputs'] = tokens * L * dtype_bytes * H
-        parts['recomputed_block'] = tokens * layer_per_token
+    n_head, n_kv_head, d = model.n_head, model.kv_heads, model.head_dim
+    tokens = micro_batch * T
+    if model.arch == 'gpt2':
+        norm = r * H + 8
+        ffn = a * H + 2 * a * F
     else:
-        parts['attention'] = tokens * L * attention_per_token
-        parts['ffn'] = tokens * L * ffn_per_token
+        norm = r * H + 4 + (0 if fused_norm else r * H)
+        ffn = a * H + 4 * a * F
+    if attention == 'flash':
+        rotated = a * (n_head + n_kv_head) * d if model.arch == 'llama' else 0
+        attn = a * H + a * (n_head + 2 * n_kv_head) * d + rotated + 4 * n_head + a * H
+    else:
+        attn = a * H + 3 * a * H + a * n_head * T + a * H
+    layer = 2 * norm + attn + ffn
+    autocast = a < r  # weights in fp32, matmuls in bf16: each Linear keeps a bf16 copy of its weight
+    params = count_params(model)
+    block_weights = 2 * params['blocks_matmul'] // L if autocast else 0
+    parts = {
+        'token_ids': tokens * 16 + (8 * T if model.arch == 'gpt2' else 0),
+        'head': tokens * (norm + a * H),
+    }
+    if recompute:
+        parts['block_inputs'] = tokens * L * r * H
+        parts['recomputed_block'] = tokens * (layer - r * H) + block_weights
+        parts['bf16_weights'] = 2 * model.vocab_size * H if autocast else 0  # lm_head only: blocks are re-run
+    else:
+        parts['blocks'] = tokens * L * layer
+        parts['bf16_weights'] = L * block_weights + (2 * model.vocab_size * H if autocast else 0)
     parts['total'] = sum(parts.values())
     return parts
 
 
 def logits_bytes(model, micro_batch, dtype_bytes=2):
-    """The logits and cross-entropy buffers, micro_batch x T x V elements each: the lm_head output (activation
-    dtype), its fp32 copy for the loss (model.py computes the loss from fp32 logits; none when already fp32), the
-    log-softmax cross-entropy saves for backward (fp32), and the fp32 gradient of the logits. This is the buffer
-    that ran nanochat out of memory on an 80 GB H100: at its 32 x 2048 x 65536, one fp32 copy is 16 GiB."""
+    """The logits and cross-entropy buffers at their peak (the start of the backward), micro_batch x T x V
+    elements each: lm_head's output (activation dtype; forward returns it, so the caller holds it), the fp32
+    log-softmax the loss saves (model.py takes the loss from fp32 logits), and in the backward the fp32 gradients
+    of the log-softmax and of the logits, alive together. 14 bytes per element under bf16, 16 in fp32. This is
+    the buffer that ran nanochat out of memory on an 80 GB H100: at its 32 x 2048 x 65536, one fp32 copy is 16 GiB."""
     elements = micro_batch * model.block_size * model.vocab_size
     parts = {
         'logits': elements * dtype_bytes,
-        'logits_fp32': elements * 4 if dtype_bytes != 4 else 0,
         'log_softmax': elements * 4,
+        'grad_log_softmax': elements * 4,
         'grad_logits': elements * 4,
     }
     parts['total'] = sum(parts.values())
@@ -422,11 +448,14 @@ def memory_per_gpu(model, train, n_gpu=None, micro_batch=None):
     n_gpu = n_gpu or train.n_gpu
     micro_batch = micro_batch or train.micro_batch
     dtype_bytes = activation_dtype_bytes(train)
+    # the residual stream: fp32 under autocast; bf16 where FSDP2 casts the weights (train.py: zero2/fsdp, N > 1)
+    residual_bytes = 2 if dtype_bytes == 2 and train.parallel in ('zero2', 'fsdp') and n_gpu > 1 else 4
     states = model_state_bytes(count_params(model)['total'], train.parallel, n_gpu)
     memory = {
         'weights': states['weights'], 'grads': states['grads'], 'optimizer': states['optimizer'],
         'model_states': states['total'],
-        'activations': activation_bytes(model, micro_batch, train.recompute, dtype_bytes)['total'],
+        'activations': activation_bytes(model, micro_batch, train.recompute, dtype_bytes,
+                                        residual_bytes=residual_bytes)['total'],
         'logits': logits_bytes(model, micro_batch, dtype_bytes)['total'],
         'overhead': OVERHEAD_BYTES,
     }
@@ -662,8 +691,8 @@ def format_report(prediction):
              f"fp32 master weights + Adam m, v: 12P{'' if t['parallel'] == 'ddp' else '/N'}"),
         _row('activations', _gib(memory['activations']), 'estimate of what autograd saves (block inputs only with '
              'recompute)' if t['recompute'] else 'estimate of what autograd saves for backward'),
-        _row('logits and cross-entropy', _gib(memory['logits']), 'B*T*V x (bf16 logits + fp32 copy + fp32 '
-             'log-softmax + fp32 grad)' if dtype == 'bf16' else 'B*T*V x 4 bytes x 3'),
+        _row('logits and cross-entropy', _gib(memory['logits']), 'B*T*V x (bf16 logits + fp32 log-softmax '
+             '+ 2 fp32 grads)' if dtype == 'bf16' else 'B*T*V x 4 bytes x 4'),
         _row('fixed overhead', _gib(memory['overhead']), 'ESTIMATE: CUDA context, kernels 0.81 GB and fragmentation '
              '0.5-1 GB (book)'),
         _row('total', _gib(memory['total']), f"of {_gib(memory['gpu_memory'])}: {fits}, headroom "

@@ -133,25 +133,28 @@ def saved_bytes(run, exclude=()):
     return sum(nbytes for ptr, nbytes in storages.items() if ptr not in excluded)
 
 
-def measured_activation_bytes(model, micro_batch, recompute):
+def measured_activation_bytes(model, micro_batch, recompute, autocast=False):
     """What a training step holds for backward, measured: the tensors saved by the forward and the loss; with
-    recompute, plus one block's activations, rebuilt in the backward while that block's gradient is taken."""
+    recompute, plus one block's activations, rebuilt in the backward while that block's gradient is taken.
+    autocast: bf16 autocast, as train.py runs on a GPU (its bf16 weight copies are saved tensors too)."""
     config = model.config
     idx, targets = batch(config, micro_batch)
     model.recompute = recompute
     state = list(model.parameters()) + list(model.buffers())
-    total = saved_bytes(lambda: model(idx, targets), exclude=state)
-    if recompute:
-        x = torch.randn(micro_batch, config.block_size, config.n_embd, requires_grad=True)
-        cos, sin = (model.rope_cos, model.rope_sin) if config.arch == 'llama' else (None, None)
-        total += saved_bytes(lambda: model.blocks[0](x, cos, sin), exclude=state + [x])  # x is already held
+    with torch.autocast('cpu', dtype=torch.bfloat16, enabled=autocast):
+        total = saved_bytes(lambda: model(idx, targets), exclude=state)
+        if recompute:
+            x = torch.randn(micro_batch, config.block_size, config.n_embd, requires_grad=True)
+            cos, sin = (model.rope_cos, model.rope_sin) if config.arch == 'llama' else (None, None)
+            total += saved_bytes(lambda: model.blocks[0](x, cos, sin), exclude=state + [x])  # x is already held
     return total
 
 
-def predicted_activation_bytes(config, micro_batch, recompute, attention):
-    activations = ledger.activation_bytes(config, micro_batch, recompute, dtype_bytes=4, attention=attention,
-                                          fused_norm=False)
-    return activations['total'] + ledger.logits_bytes(config, micro_batch)['total']
+def predicted_activation_bytes(config, micro_batch, recompute, attention, dtype_bytes=4):
+    """The ledger's activations (CPU kernels: composite RMSNorm) plus what the loss saves: the fp32 log-softmax."""
+    activations = ledger.activation_bytes(config, micro_batch, recompute, dtype_bytes=dtype_bytes, attention=attention,
+                                          residual_bytes=4, fused_norm=False)
+    return activations['total'] + ledger.logits_bytes(config, micro_batch, dtype_bytes)['log_softmax']
 
 
 @pytest.mark.parametrize('recompute', [False, True], ids=['stored', 'recompute'])
@@ -162,6 +165,17 @@ def test_activation_bytes_match_saved_tensors(config, recompute):
     for micro_batch in (1, 3):
         measured = measured_activation_bytes(model, micro_batch, recompute)
         predicted = predicted_activation_bytes(config, micro_batch, recompute, attention='flash')
+        assert predicted == pytest.approx(measured, rel=0.10), (micro_batch, predicted, measured)
+
+
+@pytest.mark.parametrize('recompute', [False, True], ids=['stored', 'recompute'])
+@pytest.mark.parametrize('config', [tiny(n_kv_head=2), tiny(arch='gpt2')], ids=['llama-gqa', 'gpt2'])
+def test_activation_bytes_under_bf16_autocast(config, recompute):
+    """As on a GPU: bf16 matmul outputs, fp32 residual stream and norms, bf16 weight copies, fp32 loss."""
+    model = GPT(config)
+    for micro_batch in (1, 3):
+        measured = measured_activation_bytes(model, micro_batch, recompute, autocast=True)
+        predicted = predicted_activation_bytes(config, micro_batch, recompute, attention='flash', dtype_bytes=2)
         assert predicted == pytest.approx(measured, rel=0.10), (micro_batch, predicted, measured)
 
 
