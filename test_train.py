@@ -1,0 +1,305 @@
+"""
+test_train.py: the training loop on the CPU with a tiny Llama (2 layers x 64 wide, T = 32) on the shared pystdlib
+fixture: the loss falls, resume is bit-exact (also after a process killed mid-checkpoint), the spike guard rolls
+back and skips, the schedule and the batch ramp hit their endpoints, the data order is a seeded permutation, and
+bad input is one line. Runs call train.main in-process (what the CLI calls) unless the test is about the process.
+"""
+import json
+import math
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+import ledger
+import prepare
+import train
+from ledger import TrainConfig
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+# 8 sequences of 32 tokens per step: micro_batch 4 x 2 accumulation steps; 12 steps planned.
+TINY = dict(arch='llama', n_layer=2, n_head=2, n_embd=64, vocab_size=512, block_size=32, micro_batch=4,
+            batch_tokens=256, train_tokens=12 * 256, lr=3e-3, warmup_frac=0.1, compile=False, log_every=1,
+            eval_every=1000, eval_tokens=1024, ckpt_every=4, keep_ckpts=3, spike_window=5, max_rollbacks=3)
+SEQUENCES_PER_STEP = 256 // 32
+
+
+def write_config(tmp_path, data, **overrides):
+    keys = dict(TINY, data=data, **overrides)
+    path = tmp_path / 'config.py'
+    path.write_text(''.join(f'{k} = {v!r}\n' for k, v in keys.items()))
+    return str(path)
+
+
+def run(config, out_dir, *flags):
+    return train.main([config, f'--out_dir={out_dir}', *flags])
+
+
+def read_metrics(out_dir):
+    with open(os.path.join(out_dir, 'metrics.jsonl')) as f:
+        return [json.loads(line) for line in f]
+
+
+def step_losses(entries):
+    """{step: loss} of the logged steps; a step logged twice (after a resume) keeps its last loss."""
+    return {e['step']: e['loss'] for e in entries if 'loss' in e and 'event' not in e}
+
+
+@pytest.fixture(scope='module')
+def reference(pystdlib_data, tmp_path_factory):
+    """One uninterrupted 12-step run: its per-step losses are what resumed runs must reproduce."""
+    tmp = tmp_path_factory.mktemp('reference')
+    config = write_config(tmp, pystdlib_data)
+    assert run(config, tmp / 'out') == 0
+    return config, step_losses(read_metrics(tmp / 'out'))
+
+
+# -----------------------------------------------------------------------------------------------------
+# It trains.
+
+def test_loss_falls_and_outputs_are_written(pystdlib_data, tmp_path, capsys):
+    config = write_config(tmp_path, pystdlib_data, train_tokens=60 * 512, batch_tokens=512, log_every=5,
+                          eval_every=30, ckpt_every=30, sample_tokens=20)
+    assert run(config, tmp_path / 'out') == 0
+    out = capsys.readouterr().out
+    entries = read_metrics(tmp_path / 'out')
+    losses = [e['loss'] for e in entries if 'loss' in e]
+    val = [e['val_loss'] for e in entries if 'val_loss' in e]
+    assert losses[0] > 5.5 and losses[-1] < losses[0] - 1.0, losses  # ln 512 = 6.24 at the start
+    assert len(val) == 2 and val[-1] < val[0]
+    assert all(e['mfu'] is None and e['tokens_per_s'] > 0 and e['peak_memory_bytes'] > 0
+               for e in entries if 'loss' in e)  # MFU needs a GPU peak: none on the CPU
+    assert 'Ledger 1' in out and 'float32' in out and 'sample after 60 steps' in out
+    prediction = json.loads((tmp_path / 'out' / 'ledger.json').read_text())
+    assert prediction['params']['total'] == ledger.count_params(ledger.load_config(config)[0])['total']
+    report = (tmp_path / 'out' / 'report.md').read_text()
+    assert report.startswith('| quantity | predicted | measured |') and 'parameters' in report
+    assert (tmp_path / 'out' / 'ckpt' / 'LATEST').read_text().strip() == 'step_0000060'
+
+
+def test_synthetic_data_trains_without_a_dataset(tmp_path):
+    config = write_config(tmp_path, 'synthetic', train_tokens=4 * 256)
+    assert run(config, tmp_path / 'out') == 0
+    losses = step_losses(read_metrics(tmp_path / 'out'))
+    assert sorted(losses) == [1, 2, 3, 4] and all(abs(v - math.log(512)) < 0.3 for v in losses.values())
+
+
+def test_chinchilla_point_is_logged(tmp_path, capsys):
+    # a model of P = 920 parameters (V 16, H 8, H' 16, one layer): 20 x P = 18,400 tokens pass during step 3
+    config = write_config(tmp_path, 'synthetic', vocab_size=16, n_embd=8, n_head=1, ffn_hidden=16, n_layer=1,
+                          batch_tokens=8192, micro_batch=256, train_tokens=4 * 8192)
+    assert run(config, tmp_path / 'out') == 0
+    assert ledger.count_params(ledger.load_config(config)[0])['total'] == 920
+    assert "step 3: 24,576 tokens seen passes the Chinchilla point 20 x P = 18,400" in capsys.readouterr().out
+
+
+# -----------------------------------------------------------------------------------------------------
+# Resume is exact; a kill during a checkpoint write loses nothing.
+
+def test_resume_continues_bit_exactly(reference, tmp_path):
+    config, expected = reference
+    assert run(config, tmp_path / 'out', '--max_steps=6') == 0
+    assert (tmp_path / 'out' / 'ckpt' / 'LATEST').read_text().strip() == 'step_0000006'
+    assert run(config, tmp_path / 'out', '--resume') == 0
+    resumed = [e for e in read_metrics(tmp_path / 'out') if 'loss' in e][6:]
+    assert [e['step'] for e in resumed] == list(range(7, 13))
+    assert [e['loss'] for e in resumed] == [expected[s] for s in range(7, 13)]  # exactly equal, not close
+
+
+def test_kill_while_writing_a_checkpoint_keeps_the_previous_one(reference, tmp_path):
+    config, expected = reference
+    out = tmp_path / 'out'
+    # A real SIGKILL in the middle of the step-8 checkpoint: after model.pt, before optimizer.pt and the rename.
+    script = (
+        "import os, signal, sys, torch, train\n"
+        "save = torch.save\n"
+        "def save_then_die(obj, path, *args, **kwargs):\n"
+        "    save(obj, path, *args, **kwargs)\n"
+        "    if 'tmp_step_0000008' in str(path):\n"
+        "        os.kill(os.getpid(), signal.SIGKILL)\n"
+        "torch.save = save_then_die\n"
+        f"sys.exit(train.main([{config!r}, '--out_dir={out}']))\n")
+    killed = subprocess.run([sys.executable, '-c', script], cwd=HERE, capture_output=True, text=True)
+    assert killed.returncode == -9, killed.stderr
+    assert sorted(os.listdir(out / 'ckpt')) == ['LATEST', 'step_0000000', 'step_0000004', 'tmp_step_0000008']
+    assert (out / 'ckpt' / 'LATEST').read_text().strip() == 'step_0000004'
+    assert run(config, out, '--resume') == 0
+    resumed = [e for e in read_metrics(out) if 'loss' in e]
+    assert [e['step'] for e in resumed[-8:]] == list(range(5, 13))
+    assert [e['loss'] for e in resumed[-8:]] == [expected[s] for s in range(5, 13)]
+    assert sorted(os.listdir(out / 'ckpt')) == ['LATEST', 'step_0000004', 'step_0000008', 'step_0000012']
+
+
+def test_checkpoint_state_dict_has_no_compile_prefix(pystdlib_data, tmp_path):
+    model_cfg, train_cfg = ledger.load_config(write_config(tmp_path, pystdlib_data, compile=True))
+    cluster = train.Cluster(0, 1, 0, torch.device('cpu'))
+    _, raw_model = train.build_model(model_cfg, train_cfg, cluster, torch.float32)
+    assert not any('_orig_mod' in key for key in raw_model.state_dict())  # compiled in place, names unchanged
+
+
+# -----------------------------------------------------------------------------------------------------
+# The loss-spike guard: roll back to the last checkpoint, skip the data window, go on; give up after max_rollbacks.
+
+def test_corrupted_batch_rolls_back_and_skips_its_window(pystdlib_data, tmp_path, monkeypatch):
+    config = write_config(tmp_path, pystdlib_data)
+    batch = train.ShardStream.batch
+    bad_first, bad_end = 11 * SEQUENCES_PER_STEP, 12 * SEQUENCES_PER_STEP  # the sequences of step 12
+
+    def corrupted(self, first, count):
+        if bad_first <= first < bad_end:  # garbage data: uniformly random tokens
+            return np.random.default_rng(first).integers(0, 512, (count, self.block_size + 1))
+        return batch(self, first, count)
+
+    monkeypatch.setattr(train.ShardStream, 'batch', corrupted)
+    assert run(config, tmp_path / 'out', f'--train_tokens={16 * 256}') == 0
+    entries = read_metrics(tmp_path / 'out')
+    rollbacks = [e for e in entries if e.get('event') == 'rollback']
+    # back to the step-8 checkpoint; skipped: what steps 9-12 read, so the garbage is never seen again
+    assert [(e['step'], e['to_step'], e['skipped']) for e in rollbacks] == [
+        (12, 8, [8 * SEQUENCES_PER_STEP, bad_end])]
+    assert rollbacks[0]['loss'] > math.log(512)
+    assert max(step_losses(entries)) == 16
+
+
+def test_nan_loss_rolls_back_and_the_run_completes(pystdlib_data, tmp_path, monkeypatch):
+    config = write_config(tmp_path, pystdlib_data)
+    forward, calls = train.GPT.forward, [0]
+
+    def nan_once(self, idx, targets=None):
+        logits, loss = forward(self, idx, targets)
+        calls[0] += 1
+        return logits, loss * float('nan') if calls[0] == 2 * 6 + 1 else loss  # step 7, first micro-step
+
+    monkeypatch.setattr(train.GPT, 'forward', nan_once)
+    assert run(config, tmp_path / 'out') == 0
+    entries = read_metrics(tmp_path / 'out')
+    rollbacks = [e for e in entries if e.get('event') == 'rollback']
+    assert [(e['step'], e['to_step'], e['skipped']) for e in rollbacks] == [
+        (7, 4, [4 * SEQUENCES_PER_STEP, 7 * SEQUENCES_PER_STEP])]
+    assert math.isnan(rollbacks[0]['loss'])
+    final = step_losses(entries)
+    assert max(final) == 12 and all(math.isfinite(v) for v in final.values())
+
+
+def test_too_many_spikes_stop_the_run_with_one_line(pystdlib_data, tmp_path, monkeypatch, capsys):
+    config = write_config(tmp_path, pystdlib_data)
+    forward, calls = train.GPT.forward, [0]
+
+    def nan_from_step_7(self, idx, targets=None):
+        logits, loss = forward(self, idx, targets)
+        calls[0] += 1
+        return logits, loss * float('nan') if calls[0] > 2 * 6 else loss
+
+    monkeypatch.setattr(train.GPT, 'forward', nan_from_step_7)
+    assert run(config, tmp_path / 'out') == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith('error: loss spike') and 'after 3 rollbacks' in err[0]
+    assert len([e for e in read_metrics(tmp_path / 'out') if e.get('event') == 'rollback']) == 3
+
+
+# -----------------------------------------------------------------------------------------------------
+# Schedule, batch ramp, data order.
+
+def test_lr_schedule_endpoints():
+    cfg = TrainConfig(lr=1e-3, warmup_frac=0.01, min_lr_ratio=0.1)
+    total = 1000  # 10 warmup steps
+    assert train.lr_at(0, total, cfg) == pytest.approx(1e-4)          # warmup starts at lr / warmup
+    assert train.lr_at(9, total, cfg) == pytest.approx(1e-3)          # the peak, on the last warmup step
+    assert train.lr_at(total - 1, total, cfg) == pytest.approx(1e-4)  # 10% of the peak on the last step
+    middle = 9 + (total - 10) // 2 + 1                                 # half-way through the decay: the mean
+    assert train.lr_at(middle, total, cfg) == pytest.approx(5.5e-4, rel=1e-2)
+    lrs = [train.lr_at(s, total, cfg) for s in range(total)]
+    assert all(a >= b for a, b in zip(lrs[9:], lrs[10:]))             # cosine decays monotonically
+    wsd = TrainConfig(lr=1e-3, warmup_frac=0.01, schedule='wsd', decay_frac=0.2)
+    assert train.lr_at(9, total, wsd) == train.lr_at(799, total, wsd) == pytest.approx(1e-3)  # stable
+    assert train.lr_at(899, total, wsd) == pytest.approx(5.5e-4)      # half-way down the linear decay
+    assert train.lr_at(total - 1, total, wsd) == pytest.approx(1e-4)
+
+
+def test_batch_ramp():
+    step_tokens = 8 * 1024  # one micro-step
+    cfg = TrainConfig(batch_tokens=524_288, batch_ramp_start=32_768, batch_ramp_tokens=10_000_000,
+                      train_tokens=20_000_000)
+    assert train.batch_tokens_at(0, cfg, step_tokens) == 32_768
+    assert train.batch_tokens_at(5_000_000, cfg, step_tokens) == 278_528 // step_tokens * step_tokens
+    assert train.batch_tokens_at(10_000_000, cfg, step_tokens) == 524_288
+    seen, steps, batches = 0, 0, []
+    while seen < cfg.train_tokens:
+        batches.append(train.batch_tokens_at(seen, cfg, step_tokens))
+        seen, steps = seen + batches[-1], steps + 1
+    assert train.planned_steps(cfg, step_tokens) == steps
+    assert batches == sorted(batches) and all(b % step_tokens == 0 for b in batches)
+    assert train.planned_steps(TrainConfig(batch_tokens=524_288, train_tokens=26_000_000_000), step_tokens) == 49_592  # ceil(26e9 / 524,288)
+
+
+def test_batch_ramp_in_a_run(pystdlib_data, tmp_path):
+    # micro-steps of 1 x 32 tokens; the batch grows 64 -> 256 over the first 1024 tokens, rounded down to 32
+    config = write_config(tmp_path, pystdlib_data, micro_batch=1, batch_ramp_start=64, batch_ramp_tokens=1024)
+    assert run(config, tmp_path / 'out') == 0
+    batches = [e['batch_tokens'] for e in read_metrics(tmp_path / 'out') if 'loss' in e]
+    assert batches == [64, 64, 64, 96, 96, 128, 160, 160, 192] + [256] * 8
+
+
+def test_shard_stream_is_a_seeded_permutation_of_whole_sequences(tmp_path):
+    T = 10
+    prepare.write_shard(str(tmp_path / 'a_train_000.bin'), np.arange(0, 51, dtype=np.uint16))    # 5 sequences
+    prepare.write_shard(str(tmp_path / 'a_train_001.bin'), np.arange(100, 131, dtype=np.uint16))  # 3
+    shards = [prepare.open_shard(str(tmp_path / f'a_train_00{i}.bin')) for i in range(2)]
+    stream = train.ShardStream(shards, T, seed=1)
+    epoch = stream.batch(0, 8)
+    starts = sorted(int(s[0]) for s in epoch)
+    assert starts == [0, 10, 20, 30, 40, 100, 110, 120]                   # each sequence once per epoch
+    assert all((s == np.arange(s[0], s[0] + T + 1)).all() for s in epoch)  # T + 1 consecutive tokens
+    assert (stream.batch(3, 4) == epoch[3:7]).all()                        # random access = replay
+    assert (train.ShardStream(shards, T, seed=1).batch(0, 16) == stream.batch(0, 16)).all()
+    assert sorted(int(s[0]) for s in stream.batch(8, 8)) == starts         # epoch 2: the same set again,
+    assert not (stream.batch(8, 8) == epoch).all()                         # in another order
+    assert not (train.ShardStream(shards, T, seed=2).batch(0, 8) == epoch).all()
+
+
+# -----------------------------------------------------------------------------------------------------
+# Bad input: one line on stderr, exit 2, no traceback.
+
+def test_cli_config_typo_is_one_line(pystdlib_data, tmp_path):
+    config = write_config(tmp_path, pystdlib_data)
+    result = subprocess.run([sys.executable, 'train.py', config, '--lrr=1e-3', f'--out_dir={tmp_path}/out'],
+                            cwd=HERE, capture_output=True, text=True)
+    assert result.returncode == 2
+    assert result.stderr.strip() == "error: unknown config key 'lrr' in the command line: did you mean 'lr'?"
+
+
+@pytest.mark.parametrize('flags, message', [
+    (['--data=/nonexistent/pystdlib'], 'python prepare.py pystdlib'),
+    (['--vocab_size=1024'], 'vocab mismatch'),
+    (['--batch_tokens=200'], 'batch_tokens (200) is not a multiple of micro_batch x block_size x world size'),
+    (['--resume'], 'no complete checkpoint'),
+    (['--parallel=zero4'], "parallel must be one of"),
+    (['--block_size=32', 'extra.py'], "unexpected argument 'extra.py'"),
+])
+def test_bad_input_is_one_line(pystdlib_data, tmp_path, capsys, flags, message):
+    config = write_config(tmp_path, pystdlib_data)
+    assert run(config, tmp_path / 'out', *flags) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith('error: ') and message in err[0], err
+
+
+def test_existing_checkpoints_need_resume(reference, tmp_path, capsys):
+    config, _ = reference
+    assert run(config, tmp_path / 'out', '--max_steps=1') == 0
+    capsys.readouterr()
+    assert run(config, tmp_path / 'out', '--max_steps=2') == 2
+    assert 'already holds checkpoints: pass --resume' in capsys.readouterr().err
+
+
+def test_memory_check_refuses_unless_forced(pystdlib_data, tmp_path, monkeypatch, capsys):
+    # a million processes on this machine leave each RAM / 10^6, less than the ledger's fixed 2 GiB overhead
+    monkeypatch.setenv('LOCAL_WORLD_SIZE', '1000000')
+    config = write_config(tmp_path, pystdlib_data, train_tokens=256)
+    assert run(config, tmp_path / 'out') == 2
+    err = capsys.readouterr().err
+    assert 'the ledger predicts' in err and '--force' in err
+    assert run(config, tmp_path / 'out', '--force') == 0
