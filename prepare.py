@@ -292,12 +292,12 @@ def pystdlib_files(max_files=0):
 
 
 def tokenize_all(out_dir, texts, workers, batch_docs=64):
-    """Tokenize a list of documents with the pool; returns (tokens, document count, text bytes)."""
+    """Tokenize a list of documents with the pool; returns (tokens, text bytes)."""
     batches = [(0, i, texts[i:i + batch_docs]) for i in range(0, len(texts), batch_docs)]
     with multiprocessing.Pool(workers, initializer=init_worker, initargs=(out_dir,)) as pool:
         results = pool.map(tokenize_batch, batches)
     tokens = np.concatenate([r[2] for r in results]) if results else np.zeros(0, np.uint16)
-    return tokens, len(texts), int(sum(r[4].sum() for r in results))
+    return tokens, int(sum(r[4].sum() for r in results))
 
 
 def prepare_pystdlib(out_dir='data/pystdlib', tokenizer='bpe:8192', workers=0, shard_tokens=100_000_000,
@@ -329,7 +329,7 @@ def prepare_pystdlib(out_dir='data/pystdlib', tokenizer='bpe:8192', workers=0, s
             'documents': len(files), 'text_bytes': 0, 'request': request}
     written, index = [], 0
     for split in ('val', 'train'):
-        tokens, _, text_bytes = tokenize_all(out_dir, texts[split], workers or default_workers())
+        tokens, text_bytes = tokenize_all(out_dir, texts[split], workers or default_workers())
         meta['text_bytes'] += text_bytes
         meta[f'{split}_tokens'] = len(tokens)
         meta[f'{split}_shards'] = 0
@@ -581,7 +581,10 @@ def http_get(session, url, headers=None, stream=False):
                 raise DataError(f"{url}: not found (HTTP 404): check --sample, --revision and --endpoint")
             if response.status_code < 500 and response.status_code != 429:
                 raise DataError(f"{url}: HTTP {response.status_code} {response.reason}")
-        time.sleep(min(60.0, RETRY_BACKOFF_S * 2**attempt))
+        if attempt + 1 < HTTP_ATTEMPTS:
+            wait = min(60.0, RETRY_BACKOFF_S * 2**attempt)
+            print(f"{url}: {problem}, retrying in {wait:g} s ({attempt + 1}/{HTTP_ATTEMPTS})", file=sys.stderr)
+            time.sleep(wait)
     raise DataError(f"{url}: still failing after {HTTP_ATTEMPTS} tries ({problem}): check the network and rerun "
                     f"(finished work is kept)")
 
