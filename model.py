@@ -168,6 +168,8 @@ class GPT(nn.Module):
         cross-entropy over all positions, computed from fp32 logits (bf16 log-softmax over 50K classes loses
         digits); otherwise loss is None."""
         B, T = idx.shape
+        if T > self.config.block_size:
+            raise ValueError(f"sequence length {T} exceeds block_size {self.config.block_size}: crop the input")
         x = self.tok_emb(idx)
         cos = sin = None
         if self.config.arch == 'gpt2':

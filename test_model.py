@@ -9,14 +9,21 @@ import os
 
 import pytest
 import torch
-import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
 import ledger
 from model import GPT, ModelConfig, apply_rope
 
-torch.set_num_threads(2)
+
+@pytest.fixture(autouse=True, scope='module')
+def one_thread():
+    """Tiny shapes: threads cost more than they give (and the suite shares 2 cores). Restored for other files."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
 
 LLAMA = dict(arch='llama', n_layer=2, n_head=4, n_embd=64, vocab_size=256, block_size=32)
 GPT2 = dict(arch='gpt2', n_layer=2, n_head=4, n_embd=64, vocab_size=256, block_size=32, tie_embeddings=True,
@@ -60,11 +67,7 @@ def test_param_count_matches_ledger(config):
 
 
 def test_llama_7b_on_meta_device_matches_ledger_and_paper():
-    if os.path.exists('configs/llama_7b.py'):
-        config, _ = ledger.load_config('configs/llama_7b.py')
-    else:  # the paper's shape (Touvron et al. 2023, table 2)
-        config = ModelConfig(arch='llama', n_layer=32, n_head=32, n_embd=4096, ffn_hidden=11008, vocab_size=32000,
-                             block_size=2048)
+    config, _ = ledger.load_config(os.path.join(os.path.dirname(os.path.abspath(__file__)), 'configs/llama_7b.py'))
     with torch.device('meta'):
         model = GPT(config)
     numel = sum(p.numel() for p in model.parameters())
@@ -267,7 +270,7 @@ def test_loss_at_init_is_close_to_log_vocab(arch):
 @pytest.mark.parametrize('arch', ['llama', 'gpt2'])
 def test_tiny_model_overfits_one_batch(arch):
     torch.manual_seed(0)
-    config = tiny(arch=arch, n_layer=2, n_embd=32, n_head=2, vocab_size=64, block_size=16)
+    config = tiny(arch=arch, n_layer=2, n_embd=32, n_head=2, ffn_hidden=64, vocab_size=64, block_size=16)
     model = GPT(config)
     idx, targets = batch(config, micro_batch=4)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.0)
@@ -294,6 +297,16 @@ def test_recompute_gives_the_same_loss_and_gradients(arch):
     assert torch.equal(grads[0][0], grads[1][0])
     for plain, recomputed in zip(grads[0][1], grads[1][1]):
         torch.testing.assert_close(plain, recomputed, atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize('arch,recompute', [('llama', True), ('gpt2', False)])
+def test_forward_is_one_graph_for_torch_compile(arch, recompute):
+    config = tiny(arch=arch, n_kv_head=2)
+    model = GPT(config)
+    model.recompute = recompute
+    torch._dynamo.reset()
+    explanation = torch._dynamo.explain(model)(*batch(config, micro_batch=2))
+    assert explanation.graph_count == 1 and explanation.graph_break_count == 0, explanation.break_reasons
 
 
 @pytest.mark.parametrize('arch', ['llama', 'gpt2'])
