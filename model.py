@@ -9,8 +9,9 @@ The parameter layout (tok_emb, pos_emb, blocks[i].{attn_norm, attn, mlp_norm, ml
 ledger.count_params counts and what train.py shards per block; test_model.py holds the two against each other.
 
 Speed on H100/H200: attention goes through F.scaled_dot_product_attention(is_causal=True) so the flash/cuDNN
-kernel runs, GQA uses enable_gqa instead of materialising repeated K/V, norms are torch's own (F.layer_norm, F.rms_norm), and
-forward has no .item() or data-dependent Python, so torch.compile sees one graph.
+kernel runs, GQA uses enable_gqa instead of materialising repeated K/V, the norms are torch's own modules, and
+forward has no .item() or data-dependent Python, so torch.compile sees one graph (test_model.py checks it).
+Memory: ledger.activation_bytes counts, tensor by tensor, what this file's eager forward saves for backward.
 """
 import math
 
