@@ -370,8 +370,9 @@ def model_state_bytes(n_params, parallel='ddp', n_gpu=1):
 # With recomputation (torch.utils.checkpoint per block) only each block's input r*H is kept; in the backward one
 # block at a time is re-run, and its activations (and its bf16 weights) are live again while its gradient is
 # taken. LLaMA-7B, micro-batch 8 x 2048, FSDP bf16, recompute: 32 layers x 16384 tokens x 2 x 4096 = 4 GiB of
-# block inputs + 2.5 GiB for the block being recomputed + 0.25 GiB final norm = 6.7 GiB (the book: 6.20 GB). These are eager-mode sums; under
-# torch.compile the partitioner chooses what to save (it recomputes cheap pointwise ops), usually a little less.
+# block inputs + 2.5 GiB for the block being recomputed + 0.25 GiB final norm = 6.7 GiB (the book: 6.20 GB).
+# These are eager-mode sums; under torch.compile the partitioner chooses what to save (it recomputes cheap
+# pointwise ops), usually a little less.
 
 def activation_bytes(model, micro_batch, recompute, dtype_bytes=2, attention='flash', residual_bytes=4,
                      fused_norm=True):
