@@ -97,9 +97,13 @@ def setup_cluster():
         torch.cuda.set_device(device)
     else:
         device = torch.device('cpu')
-    if world_size > 1 and not dist.is_initialized():
-        dist.init_process_group('nccl' if device.type == 'cuda' else 'gloo')
     return Cluster(rank, world_size, local_rank, device)
+
+
+def join_process_group(cluster):
+    """After the input checks, so that a bad config is one line from every rank, not a rendezvous timeout."""
+    if cluster.world_size > 1 and not dist.is_initialized():
+        dist.init_process_group('nccl' if cluster.device.type == 'cuda' else 'gloo')
 
 
 def log(cluster, message):
@@ -424,8 +428,13 @@ def rng_states(cluster):
     return gathered
 
 
-def dcp_state(model, optimizer):
-    from torch.distributed.checkpoint.state_dict import get_state_dict
+def dcp_state(model, optimizer, with_optimizer=True):
+    """The sharded state dicts DCP saves and loads. An optimizer that has not stepped yet has no state, and
+    get_state_dict would create one with a zero-lr step (AdamW's step count becomes 1, changing its bias
+    correction): so the step-0 checkpoint holds the model alone."""
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_state_dict
+    if not with_optimizer:
+        return {'model': get_model_state_dict(model)}
     model_state, optimizer_state = get_state_dict(model, optimizer)
     return {'model': model_state, 'optimizer': optimizer_state}
 
@@ -449,7 +458,7 @@ def save_checkpoint(state, model, raw_model, optimizer, model_cfg, train, cluste
     barrier(cluster)
     if train.parallel in FSDP_MODES:
         with quiet_single_process_dcp():
-            dcp.save(dcp_state(model, optimizer), checkpoint_id=tmp)
+            dcp.save(dcp_state(model, optimizer, with_optimizer=state.step > 0), checkpoint_id=tmp)
     else:
         if hasattr(optimizer, 'consolidate_state_dict'):  # ZeRO-1: every rank sends its shard of the states
             optimizer.consolidate_state_dict(to=0)
@@ -489,11 +498,16 @@ def load_checkpoint(path, model, raw_model, optimizer, model_cfg, train, cluster
         raise ConfigError(f"{path} was written with parallel={saved['train_config']['parallel']}: resume with "
                           f"--parallel={saved['train_config']['parallel']}")
     if train.parallel in FSDP_MODES:
-        from torch.distributed.checkpoint.state_dict import set_state_dict
-        state = dcp_state(model, optimizer)
+        from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_state_dict
+        with_optimizer = saved['run']['step'] > 0
+        state = dcp_state(model, optimizer, with_optimizer)
         with quiet_single_process_dcp():
             dcp.load(state, checkpoint_id=path)
-        set_state_dict(model, optimizer, model_state_dict=state['model'], optim_state_dict=state['optimizer'])
+        if with_optimizer:
+            set_state_dict(model, optimizer, model_state_dict=state['model'], optim_state_dict=state['optimizer'])
+        else:
+            set_model_state_dict(model, state['model'])
+            optimizer.state.clear()  # as built: AdamW creates its state on the first step
     else:
         raw_model.load_state_dict(torch.load(os.path.join(path, 'model.pt'), map_location=cluster.device))
         # every rank reads the full optimizer state; ZeRO-1 keeps its own partition of it
@@ -650,6 +664,7 @@ def train_run(argv):
     elif complete_checkpoints(train):
         raise ConfigError(f"{train.out_dir} already holds checkpoints: pass --resume to continue that run, or set "
                           f"--out_dir to another folder")
+    join_process_group(cluster)
 
     torch.manual_seed(train.seed)
     if cluster.device.type == 'cuda':
