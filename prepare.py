@@ -752,9 +752,17 @@ def count_tokens(texts):
     return sum(len(_worker_encoding.encode_to_numpy(text, disallowed_special=())) for text in texts)
 
 
+def cpu_seconds():
+    """CPU time of this process and its finished children (the pool's workers once they are joined)."""
+    import resource
+    return sum(usage.ru_utime + usage.ru_stime
+               for usage in (resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)))
+
+
 def bench(workers=0, megabytes=100, tokenizer='bpe:8192', rounds=3):
-    """Alternate raw and pipeline runs `rounds` times and keep the best of each, so a busy machine hurts
-    both sides alike; returns (raw, pipeline) tokens/s."""
+    """Alternate raw and pipeline runs `rounds` times and keep the best of each, so a busy machine hurts both
+    sides alike. CPU seconds per token are measured too: unlike wall time, they do not depend on what else
+    the machine runs. Returns (raw, pipeline) tokens/s."""
     import shutil
     import tempfile
 
@@ -775,30 +783,32 @@ def bench(workers=0, megabytes=100, tokenizer='bpe:8192', rounds=3):
         else:
             train_bpe_tokenizer(tmp, parse_tokenizer(tokenizer), stdlib)
         batches = [texts[i:i + 256] for i in range(0, len(texts), 256)]
-        raw_rates, pipeline_rates = [], []
+        raw, pipeline = [], []  # (tokens/s, CPU seconds) per round
         for _ in range(rounds):
+            started, cpu_started = time.time(), cpu_seconds()  # both sides start their pool from scratch
             with multiprocessing.Pool(workers, initializer=init_worker, initargs=(tmp,)) as pool:
-                pool.map(count_tokens, batches[:workers])  # warm up the workers
-                started = time.time()
                 raw_tokens = sum(pool.imap(count_tokens, batches))
-                raw_rates.append(raw_tokens / (time.time() - started))
+                raw_rate = raw_tokens / (time.time() - started)
+            raw.append((raw_rate, cpu_seconds() - cpu_started))
             out = os.path.join(tmp, 'pipeline')
             shutil.rmtree(out, ignore_errors=True)
             os.makedirs(out)
             shutil.copy(os.path.join(tmp, 'tokenizer.json'), out)  # the same tokenizer, not trained again
-            started = time.time()
+            started, cpu_started = time.time(), cpu_seconds()
             meta = prepare_files([parquet], out, tokenizer, workers, shard_tokens=100_000_000)
             pipeline_tokens = meta['train_tokens'] + meta['val_tokens']
-            pipeline_rates.append(pipeline_tokens / (time.time() - started))
-    raw_rate, pipeline_rate = max(raw_rates), max(pipeline_rates)
+            pipeline.append((pipeline_tokens / (time.time() - started), cpu_seconds() - cpu_started))
+    raw_rate, pipeline_rate = max(r for r, _ in raw), max(r for r, _ in pipeline)
+    raw_cpu, pipeline_cpu = min(c for _, c in raw) / raw_tokens, min(c for _, c in pipeline) / pipeline_tokens
     print(f"bench: {size / 1e6:.0f} MB of text (the stdlib sources repeated), {len(texts):,} documents, "
           f"{tokenizer}, {workers} workers, best of {rounds} alternating rounds; tiktoken {tiktoken.__version__}, "
           f"Python {sys.version.split()[0]}, {os.cpu_count()} CPUs")
-    print(f"bench: raw tiktoken  {raw_tokens:,} tokens, {raw_rate / 1e6:.2f}M tokens/s "
-          f"(rounds: {', '.join(f'{r / 1e6:.2f}' for r in raw_rates)})")
-    print(f"bench: pipeline      {pipeline_tokens:,} tokens (end-of-text tokens included), "
-          f"{pipeline_rate / 1e6:.2f}M tokens/s (rounds: {', '.join(f'{r / 1e6:.2f}' for r in pipeline_rates)})")
-    print(f"bench: pipeline / raw = {pipeline_rate / raw_rate:.1%}")
+    for name, rounds_, tokens_, cpu in (('raw tiktoken', raw, raw_tokens, raw_cpu),
+                                        ('pipeline    ', pipeline, pipeline_tokens, pipeline_cpu)):
+        print(f"bench: {name} {tokens_:,} tokens, {max(r for r, _ in rounds_) / 1e6:.2f}M tokens/s "
+              f"(rounds: {', '.join(f'{r / 1e6:.2f}' for r, _ in rounds_)}), {cpu * 1e9:.0f} CPU ns/token")
+    print(f"bench: pipeline / raw = {pipeline_rate / raw_rate:.1%} in tokens/s, "
+          f"{raw_cpu / pipeline_cpu:.1%} in CPU time per token")
     return raw_rate, pipeline_rate
 
 
