@@ -297,14 +297,26 @@ def count_params(model):
 #           non-causal (the masked half is counted as done, as PaLM does). MFU uses this one.
 # Attention's share of the linear layers in the blocks is 12LHT / (6 * 12LH^2) = T/(6H) when the block holds
 # 12H^2 matmul parameters (GPT-2's 4H MLP, or SwiGLU at 8H/3): negligible while T << H.
+# hardware: what the GPU executes, matmul convention. Without recompute it is 'matmul'. With recompute
+# (torch.utils.checkpoint per block, use_reentrant=False) backward reruns each block's forward, but not all of
+# the book's extra 2P: lm_head is never rerun (it is outside the blocks), and non-reentrant checkpoint stops the
+# rerun as soon as every tensor backward needs is back: down_proj's input is the last one, so down_proj's own
+# matmul (H' x H) is skipped. Eager: 6N_matmul + 12LHT + 2(N_blocks - LHH') + 4LHT, FlopCounterMode's count
+# exactly (test_model.py). A block compiled on its own (train.py: FSDP/ZeRO-2 with compile) is one autograd
+# node that saves only after its whole graph ran, so the rerun includes down_proj: + 2LHH'. A whole compiled
+# model (1 GPU, DDP, ZeRO-1) traces the checkpoints and its partitioner skips down_proj in all blocks but one
+# (+ 2HH', within 1/L of eager; measured, not counted here). LLaMA-7B: matmul 4.29e10, eager 5.40e10 (1.26x),
+# compiled blocks 5.69e10 (1.33x); the book's 8P 5.39e10; 8N_matmul + 16LHT would say 5.72e10.
 
-def flops_per_token(model, recompute=False):
-    """Training FLOPs per token (forward + backward) under the conventions above."""
+def flops_per_token(model, recompute=False, compiled_blocks=False):
+    """Training FLOPs per token (forward + backward) under the conventions above. compiled_blocks: each block
+    is torch.compile'd on its own, so the recompute reruns the whole block (see above)."""
     params = count_params(model)
     L, H, T = model.n_layer, model.n_embd, model.block_size
     attention = 12 * L * H * T
     matmul = 6 * params['matmul'] + attention
-    matmul_recompute = 8 * params['matmul'] + attention * 4 // 3   # + one more forward of everything
+    rerun_matmul = params['blocks_matmul'] - (0 if compiled_blocks else L * H * model.ffn_width)  # no down_proj
+    matmul_recompute = matmul + 2 * rerun_matmul + attention // 3   # + the blocks' forward again (2N, 4LHT)
     return {
         'book': (8 if recompute else 6) * params['total'],
         'matmul': matmul,                                          # model FLOPs: what MFU counts (PaLM)
@@ -545,10 +557,12 @@ def predict(model, train, n_gpu=None):
     n_gpu = n_gpu or train.n_gpu
     gpu = gpu_spec(train.gpu)
     params = count_params(model)
-    flops = flops_per_token(model, train.recompute)
+    compiled_blocks = train.compile and n_gpu > 1 and train.parallel in ('zero2', 'fsdp')  # train.py's build_model
+    flops = flops_per_token(model, train.recompute, compiled_blocks)
     tokens = min(train.train_tokens, train.max_steps * train.batch_tokens) if train.max_steps else train.train_tokens
-    # train.mfu is the fraction of peak the GPUs spend on matmul FLOPs, recomputation included; MFU proper
-    # (PaLM) counts only the model's FLOPs, so with recompute the predicted MFU is lower by matmul / hardware.
+    # train.mfu is the fraction of peak the GPUs spend on matmul FLOPs, recomputation included ('hardware': it sets
+    # tokens_per_s and days); MFU proper (PaLM, what train.py measures) counts only the model's FLOPs ('matmul'),
+    # so with recompute the predicted MFU is lower by matmul / hardware (LLaMA-7B: 1 / 1.33).
     hardware_flops_per_s = n_gpu * gpu.peak_flops * train.mfu
     tokens_per_s = hardware_flops_per_s / flops['hardware']
     days = tokens * flops['hardware'] / hardware_flops_per_s / SECONDS_PER_DAY
@@ -560,6 +574,7 @@ def predict(model, train, n_gpu=None):
         'n_gpu': n_gpu,
         'params': params,
         'flops_per_token': flops,
+        'compiled_blocks': compiled_blocks,
         'tokens': tokens,
         'steps': math.ceil(tokens / train.batch_tokens),
         'grad_accum': train.batch_tokens / (train.micro_batch * model.block_size * n_gpu),
@@ -657,12 +672,15 @@ def format_report(prediction):
         _row('matmul, causal: 6N_matmul + 6LHT', _sci(flops['matmul_causal']), 'only the unmasked half of attention'),
     ]
     if t['recompute']:
-        lines.append(_row('executed: 8N_matmul + 16LHT', _sci(flops['hardware']), 'with the recomputed forward'))
+        rerun = "2N_blocks" if p['compiled_blocks'] else "2(N_blocks-LHH')"
+        lines.append(_row(f"executed: +{rerun}+4LHT", _sci(flops['hardware']), 'matmul + the blocks rerun in '
+                          'backward: ' + ('whole (each block compiled on its own)' if p['compiled_blocks']
+                                          else "all but down_proj (H'H), never lm_head")))
     book_p = '8P' if t['recompute'] else '6P'
     lines += [
         _row('attention share of block matmuls', f"{flops['attention_share']:.1%}",
              f"12LHT / 6N_blocks; the book's T/(6H) = {flops['attention_share_approx']:.1%}"),
-        _row(f"total for {_si(p['tokens'])} tokens", _sci(p['total_flops']),
+        _row(f"executed for {_si(p['tokens'])} tokens", _sci(p['total_flops']),
              f"book {'8' if t['recompute'] else '6'}PD: {_sci(p['book_flops'])}"),
         '',
         f"Ledger 3: time and money (days = FLOPs / (n_gpu * peak * MFU) / 86400)",
@@ -670,16 +688,18 @@ def format_report(prediction):
              f"dense BF16 peak {p['gpu']['peak_flops'] / 1e12:,.0f} TFLOP/s each (vendor datasheet)"),
         _row('assumed utilisation', f"{p['mfu_assumed']:.0%}", 'of peak (seed 000: 40% for a tuned Llama with '
              'flash attention and torch.compile; real runs 30-70%)'),
-        _row('throughput', f"{p['tokens_per_s']:,.0f} tok/s", f"n_gpu * peak * MFU / FLOPs per token; "
+        _row('throughput', f"{p['tokens_per_s']:,.0f} tok/s", f"n_gpu * peak * MFU / executed FLOPs per token; "
              f"{p['step_seconds']:.3g} s per step"),
-        _row('days', _days(p['days']), 'FLOPs by the matmul count (with attention)'),
+        _row('days', _days(p['days']), 'executed FLOPs: the matmul count (with attention)'
+             + (' + the recomputed forward' if t['recompute'] else '')),
         _row(f"days, book {book_p}D", _days(p['days_book']), "FLOPs by the book's convention (the seed's table)"),
         _row('GPU-hours', f"{p['gpu_hours']:,.0f}", 'days x 24 x n_gpu'),
         _row('cost', f"${p['cost_usd']:,.0f}", f"at ${t['usd_per_gpu_hour']}/GPU-hour (book {book_p}D: "
              f"${p['cost_usd'] * p['days_book'] / p['days']:,.0f}; seed 000: $3-4 per H200-hour)"),
     ]
     if t['recompute']:
-        lines.append(_row('predicted MFU (PaLM)', f"{p['mfu']:.1%}", 'recomputation is work MFU does not count'))
+        lines.append(_row('predicted MFU (PaLM)', f"{p['mfu']:.1%}", 'assumed x matmul / executed: recomputation '
+                          'is work MFU does not count'))
     states = {'ddp': '16P', 'zero1': '4P + 12P/N', 'zero2': '2P + 14P/N', 'fsdp': '16P/N (ZeRO-3)'}[t['parallel']]
     dtype = 'fp32' if t['dtype'] == 'float32' else 'bf16'
     fits = 'fits' if p['fits'] else 'DOES NOT FIT'

@@ -97,7 +97,12 @@ def test_flops_conventions():
     assert flops['matmul'] == 6 * params['matmul'] + 12 * L * H * T
     assert flops['matmul_causal'] == 6 * params['matmul'] + 6 * L * H * T
     assert flops['hardware'] == flops['matmul']
-    assert ledger.flops_per_token(config, recompute=True)['hardware'] == 8 * params['matmul'] + 16 * L * H * T
+    # recompute reruns each block's forward but not down_proj (H x 11008) nor lm_head; a compiled block reruns whole
+    F, V = 11008, 32000
+    recompute = ledger.flops_per_token(config, recompute=True)['hardware']
+    assert recompute == 8 * params['matmul'] - 2 * V * H - 2 * L * H * F + 16 * L * H * T == 54_003_761_152
+    compiled = ledger.flops_per_token(config, recompute=True, compiled_blocks=True)['hardware']
+    assert compiled == 8 * params['matmul'] - 2 * V * H + 16 * L * H * T
     assert flops['attention_share_approx'] == T / (6 * H)
 
 
@@ -293,6 +298,13 @@ def test_predict_recompute_and_n_gpu():
     p = ledger.predict(model, train)
     assert p['n_gpu'] == 4 and p['mfu'] < p['mfu_assumed'] == 0.40  # recomputation is work MFU does not count
     assert ledger.predict(model, train, n_gpu=8)['days'] == pytest.approx(p['days'] / 2)
+    # train.py compiles each block on its own under FSDP (whole rerun); a single GPU compiles the whole model
+    flops = p['flops_per_token']
+    assert p['compiled_blocks'] and flops == ledger.flops_per_token(model, True, compiled_blocks=True)
+    assert p['tokens_per_s'] == pytest.approx(4 * 989e12 * 0.40 / flops['hardware'])
+    assert p['mfu'] == pytest.approx(0.40 * flops['matmul'] / flops['hardware'])
+    single = ledger.predict(model, train, n_gpu=1)
+    assert not single['compiled_blocks'] and single['flops_per_token']['hardware'] < flops['hardware']
 
 
 def test_format_report_reads_like_the_book():

@@ -118,6 +118,59 @@ def test_flops_match_ledger_matmul_count(config):
     assert counter.get_total_flops() == pytest.approx(predicted, rel=0.01)
 
 
+# With recompute, backward reruns each block's forward up to down_proj's input (non-reentrant checkpoint stops
+# once every saved tensor is back), never lm_head. ffn_hidden=96 makes down_proj (H'H) a size no other matrix
+# has, so the count pins which matmul is skipped; the book's 8N_matmul + 16LHT would be ~8% high here.
+
+RECOMPUTE_CONFIGS = [tiny(n_kv_head=2, ffn_hidden=96), tiny(arch='gpt2', ffn_hidden=96)]
+
+
+@pytest.mark.parametrize('config', RECOMPUTE_CONFIGS, ids=['llama-gqa', 'gpt2'])
+def test_recompute_flops_match_ledger_hardware_count(config):
+    model = GPT(config)
+    model.recompute = True
+    idx, targets = batch(config, micro_batch=2)
+    with FlopCounterMode(display=False) as counter, sdpa_kernel(SDPBackend.MATH):
+        model(idx, targets)[1].backward()
+    predicted = ledger.flops_per_token(config, recompute=True)['hardware'] * idx.numel()
+    assert counter.get_total_flops() == pytest.approx(predicted, rel=0.01)
+
+
+def test_recompute_of_a_compiled_block_reruns_it_whole():
+    """A block compiled on its own (train.py under FSDP) is one autograd node that saves after its whole graph ran,
+    so the recompute includes down_proj. FlopCounterMode makes dynamo fall back to eager, so we count inside the
+    compiled graphs instead (aot_eager: the aten graphs run as Python), recompute on minus off."""
+    from functorch.compile import make_boxed_func
+    from torch._dynamo.backends.common import aot_autograd
+    config = RECOMPUTE_CONFIGS[0]
+    counted = []
+
+    def counting_compiler(graph, example_inputs):
+        def run(*args):
+            with FlopCounterMode(display=False) as counter:
+                out = torch.fx.Interpreter(graph).run(*args)  # not graph(...): no module hooks inside autograd
+            counted.append(counter.get_total_flops())
+            return out
+        return make_boxed_func(run)
+
+    idx, targets = batch(config, micro_batch=2)
+    block_flops = {}
+    for recompute in (False, True):
+        torch._dynamo.reset()
+        model = GPT(config)
+        model.recompute = recompute
+        for block in model.blocks:
+            block.compile(backend=aot_autograd(fw_compiler=counting_compiler), dynamic=False)
+        with sdpa_kernel(SDPBackend.MATH):
+            model(idx, targets)[1].backward()  # compiles
+            counted.clear()
+            model(idx, targets)[1].backward()
+        block_flops[recompute] = sum(counted)
+    torch._dynamo.reset()
+    flops = ledger.flops_per_token(config, recompute=True, compiled_blocks=True)
+    assert block_flops[True] - block_flops[False] == (flops['hardware'] - flops['matmul']) * idx.numel()
+
+
 # -----------------------------------------------------------------------------------------------------
 # Ledger 4b: activation memory. We record every tensor autograd saves for backward during the forward (each
 # storage once: views of one buffer share it), leaving out parameters and buffers, and hold the ledger to it.
