@@ -25,10 +25,10 @@ import os
 import random
 import resource
 import shutil
+import statistics
 import sys
 import time
 import warnings
-from collections import deque
 
 import numpy as np
 import torch
@@ -103,7 +103,10 @@ def setup_cluster():
 def join_process_group(cluster):
     """After the input checks, so that a bad config is one line from every rank, not a rendezvous timeout."""
     if cluster.world_size > 1 and not dist.is_initialized():
-        dist.init_process_group('nccl' if cluster.device.type == 'cuda' else 'gloo')
+        if cluster.device.type == 'cuda':  # NCCL bound to this rank's GPU
+            dist.init_process_group('nccl', device_id=cluster.device)
+        else:
+            dist.init_process_group('gloo')
 
 
 def log(cluster, message):
@@ -360,12 +363,11 @@ def build_optimizer(model, train, cluster):
     return torch.optim.AdamW(groups, **kwargs)
 
 
-def clip_gradients(model, max_norm):
+def clip_gradients(params, max_norm):
     """Scale all gradients so their global L2 norm is at most max_norm (1.0). Under FSDP the gradients are
     DTensor shards: the norm of the shards is a partial sum that full_tensor() reduces over the ranks (as
     torchtitan does). Returns the norm before clipping, on the device (reading it would sync)."""
     from torch.distributed.tensor import DTensor
-    params = [p for p in model.parameters() if p.grad is not None]
     norm = torch.nn.utils.get_total_norm([p.grad for p in params])
     if isinstance(norm, DTensor):
         norm = norm.full_tensor()
@@ -644,6 +646,23 @@ def sample_text(model, raw_model, tokenizer, meta, train, cluster, autocast, ste
     return tokenizer.decode(tokens[0, 1:].tolist())
 
 
+def find_spike(pending, values, window, train):
+    """Walk the checked steps in order. The first whose loss is not finite, or above mean + spike_factor x std of
+    the window of recent good losses (std floored at spike_min_std x mean), is a spike: -> (step, loss, data
+    position after it, why). The good ones before it join the window (kept in checkpoints: resume decides alike)."""
+    for (step, _, _, end), (loss, _) in zip(pending, values):
+        if not math.isfinite(loss):
+            return step, loss, end, 'not finite'
+        if len(window) >= train.spike_window:
+            mean = statistics.fmean(window)
+            std = max(statistics.pstdev(window), train.spike_min_std * mean)
+            if loss > mean + train.spike_factor * std:
+                return step, loss, end, f'> mean {mean:.4f} + {train.spike_factor} x std {std:.4f}'
+        window.append(loss)
+        del window[:-train.spike_window]
+    return None
+
+
 def train_run(argv):
     config_path, overrides, resume, force = parse_args(argv)
     model_cfg, train = ledger.load_config(config_path, overrides)
@@ -697,6 +716,7 @@ def train_run(argv):
         raise TrainingStopped(f"the ledger counts {n_params:,} parameters but the built model has {built:,}: "
                               f"ledger.count_params and model.py disagree (run test_model.py)")
     optimizer = build_optimizer(model, train, cluster)
+    params = [p for p in model.parameters() if p.requires_grad]  # once: no per-step walk over the modules
     flops_per_token = ledger.flops_per_token(model_cfg, recompute=train.recompute)['matmul']
     peak_flops = device_peak_flops(cluster, train)
     chinchilla_tokens = 20 * n_params
@@ -742,7 +762,7 @@ def train_run(argv):
     gc.collect()
     gc.freeze()  # the start-up objects will live all run: keep the collector from scanning them again
 
-    pending = []  # (step, loss, grad norm, position before, position after) of steps not yet checked: device values
+    pending = []  # (step, loss, grad norm, data position after it) of the steps not checked yet: device values
     interval_tokens, first_interval = 0, True
     stopwatch = Stopwatch(cluster.device)
     stopwatch.start()
@@ -766,15 +786,14 @@ def train_run(argv):
                     _, loss = model(x, y)
                 (loss / accumulation).backward()  # the mean over the step's micro-batches (and DDP/FSDP average ranks)
             step_loss += loss.detach()
-        grad_norm = clip_gradients(model, train.grad_clip)
+        grad_norm = clip_gradients(params, train.grad_clip)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-        start_position = state.position
         state.position += accumulation * cluster.world_size * train.micro_batch
         state.tokens_seen += batch_tokens
         state.step += 1
         interval_tokens += batch_tokens
-        pending.append((state.step, step_loss / accumulation, grad_norm, start_position, state.position))
+        pending.append((state.step, step_loss / accumulation, grad_norm, state.position))
         if state.tokens_seen >= chinchilla_tokens > state.tokens_seen - batch_tokens:
             log(cluster, f"step {state.step}: {state.tokens_seen:,} tokens seen passes the Chinchilla point "
                          f"20 x P = {chinchilla_tokens:,} (compute-optimal for this model): from here on it over-trains")
@@ -790,25 +809,11 @@ def train_run(argv):
         # --- a check point: read the pending losses (the only host-device sync), spike guard, log ---
         stopwatch.pause()
         values = reduce_mean(torch.stack([torch.stack((p[1], p[2].float())) for p in pending]), cluster).tolist()
-        spike = None
-        for (step, _, _, first, end), (loss_value, _) in zip(pending, values):
-            window = state.loss_window
-            if not math.isfinite(loss_value):
-                spike = (step, loss_value, first, end, 'not finite')
-            elif len(window) >= train.spike_window:
-                mean = sum(window) / len(window)
-                std = max(math.sqrt(sum((v - mean) ** 2 for v in window) / len(window)),
-                          train.spike_min_std * mean)
-                if loss_value > mean + train.spike_factor * std:
-                    spike = (step, loss_value, first, end, f'> mean {mean:.4f} + {train.spike_factor} x std {std:.4f}')
-            if spike:
-                break
-            window.append(loss_value)
-            del window[:-train.spike_window]
+        spike = find_spike(pending, values, state.loss_window, train)
         if spike:
             # The book's rule (PaLM's rewind and skip): back to the last good checkpoint, and skip the data from
             # there to the end of the spiking step, so the batches that led into the spike are not seen again.
-            step, loss_value, first, end, why = spike
+            step, loss_value, end, why = spike
             if state.rollbacks >= train.max_rollbacks:
                 raise TrainingStopped(f"loss spike at step {step} (loss {loss_value:.4f} {why}) after "
                                       f"{state.rollbacks} rollbacks (max_rollbacks): the run is unstable; lower lr, "
