@@ -124,7 +124,7 @@ class GPT(nn.Module):
     def __init__(self, config):
         super().__init__()
         self.config = config
-        self.recompute = False  # True: keep only each block's input, recompute the block in backward (8P FLOPs)
+        self.recompute = False  # True: keep only each block's input, rerun the block in backward (book: 8P FLOPs)
         self.tok_emb = nn.Embedding(config.vocab_size, config.n_embd)
         if config.arch == 'gpt2':
             self.pos_emb = nn.Embedding(config.block_size, config.n_embd)
