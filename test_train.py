@@ -233,7 +233,8 @@ def test_batch_ramp():
         seen, steps = seen + batches[-1], steps + 1
     assert train.planned_steps(cfg, step_tokens) == steps
     assert batches == sorted(batches) and all(b % step_tokens == 0 for b in batches)
-    assert train.planned_steps(TrainConfig(batch_tokens=524_288, train_tokens=26_000_000_000), step_tokens) == 49_592  # ceil(26e9 / 524,288)
+    book_run = TrainConfig(batch_tokens=524_288, train_tokens=26_000_000_000)
+    assert train.planned_steps(book_run, step_tokens) == 49_592  # ceil(26e9 / 524,288)
 
 
 def test_batch_ramp_in_a_run(pystdlib_data, tmp_path):

@@ -136,7 +136,8 @@ def batch_tokens_at(tokens_seen, train, step_tokens):
     tokens over its first 4-12B tokens). A small early batch is enough while the gradient is large and coherent."""
     if train.batch_ramp_tokens <= 0 or tokens_seen >= train.batch_ramp_tokens:
         return train.batch_tokens
-    ramped = train.batch_ramp_start + (train.batch_tokens - train.batch_ramp_start) * tokens_seen / train.batch_ramp_tokens
+    start, full = train.batch_ramp_start, train.batch_tokens
+    ramped = start + (full - start) * tokens_seen / train.batch_ramp_tokens
     return max(step_tokens, int(ramped) // step_tokens * step_tokens)
 
 
@@ -243,7 +244,8 @@ def open_data(model_cfg, train):
     if train.data == 'synthetic':
         val = SyntheticStream(model_cfg.vocab_size, model_cfg.block_size, train.seed, split=1)
         n_val = max(1, train.eval_tokens // model_cfg.block_size)
-        return SyntheticStream(model_cfg.vocab_size, model_cfg.block_size, train.seed, split=0), val.batch(0, n_val), None
+        stream = SyntheticStream(model_cfg.vocab_size, model_cfg.block_size, train.seed, split=0)
+        return stream, val.batch(0, n_val), None
     train_paths = prepare.list_shards(train.data, 'train')  # DataError naming `python prepare.py ...` when none
     val_paths = prepare.list_shards(train.data, 'val')
     meta = prepare.load_meta(train.data)
@@ -512,8 +514,9 @@ def load_checkpoint(path, model, raw_model, optimizer, model_cfg, train, cluster
             optimizer.state.clear()  # as built: AdamW creates its state on the first step
     else:
         raw_model.load_state_dict(torch.load(os.path.join(path, 'model.pt'), map_location=cluster.device))
-        # every rank reads the full optimizer state; ZeRO-1 keeps its own partition of it
-        optimizer.load_state_dict(torch.load(os.path.join(path, 'optimizer.pt'), map_location=cluster.device))
+        # every rank reads the full optimizer state (to the CPU: load_state_dict moves it to the parameters'
+        # device); ZeRO-1 keeps its own partition of it
+        optimizer.load_state_dict(torch.load(os.path.join(path, 'optimizer.pt'), map_location='cpu'))
     if saved['world_size'] == cluster.world_size:  # RNG streams are per rank; another world size starts fresh ones
         rng = saved['rng'][cluster.rank]
         random.setstate(rng['python'])
@@ -629,19 +632,19 @@ def evaluate(model, val, train, cluster, autocast):
 
 
 @torch.no_grad()
-def sample_text(model, raw_model, tokenizer, meta, train, cluster, autocast, step):
+def sample_text(raw_model, tokenizer, meta, train, cluster, autocast, step):
     """A short text from the end-of-text token (a document start), temperature 0.8, top-k 200 (nanoGPT's
     defaults). Under FSDP every rank must run the forwards (they gather weights together). Eager mode: generation
     changes the sequence length every token, which would recompile a compiled model each time."""
-    generator = model if train.parallel in FSDP_MODES and cluster.world_size > 1 else raw_model
-    if generator is raw_model and not cluster.is_master:
+    every_rank = train.parallel in FSDP_MODES and cluster.world_size > 1
+    if not (every_rank or cluster.is_master):
         return None
     devices = [cluster.device] if cluster.device.type == 'cuda' else []
     with torch.random.fork_rng(devices=devices), torch.compiler.set_stance('force_eager'), autocast:
         torch.manual_seed(train.seed + step)  # the same on every rank, so FSDP ranks stay in step
         start = torch.full((1, 1), meta['eot_id'], dtype=torch.long, device=cluster.device)
         raw_model.eval()
-        tokens = generator.generate(start, train.sample_tokens, temperature=0.8, top_k=200)
+        tokens = raw_model.generate(start, train.sample_tokens, temperature=0.8, top_k=200)
         raw_model.train()
     return tokenizer.decode(tokens[0, 1:].tolist())
 
@@ -687,8 +690,7 @@ def train_run(argv):
 
     torch.manual_seed(train.seed)
     if cluster.device.type == 'cuda':
-        torch.backends.cuda.matmul.allow_tf32 = True  # the few fp32 matmuls left (none in bf16 autocast) use TF32
-        torch.backends.cudnn.allow_tf32 = True
+        torch.set_float32_matmul_precision('high')  # fp32 matmuls (outside bf16 autocast) may use TF32
     compute_dtype = precision(train, cluster.device)
     use_fsdp = train.parallel in FSDP_MODES and cluster.world_size > 1
     # autocast: bf16 matmuls, fp32 weights and reductions. FSDP2 gets the same from its MixedPrecisionPolicy.
@@ -706,9 +708,9 @@ def train_run(argv):
         raise ConfigError(f"the ledger predicts {predicted_memory / 2**30:.1f} GiB per process but {what} is "
                           f"{available / 2**30:.1f} GiB: lower micro_batch, set recompute=True or parallel=fsdp, "
                           f"or pass --force to start anyway")
-    log(cluster, f"precision: {'bfloat16 autocast' if compute_dtype == torch.bfloat16 else 'float32'} compute, "
-                 f"fp32 weights and AdamW states" + ("" if cluster.device.type == 'cuda' else
-                                                    " (CPU: float32, bf16 is slow on most CPUs)"))
+    cpu_note = ' (on the CPU: bf16 matmuls are slower than fp32 on most chips)' if cluster.device.type == 'cpu' else ''
+    log(cluster, f"precision: {'bfloat16' if compute_dtype == torch.bfloat16 else 'float32'} compute{cpu_note}, "
+                 f"fp32 weights, gradients and AdamW states")
     model, raw_model = build_model(model_cfg, train, cluster, compute_dtype)
     n_params = ledger.count_params(model_cfg)['total']
     built = sum(p.numel() for p in raw_model.parameters())  # DTensor.numel() is the full size: sharding-proof
@@ -758,7 +760,8 @@ def train_run(argv):
     log(cluster, f"training: {total_steps:,} steps planned for {train.train_tokens:,} tokens, this run stops at "
                  f"step {stop_step:,}; global batch {train.batch_tokens:,} tokens = {train.micro_batch} sequences x "
                  f"{model_cfg.block_size} tokens x {cluster.world_size} process(es) x "
-                 f"{train.batch_tokens // step_tokens} accumulation steps; parallel={train.parallel if cluster.world_size > 1 else 'none (1 process)'}")
+                 f"{train.batch_tokens // step_tokens} accumulation steps; "
+                 f"parallel={train.parallel if cluster.world_size > 1 else 'none (1 process)'}")
     gc.collect()
     gc.freeze()  # the start-up objects will live all run: keep the collector from scanning them again
 
@@ -796,7 +799,7 @@ def train_run(argv):
         pending.append((state.step, step_loss / accumulation, grad_norm, state.position))
         if state.tokens_seen >= chinchilla_tokens > state.tokens_seen - batch_tokens:
             log(cluster, f"step {state.step}: {state.tokens_seen:,} tokens seen passes the Chinchilla point "
-                         f"20 x P = {chinchilla_tokens:,} (compute-optimal for this model): from here on it over-trains")
+                         f"20 x P = {chinchilla_tokens:,} (compute-optimal for this model): from here it over-trains")
 
         done = state.step == stop_step
         log_now = state.step % train.log_every == 0 or done
@@ -863,13 +866,13 @@ def train_run(argv):
         if ckpt_now:
             save_checkpoint(state, model, raw_model, optimizer, model_cfg, train, cluster)
         if sample_now and not done:
-            text = sample_text(model, raw_model, tokenizer, meta, train, cluster, autocast, state.step)
+            text = sample_text(raw_model, tokenizer, meta, train, cluster, autocast, state.step)
             log(cluster, f"step {state.step} sample:\n{text}")
         stopwatch.start()
 
     stopwatch.pause()
     if tokenizer is not None:
-        text = sample_text(model, raw_model, tokenizer, meta, train, cluster, autocast, state.step)
+        text = sample_text(raw_model, tokenizer, meta, train, cluster, autocast, state.step)
         log(cluster, f"sample after {state.step} steps:\n{text}")
     log(cluster, f"done: {state.step} steps, {state.tokens_seen:,} tokens; {train.out_dir}/report.md has the "
                  f"predicted-vs-measured table")
