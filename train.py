@@ -227,7 +227,6 @@ class SyntheticStream:
 
     def __init__(self, vocab_size, block_size, seed, split):
         self.vocab_size, self.block_size, self.seed, self.split = vocab_size, block_size, seed, split
-        self.per_epoch = None
 
     def batch(self, first, count):
         return np.stack([np.random.default_rng([self.seed, self.split, k]).integers(
@@ -253,10 +252,11 @@ def open_data(model_cfg, train):
     # The model's vocab may be the data's padded up to a multiple of 128 (the spare rows are never targets);
     # smaller cannot hold the tokens, larger means the data was made with another tokenizer.
     if not data_vocab <= model_cfg.vocab_size <= padded_vocab(data_vocab):
+        tokenizer = 'gpt2' if 50257 <= model_cfg.vocab_size <= 50304 else f'bpe:{model_cfg.vocab_size}'
         raise DataError(
             f"vocab mismatch: {train.data} was tokenized with {meta['tokenizer']} ({data_vocab} tokens) but the "
-            f"model has vocab_size={model_cfg.vocab_size}: set --vocab_size={padded_vocab(data_vocab)}, or prepare "
-            f"data with the model's tokenizer (python prepare.py {meta.get('source', 'pystdlib')} --tokenizer ...)")
+            f"model has vocab_size={model_cfg.vocab_size}: set vocab_size = {padded_vocab(data_vocab)}, or prepare "
+            f"data with the model's tokenizer: python prepare.py {meta['source']} --tokenizer {tokenizer} --out DIR")
     stream = ShardStream([prepare.open_shard(p) for p in train_paths], model_cfg.block_size, train.seed)
     if stream.per_epoch == 0:
         raise DataError(f"the train shards in {train.data} hold fewer than block_size + 1 = "
@@ -343,7 +343,7 @@ def build_model(model_cfg, train, cluster, compute_dtype):
     reshard = train.parallel == 'fsdp'
     for block in model.blocks:
         if train.compile:
-            block.compile()  # per block, as torchtitan does: the FSDP hooks stay outside the compiled graphs
+            block.compile()  # per block, in place, as torchtune does under FSDP2: the blocks share one graph
         fully_shard(block, mesh=mesh, mp_policy=mp_policy, reshard_after_forward=reshard)
     fully_shard(model, mesh=mesh, mp_policy=mp_policy, reshard_after_forward=reshard)
     return model, model
@@ -451,6 +451,7 @@ def quiet_single_process_dcp():
 
 
 def save_checkpoint(state, model, raw_model, optimizer, model_cfg, train, cluster):
+    """Write step_NNNNNNN (every rank takes part) and return its path."""
     import torch.distributed.checkpoint as dcp
     root = checkpoint_root(train)
     name = f'step_{state.step:07d}'
@@ -481,12 +482,15 @@ def save_checkpoint(state, model, raw_model, optimizer, model_cfg, train, cluste
         with open(pointer + '.tmp', 'w') as f:
             f.write(name + '\n')
         os.replace(pointer + '.tmp', pointer)
-        for old in complete_checkpoints(train)[:-train.keep_ckpts]:
+        # keep the last keep_ckpts up to this one; newer ones (left by a run this one resumed from an earlier
+        # checkpoint) stay until this run writes their steps again
+        for old in [c for c in complete_checkpoints(train) if c <= final][:-train.keep_ckpts]:
             shutil.rmtree(old)
         for leftover in os.listdir(root):  # tmp_ folders of writes that were killed
             if leftover.startswith('tmp_'):
                 shutil.rmtree(os.path.join(root, leftover))
     barrier(cluster)
+    return final
 
 
 def load_checkpoint(path, model, raw_model, optimizer, model_cfg, train, cluster):
@@ -564,35 +568,85 @@ def peak_memory(cluster):
     return rss, rss
 
 
-class Stopwatch:
-    """Training time only: paused around eval, checkpoints and samples. The device is synchronised before the
-    clock is read, otherwise the clock measures how fast Python queues kernels, not how fast they run."""
+class Metrics:
+    """The measured half of the ledger, and rank 0's outputs: ledger.json, metrics.jsonl, report.md, log lines.
 
-    def __init__(self, device):
-        self.device, self.elapsed, self.started = device, 0.0, None
+    Speed is timed over the steps between log steps, the device synchronised before the clock is read (else it
+    times how fast Python queues kernels, not how fast they run), the clock paused around eval, checkpoints and
+    samples. The first interval after a start or a rollback holds the compile and warm-up steps: it is logged
+    but left out of the run's figures in report.md."""
 
-    def _sync(self):
-        if self.device.type == 'cuda':
-            torch.cuda.synchronize(self.device)
+    def __init__(self, model_cfg, train, cluster, prediction, n_params, append):
+        self.cluster, self.prediction, self.out_dir = cluster, prediction, train.out_dir
+        # MFU counts the model's matmul FLOPs, 6 N_matmul + 12 L H T per token (PaLM's convention, no recompute)
+        self.flops_per_token = ledger.flops_per_token(model_cfg, recompute=train.recompute)['matmul']
+        self.peak_flops = device_peak_flops(cluster, train)  # None on the CPU: no MFU
+        self.measured = {'params': n_params}
+        self.run_tokens, self.run_seconds = 0, 0.0  # over the intervals after the first
+        self.interval_tokens, self.interval_seconds, self.started, self.warmup = 0, 0.0, None, True
+        self.metrics_path = os.path.join(train.out_dir, 'metrics.jsonl')
+        if cluster.is_master:
+            os.makedirs(train.out_dir, exist_ok=True)
+            write_atomic(os.path.join(train.out_dir, 'ledger.json'), json.dumps(prediction, indent=2) + '\n')
+            if not append:
+                open(self.metrics_path, 'w').close()
 
-    def start(self):
-        self._sync()
-        self.started = time.perf_counter()
+    def _now(self):
+        if self.cluster.device.type == 'cuda':
+            torch.cuda.synchronize(self.cluster.device)
+        return time.perf_counter()
 
-    def pause(self):
+    def start_clock(self):
+        self.started = self._now()
+
+    def stop_clock(self):
         if self.started is not None:
-            self._sync()
-            self.elapsed += time.perf_counter() - self.started
+            self.interval_seconds += self._now() - self.started
             self.started = None
 
-    def lap(self):
-        """Seconds since the last lap, the clock paused; call start() to go on."""
-        self.pause()
-        elapsed, self.elapsed = self.elapsed, 0.0
-        return elapsed
+    def restart(self):
+        """After a rollback: drop the interval, the next one warms up again."""
+        self.interval_tokens, self.interval_seconds, self.warmup = 0, 0.0, True
+
+    def mfu(self, tokens_per_s):
+        if self.peak_flops is None:
+            return None
+        return self.flops_per_token * tokens_per_s / (self.cluster.world_size * self.peak_flops)
+
+    def record(self, entry):
+        """Append one JSON line (on log, eval and rollback steps only: opening the file each time is free)."""
+        if self.cluster.is_master:
+            with open(self.metrics_path, 'a') as f:
+                f.write(json.dumps(entry) + '\n')
+
+    def log_step(self, step, total_steps, tokens_seen, loss, grad_norm, lr, batch_tokens):
+        tokens_per_s = self.interval_tokens / self.interval_seconds
+        mfu = self.mfu(tokens_per_s)
+        days = self.prediction['tokens'] / tokens_per_s / 86400  # the planned tokens at this speed
+        allocated, _ = peak_memory(self.cluster)
+        self.record({'step': step, 'tokens': tokens_seen, 'loss': loss, 'lr': lr, 'grad_norm': grad_norm,
+                     'batch_tokens': batch_tokens, 'tokens_per_s': tokens_per_s, 'mfu': mfu, 'days': days,
+                     'peak_memory_bytes': allocated, 'warmup': self.warmup})
+        log(self.cluster, f"step {step:>6}/{total_steps} | loss {loss:.4f} | lr {lr:.2e} | norm {grad_norm:.2f} | "
+                          f"{tokens_per_s:,.0f} tok/s | MFU {'n/a (CPU)' if mfu is None else f'{mfu:.1%}'} | "
+                          f"{days:.2f} days | peak mem {allocated / 2**30:.2f} GiB"
+                          + (" | warm-up" if self.warmup else ""))
+        if not self.warmup:
+            self.run_tokens += self.interval_tokens
+            self.run_seconds += self.interval_seconds
+            run_speed = self.run_tokens / self.run_seconds
+            self.measured.update(tokens_per_s=run_speed, mfu=self.mfu(run_speed),
+                                 days=self.prediction['tokens'] / run_speed / 86400)
+        self.interval_tokens, self.interval_seconds, self.warmup = 0, 0.0, False
+
+    def write_report(self):
+        if self.cluster.is_master:
+            self.measured['peak_memory_bytes'], self.measured['peak_reserved_bytes'] = peak_memory(self.cluster)
+            write_atomic(os.path.join(self.out_dir, 'report.md'),
+                         ledger.format_comparison(self.prediction, self.measured) + '\n')
 
 
-def write_json_atomic(path, text):
+def write_atomic(path, text):
     with open(path + '.tmp', 'w') as f:
         f.write(text)
     os.replace(path + '.tmp', path)
@@ -719,42 +773,21 @@ def train_run(argv):
                               f"ledger.count_params and model.py disagree (run test_model.py)")
     optimizer = build_optimizer(model, train, cluster)
     params = [p for p in model.parameters() if p.requires_grad]  # once: no per-step walk over the modules
-    flops_per_token = ledger.flops_per_token(model_cfg, recompute=train.recompute)['matmul']
-    peak_flops = device_peak_flops(cluster, train)
     chinchilla_tokens = 20 * n_params
 
-    state, metrics_mode = RunState(), 'w'
+    state = RunState()
     if resume_from:
         state, saved_world = load_checkpoint(resume_from, model, raw_model, optimizer, model_cfg, train, cluster)
-        metrics_mode = 'a'
         log(cluster, f"resumed from {resume_from}: step {state.step}, {state.tokens_seen:,} tokens, data position "
                      f"{state.position:,} sequences (written by {saved_world} process(es), read by "
                      f"{cluster.world_size}: the position is global, the stream continues where it stopped)")
-    else:
-        save_checkpoint(state, model, raw_model, optimizer, model_cfg, train, cluster)  # step 0: a rollback target
-    if cluster.is_master:
-        os.makedirs(train.out_dir, exist_ok=True)
-        write_json_atomic(os.path.join(train.out_dir, 'ledger.json'), json.dumps(prediction, indent=2) + '\n')
-        metrics_file = open(os.path.join(train.out_dir, 'metrics.jsonl'), metrics_mode)
-
-    def record(entry):
-        if cluster.is_master:
-            metrics_file.write(json.dumps(entry) + '\n')
-            metrics_file.flush()
-
+        last_checkpoint = resume_from
+    else:  # step 0: something to roll back to before the first periodic checkpoint
+        last_checkpoint = save_checkpoint(state, model, raw_model, optimizer, model_cfg, train, cluster)
+    metrics = Metrics(model_cfg, train, cluster, prediction, built, append=bool(resume_from))
     tokenizer = None
     if train.sample_tokens and meta:
         tokenizer = prepare.load_tokenizer(train.data)
-
-    measured = {'params': n_params, 'tokens_per_s': None, 'mfu': None, 'days': None,
-                'peak_memory_bytes': None, 'peak_reserved_bytes': None}
-    timed_tokens, timed_seconds = 0, 0.0  # over log intervals after the first (compile and warm-up excluded)
-
-    def write_report():
-        if cluster.is_master:
-            measured['peak_memory_bytes'], measured['peak_reserved_bytes'] = peak_memory(cluster)
-            write_json_atomic(os.path.join(train.out_dir, 'report.md'),
-                              ledger.format_comparison(prediction, measured) + '\n')
 
     stop_step = min(total_steps, train.max_steps) if train.max_steps else total_steps
     log(cluster, f"training: {total_steps:,} steps planned for {train.train_tokens:,} tokens, this run stops at "
@@ -766,9 +799,7 @@ def train_run(argv):
     gc.freeze()  # the start-up objects will live all run: keep the collector from scanning them again
 
     pending = []  # (step, loss, grad norm, data position after it) of the steps not checked yet: device values
-    interval_tokens, first_interval = 0, True
-    stopwatch = Stopwatch(cluster.device)
-    stopwatch.start()
+    metrics.start_clock()
     while state.step < stop_step:
         # --- one optimizer step: accumulate gradients over micro-steps, clip, update ---
         lr = lr_at(state.step, total_steps, train)
@@ -795,7 +826,7 @@ def train_run(argv):
         state.position += accumulation * cluster.world_size * train.micro_batch
         state.tokens_seen += batch_tokens
         state.step += 1
-        interval_tokens += batch_tokens
+        metrics.interval_tokens += batch_tokens
         pending.append((state.step, step_loss / accumulation, grad_norm, state.position))
         if state.tokens_seen >= chinchilla_tokens > state.tokens_seen - batch_tokens:
             log(cluster, f"step {state.step}: {state.tokens_seen:,} tokens seen passes the Chinchilla point "
@@ -810,7 +841,7 @@ def train_run(argv):
             continue  # the hot path: nothing read back from the device
 
         # --- a check point: read the pending losses (the only host-device sync), spike guard, log ---
-        stopwatch.pause()
+        metrics.stop_clock()
         values = reduce_mean(torch.stack([torch.stack((p[1], p[2].float())) for p in pending]), cluster).tolist()
         spike = find_spike(pending, values, state.loss_window, train)
         if spike:
@@ -821,7 +852,7 @@ def train_run(argv):
                 raise TrainingStopped(f"loss spike at step {step} (loss {loss_value:.4f} {why}) after "
                                       f"{state.rollbacks} rollbacks (max_rollbacks): the run is unstable; lower lr, "
                                       f"check the data, or raise max_rollbacks")
-            rollbacks, path = state.rollbacks + 1, latest_checkpoint(train)
+            rollbacks, path = state.rollbacks + 1, last_checkpoint
             state, _ = load_checkpoint(path, model, raw_model, optimizer, model_cfg, train, cluster)
             skip = (state.position, end)
             state.rollbacks, state.position = rollbacks, end
@@ -829,55 +860,34 @@ def train_run(argv):
             log(cluster, f"step {step}: loss spike (loss {loss_value:.4f} {why}): rollback {rollbacks}/"
                          f"{train.max_rollbacks} to {os.path.basename(path)}, skipping sequences "
                          f"[{skip[0]:,}, {skip[1]:,}) of the data stream")
-            record({'event': 'rollback', 'step': step, 'loss': loss_value, 'to_step': state.step,
-                    'skipped': list(skip), 'rollbacks': rollbacks})
-            pending, interval_tokens, first_interval = [], 0, True
-            stopwatch.lap()
-            stopwatch.start()
+            metrics.record({'event': 'rollback', 'step': step, 'loss': loss_value, 'to_step': state.step,
+                            'skipped': list(skip), 'rollbacks': rollbacks})
+            pending = []
+            metrics.restart()
+            metrics.start_clock()
             continue
         pending = []
         if log_now:
-            seconds = stopwatch.lap()
-            tokens_per_s = interval_tokens / seconds
-            if not first_interval:
-                timed_tokens, timed_seconds = timed_tokens + interval_tokens, timed_seconds + seconds
-            mfu = flops_per_token * tokens_per_s / (cluster.world_size * peak_flops) if peak_flops else None
-            days = prediction['tokens'] / tokens_per_s / 86400  # the planned tokens at this speed
-            allocated, reserved = peak_memory(cluster)
             loss_value, norm_value = values[-1]
-            record({'step': state.step, 'tokens': state.tokens_seen, 'loss': loss_value, 'lr': lr,
-                    'grad_norm': norm_value, 'batch_tokens': batch_tokens, 'tokens_per_s': tokens_per_s, 'mfu': mfu,
-                    'days': days, 'peak_memory_bytes': allocated, 'warmup': first_interval})
-            log(cluster, f"step {state.step:>6}/{total_steps} | loss {loss_value:.4f} | lr {lr:.2e} | "
-                         f"norm {norm_value:.2f} | {tokens_per_s:,.0f} tok/s | "
-                         f"MFU {f'{mfu:.1%}' if mfu is not None else 'n/a (CPU)'} | {days:.2f} days | "
-                         f"peak mem {allocated / 2**30:.2f} GiB" + (" | warm-up" if first_interval else ""))
-            interval_tokens, first_interval = 0, False
-            if timed_seconds:
-                measured['tokens_per_s'] = timed_tokens / timed_seconds
-                measured['days'] = prediction['tokens'] / measured['tokens_per_s'] / 86400
-                measured['mfu'] = (flops_per_token * measured['tokens_per_s'] / (cluster.world_size * peak_flops)
-                                   if peak_flops else None)
+            metrics.log_step(state.step, total_steps, state.tokens_seen, loss_value, norm_value, lr, batch_tokens)
         if eval_now:
             val_loss = evaluate(model, val, train, cluster, autocast)
-            record({'step': state.step, 'val_loss': val_loss})
+            metrics.record({'step': state.step, 'val_loss': val_loss})
             log(cluster, f"step {state.step}: val loss {val_loss:.4f}")
-            write_report()
+            metrics.write_report()
         if ckpt_now:
-            save_checkpoint(state, model, raw_model, optimizer, model_cfg, train, cluster)
+            last_checkpoint = save_checkpoint(state, model, raw_model, optimizer, model_cfg, train, cluster)
         if sample_now and not done:
             text = sample_text(raw_model, tokenizer, meta, train, cluster, autocast, state.step)
             log(cluster, f"step {state.step} sample:\n{text}")
-        stopwatch.start()
+        metrics.start_clock()
 
-    stopwatch.pause()
+    metrics.stop_clock()
     if tokenizer is not None:
         text = sample_text(raw_model, tokenizer, meta, train, cluster, autocast, state.step)
         log(cluster, f"sample after {state.step} steps:\n{text}")
     log(cluster, f"done: {state.step} steps, {state.tokens_seen:,} tokens; {train.out_dir}/report.md has the "
                  f"predicted-vs-measured table")
-    if cluster.is_master:
-        metrics_file.close()
     return 0
 
 
