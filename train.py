@@ -330,7 +330,8 @@ def build_model(model_cfg, train, cluster, compute_dtype):
         if train.compile:
             model.compile()
         device_ids = [cluster.local_rank] if cluster.device.type == 'cuda' else None
-        return DistributedDataParallel(model, device_ids=device_ids), model
+        # broadcast_buffers=False: the only buffers are the RoPE tables, constants that every rank computes itself
+        return DistributedDataParallel(model, device_ids=device_ids, broadcast_buffers=False), model
     # FSDP2: shard each block, then the root (embeddings, final norm, lm_head). ZeRO-3 ('fsdp') frees each block's
     # gathered weights after its forward and gathers them again for backward; ZeRO-2 ('zero2') keeps them from
     # forward to backward, so only gradients and optimizer states stay sharded (the ledger's 2P + 14P/N).
@@ -665,10 +666,12 @@ def reduce_mean(values, cluster):
 
 @torch.no_grad()
 def evaluate(model, val, train, cluster, autocast):
-    """Mean loss over the fixed val sequences; rank r takes every world_size-th one (all ranks run the same
-    number of forwards, which FSDP's collectives need), and the sums are reduced."""
+    """Mean loss over the fixed val sequences. Rank r takes the r-th of world_size equal slices (all ranks run
+    the same number of forwards, which FSDP's collectives need); the sums are reduced over the ranks."""
     model.eval()
     per_rank = len(val) // cluster.world_size
+    if per_rank >= train.micro_batch:  # whole micro-batches only: one more shape would mean one more compile
+        per_rank -= per_rank % train.micro_batch
     mine = val[cluster.rank * per_rank:(cluster.rank + 1) * per_rank] if per_rank else val[:1]
     totals = torch.zeros(2, device=cluster.device, dtype=torch.float64)
     for i in range(0, len(mine), train.micro_batch):
