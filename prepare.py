@@ -181,9 +181,13 @@ def train_bpe_tokenizer(data_dir, vocab_size, texts):
 
 # -----------------------------------------------------------------------------------------------------
 # Tokenizing in a process pool. Each worker loads tokenizer.json once; a task is a batch of documents from one
-# file (batch = (file index, first row, texts)); the answer is their tokens with the end-of-text token FIRST in
-# every document (GPT-2/llm.c convention: a sequence that starts mid-stream still sees where documents begin),
-# the token count per document and its UTF-8 byte count (for bytes per token, and to carry on after a stop).
+# file, batch = (file index, first row, data, offsets): the documents' UTF-8 bytes back to back and where each
+# begins (offsets[i]:offsets[i + 1], so len(offsets) = documents + 1). Bytes and offsets are what a parquet
+# column already holds, so the main process hands a slice of it over without making a Python string per
+# document (with 2 cores, every cycle the main process spends is taken from a worker). The answer is their
+# tokens with the end-of-text token FIRST in every document (GPT-2/llm.c convention: a sequence that starts
+# mid-stream still sees where documents begin), the token count per document and its UTF-8 byte count (for
+# bytes per token, and to carry on after a stop).
 
 _worker_encoding = None
 _worker_dtype = None
@@ -195,20 +199,37 @@ def init_worker(data_dir):
     _worker_dtype = token_dtype(_worker_encoding.n_vocab)
 
 
+def pack_texts(texts):
+    """Texts -> (UTF-8 bytes back to back, offsets), the batch layout above."""
+    encoded = [text.encode('utf-8') for text in texts]
+    offsets = np.zeros(len(encoded) + 1, dtype=np.int64)
+    np.cumsum([len(b) for b in encoded], out=offsets[1:])
+    return b''.join(encoded), offsets
+
+
+def unpack_texts(data, offsets):
+    """(bytes, offsets) -> the texts; a memoryview slice decodes without copying the bytes first."""
+    view = memoryview(data)
+    return [str(view[start:end], 'utf-8') for start, end in zip(offsets[:-1].tolist(), offsets[1:].tolist())]
+
+
 def tokenize_batch(batch):
-    file_index, first_row, texts = batch
-    eot = np.array([_worker_encoding.eot_token], dtype=np.uint32)
-    pieces, doc_tokens, doc_bytes = [], [], []
-    for text in texts:
+    file_index, first_row, data, offsets = batch
+    texts = unpack_texts(data, offsets)
+    doc_tokens = np.empty(len(texts), dtype=np.int64)
+    # one array for the whole batch, each document encoded straight into its place: no list of pieces to
+    # concatenate. A document of n bytes has at most n tokens (every token is at least one byte), + 1 eot.
+    tokens = np.empty(int(offsets[-1] - offsets[0]) + len(texts), dtype=_worker_dtype)
+    end = 0
+    for i, text in enumerate(texts):
         # encode_to_numpy skips building a Python list of ints; with no special tokens allowed or disallowed it
         # is encode_ordinary: '<|endoftext|>' written in a document stays plain text
         ids = _worker_encoding.encode_to_numpy(text, disallowed_special=())
-        pieces += [eot, ids]
-        doc_tokens.append(len(ids) + 1)
-        doc_bytes.append(len(text.encode('utf-8')))
-    tokens = np.concatenate(pieces).astype(_worker_dtype) if pieces else np.zeros(0, _worker_dtype)
-    return (file_index, first_row, tokens, np.array(doc_tokens, dtype=np.int64),
-            np.array(doc_bytes, dtype=np.int64))
+        tokens[end] = _worker_encoding.eot_token
+        tokens[end + 1:end + 1 + len(ids)] = ids
+        end += 1 + len(ids)
+        doc_tokens[i] = 1 + len(ids)
+    return file_index, first_row, tokens[:end], doc_tokens, np.diff(offsets)
 
 
 def default_workers():
@@ -295,7 +316,7 @@ def pystdlib_files(max_files=0):
 
 def tokenize_all(out_dir, texts, workers, batch_docs=64):
     """Tokenize a list of documents with the pool; returns (tokens, text bytes)."""
-    batches = [(0, i, texts[i:i + batch_docs]) for i in range(0, len(texts), batch_docs)]
+    batches = [(0, i, *pack_texts(texts[i:i + batch_docs])) for i in range(0, len(texts), batch_docs)]
     with multiprocessing.Pool(workers, initializer=init_worker, initargs=(out_dir,)) as pool:
         results = pool.map(tokenize_batch, batches)
     tokens = np.concatenate([r[2] for r in results]) if results else np.zeros(0, np.uint16)
@@ -353,22 +374,47 @@ def prepare_pystdlib(out_dir='data/pystdlib', tokenizer='bpe:8192', workers=0, s
 # document already written) in progress.json; a rerun skips the finished shards' documents without reading
 # them (whole files, then whole parquet row groups) and carries on, writing exactly the same shards.
 
+def parquet_batches(path, start_row=0, batch_docs=1024):
+    """Yield (first row, data, offsets) batches of a parquet file's `text` column from `start_row` on, in the
+    batch layout above: the UTF-8 bytes (a memoryview of Arrow's buffer, not copied) and int64 offsets. No
+    Python object per document, and only the row groups from `start_row` on are read. Record batches of
+    `batch_docs` rows (pyarrow's iter_batches, one thread) cost about half the CPU of reading whole row groups
+    with pyarrow's thread pool, and keep memory bounded by a batch instead of a row group."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    parquet = pq.ParquetFile(path)
+    if 'text' not in parquet.schema_arrow.names:
+        raise DataError(f"{path}: no 'text' column (it has {', '.join(parquet.schema_arrow.names)})")
+    first_group, row = 0, 0  # the first row group to read, and its first row
+    while first_group < parquet.num_row_groups and row + parquet.metadata.row_group(first_group).num_rows <= start_row:
+        row += parquet.metadata.row_group(first_group).num_rows
+        first_group += 1
+    groups = range(first_group, parquet.num_row_groups)
+    for batch in parquet.iter_batches(batch_docs, row_groups=groups, columns=['text'], use_threads=False):
+        column = batch.column(0)
+        if row + len(column) <= start_row:  # the first row group's rows before start_row
+            row += len(column)
+            continue
+        if row < start_row:
+            column, row = column.slice(start_row - row), start_row
+        if column.type not in (pa.string(), pa.large_string()):
+            column = column.cast(pa.large_string())
+        if column.null_count:
+            column = column.fill_null('')
+        _, offsets, data = column.buffers()
+        offsets = np.frombuffer(offsets, dtype=np.int32 if column.type == pa.string() else np.int64)
+        offsets = offsets[column.offset:column.offset + len(column) + 1].astype(np.int64)
+        if len(column):
+            yield row, memoryview(data if data is not None else b''), offsets
+        row += len(column)
+
+
 def read_documents(path, start_row=0):
-    """Yield (row, text) of one local file from `start_row` on: .parquet (its `text` column, one row group at a
-    time, so memory stays bounded), .jsonl (the "text" field of each non-blank line) or .txt (one document)."""
+    """Yield (row, text) of one local file from `start_row` on: .parquet (its `text` column), .jsonl (the
+    "text" field of each non-blank line) or .txt (one document)."""
     if path.endswith('.parquet'):
-        import pyarrow.parquet as pq
-        parquet = pq.ParquetFile(path)
-        if 'text' not in parquet.schema_arrow.names:
-            raise DataError(f"{path}: no 'text' column (it has {', '.join(parquet.schema_arrow.names)})")
-        first = 0
-        for group in range(parquet.num_row_groups):
-            rows = parquet.metadata.row_group(group).num_rows
-            if first + rows > start_row:
-                texts = parquet.read_row_group(group, columns=['text']).column('text').to_pylist()
-                for row in range(max(start_row, first), first + rows):
-                    yield row, texts[row - first] or ''
-            first += rows
+        for first_row, data, offsets in parquet_batches(path, start_row):
+            yield from enumerate(unpack_texts(data, offsets), first_row)
     elif path.endswith('.jsonl'):
         with open(path, encoding='utf-8') as f:
             row = 0
@@ -388,23 +434,28 @@ def read_documents(path, start_row=0):
 
 
 def document_batches(paths, fetch, position, batch_docs, wait_for_file=None):
-    """Yield (file index, first row, texts) batches from `position` = (file, row) on; batches never span two
-    files. `fetch(i)` returns file i's local path (downloading it if needed); `wait_for_file(i)` is called first
-    and returns False when file i is not needed after all (the token target was reached)."""
+    """Yield (file index, first row, data, offsets) batches of `batch_docs` documents from `position` =
+    (file, row) on; batches never span two files. A parquet batch is Arrow's bytes (copied once, to pickle);
+    other files' texts are packed. `fetch(i)` returns file i's local path
+    (downloading it if needed); `wait_for_file(i)` is called first and returns False when file i is not
+    needed after all (the token target was reached)."""
     start_file, start_row = position
     for file_index in range(start_file, len(paths)):
         if wait_for_file is not None and file_index > start_file and not wait_for_file(file_index):
             return
-        texts, first_row = [], None
-        for row, text in read_documents(fetch(file_index), start_row if file_index == start_file else 0):
-            if first_row is None:
-                first_row = row
+        path, first_row = fetch(file_index), start_row if file_index == start_file else 0
+        if path.endswith('.parquet'):
+            for first_row, data, offsets in parquet_batches(path, first_row, batch_docs):
+                yield file_index, first_row, bytes(data[offsets[0]:offsets[-1]]), offsets - offsets[0]
+            continue
+        texts = []
+        for row, text in read_documents(path, first_row):
             texts.append(text)
             if len(texts) == batch_docs:
-                yield file_index, first_row, texts
-                texts, first_row = [], None
+                yield file_index, row + 1 - len(texts), *pack_texts(texts)
+                texts = []
         if texts:
-            yield file_index, first_row, texts
+            yield file_index, row + 1 - len(texts), *pack_texts(texts)
 
 
 def bpe_sample(documents, skip_chars, sample_chars):
@@ -685,7 +736,7 @@ def prepare_fineweb_edu(out_dir='data/fineweb_edu', sample='100BT', tokens=0, to
         if vocab_size is None:
             make_gpt2_tokenizer(out_dir)
         else:
-            texts = (text for _, _, batch in document_batches(paths, fetch, (0, 0), 1024) for text in batch)
+            texts = (text for path in map(fetch, range(len(paths))) for _, text in read_documents(path))
             train_bpe_tokenizer(out_dir, vocab_size, bpe_sample(texts, 8 * val_tokens, bpe_sample_chars))
     counts = tokenize_stream(out_dir, 'fineweb_edu', paths, fetch_for_shards, request, workers or default_workers(),
                              val_tokens, shard_tokens, tokens)
@@ -723,7 +774,7 @@ def prepare_files(paths, out_dir='data/files', tokenizer='bpe:8192', workers=0, 
         if vocab_size is None:
             make_gpt2_tokenizer(out_dir)
         else:
-            texts = (text for _, _, batch in document_batches(paths, paths.__getitem__, (0, 0), 1024) for text in batch)
+            texts = (text for path in paths for _, text in read_documents(path))
             sample = list(bpe_sample(texts, 8 * val_tokens, bpe_sample_chars))
             if not sample:
                 raise DataError(f"no text left to train the BPE on after the val part: lower --val-tokens "

@@ -185,6 +185,24 @@ def test_files_txt_jsonl_parquet(tmp_path):
     assert [len(prepare.open_shard(p)) for p in prepare.list_shards(out, 'train')][:-1] == [1500] * (meta['train_shards'] - 1)
 
 
+def test_parquet_batches_from_any_row(tmp_path):
+    # the batches hand Arrow's bytes and offsets to the workers: every start row (inside a row group, at its
+    # edges, past the end) and batch size must give exactly the documents from that row on, nulls as ''
+    docs = [doc if i % 7 else None for i, doc in enumerate(make_documents(40, seed=3, min_words=1, max_words=5))]
+    docs[5] = 'non-ASCII: é 我 🙂'
+    path = str(tmp_path / 'a.parquet')
+    for text_type in (pa.string(), pa.large_string(), pa.string_view()):
+        pq.write_table(pa.table({'id': list(range(40)), 'text': pa.array(docs, text_type)}), path, row_group_size=13)
+        expected = list(enumerate(doc or '' for doc in docs))
+        for start in (0, 1, 12, 13, 14, 39, 40, 50):
+            assert list(prepare.read_documents(path, start)) == expected[start:]
+            for batch_docs in (1, 5, 64):
+                batches = list(prepare.document_batches([path], [path].__getitem__, (0, start), batch_docs))
+                got = [(first_row + i, text) for _, first_row, data, offsets in batches
+                       for i, text in enumerate(prepare.unpack_texts(data, offsets))]
+                assert got == expected[start:] and all(len(offsets) <= batch_docs + 1 for *_, offsets in batches)
+
+
 def test_files_bad_input_is_one_line_and_exit_2(tmp_path, capsys):
     with pytest.raises(SystemExit) as exit_info:
         prepare.main(['files', str(tmp_path / 'missing.txt'), '--out', str(tmp_path / 'd')])
