@@ -891,6 +891,7 @@ def train_run(argv):
         log(cluster, f"sample after {state.step} steps:\n{text}")
     log(cluster, f"done: {state.step} steps, {state.tokens_seen:,} tokens; {train.out_dir}/report.md has the "
                  f"predicted-vs-measured table")
+    barrier(cluster)  # no rank tears the process group down while another still talks to it (gloo aborts then)
     return 0
 
 
