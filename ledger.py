@@ -753,8 +753,14 @@ def format_report(prediction):
 def format_comparison(prediction, measured):
     """A markdown table of predicted vs measured. measured may hold any of 'params', 'tokens_per_s' (all GPUs),
     'mfu', 'peak_memory_bytes' (max_memory_allocated), 'peak_reserved_bytes' (max_memory_reserved), 'days';
-    missing ones (or None) print as '-'."""
+    missing ones (or None) print as '-'. measured['device'] and ['device_type'] ('cuda', 'cpu'), when given,
+    say where the run was measured."""
     p = prediction
+    heading = [f"Predicted for {p['n_gpu']} x {p['gpu']['name']} at an assumed {p['mfu_assumed']:.0%} MFU "
+               f"(ledger.py); measured on {measured.get('device', 'an unnamed device')}.", '']
+    if measured.get('device_type') == 'cpu':
+        heading[1:1] = ['On the CPU the GPU prediction is a reference, not a forecast: throughput and days compare '
+                        'that GPU with this CPU, memory is the process\'s peak RSS, and MFU is not measured.']
     rows = [  # (what, key, predicted, format)
         ('parameters', 'params', p['params']['total'], lambda x: f'{x:,.0f}'),
         ('throughput, tokens/s (all GPUs)', 'tokens_per_s', p['tokens_per_s'], lambda x: f'{x:,.0f}'),
@@ -763,7 +769,7 @@ def format_comparison(prediction, measured):
         ('peak memory reserved per GPU (+ overhead)', 'peak_reserved_bytes', p['memory']['total'], _gib),
         (f"days for {_si(p['tokens'])} tokens", 'days', p['days'], lambda x: f'{x:.3g}'),
     ]
-    lines = ['| quantity | predicted | measured | measured / predicted |', '| --- | ---: | ---: | ---: |']
+    lines = heading + ['| quantity | predicted | measured | measured / predicted |', '| --- | ---: | ---: | ---: |']
     for what, key, predicted, fmt in rows:
         value = measured.get(key)
         if value is None:

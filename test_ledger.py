@@ -322,12 +322,15 @@ def test_format_comparison_with_missing_measurements():
     p = ledger.predict(model, train)
     table = ledger.format_comparison(p, {'params': p['params']['total'], 'mfu': p['mfu'] / 2,
                                          'peak_memory_bytes': None})
-    lines = table.splitlines()
+    heading, lines = table.split('\n\n')[0], table.split('\n\n')[1].splitlines()
+    assert heading == 'Predicted for 1 x H200 SXM 141GB at an assumed 40% MFU (ledger.py); measured on an unnamed device.'
     assert lines[0].startswith('| quantity | predicted | measured |') and lines[1].startswith('| --- |')
     assert len(lines) == 2 + 6 and all(line.count('|') == 5 for line in lines)
     assert '| 1.000 |' in table and '| 0.500 |' in table
     assert sum(line.endswith('| - | - |') for line in lines) == 4
     assert ledger.format_comparison(p, {}).count('| - | - |') == 6
+    on_cpu = ledger.format_comparison(p, {'device': '1 x the CPU', 'device_type': 'cpu'})
+    assert 'measured on 1 x the CPU.' in on_cpu and 'On the CPU the GPU prediction is a reference' in on_cpu
 
 
 # -----------------------------------------------------------------------------------------------------

@@ -77,7 +77,8 @@ def test_loss_falls_and_outputs_are_written(pystdlib_data, tmp_path, capsys):
     prediction = json.loads((tmp_path / 'out' / 'ledger.json').read_text())
     assert prediction['params']['total'] == ledger.count_params(ledger.load_config(config)[0])['total']
     report = (tmp_path / 'out' / 'report.md').read_text()
-    assert report.startswith('| quantity | predicted | measured |') and 'parameters' in report
+    assert report.startswith('Predicted for 1 x H200') and 'measured on 1 x the CPU' in report
+    assert '| quantity | predicted | measured |' in report and 'parameters' in report
     assert (tmp_path / 'out' / 'ckpt' / 'LATEST').read_text().strip() == 'step_0000060'
 
 

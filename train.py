@@ -582,7 +582,10 @@ class Metrics:
         # MFU counts the model's matmul FLOPs, 6 N_matmul + 12 L H T per token (PaLM's convention, no recompute)
         self.flops_per_token = ledger.flops_per_token(model_cfg, recompute=train.recompute)['matmul']
         self.peak_flops = device_peak_flops(cluster, train)  # None on the CPU: no MFU
-        self.measured = {'params': n_params}
+        where = torch.cuda.get_device_name(cluster.device) if cluster.device.type == 'cuda' else \
+            f'the CPU ({torch.get_num_threads()} threads per process)'
+        self.measured = {'params': n_params, 'device_type': cluster.device.type,
+                         'device': f'{cluster.world_size} x {where}, torch {torch.__version__}'}
         self.run_tokens, self.run_seconds = 0, 0.0  # over the intervals after the first
         self.interval_tokens, self.interval_seconds, self.started, self.warmup = 0, 0.0, None, True
         self.metrics_path = os.path.join(train.out_dir, 'metrics.jsonl')
