@@ -185,7 +185,7 @@ class GPT(nn.Module):
         logits = self.lm_head(self.norm_f(x))
         loss = None
         if targets is not None:
-            loss = F.cross_entropy(logits.float().view(B * T, -1), targets.view(B * T))
+            loss = F.cross_entropy(logits.float().view(B * T, -1), targets.reshape(B * T))
         return logits, loss
 
     @torch.no_grad()
