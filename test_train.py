@@ -295,6 +295,11 @@ def test_existing_checkpoints_need_resume(reference, tmp_path, capsys):
     capsys.readouterr()
     assert run(config, tmp_path / 'out', '--max_steps=2') == 2
     assert 'already holds checkpoints: pass --resume' in capsys.readouterr().err
+    # the same command again, its run complete: nothing to do, said so, nothing written
+    metrics = (tmp_path / 'out' / 'metrics.jsonl').read_text()
+    assert run(config, tmp_path / 'out', '--max_steps=1') == 0
+    assert 'this run is complete (checkpoint at step 1, planned 1)' in capsys.readouterr().out
+    assert (tmp_path / 'out' / 'metrics.jsonl').read_text() == metrics
 
 
 def test_memory_check_refuses_unless_forced(pystdlib_data, tmp_path, monkeypatch, capsys):

@@ -732,6 +732,7 @@ def train_run(argv):
     cluster = setup_cluster()
     step_tokens = micro_step_tokens(model_cfg, train, cluster.world_size)
     total_steps = planned_steps(train, step_tokens)
+    stop_step = min(total_steps, train.max_steps) if train.max_steps else total_steps
     stream, val, meta = open_data(model_cfg, train)
     if meta and not train.dataset_tokens:  # the ledger's "is the dataset big enough" uses the real count
         train = dataclasses.replace(train, dataset_tokens=meta['train_tokens'])
@@ -744,6 +745,11 @@ def train_run(argv):
             raise ConfigError(f"--resume: no complete checkpoint at {resume_from or checkpoint_root(train)}: run "
                               f"without --resume to start")
     elif complete_checkpoints(train):
+        finished = int(os.path.basename(latest_checkpoint(train)).split('_')[1])
+        if finished >= stop_step:  # like a rerun of prepare.py on a complete folder: nothing left to do
+            log(cluster, f"{train.out_dir}: this run is complete (checkpoint at step {finished:,}, planned "
+                         f"{stop_step:,}): nothing to train; delete the folder or set --out_dir to train again")
+            return 0
         raise ConfigError(f"{train.out_dir} already holds checkpoints: pass --resume to continue that run, or set "
                           f"--out_dir to another folder")
     join_process_group(cluster)
@@ -795,7 +801,6 @@ def train_run(argv):
     if train.sample_tokens and meta:
         tokenizer = prepare.load_tokenizer(train.data)
 
-    stop_step = min(total_steps, train.max_steps) if train.max_steps else total_steps
     log(cluster, f"training: {total_steps:,} steps planned for {train.train_tokens:,} tokens, this run stops at "
                  f"step {stop_step:,}; global batch {train.batch_tokens:,} tokens = {train.micro_batch} sequences x "
                  f"{model_cfg.block_size} tokens x {cluster.world_size} process(es) x "
