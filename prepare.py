@@ -122,11 +122,15 @@ def load_tokenizer(data_dir):
                              special_tokens=spec['special_tokens'])
 
 
+def write_text_atomic(path, text):
+    """Write to path.tmp, then rename: a reader sees the old file or the new one, never half of one."""
+    with open(path + '.tmp', 'w') as f:
+        f.write(text)
+    os.replace(path + '.tmp', path)
+
+
 def save_json(path, obj):
-    tmp = path + '.tmp'
-    with open(tmp, 'w') as f:
-        json.dump(obj, f, indent=1)
-    os.replace(tmp, path)
+    write_text_atomic(path, json.dumps(obj, indent=1))
 
 
 # -----------------------------------------------------------------------------------------------------

@@ -479,10 +479,7 @@ def save_checkpoint(state, model, raw_model, optimizer, model_cfg, train, cluste
         if os.path.isdir(final):  # the same step written again (after a rollback): replace it
             shutil.rmtree(final)
         os.rename(tmp, final)
-        pointer = os.path.join(root, 'LATEST')
-        with open(pointer + '.tmp', 'w') as f:
-            f.write(name + '\n')
-        os.replace(pointer + '.tmp', pointer)
+        prepare.write_text_atomic(os.path.join(root, 'LATEST'), name + '\n')
         # keep the last keep_ckpts up to this one; newer ones (left by a run this one resumed from an earlier
         # checkpoint) stay until this run writes their steps again
         for old in [c for c in complete_checkpoints(train) if c <= final][:-train.keep_ckpts]:
@@ -591,7 +588,8 @@ class Metrics:
         self.metrics_path = os.path.join(train.out_dir, 'metrics.jsonl')
         if cluster.is_master:
             os.makedirs(train.out_dir, exist_ok=True)
-            write_atomic(os.path.join(train.out_dir, 'ledger.json'), json.dumps(prediction, indent=2) + '\n')
+            prepare.write_text_atomic(os.path.join(train.out_dir, 'ledger.json'),
+                                      json.dumps(prediction, indent=2) + '\n')
             if not append:
                 open(self.metrics_path, 'w').close()
 
@@ -646,14 +644,8 @@ class Metrics:
     def write_report(self):
         if self.cluster.is_master:
             self.measured['peak_memory_bytes'], self.measured['peak_reserved_bytes'] = peak_memory(self.cluster)
-            write_atomic(os.path.join(self.out_dir, 'report.md'),
+            prepare.write_text_atomic(os.path.join(self.out_dir, 'report.md'),
                          ledger.format_comparison(self.prediction, self.measured) + '\n')
-
-
-def write_atomic(path, text):
-    with open(path + '.tmp', 'w') as f:
-        f.write(text)
-    os.replace(path + '.tmp', path)
 
 
 # -----------------------------------------------------------------------------------------------------
