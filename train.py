@@ -645,7 +645,7 @@ class Metrics:
         if self.cluster.is_master:
             self.measured['peak_memory_bytes'], self.measured['peak_reserved_bytes'] = peak_memory(self.cluster)
             prepare.write_text_atomic(os.path.join(self.out_dir, 'report.md'),
-                         ledger.format_comparison(self.prediction, self.measured) + '\n')
+                                      ledger.format_comparison(self.prediction, self.measured) + '\n')
 
 
 # -----------------------------------------------------------------------------------------------------
