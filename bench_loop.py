@@ -15,11 +15,11 @@ import time
 import numpy as np
 import torch
 
-import ledger
 import prepare
+from config import load_config
 from model import GPT
 
-model_cfg, train_cfg = ledger.load_config(sys.argv[1])
+model_cfg, train_cfg = load_config(sys.argv[1])
 steps = int(sys.argv[2]) if len(sys.argv) > 2 else 30
 T, B = model_cfg.block_size, train_cfg.micro_batch
 accumulation = train_cfg.batch_tokens // (B * T)

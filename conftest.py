@@ -1,7 +1,16 @@
 """Shared pytest fixtures."""
+import os
+
 import pytest
 
 import prepare
+
+
+@pytest.fixture(scope='session', autouse=True)
+def device_cache(tmp_path_factory):
+    """The ledger's GEMM probes are cached per machine (ledger.cache_path): the tests keep theirs in a folder of
+    their own, shared by the processes they start, instead of the user's ~/.cache."""
+    os.environ['XDG_CACHE_HOME'] = str(tmp_path_factory.mktemp('cache'))
 
 
 @pytest.fixture(scope='session')

@@ -1,8 +1,14 @@
 """
 ledger.py: the book's four sums (parameters, FLOPs, days, memory, plus data and cost) for a config.
 
-Pure Python, no torch at module level: `python ledger.py configs/llama_7b.py` runs with the standard
-library alone. It is also the home of the config vocabulary shared by train.py, model.py and sample.py.
+    python ledger.py configs/h200_1b3.py                   # the bill for the config's device
+    python ledger.py configs/h200_1b3.py --gpu=H100 --n_gpu=8 --parallel=zero2
+    python ledger.py configs/pystdlib_cpu.py --gpu=auto    # this machine (a GPU by its name, or the CPU, measured)
+    python ledger.py --book                                # every worked example of BOOK.md, recomputed
+
+Each formula below carries its name, its source and a worked number; BOOK.md lists them all. Standard library only
+at module level: a bill for a named GPU needs nothing installed. Measuring the device at hand (`gpu='auto'` or
+'cpu': a short GEMM probe) imports torch inside measure_device, the one place this file uses it.
 """
 import dataclasses
 import difflib
@@ -10,243 +16,169 @@ import json
 import math
 import os
 import sys
-from dataclasses import dataclass, field
+import time
+from dataclasses import dataclass
 
-# -----------------------------------------------------------------------------------------------------
-# Config vocabulary (DESIGN.md). A config file is plain Python that assigns keys; `--key=value` overrides
-# one key after the file, parsed to the type of its default. Unknown keys name the closest known key.
-
-
-class ConfigError(ValueError):
-    """Bad input in a config: the message is one line that says what is wrong and what to do."""
-
-
-@dataclass
-class ModelConfig:
-    arch: str = 'llama'          # 'llama' (RMSNorm, RoPE, SwiGLU, no bias) or 'gpt2' (LayerNorm, learned pos, GELU)
-    n_layer: int = 12
-    n_head: int = 12
-    n_kv_head: int = 0           # key/value heads for GQA; 0 means n_head (plain multi-head attention)
-    n_embd: int = 768
-    ffn_hidden: int = 0          # FFN width H'; 0 means the family default (gpt2: 4H; llama: 8H/3 rounded up to 256)
-    vocab_size: int = 50304      # padded to a multiple of 128 in the configs, for speed
-    block_size: int = 1024       # context length T (training sequence length)
-    tie_embeddings: bool = False # share the input embedding with the output projection (GPT-2 does)
-    bias: bool = False           # biases in Linear layers and LayerNorms (gpt2 only; llama has none)
-    norm_eps: float = 1e-5
-    rope_theta: float = 10000.0
-
-    @property
-    def kv_heads(self):
-        return self.n_kv_head or self.n_head
-
-    @property
-    def head_dim(self):
-        return self.n_embd // self.n_head
-
-    @property
-    def ffn_width(self):
-        if self.ffn_hidden:
-            return self.ffn_hidden
-        if self.arch == 'gpt2':
-            return 4 * self.n_embd
-        return 256 * math.ceil(8 * self.n_embd / 3 / 256)  # LLaMA's rule: 2/3 of 4H, rounded up to 256
-
-
-@dataclass
-class TrainConfig:
-    # run and data
-    out_dir: str = 'out'
-    data: str = 'data/pystdlib'  # a folder made by prepare.py, or 'synthetic' (random tokens, for benchmarks)
-    seed: int = 1337
-    train_tokens: int = 26_000_000_000  # tokens the run is planned to see (sets the number of steps)
-    max_steps: int = 0           # stop after this many steps (0: run to train_tokens); the schedule still spans train_tokens
-    dataset_tokens: int = 0      # tokens available in the dataset, for the ledger's "is it enough" (0: unknown)
-    # batch: global batch in tokens, reached by micro_batch sequences x grad accumulation x world size
-    batch_tokens: int = 524_288
-    micro_batch: int = 16        # sequences per GPU per forward/backward
-    batch_ramp_tokens: int = 0   # ramp the batch from batch_ramp_start to batch_tokens over this many tokens (0: off)
-    batch_ramp_start: int = 32_768
-    # optimizer and schedule (BOOK: AdamW 0.9/0.95/1e-8, wd 0.1 on matrices, clip 1.0, warmup 0.1-0.5%, decay to 10%)
-    lr: float = 6e-4
-    min_lr_ratio: float = 0.1
-    schedule: str = 'cosine'     # 'cosine' or 'wsd' (warmup-stable-decay)
-    warmup_frac: float = 0.003   # fraction of steps spent in linear warmup
-    decay_frac: float = 0.2      # wsd only: fraction of steps spent in the final linear decay
-    weight_decay: float = 0.1
-    beta1: float = 0.9
-    beta2: float = 0.95
-    eps: float = 1e-8
-    grad_clip: float = 1.0
-    # precision, speed, memory, parallelism
-    dtype: str = 'auto'          # 'auto' (bfloat16 autocast on CUDA, float32 on CPU), 'bfloat16' or 'float32'
-    compile: bool = True
-    recompute: bool = False      # activation recomputation per block (the ledger switches to 8P)
-    parallel: str = 'ddp'        # 'ddp', 'zero1', 'zero2' or 'fsdp' (ZeRO-3)
-    # logging, eval, checkpoints, spike guard
-    log_every: int = 10
-    eval_every: int = 250
-    eval_tokens: int = 1_048_576
-    sample_every: int = 0        # 0: no samples during training
-    sample_tokens: int = 0       # tokens per text sample, at sample_every steps and at the end of the run (0: none)
-    ckpt_every: int = 1000
-    keep_ckpts: int = 3
-    spike_factor: float = 3.0    # a loss above mean + spike_factor * std of the recent window is a spike
-    spike_window: int = 50
-    spike_min_std: float = 0.02  # floor on that std, as a fraction of the mean: late in a run the loss is so steady
-                                 # (std ~0.01) that 3 std would read ordinary noise as spikes
-    max_rollbacks: int = 5
-    # the ledger's assumptions for time, money and memory
-    gpu: str = 'H200'
-    n_gpu: int = 1               # GPUs the ledger plans for (train.py uses the real world size)
-    mfu: float = 0.40            # assumed model FLOPs utilisation (the seed's 40%)
-    usd_per_gpu_hour: float = 3.5
-
-
-CONFIG_CLASSES = (ModelConfig, TrainConfig)
-
-
-def _known_keys():
-    return {f.name: cls for cls in CONFIG_CLASSES for f in dataclasses.fields(cls)}
-
-
-def _unknown_key_error(key, where):
-    close = difflib.get_close_matches(key, list(_known_keys()), n=1, cutoff=0.5)
-    hint = f"did you mean '{close[0]}'?" if close else "see ModelConfig and TrainConfig in ledger.py for the keys"
-    return ConfigError(f"unknown config key '{key}' in {where}: {hint}")
-
-
-def _parse_value(key, text, default):
-    """Parse a --key=value string to the type of the key's default."""
-    try:
-        if isinstance(default, bool):
-            if text.lower() in ('1', 'true', 'yes', 'on'):
-                return True
-            if text.lower() in ('0', 'false', 'no', 'off'):
-                return False
-            raise ValueError
-        if isinstance(default, int):
-            return int(float(text)) if ('e' in text.lower() or '.' in text) and float(text).is_integer() else int(text)
-        if isinstance(default, float):
-            return float(text)
-        return text
-    except ValueError:
-        raise ConfigError(f"--{key}={text}: expected a value of type {type(default).__name__}") from None
-
-
-def load_config(path=None, overrides=()):
-    """Read a config file (plain Python assignments) and `--key=value` overrides into (ModelConfig, TrainConfig).
-
-    The file runs in a fresh namespace, never in our globals; names starting with '_' and modules are ignored."""
-    values = {}
-    if path:
-        if not os.path.isfile(path):
-            raise ConfigError(f"config file not found: {path} (the configs are in configs/)")
-        namespace = {}
-        with open(path) as f:
-            source = f.read()
-        try:
-            exec(compile(source, path, 'exec'), namespace)
-        except Exception as e:  # a typo in a config file is bad input too: one line, no traceback
-            raise ConfigError(f"{path} does not run: {type(e).__name__}: {e}") from None
-        for key, value in namespace.items():
-            if key.startswith('_') or type(value).__name__ == 'module':
-                continue
-            if key not in _known_keys():
-                raise _unknown_key_error(key, path)
-            values[key] = value
-    defaults = {f.name: f.default for cls in CONFIG_CLASSES for f in dataclasses.fields(cls)}
-    for item in overrides:
-        if not item.startswith('--') or '=' not in item:
-            raise ConfigError(f"cannot read argument '{item}': overrides are written --key=value")
-        key, text = item[2:].split('=', 1)
-        if key not in defaults:
-            raise _unknown_key_error(key, 'the command line')
-        values[key] = _parse_value(key, text, defaults[key])
-    for key, value in values.items():  # ints written as 26e9 in a config file are accepted when whole
-        if isinstance(defaults[key], int) and not isinstance(defaults[key], bool) and isinstance(value, float) \
-                and value.is_integer():
-            values[key] = int(value)
-    configs = []
-    for cls in CONFIG_CLASSES:
-        names = {f.name for f in dataclasses.fields(cls)}
-        configs.append(cls(**{k: v for k, v in values.items() if k in names}))
-    model, train = configs
-    validate(model, train)
-    return model, train
-
-
-def validate(model, train):
-    """Shape and value checks shared by every entry point; each failure is one ConfigError line."""
-    if model.arch not in ('llama', 'gpt2'):
-        raise ConfigError(f"arch must be 'llama' or 'gpt2', not '{model.arch}'")
-    for key in ('n_layer', 'n_head', 'n_embd', 'vocab_size', 'block_size'):
-        if getattr(model, key) <= 0:
-            raise ConfigError(f"{key} must be positive, got {getattr(model, key)}")
-    for key in ('n_kv_head', 'ffn_hidden'):
-        if getattr(model, key) < 0:
-            raise ConfigError(f"{key} must be positive (or 0 for the default), got {getattr(model, key)}")
-    if model.n_embd % model.n_head:
-        raise ConfigError(f"n_embd ({model.n_embd}) must be divisible by n_head ({model.n_head})")
-    if model.n_head % model.kv_heads:
-        raise ConfigError(f"n_head ({model.n_head}) must be divisible by n_kv_head ({model.kv_heads})")
-    if model.arch == 'llama' and model.head_dim % 2:
-        raise ConfigError(f"RoPE needs an even head size, got n_embd/n_head = {model.head_dim}")
-    for key in ('train_tokens', 'batch_tokens', 'micro_batch', 'n_gpu', 'log_every', 'eval_every', 'ckpt_every',
-                'keep_ckpts'):
-        if getattr(train, key) <= 0:
-            raise ConfigError(f"{key} must be positive, got {getattr(train, key)}")
-    for key in ('max_steps', 'dataset_tokens', 'usd_per_gpu_hour'):
-        if getattr(train, key) < 0:
-            raise ConfigError(f"{key} must be positive (or 0), got {getattr(train, key)}")
-    if not 0 < train.mfu <= 1:
-        raise ConfigError(f"mfu must be in (0, 1], got {train.mfu}")
-    if train.parallel not in ('ddp', 'zero1', 'zero2', 'fsdp'):
-        raise ConfigError(f"parallel must be one of ddp, zero1, zero2, fsdp, not '{train.parallel}'")
-    if train.dtype not in ('auto', 'bfloat16', 'float32'):
-        raise ConfigError(f"dtype must be 'auto', 'bfloat16' or 'float32', not '{train.dtype}'")
-    if train.schedule not in ('cosine', 'wsd'):
-        raise ConfigError(f"schedule must be 'cosine' or 'wsd', not '{train.schedule}'")
-    gpu_spec(train.gpu)
-
-
-# -----------------------------------------------------------------------------------------------------
-# GPUs: dense BF16 tensor-core peak (no 2:4 sparsity) and memory, keyed by the name a config uses (any case).
-# Peaks: vendor datasheets (NVIDIA H100/H200/A100/B200, AMD MI300X), the table of issue 2. A800 is the A100
-# with slower NVLink, same compute. Memory: what the driver reports (nvidia-smi "MiB" total, rocm-smi bytes),
-# the ceiling torch's allocator works under; torch.cuda.get_device_properties().total_memory reads about
-# 0.5 GiB less, which the ledger's fixed overhead covers. The "80 GB" cards hold 80 GiB (A100) or 79.6 GiB (H100).
-
-@dataclass(frozen=True)
-class GPU:
-    name: str
-    peak_flops: float   # dense BF16 tensor-core FLOP/s
-    memory_bytes: int
-
+from config import ConfigError, ModelConfig, cli, compute_dtype, load_config
+from files import save_json
 
 MIB = 2**20
 GIB = 2**30
+
+
+# -----------------------------------------------------------------------------------------------------
+# Devices. A GPU is known by its name: dense BF16 tensor-core peak (no 2:4 sparsity) from the vendor datasheets
+# (NVIDIA H100/H200/A100/B200, AMD MI300X; the A800 is the A100 with slower NVLink, same compute) and its memory as
+# the driver reports it (nvidia-smi's MiB total, rocm-smi's bytes). A GPU not in the table, and a CPU, are
+# measured: the peak is the best FLOP/s of a large matmul in the run's compute dtype over about a second (a GEMM
+# probe, cached per machine), the memory what the machine gives the process. The prediction is for the device
+# the run is on: train.py resolves 'auto'; `ledger.py CONFIG` prints for the config's `gpu`.
+
+@dataclass(frozen=True)
+class Device:
+    name: str
+    peak_flops: float          # FLOP/s of dense matmuls in the compute dtype, per device
+    memory_bytes: int          # memory of one device (a CPU: the machine's RAM, shared by its processes)
+    kind: str = 'gpu'          # 'gpu' or 'cpu'
+    peak_source: str = 'vendor datasheet, dense BF16 tensor cores'
+    memory_source: str = 'nvidia-smi total'
+    overhead_bytes: int = 2 * GIB  # memory the runtime takes besides the ledger's tensors (see Ledger 4d)
+    overhead_source: str = ('ESTIMATE: CUDA context, kernels 0.81 GB and fragmentation 0.5-1 GB (the book), '
+                            'cuBLAS/flash workspaces')
+    shared_by: int = 0             # processes sharing this device's memory (0: a CPU's n_gpu, a GPU's 1)
+
+
 GPUS = {
-    'H200': GPU('H200 SXM 141GB', 989e12, 143771 * MIB),       # nvidia-smi: 143771MiB
-    'H200-NVL': GPU('H200 NVL 141GB', 835e12, 143771 * MIB),   # same 141 GB HBM3e stack as the SXM part
-    'H100': GPU('H100 SXM 80GB', 989e12, 81559 * MIB),         # nvidia-smi: 81559MiB
-    'H100-PCIe': GPU('H100 PCIe 80GB', 756e12, 81559 * MIB),
-    'H100-NVL': GPU('H100 NVL 94GB', 835e12, 95830 * MIB),     # nvidia-smi: 95830MiB
-    'A100': GPU('A100 SXM 80GB', 312e12, 81920 * MIB),         # nvidia-smi: 81920MiB
-    'A800': GPU('A800 80GB', 312e12, 81920 * MIB),
-    'MI300X': GPU('MI300X 192GB', 1307e12, 205_822_885_888),    # rocm-smi: VRAM Total Memory (B)
-    'B200': GPU('B200 180GB', 2250e12, 183359 * MIB),          # nvidia-smi: 183359MiB
+    'H200': Device('H200 SXM 141GB', 989e12, 143771 * MIB),       # nvidia-smi: 143771MiB
+    'H200-NVL': Device('H200 NVL 141GB', 835e12, 143771 * MIB),   # same 141 GB HBM3e stack as the SXM part
+    'H100': Device('H100 SXM 80GB', 989e12, 81559 * MIB),         # nvidia-smi: 81559MiB
+    'H100-PCIe': Device('H100 PCIe 80GB', 756e12, 81559 * MIB),
+    'H100-NVL': Device('H100 NVL 94GB', 835e12, 95830 * MIB),     # nvidia-smi: 95830MiB
+    'A100': Device('A100 SXM 80GB', 312e12, 81920 * MIB),         # nvidia-smi: 81920MiB
+    'A800': Device('A800 80GB', 312e12, 81920 * MIB),
+    'MI300X': Device('MI300X 192GB', 1307e12, 205_822_885_888, memory_source='rocm-smi total'),
+    'B200': Device('B200 180GB', 2250e12, 183359 * MIB),          # nvidia-smi: 183359MiB
 }
+MEASURED = ('auto', 'cpu')  # the `gpu` names that mean "measure the device at hand"
 
 
 def gpu_spec(name):
-    """The GPU table's entry for a config's `gpu` name, case-insensitive; ConfigError naming the known ones."""
+    """The GPU table's entry for a name, case-insensitive; ConfigError naming the known ones."""
     by_lower = {key.lower(): key for key in GPUS}
     if name.lower() in by_lower:
         return GPUS[by_lower[name.lower()]]
-    close = difflib.get_close_matches(name.lower(), list(by_lower), n=1, cutoff=0.5)
-    hint = f"did you mean '{by_lower[close[0]]}'? " if close else ''
-    raise ConfigError(f"unknown gpu '{name}': {hint}known: {', '.join(GPUS)} (add yours to GPUS in ledger.py)")
+    close = difflib.get_close_matches(name.lower(), list(by_lower) + list(MEASURED), n=1, cutoff=0.5)
+    hint = f"did you mean '{by_lower.get(close[0], close[0])}'? " if close else ''
+    raise ConfigError(f"unknown gpu '{name}': {hint}known: {', '.join(GPUS)}, or 'auto' / 'cpu' to measure this "
+                      f"machine (add yours to GPUS in ledger.py)")
+
+
+def device_spec(name, dtype='auto'):
+    """The Device a `gpu` key names: a table entry, or for 'auto' / 'cpu' the device at hand, measured in the
+    compute dtype that `dtype` ('auto', 'bfloat16', 'float32') gives on it."""
+    if name.lower() in MEASURED:
+        return measure_device(name.lower(), dtype)
+    return gpu_spec(name)
+
+
+def cache_path():
+    """The per-machine cache of GEMM probes: $XDG_CACHE_HOME/ledgergpt/devices.json (default ~/.cache)."""
+    root = os.environ.get('XDG_CACHE_HOME') or os.path.join(os.path.expanduser('~'), '.cache')
+    return os.path.join(root, 'ledgergpt', 'devices.json')
+
+
+def resident_bytes():
+    """This process's resident memory now (Linux /proc; elsewhere its peak so far, from getrusage)."""
+    try:
+        with open('/proc/self/statm') as f:
+            return int(f.read().split()[1]) * os.sysconf('SC_PAGE_SIZE')
+    except OSError:
+        import resource
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * (1 if sys.platform == 'darwin' else 1024)
+
+
+def machine_memory():
+    """-> (bytes of RAM this process may use, where the figure comes from): a cgroup limit when one is set
+    (containers, Slurm), else the machine's physical RAM."""
+    ram, source = os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES'), 'physical RAM (sysconf)'
+    for path in ('/sys/fs/cgroup/memory.max', '/sys/fs/cgroup/memory/memory.limit_in_bytes'):
+        try:
+            with open(path) as f:
+                limit = f.read().strip()
+        except OSError:
+            continue
+        if limit.isdigit() and int(limit) < ram:
+            ram, source = int(limit), f'cgroup limit ({path})'
+    return ram, source
+
+
+def cpu_name():
+    try:
+        with open('/proc/cpuinfo') as f:
+            for line in f:
+                if line.startswith('model name'):
+                    return line.split(':', 1)[1].strip()
+    except OSError:
+        pass
+    import platform
+    return platform.processor() or platform.machine()
+
+
+def measure_device(name='auto', dtype='auto', seconds=1.0):
+    """The device at hand as a Device. 'auto': the current CUDA GPU if there is one, else the CPU; 'cpu': the CPU.
+    A GPU in the table keeps its datasheet peak, with the memory torch sees; any other device gets a GEMM probe:
+    square matmuls (2048 on a CPU, 8192 on a GPU) repeated for `seconds`, the best FLOP/s kept, cached per machine,
+    dtype, thread count and torch version (cache_path). On the CPU the runtime overhead is measured too: this
+    process's resident memory once torch and its thread pools are up."""
+    import torch  # measuring the device needs it; nothing else in this file does
+    on_gpu = name == 'auto' and torch.cuda.is_available()
+    dtype = compute_dtype(dtype, 'cuda' if on_gpu else 'cpu')
+    if on_gpu:
+        index = torch.cuda.current_device()
+        label, props = torch.cuda.get_device_name(index), torch.cuda.get_device_properties(index)
+        known = [key for key in GPUS if key.lower().replace('-', ' ') in label.lower()]
+        memory = dict(memory_bytes=props.total_memory, memory_source='torch.cuda.get_device_properties')
+        if known:
+            key = max(known, key=len)  # 'H100 NVL' before 'H100'
+            return dataclasses.replace(GPUS[key], name=label, peak_source=f'vendor datasheet ({key}), dense BF16',
+                                       **memory)
+        device, threads = torch.device('cuda', index), 0
+    else:
+        label = f'CPU ({cpu_name()}, {torch.get_num_threads()} threads)'
+        device, threads = torch.device('cpu'), torch.get_num_threads()
+    key = f'{label} | {dtype} | {threads} threads | torch {torch.__version__}'
+    path = cache_path()
+    try:
+        with open(path) as f:
+            cache = json.load(f)
+    except (OSError, ValueError):
+        cache = {}
+    if key not in cache:
+        n = 8192 if on_gpu else 2048
+        a, b = (torch.randn(n, n, device=device, dtype=getattr(torch, dtype)) for _ in range(2))
+        out, best, start = torch.mm(a, b), 0.0, time.perf_counter()  # the first call warms up
+        while time.perf_counter() - start < seconds:
+            begin = time.perf_counter()
+            torch.mm(a, b, out=out)
+            if on_gpu:
+                torch.cuda.synchronize(device)
+            best = max(best, 2 * n**3 / (time.perf_counter() - begin))
+        del a, b, out  # before reading the runtime's own footprint
+        cache[key] = {'peak_flops': best, 'runtime_bytes': resident_bytes(), 'matmul': f'{n}x{n}x{n}',
+                      'measured': time.strftime('%Y-%m-%d %H:%M:%S')}
+        try:
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            save_json(path, cache)
+        except OSError:
+            pass  # a read-only home only costs the next run another second
+    probe = cache[key]
+    peak_source = f"measured: GEMM probe, {probe['matmul']} {dtype}, {probe['measured']} (cache: {path})"
+    if on_gpu:
+        return Device(label, probe['peak_flops'], kind='gpu', peak_source=peak_source, **memory)
+    ram, ram_source = machine_memory()
+    return Device(label, probe['peak_flops'], ram, kind='cpu', peak_source=peak_source, memory_source=ram_source,
+                  overhead_bytes=probe['runtime_bytes'],
+                  overhead_source='measured: resident memory of the runtime (torch, its libraries and thread pools)')
 
 
 # -----------------------------------------------------------------------------------------------------
@@ -286,15 +218,45 @@ def count_params(model):
     return counts
 
 
+def parameter_shapes(model):
+    """(name, shape) of every parameter tensor, in the order model.py registers them (= model.named_parameters();
+    a tied output projection is the embedding's own tensor, listed once). The exact sharding of Ledger 4 needs the
+    tensors, not just their sum: ZeRO-1 hands out whole tensors, FSDP2 splits each one's first dimension."""
+    H, V, T, F = model.n_embd, model.vocab_size, model.block_size, model.ffn_width
+    qkv_width = (model.n_head + 2 * model.kv_heads) * model.head_dim
+    gpt2, bias = model.arch == 'gpt2', model.arch == 'gpt2' and model.bias
+
+    def linear(name, fan_in, fan_out, with_bias):
+        return [(f'{name}.weight', (fan_out, fan_in))] + ([(f'{name}.bias', (fan_out,))] if with_bias else [])
+
+    def norm(name):
+        return [(f'{name}.weight', (H,))] + ([(f'{name}.bias', (H,))] if bias else [])
+
+    shapes = [('tok_emb.weight', (V, H))] + ([('pos_emb.weight', (T, H))] if gpt2 else [])
+    for i in range(model.n_layer):
+        block = f'blocks.{i}'
+        shapes += norm(f'{block}.attn_norm') + linear(f'{block}.attn.qkv_proj', H, qkv_width, bias) \
+            + linear(f'{block}.attn.o_proj', H, H, bias) + norm(f'{block}.mlp_norm')
+        if gpt2:
+            shapes += linear(f'{block}.mlp.up_proj', H, F, bias) + linear(f'{block}.mlp.down_proj', F, H, bias)
+        else:
+            shapes += linear(f'{block}.mlp.gate_up_proj', H, 2 * F, False) \
+                + linear(f'{block}.mlp.down_proj', F, H, False)
+    shapes += norm('norm_f') + ([] if model.tie_embeddings else [('lm_head.weight', (V, H))])
+    return shapes
+
+
 # -----------------------------------------------------------------------------------------------------
 # Ledger 2: compute. A matmul (n x m) @ (m x p) costs 2nmp FLOPs, so a weight used once per token costs 2 FLOPs
 # per parameter forward and 4 backward (gradients for the input and for the weight): the book's 6P per token,
 # 8P with activation recomputation (one extra forward). Two conventions, both reported:
 #   book:   6P (8P with recompute), every parameter as if it were a matmul weight; ignores attention
-#   matmul: 6 * N_matmul + 12 * L * H * T (PaLM, Chowdhery et al. 2022, appendix B; nanoGPT's estimate_mfu):
-#           the Linear weights (output projection included, input embedding lookup not) plus attention's
-#           QK^T and AV, 2 * 2 * T * H FLOPs per token per layer forward, x3 for forward+backward, counted
-#           non-causal (the masked half is counted as done, as PaLM does). MFU uses this one.
+#   matmul: 6 * N_matmul + 12 * L * H * T (PaLM, Chowdhery et al. 2022, appendix B): the Linear weights (output
+#           projection included, input embedding lookup not) plus attention's QK^T and AV, 2 * 2 * T * H FLOPs per
+#           token per layer forward, x3 for forward+backward, counted non-causal (the masked half is counted as
+#           done, as PaLM does). MFU uses this one.
+#   nanogpt: nanoGPT's estimate_mfu, 6N + 12LHT with N = every parameter but the position table: it also counts
+#           the norms, the biases and an untied input embedding as matmul weights (GPT-2 124M, tied: +0.085%).
 # Attention's share of the linear layers in the blocks is 12LHT / (6 * 12LH^2) = T/(6H) when the block holds
 # 12H^2 matmul parameters (GPT-2's 4H MLP, or SwiGLU at 8H/3): negligible while T << H.
 # hardware: what the GPU executes, matmul convention. Without recompute it is 'matmul'. With recompute
@@ -321,6 +283,7 @@ def flops_per_token(model, recompute=False, compiled_blocks=False):
         'book': (8 if recompute else 6) * params['total'],
         'matmul': matmul,                                          # model FLOPs: what MFU counts (PaLM)
         'matmul_causal': 6 * params['matmul'] + attention // 2,    # only the unmasked half of QK^T and AV
+        'nanogpt': 6 * (params['total'] - params['position']) + attention,
         'hardware': matmul_recompute if recompute else matmul,     # what the GPU executes
         'attention': attention,
         'attention_share': attention / (6 * params['blocks_matmul']),
@@ -340,14 +303,16 @@ def train_days(total_flops, n_gpu, peak_flops, mfu):
 
 
 # -----------------------------------------------------------------------------------------------------
-# Ledger 4a: model states (mixed precision + Adam; the book's eq. 6.11-6.15, from ZeRO, Rajbhandari et al. 2020).
+# Ledger 4a: model states, the book's accounting (mixed precision + Adam; ZeRO, Rajbhandari et al. 2020).
 # Per parameter: 16-bit weight 2 + 16-bit gradient 2 + fp32 master weight, momentum, variance 4 each = 16 bytes.
 # ZeRO shards them over the N data-parallel GPUs: ZeRO-1 the optimizer states (4P + 12P/N), ZeRO-2 also the
-# gradients (2P + 14P/N), ZeRO-3/FSDP also the weights (16P/N). PyTorch autocast keeps fp32 weights and fp32
-# gradients instead (4P + 4P + Adam's 8P): the same 16P unsharded; the ledger uses the book's split throughout.
+# gradients (2P + 14P/N), ZeRO-3/FSDP also the weights (16P/N). LLaMA-7B on 2 GPUs, ZeRO-3: 16P/2 = 50.2 GiB.
+
+BOOK_STATES = {'ddp': '16P', 'zero1': '4P + 12P/N', 'zero2': '2P + 14P/N', 'fsdp': '16P/N (ZeRO-3)'}
+
 
 def model_state_bytes(n_params, parallel='ddp', n_gpu=1):
-    """Bytes of weights, gradients and optimizer states per GPU, by strategy ('ddp', 'zero1', 'zero2', 'fsdp')."""
+    """The book's bytes of weights, gradients and optimizer states per GPU, by strategy (BOOK_STATES)."""
     shards = {'ddp': (1, 1, 1), 'zero1': (1, 1, n_gpu), 'zero2': (1, n_gpu, n_gpu), 'fsdp': (n_gpu, n_gpu, n_gpu)}
     if parallel not in shards:
         raise ConfigError(f"parallel must be one of {', '.join(shards)}, not '{parallel}'")
@@ -358,6 +323,71 @@ def model_state_bytes(n_params, parallel='ddp', n_gpu=1):
         'optimizer': 12 * n_params / optimizer_over,   # fp32 master weights, Adam momentum and variance
     }
     states['total'] = states['weights'] + states['grads'] + states['optimizer']
+    return states
+
+
+# -----------------------------------------------------------------------------------------------------
+# Ledger 4a': model states as train.py holds them, exact to the byte on each rank (test_memory.py counts every
+# tensor after the first optimizer step). PyTorch's mixed precision keeps fp32 weights and fp32 gradients, not the
+# book's 16-bit ones: autocast casts each weight to bf16 inside the forward (Ledger 4b counts those copies) and
+# the gradients land in the fp32 weights' dtype. So per parameter: fp32 weight 4 + fp32 gradient 4 + AdamW's
+# exp_avg and exp_avg_sq 4 + 4 = 16 bytes, plus AdamW's step count, a 4-byte tensor per parameter tensor.
+#   one process:  all of it, 16P.
+#   ddp:          the same; DDP's gradient buckets ARE the gradients (gradient_as_bucket_view=True), not a copy.
+#   zero1:        ZeroRedundancyOptimizer gives each rank whole tensors, largest first, to the rank with the
+#                 fewest elements so far (per param group: matrices, then vectors); a rank keeps AdamW states
+#                 for its tensors only: 8P/N give or take a tensor.
+#   zero2, fsdp:  FSDP2 splits every tensor's first dimension into N chunks of ceil(rows/N) rows (torch.chunk) and
+#                 pads the last ones: the sharded fp32 weights and the reduce-scattered gradients take the padded
+#                 chunk on every rank, AdamW's states the rank's real rows: 4P/N + 4P/N + 8P/N, give or take the
+#                 padding. While computing, FSDP2 also holds weights gathered whole in the compute dtype: zero2
+#                 all of them from forward to backward, fsdp the root's (embeddings, final norm, lm_head) and two
+#                 blocks (the one running and the next, prefetched), plus one block's unsharded gradients.
+
+def zero1_partition(model, n_gpu):
+    """ZeroRedundancyOptimizer's assignment of parameter tensors to ranks, as train.py builds it (two param groups:
+    matrices, then vectors): -> per rank, (elements, tensors)."""
+    shapes = [shape for _, shape in parameter_shapes(model)]
+    sizes, counts = [0] * n_gpu, [0] * n_gpu
+    for group in ([s for s in shapes if len(s) >= 2], [s for s in shapes if len(s) < 2]):
+        for shape in sorted(group, key=math.prod, reverse=True):  # stable: equal sizes keep their order
+            rank = sizes.index(min(sizes))
+            sizes[rank] += math.prod(shape)
+            counts[rank] += 1
+    return list(zip(sizes, counts))
+
+
+def fsdp_rows(rows, n_gpu, rank):
+    """-> (padded, real) rows of a tensor's first dimension on `rank` under FSDP2 (torch.chunk, padded)."""
+    chunk = -(-rows // n_gpu)
+    return chunk, max(0, min(chunk, rows - rank * chunk))
+
+
+def held_model_states(model, parallel, n_gpu, dtype='bfloat16', rank=0):
+    """Bytes of weights, gradients, AdamW states and FSDP2's gathered weights on `rank`, as train.py holds them;
+    dtype is the compute dtype ('bfloat16' or 'float32'). 'book' is the book's figure for the same strategy."""
+    shapes = [shape for _, shape in parameter_shapes(model)]
+    n_params, n_tensors = sum(map(math.prod, shapes)), len(shapes)
+    states = {'weights': 4 * n_params, 'grads': 4 * n_params, 'optimizer': 8 * n_params + 4 * n_tensors,
+              'gathered': 0}
+    if n_gpu > 1 and parallel == 'zero1':
+        elements, tensors = zero1_partition(model, n_gpu)[rank]
+        states['optimizer'] = 8 * elements + 4 * tensors
+    elif n_gpu > 1 and parallel in ('zero2', 'fsdp'):
+        padded = real = 0
+        for shape in shapes:
+            rows_padded, rows_real = fsdp_rows(shape[0], n_gpu, rank)
+            padded += rows_padded * math.prod(shape[1:])
+            real += rows_real * math.prod(shape[1:])
+        states.update(weights=4 * padded, grads=4 * padded, optimizer=8 * real + 4 * n_tensors)
+        compute_bytes = 2 if dtype == 'bfloat16' else 4
+        whole = {name: -(-shape[0] // n_gpu) * n_gpu * math.prod(shape[1:]) for name, shape in parameter_shapes(model)}
+        block = sum(v for k, v in whole.items() if k.startswith('blocks.0.'))
+        root = sum(v for k, v in whole.items() if not k.startswith('blocks.'))
+        gathered_blocks = model.n_layer if parallel == 'zero2' else min(2, model.n_layer)
+        states['gathered'] = compute_bytes * (root + gathered_blocks * block) + compute_bytes * block
+    states['total'] = states['weights'] + states['grads'] + states['optimizer'] + states['gathered']
+    states['book'] = model_state_bytes(n_params, parallel, n_gpu)['total']
     return states
 
 
@@ -427,14 +457,15 @@ def activation_bytes(model, micro_batch, recompute, dtype_bytes=2, attention='fl
 
 
 def logits_bytes(model, micro_batch, dtype_bytes=2):
-    """The logits and cross-entropy buffers at their peak (the start of the backward), micro_batch x T x V
-    elements each: lm_head's output (activation dtype; forward returns it, so the caller holds it), the fp32
-    log-softmax the loss saves (model.py takes the loss from fp32 logits), and in the backward the fp32 gradients
-    of the log-softmax and of the logits, alive together. 14 bytes per element under bf16, 16 in fp32. This is
-    the buffer that ran nanochat out of memory on an 80 GB H100: at its 32 x 2048 x 65536, one fp32 copy is 16 GiB."""
+    """The loss's buffers at their peak (the start of the backward), micro_batch x T x V elements each: the fp32
+    log-softmax the loss saves (model.py takes the loss from fp32 logits), and the fp32 gradients of the log-softmax
+    and of the logits, alive together: 12 bytes per element. lm_head's output itself (dtype_bytes per element) is
+    not held: in training the model returns the loss alone, so the logits and their fp32 copy die inside the
+    forward (a peak of dtype_bytes + 4 + 4 <= 12 there). Measured on the CPU: 11.9 bytes per element in fp32 and
+    12.1 under bf16 autocast; 15.9 and 14.2 when the caller keeps the logits. This is the buffer that ran nanochat
+    out of memory on an 80 GB H100: at its 32 x 2048 x 65536, one fp32 copy is 16 GiB."""
     elements = micro_batch * model.block_size * model.vocab_size
     parts = {
-        'logits': elements * dtype_bytes,
         'log_softmax': elements * 4,
         'grad_log_softmax': elements * 4,
         'grad_logits': elements * 4,
@@ -444,53 +475,54 @@ def logits_bytes(model, micro_batch, dtype_bytes=2):
 
 
 # -----------------------------------------------------------------------------------------------------
-# Ledger 4c: the total per GPU = model states + activations + logits + a fixed overhead, against the GPU's memory.
-# The overhead is an ESTIMATE, not a measurement: the book's PyTorch kernels (0.81 GB) and fragmentation
-# (0.5-1 GB), rounded up to 2 GiB for the CUDA context, cuBLAS/flash workspaces and torch.compile's buffers.
-# torch.cuda.max_memory_allocated sees everything but the overhead ('allocated'); nvidia-smi sees the 'total'.
+# Ledger 4d: the total per device = model states as held + activations + the loss's buffers + the runtime's own
+# memory, against the device's memory (a CPU's RAM is shared by the processes on it). On a GPU the runtime
+# overhead is an ESTIMATE, not a measurement: the book's PyTorch kernels (0.81 GB) and fragmentation (0.5-1 GB),
+# rounded up to 2 GiB for the CUDA context, cuBLAS/flash workspaces and torch.compile's buffers;
+# torch.cuda.max_memory_allocated sees everything but it ('allocated'), nvidia-smi sees the 'total'. On the CPU it
+# is measured: the resident memory of the process before the model is built, and the total is compared with the
+# process's peak resident memory (ru_maxrss).
 
-OVERHEAD_BYTES = 2 * GIB
-
-
-def activation_dtype_bytes(train):
-    """2 for bf16 autocast ('auto' plans for the GPU, where train.py autocasts to bf16), 4 for float32."""
-    return 4 if train.dtype == 'float32' else 2
-
-
-def memory_per_gpu(model, train, n_gpu=None, micro_batch=None):
-    """Bytes per GPU by part, the total, the GPU's memory, the headroom, and whether it fits."""
+def memory_per_gpu(model, train, n_gpu=None, micro_batch=None, device=None, rank=0):
+    """Bytes per device by part, the total, the device's memory, the headroom, and whether it fits."""
     n_gpu = n_gpu or train.n_gpu
     micro_batch = micro_batch or train.micro_batch
-    dtype_bytes = activation_dtype_bytes(train)
+    device = device or device_spec(train.gpu, train.dtype)
+    dtype = compute_dtype(train.dtype, 'cpu' if device.kind == 'cpu' else 'cuda')
+    dtype_bytes = 2 if dtype == 'bfloat16' else 4
     # the residual stream: fp32 under autocast; bf16 where FSDP2 casts the weights (train.py: zero2/fsdp, N > 1)
     residual_bytes = 2 if dtype_bytes == 2 and train.parallel in ('zero2', 'fsdp') and n_gpu > 1 else 4
-    states = model_state_bytes(count_params(model)['total'], train.parallel, n_gpu)
+    states = held_model_states(model, train.parallel, n_gpu, dtype, rank)
+    processes = device.shared_by or (n_gpu if device.kind == 'cpu' else 1)  # sharing one device's memory
     memory = {
         'weights': states['weights'], 'grads': states['grads'], 'optimizer': states['optimizer'],
-        'model_states': states['total'],
+        'gathered': states['gathered'], 'model_states': states['total'], 'book_model_states': states['book'],
         'activations': activation_bytes(model, micro_batch, train.recompute, dtype_bytes,
-                                        residual_bytes=residual_bytes)['total'],
+                                        residual_bytes=residual_bytes, fused_norm=device.kind != 'cpu')['total'],
         'logits': logits_bytes(model, micro_batch, dtype_bytes)['total'],
-        'overhead': OVERHEAD_BYTES,
+        'overhead': device.overhead_bytes,
     }
     memory['allocated'] = memory['model_states'] + memory['activations'] + memory['logits']
     memory['total'] = memory['allocated'] + memory['overhead']
-    memory['gpu_memory'] = gpu_spec(train.gpu).memory_bytes
+    memory['gpu_memory'] = device.memory_bytes // processes
     memory['headroom'] = memory['gpu_memory'] - memory['total']
     memory['fits'] = memory['headroom'] >= 0
     return memory
 
 
-def max_micro_batch(model, train, n_gpu=None):
-    """The largest micro-batch (sequences per GPU) whose total fits the GPU; 0 if not even one does."""
-    if not memory_per_gpu(model, train, n_gpu, 1)['fits']:
+def max_micro_batch(model, train, n_gpu=None, device=None):
+    """The largest micro-batch (sequences per device) whose total fits; 0 if not even one does."""
+    device = device or device_spec(train.gpu, train.dtype)
+    def fits(micro_batch):
+        return memory_per_gpu(model, train, n_gpu, micro_batch, device)['fits']
+    if not fits(1):
         return 0
     low, high = 1, 2
-    while memory_per_gpu(model, train, n_gpu, high)['fits']:  # memory grows with the micro-batch: bracket, bisect
+    while fits(high):  # memory grows with the micro-batch: bracket, then bisect
         low, high = high, high * 2
     while high - low > 1:
         middle = (low + high) // 2
-        low, high = (middle, high) if memory_per_gpu(model, train, n_gpu, middle)['fits'] else (low, middle)
+        low, high = (middle, high) if fits(middle) else (low, middle)
     return low
 
 
@@ -552,26 +584,28 @@ def data_ledger(n_params, vocab_size, train_tokens, dataset_tokens=0):
 # -----------------------------------------------------------------------------------------------------
 # The whole ledger for a config, as one JSON-able dict (train.py writes it to out_dir/ledger.json).
 
-def predict(model, train, n_gpu=None):
-    """Every sum of the ledger for (ModelConfig, TrainConfig) on n_gpu GPUs (default: train.n_gpu)."""
+def predict(model, train, n_gpu=None, device=None):
+    """Every sum of the ledger for (ModelConfig, TrainConfig) on n_gpu devices (default: train.n_gpu) of `device`
+    (default: the one the config's `gpu` names, measured for 'auto' / 'cpu')."""
     n_gpu = n_gpu or train.n_gpu
-    gpu = gpu_spec(train.gpu)
+    device = device or device_spec(train.gpu, train.dtype)
     params = count_params(model)
     compiled_blocks = train.compile and n_gpu > 1 and train.parallel in ('zero2', 'fsdp')  # train.py's build_model
     flops = flops_per_token(model, train.recompute, compiled_blocks)
     tokens = min(train.train_tokens, train.max_steps * train.batch_tokens) if train.max_steps else train.train_tokens
-    # train.mfu is the fraction of peak the GPUs spend on matmul FLOPs, recomputation included ('hardware': it sets
-    # tokens_per_s and days); MFU proper (PaLM, what train.py measures) counts only the model's FLOPs ('matmul'),
-    # so with recompute the predicted MFU is lower by matmul / hardware (LLaMA-7B: 1 / 1.33).
-    hardware_flops_per_s = n_gpu * gpu.peak_flops * train.mfu
+    # train.mfu is the fraction of peak the devices spend on matmul FLOPs, recomputation included ('hardware': it
+    # sets tokens_per_s and days); MFU proper (PaLM, what train.py measures) counts only the model's FLOPs
+    # ('matmul'), so with recompute the predicted MFU is lower by matmul / hardware (LLaMA-7B: 1 / 1.33).
+    hardware_flops_per_s = n_gpu * device.peak_flops * train.mfu
     tokens_per_s = hardware_flops_per_s / flops['hardware']
     days = tokens * flops['hardware'] / hardware_flops_per_s / SECONDS_PER_DAY
-    memory = memory_per_gpu(model, train, n_gpu)
+    memory = memory_per_gpu(model, train, n_gpu, device=device)
     return {
         'model': dataclasses.asdict(model),
         'train': dataclasses.asdict(train),
-        'gpu': dataclasses.asdict(gpu),
+        'gpu': dataclasses.asdict(device),
         'n_gpu': n_gpu,
+        'dtype': compute_dtype(train.dtype, 'cpu' if device.kind == 'cpu' else 'cuda'),
         'params': params,
         'flops_per_token': flops,
         'compiled_blocks': compiled_blocks,
@@ -586,19 +620,21 @@ def predict(model, train, n_gpu=None):
         'tokens_per_s': tokens_per_s,
         'step_seconds': train.batch_tokens / tokens_per_s,
         'days': days,
-        'days_book': train_days(tokens * flops['book'], n_gpu, gpu.peak_flops, train.mfu),
+        'days_book': train_days(tokens * flops['book'], n_gpu, device.peak_flops, train.mfu),
         'gpu_hours': days * 24 * n_gpu,
         'cost_usd': days * 24 * n_gpu * train.usd_per_gpu_hour,
         'memory': memory,
         'memory_per_gpu_bytes': memory['total'],
         'fits': memory['fits'],
-        'max_micro_batch': max_micro_batch(model, train, n_gpu),
+        'max_micro_batch': max_micro_batch(model, train, n_gpu, device),
         'data': data_ledger(params['total'], model.vocab_size, tokens, train.dataset_tokens),
     }
 
 
 # -----------------------------------------------------------------------------------------------------
-# The printed ledger: each number with its formula and source, in the book's order.
+# The printed ledger: sections of rows (label, value, where it comes from), each value formatted from the
+# prediction's numbers, in the book's order. format_report prints them all; SHORT_LEDGER picks the few that
+# train.py prints before step 1 (the whole ledger goes to out_dir/ledger.md).
 
 def _si(x):
     """1336502272 -> '1.34B'; 26e9 -> '26.0B'."""
@@ -624,244 +660,321 @@ def _gb(n_bytes):
     return f'{n_bytes / 1e12:,.2f} TB' if n_bytes >= 1e12 else f'{n_bytes / 1e9:,.1f} GB'
 
 
+def _rate(flops_per_s):
+    return f'{flops_per_s / 1e12:,.0f} TFLOP/s' if flops_per_s >= 1e12 else f'{flops_per_s / 1e9:,.0f} GFLOP/s'
+
+
+def _duration(days):
+    seconds = days * SECONDS_PER_DAY
+    for unit, length in (('days', SECONDS_PER_DAY), ('h', 3600), ('min', 60)):
+        if seconds >= length:
+            return f'{seconds / length:.3g} {unit}'
+    return f'{seconds:.3g} s'
+
+
+def report_header(p):
+    m, t = p['model'], p['train']
+    model = ModelConfig(**m)
+    attention = 'MHA' if model.kv_heads == model.n_head else f'GQA, {model.kv_heads} kv heads'
+    return [
+        f"ledger: {m['arch']}, {model.n_layer} layers, H={model.n_embd}, {model.n_head} heads ({attention}), "
+        f"H'={model.ffn_width}, V={model.vocab_size}, T={model.block_size}, "
+        f"{'tied' if model.tie_embeddings else 'untied'}{', biases' if m['arch'] == 'gpt2' and m['bias'] else ''}",
+        f"plan: {_si(p['tokens'])} tokens on {p['n_gpu']} x {p['gpu']['name']}, batch {t['batch_tokens']:,} tokens "
+        f"= {t['micro_batch']} x {model.block_size} x {p['n_gpu']} device(s) x {p['grad_accum']:.4g} accumulation, "
+        f"{p['steps']:,} steps",
+    ]
+
+
+def report_sections(p):
+    """-> [(title, [(label, value, note), ...]), ...] for a prediction."""
+    m, t, params, flops, memory, data, device = (p['model'], p['train'], p['params'], p['flops_per_token'],
+                                                 p['memory'], p['data'], p['gpu'])
+    model = ModelConfig(**m)
+    tied, gpt2, bias, recompute = m['tie_embeddings'], m['arch'] == 'gpt2', m['arch'] == 'gpt2' and m['bias'], \
+        t['recompute']
+    book_p = '8P' if recompute else '6P'
+    sharded = p['n_gpu'] > 1 and t['parallel'] in ('zero2', 'fsdp')
+    bf16 = p['dtype'] == 'bfloat16'
+    parameters = [
+        ('token embedding', f"{params['embedding']:,}", 'V*H'),
+        ('position embedding', f"{params['position']:,}", 'T*H (learned, gpt2)') if gpt2 else None,
+        ('attention', f"{params['attention']:,}", 'L*(2H^2 + 2H*kv_width' + (' + biases)' if bias else ')')
+         + ': q, o and GQA-sized k, v'),
+        (f"ffn ({'GELU MLP' if gpt2 else 'SwiGLU'})", f"{params['ffn']:,}",
+         "L*(2HH'" + (' + biases)' if bias else ')') if gpt2 else "L*3HH'"),
+        (f"norms ({'LayerNorm' if gpt2 else 'RMSNorm'})", f"{params['norms']:,}",
+         '(2L + 1)*H' + (' * 2 (weight, bias)' if bias else '')),
+        ('output projection', f"{params['output']:,}", 'tied: shares the embedding' if tied else 'V*H'),
+        ('per layer', f"{params['per_layer']:,}", "4H^2 + 2HH' + 2H (+ 7H + H' biases)" if gpt2
+         else "4H^2 + 3HH' + 2H when MHA (the book)"),
+        ('total P', f"{params['total']:,}", _si(params['total'])),
+        ('in matmuls N_matmul', f"{params['matmul']:,}",
+         f"{params['matmul'] / params['total']:.1%} of P: Linear weights incl. the output projection"),
+    ]
+    nanogpt_extra = flops['nanogpt'] / flops['matmul'] - 1
+    rerun = '2N_blocks' if p['compiled_blocks'] else "2(N_blocks-LHH')"
+    compute = [
+        (f"book: {book_p}" + (' (recompute)' if recompute else ''), _sci(flops['book']),
+         "the book's ledger 2: forward 2P + backward 4P" + (' + one recomputed forward 2P' if recompute else '')),
+        ('matmul: 6N_matmul + 12LHT', _sci(flops['matmul']),
+         'PaLM (Chowdhery et al. 2022, app. B), non-causal attention, no embedding lookup; MFU uses this'),
+        ("nanoGPT's estimate_mfu: 6N + 12LHT", _sci(flops['nanogpt']),
+         f"N = all but the position table: norms, biases{'' if tied else ', input embedding'} as matmuls: "
+         f"{nanogpt_extra:+.3%}"),
+        ('matmul, causal: 6N_matmul + 6LHT', _sci(flops['matmul_causal']), 'only the unmasked half of attention'),
+        (f"executed: +{rerun}+4LHT",
+         _sci(flops['hardware']), 'matmul + the blocks rerun in backward: ' + (
+             'whole (each block compiled on its own)' if p['compiled_blocks']
+             else "all but down_proj (H'H), never lm_head")) if recompute else None,
+        ('attention share of block matmuls', f"{flops['attention_share']:.1%}",
+         f"12LHT / 6N_blocks; the book's T/(6H) = {flops['attention_share_approx']:.1%}"),
+        (f"executed for {_si(p['tokens'])} tokens", _sci(p['total_flops']),
+         f"book {book_p}D: {_sci(p['book_flops'])}"),
+    ]
+    time_and_money = [
+        ('device', f"{p['n_gpu']} x {device['name'].split(' (')[0].split()[0]}",
+         f"{device['name']}: peak {_rate(device['peak_flops'])} each ({device['peak_source']})"),
+        ('assumed utilisation', f"{p['mfu_assumed']:.0%}", 'of peak (the planning note: 40% for a tuned Llama with '
+         'flash attention and torch.compile; real runs 30-70%)'),
+        ('throughput', f"{p['tokens_per_s']:,.0f} tok/s", f"n_gpu * peak * MFU / executed FLOPs per token; "
+         f"{p['step_seconds']:.3g} s per step"),
+        ('time for this run', _duration(p['days']), 'executed FLOPs: the matmul count (with attention)'
+         + (' + the recomputed forward' if recompute else '')),
+        ('days', _days(p['days']), 'time / 86400 s'),
+        (f"days, book {book_p}D", _days(p['days_book']), "FLOPs by the book's convention (the planning note's table)"),
+        ('GPU-hours', f"{p['gpu_hours']:,.0f}", 'days x 24 x n_gpu'),
+        ('cost', f"${p['cost_usd']:,.0f}", f"at ${t['usd_per_gpu_hour']}/GPU-hour (book {book_p}D: "
+         f"${p['cost_usd'] * p['days_book'] / p['days']:,.0f}; the planning note: $3-4 per H200-hour)"),
+        ('predicted MFU (PaLM)', f"{p['mfu']:.1%}", 'assumed x matmul / executed: recomputation is work MFU does '
+         'not count') if recompute else None,
+    ]
+    per = '/N' if sharded else ''
+    processes = device['shared_by'] or (p['n_gpu'] if device['kind'] == 'cpu' else 1)
+    states = [
+        ('fp32 weights', _gib(memory['weights']), f"4P{per}" + (', chunks padded to equal rows (FSDP2)' if sharded
+                                                                 else ': master weights, updated by AdamW')),
+        ('fp32 gradients', _gib(memory['grads']), '4P' + (
+            '/N, reduce-scattered (FSDP2)' if sharded else ": DDP's buckets, the .grad tensors are views of them"
+            if p['n_gpu'] > 1 else '')),
+        ('AdamW exp_avg, exp_avg_sq', _gib(memory['optimizer']), '8P' + (
+            "/N, each rank's rows" if sharded else '/N, whole tensors per rank (ZeRO-1)'
+            if p['n_gpu'] > 1 and t['parallel'] == 'zero1' else '') + ' + a 4-byte step count per tensor'),
+        (f"gathered {'bf16' if bf16 else 'fp32'} weights", _gib(memory['gathered']),
+         'all blocks, forward to backward (zero2)' if t['parallel'] == 'zero2' else
+         'embeddings, lm_head and 2 blocks at a time (fsdp), + one block of gradients') if sharded else None,
+        ('model states', _gib(memory['model_states']), f"the book's accounting, {BOOK_STATES[t['parallel']]} with "
+         f"16-bit weights and grads: {_gib(memory['book_model_states'])}"),
+        ('activations', _gib(memory['activations']), 'what autograd saves for backward (block inputs only with '
+         'recompute)' if recompute else 'what autograd saves for backward, eager mode'),
+        ('logits and cross-entropy', _gib(memory['logits']), 'B*T*V x 12 bytes: fp32 log-softmax, its gradient, '
+         "the logits' gradient"),
+        ('runtime overhead', _gib(memory['overhead']), device['overhead_source']),
+        ('total', _gib(memory['total']), f"of {_gib(memory['gpu_memory'])} ({device['memory_source']}"
+         + (f', shared by {processes} processes' if processes > 1 else '')
+         + f"): {'fits' if memory['fits'] else 'DOES NOT FIT'}, headroom {_gib(memory['headroom'])}"),
+        ('largest micro-batch that fits', f"{p['max_micro_batch']}", f"sequences of {model.block_size} tokens per "
+         'device' + ('' if memory['fits'] else f": try --micro_batch={p['max_micro_batch']}" if p['max_micro_batch']
+                     else ': not even one; try --recompute=1, or --parallel=fsdp over more GPUs')),
+    ]
+    stored = 'dataset' if data['dataset_tokens'] else 'training tokens'
+    tokens = [
+        ('Chinchilla-optimal tokens', _si(data['chinchilla_tokens']), '20 x P (Hoffmann et al. 2022)'),
+        ('this plan', f"{data['tokens_per_param']:.3g} tok/param",
+         f"{data['chinchilla_multiple']:.2g} x Chinchilla; {_si(data['train_tokens'])} tokens are optimal for "
+         f"{_si(data['chinchilla_params_for_tokens'])} params"),
+        ('dataset', _si(data['dataset_tokens']) + ' tokens',
+         f"{'enough' if data['enough_data'] else 'NOT enough'}: {data['epochs']:.3g} epochs")
+        if data['dataset_tokens'] else None,
+        ('token shards', _gb(data['shard_bytes']), f"{data['token_bytes']} bytes/token "
+         f"({'uint16: vocab <= 65,536' if data['token_bytes'] == 2 else 'uint32: vocab > 65,536'}), the {stored}"),
+        ('source parquet', _gb(data['parquet_bytes_high']), f"~3-4 bytes/token compressed (FineWeb-Edu): "
+         f"{_gb(data['parquet_bytes_low'])} to {_gb(data['parquet_bytes_high'])}"),
+        ('checkpoint', _gb(data['checkpoint_bytes']), '12P: fp32 weights + Adam m, v; bf16 export 2P = '
+         + _gb(data['export_bytes'])),
+    ]
+    loss = [(label, f"{data['expected_loss'][fit]:.3f} nats", ', '.join(f'{k} {v}' for k, v in
+                                                                           CHINCHILLA_FITS[fit].items()))
+            for fit, label in (('hoffmann2022', 'Hoffmann et al. 2022'), ('epoch2024', 'Epoch AI 2024 replication'))]
+    mode = f"{t['parallel']}, N={p['n_gpu']}" if p['n_gpu'] > 1 else 'one process'
+    sections = [
+        ("Ledger 1: parameters (exact, the way model.py builds them: = sum(p.numel()))", parameters),
+        ('Ledger 2: compute per token, forward + backward (a matmul (n x m)(m x p) is 2nmp FLOPs)', compute),
+        ('Ledger 3: time and money (days = FLOPs / (n_gpu * peak * MFU) / 86400)', time_and_money),
+        (f"Ledger 4: memory per {'process' if device['kind'] == 'cpu' else 'GPU'} ({mode}, as train.py holds it; "
+         f"micro-batch {t['micro_batch']} x {model.block_size}, {'bf16' if bf16 else 'fp32'} compute, "
+         f"{'full recomputation' if recompute else 'no recomputation'}, flash attention)", states),
+        ('Data and tokens (the planning note)', tokens),
+        ('Expected loss L = E + A/N^alpha + B/D^beta: THEIR fits on their data (MassiveText) and tokenizer, '
+         'not ours', loss),
+    ]
+    return [(title, [row for row in rows if row]) for title, rows in sections]
+
+
 def _row(label, value, note=''):
     return f'  {label:<34} {value:>18}   {note}'.rstrip()
 
 
 def format_report(prediction):
-    """The ledger as text: parameters, compute, time and money, memory, data, expected loss."""
-    p = prediction
-    m, t, params, flops, memory, data = p['model'], p['train'], p['params'], p['flops_per_token'], p['memory'], p['data']
-    model = ModelConfig(**m)  # for the derived widths
-    H, L, V, T, F = model.n_embd, model.n_layer, model.vocab_size, model.block_size, model.ffn_width
-    kv_heads = model.kv_heads
-    attention_kind = 'MHA' if kv_heads == m['n_head'] else f'GQA, {kv_heads} kv heads'
-    lines = [
-        f"ledger: {m['arch']}, {L} layers, H={H}, {m['n_head']} heads ({attention_kind}), H'={F}, V={V}, T={T}, "
-        f"{'tied' if m['tie_embeddings'] else 'untied'}{', biases' if m['arch'] == 'gpt2' and m['bias'] else ''}",
-        f"plan: {_si(p['tokens'])} tokens on {p['n_gpu']} x {p['gpu']['name']}, batch {t['batch_tokens']:,} tokens "
-        f"= {t['micro_batch']} x {T} x {p['n_gpu']} GPU x {p['grad_accum']:.4g} accumulation, {p['steps']:,} steps",
-        '',
-        "Ledger 1: parameters (exact, the way model.py builds them: = sum(p.numel()))",
-        _row('token embedding', f"{params['embedding']:,}", 'V*H'),
-    ]
-    if params['position']:
-        lines.append(_row('position embedding', f"{params['position']:,}", 'T*H (learned, gpt2)'))
-    if m['arch'] == 'llama':
-        lines += [_row('attention', f"{params['attention']:,}", 'L*(2H^2 + 2H*kv_width): q, o and GQA-sized k, v'),
-                  _row('ffn (SwiGLU)', f"{params['ffn']:,}", "L*3HH'"),
-                  _row('norms (RMSNorm)', f"{params['norms']:,}", '(2L + 1)*H')]
-    else:
-        bias = ' + biases' if m['bias'] else ''
-        lines += [_row('attention', f"{params['attention']:,}", f'L*(2H^2 + 2H*kv_width{bias})'),
-                  _row('ffn (GELU MLP)', f"{params['ffn']:,}", f"L*(2HH'{bias})"),
-                  _row('norms (LayerNorm)', f"{params['norms']:,}", f"(2L + 1)*H{' * 2 (weight, bias)' if m['bias'] else ''}")]
-    lines += [
-        _row('output projection', f"{params['output']:,}", 'tied: shares the embedding' if m['tie_embeddings'] else 'V*H'),
-        _row('per layer', f"{params['per_layer']:,}", "4H^2 + 3HH' + 2H when MHA (the book)"
-             if m['arch'] == 'llama' else "4H^2 + 2HH' + 2H (+ 7H + H' biases)"),
-        _row('total P', f"{params['total']:,}", f"{_si(params['total'])}"),
-        _row('in matmuls N_matmul', f"{params['matmul']:,}",
-             f"{params['matmul'] / params['total']:.1%} of P: Linear weights incl. the output projection"),
-        '',
-        'Ledger 2: compute per token, forward + backward (a matmul (n x m)(m x p) is 2nmp FLOPs)',
-        _row(f"book: {'8P (recompute)' if t['recompute'] else '6P'}", _sci(flops['book']),
-             'BOOK ledger 2: forward 2P + backward 4P' + (' + one recomputed forward 2P' if t['recompute'] else '')),
-        _row('matmul: 6N_matmul + 12LHT', _sci(flops['matmul']),
-             'PaLM/nanoGPT, non-causal attention, embedding lookup not counted; MFU uses this'),
-        _row('matmul, causal: 6N_matmul + 6LHT', _sci(flops['matmul_causal']), 'only the unmasked half of attention'),
-    ]
-    if t['recompute']:
-        rerun = "2N_blocks" if p['compiled_blocks'] else "2(N_blocks-LHH')"
-        lines.append(_row(f"executed: +{rerun}+4LHT", _sci(flops['hardware']), 'matmul + the blocks rerun in '
-                          'backward: ' + ('whole (each block compiled on its own)' if p['compiled_blocks']
-                                          else "all but down_proj (H'H), never lm_head")))
-    book_p = '8P' if t['recompute'] else '6P'
-    lines += [
-        _row('attention share of block matmuls', f"{flops['attention_share']:.1%}",
-             f"12LHT / 6N_blocks; the book's T/(6H) = {flops['attention_share_approx']:.1%}"),
-        _row(f"executed for {_si(p['tokens'])} tokens", _sci(p['total_flops']),
-             f"book {'8' if t['recompute'] else '6'}PD: {_sci(p['book_flops'])}"),
-        '',
-        f"Ledger 3: time and money (days = FLOPs / (n_gpu * peak * MFU) / 86400)",
-        _row('GPU', f"{p['n_gpu']} x {p['gpu']['name'].split()[0]}",
-             f"dense BF16 peak {p['gpu']['peak_flops'] / 1e12:,.0f} TFLOP/s each (vendor datasheet)"),
-        _row('assumed utilisation', f"{p['mfu_assumed']:.0%}", 'of peak (seed 000: 40% for a tuned Llama with '
-             'flash attention and torch.compile; real runs 30-70%)'),
-        _row('throughput', f"{p['tokens_per_s']:,.0f} tok/s", f"n_gpu * peak * MFU / executed FLOPs per token; "
-             f"{p['step_seconds']:.3g} s per step"),
-        _row('days', _days(p['days']), 'executed FLOPs: the matmul count (with attention)'
-             + (' + the recomputed forward' if t['recompute'] else '')),
-        _row(f"days, book {book_p}D", _days(p['days_book']), "FLOPs by the book's convention (the seed's table)"),
-        _row('GPU-hours', f"{p['gpu_hours']:,.0f}", 'days x 24 x n_gpu'),
-        _row('cost', f"${p['cost_usd']:,.0f}", f"at ${t['usd_per_gpu_hour']}/GPU-hour (book {book_p}D: "
-             f"${p['cost_usd'] * p['days_book'] / p['days']:,.0f}; seed 000: $3-4 per H200-hour)"),
-    ]
-    if t['recompute']:
-        lines.append(_row('predicted MFU (PaLM)', f"{p['mfu']:.1%}", 'assumed x matmul / executed: recomputation '
-                          'is work MFU does not count'))
-    states = {'ddp': '16P', 'zero1': '4P + 12P/N', 'zero2': '2P + 14P/N', 'fsdp': '16P/N (ZeRO-3)'}[t['parallel']]
-    dtype = 'fp32' if t['dtype'] == 'float32' else 'bf16'
-    fits = 'fits' if p['fits'] else 'DOES NOT FIT'
-    lines += [
-        '',
-        f"Ledger 4: memory per GPU ({t['parallel']}, N={p['n_gpu']}: {states}; micro-batch {t['micro_batch']} x {T}, "
-        f"{dtype} activations, {'full recomputation' if t['recompute'] else 'no recomputation'}, flash attention)",
-        _row('weights', _gib(memory['weights']), f"16-bit, 2P{'/N' if t['parallel'] == 'fsdp' else ''}"),
-        _row('gradients', _gib(memory['grads']), f"16-bit, 2P{'/N' if t['parallel'] in ('zero2', 'fsdp') else ''}"),
-        _row('optimizer states', _gib(memory['optimizer']),
-             f"fp32 master weights + Adam m, v: 12P{'' if t['parallel'] == 'ddp' else '/N'}"),
-        _row('activations', _gib(memory['activations']), 'estimate of what autograd saves (block inputs only with '
-             'recompute)' if t['recompute'] else 'estimate of what autograd saves for backward'),
-        _row('logits and cross-entropy', _gib(memory['logits']), 'B*T*V x (bf16 logits + fp32 log-softmax '
-             '+ 2 fp32 grads)' if dtype == 'bf16' else 'B*T*V x 4 bytes x 4'),
-        _row('fixed overhead', _gib(memory['overhead']), 'ESTIMATE: CUDA context, kernels 0.81 GB and fragmentation '
-             '0.5-1 GB (book)'),
-        _row('total', _gib(memory['total']), f"of {_gib(memory['gpu_memory'])}: {fits}, headroom "
-             f"{_gib(memory['headroom'])}"),
-        _row('largest micro-batch that fits', f"{p['max_micro_batch']}", f"sequences of {T} tokens per GPU" + (
-            '' if p['fits'] else f": try --micro_batch={p['max_micro_batch']}" if p['max_micro_batch'] else
-            ': not even one; try --recompute=1, or --parallel=fsdp over more GPUs')),
-        '',
-        'Data and tokens (seed 000)',
-        _row('Chinchilla-optimal tokens', _si(data['chinchilla_tokens']), '20 x P (Hoffmann et al. 2022)'),
-        _row('this plan', f"{data['tokens_per_param']:.3g} tok/param",
-             f"{data['chinchilla_multiple']:.2g} x Chinchilla; {_si(data['train_tokens'])} tokens are optimal for "
-             f"{_si(data['chinchilla_params_for_tokens'])} params"),
-    ]
-    if data['dataset_tokens']:
-        lines.append(_row('dataset', _si(data['dataset_tokens']) + ' tokens',
-                          f"{'enough' if data['enough_data'] else 'NOT enough'}: {data['epochs']:.3g} epochs"))
-    stored = 'dataset' if data['dataset_tokens'] else 'training tokens'
-    lines += [
-        _row('token shards', _gb(data['shard_bytes']), f"{data['token_bytes']} bytes/token "
-             f"({'uint16: vocab <= 65,536' if data['token_bytes'] == 2 else 'uint32: vocab > 65,536'}), the {stored}"),
-        _row('source parquet', f"{_gb(data['parquet_bytes_high'])}", f"~3-4 bytes/token compressed (FineWeb-Edu): "
-             f"{_gb(data['parquet_bytes_low'])} to {_gb(data['parquet_bytes_high'])}"),
-        _row('checkpoint', _gb(data['checkpoint_bytes']), '12P: fp32 weights + Adam m, v; bf16 export 2P = '
-             + _gb(data['export_bytes'])),
-        '',
-        'Expected loss L = E + A/N^alpha + B/D^beta: THEIR fits on their data (MassiveText) and tokenizer, not ours',
-    ]
-    for fit, label in (('hoffmann2022', 'Hoffmann et al. 2022'), ('epoch2024', 'Epoch AI 2024 replication')):
-        c = CHINCHILLA_FITS[fit]
-        lines.append(_row(label, f"{data['expected_loss'][fit]:.3f} nats",
-                          f"E {c['E']}, A {c['A']}, B {c['B']}, alpha {c['alpha']}, beta {c['beta']}"))
+    """The whole ledger as text: parameters, compute, time and money, memory, data, expected loss."""
+    lines = report_header(prediction)
+    for title, rows in report_sections(prediction):
+        lines += ['', title] + [_row(*row) for row in rows]
     return '\n'.join(lines)
 
 
-def format_comparison(prediction, measured):
-    """A markdown table of predicted vs measured. measured may hold any of 'params', 'tokens_per_s' (all GPUs),
-    'mfu', 'peak_memory_bytes' (max_memory_allocated), 'peak_reserved_bytes' (max_memory_reserved), 'days';
-    missing ones (or None) print as '-'. measured['device'] and ['device_type'] ('cuda', 'cpu'), when given,
-    say where the run was measured."""
-    p = prediction
-    heading = [f"Predicted for {p['n_gpu']} x {p['gpu']['name']} at an assumed {p['mfu_assumed']:.0%} MFU "
-               f"(ledger.py); measured on {measured.get('device', 'an unnamed device')}.", '']
-    if measured.get('device_type') == 'cpu':
-        heading[1:1] = ['On the CPU the GPU prediction is a reference, not a forecast: throughput and days compare '
-                        'that GPU with this CPU, memory is the process\'s peak RSS, and MFU is not measured.']
-    rows = [  # (what, key, predicted, format)
-        ('parameters', 'params', p['params']['total'], lambda x: f'{x:,.0f}'),
-        ('throughput, tokens/s (all GPUs)', 'tokens_per_s', p['tokens_per_s'], lambda x: f'{x:,.0f}'),
-        ('MFU (6N_matmul + 12LHT per token)', 'mfu', p['mfu'], lambda x: f'{x:.1%}'),
-        ('peak memory allocated per GPU', 'peak_memory_bytes', p['memory']['allocated'], _gib),
-        ('peak memory reserved per GPU (+ overhead)', 'peak_reserved_bytes', p['memory']['total'], _gib),
-        (f"days for {_si(p['tokens'])} tokens", 'days', p['days'], lambda x: f'{x:.3g}'),
+# -----------------------------------------------------------------------------------------------------
+# Predicted against measured: one flat dict (train.py writes it to out_dir/summary.json at each eval and at the
+# end) and the markdown table report.md renders from it. Throughput is the run's mean after the warm-up interval;
+# memory is the CUDA allocator's peak (max_memory_allocated, beside the ledger's 'allocated') or on the CPU the
+# process's peak resident memory (ru_maxrss, beside the ledger's total, which includes the measured runtime).
+
+def summarize(prediction, measured):
+    """measured: device, torch, params, and whichever of tokens_per_s, mfu, peak_memory_bytes, peak_reserved_bytes,
+    days, val_loss, step, tokens_seen the run has so far (None or missing: not yet)."""
+    p, memory = prediction, prediction['memory']
+    on_cpu = p['gpu']['kind'] == 'cpu'
+    return {
+        'device': measured.get('device'),
+        'torch': measured.get('torch'),
+        'predicted_for': f"{p['n_gpu']} x {p['gpu']['name']}",
+        'peak_source': p['gpu']['peak_source'],
+        'step': measured.get('step'),
+        'tokens_seen': measured.get('tokens_seen'),
+        'params_predicted': p['params']['total'],
+        'params_built': measured.get('params'),
+        'tokens_per_s_predicted': p['tokens_per_s'],
+        'tokens_per_s_measured': measured.get('tokens_per_s'),
+        'mfu_assumed': p['mfu_assumed'],
+        'mfu_predicted': p['mfu'],
+        'mfu_measured': measured.get('mfu'),
+        'memory_kind': 'peak resident memory (ru_maxrss)' if on_cpu else 'peak allocated (max_memory_allocated)',
+        'memory_predicted_bytes': memory['total'] if on_cpu else memory['allocated'],
+        'memory_measured_bytes': measured.get('peak_memory_bytes'),
+        'reserved_predicted_bytes': None if on_cpu else memory['total'],
+        'reserved_measured_bytes': None if on_cpu else measured.get('peak_reserved_bytes'),
+        'days_predicted': p['days'],
+        'days_projected': measured.get('days'),
+        'val_loss': measured.get('val_loss'),
+    }
+
+
+def format_comparison(summary):
+    """report.md's table, rendered from a summary (summarize): quantity | predicted | measured | ratio."""
+    s = summary
+    rows = [  # (what, predicted, measured, format)
+        ('parameters', s['params_predicted'], s['params_built'], lambda x: f'{x:,.0f}'),
+        ('throughput, tokens/s (all devices)', s['tokens_per_s_predicted'], s['tokens_per_s_measured'],
+         lambda x: f'{x:,.0f}'),
+        ('MFU (6N_matmul + 12LHT per token)', s['mfu_predicted'], s['mfu_measured'], lambda x: f'{x:.1%}'),
+        (f"memory per device: {s['memory_kind']}", s['memory_predicted_bytes'], s['memory_measured_bytes'], _gib),
+        ('memory per device: peak reserved (+ overhead)', s['reserved_predicted_bytes'],
+         s['reserved_measured_bytes'], _gib) if s['reserved_predicted_bytes'] is not None else None,
+        ('days for the planned tokens', s['days_predicted'], s['days_projected'], lambda x: f'{x:.3g}'),
     ]
-    lines = heading + ['| quantity | predicted | measured | measured / predicted |', '| --- | ---: | ---: | ---: |']
-    for what, key, predicted, fmt in rows:
-        value = measured.get(key)
-        if value is None:
-            lines.append(f'| {what} | {fmt(predicted)} | - | - |')
-        else:
-            ratio = f'{value / predicted:.3f}' if predicted else '-'
-            lines.append(f'| {what} | {fmt(predicted)} | {fmt(value)} | {ratio} |')
+    lines = [f"Predicted by ledger.py for {s['predicted_for']} (peak: {s['peak_source']}) at an assumed "
+             f"{s['mfu_assumed']:.0%} MFU; measured on {s['device'] or 'an unnamed device'}"
+             + (f", torch {s['torch']}" if s['torch'] else '') + (f", step {s['step']:,}" if s['step'] else '') + '.',
+             '', '| quantity | predicted | measured | measured / predicted |', '| --- | ---: | ---: | ---: |']
+    for what, predicted, value, fmt in filter(None, rows):
+        ratio = f'{value / predicted:.3f}' if value is not None and predicted else '-'
+        lines.append(f"| {what} | {fmt(predicted)} | {'-' if value is None else fmt(value)} | {ratio} |")
+    if s['val_loss'] is not None:
+        lines += ['', f"val loss {s['val_loss']:.4f}"]
     return '\n'.join(lines)
 
 
 # -----------------------------------------------------------------------------------------------------
 # The book's worked examples (BOOK.md), recomputed: the book's figure beside the ledger's, compared at the
-# book's precision (the format spec). test_ledger.py checks every one.
+# book's precision (a format spec; '>' for a bound). test_ledger.py checks every one; `ledger.py --book` prints them.
 
 LLAMA_7B = ModelConfig(arch='llama', n_layer=32, n_head=32, n_embd=4096, ffn_hidden=11008, vocab_size=32000,
                        block_size=2048)
+BOOK = 'the book (BOOK.md)'
+NOTE = 'the planning note (BOOK.md)'
 
 
 def book_examples():
     """A list of dicts: section, what, formula, book (as written), book_value, value (the ledger's), precision
-    (the format spec the two agree at), matches."""
+    (the format spec the two agree at), source, shown, matches."""
     h200, a800 = GPUS['H200'], GPUS['A800']
     p7b = count_params(LLAMA_7B)
-    def seed_days(params, tokens):  # seed 000: 6ND on one H200 at MFU 0.40
+    def seed_days(params, tokens):  # the planning note: 6ND on one H200 at MFU 0.40
         return train_days(6 * params * tokens, 1, h200.peak_flops, 0.40)
     flops_65b = 8 * 1.4e12 * 6.5e10
-    seconds_65b = flops_65b / (2048 * 2e14)
     memory_7b = model_state_bytes(p7b['total'], 'fsdp', 2)['total'] / GIB
     total_7b = memory_7b + 6.20 + 3.91 + 6  # the book's activations, softmax intermediates, other: taken as given
-    examples = [
+    cost_low, cost_high = (seed_days(1.3e9, 26e9) * 24 * usd for usd in (3, 4))
+    rows = [  # section, what, formula, book's figure as written, its value, the ledger's value, precision, source
         ('Ledger 1', 'LLaMA-7B parameters', "2VH + H + L(4H^2 + 3HH' + 2H), V 32000, L 32, H 4096, H' 11008",
-         '6,738,415,616', 6738415616, p7b['total'], ',d'),
+         '6,738,415,616', 6738415616, p7b['total'], ',d', BOOK + '; LLaMA, Touvron et al. 2023'),
         ('Ledger 1', 'LLaMA-7B: share of params in linear layers', 'N_matmul / P (book: > 95%)',
-         '> 95%', 0.95, p7b['matmul'] / p7b['total'], '>'),
-        ('Ledger 2', 'LLaMA-7B on 1B tokens', '6 x P x C', '4.04e19', 4.04e19, 6 * p7b['total'] * 1e9, '.3g'),
+         '> 95%', 0.95, p7b['matmul'] / p7b['total'], '>', BOOK),
+        ('Ledger 2', 'LLaMA-7B on 1B tokens', '6 x P x C', '4.04e19', 4.04e19, 6 * p7b['total'] * 1e9, '.3g', BOOK),
         ('Ledger 3', 'LLaMA-65B training FLOPs', '8CP, C 1.4e12, P 6.5e10 (recompute)', '7.28e23', 7.28e23,
-         flops_65b, '.3g'),
-        ('Ledger 3', 'LLaMA-65B seconds', '8CP / (2048 x 2e14 effective)', '1.78e6', 1.78e6, seconds_65b, '.3g'),
+         flops_65b, '.3g', BOOK),
+        ('Ledger 3', 'LLaMA-65B seconds', '8CP / (2048 x 2e14 effective)', '1.78e6', 1.78e6,
+         flops_65b / (2048 * 2e14), '.3g', BOOK),
         ('Ledger 3', 'LLaMA-65B days (paper: 21)', 'seconds / 86400', '20.6', 20.6,
-         train_days(flops_65b, 2048, GPUS['A100'].peak_flops, 2e14 / GPUS['A100'].peak_flops), '.3g'),
+         train_days(flops_65b, 2048, GPUS['A100'].peak_flops, 2e14 / GPUS['A100'].peak_flops), '.3g',
+         BOOK + '; LLaMA, Touvron et al. 2023: 21 days'),
         ('Ledger 3', 'one H200: 0.76B params, 25B tokens', '6ND / (989e12 x 0.40) / 86400', '~3.3', 3.3,
-         seed_days(0.76e9, 25e9), '.2g'),
+         seed_days(0.76e9, 25e9), '.2g', NOTE),
         ('Ledger 3', 'one H200: 1.3B params, 26B tokens', '6ND / (989e12 x 0.40) / 86400', '5.93 (~6)', 5.93,
-         seed_days(1.3e9, 26e9), '.3g'),
+         seed_days(1.3e9, 26e9), '.3g', NOTE),
         ('Ledger 3', 'one H200: 1.3B params, 50B tokens', '6ND / (989e12 x 0.40) / 86400', '11.4 (~11)', 11.4,
-         seed_days(1.3e9, 50e9), '.3g'),
+         seed_days(1.3e9, 50e9), '.3g', NOTE),
         ('Ledger 3', 'one H200: 7B params, 140B tokens', '6ND / (989e12 x 0.40) / 86400', '~172', 172,
-         seed_days(7e9, 140e9), '.3g'),
+         seed_days(7e9, 140e9), '.3g', NOTE),
         ('Ledger 3', 'one H200: 13B params, 260B tokens', '6ND / (989e12 x 0.40) / 86400', '593 (~590)', 593,
-         seed_days(13e9, 260e9), '.3g'),
-        ('Ledger 3', 'cost of the 1.3B/26B run, USD', 'days x 24 x $3.5/H200-hour ($3-4: '
-         f'{seed_days(1.3e9, 26e9) * 24 * 3:.0f}-{seed_days(1.3e9, 26e9) * 24 * 4:.0f})', '~$500', 500,
-         seed_days(1.3e9, 26e9) * 24 * 3.5, '.1g'),
+         seed_days(13e9, 260e9), '.3g', NOTE),
+        ('Ledger 3', 'cost of the 1.3B/26B run, USD',
+         f'days x 24 x $3.5/H200-hour ($3-4: {cost_low:.0f}-{cost_high:.0f})', '~$500', 500,
+         seed_days(1.3e9, 26e9) * 24 * 3.5, '.1g', NOTE),
         ('Ledger 4', 'LLaMA-7B model states per GPU, GiB', '16P/2 (ZeRO-3 on 2 x A800-80G); 50.205, the book '
-         'truncates', '50.20', 50.20, memory_7b, '.3g'),
-        ('Ledger 4', 'LLaMA-7B total per GPU, GB', "16P/2 + the book's 6.20 + 3.91 + ~6", '~66', 66, total_7b, '.2g'),
+         'truncates', '50.20', 50.20, memory_7b, '.3g', BOOK),
+        ('Ledger 4', 'LLaMA-7B total per GPU, GB', "16P/2 + the book's 6.20 + 3.91 + ~6", '~66', 66, total_7b, '.2g',
+         BOOK),
         ('Ledger 4', 'LLaMA-7B spare on an 80 GB card, GB', '80 - total', '~14', 14, a800.memory_bytes / GIB - total_7b,
-         '.2g'),
-        ('Ledger 4', '13B: model states, GB', '16P', '208', 208, 16 * 13e9 / 1e9, '.3g'),
+         '.2g', BOOK),
+        ('Ledger 4', '13B: model states, GB', '16P', '208', 208, 16 * 13e9 / 1e9, '.3g', BOOK),
         ('Ledger 4', '13B: fewest 80 GB GPUs', 'ceil(16P / 80 GB)', '3', 3,
-         gpus_for_model_states(13e9, a800.memory_bytes)[0], 'd'),
+         gpus_for_model_states(13e9, a800.memory_bytes)[0], 'd', BOOK),
         ('Ledger 4', '13B: recommended GPUs', 'rounded up to a power of two', '4', 4,
-         gpus_for_model_states(13e9, a800.memory_bytes)[1], 'd'),
+         gpus_for_model_states(13e9, a800.memory_bytes)[1], 'd', BOOK),
         ('Ledger 4', '30B: recommended GPUs', 'ceil(16P / 80 GB) = 6, to a power of two', '8', 8,
-         gpus_for_model_states(30e9, a800.memory_bytes)[1], 'd'),
+         gpus_for_model_states(30e9, a800.memory_bytes)[1], 'd', BOOK),
         ('Ledger 4', '65B: recommended GPUs', 'ceil(16P / 80 GB) = 13, to a power of two', '16', 16,
-         gpus_for_model_states(65e9, a800.memory_bytes)[1], 'd'),
-        ('Ledger 4', '175B: model states alone, TB', '16P', '~2.8', 2.8, 16 * 175e9 / 1e12, '.2g'),
-        ('Data', '175B: Chinchilla-optimal tokens, T', '20 x P', '3.5', 3.5, 20 * 175e9 / 1e12, '.2g'),
-        ('Data', 'GPT-3 tokens per parameter', '300B / 175B', '~1.7', 1.7, 300e9 / 175e9, '.2g'),
-        ('Data', '25B tokens are optimal for, B params', 'D / 20', '~1.25', 1.25, 25e9 / 20 / 1e9, '.3g'),
-        ('Data', '0.76B params: optimal tokens, B', '20 x P', '15.2', 15.2, 20 * 0.76e9 / 1e9, '.3g'),
+         gpus_for_model_states(65e9, a800.memory_bytes)[1], 'd', BOOK),
+        ('Ledger 4', '175B: model states alone, TB', '16P', '~2.8', 2.8, 16 * 175e9 / 1e12, '.2g', BOOK),
+        ('Data', '175B: Chinchilla-optimal tokens, T', '20 x P', '3.5', 3.5, 20 * 175e9 / 1e12, '.2g',
+         NOTE + '; Chinchilla, Hoffmann et al. 2022'),
+        ('Data', 'GPT-3 tokens per parameter', '300B / 175B', '~1.7', 1.7, 300e9 / 175e9, '.2g',
+         NOTE + '; GPT-3, Brown et al. 2020'),
+        ('Data', '25B tokens are optimal for, B params', 'D / 20', '~1.25', 1.25, 25e9 / 20 / 1e9, '.3g', NOTE),
+        ('Data', '0.76B params: optimal tokens, B', '20 x P', '15.2', 15.2, 20 * 0.76e9 / 1e9, '.3g', NOTE),
         ('Data', 'Llama-3-8B tokens per parameter', '15T / 8B (~95x Chinchilla from the rounded 1,900)', '~1,900',
-         1900, 15e12 / 8e9, '.2g'),
+         1900, 15e12 / 8e9, '.2g', NOTE + '; Llama 3, Meta 2024'),
         ('Data', 'bytes per token, vocab 50,257 (GPT-2)', 'uint16 while vocab <= 65,536', '2', 2, token_bytes(50257),
-         'd'),
-        ('Data', 'bytes per token, vocab 128,256 (Llama 3)', 'uint32 above', '4', 4, token_bytes(128256), 'd'),
-        ('Data', '250B tokens at 2 bytes/token, GB', 'D x 2', '500', 500, 250e9 * token_bytes(50257) / 1e9, '.3g'),
-        ('Data', '25B tokens as parquet, GB', 'D x ~4 bytes/token (3-4)', '~100', 100, 25e9 * 4 / 1e9, '.2g'),
-        ('Data', '1.3B Adam checkpoint, GB', '12P: fp32 weights + Adam m, v', '~16', 16, 12 * 1.3e9 / 1e9, '.2g'),
+         'd', NOTE),
+        ('Data', 'bytes per token, vocab 128,256 (Llama 3)', 'uint32 above', '4', 4, token_bytes(128256), 'd', NOTE),
+        ('Data', '250B tokens at 2 bytes/token, GB', 'D x 2', '500', 500, 250e9 * token_bytes(50257) / 1e9, '.3g',
+         NOTE),
+        ('Data', '25B tokens as parquet, GB', 'D x ~4 bytes/token (3-4)', '~100', 100, 25e9 * 4 / 1e9, '.2g', NOTE),
+        ('Data', '1.3B Adam checkpoint, GB', '12P: fp32 weights + Adam m, v', '~16', 16, 12 * 1.3e9 / 1e9, '.2g',
+         NOTE),
     ]
-    results = []
-    for section, what, formula, book, book_value, value, precision in examples:
+    examples = []
+    for section, what, formula, book, book_value, value, precision, source in rows:
         if precision == '>':
             matches, shown = value > book_value, f'{value:.1%}'
         else:
-            matches = format(round(value) if precision == 'd' or precision == ',d' else value, precision) == \
-                format(book_value, precision)
-            shown = format(round(value), precision) if precision in ('d', ',d') else f'{value:.4g}'
-        results.append(dict(section=section, what=what, formula=formula, book=book, book_value=book_value,
-                            value=value, shown=shown, precision=precision, matches=matches))
-    return results
+            whole = precision in ('d', ',d')
+            matches = format(round(value) if whole else value, precision) == format(book_value, precision)
+            shown = format(round(value), precision) if whole else f'{value:.4g}'
+        examples.append(dict(section=section, what=what, formula=formula, book=book, book_value=book_value,
+                             value=value, precision=precision, source=source, shown=shown, matches=matches))
+    return examples
 
 
 def format_book():
@@ -873,7 +986,7 @@ def format_book():
             section = example['section']
             lines += ['', section]
         lines.append(f"  {example['what']:<46} {example['book']:>14} | {example['shown']:>14} | "
-                     f"{'ok' if example['matches'] else 'DIFFERS'}   {example['formula']}")
+                     f"{'ok' if example['matches'] else 'DIFFERS'}   {example['formula']}   [{example['source']}]")
     return '\n'.join(lines)
 
 
@@ -883,29 +996,25 @@ def format_book():
 USAGE = 'usage: python ledger.py CONFIG [--key=value ...] [--json]   or   python ledger.py --book'
 
 
-def main(argv=None):
-    argv = sys.argv[1:] if argv is None else list(argv)
+@cli
+def main(argv):
     if argv and argv[0] in ('-h', '--help'):
         print(__doc__.strip() + '\n\n' + USAGE)
         return 0
-    try:
-        if '--book' in argv:
-            if argv != ['--book']:
-                raise ConfigError('--book takes no other arguments')
-            print(format_book())
-            return 0
-        as_json = '--json' in argv
-        args = [a for a in argv if a != '--json']
-        if not args:
-            raise ConfigError(f'no config given ({USAGE})')
-        path = None if args[0].startswith('--') else args[0]
-        model, train = load_config(path, args[1:] if path else args)
-        prediction = predict(model, train)
-        print(json.dumps(prediction, indent=2) if as_json else format_report(prediction))
+    if '--book' in argv:
+        if argv != ['--book']:
+            raise ConfigError('--book takes no other arguments')
+        print(format_book())
         return 0
-    except ConfigError as e:
-        print(f'error: {e}', file=sys.stderr)
-        return 2
+    as_json = '--json' in argv
+    args = [a for a in argv if a != '--json']
+    if not args:
+        raise ConfigError(f'no config given ({USAGE})')
+    path = None if args[0].startswith('--') else args[0]
+    model, train = load_config(path, args[1:] if path else args)
+    prediction = predict(model, train)
+    print(json.dumps(prediction, indent=2) if as_json else format_report(prediction))
+    return 0
 
 
 if __name__ == '__main__':

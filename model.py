@@ -20,7 +20,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-from ledger import ModelConfig  # re-exported: `from model import ModelConfig` works
+from config import ModelConfig  # re-exported: `from model import ModelConfig` works
 
 __all__ = ['ModelConfig', 'GPT', 'Block']
 
@@ -131,8 +131,7 @@ class GPT(nn.Module):
         self.blocks = nn.ModuleList(Block(config) for _ in range(config.n_layer))
         self.norm_f = make_norm(config)
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
-        if config.tie_embeddings:
-            self.lm_head.weight = self.tok_emb.weight  # one tensor: parameters() and the ledger count it once
+        self.tie_weights()
         # RoPE tables: derived constants, not state (non-persistent: not in checkpoints), rebuilt by init_weights.
         if config.arch == 'llama':
             cos, sin = rope_tables(config.head_dim, config.block_size, config.rope_theta)
@@ -140,6 +139,19 @@ class GPT(nn.Module):
             self.register_buffer('rope_sin', sin, persistent=False)
         if self.tok_emb.weight.device.type != 'meta':
             self.init_weights()
+
+    def tie_weights(self):
+        """GPT-2's tied embeddings: the output projection IS the input embedding, one tensor (parameters() and the
+        ledger count it once; FSDP2 keeps it in the root's unit with both users)."""
+        if self.config.tie_embeddings:
+            self.lm_head.weight = self.tok_emb.weight
+
+    def _apply(self, fn, recurse=True):
+        # Moving the model (to_empty from the meta device, .to, .cuda) gives each module its own new tensor, which
+        # would untie the shared weight: 163M parameters instead of GPT-2's 124M. Tie them again after any move.
+        super()._apply(fn, recurse)
+        self.tie_weights()
+        return self
 
     @torch.no_grad()
     def init_weights(self):
@@ -165,9 +177,11 @@ class GPT(nn.Module):
             self.rope_sin.copy_(sin)
 
     def forward(self, idx, targets=None):
-        """idx: (B, T) token ids, T <= block_size. Returns logits (B, T, V) and, with targets (B, T), the mean
-        cross-entropy over all positions, computed from fp32 logits (bf16 log-softmax over 50K classes loses
-        digits); otherwise loss is None."""
+        """idx: (B, T) token ids, T <= block_size. Without targets: (logits (B, T, V), None). With targets (B, T):
+        (None, the mean cross-entropy over all positions), taken from fp32 logits (a bf16 log-softmax over 50K
+        classes loses digits). Training gets no logits back on purpose: a caller holding them would keep a
+        B x T x V buffer alive into the next micro-step (3.3 GB at h200_1b3's 16 x 2048 x 50304 in bf16), and
+        under torch.compile the graph need not write them out at all."""
         B, T = idx.shape
         if T > self.config.block_size:
             raise ValueError(f"sequence length {T} exceeds block_size {self.config.block_size}: crop the input")
@@ -183,10 +197,9 @@ class GPT(nn.Module):
             else:
                 x = block(x, cos, sin)
         logits = self.lm_head(self.norm_f(x))
-        loss = None
-        if targets is not None:
-            loss = F.cross_entropy(logits.float().view(B * T, -1), targets.reshape(B * T))
-        return logits, loss
+        if targets is None:
+            return logits, None
+        return None, F.cross_entropy(logits.float().view(B * T, -1), targets.reshape(B * T))
 
     @torch.no_grad()
     def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None):

@@ -27,6 +27,9 @@ import zlib
 
 import numpy as np
 
+from config import UserError
+from files import save_json
+
 # -----------------------------------------------------------------------------------------------------
 # Shards (llm.c's format, DESIGN.md): a 1024-byte header of 256 little-endian int32, [0] magic 20240520,
 # [1] version (1: uint16 tokens, 2: uint32 tokens), [2] token count, the rest zero; then the tokens.
@@ -38,7 +41,7 @@ HEADER_BYTES = HEADER_INTS * 4
 TOKEN_DTYPES = {1: np.dtype('<u2'), 2: np.dtype('<u4')}  # shard version -> token dtype
 
 
-class DataError(ValueError):
+class DataError(UserError, ValueError):
     """Bad or missing data: the message is one line that says what is wrong and what to do."""
 
 
@@ -120,17 +123,6 @@ def load_tokenizer(data_dir):
     ranks = {base64.b64decode(token): rank for rank, token in enumerate(spec['ranks'])}
     return tiktoken.Encoding(spec['name'], pat_str=spec['pattern'], mergeable_ranks=ranks,
                              special_tokens=spec['special_tokens'])
-
-
-def write_text_atomic(path, text):
-    """Write to path.tmp, then rename: a reader sees the old file or the new one, never half of one."""
-    with open(path + '.tmp', 'w') as f:
-        f.write(text)
-    os.replace(path + '.tmp', path)
-
-
-def save_json(path, obj):
-    write_text_atomic(path, json.dumps(obj, indent=1))
 
 
 # -----------------------------------------------------------------------------------------------------

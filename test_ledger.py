@@ -11,7 +11,8 @@ import sys
 import pytest
 
 import ledger
-from ledger import GIB, ModelConfig, TrainConfig
+from config import ModelConfig, TrainConfig, load_config
+from ledger import GIB
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
 CONFIGS = ['configs/llama_7b.py', 'configs/gpt2_124m.py', 'configs/gpt2_760m.py', 'configs/h200_1b3.py']
@@ -177,7 +178,7 @@ def test_book_memory_example_llama_7b_two_a800():
 
 def test_llama_7b_config_reproduces_the_books_66_gb():
     """The book's scenario through the ledger's own activation and logits estimates: near its ~66 GB, fits 80."""
-    model, train = ledger.load_config(os.path.join(ROOT, 'configs/llama_7b.py'))
+    model, train = load_config(os.path.join(ROOT, 'configs/llama_7b.py'))
     memory = ledger.memory_per_gpu(model, train)
     assert memory['fits'] and 60 * GIB < memory['total'] < 72 * GIB
 
@@ -216,7 +217,7 @@ def test_logits_buffers():
 
 
 def test_memory_total_and_largest_micro_batch():
-    model, train = ledger.load_config(os.path.join(ROOT, 'configs/h200_1b3.py'))
+    model, train = load_config(os.path.join(ROOT, 'configs/h200_1b3.py'))
     memory = ledger.memory_per_gpu(model, train)
     parts = memory['model_states'] + memory['activations'] + memory['logits'] + memory['overhead']
     assert memory['total'] == parts and memory['allocated'] == parts - memory['overhead']
@@ -225,7 +226,7 @@ def test_memory_total_and_largest_micro_batch():
     assert best >= train.micro_batch
     assert ledger.memory_per_gpu(model, train, micro_batch=best)['fits']
     assert not ledger.memory_per_gpu(model, train, micro_batch=best + 1)['fits']
-    seven_b, ddp_one_gpu = ledger.load_config(os.path.join(ROOT, 'configs/llama_7b.py'), ['--parallel=ddp',
+    seven_b, ddp_one_gpu = load_config(os.path.join(ROOT, 'configs/llama_7b.py'), ['--parallel=ddp',
                                                                                           '--n_gpu=1'])
     assert ledger.max_micro_batch(seven_b, ddp_one_gpu) == 0  # 16P = 108 GB: not on one 80 GB card
 
@@ -278,7 +279,7 @@ def test_book_cli_prints_every_figure():
 # predict, the report, the comparison table
 
 def test_predict_is_json_and_consistent():
-    model, train = ledger.load_config(os.path.join(ROOT, 'configs/h200_1b3.py'))
+    model, train = load_config(os.path.join(ROOT, 'configs/h200_1b3.py'))
     p = json.loads(json.dumps(ledger.predict(model, train)))
     for key in ('params', 'flops_per_token', 'total_flops', 'days', 'gpu_hours', 'cost_usd', 'memory_per_gpu_bytes',
                 'memory', 'fits', 'max_micro_batch', 'data', 'tokens_per_s', 'mfu'):
@@ -294,7 +295,7 @@ def test_predict_is_json_and_consistent():
 
 
 def test_predict_recompute_and_n_gpu():
-    model, train = ledger.load_config(None, ['--recompute=1', '--n_gpu=4', '--parallel=fsdp'])
+    model, train = load_config(None, ['--recompute=1', '--n_gpu=4', '--parallel=fsdp', '--gpu=H200'])
     p = ledger.predict(model, train)
     assert p['n_gpu'] == 4 and p['mfu'] < p['mfu_assumed'] == 0.40  # recomputation is work MFU does not count
     assert ledger.predict(model, train, n_gpu=8)['days'] == pytest.approx(p['days'] / 2)
@@ -308,7 +309,7 @@ def test_predict_recompute_and_n_gpu():
 
 
 def test_format_report_reads_like_the_book():
-    model, train = ledger.load_config(os.path.join(ROOT, 'configs/h200_1b3.py'))
+    model, train = load_config(os.path.join(ROOT, 'configs/h200_1b3.py'))
     report = ledger.format_report(ledger.predict(model, train))
     for text in ('Ledger 1: parameters', '1,336,502,272', 'Ledger 2: compute', '6N_matmul + 12LHT', 'MFU uses this',
                  'T/(6H)', 'Ledger 3: time and money', '989 TFLOP/s', 'days, book 6PD', 'Ledger 4: memory per GPU',
@@ -317,20 +318,27 @@ def test_format_report_reads_like_the_book():
         assert text in report, text
 
 
-def test_format_comparison_with_missing_measurements():
-    model, train = ledger.load_config(os.path.join(ROOT, 'configs/gpt2_124m.py'))
+def test_summary_and_comparison_with_missing_measurements():
+    model, train = load_config(os.path.join(ROOT, 'configs/gpt2_124m.py'))
     p = ledger.predict(model, train)
-    table = ledger.format_comparison(p, {'params': p['params']['total'], 'mfu': p['mfu'] / 2,
-                                         'peak_memory_bytes': None})
+    summary = ledger.summarize(p, {'params': p['params']['total'], 'mfu': p['mfu'] / 2, 'peak_memory_bytes': None,
+                                   'device': '1 x NVIDIA H200', 'torch': '2.11.0'})
+    assert json.loads(json.dumps(summary)) == summary
+    assert summary['params_predicted'] == summary['params_built'] == p['params']['total']
+    assert summary['tokens_per_s_predicted'] == p['tokens_per_s'] and summary['tokens_per_s_measured'] is None
+    assert summary['memory_predicted_bytes'] == p['memory']['allocated']  # a GPU: the allocator's peak
+    assert summary['reserved_predicted_bytes'] == p['memory']['total']
+    table = ledger.format_comparison(summary)
     heading, lines = table.split('\n\n')[0], table.split('\n\n')[1].splitlines()
-    assert heading == 'Predicted for 1 x H200 SXM 141GB at an assumed 40% MFU (ledger.py); measured on an unnamed device.'
+    assert heading == ('Predicted by ledger.py for 1 x H200 SXM 141GB (peak: vendor datasheet, dense BF16 tensor '
+                       'cores) at an assumed 40% MFU; measured on 1 x NVIDIA H200, torch 2.11.0.')
     assert lines[0].startswith('| quantity | predicted | measured |') and lines[1].startswith('| --- |')
     assert len(lines) == 2 + 6 and all(line.count('|') == 5 for line in lines)
     assert '| 1.000 |' in table and '| 0.500 |' in table
     assert sum(line.endswith('| - | - |') for line in lines) == 4
-    assert ledger.format_comparison(p, {}).count('| - | - |') == 6
-    on_cpu = ledger.format_comparison(p, {'device': '1 x the CPU', 'device_type': 'cpu'})
-    assert 'measured on 1 x the CPU.' in on_cpu and 'On the CPU the GPU prediction is a reference' in on_cpu
+    empty = ledger.summarize(p, {})
+    assert ledger.format_comparison(empty).count('| - | - |') == 6 and 'an unnamed device' in \
+        ledger.format_comparison(empty)
 
 
 # -----------------------------------------------------------------------------------------------------
@@ -338,15 +346,15 @@ def test_format_comparison_with_missing_measurements():
 
 @pytest.mark.parametrize('path', CONFIGS)
 def test_configs_load_and_fit(path):
-    model, train = ledger.load_config(os.path.join(ROOT, path))
+    model, train = load_config(os.path.join(ROOT, path))
     assert ledger.predict(model, train)['fits']
 
 
 def test_config_shapes():
-    sizes = {path: ledger.count_params(ledger.load_config(os.path.join(ROOT, path))[0])['total'] for path in CONFIGS}
+    sizes = {path: ledger.count_params(load_config(os.path.join(ROOT, path))[0])['total'] for path in CONFIGS}
     assert sizes['configs/llama_7b.py'] == 6_738_415_616
     assert 740e6 < sizes['configs/gpt2_760m.py'] < 780e6
-    model, _ = ledger.load_config(os.path.join(ROOT, 'configs/gpt2_124m.py'), ['--vocab_size=50257'])
+    model, _ = load_config(os.path.join(ROOT, 'configs/gpt2_124m.py'), ['--vocab_size=50257'])
     assert ledger.count_params(model)['total'] == 124_439_808
 
 

@@ -13,6 +13,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
 import ledger
+from config import load_config
 from model import GPT, ModelConfig, apply_rope
 
 
@@ -67,7 +68,7 @@ def test_param_count_matches_ledger(config):
 
 
 def test_llama_7b_on_meta_device_matches_ledger_and_paper():
-    config, _ = ledger.load_config(os.path.join(os.path.dirname(os.path.abspath(__file__)), 'configs/llama_7b.py'))
+    config, _ = load_config(os.path.join(os.path.dirname(os.path.abspath(__file__)), 'configs/llama_7b.py'))
     with torch.device('meta'):
         model = GPT(config)
     numel = sum(p.numel() for p in model.parameters())

@@ -1,11 +1,11 @@
 """
-test_sample.py: sample.py reads both checkpoint formats train.py writes (model.pt for ddp, DCP shards for fsdp)
-into the same weights, decodes with the data folder's tokenizer, and fails with one line on a bad path.
+test_sample.py: sample.py reads the weights of runs in every checkpoint layout (one process writing whole tensors,
+FSDP2 writing shards) into the same trained model, decodes with the data folder's tokenizer, and fails with one
+line on a bad path.
 """
-import os
-
 import torch
 
+import checkpoint
 import prepare
 import sample
 import train
@@ -26,14 +26,16 @@ def train_tiny(tmp_path, data, parallel):
 def test_both_checkpoint_formats_give_the_trained_weights(tmp_path, pystdlib_data, capsys):
     ddp_out = train_tiny(tmp_path, pystdlib_data, 'ddp')
     fsdp_out = train_tiny(tmp_path, pystdlib_data, 'fsdp')
-    checkpoint = sample.find_checkpoint(ddp_out)
-    assert checkpoint.endswith('step_0000003')
-    assert not os.path.exists(os.path.join(sample.find_checkpoint(fsdp_out), 'model.pt'))  # DCP shards
-    ddp_model, train_config = sample.load_model(checkpoint, torch.device('cpu'))
-    fsdp_model, _ = sample.load_model(sample.find_checkpoint(fsdp_out), torch.device('cpu'))
-    saved = torch.load(os.path.join(checkpoint, 'model.pt'), weights_only=True)
+    path = checkpoint.find(ddp_out)
+    assert path.endswith('step_0000003') and checkpoint.find(path) == path
+    ddp_model, train_config = checkpoint.load_model(path, torch.device('cpu'))
+    fsdp_model, _ = checkpoint.load_model(fsdp_out, torch.device('cpu'))
+    # the weights are the trained ones: a resumed run's model, loaded through train.py's own path, is identical
+    run = train.setup([str(tmp_path / 'tiny.py'), f'--out_dir={ddp_out}', '--resume'])
     for name, tensor in ddp_model.state_dict().items():
-        assert torch.equal(tensor, saved[name]), name
+        assert torch.equal(tensor, run.raw_model.state_dict()[name]), name
+    assert not torch.equal(ddp_model.tok_emb.weight, train.build_model(
+        run.model_cfg, run.train, run.cluster, 'float32')[1].tok_emb.weight)  # trained, not as initialised
     # one process trains the same way in both modes, so the weights agree to float rounding
     for (name, a), b in zip(ddp_model.state_dict().items(), fsdp_model.state_dict().values()):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6, msg=name)

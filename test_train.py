@@ -17,7 +17,7 @@ import torch
 import ledger
 import prepare
 import train
-from ledger import TrainConfig
+from config import TrainConfig, load_config
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -71,14 +71,26 @@ def test_loss_falls_and_outputs_are_written(pystdlib_data, tmp_path, capsys):
     val = [e['val_loss'] for e in entries if 'val_loss' in e]
     assert losses[0] > 5.5 and losses[-1] < losses[0] - 1.0, losses  # ln 512 = 6.24 at the start
     assert len(val) == 2 and val[-1] < val[0]
-    assert all(e['mfu'] is None and e['tokens_per_s'] > 0 and e['peak_memory_bytes'] > 0
-               for e in entries if 'loss' in e)  # MFU needs a GPU peak: none on the CPU
+    assert all(0 < e['mfu'] < 1 and e['tokens_per_s'] > 0 and e['peak_memory_bytes'] > 0
+               for e in entries if 'loss' in e)  # MFU against the CPU's measured GEMM peak
     assert 'Ledger 1' in out and 'float32' in out and 'sample after 60 steps' in out
     prediction = json.loads((tmp_path / 'out' / 'ledger.json').read_text())
-    assert prediction['params']['total'] == ledger.count_params(ledger.load_config(config)[0])['total']
+    assert prediction['params']['total'] == ledger.count_params(load_config(config)[0])['total']
+    assert prediction['gpu']['kind'] == 'cpu' and 'GEMM probe' in prediction['gpu']['peak_source']
+    # predicted and measured are both about this CPU: summary.json holds both, report.md renders it
+    summary = json.loads((tmp_path / 'out' / 'summary.json').read_text())
+    assert summary['step'] == 60 and summary['val_loss'] == val[-1]
+    assert summary['params_predicted'] == summary['params_built'] == prediction['params']['total']
+    assert summary['tokens_per_s_predicted'] == prediction['tokens_per_s'] and summary['tokens_per_s_measured'] > 0
+    assert summary['mfu_measured'] == pytest.approx(
+        prediction['flops_per_token']['matmul'] * summary['tokens_per_s_measured'] / prediction['gpu']['peak_flops'])
+    assert summary['days_projected'] == pytest.approx(60 * 512 / summary['tokens_per_s_measured'] / 86400)
+    assert summary['memory_predicted_bytes'] == prediction['memory']['total'] and summary['memory_measured_bytes'] > 0
     report = (tmp_path / 'out' / 'report.md').read_text()
-    assert report.startswith('Predicted for 1 x H200') and 'measured on 1 x the CPU' in report
+    assert report == ledger.format_comparison(summary) + '\n'
+    assert report.startswith('Predicted by ledger.py for 1 x CPU (') and 'measured on 1 x the CPU' in report
     assert '| quantity | predicted | measured |' in report and 'parameters' in report
+    assert (tmp_path / 'out' / 'ledger.md').read_text().startswith('ledger: llama, 2 layers')
     assert (tmp_path / 'out' / 'ckpt' / 'LATEST').read_text().strip() == 'step_0000060'
 
 
@@ -94,7 +106,7 @@ def test_chinchilla_point_is_logged(tmp_path, capsys):
     config = write_config(tmp_path, 'synthetic', vocab_size=16, n_embd=8, n_head=1, ffn_hidden=16, n_layer=1,
                           batch_tokens=8192, micro_batch=256, train_tokens=4 * 8192)
     assert run(config, tmp_path / 'out') == 0
-    assert ledger.count_params(ledger.load_config(config)[0])['total'] == 920
+    assert ledger.count_params(load_config(config)[0])['total'] == 920
     assert "step 3: 24,576 tokens seen passes the Chinchilla point 20 x P = 18,400" in capsys.readouterr().out
 
 
@@ -136,7 +148,7 @@ def test_kill_while_writing_a_checkpoint_keeps_the_previous_one(reference, tmp_p
 
 
 def test_checkpoint_state_dict_has_no_compile_prefix(pystdlib_data, tmp_path):
-    model_cfg, train_cfg = ledger.load_config(write_config(tmp_path, pystdlib_data, compile=True))
+    model_cfg, train_cfg = load_config(write_config(tmp_path, pystdlib_data, compile=True))
     cluster = train.Cluster(0, 1, 0, torch.device('cpu'))
     _, raw_model = train.build_model(model_cfg, train_cfg, cluster, torch.float32)
     assert not any('_orig_mod' in key for key in raw_model.state_dict())  # compiled in place, names unchanged

@@ -16,3 +16,4 @@ dataset_tokens = 100_000_000_000  # FineWeb-Edu sample-100BT
 batch_tokens = 524_288            # 2**19, GPT-3 small's 0.5M
 micro_batch = 64
 lr = 6e-4                         # GPT-3 small's peak learning rate
+gpu = 'H200'

@@ -1,0 +1,223 @@
+"""
+checkpoint.py: a run's checkpoints on disk. train.py writes them and reads them back (resume, spike rollback);
+sample.py reads the weights. One place knows the layout:
+
+    out_dir/ckpt/step_0001000/       one checkpoint, written as tmp_step_0001000/ and renamed once complete
+        .metadata, __0_0.distcp ...  the model (and the optimizer) through torch.distributed.checkpoint (DCP)
+        optimizer.pt                 zero1 only: the AdamW states, gathered on rank 0
+        train_state.pt               step, tokens, data position, spike-guard window, RNG states, both configs
+    out_dir/ckpt/LATEST              the name of the newest complete checkpoint (replaced by a rename)
+
+One format for the weights in every parallel mode: DCP writes each rank's own shards in parallel (FSDP2), writes
+a replicated tensor once (one process, DDP, ZeRO-1), and reads them back into any world size, resharding as
+needed; so sample.py reads any run's weights in one process. Two formats remain for the optimizer because
+ZeroRedundancyOptimizer can give its states only whole, gathered on one rank (consolidate_state_dict), which DCP
+cannot take as a sharded state: zero1 writes optimizer.pt from rank 0 and every rank reads it and keeps its part.
+
+A process killed mid-write leaves a tmp_ folder that nothing reads, and LATEST still names the previous
+complete checkpoint; the next save removes the leftover.
+"""
+import contextlib
+import os
+import random
+import shutil
+import warnings
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from config import ConfigError, ModelConfig
+from files import write_text_atomic
+from model import GPT
+
+STATE_FILE = 'train_state.pt'
+GATHERED_OPTIMIZER = 'optimizer.pt'  # zero1 only: see above
+
+
+def root(out_dir):
+    return os.path.join(out_dir, 'ckpt')
+
+
+def complete_checkpoints(out_dir):
+    """The complete checkpoints of a run, oldest first (tmp_ folders are not complete)."""
+    folder = root(out_dir)
+    if not os.path.isdir(folder):
+        return []
+    return sorted(os.path.join(folder, d) for d in os.listdir(folder) if d.startswith('step_'))
+
+
+def latest(out_dir):
+    """The checkpoint LATEST names, else the newest complete one, else None."""
+    pointer = os.path.join(root(out_dir), 'LATEST')
+    if os.path.isfile(pointer):
+        with open(pointer) as f:
+            path = os.path.join(root(out_dir), f.read().strip())
+        if os.path.isfile(os.path.join(path, STATE_FILE)):
+            return path
+    found = complete_checkpoints(out_dir)
+    return found[-1] if found else None
+
+
+def find(path):
+    """A checkpoint folder itself, or a run's out_dir -> its latest checkpoint; ConfigError if neither."""
+    if os.path.isfile(os.path.join(path, STATE_FILE)):
+        return path
+    found = latest(path)
+    if found is None:
+        raise ConfigError(f"no checkpoint in {path}: give a run's out_dir (with ckpt/LATEST) or a ckpt/step_* folder")
+    return found
+
+
+def step_of(path):
+    return int(os.path.basename(path).split('_')[1])
+
+
+def read_state(path):
+    """train_state.pt: ours, holding python and numpy RNG states (not plain tensors), so a full unpickle."""
+    return torch.load(os.path.join(path, STATE_FILE), weights_only=False)
+
+
+# -----------------------------------------------------------------------------------------------------
+# Writing and reading the states. Every rank takes part in both.
+
+def _rank_and_world():
+    return (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
+
+
+def _barrier():
+    if dist.is_initialized():
+        dist.barrier()
+
+
+@contextlib.contextmanager
+def _quiet_single_process_dcp():
+    with warnings.catch_warnings():  # DCP in one process warns that it assumes one process: that is the intent
+        warnings.filterwarnings('ignore', message='torch.distributed is disabled')
+        yield
+
+
+def _dcp_state(model, optimizer=None):
+    """The state dicts DCP saves and loads, keyed by parameter name whatever wraps the model (DDP, FSDP2,
+    torch.compile). With an optimizer that has no state yet, get_state_dict creates it (the load overwrites it)."""
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_state_dict
+    if optimizer is None:
+        return {'model': get_model_state_dict(model)}
+    model_state, optimizer_state = get_state_dict(model, optimizer)
+    return {'model': model_state, 'optimizer': optimizer_state}
+
+
+def rng_states():
+    """Every rank's RNG states (python, numpy, torch, cuda), gathered to all ranks."""
+    state = {'python': random.getstate(), 'numpy': np.random.get_state(), 'torch': torch.get_rng_state()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state['cuda'] = torch.cuda.get_rng_state()
+    rank, world = _rank_and_world()
+    if world == 1:
+        return [state]
+    gathered = [None] * world
+    dist.all_gather_object(gathered, state)
+    return gathered
+
+
+def set_rng_states(states):
+    """Restore this rank's RNG streams, when the checkpoint was written by the same world size (the streams are
+    per rank; another world size starts fresh ones: nothing in training draws from them, only text samples do)."""
+    rank, world = _rank_and_world()
+    if len(states) != world:
+        return
+    state = states[rank]
+    random.setstate(state['python'])
+    np.random.set_state(state['numpy'])
+    torch.set_rng_state(state['torch'])
+    if 'cuda' in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state(state['cuda'])
+
+
+def save(out_dir, step, model, optimizer, train_state, keep):
+    """Write step_NNNNNNN (the model, the optimizer, train_state plus every rank's RNG states), point LATEST at it,
+    keep the newest `keep` up to it; return its path."""
+    import torch.distributed.checkpoint as dcp
+    rank, world = _rank_and_world()
+    folder = root(out_dir)
+    name = f'step_{step:07d}'
+    final, tmp = os.path.join(folder, name), os.path.join(folder, 'tmp_' + name)
+    if rank == 0:
+        if os.path.isdir(tmp):
+            shutil.rmtree(tmp)
+        os.makedirs(tmp)
+    _barrier()
+    # Before the first step AdamW has no state, and saving it would create one with a zero-lr step (its step
+    # count becomes 1, changing the bias correction): the step-0 checkpoint holds the model alone. zero1 runs keep
+    # the optimizer gathered in optimizer.pt, on any world size, so that one process and many read each other's.
+    gathered, with_optimizer = train_state['train_config']['parallel'] == 'zero1', step > 0
+    with _quiet_single_process_dcp():
+        dcp.save(_dcp_state(model, optimizer if with_optimizer and not gathered else None), checkpoint_id=tmp)
+    if gathered and with_optimizer:
+        if hasattr(optimizer, 'consolidate_state_dict'):
+            optimizer.consolidate_state_dict(to=0)  # ZeRO-1: every rank sends its part of the states to rank 0
+        if rank == 0:
+            torch.save(optimizer.state_dict(), os.path.join(tmp, GATHERED_OPTIMIZER))
+    rngs = rng_states()
+    if rank == 0:
+        torch.save(dict(train_state, step=step, rng=rngs, world_size=world), os.path.join(tmp, STATE_FILE))
+        if os.path.isdir(final):  # the same step written again (after a rollback): replace it
+            shutil.rmtree(final)
+        os.rename(tmp, final)
+        write_text_atomic(os.path.join(folder, 'LATEST'), name + '\n')
+        # keep the newest `keep` up to this one; newer ones (left by a run this one resumed from an earlier
+        # checkpoint) stay until this run writes their steps again
+        for old in [c for c in complete_checkpoints(out_dir) if c <= final][:-keep]:
+            shutil.rmtree(old)
+        for leftover in os.listdir(folder):  # tmp_ folders of writes that were killed
+            if leftover.startswith('tmp_'):
+                shutil.rmtree(os.path.join(folder, leftover))
+    _barrier()
+    return final
+
+
+def load(path, model, optimizer):
+    """Restore the model, the optimizer (as built when the checkpoint holds none: step 0) and this rank's RNG
+    streams in place; return the saved train_state dict."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_state_dict
+    saved = read_state(path)
+    gathered = os.path.join(path, GATHERED_OPTIMIZER)
+    sharded = saved['step'] > 0 and not os.path.isfile(gathered)  # the optimizer is in DCP's files
+    state = _dcp_state(model, optimizer if sharded else None)
+    with _quiet_single_process_dcp():
+        dcp.load(state, checkpoint_id=path)
+    if sharded:
+        set_state_dict(model, optimizer, model_state_dict=state['model'], optim_state_dict=state['optimizer'])
+    else:
+        set_model_state_dict(model, state['model'])
+        if os.path.isfile(gathered):
+            # every rank reads the whole gathered state (to the CPU: load_state_dict moves it to the parameters'
+            # device); ZeRO-1 keeps its own part
+            optimizer.load_state_dict(torch.load(gathered, map_location='cpu'))
+        else:  # step 0: as built, AdamW creates its state on the first step
+            optimizer.state.clear()
+            if hasattr(optimizer, 'optim'):
+                optimizer.optim.state.clear()  # the rank's own AdamW, which holds ZeRO-1's states
+    set_rng_states(saved['rng'])
+    return saved
+
+
+# -----------------------------------------------------------------------------------------------------
+# The weights alone, in one process, for sample.py (and any tool that reads a trained model).
+
+def load_model(path, device):
+    """-> (GPT in eval mode on `device`, the saved train config dict) from a checkpoint folder or out_dir."""
+    import torch.distributed.checkpoint as dcp
+    path = find(path)
+    saved = read_state(path)
+    with torch.device('meta'):
+        model = GPT(ModelConfig(**saved['model_config']))
+    model.to_empty(device=device)
+    model.init_weights()  # fills the RoPE tables; every weight is overwritten below
+    state = {'model': model.state_dict()}
+    with _quiet_single_process_dcp():
+        dcp.load(state, checkpoint_id=path, no_dist=True)
+    model.load_state_dict(state['model'])
+    model.eval()
+    return model, saved['train_config']

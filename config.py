@@ -1,0 +1,280 @@
+"""
+config.py: the config vocabulary shared by every ledgergpt command, and the one way bad input is reported.
+
+A config file is plain Python that assigns keys (see configs/); `--key=value` after it overrides one key, parsed
+to the type of the key's default. Loading collects the file's names into two dataclasses and checks every value's
+type and range, so a typo or an impossible value is one line that names the key, the value and what is allowed,
+before anything is built. Standard library only: `python ledger.py CONFIG` runs before torch is installed.
+"""
+import dataclasses
+import difflib
+import functools
+import math
+import os
+import sys
+from dataclasses import dataclass
+
+
+class UserError(Exception):
+    """Bad input or a state the user can fix: one line on stderr ('error: ...'), no traceback, exit_code."""
+    exit_code = 2
+
+
+class ConfigError(UserError, ValueError):
+    """A bad config key or value, flag or path."""
+
+
+def cli(function):
+    """The one error wrapper of every command's main(argv): a UserError becomes one 'error: ...' line on stderr
+    (from rank 0 only under torchrun: every rank reaches the same verdict) and its exit code."""
+    @functools.wraps(function)
+    def main(argv=None):
+        try:
+            return function(sys.argv[1:] if argv is None else list(argv))
+        except UserError as e:
+            if int(os.environ.get('RANK', 0)) == 0:
+                print(f'error: {e}', file=sys.stderr, flush=True)
+            return e.exit_code
+    return main
+
+
+# -----------------------------------------------------------------------------------------------------
+# The keys. Model keys use nanoGPT's names.
+
+@dataclass
+class ModelConfig:
+    arch: str = 'llama'          # 'llama' (RMSNorm, RoPE, SwiGLU, no bias) or 'gpt2' (LayerNorm, learned pos, GELU)
+    n_layer: int = 12
+    n_head: int = 12
+    n_kv_head: int = 0           # key/value heads for GQA; 0 means n_head (plain multi-head attention)
+    n_embd: int = 768
+    ffn_hidden: int = 0          # FFN width H'; 0 means the family default (gpt2: 4H; llama: 8H/3 rounded up to 256)
+    vocab_size: int = 50304      # padded to a multiple of 128 in the configs, for speed
+    block_size: int = 1024       # context length T (training sequence length)
+    tie_embeddings: bool = False # share the input embedding with the output projection (GPT-2 does)
+    bias: bool = False           # biases in Linear layers and LayerNorms (gpt2 only; llama has none)
+    norm_eps: float = 1e-5
+    rope_theta: float = 10000.0
+
+    @property
+    def kv_heads(self):
+        return self.n_kv_head or self.n_head
+
+    @property
+    def head_dim(self):
+        return self.n_embd // self.n_head
+
+    @property
+    def ffn_width(self):
+        if self.ffn_hidden:
+            return self.ffn_hidden
+        if self.arch == 'gpt2':
+            return 4 * self.n_embd
+        return 256 * math.ceil(8 * self.n_embd / 3 / 256)  # LLaMA's rule: 2/3 of 4H, rounded up to 256
+
+
+@dataclass
+class TrainConfig:
+    # run and data
+    out_dir: str = 'out'
+    data: str = 'data/pystdlib'  # a folder made by prepare.py, or 'synthetic' (random tokens, for benchmarks)
+    seed: int = 1337
+    train_tokens: int = 26_000_000_000  # tokens the run is planned to see (sets the number of steps)
+    max_steps: int = 0           # stop after this many steps (0: run to train_tokens); the schedule spans train_tokens
+    dataset_tokens: int = 0      # tokens available in the dataset, for the ledger's "is it enough" (0: unknown)
+    # batch: global batch in tokens, reached by micro_batch sequences x grad accumulation x world size
+    batch_tokens: int = 524_288
+    micro_batch: int = 16        # sequences per GPU per forward/backward
+    batch_ramp_tokens: int = 0   # ramp the batch from batch_ramp_start to batch_tokens over this many tokens (0: off)
+    batch_ramp_start: int = 32_768
+    # optimizer and schedule (the book: AdamW 0.9/0.95/1e-8, wd 0.1 on matrices, clip 1.0, warmup 0.1-0.5%,
+    # decay to 10%)
+    lr: float = 6e-4
+    min_lr_ratio: float = 0.1
+    schedule: str = 'cosine'     # 'cosine' or 'wsd' (warmup-stable-decay)
+    warmup_frac: float = 0.003   # fraction of steps spent in linear warmup
+    decay_frac: float = 0.2      # wsd only: fraction of steps spent in the final linear decay
+    weight_decay: float = 0.1
+    beta1: float = 0.9
+    beta2: float = 0.95
+    eps: float = 1e-8
+    grad_clip: float = 1.0       # clip the global gradient norm to this (0: no clipping)
+    # precision, speed, memory, parallelism
+    dtype: str = 'auto'          # 'auto' (bfloat16 autocast on CUDA, float32 on CPU), 'bfloat16' or 'float32'
+    compile: bool = True
+    recompute: bool = False      # activation recomputation per block (the ledger switches to 8P)
+    parallel: str = 'ddp'        # 'ddp', 'zero1', 'zero2' or 'fsdp' (ZeRO-3)
+    # logging, eval, checkpoints, spike guard
+    log_every: int = 10
+    eval_every: int = 250
+    eval_tokens: int = 1_048_576
+    sample_every: int = 0        # 0: no samples during training
+    sample_tokens: int = 0       # tokens per text sample, at sample_every steps and at the end of the run (0: none)
+    ckpt_every: int = 1000
+    keep_ckpts: int = 3
+    spike_factor: float = 3.0    # a loss above mean + spike_factor * std of the recent window is a spike
+    spike_window: int = 50
+    spike_min_std: float = 0.02  # floor on that std, as a fraction of the mean: late in a run the loss is so steady
+                                 # (std ~0.01) that 3 std would read ordinary noise as spikes
+    max_rollbacks: int = 5
+    # the ledger's assumptions for time, money and memory
+    gpu: str = 'auto'            # the device the ledger plans for: a name in ledger.py's table ('H200', 'H100', ...),
+                                 # 'cpu', or 'auto' (this machine's GPU, else its CPU, measured by a short GEMM probe)
+    n_gpu: int = 1               # devices the ledger plans for (train.py uses the real world size)
+    mfu: float = 0.40            # assumed model FLOPs utilisation (the seed's 40%)
+    usd_per_gpu_hour: float = 3.5
+
+
+def compute_dtype(dtype, device_type):
+    """'bfloat16' or 'float32': the dtype of the matmuls for a `dtype` key on a device type ('cuda', 'cpu').
+    Weights, gradients and AdamW states stay fp32 either way (the book's mixed precision: bf16 forward and backward,
+    fp32 master weights). 'auto' is bf16 on CUDA and fp32 on the CPU, where bf16 matmuls are slower on most chips."""
+    if dtype == 'auto':
+        return 'bfloat16' if device_type == 'cuda' else 'float32'
+    return dtype
+
+
+CONFIG_CLASSES = (ModelConfig, TrainConfig)
+DEFAULTS = {f.name: f.default for cls in CONFIG_CLASSES for f in dataclasses.fields(cls)}
+
+
+# -----------------------------------------------------------------------------------------------------
+# What each key allows beyond its type: (test, the words an error uses). Keys not listed take any value of their
+# type. Shapes that involve two keys (n_embd divisible by n_head, ...) are checked after.
+
+def _one_of(*choices):
+    return lambda v: v in choices, 'one of ' + ', '.join(choices)
+
+
+POSITIVE = (lambda v: v > 0, 'positive')
+POSITIVE_OR_0 = (lambda v: v >= 0, 'positive (or 0)')
+FRACTION = (lambda v: 0 <= v < 1, 'in [0, 1)')
+RULES = {
+    'arch': _one_of('llama', 'gpt2'),
+    'n_layer': POSITIVE, 'n_head': POSITIVE, 'n_embd': POSITIVE, 'vocab_size': POSITIVE, 'block_size': POSITIVE,
+    'n_kv_head': (POSITIVE_OR_0[0], 'positive (or 0 for the default)'),
+    'ffn_hidden': (POSITIVE_OR_0[0], 'positive (or 0 for the default)'),
+    'norm_eps': POSITIVE, 'rope_theta': POSITIVE,
+    'out_dir': (bool, 'a folder name'), 'data': (bool, "a folder made by prepare.py, or 'synthetic'"),
+    'seed': POSITIVE_OR_0, 'train_tokens': POSITIVE, 'max_steps': POSITIVE_OR_0, 'dataset_tokens': POSITIVE_OR_0,
+    'batch_tokens': POSITIVE, 'micro_batch': POSITIVE, 'batch_ramp_tokens': POSITIVE_OR_0,
+    'batch_ramp_start': POSITIVE,
+    'lr': POSITIVE, 'min_lr_ratio': (lambda v: 0 <= v <= 1, 'in [0, 1]'), 'schedule': _one_of('cosine', 'wsd'),
+    'warmup_frac': FRACTION, 'decay_frac': (lambda v: 0 < v <= 1, 'in (0, 1]'), 'weight_decay': POSITIVE_OR_0,
+    'beta1': FRACTION, 'beta2': FRACTION, 'eps': POSITIVE, 'grad_clip': (POSITIVE_OR_0[0], 'positive (or 0: off)'),
+    'dtype': _one_of('auto', 'bfloat16', 'float32'), 'parallel': _one_of('ddp', 'zero1', 'zero2', 'fsdp'),
+    'log_every': POSITIVE, 'eval_every': POSITIVE, 'eval_tokens': POSITIVE, 'sample_every': POSITIVE_OR_0,
+    'sample_tokens': POSITIVE_OR_0, 'ckpt_every': POSITIVE, 'keep_ckpts': POSITIVE,
+    'spike_factor': POSITIVE, 'spike_window': POSITIVE, 'spike_min_std': POSITIVE_OR_0,
+    'max_rollbacks': POSITIVE_OR_0,
+    'gpu': (bool, "a name in ledger.py's GPU table, 'cpu' or 'auto'"), 'n_gpu': POSITIVE,
+    'mfu': (lambda v: 0 < v <= 1, 'in (0, 1]'), 'usd_per_gpu_hour': POSITIVE_OR_0,
+}
+assert set(RULES) <= set(DEFAULTS)
+
+
+def _unknown_key_error(key, where):
+    close = difflib.get_close_matches(key, list(DEFAULTS), n=1, cutoff=0.5)
+    hint = f"did you mean '{close[0]}'?" if close else "the keys are ModelConfig's and TrainConfig's in config.py"
+    return ConfigError(f"unknown config key '{key}' in {where}: {hint}")
+
+
+def _parse_value(key, text):
+    """A --key=value string -> a value of the type of the key's default."""
+    default = DEFAULTS[key]
+    try:
+        if isinstance(default, bool):
+            if text.lower() in ('1', 'true', 'yes', 'on'):
+                return True
+            if text.lower() in ('0', 'false', 'no', 'off'):
+                return False
+            raise ValueError
+        if isinstance(default, int):
+            return int(text) if text.lstrip('+-').isdigit() else float(text)  # 26e9: checked whole below
+        if isinstance(default, float):
+            return float(text)
+        return text
+    except ValueError:
+        raise ConfigError(f"--{key}={text}: expected a value of type {type(default).__name__}") from None
+
+
+def _typed(key, value, where):
+    """value with the type of the key's default, or ConfigError. Whole floats are accepted for ints (26e9, 1e6);
+    ints for floats; bools only as True/False (a string 'False' would read as true)."""
+    default = DEFAULTS[key]
+    if isinstance(default, bool):
+        if isinstance(value, bool):
+            return value
+        expected = 'True or False'
+    elif isinstance(default, int):
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+        expected = 'a whole number'
+    elif isinstance(default, float):
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+            return float(value)
+        expected = 'a finite number'
+    else:
+        if isinstance(value, str):
+            return value
+        expected = 'a string'
+    raise ConfigError(f"{key} = {value!r} in {where}: expected {expected}")
+
+
+def load_config(path=None, overrides=()):
+    """Read a config file (plain Python assignments) and `--key=value` overrides into (ModelConfig, TrainConfig).
+
+    The file runs in a fresh namespace, never in our globals; names starting with '_' and modules are ignored."""
+    values, where = {}, {}
+    if path:
+        if not os.path.isfile(path):
+            raise ConfigError(f"config file not found: {path} (the configs are in configs/)")
+        namespace = {}
+        with open(path) as f:
+            source = f.read()
+        try:
+            exec(compile(source, path, 'exec'), namespace)
+        except Exception as e:  # a typo in a config file is bad input too: one line, no traceback
+            raise ConfigError(f"{path} does not run: {type(e).__name__}: {e}") from None
+        for key, value in namespace.items():
+            if key.startswith('_') or type(value).__name__ == 'module':
+                continue
+            if key not in DEFAULTS:
+                raise _unknown_key_error(key, path)
+            values[key], where[key] = value, path
+    for item in overrides:
+        if not item.startswith('--') or '=' not in item:
+            raise ConfigError(f"cannot read argument '{item}': overrides are written --key=value")
+        key, text = item[2:].split('=', 1)
+        if key not in DEFAULTS:
+            raise _unknown_key_error(key, 'the command line')
+        values[key], where[key] = _parse_value(key, text), 'the command line'
+    for key, value in values.items():
+        values[key] = _typed(key, value, where[key])
+    model, train = (cls(**{k: v for k, v in values.items() if k in {f.name for f in dataclasses.fields(cls)}})
+                    for cls in CONFIG_CLASSES)
+    validate(model, train)
+    return model, train
+
+
+def validate(model, train):
+    """Every key's range (RULES), then the shapes that tie keys together; each failure is one ConfigError line
+    naming the key, the value and what is allowed."""
+    for config in (model, train):
+        for f in dataclasses.fields(config):
+            value = getattr(config, f.name)
+            test, allowed = RULES.get(f.name, (None, None))
+            if test is not None and not test(value):
+                raise ConfigError(f"{f.name} must be {allowed}, {'not' if allowed.startswith('one of') else 'got'} "
+                                  f"{value!r}")
+    if model.n_embd % model.n_head:
+        raise ConfigError(f"n_embd ({model.n_embd}) must be divisible by n_head ({model.n_head})")
+    if model.n_head % model.kv_heads:
+        raise ConfigError(f"n_head ({model.n_head}) must be divisible by n_kv_head ({model.kv_heads})")
+    if model.arch == 'llama' and model.head_dim % 2:
+        raise ConfigError(f"RoPE needs an even head size, got n_embd/n_head = {model.head_dim}")
+    if train.batch_ramp_tokens and train.batch_ramp_start > train.batch_tokens:
+        raise ConfigError(f"batch_ramp_start ({train.batch_ramp_start:,}) must be at most batch_tokens "
+                          f"({train.batch_tokens:,})")
