@@ -26,15 +26,19 @@ class ConfigError(UserError, ValueError):
 
 def cli(function):
     """The one error wrapper of every command's main(argv): a UserError becomes one 'error: ...' line on stderr
-    (from rank 0 only under torchrun: every rank reaches the same verdict) and its exit code."""
+    (from rank 0 only under torchrun: every rank reaches the same verdict) and its exit code; Ctrl-C is one line
+    and exit 130, not a traceback (what was written completely stays; a rerun of the same command carries on)."""
     @functools.wraps(function)
     def main(argv=None):
         try:
             return function(sys.argv[1:] if argv is None else list(argv))
         except UserError as e:
-            if int(os.environ.get('RANK', 0)) == 0:
-                print(f'error: {e}', file=sys.stderr, flush=True)
-            return e.exit_code
+            message, code = f'error: {e}', e.exit_code
+        except KeyboardInterrupt:
+            message, code = 'interrupted (Ctrl-C): what was complete is kept; rerun the same command to carry on', 130
+        if int(os.environ.get('RANK', 0)) == 0:
+            print(message, file=sys.stderr, flush=True)
+        return code
     return main
 
 
