@@ -115,6 +115,22 @@ def test_one_process_checkpoint_resumes_on_two(single, tmp_path):
     assert_close(resumed, reference)
 
 
+@pytest.mark.parametrize('mode', ['ddp', 'fsdp'])
+def test_tied_embeddings_train_alike_on_two_processes(mode, pystdlib_data, tmp_path):
+    """GPT-2's tied embedding stays one tensor under DDP and FSDP2 (one unit with both its users): 2 processes
+    follow 1 process step for step."""
+    config = tmp_path / 'tied.py'
+    config.write_text(''.join(f'{k} = {v!r}\n' for k, v in dict(CONFIG, data=pystdlib_data, arch='gpt2',
+                                                                 tie_embeddings=True, bias=True, max_steps=4).items()))
+    assert train.main([str(config), f'--out_dir={tmp_path / "one"}']) == 0
+    (reference,) = runs(tmp_path / 'one')
+    result = torchrun(str(config), tmp_path / 'two', f'--parallel={mode}')
+    assert result.returncode == 0, result.stderr[-3000:]
+    (losses,) = runs(tmp_path / 'two')
+    assert sorted(losses) == [1, 2, 3, 4]
+    assert_close(losses, reference)
+
+
 class IndexStream:
     """A stream whose sequence k is k repeated: batches show which sequences a rank read."""
     block_size = 8

@@ -111,6 +111,40 @@ def test_chinchilla_point_is_logged(tmp_path, capsys):
 
 
 # -----------------------------------------------------------------------------------------------------
+# Every shipped config starts: its own arch, tying, bias, recompute and parallel mode, sizes shrunk, synthetic data.
+
+CONFIG_FILES = sorted(os.path.join('configs', name) for name in os.listdir(os.path.join(HERE, 'configs')))
+SHRUNK = ['--data=synthetic', '--n_layer=2', '--n_embd=64', '--n_head=2', '--n_kv_head=2', '--ffn_hidden=0',
+          '--vocab_size=512', '--block_size=32', '--micro_batch=2', '--batch_tokens=128', '--max_steps=2',
+          '--compile=False', '--eval_every=1000', '--eval_tokens=128', '--ckpt_every=1000', '--sample_tokens=0',
+          '--n_gpu=1']
+
+
+@pytest.mark.parametrize('path', CONFIG_FILES)
+def test_every_config_trains_two_steps(path, tmp_path):
+    own, _ = load_config(os.path.join(HERE, path))
+    assert train.main([os.path.join(HERE, path), *SHRUNK, f'--out_dir={tmp_path / "out"}']) == 0
+    summary = json.loads((tmp_path / 'out' / 'summary.json').read_text())
+    assert summary['step'] == 2 and summary['params_built'] == summary['params_predicted']
+    built = json.loads((tmp_path / 'out' / 'ledger.json').read_text())['model']
+    assert (built['arch'], built['tie_embeddings'], built['bias']) == (own.arch, own.tie_embeddings, own.bias)
+
+
+def test_tied_run_resumes_bit_exactly_and_stays_tied(pystdlib_data, tmp_path):
+    config = write_config(tmp_path, pystdlib_data, arch='gpt2', bias=True, tie_embeddings=True)
+    assert run(config, tmp_path / 'full') == 0
+    expected = step_losses(read_metrics(tmp_path / 'full'))
+    assert run(config, tmp_path / 'out', '--max_steps=6') == 0
+    resumed = train.setup([config, f'--out_dir={tmp_path / "out"}', '--resume'])
+    model = resumed.raw_model
+    assert model.lm_head.weight is model.tok_emb.weight and resumed.state.step == 6
+    assert sum(p.numel() for p in model.parameters()) == ledger.count_params(resumed.model_cfg)['total']
+    assert run(config, tmp_path / 'out', '--resume') == 0
+    losses = step_losses(read_metrics(tmp_path / 'out'))
+    assert [losses[s] for s in range(7, 13)] == [expected[s] for s in range(7, 13)]  # exactly equal
+
+
+# -----------------------------------------------------------------------------------------------------
 # Resume is exact; a kill during a checkpoint write loses nothing.
 
 def test_resume_continues_bit_exactly(reference, tmp_path):

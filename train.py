@@ -387,14 +387,16 @@ def clip_gradients(params, max_norm):
 # 5. The live ledger: the prediction for the device this run is on, before step 1; the measurements on log steps;
 # summary.json (predicted and measured side by side, at each eval and at the end) and report.md rendered from it.
 
-def live_device(cluster, train):
+def live_device(cluster, model_cfg, train):
     """The ledger's Device for the hardware this run is on (ledger.measure_device: a GPU by its name, else a GEMM
     probe), measured on rank 0 and shared, so every rank predicts alike. On the CPU the runtime overhead is rank 0's
-    resident memory now, before the model is built, and the RAM is shared by the processes on this machine."""
+    resident memory before the model's tensors exist, and the RAM is shared by the processes on this machine."""
     device = None
     if cluster.is_master:
         device = ledger.measure_device('auto', train.dtype)
         if device.kind == 'cpu':
+            with torch.device('meta'):  # what building the model loads besides its tensors (meta kernels import
+                GPT(model_cfg)          # sympy and torch's symbolic shapes: ~75 MB) belongs to the runtime
             device = dataclasses.replace(
                 device, overhead_bytes=ledger.resident_bytes(), shared_by=int(os.environ.get('LOCAL_WORLD_SIZE', 1)),
                 overhead_source='measured: resident memory of this process before the model was built')
@@ -611,7 +613,7 @@ def setup(argv):
         else contextlib.nullcontext()
 
     # The ledger for this exact run: this device, this world size, the model as it will be built.
-    device = live_device(cluster, train)
+    device = live_device(cluster, model_cfg, train)
     if train.gpu.lower() not in ('auto', device.name.lower()):
         log(cluster, f"the config plans for gpu={train.gpu} (`python ledger.py {config_path}` prints that bill); "
                      f"this run is on {device.name}: the live ledger predicts for it")
