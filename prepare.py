@@ -8,18 +8,26 @@ prepare.py: text -> tokenizer -> token shards that train.py reads.
 
 A data folder holds `<source>_val_000000.bin`, `<source>_train_000001.bin`, ... (llm.c's shard format, below),
 `tokenizer.json` (the tokenizer, so train.py and sample.py use the very same one) and `meta.json` (written last:
-a folder without it is unfinished, and rerunning the same command carries on where it stopped).
+a folder without it is unfinished, and rerunning the same command carries on where it stopped). One command
+writes a folder at a time (a `.lock` file in it); a full disk or a read-only folder is one line, not a traceback.
 
-The reading side (DataError, open_shard, list_shards, load_meta, load_tokenizer) needs only numpy and the
-standard library: train.py imports this file on machines without tiktoken, pyarrow, requests or rustbpe, so
-those are imported inside the functions that use them.
+The reading side (DataError, open_shard, list_shards, load_meta, load_tokenizer, check_token_ids, token_dtype)
+needs only numpy and the standard library: train.py imports this file on machines without rustbpe or tqdm, so
+those (and tiktoken, pyarrow, requests) are imported inside the functions that use them.
 """
 import argparse
 import base64
+import contextlib
+import dataclasses
+import email.utils
 import glob
+import hashlib
+import itertools
 import json
 import multiprocessing
 import os
+import re
+import signal
 import sys
 import sysconfig
 import time
@@ -27,18 +35,28 @@ import zlib
 
 import numpy as np
 
-from config import UserError
-from files import save_json
+import ledger
+from config import UserError, cli
+from files import atomic_write, disk_errors, folder_lock, free_bytes, human_bytes, remove_quietly, save_json, \
+    write_text_atomic
+
+SOURCES = ('pystdlib', 'fineweb_edu', 'files')
 
 # -----------------------------------------------------------------------------------------------------
-# Shards (llm.c's format, DESIGN.md): a 1024-byte header of 256 little-endian int32, [0] magic 20240520,
-# [1] version (1: uint16 tokens, 2: uint32 tokens), [2] token count, the rest zero; then the tokens.
-# llm.c's dev/data/*.py and modded-nanogpt write exactly this, so their shards read as-is.
+# Shards: llm.c's format (dev/data/data_common.py). A 1024-byte header of 256 little-endian int32, [0] magic,
+# [1] version, [2] token count, the rest zero; then the tokens. Exactly llm.c's two kinds: GPT-2's (magic 20240520,
+# version 1, uint16 tokens) whenever every id fits, i.e. a vocab of up to 65,536 tokens (ids 0..65,535), and
+# Llama 3's (magic 20240801, version 7, uint32 tokens) above, so llm.c, modded-nanogpt and their readers take ours
+# and theirs read here. Shards this file wrote earlier with uint32 tokens under magic 20240520, version 2 still read.
 
-SHARD_MAGIC = 20240520
 HEADER_INTS = 256
 HEADER_BYTES = HEADER_INTS * 4
-TOKEN_DTYPES = {1: np.dtype('<u2'), 2: np.dtype('<u4')}  # shard version -> token dtype
+SHARD_FORMATS = {  # (magic, version) -> token dtype
+    (20240520, 1): np.dtype('<u2'),  # llm.c, GPT-2
+    (20240801, 7): np.dtype('<u4'),  # llm.c, Llama 3
+    (20240520, 2): np.dtype('<u4'),  # ours before we wrote Llama 3's header: read, never written
+}
+WRITTEN_FORMATS = {2: (20240520, 1), 4: (20240801, 7)}  # bytes per token -> (magic, version)
 
 
 class DataError(UserError, ValueError):
@@ -46,29 +64,27 @@ class DataError(UserError, ValueError):
 
 
 def token_dtype(vocab_size):
-    """uint16 (2 bytes/token) while every id fits, i.e. vocab < 65,536 (GPT-2's 50,257 does); else uint32."""
-    return np.dtype('<u2') if vocab_size < 2**16 else np.dtype('<u4')
+    """uint16 while every id fits (vocab <= 65,536: GPT-2's 50,257 and NeoX's 50,277 do), else uint32: the ledger's
+    rule (ledger.token_bytes), so the bytes it plans for are the bytes written."""
+    return np.dtype('<u2') if ledger.token_bytes(vocab_size) == 2 else np.dtype('<u4')
 
 
 def write_shard(path, tokens):
-    """Write one shard atomically: to `path.tmp`, flushed to disk, then renamed, so a crash never leaves a
-    half-written file under a shard's name. The version follows the dtype (uint16 -> 1, uint32 -> 2); other
-    integer arrays are stored in the smallest of the two that holds their largest id."""
+    """Write one shard atomically (to a temporary file of this process, flushed to disk, then renamed: a crash never
+    leaves half a shard under a shard's name); returns its largest token id. A uint16 array is written in GPT-2's
+    format, uint32 in Llama 3's; other integer arrays in the smallest of the two that holds their largest id."""
     tokens = np.asarray(tokens)
     if tokens.dtype not in (np.uint16, np.uint32):
         if tokens.size and (tokens.min() < 0 or tokens.max() >= 2**32):
             raise DataError(f"{path}: token ids must lie in [0, 2^32), got {tokens.min()}..{tokens.max()}")
         tokens = tokens.astype(token_dtype(int(tokens.max()) + 1 if tokens.size else 0))
-    version = 1 if tokens.dtype == np.uint16 else 2
+    magic, version = WRITTEN_FORMATS[tokens.dtype.itemsize]
     header = np.zeros(HEADER_INTS, dtype='<i4')
-    header[0], header[1], header[2] = SHARD_MAGIC, version, len(tokens)
-    tmp = path + '.tmp'
-    with open(tmp, 'wb') as f:
+    header[0], header[1], header[2] = magic, version, len(tokens)
+    with atomic_write(path, 'wb') as f:
         f.write(header.tobytes())
-        f.write(np.ascontiguousarray(tokens, dtype=TOKEN_DTYPES[version]).data)  # no copy: .tobytes() makes one
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+        f.write(np.ascontiguousarray(tokens, dtype=SHARD_FORMATS[magic, version]).data)  # no copy, unlike .tobytes()
+    return int(tokens.max()) if tokens.size else -1
 
 
 def open_shard(path):
@@ -81,12 +97,13 @@ def open_shard(path):
         raise DataError(f"{path}: {size} bytes, shorter than the {HEADER_BYTES}-byte shard header (truncated file?)")
     header = np.fromfile(path, dtype='<i4', count=HEADER_INTS)
     magic, version, n_tokens = int(header[0]), int(header[1]), int(header[2])
-    if magic != SHARD_MAGIC:
-        raise DataError(f"{path}: bad magic number {magic} (a token shard starts with {SHARD_MAGIC}): "
+    if magic not in {m for m, _ in SHARD_FORMATS}:
+        raise DataError(f"{path}: bad magic number {magic} (a token shard starts with 20240520 or 20240801): "
                         f"not a shard, or a damaged one")
-    if version not in TOKEN_DTYPES:
-        raise DataError(f"{path}: unknown shard version {version} (1 = uint16 tokens, 2 = uint32)")
-    dtype = TOKEN_DTYPES[version]
+    if (magic, version) not in SHARD_FORMATS:
+        raise DataError(f"{path}: unknown shard version {version} for magic {magic} (llm.c writes 20240520 "
+                        f"version 1, uint16 tokens, and 20240801 version 7, uint32)")
+    dtype = SHARD_FORMATS[magic, version]
     expected = HEADER_BYTES + n_tokens * dtype.itemsize
     if n_tokens <= 0 or size != expected:
         raise DataError(f"{path}: the header says {n_tokens} tokens ({expected} bytes) but the file has {size} "
@@ -103,13 +120,63 @@ def list_shards(data_dir, split):
     return paths
 
 
+def prepare_command(data_dir):
+    """The command that makes a data folder, as far as the folder tells: the source is in its shards' names."""
+    names = [os.path.basename(p) for p in glob.glob(os.path.join(glob.escape(data_dir), '*.bin'))]
+    source = next((s for s in SOURCES if any(n.startswith(s + '_') for n in names)), 'pystdlib')
+    return f"python prepare.py {source}{' PATH...' if source == 'files' else ''} --out {data_dir}"
+
+
+# meta.json's keys that train.py and sample.py rely on, with their types; load_meta checks them all
+META_KEYS = {'source': str, 'tokenizer': str, 'vocab_size': int, 'eot_id': int, 'dtype': str, 'documents': int,
+             'train_tokens': int, 'val_tokens': int, 'train_shards': int, 'val_shards': int, 'request': dict}
+TYPE_NAMES = {str: 'a string', int: 'a whole number', dict: 'a JSON object'}
+
+
 def load_meta(data_dir):
+    """The folder's meta.json as a dict, checked: a missing file, bad JSON, a missing key or a value of the wrong
+    type is one DataError line naming the file and the command that remakes it."""
     path = os.path.join(data_dir, 'meta.json')
+    remake = f"rerun the command that made the folder ({prepare_command(data_dir)}, same options) to remake it"
     if not os.path.exists(path):
         raise DataError(f"no meta.json in {data_dir}: prepare.py has not finished there "
                         f"(run `python prepare.py pystdlib --out {data_dir}`, or rerun your prepare command)")
-    with open(path) as f:
-        return json.load(f)
+    try:
+        with open(path, 'rb') as f:
+            meta = json.loads(f.read())
+    except ValueError as e:  # bad JSON, or bytes that are not text at all
+        raise DataError(f"{path} is not valid JSON ({e}): {remake}") from None
+    if not isinstance(meta, dict):
+        raise DataError(f"{path} holds a JSON {type(meta).__name__}, not an object: {remake}")
+    for key, kind in dict(META_KEYS, **({'max_token_id': int} if 'max_token_id' in meta else {})).items():
+        if key not in meta:
+            raise DataError(f"{path} has no '{key}': {remake}")
+        if not isinstance(meta[key], kind) or isinstance(meta[key], bool):
+            raise DataError(f"{path}: '{key}' is {meta[key]!r}, not {TYPE_NAMES[kind]}: {remake}")
+    if meta['vocab_size'] <= 0:
+        raise DataError(f"{path}: 'vocab_size' is {meta['vocab_size']}, not positive: {remake}")
+    return meta
+
+
+def check_token_ids(data_dir, meta, vocab_size):
+    """The largest token id of the folder's shards, after checking that every id is below `vocab_size` (the model's
+    embedding rows): an id at or above it would index past the embedding (on a GPU, a device-side assert far from
+    its cause). meta.json's max_token_id answers at once; without it (shards made by llm.c, or by an older
+    prepare.py) each shard is read once with numpy. One DataError line names the first shard with an id too large."""
+    largest = meta.get('max_token_id')
+    if largest is not None and largest < vocab_size:
+        return largest
+    largest = -1
+    for path in list_shards(data_dir, 'val') + list_shards(data_dir, 'train'):
+        shard_max = int(open_shard(path).max())
+        if shard_max >= vocab_size:
+            raise DataError(f"{path}: token id {shard_max:,} is outside the model's vocab of {vocab_size:,} "
+                            f"(ids 0..{vocab_size - 1:,}), though meta.json says {meta['tokenizer']} "
+                            f"({meta['vocab_size']:,} tokens): the shard was made with another tokenizer, or is "
+                            f"damaged; remake the folder ({prepare_command(data_dir)}), or raise vocab_size if the "
+                            f"data is right")
+        largest = max(largest, shard_max)
+    return largest
 
 
 def load_tokenizer(data_dir):
@@ -118,11 +185,58 @@ def load_tokenizer(data_dir):
     path = os.path.join(data_dir, 'tokenizer.json')
     if not os.path.exists(path):
         raise DataError(f"no tokenizer.json in {data_dir}: make the folder with prepare.py")
-    with open(path) as f:
-        spec = json.load(f)
-    ranks = {base64.b64decode(token): rank for rank, token in enumerate(spec['ranks'])}
-    return tiktoken.Encoding(spec['name'], pat_str=spec['pattern'], mergeable_ranks=ranks,
-                             special_tokens=spec['special_tokens'])
+    try:
+        with open(path, 'rb') as f:
+            spec = json.loads(f.read())
+        ranks = {base64.b64decode(token): rank for rank, token in enumerate(spec['ranks'])}
+        return tiktoken.Encoding(spec['name'], pat_str=spec['pattern'], mergeable_ranks=ranks,
+                                 special_tokens=spec['special_tokens'])
+    except (ValueError, KeyError, TypeError) as e:
+        raise DataError(f"{path} is damaged ({type(e).__name__}: {e}): delete the folder and rerun "
+                        f"{prepare_command(data_dir)}") from None
+
+
+# -----------------------------------------------------------------------------------------------------
+# Status lines and progress. Status lines go to stdout, flushed as they happen, so a log written through a pipe
+# shows them at once; errors go to stderr (config.cli). Progress is a tqdm bar on a terminal, and a plain line
+# every PROGRESS_EVERY_S seconds in a log, where a bar redrawn with carriage returns cannot be read.
+
+PROGRESS_EVERY_S = 30.0
+
+
+def say(line):
+    """A status line on stdout, flushed; on a terminal it is printed above the progress bars, not through them."""
+    from tqdm import tqdm
+    tqdm.write(line, file=sys.stdout)
+    sys.stdout.flush()
+
+
+class Progress:
+    """Progress of one job: bytes with their rate (downloads) or tokens with an ETA when the total is known."""
+
+    def __init__(self, desc, total=None, unit=' tokens', initial=0, leave=True):
+        from tqdm import tqdm
+        self.format_meter, self.desc, self.total, self.unit = tqdm.format_meter, desc, total, unit
+        self.initial = self.n = initial
+        self.started = self.reported = time.monotonic()
+        self.bar = tqdm(desc=desc, total=total, unit=unit, unit_scale=True, initial=initial, file=sys.stdout,
+                        dynamic_ncols=True, leave=leave) if sys.stdout.isatty() else None
+
+    def update(self, n):
+        self.n += n
+        if self.bar is not None:
+            self.bar.update(n)
+        elif time.monotonic() - self.reported >= PROGRESS_EVERY_S:
+            self.reported = time.monotonic()
+            say(self.format_meter(self.n, self.total, self.reported - self.started, ncols=0, prefix=self.desc,
+                                  unit=self.unit, unit_scale=True, initial=self.initial))
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        if self.bar is not None:
+            self.bar.close()
 
 
 # -----------------------------------------------------------------------------------------------------
@@ -142,13 +256,36 @@ def save_tokenizer(data_dir, name, pattern, mergeable_ranks, eot_id):
         'ranks': [base64.b64encode(token).decode('ascii') for token, _ in ordered]})
 
 
+GPT2_VOCAB = 50257  # 50,000 merges + 256 bytes + <|endoftext|>
+
+
 def parse_tokenizer(name):
-    """'gpt2' or 'bpe:V' -> the vocab size asked for (None for gpt2)."""
+    """'gpt2' or 'bpe:V' -> its vocab size, or a DataError naming what is allowed."""
     if name == 'gpt2':
-        return None
+        return GPT2_VOCAB
     if name.startswith('bpe:') and name[4:].isdigit() and int(name[4:]) > 256:
         return int(name[4:])
     raise DataError(f"unknown tokenizer '{name}': use gpt2 or bpe:V with V > 256 (e.g. bpe:8192)")
+
+
+def make_tokenizer(out_dir, tokenizer, bpe_texts):
+    """The folder's tokenizer.json for `tokenizer`. One already there is kept if it is that tokenizer (a rerun
+    carries on with the tokenizer its shards were made with) and made again if not. GPT-2's comes from tiktoken;
+    bpe:V is trained on bpe_texts(), called only then (it may download)."""
+    path = os.path.join(out_dir, 'tokenizer.json')
+    if os.path.exists(path):
+        try:
+            with open(path, 'rb') as f:
+                name = json.loads(f.read()).get('name')
+        except (ValueError, AttributeError):
+            name = 'a damaged file'
+        if name == tokenizer:
+            return
+        say(f"{path} is {name}, not {tokenizer}: making it again")
+    if tokenizer == 'gpt2':
+        make_gpt2_tokenizer(out_dir)
+    else:
+        train_bpe_tokenizer(out_dir, parse_tokenizer(tokenizer), bpe_texts())
 
 
 def make_gpt2_tokenizer(data_dir):
@@ -166,12 +303,19 @@ def train_bpe_tokenizer(data_dir, vocab_size, texts):
     """Our own byte-level BPE with rustbpe (GPT-4's split pattern), used through tiktoken. The vocabulary is
     exactly `vocab_size`: 256 bytes + (vocab_size - 257) merges + the end-of-text token as the last id."""
     import rustbpe
+    sample_chars = 0
+
+    def counted():
+        nonlocal sample_chars
+        for text in texts:
+            sample_chars += len(text)
+            yield text
     tokenizer = rustbpe.Tokenizer()
-    tokenizer.train_from_iterator(iter(texts), vocab_size - 1)
+    tokenizer.train_from_iterator(counted(), vocab_size - 1)
     ranks = {bytes(token): rank for token, rank in tokenizer.get_mergeable_ranks()}
     if len(ranks) != vocab_size - 1:
-        raise DataError(f"the BPE sample only supports {len(ranks) + 1} tokens, not bpe:{vocab_size}: "
-                        f"use a smaller vocab or more text")
+        raise DataError(f"the BPE sample ({sample_chars:,} characters) only supports {len(ranks) + 1} tokens, not "
+                        f"bpe:{vocab_size}: use a smaller vocab, or more text (--tokens, --bpe-sample-chars)")
     save_tokenizer(data_dir, f'bpe:{vocab_size}', tokenizer.get_pattern(), ranks, vocab_size - 1)
 
 
@@ -191,7 +335,8 @@ _worker_dtype = None
 
 def init_worker(data_dir):
     global _worker_encoding, _worker_dtype
-    _worker_encoding = load_tokenizer(data_dir)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole process group: the main process
+    _worker_encoding = load_tokenizer(data_dir)   # answers it (and stops the pool), not a traceback per worker
     _worker_dtype = token_dtype(_worker_encoding.n_vocab)
 
 
@@ -233,14 +378,25 @@ def default_workers():
 
 
 # -----------------------------------------------------------------------------------------------------
-# Writing a data folder: shards, meta.json last, and a summary.
+# Writing a data folder. One command at a time (a lock), a full disk or read-only folder as one line; the
+# request the folder is made for is recorded first (progress.json) and checked by every rerun; shards are
+# written whole; meta.json last, so its presence says the folder is complete.
+
+@contextlib.contextmanager
+def writing(out_dir, command):
+    """The block is out_dir's one writer (files.folder_lock), and a full disk or read-only folder in it is one line
+    naming the folder and its free space (files.disk_errors)."""
+    with disk_errors(out_dir), folder_lock(out_dir, command):
+        yield
+
 
 def shard_path(out_dir, prefix, split, index):
     return os.path.join(out_dir, f'{prefix}_{split}_{index:06d}.bin')
 
 
 def remove_shards(out_dir, prefix, keep=()):
-    """Delete the prefix's shards (and .tmp leftovers) not in `keep`: old ones must not be read as part of the new set."""
+    """Delete the prefix's shards (and temporary leftovers) not in `keep`: old ones must not be read as part of the
+    new set."""
     for path in glob.glob(os.path.join(glob.escape(out_dir), f'{prefix}_*.bin*')):
         if path not in keep:
             os.remove(path)
@@ -251,31 +407,70 @@ def finish_meta(out_dir, meta):
     meta['bytes_per_token'] = round(meta['text_bytes'] / max(1, meta['train_tokens'] + meta['val_tokens']), 3)
     save_json(os.path.join(out_dir, 'meta.json'), meta)
     shard_bytes = sum(os.path.getsize(p) for split in ('val', 'train') for p in list_shards(out_dir, split))
-    print(f"done: {out_dir}: {meta['documents']:,} documents, {meta['train_tokens']:,} train + "
-          f"{meta['val_tokens']:,} val tokens in {meta['train_shards']} + {meta['val_shards']} shards "
-          f"({shard_bytes / 1e6:,.1f} MB, {meta['dtype']}), {meta['bytes_per_token']} text bytes per token, "
-          f"tokenizer {meta['tokenizer']} (vocab {meta['vocab_size']:,})")
+    say(f"done: {out_dir}: {meta['documents']:,} documents, {meta['train_tokens']:,} train + "
+        f"{meta['val_tokens']:,} val tokens in {meta['train_shards']} + {meta['val_shards']} shards "
+        f"({shard_bytes / 1e6:,.1f} MB, {meta['dtype']}), {meta['bytes_per_token']} text bytes per token, "
+        f"tokenizer {meta['tokenizer']} (vocab {meta['vocab_size']:,})")
     return meta
+
+
+def request_change(old, new):
+    """The settings of `new` that differ from `old`, as a phrase: "tokenizer='gpt2' (this run: 'bpe:400')"."""
+    return ', '.join(f"{key}={old.get(key)!r} (this run: {value!r})" for key, value in new.items()
+                     if old.get(key) != value)
 
 
 def complete_meta(out_dir, request, carry_on_keys=()):
     """A rerun of a finished folder with the same request is a fast no-op: returns its meta (None when there is
     work to do). If only `carry_on_keys` differ (a larger --tokens), the folder is marked unfinished and the
-    caller carries on; any other difference is refused rather than mixed with the old shards."""
+    caller carries on; any other difference is refused rather than mixed with the old shards. A damaged meta.json
+    is removed: finishing the folder again writes it anew."""
     path = os.path.join(out_dir, 'meta.json')
     if not os.path.exists(path):
         return None
-    meta = load_meta(out_dir)
-    if meta.get('request') == request:
-        print(f"already complete: {out_dir} ({meta['train_tokens']:,} train + {meta['val_tokens']:,} val tokens, "
-              f"{meta['tokenizer']}); delete the folder to rebuild it")
+    try:
+        meta = load_meta(out_dir)
+    except DataError:
+        say(f"{path} is damaged: finishing the folder again, which rewrites it")
+        os.remove(path)
+        return None
+    if not request_change(meta['request'], request):
+        say(f"already complete: {out_dir} ({meta['train_tokens']:,} train + {meta['val_tokens']:,} val tokens, "
+            f"{meta['tokenizer']}); delete the folder to rebuild it")
         return meta
-    if {k: v for k, v in meta.get('request', {}).items() if k not in carry_on_keys} != \
-            {k: v for k, v in request.items() if k not in carry_on_keys}:
-        raise DataError(f"{out_dir} already holds a dataset made with {meta.get('request')}: "
+    change = request_change(meta['request'], {k: v for k, v in request.items() if k not in carry_on_keys})
+    if change:
+        raise DataError(f"{out_dir} already holds a dataset made with other settings: {change}: "
                         f"delete it or choose another --out")
     os.remove(path)
     return None
+
+
+def start_progress(out_dir, request):
+    """The folder's progress.json, written before anything else in it: the request the folder is being made for,
+    and where the shards stand (tokenize_stream). Returns the state. A folder left unfinished by a run with other
+    settings starts over if that run wrote no shard yet (its tokenizer and file listing are made again; downloads
+    stay, each verified before use), and is refused otherwise: its shards belong to those settings."""
+    path = os.path.join(out_dir, 'progress.json')
+    if os.path.exists(path):
+        try:
+            with open(path, 'rb') as f:
+                state = json.loads(f.read())
+            change = request_change(state['request'], request)
+        except (ValueError, KeyError, TypeError, AttributeError):
+            raise DataError(f"{path} is damaged: delete it to start the folder over, and rerun") from None
+        if not change:
+            return state
+        if state.get('shards'):
+            raise DataError(f"{out_dir} holds an unfinished dataset made with other settings: {change}: rerun "
+                            f"with its settings to finish it, or delete the folder or choose another --out")
+        say(f"{out_dir}: starting over (a run with other settings, {change}, stopped before its first shard)")
+        for name in ('tokenizer.json', 'files.json'):
+            remove_quietly(os.path.join(out_dir, name))
+    state = {'request': request, 'shards': 0, 'file': 0, 'row': 0, 'skip': 0, 'documents': 0, 'text_bytes': 0,
+             'max_token_id': -1}
+    save_json(path, state)
+    return state
 
 
 # -----------------------------------------------------------------------------------------------------
@@ -323,43 +518,42 @@ def prepare_pystdlib(out_dir='data/pystdlib', tokenizer='bpe:8192', workers=0, s
                      max_files=0):
     """Build (or find complete) the pystdlib data folder; returns its meta dict."""
     request = {'source': 'pystdlib', 'tokenizer': tokenizer, 'shard_tokens': shard_tokens, 'max_files': max_files}
-    meta = complete_meta(out_dir, request)
-    if meta is not None:
-        return meta
-    vocab_size = parse_tokenizer(tokenizer)
-    started = time.time()
-    files = pystdlib_files(max_files)
-    split_of = {path: 'val' if zlib.crc32(path.encode()) % 100 < PYSTDLIB_VAL_PERCENT else 'train'
-                for path, _ in files}
-    texts = {split: [text for path, text in files if split_of[path] == split] for split in ('val', 'train')}
-    if not texts['val'] or not texts['train']:
-        raise DataError(f"{len(files)} stdlib files leave one split empty: use more files (--max-files)")
-    os.makedirs(out_dir, exist_ok=True)
-    print(f"pystdlib: {len(texts['train'])} train + {len(texts['val'])} val files from "
-          f"{sysconfig.get_paths()['stdlib']} (Python {sys.version.split()[0]})")
-    if vocab_size is None:
-        make_gpt2_tokenizer(out_dir)
-    else:  # the BPE learns from the train files only, so val text stays unseen
-        train_bpe_tokenizer(out_dir, vocab_size, texts['train'])
-    encoding = load_tokenizer(out_dir)
-    meta = {'source': 'pystdlib', 'revision': f"python {sys.version.split()[0]}", 'tokenizer': tokenizer,
-            'vocab_size': encoding.n_vocab, 'eot_id': encoding.eot_token,
-            'dtype': token_dtype(encoding.n_vocab).name, 'shard_tokens': shard_tokens,
-            'documents': len(files), 'text_bytes': 0, 'request': request}
-    written, index = [], 0
-    for split in ('val', 'train'):
-        tokens, text_bytes = tokenize_all(out_dir, texts[split], workers or default_workers())
-        meta['text_bytes'] += text_bytes
-        meta[f'{split}_tokens'] = len(tokens)
-        meta[f'{split}_shards'] = 0
-        for start in range(0, len(tokens), shard_tokens):
-            written.append(shard_path(out_dir, 'pystdlib', split, index))
-            write_shard(written[-1], tokens[start:start + shard_tokens])
-            meta[f'{split}_shards'] += 1
-            index += 1
-    remove_shards(out_dir, 'pystdlib', keep=written)
-    print(f"pystdlib: tokenized in {time.time() - started:.1f} s")
-    return finish_meta(out_dir, meta)
+    parse_tokenizer(tokenizer)  # a bad name is one line before anything is written
+    with writing(out_dir, 'prepare.py pystdlib'):
+        meta = complete_meta(out_dir, request)
+        if meta is not None:
+            return meta
+        start_progress(out_dir, request)
+        started = time.time()
+        files = pystdlib_files(max_files)
+        split_of = {path: 'val' if zlib.crc32(path.encode()) % 100 < PYSTDLIB_VAL_PERCENT else 'train'
+                    for path, _ in files}
+        texts = {split: [text for path, text in files if split_of[path] == split] for split in ('val', 'train')}
+        if not texts['val'] or not texts['train']:
+            raise DataError(f"{len(files)} stdlib files leave one split empty: use more files (--max-files)")
+        say(f"pystdlib: {len(texts['train'])} train + {len(texts['val'])} val files from "
+            f"{sysconfig.get_paths()['stdlib']} (Python {sys.version.split()[0]})")
+        make_tokenizer(out_dir, tokenizer, lambda: texts['train'])  # the BPE learns from train files: val stays unseen
+        encoding = load_tokenizer(out_dir)
+        meta = {'source': 'pystdlib', 'revision': f"python {sys.version.split()[0]}", 'tokenizer': tokenizer,
+                'vocab_size': encoding.n_vocab, 'eot_id': encoding.eot_token,
+                'dtype': token_dtype(encoding.n_vocab).name, 'shard_tokens': shard_tokens,
+                'documents': len(files), 'text_bytes': 0, 'max_token_id': -1, 'request': request}
+        written, index = [], 0
+        for split in ('val', 'train'):
+            tokens, text_bytes = tokenize_all(out_dir, texts[split], workers or default_workers())
+            meta['text_bytes'] += text_bytes
+            meta[f'{split}_tokens'] = len(tokens)
+            meta[f'{split}_shards'] = 0
+            for start in range(0, len(tokens), shard_tokens):
+                written.append(shard_path(out_dir, 'pystdlib', split, index))
+                largest = write_shard(written[-1], tokens[start:start + shard_tokens])
+                meta['max_token_id'] = max(meta['max_token_id'], largest)
+                meta[f'{split}_shards'] += 1
+                index += 1
+        remove_shards(out_dir, 'pystdlib', keep=written)
+        say(f"pystdlib: tokenized in {time.time() - started:.1f} s")
+        return finish_meta(out_dir, meta)
 
 
 # -----------------------------------------------------------------------------------------------------
@@ -376,59 +570,86 @@ def parquet_batches(path, start_row=0, batch_docs=1024):
     Python object per document, and only the row groups from `start_row` on are read. Record batches of
     `batch_docs` rows (pyarrow's iter_batches, one thread) hold one batch of decoded text at a time, not a
     row group, and cost less CPU: on `prepare.py bench`'s 126 MB row group 0.16 s against 0.6-0.9 s for
-    read_row_group with pyarrow's thread pool, CPU taken from the tokenizing workers."""
+    read_row_group with pyarrow's thread pool, CPU taken from the tokenizing workers. A file pyarrow cannot read
+    (truncated, damaged, not parquet) is one DataError naming it."""
     import pyarrow as pa
     import pyarrow.parquet as pq
-    parquet = pq.ParquetFile(path)
-    if 'text' not in parquet.schema_arrow.names:
-        raise DataError(f"{path}: no 'text' column (it has {', '.join(parquet.schema_arrow.names)})")
-    first_group, row = 0, 0  # the first row group to read, and its first row
-    group_rows = [parquet.metadata.row_group(group).num_rows for group in range(parquet.num_row_groups)]
-    while first_group < len(group_rows) and row + group_rows[first_group] <= start_row:
-        row += group_rows[first_group]
-        first_group += 1
-    groups = range(first_group, len(group_rows))
-    for batch in parquet.iter_batches(batch_docs, row_groups=groups, columns=['text'], use_threads=False):
-        column = batch.column(0)
-        if row + len(column) <= start_row:  # the first row group's rows before start_row
+    try:
+        parquet = pq.ParquetFile(path)
+        if 'text' not in parquet.schema_arrow.names:
+            raise DataError(f"{path}: no 'text' column (it has {', '.join(parquet.schema_arrow.names)})")
+        first_group, row = 0, 0  # the first row group to read, and its first row
+        group_rows = [parquet.metadata.row_group(group).num_rows for group in range(parquet.num_row_groups)]
+        while first_group < len(group_rows) and row + group_rows[first_group] <= start_row:
+            row += group_rows[first_group]
+            first_group += 1
+        groups = range(first_group, len(group_rows))
+        for batch in parquet.iter_batches(batch_docs, row_groups=groups, columns=['text'], use_threads=False):
+            column = batch.column(0)
+            if row + len(column) <= start_row:  # the first row group's rows before start_row
+                row += len(column)
+                continue
+            if row < start_row:
+                column, row = column.slice(start_row - row), start_row
+            if column.type not in (pa.string(), pa.large_string()):
+                column = column.cast(pa.large_string())
+            if column.null_count:
+                column = column.fill_null('')
+            _, offsets, data = column.buffers()
+            offsets = np.frombuffer(offsets, dtype=np.int32 if column.type == pa.string() else np.int64)
+            offsets = offsets[column.offset:column.offset + len(column) + 1].astype(np.int64)
+            if len(column):
+                yield row, memoryview(data if data is not None else b''), offsets
             row += len(column)
-            continue
-        if row < start_row:
-            column, row = column.slice(start_row - row), start_row
-        if column.type not in (pa.string(), pa.large_string()):
-            column = column.cast(pa.large_string())
-        if column.null_count:
-            column = column.fill_null('')
-        _, offsets, data = column.buffers()
-        offsets = np.frombuffer(offsets, dtype=np.int32 if column.type == pa.string() else np.int64)
-        offsets = offsets[column.offset:column.offset + len(column) + 1].astype(np.int64)
-        if len(column):
-            yield row, memoryview(data if data is not None else b''), offsets
-        row += len(column)
+    except pa.ArrowException as e:
+        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise DataError(f"{path}: not a readable parquet file ({reason}): if it is a download, delete it and "
+                        f"rerun to fetch it again") from None
+
+
+def not_utf8(path, error, where=''):
+    """The DataError for text that does not decode as UTF-8 (a binary file, or another encoding such as Latin-1)."""
+    return DataError(f"{path}{where}: not UTF-8 text (byte {error.object[error.start]:#04x} at byte "
+                     f"{error.start:,}{' of the line' if where else ''}): convert it to UTF-8 "
+                     f"(e.g. iconv -f latin1 -t utf-8) or leave it out")
 
 
 def read_documents(path, start_row=0):
     """Yield (row, text) of one local file from `start_row` on: .parquet (its `text` column), .jsonl (the
-    "text" field of each non-blank line) or .txt (one document)."""
+    "text" field of each non-blank line) or .txt (one document). Text that is not UTF-8, or has NUL bytes (a
+    binary file), is one DataError naming the file."""
     if path.endswith('.parquet'):
         for first_row, data, offsets in parquet_batches(path, start_row):
             yield from enumerate(unpack_texts(data, offsets), first_row)
     elif path.endswith('.jsonl'):
-        with open(path, encoding='utf-8') as f:
+        with open(path, 'rb') as f:
             row = 0
             for line_number, line in enumerate(f, 1):
+                try:
+                    line = line.decode('utf-8')
+                except UnicodeDecodeError as e:
+                    raise not_utf8(path, e, f':{line_number}') from None
                 if not line.strip():
                     continue
                 if row >= start_row:
                     try:
                         text = json.loads(line)['text']
                     except (ValueError, KeyError, TypeError):
-                        raise DataError(f"{path}:{line_number}: not a JSON object with a \"text\" field") from None
+                        text = None
+                    if not isinstance(text, str):
+                        raise DataError(f"{path}:{line_number}: not a JSON object with a \"text\" string")
                     yield row, text
                 row += 1
     elif start_row == 0:
-        with open(path, encoding='utf-8') as f:
-            yield 0, f.read()
+        with open(path, 'rb') as f:
+            raw = f.read()
+        try:
+            text = raw.decode('utf-8')
+        except UnicodeDecodeError as e:
+            raise not_utf8(path, e) from None
+        if '\0' in text:
+            raise DataError(f"{path}: a binary file (NUL bytes at byte {raw.index(0):,}), not text: leave it out")
+        yield 0, text
 
 
 def document_batches(paths, fetch, position, batch_docs, wait_for_file=None):
@@ -456,39 +677,43 @@ def document_batches(paths, fetch, position, batch_docs, wait_for_file=None):
             yield file_index, row + 1 - len(texts), *pack_texts(texts)
 
 
-def bpe_sample(documents, skip_chars, sample_chars):
-    """Texts for training the BPE: skip the first `skip_chars` characters of the stream (where the val shard's
-    documents are: BPE packs text into ~4-5 characters per token, so 8 characters per val token is a safe
-    margin) and take the next `sample_chars`, so val text stays unseen by the tokenizer too."""
-    seen = taken = 0
-    for text in documents:
-        seen += len(text)
-        if seen <= skip_chars:
-            continue
-        yield text
-        taken += len(text)
-        if taken >= sample_chars:
-            return
+def bpe_sample(documents, val_tokens, sample_chars, tokens=0):
+    """Texts for training the BPE from a stream of documents. The first 8 characters per val token are skipped:
+    the val shard's documents are there (BPE packs ~4-5 characters into a token, so 8 is a safe margin), and val
+    text stays unseen by the tokenizer too. Then at most `sample_chars` are taken, and with --tokens at most one
+    per token: a BPE packs more than one character into a token on average, so the sample never reaches text
+    (or downloads a file) that the shards will not use. No text left after the skip is one DataError line."""
+    skip, limit, seen = 8 * val_tokens, min(sample_chars, tokens) if tokens else sample_chars, 0
+
+    def sample():
+        nonlocal seen
+        taken = 0
+        for text in documents:
+            seen += len(text)
+            if seen <= skip:
+                continue
+            yield text
+            taken += len(text)
+            if taken >= limit:
+                return
+    texts = sample()
+    first = next(texts, None)
+    if first is None:
+        if not seen:
+            raise DataError("there is no text in the input (every document is empty): give files with text")
+        raise DataError(f"no text left for the BPE to learn from: the text has {seen:,} characters and the first "
+                        f"{skip:,} are held out for the {val_tokens:,}-token val shard (8 per token): lower "
+                        f"--val-tokens (about {seen // 16:,} would leave half the text), or give more text")
+    return itertools.chain([first], texts)
 
 
-def format_duration(seconds):
-    seconds = int(seconds)
-    return f"{seconds // 3600}h{seconds // 60 % 60:02d}m" if seconds >= 3600 else f"{seconds // 60}m{seconds % 60:02d}s"
-
-
-def tokenize_stream(out_dir, prefix, paths, fetch, request, workers, val_tokens, shard_tokens, max_tokens,
-                    batch_docs=256):
-    """Tokenize the documents of `paths` in order into shards, carrying on from progress.json; returns the meta
-    fields for the counts. `max_tokens` = 0 reads everything."""
+def tokenize_stream(out_dir, prefix, paths, fetch, state, workers, val_tokens, shard_tokens, max_tokens,
+                    done_with_files=None, batch_docs=256):
+    """Tokenize the documents of `paths` in order into shards, carrying on from `state` (start_progress); returns
+    the meta fields for the counts. `max_tokens` = 0 reads everything. `done_with_files(n)` is called whenever
+    files 0..n-1 are no longer needed, not even by a rerun (every shard that holds their tokens is written)."""
     import threading
     progress_path = os.path.join(out_dir, 'progress.json')
-    state = {'request': request, 'shards': 0, 'file': 0, 'row': 0, 'skip': 0, 'documents': 0, 'text_bytes': 0}
-    if os.path.exists(progress_path):
-        with open(progress_path) as f:
-            state = json.load(f)
-        if state['request'] != request:
-            raise DataError(f"{out_dir} holds an unfinished dataset made with {state['request']}: rerun that "
-                            f"command to finish it, or delete the folder or choose another --out")
     target = max_tokens or float('inf')
 
     def shard_end(index):  # stream offset where shard `index` ends
@@ -498,12 +723,14 @@ def tokenize_stream(out_dir, prefix, paths, fetch, request, workers, val_tokens,
     stream_offset = shard_end(shard - 1) if shard else 0  # stream offset of the first buffered token
     if stream_offset >= target:
         stream_offset, shard = 0, 0  # a smaller --tokens than a finished run's: start over
-        state.update(shards=0, file=0, row=0, skip=0, documents=0, text_bytes=0)
-    if shard:
-        print(f"{prefix}: carrying on after {shard} complete shards ({stream_offset:,} tokens)")
-    buffer, buffered = [], 0
-    documents, text_bytes = state['documents'], state['text_bytes']
+        state.update(shards=0, file=0, row=0, skip=0, documents=0, text_bytes=0, max_token_id=-1)
     written = [shard_path(out_dir, prefix, 'val' if i == 0 else 'train', i) for i in range(shard)]
+    if 'max_token_id' not in state:  # progress.json of an older prepare.py: read the finished shards once
+        state['max_token_id'] = max([int(open_shard(p).max()) for p in written], default=-1)
+    if shard:
+        say(f"{prefix}: carrying on after {shard} complete shards ({stream_offset:,} tokens)")
+    buffer, buffered = [], 0
+    documents, text_bytes, largest = state['documents'], state['text_bytes'], state['max_token_id']
 
     # At most `in_flight` batches are out with the workers: the feeding thread blocks on `slots`, so files are
     # downloaded as the tokenizer needs them. Before opening another file it waits until every batch out is
@@ -526,9 +753,9 @@ def tokenize_stream(out_dir, prefix, paths, fetch, request, workers, val_tokens,
             yield batch
 
     started, started_offset, skip = time.time(), stream_offset, state['skip']
-    last_report = started
     done = False
-    with multiprocessing.Pool(workers, initializer=init_worker, initargs=(out_dir,)) as pool:
+    with multiprocessing.Pool(workers, initializer=init_worker, initargs=(out_dir,)) as pool, \
+            Progress(prefix, max_tokens or None, initial=stream_offset) as progress:
         try:
             for file_index, first_row, tokens, doc_tokens, doc_bytes in pool.imap(tokenize_batch, feed()):
                 counted = np.ones(len(doc_tokens), dtype=np.int64)
@@ -537,11 +764,12 @@ def tokenize_stream(out_dir, prefix, paths, fetch, request, workers, val_tokens,
                 doc_starts = stream_offset + buffered + np.concatenate([[0], np.cumsum(doc_tokens)[:-1]])
                 buffer.append(tokens)
                 buffered += len(tokens)
+                progress.update(min(len(tokens), target - progress.n))
                 while stream_offset + buffered >= min(shard_end(shard), target):
                     end = min(shard_end(shard), target)
                     data = np.concatenate(buffer)
                     written.append(shard_path(out_dir, prefix, 'val' if shard == 0 else 'train', shard))
-                    write_shard(written[-1], data[:end - stream_offset])
+                    largest = max(largest, write_shard(written[-1], data[:end - stream_offset]))
                     buffer, buffered = [data[end - stream_offset:]], stream_offset + buffered - end
                     stream_offset, shard = end, shard + 1
                     # the document holding stream token `end`, and how many of its tokens are written
@@ -551,8 +779,11 @@ def tokenize_stream(out_dir, prefix, paths, fetch, request, workers, val_tokens,
                         state.update(shards=shard, file=file_index, row=first_row + int(inside),
                                      skip=int(end - doc_starts[inside]),
                                      documents=documents + int(counted[:before].sum()),
-                                     text_bytes=text_bytes + int((doc_bytes * counted)[:before].sum()))
+                                     text_bytes=text_bytes + int((doc_bytes * counted)[:before].sum()),
+                                     max_token_id=largest)
                         save_json(progress_path, state)
+                        if done_with_files:
+                            done_with_files(state['file'])
                     if end == target:
                         documents += int(counted[:before].sum())
                         text_bytes += int((doc_bytes * counted)[:before].sum())
@@ -562,184 +793,442 @@ def tokenize_stream(out_dir, prefix, paths, fetch, request, workers, val_tokens,
                     break
                 documents += int(counted.sum())
                 text_bytes += int((doc_bytes * counted).sum())
-                now = time.time()
-                if now - last_report > (1 if sys.stderr.isatty() else 30):
-                    last_report, total = now, stream_offset + buffered
-                    rate = (total - started_offset) / (now - started)
-                    eta = f" | ETA {format_duration((target - total) / rate)}" if max_tokens and rate else ''
-                    goal = f" / {max_tokens:,}" if max_tokens else ''
-                    line = (f"{prefix}: {total:,}{goal} tokens | {rate / 1e6:.2f}M tokens/s | shard {shard} | "
-                            f"file {file_index + 1}/{len(paths)}{eta}")
-                    if sys.stderr.isatty():  # one line redrawn in place
-                        print('\r' + line + '   ', end='', file=sys.stderr, flush=True)
-                    else:
-                        print(line, file=sys.stderr, flush=True)
                 slots.release()  # only now: a batch counts as out until its tokens are in the buffer
         finally:
             stop.set()
             for _ in range(in_flight):
                 slots.release()
-    if sys.stderr.isatty():
-        print(file=sys.stderr)
     if not done and buffered:  # the documents ran out: the rest is the last (shorter) shard
         if shard == 0:
             raise DataError(f"only {buffered:,} tokens in all, fewer than the {val_tokens:,} of the val shard: "
                             f"lower --val-tokens")
         written.append(shard_path(out_dir, prefix, 'train', shard))
-        write_shard(written[-1], np.concatenate(buffer))
+        largest = max(largest, write_shard(written[-1], np.concatenate(buffer)))
         stream_offset, shard = stream_offset + buffered, shard + 1
     if shard < 2:
         raise DataError(f"all {stream_offset:,} tokens went to the val shard: lower --val-tokens")
     remove_shards(out_dir, prefix, keep=written)
+    if done_with_files:
+        done_with_files(len(paths))
     elapsed = time.time() - started
-    print(f"{prefix}: {stream_offset - started_offset:,} tokens in {elapsed:.1f} s "
-          f"({(stream_offset - started_offset) / max(elapsed, 1e-9) / 1e6:.2f}M tokens/s)")
+    say(f"{prefix}: {stream_offset - started_offset:,} tokens in {elapsed:.1f} s "
+        f"({(stream_offset - started_offset) / max(elapsed, 1e-9) / 1e6:.2f}M tokens/s)")
     return {'documents': documents, 'text_bytes': text_bytes, 'val_tokens': min(val_tokens, stream_offset),
-            'train_tokens': stream_offset - val_tokens, 'val_shards': 1, 'train_shards': shard - 1}
+            'train_tokens': stream_offset - val_tokens, 'val_shards': 1, 'train_shards': shard - 1,
+            'max_token_id': largest}
 
 
 # -----------------------------------------------------------------------------------------------------
 # Source 2: fineweb_edu. The parquet files of a FineWeb-Edu sample (HuggingFaceFW/fineweb-edu, folder
 # sample/10BT, sample/100BT or sample/350BT) over plain HTTP from the Hub: the revision ("main" by default) is
-# resolved to its commit once and pinned in progress.json and meta.json, so a rerun weeks later reads the same
-# files. Hub API: GET {endpoint}/api/datasets/{repo}/revision/{rev} -> {"sha": ...};
-# GET {endpoint}/api/datasets/{repo}/tree/{sha}/{folder} -> [{"type": "file", "path": ..., "size": ...}, ...]
-# (paged with a Link: <next>; rel="next" header); files at {endpoint}/datasets/{repo}/resolve/{sha}/{path}.
+# resolved to its commit once and pinned, with every file's size and sha256, in files.json (the manifest), so a
+# rerun weeks later reads the same files. Hub API: GET {endpoint}/api/datasets/{repo}/revision/{rev} -> {"sha": ...};
+# GET {endpoint}/api/datasets/{repo}/tree/{sha}/{folder} -> [{"type": "file", "path": ..., "size": ...,
+# "lfs": {"oid": sha256, "size": ...}}, ...] (paged with a Link: <next>; rel="next" header); files at
+# {endpoint}/datasets/{repo}/resolve/{sha}/{path}, which redirects (302) to a CDN.
+#
+# The network is assumed hostile. Every download is checked against the listing before it is renamed into place
+# or used: the size the server announces (a different total is an error, not a restart), what the body is (an
+# HTML page from a captive portal is named as such) and, once complete, the sha256. A dropped connection carries
+# on with a Range request, made conditional with If-Range on the ETag, so a file that changed meanwhile comes back
+# whole instead of being stitched to a stale prefix. Every retry loop waits between tries and gives up after
+# HTTP_ATTEMPTS tries or `retry_budget_s` seconds of failing, whichever comes first; 429's Retry-After is waited
+# out when it fits in that budget. HF_ENDPOINT (a mirror) and HF_TOKEN, the Hub's own variables, are honoured.
 
 HUB_ENDPOINT = 'https://huggingface.co'
 FINEWEB_EDU = 'HuggingFaceFW/fineweb-edu'
-HTTP_ATTEMPTS = 8          # tries per request before giving up (a download's count restarts when bytes arrive)
-RETRY_BACKOFF_S = 2.0      # waits 2, 4, 8, ... s (capped at 60) between tries
-HTTP_TIMEOUT_S = (10, 60)  # (connect, read between bytes)
+HTTP_ATTEMPTS = 10              # tries per request (a download's count starts again whenever bytes arrive)
+MAX_BACKOFF_S = 30.0            # the doubling wait between tries stops growing here
+HASH_ATTEMPTS = 3               # downloads of one file whose sha256 disagrees with the listing, before giving up
 DOWNLOAD_CHUNK_BYTES = 1 << 20  # written to .partial chunk by chunk: a drop loses at most the chunk in flight
+PARQUET_BYTES_PER_TOKEN = (3, 4)  # FineWeb-Edu parquet per GPT-2 token, low and high: the book's ~3-4 (ledger.py's)
 
 
-def http_get(session, url, headers=None, stream=False):
-    """GET with retries on 5xx/429, time-outs and dropped connections, with exponential backoff. A 4xx answer
-    is a DataError naming the URL (404: wrong sample, revision or endpoint)."""
+@dataclasses.dataclass
+class Network:
+    """How prepare.py talks to the Hub. With the defaults a server that stalls on every try is given up after at
+    most retry_budget_s + one read_timeout_s = 2 minutes, with a line at each retry."""
+    endpoint: str = ''               # '' -> $HF_ENDPOINT, else https://huggingface.co
+    connect_timeout_s: float = 10.0  # to open a connection
+    read_timeout_s: float = 30.0     # of silence in the middle of an answer (a stalled server)
+    retry_budget_s: float = 90.0     # how long one request may keep failing, waits included, before we give up
+    backoff_s: float = 1.0           # the first wait between tries; doubled after each, up to MAX_BACKOFF_S
+
+    @property
+    def base_url(self):
+        return (self.endpoint or os.environ.get('HF_ENDPOINT') or HUB_ENDPOINT).rstrip('/')
+
+
+class Retries:
+    """The retry policy of one request: wait backoff_s, 2 x backoff_s, ... (or the Retry-After the server asks
+    for) between tries; give up after HTTP_ATTEMPTS tries or retry_budget_s seconds of failing. A download calls
+    progress() whenever bytes arrive: the count then starts again."""
+
+    def __init__(self, what, network):
+        self.what, self.network = what, network
+        self.tries, self.first_failure = 0, None
+
+    def progress(self):
+        self.tries, self.first_failure = 0, None
+
+    def wait(self, problem, retry_after=None):
+        """Sleep before the next try, or raise the DataError that gives up on this one."""
+        now = time.monotonic()
+        self.first_failure = self.first_failure if self.tries else now
+        self.tries += 1
+        failing_s, budget = now - self.first_failure, self.network.retry_budget_s
+        wait = retry_after if retry_after is not None else \
+            min(MAX_BACKOFF_S, self.network.backoff_s * 2 ** (self.tries - 1))
+        if retry_after is not None and retry_after > budget:
+            raise DataError(f"{self.what}: {problem}: the Hub asks to wait {retry_after:g} s, more than the retry "
+                            f"budget of {budget:g} s (--retry-budget): rerun later (finished work is kept)")
+        if self.tries >= HTTP_ATTEMPTS or failing_s + wait > budget:
+            advice = ("wait a while and rerun" if 'rate-limited' in problem else
+                      "check the network (and --endpoint or HF_ENDPOINT), then rerun")
+            raise DataError(f"{self.what}: {problem}, still after {self.tries} tries in {failing_s:.0f} s: {advice} "
+                            f"(finished work is kept)")
+        say(f"{self.what}: {problem}: try {self.tries + 1} of at most {HTTP_ATTEMPTS} in {wait:g} s "
+            f"(retry budget {budget:g} s)")
+        time.sleep(wait)
+
+
+def retry_after_s(response):
+    """Seconds a 429 or 503 answer asks us to wait (Retry-After: seconds, or an HTTP date), or None."""
+    value = response.headers.get('Retry-After', '').strip()
+    if value.isdigit():
+        return float(value)
+    with contextlib.suppress(TypeError, ValueError):
+        return max(0.0, email.utils.parsedate_to_datetime(value).timestamp() - time.time())
+    return None
+
+
+NETWORK_PROBLEMS = {  # what urllib3 says, deep inside a requests exception -> what it means
+    'Failed to resolve': "the host name does not resolve (DNS: offline?)",
+    'Connection refused': "connection refused",
+    'Network is unreachable': "the network is unreachable",
+    'CERTIFICATE_VERIFY_FAILED': "the server's TLS certificate is not trusted (a proxy intercepting HTTPS?)",
+}
+
+
+def network_problem(error, network):
+    """A requests exception in words: which time-out, or why the connection failed."""
     import requests
-    for attempt in range(HTTP_ATTEMPTS):
-        try:
-            response = session.get(url, headers=headers, stream=stream, timeout=HTTP_TIMEOUT_S)
-        except (requests.ConnectionError, requests.Timeout) as e:
-            problem = type(e).__name__
-        else:
+    if isinstance(error, requests.ConnectTimeout):
+        return f"no connection within {network.connect_timeout_s:g} s (connect time-out)"
+    if isinstance(error, requests.ReadTimeout) or 'timed out' in str(error):  # mid-body it is a ConnectionError
+        return f"no data for {network.read_timeout_s:g} s (read time-out)"
+    known = next((words for text, words in NETWORK_PROBLEMS.items() if text in str(error)), None)
+    return known or f"connection lost ({type(error).__name__})"
+
+
+class Hub:
+    """GET requests to the Hub (or the mirror HF_ENDPOINT names) with retries; HF_TOKEN, if set, is sent as a bearer
+    token to that host only: requests drops the header when a redirect leads to another host (the CDN)."""
+
+    def __init__(self, network=None):
+        import requests
+        self.network = network or Network()
+        self.endpoint = self.network.base_url
+        self.token = os.environ.get('HF_TOKEN', '')
+        self.session = requests.Session()
+
+    def get(self, url, retries=None, headers=None, stream=False):
+        """The response to a GET of `url` (status < 400), retrying time-outs, dropped connections, 5xx and 429."""
+        import requests
+        retries = retries or Retries(url, self.network)
+        headers = dict(headers or {}, **({'Authorization': f'Bearer {self.token}'} if self.token else {}))
+        timeout = (self.network.connect_timeout_s, self.network.read_timeout_s)
+        while True:
+            try:
+                response = self.session.get(url, headers=headers, stream=stream, timeout=timeout)
+            except (requests.ConnectionError, requests.Timeout) as e:
+                retries.wait(network_problem(e, self.network))
+                continue
             if response.status_code < 400:
                 return response
-            problem = f"HTTP {response.status_code}"
             response.close()
-            if response.status_code == 404:
+            status = response.status_code
+            if status in (401, 403):
+                raise DataError(self.refused(url, status))
+            if status == 404:
                 raise DataError(f"{url}: not found (HTTP 404): check --sample, --revision and --endpoint")
-            if response.status_code < 500 and response.status_code != 429:
-                raise DataError(f"{url}: HTTP {response.status_code} {response.reason}")
-        if attempt + 1 < HTTP_ATTEMPTS:
-            wait = min(60.0, RETRY_BACKOFF_S * 2**attempt)
-            print(f"{url}: {problem}, retrying in {wait:g} s ({attempt + 1}/{HTTP_ATTEMPTS})", file=sys.stderr)
-            time.sleep(wait)
-    raise DataError(f"{url}: still failing after {HTTP_ATTEMPTS} tries ({problem}): check the network and rerun "
-                    f"(finished work is kept)")
+            if status == 429:
+                retries.wait("rate-limited by the Hub (HTTP 429)", retry_after_s(response))
+            elif status >= 500 or status == 408:
+                retries.wait(f"HTTP {status} {response.reason}", retry_after_s(response) if status == 503 else None)
+            else:
+                raise DataError(f"{url}: HTTP {status} {response.reason}")
 
+    def refused(self, url, status):
+        if self.token:
+            return (f"{url}: HTTP {status} with the token in HF_TOKEN: it has no access to this dataset (gated or "
+                    f"private): accept the dataset's terms on its Hub page with the token's account, or check the "
+                    f"token (read access)")
+        return (f"{url}: HTTP {status}: the dataset is gated or private (or does not exist): accept its terms on "
+                f"its Hub page, then pass a read token from https://huggingface.co/settings/tokens as "
+                f"HF_TOKEN=hf_... python prepare.py ...")
 
-def hub_files(session, endpoint, repo, revision, folder):
-    """(commit sha, sorted [{'path', 'size'}] of the folder's .parquet files) at a revision."""
-    sha = http_get(session, f"{endpoint}/api/datasets/{repo}/revision/{revision}").json()['sha']
-    files, url = [], f"{endpoint}/api/datasets/{repo}/tree/{sha}/{folder}"
-    while url:
-        response = http_get(session, url)
-        files += [{'path': item['path'], 'size': item['size']} for item in response.json()
-                  if item['type'] == 'file' and item['path'].endswith('.parquet')]
-        url = response.links.get('next', {}).get('url')
-    if not files:
-        raise DataError(f"no parquet files in {repo}/{folder} at {revision}: check --sample")
-    return sha, sorted(files, key=lambda item: item['path'])
+    def files(self, repo, revision, folder, extension):
+        """(commit sha, sorted [{'path', 'size', 'sha256'}] of the folder's files ending in `extension`) at a
+        revision. sha256 is the file's LFS object id; None for a file not in LFS (then only its size is checked).
+        An answer that is not the API's JSON (a captive portal's page with status 200) is one DataError line."""
+        sha = self.api_json(f"{self.endpoint}/api/datasets/{repo}/revision/{revision}")[1]['sha']
+        files, url = [], f"{self.endpoint}/api/datasets/{repo}/tree/{sha}/{folder}"
+        while url:
+            response, answer = self.api_json(url)
+            files += [{'path': item['path'], 'size': (item.get('lfs') or {}).get('size', item['size']),
+                       'sha256': (item.get('lfs') or {}).get('oid')}
+                      for item in answer if item['type'] == 'file' and item['path'].endswith(extension)]
+            url = response.links.get('next', {}).get('url')
+        if not files:
+            raise DataError(f"no {extension} files in {repo}/{folder} at {revision}: check --sample")
+        return sha, sorted(files, key=lambda item: item['path'])
 
-
-def download(session, url, dest, size):
-    """Stream `url` to `dest`.partial, carrying on with an HTTP Range request after a dropped connection, check
-    the size, and rename to `dest` when complete. A complete `dest` is kept as it is."""
-    import requests
-    if os.path.exists(dest) and os.path.getsize(dest) == size:
-        return dest
-    partial, attempt = dest + '.partial', 0
-    while True:
-        have = os.path.getsize(partial) if os.path.exists(partial) else 0
-        if have == size:
-            break
-        if have > size:  # damaged: start over
-            os.remove(partial)
-            have = 0
-        response = http_get(session, url, headers={'Range': f'bytes={have}-'} if have else None, stream=True)
-        if have and response.status_code != 206:  # the server ignored the Range: take the whole file again
-            have = 0
+    def api_json(self, url):
+        """(response, its JSON) for a GET of the Hub's API; an answer that is not JSON (a captive portal's page,
+        sent with status 200) is one DataError line."""
+        response = self.get(url)
         try:
-            with response, open(partial, 'ab' if have else 'wb') as f:
+            return response, response.json()
+        except ValueError:
+            raise DataError(f"{url}: not an answer of the Hub's API ({what_came(response, response.content)}): a "
+                            f"captive portal or proxy in the way? check the network and --endpoint or HF_ENDPOINT") \
+                from None
+
+
+def file_sha256(path):
+    digest = hashlib.sha256()
+    with open(path, 'rb') as f:
+        for block in iter(lambda: f.read(1 << 24), b''):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def download(hub, url, dest, size, sha256, what, starts_with=b'PAR1'):
+    """Download `url` to `dest` through `dest`.partial, resuming after drops (Range + If-Range), and rename it to
+    `dest` only once its size and sha256 match the listing. A mismatch deletes the partial and downloads again, up
+    to HASH_ATTEMPTS times. A file already at `dest` is checked the same way before it is used. `what` names the
+    file in retry lines; `starts_with`: the first bytes of a good file (parquet's magic), so a body that is
+    something else is named at once."""
+    name = os.path.basename(dest)
+    if os.path.exists(dest):
+        on_disk = os.path.getsize(dest)
+        actual = file_sha256(dest) if sha256 and on_disk == size else None
+        if on_disk == size and actual == sha256:
+            return dest
+        say(f"{dest} does not match the listing ("
+            f"{f'sha256 {actual}, not {sha256}' if on_disk == size else f'{on_disk:,} bytes, not {size:,}'}): "
+            f"downloading it again")
+        os.remove(dest)
+    partial, etag_path = dest + '.partial', dest + '.etag'
+    retries = Retries(what, hub.network)
+    for attempt in range(1, HASH_ATTEMPTS + 1):
+        started = time.monotonic()
+        with Progress(name, size, unit='B', initial=min(size, size_of(partial)), leave=False) as progress:
+            while size_of(partial) != size:
+                fetch_rest(hub, url, partial, etag_path, size, starts_with, retries, progress)
+        actual = file_sha256(partial) if sha256 else None
+        if actual == sha256:
+            os.replace(partial, dest)
+            remove_quietly(etag_path)
+            say(f"{name}: {human_bytes(size)} in {time.monotonic() - started:.0f} s"
+                f"{', sha256 verified' if sha256 else ''}")
+            return dest
+        remove_quietly(partial)
+        remove_quietly(etag_path)
+        if attempt < HASH_ATTEMPTS:
+            say(f"{name}: sha256 {actual} differs from the listing's {sha256}: downloading it again "
+                f"({attempt + 1} of {HASH_ATTEMPTS})")
+            time.sleep(hub.network.backoff_s * 2 ** attempt)
+    raise DataError(f"{name}: sha256 {actual} after {HASH_ATTEMPTS} downloads, but the listing says {sha256}: the "
+                    f"data is damaged on the way (a proxy or mirror?): check --endpoint or HF_ENDPOINT and rerun")
+
+
+def size_of(path):
+    return os.path.getsize(path) if os.path.exists(path) else 0
+
+
+def fetch_rest(hub, url, partial, etag_path, size, starts_with, retries, progress):
+    """One request for what `partial` still lacks, streamed onto its end until done or dropped (then the caller
+    asks again). The answer is checked first: its total must be the listing's size and its body no web page."""
+    import requests
+    have = size_of(partial)
+    if have > size:  # longer than the file: damaged, start over
+        os.remove(partial)
+        have = 0
+    etag = ''
+    if have and os.path.exists(etag_path):
+        with open(etag_path) as f:
+            etag = f.read()
+    headers = dict({'Range': f'bytes={have}-'} if have else {}, **({'If-Range': etag} if etag else {}))
+    response = hub.get(url, retries, headers, stream=True)
+    with response:
+        start = check_answer(response, url, have, size)
+        if have and not start:
+            say(f"{url}: the server sent the whole file again (it changed, or ignores ranges): starting over")
+            progress.update(-have)
+        if not start:  # a new body: keep its ETag for If-Range (a weak W/ one cannot be used there)
+            new_etag = response.headers.get('ETag', '')
+            if new_etag and not new_etag.startswith('W/'):
+                write_text_atomic(etag_path, new_etag)
+            else:
+                remove_quietly(etag_path)
+        try:
+            with open(partial, 'ab' if start else 'wb') as f:
                 for chunk in response.iter_content(chunk_size=DOWNLOAD_CHUNK_BYTES):
+                    if f.tell() == 0 and not chunk.startswith(starts_with[:len(chunk)]):
+                        raise DataError(f"{url}: the server sent something else than the file "
+                                        f"({what_came(response, chunk)}): a proxy or captive portal in the way? "
+                                        f"check the network and --endpoint or HF_ENDPOINT")
+                    if f.tell() + len(chunk) > size:
+                        raise DataError(size_mismatch(url, f"more than {size:,}", size))
                     f.write(chunk)
-        except (requests.ConnectionError, requests.Timeout, requests.exceptions.ChunkedEncodingError):
-            pass  # dropped half way: the next round asks for the rest
-        got = os.path.getsize(partial)
-        attempt = 0 if got > have else attempt + 1
-        if got != size and attempt >= HTTP_ATTEMPTS:
-            raise DataError(f"{url}: download stuck at {got:,} of {size:,} bytes after {HTTP_ATTEMPTS} tries: "
-                            f"rerun to carry on")
-        if got < size and got == have:
-            time.sleep(min(60.0, RETRY_BACKOFF_S * 2**attempt))
-    os.replace(partial, dest)
-    return dest
+                    progress.update(len(chunk))
+                    retries.progress()
+                if f.tell() == start:  # an answer without a byte of what is missing: a failure like any other
+                    retries.wait("the server sent no data")
+        except (requests.ConnectionError, requests.Timeout, requests.exceptions.ChunkedEncodingError) as e:
+            retries.wait(network_problem(e, hub.network))  # dropped half way: the next request asks for the rest
+
+
+def size_mismatch(url, sent, size):
+    return (f"{url}: the server sends {sent} bytes but the Hub's listing says {size:,}: a proxy or mirror in the "
+            f"way (check --endpoint or HF_ENDPOINT), or a stale files.json in the data folder (delete it to list "
+            f"the files again)")
+
+
+def what_came(response, body):
+    """The Content-Type and the start of a body, for an error line: "text/html: '<!DOCTYPE html> <html>...'"."""
+    start = ' '.join(body[:200].decode('utf-8', 'replace').split())[:80]
+    return f"{response.headers.get('Content-Type', 'no Content-Type')}: {start!r}"
+
+
+def check_answer(response, url, have, size):
+    """Where the answer's body goes in the file: at `have` for a 206 that continues it, at 0 for a 200 (the whole
+    file). A total other than the listing's size, or an HTML page (a captive portal's login), is a DataError."""
+    if 'text/html' in response.headers.get('Content-Type', ''):
+        page = next(response.iter_content(200), b'')
+        raise DataError(f"{url}: the server answered with a web page ({what_came(response, page)}) instead of the "
+                        f"file: a captive portal or proxy login? open any web page to log in, or check --endpoint "
+                        f"or HF_ENDPOINT")
+    if response.status_code == 206:
+        match = re.fullmatch(r'bytes (\d+)-\d+/(\d+|\*)', response.headers.get('Content-Range', ''))
+        if not match or int(match[1]) != have:
+            raise DataError(f"{url}: asked for bytes {have:,}- but the server sent "
+                            f"{response.headers.get('Content-Range')!r}: check --endpoint or HF_ENDPOINT")
+        if match[2] != '*' and int(match[2]) != size:
+            raise DataError(size_mismatch(url, f"{int(match[2]):,}", size))
+        return have
+    length = response.headers.get('Content-Length')
+    if length is not None and int(length) != size:
+        raise DataError(size_mismatch(url, f"{int(length):,}", size))
+    return 0
+
+
+def default_val_tokens(shard_tokens, expected_tokens):
+    """The val shard when --val-tokens is not given: ~10% of the tokens expected (0: unknown, many), at most one
+    shard (llm.c's convention for a large dataset: the first shard is val). 10% leaves the BPE sample, which skips
+    8 characters per val token, most of the text."""
+    return max(1, min(shard_tokens, expected_tokens // 10)) if expected_tokens else shard_tokens
+
+
+def disk_plan(out_dir, files, paths, tokens, shard_tokens, vocab_size, keep_downloads):
+    """Print what the run will download and write, and refuse with one line if the free space cannot hold it. The
+    shards are counted whole (--tokens, or the listing at the low 3 bytes per token); the parquet as what is on
+    disk at once: all of it with --keep-downloads, else about a shard's worth plus two files, since a file is
+    deleted once every shard that holds its tokens is written. The files read are those whose sizes add up to
+    --tokens at the high 4 bytes per token (all of them without --tokens)."""
+    low, high = PARQUET_BYTES_PER_TOKEN
+    sizes = [f['size'] for f in files]
+    n_files = next((i + 1 for i, total in enumerate(itertools.accumulate(sizes)) if total >= tokens * high),
+                   len(files)) if tokens else len(files)
+    parquet = sum(sizes[:n_files])
+    here = sum(size_of(p) + size_of(p + '.partial') for p in paths)
+    planned_tokens = tokens or sum(sizes) // low
+    shard_bytes = planned_tokens * ledger.token_bytes(vocab_size) + HEADER_BYTES * (planned_tokens // shard_tokens + 2)
+    shards_here = sum(size_of(p) for p in glob.glob(os.path.join(glob.escape(out_dir), 'fineweb_edu_*.bin')))
+    at_once = parquet if keep_downloads else min(parquet, shard_tokens * high + 2 * max(sizes[:n_files]))
+    more = max(0, shard_bytes - shards_here) + max(0, at_once - here)
+    free = free_bytes(out_dir)
+    kept = 'kept (--keep-downloads)' if keep_downloads else 'each deleted once tokenized (--keep-downloads keeps them)'
+    say(f"plan: {n_files} of {len(files)} parquet files, {human_bytes(max(0, parquet - here))} to download, {kept}; "
+        f"~{human_bytes(shard_bytes)} of shards ({planned_tokens:,} tokens x {ledger.token_bytes(vocab_size)} bytes); "
+        f"~{human_bytes(more)} more on disk at most, {human_bytes(free)} free in {out_dir}")
+    if more > free:
+        raise DataError(f"not enough disk space in {out_dir}: this run needs about {human_bytes(more)} more "
+                        f"(~{human_bytes(shard_bytes)} of shards, ~{human_bytes(at_once)} of parquet at once) and "
+                        f"{human_bytes(free)} is free: free some space, choose another --out or lower --tokens"
+                        f"{', or drop --keep-downloads' if keep_downloads else ''}")
+
+
+def fineweb_manifest(hub, out_dir, sample, revision):
+    """files.json: the commit the revision resolved to, and the size and sha256 of every file, listed on the first
+    run and pinned for the reruns (a manifest from an older prepare.py, without sha256, is listed again at its
+    commit)."""
+    path = os.path.join(out_dir, 'files.json')
+    manifest = None
+    if os.path.exists(path):
+        try:
+            with open(path, 'rb') as f:
+                manifest = json.loads(f.read())
+            if all('sha256' in f for f in manifest['files']):
+                return manifest
+        except (ValueError, KeyError, TypeError):
+            raise DataError(f"{path} is damaged: the shards made so far came from the files it listed, so delete "
+                            f"the folder and rerun") from None
+    sha, files = hub.files(FINEWEB_EDU, manifest['revision'] if manifest else revision, f'sample/{sample}', '.parquet')
+    manifest = {'repo': FINEWEB_EDU, 'revision': sha, 'files': files}
+    save_json(path, manifest)
+    return manifest
 
 
 def prepare_fineweb_edu(out_dir='data/fineweb_edu', sample='100BT', tokens=0, tokenizer='gpt2', workers=0,
-                        shard_tokens=100_000_000, val_tokens=0, endpoint=HUB_ENDPOINT, revision='main',
-                        bpe_sample_chars=1_000_000_000, delete_downloads=False):
-    """Build (or carry on, or find complete) a FineWeb-Edu data folder; returns its meta dict."""
-    import requests
+                        shard_tokens=100_000_000, val_tokens=0, revision='main', bpe_sample_chars=1_000_000_000,
+                        keep_downloads=False, network=None):
+    """Build (or carry on, or find complete) a FineWeb-Edu data folder; returns its meta dict. `network`: a Network
+    (endpoint, time-outs, retry budget)."""
     if sample not in ('10BT', '100BT', '350BT'):
         raise DataError(f"unknown sample '{sample}': use 10BT, 100BT or 350BT")
-    val_tokens = val_tokens or shard_tokens  # llm.c's convention: the first shard is val
-    request = {'source': 'fineweb_edu', 'sample': sample, 'tokenizer': tokenizer, 'shard_tokens': shard_tokens,
-               'val_tokens': val_tokens, 'endpoint': endpoint, 'revision': revision}
-    meta = complete_meta(out_dir, dict(request, tokens=tokens), carry_on_keys=('tokens',))
-    if meta is not None:
-        return meta
     vocab_size = parse_tokenizer(tokenizer)
-    os.makedirs(os.path.join(out_dir, 'downloads'), exist_ok=True)
-    session = requests.Session()
-    manifest_path = os.path.join(out_dir, 'files.json')
-    if os.path.exists(manifest_path):  # pinned by the first run: same commit, same files, no listing needed
-        with open(manifest_path) as f:
-            manifest = json.load(f)
-    else:
-        sha, files = hub_files(session, endpoint, FINEWEB_EDU, revision, f'sample/{sample}')
-        manifest = {'repo': FINEWEB_EDU, 'revision': sha, 'files': files}
-        save_json(manifest_path, manifest)
-    files, sha = manifest['files'], manifest['revision']
-    print(f"fineweb_edu: sample/{sample} at {sha}: {len(files)} parquet files, "
-          f"{sum(f['size'] for f in files) / 1e9:,.1f} GB")
-    paths = [os.path.join(out_dir, 'downloads', os.path.basename(f['path'])) for f in files]
+    val_tokens = val_tokens or default_val_tokens(shard_tokens, tokens)
+    request = {'source': 'fineweb_edu', 'sample': sample, 'tokenizer': tokenizer, 'shard_tokens': shard_tokens,
+               'val_tokens': val_tokens, 'revision': revision}
+    with writing(out_dir, 'prepare.py fineweb_edu'):
+        meta = complete_meta(out_dir, dict(request, tokens=tokens), carry_on_keys=('tokens',))
+        if meta is not None:
+            return meta
+        state = start_progress(out_dir, request)
+        hub = Hub(network)
+        manifest = fineweb_manifest(hub, out_dir, sample, revision)
+        files, sha = manifest['files'], manifest['revision']
+        os.makedirs(os.path.join(out_dir, 'downloads'), exist_ok=True)
+        paths = [os.path.join(out_dir, 'downloads', os.path.basename(f['path'])) for f in files]
+        say(f"fineweb_edu: sample/{sample} at {sha} from {hub.endpoint}: {len(files)} parquet files, "
+            f"{human_bytes(sum(f['size'] for f in files))}")
+        disk_plan(out_dir, files, paths, tokens, shard_tokens, vocab_size, keep_downloads)
+        verified = set()
 
-    def fetch(index):
-        if not os.path.exists(paths[index]):
-            print(f"fineweb_edu: downloading {files[index]['path']} ({files[index]['size'] / 1e9:.2f} GB)")
-        return download(session, f"{endpoint}/datasets/{FINEWEB_EDU}/resolve/{sha}/{files[index]['path']}",
-                        paths[index], files[index]['size'])
+        def fetch(index):  # file `index`, downloaded (or found on disk) and verified, once per run
+            if index not in verified:
+                if not os.path.exists(paths[index]):
+                    say(f"fineweb_edu: downloading {files[index]['path']} ({human_bytes(files[index]['size'])})")
+                download(hub, f"{hub.endpoint}/datasets/{FINEWEB_EDU}/resolve/{sha}/{files[index]['path']}",
+                         paths[index], files[index]['size'], files[index]['sha256'], files[index]['path'])
+                verified.add(index)
+            return paths[index]
 
-    def fetch_for_shards(index):
-        if delete_downloads:  # the earlier files have been read (a rerun downloads again what it still needs)
-            for old in paths[:index]:
-                if os.path.exists(old):
-                    os.remove(old)
-        return fetch(index)
+        def done_with_files(n):
+            if not keep_downloads:
+                for path in paths[:n]:
+                    remove_quietly(path)
 
-    if not os.path.exists(os.path.join(out_dir, 'tokenizer.json')):
-        if vocab_size is None:
-            make_gpt2_tokenizer(out_dir)
-        else:
-            texts = (text for path in map(fetch, range(len(paths))) for _, text in read_documents(path))
-            train_bpe_tokenizer(out_dir, vocab_size, bpe_sample(texts, 8 * val_tokens, bpe_sample_chars))
-    counts = tokenize_stream(out_dir, 'fineweb_edu', paths, fetch_for_shards, request, workers or default_workers(),
-                             val_tokens, shard_tokens, tokens)
-    return finish_meta(out_dir, dataset_meta(out_dir, f'fineweb_edu/sample/{sample}', sha, tokenizer,
-                                             shard_tokens, dict(request, tokens=tokens), counts))
+        make_tokenizer(out_dir, tokenizer, lambda: bpe_sample(
+            (text for i in range(len(paths)) for _, text in read_documents(fetch(i))), val_tokens, bpe_sample_chars,
+            tokens))
+        counts = tokenize_stream(out_dir, 'fineweb_edu', paths, fetch, state, workers or default_workers(),
+                                 val_tokens, shard_tokens, tokens, done_with_files)
+        return finish_meta(out_dir, dataset_meta(out_dir, f'fineweb_edu/sample/{sample}', sha, tokenizer,
+                                                 shard_tokens, dict(request, tokens=tokens), counts))
 
 
 # -----------------------------------------------------------------------------------------------------
@@ -753,35 +1242,34 @@ def prepare_files(paths, out_dir='data/files', tokenizer='bpe:8192', workers=0, 
                   val_tokens=0, tokens=0, bpe_sample_chars=1_000_000_000):
     """Build (or carry on, or find complete) a data folder from local files; returns its meta dict."""
     for path in paths:
+        if os.path.isdir(path):
+            raise DataError(f"{path}: a folder; give the files in it (e.g. {os.path.join(path, '*.txt')})")
         if not os.path.isfile(path):
             raise DataError(f"{path}: no such file")
         if not path.endswith(FILE_TYPES):
             raise DataError(f"{path}: unknown file type (use {', '.join(FILE_TYPES)})")
+        if not os.access(path, os.R_OK):
+            raise DataError(f"{path}: not readable by this user")
     paths = [os.path.abspath(p) for p in paths]
-    # Default val: ~10% of the tokens, estimated at ~4 bytes of file per token (text and jsonl ~4-5, parquet
-    # ~3-4 compressed), at most one shard.
-    val_tokens = val_tokens or max(1, min(shard_tokens, sum(os.path.getsize(p) for p in paths) // 40))
+    input_bytes = sum(os.path.getsize(p) for p in paths)
+    if not input_bytes:
+        raise DataError(f"the input is empty ({', '.join(paths)}: 0 bytes): give files with text")
+    parse_tokenizer(tokenizer)
+    # ~4 bytes of file per token: text and jsonl ~4-5, parquet ~3-4 compressed
+    val_tokens = val_tokens or default_val_tokens(shard_tokens, tokens or input_bytes // 4)
     request = {'source': 'files', 'paths': paths, 'tokenizer': tokenizer, 'shard_tokens': shard_tokens,
                'val_tokens': val_tokens}
-    meta = complete_meta(out_dir, dict(request, tokens=tokens), carry_on_keys=('tokens',))
-    if meta is not None:
-        return meta
-    vocab_size = parse_tokenizer(tokenizer)
-    os.makedirs(out_dir, exist_ok=True)
-    if not os.path.exists(os.path.join(out_dir, 'tokenizer.json')):
-        if vocab_size is None:
-            make_gpt2_tokenizer(out_dir)
-        else:
-            texts = (text for path in paths for _, text in read_documents(path))
-            sample = list(bpe_sample(texts, 8 * val_tokens, bpe_sample_chars))
-            if not sample:
-                raise DataError(f"no text left to train the BPE on after the val part: lower --val-tokens "
-                                f"(now {val_tokens:,})")
-            train_bpe_tokenizer(out_dir, vocab_size, sample)
-    counts = tokenize_stream(out_dir, 'files', paths, paths.__getitem__, request, workers or default_workers(),
-                             val_tokens, shard_tokens, tokens)
-    return finish_meta(out_dir, dataset_meta(out_dir, 'files', None, tokenizer, shard_tokens,
-                                             dict(request, tokens=tokens), counts))
+    with writing(out_dir, 'prepare.py files'):
+        meta = complete_meta(out_dir, dict(request, tokens=tokens), carry_on_keys=('tokens',))
+        if meta is not None:
+            return meta
+        state = start_progress(out_dir, request)
+        make_tokenizer(out_dir, tokenizer, lambda: bpe_sample(
+            (text for path in paths for _, text in read_documents(path)), val_tokens, bpe_sample_chars, tokens))
+        counts = tokenize_stream(out_dir, 'files', paths, paths.__getitem__, state, workers or default_workers(),
+                                 val_tokens, shard_tokens, tokens)
+        return finish_meta(out_dir, dataset_meta(out_dir, 'files', None, tokenizer, shard_tokens,
+                                                 dict(request, tokens=tokens), counts))
 
 
 def dataset_meta(out_dir, source, revision, tokenizer, shard_tokens, request, counts):
@@ -794,8 +1282,8 @@ def dataset_meta(out_dir, source, revision, tokenizer, shard_tokens, request, co
 # -----------------------------------------------------------------------------------------------------
 # Benchmark (not a test): tokens/s of the whole pipeline (read parquet -> pool -> shards -> meta.json) against
 # raw tiktoken (the same encode_to_numpy calls in the same number of processes, text already in memory,
-# nothing written), on the same text with the same tokenizer. Offline-friendly: the text is the stdlib sources repeated into a
-# parquet file, the tokenizer our bpe:8192 (or gpt2 where tiktoken has its files).
+# nothing written), on the same text with the same tokenizer. Offline-friendly: the text is the stdlib sources
+# repeated into a parquet file, the tokenizer our bpe:8192 (or gpt2 where tiktoken has its files).
 
 def count_tokens(texts):
     return sum(len(_worker_encoding.encode_to_numpy(text, disallowed_special=())) for text in texts)
@@ -861,11 +1349,19 @@ def bench(workers=0, megabytes=100, tokenizer='bpe:8192', rounds=3):
     return raw_rate, pipeline_rate
 
 
+
+
 # -----------------------------------------------------------------------------------------------------
 # Command line
 
-def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0].strip(),
+def number(text):
+    """26e9 or 26000000000 -> 26000000000 (argparse type for token counts)."""
+    return int(float(text))
+
+
+@cli
+def main(argv):
+    parser = argparse.ArgumentParser(prog='prepare.py', description=__doc__.split('\n\n')[0].strip(),
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sources = parser.add_subparsers(dest='source', required=True)
 
@@ -873,7 +1369,7 @@ def main(argv=None):
         sub.add_argument('--out', default=out, help=f'data folder (default {out})')
         sub.add_argument('--tokenizer', default=tokenizer, help=f'gpt2 or bpe:V (default {tokenizer})')
         sub.add_argument('--workers', type=int, default=0, help='tokenizer processes (default: all cores)')
-        sub.add_argument('--shard-tokens', type=lambda s: int(float(s)), default=shard_tokens,
+        sub.add_argument('--shard-tokens', type=number, default=shard_tokens,
                          help=f'tokens per shard (default {shard_tokens:,})')
 
     # pystdlib: 8,192 tokens is enough for ~30 MB of code (each merge still seen thousands of times), keeps a
@@ -883,27 +1379,37 @@ def main(argv=None):
     common(sub, 'data/pystdlib', 'bpe:8192')
     sub.add_argument('--max-files', type=int, default=0, help='an evenly spread subset of the files (0: all)')
 
-    sub = sources.add_parser('fineweb_edu', help='a FineWeb-Edu sample from the Hugging Face Hub (resumable)')
+    defaults = Network()
+    sub = sources.add_parser('fineweb_edu', help='a FineWeb-Edu sample from the Hugging Face Hub (resumable)',
+                             epilog='environment: HF_ENDPOINT (a Hub mirror; --endpoint overrides it), HF_TOKEN '
+                                    '(a read token, sent to that host only)')
     common(sub, 'data/fineweb_edu', 'gpt2')
     sub.add_argument('--sample', default='100BT', help='10BT, 100BT or 350BT (default 100BT)')
-    sub.add_argument('--tokens', type=lambda s: int(float(s)), default=0,
+    sub.add_argument('--tokens', type=number, default=0,
                      help='stop after this many tokens, val included (e.g. 26e9; default: the whole sample)')
-    sub.add_argument('--val-tokens', type=lambda s: int(float(s)), default=0,
-                     help='tokens in the val shard (default: one shard)')
-    sub.add_argument('--endpoint', default=HUB_ENDPOINT, help=f'Hub base URL (default {HUB_ENDPOINT})')
+    sub.add_argument('--val-tokens', type=number, default=0,
+                     help='tokens in the val shard (default: 10%% of --tokens, at most one shard)')
+    sub.add_argument('--endpoint', default='', help=f'Hub base URL (default: $HF_ENDPOINT, else {HUB_ENDPOINT})')
     sub.add_argument('--revision', default='main', help='dataset revision (branch, tag or commit; default main)')
-    sub.add_argument('--bpe-sample-chars', type=lambda s: int(float(s)), default=1_000_000_000,
+    sub.add_argument('--bpe-sample-chars', type=number, default=1_000_000_000,
                      help='characters the bpe:V tokenizer trains on (default 1e9)')
-    sub.add_argument('--delete-downloads', action='store_true',
-                     help='delete each parquet file once it has been read (saves disk; a rerun may download again)')
+    sub.add_argument('--keep-downloads', action='store_true',
+                     help='keep the parquet files (by default each is deleted once its tokens are in shards)')
+    sub.add_argument('--connect-timeout', type=float, default=defaults.connect_timeout_s,
+                     help=f'seconds to open a connection (default {defaults.connect_timeout_s:g})')
+    sub.add_argument('--read-timeout', type=float, default=defaults.read_timeout_s,
+                     help=f'seconds of silence from a server before retrying (default {defaults.read_timeout_s:g})')
+    sub.add_argument('--retry-budget', type=float, default=defaults.retry_budget_s,
+                     help=f'seconds one request may keep failing before giving up (default '
+                          f'{defaults.retry_budget_s:g})')
 
     sub = sources.add_parser('files', help='your own .txt, .jsonl ("text" field) or .parquet ("text" column) files')
     sub.add_argument('paths', nargs='+', metavar='PATH')
     common(sub, 'data/files', 'bpe:8192')
-    sub.add_argument('--tokens', type=lambda s: int(float(s)), default=0, help='stop after this many tokens')
-    sub.add_argument('--val-tokens', type=lambda s: int(float(s)), default=0,
+    sub.add_argument('--tokens', type=number, default=0, help='stop after this many tokens')
+    sub.add_argument('--val-tokens', type=number, default=0,
                      help='tokens in the val shard (default: ~10%% of the estimated total, at most one shard)')
-    sub.add_argument('--bpe-sample-chars', type=lambda s: int(float(s)), default=1_000_000_000,
+    sub.add_argument('--bpe-sample-chars', type=number, default=1_000_000_000,
                      help='characters the bpe:V tokenizer trains on (default 1e9)')
 
     sub = sources.add_parser('bench', help='tokens/s of the pipeline against raw tiktoken (a benchmark, not a test)')
@@ -913,22 +1419,19 @@ def main(argv=None):
     sub.add_argument('--tokenizer', default='bpe:8192', help='bpe:V (trained on the stdlib) or gpt2')
 
     args = parser.parse_args(argv)
-    try:
-        if args.source == 'pystdlib':
-            prepare_pystdlib(args.out, args.tokenizer, args.workers, args.shard_tokens, args.max_files)
-        elif args.source == 'fineweb_edu':
-            prepare_fineweb_edu(args.out, args.sample, args.tokens, args.tokenizer, args.workers, args.shard_tokens,
-                                args.val_tokens, args.endpoint.rstrip('/'), args.revision, args.bpe_sample_chars,
-                                args.delete_downloads)
-        elif args.source == 'files':
-            prepare_files(args.paths, args.out, args.tokenizer, args.workers, args.shard_tokens, args.val_tokens,
-                          args.tokens, args.bpe_sample_chars)
-        else:
-            bench(args.workers, args.megabytes, args.tokenizer, args.rounds)
-    except DataError as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(2)
+    if args.source == 'pystdlib':
+        prepare_pystdlib(args.out, args.tokenizer, args.workers, args.shard_tokens, args.max_files)
+    elif args.source == 'fineweb_edu':
+        network = Network(args.endpoint, args.connect_timeout, args.read_timeout, args.retry_budget)
+        prepare_fineweb_edu(args.out, args.sample, args.tokens, args.tokenizer, args.workers, args.shard_tokens,
+                            args.val_tokens, args.revision, args.bpe_sample_chars, args.keep_downloads, network)
+    elif args.source == 'files':
+        prepare_files(args.paths, args.out, args.tokenizer, args.workers, args.shard_tokens, args.val_tokens,
+                      args.tokens, args.bpe_sample_chars)
+    else:
+        bench(args.workers, args.megabytes, args.tokenizer, args.rounds)
+    return 0
 
 
 if __name__ == '__main__':
-    main()
+    sys.exit(main())

@@ -1,26 +1,42 @@
-"""Tests for prepare.py: shards, tokenizers, pystdlib, files, and fineweb_edu against a local fake Hub (offline)."""
+"""Tests for prepare.py: shards, meta.json, tokenizers, pystdlib, files, and fineweb_edu against a local fake Hub
+(offline) that can fail in every way a real network does."""
+import hashlib
 import http.server
 import json
 import os
 import random
 import re
+import signal
+import subprocess
+import sys
 import threading
+import time
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+import files
 import prepare
 
 
 # -----------------------------------------------------------------------------------------------------
 # Shards
 
+def write_raw_shard(path, magic, version, tokens):
+    """A shard written the way llm.c's dev/data/data_common.py writes one, byte for byte."""
+    header = np.zeros(256, dtype=np.int32)
+    header[0], header[1], header[2] = magic, version, len(tokens)
+    with open(path, 'wb') as f:
+        f.write(header.tobytes())
+        f.write(tokens.tobytes())
+
+
 def test_shard_header_fields_and_round_trip(tmp_path):
     path = str(tmp_path / 'x_train_000001.bin')
     tokens = np.array([50256, 1, 2, 65535, 0], dtype=np.uint16)
-    prepare.write_shard(path, tokens)
+    assert prepare.write_shard(path, tokens) == 65535  # the largest id, for meta.json
     header = np.fromfile(path, dtype='<i4', count=256)
     assert (header[0], header[1], header[2]) == (20240520, 1, 5)
     assert not header[3:].any()
@@ -28,35 +44,36 @@ def test_shard_header_fields_and_round_trip(tmp_path):
     shard = prepare.open_shard(path)
     assert isinstance(shard, np.memmap) and shard.dtype == np.uint16 and not shard.flags.writeable
     assert shard.tolist() == tokens.tolist()
-    assert not os.path.exists(path + '.tmp')
+    assert os.listdir(tmp_path) == ['x_train_000001.bin']  # no temporary file left
 
 
-def test_uint32_when_vocab_exceeds_65535(tmp_path):
-    assert prepare.token_dtype(50257) == np.uint16
-    assert prepare.token_dtype(65535) == np.uint16
-    assert prepare.token_dtype(65536) == np.uint32
-    assert prepare.token_dtype(128256) == np.uint32  # Llama 3
+def test_dtype_follows_the_ledger_and_uint32_uses_llama3_header(tmp_path):
+    import ledger
+    for vocab in (50257, 50277, 65535, 65536, 65537, 128256):  # GPT-2, NeoX, the uint16 edge, Llama 3
+        assert prepare.token_dtype(vocab).itemsize == ledger.token_bytes(vocab)
+    assert prepare.token_dtype(65536) == np.uint16  # ids 0..65,535 all fit
+    assert prepare.token_dtype(65537) == np.uint32
     path = str(tmp_path / 'x_train_000001.bin')
     tokens = np.array([128000, 65536, 3, 128255], dtype=np.uint32)
-    prepare.write_shard(path, tokens)
-    header = np.fromfile(path, dtype='<i4', count=3)
-    assert header.tolist() == [20240520, 2, 4]
+    assert prepare.write_shard(path, tokens) == 128255
+    assert np.fromfile(path, dtype='<i4', count=3).tolist() == [20240801, 7, 4]  # llm.c's Llama 3 header
     assert os.path.getsize(path) == 1024 + 4 * 4
     assert prepare.open_shard(path).tolist() == tokens.tolist()
     prepare.write_shard(path, [1, 70000])  # a plain list with a large id picks uint32 too
     assert prepare.open_shard(path).dtype == np.uint32
+    prepare.write_shard(path, [1, 65535])  # and one whose ids fit, uint16
+    assert prepare.open_shard(path).dtype == np.uint16
 
 
-def test_llmc_written_shard_reads_as_is(tmp_path):
-    """The way llm.c's dev/data/data_common.py writes a shard, byte for byte."""
-    path = str(tmp_path / 'fineweb_val_000000.bin')
-    tokens = np.array([50256, 464, 3290, 50256, 40], dtype=np.uint16)
-    header = np.zeros(256, dtype=np.int32)
-    header[0], header[1], header[2] = 20240520, 1, len(tokens)
-    with open(path, 'wb') as f:
-        f.write(header.tobytes())
-        f.write(tokens.tobytes())
-    assert prepare.open_shard(path).tolist() == tokens.tolist()
+def test_llmc_and_older_shards_read_as_is(tmp_path):
+    gpt2 = np.array([50256, 464, 3290, 50256, 40], dtype=np.uint16)
+    write_raw_shard(tmp_path / 'fineweb_val_000000.bin', 20240520, 1, gpt2)
+    assert prepare.open_shard(str(tmp_path / 'fineweb_val_000000.bin')).tolist() == gpt2.tolist()
+    llama3 = np.array([128000, 9906, 1917, 128001], dtype=np.uint32)
+    write_raw_shard(tmp_path / 'llama_val_000000.bin', 20240801, 7, llama3)
+    assert prepare.open_shard(str(tmp_path / 'llama_val_000000.bin')).tolist() == llama3.tolist()
+    write_raw_shard(tmp_path / 'old_val_000000.bin', 20240520, 2, llama3)  # our uint32 shards before llm.c's header
+    assert prepare.open_shard(str(tmp_path / 'old_val_000000.bin')).tolist() == llama3.tolist()
 
 
 def test_truncated_or_bad_magic_shard_is_a_clear_error(tmp_path):
@@ -75,6 +92,9 @@ def test_truncated_or_bad_magic_shard_is_a_clear_error(tmp_path):
         f.write(np.array([1234], dtype='<i4').tobytes())
     with pytest.raises(prepare.DataError, match=r'x_train_000001\.bin: bad magic number 1234'):
         prepare.open_shard(path)
+    write_raw_shard(path, 20240801, 1, np.arange(3, dtype=np.uint32))
+    with pytest.raises(prepare.DataError, match=r'unknown shard version 1 for magic 20240801'):
+        prepare.open_shard(path)
 
 
 def test_list_shards_and_load_meta_say_how_to_make_them(tmp_path):
@@ -82,6 +102,43 @@ def test_list_shards_and_load_meta_say_how_to_make_them(tmp_path):
         prepare.list_shards(str(tmp_path), 'train')
     with pytest.raises(prepare.DataError, match=r'no meta.json'):
         prepare.load_meta(str(tmp_path))
+
+
+def test_load_meta_checks_every_key(pystdlib_data, tmp_path):
+    good = prepare.load_meta(pystdlib_data)
+    path = tmp_path / 'meta.json'
+    prepare.write_shard(str(tmp_path / 'fineweb_edu_train_000001.bin'), [1, 2])  # the source is in the shard names
+    remake = rf'rerun the command that made the folder \(python prepare.py fineweb_edu --out {tmp_path}, same options\)'
+    cases = [('{"vocab_size": 512,', r'is not valid JSON \(Expecting'),
+             (b'\xff\xfe\x00garbage', r'is not valid JSON'),
+             ('[1, 2]', r'holds a JSON list, not an object'),
+             (json.dumps({k: v for k, v in good.items() if k != 'eot_id'}), r"has no 'eot_id'"),
+             (json.dumps(dict(good, vocab_size='512')), r"'vocab_size' is '512', not a whole number"),
+             (json.dumps(dict(good, train_tokens=True)), r"'train_tokens' is True, not a whole number"),
+             (json.dumps(dict(good, max_token_id=1.5)), r"'max_token_id' is 1.5, not a whole number"),
+             (json.dumps(dict(good, vocab_size=0)), r"'vocab_size' is 0, not positive")]
+    for text, problem in cases:
+        path.write_bytes(text if isinstance(text, bytes) else text.encode())
+        with pytest.raises(prepare.DataError, match=re.escape(str(path)) + '.*' + problem + '.*' + remake):
+            prepare.load_meta(str(tmp_path))
+    path.write_text(json.dumps(good))
+    assert prepare.load_meta(str(tmp_path)) == good
+
+
+def test_check_token_ids(tmp_path):
+    out = str(tmp_path)
+    prepare.write_shard(prepare.shard_path(out, 'x', 'val', 0), np.array([5, 9, 2], dtype=np.uint16))
+    prepare.write_shard(prepare.shard_path(out, 'x', 'train', 1), np.array([7, 511, 3], dtype=np.uint16))
+    meta = {'tokenizer': 'bpe:512', 'vocab_size': 512}  # no max_token_id: an llm.c-made folder, say
+    assert prepare.check_token_ids(out, meta, 512) == 511  # read from the shards
+    assert prepare.check_token_ids(out, dict(meta, max_token_id=300), 512) == 300  # meta.json's value, no reading
+    with pytest.raises(prepare.DataError, match=r'x_train_000001\.bin: token id 511 is outside the model\'s vocab of '
+                                                r'500 \(ids 0\.\.499\), though meta.json says bpe:512'):
+        prepare.check_token_ids(out, meta, 500)
+    with pytest.raises(prepare.DataError, match=r'x_train_000001\.bin: token id 511'):  # a cached max too large
+        prepare.check_token_ids(out, dict(meta, max_token_id=511), 300)
+    with pytest.raises(prepare.DataError, match=r'x_val_000000\.bin: token id 9 .* vocab of 8'):  # the first shard
+        prepare.check_token_ids(out, meta, 8)
 
 
 # -----------------------------------------------------------------------------------------------------
@@ -104,14 +161,17 @@ def test_pystdlib_end_to_end(pystdlib_data):
     assert [os.path.basename(p) for p in val + train] == ['pystdlib_val_000000.bin', 'pystdlib_train_000001.bin']
     assert meta['val_tokens'] == len(prepare.open_shard(val[0])) > 10_000
     assert meta['train_tokens'] == len(prepare.open_shard(train[0])) > 10 * meta['val_tokens']
+    assert meta['max_token_id'] == max(int(prepare.open_shard(p).max()) for p in val + train) == 511  # eot
     # the shards hold exactly the split's files, in order, each led by the end-of-text token
     files = prepare.pystdlib_files(max_files=150)
     documents = []
     for path in val + train:
         documents += [enc.decode(doc.tolist()) for doc in split_documents(np.array(prepare.open_shard(path)), 511)]
     is_val = [prepare.zlib.crc32(name.encode()) % 100 < prepare.PYSTDLIB_VAL_PERCENT for name, _ in files]
-    expected = [text for (_, text), v in zip(files, is_val) if v] + [text for (_, text), v in zip(files, is_val) if not v]
+    expected = [text for (_, text), v in zip(files, is_val) if v] + \
+        [text for (_, text), v in zip(files, is_val) if not v]
     assert documents == expected and meta['documents'] == len(files)
+    assert not os.path.exists(os.path.join(pystdlib_data, '.lock'))  # released
 
 
 def test_pystdlib_is_identical_across_runs(pystdlib_data, tmp_path, capsys):
@@ -122,13 +182,19 @@ def test_pystdlib_is_identical_across_runs(pystdlib_data, tmp_path, capsys):
     capsys.readouterr()
     prepare.prepare_pystdlib(str(tmp_path), tokenizer='bpe:512', workers=1, max_files=150)
     assert 'already complete' in capsys.readouterr().out
-    with pytest.raises(prepare.DataError, match='already holds a dataset'):
+    with pytest.raises(prepare.DataError, match="already holds a dataset made with other settings: "
+                                                "tokenizer='bpe:512' \\(this run: 'bpe:300'\\)"):
         prepare.prepare_pystdlib(str(tmp_path), tokenizer='bpe:300', workers=1, max_files=150)
+    (tmp_path / 'meta.json').write_text('{"vocab_size": ')  # damaged: the rerun makes the folder again
+    assert prepare.prepare_pystdlib(str(tmp_path), tokenizer='bpe:512', workers=1, max_files=150) == \
+        prepare.load_meta(pystdlib_data)
+    assert 'meta.json is damaged: finishing the folder again' in capsys.readouterr().out
 
 
 def test_encode_decode_round_trip(pystdlib_data):
     enc = prepare.load_tokenizer(pystdlib_data)
-    for doc in ['def f(x):\n    return x ** 2\n', 'naïve café — 東京 🐍\r\n\ttabs', '', ' ' * 40 + 'x', '<|endoftext|>']:
+    for doc in ['def f(x):\n    return x ** 2\n', 'naïve café — 東京 🐍\r\n\ttabs', '', ' ' * 40 + 'x',
+                '<|endoftext|>']:
         assert enc.decode(enc.encode_ordinary(doc)) == doc
     assert enc.eot_token not in enc.encode_ordinary('<|endoftext|>')  # text never turns into the special token
 
@@ -144,9 +210,13 @@ def test_gpt2_offline_is_a_clear_error(tmp_path, monkeypatch):
         prepare.make_gpt2_tokenizer(str(tmp_path))
 
 
-def test_bad_tokenizer_name():
+def test_bad_tokenizer_name(tmp_path):
     with pytest.raises(prepare.DataError, match="unknown tokenizer 'bpe:abc'"):
         prepare.parse_tokenizer('bpe:abc')
+    assert prepare.parse_tokenizer('gpt2') == 50257 and prepare.parse_tokenizer('bpe:300') == 300
+    with pytest.raises(prepare.DataError, match="unknown tokenizer 'gpt3'"):
+        prepare.prepare_pystdlib(str(tmp_path / 'new'), tokenizer='gpt3')
+    assert not (tmp_path / 'new').exists()  # refused before anything is written
 
 
 # -----------------------------------------------------------------------------------------------------
@@ -167,6 +237,12 @@ def all_tokens(data_dir):
                            for p in prepare.list_shards(data_dir, split)])
 
 
+def shard_bytes(data_dir):
+    """{name: bytes} of a folder's shards and tokenizer: what must be identical between two runs."""
+    names = [n for n in os.listdir(data_dir) if n.endswith('.bin') or n == 'tokenizer.json']
+    return {name: open(os.path.join(data_dir, name), 'rb').read() for name in sorted(names)}
+
+
 def test_files_txt_jsonl_parquet(tmp_path):
     docs = make_documents(60, seed=1)
     (tmp_path / 'a.txt').write_text(docs[0])
@@ -180,9 +256,11 @@ def test_files_txt_jsonl_parquet(tmp_path):
     enc = prepare.load_tokenizer(out)
     tokens = all_tokens(out)
     assert [enc.decode(d.tolist()) for d in split_documents(tokens, enc.eot_token)] == docs
-    assert meta['documents'] == 60 and meta['val_tokens'] == 1000
+    assert meta['documents'] == 60 and meta['val_tokens'] == 1000 and meta['max_token_id'] == tokens.max()
     assert meta['train_tokens'] == len(tokens) - 1000 and meta['train_shards'] == len(prepare.list_shards(out, 'train'))
-    assert [len(prepare.open_shard(p)) for p in prepare.list_shards(out, 'train')][:-1] == [1500] * (meta['train_shards'] - 1)
+    sizes = [len(prepare.open_shard(p)) for p in prepare.list_shards(out, 'train')]
+    assert sizes[:-1] == [1500] * (meta['train_shards'] - 1)
+    assert meta == prepare.load_meta(out)
 
 
 def test_parquet_batches_from_any_row(tmp_path):
@@ -203,36 +281,84 @@ def test_parquet_batches_from_any_row(tmp_path):
                 assert got == expected[start:] and all(len(offsets) <= batch_docs + 1 for *_, offsets in batches)
 
 
+def run_main(argv, capsys):
+    """prepare.py's exit code and stderr, as a user at a terminal sees them."""
+    capsys.readouterr()
+    code = prepare.main(argv)
+    return code, capsys.readouterr().err
+
+
 def test_files_bad_input_is_one_line_and_exit_2(tmp_path, capsys):
-    with pytest.raises(SystemExit) as exit_info:
-        prepare.main(['files', str(tmp_path / 'missing.txt'), '--out', str(tmp_path / 'd')])
-    assert exit_info.value.code == 2
-    err = capsys.readouterr().err
-    assert err.startswith('error: ') and 'missing.txt: no such file' in err and err.count('\n') == 1
+    out = str(tmp_path / 'd')
+    good = tmp_path / 'good.txt'
+    good.write_text(' '.join(make_documents(5, seed=4)))
+    (tmp_path / 'latin1.txt').write_bytes('caf\xe9 au lait'.encode('latin-1'))
+    (tmp_path / 'image.txt').write_bytes(b'\x89PNG\r\n\x1a\n' + bytes(range(256)))
+    (tmp_path / 'nul.txt').write_bytes(b'text\0with a NUL')
+    (tmp_path / 'b.jsonl').write_bytes(b'{"text": "fine"}\n{"text": "caf\xe9"}\n')
+    (tmp_path / 'c.jsonl').write_text('{"body": "no text field"}\n')
+    (tmp_path / 'd.jsonl').write_text('{"text": 42}\n')
+    (tmp_path / 'bad.parquet').write_bytes(b'PAR1 this is not really parquet')
+    (tmp_path / 'empty.txt').write_text('')
+    (tmp_path / 'blank.jsonl').write_text('{"text": ""}\n' * 3)
     (tmp_path / 'a.csv').write_text('x')
-    with pytest.raises(prepare.DataError, match=r'a\.csv: unknown file type'):
-        prepare.prepare_files([str(tmp_path / 'a.csv')], str(tmp_path / 'd'))
-    (tmp_path / 'b.jsonl').write_text('{"body": "no text field"}\n')
-    with pytest.raises(prepare.DataError, match=r'b\.jsonl:1: not a JSON object with a "text" field'):
-        list(prepare.read_documents(str(tmp_path / 'b.jsonl')))
+    cases = [('missing.txt', r'missing\.txt: no such file'),
+             ('.', r': a folder; give the files in it \(e\.g\. '),
+             ('a.csv', r'a\.csv: unknown file type'),
+             ('latin1.txt', r'latin1\.txt: not UTF-8 text \(byte 0xe9 at byte 3\): convert it to UTF-8'),
+             ('image.txt', r'image\.txt: not UTF-8 text \(byte 0x89 at byte 0\)'),
+             ('nul.txt', r'nul\.txt: a binary file \(NUL bytes at byte 4\)'),
+             ('b.jsonl', r'b\.jsonl:2: not UTF-8 text \(byte 0xe9 at byte 13 of the line\)'),
+             ('c.jsonl', r'c\.jsonl:1: not a JSON object with a "text" string'),
+             ('d.jsonl', r'd\.jsonl:1: not a JSON object with a "text" string'),
+             ('bad.parquet', r'bad\.parquet: not a readable parquet file \(.*\): if it is a download, delete it'),
+             ('empty.txt', r'the input is empty \(.*empty\.txt: 0 bytes\): give files with text'),
+             ('blank.jsonl', r'there is no text in the input \(every document is empty\)')]
+    for i, (name, message) in enumerate(cases):
+        code, err = run_main(['files', str(tmp_path / name), '--out', f'{out}{i}', '--workers', '1'], capsys)
+        assert code == 2 and re.fullmatch(f'error: .*{message}.*\n', err), (name, err)
+    # too large a val part for the text: the line says how large it may be
+    code, err = run_main(['files', str(good), '--out', out, '--val-tokens', '1e6', '--tokenizer', 'bpe:300'], capsys)
+    assert code == 2 and re.fullmatch(r"error: no text left for the BPE to learn from: the text has [\d,]+ characters "
+                                      r"and the first 8,000,000 are held out .* lower --val-tokens \(about [\d,]+ "
+                                      r"would leave half the text\).*\n", err), err
+    assert sorted(os.listdir(out)) == ['progress.json']  # the refused run wrote nothing else
+    capsys.readouterr()
+    assert prepare.main(['files', str(good), '--out', out, '--tokenizer', 'bpe:300', '--workers', '1']) == 0
+    assert 'starting over (a run with other settings, val_tokens=1000000' in capsys.readouterr().out
 
 
 # -----------------------------------------------------------------------------------------------------
-# fineweb_edu against a fake Hub on 127.0.0.1: revision -> commit, paged tree listing, resolve with Range
+# fineweb_edu against a fake Hub on 127.0.0.1: revision -> commit, paged tree listing with sizes and sha256,
+# resolve with Range and If-Range, and every fault a real network has, injected per file.
 
 SHA = '0123456789abcdef0123456789abcdef01234567'
+REPO = 'HuggingFaceFW/fineweb-edu'
 
 
 class FakeHub(http.server.ThreadingHTTPServer):
     daemon_threads = True
 
-    def __init__(self, files):
-        super().__init__(('127.0.0.1', 0), FakeHubHandler)
+    def __init__(self, files, host='127.0.0.1'):
+        super().__init__((host, 0), FakeHubHandler)
         self.files = files          # repo path -> bytes
-        self.log = []               # (path, Range header) of every file request
-        self.fail = {}              # repo path -> list of statuses to answer before the real file
+        self.log = []               # {'path', 'range', 'if_range', 'auth'} of every file request
+        self.api_auth = []          # Authorization header of every API request
+        self.fail = {}              # repo path -> statuses (or (status, headers)) to answer before the real file
         self.drop_after = {}        # repo path -> bytes to send before dropping the connection (once)
-        self.url = f'http://127.0.0.1:{self.server_address[1]}'
+        self.body = {}              # repo path -> (bytes, Content-Type) sent instead of the file
+        self.corrupt = {}           # repo path -> how many answers flip one byte of the file
+        self.stall = {}             # repo path -> seconds of silence after half the body, one per answer
+        self.silent = {}            # repo path -> seconds of silence before every answer (a hung server)
+        self.etag = {}              # repo path -> ETags, one per answer, the last one kept (default: the sha256)
+        self.token = None           # a token every request must carry (a gated dataset)
+        self.redirect = None        # base URL of a CDN that file requests are redirected to (302)
+        self.portal = None          # a web page answered (200) to every request: a captive portal
+        self.url = f'http://{host}:{self.server_address[1]}'
+
+
+def sha256(data):
+    return hashlib.sha256(data).hexdigest()
 
 
 class FakeHubHandler(http.server.BaseHTTPRequestHandler):
@@ -249,43 +375,91 @@ class FakeHubHandler(http.server.BaseHTTPRequestHandler):
         self.wfile.write(body)
 
     def do_GET(self):
-        hub, repo = self.server, 'HuggingFaceFW/fineweb-edu'
-        if self.path == f'/api/datasets/{repo}/revision/main':
-            return self.send_json({'id': repo, 'sha': SHA})
-        match = re.fullmatch(f'/api/datasets/{repo}/tree/{SHA}/(sample/[^?]+)(?:\\?page=(\\d+))?', self.path)
-        if match:  # two entries per page, to exercise the Link header
+        try:
+            self.answer()
+        except (BrokenPipeError, ConnectionResetError):  # the client gave up on a stalled answer
+            pass
+
+    def answer(self):
+        hub = self.server
+        if hub.portal:
+            self.send_response(200)
+            self.send_header('Content-Type', 'text/html')
+            self.send_header('Content-Length', str(len(hub.portal)))
+            self.end_headers()
+            self.wfile.write(hub.portal)
+            return
+        if hub.token and self.headers.get('Authorization') != f'Bearer {hub.token}':
+            self.send_error(401)
+            return
+        if self.path.startswith('/api/'):
+            hub.api_auth.append(self.headers.get('Authorization'))
+        if self.path.startswith(f'/api/datasets/{REPO}/revision/'):
+            revision = self.path.rsplit('/', 1)[1]
+            return self.send_json({'id': REPO, 'sha': SHA}) if revision in ('main', SHA) else self.send_error(404)
+        match = re.fullmatch(f'/api/datasets/{REPO}/tree/{SHA}/(sample/[^?]+)(?:\\?page=(\\d+))?', self.path)
+        if match:  # two entries per page, to exercise the Link header; LFS files carry size and sha256
             folder, page = match.group(1), int(match.group(2) or 0)
-            entries = [{'type': 'file', 'path': p, 'size': len(b), 'oid': 'x'} for p, b in sorted(hub.files.items())
-                       if p.startswith(folder + '/')] + [{'type': 'file', 'path': folder + '/README.md', 'size': 1}]
+            entries = [{'type': 'file', 'path': p, 'size': 134, 'oid': 'git-sha1',
+                        'lfs': {'oid': sha256(b), 'size': len(b), 'pointerSize': 134}}
+                       for p, b in sorted(hub.files.items()) if p.startswith(folder + '/')]
+            entries += [{'type': 'file', 'path': folder + '/README.md', 'size': 1, 'oid': 'git-sha1'}]
             if len(entries) == 1:  # the Hub answers 404 for a folder that does not exist
                 self.send_error(404)
                 return
             more = (page + 1) * 2 < len(entries)
-            link = [('Link', f'<{hub.url}/api/datasets/{repo}/tree/{SHA}/{folder}?page={page + 1}>; rel="next"')]
+            link = [('Link', f'<{hub.url}/api/datasets/{REPO}/tree/{SHA}/{folder}?page={page + 1}>; rel="next"')]
             return self.send_json(entries[page * 2:page * 2 + 2], link if more else ())
-        prefix = f'/datasets/{repo}/resolve/{SHA}/'
+        prefix = f'/datasets/{REPO}/resolve/{SHA}/'
         path = self.path[len(prefix):]
         if not self.path.startswith(prefix) or path not in hub.files:
             self.send_error(404)
             return
-        hub.log.append((path, self.headers.get('Range')))
+        hub.log.append({'path': path, 'range': self.headers.get('Range'), 'if_range': self.headers.get('If-Range'),
+                        'auth': self.headers.get('Authorization')})
+        time.sleep(hub.silent.get(path, 0))
         if hub.fail.get(path):
-            self.send_error(hub.fail[path].pop(0))
+            status, headers = (lambda s: s if isinstance(s, tuple) else (s, {}))(hub.fail[path].pop(0))
+            self.send_response(status)
+            for key, value in headers.items():
+                self.send_header(key, value)
+            self.send_header('Content-Length', '0')
+            self.end_headers()
             return
-        body, start = hub.files[path], 0
-        if self.headers.get('Range'):
+        if hub.redirect:
+            self.send_response(302)
+            self.send_header('Location', hub.redirect + self.path)
+            self.send_header('Content-Length', '0')
+            self.end_headers()
+            return
+        body, content_type = hub.body.get(path, (hub.files[path], 'application/octet-stream'))
+        if hub.corrupt.get(path):
+            hub.corrupt[path] -= 1
+            body = body[:len(body) // 2] + bytes([body[len(body) // 2] ^ 1]) + body[len(body) // 2 + 1:]
+        etags = hub.etag.get(path, [f'"{sha256(hub.files[path])}"'])
+        etag = etags.pop(0) if len(etags) > 1 else etags[0]
+        start = 0
+        if self.headers.get('Range') and self.headers.get('If-Range', etag) == etag:  # If-Range: only if unchanged
             start = int(re.fullmatch(r'bytes=(\d+)-', self.headers['Range']).group(1))
             self.send_response(206)
             self.send_header('Content-Range', f'bytes {start}-{len(body) - 1}/{len(body)}')
         else:
             self.send_response(200)
         self.send_header('Content-Length', str(len(body) - start))
+        self.send_header('Content-Type', content_type)
+        self.send_header('ETag', etag)
         self.end_headers()
         if path in hub.drop_after:  # promise the whole body, send part of it, hang up
             self.wfile.write(body[start:start + hub.drop_after.pop(path)])
             self.wfile.flush()
             self.connection.shutdown(2)
             return
+        if hub.stall.get(path):  # half the body, then silence
+            half = start + (len(body) - start) // 2
+            self.wfile.write(body[start:half])
+            self.wfile.flush()
+            time.sleep(hub.stall[path].pop(0))
+            start = half
         self.wfile.write(body[start:])
 
 
@@ -297,51 +471,83 @@ def parquet_bytes(docs, row_group_size=25):
 
 
 FINEWEB_DOCS = [make_documents(80, seed=s) for s in range(3)]
+FINEWEB_FILES = {f'sample/10BT/{i:03d}_00000.parquet': parquet_bytes(docs) for i, docs in enumerate(FINEWEB_DOCS)}
+LAST = 'sample/10BT/002_00000.parquet'
+
+
+def serve(files, host='127.0.0.1'):
+    server = FakeHub(dict(files), host)
+    threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True).start()  # a quick shutdown()
+    return server
 
 
 @pytest.fixture
 def hub(monkeypatch):
-    monkeypatch.setattr(prepare, 'RETRY_BACKOFF_S', 0.01)
     monkeypatch.setattr(prepare, 'DOWNLOAD_CHUNK_BYTES', 1024)  # the fake files are ~30 KB
-    files = {f'sample/10BT/{i:03d}_00000.parquet': parquet_bytes(docs) for i, docs in enumerate(FINEWEB_DOCS)}
-    server = FakeHub(files)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
+    server = serve(FINEWEB_FILES)
     yield server
     server.shutdown()
     server.server_close()
 
 
-def fineweb(hub, out, **kwargs):
+def fineweb(hub, out, network=None, **kwargs):
+    """prepare_fineweb_edu against the fake Hub, with time-outs and waits small enough for a test: every fault
+    below ends in seconds."""
+    network = network or prepare.Network(hub.url, connect_timeout_s=2, read_timeout_s=0.3, retry_budget_s=5,
+                                         backoff_s=0.001)
     args = dict(sample='10BT', tokenizer='bpe:300', workers=2, shard_tokens=3000, val_tokens=2000,
-                endpoint=hub.url, bpe_sample_chars=20_000)
+                bpe_sample_chars=20_000, network=network)
     return prepare.prepare_fineweb_edu(str(out), **dict(args, **kwargs))
 
 
-def test_fineweb_end_to_end(hub, tmp_path):
-    out = tmp_path / 'fw'
-    meta = fineweb(hub, out)
+@pytest.fixture(scope='module')
+def reference(tmp_path_factory):
+    """A clean run's folder: every fault test that recovers must end in the very same shards and tokenizer."""
+    server = serve(FINEWEB_FILES)
+    out = tmp_path_factory.mktemp('reference')
+    fineweb(server, out, keep_downloads=True)
+    server.shutdown()
+    server.server_close()
+    return out
+
+
+def test_fineweb_end_to_end(reference):
+    out = reference
     enc = prepare.load_tokenizer(str(out))
     tokens = all_tokens(str(out))
+    meta = prepare.load_meta(str(out))
     assert [enc.decode(d.tolist()) for d in split_documents(tokens, enc.eot_token)] == sum(FINEWEB_DOCS, [])
     assert meta['revision'] == SHA and meta['source'] == 'fineweb_edu/sample/10BT'
     assert meta['documents'] == 240 and meta['val_tokens'] == 2000 and meta['train_tokens'] == len(tokens) - 2000
+    assert meta['max_token_id'] == tokens.max() == 299
     assert len(prepare.open_shard(prepare.list_shards(str(out), 'val')[0])) == 2000
     train_sizes = [len(prepare.open_shard(p)) for p in prepare.list_shards(str(out), 'train')]
     assert train_sizes[:-1] == [3000] * (len(train_sizes) - 1) and 0 < train_sizes[-1] <= 3000
-    for path, body in hub.files.items():  # downloads are byte-identical and renamed from .partial
-        with open(out / 'downloads' / os.path.basename(path), 'rb') as f:
-            assert f.read() == body
-    assert not list((out / 'downloads').glob('*.partial'))
-    assert json.load(open(out / 'files.json'))['revision'] == SHA
+    for path, body in FINEWEB_FILES.items():  # --keep-downloads: byte-identical, renamed from .partial
+        assert (out / 'downloads' / os.path.basename(path)).read_bytes() == body
+    assert sorted(os.listdir(out / 'downloads')) == ['000_00000.parquet', '001_00000.parquet', '002_00000.parquet']
+    manifest = json.load(open(out / 'files.json'))
+    assert manifest['revision'] == SHA
+    assert manifest['files'] == [{'path': p, 'size': len(b), 'sha256': sha256(b)} for p, b in FINEWEB_FILES.items()]
+
+
+def test_fineweb_deletes_each_download_once_tokenized(hub, reference, tmp_path, capsys):
+    fineweb(hub, tmp_path / 'fw')
+    assert shard_bytes(tmp_path / 'fw') == shard_bytes(reference)
+    assert os.listdir(tmp_path / 'fw' / 'downloads') == []
+    out = capsys.readouterr().out
+    total = sum(len(b) for b in FINEWEB_FILES.values())
+    assert f"plan: 3 of 3 parquet files, {files.human_bytes(total)} to download, each deleted once tokenized" in out
 
 
 def test_fineweb_stops_at_tokens_without_extra_downloads(hub, tmp_path):
     out = tmp_path / 'fw'
-    meta = fineweb(hub, out, tokens=5000)  # file 0 alone holds ~22K tokens
-    assert meta['val_tokens'] + meta['train_tokens'] == 5000 == len(all_tokens(str(out)))
-    assert {path for path, _ in hub.log} == {'sample/10BT/000_00000.parquet'}
-    meta = fineweb(hub, out, tokens=30_000)  # a larger --tokens carries on into the next file
+    # a small sample with our own BPE and the default val part (10% of --tokens): the BPE sample and the shards
+    # read file 0 only (it alone holds ~22K tokens)
+    meta = fineweb(hub, out, tokens=5000, val_tokens=0)
+    assert meta['val_tokens'] == 500 and meta['val_tokens'] + meta['train_tokens'] == 5000 == len(all_tokens(str(out)))
+    assert {r['path'] for r in hub.log} == {'sample/10BT/000_00000.parquet'}
+    meta = fineweb(hub, out, tokens=30_000, val_tokens=500)  # a larger --tokens carries on into the next file
     tokens = all_tokens(str(out))
     assert meta['val_tokens'] + meta['train_tokens'] == 30_000 == len(tokens)
     enc = prepare.load_tokenizer(str(out))
@@ -349,23 +555,149 @@ def test_fineweb_stops_at_tokens_without_extra_downloads(hub, tmp_path):
     assert documents[:-1] == sum(FINEWEB_DOCS, [])[:len(documents) - 1] and len(documents) > 80
 
 
-def test_fineweb_resumes_a_dropped_download_with_range(hub, tmp_path):
+def test_fineweb_resumes_a_dropped_download_with_range_and_if_range(hub, reference, tmp_path):
     path = 'sample/10BT/001_00000.parquet'
     hub.drop_after[path] = len(hub.files[path]) // 2
     fineweb(hub, tmp_path / 'fw')
     half = len(hub.files[path]) // 2 // 1024 * 1024  # the chunks that arrived whole before the drop
-    assert [r for p, r in hub.log if p == path] == [None, f'bytes={half}-']
-    with open(tmp_path / 'fw' / 'downloads' / os.path.basename(path), 'rb') as f:
-        assert f.read() == hub.files[path]
+    etag = f'"{sha256(hub.files[path])}"'
+    requests = [(r['range'], r['if_range']) for r in hub.log if r['path'] == path]
+    assert requests == [(None, None), (f'bytes={half}-', etag)]
+    assert shard_bytes(tmp_path / 'fw') == shard_bytes(reference)
 
 
-def test_fineweb_retries_server_errors(hub, tmp_path):
-    path = 'sample/10BT/002_00000.parquet'
-    hub.fail[path] = [500, 503]
+def test_fineweb_changed_etag_restarts_the_file(hub, reference, tmp_path, capsys):
+    # the server's copy changed between the drop and the resume (a new ETag): If-Range makes it send the whole
+    # file (200) instead of the rest of another one, and the download starts over
+    path = 'sample/10BT/001_00000.parquet'
+    hub.drop_after[path] = len(hub.files[path]) // 2
+    hub.etag[path] = ['"first"', '"second"']
     fineweb(hub, tmp_path / 'fw')
-    assert [r for p, r in hub.log if p == path] == [None, None, None]
-    with open(tmp_path / 'fw' / 'downloads' / os.path.basename(path), 'rb') as f:
-        assert f.read() == hub.files[path]
+    assert [r['if_range'] for r in hub.log if r['path'] == path] == [None, '"first"']
+    assert 'the server sent the whole file again (it changed, or ignores ranges): starting over' in \
+        capsys.readouterr().out
+    assert shard_bytes(tmp_path / 'fw') == shard_bytes(reference)
+
+
+def test_fineweb_retries_server_errors(hub, reference, tmp_path):
+    hub.fail[LAST] = [500, 503]
+    fineweb(hub, tmp_path / 'fw')
+    assert [r['range'] for r in hub.log if r['path'] == LAST] == [None, None, None]
+    assert shard_bytes(tmp_path / 'fw') == shard_bytes(reference)
+
+
+def test_fineweb_flipped_byte_is_downloaded_again(hub, reference, tmp_path, capsys):
+    hub.corrupt[LAST] = 1
+    fineweb(hub, tmp_path / 'fw')
+    assert [r['range'] for r in hub.log if r['path'] == LAST] == [None, None]
+    good = sha256(hub.files[LAST])
+    assert re.search(f'002_00000.parquet: sha256 [0-9a-f]{{64}} differs from the listing\'s {good}: downloading it '
+                     f'again \\(2 of 3\\)', capsys.readouterr().out)
+    assert shard_bytes(tmp_path / 'fw') == shard_bytes(reference)
+
+
+def test_fineweb_always_damaged_file_is_one_line(hub, tmp_path):
+    hub.corrupt[LAST] = 99
+    body = hub.files[LAST]
+    flipped = body[:len(body) // 2] + bytes([body[len(body) // 2] ^ 1]) + body[len(body) // 2 + 1:]
+    with pytest.raises(prepare.DataError, match=f'002_00000.parquet: sha256 {sha256(flipped)} after 3 downloads, but '
+                                                f'the listing says {sha256(body)}'):
+        fineweb(hub, tmp_path / 'fw')
+    assert not [n for n in os.listdir(tmp_path / 'fw' / 'downloads') if n.startswith('002')]  # nothing damaged kept
+
+
+def test_fineweb_damaged_file_on_disk_is_downloaded_again(hub, reference, tmp_path, capsys):
+    out = tmp_path / 'fw'
+    os.makedirs(out / 'downloads')
+    (out / 'downloads' / '000_00000.parquet').write_bytes(b'PAR1' + bytes(100))  # e.g. from an older, damaged run
+    fineweb(hub, out)
+    size = len(hub.files['sample/10BT/000_00000.parquet'])
+    assert f'000_00000.parquet does not match the listing (104 bytes, not {size:,})' in capsys.readouterr().out
+    assert shard_bytes(out) == shard_bytes(reference)
+
+
+def test_fineweb_size_disagreeing_with_the_listing_is_one_line(hub, tmp_path):
+    hub.body[LAST] = (hub.files[LAST] + b'more', 'application/octet-stream')
+    size = len(hub.files[LAST])
+    with pytest.raises(prepare.DataError, match=f'002_00000.parquet: the server sends {size + 4:,} bytes but the '
+                                                f'Hub\'s listing says {size:,}: a proxy or mirror'):
+        fineweb(hub, tmp_path / 'fw')
+    assert len([r for r in hub.log if r['path'] == LAST]) == 1  # an error, not a restart
+
+
+def test_fineweb_html_page_is_named(hub, tmp_path):
+    portal = b'<!DOCTYPE html>\n<html><body>Please sign in to the airport Wi-Fi</body></html>'
+    hub.portal = portal  # on every request, the Hub's API too
+    with pytest.raises(prepare.DataError, match=r"/revision/main: not an answer of the Hub's API \(text/html: "
+                                                r"'<!DOCTYPE html> <html><body>Please sign in"):
+        fineweb(hub, tmp_path / 'fw0')
+    hub.portal = None
+    hub.body[LAST] = (portal, 'text/html; charset=utf-8')
+    with pytest.raises(prepare.DataError, match=r"002_00000.parquet: the server answered with a web page \(text/html; "
+                                                r"charset=utf-8: '<!DOCTYPE html> <html><body>Please sign in"):
+        fineweb(hub, tmp_path / 'fw')
+    hub.body[LAST] = (b'{"error": "Access denied"}' + bytes(len(hub.files[LAST]) - 26), 'application/json')
+    with pytest.raises(prepare.DataError, match=r"002_00000.parquet: the server sent something else than the file "
+                                                r"\(application/json: '\{\"error\": \"Access denied\"\}"):
+        fineweb(hub, tmp_path / 'fw')
+
+
+def test_fineweb_rate_limit_waits_as_asked(hub, reference, tmp_path, capsys):
+    hub.fail[LAST] = [(429, {'Retry-After': '1'})]
+    fineweb(hub, tmp_path / 'fw')
+    assert 'rate-limited by the Hub (HTTP 429): try 2 of at most 10 in 1 s' in capsys.readouterr().out
+    assert shard_bytes(tmp_path / 'fw') == shard_bytes(reference)
+    hub.fail[LAST] = [(429, {'Retry-After': '3600'})]
+    with pytest.raises(prepare.DataError, match=r'rate-limited by the Hub \(HTTP 429\): the Hub asks to wait 3600 s, '
+                                                r'more than the retry budget of 5 s'):
+        fineweb(hub, tmp_path / 'fw2')
+
+
+def test_fineweb_stalled_server(hub, reference, tmp_path, capsys):
+    hub.stall[LAST] = [2]  # once: silence longer than the read time-out (0.3 s) half way, then a resumed download
+    fineweb(hub, tmp_path / 'fw')
+    assert 'sample/10BT/002_00000.parquet: no data for 0.3 s (read time-out): try 2 of at most 10 in 0.001 s' in \
+        capsys.readouterr().out
+    assert [r['range'] is not None for r in hub.log if r['path'] == LAST] == [False, True]
+    assert shard_bytes(tmp_path / 'fw') == shard_bytes(reference)
+    hub.silent[LAST] = 2  # a hung server, every time: given up within the retry budget
+    with pytest.raises(prepare.DataError, match=r'^sample/10BT/002_00000.parquet: no data for 0.2 s \(read time-out\), '
+                                                r'still after \d+ tries in \d+ s: check the network'):
+        fineweb(hub, tmp_path / 'fw2', network=prepare.Network(hub.url, read_timeout_s=0.2, retry_budget_s=1,
+                                                                backoff_s=0.01))
+
+
+def test_fineweb_gated_dataset_and_token(hub, reference, tmp_path, capsys, monkeypatch):
+    hub.token = 'hf_secret'
+    cdn = serve(FINEWEB_FILES, host='localhost')  # another host: the token must not follow the redirect there
+    hub.redirect = cdn.url
+    monkeypatch.delenv('HF_TOKEN', raising=False)
+    monkeypatch.setenv('HF_ENDPOINT', hub.url)  # the Hub's own variable: no --endpoint needed
+    argv = ['fineweb_edu', '--sample', '10BT', '--out', str(tmp_path / 'fw'), '--tokenizer', 'bpe:300',
+            '--shard-tokens', '3000', '--val-tokens', '2000', '--bpe-sample-chars', '20000', '--workers', '2']
+    code, err = run_main(argv, capsys)
+    assert code == 2 and re.fullmatch(r'error: .*/revision/main: HTTP 401: the dataset is gated or private .* '
+                                      r'HF_TOKEN=hf_\.\.\. python prepare\.py \.\.\.\n', err), err
+    monkeypatch.setenv('HF_TOKEN', 'hf_wrong')
+    code, err = run_main(argv, capsys)
+    assert code == 2 and 'HTTP 401 with the token in HF_TOKEN: it has no access to this dataset' in err
+    monkeypatch.setenv('HF_TOKEN', 'hf_secret')
+    code, err = run_main(argv, capsys)
+    assert code == 0 and err == ''
+    assert set(hub.api_auth) == {'Bearer hf_secret'} and {r['auth'] for r in hub.log} == {'Bearer hf_secret'}
+    assert len(cdn.log) == 3 and {r['auth'] for r in cdn.log} == {None}  # the CDN never saw the token
+    assert shard_bytes(tmp_path / 'fw') == shard_bytes(reference)
+    cdn.shutdown()
+    cdn.server_close()
+
+
+def test_fineweb_disk_plan_refuses_what_cannot_fit(hub, tmp_path, monkeypatch):
+    monkeypatch.setattr(prepare, 'free_bytes', lambda folder: 50_000)
+    with pytest.raises(prepare.DataError, match=r'not enough disk space in .*fw: this run needs about [\d.]+ KB more '
+                                                r'\(~.* of shards, ~.* of parquet at once\) and 50\.0 KB is free: '
+                                                r'free some space, choose another --out or lower --tokens'):
+        fineweb(hub, tmp_path / 'fw')
+    assert hub.log == []  # refused before any download
 
 
 def test_fineweb_404_is_a_clear_error(hub, tmp_path, capsys):
@@ -374,41 +706,142 @@ def test_fineweb_404_is_a_clear_error(hub, tmp_path, capsys):
     hub.fail['sample/10BT/000_00000.parquet'] = [404]
     with pytest.raises(prepare.DataError, match=r'resolve/.*/000_00000.parquet: not found \(HTTP 404\)'):
         fineweb(hub, tmp_path / 'fw1')
-    with pytest.raises(SystemExit) as exit_info:
-        prepare.main(['fineweb_edu', '--out', str(tmp_path / 'fw2'), '--endpoint', hub.url, '--revision', 'nope'])
-    assert exit_info.value.code == 2
-    err = capsys.readouterr().err
-    assert err.startswith('error: ') and 'revision/nope: not found (HTTP 404)' in err and err.count('\n') == 1
+    code, err = run_main(['fineweb_edu', '--out', str(tmp_path / 'fw2'), '--endpoint', hub.url, '--revision', 'nope'],
+                         capsys)
+    assert code == 2 and err.startswith('error: ') and 'revision/nope: not found (HTTP 404)' in err
+    assert err.count('\n') == 1
 
 
-def test_fineweb_rerun_skips_finished_work(hub, tmp_path, capsys):
-    reference = tmp_path / 'reference'
-    fineweb(hub, reference)
+def test_fineweb_rerun_skips_finished_work(hub, reference, tmp_path, capsys):
     # an interrupted run: the last file cannot be had (HTTP 500 until the tries run out)
-    last = 'sample/10BT/002_00000.parquet'
-    hub.fail[last] = [500] * prepare.HTTP_ATTEMPTS
-    hub.log.clear()
+    hub.fail[LAST] = [500] * prepare.HTTP_ATTEMPTS
     out = tmp_path / 'fw'
-    with pytest.raises(prepare.DataError, match='still failing after'):
+    with pytest.raises(prepare.DataError, match=r'HTTP 500 Internal Server Error, still after 10 tries'):
         fineweb(hub, out)
     progress = json.load(open(out / 'progress.json'))
     assert progress['shards'] >= 3 and progress['file'] == 1 and not (out / 'meta.json').exists()
-    finished = {p: os.stat(p).st_mtime_ns for p in [str(out / 'downloads' / '000_00000.parquet')] +
-                [prepare.shard_path(str(out), 'fineweb_edu', 'val' if i == 0 else 'train', i)
-                 for i in range(progress['shards'])]}
+    # file 0 is in finished shards only: deleted; file 1 is still needed by the next shard: kept
+    assert os.listdir(out / 'downloads') == ['001_00000.parquet']
+    finished = {p: os.stat(p).st_mtime_ns for p in [prepare.shard_path(str(out), 'fineweb_edu', 'val' if i == 0 else
+                                                                       'train', i) for i in range(progress['shards'])]}
     hub.log.clear()
+    capsys.readouterr()
     fineweb(hub, out)  # the rerun carries on: nothing finished is downloaded or written again
     assert 'carrying on after' in capsys.readouterr().out
-    assert {p for p, _ in hub.log} == {last}
+    assert {r['path'] for r in hub.log} == {LAST}
     assert all(os.stat(p).st_mtime_ns == t for p, t in finished.items())
-    names = sorted(os.listdir(reference))
-    assert sorted(os.listdir(out)) == names
-    for name in names:
-        if name.endswith('.bin') or name == 'tokenizer.json':
-            assert (out / name).read_bytes() == (reference / name).read_bytes(), name
+    assert shard_bytes(out) == shard_bytes(reference)
     assert json.load(open(out / 'meta.json'))['documents'] == json.load(open(reference / 'meta.json'))['documents']
     hub.log.clear()
     fineweb(hub, out)  # a finished folder: a no-op that says so
     assert 'already complete' in capsys.readouterr().out and hub.log == []
     with pytest.raises(prepare.DataError, match='already holds a dataset'):  # another tokenizer: refused
         fineweb(hub, out, tokenizer='bpe:400')
+
+
+def test_fineweb_interrupted_run_and_another_tokenizer(hub, tmp_path, capsys):
+    out = tmp_path / 'fw'
+    hub.fail[LAST] = [500] * prepare.HTTP_ATTEMPTS
+    with pytest.raises(prepare.DataError, match='still after'):
+        fineweb(hub, out)  # stopped with shards written: another tokenizer must not be mixed in
+    with pytest.raises(prepare.DataError, match=r"holds an unfinished dataset made with other settings: tokenizer="
+                                                r"'bpe:300' \(this run: 'bpe:400'\): rerun with its settings"):
+        fineweb(hub, out, tokenizer='bpe:400')
+    # stopped before its first shard (here: the first file cannot be had): another tokenizer starts over cleanly
+    out = tmp_path / 'fw2'
+    hub.fail['sample/10BT/000_00000.parquet'] = [500] * prepare.HTTP_ATTEMPTS
+    with pytest.raises(prepare.DataError, match='still after'):
+        fineweb(hub, out, tokenizer='bpe:400')
+    meta = fineweb(hub, out, tokenizer='bpe:300')
+    assert 'starting over (a run with other settings' in capsys.readouterr().out
+    assert meta['tokenizer'] == 'bpe:300' and meta['vocab_size'] == prepare.load_tokenizer(str(out)).n_vocab == 300
+
+
+def test_progress_is_plain_lines_in_a_log(hub, tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(prepare, 'PROGRESS_EVERY_S', 0)  # a line at every update (stdout here is not a terminal)
+    fineweb(hub, tmp_path / 'fw', tokens=10_000)
+    out = capsys.readouterr().out
+    assert '\r' not in out
+    assert re.search(r'^000_00000.parquet: +\d+% [\d.]+k?/[\d.]+k \[.*B/s\]$', out, re.M)  # bytes and their rate
+    assert re.search(r'^fineweb_edu: +\d+% [\d.]+k?/10.0k \[\d\d:\d\d<\d\d:\d\d, .* tokens/s\]$', out, re.M)  # ETA
+
+
+# -----------------------------------------------------------------------------------------------------
+# One writer per folder, and full disks
+
+def test_second_prepare_into_one_folder_is_refused(tmp_path, capsys):
+    out = str(tmp_path / 'data')
+    holder = subprocess.Popen([sys.executable, '-c', 'import sys, time, files\n'
+                               'with files.folder_lock(sys.argv[1], "prepare.py pystdlib"):\n'
+                               '    print("locked", flush=True)\n'
+                               '    time.sleep(60)\n', out], stdout=subprocess.PIPE, text=True, cwd=os.getcwd())
+    try:
+        assert holder.stdout.readline() == 'locked\n'
+        code, err = run_main(['pystdlib', '--out', out, '--max-files', '150', '--tokenizer', 'bpe:300'], capsys)
+        assert code == 2 and re.fullmatch(f'error: {out} is in use by pid {holder.pid} on this host \\(prepare.py '
+                                          f'pystdlib, since .*\\): wait for it to finish .*delete {out}/.lock\n', err)
+    finally:
+        holder.kill()
+        holder.wait()
+    # killed outright, it left its lock behind: a stale lock (its pid is gone), taken over
+    assert os.path.exists(os.path.join(out, '.lock'))
+    assert prepare.main(['pystdlib', '--out', out, '--max-files', '150', '--tokenizer', 'bpe:300']) == 0
+    assert not os.path.exists(os.path.join(out, '.lock'))
+
+
+def test_full_disk_is_one_line_and_loses_nothing(tmp_path, capsys, monkeypatch):
+    docs = make_documents(60, seed=5)
+    (tmp_path / 'a.jsonl').write_text(''.join(json.dumps({'text': d}) + '\n' for d in docs))
+    args = dict(tokenizer='bpe:300', workers=1, shard_tokens=1500, val_tokens=1000)
+    reference = str(tmp_path / 'reference')
+    prepare.prepare_files([str(tmp_path / 'a.jsonl')], reference, **args)
+    out = str(tmp_path / 'data')
+    real_fsync, calls = os.fsync, []
+
+    def fsync_then_full(fd):  # the 6th flushed write finds the disk full (a shard's or progress.json's)
+        calls.append(fd)
+        if len(calls) == 6:
+            raise OSError(28, 'No space left on device')
+        real_fsync(fd)
+    monkeypatch.setattr(os, 'fsync', fsync_then_full)
+    capsys.readouterr()
+    assert prepare.main(['files', str(tmp_path / 'a.jsonl'), '--out', out, '--tokenizer', 'bpe:300', '--workers', '1',
+                         '--shard-tokens', '1500', '--val-tokens', '1000']) == 2
+    err = capsys.readouterr().err
+    assert re.fullmatch(f'error: disk full writing {out}(/.*)?: [\\d.,]+ [KMGT]?B free on the filesystem of {out}: '
+                        f'free some space or choose another folder, then rerun \\(what was complete is kept\\)\n',
+                        err), err
+    left = os.listdir(out)
+    assert not [n for n in left if '.tmp' in n] and '.lock' not in left and 'meta.json' not in left
+    monkeypatch.setattr(os, 'fsync', real_fsync)
+    prepare.prepare_files([str(tmp_path / 'a.jsonl')], out, **args)  # space again: the rerun carries on
+    assert shard_bytes(out) == shard_bytes(reference)
+
+
+def test_read_only_folder_is_one_line(tmp_path, capsys, monkeypatch):
+    def read_only(*args, **kwargs):
+        raise OSError(30, 'Read-only file system', str(tmp_path / 'ro' / '.lock.1'))
+    monkeypatch.setattr(os, 'link', read_only)
+    code, err = run_main(['pystdlib', '--out', str(tmp_path / 'ro')], capsys)
+    assert code == 2 and err == (f"error: cannot write {tmp_path / 'ro' / '.lock.1'} (read-only filesystem): "
+                                 f"{tmp_path / 'ro'} must be on a writable filesystem and writable by this user; "
+                                 f"choose another folder\n")
+
+
+def test_ctrl_c_is_one_line_and_leaves_no_debris(tmp_path):
+    # Ctrl-C reaches the whole process group, tokenizing workers included: one line and exit 130, no traceback
+    line = json.dumps({'text': ' '.join(make_documents(1, seed=7, min_words=200))}) + '\n'
+    (tmp_path / 'big.jsonl').write_text(line * 20_000)  # ~25 MB: tokenizing takes seconds
+    out = tmp_path / 'data'
+    run = subprocess.Popen([sys.executable, 'prepare.py', 'files', str(tmp_path / 'big.jsonl'), '--out', str(out),
+                            '--tokenizer', 'bpe:300', '--workers', '2', '--bpe-sample-chars', '100000'],
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                           cwd=os.path.dirname(os.path.abspath(prepare.__file__)))
+    while not (out / 'tokenizer.json').exists() and run.poll() is None:
+        time.sleep(0.05)
+    time.sleep(0.5)  # the pool's workers are running
+    os.killpg(run.pid, signal.SIGINT)
+    _, err = run.communicate(timeout=60)
+    assert run.returncode == 130 and err == ('interrupted (Ctrl-C): what was complete is kept; rerun the same command '
+                                             'to carry on\n'), err
+    assert not [n for n in os.listdir(out) if '.tmp' in n or n == '.lock'] and (out / 'progress.json').exists()
