@@ -190,7 +190,10 @@ class GPT(nn.Module):
         if self.config.arch == 'gpt2':
             x = x + self.pos_emb(torch.arange(T, device=idx.device))
         else:
-            cos, sin = self.rope_cos[:T], self.rope_sin[:T]
+            # The RoPE tables go to the blocks in the residual stream's dtype. FSDP2's bf16 policy casts a block's
+            # inputs, but before torch 2.13 not when checkpoint() recomputes the block (pytorch #159359): fp32
+            # tables would reach the recomputed block in another dtype than its first forward. These need no cast.
+            cos, sin = self.rope_cos[:T].to(x.dtype), self.rope_sin[:T].to(x.dtype)
         for block in self.blocks:
             if self.recompute and torch.is_grad_enabled():
                 x = checkpoint(block, x, cos, sin, use_reentrant=False)

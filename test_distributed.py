@@ -131,6 +131,59 @@ def test_tied_embeddings_train_alike_on_two_processes(mode, pystdlib_data, tmp_p
     assert_close(losses, reference)
 
 
+@pytest.mark.parametrize('mode', ['zero2', 'fsdp'])
+def test_fsdp2_bf16_mixed_precision_with_recompute_trains_like_autocast(mode, single, tmp_path):
+    """FSDP2's bf16 MixedPrecisionPolicy (bf16 weights for the matmuls, fp32 gradient reduction) with activation
+    recomputation, on gloo: close to one process under bf16 autocast, within bf16's precision."""
+    config, _, _ = single
+    flags = ['--dtype=bfloat16', '--recompute=True', '--max_steps=6']
+    assert train.main([config, f'--out_dir={tmp_path / "one"}', *flags]) == 0
+    (reference,) = runs(tmp_path / 'one')
+    result = torchrun(config, tmp_path / 'two', f'--parallel={mode}', *flags)
+    assert result.returncode == 0, result.stderr[-3000:]
+    (losses,) = runs(tmp_path / 'two')
+    assert sorted(losses) == list(range(1, 7)) and losses[6] < losses[1]
+    assert_close(losses, reference, tolerance=0.03)
+
+
+SPIKE = """
+import sys, numpy as np, train
+batch = train.ShardStream.batch
+def corrupted(self, first, count):  # the sequences of step 11 are garbage: uniformly random tokens
+    if 10 * 16 <= first < 11 * 16:
+        return np.random.default_rng(first).integers(0, 512, (count, self.block_size + 1))
+    return batch(self, first, count)
+train.ShardStream.batch = corrupted
+sys.exit(train.main(sys.argv[1:]))
+"""
+
+
+def test_zero1_rolls_back_a_spike_like_one_process(single, tmp_path):
+    """A spike under zero1: back to the step-6 checkpoint (its optimizer.pt gathered from both ranks), the bad
+    window skipped, the same losses as one process doing the same."""
+    config, _, _ = single
+    script = tmp_path / 'spike.py'
+    script.write_text(SPIKE)
+    outs = {}
+    for processes in (1, 2):
+        outs[processes] = tmp_path / f'out{processes}'
+        launcher = [sys.executable] + (['-m', 'torch.distributed.run', '--standalone', '--nproc_per_node=2']
+                                       if processes == 2 else [])
+        result = subprocess.run(launcher + [str(script), config, f'--out_dir={outs[processes]}', '--parallel=zero1',
+                                            '--spike_window=5'], cwd=HERE, capture_output=True, text=True,
+                                env=dict(os.environ, PYTHONPATH=HERE))
+        assert result.returncode == 0, result.stderr[-3000:]
+    events = {}
+    for processes, out in outs.items():
+        with open(out / 'metrics.jsonl') as f:
+            events[processes] = [e for e in map(json.loads, f) if e.get('event') == 'rollback']
+    assert [(e['step'], e['to_step'], e['skipped']) for e in events[2]] == [(11, 6, [6 * 16, 11 * 16])]
+    assert [(e['step'], e['to_step']) for e in events[1]] == [(11, 6)]
+    one, two = runs(outs[1])[-1], runs(outs[2])[-1]
+    assert sorted(two) == list(range(7, STEPS + 1))
+    assert_close(two, one)
+
+
 class IndexStream:
     """A stream whose sequence k is k repeated: batches show which sequences a rank read."""
     block_size = 8

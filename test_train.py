@@ -189,6 +189,54 @@ def test_checkpoint_state_dict_has_no_compile_prefix(pystdlib_data, tmp_path):
 
 
 # -----------------------------------------------------------------------------------------------------
+# The paths a GPU takes, run on the CPU: bf16 autocast, torch.compile (inductor), fused AdamW (resume and rollback
+# above run through it), and the guards against what would only fail on a GPU.
+
+def test_adamw_is_fused_except_under_zero1(tmp_path):
+    for parallel, world_size, fused in (('ddp', 1, True), ('ddp', 2, True), ('fsdp', 2, True), ('zero1', 1, True),
+                                        ('zero1', 2, False)):
+        options = train.adamw_options(TrainConfig(parallel=parallel), world_size)
+        assert (options['fused'], options['foreach']) == (fused, not fused), (parallel, world_size)
+    run_state = train.setup([write_config(tmp_path, 'synthetic'), f'--out_dir={tmp_path / "out"}'])
+    assert run_state.optimizer.defaults['fused'] is True  # the one-process CPU run uses the fused kernel too
+
+
+def test_rope_tables_reach_each_block_in_its_dtype_also_when_recomputed():
+    """Under FSDP2's bf16 policy the residual stream is bf16; the tables must arrive in bf16 in the forward and in
+    checkpoint()'s recompute alike (older torch skips FSDP2's input cast in the recompute)."""
+    from model import GPT, ModelConfig
+    model = GPT(ModelConfig(n_layer=2, n_head=2, n_embd=32, vocab_size=64, block_size=16)).to(torch.bfloat16)
+    model.recompute = True
+    seen = []
+    model.blocks[0].register_forward_pre_hook(lambda block, args: seen.append((args[0].dtype, args[1].dtype,
+                                                                                args[2].dtype)))
+    idx = torch.randint(0, 64, (2, 16))
+    model(idx, idx)[1].backward()
+    assert seen == [(torch.bfloat16,) * 3] * 2  # the forward, then the recompute in backward
+
+
+def test_bf16_autocast_trains_like_fp32(pystdlib_data, tmp_path):
+    losses = {}
+    for dtype in ('float32', 'bfloat16'):
+        config = write_config(tmp_path, pystdlib_data, dtype=dtype, train_tokens=20 * 256)
+        assert run(config, tmp_path / dtype) == 0
+        losses[dtype] = step_losses(read_metrics(tmp_path / dtype))
+    assert losses['bfloat16'][20] < losses['bfloat16'][1] - 0.5  # it learns
+    for step in (1, 10, 20):  # and follows fp32 within bf16's precision
+        assert losses['bfloat16'][step] == pytest.approx(losses['float32'][step], rel=0.02), step
+
+
+def test_compiled_model_trains_like_eager_on_the_cpu(pystdlib_data, tmp_path):
+    """torch.compile with inductor's CPU backend (a C++ compiler builds the kernels): the same losses as eager."""
+    losses = {}
+    for compile_model in (False, True):
+        config = write_config(tmp_path, pystdlib_data, compile=compile_model)
+        run_state = train.setup([config, f'--out_dir={tmp_path / str(compile_model)}'])
+        losses[compile_model] = [train.train_step(run_state).loss.item() for _ in range(2)]
+    assert losses[True] == pytest.approx(losses[False], rel=1e-4)
+
+
+# -----------------------------------------------------------------------------------------------------
 # The loss-spike guard: roll back to the last checkpoint, skip the data window, go on; give up after max_rollbacks.
 
 def test_corrupted_batch_rolls_back_and_skips_its_window(pystdlib_data, tmp_path, monkeypatch):

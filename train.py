@@ -18,6 +18,7 @@ summary.json, report.md, ckpt/ (checkpoint.py).
 import contextlib
 import dataclasses
 import gc
+import importlib.metadata
 import json
 import math
 import os
@@ -26,8 +27,17 @@ import statistics
 import sys
 import time
 
-import numpy as np
-import torch
+# The CUDA caching allocator reads its settings once, so they are set before torch is imported. Expandable segments
+# let freed blocks grow and merge instead of fragmenting: at h200_1b3's 106 of 141 GiB, with multi-GB loss buffers
+# of changing shapes, fragmentation is what turns a fit into an out-of-memory (nanochat and torchtitan set it too).
+# torch 2.10 renamed the variable; 2.9 still ignored the new name for this setting (pytorch #183387).
+if not (os.environ.get('PYTORCH_ALLOC_CONF') or os.environ.get('PYTORCH_CUDA_ALLOC_CONF')):
+    torch_release = tuple(int(part) for part in importlib.metadata.version('torch').split('.')[:2])
+    os.environ['PYTORCH_ALLOC_CONF' if torch_release >= (2, 10) else 'PYTORCH_CUDA_ALLOC_CONF'] = \
+        'expandable_segments:True'
+
+import numpy as np  # noqa: E402 (after the allocator's settings)
+import torch  # noqa: E402
 import torch.distributed as dist
 
 import checkpoint
@@ -354,20 +364,28 @@ def build_model(model_cfg, train, cluster, dtype):
     return model, model
 
 
+def adamw_options(train, world_size):
+    """AdamW's settings: the book's betas 0.9/0.95 and eps 1e-8, and the fused kernel (one kernel for every tensor:
+    5x faster than the per-tensor loop on a 2-core CPU, measured; on GPUs the standard choice) everywhere but under
+    ZeRO-1: ZeroRedundancyOptimizer.load_state_dict moves AdamW's step counts to the CPU on purpose, and the fused
+    CUDA kernel then fails on mixed devices (pytorch #124133), so every resume and spike rollback would crash on a
+    GPU. ZeRO-1 takes the foreach kernel instead."""
+    zero1 = train.parallel == 'zero1' and world_size > 1
+    return dict(lr=train.lr, betas=(train.beta1, train.beta2), eps=train.eps, fused=not zero1, foreach=zero1)
+
+
 def build_optimizer(model, train, cluster):
-    """AdamW (betas 0.9/0.95, eps 1e-8: the book's recipe). Weight decay only on matrices (Linear weights and the
-    embedding): decaying gains and biases pulls them to zero for no benefit. Fused kernel on CUDA. ZeRO-1 shards
-    the AdamW states over the ranks (ledger.zero1_partition follows its assignment)."""
+    """AdamW with weight decay only on matrices (Linear weights and the embedding): decaying gains and biases pulls
+    them to zero for no benefit. ZeRO-1 shards the AdamW states over the ranks (ledger.zero1_partition follows its
+    assignment)."""
     params = [p for p in model.parameters() if p.requires_grad]
     groups = [{'params': [p for p in params if p.dim() >= 2], 'weight_decay': train.weight_decay},
               {'params': [p for p in params if p.dim() < 2], 'weight_decay': 0.0}]
-    kwargs = dict(lr=train.lr, betas=(train.beta1, train.beta2), eps=train.eps)
-    if cluster.device.type == 'cuda':
-        kwargs['fused'] = True
+    options = adamw_options(train, cluster.world_size)
     if train.parallel == 'zero1' and cluster.world_size > 1:
         from torch.distributed.optim import ZeroRedundancyOptimizer
-        return ZeroRedundancyOptimizer(groups, optimizer_class=torch.optim.AdamW, **kwargs)
-    return torch.optim.AdamW(groups, **kwargs)
+        return ZeroRedundancyOptimizer(groups, optimizer_class=torch.optim.AdamW, **options)
+    return torch.optim.AdamW(groups, **options)
 
 
 def clip_gradients(params, max_norm):
@@ -405,6 +423,20 @@ def live_device(cluster, model_cfg, train):
         dist.broadcast_object_list(shared, src=0)
         device = shared[0]
     return device
+
+
+SDPA_BACKENDS = {0: 'math', 1: 'flash attention', 2: 'memory-efficient attention', 3: 'cuDNN attention'}
+
+
+def sdpa_backend(model_cfg, device, dtype):
+    """The kernel F.scaled_dot_product_attention picks for this run's shapes and dtype, asked the way SDPA itself
+    asks (torch._fused_sdp_choice). Flash, memory-efficient and cuDNN keep only the output and the log-sum-exp for
+    backward, as the ledger assumes; math materialises the T x T scores of every head."""
+    head_dim, T = model_cfg.head_dim, model_cfg.block_size
+    q, k, v = (torch.empty(1, heads, T, head_dim, device=device, dtype=getattr(torch, dtype), requires_grad=True)
+               for heads in (model_cfg.n_head, model_cfg.kv_heads, model_cfg.kv_heads))
+    choice = torch._fused_sdp_choice(q, k, v, is_causal=True, enable_gqa=model_cfg.kv_heads != model_cfg.n_head)
+    return SDPA_BACKENDS.get(choice, f'backend {choice}')
 
 
 def peak_memory(cluster):
@@ -482,6 +514,10 @@ class Metrics:
                           f"norm {grad_norm:.2f} | {tokens_per_s:,.0f} tok/s | MFU {self.mfu(tokens_per_s):.1%} | "
                           f"{self.days(tokens_per_s):.3g} days | peak mem {peak / 2**30:.2f} GiB"
                           + (" | warm-up" if self.warmup else ""))
+        if self.warmup and self.cluster.device.type == 'cuda':
+            # from here the peak is the steady state's, not the compile's (autotuning tries kernels with buffers of
+            # their own); on the CPU the process's peak resident memory cannot be reset
+            torch.cuda.reset_peak_memory_stats(self.cluster.device)
         if not self.warmup:
             self.run_tokens += self.interval_tokens
             self.run_seconds += self.interval_seconds
@@ -626,6 +662,10 @@ def setup(argv):
         raise ConfigError(f"the ledger predicts {memory['total'] / 2**30:.1f} GiB per process but {device.name} has "
                           f"{memory['gpu_memory'] / 2**30:.1f} GiB for it: lower micro_batch, set recompute=True or "
                           f"parallel=fsdp, or pass --force to start anyway")
+    attention = sdpa_backend(model_cfg, cluster.device, dtype)
+    log(cluster, f"attention: SDPA runs {attention} for {model_cfg.block_size} tokens in {dtype}"
+                 + (': it keeps T x T scores per head, more than the ledger counts (it assumes a flash-type kernel)'
+                    if attention == 'math' else ''))
     log(cluster, f"precision: {dtype} compute"
                  + (' (on the CPU: bf16 matmuls are slower than fp32 on most chips)' if cluster.device.type == 'cpu'
                     else '') + ", fp32 weights, gradients and AdamW states")
