@@ -567,24 +567,24 @@ class StepResult:
 
 @dataclasses.dataclass
 class Run:
+    """What the loop works with. bench.py builds one too (synthetic data, no outputs) and times train_step."""
     model_cfg: object
     train: object
     cluster: Cluster
     autocast: object            # bf16 autocast, or a null context (fp32, or FSDP2's own mixed precision)
     stream: object              # the train data: ShardStream or SyntheticStream
-    val: np.ndarray             # the fixed val sequences, (n, block_size + 1)
-    meta: dict                  # the data folder's meta.json (None for synthetic data)
     model: torch.nn.Module      # what the loop calls: DDP, FSDP2 or the model itself
     raw_model: GPT              # the GPT inside (for samples and checkpoints)
     optimizer: torch.optim.Optimizer
     params: list                # the trainable parameters, listed once: no per-step walk over the modules
-    metrics: Metrics
-    state: RunState
     micro_step_tokens: int      # tokens of one micro-step on all ranks together
     total_steps: int            # the steps the schedule spans (train_tokens)
     stop_step: int              # where this run stops (max_steps may stop it early)
-    last_checkpoint: str        # the rollback target
-    chinchilla_tokens: int      # 20 x P: a line is logged when the run passes it
+    state: RunState = dataclasses.field(default_factory=RunState)
+    val: np.ndarray = None      # the fixed val sequences, (n, block_size + 1)
+    meta: dict = None           # the data folder's meta.json (None for synthetic data)
+    metrics: Metrics = None
+    last_checkpoint: str = None # the rollback target
     tokenizer: object = None    # for text samples, when the run makes them
 
 
@@ -676,11 +676,10 @@ def setup(argv):
         raise TrainingStopped(f"the ledger counts {prediction['params']['total']:,} parameters but the built model "
                               f"has {built:,}: ledger.count_params and model.py disagree (run test_model.py)")
     optimizer = build_optimizer(model, train, cluster)
-    run = Run(model_cfg, train, cluster, autocast, stream, val, meta, model, raw_model, optimizer,
-              params=[p for p in model.parameters() if p.requires_grad],
-              metrics=Metrics(cluster, train, prediction, built, append=bool(resume_from)),
-              state=RunState(), micro_step_tokens=micro_step_tokens, total_steps=total_steps, stop_step=stop_step,
-              last_checkpoint=resume_from, chinchilla_tokens=prediction['data']['chinchilla_tokens'])
+    run = Run(model_cfg, train, cluster, autocast, stream, model, raw_model, optimizer,
+              params=[p for p in model.parameters() if p.requires_grad], micro_step_tokens=micro_step_tokens,
+              total_steps=total_steps, stop_step=stop_step, val=val, meta=meta, last_checkpoint=resume_from,
+              metrics=Metrics(cluster, train, prediction, built, append=bool(resume_from)))
     if resume_from:
         saved = checkpoint.load(resume_from, model, optimizer)
         run.state = RunState(**saved['run'])
@@ -733,10 +732,6 @@ def train_step(run):
     state.position += accumulation * cluster.world_size * train.micro_batch
     state.tokens_seen += batch_tokens
     state.step += 1
-    run.metrics.interval_tokens += batch_tokens
-    if state.tokens_seen >= run.chinchilla_tokens > state.tokens_seen - batch_tokens:
-        log(cluster, f"step {state.step}: {state.tokens_seen:,} tokens seen passes the Chinchilla point 20 x P = "
-                     f"{run.chinchilla_tokens:,} (compute-optimal for this model): from here it over-trains")
     return StepResult(state.step, loss_sum / accumulation, grad_norm, state.position, lr, batch_tokens)
 
 
@@ -871,8 +866,14 @@ def main(argv):
         gc.freeze()  # the start-up objects will live all run: keep the collector from scanning them again
         pending = []  # the steps not read back yet: their losses and norms are still on the device
         run.metrics.start_clock()
+        chinchilla = run.metrics.prediction['data']['chinchilla_tokens']  # 20 x P
         while run.state.step < run.stop_step:
             pending.append(train_step(run))
+            run.metrics.interval_tokens += pending[-1].batch_tokens
+            if run.state.tokens_seen >= chinchilla > run.state.tokens_seen - pending[-1].batch_tokens:
+                log(run.cluster, f"step {run.state.step}: {run.state.tokens_seen:,} tokens seen passes the "
+                                 f"Chinchilla point 20 x P = {chinchilla:,} (compute-optimal for this model): from "
+                                 f"here it over-trains")
             due = Due.at(run)
             if not (due.log or due.eval or due.checkpoint or due.sample):
                 continue  # the hot path: nothing read back from the device
