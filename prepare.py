@@ -3,6 +3,7 @@ prepare.py: text -> tokenizer -> token shards that train.py reads.
 
     python prepare.py pystdlib                       # the running Python's standard library, our own BPE (seconds)
     python prepare.py fineweb_edu --tokens 26e9      # FineWeb-Edu sample-100BT, GPT-2 tokens (resumable)
+    python prepare.py fineweb_edu --tokenizer neox   # ... in GPT-NeoX-20B's tokens (its tokenizer.json from the Hub)
     python prepare.py files a.txt b.jsonl c.parquet  # your own text
     python prepare.py bench                          # tokens/s of the pipeline against raw tiktoken
 
@@ -13,7 +14,7 @@ writes a folder at a time (a `.lock` file in it); a full disk or a read-only fol
 
 The reading side (DataError, open_shard, list_shards, load_meta, load_tokenizer, check_token_ids, token_dtype)
 needs only numpy and the standard library: train.py imports this file on machines without rustbpe or tqdm, so
-those (and tiktoken, pyarrow, requests) are imported inside the functions that use them.
+those (and tiktoken, tokenizers, pyarrow, requests) are imported inside the functions that use them.
 """
 import argparse
 import base64
@@ -180,7 +181,8 @@ def check_token_ids(data_dir, meta, vocab_size):
 
 
 def load_tokenizer(data_dir):
-    """The data folder's tokenizer as a tiktoken.Encoding, from its tokenizer.json (no download, no cache)."""
+    """The data folder's tokenizer as a tiktoken.Encoding (an HFEncoding for neox), from its tokenizer.json (no
+    download, no cache)."""
     import tiktoken
     path = os.path.join(data_dir, 'tokenizer.json')
     if not os.path.exists(path):
@@ -188,6 +190,12 @@ def load_tokenizer(data_dir):
     try:
         with open(path, 'rb') as f:
             spec = json.loads(f.read())
+        if 'tokenizers' in spec:  # neox: the Hub's file, used through the library that defines it
+            try:
+                return HFEncoding(spec['name'], json.dumps(spec['tokenizers']))
+            except ImportError:
+                raise DataError(f"{path} is {spec['name']}'s tokenizer, which needs the tokenizers package: pip "
+                                f"install tokenizers (it is in requirements.txt)") from None
         ranks = {base64.b64decode(token): rank for rank, token in enumerate(spec['ranks'])}
         return tiktoken.Encoding(spec['name'], pat_str=spec['pattern'], mergeable_ranks=ranks,
                                  special_tokens=spec['special_tokens'])
@@ -240,10 +248,10 @@ class Progress:
 
 
 # -----------------------------------------------------------------------------------------------------
-# Tokenizers. Both end up as tokenizer.json: the byte sequence of every rank (base64, list index = rank), the
-# pre-split regex and the end-of-text token, which is all tiktoken.Encoding needs. We write this file ourselves
+# Tokenizers. gpt2 and bpe:V end up as tokenizer.json: the byte sequence of every rank (base64, list index = rank),
+# the pre-split regex and the end-of-text token, which is all tiktoken.Encoding needs. We write this file ourselves
 # instead of tiktoken's .tiktoken loader because that loader caches by path in /tmp: rebuilding a folder with
-# another vocab would silently load the old ranks.
+# another vocab would silently load the old ranks. neox keeps the Hub's tokenizer.json inside ours (below).
 
 EOT = '<|endoftext|>'
 
@@ -256,22 +264,23 @@ def save_tokenizer(data_dir, name, pattern, mergeable_ranks, eot_id):
         'ranks': [base64.b64encode(token).decode('ascii') for token, _ in ordered]})
 
 
-GPT2_VOCAB = 50257  # 50,000 merges + 256 bytes + <|endoftext|>
+NAMED_TOKENIZERS = {'gpt2': 50257,   # 50,000 merges + 256 bytes + <|endoftext|>
+                    'neox': 50277}   # GPT-NeoX-20B: 50,254 BPE tokens (2 special) + 23 runs of spaces
 
 
 def parse_tokenizer(name):
-    """'gpt2' or 'bpe:V' -> its vocab size, or a DataError naming what is allowed."""
-    if name == 'gpt2':
-        return GPT2_VOCAB
+    """'gpt2', 'neox' or 'bpe:V' -> its vocab size, or a DataError naming what is allowed."""
+    if name in NAMED_TOKENIZERS:
+        return NAMED_TOKENIZERS[name]
     if name.startswith('bpe:') and name[4:].isdigit() and int(name[4:]) > 256:
         return int(name[4:])
-    raise DataError(f"unknown tokenizer '{name}': use gpt2 or bpe:V with V > 256 (e.g. bpe:8192)")
+    raise DataError(f"unknown tokenizer '{name}': use gpt2, neox or bpe:V with V > 256 (e.g. bpe:8192)")
 
 
-def make_tokenizer(out_dir, tokenizer, bpe_texts):
+def make_tokenizer(out_dir, tokenizer, bpe_texts, network=None):
     """The folder's tokenizer.json for `tokenizer`. One already there is kept if it is that tokenizer (a rerun
-    carries on with the tokenizer its shards were made with) and made again if not. GPT-2's comes from tiktoken;
-    bpe:V is trained on bpe_texts(), called only then (it may download)."""
+    carries on with the tokenizer its shards were made with) and made again if not. GPT-2's comes from tiktoken,
+    NeoX's from the Hub (through `network`); bpe:V is trained on bpe_texts(), called only then (it may download)."""
     path = os.path.join(out_dir, 'tokenizer.json')
     if os.path.exists(path):
         try:
@@ -284,6 +293,8 @@ def make_tokenizer(out_dir, tokenizer, bpe_texts):
         say(f"{path} is {name}, not {tokenizer}: making it again")
     if tokenizer == 'gpt2':
         make_gpt2_tokenizer(out_dir)
+    elif tokenizer == 'neox':
+        make_neox_tokenizer(out_dir, network)
     else:
         train_bpe_tokenizer(out_dir, parse_tokenizer(tokenizer), bpe_texts())
 
@@ -317,6 +328,62 @@ def train_bpe_tokenizer(data_dir, vocab_size, texts):
         raise DataError(f"the BPE sample ({sample_chars:,} characters) only supports {len(ranks) + 1} tokens, not "
                         f"bpe:{vocab_size}: use a smaller vocab, or more text (--tokens, --bpe-sample-chars)")
     save_tokenizer(data_dir, f'bpe:{vocab_size}', tokenizer.get_pattern(), ranks, vocab_size - 1)
+
+
+# GPT-NeoX-20B's tokenizer (EleutherAI/gpt-neox-20b's tokenizer.json, in the Hugging Face `tokenizers` format) is
+# a byte-level BPE like GPT-2's with two settings tiktoken cannot express exactly. Its normalizer is NFC: text is
+# composed before it is split (a decomposed 'é' becomes one character, so decode(encode(x)) is NFC(x)). And 23 runs
+# of 2..24 spaces are added tokens, split off the text before the BPE, longest first: '    return' is [4 spaces,
+# 'return'], where GPT-2 has [3 spaces, ' return']; tiktoken matches such tokens in no fixed order. So NeoX is
+# used through the `tokenizers` library that defines the format: exact by construction. Its 50,277 ids fit uint16;
+# a model pads them to 50,304 (a multiple of 128).
+
+NEOX_REPO = 'EleutherAI/gpt-neox-20b'
+
+
+def make_neox_tokenizer(out_dir, network=None):
+    """Fetch NeoX's tokenizer.json once from the Hub, like the data (HF_ENDPOINT and HF_TOKEN, resumable, verified
+    against the listing), and keep it inside the folder's tokenizer.json with the commit it came from."""
+    hub = Hub(network)
+    sha, files = hub.files(NEOX_REPO, 'main', '', 'tokenizer.json', kind='models')
+    listed = next((f for f in files if f['path'] == 'tokenizer.json'), None)
+    if listed is None:
+        raise DataError(f"{NEOX_REPO} has no tokenizer.json at {sha}: check --endpoint or HF_ENDPOINT")
+    os.makedirs(os.path.join(out_dir, 'downloads'), exist_ok=True)
+    path = download(hub, hub.url('models', NEOX_REPO, sha, 'tokenizer.json'),
+                    os.path.join(out_dir, 'downloads', 'gpt-neox-20b-tokenizer.json'), listed, starts_with=b'{')
+    with open(path, 'rb') as f:
+        spec = json.loads(f.read())
+    save_json(os.path.join(out_dir, 'tokenizer.json'), {'name': 'neox', 'source': f'{NEOX_REPO}@{sha}',
+                                                         'tokenizers': spec})
+    os.remove(path)
+
+
+class HFEncoding:
+    """A `tokenizers` tokenizer behind the part of tiktoken.Encoding this project uses (name, n_vocab, eot_token,
+    encode_ordinary, encode, encode_to_numpy, decode). As with tiktoken, '<|endoftext|>' written in a text is
+    plain text, unless encode() is given allowed_special (sample.py's prompts)."""
+
+    def __init__(self, name, spec_text):
+        from tokenizers import Tokenizer
+        self.name = name
+        self.special = Tokenizer.from_str(spec_text)  # special tokens written in a text are special tokens
+        self.plain = Tokenizer.from_str(spec_text)
+        self.plain.encode_special_tokens = True  # ... and here they are text (the added runs of spaces stay)
+        self.n_vocab = self.plain.get_vocab_size(with_added_tokens=True)
+        self.eot_token = self.plain.token_to_id(EOT)
+
+    def encode_ordinary(self, text):
+        return self.plain.encode(text, add_special_tokens=False).ids
+
+    def encode(self, text, allowed_special=(), disallowed_special=()):
+        return (self.special if allowed_special else self.plain).encode(text, add_special_tokens=False).ids
+
+    def encode_to_numpy(self, text, disallowed_special=()):
+        return np.array(self.encode_ordinary(text), dtype=np.uint32)
+
+    def decode(self, tokens):
+        return self.plain.decode(list(tokens), skip_special_tokens=False)
 
 
 # -----------------------------------------------------------------------------------------------------
@@ -366,6 +433,8 @@ def tokenize_batch(batch):
         # encode_to_numpy skips building a Python list of ints; with no special tokens allowed or disallowed it
         # is encode_ordinary: '<|endoftext|>' written in a document stays plain text
         ids = _worker_encoding.encode_to_numpy(text, disallowed_special=())
+        if end + 1 + len(ids) > len(tokens):  # only if normalizing lengthened the text (NFC can, rarely: neox)
+            tokens = np.resize(tokens, 2 * (end + 1 + len(ids)))
         tokens[end] = _worker_encoding.eot_token
         tokens[end + 1:end + 1 + len(ids)] = ids
         end += 1 + len(ids)
@@ -968,21 +1037,31 @@ class Hub:
                 f"its Hub page, then pass a read token from https://huggingface.co/settings/tokens as "
                 f"HF_TOKEN=hf_... python prepare.py ...")
 
-    def files(self, repo, revision, folder, extension):
-        """(commit sha, sorted [{'path', 'size', 'sha256'}] of the folder's files ending in `extension`) at a
-        revision. sha256 is the file's LFS object id; None for a file not in LFS (then only its size is checked).
-        An answer that is not the API's JSON (a captive portal's page with status 200) is one DataError line."""
-        sha = self.api_json(f"{self.endpoint}/api/datasets/{repo}/revision/{revision}")[1]['sha']
-        files, url = [], f"{self.endpoint}/api/datasets/{repo}/tree/{sha}/{folder}"
+    def files(self, repo, revision, folder, extension, kind='datasets'):
+        """(commit sha, sorted [{'path', 'size', 'sha256'}] of the files ending in `extension` in a folder ('': the
+        top) of a dataset or model repo at a revision). sha256 is the LFS object id of a file in LFS; a file kept
+        in git has its blob id as 'git_sha1' instead. An answer that is not the API's JSON (a captive portal's page
+        with status 200) is one DataError line."""
+        sha = self.api_json(f"{self.endpoint}/api/{kind}/{repo}/revision/{revision}")[1]['sha']
+        files, url = [], f"{self.endpoint}/api/{kind}/{repo}/tree/{sha}" + (f"/{folder}" if folder else '')
         while url:
             response, answer = self.api_json(url)
-            files += [{'path': item['path'], 'size': (item.get('lfs') or {}).get('size', item['size']),
-                       'sha256': (item.get('lfs') or {}).get('oid')}
-                      for item in answer if item['type'] == 'file' and item['path'].endswith(extension)]
+            for item in answer:
+                if item['type'] == 'file' and item['path'].endswith(extension):
+                    lfs = item.get('lfs') or {}
+                    files.append({'path': item['path'], 'size': lfs.get('size', item['size']),
+                                  'sha256': lfs.get('oid')})
+                    if not lfs:
+                        files[-1]['git_sha1'] = item.get('oid')
             url = response.links.get('next', {}).get('url')
         if not files:
-            raise DataError(f"no {extension} files in {repo}/{folder} at {revision}: check --sample")
+            raise DataError(f"no {extension} files in {repo}/{folder} at {revision}"
+                            f"{': check --sample' if kind == 'datasets' else ''}")
         return sha, sorted(files, key=lambda item: item['path'])
+
+    def url(self, kind, repo, sha, path):
+        """Where the Hub serves a file of a dataset or model repo at a commit."""
+        return f"{self.endpoint}/{'datasets/' if kind == 'datasets' else ''}{repo}/resolve/{sha}/{path}"
 
     def api_json(self, url):
         """(response, its JSON) for a GET of the Hub's API; an answer that is not JSON (a captive portal's page,
@@ -996,51 +1075,57 @@ class Hub:
                 from None
 
 
-def file_sha256(path):
-    digest = hashlib.sha256()
+def file_digest(path, listed):
+    """(kind, actual, expected) of the check a listing entry allows: the sha256 of a file in LFS, or git's blob id
+    of a file kept in git (sha1 of b'blob <size>\\0' + its bytes); (None, None, None) if it gives neither, and then
+    only the size is checked."""
+    kind = 'sha256' if listed.get('sha256') else 'git sha1' if listed.get('git_sha1') else None
+    if kind is None:
+        return None, None, None
+    digest = hashlib.sha256() if kind == 'sha256' else hashlib.sha1(b'blob %d\0' % os.path.getsize(path))
     with open(path, 'rb') as f:
         for block in iter(lambda: f.read(1 << 24), b''):
             digest.update(block)
-    return digest.hexdigest()
+    return kind, digest.hexdigest(), listed['sha256' if kind == 'sha256' else 'git_sha1']
 
 
-def download(hub, url, dest, size, sha256, what, starts_with=b'PAR1'):
+def download(hub, url, dest, listed, starts_with=b'PAR1'):
     """Download `url` to `dest` through `dest`.partial, resuming after drops (Range + If-Range), and rename it to
-    `dest` only once its size and sha256 match the listing. A mismatch deletes the partial and downloads again, up
-    to HASH_ATTEMPTS times. A file already at `dest` is checked the same way before it is used. `what` names the
-    file in retry lines; `starts_with`: the first bytes of a good file (parquet's magic), so a body that is
-    something else is named at once."""
-    name = os.path.basename(dest)
+    `dest` only once its size and hash match `listed` (its entry in the Hub's listing: path, size, sha256). A
+    mismatch deletes the partial and downloads again, up to HASH_ATTEMPTS times. A file already at `dest` is
+    checked the same way before it is used. `starts_with`: the first bytes of a good file (parquet's magic), so a
+    body that is something else is named at once."""
+    name, size = os.path.basename(dest), listed['size']
     if os.path.exists(dest):
         on_disk = os.path.getsize(dest)
-        actual = file_sha256(dest) if sha256 and on_disk == size else None
-        if on_disk == size and actual == sha256:
+        kind, actual, expected = file_digest(dest, listed) if on_disk == size else (None, None, None)
+        if on_disk == size and actual == expected:
             return dest
         say(f"{dest} does not match the listing ("
-            f"{f'sha256 {actual}, not {sha256}' if on_disk == size else f'{on_disk:,} bytes, not {size:,}'}): "
+            f"{f'{kind} {actual}, not {expected}' if on_disk == size else f'{on_disk:,} bytes, not {size:,}'}): "
             f"downloading it again")
         os.remove(dest)
     partial, etag_path = dest + '.partial', dest + '.etag'
-    retries = Retries(what, hub.network)
+    retries = Retries(listed['path'], hub.network)
     for attempt in range(1, HASH_ATTEMPTS + 1):
         started = time.monotonic()
         with Progress(name, size, unit='B', initial=min(size, size_of(partial)), leave=False) as progress:
             while size_of(partial) != size:
                 fetch_rest(hub, url, partial, etag_path, size, starts_with, retries, progress)
-        actual = file_sha256(partial) if sha256 else None
-        if actual == sha256:
+        kind, actual, expected = file_digest(partial, listed)
+        if actual == expected:
             os.replace(partial, dest)
             remove_quietly(etag_path)
             say(f"{name}: {human_bytes(size)} in {time.monotonic() - started:.0f} s"
-                f"{', sha256 verified' if sha256 else ''}")
+                f"{f', {kind} verified' if kind else ''}")
             return dest
         remove_quietly(partial)
         remove_quietly(etag_path)
         if attempt < HASH_ATTEMPTS:
-            say(f"{name}: sha256 {actual} differs from the listing's {sha256}: downloading it again "
+            say(f"{name}: {kind} {actual} differs from the listing's {expected}: downloading it again "
                 f"({attempt + 1} of {HASH_ATTEMPTS})")
             time.sleep(hub.network.backoff_s * 2 ** attempt)
-    raise DataError(f"{name}: sha256 {actual} after {HASH_ATTEMPTS} downloads, but the listing says {sha256}: the "
+    raise DataError(f"{name}: {kind} {actual} after {HASH_ATTEMPTS} downloads, but the listing says {expected}: the "
                     f"data is damaged on the way (a proxy or mirror?): check --endpoint or HF_ENDPOINT and rerun")
 
 
@@ -1212,8 +1297,7 @@ def prepare_fineweb_edu(out_dir='data/fineweb_edu', sample='100BT', tokens=0, to
             if index not in verified:
                 if not os.path.exists(paths[index]):
                     say(f"fineweb_edu: downloading {files[index]['path']} ({human_bytes(files[index]['size'])})")
-                download(hub, f"{hub.endpoint}/datasets/{FINEWEB_EDU}/resolve/{sha}/{files[index]['path']}",
-                         paths[index], files[index]['size'], files[index]['sha256'], files[index]['path'])
+                download(hub, hub.url('datasets', FINEWEB_EDU, sha, files[index]['path']), paths[index], files[index])
                 verified.add(index)
             return paths[index]
 
@@ -1224,7 +1308,7 @@ def prepare_fineweb_edu(out_dir='data/fineweb_edu', sample='100BT', tokens=0, to
 
         make_tokenizer(out_dir, tokenizer, lambda: bpe_sample(
             (text for i in range(len(paths)) for _, text in read_documents(fetch(i))), val_tokens, bpe_sample_chars,
-            tokens))
+            tokens), network)
         counts = tokenize_stream(out_dir, 'fineweb_edu', paths, fetch, state, workers or default_workers(),
                                  val_tokens, shard_tokens, tokens, done_with_files)
         return finish_meta(out_dir, dataset_meta(out_dir, f'fineweb_edu/sample/{sample}', sha, tokenizer,
@@ -1367,7 +1451,8 @@ def main(argv):
 
     def common(sub, out, tokenizer, shard_tokens=100_000_000):
         sub.add_argument('--out', default=out, help=f'data folder (default {out})')
-        sub.add_argument('--tokenizer', default=tokenizer, help=f'gpt2 or bpe:V (default {tokenizer})')
+        sub.add_argument('--tokenizer', default=tokenizer,
+                         help=f'gpt2, neox (GPT-NeoX-20B, from the Hub) or bpe:V, our own (default {tokenizer})')
         sub.add_argument('--workers', type=int, default=0, help='tokenizer processes (default: all cores)')
         sub.add_argument('--shard-tokens', type=number, default=shard_tokens,
                          help=f'tokens per shard (default {shard_tokens:,})')

@@ -334,6 +334,7 @@ def test_files_bad_input_is_one_line_and_exit_2(tmp_path, capsys):
 
 SHA = '0123456789abcdef0123456789abcdef01234567'
 REPO = 'HuggingFaceFW/fineweb-edu'
+NEOX = 'EleutherAI/gpt-neox-20b'
 
 
 class FakeHub(http.server.ThreadingHTTPServer):
@@ -341,7 +342,8 @@ class FakeHub(http.server.ThreadingHTTPServer):
 
     def __init__(self, files, host='127.0.0.1'):
         super().__init__((host, 0), FakeHubHandler)
-        self.files = files          # repo path -> bytes
+        self.files = files          # repo path -> bytes of the dataset (in LFS)
+        self.model_files = {}       # repo path -> bytes of the model repo NEOX (kept in git, not LFS)
         self.log = []               # {'path', 'range', 'if_range', 'auth'} of every file request
         self.api_auth = []          # Authorization header of every API request
         self.fail = {}              # repo path -> statuses (or (status, headers)) to answer before the real file
@@ -359,6 +361,10 @@ class FakeHub(http.server.ThreadingHTTPServer):
 
 def sha256(data):
     return hashlib.sha256(data).hexdigest()
+
+
+def git_blob_id(data):
+    return hashlib.sha1(b'blob %d\0' % len(data) + data).hexdigest()
 
 
 class FakeHubHandler(http.server.BaseHTTPRequestHandler):
@@ -394,9 +400,12 @@ class FakeHubHandler(http.server.BaseHTTPRequestHandler):
             return
         if self.path.startswith('/api/'):
             hub.api_auth.append(self.headers.get('Authorization'))
-        if self.path.startswith(f'/api/datasets/{REPO}/revision/'):
+        if self.path.startswith((f'/api/datasets/{REPO}/revision/', f'/api/models/{NEOX}/revision/')):
             revision = self.path.rsplit('/', 1)[1]
-            return self.send_json({'id': REPO, 'sha': SHA}) if revision in ('main', SHA) else self.send_error(404)
+            return self.send_json({'sha': SHA}) if revision in ('main', SHA) else self.send_error(404)
+        if self.path == f'/api/models/{NEOX}/tree/{SHA}':  # a file kept in git has its blob id as oid
+            return self.send_json([{'type': 'file', 'path': p, 'size': len(b), 'oid': git_blob_id(b)}
+                                   for p, b in sorted(hub.model_files.items())])
         match = re.fullmatch(f'/api/datasets/{REPO}/tree/{SHA}/(sample/[^?]+)(?:\\?page=(\\d+))?', self.path)
         if match:  # two entries per page, to exercise the Link header; LFS files carry size and sha256
             folder, page = match.group(1), int(match.group(2) or 0)
@@ -410,9 +419,10 @@ class FakeHubHandler(http.server.BaseHTTPRequestHandler):
             more = (page + 1) * 2 < len(entries)
             link = [('Link', f'<{hub.url}/api/datasets/{REPO}/tree/{SHA}/{folder}?page={page + 1}>; rel="next"')]
             return self.send_json(entries[page * 2:page * 2 + 2], link if more else ())
-        prefix = f'/datasets/{REPO}/resolve/{SHA}/'
-        path = self.path[len(prefix):]
-        if not self.path.startswith(prefix) or path not in hub.files:
+        prefix = next((p for p in (f'/datasets/{REPO}/resolve/{SHA}/', f'/{NEOX}/resolve/{SHA}/')
+                       if self.path.startswith(p)), '')
+        path, store = self.path[len(prefix):], hub.model_files if prefix.startswith(f'/{NEOX}') else hub.files
+        if not prefix or path not in store:
             self.send_error(404)
             return
         hub.log.append({'path': path, 'range': self.headers.get('Range'), 'if_range': self.headers.get('If-Range'),
@@ -432,11 +442,11 @@ class FakeHubHandler(http.server.BaseHTTPRequestHandler):
             self.send_header('Content-Length', '0')
             self.end_headers()
             return
-        body, content_type = hub.body.get(path, (hub.files[path], 'application/octet-stream'))
+        body, content_type = hub.body.get(path, (store[path], 'application/octet-stream'))
         if hub.corrupt.get(path):
             hub.corrupt[path] -= 1
             body = body[:len(body) // 2] + bytes([body[len(body) // 2] ^ 1]) + body[len(body) // 2 + 1:]
-        etags = hub.etag.get(path, [f'"{sha256(hub.files[path])}"'])
+        etags = hub.etag.get(path, [f'"{sha256(store[path])}"'])
         etag = etags.pop(0) if len(etags) > 1 else etags[0]
         start = 0
         if self.headers.get('Range') and self.headers.get('If-Range', etag) == etag:  # If-Range: only if unchanged
@@ -845,3 +855,64 @@ def test_ctrl_c_is_one_line_and_leaves_no_debris(tmp_path):
     assert run.returncode == 130 and err == ('interrupted (Ctrl-C): what was complete is kept; rerun the same command '
                                              'to carry on\n'), err
     assert not [n for n in os.listdir(out) if '.tmp' in n or n == '.lock'] and (out / 'progress.json').exists()
+
+
+# -----------------------------------------------------------------------------------------------------
+# --tokenizer neox: GPT-NeoX-20B's tokenizer.json from the Hub, used through the `tokenizers` library
+
+def neox_format_tokenizer(texts):
+    """A small tokenizer.json in GPT-NeoX-20B's format, trained here: byte-level BPE without a prefix space, NFC,
+    <|endoftext|> = 0 and <|padding|> = 1, then the runs of 24 down to 2 spaces as added tokens after the BPE's
+    ids (the real file: 50,254 + 23 = 50,277)."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.normalizer = normalizers.NFC()
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.post_processor = processors.ByteLevel(trim_offsets=True)
+    tokenizer.decoder = decoders.ByteLevel()
+    tokenizer.train_from_iterator(texts, trainers.BpeTrainer(
+        vocab_size=600, special_tokens=['<|endoftext|>', '<|padding|>'], show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    tokenizer.add_tokens([AddedToken(' ' * n, normalized=True) for n in range(24, 1, -1)])
+    return tokenizer.to_str().encode()
+
+
+def test_neox_tokenizer_from_the_hub(hub, tmp_path, monkeypatch, capsys):
+    import unicodedata
+
+    from tokenizers import Tokenizer
+    docs = make_documents(40, seed=8) + ['def f(x):\n    return x  # two  spaces' + ' ' * 30 + 'end\n',
+                                         'café or cafe\u0301, 東京 🐍\t\ttabs', 'plain <|endoftext|> text']
+    hub.model_files['tokenizer.json'] = neox_format_tokenizer(docs)
+    reference = Tokenizer.from_str(hub.model_files['tokenizer.json'].decode())
+    reference.encode_special_tokens = True  # '<|endoftext|>' in a document is text, as everywhere in prepare.py
+    (tmp_path / 'a.jsonl').write_text(''.join(json.dumps({'text': doc}) + '\n' for doc in docs))
+    out = tmp_path / 'data'
+    os.makedirs(out / 'downloads')  # a damaged copy of the right size from an earlier run: checked, fetched again
+    (out / 'downloads' / 'gpt-neox-20b-tokenizer.json').write_bytes(bytes(len(hub.model_files['tokenizer.json'])))
+    monkeypatch.setenv('HF_ENDPOINT', hub.url)
+    meta = prepare.prepare_files([str(tmp_path / 'a.jsonl')], str(out), tokenizer='neox', workers=2,
+                                 shard_tokens=2000)
+    assert re.search(r'gpt-neox-20b-tokenizer.json does not match the listing \(git sha1 [0-9a-f]{40}, not '
+                     f'{git_blob_id(hub.model_files["tokenizer.json"])}\\)', capsys.readouterr().out)
+    enc = prepare.load_tokenizer(str(out))
+    assert meta['tokenizer'] == 'neox' and meta['vocab_size'] == enc.n_vocab == reference.get_vocab_size()
+    assert meta['eot_id'] == enc.eot_token == 0 and meta['dtype'] == 'uint16'
+    # the shards hold the reference library's ids of every document, each led by <|endoftext|>
+    expected = sum(([0] + reference.encode(doc, add_special_tokens=False).ids for doc in docs), [])
+    assert all_tokens(str(out)).tolist() == expected
+    # NeoX's settings hold: runs of spaces are added tokens split off first (30 = 24 + 6), text is NFC, and
+    # '<|endoftext|>' in a text stays text unless a prompt allows it
+    spaces = {n: reference.token_to_id(' ' * n) for n in (4, 6, 24)}
+    assert enc.encode_ordinary('    return')[:1] == [spaces[4]] and enc.decode(enc.encode_ordinary('    return')[1:]) \
+        == 'return'
+    assert [spaces[24], spaces[6]] == enc.encode_ordinary(' ' * 30)
+    for doc in docs:
+        assert enc.decode(enc.encode_ordinary(doc)) == unicodedata.normalize('NFC', doc)
+    assert unicodedata.normalize('NFC', docs[-2]) != docs[-2]
+    assert 0 not in enc.encode_ordinary(docs[-1]) and enc.encode('<|endoftext|>', allowed_special='all') == [0]
+    # fetched once through HF_ENDPOINT, kept in the folder with its commit, the download removed
+    assert [r['path'] for r in hub.log] == ['tokenizer.json']
+    spec = json.load(open(out / 'tokenizer.json'))
+    assert spec['name'] == 'neox' and spec['source'] == f'{NEOX}@{SHA}'
+    assert spec['tokenizers'] == json.loads(hub.model_files['tokenizer.json']) and os.listdir(out / 'downloads') == []
