@@ -1,0 +1,285 @@
+"""
+export.py: a checkpoint -> a Hugging Face folder that transformers, vLLM, lm-evaluation-harness and llama.cpp's
+converter read as they read any model.
+
+    python export.py out/pystdlib_cpu hf/pystdlib_cpu                  # the run's latest checkpoint, bf16 weights
+    python export.py out/h200_1b3/ckpt/step_0049592 hf/1b3 --dtype float32
+
+arch 'llama' becomes LlamaForCausalLM, arch 'gpt2' GPT2LMHeadModel: the layers are the same maths, only the names
+and layouts differ (below). The folder holds config.json, generation_config.json, model.safetensors and the
+tokenizer the run's data was made with, as a fast byte-level BPE (tokenizer.json, tokenizer_config.json,
+special_tokens_map.json) that encodes any text to the same ids as ours. The model keeps its vocab padded to a
+multiple of 128 (those rows were never a target, and a tokenizer never produces their ids); bos, eos and pad are
+all our end-of-text token, which also starts every training document: start a prompt with it, as sample.py does.
+
+Needs safetensors and tokenizers (pip install safetensors tokenizers), imported only when a folder is written.
+"""
+import argparse
+import json
+import os
+import shutil
+import sys
+
+import torch
+
+import checkpoint
+import prepare
+from config import ConfigError, UserError, cli
+from files import disk_errors
+
+DTYPES = {'bfloat16': torch.bfloat16, 'float32': torch.float32, 'float16': torch.float16}
+
+
+# -----------------------------------------------------------------------------------------------------
+# Weights. Llama: our fused qkv_proj rows are the q heads, then the k heads, then the v heads (model.Attention), so
+# q_proj, k_proj and v_proj are three row slices of it; gate_up_proj is gate then up. Our RoPE pairs the first half
+# of each head with the second half, which is HF Llama's rotate_half layout: no permutation of q or k is needed.
+
+def llama_tensors(model):
+    c, ours = model.config, model.state_dict()
+    q, kv = c.n_head * c.head_dim, c.kv_heads * c.head_dim
+    tensors = {'model.embed_tokens.weight': ours['tok_emb.weight'], 'model.norm.weight': ours['norm_f.weight']}
+    for i in range(c.n_layer):
+        block, layer = f'blocks.{i}.', f'model.layers.{i}.'
+        qkv = ours[block + 'attn.qkv_proj.weight']
+        gate, up = ours[block + 'mlp.gate_up_proj.weight'].split(c.ffn_width)
+        tensors.update({
+            layer + 'input_layernorm.weight': ours[block + 'attn_norm.weight'],
+            layer + 'self_attn.q_proj.weight': qkv[:q],
+            layer + 'self_attn.k_proj.weight': qkv[q:q + kv],
+            layer + 'self_attn.v_proj.weight': qkv[q + kv:],
+            layer + 'self_attn.o_proj.weight': ours[block + 'attn.o_proj.weight'],
+            layer + 'post_attention_layernorm.weight': ours[block + 'mlp_norm.weight'],
+            layer + 'mlp.gate_proj.weight': gate,
+            layer + 'mlp.up_proj.weight': up,
+            layer + 'mlp.down_proj.weight': ours[block + 'mlp.down_proj.weight'],
+        })
+    if not c.tie_embeddings:  # tied: HF ties lm_head to the embedding itself (tie_word_embeddings)
+        tensors['lm_head.weight'] = ours['lm_head.weight']
+    return tensors
+
+
+# GPT-2: HF keeps OpenAI's TensorFlow layout, Conv1D, which computes x @ W + b with W of shape (in, out): the
+# transpose of nn.Linear's (out, in). c_attn is the fused qkv in our order (q, k, v, each n_embd wide: no GQA).
+# GPT2LMHeadModel always has biases; a model trained with bias=False gets zeros, which compute the same thing.
+GPT2_NORMS = {'attn_norm': 'ln_1', 'mlp_norm': 'ln_2'}
+GPT2_LINEARS = {'attn.qkv_proj': 'attn.c_attn', 'attn.o_proj': 'attn.c_proj', 'mlp.up_proj': 'mlp.c_fc',
+                'mlp.down_proj': 'mlp.c_proj'}
+
+
+def gpt2_tensors(model):
+    c, ours = model.config, model.state_dict()
+
+    def bias(name, width):
+        return ours.get(name, torch.zeros(width))
+
+    tensors = {'transformer.wte.weight': ours['tok_emb.weight'], 'transformer.wpe.weight': ours['pos_emb.weight'],
+               'transformer.ln_f.weight': ours['norm_f.weight'],
+               'transformer.ln_f.bias': bias('norm_f.bias', c.n_embd)}
+    for i in range(c.n_layer):
+        block, layer = f'blocks.{i}.', f'transformer.h.{i}.'
+        for norm, hf in GPT2_NORMS.items():
+            tensors[layer + hf + '.weight'] = ours[block + norm + '.weight']
+            tensors[layer + hf + '.bias'] = bias(block + norm + '.bias', c.n_embd)
+        for linear, hf in GPT2_LINEARS.items():
+            weight = ours[block + linear + '.weight']
+            tensors[layer + hf + '.weight'] = weight.t()
+            tensors[layer + hf + '.bias'] = bias(block + linear + '.bias', weight.shape[0])
+    if not c.tie_embeddings:
+        tensors['lm_head.weight'] = ours['lm_head.weight']
+    return tensors
+
+
+# -----------------------------------------------------------------------------------------------------
+# config.json in the classic format (rope_theta at the top level, torch_dtype): transformers 4 and 5, vLLM and
+# llama.cpp's convert_hf_to_gguf.py all read it. max_position_embeddings is the trained context, block_size.
+
+def llama_config(c):
+    return {
+        'model_type': 'llama', 'vocab_size': c.vocab_size, 'hidden_size': c.n_embd, 'intermediate_size': c.ffn_width,
+        'num_hidden_layers': c.n_layer, 'num_attention_heads': c.n_head, 'num_key_value_heads': c.kv_heads,
+        'head_dim': c.head_dim, 'hidden_act': 'silu', 'max_position_embeddings': c.block_size,
+        'rms_norm_eps': c.norm_eps, 'rope_theta': c.rope_theta, 'attention_bias': False, 'mlp_bias': False,
+    }
+
+
+def gpt2_config(c):
+    return {
+        'model_type': 'gpt2', 'vocab_size': c.vocab_size, 'n_embd': c.n_embd, 'n_inner': c.ffn_width,
+        'n_layer': c.n_layer, 'n_head': c.n_head, 'n_positions': c.block_size, 'n_ctx': c.block_size,
+        'activation_function': 'gelu_new',  # HF's name for the tanh approximation, what GPT-2 and model.py use
+        'layer_norm_epsilon': c.norm_eps, 'resid_pdrop': 0.0, 'embd_pdrop': 0.0, 'attn_pdrop': 0.0,
+    }
+
+
+FAMILIES = {'llama': ('LlamaForCausalLM', llama_tensors, llama_config),  # arch -> HF class, weights, config.json
+            'gpt2': ('GPT2LMHeadModel', gpt2_tensors, gpt2_config)}
+
+
+def check_exportable(c, n_vocab):
+    if c.arch == 'gpt2' and c.kv_heads != c.n_head:
+        raise ConfigError(f"a gpt2 model with n_kv_head={c.n_kv_head} (grouped-query attention) has no Hugging Face "
+                          f"class: GPT2LMHeadModel has one key/value head per query head")
+    if c.vocab_size < n_vocab:
+        raise ConfigError(f"the model has vocab_size={c.vocab_size} but its tokenizer {n_vocab} tokens: this "
+                          f"checkpoint was not trained on that data folder's tokens")
+
+
+# -----------------------------------------------------------------------------------------------------
+# The tokenizer. tiktoken keeps a byte-level BPE as ranks alone (token bytes -> id; a lower rank was merged
+# earlier); HF's `tokenizers` wants the vocab and the merge list, with bytes spelled in GPT-2's printable alphabet.
+# With ignore_merges (a whole pre-token that is in the vocab is one token, as tiktoken does) and merges in rank
+# order, its BPE picks the same pairs as tiktoken's, so the ids are the same; test_export.py checks them.
+
+def byte_alphabet():
+    """GPT-2's byte -> character map: printable Latin-1 bytes stand for themselves, the other 68 (controls, space,
+    ...) for chr(256), chr(257), ... in byte order, so that a space is 'Ġ' and a newline 'Ċ'."""
+    printable = [*range(ord('!'), ord('~') + 1), *range(ord('¡'), ord('¬') + 1), *range(ord('®'), ord('ÿ') + 1)]
+    others = [b for b in range(256) if b not in printable]
+    return {**{b: chr(b) for b in printable}, **{b: chr(256 + i) for i, b in enumerate(others)}}
+
+
+def bpe_parts(ranks, token, below_rank):
+    """token's bytes merged by BPE using only the tokens of rank < below_rank: the lowest-ranked adjacent pair
+    first, as tiktoken does."""
+    parts = [token[i:i + 1] for i in range(len(token))]
+    while True:
+        pairs = [(ranks.get(parts[i] + parts[i + 1], below_rank), i) for i in range(len(parts) - 1)]
+        rank, i = min(pairs, default=(below_rank, None))
+        if rank >= below_rank:
+            return parts
+        parts[i:i + 2] = [parts[i] + parts[i + 1]]
+
+
+def bpe_merges(ranks):
+    """The merge list that made the vocab, in rank order: the token of rank r was made from the two parts BPE
+    stops at when allowed only the merges before it (transformers' tiktoken converter does the same)."""
+    merges = []
+    for token, rank in sorted(ranks.items(), key=lambda item: item[1]):
+        if len(token) > 1:
+            parts = bpe_parts(ranks, token, rank)
+            if len(parts) != 2:
+                raise UserError(f"token {token!r} (id {rank}) is not one merge of two earlier tokens: the vocab is "
+                                f"not a BPE merge sequence, which a Hugging Face BPE tokenizer needs")
+            merges.append(tuple(parts))
+    return merges
+
+
+def hf_tokenizer(encoding):
+    """A tokenizers.Tokenizer that splits text with our regex, then runs our BPE on each piece's UTF-8 bytes.
+    `encoding` is prepare.load_tokenizer's tiktoken.Encoding (its ranks, pattern and special tokens)."""
+    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
+    ranks, pattern, special = encoding._mergeable_ranks, encoding._pat_str, encoding._special_tokens
+    alphabet = byte_alphabet()
+
+    def spell(token):
+        return ''.join(alphabet[b] for b in token)
+
+    vocab = {spell(token): rank for token, rank in ranks.items()}
+    vocab.update(special)  # <|endoftext|> keeps our id
+    merges = [(spell(left), spell(right)) for left, right in bpe_merges(ranks)]
+    tokenizer = Tokenizer(models.BPE(vocab, merges, ignore_merges=True))
+    tokenizer.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(pattern), behavior='isolated'),  # our regex, pieces kept whole
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),  # bytes -> GPT-2's alphabet, no 2nd split
+    ])
+    tokenizer.decoder = decoders.ByteLevel()
+    tokenizer.add_special_tokens([AddedToken(text, special=True, normalized=False) for text in special])
+    return tokenizer
+
+
+def tokenizer_config(eot, block_size):
+    """No special token is added to the text (GPT-2's convention, so ids are ours exactly); decode keeps spaces."""
+    return {'tokenizer_class': 'PreTrainedTokenizerFast', 'bos_token': eot, 'eos_token': eot, 'pad_token': eot,
+            'add_bos_token': False, 'add_eos_token': False, 'clean_up_tokenization_spaces': False,
+            'model_max_length': block_size}
+
+
+# -----------------------------------------------------------------------------------------------------
+# The folder, written as OUT_DIR.tmp<pid> and renamed to OUT_DIR once complete. An earlier export there is replaced;
+# any other folder is left alone.
+
+FILES = ('config.json', 'generation_config.json', 'model.safetensors', 'tokenizer.json', 'tokenizer_config.json',
+         'special_tokens_map.json')
+
+
+def write_json(folder, name, obj):
+    with open(os.path.join(folder, name), 'w') as f:
+        json.dump(obj, f, indent=2)
+        f.write('\n')
+
+
+def write_folder(folder, model, encoding, dtype):
+    """Write the export's FILES into `folder` (which exists and is empty)."""
+    from safetensors.torch import save_file
+    c, eot_id, eot = model.config, encoding.eot_token, prepare.EOT
+    hf_class, to_tensors, to_config = FAMILIES[c.arch]
+    tensors = {name: t.to(DTYPES[dtype]).contiguous() for name, t in to_tensors(model).items()}
+    save_file(tensors, os.path.join(folder, 'model.safetensors'), metadata={'format': 'pt'})
+    special_ids = {'bos_token_id': eot_id, 'eos_token_id': eot_id, 'pad_token_id': eot_id}
+    write_json(folder, 'config.json', {'architectures': [hf_class], **to_config(c),
+                                       'tie_word_embeddings': c.tie_embeddings, **special_ids, 'torch_dtype': dtype})
+    write_json(folder, 'generation_config.json', {**special_ids, 'max_length': c.block_size})
+    hf_tokenizer(encoding).save(os.path.join(folder, 'tokenizer.json'))
+    write_json(folder, 'tokenizer_config.json', tokenizer_config(eot, c.block_size))
+    write_json(folder, 'special_tokens_map.json', {'bos_token': eot, 'eos_token': eot, 'pad_token': eot})
+
+
+def replace_folder(tmp, out_dir):
+    """Rename tmp to out_dir; an earlier export at out_dir goes away only once the new one is in place."""
+    if not os.path.exists(out_dir):
+        os.rename(tmp, out_dir)
+        return
+    old = f'{out_dir}.old{os.getpid()}'
+    os.rename(out_dir, old)
+    os.rename(tmp, out_dir)
+    shutil.rmtree(old)
+
+
+def export(path, out_dir, dtype='bfloat16'):
+    """Export the checkpoint at `path` (a run's out_dir or a ckpt/step_* folder) to out_dir; -> (checkpoint, model)."""
+    try:
+        import safetensors  # noqa: F401  (both are imported where used; checked here, before any work)
+        import tokenizers  # noqa: F401
+    except ImportError:
+        raise UserError("export.py needs safetensors and tokenizers: pip install safetensors tokenizers") from None
+    if os.path.exists(out_dir) and os.listdir(out_dir) and not os.path.isfile(os.path.join(out_dir, 'config.json')):
+        raise ConfigError(f"{out_dir} exists and is not an export (no config.json): choose a new folder")
+    path = checkpoint.find(path)
+    model, train_config = checkpoint.load_model(path, torch.device('cpu'))
+    if train_config['data'] == 'synthetic':
+        raise ConfigError(f"{path} was trained on synthetic tokens: there is no tokenizer to export with it")
+    encoding = prepare.load_tokenizer(train_config['data'])
+    check_exportable(model.config, encoding.n_vocab)
+    out_dir = os.path.abspath(out_dir)
+    tmp = f'{out_dir}.tmp{os.getpid()}'
+    size = sum(p.numel() for p in model.parameters()) * DTYPES[dtype].itemsize
+    with disk_errors(os.path.dirname(out_dir), needed_bytes=size):
+        os.makedirs(tmp)
+        try:
+            write_folder(tmp, model, encoding, dtype)
+            replace_folder(tmp, out_dir)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+    return path, model
+
+
+@cli
+def main(argv):
+    parser = argparse.ArgumentParser(description=__doc__.split('\n')[1], formatter_class=argparse.RawTextHelpFormatter)
+    parser.add_argument('checkpoint', help="a run's out_dir (latest checkpoint) or a ckpt/step_* folder")
+    parser.add_argument('out_dir', help='the folder to write (an earlier export there is replaced)')
+    parser.add_argument('--dtype', default='bfloat16', choices=list(DTYPES), help='weight dtype (default bfloat16)')
+    args = parser.parse_args(argv)
+    path, model = export(args.checkpoint, args.out_dir, args.dtype)
+    params = sum(p.numel() for p in model.parameters())
+    print(f"{args.out_dir}: {FAMILIES[model.config.arch][0]}, {params:,} parameters in {args.dtype}, from {path}\n"
+          f"  from transformers import AutoModelForCausalLM, AutoTokenizer\n"
+          f"  model = AutoModelForCausalLM.from_pretrained('{args.out_dir}')\n"
+          f"  tokenizer = AutoTokenizer.from_pretrained('{args.out_dir}')")
+    return 0
+
+
+if __name__ == '__main__':
+    sys.exit(main())

@@ -1,0 +1,173 @@
+"""
+test_export.py: export.py's folder loads in transformers (LlamaForCausalLM, GPT2LMHeadModel) and computes what our
+model computes: the same logits in fp32, the same greedy tokens, the same token ids for any text; for both
+families, tied and untied, GQA and not, with a padded vocab. A run trained by train.py generates, in transformers,
+the text sample.py prints. Bad input is one line.
+"""
+import dataclasses
+import json
+import os
+
+import pytest
+import tiktoken
+import torch
+from safetensors.torch import load_file
+from tiktoken_ext.openai_public import r50k_pat_str
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+import checkpoint
+import export
+import prepare
+import sample
+import train
+from config import ModelConfig, TrainConfig
+from model import GPT
+
+TINY = dict(n_layer=2, n_head=4, n_embd=64, vocab_size=512, block_size=32)
+VARIANTS = {  # on the 512-token pystdlib fixture
+    'llama, GQA, untied, vocab padded to 640': dict(arch='llama', n_kv_head=2, vocab_size=640, rope_theta=500.0,
+                                                    norm_eps=1e-6),
+    'llama, tied, multi-head': dict(arch='llama', tie_embeddings=True),
+    'gpt2, tied, biases': dict(arch='gpt2', tie_embeddings=True, bias=True),
+    'gpt2, untied, no biases (zeros in HF)': dict(arch='gpt2', bias=False, ffn_hidden=96),
+}
+TEXT = ("def f(x):\n\treturn x ** 2  # 12345 6789\r\n\r\n    don't I'LL we've\n"
+        "héllo wörld — 日本語のテキスト 🤖🚀 ñ\u00a0é<|endoftext|>import os   \n\n\n  end")
+
+
+def save_run(out_dir, model_config, data, seed=0):
+    """A model with every tensor distinct (norm weights and biases moved off their init of 1 and 0), saved the way
+    train.py saves one (checkpoint.save; step 0 holds the model alone)."""
+    torch.manual_seed(seed)
+    model = GPT(ModelConfig(**model_config))
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.1 * torch.randn_like(p))
+    state = {'run': {}, 'model_config': dataclasses.asdict(model.config),
+             'train_config': dataclasses.asdict(TrainConfig(data=data, out_dir=str(out_dir)))}
+    checkpoint.save(str(out_dir), 0, model, torch.optim.AdamW(model.parameters()), state, keep=1)
+    return model
+
+
+@pytest.fixture(params=list(VARIANTS), scope='module')
+def exported(request, tmp_path_factory, pystdlib_data):
+    """(our model, the exported transformers model, its tokenizer, the export folder) per variant, in fp32."""
+    tmp = tmp_path_factory.mktemp('export')
+    ours = save_run(tmp / 'run', dict(TINY, **VARIANTS[request.param]), pystdlib_data)
+    assert export.main([str(tmp / 'run'), str(tmp / 'hf'), '--dtype', 'float32']) == 0
+    hf = AutoModelForCausalLM.from_pretrained(tmp / 'hf').eval()
+    return ours, hf, AutoTokenizer.from_pretrained(tmp / 'hf'), tmp / 'hf'
+
+
+def test_same_logits_in_fp32(exported):
+    ours, hf, _, folder = exported
+    expected = 'LlamaForCausalLM' if ours.config.arch == 'llama' else 'GPT2LMHeadModel'
+    assert type(hf).__name__ == expected and hf.dtype == torch.float32
+    assert hf.config.vocab_size == ours.config.vocab_size  # padded rows kept
+    tied = hf.get_output_embeddings().weight.data_ptr() == hf.get_input_embeddings().weight.data_ptr()
+    assert tied == ours.config.tie_embeddings
+    generator = torch.Generator().manual_seed(1)
+    idx = torch.randint(0, ours.config.vocab_size, (2, ours.config.block_size), generator=generator)
+    with torch.no_grad():
+        ours_logits, _ = ours(idx)
+        hf_logits = hf(idx).logits
+    assert (ours_logits - hf_logits).abs().max().item() < 1e-4
+    assert ours_logits.std().item() > 0.1  # not a trivial agreement of two flat outputs
+
+
+def test_same_greedy_tokens(exported):
+    ours, hf, tokenizer, _ = exported
+    prompt = torch.tensor([[tokenizer.eos_token_id] + tokenizer('def main(argv):', add_special_tokens=False).input_ids])
+    expected = ours.generate(prompt, 12, temperature=0)
+    # min_new_tokens: ours never stops at end-of-text; HF would (it is eos)
+    got = hf.generate(prompt, max_new_tokens=12, min_new_tokens=12, do_sample=False)
+    assert got.tolist() == expected.tolist()
+    assert len(set(expected[0, prompt.shape[1]:].tolist())) > 1  # the random model does not repeat one token
+
+
+def test_tokenizer_gives_our_ids(exported, pystdlib_data):
+    ours, hf, tokenizer, folder = exported
+    encoding = prepare.load_tokenizer(pystdlib_data)
+    ids = encoding.encode(TEXT, allowed_special='all')
+    assert tokenizer(TEXT).input_ids == ids  # nothing added: GPT-2's convention
+    assert tokenizer.decode(ids) == TEXT == encoding.decode(ids)
+    eot = encoding.eot_token
+    assert ids.count(eot) == 1 and tokenizer.convert_tokens_to_ids('<|endoftext|>') == eot
+    assert (tokenizer.bos_token_id, tokenizer.eos_token_id, tokenizer.pad_token_id) == (eot, eot, eot)
+    assert (hf.config.bos_token_id, hf.config.eos_token_id, hf.config.pad_token_id) == (eot, eot, eot)
+    assert hf.generation_config.eos_token_id == eot and len(tokenizer) == encoding.n_vocab <= hf.config.vocab_size
+    assert not [name for name in os.listdir(folder.parent) if '.tmp' in name or '.old' in name]
+
+
+def test_gpt2_regex_converts_too():
+    """GPT-2's pre-split regex (with its (?!\\S) look-ahead) over a small vocab: the same ids as tiktoken's."""
+    ranks = {bytes([b]): b for b in range(256)}
+    for text in (b'th', b'the', b' the', b'in', b' in', b'  ', b'er', b' t', b'ing', b' th'):
+        ranks.setdefault(text, len(ranks))
+    encoding = tiktoken.Encoding('small', pat_str=r50k_pat_str, mergeable_ranks=ranks,
+                                 special_tokens={'<|endoftext|>': len(ranks)})
+    tokenizer = export.hf_tokenizer(encoding)
+    for text in (TEXT, 'the thing   in the  string\n\n  they\'re ' * 3):
+        assert tokenizer.encode(text).ids == encoding.encode(text, allowed_special='all')
+    assert export.bpe_merges(ranks)[:2] == [(b't', b'h'), (b'th', b'e')]
+
+
+def test_bfloat16_by_default(tmp_path, pystdlib_data):
+    ours = save_run(tmp_path / 'run', dict(TINY, arch='llama', tie_embeddings=True), pystdlib_data)
+    assert export.main([str(tmp_path / 'run'), str(tmp_path / 'hf')]) == 0
+    tensors = load_file(tmp_path / 'hf' / 'model.safetensors')
+    assert 'lm_head.weight' not in tensors  # tied: stored once, tied again by transformers
+    assert {t.dtype for t in tensors.values()} == {torch.bfloat16}
+    assert torch.equal(tensors['model.embed_tokens.weight'], ours.tok_emb.weight.to(torch.bfloat16))
+    qkv = ours.blocks[1].attn.qkv_proj.weight
+    assert torch.equal(tensors['model.layers.1.self_attn.v_proj.weight'], qkv[-64:].to(torch.bfloat16))
+    config = json.loads((tmp_path / 'hf' / 'config.json').read_text())
+    assert config['torch_dtype'] == 'bfloat16' and config['max_position_embeddings'] == 32
+    assert AutoModelForCausalLM.from_pretrained(tmp_path / 'hf').dtype == torch.bfloat16
+
+
+def test_trained_run_generates_what_sample_prints(tmp_path, pystdlib_data, capsys):
+    """configs/pystdlib_cpu.py's model (4 x 256 Llama) on the 512-token fixture, trained for 2 steps by train.py,
+    exported in fp32: transformers' greedy text is sample.py's --temperature 0 text."""
+    out = str(tmp_path / 'run')
+    assert train.main([os.path.join(os.path.dirname(__file__), 'configs', 'pystdlib_cpu.py'),
+                       f'--data={pystdlib_data}', '--vocab_size=512', f'--out_dir={out}', '--max_steps=2',
+                       '--batch_tokens=1024', '--micro_batch=4', '--eval_tokens=1024', '--sample_tokens=0']) == 0
+    assert export.main([out, str(tmp_path / 'hf'), '--dtype=float32']) == 0
+    printed = capsys.readouterr().out
+    assert 'LlamaForCausalLM, ' in printed and 'step_0000002' in printed
+    assert sample.main([out, '--prompt', 'import ', '--tokens', '16', '--temperature', '0']) == 0
+    text = capsys.readouterr().out.split('\n' + '-' * 80)[0]
+    model = AutoModelForCausalLM.from_pretrained(tmp_path / 'hf')
+    tokenizer = AutoTokenizer.from_pretrained(tmp_path / 'hf')
+    prompt = [tokenizer.bos_token_id] + tokenizer('import ', add_special_tokens=False).input_ids
+    tokens = model.generate(torch.tensor([prompt]), max_new_tokens=16, min_new_tokens=16, do_sample=False)
+    assert text.startswith('import ') and text == tokenizer.decode(tokens[0, 1:])
+
+
+def test_bad_input_is_one_line(tmp_path, pystdlib_data, capsys):
+    save_run(tmp_path / 'gqa', dict(TINY, arch='gpt2', n_kv_head=2), pystdlib_data)
+    (tmp_path / 'taken').mkdir()
+    (tmp_path / 'taken' / 'notes.txt').write_text('mine')
+    synthetic = tmp_path / 'synthetic'
+    save_run(synthetic, dict(TINY, arch='llama'), 'synthetic')
+    cases = [([str(tmp_path / 'gqa'), str(tmp_path / 'hf')], 'has no Hugging Face class'),
+             ([str(tmp_path / 'gqa'), str(tmp_path / 'taken')], 'is not an export'),
+             ([str(tmp_path / 'nothing'), str(tmp_path / 'hf')], 'no checkpoint in'),
+             ([str(synthetic), str(tmp_path / 'hf')], 'synthetic tokens')]
+    for argv, words in cases:
+        assert export.main(argv) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.startswith('error: ') and words in err and '\n' not in err, err
+    assert os.listdir(tmp_path / 'taken') == ['notes.txt'] and not os.path.exists(tmp_path / 'hf')
+
+
+def test_export_replaces_an_earlier_one(tmp_path, pystdlib_data):
+    first = save_run(tmp_path / 'a', dict(TINY, arch='llama'), pystdlib_data, seed=1)
+    second = save_run(tmp_path / 'b', dict(TINY, arch='llama'), pystdlib_data, seed=2)
+    for run, model in (('a', first), ('b', second)):
+        assert export.main([str(tmp_path / run), str(tmp_path / 'hf'), '--dtype=float32']) == 0
+        tensors = load_file(tmp_path / 'hf' / 'model.safetensors')
+        assert torch.equal(tensors['model.norm.weight'], model.norm_f.weight)
+    assert sorted(os.listdir(tmp_path)) == ['a', 'b', 'hf']
+    assert sorted(os.listdir(tmp_path / 'hf')) == sorted(export.FILES)
