@@ -183,25 +183,26 @@ def check_token_ids(data_dir, meta, vocab_size):
 def load_tokenizer(data_dir):
     """The data folder's tokenizer as a tiktoken.Encoding (an HFEncoding for neox), from its tokenizer.json (no
     download, no cache)."""
-    import tiktoken
     path = os.path.join(data_dir, 'tokenizer.json')
     if not os.path.exists(path):
         raise DataError(f"no tokenizer.json in {data_dir}: make the folder with prepare.py")
     try:
         with open(path, 'rb') as f:
             spec = json.loads(f.read())
-        if 'tokenizers' in spec:  # neox: the Hub's file, used through the library that defines it
-            try:
-                return HFEncoding(spec['name'], json.dumps(spec['tokenizers']))
-            except ImportError:
-                raise DataError(f"{path} is {spec['name']}'s tokenizer, which needs the tokenizers package: pip "
-                                f"install tokenizers (it is in requirements.txt)") from None
-        ranks = {base64.b64decode(token): rank for rank, token in enumerate(spec['ranks'])}
-        return tiktoken.Encoding(spec['name'], pat_str=spec['pattern'], mergeable_ranks=ranks,
-                                 special_tokens=spec['special_tokens'])
+        if 'tokenizers' not in spec:
+            import tiktoken
+            ranks = {base64.b64decode(token): rank for rank, token in enumerate(spec['ranks'])}
+            return tiktoken.Encoding(spec['name'], pat_str=spec['pattern'], mergeable_ranks=ranks,
+                                     special_tokens=spec['special_tokens'])
+        name, hub_file = spec['name'], json.dumps(spec['tokenizers'])  # neox: the Hub's file, kept whole
     except (ValueError, KeyError, TypeError) as e:
         raise DataError(f"{path} is damaged ({type(e).__name__}: {e}): delete the folder and rerun "
                         f"{prepare_command(data_dir)}") from None
+    try:
+        return HFEncoding(name, hub_file)
+    except ImportError:
+        raise DataError(f"{path} is {name}'s tokenizer, which needs the tokenizers package: pip install tokenizers "
+                        f"(it is in requirements.txt)") from None
 
 
 # -----------------------------------------------------------------------------------------------------
@@ -712,12 +713,12 @@ def read_documents(path, start_row=0):
     elif start_row == 0:
         with open(path, 'rb') as f:
             raw = f.read()
+        if 0 in raw:  # text has no NUL bytes; executables, images and archives are full of them
+            raise DataError(f"{path}: a binary file (NUL bytes at byte {raw.index(0):,}), not text: leave it out")
         try:
             text = raw.decode('utf-8')
         except UnicodeDecodeError as e:
             raise not_utf8(path, e) from None
-        if '\0' in text:
-            raise DataError(f"{path}: a binary file (NUL bytes at byte {raw.index(0):,}), not text: leave it out")
         yield 0, text
 
 

@@ -306,7 +306,7 @@ def test_files_bad_input_is_one_line_and_exit_2(tmp_path, capsys):
              ('.', r': a folder; give the files in it \(e\.g\. '),
              ('a.csv', r'a\.csv: unknown file type'),
              ('latin1.txt', r'latin1\.txt: not UTF-8 text \(byte 0xe9 at byte 3\): convert it to UTF-8'),
-             ('image.txt', r'image\.txt: not UTF-8 text \(byte 0x89 at byte 0\)'),
+             ('image.txt', r'image\.txt: a binary file \(NUL bytes at byte 8\), not text: leave it out'),
              ('nul.txt', r'nul\.txt: a binary file \(NUL bytes at byte 4\)'),
              ('b.jsonl', r'b\.jsonl:2: not UTF-8 text \(byte 0xe9 at byte 13 of the line\)'),
              ('c.jsonl', r'c\.jsonl:1: not a JSON object with a "text" string'),
@@ -916,3 +916,15 @@ def test_neox_tokenizer_from_the_hub(hub, tmp_path, monkeypatch, capsys):
     spec = json.load(open(out / 'tokenizer.json'))
     assert spec['name'] == 'neox' and spec['source'] == f'{NEOX}@{SHA}'
     assert spec['tokenizers'] == json.loads(hub.model_files['tokenizer.json']) and os.listdir(out / 'downloads') == []
+
+
+def test_damaged_tokenizer_or_missing_package_is_one_line(tmp_path, monkeypatch):
+    (tmp_path / 'tokenizer.json').write_text('{"name": 1')
+    with pytest.raises(prepare.DataError, match=r'tokenizer.json is damaged \(JSONDecodeError: .*\): delete the folder '
+                                                r'and rerun python prepare.py pystdlib --out'):
+        prepare.load_tokenizer(str(tmp_path))
+    (tmp_path / 'tokenizer.json').write_text(json.dumps({'name': 'neox', 'tokenizers': {}}))
+    monkeypatch.setitem(sys.modules, 'tokenizers', None)  # a machine without the package
+    with pytest.raises(prepare.DataError, match=r"tokenizer.json is neox's tokenizer, which needs the tokenizers "
+                                                r"package: pip install tokenizers"):
+        prepare.load_tokenizer(str(tmp_path))
