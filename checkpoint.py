@@ -6,6 +6,7 @@ sample.py reads the weights. One place knows the layout:
         .metadata, __0_0.distcp ...  the model (and the optimizer) through torch.distributed.checkpoint (DCP)
         optimizer.pt                 zero1 only: the AdamW states, gathered on rank 0
         train_state.pt               step, tokens, data position, spike-guard window, RNG states, both configs
+        manifest.json                written last: every file's size, and its sha256 where that is cheap
     out_dir/ckpt/LATEST              the name of the newest complete checkpoint (replaced by a rename)
 
 One format for the weights in every parallel mode: DCP writes each rank's own shards in parallel (FSDP2), writes
@@ -18,6 +19,8 @@ A process killed mid-write leaves a tmp_ folder that nothing reads, and LATEST s
 complete checkpoint; the next save removes the leftover.
 """
 import contextlib
+import hashlib
+import json
 import os
 import random
 import shutil
@@ -28,11 +31,14 @@ import torch
 import torch.distributed as dist
 
 from config import ConfigError, ModelConfig
-from files import write_text_atomic
+from files import save_json, write_text_atomic
 from model import GPT
 
 STATE_FILE = 'train_state.pt'
 GATHERED_OPTIMIZER = 'optimizer.pt'  # zero1 only: see above
+MANIFEST = 'manifest.json'
+HASHED_BYTES = 64 * 2**20  # files up to this size get a sha256 (train_state.pt, DCP's metadata, small shards);
+                           # hashing a 1.3B run's 16 GB of shards at each save and load would cost a minute
 
 
 def root(out_dir):
@@ -40,33 +46,90 @@ def root(out_dir):
 
 
 def complete_checkpoints(out_dir):
-    """The complete checkpoints of a run, oldest first (tmp_ folders are not complete)."""
+    """The complete checkpoints of a run (step_ folders with a manifest: it is written last), oldest first."""
     folder = root(out_dir)
     if not os.path.isdir(folder):
         return []
-    return sorted(os.path.join(folder, d) for d in os.listdir(folder) if d.startswith('step_'))
+    return sorted(os.path.join(folder, d) for d in os.listdir(folder)
+                  if d.startswith('step_') and os.path.isfile(os.path.join(folder, d, MANIFEST)))
+
+
+def _sha256(path):
+    digest = hashlib.sha256()
+    with open(path, 'rb') as f:
+        for block in iter(lambda: f.read(1 << 20), b''):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def write_manifest(folder):
+    """manifest.json for every file in a checkpoint folder: its size, and its sha256 when it is small."""
+    entries = {}
+    for name in sorted(os.listdir(folder)):
+        size = os.path.getsize(os.path.join(folder, name))
+        entries[name] = {'bytes': size, 'sha256': _sha256(os.path.join(folder, name)) if size <= HASHED_BYTES
+                         else None}
+    save_json(os.path.join(folder, MANIFEST), entries)
+
+
+def damage(path):
+    """What is wrong with a checkpoint folder, in a few words; None when every file the manifest lists is there,
+    at its size, with its hash."""
+    try:
+        with open(os.path.join(path, MANIFEST)) as f:
+            entries = json.load(f)
+    except FileNotFoundError:
+        return f'no {MANIFEST} (an incomplete write?)'
+    except ValueError:
+        return f'{MANIFEST} is not JSON'
+    for name, entry in entries.items():
+        file = os.path.join(path, name)
+        if not os.path.isfile(file):
+            return f'{name} is missing'
+        if os.path.getsize(file) != entry['bytes']:
+            return f"{name} has {os.path.getsize(file):,} bytes, the manifest says {entry['bytes']:,} (truncated?)"
+        if entry['sha256'] and _sha256(file) != entry['sha256']:
+            return f"{name} differs from the manifest's sha256 (damaged)"
+    return None
+
+
+def verified(path):
+    """path, once its manifest checks out; else a ConfigError that names the damage and the newest complete
+    checkpoint before it (the one to resume from instead)."""
+    problem = damage(path)
+    if problem is None:
+        return path
+    out_dir = os.path.dirname(os.path.dirname(os.path.abspath(path)))
+    earlier = [c for c in complete_checkpoints(out_dir) if c < os.path.abspath(path) and damage(c) is None]
+    advice = f'resume from the newest complete one before it: --resume={earlier[-1]}' if earlier else \
+        'there is no complete one before it: start again without --resume'
+    raise ConfigError(f"checkpoint {path} is damaged: {problem}; {advice}")
 
 
 def latest(out_dir):
-    """The checkpoint LATEST names, else the newest complete one, else None."""
+    """The newest checkpoint of a run: the one LATEST names (validated), or without a LATEST the newest complete
+    folder, or None when the run has none. A LATEST that names no complete checkpoint is a ConfigError."""
     pointer = os.path.join(root(out_dir), 'LATEST')
-    if os.path.isfile(pointer):
-        with open(pointer) as f:
-            path = os.path.join(root(out_dir), f.read().strip())
-        if os.path.isfile(os.path.join(path, STATE_FILE)):
-            return path
     found = complete_checkpoints(out_dir)
-    return found[-1] if found else None
+    if not os.path.isfile(pointer):  # killed between the rename and the pointer: the newest complete one
+        return found[-1] if found else None
+    with open(pointer, errors='replace') as f:
+        name = f.read().strip()
+    path = os.path.join(root(out_dir), name)
+    if not (name.startswith('step_') and os.path.isdir(path)):
+        newest = f'--resume={found[-1]}' if found else 'no complete checkpoint is left: start without --resume'
+        raise ConfigError(f"{pointer} names {name[:40]!r}, which is not a checkpoint folder there: {newest}")
+    return path
 
 
 def find(path):
-    """A checkpoint folder itself, or a run's out_dir -> its latest checkpoint; ConfigError if neither."""
-    if os.path.isfile(os.path.join(path, STATE_FILE)):
-        return path
+    """A checkpoint folder itself, or a run's out_dir -> its latest checkpoint, verified; ConfigError if neither."""
+    if os.path.isfile(os.path.join(path, MANIFEST)) or os.path.isfile(os.path.join(path, STATE_FILE)):
+        return verified(path)
     found = latest(path)
     if found is None:
         raise ConfigError(f"no checkpoint in {path}: give a run's out_dir (with ckpt/LATEST) or a ckpt/step_* folder")
-    return found
+    return verified(found)
 
 
 def step_of(path):
@@ -161,6 +224,7 @@ def save(out_dir, step, model, optimizer, train_state, keep):
     rngs = rng_states()
     if rank == 0:
         torch.save(dict(train_state, step=step, rng=rngs, world_size=world), os.path.join(tmp, STATE_FILE))
+        write_manifest(tmp)
         if os.path.isdir(final):  # the same step written again (after a rollback): replace it
             shutil.rmtree(final)
         os.rename(tmp, final)

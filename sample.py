@@ -32,6 +32,10 @@ def main(argv):
     parser.add_argument('--seed', type=int, default=1337)
     parser.add_argument('--device', default='cuda' if torch.cuda.is_available() else 'cpu')
     args = parser.parse_args(argv)
+    for name, value, least in (('--tokens', args.tokens, 1), ('--num_samples', args.num_samples, 1),
+                               ('--temperature', args.temperature, 0), ('--top_k', args.top_k, 0)):
+        if value < least:  # a negative temperature would sample the least likely tokens first
+            raise ConfigError(f"{name} {value}: must be at least {least}")
     path = checkpoint.find(args.checkpoint)
     device = torch.device(args.device)
     model, train_config = checkpoint.load_model(path, device)

@@ -5,6 +5,7 @@ another, and the ranks read disjoint slices of the single-process batch. fp32, a
 """
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -182,6 +183,17 @@ def test_zero1_rolls_back_a_spike_like_one_process(single, tmp_path):
     one, two = runs(outs[1])[-1], runs(outs[2])[-1]
     assert sorted(two) == list(range(7, STEPS + 1))
     assert_close(two, one)
+
+
+def test_a_missing_fsdp_shard_is_one_line(single, two_process_runs, tmp_path, capsys):
+    config, _, _ = single
+    damaged = tmp_path / 'step_0000006'
+    shutil.copytree(two_process_runs['fsdp'] / 'ckpt' / 'step_0000006', damaged)
+    os.remove(damaged / '__1_0.distcp')  # rank 1's shard
+    capsys.readouterr()
+    assert train.main([config, f'--out_dir={tmp_path / "out"}', '--parallel=fsdp', f'--resume={damaged}']) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f'error: checkpoint {damaged} is damaged: __1_0.distcp is missing') and '\n' not in err
 
 
 class IndexStream:

@@ -7,7 +7,9 @@ train.py: pretrain a GPT-2 or Llama model from a config file, on one CPU or on m
     python train.py CONFIG --max_steps=100 --lr=3e-4 --resume          # overrides, then continue from ckpt/LATEST
 
 Flags besides --key=value: --resume (continue from out_dir/ckpt/LATEST), --resume=PATH (from that checkpoint
-folder), --force (start even when the ledger predicts the run does not fit in the device's memory).
+folder), --allow_change=KEY,... (let a resumed run change keys that break an exact continuation, such as lr),
+--force (start even when the ledger predicts the run does not fit in the device's memory). Ctrl-C or a SIGTERM
+(a scheduler's preemption) finishes the step, writes a checkpoint and prints the command that resumes.
 
 The file reads in the order a run happens: 1. arguments and processes, 2. batch arithmetic and the LR schedule,
 3. data, 4. model, parallelism and optimizer, 5. the live ledger, 6. the run itself: set up, train_step (one
@@ -23,6 +25,8 @@ import json
 import math
 import os
 import resource
+import shlex
+import signal
 import statistics
 import sys
 import time
@@ -48,7 +52,7 @@ from files import save_json, write_text_atomic
 from model import GPT
 from prepare import DataError
 
-USAGE = "usage: python train.py CONFIG [--key=value ...] [--resume[=CKPT_DIR]] [--force]"
+USAGE = "usage: python train.py CONFIG [--key=value ...] [--resume[=CKPT_DIR]] [--allow_change=KEY,...] [--force]"
 
 
 class TrainingStopped(UserError):
@@ -62,8 +66,9 @@ class TrainingStopped(UserError):
 # A world of one needs no process group and no wrapper, whatever `parallel` says.
 
 def parse_args(argv):
-    """argv -> (config path, overrides, resume, force); resume is False, True (the latest) or a checkpoint folder."""
-    config_path, overrides, resume, force = None, [], False, False
+    """argv -> (config path, overrides, resume, force, keys allowed to change on resume); resume is False, True (the
+    latest) or a checkpoint folder."""
+    config_path, overrides, resume, force, allowed = None, [], False, False, set()
     for arg in argv:
         if arg == '--resume':
             resume = True
@@ -71,6 +76,12 @@ def parse_args(argv):
             resume = arg.split('=', 1)[1]
         elif arg == '--force':
             force = True
+        elif arg.startswith('--allow_change='):
+            allowed |= {key for key in arg.split('=', 1)[1].split(',') if key}
+            unknown = sorted(allowed - set(CONTINUATION_KEYS))
+            if unknown:
+                raise ConfigError(f"--allow_change={','.join(unknown)}: only these keys need it: "
+                                  f"{', '.join(CONTINUATION_KEYS)}")
         elif arg.startswith('--'):
             overrides.append(arg)
         elif config_path is None:
@@ -79,7 +90,7 @@ def parse_args(argv):
             raise ConfigError(f"unexpected argument '{arg}': {USAGE}")
     if config_path is None:
         raise ConfigError(f"no config file given: {USAGE}")
-    return config_path, overrides, resume, force
+    return config_path, overrides, resume, force, allowed
 
 
 @dataclasses.dataclass
@@ -596,7 +607,7 @@ def check_out_dir(train, resume, stop_step, cluster):
         if path is None:
             raise ConfigError(f"--resume: no complete checkpoint at {checkpoint.root(train.out_dir)}: run without "
                               f"--resume to start")
-        return path
+        return checkpoint.verified(path)
     found = checkpoint.latest(train.out_dir)
     if found:
         finished = checkpoint.step_of(found)
@@ -609,7 +620,17 @@ def check_out_dir(train, resume, stop_step, cluster):
     return None
 
 
-def check_resumable(path, model_cfg, train):
+# Keys whose change breaks an exact continuation: the data and its order, the schedule, the optimizer, the
+# numerics. Others (max_steps, logging, eval and checkpoint intervals, the spike guard, the ledger's assumptions,
+# micro_batch and the world size: the same global batch) may change freely on resume, and are logged if they do.
+CONTINUATION_KEYS = ('data', 'seed', 'train_tokens', 'batch_tokens', 'batch_ramp_tokens', 'batch_ramp_start', 'lr',
+                     'min_lr_ratio', 'schedule', 'warmup_frac', 'decay_frac', 'weight_decay', 'beta1', 'beta2', 'eps',
+                     'grad_clip', 'dtype')
+
+
+def check_resumable(path, model_cfg, train, allowed, cluster):
+    """A checkpoint continues only the model it was written for, in its own parallel mode's format; a change to
+    a CONTINUATION_KEYS key needs --allow_change=KEY (then it is logged, old and new)."""
     saved = checkpoint.read_state(path)
     if saved['model_config'] != dataclasses.asdict(model_cfg):
         changed = [k for k, v in dataclasses.asdict(model_cfg).items() if saved['model_config'].get(k) != v]
@@ -618,12 +639,22 @@ def check_resumable(path, model_cfg, train):
     if saved['train_config']['parallel'] != train.parallel:
         raise ConfigError(f"{path} was written with parallel={saved['train_config']['parallel']}: resume with "
                           f"--parallel={saved['train_config']['parallel']}")
+    today = dataclasses.asdict(train)
+    changes = {k: (saved['train_config'].get(k), v) for k, v in today.items()
+               if k != 'dataset_tokens' and saved['train_config'].get(k) != v}
+    refused = [k for k in changes if k in CONTINUATION_KEYS and k not in allowed]
+    if refused:
+        listed = ', '.join(f'{k} {changes[k][0]!r} -> {changes[k][1]!r}' for k in refused)
+        raise ConfigError(f"resuming {path} with a changed {listed}: that breaks the exact continuation (data order, "
+                          f"schedule or optimizer); pass --allow_change={','.join(refused)} if you mean it")
+    for key, (old, new) in changes.items():
+        log(cluster, f"resume: {key} changed from {old!r} to {new!r}")
 
 
 def setup(argv):
     """Config, processes, data, the live ledger, model, optimizer, resume: -> a Run, or None when there is nothing
     to do. Every input check comes before the process group and the model, so bad input costs a second."""
-    config_path, overrides, resume, force = parse_args(argv)
+    config_path, overrides, resume, force, allowed_changes = parse_args(argv)
     model_cfg, train = load_config(config_path, overrides)
     cluster = setup_cluster()
     micro_step_tokens = tokens_per_micro_step(model_cfg, train, cluster.world_size)
@@ -636,7 +667,9 @@ def setup(argv):
     if resume_from == 'done':
         return None
     if resume_from:
-        check_resumable(resume_from, model_cfg, train)
+        check_resumable(resume_from, model_cfg, train, allowed_changes, cluster)
+    elif allowed_changes:
+        raise ConfigError('--allow_change goes with --resume: it names the keys a resumed run may change')
     join_process_group(cluster)
 
     torch.manual_seed(train.seed)
@@ -841,6 +874,59 @@ def check_point(run, pending, due):
         log(run.cluster, f"step {state.step} sample:\n{sample_text(run)}")
 
 
+class Stop:
+    """SIGINT and SIGTERM (a cluster scheduler's preemption is a SIGTERM; torchrun passes both on to every rank) end
+    the run cleanly: the current step finishes, a checkpoint is written, one line gives the command that resumes,
+    and the exit code is 128 + the signal's number. The same signal again exits at once (a checkpoint being written
+    then stays a tmp_ folder that nothing reads). The ranks agree on the step to stop after with a one-number
+    all-reduce on the host each step (a gloo group: no device sync), so none waits in a collective for another."""
+
+    def __init__(self):
+        self.signal, self.group, self.world_size = None, None, 1
+        self.previous = {s: signal.signal(s, self.receive) for s in (signal.SIGINT, signal.SIGTERM)}
+
+    def receive(self, signum, frame):
+        name = signal.Signals(signum).name
+        if signum == self.signal:
+            print(f"{name} again: exiting now, without a checkpoint of the steps since the last one", file=sys.stderr,
+                  flush=True)
+            os._exit(128 + signum)
+        if self.signal is None:
+            self.signal = signum
+            if int(os.environ.get('RANK', 0)) == 0:
+                print(f"{name}: finishing this step, then a checkpoint ({name} again exits at once)", file=sys.stderr,
+                      flush=True)
+
+    def connect(self, cluster):
+        """After the process group exists: the group the ranks agree on stopping in (every rank calls this)."""
+        self.world_size = cluster.world_size
+        if cluster.world_size > 1:
+            self.group = dist.new_group(backend='gloo') if cluster.device.type == 'cuda' else dist.group.WORLD
+
+    def agreed(self):
+        """The signal number any rank has received, else 0: every rank gets the same answer after the same step."""
+        if self.world_size == 1:
+            return self.signal or 0
+        flag = torch.tensor([self.signal or 0])
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.group)
+        return int(flag)
+
+    def restore(self):
+        for signum, handler in self.previous.items():
+            signal.signal(signum, handler)
+
+
+def resume_command(argv, cluster):
+    """The command that continues this run: the same arguments with --resume."""
+    args = [a for a in argv if a != '--resume' and not a.startswith('--resume=')] + ['--resume']
+    if cluster.world_size == 1:
+        return shlex.join(['python', 'train.py'] + args)
+    nodes = cluster.world_size // int(os.environ.get('LOCAL_WORLD_SIZE', cluster.world_size))
+    launcher = f"torchrun --nproc_per_node={cluster.world_size // nodes}" + (
+        f" --nnodes={nodes} (and the rendezvous options you started with)" if nodes > 1 else '')
+    return f"{launcher} {shlex.join(['train.py'] + args)}"
+
+
 @dataclasses.dataclass
 class Due:
     log: bool
@@ -849,8 +935,11 @@ class Due:
     sample: bool
 
     @classmethod
-    def at(cls, run):
+    def at(cls, run, stopping=False):
+        """What the step just done calls for; stopping (a signal): log it and checkpoint it, nothing else."""
         step, train, done = run.state.step, run.train, run.state.step == run.stop_step
+        if stopping:
+            return cls(log=True, eval=False, checkpoint=checkpoint.step_of(run.last_checkpoint) != step, sample=False)
         return cls(log=step % train.log_every == 0 or done, eval=step % train.eval_every == 0 or done,
                    checkpoint=step % train.ckpt_every == 0 or done,
                    sample=bool(train.sample_every and step % train.sample_every == 0 and run.tokenizer))
@@ -858,10 +947,12 @@ class Due:
 
 @cli
 def main(argv):
+    stop = Stop()
     try:
         run = setup(argv)
         if run is None:
             return 0
+        stop.connect(run.cluster)
         gc.collect()
         gc.freeze()  # the start-up objects will live all run: keep the collector from scanning them again
         pending = []  # the steps not read back yet: their losses and norms are still on the device
@@ -874,12 +965,21 @@ def main(argv):
                 log(run.cluster, f"step {run.state.step}: {run.state.tokens_seen:,} tokens seen passes the "
                                  f"Chinchilla point 20 x P = {chinchilla:,} (compute-optimal for this model): from "
                                  f"here it over-trains")
-            due = Due.at(run)
+            stopping = stop.agreed()
+            due = Due.at(run, stopping)
             if not (due.log or due.eval or due.checkpoint or due.sample):
                 continue  # the hot path: nothing read back from the device
             run.metrics.stop_clock()
             check_point(run, pending, due)
             pending = []
+            if stopping:
+                run.metrics.write_summary(run.state.step, run.state.tokens_seen)
+                barrier(run.cluster)
+                if run.cluster.is_master:
+                    print(f"stopped by {signal.Signals(stopping).name} after step {run.state.step}: checkpoint "
+                          f"{run.last_checkpoint} is complete; resume with: {resume_command(argv, run.cluster)}",
+                          file=sys.stderr, flush=True)
+                return 128 + stopping
             run.metrics.start_clock()
         run.metrics.stop_clock()
         if run.tokenizer is not None:
@@ -889,6 +989,7 @@ def main(argv):
         barrier(run.cluster)  # no rank tears the process group down while another still talks to it (gloo aborts)
         return 0
     finally:
+        stop.restore()
         gc.unfreeze()
         if dist.is_initialized():
             dist.destroy_process_group()
