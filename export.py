@@ -8,9 +8,10 @@ converter read as they read any model.
 arch 'llama' becomes LlamaForCausalLM, arch 'gpt2' GPT2LMHeadModel: the layers are the same maths, only the names
 and layouts differ (below). The folder holds config.json, generation_config.json, model.safetensors and the
 tokenizer the run's data was made with, as a fast byte-level BPE (tokenizer.json, tokenizer_config.json,
-special_tokens_map.json) that encodes any text to the same ids as ours. The model keeps its vocab padded to a
-multiple of 128 (those rows were never a target, and a tokenizer never produces their ids); bos, eos and pad are
-all our end-of-text token, which also starts every training document: start a prompt with it, as sample.py does.
+special_tokens_map.json) that encodes any text to the same ids as ours (GPT-NeoX's is the Hub's own file). The
+model keeps its vocab padded to a multiple of 128 (those rows were never a target, and a tokenizer never produces
+their ids); bos, eos and pad are all our end-of-text token, which also starts every training document: start a
+prompt with it, as sample.py does.
 
 Needs safetensors and tokenizers (pip install safetensors tokenizers), imported only when a folder is written.
 """
@@ -167,7 +168,10 @@ def bpe_merges(ranks):
 
 def hf_tokenizer(encoding):
     """A tokenizers.Tokenizer that splits text with our regex, then runs our BPE on each piece's UTF-8 bytes.
-    `encoding` is prepare.load_tokenizer's tiktoken.Encoding (its ranks, pattern and special tokens)."""
+    `encoding` is prepare.load_tokenizer's: a tiktoken.Encoding (its ranks, pattern and special tokens), or for
+    neox a prepare.HFEncoding, which is already the Hub's `tokenizers` tokenizer and is written as it is."""
+    if isinstance(encoding, prepare.HFEncoding):
+        return encoding.special
     from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
     ranks, pattern, special = encoding._mergeable_ranks, encoding._pat_str, encoding._special_tokens
     alphabet = byte_alphabet()

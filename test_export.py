@@ -112,6 +112,25 @@ def test_gpt2_regex_converts_too():
     assert export.bpe_merges(ranks)[:2] == [(b't', b'h'), (b'th', b'e')]
 
 
+def test_neox_tokenizer_is_written_as_it_is(tmp_path, pystdlib_data):
+    """A data folder in GPT-NeoX's tokens keeps the Hub's tokenizer.json (here a stand-in with NeoX's NFC
+    normalizer and an added run of spaces); the export is that file, and gives the ids prepare.HFEncoding gives."""
+    spec = json.loads(export.hf_tokenizer(prepare.load_tokenizer(pystdlib_data)).to_str())
+    spec['normalizer'] = {'type': 'NFC'}
+    spec['added_tokens'].append({'id': 512, 'content': '    ', 'single_word': False, 'lstrip': False, 'rstrip': False,
+                                 'normalized': False, 'special': False})
+    data = tmp_path / 'neox_data'
+    data.mkdir()
+    (data / 'tokenizer.json').write_text(json.dumps({'name': 'neox', 'source': 'a stand-in', 'tokenizers': spec}))
+    save_run(tmp_path / 'run', dict(TINY, arch='gpt2', tie_embeddings=True, vocab_size=640), str(data))
+    assert export.main([str(tmp_path / 'run'), str(tmp_path / 'hf')]) == 0
+    encoding, tokenizer = prepare.load_tokenizer(str(data)), AutoTokenizer.from_pretrained(tmp_path / 'hf')
+    text = TEXT + ' cafe\u0301 = café'  # a decomposed é: NFC makes it the composed one
+    ids = encoding.encode(text, allowed_special='all')
+    assert tokenizer(text).input_ids == ids and ids.count(512) == 1  # TEXT's one run of 4 spaces
+    assert tokenizer.decode(tokenizer(text).input_ids).endswith(' café = café')
+
+
 def test_bfloat16_by_default(tmp_path, pystdlib_data):
     ours = save_run(tmp_path / 'run', dict(TINY, arch='llama', tie_embeddings=True), pystdlib_data)
     assert export.main([str(tmp_path / 'run'), str(tmp_path / 'hf')]) == 0
