@@ -1,0 +1,195 @@
+"""
+plot.py: the loss curve of one run, or of several overlaid, as a PNG.
+
+    python plot.py out/pystdlib_cpu                       # -> out/pystdlib_cpu/loss.png
+    python plot.py out/run_a out/run_b --out compare.png  # two runs, one colour each, one legend
+
+Against tokens seen: the train loss of every logged step, faint, and its exponential moving average, solid; the val
+loss, dots on a dashed line; rollbacks of the spike guard, crosses at the loss that set them off; a dotted vertical
+line at 20 x P tokens, Chinchilla's compute-optimal point (Hoffmann et al. 2022; P from the run's ledger.json), or
+only a legend entry when that lies far past the run; HellaSwag accuracy, when metrics.jsonl has 'hellaswag'
+entries, on a second axis. Steps logged again after a rollback or a resume replace the ones they repeat.
+
+train.py redraws out_dir/loss.png with draw_run(out_dir), which never raises. Needs matplotlib (pip install
+matplotlib), imported only here, drawing through its Agg backend (to a file; no display needed).
+"""
+import argparse
+import json
+import os
+import sys
+
+import numpy as np
+
+import ledger
+from config import ConfigError, UserError, cli
+from files import atomic_write
+
+SMOOTHING = 0.05      # the moving average spans about 5% of the logged steps (100 of 2,000; none under 20)
+FAR_PAST_RUN = 1.5    # a Chinchilla point past 1.5 x the run's tokens is named, not drawn (it would squash the curve)
+FIGURE_INCHES, DPI = (10, 6), 100  # 1000 x 600 pixels
+
+
+# -----------------------------------------------------------------------------------------------------
+# A run's numbers, from out_dir/metrics.jsonl (train.py's log steps, evals, rollbacks) and out_dir/ledger.json.
+
+def read_run(run_dir):
+    """{'name', 'train': (tokens, losses), 'val': (tokens, losses), 'rollbacks': (tokens, losses),
+    'hellaswag': (tokens, accuracies, standard errors), 'chinchilla': 20 x P tokens or None}, as numpy arrays."""
+    path = os.path.join(run_dir, 'metrics.jsonl')
+    if not os.path.isfile(path):
+        raise ConfigError(f"no metrics.jsonl in {run_dir}: give the out_dir of a train.py run")
+    entries = []
+    with open(path) as f:
+        for line in f:
+            try:
+                entries.append(json.loads(line))
+            except ValueError:  # a line train.py is writing this very moment
+                continue
+    train, evals, rollbacks = {}, [], []  # train: step -> its log entry
+    for entry in entries:
+        if entry.get('event') == 'rollback':
+            rollbacks.append(entry)
+            since = entry['to_step'] + 1  # the steps after the checkpoint it went back to are run again
+        elif 'loss' in entry:
+            since = entry['step']  # a step logged again (after a rollback or a resume) replaces what followed it
+        else:
+            if 'val_loss' in entry or 'hellaswag' in entry:
+                evals.append(entry)
+            continue
+        train = {step: e for step, e in train.items() if step < since}
+        evals = [e for e in evals if e['step'] < since]
+        if 'event' not in entry:
+            train[entry['step']] = entry
+    if not train:
+        raise UserError(f"{path} has no logged step yet: nothing to draw")
+    steps = np.array(sorted(train), dtype=float)
+    tokens = np.array([train[s]['tokens'] for s in sorted(train)], dtype=float)
+
+    def tokens_at(chosen):  # eval and rollback entries name a step; its tokens come from the log steps around it
+        return np.array([e['tokens'] if 'tokens' in e else np.interp(e['step'], steps, tokens) for e in chosen])
+
+    val = [e for e in evals if 'val_loss' in e]
+    scored = [e for e in evals if 'hellaswag' in e]
+    return {
+        'name': os.path.basename(os.path.normpath(run_dir)),
+        'train': (tokens, np.array([train[s]['loss'] for s in sorted(train)])),
+        'val': (tokens_at(val), np.array([e['val_loss'] for e in val])),
+        'rollbacks': (tokens_at(rollbacks), np.array([e['loss'] for e in rollbacks])),
+        'hellaswag': (tokens_at(scored), np.array([e['hellaswag'] for e in scored]),
+                      np.array([e.get('hellaswag_stderr', 0.0) for e in scored])),
+        'chinchilla': chinchilla_tokens(run_dir),
+    }
+
+
+def chinchilla_tokens(run_dir):
+    """20 x P from the run's ledger.json (the ledger counts P exactly as model.py builds it), or None without one."""
+    try:
+        with open(os.path.join(run_dir, 'ledger.json')) as f:
+            return ledger.CHINCHILLA_TOKENS_PER_PARAM * json.load(f)['params']['total']
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def ema(values):
+    """Exponential moving average over a window of SMOOTHING x len(values) points (beta = 1 - 1 / window), with
+    the bias correction of Adam and TensorBoard: divided by 1 - beta^t, the first points average what came so far
+    instead of being pulled towards 0."""
+    beta = 1 - 1 / max(1.0, SMOOTHING * len(values))
+    out, average = np.empty(len(values)), 0.0
+    for t, value in enumerate(values, 1):
+        average = beta * average + (1 - beta) * value
+        out[t - 1] = average / (1 - beta ** t)
+    return out
+
+
+# -----------------------------------------------------------------------------------------------------
+# The picture.
+
+def figure(run_dirs):
+    """A matplotlib Figure of the runs (its first axes the losses, a second one HellaSwag if any run has it)."""
+    try:
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
+        from matplotlib.ticker import FuncFormatter
+    except ImportError:
+        raise UserError("plot.py needs matplotlib: pip install matplotlib") from None
+    runs = [read_run(run_dir) for run_dir in run_dirs]
+    fig = Figure(figsize=FIGURE_INCHES, dpi=DPI, layout='constrained')
+    FigureCanvasAgg(fig)  # Agg draws to memory: PNGs without a display
+    ax = fig.add_subplot()
+    scores = fig.add_subplot(sharex=ax, frame_on=False) if any(len(r['hellaswag'][0]) for r in runs) else None
+    last_tokens = max([r['train'][0][-1] for r in runs if len(r['train'][0])], default=0)
+    for i, run in enumerate(runs):
+        color, name = f'C{i}', run['name']
+        tokens, losses = run['train']
+        ax.plot(tokens, losses, color=color, alpha=0.3, linewidth=0.8)
+        ax.plot(tokens, ema(losses), color=color, linewidth=2, label=f'{name} train (moving average)')
+        ax.plot(*run['val'], color=color, linestyle='--', marker='o', markersize=4, label=f'{name} val')
+        if len(run['rollbacks'][0]):
+            ax.plot(*run['rollbacks'], color=color, linestyle='none', marker='x', markersize=10, markeredgewidth=2,
+                    label=f'{name} rollback')
+        chinchilla = run['chinchilla']
+        if chinchilla and chinchilla <= FAR_PAST_RUN * last_tokens:
+            ax.axvline(chinchilla, color=color, linestyle=':', linewidth=1.5,
+                       label=f'{name} 20 x P = {ledger._si(chinchilla)} tokens (Chinchilla)')
+        elif chinchilla:  # a legend entry without a line: the point is named, the axis not stretched to it
+            ax.plot([], [], ' ', color=color, label=f'{name}: 20 x P = {ledger._si(chinchilla)} tokens (Chinchilla), '
+                                       f'{chinchilla / max(last_tokens, 1):,.0f} x past the run')
+        if scores is not None and len(run['hellaswag'][0]):
+            x, accuracy, stderr = run['hellaswag']
+            scores.errorbar(x, 100 * accuracy, yerr=100 * stderr, color=color, linestyle='-.', marker='s',
+                            markersize=4, capsize=3, label=f'{name} HellaSwag')
+    ax.set_xlabel('tokens seen')
+    ax.set_ylabel('loss (nats per token)')
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _: ledger._si(x)))
+    ax.grid(alpha=0.3)
+    handles, labels = ax.get_legend_handles_labels()
+    if scores is not None:
+        scores.yaxis.tick_right()
+        scores.yaxis.set_label_position('right')
+        scores.set_ylabel('HellaSwag accuracy (%)')
+        scores.axhline(25, color='gray', linewidth=0.8, linestyle=':', label='HellaSwag chance (25%)')
+        more_handles, more_labels = scores.get_legend_handles_labels()
+        handles, labels = handles + more_handles, labels + more_labels
+    fig.legend(handles, labels, loc='outside lower center', ncols=3, fontsize='small', frameon=False)
+    ax.set_title(f"loss of {', '.join(run['name'] for run in runs)}")
+    return fig
+
+
+def draw(run_dirs, out):
+    """Write the runs' figure to `out` as a PNG (a temporary file renamed when complete); -> out."""
+    fig = figure(run_dirs)
+    with atomic_write(out, 'wb') as f:
+        fig.savefig(f, format='png')
+    return out
+
+
+NOT_DRAWN = set()  # the reasons already said, so that a run evaluated every few minutes says each one once
+
+
+def draw_run(out_dir):
+    """Redraw out_dir/loss.png; -> its path, or None when it cannot be drawn (matplotlib missing, no metrics yet),
+    the reason printed once on stderr. Never raises: a training run does not stop for a picture."""
+    try:
+        return draw([out_dir], os.path.join(out_dir, 'loss.png'))
+    except Exception as e:  # noqa: BLE001 (whatever it is, the run goes on)
+        reason = str(e) if isinstance(e, UserError) else f'{type(e).__name__}: {e}'
+        if reason not in NOT_DRAWN:
+            NOT_DRAWN.add(reason)
+            print(f"{out_dir}/loss.png not drawn: {reason}", file=sys.stderr, flush=True)
+        return None
+
+
+@cli
+def main(argv):
+    parser = argparse.ArgumentParser(description=__doc__.split('\n')[1], formatter_class=argparse.RawTextHelpFormatter)
+    parser.add_argument('run_dirs', nargs='+', metavar='RUN_DIR', help="a train.py out_dir (several: overlaid)")
+    parser.add_argument('--out', help='the PNG to write (default: RUN_DIR/loss.png for one run, loss.png for several)')
+    args = parser.parse_args(argv)
+    out = args.out or (os.path.join(args.run_dirs[0], 'loss.png') if len(args.run_dirs) == 1 else 'loss.png')
+    print(draw(args.run_dirs, out))
+    return 0
+
+
+if __name__ == '__main__':
+    sys.exit(main())
