@@ -105,7 +105,8 @@ def bench_case(case, cluster, steps, warmup, seconds, tiny):
     else:  # the CPU: the process's peak resident memory, against the ledger's total (runtime included)
         peak, reserved, retries = train.peak_memory(cluster)[0], None, None
         peak_predicted = memory['total']
-    mfu = prediction['flops_per_token']['matmul'] * tokens_per_s / (cluster.world_size * prediction['gpu']['peak_flops'])
+    peak_flops = cluster.world_size * prediction['gpu']['peak_flops']
+    mfu = prediction['flops_per_token']['matmul'] * tokens_per_s / peak_flops
     return {
         'case': case, 'device': prediction['gpu']['name'], 'processes': cluster.world_size,
         'torch': torch.__version__, 'sdpa': attention, 'dtype': prediction['dtype'],

@@ -160,6 +160,19 @@ def _quiet_single_process_dcp():
         yield
 
 
+@contextlib.contextmanager
+def _dcp_failures_as_their_cause():
+    """DCP reports a failed write as a CheckpointException (a BaseException, holding each failed rank's exception):
+    raise the first rank's own exception instead (a full disk is then an OSError or torch.save's RuntimeError, which
+    files.disk_errors turns into one line)."""
+    from torch.distributed.checkpoint.api import CheckpointException
+    try:
+        yield
+    except CheckpointException as e:
+        failed_rank = min(e.failures)
+        raise e.failures[failed_rank][0] from None
+
+
 def _dcp_state(model, optimizer=None):
     """The state dicts DCP saves and loads, keyed by parameter name whatever wraps the model (DDP, FSDP2,
     torch.compile). With an optimizer that has no state yet, get_state_dict creates it (the load overwrites it)."""
@@ -198,9 +211,9 @@ def set_rng_states(states):
 
 
 def save(out_dir, step, model, optimizer, train_state, keep):
-    """Write step_NNNNNNN (the model, the optimizer, train_state plus every rank's RNG states), point LATEST at it,
-    keep the newest `keep` up to it; return its path."""
-    import torch.distributed.checkpoint as dcp
+    """Write step_NNNNNNN (the model, the optimizer, train_state plus every rank's RNG states, the manifest last),
+    point LATEST at it, keep the newest `keep` up to it; return its path. A write that fails (a full disk, Ctrl-C)
+    leaves no tmp_ folder behind, and LATEST still names the last complete checkpoint."""
     rank, world = _rank_and_world()
     folder = root(out_dir)
     name = f'step_{step:07d}'
@@ -210,6 +223,32 @@ def save(out_dir, step, model, optimizer, train_state, keep):
             shutil.rmtree(tmp)
         os.makedirs(tmp)
     _barrier()
+    try:
+        with _dcp_failures_as_their_cause():
+            _write(tmp, step, model, optimizer, train_state, rank, world)
+    except BaseException:
+        if rank == 0:
+            shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    if rank == 0:
+        if os.path.isdir(final):  # the same step written again (after a rollback): replace it
+            shutil.rmtree(final)
+        os.rename(tmp, final)
+        write_text_atomic(os.path.join(folder, 'LATEST'), name + '\n')
+        # keep the newest `keep` up to this one; newer ones (left by a run this one resumed from an earlier
+        # checkpoint) stay until this run writes their steps again
+        for old in [c for c in complete_checkpoints(out_dir) if c <= final][:-keep]:
+            shutil.rmtree(old)
+        for leftover in os.listdir(folder):  # tmp_ folders of writes that were killed
+            if leftover.startswith('tmp_'):
+                shutil.rmtree(os.path.join(folder, leftover))
+    _barrier()
+    return final
+
+
+def _write(tmp, step, model, optimizer, train_state, rank, world):
+    """The files of one checkpoint, into the folder tmp."""
+    import torch.distributed.checkpoint as dcp
     # Before the first step AdamW has no state, and saving it would create one with a zero-lr step (its step
     # count becomes 1, changing the bias correction): the step-0 checkpoint holds the model alone. zero1 runs keep
     # the optimizer gathered in optimizer.pt, on any world size, so that one process and many read each other's.
@@ -225,19 +264,6 @@ def save(out_dir, step, model, optimizer, train_state, keep):
     if rank == 0:
         torch.save(dict(train_state, step=step, rng=rngs, world_size=world), os.path.join(tmp, STATE_FILE))
         write_manifest(tmp)
-        if os.path.isdir(final):  # the same step written again (after a rollback): replace it
-            shutil.rmtree(final)
-        os.rename(tmp, final)
-        write_text_atomic(os.path.join(folder, 'LATEST'), name + '\n')
-        # keep the newest `keep` up to this one; newer ones (left by a run this one resumed from an earlier
-        # checkpoint) stay until this run writes their steps again
-        for old in [c for c in complete_checkpoints(out_dir) if c <= final][:-keep]:
-            shutil.rmtree(old)
-        for leftover in os.listdir(folder):  # tmp_ folders of writes that were killed
-            if leftover.startswith('tmp_'):
-                shutil.rmtree(os.path.join(folder, leftover))
-    _barrier()
-    return final
 
 
 def load(path, model, optimizer):

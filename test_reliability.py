@@ -7,11 +7,13 @@ unless allowed; every config key's bad value is one line naming the key, the val
 import os
 import shlex
 import signal
+import socket
 import subprocess
 import sys
 import time
 
 import pytest
+import torch
 
 import checkpoint
 import config
@@ -129,6 +131,81 @@ def test_garbage_in_latest_is_one_line(eight_steps, capsys):
     err = resume_error(config, out, capsys)
     assert 'LATEST names' in err and "which is not a checkpoint folder there" in err
     assert err.endswith(f"--resume={out / 'ckpt' / 'step_0000008'}")
+
+
+# -----------------------------------------------------------------------------------------------------
+# A full disk during a checkpoint, and two runs on one folder.
+
+@pytest.mark.parametrize('failure', [OSError(28, 'No space left on device'),
+                                     RuntimeError('[enforce fail at inline_container.cc:672] . unexpected pos 6 vs 4')])
+def test_a_full_disk_during_a_checkpoint_is_one_line_and_loses_nothing(pystdlib_data, tmp_path, capsys, monkeypatch,
+                                                                       failure):
+    config = write_config(tmp_path, pystdlib_data, train_tokens=12 * 256, ckpt_every=4)
+    save = torch.save
+
+    def full_at_step_8(obj, path, *args, **kwargs):  # DCP's writer and train_state.pt both go through torch.save
+        if 'tmp_step_0000008' in str(path):
+            if isinstance(failure, OSError):
+                raise OSError(failure.errno, failure.strerror, str(path))
+            raise failure
+        return save(obj, path, *args, **kwargs)
+
+    monkeypatch.setattr(torch, 'save', full_at_step_8)
+    capsys.readouterr()
+    assert train.main([config, f'--out_dir={tmp_path / "out"}']) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith('error: disk full writing ') and 'free on the filesystem of' in err and '\n' not in err
+    assert 'about 2.4 MB needed' in err  # the ledger's checkpoint size: 12 bytes per parameter
+    assert sorted(os.listdir(tmp_path / 'out' / 'ckpt')) == ['LATEST', 'step_0000000', 'step_0000004']
+    assert not os.path.exists(tmp_path / 'out' / '.lock')  # released on the way out
+    monkeypatch.setattr(torch, 'save', save)
+    assert train.main([config, f'--out_dir={tmp_path / "whole"}']) == 0
+    assert train.main([config, f'--out_dir={tmp_path / "out"}', '--resume']) == 0
+    assert losses(tmp_path / 'out') == losses(tmp_path / 'whole')  # the good state resumed bit-exactly
+
+
+def test_a_second_run_in_the_same_out_dir_is_one_line_naming_the_first(pystdlib_data, tmp_path):
+    config = write_config(tmp_path, pystdlib_data, train_tokens=1000 * 256, ckpt_every=1000)
+    out = tmp_path / 'out'
+    first = subprocess.Popen([sys.executable, 'train.py', config, f'--out_dir={out}'], cwd=HERE,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        for line in first.stdout:
+            if line.startswith('step '):
+                break
+        second = subprocess.run([sys.executable, 'train.py', config, f'--out_dir={out}', '--resume'], cwd=HERE,
+                                capture_output=True, text=True)
+        assert second.returncode == 2 and second.stderr.count('\n') == 1, second.stderr
+        assert second.stderr.startswith(f'error: {out} is in use by pid {first.pid} on this host (train.py ')
+    finally:
+        first.send_signal(signal.SIGTERM)
+        first.communicate(timeout=120)
+    # a lock left by a process that is gone (killed outright) is stale: the next run takes it over
+    (out / '.lock').write_text('{"pid": 999999999, "host": "%s", "command": "train.py", "since": "then"}'
+                               % socket.gethostname())
+    assert train.main([config, f'--out_dir={out}', '--resume', '--max_steps=3']) == 0
+
+
+def test_a_token_id_past_the_models_vocab_is_one_line_before_anything_is_written(pystdlib_data, tmp_path, capsys):
+    """A hand-made or foreign shard (no max_token_id in its meta.json): read once, caught before the model."""
+    import json
+    import numpy as np
+    import prepare
+    data = tmp_path / 'data'
+    data.mkdir()
+    meta = prepare.load_meta(pystdlib_data)
+    meta.pop('max_token_id', None)
+    (data / 'meta.json').write_text(json.dumps(meta))
+    tokens = np.arange(2000, dtype=np.uint16) % 512
+    prepare.write_shard(str(data / 'mine_val_000000.bin'), tokens)
+    tokens[1234] = 600  # one id past the 512-token vocab
+    prepare.write_shard(str(data / 'mine_train_000001.bin'), tokens)
+    config = write_config(tmp_path, str(data), train_tokens=4 * 256)
+    capsys.readouterr()
+    assert train.main([config, f'--out_dir={tmp_path / "out"}']) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"error: {data / 'mine_train_000001.bin'}: token id 600 is outside the model's vocab of 512")
+    assert not os.path.exists(tmp_path / 'out' / 'ckpt')
 
 
 # -----------------------------------------------------------------------------------------------------

@@ -45,10 +45,10 @@ import torch  # noqa: E402
 import torch.distributed as dist
 
 import checkpoint
+import files
 import ledger
 import prepare
 from config import ConfigError, UserError, cli, compute_dtype, load_config
-from files import save_json, write_text_atomic
 from model import GPT
 from prepare import DataError
 
@@ -287,6 +287,7 @@ def open_data(model_cfg, train):
             f"vocab mismatch: {train.data} was tokenized with {meta['tokenizer']} ({data_vocab} tokens) but the "
             f"model has vocab_size={model_cfg.vocab_size}: set vocab_size = {padded_vocab(data_vocab)}, or prepare "
             f"data with the model's tokenizer: python prepare.py {meta['source']} --tokenizer {tokenizer} --out DIR")
+    prepare.check_token_ids(train.data, meta, model_cfg.vocab_size)  # an id past the embedding is one line here
     stream = ShardStream([prepare.open_shard(p) for p in train_paths], model_cfg.block_size, train.seed)
     if stream.per_epoch == 0:
         raise DataError(f"the train shards in {train.data} hold fewer than block_size + 1 = "
@@ -481,8 +482,8 @@ class Metrics:
         self.metrics_path = os.path.join(train.out_dir, 'metrics.jsonl')
         if cluster.is_master:
             os.makedirs(train.out_dir, exist_ok=True)
-            save_json(os.path.join(train.out_dir, 'ledger.json'), prediction)
-            write_text_atomic(os.path.join(train.out_dir, 'ledger.md'), ledger.format_report(prediction) + '\n')
+            files.save_json(os.path.join(train.out_dir, 'ledger.json'), prediction)
+            files.write_text_atomic(os.path.join(train.out_dir, 'ledger.md'), ledger.format_report(prediction) + '\n')
             if not append:
                 open(self.metrics_path, 'w').close()
 
@@ -545,8 +546,8 @@ class Metrics:
         if val_loss is not None:
             self.measured['val_loss'] = val_loss
         summary = ledger.summarize(self.prediction, self.measured)
-        save_json(os.path.join(self.out_dir, 'summary.json'), summary)
-        write_text_atomic(os.path.join(self.out_dir, 'report.md'), ledger.format_comparison(summary) + '\n')
+        files.save_json(os.path.join(self.out_dir, 'summary.json'), summary)
+        files.write_text_atomic(os.path.join(self.out_dir, 'report.md'), ledger.format_comparison(summary) + '\n')
 
 
 # -----------------------------------------------------------------------------------------------------
@@ -651,12 +652,19 @@ def check_resumable(path, model_cfg, train, allowed, cluster):
         log(cluster, f"resume: {key} changed from {old!r} to {new!r}")
 
 
-def setup(argv):
+def setup(argv, held=None):
     """Config, processes, data, the live ledger, model, optimizer, resume: -> a Run, or None when there is nothing
-    to do. Every input check comes before the process group and the model, so bad input costs a second."""
+    to do. Every input check comes before the process group and the model, so bad input costs a second. `held`
+    (an ExitStack) keeps, for the run, rank 0's lock on out_dir (one writer per folder: a second run there is one
+    line naming the first) and the translation of a full disk under out_dir into one line; without it (a tool or a
+    test that inspects a run's state), neither."""
+    locking = held is not None
+    held = held or contextlib.ExitStack()  # a tool's own, never closed: so no lock goes into it
     config_path, overrides, resume, force, allowed_changes = parse_args(argv)
     model_cfg, train = load_config(config_path, overrides)
     cluster = setup_cluster()
+    if cluster.is_master and locking:  # under torchrun, a rank that stops here takes the others down with it
+        held.enter_context(files.folder_lock(train.out_dir, shlex.join(['train.py'] + list(argv))))
     micro_step_tokens = tokens_per_micro_step(model_cfg, train, cluster.world_size)
     total_steps = planned_steps(train, micro_step_tokens)
     stop_step = min(total_steps, train.max_steps) if train.max_steps else total_steps
@@ -687,6 +695,7 @@ def setup(argv):
         log(cluster, f"the config plans for gpu={train.gpu} (`python ledger.py {config_path}` prints that bill); "
                      f"this run is on {device.name}: the live ledger predicts for it")
     prediction = ledger.predict(model_cfg, train, n_gpu=cluster.world_size, device=device)
+    held.enter_context(files.disk_errors(train.out_dir, needed_bytes=prediction['data']['checkpoint_bytes']))
     log(cluster, ledger.format_report(prediction))
     memory = prediction['memory']
     log(cluster, f"memory: predicted {memory['total'] / 2**30:.2f} GiB per process, available "
@@ -881,8 +890,10 @@ class Stop:
     then stays a tmp_ folder that nothing reads). The ranks agree on the step to stop after with a one-number
     all-reduce on the host each step (a gloo group: no device sync), so none waits in a collective for another."""
 
-    def __init__(self):
-        self.signal, self.group, self.world_size = None, None, 1
+    def __init__(self, cluster):
+        self.signal, self.group, self.world_size = None, None, cluster.world_size
+        if cluster.world_size > 1:  # every rank creates the group at the same point (a collective)
+            self.group = dist.new_group(backend='gloo') if cluster.device.type == 'cuda' else dist.group.WORLD
         self.previous = {s: signal.signal(s, self.receive) for s in (signal.SIGINT, signal.SIGTERM)}
 
     def receive(self, signum, frame):
@@ -896,12 +907,6 @@ class Stop:
             if int(os.environ.get('RANK', 0)) == 0:
                 print(f"{name}: finishing this step, then a checkpoint ({name} again exits at once)", file=sys.stderr,
                       flush=True)
-
-    def connect(self, cluster):
-        """After the process group exists: the group the ranks agree on stopping in (every rank calls this)."""
-        self.world_size = cluster.world_size
-        if cluster.world_size > 1:
-            self.group = dist.new_group(backend='gloo') if cluster.device.type == 'cuda' else dist.group.WORLD
 
     def agreed(self):
         """The signal number any rank has received, else 0: every rank gets the same answer after the same step."""
@@ -945,19 +950,15 @@ class Due:
                    sample=bool(train.sample_every and step % train.sample_every == 0 and run.tokenizer))
 
 
-@cli
-def main(argv):
-    stop = Stop()
+def loop(run, argv):
+    """The training loop: steps until stop_step, a check point when one is due, a clean stop on a signal."""
+    stop = Stop(run.cluster)  # from here SIGINT and SIGTERM end the run with a checkpoint
     try:
-        run = setup(argv)
-        if run is None:
-            return 0
-        stop.connect(run.cluster)
         gc.collect()
         gc.freeze()  # the start-up objects will live all run: keep the collector from scanning them again
         pending = []  # the steps not read back yet: their losses and norms are still on the device
-        run.metrics.start_clock()
         chinchilla = run.metrics.prediction['data']['chinchilla_tokens']  # 20 x P
+        run.metrics.start_clock()
         while run.state.step < run.stop_step:
             pending.append(train_step(run))
             run.metrics.interval_tokens += pending[-1].batch_tokens
@@ -990,6 +991,15 @@ def main(argv):
         return 0
     finally:
         stop.restore()
+
+
+@cli
+def main(argv):
+    try:
+        with contextlib.ExitStack() as held:  # rank 0's lock on out_dir; a full disk there as one line
+            run = setup(argv, held)
+            return 0 if run is None else loop(run, argv)
+    finally:
         gc.unfreeze()
         if dist.is_initialized():
             dist.destroy_process_group()
