@@ -1219,29 +1219,33 @@ def default_val_tokens(shard_tokens, expected_tokens):
 
 
 def disk_plan(out_dir, files, paths, tokens, shard_tokens, vocab_size, keep_downloads):
-    """Print what the run will download and write, and refuse with one line if the free space cannot hold it. The
-    shards are counted whole (--tokens, or the listing at the low 3 bytes per token); the parquet as what is on
-    disk at once: all of it with --keep-downloads, else about a shard's worth plus two files, since a file is
-    deleted once every shard that holds its tokens is written. The files read are those whose sizes add up to
-    --tokens at the high 4 bytes per token (all of them without --tokens)."""
-    low, high = PARQUET_BYTES_PER_TOKEN
+    """Print what the run will download and write, and refuse with one line if the free space cannot hold it. With
+    --tokens the files read are those whose sizes add up to 3-4 bytes per token (all of them without); the shards
+    are counted whole (--tokens, or the listing at 3 bytes per token); the parquet as what is on disk at once: all
+    of it with --keep-downloads, else about a shard's worth plus two files, since a file is deleted once every
+    shard that holds its tokens is written. The check counts the high end of each range."""
     sizes = [f['size'] for f in files]
-    n_files = next((i + 1 for i, total in enumerate(itertools.accumulate(sizes)) if total >= tokens * high),
-                   len(files)) if tokens else len(files)
-    parquet = sum(sizes[:n_files])
+
+    def files_for(bytes_per_token):
+        return next((i + 1 for i, total in enumerate(itertools.accumulate(sizes)) if total >= tokens * bytes_per_token),
+                    len(files)) if tokens else len(files)
+    low, high = (files_for(b) for b in PARQUET_BYTES_PER_TOKEN)
     here = sum(size_of(p) + size_of(p + '.partial') for p in paths)
-    planned_tokens = tokens or sum(sizes) // low
+    planned_tokens = tokens or sum(sizes) // PARQUET_BYTES_PER_TOKEN[0]
     shard_bytes = planned_tokens * ledger.token_bytes(vocab_size) + HEADER_BYTES * (planned_tokens // shard_tokens + 2)
     shards_here = sum(size_of(p) for p in glob.glob(os.path.join(glob.escape(out_dir), 'fineweb_edu_*.bin')))
-    at_once = parquet if keep_downloads else min(parquet, shard_tokens * high + 2 * max(sizes[:n_files]))
+    at_once = sum(sizes[:high]) if keep_downloads else \
+        min(sum(sizes[:high]), shard_tokens * PARQUET_BYTES_PER_TOKEN[1] + 2 * max(sizes[:high]))
     more = max(0, shard_bytes - shards_here) + max(0, at_once - here)
     free = free_bytes(out_dir)
+    to_fetch = [human_bytes(max(0, sum(sizes[:n]) - here)) for n in sorted({low, high})]
     kept = 'kept (--keep-downloads)' if keep_downloads else 'each deleted once tokenized (--keep-downloads keeps them)'
-    say(f"plan: {n_files} of {len(files)} parquet files, {human_bytes(max(0, parquet - here))} to download, {kept}; "
-        f"~{human_bytes(shard_bytes)} of shards ({planned_tokens:,} tokens x {ledger.token_bytes(vocab_size)} bytes); "
-        f"~{human_bytes(more)} more on disk at most, {human_bytes(free)} free in {out_dir}")
+    say(f"plan: {' to '.join(map(str, sorted({low, high})))} of {len(files)} parquet files, {' to '.join(to_fetch)} to "
+        f"download, {kept}; ~{human_bytes(shard_bytes)} of shards ({planned_tokens:,} tokens x "
+        f"{ledger.token_bytes(vocab_size)} bytes); at most ~{human_bytes(more)} more on disk, {human_bytes(free)} "
+        f"free in {out_dir}")
     if more > free:
-        raise DataError(f"not enough disk space in {out_dir}: this run needs about {human_bytes(more)} more "
+        raise DataError(f"not enough disk space in {out_dir}: this run needs up to about {human_bytes(more)} more "
                         f"(~{human_bytes(shard_bytes)} of shards, ~{human_bytes(at_once)} of parquet at once) and "
                         f"{human_bytes(free)} is free: free some space, choose another --out or lower --tokens"
                         f"{', or drop --keep-downloads' if keep_downloads else ''}")

@@ -703,11 +703,26 @@ def test_fineweb_gated_dataset_and_token(hub, reference, tmp_path, capsys, monke
 
 def test_fineweb_disk_plan_refuses_what_cannot_fit(hub, tmp_path, monkeypatch):
     monkeypatch.setattr(prepare, 'free_bytes', lambda folder: 50_000)
-    with pytest.raises(prepare.DataError, match=r'not enough disk space in .*fw: this run needs about [\d.]+ KB more '
-                                                r'\(~.* of shards, ~.* of parquet at once\) and 50\.0 KB is free: '
+    with pytest.raises(prepare.DataError, match=r'not enough disk space in .*fw: this run needs up to about [\d.]+ KB '
+                                                r'more \(~.* of shards, ~.* of parquet at once\) and 50\.0 KB is free: '
                                                 r'free some space, choose another --out or lower --tokens'):
         fineweb(hub, tmp_path / 'fw')
     assert hub.log == []  # refused before any download
+
+
+def test_disk_plan_of_the_26b_token_run(tmp_path, monkeypatch, capsys):
+    # sample/100BT-like files of 2.15 GB; 26.1e9 GPT-2 tokens at 3-4 bytes of parquet per token
+    files = [{'path': f'sample/100BT/{i:03d}_00000.parquet', 'size': 2_150_000_000} for i in range(140)]
+    paths = [str(tmp_path / f"{i:03d}_00000.parquet") for i in range(140)]
+    monkeypatch.setattr(prepare, 'free_bytes', lambda folder: 100_000_000_000)
+    prepare.disk_plan(str(tmp_path), files, paths, int(26.1e9), 100_000_000, 50257, keep_downloads=False)
+    assert capsys.readouterr().out == (
+        f"plan: 37 to 49 of 140 parquet files, 79.5 GB to 105.3 GB to download, each deleted once tokenized "
+        f"(--keep-downloads keeps them); ~52.2 GB of shards (26,100,000,000 tokens x 2 bytes); at most ~56.9 GB more "
+        f"on disk, 100.0 GB free in {tmp_path}\n")
+    with pytest.raises(prepare.DataError, match=r'needs up to about 157.6 GB more \(~52.2 GB of shards, ~105.3 GB '
+                                                r'of parquet at once\) and 100.0 GB is free: .*, or drop --keep-downl'):
+        prepare.disk_plan(str(tmp_path), files, paths, int(26.1e9), 100_000_000, 50257, keep_downloads=True)
 
 
 def test_fineweb_404_is_a_clear_error(hub, tmp_path, capsys):
