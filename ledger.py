@@ -825,6 +825,46 @@ def format_report(prediction):
     return '\n'.join(lines)
 
 
+def format_short(prediction, full):
+    """The few lines train.py prints before step 1: the model, its FLOPs, the device, the predicted speed and time,
+    memory against what the device has, and the data against Chinchilla. `full` says where the whole bill is."""
+    p, memory, data, device = prediction, prediction['memory'], prediction['data'], prediction['gpu']
+    model = ModelConfig(**p['model'])
+    shape = f"{model.arch} {model.n_layer} x {model.n_embd}, V {model.vocab_size:,}, T {model.block_size:,}"
+    epochs = f"; {data['epochs']:.3g} epochs of {_si(data['dataset_tokens'])} tokens" if data['dataset_tokens'] else ''
+    lines = [
+        f"ledger (the whole bill: {full}):",
+        _row('parameters', f"{p['params']['total']:,}", f"{shape}; {p['params']['matmul']:,} in matmuls"),
+        _row('FLOPs per token', _sci(p['flops_per_token']['hardware']),
+             f"6N_matmul + 12LHT{' + the recomputed forward' if p['train']['recompute'] else ''}; "
+             f"{_sci(p['total_flops'])} for {_si(p['tokens'])} tokens"),
+        _row('device', f"{p['n_gpu']} x {_rate(device['peak_flops'])}",
+             f"{device['name']}, {p['dtype']} peak ({device['peak_source'].split(' (cache')[0]})"),
+        _row('throughput', f"{p['tokens_per_s']:,.0f} tok/s", f"at an assumed {p['mfu_assumed']:.0%} MFU; "
+             f"{p['step_seconds']:.3g} s per step of {p['train']['batch_tokens']:,} tokens"),
+        _row('time for this run', _duration(p['days']), f"{p['steps']:,} steps"
+             + (f"; ${p['cost_usd']:,.0f} at ${p['train']['usd_per_gpu_hour']}/GPU-hour" if device['kind'] == 'gpu'
+                else '')),
+        _row('memory per process', _gib(memory['total']), f"of {_gib(memory['gpu_memory'])}: "
+             f"{'fits' if memory['fits'] else 'DOES NOT FIT'} (states {_gib(memory['model_states'])}, activations "
+             f"{_gib(memory['activations'])}, loss {_gib(memory['logits'])}, runtime {_gib(memory['overhead'])})"),
+        _row('tokens per parameter', f"{data['tokens_per_param']:.3g}",
+             f"{data['chinchilla_multiple']:.2g} x Chinchilla (20){epochs}"),
+    ]
+    return '\n'.join(lines)
+
+
+# -----------------------------------------------------------------------------------------------------
+# Bits per byte: a loss that does not depend on the tokenizer. A cross-entropy of L nats per token over text of
+# b bytes per token is L / ln 2 bits per token, L / (ln 2 * b) bits per byte: GPT-2's tokens on FineWeb-Edu are
+# ~4.5 bytes, our 8192-token BPE on Python source ~3.8, so per-token losses of two tokenizers (or two codebases)
+# compare only once divided by their own bytes per token. The CPU default's 5.52 nats at 3.84 bytes: 2.07 bits.
+
+def bits_per_byte(loss_nats, bytes_per_token):
+    """None when the bytes per token are unknown (synthetic data)."""
+    return loss_nats / math.log(2) / bytes_per_token if bytes_per_token else None
+
+
 # -----------------------------------------------------------------------------------------------------
 # Predicted against measured: one flat dict (train.py writes it to out_dir/summary.json at each eval and at the
 # end) and the markdown table report.md renders from it. Throughput is the run's mean after the warm-up interval;
@@ -858,6 +898,9 @@ def summarize(prediction, measured):
         'days_predicted': p['days'],
         'days_projected': measured.get('days'),
         'val_loss': measured.get('val_loss'),
+        'bytes_per_token': measured.get('bytes_per_token'),
+        'val_bpb': bits_per_byte(measured['val_loss'], measured.get('bytes_per_token'))
+        if measured.get('val_loss') is not None else None,
     }
 
 
@@ -882,7 +925,9 @@ def format_comparison(summary):
         ratio = f'{value / predicted:.3f}' if value is not None and predicted else '-'
         lines.append(f"| {what} | {fmt(predicted)} | {'-' if value is None else fmt(value)} | {ratio} |")
     if s['val_loss'] is not None:
-        lines += ['', f"val loss {s['val_loss']:.4f}"]
+        lines += ['', f"val loss {s['val_loss']:.4f} nats per token" + (
+            f" = {s['val_bpb']:.4f} bits per byte (at {s['bytes_per_token']:.3f} text bytes per token, meta.json)"
+            if s['val_bpb'] is not None else '')]
     return '\n'.join(lines)
 
 

@@ -53,8 +53,8 @@ run.optimizer.step = step_and_count
 train.train_step(run)  # the real step: micro-steps, clipping, AdamW; zero_grad comes after the count
 held = ledger.held_model_states(run.model_cfg, run.train.parallel, run.cluster.world_size, 'float32',
                                 run.cluster.rank)
-print('STATES ' + json.dumps({'rank': run.cluster.rank, 'counted': counted,
-                              'ledger': {k: held[k] for k in counted}}), flush=True)
+with open(f'{run.train.out_dir}/states_rank{run.cluster.rank}.json', 'w') as f:  # a file a rank: stdout interleaves
+    json.dump({'rank': run.cluster.rank, 'counted': counted, 'ledger': {k: held[k] for k in counted}}, f)
 '''
 
 TINY = dict(arch='llama', n_layer=2, n_head=2, n_kv_head=1, n_embd=64, vocab_size=515, block_size=32, micro_batch=2,
@@ -79,7 +79,7 @@ def test_model_states_are_exact_on_every_rank(mode, processes, tmp_path):
                                                               f'--out_dir={tmp_path / "out"}'],
                             cwd=HERE, capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=HERE))
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
-    ranks = [json.loads(line.split('STATES ', 1)[1]) for line in result.stdout.splitlines() if 'STATES ' in line]
+    ranks = [json.loads((tmp_path / 'out' / f'states_rank{rank}.json').read_text()) for rank in range(processes)]
     assert sorted(r['rank'] for r in ranks) == list(range(processes))
     for rank in ranks:
         assert rank['counted'] == rank['ledger'], rank

@@ -73,13 +73,20 @@ def test_loss_falls_and_outputs_are_written(pystdlib_data, tmp_path, capsys):
     assert len(val) == 2 and val[-1] < val[0]
     assert all(0 < e['mfu'] < 1 and e['tokens_per_s'] > 0 and e['peak_memory_bytes'] > 0
                for e in entries if 'loss' in e)  # MFU against the CPU's measured GEMM peak
-    assert 'Ledger 1' in out and 'float32' in out and 'sample after 60 steps' in out
+    assert 'ledger (the whole bill: ' in out and 'Ledger 1' not in out  # a short ledger; the rest in ledger.md
+    assert 'float32' in out and 'sample after 60 steps' in out and 'attention: SDPA runs flash attention' in out
+    # bits per byte beside every loss, from the data's own bytes per token
+    bytes_per_token = prepare.load_meta(pystdlib_data)['bytes_per_token']
+    assert all(e['bpb'] == pytest.approx(e['loss'] / math.log(2) / bytes_per_token) for e in entries if 'loss' in e)
+    assert [e['val_bpb'] for e in entries if 'val_bpb' in e] == pytest.approx(
+        [v / math.log(2) / bytes_per_token for v in val])
     prediction = json.loads((tmp_path / 'out' / 'ledger.json').read_text())
     assert prediction['params']['total'] == ledger.count_params(load_config(config)[0])['total']
     assert prediction['gpu']['kind'] == 'cpu' and 'GEMM probe' in prediction['gpu']['peak_source']
     # predicted and measured are both about this CPU: summary.json holds both, report.md renders it
     summary = json.loads((tmp_path / 'out' / 'summary.json').read_text())
     assert summary['step'] == 60 and summary['val_loss'] == val[-1]
+    assert summary['val_bpb'] == pytest.approx(val[-1] / math.log(2) / bytes_per_token)
     assert summary['params_predicted'] == summary['params_built'] == prediction['params']['total']
     assert summary['tokens_per_s_predicted'] == prediction['tokens_per_s'] and summary['tokens_per_s_measured'] > 0
     assert summary['mfu_measured'] == pytest.approx(
@@ -91,6 +98,7 @@ def test_loss_falls_and_outputs_are_written(pystdlib_data, tmp_path, capsys):
     assert report.startswith('Predicted by ledger.py for 1 x CPU (') and 'measured on 1 x the CPU' in report
     assert '| quantity | predicted | measured |' in report and 'parameters' in report
     assert (tmp_path / 'out' / 'ledger.md').read_text().startswith('ledger: llama, 2 layers')
+    assert 'Ledger 1' in (tmp_path / 'out' / 'ledger.md').read_text() and 'bits per byte' in report
     assert (tmp_path / 'out' / 'ckpt' / 'LATEST').read_text().strip() == 'step_0000060'
 
 

@@ -282,11 +282,11 @@ def open_data(model_cfg, train):
     # The model's vocab may be the data's padded up to a multiple of 128 (the spare rows are never targets);
     # smaller cannot hold the tokens, larger means the data was made with another tokenizer.
     if not data_vocab <= model_cfg.vocab_size <= padded_vocab(data_vocab):
-        tokenizer = 'gpt2' if 50257 <= model_cfg.vocab_size <= 50304 else f'bpe:{model_cfg.vocab_size}'
         raise DataError(
-            f"vocab mismatch: {train.data} was tokenized with {meta['tokenizer']} ({data_vocab} tokens) but the "
-            f"model has vocab_size={model_cfg.vocab_size}: set vocab_size = {padded_vocab(data_vocab)}, or prepare "
-            f"data with the model's tokenizer: python prepare.py {meta['source']} --tokenizer {tokenizer} --out DIR")
+            f"vocab mismatch: {train.data} was tokenized with {meta['tokenizer']} ({data_vocab:,} tokens) but the "
+            f"model has vocab_size={model_cfg.vocab_size:,}: set vocab_size = {padded_vocab(data_vocab)}, or make "
+            f"another folder with a tokenizer of the model's size (--tokenizer gpt2, neox or bpe:V; this one came "
+            f"from `{prepare.prepare_command(train.data)}`)")
     prepare.check_token_ids(train.data, meta, model_cfg.vocab_size)  # an id past the embedding is one line here
     stream = ShardStream([prepare.open_shard(p) for p in train_paths], model_cfg.block_size, train.seed)
     if stream.per_epoch == 0:
@@ -468,15 +468,16 @@ class Metrics:
     samples. The first interval after a start or a rollback holds the compile and warm-up steps: it is logged
     but left out of the run's figures in summary.json."""
 
-    def __init__(self, cluster, train, prediction, params_built, append):
+    def __init__(self, cluster, train, prediction, params_built, append, bytes_per_token=None):
         self.cluster, self.prediction, self.out_dir = cluster, prediction, train.out_dir
+        self.bytes_per_token = bytes_per_token  # the data's (meta.json): losses in bits per byte too
         # MFU counts the model's matmul FLOPs, 6 N_matmul + 12 L H T per token (PaLM's convention, no recompute)
         self.flops_per_token = prediction['flops_per_token']['matmul']
         self.peak_flops = prediction['gpu']['peak_flops']
         where = torch.cuda.get_device_name(cluster.device) if cluster.device.type == 'cuda' else \
             f'the CPU ({torch.get_num_threads()} threads per process)'
         self.measured = {'device': f'{cluster.world_size} x {where}', 'torch': torch.__version__,
-                         'params': params_built}
+                         'params': params_built, 'bytes_per_token': bytes_per_token}
         self.run_tokens, self.run_seconds = 0, 0.0  # over the intervals after the first
         self.interval_tokens, self.interval_seconds, self.started, self.warmup = 0, 0.0, None, True
         self.metrics_path = os.path.join(train.out_dir, 'metrics.jsonl')
@@ -519,10 +520,13 @@ class Metrics:
     def log_step(self, result, total_steps, tokens_seen, loss, grad_norm):
         tokens_per_s = self.interval_tokens / self.interval_seconds
         peak, _ = peak_memory(self.cluster)
-        self.record({'step': result.step, 'tokens': tokens_seen, 'loss': loss, 'lr': result.lr, 'grad_norm': grad_norm,
-                     'batch_tokens': result.batch_tokens, 'tokens_per_s': tokens_per_s, 'mfu': self.mfu(tokens_per_s),
-                     'days': self.days(tokens_per_s), 'peak_memory_bytes': peak, 'warmup': self.warmup})
-        log(self.cluster, f"step {result.step:>6}/{total_steps} | loss {loss:.4f} | lr {result.lr:.2e} | "
+        bpb = ledger.bits_per_byte(loss, self.bytes_per_token)
+        self.record({'step': result.step, 'tokens': tokens_seen, 'loss': loss, 'bpb': bpb, 'lr': result.lr,
+                     'grad_norm': grad_norm, 'batch_tokens': result.batch_tokens, 'tokens_per_s': tokens_per_s,
+                     'mfu': self.mfu(tokens_per_s), 'days': self.days(tokens_per_s), 'peak_memory_bytes': peak,
+                     'warmup': self.warmup})
+        log(self.cluster, f"step {result.step:>6}/{total_steps} | loss {loss:.4f}"
+                          + (f" ({bpb:.3f} bpb)" if bpb is not None else '') + f" | lr {result.lr:.2e} | "
                           f"norm {grad_norm:.2f} | {tokens_per_s:,.0f} tok/s | MFU {self.mfu(tokens_per_s):.1%} | "
                           f"{self.days(tokens_per_s):.3g} days | peak mem {peak / 2**30:.2f} GiB"
                           + (" | warm-up" if self.warmup else ""))
@@ -696,10 +700,9 @@ def setup(argv, held=None):
                      f"this run is on {device.name}: the live ledger predicts for it")
     prediction = ledger.predict(model_cfg, train, n_gpu=cluster.world_size, device=device)
     held.enter_context(files.disk_errors(train.out_dir, needed_bytes=prediction['data']['checkpoint_bytes']))
-    log(cluster, ledger.format_report(prediction))
+    log(cluster, ledger.format_short(prediction, f"{os.path.join(train.out_dir, 'ledger.md')}, or python ledger.py "
+                                                 f"{config_path}"))
     memory = prediction['memory']
-    log(cluster, f"memory: predicted {memory['total'] / 2**30:.2f} GiB per process, available "
-                 f"{memory['gpu_memory'] / 2**30:.2f} GiB ({device.memory_source})")
     if not memory['fits'] and not force:
         raise ConfigError(f"the ledger predicts {memory['total'] / 2**30:.1f} GiB per process but {device.name} has "
                           f"{memory['gpu_memory'] / 2**30:.1f} GiB for it: lower micro_batch, set recompute=True or "
@@ -721,7 +724,8 @@ def setup(argv, held=None):
     run = Run(model_cfg, train, cluster, autocast, stream, model, raw_model, optimizer,
               params=[p for p in model.parameters() if p.requires_grad], micro_step_tokens=micro_step_tokens,
               total_steps=total_steps, stop_step=stop_step, val=val, meta=meta, last_checkpoint=resume_from,
-              metrics=Metrics(cluster, train, prediction, built, append=bool(resume_from)))
+              metrics=Metrics(cluster, train, prediction, built, append=bool(resume_from),
+                              bytes_per_token=meta.get('bytes_per_token') if meta else None))
     if resume_from:
         saved = checkpoint.load(resume_from, model, optimizer)
         run.state = RunState(**saved['run'])
@@ -874,8 +878,10 @@ def check_point(run, pending, due):
         run.metrics.log_step(last, run.total_steps, state.tokens_seen, loss, grad_norm)
     if due.eval:
         val_loss = evaluate(run)
-        run.metrics.record({'step': state.step, 'val_loss': val_loss})
-        log(run.cluster, f"step {state.step}: val loss {val_loss:.4f}")
+        val_bpb = ledger.bits_per_byte(val_loss, run.metrics.bytes_per_token)
+        run.metrics.record({'step': state.step, 'val_loss': val_loss, 'val_bpb': val_bpb})
+        log(run.cluster, f"step {state.step}: val loss {val_loss:.4f}"
+                         + (f", {val_bpb:.4f} bits per byte" if val_bpb is not None else ''))
         run.metrics.write_summary(state.step, state.tokens_seen, val_loss)
     if due.checkpoint:
         save_checkpoint(run)
