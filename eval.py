@@ -16,8 +16,8 @@ rowanz/hellaswag on GitHub, the URL llm.c uses, through prepare.py's resumable d
 git blob id of the published file; HELLASWAG_URL (or --url) points elsewhere, a mirror (there only the size the
 server announces is checked).
 
-train.py can score during training with hellaswag_accuracy(model, encoding, items, device, autocast, rank,
-world_size), items from load_items(download_hellaswag()).
+train.py can score during training: items = hellaswag_items(world_size=...) once, then hellaswag_accuracy(model,
+encoding, items, device, autocast, rank, world_size) at each evaluation.
 """
 import argparse
 import contextlib
@@ -64,11 +64,12 @@ def hellaswag_path(folder=None):
     return os.path.join(folder or cache_folder(), 'hellaswag_val.jsonl')
 
 
-def download_hellaswag(url=HELLASWAG_URL, folder=None, network=None):
-    """The path of hellaswag_val.jsonl in `folder` (default: cache_folder()), downloaded there first if missing.
-    prepare.download resumes after drops and renames the file into place only once its size is the one the server
-    announced and, for the published URL, its git blob id is HELLASWAG_GIT_SHA1."""
-    dest = hellaswag_path(folder)
+def download_hellaswag(url=None, folder=None, network=None):
+    """The path of hellaswag_val.jsonl in `folder` (default: cache_folder()), downloaded there first if missing, from
+    `url` (default: $HELLASWAG_URL, else HELLASWAG_URL). prepare.download resumes after drops and renames the file
+    into place only once its size is the one the server announced and, for the published URL, its git blob id is
+    HELLASWAG_GIT_SHA1."""
+    dest, url = hellaswag_path(folder), url or os.environ.get('HELLASWAG_URL', HELLASWAG_URL)
     if os.path.exists(dest):
         return dest
     os.makedirs(os.path.dirname(dest), exist_ok=True)
@@ -190,13 +191,13 @@ def join_ranks(device):
     return rank, world_size, device
 
 
-def items_on_every_rank(args, world_size):
-    """One writer per machine: local rank 0 downloads into this machine's cache while the others wait; a failure
-    is one line on every rank."""
+def hellaswag_items(url=None, folder=None, world_size=1):
+    """The items on every rank: one writer per machine (local rank 0 downloads into this machine's cache while the
+    others wait at the all_gather), and a failure is one line on every rank."""
     error = ''
     if int(os.environ.get('LOCAL_RANK', 0)) == 0:
         try:
-            download_hellaswag(args.url, args.cache)
+            download_hellaswag(url, folder)
         except UserError as e:
             error = str(e)
     if world_size > 1:
@@ -205,7 +206,7 @@ def items_on_every_rank(args, world_size):
         error = next((e for e in errors if e), '')
     if error:
         raise DataError(error)
-    return load_items(hellaswag_path(args.cache))[:args.limit or None]
+    return load_items(hellaswag_path(folder))
 
 
 @cli
@@ -213,8 +214,8 @@ def main(argv):
     parser = argparse.ArgumentParser(description=__doc__.split('\n')[1], formatter_class=argparse.RawTextHelpFormatter)
     parser.add_argument('checkpoint', help="a run's out_dir (latest checkpoint) or a ckpt/step_* folder")
     parser.add_argument('task', choices=['hellaswag'])
-    parser.add_argument('--url', default=os.environ.get('HELLASWAG_URL', HELLASWAG_URL),
-                        help='where hellaswag_val.jsonl is downloaded from (default: $HELLASWAG_URL, else GitHub)')
+    parser.add_argument('--url', help='where hellaswag_val.jsonl is downloaded from (default: $HELLASWAG_URL, else '
+                                      "rowanz/hellaswag's file on GitHub)")
     parser.add_argument('--cache', default=cache_folder(), help='the folder it is kept in (default: %(default)s)')
     parser.add_argument('--limit', type=int, default=0, help='score only the first N items (0: all 10,042)')
     parser.add_argument('--batch', type=int, default=8, help='items per forward (4 rows each)')
@@ -229,7 +230,7 @@ def main(argv):
         if train_config['data'] == 'synthetic':
             raise ConfigError(f"{path} was trained on synthetic tokens: it has no tokenizer to read HellaSwag with")
         encoding = prepare.load_tokenizer(train_config['data'])
-        items = items_on_every_rank(args, world_size)
+        items = hellaswag_items(args.url, args.cache, world_size)[:args.limit or None]
         autocast = torch.autocast('cuda', dtype=torch.bfloat16) if device.type == 'cuda' else contextlib.nullcontext()
         started = time.perf_counter()
         accuracy, stderr, n = hellaswag_accuracy(model, encoding, items, device, autocast, rank, world_size,
