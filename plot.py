@@ -4,11 +4,12 @@ plot.py: the loss curve of one run, or of several overlaid, as a PNG.
     python plot.py out/pystdlib_cpu                       # -> out/pystdlib_cpu/loss.png
     python plot.py out/run_a out/run_b --out compare.png  # two runs, one colour each, one legend
 
-Against tokens seen: the train loss of every logged step, faint, and its exponential moving average, solid; the val
-loss, dots on a dashed line; rollbacks of the spike guard, crosses at the loss that set them off; a dotted vertical
-line at 20 x P tokens, Chinchilla's compute-optimal point (Hoffmann et al. 2022; P from the run's ledger.json), or
-only a legend entry when that lies far past the run; HellaSwag accuracy, when metrics.jsonl has 'hellaswag'
-entries, on a second axis. Steps logged again after a rollback or a resume replace the ones they repeat.
+Against tokens seen: the train loss of every logged step, faint, and its centered moving average, solid; the val
+loss, dots on a dashed line; each rollback of the spike guard, a long-dashed vertical line at its step; a dotted
+vertical line at 20 x P tokens, Chinchilla's compute-optimal point (Hoffmann et al. 2022; P from the run's
+ledger.json), or only a legend entry when that lies far past the run; HellaSwag accuracy, when metrics.jsonl has
+'hellaswag' entries, on a second axis. Steps logged again after a rollback or a resume replace the ones they
+repeat.
 
 train.py redraws out_dir/loss.png with draw_run(out_dir), which never raises. Needs matplotlib (pip install
 matplotlib), imported only here, drawing through its Agg backend (to a file; no display needed).
@@ -24,9 +25,10 @@ import ledger
 from config import ConfigError, UserError, cli
 from files import atomic_write
 
-SMOOTHING = 0.05      # the moving average spans about 5% of the logged steps (100 of 2,000; none under 20)
+SMOOTHING = 0.02      # the moving average spans about 2% of the logged steps (101 of 5,000; none under 100)
 FAR_PAST_RUN = 1.5    # a Chinchilla point past 1.5 x the run's tokens is named, not drawn (it would squash the curve)
 FIGURE_INCHES, DPI = (10, 6), 100  # 1000 x 600 pixels
+STEEP_START = 0.05    # the y-axis starts above the smoothed loss at 5% of a long run's tokens (below)
 
 
 # -----------------------------------------------------------------------------------------------------
@@ -90,16 +92,16 @@ def chinchilla_tokens(run_dir):
         return None
 
 
-def ema(values):
-    """Exponential moving average over a window of SMOOTHING x len(values) points (beta = 1 - 1 / window), with
-    the bias correction of Adam and TensorBoard: divided by 1 - beta^t, the first points average what came so far
-    instead of being pulled towards 0."""
-    beta = 1 - 1 / max(1.0, SMOOTHING * len(values))
-    out, average = np.empty(len(values)), 0.0
-    for t, value in enumerate(values, 1):
-        average = beta * average + (1 - beta) * value
-        out[t - 1] = average / (1 - beta ** t)
-    return out
+def smooth(values):
+    """Centered moving average over about SMOOTHING x len(values) points, the window narrowed near both ends so that
+    it stays centered. Centered, not an exponential moving average: an EMA trails a falling loss by its window
+    (over a run's steep first tenth, by most of a nat), this does not; the price is that the last few points are
+    averaged over fewer neighbours."""
+    n = len(values)
+    i = np.arange(n)
+    half = np.minimum(int(SMOOTHING * n / 2), np.minimum(i, n - 1 - i))  # points on each side of point i
+    sums = np.concatenate([[0.0], np.cumsum(values)])  # sums[j] = values[0] + ... + values[j - 1]
+    return (sums[i + half + 1] - sums[i - half]) / (2 * half + 1)
 
 
 # -----------------------------------------------------------------------------------------------------
@@ -123,11 +125,11 @@ def figure(run_dirs):
         color, name = f'C{i}', run['name']
         tokens, losses = run['train']
         ax.plot(tokens, losses, color=color, alpha=0.3, linewidth=0.8)
-        ax.plot(tokens, ema(losses), color=color, linewidth=2, label=f'{name} train (moving average)')
+        ax.plot(tokens, smooth(losses), color=color, linewidth=2, label=f'{name} train (moving average)')
         ax.plot(*run['val'], color=color, linestyle='--', marker='o', markersize=4, label=f'{name} val')
-        if len(run['rollbacks'][0]):
-            ax.plot(*run['rollbacks'], color=color, linestyle='none', marker='x', markersize=10, markeredgewidth=2,
-                    label=f'{name} rollback')
+        for k, x in enumerate(run['rollbacks'][0]):  # a line, not a point: a spike's loss may be off the axis, or NaN
+            ax.axvline(x, color=color, linestyle=(0, (6, 3)), linewidth=1, alpha=0.8,
+                       label=f'{name} rollback' if k == 0 else None)
         chinchilla = run['chinchilla']
         if chinchilla and chinchilla <= FAR_PAST_RUN * last_tokens:
             ax.axvline(chinchilla, color=color, linestyle=':', linewidth=1.5,
@@ -139,6 +141,14 @@ def figure(run_dirs):
             x, accuracy, stderr = run['hellaswag']
             scores.errorbar(x, 100 * accuracy, yerr=100 * stderr, color=color, linestyle='-.', marker='s',
                             markersize=4, capsize=3, label=f'{name} HellaSwag')
+    # The first few percent of a run fall from ln V (10.8 for GPT-2's vocab) to near the final loss: drawn whole they
+    # take most of the height and leave the hundredths of a nat that matter later flat. A run of 100+ logged steps
+    # is drawn from the smoothed loss at STEEP_START of its tokens down; what is above runs off the top.
+    long_runs = [run['train'] for run in runs if len(run['train'][0]) >= 100]
+    if long_runs:
+        top = max(smooth(losses)[np.searchsorted(tokens, STEEP_START * tokens[-1])] for tokens, losses in long_runs)
+        bottom = min(np.min(run['train'][1]) for run in runs)
+        ax.set_ylim(bottom - 0.05 * (top - bottom), top + 0.05 * (top - bottom))
     ax.set_xlabel('tokens seen')
     ax.set_ylabel('loss (nats per token)')
     ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _: ledger._si(x)))
