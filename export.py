@@ -223,7 +223,7 @@ def write_folder(folder, model, encoding, dtype):
     special_ids = {'bos_token_id': eot_id, 'eos_token_id': eot_id, 'pad_token_id': eot_id}
     write_json(folder, 'config.json', {'architectures': [hf_class], **to_config(c),
                                        'tie_word_embeddings': c.tie_embeddings, **special_ids, 'torch_dtype': dtype})
-    write_json(folder, 'generation_config.json', {**special_ids, 'max_length': c.block_size})
+    write_json(folder, 'generation_config.json', special_ids)
     hf_tokenizer(encoding).save(os.path.join(folder, 'tokenizer.json'))
     write_json(folder, 'tokenizer_config.json', tokenizer_config(eot, c.block_size))
     write_json(folder, 'special_tokens_map.json', {'bos_token': eot, 'eos_token': eot, 'pad_token': eot})
