@@ -108,6 +108,24 @@ def load_items(path):
     return items
 
 
+def hellaswag_items(url=None, folder=None, world_size=1):
+    """The items on every rank: one writer per machine (local rank 0 downloads into this machine's cache while the
+    others wait at the all_gather), and a failure is one line on every rank."""
+    error = ''
+    if int(os.environ.get('LOCAL_RANK', 0)) == 0:
+        try:
+            download_hellaswag(url, folder)
+        except UserError as e:
+            error = str(e)
+    if world_size > 1:
+        errors = [None] * world_size
+        dist.all_gather_object(errors, error)
+        error = next((e for e in errors if e), '')
+    if error:
+        raise DataError(error)
+    return load_items(hellaswag_path(folder))
+
+
 # -----------------------------------------------------------------------------------------------------
 # Scoring. A row is context + one ending; its score is the mean cross-entropy of the ending's tokens, each
 # predicted from everything before it. Rows longer than block_size lose context from the left.
@@ -191,24 +209,6 @@ def join_ranks(device):
     return rank, world_size, device
 
 
-def hellaswag_items(url=None, folder=None, world_size=1):
-    """The items on every rank: one writer per machine (local rank 0 downloads into this machine's cache while the
-    others wait at the all_gather), and a failure is one line on every rank."""
-    error = ''
-    if int(os.environ.get('LOCAL_RANK', 0)) == 0:
-        try:
-            download_hellaswag(url, folder)
-        except UserError as e:
-            error = str(e)
-    if world_size > 1:
-        errors = [None] * world_size
-        dist.all_gather_object(errors, error)
-        error = next((e for e in errors if e), '')
-    if error:
-        raise DataError(error)
-    return load_items(hellaswag_path(folder))
-
-
 @cli
 def main(argv):
     parser = argparse.ArgumentParser(description=__doc__.split('\n')[1], formatter_class=argparse.RawTextHelpFormatter)
@@ -250,7 +250,7 @@ def main(argv):
               f"  {'chance (1 in 4)':<34} {0.25:6.1%}")
         for figures, source in ((GPT2, "OpenAI's checkpoint, llm.c's scoring"),
                                 (GPT3, 'Brown et al. 2020, Table H.1, zero-shot')):
-            size, published, name = nearest(figures, params)
+            _, published, name = nearest(figures, params)
             print(f"  {name:<34} {published:6.1%}   ({source})")
     return 0
 
