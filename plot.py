@@ -28,6 +28,7 @@ from files import atomic_write
 SMOOTHING = 0.02      # the moving average spans about 2% of the logged steps (101 of 5,000; none under 100)
 FAR_PAST_RUN = 1.5    # a Chinchilla point past 1.5 x the run's tokens is named, not drawn (it would squash the curve)
 FIGURE_INCHES, DPI = (10, 6), 100  # 1000 x 600 pixels
+FEW = 50              # logged steps below which each is marked with a dot
 STEEP_START = 0.05    # the y-axis starts above the smoothed loss at 5% of a long run's tokens (below)
 
 
@@ -125,7 +126,8 @@ def figure(run_dirs):
         color, name = f'C{i}', run['name']
         tokens, losses = run['train']
         ax.plot(tokens, losses, color=color, alpha=0.3, linewidth=0.8)
-        ax.plot(tokens, smooth(losses), color=color, linewidth=2, label=f'{name} train (moving average)')
+        ax.plot(tokens, smooth(losses), color=color, linewidth=2, marker='.' if len(tokens) < FEW else None,
+                label=f'{name} train (moving average)')  # a short run's few points, one of them alone, show
         ax.plot(*run['val'], color=color, linestyle='--', marker='o', markersize=4, label=f'{name} val')
         for k, x in enumerate(run['rollbacks'][0]):  # a line, not a point: a spike's loss may be off the axis, or NaN
             ax.axvline(x, color=color, linestyle=(0, (6, 3)), linewidth=1, alpha=0.8,

@@ -129,6 +129,15 @@ def test_draw_run_never_raises(tmp_path, capsys, monkeypatch):
     assert len(said) == 2 and 'has no logged step yet' in said[0] and 'pip install matplotlib' in said[1], said
 
 
+def test_a_run_of_one_logged_step_shows(tmp_path):
+    """configs/pystdlib_cpu.py --max_steps=5 logs step 5 alone (log_every = 5): one point, which a line alone hides."""
+    folder = tmp_path / 'short'
+    folder.mkdir()
+    (folder / 'metrics.jsonl').write_text('{"step": 5, "tokens": 40960, "loss": 8.13}\n{"step": 5, "val_loss": 8.11}\n')
+    [average] = lines_labelled(plot.figure([str(folder)]).axes[0], 'short train')
+    assert average.get_marker() == '.' and list(average.get_xdata()) == [40960]
+
+
 def test_bad_input_is_one_line(tmp_path, capsys):
     assert plot.main([str(tmp_path / 'nothing')]) == 2
     err = capsys.readouterr().err.strip()
