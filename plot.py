@@ -25,7 +25,7 @@ import ledger
 from config import ConfigError, UserError, cli
 from files import atomic_write
 
-SMOOTHING = 0.02      # the moving average spans about 2% of the logged steps (101 of 5,000; none under 100)
+SMOOTHING = 0.02      # the moving average spans 2% of the logged steps (101 of 5,000), and at least 5
 FAR_PAST_RUN = 1.5    # a Chinchilla point past 1.5 x the run's tokens is named, not drawn (it would squash the curve)
 FIGURE_INCHES, DPI = (10, 6), 100  # 1000 x 600 pixels
 FEW = 50              # logged steps below which each is marked with a dot
@@ -94,13 +94,13 @@ def chinchilla_tokens(run_dir):
 
 
 def smooth(values):
-    """Centered moving average over about SMOOTHING x len(values) points, the window narrowed near both ends so that
-    it stays centered. Centered, not an exponential moving average: an EMA trails a falling loss by its window
-    (over a run's steep first tenth, by most of a nat), this does not; the price is that the last few points are
-    averaged over fewer neighbours."""
+    """Centered moving average over SMOOTHING x len(values) points (at least 5), the window narrowed near both ends
+    so that it stays centered. Centered, not an exponential moving average: an EMA trails a falling loss by its
+    window (over a run's steep first tenth, by most of a nat), this does not; the price is that the last few points
+    are averaged over fewer neighbours."""
     n = len(values)
     i = np.arange(n)
-    half = np.minimum(int(SMOOTHING * n / 2), np.minimum(i, n - 1 - i))  # points on each side of point i
+    half = np.minimum(max(2, int(SMOOTHING * n / 2)), np.minimum(i, n - 1 - i))  # points on each side of i
     sums = np.concatenate([[0.0], np.cumsum(values)])  # sums[j] = values[0] + ... + values[j - 1]
     return (sums[i + half + 1] - sums[i - half]) / (2 * half + 1)
 
@@ -121,7 +121,7 @@ def figure(run_dirs):
     FigureCanvasAgg(fig)  # Agg draws to memory: PNGs without a display
     ax = fig.add_subplot()
     scores = fig.add_subplot(sharex=ax, frame_on=False) if any(len(r['hellaswag'][0]) for r in runs) else None
-    last_tokens = max([r['train'][0][-1] for r in runs if len(r['train'][0])], default=0)
+    axis_tokens = max(run['train'][0][-1] for run in runs)  # where the x-axis ends
     for i, run in enumerate(runs):
         color, name = f'C{i}', run['name']
         tokens, losses = run['train']
@@ -133,12 +133,12 @@ def figure(run_dirs):
             ax.axvline(x, color=color, linestyle=(0, (6, 3)), linewidth=1, alpha=0.8,
                        label=f'{name} rollback' if k == 0 else None)
         chinchilla = run['chinchilla']
-        if chinchilla and chinchilla <= FAR_PAST_RUN * last_tokens:
+        if chinchilla and chinchilla <= FAR_PAST_RUN * axis_tokens:
             ax.axvline(chinchilla, color=color, linestyle=':', linewidth=1.5,
                        label=f'{name} 20 x P = {ledger._si(chinchilla)} tokens (Chinchilla)')
         elif chinchilla:  # a legend entry without a line: the point is named, the axis not stretched to it
             ax.plot([], [], ' ', color=color, label=f'{name}: 20 x P = {ledger._si(chinchilla)} tokens (Chinchilla), '
-                                       f'{chinchilla / max(last_tokens, 1):,.0f} x past the run')
+                                                    f'{chinchilla / tokens[-1]:,.0f} x its tokens')
         if scores is not None and len(run['hellaswag'][0]):
             x, accuracy, stderr = run['hellaswag']
             scores.errorbar(x, 100 * accuracy, yerr=100 * stderr, color=color, linestyle='-.', marker='s',
@@ -163,7 +163,7 @@ def figure(run_dirs):
         scores.axhline(25, color='gray', linewidth=0.8, linestyle=':', label='HellaSwag chance (25%)')
         more_handles, more_labels = scores.get_legend_handles_labels()
         handles, labels = handles + more_handles, labels + more_labels
-    fig.legend(handles, labels, loc='outside lower center', ncols=3, fontsize='small', frameon=False)
+    fig.legend(handles, labels, loc='outside lower center', ncols=2, fontsize='small', frameon=False)
     ax.set_title(f"loss of {', '.join(run['name'] for run in runs)}")
     return fig
 
