@@ -9,6 +9,7 @@ import hashlib
 import http.server
 import json
 import math
+import pathlib
 import re
 import threading
 
@@ -176,7 +177,7 @@ def test_a_dropped_download_resumes(tmp_path):
     big = jsonl(ITEMS * (2 * prepare.DOWNLOAD_CHUNK_BYTES // len(GOOD) + 1))
     with http_server({'/h.jsonl': big}, drop_download=True) as (url, seen):
         path = hellaswag.download_hellaswag(url + '/h.jsonl', str(tmp_path), network=FAST)
-    assert open(path, 'rb').read() == big and len(hellaswag.load_items(path)) == len(big.splitlines())
+    assert pathlib.Path(path).read_bytes() == big and len(hellaswag.load_items(path)) == len(big.splitlines())
     assert seen == [('/h.jsonl', None)] * 2 + [('/h.jsonl', f'bytes={prepare.DOWNLOAD_CHUNK_BYTES}-')]
 
 
@@ -186,7 +187,7 @@ def test_the_published_file_is_checked_by_its_blob_id(tmp_path, monkeypatch):
     with http_server({'/good': GOOD, '/bad': GOOD.replace(b'roof', b'ROOF')}) as (url, seen):
         monkeypatch.setattr(hellaswag, 'HELLASWAG_GIT_SHA1', hashlib.sha1(b'blob %d\0' % len(GOOD) + GOOD).hexdigest())
         monkeypatch.setattr(hellaswag, 'HELLASWAG_URL', url + '/good')
-        assert open(hellaswag.download_hellaswag(url + '/good', str(tmp_path / 'a'), FAST), 'rb').read() == GOOD
+        assert pathlib.Path(hellaswag.download_hellaswag(url + '/good', str(tmp_path / 'a'), FAST)).read_bytes() == GOOD
         monkeypatch.setattr(hellaswag, 'HELLASWAG_URL', url + '/bad')
         with pytest.raises(prepare.DataError) as error:
             hellaswag.download_hellaswag(url + '/bad', str(tmp_path / 'b'), FAST)
