@@ -29,7 +29,7 @@ import torch
 import ledger
 import prepare
 import train
-from config import ConfigError, cli, compute_dtype, load_config
+from config import ConfigError, cli, load_config
 from model import GPT
 
 DEFAULT_CASES = [
@@ -60,7 +60,7 @@ def build(case_args, cluster, tiny):
     micro_step_tokens = train_cfg.micro_batch * model_cfg.block_size * cluster.world_size
     train_cfg = dataclasses.replace(train_cfg, batch_tokens=micro_step_tokens, batch_ramp_tokens=0)
     prediction = ledger.predict(model_cfg, train_cfg, n_gpu=cluster.world_size, device=device)
-    dtype = compute_dtype(train_cfg.dtype, cluster.device.type)
+    dtype = prediction['dtype']
     fsdp = train_cfg.parallel in train.FSDP_MODES and cluster.world_size > 1
     autocast = torch.autocast(cluster.device.type, dtype=torch.bfloat16) if dtype == 'bfloat16' and not fsdp \
         else contextlib.nullcontext()
@@ -181,12 +181,15 @@ def format_results(results):
 # the first train shard, AdamW, clipping) with none of train.py's checkpoints, ledger, spike guard or data order.
 # The two alternate, best of each kept (a busy machine slows whichever runs at the time).
 
-def plain_loop_tokens_per_s(model_cfg, train_cfg, steps, warmup=3):
+def plain_loop_tokens_per_s(model_cfg, train_cfg, dtype, steps, warmup=3):
     T, B = model_cfg.block_size, train_cfg.micro_batch
     accumulation = train_cfg.batch_tokens // (B * T)
     torch.manual_seed(train_cfg.seed)
     model = GPT(model_cfg)
+    if train_cfg.compile:
+        model.compile()
     optimizer = torch.optim.AdamW(model.parameters(), **train.adamw_options(train_cfg, 1))
+    autocast = torch.autocast('cpu', dtype=torch.bfloat16) if dtype == 'bfloat16' else contextlib.nullcontext()
     tokens = prepare.open_shard(prepare.list_shards(train_cfg.data, 'train')[0])
     rng = np.random.default_rng(train_cfg.seed)
     for step in range(warmup + steps):
@@ -195,7 +198,8 @@ def plain_loop_tokens_per_s(model_cfg, train_cfg, steps, warmup=3):
         for _ in range(accumulation):
             starts = rng.integers(0, len(tokens) - T - 1, B)
             sequences = torch.from_numpy(np.stack([tokens[s:s + T + 1] for s in starts]).astype(np.int64))
-            _, loss = model(sequences[:, :-1], sequences[:, 1:])
+            with autocast:
+                _, loss = model(sequences[:, :-1], sequences[:, 1:])
             (loss / accumulation).backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), train_cfg.grad_clip)
         optimizer.step()
@@ -203,13 +207,14 @@ def plain_loop_tokens_per_s(model_cfg, train_cfg, steps, warmup=3):
     return steps * train_cfg.batch_tokens / (time.perf_counter() - start)
 
 
-def train_loop_tokens_per_s(model_cfg, train_cfg, steps, warmup=3):
+def train_loop_tokens_per_s(model_cfg, train_cfg, dtype, steps, warmup=3):
     cluster = train.setup_cluster()
     T = model_cfg.block_size
     stream, _, _ = train.open_data(model_cfg, train_cfg)
-    model, raw_model = train.build_model(model_cfg, train_cfg, cluster, compute_dtype(train_cfg.dtype, 'cpu'))
+    autocast = torch.autocast('cpu', dtype=torch.bfloat16) if dtype == 'bfloat16' else contextlib.nullcontext()
+    model, raw_model = train.build_model(model_cfg, train_cfg, cluster, dtype)
     optimizer = train.build_optimizer(model, train_cfg, cluster)
-    run = train.Run(model_cfg, train_cfg, cluster, contextlib.nullcontext(), stream, model, raw_model, optimizer,
+    run = train.Run(model_cfg, train_cfg, cluster, autocast, stream, model, raw_model, optimizer,
                     params=list(model.parameters()), micro_step_tokens=train_cfg.micro_batch * T,
                     total_steps=warmup + steps, stop_step=warmup + steps)
     for step in range(warmup + steps):
@@ -221,12 +226,13 @@ def train_loop_tokens_per_s(model_cfg, train_cfg, steps, warmup=3):
 
 def run_loop_bench(config_path, overrides, steps, rounds):
     model_cfg, train_cfg = load_config(config_path, overrides)
+    dtype = ledger.run_dtype(train_cfg, ledger.measure_device('cpu', train_cfg.dtype))
     best = {'train.py': 0.0, 'plain loop': 0.0}
     for _ in range(rounds):
-        best['train.py'] = max(best['train.py'], train_loop_tokens_per_s(model_cfg, train_cfg, steps))
-        best['plain loop'] = max(best['plain loop'], plain_loop_tokens_per_s(model_cfg, train_cfg, steps))
-    print(f"{config_path}, {steps} steps x {rounds} alternating rounds, best of each, torch {torch.__version__}, "
-          f"{torch.get_num_threads()} threads:")
+        best['train.py'] = max(best['train.py'], train_loop_tokens_per_s(model_cfg, train_cfg, dtype, steps))
+        best['plain loop'] = max(best['plain loop'], plain_loop_tokens_per_s(model_cfg, train_cfg, dtype, steps))
+    print(f"{config_path}, {steps} steps x {rounds} alternating rounds, best of each, {dtype}, compile "
+          f"{train_cfg.compile}, torch {torch.__version__}, {torch.get_num_threads()} threads:")
     for name, tokens_per_s in best.items():
         print(f"  {name:<10} {tokens_per_s:,.0f} tokens/s")
     print(f"  train.py / plain loop: {best['train.py'] / best['plain loop']:.3f}")

@@ -19,7 +19,7 @@ import sys
 import time
 from dataclasses import dataclass
 
-from config import ConfigError, ModelConfig, cli, compute_dtype, load_config
+from config import ConfigError, ModelConfig, cli, load_config
 from files import save_json
 
 MIB = 2**20
@@ -40,6 +40,7 @@ class Device:
     peak_flops: float          # FLOP/s of dense matmuls in the compute dtype, per device
     memory_bytes: int          # memory of one device (a CPU: the machine's RAM, shared by its processes)
     kind: str = 'gpu'          # 'gpu' or 'cpu'
+    dtype: str = 'bfloat16'    # the compute dtype the peak is for (the one a run with dtype='auto' uses)
     peak_source: str = 'vendor datasheet, dense BF16 tensor cores'
     memory_source: str = 'nvidia-smi total'
     overhead_bytes: int = 2 * GIB  # memory the runtime takes besides the ledger's tensors (see Ledger 4d)
@@ -79,6 +80,11 @@ def device_spec(name, dtype='auto'):
     if name.lower() in MEASURED:
         return measure_device(name.lower(), dtype)
     return gpu_spec(name)
+
+
+def run_dtype(train, device):
+    """The compute dtype of a run: the config's, or for 'auto' the device's (bf16 on a GPU, the faster on a CPU)."""
+    return device.dtype if train.dtype == 'auto' else train.dtype
 
 
 def cache_path():
@@ -128,11 +134,15 @@ def measure_device(name='auto', dtype='auto', seconds=1.0):
     """The device at hand as a Device. 'auto': the current CUDA GPU if there is one, else the CPU; 'cpu': the CPU.
     A GPU in the table keeps its datasheet peak, with the memory torch sees; any other device gets a GEMM probe:
     square matmuls (2048 on a CPU, 8192 on a GPU) repeated for `seconds`, the best FLOP/s kept, cached per machine,
-    dtype, thread count and torch version (cache_path). On the CPU the runtime overhead is measured too: this
-    process's resident memory once torch and its thread pools are up."""
+    dtype, thread count and torch version (cache_path). dtype 'auto' is bf16 on a GPU; on a CPU both fp32 and bf16
+    are probed and the faster is the run's (bf16 matmuls run 6x fp32 on a Xeon with AMX, measured here, and
+    slower than fp32 on chips without bf16 units). On the CPU the runtime overhead is measured too: this process's
+    resident memory once torch and its thread pools are up."""
     import torch  # measuring the device needs it; nothing else in this file does
     on_gpu = name == 'auto' and torch.cuda.is_available()
-    dtype = compute_dtype(dtype, 'cuda' if on_gpu else 'cpu')
+    if dtype == 'auto' and not on_gpu:
+        return max((measure_device('cpu', d, seconds) for d in ('float32', 'bfloat16')), key=lambda d: d.peak_flops)
+    dtype = 'bfloat16' if dtype == 'auto' else dtype
     if on_gpu:
         index = torch.cuda.current_device()
         label, props = torch.cuda.get_device_name(index), torch.cuda.get_device_properties(index)
@@ -141,7 +151,7 @@ def measure_device(name='auto', dtype='auto', seconds=1.0):
         if known:
             key = max(known, key=len)  # 'H100 NVL' before 'H100'
             return dataclasses.replace(GPUS[key], name=label, peak_source=f'vendor datasheet ({key}), dense BF16',
-                                       **memory)
+                                       dtype=dtype, **memory)
         device, threads = torch.device('cuda', index), 0
     else:
         label = f'CPU ({cpu_name()}, {torch.get_num_threads()} threads)'
@@ -174,9 +184,10 @@ def measure_device(name='auto', dtype='auto', seconds=1.0):
     probe = cache[key]
     peak_source = f"measured: GEMM probe, {probe['matmul']} {dtype}, {probe['measured']} (cache: {path})"
     if on_gpu:
-        return Device(label, probe['peak_flops'], kind='gpu', peak_source=peak_source, **memory)
+        return Device(label, probe['peak_flops'], kind='gpu', dtype=dtype, peak_source=peak_source, **memory)
     ram, ram_source = machine_memory()
-    return Device(label, probe['peak_flops'], ram, kind='cpu', peak_source=peak_source, memory_source=ram_source,
+    return Device(label, probe['peak_flops'], ram, kind='cpu', dtype=dtype, peak_source=peak_source,
+                  memory_source=ram_source,
                   overhead_bytes=probe['runtime_bytes'],
                   overhead_source='measured: resident memory of the runtime (torch, its libraries and thread pools)')
 
@@ -413,38 +424,55 @@ def held_model_states(model, parallel, n_gpu, dtype='bfloat16', rank=0):
 # block at a time is re-run, and its activations (and its bf16 weights) are live again while its gradient is
 # taken. LLaMA-7B, micro-batch 8 x 2048, FSDP bf16, recompute: 32 layers x 16384 tokens x 2 x 4096 = 4 GiB of
 # block inputs + 2.5 GiB for the block being recomputed + 0.25 GiB final norm = 6.7 GiB (the book: 6.20 GB).
-# These are eager-mode sums; under torch.compile the partitioner chooses what to save (it recomputes cheap
-# pointwise ops), usually a little less.
+# Ledger 4b': under torch.compile, AOTAutograd's min-cut partitioner (inductor's default) chooses what the forward
+# saves, by bytes: it keeps matmul outputs and recomputes the cheap pointwise ops in backward. test_model.py records
+# the compiled forward graph's saved outputs and holds these sums to them. Per token, per layer:
+#   the block's input r*H; the residual after attention r*H (a block compiled alone keeps o_proj's output a*H
+#   instead, and redoes the add); each norm's statistics (4: RMSNorm's 1/rms; 8: LayerNorm's mean and 1/std) and
+#   its output a*H (the matmul's bf16 input); the qkv output a*(n_head + 2*n_kv_head)*d; llama's rotated q and k;
+#   the flash kernel's output a*H and log-sum-exp 4*n_head; the FFN's first matmul output (llama: gate|up 2*a*H';
+#   gpt2: up a*H') and the input of its last (llama: silu(gate)*up a*H'; gpt2: GELU a*H'); silu and the norms'
+#   normalisation are recomputed. Outside the blocks: the token ids, the last residual (not with recompute: it is
+#   recomputed), the final norm, and the logits themselves (logits_bytes). bf16 weight copies as in eager.
+#   LLaMA-1.3B-like block in bf16 (H 2048, H' 5632): eager 79 KB a token, compiled 70 KB.
 
 def activation_bytes(model, micro_batch, recompute, dtype_bytes=2, attention='flash', residual_bytes=4,
-                     fused_norm=True):
+                     fused_norm=True, compiled=None):
     """Bytes autograd holds for backward at its peak (loss buffers aside: logits_bytes), for one GPU's
-    micro-batch of full sequences. attention: 'flash' (flash/cuDNN/efficient and CPU's flash kernel) or 'math'."""
+    micro-batch of full sequences. attention: 'flash' (flash/cuDNN/efficient and CPU's flash kernel) or 'math'.
+    compiled: None (eager), 'model' (the whole model compiled: one process, DDP, ZeRO-1) or 'blocks' (each block
+    compiled alone: train.py under FSDP2), as Ledger 4b' below counts it (flash attention only)."""
     if attention not in ('flash', 'math'):
         raise ConfigError(f"attention must be 'flash' or 'math', not '{attention}'")
     a, r = dtype_bytes, residual_bytes
     H, L, F, T = model.n_embd, model.n_layer, model.ffn_width, model.block_size
     n_head, n_kv_head, d = model.n_head, model.kv_heads, model.head_dim
     tokens = micro_batch * T
-    if model.arch == 'gpt2':
-        norm = r * H + 8
-        ffn = a * H + 2 * a * F
+    rotated = a * (n_head + n_kv_head) * d if model.arch == 'llama' else 0
+    if compiled and attention == 'flash':
+        stats = 8 if model.arch == 'gpt2' else 4
+        middle = a * H if compiled == 'blocks' else r * H  # o_proj's output, or the residual after attention
+        layer = r * H + middle + 2 * stats + 3 * a * H + a * (n_head + 2 * n_kv_head) * d + rotated + 4 * n_head \
+            + (2 if model.arch == 'gpt2' else 3) * a * F
+        head = (0 if recompute else r * H) + stats + a * H + 8  # + the final norm; 8: the logits' max and log-sum
     else:
-        norm = r * H + 4 + (0 if fused_norm else r * H)
-        ffn = a * H + 4 * a * F
-    if attention == 'flash':
-        rotated = a * (n_head + n_kv_head) * d if model.arch == 'llama' else 0
-        attn = a * H + a * (n_head + 2 * n_kv_head) * d + rotated + 4 * n_head + a * H
-    else:
-        attn = a * H + 3 * a * H + a * n_head * T + a * H
-    layer = 2 * norm + attn + ffn
+        if model.arch == 'gpt2':
+            norm = r * H + 8
+            ffn = a * H + 2 * a * F
+        else:
+            norm = r * H + 4 + (0 if fused_norm else r * H)
+            ffn = a * H + 4 * a * F
+        if attention == 'flash':
+            attn = a * H + a * (n_head + 2 * n_kv_head) * d + rotated + 4 * n_head + a * H
+        else:
+            attn = a * H + 3 * a * H + a * n_head * T + a * H
+        layer = 2 * norm + attn + ffn
+        head = norm + a * H
     autocast = a < r  # weights in fp32, matmuls in bf16: each Linear keeps a bf16 copy of its weight
     params = count_params(model)
     block_weights = 2 * params['blocks_matmul'] // L if autocast else 0
-    parts = {
-        'token_ids': tokens * 16 + (8 * T if model.arch == 'gpt2' else 0),
-        'head': tokens * (norm + a * H),
-    }
+    parts = {'token_ids': tokens * 16 + (8 * T if model.arch == 'gpt2' and not compiled else 0),  # + gpt2's positions
+             'head': tokens * head}
     if recompute:
         parts['block_inputs'] = tokens * L * r * H
         parts['recomputed_block'] = tokens * (layer - r * H) + block_weights
@@ -456,20 +484,21 @@ def activation_bytes(model, micro_batch, recompute, dtype_bytes=2, attention='fl
     return parts
 
 
-def logits_bytes(model, micro_batch, dtype_bytes=2):
-    """The loss's buffers at their peak (the start of the backward), micro_batch x T x V elements each: the fp32
-    log-softmax the loss saves (model.py takes the loss from fp32 logits), and the fp32 gradients of the log-softmax
-    and of the logits, alive together: 12 bytes per element. lm_head's output itself (dtype_bytes per element) is
-    not held: in training the model returns the loss alone, so the logits and their fp32 copy die inside the
-    forward (a peak of dtype_bytes + 4 + 4 <= 12 there). Measured on the CPU: 11.9 bytes per element in fp32 and
-    12.1 under bf16 autocast; 15.9 and 14.2 when the caller keeps the logits. This is the buffer that ran nanochat
-    out of memory on an 80 GB H100: at its 32 x 2048 x 65536, one fp32 copy is 16 GiB."""
+def logits_bytes(model, micro_batch, dtype_bytes=2, compiled=False):
+    """The loss's buffers at their peak (the start of the backward), micro_batch x T x V elements each.
+    Eager: the fp32 log-softmax the loss saves (model.py takes the loss from fp32 logits), and the fp32 gradients of
+    the log-softmax and of the logits, alive together: 12 bytes per element. lm_head's output itself (dtype_bytes
+    per element) is not held: in training the model returns the loss alone, so the logits and their fp32 copy die
+    inside the forward (a peak of dtype_bytes + 4 + 4 <= 12 there). Measured on the CPU: 11.9 bytes per element in
+    fp32 and 12.1 under bf16 autocast; 15.9 and 14.2 when the caller keeps the logits. This is the buffer that ran
+    nanochat out of memory on an 80 GB H100: at its 32 x 2048 x 65536, one fp32 copy is 16 GiB.
+    Compiled: the graph saves lm_head's output (dtype_bytes) and the log-sum-exp, and inductor fuses the softmax's
+    gradient into one kernel that writes the logits' gradient in the same dtype: 2 x dtype_bytes per element."""
     elements = micro_batch * model.block_size * model.vocab_size
-    parts = {
-        'log_softmax': elements * 4,
-        'grad_log_softmax': elements * 4,
-        'grad_logits': elements * 4,
-    }
+    if compiled:
+        parts = {'logits': elements * dtype_bytes, 'grad_logits': elements * dtype_bytes}
+    else:
+        parts = {'log_softmax': elements * 4, 'grad_log_softmax': elements * 4, 'grad_logits': elements * 4}
     parts['total'] = sum(parts.values())
     return parts
 
@@ -483,23 +512,36 @@ def logits_bytes(model, micro_batch, dtype_bytes=2):
 # is measured: the resident memory of the process before the model is built, and the total is compared with the
 # process's peak resident memory (ru_maxrss).
 
+def compile_mode(train, n_gpu):
+    """How train.py compiles the model: None (eager), 'model' (whole: one process, DDP, ZeRO-1) or 'blocks' (each
+    block on its own, under FSDP2: zero2 and fsdp on more than one process)."""
+    if not train.compile:
+        return None
+    return 'blocks' if n_gpu > 1 and train.parallel in ('zero2', 'fsdp') else 'model'
+
+
 def memory_per_gpu(model, train, n_gpu=None, micro_batch=None, device=None, rank=0):
     """Bytes per device by part, the total, the device's memory, the headroom, and whether it fits."""
     n_gpu = n_gpu or train.n_gpu
     micro_batch = micro_batch or train.micro_batch
     device = device or device_spec(train.gpu, train.dtype)
-    dtype = compute_dtype(train.dtype, 'cpu' if device.kind == 'cpu' else 'cuda')
+    dtype = run_dtype(train, device)
     dtype_bytes = 2 if dtype == 'bfloat16' else 4
     # the residual stream: fp32 under autocast; bf16 where FSDP2 casts the weights (train.py: zero2/fsdp, N > 1)
     residual_bytes = 2 if dtype_bytes == 2 and train.parallel in ('zero2', 'fsdp') and n_gpu > 1 else 4
     states = held_model_states(model, train.parallel, n_gpu, dtype, rank)
+    compiled = compile_mode(train, n_gpu)
     processes = device.shared_by or (n_gpu if device.kind == 'cpu' else 1)  # sharing one device's memory
     memory = {
         'weights': states['weights'], 'grads': states['grads'], 'optimizer': states['optimizer'],
         'gathered': states['gathered'], 'model_states': states['total'], 'book_model_states': states['book'],
-        'activations': activation_bytes(model, micro_batch, train.recompute, dtype_bytes,
-                                        residual_bytes=residual_bytes, fused_norm=device.kind != 'cpu')['total'],
-        'logits': logits_bytes(model, micro_batch, dtype_bytes)['total'],
+        'activations': activation_bytes(model, micro_batch, train.recompute, dtype_bytes, residual_bytes=residual_bytes,
+                                        fused_norm=device.kind != 'cpu', compiled=compiled)['total'],
+        'logits': logits_bytes(model, micro_batch, dtype_bytes, compiled=bool(compiled))['total'],
+        'activations_eager': activation_bytes(model, micro_batch, train.recompute, dtype_bytes,
+                                              residual_bytes=residual_bytes, fused_norm=device.kind != 'cpu')['total'],
+        'logits_eager': logits_bytes(model, micro_batch, dtype_bytes)['total'],
+        'graph': {'model': 'compiled whole', 'blocks': 'compiled block by block', None: 'eager'}[compiled],
         'overhead': device.overhead_bytes,
     }
     memory['allocated'] = memory['model_states'] + memory['activations'] + memory['logits']
@@ -535,7 +577,7 @@ def gpus_for_model_states(n_params, gpu_memory_bytes):
 
 
 # -----------------------------------------------------------------------------------------------------
-# Data and tokens (seed 000). Chinchilla (Hoffmann et al. 2022): compute-optimal tokens ~ 20 x params.
+# Data and tokens (the planning note). Chinchilla (Hoffmann et al. 2022): compute-optimal tokens ~ 20 x params.
 # Token storage: uint16 (2 bytes) while every id fits, i.e. vocab <= 65,536 (the book writes < 65,536), else
 # uint32. FineWeb-Edu parquet is ~3-4 bytes/token compressed. A checkpoint with Adam is 12P bytes (fp32 weights,
 # momentum, variance); a bf16 export of the weights alone is 2P.
@@ -590,7 +632,7 @@ def predict(model, train, n_gpu=None, device=None):
     n_gpu = n_gpu or train.n_gpu
     device = device or device_spec(train.gpu, train.dtype)
     params = count_params(model)
-    compiled_blocks = train.compile and n_gpu > 1 and train.parallel in ('zero2', 'fsdp')  # train.py's build_model
+    compiled_blocks = compile_mode(train, n_gpu) == 'blocks'  # train.py's build_model
     flops = flops_per_token(model, train.recompute, compiled_blocks)
     tokens = min(train.train_tokens, train.max_steps * train.batch_tokens) if train.max_steps else train.train_tokens
     # train.mfu is the fraction of peak the devices spend on matmul FLOPs, recomputation included ('hardware': it
@@ -605,7 +647,7 @@ def predict(model, train, n_gpu=None, device=None):
         'train': dataclasses.asdict(train),
         'gpu': dataclasses.asdict(device),
         'n_gpu': n_gpu,
-        'dtype': compute_dtype(train.dtype, 'cpu' if device.kind == 'cpu' else 'cuda'),
+        'dtype': run_dtype(train, device),
         'params': params,
         'flops_per_token': flops,
         'compiled_blocks': compiled_blocks,
@@ -750,6 +792,7 @@ def report_sections(p):
          'not count') if recompute else None,
     ]
     per = '/N' if sharded else ''
+    compiled = memory['graph'] != 'eager'
     processes = device['shared_by'] or (p['n_gpu'] if device['kind'] == 'cpu' else 1)
     states = [
         ('fp32 weights', _gib(memory['weights']), f"4P{per}" + (', chunks padded to equal rows (FSDP2)' if sharded
@@ -765,10 +808,13 @@ def report_sections(p):
          'embeddings, lm_head and 2 blocks at a time (fsdp), + one block of gradients') if sharded else None,
         ('model states', _gib(memory['model_states']), f"the book's accounting, {BOOK_STATES[t['parallel']]} with "
          f"16-bit weights and grads: {_gib(memory['book_model_states'])}"),
-        ('activations', _gib(memory['activations']), 'what autograd saves for backward (block inputs only with '
-         'recompute)' if recompute else 'what autograd saves for backward, eager mode'),
-        ('logits and cross-entropy', _gib(memory['logits']), 'B*T*V x 12 bytes: fp32 log-softmax, its gradient, '
-         "the logits' gradient"),
+        ('activations', _gib(memory['activations']), ('what the compiled graph saves (min-cut partitioner)'
+                                                      if compiled else 'what autograd saves for backward, eager mode')
+         + (', block inputs and one block rerun (recompute)' if recompute else '')
+         + (f"; eager: {_gib(memory['activations_eager'])}" if compiled else '')),
+        ('logits and cross-entropy', _gib(memory['logits']), f"B*T*V x {2 * (2 if bf16 else 4)} bytes: the logits "
+         f"and their gradient (fused); eager: {_gib(memory['logits_eager'])}" if compiled else
+         "B*T*V x 12 bytes: fp32 log-softmax, its gradient, the logits' gradient"),
         ('runtime overhead', _gib(memory['overhead']), device['overhead_source']),
         ('total', _gib(memory['total']), f"of {_gib(memory['gpu_memory'])} ({device['memory_source']}"
          + (f', shared by {processes} processes' if processes > 1 else '')
@@ -805,6 +851,7 @@ def report_sections(p):
         ('Ledger 3: time and money (days = FLOPs / (n_gpu * peak * MFU) / 86400)', time_and_money),
         (f"Ledger 4: memory per {'process' if device['kind'] == 'cpu' else 'GPU'} ({mode}, as train.py holds it; "
          f"micro-batch {t['micro_batch']} x {model.block_size}, {'bf16' if bf16 else 'fp32'} compute, "
+         f"{memory['graph']}, "
          f"{'full recomputation' if recompute else 'no recomputation'}, flash attention)", states),
         ('Data and tokens (the planning note)', tokens),
         ('Expected loss L = E + A/N^alpha + B/D^beta: THEIR fits on their data (MassiveText) and tokenizer, '
@@ -891,6 +938,7 @@ def summarize(prediction, measured):
         'mfu_predicted': p['mfu'],
         'mfu_measured': measured.get('mfu'),
         'memory_kind': 'peak resident memory (ru_maxrss)' if on_cpu else 'peak allocated (max_memory_allocated)',
+        'memory_graph': memory['graph'],
         'memory_predicted_bytes': memory['total'] if on_cpu else memory['allocated'],
         'memory_measured_bytes': measured.get('peak_memory_bytes'),
         'reserved_predicted_bytes': None if on_cpu else memory['total'],
@@ -912,7 +960,8 @@ def format_comparison(summary):
         ('throughput, tokens/s (all devices)', s['tokens_per_s_predicted'], s['tokens_per_s_measured'],
          lambda x: f'{x:,.0f}'),
         ('MFU (6N_matmul + 12LHT per token)', s['mfu_predicted'], s['mfu_measured'], lambda x: f'{x:.1%}'),
-        (f"memory per device: {s['memory_kind']}", s['memory_predicted_bytes'], s['memory_measured_bytes'], _gib),
+        (f"memory per device: {s['memory_kind']}; activations as {s['memory_graph']}", s['memory_predicted_bytes'],
+         s['memory_measured_bytes'], _gib),
         ('memory per device: peak reserved (+ overhead)', s['reserved_predicted_bytes'],
          s['reserved_measured_bytes'], _gib) if s['reserved_predicted_bytes'] is not None else None,
         ('days for the planned tokens', s['days_predicted'], s['days_projected'], lambda x: f'{x:.3g}'),
@@ -937,8 +986,8 @@ def format_comparison(summary):
 
 LLAMA_7B = ModelConfig(arch='llama', n_layer=32, n_head=32, n_embd=4096, ffn_hidden=11008, vocab_size=32000,
                        block_size=2048)
-BOOK = 'the book (BOOK.md)'
-NOTE = 'the planning note (BOOK.md)'
+BOOK = 'the book, BOOK.md'
+NOTE = 'the planning note, BOOK.md'
 
 
 def book_examples():

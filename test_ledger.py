@@ -183,6 +183,26 @@ def test_llama_7b_config_reproduces_the_books_66_gb():
     assert memory['fits'] and 60 * GIB < memory['total'] < 72 * GIB
 
 
+def test_compiled_runs_hold_less_than_eager_and_the_published_nanochat_point():
+    """nanochat's d20 speedrun (20 x 1280, vocab 65,536, 2,048 tokens, 8 x H100 80GB): device batch 16 runs; at 32
+    one user ran out of memory (72.5 GiB in use, 8 GiB more asked) and its author did not, so 32 sits at the edge
+    (nanochat issue #443). The closest shape the ledger has (gpt2 blocks, untied, zero2), compiled: 16 fits with
+    room, 32 fills the card to within 15%; eager, 32 would not fit at all."""
+    model = ModelConfig(arch='gpt2', n_layer=20, n_head=10, n_embd=1280, vocab_size=65536, block_size=2048,
+                        tie_embeddings=False, bias=False)
+    assert ledger.count_params(model)['total'] == 563_662_080  # nanochat d20's 561M, plus our position table
+    def memory(micro_batch, compile_model):
+        return ledger.memory_per_gpu(model, TrainConfig(gpu='H100', n_gpu=8, parallel='zero2', dtype='bfloat16',
+                                                        compile=compile_model, micro_batch=micro_batch))
+    sixteen, thirty_two = memory(16, True), memory(32, True)
+    assert sixteen['fits'] and sixteen['headroom'] > 0.4 * sixteen['gpu_memory']
+    assert 0.85 < thirty_two['total'] / thirty_two['gpu_memory'] < 1.0
+    assert not memory(32, False)['fits']  # eager's 12-byte loss buffers would not
+    # the compiled loss buffers: the logits and their gradient in bf16, 4 bytes a logit against eager's 12
+    assert thirty_two['logits'] * 3 == thirty_two['logits_eager'] == 32 * 2048 * 65536 * 12
+    assert thirty_two['graph'] == 'compiled block by block'
+
+
 @pytest.mark.parametrize('params,floor,recommended', [(13e9, 3, 4), (30e9, 6, 8), (65e9, 13, 16)])
 def test_rule_of_thumb_gpus(params, floor, recommended):
     assert 16 * 13e9 / 1e9 == 208
@@ -264,6 +284,15 @@ def test_every_book_example_matches():
     examples = ledger.book_examples()
     assert len(examples) >= 30
     assert [e['what'] for e in examples if not e['matches']] == []
+
+
+def test_book_md_lists_every_worked_example():
+    """BOOK.md, the repo's own digest of its sources, has a row for each example, with the text's figure."""
+    with open(os.path.join(ROOT, 'BOOK.md')) as f:
+        rows = [line for line in f if line.startswith('| ')]
+    for example in ledger.book_examples():
+        row = [r for r in rows if f"| {example['what']} |" in r]
+        assert len(row) == 1 and f"| {example['book']} |" in row[0], example['what']
 
 
 def test_book_cli_prints_every_figure():

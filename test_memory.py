@@ -55,6 +55,9 @@ held = ledger.held_model_states(run.model_cfg, run.train.parallel, run.cluster.w
                                 run.cluster.rank)
 with open(f'{run.train.out_dir}/states_rank{run.cluster.rank}.json', 'w') as f:  # a file a rank: stdout interleaves
     json.dump({'rank': run.cluster.rank, 'counted': counted, 'ledger': {k: held[k] for k in counted}}, f)
+if torch.distributed.is_initialized():  # leave together: a rank exiting mid-collective makes gloo abort
+    torch.distributed.barrier()
+    torch.distributed.destroy_process_group()
 '''
 
 TINY = dict(arch='llama', n_layer=2, n_head=2, n_kv_head=1, n_embd=64, vocab_size=515, block_size=32, micro_batch=2,

@@ -45,10 +45,12 @@ import torch  # noqa: E402
 import torch.distributed as dist
 
 import checkpoint
+import eval as hellaswag  # eval.py: HellaSwag accuracy (the module, named for its job; not the builtin)
 import files
 import ledger
+import plot
 import prepare
-from config import ConfigError, UserError, cli, compute_dtype, load_config
+from config import ConfigError, UserError, cli, load_config
 from model import GPT
 from prepare import DataError
 
@@ -542,7 +544,8 @@ class Metrics:
         self.interval_tokens, self.interval_seconds, self.warmup = 0, 0.0, False
 
     def write_summary(self, step, tokens_seen, val_loss=None):
-        """summary.json and report.md, from the same numbers (ledger.summarize)."""
+        """summary.json and report.md, from the same numbers (ledger.summarize), and the loss curve (plot.py's
+        loss.png, shown in report.md; a run without matplotlib goes on without it)."""
         if not self.cluster.is_master:
             return
         self.measured['peak_memory_bytes'], self.measured['peak_reserved_bytes'] = peak_memory(self.cluster)
@@ -551,7 +554,10 @@ class Metrics:
             self.measured['val_loss'] = val_loss
         summary = ledger.summarize(self.prediction, self.measured)
         files.save_json(os.path.join(self.out_dir, 'summary.json'), summary)
-        files.write_text_atomic(os.path.join(self.out_dir, 'report.md'), ledger.format_comparison(summary) + '\n')
+        picture = plot.draw_run(self.out_dir)
+        files.write_text_atomic(os.path.join(self.out_dir, 'report.md'), ledger.format_comparison(summary) + '\n' + (
+            '\n![train and val loss against tokens seen](loss.png)\n' if picture else
+            '\n(no loss.png: `pip install matplotlib`, then `python plot.py RUN_DIR` draws it)\n'))
 
 
 # -----------------------------------------------------------------------------------------------------
@@ -601,7 +607,8 @@ class Run:
     meta: dict = None           # the data folder's meta.json (None for synthetic data)
     metrics: Metrics = None
     last_checkpoint: str = None # the rollback target
-    tokenizer: object = None    # for text samples, when the run makes them
+    tokenizer: object = None    # for text samples and HellaSwag, when the run makes them
+    hellaswag: list = None      # HellaSwag's items (eval.py), when hellaswag_every is set
 
 
 def check_out_dir(train, resume, stop_step, cluster):
@@ -687,14 +694,14 @@ def setup(argv, held=None):
     torch.manual_seed(train.seed)
     if cluster.device.type == 'cuda':
         torch.set_float32_matmul_precision('high')  # fp32 matmuls (outside bf16 autocast) may use TF32
-    dtype = compute_dtype(train.dtype, cluster.device.type)
+
+    # The ledger for this exact run: this device, this world size, the model as it will be built.
+    device = live_device(cluster, model_cfg, train)
+    dtype = ledger.run_dtype(train, device)  # 'auto': bf16 on a GPU, on a CPU whichever its probe found faster
     fsdp = train.parallel in FSDP_MODES and cluster.world_size > 1
     # autocast: bf16 matmuls, fp32 weights and reductions. FSDP2 gets the same from its MixedPrecisionPolicy.
     autocast = torch.autocast(cluster.device.type, dtype=torch.bfloat16) if dtype == 'bfloat16' and not fsdp \
         else contextlib.nullcontext()
-
-    # The ledger for this exact run: this device, this world size, the model as it will be built.
-    device = live_device(cluster, model_cfg, train)
     if train.gpu.lower() not in ('auto', device.name.lower()):
         log(cluster, f"the config plans for gpu={train.gpu} (`python ledger.py {config_path}` prints that bill); "
                      f"this run is on {device.name}: the live ledger predicts for it")
@@ -711,9 +718,9 @@ def setup(argv, held=None):
     log(cluster, f"attention: SDPA runs {attention} for {model_cfg.block_size} tokens in {dtype}"
                  + (': it keeps T x T scores per head, more than the ledger counts (it assumes a flash-type kernel)'
                     if attention == 'math' else ''))
-    log(cluster, f"precision: {dtype} compute"
-                 + (' (on the CPU: bf16 matmuls are slower than fp32 on most chips)' if cluster.device.type == 'cpu'
-                    else '') + ", fp32 weights, gradients and AdamW states")
+    log(cluster, f"precision: {dtype} compute" + (' (the faster on this CPU, measured)' if train.dtype == 'auto' and
+                                                   cluster.device.type == 'cpu' else '')
+                 + ", fp32 weights, gradients and AdamW states")
 
     model, raw_model = build_model(model_cfg, train, cluster, dtype)
     built = sum(p.numel() for p in raw_model.parameters())  # DTensor.numel() is the full size: sharding-proof
@@ -734,8 +741,12 @@ def setup(argv, held=None):
                      f"read by {cluster.world_size}: the position is global, the stream continues where it stopped)")
     else:  # step 0: something to roll back to before the first periodic checkpoint
         save_checkpoint(run)
-    if train.sample_tokens and meta:
+    if (train.sample_tokens or train.hellaswag_every) and meta:
         run.tokenizer = prepare.load_tokenizer(train.data)
+    if train.hellaswag_every:
+        if run.tokenizer is None:
+            raise ConfigError('hellaswag_every needs text: a data folder made by prepare.py, not synthetic tokens')
+        run.hellaswag = hellaswag.hellaswag_items(world_size=cluster.world_size)[:train.hellaswag_items or None]
     log(cluster, f"training: {total_steps:,} steps planned for {train.train_tokens:,} tokens, this run stops at "
                  f"step {stop_step:,}; global batch {train.batch_tokens:,} tokens = {train.micro_batch} sequences x "
                  f"{model_cfg.block_size} tokens x {cluster.world_size} process(es) x "
@@ -876,10 +887,19 @@ def check_point(run, pending, due):
     last, (loss, grad_norm) = pending[-1], values[-1]
     if due.log:
         run.metrics.log_step(last, run.total_steps, state.tokens_seen, loss, grad_norm)
+    if due.hellaswag:
+        with torch.compiler.set_stance('force_eager'):  # rows of every length: no recompiles
+            accuracy, stderr, items = hellaswag.hellaswag_accuracy(run.raw_model, run.tokenizer, run.hellaswag,
+                                                                   run.cluster.device, run.autocast, run.cluster.rank,
+                                                                   run.cluster.world_size)
+        run.metrics.record({'step': state.step, 'tokens': state.tokens_seen, 'hellaswag': accuracy,
+                            'hellaswag_stderr': stderr, 'hellaswag_items': items})
+        log(run.cluster, f"step {state.step}: HellaSwag {accuracy:.2%} +- {stderr:.2%} over {items:,} items "
+                         f"(chance: 25%)")
     if due.eval:
         val_loss = evaluate(run)
         val_bpb = ledger.bits_per_byte(val_loss, run.metrics.bytes_per_token)
-        run.metrics.record({'step': state.step, 'val_loss': val_loss, 'val_bpb': val_bpb})
+        run.metrics.record({'step': state.step, 'tokens': state.tokens_seen, 'val_loss': val_loss, 'val_bpb': val_bpb})
         log(run.cluster, f"step {state.step}: val loss {val_loss:.4f}"
                          + (f", {val_bpb:.4f} bits per byte" if val_bpb is not None else ''))
         run.metrics.write_summary(state.step, state.tokens_seen, val_loss)
@@ -944,6 +964,7 @@ class Due:
     eval: bool
     checkpoint: bool
     sample: bool
+    hellaswag: bool = False
 
     @classmethod
     def at(cls, run, stopping=False):
@@ -953,7 +974,11 @@ class Due:
             return cls(log=True, eval=False, checkpoint=checkpoint.step_of(run.last_checkpoint) != step, sample=False)
         return cls(log=step % train.log_every == 0 or done, eval=step % train.eval_every == 0 or done,
                    checkpoint=step % train.ckpt_every == 0 or done,
-                   sample=bool(train.sample_every and step % train.sample_every == 0 and run.tokenizer))
+                   sample=bool(train.sample_every and step % train.sample_every == 0 and run.tokenizer),
+                   hellaswag=bool(train.hellaswag_every and (step % train.hellaswag_every == 0 or done)))
+
+    def any(self):
+        return self.log or self.eval or self.checkpoint or self.sample or self.hellaswag
 
 
 def loop(run, argv):
@@ -974,7 +999,7 @@ def loop(run, argv):
                                  f"here it over-trains")
             stopping = stop.agreed()
             due = Due.at(run, stopping)
-            if not (due.log or due.eval or due.checkpoint or due.sample):
+            if not due.any():
                 continue  # the hot path: nothing read back from the device
             run.metrics.stop_clock()
             check_point(run, pending, due)
