@@ -243,7 +243,7 @@ BAD = {  # a value each rule must refuse
     'grad_clip': -1.0, 'dtype': 'float16', 'parallel': 'zero3', 'log_every': 0, 'eval_every': 0, 'eval_tokens': 0,
     'sample_every': -1, 'sample_tokens': -1, 'ckpt_every': 0, 'keep_ckpts': 0, 'spike_factor': 0.0,
     'spike_window': 0, 'spike_min_std': -0.1, 'max_rollbacks': -1, 'gpu': '', 'n_gpu': 0, 'mfu': 1.5,
-    'usd_per_gpu_hour': -1.0,
+    'usd_per_gpu_hour': -1.0, 'hellaswag_every': -1, 'hellaswag_items': -1,
 }
 
 

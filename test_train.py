@@ -7,6 +7,7 @@ bad input is one line. Runs call train.main in-process (what the CLI calls) unle
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 
@@ -74,7 +75,9 @@ def test_loss_falls_and_outputs_are_written(pystdlib_data, tmp_path, capsys):
     assert all(0 < e['mfu'] < 1 and e['tokens_per_s'] > 0 and e['peak_memory_bytes'] > 0
                for e in entries if 'loss' in e)  # MFU against the CPU's measured GEMM peak
     assert 'ledger (the whole bill: ' in out and 'Ledger 1' not in out  # a short ledger; the rest in ledger.md
-    assert 'float32' in out and 'sample after 60 steps' in out and 'attention: SDPA runs flash attention' in out
+    # dtype 'auto' takes whichever of fp32 and bf16 this CPU's probe found faster, and says which
+    assert re.search(r'precision: (float32|bfloat16) compute \(the faster on this CPU, measured\)', out), out
+    assert 'sample after 60 steps' in out and 'attention: SDPA runs flash attention' in out
     # bits per byte beside every loss, from the data's own bytes per token
     bytes_per_token = prepare.load_meta(pystdlib_data)['bytes_per_token']
     assert all(e['bpb'] == pytest.approx(e['loss'] / math.log(2) / bytes_per_token) for e in entries if 'loss' in e)
@@ -94,7 +97,8 @@ def test_loss_falls_and_outputs_are_written(pystdlib_data, tmp_path, capsys):
     assert summary['days_projected'] == pytest.approx(60 * 512 / summary['tokens_per_s_measured'] / 86400)
     assert summary['memory_predicted_bytes'] == prediction['memory']['total'] and summary['memory_measured_bytes'] > 0
     report = (tmp_path / 'out' / 'report.md').read_text()
-    assert report == ledger.format_comparison(summary) + '\n'
+    assert report == ledger.format_comparison(summary) + '\n\n![train and val loss against tokens seen](loss.png)\n'
+    assert (tmp_path / 'out' / 'loss.png').read_bytes().startswith(b'\x89PNG')
     assert report.startswith('Predicted by ledger.py for 1 x CPU (') and 'measured on 1 x the CPU' in report
     assert '| quantity | predicted | measured |' in report and 'parameters' in report
     assert (tmp_path / 'out' / 'ledger.md').read_text().startswith('ledger: llama, 2 layers')
