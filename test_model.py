@@ -250,6 +250,96 @@ def test_activation_bytes_math_attention_keeps_the_score_matrix(config):
 
 
 # -----------------------------------------------------------------------------------------------------
+# Ledger 4b': what a torch.compile'd model saves. A backend records the forward graph that AOTAutograd's min-cut
+# partitioner (inductor's, with inductor's decompositions) produces, without compiling it further; its outputs past
+# the loss are what the forward saves for backward. Each storage once (a view or a split keeps its whole base),
+# parameters and buffers left out (held anyway).
+
+VIEW_OPS = {'view', 'permute', 'alias', 'transpose', 'expand', 'reshape', '_unsafe_view', 't', 'slice', 'select',
+            'unsqueeze', 'squeeze', 'as_strided'}
+SPLIT_OPS = {'split', 'split_with_sizes', 'chunk', 'unbind'}
+
+
+def op_name(node):
+    return getattr(node.target, '__name__', str(node.target)).split('.')[0]
+
+
+def storage_of(node):
+    """The node whose buffer `node` is a view of (itself if none)."""
+    while node.op == 'call_function':
+        if op_name(node) in VIEW_OPS:
+            node = node.args[0]
+        elif op_name(node) == 'getitem' and op_name(node.args[0]) in SPLIT_OPS:
+            node = node.args[0].args[0]
+        else:
+            break
+    return node
+
+
+def compiled_saved_bytes(module, inputs, held, autocast=False):
+    """Bytes the compiled forward of module(*inputs) saves for backward, leaving out the tensors in `held`."""
+    from functorch.compile import make_boxed_func
+    from torch._dynamo.backends.common import aot_autograd
+    from torch._functorch.partitioners import min_cut_rematerialization_partition
+    from torch._inductor.decomposition import select_decomp_table
+    graphs = []
+    backend = aot_autograd(fw_compiler=lambda gm, _: graphs.append(gm) or make_boxed_func(gm.forward),
+                           bw_compiler=lambda gm, _: make_boxed_func(gm.forward),
+                           partition_fn=min_cut_rematerialization_partition, decompositions=select_decomp_table())
+    torch._dynamo.reset()
+    with torch.autocast('cpu', dtype=torch.bfloat16, enabled=autocast):
+        torch.compile(module, backend=backend, dynamic=False)(*inputs)
+    torch._dynamo.reset()
+    held_shapes = {(tuple(t.shape), t.dtype) for t in held}
+    storages = {}
+    for node in [n for n in graphs[0].graph.nodes if n.op == 'output'][0].args[0][1:]:
+        base = storage_of(node)
+        value = base.meta.get('val')
+        if not isinstance(value, torch.Tensor):
+            continue
+        if base.op == 'placeholder' and (tuple(int(d) for d in value.shape), value.dtype) in held_shapes:
+            continue  # a parameter or buffer
+        if value.dtype == torch.uint8:
+            continue  # checkpoint()'s saved CPU RNG state, 5 KB of host memory per block: not the device's
+        storages[base] = math.prod(int(d) for d in value.shape) * value.element_size()
+    return sum(storages.values())
+
+
+@pytest.mark.parametrize('autocast', [False, True], ids=['fp32', 'bf16'])
+@pytest.mark.parametrize('recompute', [False, True], ids=['stored', 'recompute'])
+@pytest.mark.parametrize('config', [tiny(n_kv_head=2), tiny(arch='gpt2')], ids=['llama-gqa', 'gpt2'])
+def test_compiled_model_saves_what_the_ledger_says(config, recompute, autocast):
+    model = GPT(config)
+    model.recompute = recompute
+    held = list(model.parameters()) + list(model.buffers())
+    a = 2 if autocast else 4
+    for micro_batch in (1, 3):
+        measured = compiled_saved_bytes(model, batch(config, micro_batch), held, autocast)
+        parts = ledger.activation_bytes(config, micro_batch, recompute, dtype_bytes=a, compiled='model')
+        saved = parts['total'] - parts.get('recomputed_block', 0)  # that one is rebuilt in the backward
+        predicted = saved + ledger.logits_bytes(config, micro_batch, a, compiled=True)['logits']
+        assert predicted == pytest.approx(measured, rel=0.10), (micro_batch, predicted, measured)
+
+
+@pytest.mark.parametrize('autocast', [False, True], ids=['fp32', 'bf16'])
+@pytest.mark.parametrize('config', [tiny(n_kv_head=2), tiny(arch='gpt2')], ids=['llama-gqa', 'gpt2'])
+def test_a_block_compiled_alone_saves_what_the_ledger_says(config, autocast):
+    """Under FSDP2 train.py compiles each block on its own: it keeps o_proj's output instead of the residual."""
+    model = GPT(config)
+    block = model.blocks[0]
+    held = list(block.parameters()) + list(model.buffers())
+    cos, sin = (model.rope_cos, model.rope_sin) if config.arch == 'llama' else (None, None)
+    a = 2 if autocast else 4
+    for micro_batch in (1, 3):
+        x = torch.randn(micro_batch, config.block_size, config.n_embd, requires_grad=True)
+        measured = compiled_saved_bytes(block, (x, cos, sin), held, autocast)
+        one_layer = ModelConfig(**{**config.__dict__, 'n_layer': 1})
+        parts = ledger.activation_bytes(one_layer, micro_batch, False, dtype_bytes=a, compiled='blocks')
+        predicted = parts['blocks'] + parts['bf16_weights'] - (2 * config.vocab_size * config.n_embd if autocast else 0)
+        assert predicted == pytest.approx(measured, rel=0.10), (micro_batch, predicted, measured)
+
+
+# -----------------------------------------------------------------------------------------------------
 # Behaviour.
 
 @pytest.mark.parametrize('arch', ['llama', 'gpt2'])

@@ -1,0 +1,226 @@
+"""
+sweep.py: the best model two CPU cores can train in a fixed wall-clock budget, found by a small recorded sweep, and
+the same sweep for another trainer (nanoGPT's train.py, from a checkout you pass) on the same text.
+
+    python sweep.py                                    # our grid, 5 minutes a point, on data/pystdlib
+    python sweep.py --nanogpt=../nanoGPT               # nanoGPT's train.py too, the two alternating point by point
+    python sweep.py --minutes=1 --points=0,3           # a quick look at points 0 and 3 of the grid
+
+The protocol, the same for both trainers. Each point of the grid (a shape, a vocabulary, a batch, a learning rate)
+gets the same wall-clock budget for training. A short calibration run of the point measures the trainer's time to
+its first step (start-up and torch.compile) and its time per step after; the point then trains for as many steps
+as fit the budget, its learning-rate schedule spanning exactly those steps. Both are then scored the same way, by
+this file: the mean cross-entropy over the same fixed val sequences (the first 131,072 tokens of the val split,
+in windows of the model's block size), in bits per byte of text. The grid's vocabularies each get a data folder
+made by prepare.py from the same files; nanoGPT reads the same tokens, exported in its format (train.bin, val.bin,
+meta.pkl) into its checkout's data/ folder. Nothing of nanoGPT's is copied here: its train.py runs as it is, and
+its model.py is imported from the checkout to score its checkpoint.
+"""
+import functools
+import json
+import os
+import pickle
+import re
+import statistics
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+import ledger
+import prepare
+from config import ConfigError, cli, load_config
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+EVAL_TOKENS = 131_072
+# The grid: overrides of configs/pystdlib_cpu.py, a point each; vocab_size picks the data folder (bpe:V).
+GRID = [
+    dict(vocab_size=8192, n_layer=4, n_embd=256, n_head=4, batch_tokens=8192, micro_batch=16, lr=2e-3),
+    dict(vocab_size=8192, n_layer=4, n_embd=256, n_head=4, batch_tokens=8192, micro_batch=16, lr=4e-3),
+    dict(vocab_size=8192, n_layer=4, n_embd=256, n_head=4, batch_tokens=16384, micro_batch=16, lr=4e-3),
+    dict(vocab_size=8192, n_layer=6, n_embd=384, n_head=6, batch_tokens=16384, micro_batch=16, lr=2e-3),
+    dict(vocab_size=4096, n_layer=6, n_embd=384, n_head=6, batch_tokens=16384, micro_batch=16, lr=2e-3),
+    dict(vocab_size=8192, n_layer=8, n_embd=512, n_head=8, batch_tokens=16384, micro_batch=16, lr=1.5e-3),
+]
+
+
+def data_folder(vocab):
+    """data/pystdlib (the default, bpe:8192) or data/pystdlib_bpe{V}, made on first use (~10 s)."""
+    folder = os.path.join(HERE, 'data', 'pystdlib' if vocab == 8192 else f'pystdlib_bpe{vocab}')
+    if not os.path.exists(os.path.join(folder, 'meta.json')):
+        prepare.prepare_pystdlib(folder, tokenizer=f'bpe:{vocab}')
+    return folder
+
+
+def val_sequences(data, block_size):
+    """The fixed val set both trainers are scored on: the first EVAL_TOKENS of the val split, windows of T + 1."""
+    tokens = np.concatenate([np.asarray(prepare.open_shard(p)) for p in prepare.list_shards(data, 'val')])
+    tokens = tokens[:EVAL_TOKENS + 1].astype(np.int64)
+    n = (len(tokens) - 1) // block_size
+    return np.stack([tokens[i * block_size:i * block_size + block_size + 1] for i in range(n)])
+
+
+def score(forward, data, block_size, batch=16):
+    """Mean val loss (nats per token) of `forward(x, y) -> loss` over the fixed val sequences, and bits per byte."""
+    import torch
+    val = torch.from_numpy(val_sequences(data, block_size))
+    total = 0.0
+    with torch.no_grad():
+        for i in range(0, len(val), batch):
+            chunk = val[i:i + batch]
+            total += forward(chunk[:, :-1].contiguous(), chunk[:, 1:].contiguous()).item() * len(chunk)
+    loss = total / len(val)
+    return loss, ledger.bits_per_byte(loss, prepare.load_meta(data)['bytes_per_token'])
+
+
+# -----------------------------------------------------------------------------------------------------
+# Our train.py.
+
+def point_config(point):
+    """(ModelConfig, TrainConfig) of a grid point: configs/pystdlib_cpu.py with the point's overrides."""
+    return load_config(os.path.join(HERE, 'configs/pystdlib_cpu.py'),
+                       [f'--{k}={v}' for k, v in point.items()])
+
+
+def run_ours(point, data, out_dir, steps=None):
+    """train.py on the point. steps None: a calibration run -> (seconds to the first step, seconds per step);
+    else -> (wall seconds, val loss of the final checkpoint)."""
+    flags = [f'--{k}={v}' for k, v in point.items()] + [
+        f'--data={data}', f'--out_dir={out_dir}', '--sample_tokens=0', '--eval_tokens=1024', '--log_every=1']
+    if steps is None:
+        flags += ['--max_steps=6', '--eval_every=1000', '--ckpt_every=1000']
+    else:
+        flags += [f'--train_tokens={steps * point_config(point)[1].batch_tokens}', f'--eval_every={steps}',
+                  f'--ckpt_every={steps}']
+    start = time.perf_counter()
+    result = subprocess.run([sys.executable, 'train.py', 'configs/pystdlib_cpu.py', *flags], cwd=HERE,
+                            capture_output=True, text=True)
+    elapsed = time.perf_counter() - start
+    if result.returncode:
+        raise ConfigError(f"train.py failed on {point}: {result.stderr.strip().splitlines()[-1]}")
+    if steps is None:
+        with open(os.path.join(out_dir, 'metrics.jsonl')) as f:
+            steady = [e for e in map(json.loads, f) if 'tokens_per_s' in e and not e['warmup']]
+        per_step = statistics.fmean(e['batch_tokens'] / e['tokens_per_s'] for e in steady)
+        return elapsed - per_step * len(steady), per_step
+    import checkpoint
+    import torch
+    model, _ = checkpoint.load_model(out_dir, torch.device('cpu'))
+    return elapsed, score(lambda x, y: model(x, y)[1], data, model.config.block_size)[0]
+
+
+# -----------------------------------------------------------------------------------------------------
+# nanoGPT's train.py, run as it is from its checkout.
+
+def export_for_nanogpt(data, nanogpt):
+    """Our tokens in nanoGPT's format: data/<name>/train.bin and val.bin (uint16, no header), meta.pkl (vocab)."""
+    name = 'ledgergpt_' + os.path.basename(data)
+    folder = os.path.join(nanogpt, 'data', name)
+    os.makedirs(folder, exist_ok=True)
+    for split in ('train', 'val'):
+        path = os.path.join(folder, f'{split}.bin')
+        if not os.path.exists(path):
+            tokens = np.concatenate([np.asarray(prepare.open_shard(p)) for p in prepare.list_shards(data, split)])
+            tokens.astype(np.uint16).tofile(path)
+    with open(os.path.join(folder, 'meta.pkl'), 'wb') as f:
+        pickle.dump({'vocab_size': prepare.load_meta(data)['vocab_size']}, f)
+    return name
+
+
+def run_nanogpt(point, data, out_dir, steps=None, nanogpt=None):
+    """nanoGPT's train.py on the same point (its GPT-2 model: tied, learned positions, LayerNorm, GELU; fp32 on a
+    CPU, where it has no autocast). steps None: calibration -> (seconds to the first step, seconds per step)."""
+    model_cfg, train_cfg = point_config(point)
+    accumulation = train_cfg.batch_tokens // (train_cfg.micro_batch * model_cfg.block_size)
+    iters = 6 if steps is None else steps
+    warmup = max(1, round(train_cfg.warmup_frac * iters))
+    flags = dict(dataset=export_for_nanogpt(data, nanogpt), out_dir=out_dir, device='cpu', dtype='float32',
+                 compile=train_cfg.compile, batch_size=train_cfg.micro_batch, block_size=model_cfg.block_size,
+                 gradient_accumulation_steps=accumulation, n_layer=model_cfg.n_layer, n_head=model_cfg.n_head,
+                 n_embd=model_cfg.n_embd, dropout=0.0, bias=False, learning_rate=train_cfg.lr, max_iters=iters,
+                 lr_decay_iters=iters, warmup_iters=warmup, min_lr=train_cfg.lr * train_cfg.min_lr_ratio,
+                 weight_decay=train_cfg.weight_decay, beta2=train_cfg.beta2, eval_interval=iters, eval_iters=1,
+                 log_interval=1, always_save_checkpoint=True)
+    start = time.perf_counter()
+    result = subprocess.run([sys.executable, 'train.py'] + [f'--{k}={v}' for k, v in flags.items()], cwd=nanogpt,
+                            capture_output=True, text=True)
+    elapsed = time.perf_counter() - start
+    if result.returncode:
+        raise ConfigError(f"nanoGPT's train.py failed on {point}: {result.stderr.strip().splitlines()[-1]}")
+    times = [float(t) / 1000 for t in re.findall(r'^iter \d+: loss [\d.]+, time ([\d.]+)ms', result.stdout, re.M)]
+    if steps is None:
+        per_step = statistics.fmean(times[2:])  # iter 0 and 1: compile and warm-up
+        return elapsed - per_step * (len(times) - 1), per_step
+    return elapsed, score_nanogpt(nanogpt, os.path.join(nanogpt, out_dir, 'ckpt.pt'), data, model_cfg.block_size)
+
+
+def score_nanogpt(nanogpt, path, data, block_size):
+    """nanoGPT's checkpoint, loaded with its own model.py, scored on our val sequences."""
+    import importlib.util
+    import torch
+    spec = importlib.util.spec_from_file_location('nanogpt_model', os.path.join(nanogpt, 'model.py'))  # not ours
+    nanogpt_model = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(nanogpt_model)
+    saved = torch.load(path, map_location='cpu', weights_only=False)
+    model = nanogpt_model.GPT(nanogpt_model.GPTConfig(**saved['model_args']))
+    model.load_state_dict({k.removeprefix('_orig_mod.'): v for k, v in saved['model'].items()})
+    model.eval()
+    return score(lambda x, y: model(x, y)[1], data, block_size)[0]
+
+
+# -----------------------------------------------------------------------------------------------------
+
+def steps_for(seconds, calibration):
+    first, per_step = calibration
+    return max(1, int((seconds - first) / per_step))
+
+
+@cli
+def main(argv):
+    options = dict(a[2:].split('=', 1) for a in argv if a.startswith('--') and '=' in a)
+    unknown = set(options) - {'minutes', 'nanogpt', 'points', 'out'}
+    if unknown or len(options) != len(argv):
+        raise ConfigError('usage: python sweep.py [--minutes=5] [--nanogpt=PATH] [--points=I,J,...] [--out=FOLDER]')
+    seconds = 60 * float(options.get('minutes', 5))
+    chosen = [int(i) for i in options['points'].split(',')] if 'points' in options else range(len(GRID))
+    points = [(index, GRID[index]) for index in chosen]
+    out = os.path.abspath(options.get('out', os.path.join(HERE, 'out', 'sweep')))
+    nanogpt = os.path.abspath(options['nanogpt']) if 'nanogpt' in options else None
+    if nanogpt and not os.path.isfile(os.path.join(nanogpt, 'train.py')):
+        raise ConfigError(f"--nanogpt={nanogpt}: no train.py there (a checkout of github.com/karpathy/nanoGPT)")
+    import torch
+    print(f"sweep: {len(points)} points x {seconds:.0f} s of training each, {torch.get_num_threads()} threads, "
+          f"torch {torch.__version__}, {time.strftime('%Y-%m-%d %H:%M')}", flush=True)
+    rows = []
+    for index, point in points:
+        data = data_folder(point['vocab_size'])
+        trainers = {'ledgergpt': run_ours}
+        if nanogpt:
+            trainers['nanoGPT'] = functools.partial(run_nanogpt, nanogpt=nanogpt)
+        for name, train_point in trainers.items():  # alternating: the machine's drift falls on both
+            folder = os.path.join(out, f'{index}_{name}')
+            steps = steps_for(seconds, train_point(point, data, folder + '_calibration'))
+            elapsed, val_loss = train_point(point, data, folder, steps)
+            row = dict(point=index, trainer=name, steps=steps, tokens=steps * point_config(point)[1].batch_tokens,
+                       seconds=round(elapsed, 1), val_loss=round(val_loss, 4),
+                       val_bpb=round(ledger.bits_per_byte(val_loss, prepare.load_meta(data)['bytes_per_token']), 4),
+                       **point)
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    print(format_table(rows))
+    return 0
+
+
+def format_table(rows):
+    lines = ['| # | trainer | vocab | layers x width | batch | lr | steps | tokens | wall s | val bpb |',
+             '| ---: | --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |']
+    for r in rows:
+        lines.append(f"| {r['point']} | {r['trainer']} | {r['vocab_size']} | {r['n_layer']} x {r['n_embd']} | "
+                     f"{r['batch_tokens']:,} | {r['lr']:g} | {r['steps']:,} | {r['tokens']:,} | {r['seconds']} | "
+                     f"{r['val_bpb']:.4f} |")
+    return '\n'.join(lines)
+
+
+if __name__ == '__main__':
+    sys.exit(main())
