@@ -98,6 +98,21 @@ class TrainConfig:
     schedule: str = 'cosine'     # 'cosine' or 'wsd' (warmup-stable-decay)
     warmup_frac: float = 0.003   # fraction of steps spent in linear warmup
     decay_frac: float = 0.2      # wsd only: fraction of steps spent in the final linear decay
+    # cooldown branches of a wsd run (Hägele et al. 2024; train.py): a stable-phase checkpoint, decayed in a run of
+    # its own, is a finished run of a shorter length
+    cooldowns: tuple = ()        # wsd: the lengths in tokens of the branches to take from this run, e.g. (26e9, 52e9);
+                                 # it keeps its checkpoint at (1 - decay_frac) x each in out_dir/branch_points
+    cooldown_from: str = ''      # a branch: the stable checkpoint of a wsd run it continues ('': not a branch)
+    cooldown_tokens: int = 0     # a branch: its tokens, over which the LR falls linearly from the peak to the floor
+    # what the model learns to predict (objectives.py): 'clm' next-token prediction at every position; 'prefix_lm'
+    # loss on the part after a random cut; 'fim' fill-in-the-middle (Bavarian et al. 2022); 'ul2' UL2's mixture of
+    # denoisers (Tay et al. 2022). fim and ul2 need a data folder with the special tokens (prepare.py reserves them)
+    objective: str = 'clm'
+    fim_rate: float = 0.5        # fim: the share of documents rearranged (the paper's 0.5; "FIM for free" up to 0.9)
+    fim_spm_rate: float = 0.5    # fim: the share of those in SPM order, the rest PSM (the paper's joint training)
+    ul2_s_rate: float = 0.5      # ul2: the shares of documents given the S (prefix LM), R (short spans, 15%) and
+    ul2_r_rate: float = 0.25     # X (long spans or 50%) denoisers; they sum to 1. Half S, as U-PaLM's UL2R mixture
+    ul2_x_rate: float = 0.25
     weight_decay: float = 0.1
     beta1: float = 0.9
     beta2: float = 0.95
@@ -146,6 +161,7 @@ def _one_of(*choices):
 POSITIVE = (lambda v: v > 0, 'positive')
 POSITIVE_OR_0 = (lambda v: v >= 0, 'positive (or 0)')
 FRACTION = (lambda v: 0 <= v < 1, 'in [0, 1)')
+UNIT = (lambda v: 0 <= v <= 1, 'in [0, 1]')
 RULES = {
     'arch': _one_of('llama', 'gpt2'),
     'n_layer': POSITIVE, 'n_head': POSITIVE, 'n_embd': POSITIVE, 'vocab_size': POSITIVE, 'block_size': POSITIVE,
@@ -156,7 +172,9 @@ RULES = {
     'seed': POSITIVE_OR_0, 'train_tokens': POSITIVE, 'max_steps': POSITIVE_OR_0, 'dataset_tokens': POSITIVE_OR_0,
     'batch_tokens': POSITIVE, 'micro_batch': POSITIVE, 'batch_ramp_tokens': POSITIVE_OR_0,
     'batch_ramp_start': POSITIVE,
-    'lr': POSITIVE, 'min_lr_ratio': (lambda v: 0 <= v <= 1, 'in [0, 1]'), 'schedule': _one_of('cosine', 'wsd'),
+    'lr': POSITIVE, 'min_lr_ratio': UNIT, 'schedule': _one_of('cosine', 'wsd'),
+    'objective': _one_of('clm', 'prefix_lm', 'fim', 'ul2'), 'fim_rate': UNIT, 'fim_spm_rate': UNIT,
+    'ul2_s_rate': UNIT, 'ul2_r_rate': UNIT, 'ul2_x_rate': UNIT,
     'warmup_frac': FRACTION, 'decay_frac': (lambda v: 0 < v <= 1, 'in (0, 1]'), 'weight_decay': POSITIVE_OR_0,
     'beta1': FRACTION, 'beta2': FRACTION, 'eps': POSITIVE, 'grad_clip': (POSITIVE_OR_0[0], 'positive (or 0: off)'),
     'dtype': _one_of('auto', 'bfloat16', 'float32'), 'parallel': _one_of('ddp', 'zero1', 'zero2', 'fsdp'),
@@ -191,6 +209,8 @@ def _parse_value(key, text):
             return int(text) if text.lstrip('+-').isdigit() else float(text)  # 26e9: checked whole below
         if isinstance(default, float):
             return float(text)
+        if isinstance(default, tuple):  # numbers, comma-separated: --cooldowns=26e9,52e9 (empty: none)
+            return tuple(float(part) for part in text.split(',') if part)
         return text
     except ValueError:
         raise ConfigError(f"--{key}={text}: expected a value of type {type(default).__name__}") from None
@@ -198,7 +218,8 @@ def _parse_value(key, text):
 
 def _typed(key, value, where):
     """value with the type of the key's default, or ConfigError. Whole floats are accepted for ints (26e9, 1e6);
-    ints for floats; bools only as True/False (a string 'False' would read as true)."""
+    ints for floats; bools only as True/False (a string 'False' would read as true); a list or tuple of whole
+    numbers for a tuple."""
     default = DEFAULTS[key]
     if isinstance(default, bool):
         if isinstance(value, bool):
@@ -214,6 +235,11 @@ def _typed(key, value, where):
         if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
             return float(value)
         expected = 'a finite number'
+    elif isinstance(default, tuple):  # whole numbers: token counts
+        if isinstance(value, (tuple, list)) and all(isinstance(v, (int, float)) and not isinstance(v, bool)
+                                                     and math.isfinite(v) and v == int(v) for v in value):
+            return tuple(int(v) for v in value)
+        expected = 'a list of whole numbers'
     else:
         if isinstance(value, str):
             return value

@@ -600,11 +600,25 @@ def token_bytes(vocab_size):
     return 2 if vocab_size <= 2**16 else 4
 
 
-def data_ledger(n_params, vocab_size, train_tokens, dataset_tokens=0):
-    """Tokens per parameter against Chinchilla, whether the dataset is enough, storage, checkpoints, loss fits."""
+def loss_fraction(train):
+    """The expected share of the positions whose target carries loss under train.objective (objectives.py has the
+    arithmetic): 1 for clm and fim (every position), 1/2 for prefix_lm (a uniform cut), 0.40 for ul2 at its default
+    mixture. Compute is per position whatever the objective: the FLOPs, tokens/s and MFU count every position."""
+    if train.objective == 'clm':
+        return 1.0
+    import objectives  # numpy and the tokenizer code: only for the objectives that need them
+    return objectives.loss_fraction(objectives.Objective(
+        train.objective, ul2_rates=(train.ul2_s_rate, train.ul2_r_rate, train.ul2_x_rate)))
+
+
+def data_ledger(n_params, vocab_size, train_tokens, dataset_tokens=0, trained_fraction=1.0):
+    """Tokens per parameter against Chinchilla, whether the dataset is enough, storage, checkpoints, loss fits.
+    trained_fraction: the share of the tokens that carry loss (loss_fraction)."""
     stored_tokens = dataset_tokens or train_tokens
     data = {
         'train_tokens': train_tokens,
+        'loss_fraction': trained_fraction,
+        'loss_tokens': train_tokens * trained_fraction,
         'tokens_per_param': train_tokens / n_params,
         'chinchilla_tokens': CHINCHILLA_TOKENS_PER_PARAM * n_params,
         'chinchilla_multiple': train_tokens / (CHINCHILLA_TOKENS_PER_PARAM * n_params),
@@ -669,7 +683,7 @@ def predict(model, train, n_gpu=None, device=None):
         'memory_per_gpu_bytes': memory['total'],
         'fits': memory['fits'],
         'max_micro_batch': max_micro_batch(model, train, n_gpu, device),
-        'data': data_ledger(params['total'], model.vocab_size, tokens, train.dataset_tokens),
+        'data': data_ledger(params['total'], model.vocab_size, tokens, train.dataset_tokens, loss_fraction(train)),
     }
 
 
@@ -831,6 +845,9 @@ def report_sections(p):
         ('this plan', f"{data['tokens_per_param']:.3g} tok/param",
          f"{data['chinchilla_multiple']:.2g} x Chinchilla; {_si(data['train_tokens'])} tokens are optimal for "
          f"{_si(data['chinchilla_params_for_tokens'])} params"),
+        ('tokens that carry loss', _si(data['loss_tokens']), f"{data['loss_fraction']:.0%} of them: objective "
+         f"{t['objective']} (objectives.loss_fraction); FLOPs, tokens/s and MFU count every position")
+        if data['loss_fraction'] < 1 else None,
         ('dataset', _si(data['dataset_tokens']) + ' tokens',
          f"{'enough' if data['enough_data'] else 'NOT enough'}: {data['epochs']:.3g} epochs")
         if data['dataset_tokens'] else None,
@@ -898,6 +915,10 @@ def format_short(prediction, full):
         _row('tokens per parameter', f"{data['tokens_per_param']:.3g}",
              f"{data['chinchilla_multiple']:.2g} x Chinchilla (20){epochs}"),
     ]
+    if data['loss_fraction'] < 1:
+        lines.append(_row('tokens that carry loss', _si(data['loss_tokens']),
+                          f"{data['loss_fraction']:.0%}: objective {p['train']['objective']}; tokens/s and MFU count "
+                          f"every position"))
     return '\n'.join(lines)
 
 

@@ -22,7 +22,11 @@ from torch.utils.checkpoint import checkpoint
 
 from config import ModelConfig  # re-exported: `from model import ModelConfig` works
 
-__all__ = ['ModelConfig', 'GPT', 'Block']
+__all__ = ['ModelConfig', 'GPT', 'Block', 'IGNORE_INDEX']
+
+# A target of IGNORE_INDEX carries no loss: the objectives that train on part of a sequence only (prefix LM, UL2's
+# denoisers: objectives.py) set it where the input is given, not predicted, and the loss is the mean over the rest.
+IGNORE_INDEX = -1
 
 
 # -----------------------------------------------------------------------------------------------------
@@ -178,10 +182,11 @@ class GPT(nn.Module):
 
     def forward(self, idx, targets=None):
         """idx: (B, T) token ids, T <= block_size. Without targets: (logits (B, T, V), None). With targets (B, T):
-        (None, the mean cross-entropy over all positions), taken from fp32 logits (a bf16 log-softmax over 50K
-        classes loses digits). Training gets no logits back on purpose: a caller holding them would keep a
-        B x T x V buffer alive into the next micro-step (3.3 GB at h200_1b3's 16 x 2048 x 50304 in bf16), and
-        under torch.compile the graph need not write them out at all."""
+        (None, the mean cross-entropy over the positions whose target is not IGNORE_INDEX: all of them for plain
+        next-token prediction), taken from fp32 logits (a bf16 log-softmax over 50K classes loses digits). Training
+        gets no logits back on purpose: a caller holding them would keep a B x T x V buffer alive into the next
+        micro-step (3.3 GB at h200_1b3's 16 x 2048 x 50304 in bf16), and under torch.compile the graph need not
+        write them out at all."""
         B, T = idx.shape
         if T > self.config.block_size:
             raise ValueError(f"sequence length {T} exceeds block_size {self.config.block_size}: crop the input")
@@ -202,7 +207,7 @@ class GPT(nn.Module):
         logits = self.lm_head(self.norm_f(x))
         if targets is None:
             return logits, None
-        return None, F.cross_entropy(logits.float().view(B * T, -1), targets.reshape(B * T))
+        return None, F.cross_entropy(logits.float().view(B * T, -1), targets.reshape(B * T), ignore_index=IGNORE_INDEX)
 
     @torch.no_grad()
     def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None):

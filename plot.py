@@ -3,18 +3,21 @@ plot.py: the loss curve of one run, or of several overlaid, as a PNG.
 
     python plot.py out/pystdlib_cpu                       # -> out/pystdlib_cpu/loss.png
     python plot.py out/run_a out/run_b --out compare.png  # two runs, one colour each, one legend
+    python plot.py out/pystdlib_overtrain --branches      # -> branches.png: the run, its cooldowns, cosine runs
 
 Against tokens seen: the train loss of every logged step, faint, and its centered moving average, solid; the val
 loss, dots on a dashed line; each rollback of the spike guard, a long-dashed vertical line at its step; a dotted
 vertical line at 20 x P tokens, Chinchilla's compute-optimal point (Hoffmann et al. 2022; P from the run's
 ledger.json), or only a legend entry when that lies far past the run; HellaSwag accuracy, when metrics.jsonl has
 'hellaswag' entries, on a second axis. Steps logged again after a rollback or a resume replace the ones they
-repeat.
+repeat. With --branches: a wsd run, its cooldown branches and cosine runs of the same lengths (overtrain.py), and
+Hoffmann et al.'s fitted loss for its P (on their data: its own axis).
 
 train.py redraws out_dir/loss.png with draw_run(out_dir), which never raises. Needs matplotlib (pip install
 matplotlib), imported only here, drawing through its Agg backend (to a file; no display needed).
 """
 import argparse
+import glob
 import json
 import os
 import sys
@@ -108,17 +111,22 @@ def smooth(values):
 # -----------------------------------------------------------------------------------------------------
 # The picture.
 
-def figure(run_dirs):
-    """A matplotlib Figure of the runs (its first axes the losses, a second one HellaSwag if any run has it)."""
+def blank_figure():
+    """An empty matplotlib Figure, FIGURE_INCHES at DPI."""
     try:
         from matplotlib.backends.backend_agg import FigureCanvasAgg
         from matplotlib.figure import Figure
-        from matplotlib.ticker import FuncFormatter
     except ImportError:
         raise UserError("plot.py needs matplotlib: pip install matplotlib") from None
-    runs = [read_run(run_dir) for run_dir in run_dirs]
     fig = Figure(figsize=FIGURE_INCHES, dpi=DPI, layout='constrained')
     FigureCanvasAgg(fig)  # Agg draws to memory: PNGs without a display
+    return fig
+
+
+def figure(run_dirs):
+    """A matplotlib Figure of the runs (its first axes the losses, a second one HellaSwag if any run has it)."""
+    fig = blank_figure()
+    runs = [read_run(run_dir) for run_dir in run_dirs]
     ax = fig.add_subplot()
     scores = fig.add_subplot(sharex=ax, frame_on=False) if any(len(r['hellaswag'][0]) for r in runs) else None
     axis_tokens = max(run['train'][0][-1] for run in runs)  # where the x-axis ends
@@ -143,18 +151,7 @@ def figure(run_dirs):
             x, accuracy, stderr = run['hellaswag']
             scores.errorbar(x, 100 * accuracy, yerr=100 * stderr, color=color, linestyle='-.', marker='s',
                             markersize=4, capsize=3, label=f'{name} HellaSwag')
-    # The first few percent of a run fall from ln V (10.8 for GPT-2's vocab) to near the final loss: drawn whole they
-    # take most of the height and leave the hundredths of a nat that matter later flat. A run of 100+ logged steps
-    # is drawn from the smoothed loss at STEEP_START of its tokens down; what is above runs off the top.
-    long_runs = [run['train'] for run in runs if len(run['train'][0]) >= 100]
-    if long_runs:
-        top = max(smooth(losses)[np.searchsorted(tokens, STEEP_START * tokens[-1])] for tokens, losses in long_runs)
-        bottom = min(np.min(run['train'][1]) for run in runs)
-        ax.set_ylim(bottom - 0.05 * (top - bottom), top + 0.05 * (top - bottom))
-    ax.set_xlabel('tokens seen')
-    ax.set_ylabel('loss (nats per token)')
-    ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _: ledger._si(x)))
-    ax.grid(alpha=0.3)
+    loss_axis(ax, runs)
     handles, labels = ax.get_legend_handles_labels()
     if scores is not None:
         scores.yaxis.tick_right()
@@ -168,9 +165,89 @@ def figure(run_dirs):
     return fig
 
 
-def draw(run_dirs, out):
-    """Write the runs' figure to `out` as a PNG (a temporary file renamed when complete); -> out."""
-    fig = figure(run_dirs)
+def loss_axis(ax, runs):
+    """Labels, tokens in K/M/B, a grid, and the steep start cut: the first few percent of a run fall from ln V (10.8
+    for GPT-2's vocab) to near the final loss; drawn whole they take most of the height and leave the hundredths of a
+    nat that matter later flat. A run of 100+ logged steps is drawn from the smoothed loss at STEEP_START of its
+    tokens down; what is above runs off the top."""
+    from matplotlib.ticker import FuncFormatter
+    long_runs = [run['train'] for run in runs if len(run['train'][0]) >= 100]
+    if long_runs:
+        top = max(smooth(losses)[np.searchsorted(tokens, STEEP_START * tokens[-1])] for tokens, losses in long_runs)
+        bottom = min(np.min(run['train'][1]) for run in runs)
+        ax.set_ylim(bottom - 0.05 * (top - bottom), top + 0.05 * (top - bottom))
+    ax.set_xlabel('tokens seen')
+    ax.set_ylabel('loss (nats per token)')
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _: ledger._si(x)))
+    ax.grid(alpha=0.3)
+
+
+# -----------------------------------------------------------------------------------------------------
+# Over-training (overtrain.py): a wsd main run, the cooldown branches train.py runs from its stable checkpoints
+# (out/RUN_cooldown_26B ...), and cosine runs of the same lengths (out/RUN_cosine_26B ...), each branch's and each
+# cosine run's final val loss marked; the Chinchilla point; and beside them, on an axis of its own, the loss that
+# Hoffmann et al.'s fit L(N, D) = E + A/N^0.34 + B/D^0.28 gives for this P along the tokens: fitted on THEIR data
+# (MassiveText) in nats per THEIR token, so its shape is comparable with ours, its level is not.
+
+def beside(main_dir, kind):
+    """The runs named after a main run, kind 'cooldown' or 'cosine', in the order of the tokens they end at."""
+    base = glob.escape(os.path.normpath(main_dir))
+    found = [read_run(folder) for folder in glob.glob(f'{base}_{kind}_*')
+             if os.path.isfile(os.path.join(folder, 'metrics.jsonl'))]
+    return sorted(found, key=lambda run: run['train'][0][-1])
+
+
+def mark_final(ax, run, color, marker, kind):
+    """The run's last val loss, a large marker at its tokens."""
+    tokens, losses = run['val']
+    if len(tokens):
+        ax.plot(tokens[-1:], losses[-1:], linestyle='', marker=marker, markersize=12, color=color,
+                markeredgecolor='black', label=f"{run['name']} ({kind}): final val {losses[-1]:.4f} at "
+                                               f"{ledger._si(tokens[-1])}")
+
+
+def branch_figure(main_dir):
+    """A matplotlib Figure of a main run, its branches and cosine runs (its first axes the losses, a second one the
+    published fit's loss when the main run's ledger.json gives P)."""
+    fig = blank_figure()
+    main = read_run(main_dir)
+    branches, cosines = beside(main_dir, 'cooldown'), beside(main_dir, 'cosine')
+    ax = fig.add_subplot()
+    tokens, losses = main['train']
+    ax.plot(tokens, losses, color='C0', alpha=0.3, linewidth=0.8)
+    ax.plot(tokens, smooth(losses), color='C0', linewidth=2, label=f"{main['name']} (wsd) train (moving average)")
+    ax.plot(*main['val'], color='C0', linestyle='--', marker='o', markersize=4, label=f"{main['name']} val")
+    mark_final(ax, main, 'C0', '*', 'wsd')
+    for i, run in enumerate(branches + cosines, 1):
+        kind = 'cooldown' if i <= len(branches) else 'cosine'
+        ax.plot(run['train'][0], smooth(run['train'][1]), color=f'C{i}', linewidth=2 if kind == 'cooldown' else 1,
+                linestyle='-' if kind == 'cooldown' else '--', label=f"{run['name']} ({kind}) train (moving average)")
+        mark_final(ax, run, f'C{i}', '*' if kind == 'cooldown' else 'X', kind)
+    runs = [main] + branches + cosines
+    loss_axis(ax, runs)
+    chinchilla = main['chinchilla']
+    if chinchilla:
+        ax.axvline(chinchilla, color='black', linestyle=':', linewidth=1.5,
+                   label=f'20 x P = {ledger._si(chinchilla)} tokens (Chinchilla)')
+        fit = ax.twinx()
+        last = max(run['train'][0][-1] for run in runs)
+        seen = np.linspace(STEEP_START * last, last, 200)
+        fit.plot(seen, ledger.chinchilla_loss(chinchilla / ledger.CHINCHILLA_TOKENS_PER_PARAM, seen), color='gray',
+                 linestyle='-.', label="Hoffmann et al. 2022's fit L(P, D): THEIR data (right axis)")
+        fit.set_ylabel("their fit's loss (nats per THEIR token)")
+    handles, labels = [], []
+    for axes in fig.axes:
+        more_handles, more_labels = axes.get_legend_handles_labels()
+        handles, labels = handles + more_handles, labels + more_labels
+    fig.legend(handles, labels, loc='outside lower center', ncols=2, fontsize='small', frameon=False)
+    ax.set_title(f"over-training {main['name']}: cooldown branches and cosine runs")
+    return fig
+
+
+def draw(run_dirs, out, branches=False):
+    """Write the runs' figure (branches: run_dirs[0]'s branch_figure) to `out` as a PNG (a temporary file renamed
+    when complete); -> out."""
+    fig = branch_figure(run_dirs[0]) if branches else figure(run_dirs)
     with atomic_write(out, 'wb') as f:
         fig.savefig(f, format='png')
     return out
@@ -196,10 +273,16 @@ def draw_run(out_dir):
 def main(argv):
     parser = argparse.ArgumentParser(description=__doc__.split('\n')[1], formatter_class=argparse.RawTextHelpFormatter)
     parser.add_argument('run_dirs', nargs='+', metavar='RUN_DIR', help="a train.py out_dir (several: overlaid)")
-    parser.add_argument('--out', help='the PNG to write (default: RUN_DIR/loss.png for one run, loss.png for several)')
+    parser.add_argument('--out', help='the PNG to write (default: RUN_DIR/loss.png for one run, loss.png for several, '
+                                      'RUN_DIR/branches.png with --branches)')
+    parser.add_argument('--branches', action='store_true', help="one wsd run with the runs beside it: its cooldown "
+                        "branches (RUN_DIR_cooldown_*) and cosine runs (RUN_DIR_cosine_*)")
     args = parser.parse_args(argv)
-    out = args.out or (os.path.join(args.run_dirs[0], 'loss.png') if len(args.run_dirs) == 1 else 'loss.png')
-    print(draw(args.run_dirs, out))
+    if args.branches and len(args.run_dirs) > 1:
+        raise ConfigError(f"--branches draws one run with its branches, not {len(args.run_dirs)} runs")
+    name = 'branches.png' if args.branches else 'loss.png'
+    out = args.out or (os.path.join(args.run_dirs[0], name) if len(args.run_dirs) == 1 else name)
+    print(draw(args.run_dirs, out, args.branches))
     return 0
 
 

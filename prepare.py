@@ -9,8 +9,10 @@ prepare.py: text -> tokenizer -> token shards that train.py reads.
 
 A data folder holds `<source>_val_000000.bin`, `<source>_train_000001.bin`, ... (llm.c's shard format, below),
 `tokenizer.json` (the tokenizer, so train.py and sample.py use the very same one) and `meta.json` (written last:
-a folder without it is unfinished, and rerunning the same command carries on where it stopped). One command
-writes a folder at a time (a `.lock` file in it); a full disk or a read-only folder is one line, not a traceback.
+a folder without it is unfinished, and rerunning the same command carries on where it stopped). The tokenizer
+reserves the special tokens of the fim and ul2 objectives (SPECIAL_TOKENS; meta.json lists them by name) unless
+--no-special-tokens. One command writes a folder at a time (a `.lock` file in it); a full disk or a read-only
+folder is one line, not a traceback.
 
 The reading side (DataError, open_shard, list_shards, load_meta, load_tokenizer, check_token_ids, token_dtype)
 needs only numpy and the standard library: train.py imports this file on machines without rustbpe or tqdm, so
@@ -149,7 +151,8 @@ def load_meta(data_dir):
         raise DataError(f"{path} is not valid JSON ({e}): {remake}") from None
     if not isinstance(meta, dict):
         raise DataError(f"{path} holds a JSON {type(meta).__name__}, not an object: {remake}")
-    for key, kind in dict(META_KEYS, **({'max_token_id': int} if 'max_token_id' in meta else {})).items():
+    optional = {key: kind for key, kind in (('max_token_id', int), ('special_tokens', dict)) if key in meta}
+    for key, kind in dict(META_KEYS, **optional).items():
         if key not in meta:
             raise DataError(f"{path} has no '{key}': {remake}")
         if not isinstance(meta[key], kind) or isinstance(meta[key], bool):
@@ -195,11 +198,12 @@ def load_tokenizer(data_dir):
             return tiktoken.Encoding(spec['name'], pat_str=spec['pattern'], mergeable_ranks=ranks,
                                      special_tokens=spec['special_tokens'])
         name, hub_file = spec['name'], json.dumps(spec['tokenizers'])  # neox: the Hub's file, kept whole
+        reserved = spec.get('special_tokens', ())
     except (ValueError, KeyError, TypeError) as e:
         raise DataError(f"{path} is damaged ({type(e).__name__}: {e}): delete the folder and rerun "
                         f"{prepare_command(data_dir)}") from None
     try:
-        return HFEncoding(name, hub_file)
+        return HFEncoding(name, hub_file, reserved)
     except ImportError:
         raise DataError(f"{path} is {name}'s tokenizer, which needs the tokenizers package: pip install tokenizers "
                         f"(it is in requirements.txt)") from None
@@ -256,13 +260,35 @@ class Progress:
 
 EOT = '<|endoftext|>'
 
+# The special tokens of the other pretraining objectives (objectives.py), reserved by default in every new folder:
+# fill-in-the-middle's three sentinels (Bavarian et al. 2022; tiktoken's cl100k_base spells them so), UL2's three
+# mode tokens ([S], [R], [X]: Tay et al. 2022) and 16 span sentinels (T5's <extra_id_N>; a sequence with more
+# spans reuses them in order). 22 ids: they fit the padding of GPT-2's 50,257 to 50,304 (47 ids) and of NeoX's
+# 50,277 (27); our bpe:V keeps V ids in all, its BPE learning 22 merges fewer. Never in the shards: a document's
+# text '<|fim_prefix|>' is plain text, like '<|endoftext|>'; the objective inserts the ids as it packs a batch.
+SPECIAL_TOKENS = ('<|fim_prefix|>', '<|fim_middle|>', '<|fim_suffix|>', '<|ul2_s|>', '<|ul2_r|>', '<|ul2_x|>',
+                  *(f'<|sentinel_{i}|>' for i in range(16)))
 
-def save_tokenizer(data_dir, name, pattern, mergeable_ranks, eot_id):
+
+def reserve(first_id, special=True):
+    """The special tokens' ids from first_id on, as {name: id} (empty when the folder is made without them)."""
+    return {name: first_id + i for i, name in enumerate(SPECIAL_TOKENS)} if special else {}
+
+
+def save_tokenizer(data_dir, name, pattern, mergeable_ranks, eot_id, reserved=None):
     ordered = sorted(mergeable_ranks.items(), key=lambda item: item[1])
     assert [rank for _, rank in ordered] == list(range(len(ordered))), "ranks must be 0..n-1"
+    special = {**(reserved or {}), EOT: eot_id}
     save_json(os.path.join(data_dir, 'tokenizer.json'), {
-        'name': name, 'pattern': pattern, 'special_tokens': {EOT: eot_id}, 'vocab_size': eot_id + 1,
+        'name': name, 'pattern': pattern, 'special_tokens': special, 'vocab_size': max(special.values()) + 1,
         'ranks': [base64.b64encode(token).decode('ascii') for token, _ in ordered]})
+
+
+def reserved_ids(encoding):
+    """{name: id} of the special tokens (SPECIAL_TOKENS) a loaded tokenizer holds besides the end-of-text token."""
+    if isinstance(encoding, HFEncoding):
+        return dict(encoding.reserved)
+    return {name: encoding.encode_single_token(name) for name in SPECIAL_TOKENS if name in encoding.special_tokens_set}
 
 
 NAMED_TOKENIZERS = {'gpt2': 50257,   # 50,000 merges + 256 bytes + <|endoftext|>
@@ -278,43 +304,53 @@ def parse_tokenizer(name):
     raise DataError(f"unknown tokenizer '{name}': use gpt2, neox or bpe:V with V > 256 (e.g. bpe:8192)")
 
 
-def make_tokenizer(out_dir, tokenizer, bpe_texts, network=None):
-    """The folder's tokenizer.json for `tokenizer`. One already there is kept if it is that tokenizer (a rerun
-    carries on with the tokenizer its shards were made with) and made again if not. GPT-2's comes from tiktoken,
-    NeoX's from the Hub (through `network`); bpe:V is trained on bpe_texts(), called only then (it may download)."""
+def make_tokenizer(out_dir, tokenizer, bpe_texts, network=None, special=True):
+    """The folder's tokenizer.json for `tokenizer`, with the SPECIAL_TOKENS unless `special` is False. One already
+    there is kept if it is that tokenizer with those tokens (a rerun carries on with the tokenizer its shards were
+    made with) and made again if not. GPT-2's comes from tiktoken, NeoX's from the Hub (through `network`); bpe:V is
+    trained on bpe_texts(), called only then (it may download)."""
     path = os.path.join(out_dir, 'tokenizer.json')
     if os.path.exists(path):
         try:
             with open(path, 'rb') as f:
-                name = json.loads(f.read()).get('name')
+                spec = json.loads(f.read())
+            name, has_special = spec.get('name'), any(n in spec.get('special_tokens', ()) for n in SPECIAL_TOKENS)
         except (ValueError, AttributeError):
-            name = 'a damaged file'
-        if name == tokenizer:
+            name, has_special = 'a damaged file', special
+        if name == tokenizer and has_special == special:
             return
-        say(f"{path} is {name}, not {tokenizer}: making it again")
+        say(f"{path} is {name}{'' if has_special == special else ' with other special tokens'}, not {tokenizer}: "
+            f"making it again")
     if tokenizer == 'gpt2':
-        make_gpt2_tokenizer(out_dir)
+        make_gpt2_tokenizer(out_dir, special)
     elif tokenizer == 'neox':
-        make_neox_tokenizer(out_dir, network)
+        make_neox_tokenizer(out_dir, network, special)
     else:
-        train_bpe_tokenizer(out_dir, parse_tokenizer(tokenizer), bpe_texts())
+        train_bpe_tokenizer(out_dir, parse_tokenizer(tokenizer), bpe_texts(), special)
 
 
-def make_gpt2_tokenizer(data_dir):
-    """GPT-2's BPE from tiktoken. tiktoken downloads its two files once (then caches them): offline, that fails."""
+def make_gpt2_tokenizer(data_dir, special=True):
+    """GPT-2's BPE from tiktoken, the special tokens in the model's padding (50,257 ...). tiktoken downloads its two
+    files once (then caches them): offline, that fails."""
     from tiktoken_ext.openai_public import gpt2
     try:
         spec = gpt2()
     except Exception as e:  # requests' ConnectionError, or anything else the download raises
         raise DataError(f"the gpt2 tokenizer's files could not be downloaded ({type(e).__name__}): run once with "
                         f"internet so tiktoken caches them, or use our own BPE with --tokenizer bpe:8192") from None
-    save_tokenizer(data_dir, 'gpt2', spec['pat_str'], spec['mergeable_ranks'], spec['special_tokens'][EOT])
+    eot_id = spec['special_tokens'][EOT]
+    save_tokenizer(data_dir, 'gpt2', spec['pat_str'], spec['mergeable_ranks'], eot_id, reserve(eot_id + 1, special))
 
 
-def train_bpe_tokenizer(data_dir, vocab_size, texts):
+def train_bpe_tokenizer(data_dir, vocab_size, texts, special=True):
     """Our own byte-level BPE with rustbpe (GPT-4's split pattern), used through tiktoken. The vocabulary is
-    exactly `vocab_size`: 256 bytes + (vocab_size - 257) merges + the end-of-text token as the last id."""
+    exactly `vocab_size`: 256 bytes + the merges, then the SPECIAL_TOKENS (22 ids, unless `special` is False), then
+    the end-of-text token as the last id. bpe:8192: 7,913 merges, the special tokens at 8,169-8,190, eot 8,191."""
     import rustbpe
+    reserved = len(SPECIAL_TOKENS) if special else 0
+    if vocab_size - 1 - reserved < 256:
+        raise DataError(f"bpe:{vocab_size} has no room for its 256 bytes, the end-of-text token and the {reserved} "
+                        f"special tokens: use bpe:{257 + reserved} or more (or --no-special-tokens)")
     sample_chars = 0
 
     def counted():
@@ -323,12 +359,14 @@ def train_bpe_tokenizer(data_dir, vocab_size, texts):
             sample_chars += len(text)
             yield text
     tokenizer = rustbpe.Tokenizer()
-    tokenizer.train_from_iterator(counted(), vocab_size - 1)
+    tokenizer.train_from_iterator(counted(), vocab_size - 1 - reserved)
     ranks = {bytes(token): rank for token, rank in tokenizer.get_mergeable_ranks()}
-    if len(ranks) != vocab_size - 1:
-        raise DataError(f"the BPE sample ({sample_chars:,} characters) only supports {len(ranks) + 1} tokens, not "
-                        f"bpe:{vocab_size}: use a smaller vocab, or more text (--tokens, --bpe-sample-chars)")
-    save_tokenizer(data_dir, f'bpe:{vocab_size}', tokenizer.get_pattern(), ranks, vocab_size - 1)
+    if len(ranks) != vocab_size - 1 - reserved:
+        raise DataError(f"the BPE sample ({sample_chars:,} characters) only supports {len(ranks) + 1 + reserved} "
+                        f"tokens, not bpe:{vocab_size}: use a smaller vocab, or more text (--tokens, "
+                        f"--bpe-sample-chars)")
+    save_tokenizer(data_dir, f'bpe:{vocab_size}', tokenizer.get_pattern(), ranks, vocab_size - 1,
+                   reserve(len(ranks), special))
 
 
 # GPT-NeoX-20B's tokenizer (EleutherAI/gpt-neox-20b's tokenizer.json, in the Hugging Face `tokenizers` format) is
@@ -342,9 +380,10 @@ def train_bpe_tokenizer(data_dir, vocab_size, texts):
 NEOX_REPO = 'EleutherAI/gpt-neox-20b'
 
 
-def make_neox_tokenizer(out_dir, network=None):
+def make_neox_tokenizer(out_dir, network=None, special=True):
     """Fetch NeoX's tokenizer.json once from the Hub, like the data (HF_ENDPOINT and HF_TOKEN, resumable, verified
-    against the listing), and keep it inside the folder's tokenizer.json with the commit it came from."""
+    against the listing), and keep it inside the folder's tokenizer.json with the commit it came from, and the names
+    of the SPECIAL_TOKENS that HFEncoding adds after its ids (50,277 ...)."""
     hub = Hub(network)
     sha, files = hub.files(NEOX_REPO, 'main', '', 'tokenizer.json', kind='models')
     listed = next((f for f in files if f['path'] == 'tokenizer.json'), None)
@@ -356,7 +395,8 @@ def make_neox_tokenizer(out_dir, network=None):
     with open(path, 'rb') as f:
         spec = json.loads(f.read())
     save_json(os.path.join(out_dir, 'tokenizer.json'), {'name': 'neox', 'source': f'{NEOX_REPO}@{sha}',
-                                                         'tokenizers': spec})
+                                                         'tokenizers': spec,
+                                                         'special_tokens': list(SPECIAL_TOKENS) if special else []})
     os.remove(path)
 
 
@@ -365,12 +405,19 @@ class HFEncoding:
     encode_ordinary, encode, encode_to_numpy, decode). As with tiktoken, '<|endoftext|>' written in a text is
     plain text, unless encode() is given allowed_special (sample.py's prompts)."""
 
-    def __init__(self, name, spec_text):
-        from tokenizers import Tokenizer
+    def __init__(self, name, spec_text, reserved=()):
+        from tokenizers import AddedToken, Tokenizer
         self.name = name
         self.special = Tokenizer.from_str(spec_text)  # special tokens written in a text are special tokens
         self.plain = Tokenizer.from_str(spec_text)
         self.plain.encode_special_tokens = True  # ... and here they are text (the added runs of spaces stay)
+        first = self.plain.get_vocab_size(with_added_tokens=True)
+        for tokenizer in (self.special, self.plain):  # the reserved tokens (SPECIAL_TOKENS) after the Hub's ids
+            tokenizer.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in reserved])
+        self.reserved = {t: self.plain.token_to_id(t) for t in reserved}
+        if list(self.reserved.values()) != list(range(first, first + len(reserved))):
+            raise DataError(f"the tokenizers library put {name}'s special tokens at ids {self.reserved}, not from "
+                            f"{first} on: remake the folder with --no-special-tokens")
         self.n_vocab = self.plain.get_vocab_size(with_added_tokens=True)
         self.eot_token = self.plain.token_to_id(EOT)
 
@@ -484,10 +531,22 @@ def finish_meta(out_dir, meta):
     return meta
 
 
+# Request keys that folders made by an earlier prepare.py lack, and what those folders were made with
+REQUEST_BEFORE = {'special_tokens': False}
+
+
 def request_change(old, new):
     """The settings of `new` that differ from `old`, as a phrase: "tokenizer='gpt2' (this run: 'bpe:400')"."""
+    old = dict(REQUEST_BEFORE, **old)
     return ', '.join(f"{key}={old.get(key)!r} (this run: {value!r})" for key, value in new.items()
                      if old.get(key) != value)
+
+
+def tokenizer_meta(encoding):
+    """meta.json's entries that describe the folder's tokenizer: vocab_size counts every id, the special tokens
+    (SPECIAL_TOKENS, by name, for train.py's objectives and sample.py) included."""
+    return {'vocab_size': encoding.n_vocab, 'eot_id': encoding.eot_token, 'dtype': token_dtype(encoding.n_vocab).name,
+            'special_tokens': reserved_ids(encoding)}
 
 
 def complete_meta(out_dir, request, carry_on_keys=()):
@@ -585,9 +644,10 @@ def tokenize_all(out_dir, texts, workers, batch_docs=64):
 
 
 def prepare_pystdlib(out_dir='data/pystdlib', tokenizer='bpe:8192', workers=0, shard_tokens=100_000_000,
-                     max_files=0):
+                     max_files=0, special=True):
     """Build (or find complete) the pystdlib data folder; returns its meta dict."""
-    request = {'source': 'pystdlib', 'tokenizer': tokenizer, 'shard_tokens': shard_tokens, 'max_files': max_files}
+    request = {'source': 'pystdlib', 'tokenizer': tokenizer, 'shard_tokens': shard_tokens, 'max_files': max_files,
+               'special_tokens': special}
     parse_tokenizer(tokenizer)  # a bad name is one line before anything is written
     with writing(out_dir, 'prepare.py pystdlib'):
         meta = complete_meta(out_dir, request)
@@ -603,11 +663,10 @@ def prepare_pystdlib(out_dir='data/pystdlib', tokenizer='bpe:8192', workers=0, s
             raise DataError(f"{len(files)} stdlib files leave one split empty: use more files (--max-files)")
         say(f"pystdlib: {len(texts['train'])} train + {len(texts['val'])} val files from "
             f"{sysconfig.get_paths()['stdlib']} (Python {sys.version.split()[0]})")
-        make_tokenizer(out_dir, tokenizer, lambda: texts['train'])  # the BPE learns from train files: val stays unseen
-        encoding = load_tokenizer(out_dir)
+        # the BPE learns from train files: val stays unseen
+        make_tokenizer(out_dir, tokenizer, lambda: texts['train'], special=special)
         meta = {'source': 'pystdlib', 'revision': f"python {sys.version.split()[0]}", 'tokenizer': tokenizer,
-                'vocab_size': encoding.n_vocab, 'eot_id': encoding.eot_token,
-                'dtype': token_dtype(encoding.n_vocab).name, 'shard_tokens': shard_tokens,
+                **tokenizer_meta(load_tokenizer(out_dir)), 'shard_tokens': shard_tokens,
                 'documents': len(files), 'text_bytes': 0, 'max_token_id': -1, 'request': request}
         written, index = [], 0
         for split in ('val', 'train'):
@@ -1274,7 +1333,7 @@ def fineweb_manifest(hub, out_dir, sample, revision):
 
 def prepare_fineweb_edu(out_dir='data/fineweb_edu', sample='100BT', tokens=0, tokenizer='gpt2', workers=0,
                         shard_tokens=100_000_000, val_tokens=0, revision='main', bpe_sample_chars=1_000_000_000,
-                        keep_downloads=False, network=None):
+                        keep_downloads=False, network=None, special=True):
     """Build (or carry on, or find complete) a FineWeb-Edu data folder; returns its meta dict. `network`: a Network
     (endpoint, time-outs, retry budget)."""
     if sample not in ('10BT', '100BT', '350BT'):
@@ -1282,7 +1341,7 @@ def prepare_fineweb_edu(out_dir='data/fineweb_edu', sample='100BT', tokens=0, to
     vocab_size = parse_tokenizer(tokenizer)
     val_tokens = val_tokens or default_val_tokens(shard_tokens, tokens)
     request = {'source': 'fineweb_edu', 'sample': sample, 'tokenizer': tokenizer, 'shard_tokens': shard_tokens,
-               'val_tokens': val_tokens, 'revision': revision}
+               'val_tokens': val_tokens, 'revision': revision, 'special_tokens': special}
     with writing(out_dir, 'prepare.py fineweb_edu'):
         meta = complete_meta(out_dir, dict(request, tokens=tokens), carry_on_keys=('tokens',))
         if meta is not None:
@@ -1313,7 +1372,7 @@ def prepare_fineweb_edu(out_dir='data/fineweb_edu', sample='100BT', tokens=0, to
 
         make_tokenizer(out_dir, tokenizer, lambda: bpe_sample(
             (text for i in range(len(paths)) for _, text in read_documents(fetch(i))), val_tokens, bpe_sample_chars,
-            tokens), network)
+            tokens), network, special)
         counts = tokenize_stream(out_dir, 'fineweb_edu', paths, fetch, state, workers or default_workers(),
                                  val_tokens, shard_tokens, tokens, done_with_files)
         return finish_meta(out_dir, dataset_meta(out_dir, f'fineweb_edu/sample/{sample}', sha, tokenizer,
@@ -1328,7 +1387,7 @@ FILE_TYPES = ('.txt', '.jsonl', '.parquet')
 
 
 def prepare_files(paths, out_dir='data/files', tokenizer='bpe:8192', workers=0, shard_tokens=100_000_000,
-                  val_tokens=0, tokens=0, bpe_sample_chars=1_000_000_000):
+                  val_tokens=0, tokens=0, bpe_sample_chars=1_000_000_000, special=True):
     """Build (or carry on, or find complete) a data folder from local files; returns its meta dict."""
     for path in paths:
         if os.path.isdir(path):
@@ -1347,14 +1406,15 @@ def prepare_files(paths, out_dir='data/files', tokenizer='bpe:8192', workers=0, 
     # ~4 bytes of file per token: text and jsonl ~4-5, parquet ~3-4 compressed
     val_tokens = val_tokens or default_val_tokens(shard_tokens, tokens or input_bytes // 4)
     request = {'source': 'files', 'paths': paths, 'tokenizer': tokenizer, 'shard_tokens': shard_tokens,
-               'val_tokens': val_tokens}
+               'val_tokens': val_tokens, 'special_tokens': special}
     with writing(out_dir, 'prepare.py files'):
         meta = complete_meta(out_dir, dict(request, tokens=tokens), carry_on_keys=('tokens',))
         if meta is not None:
             return meta
         state = start_progress(out_dir, request)
         make_tokenizer(out_dir, tokenizer, lambda: bpe_sample(
-            (text for path in paths for _, text in read_documents(path)), val_tokens, bpe_sample_chars, tokens))
+            (text for path in paths for _, text in read_documents(path)), val_tokens, bpe_sample_chars, tokens),
+            special=special)
         counts = tokenize_stream(out_dir, 'files', paths, paths.__getitem__, state, workers or default_workers(),
                                  val_tokens, shard_tokens, tokens)
         return finish_meta(out_dir, dataset_meta(out_dir, 'files', None, tokenizer, shard_tokens,
@@ -1362,10 +1422,8 @@ def prepare_files(paths, out_dir='data/files', tokenizer='bpe:8192', workers=0, 
 
 
 def dataset_meta(out_dir, source, revision, tokenizer, shard_tokens, request, counts):
-    encoding = load_tokenizer(out_dir)
-    return dict({'source': source, 'revision': revision, 'tokenizer': tokenizer, 'vocab_size': encoding.n_vocab,
-                 'eot_id': encoding.eot_token, 'dtype': token_dtype(encoding.n_vocab).name,
-                 'shard_tokens': shard_tokens, 'request': request}, **counts)
+    return dict({'source': source, 'revision': revision, 'tokenizer': tokenizer, **tokenizer_meta(load_tokenizer(
+        out_dir)), 'shard_tokens': shard_tokens, 'request': request}, **counts)
 
 
 # -----------------------------------------------------------------------------------------------------
@@ -1461,6 +1519,9 @@ def main(argv):
         sub.add_argument('--workers', type=int, default=0, help='tokenizer processes (default: all cores)')
         sub.add_argument('--shard-tokens', type=number, default=shard_tokens,
                          help=f'tokens per shard (default {shard_tokens:,})')
+        sub.add_argument('--no-special-tokens', dest='special', action='store_false',
+                         help="reserve no ids for the fim and ul2 objectives' special tokens (a bpe:V learns 22 "
+                              "more merges)")
 
     # pystdlib: 8,192 tokens is enough for ~30 MB of code (each merge still seen thousands of times), keeps a
     # small CPU model's embedding and output layer cheap (8192 x 256 = 2.1M params each at n_embd 256), is a
@@ -1510,14 +1571,15 @@ def main(argv):
 
     args = parser.parse_args(argv)
     if args.source == 'pystdlib':
-        prepare_pystdlib(args.out, args.tokenizer, args.workers, args.shard_tokens, args.max_files)
+        prepare_pystdlib(args.out, args.tokenizer, args.workers, args.shard_tokens, args.max_files, args.special)
     elif args.source == 'fineweb_edu':
         network = Network(args.endpoint, args.connect_timeout, args.read_timeout, args.retry_budget)
         prepare_fineweb_edu(args.out, args.sample, args.tokens, args.tokenizer, args.workers, args.shard_tokens,
-                            args.val_tokens, args.revision, args.bpe_sample_chars, args.keep_downloads, network)
+                            args.val_tokens, args.revision, args.bpe_sample_chars, args.keep_downloads, network,
+                            args.special)
     elif args.source == 'files':
         prepare_files(args.paths, args.out, args.tokenizer, args.workers, args.shard_tokens, args.val_tokens,
-                      args.tokens, args.bpe_sample_chars)
+                      args.tokens, args.bpe_sample_chars, args.special)
     else:
         bench(args.workers, args.megabytes, args.tokenizer, args.rounds)
     return 0

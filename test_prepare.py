@@ -911,7 +911,11 @@ def test_neox_tokenizer_from_the_hub(hub, tmp_path, monkeypatch, capsys):
     assert re.search(r'gpt-neox-20b-tokenizer.json does not match the listing \(git sha1 [0-9a-f]{40}, not '
                      f'{git_blob_id(hub.model_files["tokenizer.json"])}\\)', capsys.readouterr().out)
     enc = prepare.load_tokenizer(str(out))
-    assert meta['tokenizer'] == 'neox' and meta['vocab_size'] == enc.n_vocab == reference.get_vocab_size()
+    # NeoX's ids, then the objectives' special tokens (by default) in the model's padding after them
+    assert meta['tokenizer'] == 'neox' and meta['vocab_size'] == enc.n_vocab == reference.get_vocab_size() + 22
+    assert meta['special_tokens'] == prepare.reserve(reference.get_vocab_size()) == prepare.reserved_ids(enc)
+    assert enc.decode([meta['special_tokens']['<|fim_middle|>']]) == '<|fim_middle|>'
+    assert meta['special_tokens']['<|fim_middle|>'] not in enc.encode_ordinary('<|fim_middle|>')
     assert meta['eot_id'] == enc.eot_token == 0 and meta['dtype'] == 'uint16'
     # the shards hold the reference library's ids of every document, each led by <|endoftext|>
     expected = sum(([0] + reference.encode(doc, add_special_tokens=False).ids for doc in docs), [])

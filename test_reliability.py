@@ -244,6 +244,7 @@ BAD = {  # a value each rule must refuse
     'sample_every': -1, 'sample_tokens': -1, 'ckpt_every': 0, 'keep_ckpts': 0, 'spike_factor': 0.0,
     'spike_window': 0, 'spike_min_std': -0.1, 'max_rollbacks': -1, 'gpu': '', 'n_gpu': 0, 'mfu': 1.5,
     'usd_per_gpu_hour': -1.0, 'hellaswag_every': -1, 'hellaswag_items': -1,
+    'objective': 'mlm', 'fim_rate': 1.5, 'fim_spm_rate': -0.5, 'ul2_s_rate': 2.0, 'ul2_r_rate': -1.0, 'ul2_x_rate': 1.1,
 }
 
 

@@ -26,6 +26,7 @@ import math
 import os
 import resource
 import shlex
+import shutil
 import signal
 import statistics
 import sys
@@ -48,9 +49,10 @@ import checkpoint
 import eval as hellaswag  # eval.py: HellaSwag accuracy (the module, named for its job; not the builtin)
 import files
 import ledger
+import objectives
 import plot
 import prepare
-from config import ConfigError, UserError, cli, load_config
+from config import DEFAULTS, ConfigError, UserError, cli, load_config
 from model import GPT
 from prepare import DataError
 
@@ -182,18 +184,33 @@ def planned_steps(train, micro_step_tokens):
     return steps + max(0, math.ceil((train.train_tokens - tokens) / train.batch_tokens))
 
 
-def lr_at(step, total_steps, train):
+def warmup_steps(total_steps, train):
+    return max(1, round(train.warmup_frac * total_steps))
+
+
+def wsd_decay(total_steps, train):
+    """wsd: (the first decayed step, the steps of the decay): the last decay_frac of total_steps."""
+    decay = max(1, round(train.decay_frac * total_steps))
+    return total_steps - decay, decay
+
+
+def stable_steps(total_steps, train):
+    """wsd: the checkpoints (steps done) a cooldown branch may start from: warmup complete, the next step still at
+    the peak. h200_1b3_overtrain: steps 572 to 152,587 of 190,735."""
+    return range(warmup_steps(total_steps, train), wsd_decay(total_steps, train)[0])
+
+
+def lr_at(step, total_steps, train, cooldown=None):
     """LR for 0-based step `step` of `total_steps`. Linear warmup over warmup_frac of the steps (the book: 0.1-0.5%)
     from lr/warmup to the peak at step warmup-1; then either cosine decay (GPT-3, LLaMA) or warmup-stable-decay
     (constant, then a linear decay over the last decay_frac of the steps), both ending at min_lr_ratio x peak (10%)
-    on the last step."""
-    warmup = max(1, round(train.warmup_frac * total_steps))
+    on the last step. cooldown: a branch's (first step, steps), a wsd decay of its own in place of the run's."""
+    warmup = warmup_steps(total_steps, train)
     peak, floor = train.lr, train.lr * train.min_lr_ratio
     if step < warmup:
         return peak * (step + 1) / warmup
     if train.schedule == 'wsd':
-        decay = max(1, round(train.decay_frac * total_steps))
-        decay_start = total_steps - decay  # the first decayed step; the last step reaches the floor
+        decay_start, decay = cooldown or wsd_decay(total_steps, train)  # the last step reaches the floor
         if step < decay_start:
             return peak
         return peak + (floor - peak) * min(1.0, (step - decay_start + 1) / decay)
@@ -311,14 +328,15 @@ def open_data(model_cfg, train):
     return stream, val, meta
 
 
-def micro_batch_arrays(stream, position, micro_step, cluster, micro_batch):
+def micro_batch_arrays(stream, position, micro_step, cluster, micro_batch, objective=objectives.CLM):
     """Rank r's inputs and targets for micro-step m of the step that starts at stream `position`. The step's
     sequences are position .. position + accum x world x micro_batch - 1; micro-step m, rank r takes the slice
     (m x world + r) x micro_batch of length micro_batch. So the ranks' slices are disjoint and together are
-    exactly what one process with world x the accumulation reads (test_distributed.py checks it)."""
+    exactly what one process with world x the accumulation reads (test_distributed.py checks it). The objective
+    makes (inputs, targets) of each sequence from its tokens and its index in the stream alone (objectives.py):
+    for clm, (s[:-1], s[1:]); a resumed run and any world size transform every sequence alike."""
     first = position + (micro_step * cluster.world_size + cluster.rank) * micro_batch
-    sequences = stream.batch(first, micro_batch)
-    return np.ascontiguousarray(sequences[:, :-1]), np.ascontiguousarray(sequences[:, 1:])
+    return objective(stream.batch(first, micro_batch), first)
 
 
 def to_device(array, device):
@@ -601,7 +619,7 @@ class Run:
     params: list                # the trainable parameters, listed once: no per-step walk over the modules
     micro_step_tokens: int      # tokens of one micro-step on all ranks together
     total_steps: int            # the steps the schedule spans (train_tokens)
-    stop_step: int              # where this run stops (max_steps may stop it early)
+    stop_step: int              # where this run stops (max_steps may stop it early; a branch where its decay ends)
     state: RunState = dataclasses.field(default_factory=RunState)
     val: np.ndarray = None      # the fixed val sequences, (n, block_size + 1)
     meta: dict = None           # the data folder's meta.json (None for synthetic data)
@@ -609,6 +627,10 @@ class Run:
     last_checkpoint: str = None # the rollback target
     tokenizer: object = None    # for text samples and HellaSwag, when the run makes them
     hellaswag: list = None      # HellaSwag's items (eval.py), when hellaswag_every is set
+    objective: objectives.Objective = None  # what the model learns to predict (objectives.build)
+    cooldown: tuple = None      # a cooldown branch: (its first step, its steps), the decay lr_at runs
+    branch_points: dict = dataclasses.field(default_factory=dict)  # a wsd main run: {step: branch length} to keep
+    argv: list = dataclasses.field(default_factory=list)  # train.py's arguments, for the commands it prints
 
 
 def check_out_dir(train, resume, stop_step, cluster):
@@ -637,12 +659,14 @@ def check_out_dir(train, resume, stop_step, cluster):
 # micro_batch and the world size: the same global batch) may change freely on resume, and are logged if they do.
 CONTINUATION_KEYS = ('data', 'seed', 'train_tokens', 'batch_tokens', 'batch_ramp_tokens', 'batch_ramp_start', 'lr',
                      'min_lr_ratio', 'schedule', 'warmup_frac', 'decay_frac', 'weight_decay', 'beta1', 'beta2', 'eps',
-                     'grad_clip', 'dtype')
+                     'grad_clip', 'dtype', 'cooldown_from', 'cooldown_tokens', 'objective', 'fim_rate',
+                     'fim_spm_rate', 'ul2_s_rate', 'ul2_r_rate', 'ul2_x_rate')
 
 
-def check_resumable(path, model_cfg, train, allowed, cluster):
+def check_resumable(path, model_cfg, train, allowed, cluster, action='resume'):
     """A checkpoint continues only the model it was written for, in its own parallel mode's format; a change to
-    a CONTINUATION_KEYS key needs --allow_change=KEY (then it is logged, old and new)."""
+    a CONTINUATION_KEYS key needs --allow_change=KEY (then it is logged, old and new). A key the checkpoint does not
+    hold (it is older than the key) had its default. action: what the log lines call the continuation."""
     saved = checkpoint.read_state(path)
     if saved['model_config'] != dataclasses.asdict(model_cfg):
         changed = [k for k, v in dataclasses.asdict(model_cfg).items() if saved['model_config'].get(k) != v]
@@ -651,16 +675,119 @@ def check_resumable(path, model_cfg, train, allowed, cluster):
     if saved['train_config']['parallel'] != train.parallel:
         raise ConfigError(f"{path} was written with parallel={saved['train_config']['parallel']}: resume with "
                           f"--parallel={saved['train_config']['parallel']}")
-    today = dataclasses.asdict(train)
-    changes = {k: (saved['train_config'].get(k), v) for k, v in today.items()
-               if k != 'dataset_tokens' and saved['train_config'].get(k) != v}
+    then = {k: saved['train_config'].get(k, DEFAULTS[k]) for k in DEFAULTS if hasattr(train, k)}
+    changes = {k: (then[k], v) for k, v in dataclasses.asdict(train).items()
+               if k != 'dataset_tokens' and then[k] != v}
     refused = [k for k in changes if k in CONTINUATION_KEYS and k not in allowed]
     if refused:
         listed = ', '.join(f'{k} {changes[k][0]!r} -> {changes[k][1]!r}' for k in refused)
         raise ConfigError(f"resuming {path} with a changed {listed}: that breaks the exact continuation (data order, "
                           f"schedule or optimizer); pass --allow_change={','.join(refused)} if you mean it")
     for key, (old, new) in changes.items():
-        log(cluster, f"resume: {key} changed from {old!r} to {new!r}")
+        log(cluster, f"{action}: {key} changed from {old!r} to {new!r}")
+
+
+# Cooldown branches (Hägele et al. 2024, "Scaling Laws and Compute-Optimal Training Beyond Fixed Training
+# Durations", sec. 3; MiniCPM, Hu et al. 2024). A cosine run's LR at every step depends on where the run ends, so
+# the loss after 1x, 2x and 4x Chinchilla's tokens takes three runs from scratch: 7x in all. A wsd run holds the
+# peak LR until its last decay_frac, so a checkpoint from that stable phase, decayed in a short run of its own, is a
+# finished run of that length; Hägele et al. find a linear decay over 10-20% of the steps matches cosine of the same
+# length. One wsd run to 4x and two branches cost 4 + 0.2 x (1 + 2) = 4.6x. The main run names its branches'
+# lengths in `cooldowns` and keeps its checkpoint at (1 - decay_frac) x each in out_dir/branch_points (hard links to
+# the files in ckpt/: no bytes copied, and keep_ckpts prunes only ckpt/). A branch (--cooldown_from=that checkpoint
+# --cooldown_tokens=N) starts from its weights, AdamW states, data position and step, so it reads on where the main
+# run stopped reading, decays the LR from the peak to min_lr_ratio x peak over N tokens, and writes its own out_dir
+# (by default the main run's + '_cooldown_26B', named for the tokens it ends at); it resumes like any run.
+
+BRANCH_POINTS = 'branch_points'  # out_dir/branch_points/step_N: the stable checkpoints that branches start from
+
+
+def branch_points(train, micro_step_tokens):
+    """A wsd run's `cooldowns` -> {step: length}: the branch of a length starts from the checkpoint after which the
+    run has seen (1 - decay_frac) x length tokens, so it decays over decay_frac of its length as the main run does.
+    h200_1b3_overtrain: 26B and 52B start at steps 39,673 and 79,346 (20.8B and 41.6B tokens). A branch takes none."""
+    if not train.cooldowns or train.cooldown_from:
+        return {}
+    if train.schedule != 'wsd':
+        raise ConfigError(f"cooldowns need schedule = 'wsd': a {train.schedule} run's LR falls at every step, so no "
+                          f"checkpoint of it is a stable point to branch from")
+    stable = stable_steps(planned_steps(train, micro_step_tokens), train)
+    points = {}
+    for length in train.cooldowns:
+        start = round((1 - train.decay_frac) * length)
+        step = planned_steps(dataclasses.replace(train, train_tokens=start), micro_step_tokens)
+        if step not in stable:
+            raise ConfigError(f"cooldowns: the branch of {length:,} tokens would start at step {step:,} ({start:,} "
+                              f"tokens), outside this run's stable phase (steps {stable.start:,} to "
+                              f"{stable.stop - 1:,}): a length must be shorter than train_tokens "
+                              f"({train.train_tokens:,}) and start after the warmup")
+        points[step] = length
+    return points
+
+
+def branch_point_path(out_dir, step):
+    return os.path.join(out_dir, BRANCH_POINTS, f'step_{step:07d}')
+
+
+def branch_out_dir(out_dir, end_tokens):
+    """A branch's default out_dir: out/h200_1b3_overtrain -> out/h200_1b3_overtrain_cooldown_26B."""
+    return f"{os.path.normpath(out_dir)}_cooldown_{ledger._si(end_tokens)}"
+
+
+def branch_flags(out_dir, step, cooldown_tokens):
+    """The flags that make the main run's command its branch from the checkpoint kept at `step`."""
+    return [f'--cooldown_from={branch_point_path(out_dir, step)}', f'--cooldown_tokens={cooldown_tokens}']
+
+
+def keep_branch_point(run):
+    """The checkpoint just written at a branch point, hard-linked into out_dir/branch_points (a tmp_ folder renamed
+    when complete, as checkpoint.save does), and the command that runs its branch."""
+    step, length = run.state.step, run.branch_points[run.state.step]
+    kept = branch_point_path(run.train.out_dir, step)
+    if run.cluster.is_master:
+        tmp = os.path.join(os.path.dirname(kept), 'tmp_' + os.path.basename(kept))
+        shutil.rmtree(tmp, ignore_errors=True)
+        shutil.copytree(run.last_checkpoint, tmp, copy_function=os.link)
+        shutil.rmtree(kept, ignore_errors=True)  # the same step written again, after a rollback
+        os.rename(tmp, kept)
+        command = train_command(run.argv, run.cluster, {'--resume', '--max_steps', '--allow_change'},
+                                *branch_flags(run.train.out_dir, step, length - run.state.tokens_seen))
+        log(run.cluster, f"step {step}: {run.state.tokens_seen:,} tokens, the start of the {ledger._si(length)} "
+                         f"cooldown branch, kept in {kept}; run the branch with: {command}")
+
+
+def cooldown_branch(train, micro_step_tokens):
+    """A branch's checks and place, before anything is written: -> (train with the branch's out_dir, (its first
+    step, its steps)). The main run's checkpoint (its train_state: kilobytes) is read at every start and resume: it
+    must be a stable-phase checkpoint of a wsd run that is no branch itself."""
+    path = train.cooldown_from
+    if train.cooldown_tokens <= 0:
+        raise ConfigError(f"cooldown_tokens must be positive for a branch, got {train.cooldown_tokens:,}: the tokens "
+                          f"of its decay (10-20% of those seen at the branch point: Hägele et al. 2024)")
+    if not os.path.isfile(os.path.join(path, checkpoint.MANIFEST)):
+        raise ConfigError(f"--cooldown_from={path} is not a checkpoint folder (with a {checkpoint.MANIFEST}): give "
+                          f"one a wsd run kept, out_dir/{BRANCH_POINTS}/step_N, or one of its out_dir/ckpt/step_N")
+    saved = checkpoint.read_state(checkpoint.verified(path))
+    main, step, tokens = saved['train_config'], saved['run']['step'], saved['run']['tokens_seen']
+    if main.get('cooldown_from'):
+        raise ConfigError(f"{path} is a cooldown branch's checkpoint, already decaying: branch from the main run's "
+                          f"checkpoints ({main['cooldown_from']} is one)")
+    if main['schedule'] != 'wsd':
+        raise ConfigError(f"{path} was written by a {main['schedule']} run: a branch starts from the stable phase of "
+                          f"a wsd run (a {main['schedule']} run's LR falls at every step)")
+    main_train = dataclasses.replace(train, **{k: v for k, v in main.items() if hasattr(train, k)})
+    stable = stable_steps(planned_steps(main_train, micro_step_tokens), main_train)
+    if step not in stable:
+        raise ConfigError(f"{path} is step {step:,} of a wsd run that holds the peak LR from step {stable.start:,} "
+                          f"to {stable.stop - 1:,}: at step {step:,} it is "
+                          f"{'still warming up' if step < stable.start else 'already decaying'}; branch from a "
+                          f"checkpoint in between")
+    end_tokens = tokens + train.cooldown_tokens
+    end_step = planned_steps(dataclasses.replace(train, train_tokens=end_tokens), micro_step_tokens)
+    main_out_dir = os.path.dirname(os.path.dirname(os.path.abspath(path)))
+    if os.path.abspath(train.out_dir) in (os.path.abspath(main['out_dir']), main_out_dir):  # never the main's
+        train = dataclasses.replace(train, out_dir=branch_out_dir(train.out_dir, end_tokens))
+    return train, (step, end_step - step)
 
 
 def setup(argv, held=None):
@@ -674,12 +801,20 @@ def setup(argv, held=None):
     config_path, overrides, resume, force, allowed_changes = parse_args(argv)
     model_cfg, train = load_config(config_path, overrides)
     cluster = setup_cluster()
+    micro_step_tokens = tokens_per_micro_step(model_cfg, train, cluster.world_size)
+    cooldown = None
+    if train.cooldown_from:  # a branch: its checks, and its own out_dir, before anything is written
+        train, cooldown = cooldown_branch(train, micro_step_tokens)
+    elif train.cooldown_tokens:
+        raise ConfigError('cooldown_tokens goes with --cooldown_from: the stable checkpoint the branch decays from')
     if cluster.is_master and locking:  # under torchrun, a rank that stops here takes the others down with it
         held.enter_context(files.folder_lock(train.out_dir, shlex.join(['train.py'] + list(argv))))
-    micro_step_tokens = tokens_per_micro_step(model_cfg, train, cluster.world_size)
     total_steps = planned_steps(train, micro_step_tokens)
-    stop_step = min(total_steps, train.max_steps) if train.max_steps else total_steps
+    points = branch_points(train, micro_step_tokens)
+    end_step = sum(cooldown) if cooldown else total_steps
+    stop_step = min(end_step, train.max_steps) if train.max_steps else end_step
     stream, val, meta = open_data(model_cfg, train)
+    objective = objectives.build(train, meta)  # its keys, and the data folder's special tokens, checked here
     if meta and not train.dataset_tokens:  # the ledger's "is the dataset big enough" uses the real count
         train = dataclasses.replace(train, dataset_tokens=meta['train_tokens'])
     resume_from = check_out_dir(train, resume, stop_step, cluster)
@@ -687,8 +822,12 @@ def setup(argv, held=None):
         return None
     if resume_from:
         check_resumable(resume_from, model_cfg, train, allowed_changes, cluster)
+    elif cooldown:  # the branch continues the main run: the same checks, and its own keys may differ
+        check_resumable(train.cooldown_from, model_cfg, train, allowed_changes | {'cooldown_from', 'cooldown_tokens'},
+                        cluster, action='branch')
     elif allowed_changes:
-        raise ConfigError('--allow_change goes with --resume: it names the keys a resumed run may change')
+        raise ConfigError('--allow_change goes with --resume or --cooldown_from: it names the keys a continued run '
+                          'may change')
     join_process_group(cluster)
 
     torch.manual_seed(train.seed)
@@ -705,7 +844,8 @@ def setup(argv, held=None):
     if train.gpu.lower() not in ('auto', device.name.lower()):
         log(cluster, f"the config plans for gpu={train.gpu} (`python ledger.py {config_path}` prints that bill); "
                      f"this run is on {device.name}: the live ledger predicts for it")
-    prediction = ledger.predict(model_cfg, train, n_gpu=cluster.world_size, device=device)
+    billed = dataclasses.replace(train, train_tokens=train.cooldown_tokens, max_steps=0) if cooldown else train
+    prediction = ledger.predict(model_cfg, billed, n_gpu=cluster.world_size, device=device)  # a branch: its decay
     held.enter_context(files.disk_errors(train.out_dir, needed_bytes=prediction['data']['checkpoint_bytes']))
     log(cluster, ledger.format_short(prediction, f"{os.path.join(train.out_dir, 'ledger.md')}, or python ledger.py "
                                                  f"{config_path}"))
@@ -721,6 +861,10 @@ def setup(argv, held=None):
     log(cluster, f"precision: {dtype} compute" + (' (the faster on this CPU, measured)' if train.dtype == 'auto' and
                                                    cluster.device.type == 'cpu' else '')
                  + ", fp32 weights, gradients and AdamW states")
+    if objective is not objectives.CLM:
+        log(cluster, f"objective: {train.objective}: about {prediction['data']['loss_fraction']:.0%} of the positions "
+                     f"carry loss (the others' targets are {objectives.IGNORE_INDEX}: given, not predicted); tokens/s "
+                     f"and MFU count every position; the val loss is plain next-token prediction on every position")
 
     model, raw_model = build_model(model_cfg, train, cluster, dtype)
     built = sum(p.numel() for p in raw_model.parameters())  # DTensor.numel() is the full size: sharding-proof
@@ -732,14 +876,22 @@ def setup(argv, held=None):
               params=[p for p in model.parameters() if p.requires_grad], micro_step_tokens=micro_step_tokens,
               total_steps=total_steps, stop_step=stop_step, val=val, meta=meta, last_checkpoint=resume_from,
               metrics=Metrics(cluster, train, prediction, built, append=bool(resume_from),
-                              bytes_per_token=meta.get('bytes_per_token') if meta else None))
-    if resume_from:
-        saved = checkpoint.load(resume_from, model, optimizer)
+                              bytes_per_token=meta.get('bytes_per_token') if meta else None),
+              cooldown=cooldown, branch_points=points, argv=list(argv), objective=objective)
+    start_from = resume_from or train.cooldown_from  # a branch starts from the main run's checkpoint
+    if start_from:
+        saved = checkpoint.load(start_from, model, optimizer)
         run.state = RunState(**saved['run'])
-        log(cluster, f"resumed from {resume_from}: step {run.state.step}, {run.state.tokens_seen:,} tokens, data "
-                     f"position {run.state.position:,} sequences (written by {saved['world_size']} process(es), "
-                     f"read by {cluster.world_size}: the position is global, the stream continues where it stopped)")
-    else:  # step 0: something to roll back to before the first periodic checkpoint
+        log(cluster, f"{'resumed' if resume_from else 'branched'} from {start_from}: step {run.state.step}, "
+                     f"{run.state.tokens_seen:,} tokens, data position {run.state.position:,} sequences (written by "
+                     f"{saved['world_size']} process(es), read by {cluster.world_size}: the position is global, the "
+                     f"stream continues where it stopped)")
+    if cooldown and not resume_from:
+        log(cluster, f"cooldown: the LR falls linearly from {train.lr:.3g} to {train.lr * train.min_lr_ratio:.3g} over "
+                     f"steps {cooldown[0] + 1:,} to {end_step:,} ({train.cooldown_tokens:,} tokens; the ledger above "
+                     f"bills these), to {run.state.tokens_seen + train.cooldown_tokens:,} tokens seen; out_dir "
+                     f"{train.out_dir}")
+    if not resume_from:  # something to roll back to in this run's own folder: step 0, or where the branch starts
         save_checkpoint(run)
     if (train.sample_tokens or train.hellaswag_every) and meta:
         run.tokenizer = prepare.load_tokenizer(train.data)
@@ -760,20 +912,22 @@ def save_checkpoint(run):
                    'train_config': dataclasses.asdict(run.train)}
     run.last_checkpoint = checkpoint.save(run.train.out_dir, run.state.step, run.model, run.optimizer, train_state,
                                           keep=run.train.keep_ckpts)
+    if run.state.step in run.branch_points:
+        keep_branch_point(run)
 
 
 def train_step(run):
     """One optimizer step: accumulate gradients over micro-steps, clip, update. Nothing is read back from the
     device: the loss and the gradient norm stay there until the next check point."""
     state, train, cluster = run.state, run.train, run.cluster
-    lr = lr_at(state.step, run.total_steps, train)
+    lr = lr_at(state.step, run.total_steps, train, run.cooldown)
     for group in run.optimizer.param_groups:
         group['lr'] = lr
     batch_tokens = batch_tokens_at(state.tokens_seen, train, run.micro_step_tokens)
     accumulation = batch_tokens // run.micro_step_tokens
     loss_sum = torch.zeros((), device=cluster.device)
     for micro_step in range(accumulation):
-        x, y = micro_batch_arrays(run.stream, state.position, micro_step, cluster, train.micro_batch)
+        x, y = micro_batch_arrays(run.stream, state.position, micro_step, cluster, train.micro_batch, run.objective)
         x, y = to_device(x, cluster.device), to_device(y, cluster.device)
         # DDP all-reduces gradients on every backward unless told not to: only the last micro-step syncs.
         # (FSDP2 reduce-scatters every micro-step and accumulates sharded gradients, keeping its memory low.)
@@ -886,7 +1040,8 @@ def check_point(run, pending, due):
         return roll_back(run, spike)
     last, (loss, grad_norm) = pending[-1], values[-1]
     if due.log:
-        run.metrics.log_step(last, run.total_steps, state.tokens_seen, loss, grad_norm)
+        shown_end = run.stop_step if run.cooldown else run.total_steps  # a branch's own end, not the main run's
+        run.metrics.log_step(last, shown_end, state.tokens_seen, loss, grad_norm)
     if due.hellaswag:
         with torch.compiler.set_stance('force_eager'):  # rows of every length: no recompiles
             accuracy, stderr, items = hellaswag.hellaswag_accuracy(run.raw_model, run.tokenizer, run.hellaswag,
@@ -947,9 +1102,10 @@ class Stop:
             signal.signal(signum, handler)
 
 
-def resume_command(argv, cluster):
-    """The command that continues this run: the same arguments with --resume."""
-    args = [a for a in argv if a != '--resume' and not a.startswith('--resume=')] + ['--resume']
+def train_command(argv, cluster, drop, *flags):
+    """The command that runs train.py again, on this world size: argv less the flags named in drop (--key and
+    --key=...), plus flags. With drop {'--resume'} and the flag --resume, the command that continues this run."""
+    args = [a for a in argv if a.split('=', 1)[0] not in drop] + list(flags)
     if cluster.world_size == 1:
         return shlex.join(['python', 'train.py'] + args)
     nodes = cluster.world_size // int(os.environ.get('LOCAL_WORLD_SIZE', cluster.world_size))
@@ -973,7 +1129,7 @@ class Due:
         if stopping:
             return cls(log=True, eval=False, checkpoint=checkpoint.step_of(run.last_checkpoint) != step, sample=False)
         return cls(log=step % train.log_every == 0 or done, eval=step % train.eval_every == 0 or done,
-                   checkpoint=step % train.ckpt_every == 0 or done,
+                   checkpoint=step % train.ckpt_every == 0 or done or step in run.branch_points,
                    sample=bool(train.sample_every and step % train.sample_every == 0 and run.tokenizer),
                    hellaswag=bool(train.hellaswag_every and (step % train.hellaswag_every == 0 or done)))
 
@@ -981,7 +1137,7 @@ class Due:
         return self.log or self.eval or self.checkpoint or self.sample or self.hellaswag
 
 
-def loop(run, argv):
+def loop(run):
     """The training loop: steps until stop_step, a check point when one is due, a clean stop on a signal."""
     stop = Stop(run.cluster)  # from here SIGINT and SIGTERM end the run with a checkpoint
     try:
@@ -1009,7 +1165,8 @@ def loop(run, argv):
                 barrier(run.cluster)
                 if run.cluster.is_master:
                     print(f"stopped by {signal.Signals(stopping).name} after step {run.state.step}: checkpoint "
-                          f"{run.last_checkpoint} is complete; resume with: {resume_command(argv, run.cluster)}",
+                          f"{run.last_checkpoint} is complete; resume with: "
+                          f"{train_command(run.argv, run.cluster, {'--resume'}, '--resume')}",
                           file=sys.stderr, flush=True)
                 return 128 + stopping
             run.metrics.start_clock()
@@ -1029,7 +1186,7 @@ def main(argv):
     try:
         with contextlib.ExitStack() as held:  # rank 0's lock on out_dir; a full disk there as one line
             run = setup(argv, held)
-            return 0 if run is None else loop(run, argv)
+            return 0 if run is None else loop(run)
     finally:
         gc.unfreeze()
         if dist.is_initialized():

@@ -1,0 +1,280 @@
+"""
+test_overtrain.py: cooldown branches of a wsd run, and the over-training experiment. The main run keeps its branch
+point past keep_ckpts and prints the branch's command; the branch starts from the main run's weights, AdamW states
+and data position, decays the LR linearly from the peak to the floor on its last step, writes only its own
+out_dir and resumes bit-exactly; bad input is one line. overtrain.py runs the wsd run, its branch and cosine runs
+and tabulates their val bits per byte; plot.py draws them with the published fit on its own axis.
+"""
+import contextlib
+import io
+import json
+import os
+import shlex
+
+import numpy as np
+import pytest
+
+import checkpoint
+import config
+import ledger
+import overtrain
+import plot
+import train
+from config import ConfigError, load_config
+from test_plot import lines_labelled
+from test_train import read_metrics, step_losses, write_config
+
+# The main run: 24 steps of 256 tokens (8 sequences of 32), wsd: warmup 2 steps, the peak to step 18, a decay over
+# steps 19-23 (0-based) to 10%. Its branch of 15 steps' tokens starts after step 12 (0.8 x 3,840 = 3,072 tokens)
+# and decays over 3 steps (768 tokens), steps 13-15 as logged.
+STEP_TOKENS, PEAK, FLOOR = 256, 3e-3, 3e-4
+MAIN = dict(schedule='wsd', train_tokens=24 * STEP_TOKENS, decay_frac=0.2, cooldowns=(15 * STEP_TOKENS,),
+            ckpt_every=4, keep_ckpts=1)
+
+
+def quietly(function, *args):
+    """-> (function's return value, what it printed)."""
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        code = function(*args)
+    return code, printed.getvalue()
+
+
+def files_of(folder):
+    """{path: (size, modification time)} of every file under folder."""
+    return {os.path.join(root, name): (os.path.getsize(os.path.join(root, name)),
+                                       os.stat(os.path.join(root, name)).st_mtime_ns)
+            for root, _, names in os.walk(folder) for name in names}
+
+
+@pytest.fixture(scope='module')
+def main_run(pystdlib_data, tmp_path_factory):
+    """-> (config, out_dir, stdout) of the 24-step wsd run."""
+    tmp = tmp_path_factory.mktemp('main')
+    config_path = write_config(tmp, pystdlib_data, out_dir=str(tmp / 'main'), **MAIN)
+    code, out = quietly(train.main, [config_path])
+    assert code == 0
+    return config_path, str(tmp / 'main'), out
+
+
+@pytest.fixture(scope='module')
+def branch(main_run):
+    """-> (out_dir, stdout) of the branch, run with the command the main run printed."""
+    config_path, main, printed = main_run
+    command = printed.split('run the branch with: ')[1].splitlines()[0]
+    before = files_of(main)
+    code, out = quietly(train.main, shlex.split(command)[2:])
+    assert code == 0
+    assert files_of(main) == before  # not a byte of the main run written, nothing removed
+    return main + '_cooldown_3.84K', out
+
+
+def test_the_main_run_keeps_its_branch_point_and_says_how_to_branch(main_run):
+    config_path, main, printed = main_run
+    kept = os.path.join(main, 'branch_points', 'step_0000012')
+    assert sorted(os.listdir(os.path.join(main, 'ckpt'))) == ['LATEST', 'step_0000024']  # keep_ckpts = 1 pruned 12
+    assert os.listdir(os.path.join(main, 'branch_points')) == ['step_0000012'] and checkpoint.damage(kept) is None
+    state = checkpoint.read_state(kept)['run']
+    assert (state['step'], state['tokens_seen'], state['position']) == (12, 12 * STEP_TOKENS, 12 * 8)
+    assert (f"step 12: 3,072 tokens, the start of the 3.84K cooldown branch, kept in {kept}; run the branch with: "
+            f"python train.py {config_path} --cooldown_from={kept} --cooldown_tokens=768") in printed
+    lrs = {e['step']: e['lr'] for e in read_metrics(main) if 'lr' in e}
+    assert lrs[12] == lrs[13] == lrs[19] == PEAK and lrs[24] == pytest.approx(FLOOR)  # the main run: stable at 13
+
+
+def test_a_branch_continues_the_main_run_and_decays_to_the_floor(main_run, branch):
+    _, main, _ = main_run
+    out_dir, printed = branch
+    entries = read_metrics(out_dir)
+    steps = [e for e in entries if 'lr' in e]
+    assert [e['step'] for e in steps] == [13, 14, 15]
+    assert [e['lr'] for e in steps] == pytest.approx([PEAK + (FLOOR - PEAK) * k / 3 for k in (1, 2, 3)])
+    assert steps[-1]['lr'] == pytest.approx(FLOOR) and [e['tokens'] for e in steps] == [3328, 3584, 3840]
+    # step 13's loss is measured before its update, on the weights of step 12 and the data after position 96:
+    # the main run's own step 13, to the bit, if the branch took both over
+    assert steps[0]['loss'] == step_losses(read_metrics(main))[13]
+    assert steps[1]['loss'] != step_losses(read_metrics(main))[14]  # from there a lower LR: another run
+    end = checkpoint.read_state(checkpoint.latest(out_dir))['run']
+    assert (end['step'], end['tokens_seen'], end['position']) == (15, 15 * STEP_TOKENS, 15 * 8)
+    assert sorted(os.listdir(os.path.join(out_dir, 'ckpt'))) == ['LATEST', 'step_0000015']
+    summary = json.loads(open(os.path.join(out_dir, 'summary.json')).read())
+    assert summary['step'] == 15 and summary['val_bpb'] > 0
+    assert f"branched from {main}/branch_points/step_0000012: step 12, 3,072 tokens, data position 96" in printed
+    assert 'steps 13 to 15 (768 tokens' in printed and 'branch: out_dir changed' in printed
+
+
+def test_a_branch_resumes_bit_exactly(main_run, branch, tmp_path, capsys):
+    config_path, main, _ = main_run
+    flags = [config_path, f'--cooldown_from={main}/branch_points/step_0000012', '--cooldown_tokens=768',
+             f'--out_dir={tmp_path / "b"}']
+    assert train.main(flags + ['--max_steps=14']) == 0
+    assert checkpoint.step_of(checkpoint.latest(tmp_path / 'b')) == 14
+    assert train.main(flags) == 2  # its folder holds a branch now: the same rule as any run's
+    assert 'already holds checkpoints: pass --resume' in capsys.readouterr().err
+    assert train.main(flags + ['--resume']) == 0
+    assert step_losses(read_metrics(tmp_path / 'b')) == step_losses(read_metrics(branch[0]))  # exactly equal
+    assert train.main(flags + ['--resume', '--cooldown_tokens=1024']) == 2  # its own decay may not change silently
+    assert 'with a changed cooldown_tokens 768 -> 1024' in capsys.readouterr().err
+
+
+@pytest.fixture(scope='module')
+def other_checkpoints(pystdlib_data, tmp_path_factory):
+    """Checkpoints no branch may start from: {'cosine': step 1 of a cosine run, 'warmup': step 1 of a wsd run}."""
+    tmp = tmp_path_factory.mktemp('others')
+    found = {}
+    for schedule in ('cosine', 'wsd'):
+        config_path = write_config(tmp, pystdlib_data, schedule=schedule, out_dir=str(tmp / schedule), max_steps=1,
+                                   train_tokens=24 * STEP_TOKENS)
+        assert quietly(train.main, [config_path])[0] == 0
+        found['warmup' if schedule == 'wsd' else schedule] = checkpoint.latest(tmp / schedule)
+    return found
+
+
+@pytest.mark.parametrize('flags, message', [
+    (['--cooldown_from={tmp}/nothing', '--cooldown_tokens=768'], 'nothing is not a checkpoint folder'),
+    (['--cooldown_from={main}', '--cooldown_tokens=768'], 'main is not a checkpoint folder'),
+    (['--cooldown_from={cosine}', '--cooldown_tokens=768'], 'was written by a cosine run: a branch starts from'),
+    (['--cooldown_from={warmup}', '--cooldown_tokens=768'], 'is step 1 of a wsd run that holds the peak LR from '
+                                                            'step 2 to 18: at step 1 it is still warming up'),
+    (['--cooldown_from={main}/ckpt/step_0000024', '--cooldown_tokens=768'], 'at step 24 it is already decaying'),
+    (['--cooldown_from={main}_cooldown_3.84K/ckpt/step_0000015', '--cooldown_tokens=768'],
+     "is a cooldown branch's checkpoint, already decaying"),
+    (['--cooldown_from={kept}', '--cooldown_tokens=0'], 'cooldown_tokens must be positive for a branch, got 0'),
+    (['--cooldown_from={kept}', '--cooldown_tokens=-5'], 'cooldown_tokens must be positive for a branch, got -5'),
+    (['--cooldown_tokens=768'], 'cooldown_tokens goes with --cooldown_from'),
+    (['--cooldown_from={kept}', '--cooldown_tokens=768', '--n_layer=3'], 'was written for another model (n_layer'),
+    (['--cooldown_from={kept}', '--cooldown_tokens=768', '--lr=0.001'], 'with a changed lr 0.003 -> 0.001'),
+    (['--schedule=cosine'], "cooldowns need schedule = 'wsd'"),
+    (['--cooldowns=6144'], 'the branch of 6,144 tokens would start at step 20 (4,915 tokens), outside this '
+                           "run's stable phase (steps 2 to 18)"),
+])
+def test_bad_input_is_one_line(main_run, branch, other_checkpoints, tmp_path, capsys, flags, message):
+    config_path, main, _ = main_run
+    places = dict(other_checkpoints, tmp=tmp_path, main=main, kept=f'{main}/branch_points/step_0000012')
+    args = [config_path, f'--out_dir={tmp_path / "out"}'] + [flag.format(**places) for flag in flags]
+    capsys.readouterr()
+    assert train.main(args) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith('error: ') and message in err[0], err
+
+
+def test_the_schedule_of_a_branch():
+    cfg = config.TrainConfig(lr=1e-3, warmup_frac=0.01, schedule='wsd', decay_frac=0.2, min_lr_ratio=0.1)
+    total = 1000  # 10 warmup steps, the peak to step 799; a branch of 100 steps from step 400
+    assert list(train.stable_steps(total, cfg)) == list(range(10, 800))
+    lrs = [train.lr_at(step, total, cfg, cooldown=(400, 100)) for step in range(398, 500)]
+    assert lrs[:2] == [1e-3, 1e-3] and lrs[2] == pytest.approx(1e-3 - 9e-4 / 100)  # the first step decays
+    assert lrs[51] == pytest.approx(5.5e-4) and lrs[-1] == pytest.approx(1e-4)       # half-way; the floor
+    assert all(a > b for a, b in zip(lrs[1:], lrs[2:]))
+
+
+def test_the_overtrain_config_branches_at_one_and_two_chinchillas():
+    model_cfg, train_cfg = load_config('configs/h200_1b3_overtrain.py')
+    step_tokens = train.tokens_per_micro_step(model_cfg, train_cfg, 1)
+    total = train.planned_steps(train_cfg, step_tokens)  # ceil(100e9 / 524,288)
+    assert total == 190_735 and train.stable_steps(total, train_cfg) == range(572, 152_588)
+    points = train.branch_points(train_cfg, step_tokens)  # ceil(0.8 x 26e9 / 524,288) and ceil(0.8 x 52e9 / ...)
+    assert points == {39_673: 26_000_000_000, 79_346: 52_000_000_000}
+    runs = overtrain.plan(model_cfg, train_cfg)
+    assert [(r.schedule, r.length, r.tokens) for r in runs] == [
+        ('wsd', 100e9, 100e9), ('cooldown', 26e9, 26e9 - 39_673 * 524_288), ('cooldown', 52e9, 52e9 - 79_346 * 524_288),
+        ('cosine', 26e9, 26e9), ('cosine', 52e9, 52e9), ('cosine', 100e9, 100e9)]
+    assert runs[1].out_dir == 'out/h200_1b3_overtrain_cooldown_26B' and runs[1].flags == [
+        '--cooldown_from=out/h200_1b3_overtrain/branch_points/step_0039673', '--cooldown_tokens=5199922176']
+    rows, prediction = overtrain.bill(model_cfg, train_cfg, runs)
+    share = 5_199_922_176 / 100e9  # the main run's 24.9 days and $2,091, shared out by tokens
+    assert rows[3].endswith(f"| {ledger._duration(prediction['days'] * share)} | "
+                            f"${prediction['cost_usd'] * share:,.0f} |")
+    assert rows[-2].startswith('| wsd and its branches | | 116B |')  # 100B + 5.2B + 10.4B
+    assert rows[-1].startswith('| the cosine runs | | 178B |')        # 26B + 52B + 100B
+
+
+def test_cooldowns_read_as_whole_numbers(tmp_path):
+    assert load_config(None, ['--cooldowns=26e9,52e9'])[1].cooldowns == (26_000_000_000, 52_000_000_000)
+    assert load_config(None, ['--cooldowns='])[1].cooldowns == ()
+    (tmp_path / 'list.py').write_text('cooldowns = [1e3, 2000]\n')
+    assert load_config(str(tmp_path / 'list.py'))[1].cooldowns == (1000, 2000)
+    for bad in ('cooldowns = (1.5,)', "cooldowns = '26e9'", 'cooldowns = (True,)'):
+        (tmp_path / 'bad.py').write_text(bad + '\n')
+        with pytest.raises(ConfigError, match='expected a list of whole numbers'):
+            load_config(str(tmp_path / 'bad.py'))
+
+
+def test_a_checkpoint_older_than_the_cooldown_keys_still_resumes(main_run, monkeypatch, capsys):
+    config_path, main, _ = main_run
+    read_state = checkpoint.read_state
+
+    def from_before(path):  # as a checkpoint written before the keys existed holds it
+        state = read_state(path)
+        for key in ('cooldowns', 'cooldown_from', 'cooldown_tokens'):
+            del state['train_config'][key]
+        return state
+
+    monkeypatch.setattr(checkpoint, 'read_state', from_before)
+    model_cfg, train_cfg = load_config(config_path, ['--cooldowns='])
+    train.check_resumable(checkpoint.latest(main), model_cfg, train_cfg, set(), train.setup_cluster())
+    assert 'cooldown' not in capsys.readouterr().out  # each missing key had its default: nothing changed
+
+
+# -----------------------------------------------------------------------------------------------------
+# The experiment in one command, and its picture.
+
+def test_overtrain_runs_the_experiment_and_tabulates_it(pystdlib_data, tmp_path, capsys):
+    config_path = write_config(tmp_path, pystdlib_data, out_dir=str(tmp_path / 'x'), eval_every=6, **MAIN)
+    assert overtrain.main([config_path]) == 0
+    out = capsys.readouterr().out
+    folders = [str(tmp_path / name) for name in ('x', 'x_cooldown_3.84K', 'x_cosine_3.84K', 'x_cosine_6.14K')]
+    bpb = {folder: json.loads(open(os.path.join(folder, 'summary.json')).read())['val_bpb'] for folder in folders}
+    chinchilla = ledger.CHINCHILLA_TOKENS_PER_PARAM * ledger.count_params(load_config(config_path)[0])['total']
+    table = out.split('final val loss, bits per byte:\n')[1].splitlines()
+    for row, (wsd, cosine, length) in zip(table[2:4], [(folders[1], folders[2], 3840), (folders[0], folders[3], 6144)]):
+        assert row == (f"| {ledger._si(length)} | {length / chinchilla:.2f} | {bpb[wsd]:.4f} | {bpb[cosine]:.4f} | "
+                       f"{bpb[wsd] - bpb[cosine]:+.4f} |")
+    assert os.path.isfile(tmp_path / 'x' / 'branches.png')
+    assert [e['lr'] for e in read_metrics(folders[2]) if 'lr' in e][-1] == pytest.approx(FLOOR)  # cosine, 15 steps
+    # the same command again: every run is complete, nothing is trained or logged again
+    metrics = [open(os.path.join(folder, 'metrics.jsonl')).read() for folder in folders]
+    assert overtrain.main([config_path]) == 0
+    assert [open(os.path.join(folder, 'metrics.jsonl')).read() for folder in folders] == metrics
+
+
+def test_overtrain_needs_a_wsd_run_with_branches(tmp_path, capsys):
+    assert overtrain.main(['configs/h200_1b3.py', '--plan']) == 2
+    assert "overtrain.py needs a wsd run with cooldown branches" in capsys.readouterr().err
+
+
+def write_metrics(folder, first, last, val, params=1000):
+    """A run's metrics.jsonl: steps first..last of 1,000 tokens, a loss of 3 + 5 e^(-step / 30), and its final val."""
+    os.makedirs(folder)
+    lines = [{'step': s, 'tokens': 1000 * s, 'loss': 3 + 5 * np.exp(-s / 30)} for s in range(first, last + 1)]
+    lines.append({'step': last, 'tokens': 1000 * last, 'val_loss': val})
+    with open(os.path.join(folder, 'metrics.jsonl'), 'w') as f:
+        f.write(''.join(json.dumps(line) + '\n' for line in lines))
+    with open(os.path.join(folder, 'ledger.json'), 'w') as f:
+        json.dump({'params': {'total': params}}, f)
+    return str(folder)
+
+
+def test_the_branch_picture(tmp_path, capsys):
+    main = write_metrics(tmp_path / 'run', 1, 100, 3.2)           # P = 1,000: 20 x P = 20K tokens
+    write_metrics(tmp_path / 'run_cooldown_50K', 41, 50, 3.3)     # a branch from step 40
+    write_metrics(tmp_path / 'run_cosine_50K', 1, 50, 3.35)
+    write_metrics(tmp_path / 'run_cosine_100K', 1, 100, 3.25)
+    fig = plot.branch_figure(main)
+    ax, fit = fig.axes
+    [branch] = lines_labelled(ax, 'run_cooldown_50K (cooldown) train')
+    assert branch.get_xdata()[0] == 41_000 and branch.get_xdata()[-1] == 50_000
+    [final] = lines_labelled(ax, 'run_cooldown_50K (cooldown): final val 3.3000 at 50K')
+    assert (list(final.get_xdata()), list(final.get_ydata())) == ([50_000], [3.3])
+    assert len(lines_labelled(ax, 'run_cosine_')) == 4  # two curves, two final vals
+    [cosine] = lines_labelled(ax, 'run_cosine_100K (cosine): final val 3.2500 at 100K')
+    assert cosine.get_marker() == 'X' and final.get_marker() == '*'
+    [chinchilla] = lines_labelled(ax, '20 x P = 20K tokens (Chinchilla)')
+    assert list(chinchilla.get_xdata()) == [20_000, 20_000]
+    [published] = fit.lines
+    assert np.allclose(published.get_ydata(), ledger.chinchilla_loss(1000, published.get_xdata()))
+    assert 'THEIR data' in published.get_label() and 'THEIR token' in fit.get_ylabel()
+    assert plot.main([main, '--branches']) == 0
+    assert capsys.readouterr().out.strip() == os.path.join(main, 'branches.png')
+    assert plot.main([main, main, '--branches']) == 2
+    assert '--branches draws one run' in capsys.readouterr().err
