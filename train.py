@@ -627,7 +627,7 @@ class Run:
     last_checkpoint: str = None # the rollback target
     tokenizer: object = None    # for text samples and HellaSwag, when the run makes them
     hellaswag: list = None      # HellaSwag's items (eval.py), when hellaswag_every is set
-    objective: objectives.Objective = None  # what the model learns to predict (objectives.build)
+    objective: objectives.Objective = dataclasses.field(default_factory=lambda: objectives.CLM)  # objectives.build
     cooldown: tuple = None      # a cooldown branch: (its first step, its steps), the decay lr_at runs
     branch_points: dict = dataclasses.field(default_factory=dict)  # a wsd main run: {step: branch length} to keep
     argv: list = dataclasses.field(default_factory=list)  # train.py's arguments, for the commands it prints
