@@ -856,7 +856,7 @@ def test_read_only_folder_is_one_line(tmp_path, capsys, monkeypatch):
 def test_ctrl_c_is_one_line_and_leaves_no_debris(tmp_path):
     # Ctrl-C reaches the whole process group, tokenizing workers included: one line and exit 130, no traceback
     line = json.dumps({'text': ' '.join(make_documents(1, seed=7, min_words=200))}) + '\n'
-    (tmp_path / 'big.jsonl').write_text(line * 20_000)  # ~25 MB: tokenizing takes seconds
+    (tmp_path / 'big.jsonl').write_text(line * 100_000)  # ~125 MB: tokenizing takes far longer than the 0.5 s below
     out = tmp_path / 'data'
     run = subprocess.Popen([sys.executable, 'prepare.py', 'files', str(tmp_path / 'big.jsonl'), '--out', str(out),
                             '--tokenizer', 'bpe:300', '--workers', '2', '--bpe-sample-chars', '100000'],

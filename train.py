@@ -1183,12 +1183,17 @@ def loop(run):
 
 @cli
 def main(argv):
+    run = None
     try:
         with contextlib.ExitStack() as held:  # rank 0's lock on out_dir; a full disk there as one line
             run = setup(argv, held)
             return 0 if run is None else loop(run)
     finally:
+        # The model, its DDP reducer and the optimizer go first, while the process group and the interpreter are
+        # whole: gloo work left to the interpreter's teardown can abort the process (pytorch/pytorch#179291).
+        del run
         gc.unfreeze()
+        gc.collect()
         if dist.is_initialized():
             dist.destroy_process_group()
 
