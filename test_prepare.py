@@ -861,7 +861,9 @@ def test_ctrl_c_is_one_line_and_leaves_no_debris(tmp_path):
     run = subprocess.Popen([sys.executable, 'prepare.py', 'files', str(tmp_path / 'big.jsonl'), '--out', str(out),
                             '--tokenizer', 'bpe:300', '--workers', '2', '--bpe-sample-chars', '100000'],
                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
-                           cwd=os.path.dirname(os.path.abspath(prepare.__file__)))
+                           cwd=os.path.dirname(os.path.abspath(prepare.__file__)),
+                           # as from a terminal: a shell's background job (CI's, maybe) inherits SIGINT ignored
+                           preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     while not (out / 'tokenizer.json').exists() and run.poll() is None:
         time.sleep(0.05)
     time.sleep(0.5)  # the pool's workers are running
