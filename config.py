@@ -158,6 +158,7 @@ def _one_of(*choices):
     return lambda v: v in choices, 'one of ' + ', '.join(choices)
 
 
+OBJECTIVES = ('clm', 'prefix_lm', 'fim', 'ul2')  # what objectives.py makes of a sequence (the key 'objective')
 POSITIVE = (lambda v: v > 0, 'positive')
 POSITIVE_OR_0 = (lambda v: v >= 0, 'positive (or 0)')
 FRACTION = (lambda v: 0 <= v < 1, 'in [0, 1)')
@@ -173,7 +174,7 @@ RULES = {
     'batch_tokens': POSITIVE, 'micro_batch': POSITIVE, 'batch_ramp_tokens': POSITIVE_OR_0,
     'batch_ramp_start': POSITIVE,
     'lr': POSITIVE, 'min_lr_ratio': UNIT, 'schedule': _one_of('cosine', 'wsd'),
-    'objective': _one_of('clm', 'prefix_lm', 'fim', 'ul2'), 'fim_rate': UNIT, 'fim_spm_rate': UNIT,
+    'objective': _one_of(*OBJECTIVES), 'fim_rate': UNIT, 'fim_spm_rate': UNIT,
     'ul2_s_rate': UNIT, 'ul2_r_rate': UNIT, 'ul2_x_rate': UNIT,
     'warmup_frac': FRACTION, 'decay_frac': (lambda v: 0 < v <= 1, 'in (0, 1]'), 'weight_decay': POSITIVE_OR_0,
     'beta1': FRACTION, 'beta2': FRACTION, 'eps': POSITIVE, 'grad_clip': (POSITIVE_OR_0[0], 'positive (or 0: off)'),

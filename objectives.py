@@ -33,11 +33,10 @@ import dataclasses
 import numpy as np
 
 import prepare
-from config import DEFAULTS, ConfigError
+from config import DEFAULTS, OBJECTIVES, ConfigError
 from model import IGNORE_INDEX
 from prepare import DataError
 
-OBJECTIVES = ('clm', 'prefix_lm', 'fim', 'ul2')
 
 # The config keys are TrainConfig's (config.py: objective, fim_rate, fim_spm_rate, ul2_s_rate, ul2_r_rate,
 # ul2_x_rate), with their defaults. FIM: the paper's rate 0.5 (its "FIM for free" holds up to 0.9) and half of

@@ -36,6 +36,7 @@ import ledger
 import objectives
 import prepare
 import sample
+import sweep
 import train
 from config import cli
 
@@ -108,18 +109,13 @@ def infilling_accuracy(model, encoding, fim_ids, examples):
     return fim_hits / len(examples), l2r_hits / len(examples)
 
 
-@torch.no_grad()
 def val_bits_per_byte(model, data, block_size, val_tokens, bytes_per_token):
     """Plain next-token loss over the first val_tokens of the val split, in bits per byte (and nats)."""
     shard = np.concatenate([np.asarray(prepare.open_shard(p), dtype=np.int64)
                             for p in prepare.list_shards(data, 'val')])[:val_tokens + 1]
     n = (len(shard) - 1) // block_size
-    total = 0.0
-    for i in range(0, n, 16):
-        rows = np.stack([shard[k * block_size:(k + 1) * block_size + 1] for k in range(i, min(n, i + 16))])
-        _, loss = model(torch.from_numpy(rows[:, :-1]), torch.from_numpy(rows[:, 1:]))
-        total += loss.item() * len(rows)
-    loss = total / n
+    rows = np.stack([shard[k * block_size:(k + 1) * block_size + 1] for k in range(n)])  # each with its next token
+    loss = sweep.mean_loss(lambda x, y: model(x, y)[1], torch.from_numpy(rows))
     return ledger.bits_per_byte(loss, bytes_per_token), loss, n * block_size
 
 

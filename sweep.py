@@ -61,16 +61,22 @@ def val_sequences(data, block_size):
     return np.stack([tokens[i * block_size:i * block_size + block_size + 1] for i in range(n)])
 
 
+def mean_loss(forward, sequences, batch=16):
+    """The mean of `forward(x, y) -> loss` (nats per token) over a (n, T + 1) tensor of token sequences, `batch`
+    rows at a time, each row weighted alike."""
+    import torch
+    total = 0.0
+    with torch.no_grad():
+        for i in range(0, len(sequences), batch):
+            chunk = sequences[i:i + batch]
+            total += forward(chunk[:, :-1].contiguous(), chunk[:, 1:].contiguous()).item() * len(chunk)
+    return total / len(sequences)
+
+
 def score(forward, data, block_size, batch=16):
     """Mean val loss (nats per token) of `forward(x, y) -> loss` over the fixed val sequences, and bits per byte."""
     import torch
-    val = torch.from_numpy(val_sequences(data, block_size))
-    total = 0.0
-    with torch.no_grad():
-        for i in range(0, len(val), batch):
-            chunk = val[i:i + batch]
-            total += forward(chunk[:, :-1].contiguous(), chunk[:, 1:].contiguous()).item() * len(chunk)
-    loss = total / len(val)
+    loss = mean_loss(forward, torch.from_numpy(val_sequences(data, block_size)), batch)
     return loss, ledger.bits_per_byte(loss, prepare.load_meta(data)['bytes_per_token'])
 
 
