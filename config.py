@@ -24,6 +24,10 @@ class ConfigError(UserError, ValueError):
     """A bad config key or value, flag or path."""
 
 
+class DataError(UserError, ValueError):
+    """Bad or missing data: the message is one line that says what is wrong and what to do."""
+
+
 def cli(function):
     """The one error wrapper of every command's main(argv): a UserError becomes one 'error: ...' line on stderr
     (from rank 0 only under torchrun: every rank reaches the same verdict) and its exit code; Ctrl-C is one line
@@ -151,6 +155,37 @@ DEFAULTS = {f.name: f.default for cls in CONFIG_CLASSES for f in dataclasses.fie
 
 
 # -----------------------------------------------------------------------------------------------------
+# The objectives' vocabulary (objectives.py transforms sequences with it; prepare.py reserves the tokens; the ledger
+# does the loss share's arithmetic from it): names, special tokens, UL2's denoisers, the ignored target.
+
+OBJECTIVES = ('clm', 'prefix_lm', 'fim', 'ul2')  # what objectives.py makes of a sequence (the key 'objective')
+EOT = '<|endoftext|>'  # every document starts with it (the shard format's rule)
+
+# The special tokens of the other pretraining objectives, reserved by default in every new data folder:
+# fill-in-the-middle's three sentinels (Bavarian et al. 2022; tiktoken's cl100k_base spells them so), UL2's three
+# mode tokens ([S], [R], [X]: Tay et al. 2022) and 16 span sentinels (T5's <extra_id_N>; a sequence with more
+# spans reuses them in order). 22 ids: they fit the padding of GPT-2's 50,257 to 50,304 (47 ids) and of NeoX's
+# 50,277 (27); our bpe:V keeps V ids in all, its BPE learning 22 merges fewer. Never in the shards: a document's
+# text '<|fim_prefix|>' is plain text, like '<|endoftext|>'; the objective inserts the ids as it packs a batch.
+SPECIAL_TOKENS = ('<|fim_prefix|>', '<|fim_middle|>', '<|fim_suffix|>', '<|ul2_s|>', '<|ul2_r|>', '<|ul2_x|>',
+                  *(f'<|sentinel_{i}|>' for i in range(16)))
+FIM_TOKENS = ('<|fim_prefix|>', '<|fim_suffix|>', '<|fim_middle|>')
+UL2_MODES = ('<|ul2_s|>', '<|ul2_r|>', '<|ul2_x|>')
+SENTINELS = tuple(name for name in SPECIAL_TOKENS if name.startswith('<|sentinel_'))
+NEEDS = {'clm': (), 'prefix_lm': (), 'fim': FIM_TOKENS, 'ul2': UL2_MODES + SENTINELS}  # the tokens each one uses
+
+# UL2's denoisers (Tay et al. 2022, section 3.1.2), as (mean span length mu, share of tokens masked r). R is T5's
+# span corruption (the book: ~15% in spans of 3-5); X the extreme ones (the book: spans over 12 tokens or ~50%
+# masked). A fragment given R or X takes one of its settings uniformly.
+R_DENOISERS = ((3, 0.15),)
+X_DENOISERS = ((3, 0.5), (8, 0.5), (64, 0.15), (64, 0.5))
+
+# A target of IGNORE_INDEX carries no loss: the objectives that train on part of a sequence only (prefix LM, UL2's
+# denoisers) set it where the input is given, not predicted; the loss is over the rest.
+IGNORE_INDEX = -1
+
+
+# -----------------------------------------------------------------------------------------------------
 # What each key allows beyond its type: (test, the words an error uses). Keys not listed take any value of their
 # type. Shapes that involve two keys (n_embd divisible by n_head, ...) are checked after.
 
@@ -158,7 +193,6 @@ def _one_of(*choices):
     return lambda v: v in choices, 'one of ' + ', '.join(choices)
 
 
-OBJECTIVES = ('clm', 'prefix_lm', 'fim', 'ul2')  # what objectives.py makes of a sequence (the key 'objective')
 POSITIVE = (lambda v: v > 0, 'positive')
 POSITIVE_OR_0 = (lambda v: v >= 0, 'positive (or 0)')
 FRACTION = (lambda v: 0 <= v < 1, 'in [0, 1)')

@@ -20,13 +20,10 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-from config import ModelConfig  # re-exported: `from model import ModelConfig` works
+from config import IGNORE_INDEX, ModelConfig  # re-exported: `from model import ModelConfig` works
 
 __all__ = ['ModelConfig', 'GPT', 'Block', 'IGNORE_INDEX']
 
-# A target of IGNORE_INDEX carries no loss: the objectives that train on part of a sequence only (prefix LM, UL2's
-# denoisers: objectives.py) set it where the input is given, not predicted, and the loss is the mean over the rest.
-IGNORE_INDEX = -1
 
 
 # -----------------------------------------------------------------------------------------------------

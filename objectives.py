@@ -32,27 +32,14 @@ import dataclasses
 
 import numpy as np
 
-import prepare
-from config import DEFAULTS, OBJECTIVES, ConfigError
-from model import IGNORE_INDEX
-from prepare import DataError
+from config import (DEFAULTS, FIM_TOKENS, IGNORE_INDEX, NEEDS, OBJECTIVES, R_DENOISERS, SENTINELS, UL2_MODES,
+                    X_DENOISERS, ConfigError, DataError)
 
 
 # The config keys are TrainConfig's (config.py: objective, fim_rate, fim_spm_rate, ul2_s_rate, ul2_r_rate,
 # ul2_x_rate), with their defaults. FIM: the paper's rate 0.5 (its "FIM for free" holds up to 0.9) and half of
 # those SPM (its joint PSM+SPM training). UL2: half S, as U-PaLM's decoder-only UL2R mixture, so left-to-right
 # prediction stays half the diet; R and X share the rest.
-
-# UL2's denoisers (Tay et al. 2022, section 3.1.2), as (mean span length mu, share of tokens masked r). R is T5's
-# span corruption (the book: ~15% in spans of 3-5); X the extreme ones (the book: spans over 12 tokens or ~50%
-# masked). A fragment given R or X takes one of its settings uniformly.
-R_DENOISERS = ((3, 0.15),)
-X_DENOISERS = ((3, 0.5), (8, 0.5), (64, 0.15), (64, 0.5))
-
-FIM_TOKENS = ('<|fim_prefix|>', '<|fim_suffix|>', '<|fim_middle|>')
-UL2_MODES = ('<|ul2_s|>', '<|ul2_r|>', '<|ul2_x|>')
-SENTINELS = tuple(name for name in prepare.SPECIAL_TOKENS if name.startswith('<|sentinel_'))
-NEEDS = {'clm': (), 'prefix_lm': (), 'fim': FIM_TOKENS, 'ul2': UL2_MODES + SENTINELS}
 
 STREAM = 0x6F626A  # 'obj': the generators' middle seed word, apart from the data order's ([seed, epoch, ...])
 
@@ -85,6 +72,7 @@ def special_ids(meta, data_dir, names, user):
     have = meta.get('special_tokens', {})
     missing = [name for name in names if name not in have]
     if missing:
+        import prepare  # the command that made the folder (moves to data.py with the shard format)
         raise DataError(f"{data_dir} has no {missing[0]} token{' (and others)' if len(missing) > 1 else ''}, which "
                         f"{user} needs: its tokenizer was made without the special tokens; make a folder with them "
                         f"by rerunning `{prepare.prepare_command(data_dir)}` with another --out (new folders "

@@ -39,7 +39,7 @@ import zlib
 import numpy as np
 
 import ledger
-from config import UserError, cli
+from config import EOT, SPECIAL_TOKENS, DataError, UserError, cli  # noqa: F401 (EOT, DataError: prepare.X still works)
 from files import atomic_write, disk_errors, folder_lock, free_bytes, human_bytes, remove_quietly, save_json, \
     write_text_atomic
 
@@ -60,10 +60,6 @@ SHARD_FORMATS = {  # (magic, version) -> token dtype
     (20240520, 2): np.dtype('<u4'),  # ours before we wrote Llama 3's header: read, never written
 }
 WRITTEN_FORMATS = {2: (20240520, 1), 4: (20240801, 7)}  # bytes per token -> (magic, version)
-
-
-class DataError(UserError, ValueError):
-    """Bad or missing data: the message is one line that says what is wrong and what to do."""
 
 
 def token_dtype(vocab_size):
@@ -257,18 +253,6 @@ class Progress:
 # the pre-split regex and the end-of-text token, which is all tiktoken.Encoding needs. We write this file ourselves
 # instead of tiktoken's .tiktoken loader because that loader caches by path in /tmp: rebuilding a folder with
 # another vocab would silently load the old ranks. neox keeps the Hub's tokenizer.json inside ours (below).
-
-EOT = '<|endoftext|>'
-
-# The special tokens of the other pretraining objectives (objectives.py), reserved by default in every new folder:
-# fill-in-the-middle's three sentinels (Bavarian et al. 2022; tiktoken's cl100k_base spells them so), UL2's three
-# mode tokens ([S], [R], [X]: Tay et al. 2022) and 16 span sentinels (T5's <extra_id_N>; a sequence with more
-# spans reuses them in order). 22 ids: they fit the padding of GPT-2's 50,257 to 50,304 (47 ids) and of NeoX's
-# 50,277 (27); our bpe:V keeps V ids in all, its BPE learning 22 merges fewer. Never in the shards: a document's
-# text '<|fim_prefix|>' is plain text, like '<|endoftext|>'; the objective inserts the ids as it packs a batch.
-SPECIAL_TOKENS = ('<|fim_prefix|>', '<|fim_middle|>', '<|fim_suffix|>', '<|ul2_s|>', '<|ul2_r|>', '<|ul2_x|>',
-                  *(f'<|sentinel_{i}|>' for i in range(16)))
-
 
 def reserve(first_id, special=True):
     """The special tokens' ids from first_id on, as {name: id} (empty when the folder is made without them)."""
