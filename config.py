@@ -4,7 +4,9 @@ config.py: the config vocabulary shared by every ledgergpt command, and the one 
 A config file is plain Python that assigns keys (see configs/); `--key=value` after it overrides one key, parsed
 to the type of the key's default. Loading collects the file's names into two dataclasses and checks every value's
 type and range, so a typo or an impossible value is one line that names the key, the value and what is allowed,
-before anything is built. Standard library only: `python ledger.py CONFIG` runs before torch is installed.
+before anything is built. The tables the other files read live here too: the model families (FAMILIES), which keys
+break a resumed run (CONTINUATION_KEYS), the parallel modes and the objectives' vocabulary. Standard library only:
+`python ledger.py CONFIG` runs before torch is installed.
 """
 import dataclasses
 import difflib
@@ -13,6 +15,7 @@ import math
 import os
 import sys
 from dataclasses import dataclass
+from fractions import Fraction
 
 
 class UserError(Exception):
@@ -47,22 +50,74 @@ def cli(function):
 
 
 # -----------------------------------------------------------------------------------------------------
-# The keys. Model keys use nanoGPT's names.
+# The model families: what each one is, read by model.py (what it builds), the ledger (what it counts) and
+# export.py (what Hugging Face calls it), so that none of them branches on a family's name. A new family is a row
+# here, plus its modules in model.py where it has a part the others lack, and its layout in export.py.
+
+NORMS, MLPS, POSITIONS = ('layernorm', 'rmsnorm'), ('gelu', 'swiglu'), ('learned', 'rope')
+
+
+@dataclass(frozen=True)
+class Family:
+    norm: str              # 'layernorm' (weight, and a bias if the model has biases) or 'rmsnorm' (weight only)
+    mlp: str               # 'gelu' (up H -> H', GELU, down H' -> H) or 'swiglu' (down(silu(gate(x)) * up(x)))
+    positions: str         # 'learned' (a block_size x H table added to the embedding) or 'rope' (q, k rotated)
+    ffn_ratio: Fraction    # the default FFN width H' (ffn_hidden = 0) is ffn_ratio x H,
+    ffn_multiple: int      # rounded up to a multiple of this
+    bias: bool             # the family has biases (Linear layers, norms): a config file gets them unless it says
+                           # bias = False; a family without them refuses bias = True
+    tie_embeddings: bool   # the family's published tying: the default of a config file that names the family
+    hf_class: str          # the Hugging Face class export.py writes the model as
+
+    def __post_init__(self):
+        assert self.norm in NORMS and self.mlp in MLPS and self.positions in POSITIONS, self
+
+    @property
+    def mlp_matrices(self):
+        """H x H' matrices in the FFN: GELU's up and down; SwiGLU's gate, up and down."""
+        return 3 if self.mlp == 'swiglu' else 2
+
+
+FAMILIES = {
+    # GPT-2 (Radford et al. 2019): LayerNorm, a 4H GELU MLP, learned positions, biases, tied embeddings
+    'gpt2': Family('layernorm', 'gelu', 'learned', Fraction(4), 1, bias=True, tie_embeddings=True,
+                   hf_class='GPT2LMHeadModel'),
+    # LLaMA (Touvron et al. 2023): RMSNorm, SwiGLU at 2/3 of 4H rounded up to 256 (so its three matrices cost
+    # what GPT-2's two do; 4096 -> 11008), RoPE, no biases, untied
+    'llama': Family('rmsnorm', 'swiglu', 'rope', Fraction(8, 3), 256, bias=False, tie_embeddings=False,
+                    hf_class='LlamaForCausalLM'),
+}
+
+
+# -----------------------------------------------------------------------------------------------------
+# The keys. Model keys use nanoGPT's names. Every one of them breaks a continuation: a checkpoint is for one model
+# (train.py refuses to resume it with another), so unlike TrainConfig's they carry no mark.
 
 @dataclass
 class ModelConfig:
-    arch: str = 'llama'          # 'llama' (RMSNorm, RoPE, SwiGLU, no bias) or 'gpt2' (LayerNorm, learned pos, GELU)
+    arch: str = 'llama'          # the model family, a key of FAMILIES: 'llama' or 'gpt2'
     n_layer: int = 12
     n_head: int = 12
     n_kv_head: int = 0           # key/value heads for GQA; 0 means n_head (plain multi-head attention)
     n_embd: int = 768
-    ffn_hidden: int = 0          # FFN width H'; 0 means the family default (gpt2: 4H; llama: 8H/3 rounded up to 256)
+    ffn_hidden: int = 0          # FFN width H'; 0 means the family's default (gpt2: 4H; llama: 8H/3 rounded up to 256)
     vocab_size: int = 50304      # padded to a multiple of 128 in the configs, for speed
     block_size: int = 1024       # context length T (training sequence length)
+    # The next two default to the family's in a config file (load_config); these defaults are llama's, the default
+    # family, which a ModelConfig built in code gets whatever its arch
     tie_embeddings: bool = False # share the input embedding with the output projection (GPT-2 does)
-    bias: bool = False           # biases in Linear layers and LayerNorms (gpt2 only; llama has none)
+    bias: bool = False           # biases in Linear layers and norms (gpt2 has them; llama has none)
     norm_eps: float = 1e-5
     rope_theta: float = 10000.0
+
+    @property
+    def family(self):
+        return FAMILIES[self.arch]
+
+    @property
+    def biases(self):
+        """Whether the Linear layers and norms have biases: `bias`, in a family that has them."""
+        return self.bias and self.family.bias
 
     @property
     def kv_heads(self):
@@ -76,83 +131,121 @@ class ModelConfig:
     def ffn_width(self):
         if self.ffn_hidden:
             return self.ffn_hidden
-        if self.arch == 'gpt2':
-            return 4 * self.n_embd
-        return 256 * math.ceil(8 * self.n_embd / 3 / 256)  # LLaMA's rule: 2/3 of 4H, rounded up to 256
+        multiple = self.family.ffn_multiple
+        return multiple * math.ceil(self.family.ffn_ratio * self.n_embd / multiple)  # exact: a Fraction
+
+
+# TrainConfig's keys are marked by what their change does to a resumed run. exact(): it breaks the exact
+# continuation (the data and its order, the schedule, the optimizer, the numerics), so train.py refuses it without
+# --allow_change=KEY. free(): it may change on resume (the run's length cap, logging, eval and checkpoint intervals,
+# the spike guard, the ledger's assumptions, micro_batch and the world size: the same global batch); train.py logs
+# the change.
+
+def exact(default):
+    return dataclasses.field(default=default, metadata={'resume': 'exact'})
+
+
+def free(default):
+    return dataclasses.field(default=default, metadata={'resume': 'free'})
 
 
 @dataclass
 class TrainConfig:
     # run and data
-    out_dir: str = 'out'
-    data: str = 'data/pystdlib'  # a folder made by prepare.py, or 'synthetic' (random tokens, for benchmarks)
-    seed: int = 1337
-    train_tokens: int = 26_000_000_000  # tokens the run is planned to see (sets the number of steps)
-    max_steps: int = 0           # stop after this many steps (0: run to train_tokens); the schedule spans train_tokens
-    dataset_tokens: int = 0      # tokens available in the dataset, for the ledger's "is it enough" (0: unknown)
+    out_dir: str = free('out')
+    data: str = exact('data/pystdlib')  # a folder made by prepare.py, or 'synthetic' (random tokens, for benchmarks)
+    seed: int = exact(1337)
+    train_tokens: int = exact(26_000_000_000)  # tokens the run is planned to see (sets the number of steps)
+    max_steps: int = free(0)           # stop after this many steps (0: run to train_tokens); the schedule still
+                                       # spans train_tokens
+    dataset_tokens: int = free(0)      # tokens available in the dataset, for the ledger's "is it enough" (0: unknown)
     # batch: global batch in tokens, reached by micro_batch sequences x grad accumulation x world size
-    batch_tokens: int = 524_288
-    micro_batch: int = 16        # sequences per GPU per forward/backward
-    batch_ramp_tokens: int = 0   # ramp the batch from batch_ramp_start to batch_tokens over this many tokens (0: off)
-    batch_ramp_start: int = 32_768
+    batch_tokens: int = exact(524_288)
+    micro_batch: int = free(16)        # sequences per GPU per forward/backward
+    batch_ramp_tokens: int = exact(0)  # ramp the batch from batch_ramp_start to batch_tokens over this many
+    batch_ramp_start: int = exact(32_768)  # tokens (0: off)
     # optimizer and schedule (the book: AdamW 0.9/0.95/1e-8, wd 0.1 on matrices, clip 1.0, warmup 0.1-0.5%,
     # decay to 10%)
-    lr: float = 6e-4
-    min_lr_ratio: float = 0.1
-    schedule: str = 'cosine'     # 'cosine' or 'wsd' (warmup-stable-decay)
-    warmup_frac: float = 0.003   # fraction of steps spent in linear warmup
-    decay_frac: float = 0.2      # wsd only: fraction of steps spent in the final linear decay
+    lr: float = exact(6e-4)
+    min_lr_ratio: float = exact(0.1)
+    schedule: str = exact('cosine')    # 'cosine' or 'wsd' (warmup-stable-decay)
+    warmup_frac: float = exact(0.003)  # fraction of steps spent in linear warmup
+    decay_frac: float = exact(0.2)     # wsd only: fraction of steps spent in the final linear decay
     # cooldown branches of a wsd run (Hägele et al. 2024; train.py): a stable-phase checkpoint, decayed in a run of
     # its own, is a finished run of a shorter length
-    cooldowns: tuple = ()        # wsd: the lengths in tokens of the branches to take from this run, e.g. (26e9, 52e9);
-                                 # it keeps its checkpoint at (1 - decay_frac) x each in out_dir/branch_points
-    cooldown_from: str = ''      # a branch: the stable checkpoint of a wsd run it continues ('': not a branch)
-    cooldown_tokens: int = 0     # a branch: its tokens, over which the LR falls linearly from the peak to the floor
+    cooldowns: tuple = free(())        # wsd: the lengths in tokens of the branches to take from this run, e.g.
+                                       # (26e9, 52e9); it keeps its checkpoint at (1 - decay_frac) x each in
+                                       # out_dir/branch_points
+    cooldown_from: str = exact('')     # a branch: the stable checkpoint of a wsd run it continues ('': not a branch)
+    cooldown_tokens: int = exact(0)    # a branch: its tokens, over which the LR falls linearly from the peak to
+                                       # the floor
     # what the model learns to predict (objectives.py): 'clm' next-token prediction at every position; 'prefix_lm'
     # loss on the part after a random cut; 'fim' fill-in-the-middle (Bavarian et al. 2022); 'ul2' UL2's mixture of
     # denoisers (Tay et al. 2022). fim and ul2 need a data folder with the special tokens (prepare.py reserves them)
-    objective: str = 'clm'
-    fim_rate: float = 0.5        # fim: the share of documents rearranged (the paper's 0.5; "FIM for free" up to 0.9)
-    fim_spm_rate: float = 0.5    # fim: the share of those in SPM order, the rest PSM (the paper's joint training)
-    ul2_s_rate: float = 0.5      # ul2: the shares of documents given the S (prefix LM), R (short spans, 15%) and
-    ul2_r_rate: float = 0.25     # X (long spans or 50%) denoisers; they sum to 1. Half S, as U-PaLM's UL2R mixture
-    ul2_x_rate: float = 0.25
-    weight_decay: float = 0.1
-    beta1: float = 0.9
-    beta2: float = 0.95
-    eps: float = 1e-8
-    grad_clip: float = 1.0       # clip the global gradient norm to this (0: no clipping)
+    objective: str = exact('clm')
+    fim_rate: float = exact(0.5)       # fim: the share of documents rearranged (the paper's 0.5; "FIM for free"
+                                       # up to 0.9)
+    fim_spm_rate: float = exact(0.5)   # fim: the share of those in SPM order, the rest PSM (the paper's joint training)
+    ul2_s_rate: float = exact(0.5)     # ul2: the shares of documents given the S (prefix LM), R (short spans,
+    ul2_r_rate: float = exact(0.25)    # 15%) and X (long spans or 50%) denoisers; they sum to 1. Half S, as
+    ul2_x_rate: float = exact(0.25)    # U-PaLM's UL2R mixture
+    weight_decay: float = exact(0.1)
+    beta1: float = exact(0.9)
+    beta2: float = exact(0.95)
+    eps: float = exact(1e-8)
+    grad_clip: float = exact(1.0)      # clip the global gradient norm to this (0: no clipping)
     # precision, speed, memory, parallelism
-    dtype: str = 'auto'          # 'auto' (bf16 on CUDA; on a CPU the faster, measured), 'bfloat16' or 'float32'
-    compile: bool = True
-    recompute: bool = False      # activation recomputation per block (the ledger switches to 8P)
-    parallel: str = 'ddp'        # 'ddp', 'zero1', 'zero2' or 'fsdp' (ZeRO-3)
+    dtype: str = exact('auto')         # 'auto' (bf16 on CUDA; on a CPU the faster, measured), 'bfloat16' or 'float32'
+    compile: bool = free(True)
+    recompute: bool = free(False)      # activation recomputation per block (the ledger switches to 8P)
+    parallel: str = free('ddp')        # 'ddp', 'zero1', 'zero2' or 'fsdp' (ZeRO-3); a checkpoint resumes in its
+                                       # own mode (train.py checks it on its own)
     # logging, eval, checkpoints, spike guard
-    log_every: int = 10
-    eval_every: int = 250
-    eval_tokens: int = 1_048_576
-    hellaswag_every: int = 0     # score HellaSwag (eval.py) every this many steps and at the end (0: never)
-    hellaswag_items: int = 0     # score only the first this many of its 10,042 items (0: all of them)
-    sample_every: int = 0        # 0: no samples during training
-    sample_tokens: int = 0       # tokens per text sample, at sample_every steps and at the end of the run (0: none)
-    ckpt_every: int = 1000
-    keep_ckpts: int = 3
-    spike_factor: float = 3.0    # a loss above mean + spike_factor * std of the recent window is a spike
-    spike_window: int = 50
-    spike_min_std: float = 0.02  # floor on that std, as a fraction of the mean: late in a run the loss is so steady
-                                 # (std ~0.01) that 3 std would read ordinary noise as spikes
-    max_rollbacks: int = 5
+    log_every: int = free(10)
+    eval_every: int = free(250)
+    eval_tokens: int = free(1_048_576)
+    hellaswag_every: int = free(0)     # score HellaSwag (eval.py) every this many steps and at the end (0: never)
+    hellaswag_items: int = free(0)     # score only the first this many of its 10,042 items (0: all of them)
+    sample_every: int = free(0)        # 0: no samples during training
+    sample_tokens: int = free(0)       # tokens per text sample, at sample_every steps and at the end of the run
+                                       # (0: none)
+    ckpt_every: int = free(1000)
+    keep_ckpts: int = free(3)
+    spike_factor: float = free(3.0)    # a loss above mean + spike_factor * std of the recent window is a spike
+    spike_window: int = free(50)
+    spike_min_std: float = free(0.02)  # floor on that std, as a fraction of the mean: late in a run the loss is so
+                                       # steady (std ~0.01) that 3 std would read ordinary noise as spikes
+    max_rollbacks: int = free(5)
     # the ledger's assumptions for time, money and memory
-    gpu: str = 'auto'            # the device the ledger plans for: a name in ledger.py's table ('H200', 'H100', ...),
-                                 # 'cpu', or 'auto' (this machine's GPU, else its CPU, measured by a short GEMM probe)
-    n_gpu: int = 1               # devices the ledger plans for (train.py uses the real world size)
-    mfu: float = 0.40            # assumed model FLOPs utilisation (the seed's 40%)
-    usd_per_gpu_hour: float = 3.5
+    gpu: str = free('auto')            # the device the ledger plans for: a name in ledger.py's table ('H200',
+                                       # 'H100', ...), 'cpu', or 'auto' (this machine's GPU, else its CPU, measured
+                                       # by a short GEMM probe)
+    n_gpu: int = free(1)               # devices the ledger plans for (train.py uses the real world size)
+    mfu: float = free(0.40)            # assumed model FLOPs utilisation (the seed's 40%)
+    usd_per_gpu_hour: float = free(3.5)
 
 
 CONFIG_CLASSES = (ModelConfig, TrainConfig)
 DEFAULTS = {f.name: f.default for cls in CONFIG_CLASSES for f in dataclasses.fields(cls)}
+# The keys whose change breaks an exact continuation on resume (train.py's --allow_change), from their marks
+CONTINUATION_KEYS = tuple(f.name for f in dataclasses.fields(TrainConfig) if f.metadata['resume'] == 'exact')
 
+
+
+# -----------------------------------------------------------------------------------------------------
+# Parallel modes (train.py builds them; the ledger counts what each holds): 'ddp' replicates everything, 'zero1'
+# shards AdamW's states over the ranks (ZeroRedundancyOptimizer), 'zero2' and 'fsdp' (ZeRO-3) are built on FSDP2's
+# fully_shard and shard the weights and gradients as well. Sharded, a rank holds its rows of every tensor, each
+# block is compiled on its own, and FSDP2 casts the weights to bf16 (a bf16 residual stream); one process is whole
+# in every mode.
+
+PARALLEL_MODES = ('ddp', 'zero1', 'zero2', 'fsdp')
+FSDP_MODES = ('zero2', 'fsdp')  # the modes built on FSDP2's fully_shard
+
+
+def sharded(parallel, world_size):
+    """Whether FSDP2 shards the run: a mode built on it, over more than one process."""
+    return world_size > 1 and parallel in FSDP_MODES
 
 # -----------------------------------------------------------------------------------------------------
 # The objectives' vocabulary (objectives.py transforms sequences with it; prepare.py reserves the tokens; the ledger
@@ -198,7 +291,7 @@ POSITIVE_OR_0 = (lambda v: v >= 0, 'positive (or 0)')
 FRACTION = (lambda v: 0 <= v < 1, 'in [0, 1)')
 UNIT = (lambda v: 0 <= v <= 1, 'in [0, 1]')
 RULES = {
-    'arch': _one_of('llama', 'gpt2'),
+    'arch': _one_of(*FAMILIES),
     'n_layer': POSITIVE, 'n_head': POSITIVE, 'n_embd': POSITIVE, 'vocab_size': POSITIVE, 'block_size': POSITIVE,
     'n_kv_head': (POSITIVE_OR_0[0], 'positive (or 0 for the default)'),
     'ffn_hidden': (POSITIVE_OR_0[0], 'positive (or 0 for the default)'),
@@ -212,7 +305,7 @@ RULES = {
     'ul2_s_rate': UNIT, 'ul2_r_rate': UNIT, 'ul2_x_rate': UNIT,
     'warmup_frac': FRACTION, 'decay_frac': (lambda v: 0 < v <= 1, 'in (0, 1]'), 'weight_decay': POSITIVE_OR_0,
     'beta1': FRACTION, 'beta2': FRACTION, 'eps': POSITIVE, 'grad_clip': (POSITIVE_OR_0[0], 'positive (or 0: off)'),
-    'dtype': _one_of('auto', 'bfloat16', 'float32'), 'parallel': _one_of('ddp', 'zero1', 'zero2', 'fsdp'),
+    'dtype': _one_of('auto', 'bfloat16', 'float32'), 'parallel': _one_of(*PARALLEL_MODES),
     'log_every': POSITIVE, 'eval_every': POSITIVE, 'eval_tokens': POSITIVE, 'sample_every': POSITIVE_OR_0,
     'hellaswag_every': POSITIVE_OR_0, 'hellaswag_items': POSITIVE_OR_0,
     'sample_tokens': POSITIVE_OR_0, 'ckpt_every': POSITIVE, 'keep_ckpts': POSITIVE,
@@ -312,6 +405,10 @@ def load_config(path=None, overrides=()):
         values[key], where[key] = _parse_value(key, text), 'the command line'
     for key, value in values.items():
         values[key] = _typed(key, value, where[key])
+    family = FAMILIES.get(values.get('arch', DEFAULTS['arch']))  # an unknown arch: validate names the known ones
+    for key in ('bias', 'tie_embeddings'):  # the family's own, unless the config says otherwise
+        if family and key not in values:
+            values[key] = getattr(family, key)
     model, train = (cls(**{k: v for k, v in values.items() if k in {f.name for f in dataclasses.fields(cls)}})
                     for cls in CONFIG_CLASSES)
     validate(model, train)
@@ -332,8 +429,10 @@ def validate(model, train):
         raise ConfigError(f"n_embd ({model.n_embd}) must be divisible by n_head ({model.n_head})")
     if model.n_head % model.kv_heads:
         raise ConfigError(f"n_head ({model.n_head}) must be divisible by n_kv_head ({model.kv_heads})")
-    if model.arch == 'llama' and model.head_dim % 2:
+    if model.family.positions == 'rope' and model.head_dim % 2:
         raise ConfigError(f"RoPE needs an even head size, got n_embd/n_head = {model.head_dim}")
+    if model.bias and not model.family.bias:
+        raise ConfigError(f"bias = True: the {model.arch} family has no biases (FAMILIES in config.py)")
     if train.batch_ramp_tokens and train.batch_ramp_start > train.batch_tokens:
         raise ConfigError(f"batch_ramp_start ({train.batch_ramp_start:,}) must be at most batch_tokens "
                           f"({train.batch_tokens:,})")
