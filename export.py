@@ -5,13 +5,13 @@ converter read as they read any model.
     python export.py out/pystdlib_cpu hf/pystdlib_cpu                  # the run's latest checkpoint, bf16 weights
     python export.py out/h200_1b3/ckpt/step_0049592 hf/1b3 --dtype float32
 
-arch 'llama' becomes LlamaForCausalLM, arch 'gpt2' GPT2LMHeadModel: the layers are the same maths, only the names
-and layouts differ (below). The folder holds config.json, generation_config.json, model.safetensors and the
-tokenizer the run's data was made with, as a fast byte-level BPE (tokenizer.json, tokenizer_config.json,
-special_tokens_map.json) that encodes any text to the same ids as ours (GPT-NeoX's is the Hub's own file). The
-model keeps its vocab padded to a multiple of 128 (those rows were never a target, and a tokenizer never produces
-their ids); bos, eos and pad are all our end-of-text token, which also starts every training document: start a
-prompt with it, as sample.py does.
+The model becomes its family's Hugging Face class (config.FAMILIES: llama LlamaForCausalLM, gpt2 GPT2LMHeadModel):
+the layers are the same maths, only the names and layouts differ (below). The folder holds config.json,
+generation_config.json, model.safetensors and the tokenizer the run's data was made with, as a fast byte-level BPE
+(tokenizer.json, tokenizer_config.json, special_tokens_map.json) that encodes any text to the same ids as ours
+(GPT-NeoX's is the Hub's own file). The model keeps its vocab padded to a multiple of 128 (those rows were never a
+target, and a tokenizer never produces their ids); bos, eos and pad are all our end-of-text token, which also starts
+every training document: start a prompt with it, as sample.py does.
 
 Needs safetensors and tokenizers (pip install safetensors tokenizers), imported only when a folder is written.
 """
@@ -24,8 +24,8 @@ import sys
 import torch
 
 import checkpoint
-import prepare
-from config import ConfigError, UserError, cli
+import data
+from config import EOT, FAMILIES, ConfigError, UserError, cli
 from files import disk_errors
 
 DTYPES = {'bfloat16': torch.bfloat16, 'float32': torch.float32, 'float16': torch.float16}
@@ -113,14 +113,17 @@ def gpt2_config(c):
     }
 
 
-FAMILIES = {'llama': ('LlamaForCausalLM', llama_tensors, llama_config),  # arch -> HF class, weights, config.json
-            'gpt2': ('GPT2LMHeadModel', gpt2_tensors, gpt2_config)}
+# A family's Hugging Face class -> (its weights, its config.json, whether it has grouped-query attention).
+LAYOUTS = {'LlamaForCausalLM': (llama_tensors, llama_config, True),
+           'GPT2LMHeadModel': (gpt2_tensors, gpt2_config, False)}  # one key/value head per query head
+assert {family.hf_class for family in FAMILIES.values()} <= set(LAYOUTS)
 
 
 def check_exportable(c, n_vocab):
-    if c.arch == 'gpt2' and c.kv_heads != c.n_head:
-        raise ConfigError(f"a gpt2 model with n_kv_head={c.n_kv_head} (grouped-query attention) has no Hugging Face "
-                          f"class: GPT2LMHeadModel has one key/value head per query head")
+    hf_class = c.family.hf_class
+    if c.kv_heads != c.n_head and not LAYOUTS[hf_class][2]:
+        raise ConfigError(f"a {c.arch} model with n_kv_head={c.n_kv_head} (grouped-query attention) has no Hugging "
+                          f"Face class: {hf_class} has one key/value head per query head")
     if c.vocab_size < n_vocab:
         raise ConfigError(f"the model has vocab_size={c.vocab_size} but its tokenizer {n_vocab} tokens: this "
                           f"checkpoint was not trained on that data folder's tokens")
@@ -168,9 +171,9 @@ def bpe_merges(ranks):
 
 def hf_tokenizer(encoding):
     """A tokenizers.Tokenizer that splits text with our regex, then runs our BPE on each piece's UTF-8 bytes.
-    `encoding` is prepare.load_tokenizer's: a tiktoken.Encoding (its ranks, pattern and special tokens), or for
-    neox a prepare.HFEncoding, which is already the Hub's `tokenizers` tokenizer and is written as it is."""
-    if isinstance(encoding, prepare.HFEncoding):
+    `encoding` is data.load_tokenizer's: a tiktoken.Encoding (its ranks, pattern and special tokens), or for
+    neox a data.HFEncoding, which is already the Hub's `tokenizers` tokenizer and is written as it is."""
+    if isinstance(encoding, data.HFEncoding):
         return encoding.special
     from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
     ranks, pattern, special = encoding._mergeable_ranks, encoding._pat_str, encoding._special_tokens
@@ -216,8 +219,9 @@ def write_json(folder, name, obj):
 def write_folder(folder, model, encoding, dtype):
     """Write the export's FILES into `folder` (which exists and is empty)."""
     from safetensors.torch import save_file
-    c, eot_id, eot = model.config, encoding.eot_token, prepare.EOT
-    hf_class, to_tensors, to_config = FAMILIES[c.arch]
+    c, eot_id, eot = model.config, encoding.eot_token, EOT
+    hf_class = c.family.hf_class
+    to_tensors, to_config, _ = LAYOUTS[hf_class]
     tensors = {name: t.to(DTYPES[dtype]).contiguous() for name, t in to_tensors(model).items()}
     save_file(tensors, os.path.join(folder, 'model.safetensors'), metadata={'format': 'pt'})
     special_ids = {'bos_token_id': eot_id, 'eos_token_id': eot_id, 'pad_token_id': eot_id}
@@ -253,7 +257,7 @@ def export(path, out_dir, dtype='bfloat16'):
     model, train_config = checkpoint.load_model(path, torch.device('cpu'))
     if train_config['data'] == 'synthetic':
         raise ConfigError(f"{path} was trained on synthetic tokens: there is no tokenizer to export with it")
-    encoding = prepare.load_tokenizer(train_config['data'])
+    encoding = data.load_tokenizer(train_config['data'])
     check_exportable(model.config, encoding.n_vocab)
     out_dir = os.path.abspath(out_dir)
     tmp = f'{out_dir}.tmp{os.getpid()}'
@@ -278,7 +282,7 @@ def main(argv):
     args = parser.parse_args(argv)
     path, model = export(args.checkpoint, args.out_dir, args.dtype)
     params = sum(p.numel() for p in model.parameters())
-    print(f"{args.out_dir}: {FAMILIES[model.config.arch][0]}, {params:,} parameters in {args.dtype}, from {path}\n"
+    print(f"{args.out_dir}: {model.config.family.hf_class}, {params:,} parameters in {args.dtype}, from {path}\n"
           f"  from transformers import AutoModelForCausalLM, AutoTokenizer\n"
           f"  model = AutoModelForCausalLM.from_pretrained('{args.out_dir}')\n"
           f"  tokenizer = AutoTokenizer.from_pretrained('{args.out_dir}')")

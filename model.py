@@ -1,10 +1,11 @@
 """
-model.py: GPT-2 and Llama in one file, chosen by `arch`.
+model.py: GPT-2 and Llama in one file. `arch` names a family in config.FAMILIES, whose row says what to build:
 
-    gpt2:  learned positions, LayerNorm (with bias if `bias`), GELU MLP, tied embeddings
-    llama: RoPE, RMSNorm, SwiGLU MLP, no biases, grouped-query attention, untied unless `tie_embeddings`
+    gpt2:  learned positions, LayerNorm, GELU MLP, biases, tied embeddings
+    llama: RoPE, RMSNorm, SwiGLU MLP, no biases, untied
 
-Both are pre-norm decoder stacks: x = x + attn(norm(x)); x = x + mlp(norm(x)); logits = lm_head(norm_f(x)).
+Both are pre-norm decoder stacks, x = x + attn(norm(x)); x = x + mlp(norm(x)); logits = lm_head(norm_f(x)), with
+grouped-query attention when n_kv_head < n_head; `bias` and `tie_embeddings` can change a family's biases and tying.
 The parameter layout (tok_emb, pos_emb, blocks[i].{attn_norm, attn, mlp_norm, mlp}, norm_f, lm_head) is what
 ledger.count_params counts and what train.py shards per block; test_model.py holds the two against each other.
 
@@ -23,7 +24,6 @@ from torch.utils.checkpoint import checkpoint
 from config import IGNORE_INDEX, ModelConfig  # re-exported: `from model import ModelConfig` works
 
 __all__ = ['ModelConfig', 'GPT', 'Block', 'IGNORE_INDEX']
-
 
 
 # -----------------------------------------------------------------------------------------------------
@@ -54,10 +54,10 @@ class Attention(nn.Module):
     def __init__(self, config):
         super().__init__()
         self.n_head, self.n_kv_head, self.head_dim = config.n_head, config.kv_heads, config.head_dim
-        self.use_rope = config.arch == 'llama'
-        bias = config.bias and config.arch == 'gpt2'
-        self.qkv_proj = nn.Linear(config.n_embd, (self.n_head + 2 * self.n_kv_head) * self.head_dim, bias=bias)
-        self.o_proj = nn.Linear(self.n_head * self.head_dim, config.n_embd, bias=bias)  # residual projection
+        self.use_rope = config.family.positions == 'rope'
+        width = (self.n_head + 2 * self.n_kv_head) * self.head_dim
+        self.qkv_proj = nn.Linear(config.n_embd, width, bias=config.biases)
+        self.o_proj = nn.Linear(self.n_head * self.head_dim, config.n_embd, bias=config.biases)  # residual projection
 
     def forward(self, x, cos, sin):
         B, T, _ = x.shape
@@ -73,14 +73,14 @@ class Attention(nn.Module):
 
 
 # -----------------------------------------------------------------------------------------------------
-# MLPs. GPT-2: up (H -> 4H), GELU (tanh approximation, as GPT-2 trained), down. Llama: SwiGLU (Shazeer 2020),
-# down(silu(gate(x)) * up(x)) with width H' ~ 8H/3 so that three matrices cost what GPT-2's two do.
+# MLPs, by the family's `mlp`. 'gelu' (GPT-2): up (H -> 4H), GELU (tanh approximation, as GPT-2 trained), down.
+# 'swiglu' (Llama; Shazeer 2020): down(silu(gate(x)) * up(x)), width H' ~ 8H/3 so that three matrices cost what two do.
 
 class GeluMLP(nn.Module):
     def __init__(self, config):
         super().__init__()
-        self.up_proj = nn.Linear(config.n_embd, config.ffn_width, bias=config.bias)
-        self.down_proj = nn.Linear(config.ffn_width, config.n_embd, bias=config.bias)  # residual projection
+        self.up_proj = nn.Linear(config.n_embd, config.ffn_width, bias=config.biases)
+        self.down_proj = nn.Linear(config.ffn_width, config.n_embd, bias=config.biases)  # residual projection
 
     def forward(self, x):
         return self.down_proj(F.gelu(self.up_proj(x), approximate='tanh'))
@@ -90,18 +90,21 @@ class SwiGLU(nn.Module):
     def __init__(self, config):
         super().__init__()
         self.width = config.ffn_width
-        self.gate_up_proj = nn.Linear(config.n_embd, 2 * config.ffn_width, bias=False)  # gate and up, fused
-        self.down_proj = nn.Linear(config.ffn_width, config.n_embd, bias=False)  # residual projection
+        self.gate_up_proj = nn.Linear(config.n_embd, 2 * config.ffn_width, bias=config.biases)  # gate and up, fused
+        self.down_proj = nn.Linear(config.ffn_width, config.n_embd, bias=config.biases)  # residual projection
 
     def forward(self, x):
         gate, up = self.gate_up_proj(x).split(self.width, dim=-1)
         return self.down_proj(F.silu(gate) * up)
 
 
+MLPS = {'gelu': GeluMLP, 'swiglu': SwiGLU}
+
+
 def make_norm(config):
-    """LayerNorm (gpt2; bias only if config.bias) or RMSNorm (llama), torch's own modules."""
-    if config.arch == 'gpt2':
-        return nn.LayerNorm(config.n_embd, eps=config.norm_eps, bias=config.bias)
+    """The family's norm, torch's own module: LayerNorm (a bias with the model's) or RMSNorm."""
+    if config.family.norm == 'layernorm':
+        return nn.LayerNorm(config.n_embd, eps=config.norm_eps, bias=config.biases)
     return nn.RMSNorm(config.n_embd, eps=config.norm_eps)
 
 
@@ -111,7 +114,7 @@ class Block(nn.Module):
         self.attn_norm = make_norm(config)
         self.attn = Attention(config)
         self.mlp_norm = make_norm(config)
-        self.mlp = GeluMLP(config) if config.arch == 'gpt2' else SwiGLU(config)
+        self.mlp = MLPS[config.family.mlp](config)
 
     def forward(self, x, cos, sin):
         x = x + self.attn(self.attn_norm(x), cos, sin)
@@ -127,14 +130,15 @@ class GPT(nn.Module):
         self.config = config
         self.recompute = False  # True: keep only each block's input, rerun the block in backward (book: 8P FLOPs)
         self.tok_emb = nn.Embedding(config.vocab_size, config.n_embd)
-        if config.arch == 'gpt2':
+        self.learned_positions = config.family.positions == 'learned'  # else RoPE, in the attention
+        if self.learned_positions:
             self.pos_emb = nn.Embedding(config.block_size, config.n_embd)
         self.blocks = nn.ModuleList(Block(config) for _ in range(config.n_layer))
         self.norm_f = make_norm(config)
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
         self.tie_weights()
         # RoPE tables: derived constants, not state (non-persistent: not in checkpoints), rebuilt by init_weights.
-        if config.arch == 'llama':
+        if not self.learned_positions:
             cos, sin = rope_tables(config.head_dim, config.block_size, config.rope_theta)
             self.register_buffer('rope_cos', cos, persistent=False)
             self.register_buffer('rope_sin', sin, persistent=False)
@@ -171,25 +175,25 @@ class GPT(nn.Module):
         for block in self.blocks:
             nn.init.normal_(block.attn.o_proj.weight, mean=0.0, std=residual_std)
             nn.init.normal_(block.mlp.down_proj.weight, mean=0.0, std=residual_std)
-        if self.config.arch == 'llama':
+        if not self.learned_positions:
             cos, sin = rope_tables(self.config.head_dim, self.config.block_size, self.config.rope_theta,
                                    device=self.rope_cos.device)
             self.rope_cos.copy_(cos)
             self.rope_sin.copy_(sin)
 
-    def forward(self, idx, targets=None):
-        """idx: (B, T) token ids, T <= block_size. Without targets: (logits (B, T, V), None). With targets (B, T):
-        (None, the mean cross-entropy over the positions whose target is not IGNORE_INDEX: all of them for plain
-        next-token prediction), taken from fp32 logits (a bf16 log-softmax over 50K classes loses digits). Training
-        gets no logits back on purpose: a caller holding them would keep a B x T x V buffer alive into the next
-        micro-step (3.3 GB at h200_1b3's 16 x 2048 x 50304 in bf16), and under torch.compile the graph need not
-        write them out at all."""
+    def forward(self, idx, targets=None, reduction='mean'):
+        """idx, targets: (B, T), T <= block_size -> (logits (B, T, V), None) without targets, else (None, loss)."""
+        # The loss: the cross-entropy of the targets that are not IGNORE_INDEX, from fp32 logits (a bf16 log-softmax
+        # over 50K classes loses digits); their mean, or their sum for a trainer that divides by the loss-carrying
+        # targets of the whole step (all micro-batches and ranks), so that every target weighs the same. Training
+        # gets no logits back on purpose: a caller holding them keeps a B x T x V buffer alive into the next
+        # micro-step (3.3 GB at h200_1b3's 16 x 2048 x 50304 in bf16); compiled, the graph need not write them out.
         B, T = idx.shape
         if T > self.config.block_size:
             raise ValueError(f"sequence length {T} exceeds block_size {self.config.block_size}: crop the input")
         x = self.tok_emb(idx)
         cos = sin = None
-        if self.config.arch == 'gpt2':
+        if self.learned_positions:
             x = x + self.pos_emb(torch.arange(T, device=idx.device))
         else:
             # The RoPE tables go to the blocks in the residual stream's dtype. FSDP2's bf16 policy casts a block's
@@ -204,7 +208,8 @@ class GPT(nn.Module):
         logits = self.lm_head(self.norm_f(x))
         if targets is None:
             return logits, None
-        return None, F.cross_entropy(logits.float().view(B * T, -1), targets.reshape(B * T), ignore_index=IGNORE_INDEX)
+        return None, F.cross_entropy(logits.float().view(B * T, -1), targets.reshape(B * T), ignore_index=IGNORE_INDEX,
+                                     reduction=reduction)
 
     @torch.no_grad()
     def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None):

@@ -16,8 +16,8 @@ from tiktoken_ext.openai_public import r50k_pat_str
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import checkpoint
+import data
 import export
-import prepare
 import sample
 import train
 from config import ModelConfig, TrainConfig
@@ -87,7 +87,7 @@ def test_same_greedy_tokens(exported):
 
 def test_tokenizer_gives_our_ids(exported, pystdlib_data):
     ours, hf, tokenizer, folder = exported
-    encoding = prepare.load_tokenizer(pystdlib_data)
+    encoding = data.load_tokenizer(pystdlib_data)
     ids = encoding.encode(TEXT, allowed_special='all')
     assert tokenizer(TEXT).input_ids == ids  # nothing added: GPT-2's convention
     assert tokenizer.decode(ids) == TEXT == encoding.decode(ids)
@@ -114,17 +114,17 @@ def test_gpt2_regex_converts_too():
 
 def test_neox_tokenizer_is_written_as_it_is(tmp_path, pystdlib_data):
     """A data folder in GPT-NeoX's tokens keeps the Hub's tokenizer.json (here a stand-in with NeoX's NFC
-    normalizer and an added run of spaces); the export is that file, and gives the ids prepare.HFEncoding gives."""
-    spec = json.loads(export.hf_tokenizer(prepare.load_tokenizer(pystdlib_data)).to_str())
+    normalizer and an added run of spaces); the export is that file, and gives the ids data.HFEncoding gives."""
+    spec = json.loads(export.hf_tokenizer(data.load_tokenizer(pystdlib_data)).to_str())
     spec['normalizer'] = {'type': 'NFC'}
     spec['added_tokens'].append({'id': 512, 'content': '    ', 'single_word': False, 'lstrip': False, 'rstrip': False,
                                  'normalized': False, 'special': False})
-    data = tmp_path / 'neox_data'
-    data.mkdir()
-    (data / 'tokenizer.json').write_text(json.dumps({'name': 'neox', 'source': 'a stand-in', 'tokenizers': spec}))
-    save_run(tmp_path / 'run', dict(TINY, arch='gpt2', tie_embeddings=True, vocab_size=640), str(data))
+    folder = tmp_path / 'neox_data'
+    folder.mkdir()
+    (folder / 'tokenizer.json').write_text(json.dumps({'name': 'neox', 'source': 'a stand-in', 'tokenizers': spec}))
+    save_run(tmp_path / 'run', dict(TINY, arch='gpt2', tie_embeddings=True, vocab_size=640), str(folder))
     assert export.main([str(tmp_path / 'run'), str(tmp_path / 'hf')]) == 0
-    encoding, tokenizer = prepare.load_tokenizer(str(data)), AutoTokenizer.from_pretrained(tmp_path / 'hf')
+    encoding, tokenizer = data.load_tokenizer(str(folder)), AutoTokenizer.from_pretrained(tmp_path / 'hf')
     text = TEXT + ' cafe\u0301 = café'  # a decomposed é: NFC makes it the composed one
     ids = encoding.encode(text, allowed_special='all')
     assert tokenizer(text).input_ids == ids and ids.count(512) == 1  # TEXT's one run of 4 spaces

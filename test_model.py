@@ -13,8 +13,8 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
 import ledger
-from config import load_config
-from model import GPT, ModelConfig, apply_rope
+from config import FAMILIES, IGNORE_INDEX, load_config
+from model import GPT, MLPS, ModelConfig, apply_rope
 
 
 @pytest.fixture(autouse=True, scope='module')
@@ -65,6 +65,36 @@ def test_param_count_matches_ledger(config):
     with torch.device('meta'):
         model = GPT(config)
     assert sum(p.numel() for p in model.parameters()) == ledger.count_params(config)['total']
+
+
+@pytest.mark.parametrize('config', PARAM_CONFIGS, ids=lambda c: f'{c.arch}-kv{c.kv_heads}-tie{c.tie_embeddings}'
+                         f'-bias{c.bias}-L{c.n_layer}-H{c.n_embd}')
+def test_parameter_shapes_are_the_models_tensors_in_order(config):
+    """The ledger's tensor list (what ZeRO-1 and FSDP2 shard, Ledger 4a') is named_parameters(), name for name."""
+    with torch.device('meta'):
+        model = GPT(config)
+    assert ledger.parameter_shapes(config) == [(name, tuple(p.shape)) for name, p in model.named_parameters()]
+
+
+@pytest.mark.parametrize('arch', list(FAMILIES))
+@pytest.mark.parametrize('bias', [True, False])
+def test_the_model_is_what_its_family_row_says(arch, bias):
+    """config.FAMILIES drives the model as it drives the ledger: each field of the row, seen in the modules built."""
+    config = tiny(arch=arch, bias=bias, ffn_hidden=0)
+    family = config.family
+    with torch.device('meta'):
+        model = GPT(config)
+    norms = {'layernorm': torch.nn.LayerNorm, 'rmsnorm': torch.nn.RMSNorm}
+    assert all(type(m) is norms[family.norm] for m in (model.norm_f, model.blocks[0].attn_norm))
+    assert isinstance(model.blocks[0].mlp, MLPS[family.mlp])
+    ffn_matrices = [p for p in model.blocks[0].mlp.parameters() if p.dim() == 2]
+    assert sum(p.numel() for p in ffn_matrices) == family.mlp_matrices * config.n_embd * config.ffn_width
+    assert config.ffn_width == math.ceil(family.ffn_ratio * config.n_embd / family.ffn_multiple) * family.ffn_multiple
+    assert hasattr(model, 'pos_emb') == (family.positions == 'learned')
+    assert hasattr(model, 'rope_cos') == model.blocks[0].attn.use_rope == (family.positions == 'rope')
+    has_biases = any(name.endswith('.bias') for name, _ in model.named_parameters())
+    assert has_biases == (bias and family.bias) == config.biases
+    assert (model.lm_head.weight is model.tok_emb.weight) == config.tie_embeddings
 
 
 def test_llama_7b_on_meta_device_matches_ledger_and_paper():
@@ -410,6 +440,18 @@ def test_loss_at_init_is_close_to_log_vocab(arch):
     idx, targets = batch(config, micro_batch=4)
     _, loss = model(idx, targets)
     assert loss.item() == pytest.approx(math.log(config.vocab_size), abs=0.1)
+
+
+def test_summed_loss_is_the_mean_times_the_targets_that_carry_loss():
+    """reduction='sum' adds the targets' losses (IGNORE_INDEX ones carry none), so that a trainer can divide by the
+    count over a whole step, not per micro-batch."""
+    config = tiny()
+    model = GPT(config)
+    idx, targets = batch(config, micro_batch=2)
+    targets[0, :20] = IGNORE_INDEX
+    _, mean = model(idx, targets)
+    _, total = model(idx, targets, reduction='sum')
+    assert total.item() == pytest.approx(mean.item() * (targets != IGNORE_INDEX).sum().item(), rel=1e-5)
 
 
 @pytest.mark.parametrize('arch', ['llama', 'gpt2'])
