@@ -6,9 +6,10 @@ ledger.py: the book's four sums (parameters, FLOPs, days, memory, plus data and 
     python ledger.py configs/pystdlib_cpu.py --gpu=auto    # this machine (a GPU by its name, or the CPU, measured)
     python ledger.py --book                                # every worked example of BOOK.md, recomputed
 
-Each formula below carries its name, its source and a worked number; BOOK.md lists them all. Standard library only
-at module level: a bill for a named GPU needs nothing installed. Measuring the device at hand (`gpu='auto'` or
-'cpu': a short GEMM probe) imports torch inside measure_device, the one place this file uses it.
+Each formula below carries its name, its source and a worked number; BOOK.md lists them all. This file is the
+numbers (predict: one JSON-able dict); ledger_report.py prints them and is the command line above. Standard library
+only: a bill for a named GPU needs nothing installed. Measuring the device at hand (`gpu='auto'` or 'cpu': a short
+GEMM probe) imports torch inside measure_device, the one place this file uses it.
 """
 import dataclasses
 import difflib
@@ -19,7 +20,7 @@ import sys
 import time
 from dataclasses import dataclass
 
-from config import ConfigError, ModelConfig, cli, load_config
+from config import DEFAULTS, R_DENOISERS, X_DENOISERS, ConfigError, sharded
 from files import save_json
 
 MIB = 2**20
@@ -202,21 +203,17 @@ def count_params(model):
     embedding lookups, norms and biases. 'blocks_matmul' is the part of it inside the transformer blocks."""
     H, L, V, T = model.n_embd, model.n_layer, model.vocab_size, model.block_size
     F, kv_width = model.ffn_width, model.kv_heads * model.head_dim
-    bias = model.arch == 'gpt2' and model.bias  # llama has no biases anywhere
+    family, bias = model.family, model.biases  # config.FAMILIES: llama has no biases anywhere
+    k = family.mlp_matrices                                     # GELU: up H -> H', down; SwiGLU: gate, up, down
     attention_weights = H * (H + 2 * kv_width) + H * H          # q, k, v (GQA: k, v are kv_width wide) and output
     attention_biases = (H + 2 * kv_width) + H if bias else 0
-    if model.arch == 'llama':
-        ffn_weights = 3 * H * F                                 # SwiGLU: gate and up H -> H', down H' -> H
-        ffn_biases = 0
-        norm = H                                                # RMSNorm: weight only
-    else:
-        ffn_weights = 2 * H * F                                 # GELU MLP: up H -> H', down H' -> H
-        ffn_biases = F + H if bias else 0
-        norm = 2 * H if bias else H                             # LayerNorm: weight (+ bias)
+    ffn_weights = k * H * F
+    ffn_biases = (k - 1) * F + H if bias else 0                 # the H'-wide outputs and down's H
+    norm = 2 * H if bias and family.norm == 'layernorm' else H  # LayerNorm: weight (+ bias); RMSNorm: weight only
     per_layer = attention_weights + attention_biases + ffn_weights + ffn_biases + 2 * norm
     counts = {
         'embedding': V * H,
-        'position': T * H if model.arch == 'gpt2' else 0,       # learned positions (gpt2); RoPE has none
+        'position': T * H if family.positions == 'learned' else 0,  # a learned table (gpt2); RoPE has none
         'attention': L * (attention_weights + attention_biases),
         'ffn': L * (ffn_weights + ffn_biases),
         'norms': (2 * L + 1) * norm,                            # two per block and the final one
@@ -235,24 +232,25 @@ def parameter_shapes(model):
     tensors, not just their sum: ZeRO-1 hands out whole tensors, FSDP2 splits each one's first dimension."""
     H, V, T, F = model.n_embd, model.vocab_size, model.block_size, model.ffn_width
     qkv_width = (model.n_head + 2 * model.kv_heads) * model.head_dim
-    gpt2, bias = model.arch == 'gpt2', model.arch == 'gpt2' and model.bias
+    family, bias = model.family, model.biases
+    learned, norm_bias = family.positions == 'learned', bias and family.norm == 'layernorm'
 
-    def linear(name, fan_in, fan_out, with_bias):
-        return [(f'{name}.weight', (fan_out, fan_in))] + ([(f'{name}.bias', (fan_out,))] if with_bias else [])
+    def linear(name, fan_in, fan_out):
+        return [(f'{name}.weight', (fan_out, fan_in))] + ([(f'{name}.bias', (fan_out,))] if bias else [])
 
     def norm(name):
-        return [(f'{name}.weight', (H,))] + ([(f'{name}.bias', (H,))] if bias else [])
+        return [(f'{name}.weight', (H,))] + ([(f'{name}.bias', (H,))] if norm_bias else [])
 
-    shapes = [('tok_emb.weight', (V, H))] + ([('pos_emb.weight', (T, H))] if gpt2 else [])
+    shapes = [('tok_emb.weight', (V, H))] + ([('pos_emb.weight', (T, H))] if learned else [])
     for i in range(model.n_layer):
         block = f'blocks.{i}'
-        shapes += norm(f'{block}.attn_norm') + linear(f'{block}.attn.qkv_proj', H, qkv_width, bias) \
-            + linear(f'{block}.attn.o_proj', H, H, bias) + norm(f'{block}.mlp_norm')
-        if gpt2:
-            shapes += linear(f'{block}.mlp.up_proj', H, F, bias) + linear(f'{block}.mlp.down_proj', F, H, bias)
+        shapes += norm(f'{block}.attn_norm') + linear(f'{block}.attn.qkv_proj', H, qkv_width) \
+            + linear(f'{block}.attn.o_proj', H, H) + norm(f'{block}.mlp_norm')
+        if family.mlp == 'swiglu':
+            shapes += linear(f'{block}.mlp.gate_up_proj', H, 2 * F)  # gate and up, fused
         else:
-            shapes += linear(f'{block}.mlp.gate_up_proj', H, 2 * F, False) \
-                + linear(f'{block}.mlp.down_proj', F, H, False)
+            shapes += linear(f'{block}.mlp.up_proj', H, F)
+        shapes += linear(f'{block}.mlp.down_proj', F, H)
     shapes += norm('norm_f') + ([] if model.tie_embeddings else [('lm_head.weight', (V, H))])
     return shapes
 
@@ -384,7 +382,7 @@ def held_model_states(model, parallel, n_gpu, dtype='bfloat16', rank=0):
     if n_gpu > 1 and parallel == 'zero1':
         elements, tensors = zero1_partition(model, n_gpu)[rank]
         states['optimizer'] = 8 * elements + 4 * tensors
-    elif n_gpu > 1 and parallel in ('zero2', 'fsdp'):
+    elif sharded(parallel, n_gpu):
         padded = real = 0
         for shape in shapes:
             rows_padded, rows_real = fsdp_rows(shape[0], n_gpu, rank)
@@ -412,12 +410,12 @@ def held_model_states(model, parallel, n_gpu, dtype='bfloat16', rank=0):
 #   norm:      its input r*H and fp32 statistics (LayerNorm mean and 1/std: 8; RMSNorm 1/rms: 4); CPU's RMSNorm
 #              is composite and also keeps x/rms (r*H more); CUDA's is one fused kernel (fused_norm=True)
 #   attention: input a*H (the norm output, or its bf16 copy), the fused qkv output a*(n_head + 2*n_kv_head)*d
-#              (v is a view of it, so the whole buffer stays), llama's rotated q and k a*(n_head + n_kv_head)*d,
+#              (v is a view of it, so the whole buffer stays), RoPE's rotated q and k a*(n_head + n_kv_head)*d,
 #              the output a*H (o_proj input) and, flash kernel, the fp32 log-sum-exp 4*n_head. The math kernel
 #              instead keeps q, k, v expanded to every head 3*a*H and the softmax probabilities a*n_head*T
-#   ffn:       input a*H; gpt2: up a*H' and GELU a*H'; llama: gate|up 2*a*H', silu(gate) a*H', product a*H'
+#   ffn:       input a*H; GELU: up a*H' and GELU a*H'; SwiGLU: gate|up 2*a*H', silu(gate) a*H', product a*H'
 #   layer:     2 norms + attention + ffn. Outside the blocks: the token ids (int64, 8 bytes each for the input
-#              and the targets; gpt2 also the T positions), the final norm and lm_head's input a*H.
+#              and the targets; learned positions also the T position ids), the final norm and lm_head's input a*H.
 # Under autocast every Linear also saves the bf16 copy of its weight (autocast casts each weight once per
 # forward; backward needs it for the input gradient): 2 bytes x the matmul parameters, held until backward.
 # With recomputation (torch.utils.checkpoint per block) only each block's input r*H is kept; in the backward one
@@ -429,12 +427,17 @@ def held_model_states(model, parallel, n_gpu, dtype='bfloat16', rank=0):
 # the compiled forward graph's saved outputs and holds these sums to them. Per token, per layer:
 #   the block's input r*H; the residual after attention r*H (a block compiled alone keeps o_proj's output a*H
 #   instead, and redoes the add); each norm's statistics (4: RMSNorm's 1/rms; 8: LayerNorm's mean and 1/std) and
-#   its output a*H (the matmul's bf16 input); the qkv output a*(n_head + 2*n_kv_head)*d; llama's rotated q and k;
-#   the flash kernel's output a*H and log-sum-exp 4*n_head; the FFN's first matmul output (llama: gate|up 2*a*H';
-#   gpt2: up a*H') and the input of its last (llama: silu(gate)*up a*H'; gpt2: GELU a*H'); silu and the norms'
-#   normalisation are recomputed. Outside the blocks: the token ids, the last residual (not with recompute: it is
-#   recomputed), the final norm, and the logits themselves (logits_bytes). bf16 weight copies as in eager.
+#   its output a*H (the matmul's bf16 input); the qkv output a*(n_head + 2*n_kv_head)*d; RoPE's rotated q and k;
+#   the flash kernel's output a*H and log-sum-exp 4*n_head; the FFN's first matmul output (SwiGLU: gate|up
+#   2*a*H'; GELU: up a*H') and the input of its last (SwiGLU: silu(gate)*up a*H'; GELU: GELU a*H'), so one a*H' per
+#   FFN matrix; silu and the norms' normalisation are recomputed. Outside the blocks: the token ids, the last
+#   residual (not with recompute: it is recomputed), the final norm, and the logits themselves (logits_bytes).
+#   bf16 weight copies as in eager.
 #   LLaMA-1.3B-like block in bf16 (H 2048, H' 5632): eager 79 KB a token, compiled 70 KB.
+
+NORM_STATS = {'layernorm': 8, 'rmsnorm': 4}  # fp32 bytes a token: LayerNorm's mean and 1/std, RMSNorm's 1/rms
+FFN_SAVED = {'gelu': 2, 'swiglu': 4}  # H'-wide tensors an eager FFN saves (above)
+
 
 def activation_bytes(model, micro_batch, recompute, dtype_bytes=2, attention='flash', residual_bytes=4,
                      fused_norm=True, compiled=None):
@@ -448,20 +451,17 @@ def activation_bytes(model, micro_batch, recompute, dtype_bytes=2, attention='fl
     H, L, F, T = model.n_embd, model.n_layer, model.ffn_width, model.block_size
     n_head, n_kv_head, d = model.n_head, model.kv_heads, model.head_dim
     tokens = micro_batch * T
-    rotated = a * (n_head + n_kv_head) * d if model.arch == 'llama' else 0
+    family = model.family
+    rotated = a * (n_head + n_kv_head) * d if family.positions == 'rope' else 0
+    stats = NORM_STATS[family.norm]
     if compiled and attention == 'flash':
-        stats = 8 if model.arch == 'gpt2' else 4
         middle = a * H if compiled == 'blocks' else r * H  # o_proj's output, or the residual after attention
         layer = r * H + middle + 2 * stats + 3 * a * H + a * (n_head + 2 * n_kv_head) * d + rotated + 4 * n_head \
-            + (2 if model.arch == 'gpt2' else 3) * a * F
+            + family.mlp_matrices * a * F
         head = (0 if recompute else r * H) + stats + a * H + 8  # + the final norm; 8: the logits' max and log-sum
     else:
-        if model.arch == 'gpt2':
-            norm = r * H + 8
-            ffn = a * H + 2 * a * F
-        else:
-            norm = r * H + 4 + (0 if fused_norm else r * H)
-            ffn = a * H + 4 * a * F
+        norm = r * H + stats + (r * H if family.norm == 'rmsnorm' and not fused_norm else 0)
+        ffn = a * H + FFN_SAVED[family.mlp] * a * F
         if attention == 'flash':
             attn = a * H + a * (n_head + 2 * n_kv_head) * d + rotated + 4 * n_head + a * H
         else:
@@ -471,7 +471,8 @@ def activation_bytes(model, micro_batch, recompute, dtype_bytes=2, attention='fl
     autocast = a < r  # weights in fp32, matmuls in bf16: each Linear keeps a bf16 copy of its weight
     params = count_params(model)
     block_weights = 2 * params['blocks_matmul'] // L if autocast else 0
-    parts = {'token_ids': tokens * 16 + (8 * T if model.arch == 'gpt2' and not compiled else 0),  # + gpt2's positions
+    positions = 8 * T if family.positions == 'learned' and not compiled else 0  # the position ids, int64
+    parts = {'token_ids': tokens * 16 + positions,
              'head': tokens * head}
     if recompute:
         parts['block_inputs'] = tokens * L * r * H
@@ -517,7 +518,7 @@ def compile_mode(train, n_gpu):
     block on its own, under FSDP2: zero2 and fsdp on more than one process)."""
     if not train.compile:
         return None
-    return 'blocks' if n_gpu > 1 and train.parallel in ('zero2', 'fsdp') else 'model'
+    return 'blocks' if sharded(train.parallel, n_gpu) else 'model'
 
 
 def memory_per_gpu(model, train, n_gpu=None, micro_batch=None, device=None, rank=0):
@@ -528,7 +529,7 @@ def memory_per_gpu(model, train, n_gpu=None, micro_batch=None, device=None, rank
     dtype = run_dtype(train, device)
     dtype_bytes = 2 if dtype == 'bfloat16' else 4
     # the residual stream: fp32 under autocast; bf16 where FSDP2 casts the weights (train.py: zero2/fsdp, N > 1)
-    residual_bytes = 2 if dtype_bytes == 2 and train.parallel in ('zero2', 'fsdp') and n_gpu > 1 else 4
+    residual_bytes = 2 if dtype_bytes == 2 and sharded(train.parallel, n_gpu) else 4
     states = held_model_states(model, train.parallel, n_gpu, dtype, rank)
     compiled = compile_mode(train, n_gpu)
     processes = device.shared_by or (n_gpu if device.kind == 'cpu' else 1)  # sharing one device's memory
@@ -600,15 +601,28 @@ def token_bytes(vocab_size):
     return 2 if vocab_size <= 2**16 else 4
 
 
-def loss_fraction(train):
-    """The expected share of the positions whose target carries loss under train.objective (objectives.py has the
-    arithmetic): 1 for clm and fim (every position), 1/2 for prefix_lm (a uniform cut), 0.40 for ul2 at its default
-    mixture. Compute is per position whatever the objective: the FLOPs, tokens/s and MFU count every position."""
-    if train.objective == 'clm':
-        return 1.0
-    import objectives  # numpy and the tokenizer code: only for the objectives that need them
-    return objectives.loss_fraction(objectives.Objective(
-        train.objective, ul2_rates=(train.ul2_s_rate, train.ul2_r_rate, train.ul2_x_rate)))
+# The share of the positions that carry loss (objectives.py makes the targets; config.py has their vocabulary).
+# Compute is per position whatever the objective: the FLOPs, tokens/s and MFU count every position, but only the
+# targets that are not IGNORE_INDEX carry loss. Expected shares, for fragments far longer than the spans (their
+# boundaries aside): clm and fim 1; prefix_lm 1/2 (a uniform cut); ul2 its mixture of denoisers. S is a prefix LM
+# (1/2); an R or X fragment of m tokens with spans of mean mu masking a share r packs m (1 + 2r/mu) positions (a
+# sentinel per span in the input and another before the span in the targets), of which the targets, the masked
+# tokens and a sentinel per span, are m (r + r/mu): R 0.18; X 0.5, 0.5, 0.15, 0.5. At the default rates (1/2 S,
+# 1/4 R, 1/4 X): 0.40. test_objectives.py holds it to the shares the transforms really mask.
+
+UL2_RATES = (DEFAULTS['ul2_s_rate'], DEFAULTS['ul2_r_rate'], DEFAULTS['ul2_x_rate'])
+
+
+def loss_fraction(objective, ul2_rates=UL2_RATES):
+    """The expected share of the positions whose target carries loss under `objective` (a name in
+    config.OBJECTIVES); ul2_rates: the shares of the fragments given UL2's S, R and X denoisers."""
+    if objective != 'ul2':
+        return {'clm': 1.0, 'fim': 1.0, 'prefix_lm': 0.5}[objective]
+
+    def mixture(denoisers):  # a fragment given R or X takes one of its settings uniformly
+        return sum((r + r / mu) / (1 + 2 * r / mu) for mu, r in denoisers) / len(denoisers)
+    s_rate, r_rate, x_rate = ul2_rates
+    return s_rate * 0.5 + r_rate * mixture(R_DENOISERS) + x_rate * mixture(X_DENOISERS)
 
 
 def data_ledger(n_params, vocab_size, train_tokens, dataset_tokens=0, trained_fraction=1.0):
@@ -683,243 +697,9 @@ def predict(model, train, n_gpu=None, device=None):
         'memory_per_gpu_bytes': memory['total'],
         'fits': memory['fits'],
         'max_micro_batch': max_micro_batch(model, train, n_gpu, device),
-        'data': data_ledger(params['total'], model.vocab_size, tokens, train.dataset_tokens, loss_fraction(train)),
+        'data': data_ledger(params['total'], model.vocab_size, tokens, train.dataset_tokens,
+                            loss_fraction(train.objective, (train.ul2_s_rate, train.ul2_r_rate, train.ul2_x_rate))),
     }
-
-
-# -----------------------------------------------------------------------------------------------------
-# The printed ledger: sections of rows (label, value, where it comes from), each value formatted from the
-# prediction's numbers, in the book's order. format_report prints them all; SHORT_LEDGER picks the few that
-# train.py prints before step 1 (the whole ledger goes to out_dir/ledger.md).
-
-def _si(x):
-    """1336502272 -> '1.34B'; 26e9 -> '26.0B'."""
-    for scale, suffix in ((1e12, 'T'), (1e9, 'B'), (1e6, 'M'), (1e3, 'K')):
-        if abs(x) >= scale:
-            return f'{x / scale:.3g}{suffix}'
-    return f'{x:.3g}'
-
-
-def _sci(x):
-    return f'{x:.3g}' if abs(x) < 1e5 else f'{x:.3e}'.replace('e+', 'e')
-
-
-def _days(days):
-    return f'{days:,.0f}' if days >= 100 else f'{days:.3g}'
-
-
-def _gib(n_bytes):
-    return f'{n_bytes / GIB:,.2f} GiB'
-
-
-def _gb(n_bytes):
-    return f'{n_bytes / 1e12:,.2f} TB' if n_bytes >= 1e12 else f'{n_bytes / 1e9:,.1f} GB'
-
-
-def _rate(flops_per_s):
-    return f'{flops_per_s / 1e12:,.0f} TFLOP/s' if flops_per_s >= 1e12 else f'{flops_per_s / 1e9:,.0f} GFLOP/s'
-
-
-def _duration(days):
-    seconds = days * SECONDS_PER_DAY
-    for unit, length in (('days', SECONDS_PER_DAY), ('h', 3600), ('min', 60)):
-        if seconds >= length:
-            return f'{seconds / length:.3g} {unit}'
-    return f'{seconds:.3g} s'
-
-
-def report_header(p):
-    m, t = p['model'], p['train']
-    model = ModelConfig(**m)
-    attention = 'MHA' if model.kv_heads == model.n_head else f'GQA, {model.kv_heads} kv heads'
-    return [
-        f"ledger: {m['arch']}, {model.n_layer} layers, H={model.n_embd}, {model.n_head} heads ({attention}), "
-        f"H'={model.ffn_width}, V={model.vocab_size}, T={model.block_size}, "
-        f"{'tied' if model.tie_embeddings else 'untied'}{', biases' if m['arch'] == 'gpt2' and m['bias'] else ''}",
-        f"plan: {_si(p['tokens'])} tokens on {p['n_gpu']} x {p['gpu']['name']}, batch {t['batch_tokens']:,} tokens "
-        f"= {t['micro_batch']} x {model.block_size} x {p['n_gpu']} device(s) x {p['grad_accum']:.4g} accumulation, "
-        f"{p['steps']:,} steps",
-    ]
-
-
-def report_sections(p):
-    """-> [(title, [(label, value, note), ...]), ...] for a prediction."""
-    m, t, params, flops, memory, data, device = (p['model'], p['train'], p['params'], p['flops_per_token'],
-                                                 p['memory'], p['data'], p['gpu'])
-    model = ModelConfig(**m)
-    tied, gpt2, bias, recompute = m['tie_embeddings'], m['arch'] == 'gpt2', m['arch'] == 'gpt2' and m['bias'], \
-        t['recompute']
-    book_p = '8P' if recompute else '6P'
-    sharded = p['n_gpu'] > 1 and t['parallel'] in ('zero2', 'fsdp')
-    bf16 = p['dtype'] == 'bfloat16'
-    parameters = [
-        ('token embedding', f"{params['embedding']:,}", 'V*H'),
-        ('position embedding', f"{params['position']:,}", 'T*H (learned, gpt2)') if gpt2 else None,
-        ('attention', f"{params['attention']:,}", 'L*(2H^2 + 2H*kv_width' + (' + biases)' if bias else ')')
-         + ': q, o and GQA-sized k, v'),
-        (f"ffn ({'GELU MLP' if gpt2 else 'SwiGLU'})", f"{params['ffn']:,}",
-         "L*(2HH'" + (' + biases)' if bias else ')') if gpt2 else "L*3HH'"),
-        (f"norms ({'LayerNorm' if gpt2 else 'RMSNorm'})", f"{params['norms']:,}",
-         '(2L + 1)*H' + (' * 2 (weight, bias)' if bias else '')),
-        ('output projection', f"{params['output']:,}", 'tied: shares the embedding' if tied else 'V*H'),
-        ('per layer', f"{params['per_layer']:,}", "4H^2 + 2HH' + 2H (+ 7H + H' biases)" if gpt2
-         else "4H^2 + 3HH' + 2H when MHA (the book)"),
-        ('total P', f"{params['total']:,}", _si(params['total'])),
-        ('in matmuls N_matmul', f"{params['matmul']:,}",
-         f"{params['matmul'] / params['total']:.1%} of P: Linear weights incl. the output projection"),
-    ]
-    nanogpt_extra = flops['nanogpt'] / flops['matmul'] - 1
-    rerun = '2N_blocks' if p['compiled_blocks'] else "2(N_blocks-LHH')"
-    compute = [
-        (f"book: {book_p}" + (' (recompute)' if recompute else ''), _sci(flops['book']),
-         "the book's ledger 2: forward 2P + backward 4P" + (' + one recomputed forward 2P' if recompute else '')),
-        ('matmul: 6N_matmul + 12LHT', _sci(flops['matmul']),
-         'PaLM (Chowdhery et al. 2022, app. B), non-causal attention, no embedding lookup; MFU uses this'),
-        ("nanoGPT's estimate_mfu: 6N + 12LHT", _sci(flops['nanogpt']),
-         f"N = all but the position table: norms, biases{'' if tied else ', input embedding'} as matmuls: "
-         f"{nanogpt_extra:+.3%}"),
-        ('matmul, causal: 6N_matmul + 6LHT', _sci(flops['matmul_causal']), 'only the unmasked half of attention'),
-        (f"executed: +{rerun}+4LHT",
-         _sci(flops['hardware']), 'matmul + the blocks rerun in backward: ' + (
-             'whole (each block compiled on its own)' if p['compiled_blocks']
-             else "all but down_proj (H'H), never lm_head")) if recompute else None,
-        ('attention share of block matmuls', f"{flops['attention_share']:.1%}",
-         f"12LHT / 6N_blocks; the book's T/(6H) = {flops['attention_share_approx']:.1%}"),
-        (f"executed for {_si(p['tokens'])} tokens", _sci(p['total_flops']),
-         f"book {book_p}D: {_sci(p['book_flops'])}"),
-    ]
-    time_and_money = [
-        ('device', f"{p['n_gpu']} x {device['name'].split(' (')[0].split()[0]}",
-         f"{device['name']}: peak {_rate(device['peak_flops'])} each ({device['peak_source']})"),
-        ('assumed utilisation', f"{p['mfu_assumed']:.0%}", 'of peak (the planning note: 40% for a tuned Llama with '
-         'flash attention and torch.compile; real runs 30-70%)'),
-        ('throughput', f"{p['tokens_per_s']:,.0f} tok/s", f"n_gpu * peak * MFU / executed FLOPs per token; "
-         f"{p['step_seconds']:.3g} s per step"),
-        ('time for this run', _duration(p['days']), 'executed FLOPs: the matmul count (with attention)'
-         + (' + the recomputed forward' if recompute else '')),
-        ('days', _days(p['days']), 'time / 86400 s'),
-        (f"days, book {book_p}D", _days(p['days_book']), "FLOPs by the book's convention (the planning note's table)"),
-        ('GPU-hours', f"{p['gpu_hours']:,.0f}", 'days x 24 x n_gpu'),
-        ('cost', f"${p['cost_usd']:,.0f}", f"at ${t['usd_per_gpu_hour']}/GPU-hour (book {book_p}D: "
-         f"${p['cost_usd'] * p['days_book'] / p['days']:,.0f}; the planning note: $3-4 per H200-hour)"),
-        ('predicted MFU (PaLM)', f"{p['mfu']:.1%}", 'assumed x matmul / executed: recomputation is work MFU does '
-         'not count') if recompute else None,
-    ]
-    per = '/N' if sharded else ''
-    compiled = memory['graph'] != 'eager'
-    processes = device['shared_by'] or (p['n_gpu'] if device['kind'] == 'cpu' else 1)
-    states = [
-        ('fp32 weights', _gib(memory['weights']), f"4P{per}" + (', chunks padded to equal rows (FSDP2)' if sharded
-                                                                 else ': master weights, updated by AdamW')),
-        ('fp32 gradients', _gib(memory['grads']), '4P' + (
-            '/N, reduce-scattered (FSDP2)' if sharded else ": DDP's buckets, the .grad tensors are views of them"
-            if p['n_gpu'] > 1 else '')),
-        ('AdamW exp_avg, exp_avg_sq', _gib(memory['optimizer']), '8P' + (
-            "/N, each rank's rows" if sharded else '/N, whole tensors per rank (ZeRO-1)'
-            if p['n_gpu'] > 1 and t['parallel'] == 'zero1' else '') + ' + a 4-byte step count per tensor'),
-        (f"gathered {'bf16' if bf16 else 'fp32'} weights", _gib(memory['gathered']),
-         'all blocks, forward to backward (zero2)' if t['parallel'] == 'zero2' else
-         'embeddings, lm_head and 2 blocks at a time (fsdp), + one block of gradients') if sharded else None,
-        ('model states', _gib(memory['model_states']), f"the book's accounting, {BOOK_STATES[t['parallel']]} with "
-         f"16-bit weights and grads: {_gib(memory['book_model_states'])}"),
-        ('activations', _gib(memory['activations']), ('what the compiled graph saves (min-cut partitioner)'
-                                                      if compiled else 'what autograd saves for backward, eager mode')
-         + (', block inputs and one block rerun (recompute)' if recompute else '')
-         + (f"; eager: {_gib(memory['activations_eager'])}" if compiled else '')),
-        ('logits and cross-entropy', _gib(memory['logits']), f"B*T*V x {2 * (2 if bf16 else 4)} bytes: the logits "
-         f"and their gradient (fused); eager: {_gib(memory['logits_eager'])}" if compiled else
-         "B*T*V x 12 bytes: fp32 log-softmax, its gradient, the logits' gradient"),
-        ('runtime overhead', _gib(memory['overhead']), device['overhead_source']),
-        ('total', _gib(memory['total']), f"of {_gib(memory['gpu_memory'])} ({device['memory_source']}"
-         + (f', shared by {processes} processes' if processes > 1 else '')
-         + f"): {'fits' if memory['fits'] else 'DOES NOT FIT'}, headroom {_gib(memory['headroom'])}"
-         + ("; glibc's malloc keeps freed blocks for reuse, so the peak RSS runs up to ~1.35x this (measured, "
-            "README)" if device['kind'] == 'cpu' else '')),
-        ('largest micro-batch that fits', f"{p['max_micro_batch']}", f"sequences of {model.block_size} tokens per "
-         'device' + ('' if memory['fits'] else f": try --micro_batch={p['max_micro_batch']}" if p['max_micro_batch']
-                     else ': not even one; try --recompute=1, or --parallel=fsdp over more GPUs')),
-    ]
-    stored = 'dataset' if data['dataset_tokens'] else 'training tokens'
-    tokens = [
-        ('Chinchilla-optimal tokens', _si(data['chinchilla_tokens']), '20 x P (Hoffmann et al. 2022)'),
-        ('this plan', f"{data['tokens_per_param']:.3g} tok/param",
-         f"{data['chinchilla_multiple']:.2g} x Chinchilla; {_si(data['train_tokens'])} tokens are optimal for "
-         f"{_si(data['chinchilla_params_for_tokens'])} params"),
-        ('tokens that carry loss', _si(data['loss_tokens']), f"{data['loss_fraction']:.0%} of them: objective "
-         f"{t['objective']} (objectives.loss_fraction); FLOPs, tokens/s and MFU count every position")
-        if data['loss_fraction'] < 1 else None,
-        ('dataset', _si(data['dataset_tokens']) + ' tokens',
-         f"{'enough' if data['enough_data'] else 'NOT enough'}: {data['epochs']:.3g} epochs")
-        if data['dataset_tokens'] else None,
-        ('token shards', _gb(data['shard_bytes']), f"{data['token_bytes']} bytes/token "
-         f"({'uint16: vocab <= 65,536' if data['token_bytes'] == 2 else 'uint32: vocab > 65,536'}), the {stored}"),
-        ('source parquet', _gb(data['parquet_bytes_high']), f"~3-4 bytes/token compressed (FineWeb-Edu): "
-         f"{_gb(data['parquet_bytes_low'])} to {_gb(data['parquet_bytes_high'])}"),
-        ('checkpoint', _gb(data['checkpoint_bytes']), '12P: fp32 weights + Adam m, v; bf16 export 2P = '
-         + _gb(data['export_bytes'])),
-    ]
-    loss = [(label, f"{data['expected_loss'][fit]:.3f} nats", ', '.join(f'{k} {v}' for k, v in
-                                                                           CHINCHILLA_FITS[fit].items()))
-            for fit, label in (('hoffmann2022', 'Hoffmann et al. 2022'), ('epoch2024', 'Epoch AI 2024 replication'))]
-    mode = f"{t['parallel']}, N={p['n_gpu']}" if p['n_gpu'] > 1 else 'one process'
-    sections = [
-        ("Ledger 1: parameters (exact, the way model.py builds them: = sum(p.numel()))", parameters),
-        ('Ledger 2: compute per token, forward + backward (a matmul (n x m)(m x p) is 2nmp FLOPs)', compute),
-        ('Ledger 3: time and money (days = FLOPs / (n_gpu * peak * MFU) / 86400)', time_and_money),
-        (f"Ledger 4: memory per {'process' if device['kind'] == 'cpu' else 'GPU'} ({mode}, as train.py holds it; "
-         f"micro-batch {t['micro_batch']} x {model.block_size}, {'bf16' if bf16 else 'fp32'} compute, "
-         f"{memory['graph']}, "
-         f"{'full recomputation' if recompute else 'no recomputation'}, flash attention)", states),
-        ('Data and tokens (the planning note)', tokens),
-        ('Expected loss L = E + A/N^alpha + B/D^beta: THEIR fits on their data (MassiveText) and tokenizer, '
-         'not ours', loss),
-    ]
-    return [(title, [row for row in rows if row]) for title, rows in sections]
-
-
-def _row(label, value, note=''):
-    return f'  {label:<34} {value:>18}   {note}'.rstrip()
-
-
-def format_report(prediction):
-    """The whole ledger as text: parameters, compute, time and money, memory, data, expected loss."""
-    lines = report_header(prediction)
-    for title, rows in report_sections(prediction):
-        lines += ['', title] + [_row(*row) for row in rows]
-    return '\n'.join(lines)
-
-
-def format_short(prediction, full):
-    """The few lines train.py prints before step 1: the model, its FLOPs, the device, the predicted speed and time,
-    memory against what the device has, and the data against Chinchilla. `full` says where the whole bill is."""
-    p, memory, data, device = prediction, prediction['memory'], prediction['data'], prediction['gpu']
-    model = ModelConfig(**p['model'])
-    shape = f"{model.arch} {model.n_layer} x {model.n_embd}, V {model.vocab_size:,}, T {model.block_size:,}"
-    epochs = f"; {data['epochs']:.3g} epochs of {_si(data['dataset_tokens'])} tokens" if data['dataset_tokens'] else ''
-    lines = [
-        f"ledger (the whole bill: {full}):",
-        _row('parameters', f"{p['params']['total']:,}", f"{shape}; {p['params']['matmul']:,} in matmuls"),
-        _row('FLOPs per token', _sci(p['flops_per_token']['hardware']),
-             f"6N_matmul + 12LHT{' + the recomputed forward' if p['train']['recompute'] else ''}; "
-             f"{_sci(p['total_flops'])} for {_si(p['tokens'])} tokens"),
-        _row('device', f"{p['n_gpu']} x {_rate(device['peak_flops'])}",
-             f"{device['name']}, {p['dtype']} peak ({device['peak_source'].split(' (cache')[0]})"),
-        _row('throughput', f"{p['tokens_per_s']:,.0f} tok/s", f"at an assumed {p['mfu_assumed']:.0%} MFU; "
-             f"{p['step_seconds']:.3g} s per step of {p['train']['batch_tokens']:,} tokens"),
-        _row('time for this run', _duration(p['days']), f"{p['steps']:,} steps"
-             + (f"; ${p['cost_usd']:,.0f} at ${p['train']['usd_per_gpu_hour']}/GPU-hour" if device['kind'] == 'gpu'
-                else '')),
-        _row('memory per process', _gib(memory['total']), f"of {_gib(memory['gpu_memory'])}: "
-             f"{'fits' if memory['fits'] else 'DOES NOT FIT'} (states {_gib(memory['model_states'])}, activations "
-             f"{_gib(memory['activations'])}, loss {_gib(memory['logits'])}, runtime {_gib(memory['overhead'])})"),
-        _row('tokens per parameter', f"{data['tokens_per_param']:.3g}",
-             f"{data['chinchilla_multiple']:.2g} x Chinchilla (20){epochs}"),
-    ]
-    if data['loss_fraction'] < 1:
-        lines.append(_row('tokens that carry loss', _si(data['loss_tokens']),
-                          f"{data['loss_fraction']:.0%}: objective {p['train']['objective']}; tokens/s and MFU count "
-                          f"every position"))
-    return '\n'.join(lines)
 
 
 # -----------------------------------------------------------------------------------------------------
@@ -973,166 +753,6 @@ def summarize(prediction, measured):
     }
 
 
-def format_comparison(summary):
-    """report.md's table, rendered from a summary (summarize): quantity | predicted | measured | ratio."""
-    s = summary
-    rows = [  # (what, predicted, measured, format)
-        ('parameters', s['params_predicted'], s['params_built'], lambda x: f'{x:,.0f}'),
-        ('throughput, tokens/s (all devices)', s['tokens_per_s_predicted'], s['tokens_per_s_measured'],
-         lambda x: f'{x:,.0f}'),
-        ('MFU (6N_matmul + 12LHT per token)', s['mfu_predicted'], s['mfu_measured'], lambda x: f'{x:.1%}'),
-        (f"memory per device: {s['memory_kind']}; activations as {s['memory_graph']}", s['memory_predicted_bytes'],
-         s['memory_measured_bytes'], _gib),
-        ('memory per device: peak reserved (+ overhead)', s['reserved_predicted_bytes'],
-         s['reserved_measured_bytes'], _gib) if s['reserved_predicted_bytes'] is not None else None,
-        ('days for the planned tokens', s['days_predicted'], s['days_projected'], lambda x: f'{x:.3g}'),
-    ]
-    lines = [f"Predicted by ledger.py for {s['predicted_for']} (peak: {s['peak_source']}) at an assumed "
-             f"{s['mfu_assumed']:.0%} MFU; measured on {s['device'] or 'an unnamed device'}"
-             + (f", torch {s['torch']}" if s['torch'] else '') + (f", step {s['step']:,}" if s['step'] else '') + '.',
-             '', '| quantity | predicted | measured | measured / predicted |', '| --- | ---: | ---: | ---: |']
-    for what, predicted, value, fmt in filter(None, rows):
-        ratio = f'{value / predicted:.3f}' if value is not None and predicted else '-'
-        lines.append(f"| {what} | {fmt(predicted)} | {'-' if value is None else fmt(value)} | {ratio} |")
-    if s['val_loss'] is not None:
-        lines += ['', f"val loss {s['val_loss']:.4f} nats per token" + (
-            f" = {s['val_bpb']:.4f} bits per byte (at {s['bytes_per_token']:.3f} text bytes per token, meta.json)"
-            if s['val_bpb'] is not None else '')]
-    return '\n'.join(lines)
-
-
-# -----------------------------------------------------------------------------------------------------
-# The book's worked examples (BOOK.md), recomputed: the book's figure beside the ledger's, compared at the
-# book's precision (a format spec; '>' for a bound). test_ledger.py checks every one; `ledger.py --book` prints them.
-
-LLAMA_7B = ModelConfig(arch='llama', n_layer=32, n_head=32, n_embd=4096, ffn_hidden=11008, vocab_size=32000,
-                       block_size=2048)
-BOOK = 'the book, BOOK.md'
-NOTE = 'the planning note, BOOK.md'
-
-
-def book_examples():
-    """A list of dicts: section, what, formula, book (as written), book_value, value (the ledger's), precision
-    (the format spec the two agree at), source, shown, matches."""
-    h200, a800 = GPUS['H200'], GPUS['A800']
-    p7b = count_params(LLAMA_7B)
-    def seed_days(params, tokens):  # the planning note: 6ND on one H200 at MFU 0.40
-        return train_days(6 * params * tokens, 1, h200.peak_flops, 0.40)
-    flops_65b = 8 * 1.4e12 * 6.5e10
-    memory_7b = model_state_bytes(p7b['total'], 'fsdp', 2)['total'] / GIB
-    total_7b = memory_7b + 6.20 + 3.91 + 6  # the book's activations, softmax intermediates, other: taken as given
-    cost_low, cost_high = (seed_days(1.3e9, 26e9) * 24 * usd for usd in (3, 4))
-    rows = [  # section, what, formula, book's figure as written, its value, the ledger's value, precision, source
-        ('Ledger 1', 'LLaMA-7B parameters', "2VH + H + L(4H^2 + 3HH' + 2H), V 32000, L 32, H 4096, H' 11008",
-         '6,738,415,616', 6738415616, p7b['total'], ',d', BOOK + '; LLaMA, Touvron et al. 2023'),
-        ('Ledger 1', 'LLaMA-7B: share of params in linear layers', 'N_matmul / P (book: > 95%)',
-         '> 95%', 0.95, p7b['matmul'] / p7b['total'], '>', BOOK),
-        ('Ledger 2', 'LLaMA-7B on 1B tokens', '6 x P x C', '4.04e19', 4.04e19, 6 * p7b['total'] * 1e9, '.3g', BOOK),
-        ('Ledger 3', 'LLaMA-65B training FLOPs', '8CP, C 1.4e12, P 6.5e10 (recompute)', '7.28e23', 7.28e23,
-         flops_65b, '.3g', BOOK),
-        ('Ledger 3', 'LLaMA-65B seconds', '8CP / (2048 x 2e14 effective)', '1.78e6', 1.78e6,
-         flops_65b / (2048 * 2e14), '.3g', BOOK),
-        ('Ledger 3', 'LLaMA-65B days (paper: 21)', 'seconds / 86400', '20.6', 20.6,
-         train_days(flops_65b, 2048, GPUS['A100'].peak_flops, 2e14 / GPUS['A100'].peak_flops), '.3g',
-         BOOK + '; LLaMA, Touvron et al. 2023: 21 days'),
-        ('Ledger 3', 'one H200: 0.76B params, 25B tokens', '6ND / (989e12 x 0.40) / 86400', '~3.3', 3.3,
-         seed_days(0.76e9, 25e9), '.2g', NOTE),
-        ('Ledger 3', 'one H200: 1.3B params, 26B tokens', '6ND / (989e12 x 0.40) / 86400', '5.93 (~6)', 5.93,
-         seed_days(1.3e9, 26e9), '.3g', NOTE),
-        ('Ledger 3', 'one H200: 1.3B params, 50B tokens', '6ND / (989e12 x 0.40) / 86400', '11.4 (~11)', 11.4,
-         seed_days(1.3e9, 50e9), '.3g', NOTE),
-        ('Ledger 3', 'one H200: 7B params, 140B tokens', '6ND / (989e12 x 0.40) / 86400', '~172', 172,
-         seed_days(7e9, 140e9), '.3g', NOTE),
-        ('Ledger 3', 'one H200: 13B params, 260B tokens', '6ND / (989e12 x 0.40) / 86400', '593 (~590)', 593,
-         seed_days(13e9, 260e9), '.3g', NOTE),
-        ('Ledger 3', 'cost of the 1.3B/26B run, USD',
-         f'days x 24 x $3.5/H200-hour ($3-4: {cost_low:.0f}-{cost_high:.0f})', '~$500', 500,
-         seed_days(1.3e9, 26e9) * 24 * 3.5, '.1g', NOTE),
-        ('Ledger 4', 'LLaMA-7B model states per GPU, GiB', '16P/2 (ZeRO-3 on 2 x A800-80G); 50.205, the book '
-         'truncates', '50.20', 50.20, memory_7b, '.3g', BOOK),
-        ('Ledger 4', 'LLaMA-7B total per GPU, GB', "16P/2 + the book's 6.20 + 3.91 + ~6", '~66', 66, total_7b, '.2g',
-         BOOK),
-        ('Ledger 4', 'LLaMA-7B spare on an 80 GB card, GB', '80 - total', '~14', 14, a800.memory_bytes / GIB - total_7b,
-         '.2g', BOOK),
-        ('Ledger 4', '13B: model states, GB', '16P', '208', 208, 16 * 13e9 / 1e9, '.3g', BOOK),
-        ('Ledger 4', '13B: fewest 80 GB GPUs', 'ceil(16P / 80 GB)', '3', 3,
-         gpus_for_model_states(13e9, a800.memory_bytes)[0], 'd', BOOK),
-        ('Ledger 4', '13B: recommended GPUs', 'rounded up to a power of two', '4', 4,
-         gpus_for_model_states(13e9, a800.memory_bytes)[1], 'd', BOOK),
-        ('Ledger 4', '30B: recommended GPUs', 'ceil(16P / 80 GB) = 6, to a power of two', '8', 8,
-         gpus_for_model_states(30e9, a800.memory_bytes)[1], 'd', BOOK),
-        ('Ledger 4', '65B: recommended GPUs', 'ceil(16P / 80 GB) = 13, to a power of two', '16', 16,
-         gpus_for_model_states(65e9, a800.memory_bytes)[1], 'd', BOOK),
-        ('Ledger 4', '175B: model states alone, TB', '16P', '~2.8', 2.8, 16 * 175e9 / 1e12, '.2g', BOOK),
-        ('Data', '175B: Chinchilla-optimal tokens, T', '20 x P', '3.5', 3.5, 20 * 175e9 / 1e12, '.2g',
-         NOTE + '; Chinchilla, Hoffmann et al. 2022'),
-        ('Data', 'GPT-3 tokens per parameter', '300B / 175B', '~1.7', 1.7, 300e9 / 175e9, '.2g',
-         NOTE + '; GPT-3, Brown et al. 2020'),
-        ('Data', '25B tokens are optimal for, B params', 'D / 20', '~1.25', 1.25, 25e9 / 20 / 1e9, '.3g', NOTE),
-        ('Data', '0.76B params: optimal tokens, B', '20 x P', '15.2', 15.2, 20 * 0.76e9 / 1e9, '.3g', NOTE),
-        ('Data', 'Llama-3-8B tokens per parameter', '15T / 8B (~95x Chinchilla from the rounded 1,900)', '~1,900',
-         1900, 15e12 / 8e9, '.2g', NOTE + '; Llama 3, Meta 2024'),
-        ('Data', 'bytes per token, vocab 50,257 (GPT-2)', 'uint16 while vocab <= 65,536', '2', 2, token_bytes(50257),
-         'd', NOTE),
-        ('Data', 'bytes per token, vocab 128,256 (Llama 3)', 'uint32 above', '4', 4, token_bytes(128256), 'd', NOTE),
-        ('Data', '250B tokens at 2 bytes/token, GB', 'D x 2', '500', 500, 250e9 * token_bytes(50257) / 1e9, '.3g',
-         NOTE),
-        ('Data', '25B tokens as parquet, GB', 'D x ~4 bytes/token (3-4)', '~100', 100, 25e9 * 4 / 1e9, '.2g', NOTE),
-        ('Data', '1.3B Adam checkpoint, GB', '12P: fp32 weights + Adam m, v', '~16', 16, 12 * 1.3e9 / 1e9, '.2g',
-         NOTE),
-    ]
-    examples = []
-    for section, what, formula, book, book_value, value, precision, source in rows:
-        if precision == '>':
-            matches, shown = value > book_value, f'{value:.1%}'
-        else:
-            whole = precision in ('d', ',d')
-            matches = format(round(value) if whole else value, precision) == format(book_value, precision)
-            shown = format(round(value), precision) if whole else f'{value:.4g}'
-        examples.append(dict(section=section, what=what, formula=formula, book=book, book_value=book_value,
-                             value=value, precision=precision, source=source, shown=shown, matches=matches))
-    return examples
-
-
-def format_book():
-    lines = ["BOOK.md's worked examples, recomputed by the ledger (book's figure | ledger's | agree at the book's "
-             "precision)"]
-    section = None
-    for example in book_examples():
-        if example['section'] != section:
-            section = example['section']
-            lines += ['', section]
-        lines.append(f"  {example['what']:<46} {example['book']:>14} | {example['shown']:>14} | "
-                     f"{'ok' if example['matches'] else 'DIFFERS'}   {example['formula']}   [{example['source']}]")
-    return '\n'.join(lines)
-
-
-# -----------------------------------------------------------------------------------------------------
-# CLI: python ledger.py CONFIG [--key=value ...] [--json] | python ledger.py --book
-
-USAGE = 'usage: python ledger.py CONFIG [--key=value ...] [--json]   or   python ledger.py --book'
-
-
-@cli
-def main(argv):
-    if argv and argv[0] in ('-h', '--help'):
-        print(__doc__.strip() + '\n\n' + USAGE)
-        return 0
-    if '--book' in argv:
-        if argv != ['--book']:
-            raise ConfigError('--book takes no other arguments')
-        print(format_book())
-        return 0
-    as_json = '--json' in argv
-    args = [a for a in argv if a != '--json']
-    if not args:
-        raise ConfigError(f'no config given ({USAGE})')
-    path = None if args[0].startswith('--') else args[0]
-    model, train = load_config(path, args[1:] if path else args)
-    prediction = predict(model, train)
-    print(json.dumps(prediction, indent=2) if as_json else format_report(prediction))
-    return 0
-
-
 if __name__ == '__main__':
-    sys.exit(main())
+    import ledger_report  # the printed ledger and the command line: it imports this file, never the reverse
+    sys.exit(ledger_report.main())

@@ -26,7 +26,8 @@ for UL2) push the sequence's tail out: the fragment that no longer fits whole is
 of itself, so every packed fragment is complete (no sentinel without its span, no middle without its sentinel),
 and what is left over is dropped (~3 tokens a fragment for FIM; the rare gap UL2 cannot fill is padded with
 end-of-text tokens that carry no loss). The special tokens' ids come from the data folder's meta.json
-(prepare.SPECIAL_TOKENS, by name).
+(config.SPECIAL_TOKENS, by name). The expected share of the positions that carry loss is the ledger's arithmetic
+(ledger.loss_fraction), which test_objectives.py holds to these transforms.
 """
 import dataclasses
 
@@ -72,10 +73,10 @@ def special_ids(meta, data_dir, names, user):
     have = meta.get('special_tokens', {})
     missing = [name for name in names if name not in have]
     if missing:
-        import prepare  # the command that made the folder (moves to data.py with the shard format)
+        import data  # the command that made the folder (data.py reads meta.json; numpy, the shard format)
         raise DataError(f"{data_dir} has no {missing[0]} token{' (and others)' if len(missing) > 1 else ''}, which "
                         f"{user} needs: its tokenizer was made without the special tokens; make a folder with them "
-                        f"by rerunning `{prepare.prepare_command(data_dir)}` with another --out (new folders "
+                        f"by rerunning `{data.prepare_command(data_dir)}` with another --out (new folders "
                         f"reserve them unless --no-special-tokens)")
     return {name: have[name] for name in names}
 
@@ -252,23 +253,3 @@ def _composition(total, parts, rng):
 
 
 FRAGMENT_FUNCTIONS = {'prefix_lm': _prefix_lm, 'fim': _fim, 'ul2': _ul2}
-
-
-# -----------------------------------------------------------------------------------------------------
-# What a step trains on. The compute per position is the same for every objective (the ledger's FLOPs, the live
-# tokens/s and MFU count positions), but only the targets that are not IGNORE_INDEX carry loss.
-
-def loss_fraction(objective):
-    """The expected share of positions whose target carries loss, for fragments far longer than the spans
-    (boundaries aside): clm and fim 1, prefix_lm 1/2, ul2 with the default rates 0.40. An R or X fragment of m
-    tokens packs m (1 + 2r/mu) positions, of which the targets (masked tokens and a sentinel per span) are
-    m (r + r/mu): R 0.18, X 0.5, 0.5, 0.15, 0.5."""
-    if objective.name in ('clm', 'fim'):
-        return 1.0
-    if objective.name == 'prefix_lm':
-        return 0.5
-
-    def mixture(denoisers):
-        return sum((r + r / mu) / (1 + 2 * r / mu) for mu, r in denoisers) / len(denoisers)
-    s_rate, r_rate, x_rate = objective.ul2_rates
-    return s_rate * 0.5 + r_rate * mixture(R_DENOISERS) + x_rate * mixture(X_DENOISERS)

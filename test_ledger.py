@@ -11,7 +11,8 @@ import sys
 import pytest
 
 import ledger
-from config import ModelConfig, TrainConfig, load_config
+import ledger_report
+from config import OBJECTIVES, ModelConfig, TrainConfig, load_config
 from ledger import GIB
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
@@ -115,7 +116,7 @@ def test_attention_share_is_t_over_6h_for_a_12h2_block():
 
 
 def test_llama_7b_on_1b_tokens():
-    flops = ledger.flops_per_token(ledger.LLAMA_7B)['book'] * 1e9
+    flops = ledger.flops_per_token(ledger_report.LLAMA_7B)['book'] * 1e9
     assert f'{flops:.3g}' == '4.04e+19'
 
 
@@ -169,7 +170,7 @@ def test_zero_formulas(n_gpu):
 
 
 def test_book_memory_example_llama_7b_two_a800():
-    states = ledger.model_state_bytes(ledger.count_params(ledger.LLAMA_7B)['total'], 'fsdp', 2)['total'] / GIB
+    states = ledger.model_state_bytes(ledger.count_params(ledger_report.LLAMA_7B)['total'], 'fsdp', 2)['total'] / GIB
     assert f'{states:.3g}' == '50.2'              # the book's 50.20 (50.205, truncated)
     total = states + 6.20 + 3.91 + 6               # the book's activations, softmax intermediates, other
     assert round(total) == 66
@@ -281,7 +282,7 @@ def test_chinchilla_loss_fits():
 # The book's worked examples, as --book prints them
 
 def test_every_book_example_matches():
-    examples = ledger.book_examples()
+    examples = ledger_report.book_examples()
     assert len(examples) >= 30
     assert [e['what'] for e in examples if not e['matches']] == []
 
@@ -290,7 +291,7 @@ def test_book_md_lists_every_worked_example():
     """BOOK.md, the repo's own digest of its sources, has a row for each example, with the text's figure."""
     with open(os.path.join(ROOT, 'BOOK.md')) as f:
         rows = [line for line in f if line.startswith('| ')]
-    for example in ledger.book_examples():
+    for example in ledger_report.book_examples():
         row = [r for r in rows if f"| {example['what']} |" in r]
         assert len(row) == 1 and f"| {example['book']} |" in row[0], example['what']
 
@@ -339,7 +340,7 @@ def test_predict_recompute_and_n_gpu():
 
 def test_format_report_reads_like_the_book():
     model, train = load_config(os.path.join(ROOT, 'configs/h200_1b3.py'))
-    report = ledger.format_report(ledger.predict(model, train))
+    report = ledger_report.format_report(ledger.predict(model, train))
     for text in ('Ledger 1: parameters', '1,336,502,272', 'Ledger 2: compute', '6N_matmul + 12LHT', 'MFU uses this',
                  'T/(6H)', 'Ledger 3: time and money', '989 TFLOP/s', 'days, book 6PD', 'Ledger 4: memory per GPU',
                  '12P', 'ESTIMATE', 'largest micro-batch that fits', 'Chinchilla', 'Hoffmann et al. 2022',
@@ -357,7 +358,7 @@ def test_summary_and_comparison_with_missing_measurements():
     assert summary['tokens_per_s_predicted'] == p['tokens_per_s'] and summary['tokens_per_s_measured'] is None
     assert summary['memory_predicted_bytes'] == p['memory']['allocated']  # a GPU: the allocator's peak
     assert summary['reserved_predicted_bytes'] == p['memory']['total']
-    table = ledger.format_comparison(summary)
+    table = ledger_report.format_comparison(summary)
     heading, lines = table.split('\n\n')[0], table.split('\n\n')[1].splitlines()
     assert heading == ('Predicted by ledger.py for 1 x H200 SXM 141GB (peak: vendor datasheet, dense BF16 tensor '
                        'cores) at an assumed 40% MFU; measured on 1 x NVIDIA H200, torch 2.11.0.')
@@ -366,8 +367,8 @@ def test_summary_and_comparison_with_missing_measurements():
     assert '| 1.000 |' in table and '| 0.500 |' in table
     assert sum(line.endswith('| - | - |') for line in lines) == 4
     empty = ledger.summarize(p, {})
-    assert ledger.format_comparison(empty).count('| - | - |') == 6 and 'an unnamed device' in \
-        ledger.format_comparison(empty)
+    assert ledger_report.format_comparison(empty).count('| - | - |') == 6 and 'an unnamed device' in \
+        ledger_report.format_comparison(empty)
 
 
 # -----------------------------------------------------------------------------------------------------
@@ -393,10 +394,54 @@ def test_cli_runs_with_the_standard_library_alone():
     assert '6,738,415,616' in result.stdout and 'Ledger 4' in result.stdout
 
 
+# A finder on sys.meta_path that refuses numpy and torch, then ledger.py run as a script: what `python ledger.py`
+# does on a machine without them. Only -I (isolated: no user site, no PYTHON* variables, no script folder on the
+# path); site-packages stay, so an import of either anywhere on the way would be refused, not merely missing.
+WITHOUT_NUMPY_OR_TORCH = f"""
+import runpy, sys
+
+class Refuse:
+    def find_spec(self, name, path=None, target=None):
+        if name.partition('.')[0] in ('numpy', 'torch'):
+            raise ImportError(f'{{name}} refused: the ledger is standard library only')
+
+sys.meta_path.insert(0, Refuse())
+sys.path.insert(0, {ROOT!r})
+sys.argv = ['ledger.py', *sys.argv[1:]]
+runpy.run_path('ledger.py', run_name='__main__')
+"""
+
+
+@pytest.mark.parametrize('args', [['--book']] + [['configs/h200_1b3.py', '--gpu=H200', f'--objective={objective}']
+                                                   for objective in OBJECTIVES],
+                         ids=['book'] + list(OBJECTIVES))
+def test_cli_without_numpy_or_torch(args):
+    result = subprocess.run([sys.executable, '-I', '-c', WITHOUT_NUMPY_OR_TORCH, *args], cwd=ROOT,
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    if args == ['--book']:
+        assert '6,738,415,616' in result.stdout and 'DIFFERS' not in result.stdout
+        return
+    assert '1,336,502,272' in result.stdout and 'Ledger 4' in result.stdout  # the whole bill
+    objective = args[-1].split('=')[1]
+    share = {'clm': None, 'fim': None, 'prefix_lm': '50%', 'ul2': '40%'}[objective]
+    assert ('tokens that carry loss' in result.stdout) == (share is not None)
+    if share:
+        assert f'{share} of them: objective {objective}' in result.stdout
+
+
+def test_the_ledger_imports_neither_its_report_nor_the_heavy_modules():
+    """ledger_report imports ledger, never the reverse; nor does the ledger reach objectives.py (numpy) or torch."""
+    heavy = ('ledger_report', 'objectives', 'model', 'numpy', 'torch')
+    code = f'import sys, ledger; print([m for m in {heavy!r} if m in sys.modules])'
+    result = subprocess.run([sys.executable, '-c', code], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0 and result.stdout.strip() == '[]', result.stdout + result.stderr
+
+
 def test_cli_json_and_overrides(capsys):
-    assert ledger.main(['configs/h200_1b3.py', '--json']) == 0
+    assert ledger_report.main(['configs/h200_1b3.py', '--json']) == 0
     base = json.loads(capsys.readouterr().out)
-    assert ledger.main(['configs/h200_1b3.py', '--n_layer=11', '--gpu=B200', '--json']) == 0
+    assert ledger_report.main(['configs/h200_1b3.py', '--n_layer=11', '--gpu=B200', '--json']) == 0
     smaller = json.loads(capsys.readouterr().out)
     per_layer = base['params']['per_layer']
     assert base['params']['total'] - smaller['params']['total'] == 11 * per_layer
@@ -419,7 +464,7 @@ def test_cli_json_and_overrides(capsys):
     ([], 'no config given'),
 ])
 def test_cli_bad_input_is_one_line(args, message, capsys):
-    assert ledger.main(args) == 2
+    assert ledger_report.main(args) == 2
     captured = capsys.readouterr()
     assert captured.out == ''
     assert captured.err.startswith('error: ') and captured.err.count('\n') == 1 and message in captured.err

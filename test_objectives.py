@@ -13,14 +13,13 @@ import numpy as np
 import pytest
 import torch
 
+import ledger
+import ledger_report
 import objectives
 import prepare
 import sample
 import train
-import ledger
-from config import ConfigError, TrainConfig, load_config
-from model import IGNORE_INDEX
-from prepare import DataError
+from config import IGNORE_INDEX, ConfigError, DataError, TrainConfig, load_config
 from test_train import read_metrics, run, step_losses, write_config
 
 # Synthetic packed sequences: text tokens 0..199, the end-of-text token 255, the special tokens from 256 on.
@@ -227,18 +226,20 @@ def test_ul2_mixture_and_its_denoisers():
         assert within([s == setting for s in x_settings], 0.25, sd=math.sqrt(0.25 * 0.75))
 
 
-@pytest.mark.parametrize('name', ['prefix_lm', 'ul2'])
-def test_loss_fraction_is_the_share_of_targets_that_carry_loss(name):
+@pytest.mark.parametrize('name,rates', [('prefix_lm', {}), ('ul2', {}), ('ul2', {'ul2_rates': (0.2, 0.2, 0.6)})],
+                         ids=['prefix_lm', 'ul2', 'ul2-mostly-x'])
+def test_loss_fraction_is_the_share_of_targets_that_carry_loss(name, rates):
+    """ledger.loss_fraction, the ledger's arithmetic, against the share the transform really masks."""
     rng = np.random.default_rng(8)
-    objective = make(name)
+    objective = make(name, **rates)
     sequences = np.stack([one_document(rng, 1023, n=1025) for _ in range(1000)])
     _, targets = objective(sequences, 0)
     shares = (targets != IGNORE_INDEX).mean(axis=1)
     # 4 standard errors of the per-sequence share, + 1% for what the formula leaves out (the cut's discrete ends,
     # T5's rounding, the given end-of-text and mode tokens: a few tokens in a thousand)
-    assert within(shares, objectives.loss_fraction(objective), extra=0.01)
-    assert objectives.loss_fraction(make('clm')) == objectives.loss_fraction(make('fim')) == 1.0
-    assert round(objectives.loss_fraction(make('ul2')), 3) == 0.399
+    assert within(shares, ledger.loss_fraction(name, objective.ul2_rates), extra=0.01)
+    assert ledger.loss_fraction('clm') == ledger.loss_fraction('fim') == 1.0
+    assert round(ledger.loss_fraction('ul2'), 3) == 0.399  # the default mixture
 
 
 # -----------------------------------------------------------------------------------------------------
@@ -376,7 +377,7 @@ def test_a_run_says_which_tokens_carry_loss(pystdlib_data, tmp_path, capsys):
     out = capsys.readouterr().out
     assert ("objective: prefix_lm: about 50% of the positions carry loss (the others' targets are -1: given, not "
             "predicted); tokens/s and MFU count every position") in out
-    assert ledger._row('tokens that carry loss', '256', '50%: objective prefix_lm; tokens/s and MFU count every '
+    assert ledger_report._row('tokens that carry loss', '256', '50%: objective prefix_lm; tokens/s and MFU count every '
                        'position') in out
     prediction = json.loads((tmp_path / 'out' / 'ledger.json').read_text())
     assert prediction['data']['loss_tokens'] == 256 and prediction['data']['loss_fraction'] == 0.5
