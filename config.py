@@ -171,14 +171,13 @@ class TrainConfig:
     schedule: str = exact('cosine')    # 'cosine' or 'wsd' (warmup-stable-decay)
     warmup_frac: float = exact(0.003)  # fraction of steps spent in linear warmup
     decay_frac: float = exact(0.2)     # wsd only: fraction of steps spent in the final linear decay
-    # cooldown branches of a wsd run (Hägele et al. 2024; train.py): a stable-phase checkpoint, decayed in a run of
-    # its own, is a finished run of a shorter length
-    cooldowns: tuple = free(())        # wsd: the lengths in tokens of the branches to take from this run, e.g.
-                                       # (26e9, 52e9); it keeps its checkpoint at (1 - decay_frac) x each in
-                                       # out_dir/branch_points
-    cooldown_from: str = exact('')     # a branch: the stable checkpoint of a wsd run it continues ('': not a branch)
-    cooldown_tokens: int = exact(0)    # a branch: its tokens, over which the LR falls linearly from the peak to
-                                       # the floor
+    # a cooldown: start from another run's checkpoint (weights, AdamW states, step, data position) and decay the LR
+    # linearly from the peak to the floor over cooldown_tokens. A wsd run's stable-phase checkpoint so decayed is a
+    # finished run of that length (Hägele et al. 2024): experiments/overtrain.py takes its branches so
+    cooldowns: tuple = free(())        # experiments/overtrain.py: the lengths in tokens of a wsd run's branches,
+                                       # e.g. (26e9, 52e9); train.py does not read it
+    cooldown_from: str = exact('')     # the checkpoint folder a cooldown starts from ('': a run of its own)
+    cooldown_tokens: int = exact(0)    # a cooldown's tokens, over which the LR falls from the peak to the floor
     # what the model learns to predict (objectives.py): 'clm' next-token prediction at every position; 'prefix_lm'
     # loss on the part after a random cut; 'fim' fill-in-the-middle (Bavarian et al. 2022); 'ul2' UL2's mixture of
     # denoisers (Tay et al. 2022). fim and ul2 need a data folder with the special tokens (prepare.py reserves them)
@@ -211,6 +210,7 @@ class TrainConfig:
                                        # (0: none)
     ckpt_every: int = free(1000)
     keep_ckpts: int = free(3)
+    keep_steps: tuple = free(())       # steps whose checkpoints are written and never pruned, e.g. (1000, 2000)
     spike_factor: float = free(3.0)    # a loss above mean + spike_factor * std of the recent window is a spike
     spike_window: int = free(50)
     spike_min_std: float = free(0.02)  # floor on that std, as a fraction of the mean: late in a run the loss is so
