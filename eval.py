@@ -12,7 +12,7 @@ lowest mean loss per ending token wins ("acc_norm", completion style). Chance is
 code, like the CPU default, scores about that.
 
 The jsonl is downloaded once into the cache folder (~/.cache/ledgergpt, or $XDG_CACHE_HOME/ledgergpt) from
-rowanz/hellaswag on GitHub, the URL llm.c uses, through prepare.py's resumable download, and checked against the
+rowanz/hellaswag on GitHub, the URL llm.c uses, through downloads.py's resumable download, and checked against the
 git blob id of the published file; HELLASWAG_URL (or --url) points elsewhere, a mirror (there only the size the
 server announces is checked).
 
@@ -32,10 +32,10 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 import checkpoint
+import data
+import downloads
 import ledger
-import prepare
-from config import ConfigError, UserError, cli
-from prepare import DataError
+from config import ConfigError, DataError, UserError, cli
 
 HELLASWAG_URL = 'https://raw.githubusercontent.com/rowanz/hellaswag/master/data/hellaswag_val.jsonl'
 HELLASWAG_GIT_SHA1 = '0f5ee25d72216f12317d5d8a7b92deafa423d81e'  # git's blob id of that file (never changed since 2019)
@@ -66,14 +66,14 @@ def hellaswag_path(folder=None):
 
 def download_hellaswag(url=None, folder=None, network=None):
     """The path of hellaswag_val.jsonl in `folder` (default: cache_folder()), downloaded there first if missing, from
-    `url` (default: $HELLASWAG_URL, else HELLASWAG_URL). prepare.download resumes after drops and renames the file
+    `url` (default: $HELLASWAG_URL, else HELLASWAG_URL). downloads.download resumes after drops and renames the file
     into place only once its size is the one the server announced and, for the published URL, its git blob id is
     HELLASWAG_GIT_SHA1."""
     dest, url = hellaswag_path(folder), url or os.environ.get('HELLASWAG_URL', HELLASWAG_URL)
     if os.path.exists(dest):
         return dest
     os.makedirs(os.path.dirname(dest), exist_ok=True)
-    hub = prepare.Hub(network)
+    hub = downloads.Hub(network)
     hub.token = ''  # HF_TOKEN is for the Hugging Face Hub: never sent to this URL
     # identity: a server that gzips text (GitHub does) would announce the compressed size, not the file's
     hub.session.headers['Accept-Encoding'] = 'identity'
@@ -84,7 +84,7 @@ def download_hellaswag(url=None, folder=None, network=None):
     listed = {'path': 'hellaswag_val.jsonl', 'size': int(size)}
     if url == HELLASWAG_URL:
         listed['git_sha1'] = HELLASWAG_GIT_SHA1
-    return prepare.download(hub, url, dest, listed, starts_with=b'{')
+    return downloads.download(hub, url, dest, listed, starts_with=b'{')
 
 
 def load_items(path):
@@ -149,7 +149,7 @@ def ending_losses(model, rows, starts, device, autocast):
     inputs = torch.zeros(len(rows), length, dtype=torch.long)
     targets = torch.zeros(len(rows), length, dtype=torch.long)
     scored = torch.zeros(len(rows), length)
-    for r, (row, start) in enumerate(zip(rows, starts)):
+    for r, (row, start) in enumerate(zip(rows, starts, strict=True)):
         inputs[r, :len(row) - 1] = torch.tensor(row[:-1])
         targets[r, :len(row) - 1] = torch.tensor(row[1:])
         scored[r, start - 1:len(row) - 1] = 1  # target j is token j + 1 of the row
@@ -161,12 +161,13 @@ def ending_losses(model, rows, starts, device, autocast):
 
 
 @torch.no_grad()
-def hellaswag_accuracy(model, encoding, items, device, autocast=contextlib.nullcontext(), rank=0, world_size=1,
-                       batch_items=8):
+def hellaswag_accuracy(model, encoding, items, device, autocast=None, rank=0, world_size=1, batch_items=8):
     """-> (accuracy, its standard error sqrt(p (1 - p) / n), n items) over `items`, the model in eval mode meanwhile.
     Rank r scores the r-th of world_size slices and the counts are all-reduced, so every rank returns the same.
     Every rank runs the same number of forwards (FSDP's collectives need it): a shorter slice is topped up with
-    uncounted copies of the first item. `model` is what the caller runs forwards with (GPT, DDP or FSDP2)."""
+    uncounted copies of the first item. `model` is what the caller runs forwards with (GPT, DDP or FSDP2);
+    `autocast` the context its forwards run in (None: none)."""
+    autocast = autocast or contextlib.nullcontext()
     per_rank = math.ceil(len(items) / world_size)
     mine = items[rank * per_rank:(rank + 1) * per_rank]
     counted = len(mine)
@@ -177,7 +178,7 @@ def hellaswag_accuracy(model, encoding, items, device, autocast=contextlib.nullc
     correct = 0
     for first in range(0, per_rank, batch_items):
         batch = mine[first:first + batch_items]
-        rows, starts = zip(*(render(encoding, item, block_size) for item in batch))
+        rows, starts = zip(*(render(encoding, item, block_size) for item in batch), strict=True)
         losses = ending_losses(model, sum(rows, []), sum(starts, []), device, autocast).view(len(batch), 4)
         right = losses.argmin(dim=1).cpu() == torch.tensor([item['label'] for item in batch])
         correct += int(right[:max(0, counted - first)].sum())
@@ -229,7 +230,7 @@ def main(argv):
         model, train_config = checkpoint.load_model(path, device)
         if train_config['data'] == 'synthetic':
             raise ConfigError(f"{path} was trained on synthetic tokens: it has no tokenizer to read HellaSwag with")
-        encoding = prepare.load_tokenizer(train_config['data'])
+        encoding = data.load_tokenizer(train_config['data'])
         items = hellaswag_items(args.url, args.cache, world_size)[:args.limit or None]
         autocast = torch.autocast('cuda', dtype=torch.bfloat16) if device.type == 'cuda' else contextlib.nullcontext()
         started = time.perf_counter()

@@ -7,29 +7,25 @@ prepare.py: text -> tokenizer -> token shards that train.py reads.
     python prepare.py files a.txt b.jsonl c.parquet  # your own text
     python prepare.py bench                          # tokens/s of the pipeline against raw tiktoken
 
-A data folder holds `<source>_val_000000.bin`, `<source>_train_000001.bin`, ... (llm.c's shard format, below),
+A data folder holds `<source>_val_000000.bin`, `<source>_train_000001.bin`, ... (llm.c's shard format),
 `tokenizer.json` (the tokenizer, so train.py and sample.py use the very same one) and `meta.json` (written last:
 a folder without it is unfinished, and rerunning the same command carries on where it stopped). The tokenizer
 reserves the special tokens of the fim and ul2 objectives (SPECIAL_TOKENS; meta.json lists them by name) unless
 --no-special-tokens. One command writes a folder at a time (a `.lock` file in it); a full disk or a read-only
 folder is one line, not a traceback.
 
-The reading side (DataError, open_shard, list_shards, load_meta, load_tokenizer, check_token_ids, token_dtype)
-needs only numpy and the standard library: train.py imports this file on machines without rustbpe or tqdm, so
-those (and tiktoken, tokenizers, pyarrow, requests) are imported inside the functions that use them.
+Reading a folder (the shard format, meta.json, the tokenizer) is data.py's job and downloading downloads.py's:
+train.py and the other commands import those, never this file. rustbpe, tqdm, tiktoken, tokenizers, pyarrow and
+requests are imported inside the functions that use them, so a machine without one still runs the rest.
 """
 import argparse
 import base64
 import contextlib
-import dataclasses
-import email.utils
 import glob
-import hashlib
 import itertools
 import json
 import multiprocessing
 import os
-import re
 import signal
 import sys
 import sysconfig
@@ -39,220 +35,26 @@ import zlib
 import numpy as np
 
 import ledger
-from config import EOT, SPECIAL_TOKENS, DataError, UserError, cli  # noqa: F401 (EOT, DataError: prepare.X still works)
-from files import atomic_write, disk_errors, folder_lock, free_bytes, human_bytes, remove_quietly, save_json, \
-    write_text_atomic
-
-SOURCES = ('pystdlib', 'fineweb_edu', 'files')
-
-# -----------------------------------------------------------------------------------------------------
-# Shards: llm.c's format (dev/data/data_common.py). A 1024-byte header of 256 little-endian int32, [0] magic,
-# [1] version, [2] token count, the rest zero; then the tokens. Exactly llm.c's two kinds: GPT-2's (magic 20240520,
-# version 1, uint16 tokens) whenever every id fits, i.e. a vocab of up to 65,536 tokens (ids 0..65,535), and
-# Llama 3's (magic 20240801, version 7, uint32 tokens) above, so llm.c, modded-nanogpt and their readers take ours
-# and theirs read here. Shards this file wrote earlier with uint32 tokens under magic 20240520, version 2 still read.
-
-HEADER_INTS = 256
-HEADER_BYTES = HEADER_INTS * 4
-SHARD_FORMATS = {  # (magic, version) -> token dtype
-    (20240520, 1): np.dtype('<u2'),  # llm.c, GPT-2
-    (20240801, 7): np.dtype('<u4'),  # llm.c, Llama 3
-    (20240520, 2): np.dtype('<u4'),  # ours before we wrote Llama 3's header: read, never written
-}
-WRITTEN_FORMATS = {2: (20240520, 1), 4: (20240801, 7)}  # bytes per token -> (magic, version)
-
-
-def token_dtype(vocab_size):
-    """uint16 while every id fits (vocab <= 65,536: GPT-2's 50,257 and NeoX's 50,277 do), else uint32: the ledger's
-    rule (ledger.token_bytes), so the bytes it plans for are the bytes written."""
-    return np.dtype('<u2') if ledger.token_bytes(vocab_size) == 2 else np.dtype('<u4')
-
-
-def write_shard(path, tokens):
-    """Write one shard atomically (to a temporary file of this process, flushed to disk, then renamed: a crash never
-    leaves half a shard under a shard's name); returns its largest token id. A uint16 array is written in GPT-2's
-    format, uint32 in Llama 3's; other integer arrays in the smallest of the two that holds their largest id."""
-    tokens = np.asarray(tokens)
-    if tokens.dtype not in (np.uint16, np.uint32):
-        if tokens.size and (tokens.min() < 0 or tokens.max() >= 2**32):
-            raise DataError(f"{path}: token ids must lie in [0, 2^32), got {tokens.min()}..{tokens.max()}")
-        tokens = tokens.astype(token_dtype(int(tokens.max()) + 1 if tokens.size else 0))
-    magic, version = WRITTEN_FORMATS[tokens.dtype.itemsize]
-    header = np.zeros(HEADER_INTS, dtype='<i4')
-    header[0], header[1], header[2] = magic, version, len(tokens)
-    with atomic_write(path, 'wb') as f:
-        f.write(header.tobytes())
-        f.write(np.ascontiguousarray(tokens, dtype=SHARD_FORMATS[magic, version]).data)  # no copy, unlike .tobytes()
-    return int(tokens.max()) if tokens.size else -1
-
-
-def open_shard(path):
-    """The tokens of one shard as a read-only np.memmap, after checking the header against the file size."""
-    try:
-        size = os.path.getsize(path)
-    except OSError:
-        raise DataError(f"{path}: no such shard") from None
-    if size < HEADER_BYTES:
-        raise DataError(f"{path}: {size} bytes, shorter than the {HEADER_BYTES}-byte shard header (truncated file?)")
-    header = np.fromfile(path, dtype='<i4', count=HEADER_INTS)
-    magic, version, n_tokens = int(header[0]), int(header[1]), int(header[2])
-    if magic not in {m for m, _ in SHARD_FORMATS}:
-        raise DataError(f"{path}: bad magic number {magic} (a token shard starts with 20240520 or 20240801): "
-                        f"not a shard, or a damaged one")
-    if (magic, version) not in SHARD_FORMATS:
-        raise DataError(f"{path}: unknown shard version {version} for magic {magic} (llm.c writes 20240520 "
-                        f"version 1, uint16 tokens, and 20240801 version 7, uint32)")
-    dtype = SHARD_FORMATS[magic, version]
-    expected = HEADER_BYTES + n_tokens * dtype.itemsize
-    if n_tokens <= 0 or size != expected:
-        raise DataError(f"{path}: the header says {n_tokens} tokens ({expected} bytes) but the file has {size} "
-                        f"bytes (truncated or damaged): delete it and rerun prepare.py")
-    return np.memmap(path, dtype=dtype, mode='r', offset=HEADER_BYTES, shape=(n_tokens,))
-
-
-def list_shards(data_dir, split):
-    """Sorted paths of a folder's `*_{split}_*.bin` shards; a DataError saying how to make them if none."""
-    paths = sorted(glob.glob(os.path.join(glob.escape(data_dir), f'*_{split}_*.bin')))
-    if not paths:
-        raise DataError(f"no {split} shards (*_{split}_*.bin) in {data_dir}: make them with "
-                        f"`python prepare.py pystdlib --out {data_dir}` (or fineweb_edu, or files PATH...)")
-    return paths
-
-
-def prepare_command(data_dir):
-    """The command that makes a data folder, as far as the folder tells: the source is in its shards' names."""
-    names = [os.path.basename(p) for p in glob.glob(os.path.join(glob.escape(data_dir), '*.bin'))]
-    source = next((s for s in SOURCES if any(n.startswith(s + '_') for n in names)), 'pystdlib')
-    return f"python prepare.py {source}{' PATH...' if source == 'files' else ''} --out {data_dir}"
-
-
-# meta.json's keys that train.py and sample.py rely on, with their types; load_meta checks them all
-META_KEYS = {'source': str, 'tokenizer': str, 'vocab_size': int, 'eot_id': int, 'dtype': str, 'documents': int,
-             'train_tokens': int, 'val_tokens': int, 'train_shards': int, 'val_shards': int, 'request': dict}
-TYPE_NAMES = {str: 'a string', int: 'a whole number', dict: 'a JSON object'}
-
-
-def load_meta(data_dir):
-    """The folder's meta.json as a dict, checked: a missing file, bad JSON, a missing key or a value of the wrong
-    type is one DataError line naming the file and the command that remakes it."""
-    path = os.path.join(data_dir, 'meta.json')
-    remake = f"rerun the command that made the folder ({prepare_command(data_dir)}, same options) to remake it"
-    if not os.path.exists(path):
-        raise DataError(f"no meta.json in {data_dir}: prepare.py has not finished there "
-                        f"(run `python prepare.py pystdlib --out {data_dir}`, or rerun your prepare command)")
-    try:
-        with open(path, 'rb') as f:
-            meta = json.loads(f.read())
-    except ValueError as e:  # bad JSON, or bytes that are not text at all
-        raise DataError(f"{path} is not valid JSON ({e}): {remake}") from None
-    if not isinstance(meta, dict):
-        raise DataError(f"{path} holds a JSON {type(meta).__name__}, not an object: {remake}")
-    optional = {key: kind for key, kind in (('max_token_id', int), ('special_tokens', dict)) if key in meta}
-    for key, kind in dict(META_KEYS, **optional).items():
-        if key not in meta:
-            raise DataError(f"{path} has no '{key}': {remake}")
-        if not isinstance(meta[key], kind) or isinstance(meta[key], bool):
-            raise DataError(f"{path}: '{key}' is {meta[key]!r}, not {TYPE_NAMES[kind]}: {remake}")
-    if meta['vocab_size'] <= 0:
-        raise DataError(f"{path}: 'vocab_size' is {meta['vocab_size']}, not positive: {remake}")
-    return meta
-
-
-def check_token_ids(data_dir, meta, vocab_size):
-    """The largest token id of the folder's shards, after checking that every id is below `vocab_size` (the model's
-    embedding rows): an id at or above it would index past the embedding (on a GPU, a device-side assert far from
-    its cause). meta.json's max_token_id answers at once; without it (shards made by llm.c, or by an older
-    prepare.py) each shard is read once with numpy. One DataError line names the first shard with an id too large."""
-    largest = meta.get('max_token_id')
-    if largest is not None and largest < vocab_size:
-        return largest
-    largest = -1
-    for path in list_shards(data_dir, 'val') + list_shards(data_dir, 'train'):
-        shard_max = int(open_shard(path).max())
-        if shard_max >= vocab_size:
-            raise DataError(f"{path}: token id {shard_max:,} is outside the model's vocab of {vocab_size:,} "
-                            f"(ids 0..{vocab_size - 1:,}), though meta.json says {meta['tokenizer']} "
-                            f"({meta['vocab_size']:,} tokens): the shard was made with another tokenizer, or is "
-                            f"damaged; remake the folder ({prepare_command(data_dir)}), or raise vocab_size if the "
-                            f"data is right")
-        largest = max(largest, shard_max)
-    return largest
-
-
-def load_tokenizer(data_dir):
-    """The data folder's tokenizer as a tiktoken.Encoding (an HFEncoding for neox), from its tokenizer.json (no
-    download, no cache)."""
-    path = os.path.join(data_dir, 'tokenizer.json')
-    if not os.path.exists(path):
-        raise DataError(f"no tokenizer.json in {data_dir}: make the folder with prepare.py")
-    try:
-        with open(path, 'rb') as f:
-            spec = json.loads(f.read())
-        if 'tokenizers' not in spec:
-            import tiktoken
-            ranks = {base64.b64decode(token): rank for rank, token in enumerate(spec['ranks'])}
-            return tiktoken.Encoding(spec['name'], pat_str=spec['pattern'], mergeable_ranks=ranks,
-                                     special_tokens=spec['special_tokens'])
-        name, hub_file = spec['name'], json.dumps(spec['tokenizers'])  # neox: the Hub's file, kept whole
-        reserved = spec.get('special_tokens', ())
-    except (ValueError, KeyError, TypeError) as e:
-        raise DataError(f"{path} is damaged ({type(e).__name__}: {e}): delete the folder and rerun "
-                        f"{prepare_command(data_dir)}") from None
-    try:
-        return HFEncoding(name, hub_file, reserved)
-    except ImportError:
-        raise DataError(f"{path} is {name}'s tokenizer, which needs the tokenizers package: pip install tokenizers "
-                        f"(it is in requirements.txt)") from None
-
-
-# -----------------------------------------------------------------------------------------------------
-# Status lines and progress. Status lines go to stdout, flushed as they happen, so a log written through a pipe
-# shows them at once; errors go to stderr (config.cli). Progress is a tqdm bar on a terminal, and a plain line
-# every PROGRESS_EVERY_S seconds in a log, where a bar redrawn with carriage returns cannot be read.
-
-PROGRESS_EVERY_S = 30.0
-
-
-def say(line):
-    """A status line on stdout, flushed; on a terminal it is printed above the progress bars, not through them."""
-    from tqdm import tqdm
-    tqdm.write(line, file=sys.stdout)
-    sys.stdout.flush()
-
-
-class Progress:
-    """Progress of one job: bytes with their rate (downloads) or tokens with an ETA when the total is known."""
-
-    def __init__(self, desc, total=None, unit=' tokens', initial=0, leave=True):
-        from tqdm import tqdm
-        self.format_meter, self.desc, self.total, self.unit = tqdm.format_meter, desc, total, unit
-        self.initial = self.n = initial
-        self.started = self.reported = time.monotonic()
-        self.bar = tqdm(desc=desc, total=total, unit=unit, unit_scale=True, initial=initial, file=sys.stdout,
-                        dynamic_ncols=True, leave=leave) if sys.stdout.isatty() else None
-
-    def update(self, n):
-        self.n += n
-        if self.bar is not None:
-            self.bar.update(n)
-        elif time.monotonic() - self.reported >= PROGRESS_EVERY_S:
-            self.reported = time.monotonic()
-            say(self.format_meter(self.n, self.total, self.reported - self.started, ncols=0, prefix=self.desc,
-                                  unit=self.unit, unit_scale=True, initial=self.initial))
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        if self.bar is not None:
-            self.bar.close()
-
+from config import EOT, SPECIAL_TOKENS, DataError, cli
+from data import (
+    HEADER_BYTES,
+    list_shards,
+    load_meta,
+    load_tokenizer,
+    open_shard,
+    reserved_ids,
+    token_dtype,
+    write_shard,
+)
+from downloads import HUB_ENDPOINT, Hub, Network, Progress, download, say, size_of
+from files import disk_errors, folder_lock, free_bytes, human_bytes, remove_quietly, save_json
 
 # -----------------------------------------------------------------------------------------------------
 # Tokenizers. gpt2 and bpe:V end up as tokenizer.json: the byte sequence of every rank (base64, list index = rank),
 # the pre-split regex and the end-of-text token, which is all tiktoken.Encoding needs. We write this file ourselves
 # instead of tiktoken's .tiktoken loader because that loader caches by path in /tmp: rebuilding a folder with
-# another vocab would silently load the old ranks. neox keeps the Hub's tokenizer.json inside ours (below).
+# another vocab would silently load the old ranks. neox keeps the Hub's tokenizer.json inside ours (below). Loading
+# any of them is data.py's job (load_tokenizer).
 
 def reserve(first_id, special=True):
     """The special tokens' ids from first_id on, as {name: id} (empty when the folder is made without them)."""
@@ -266,13 +68,6 @@ def save_tokenizer(data_dir, name, pattern, mergeable_ranks, eot_id, reserved=No
     save_json(os.path.join(data_dir, 'tokenizer.json'), {
         'name': name, 'pattern': pattern, 'special_tokens': special, 'vocab_size': max(special.values()) + 1,
         'ranks': [base64.b64encode(token).decode('ascii') for token, _ in ordered]})
-
-
-def reserved_ids(encoding):
-    """{name: id} of the special tokens (SPECIAL_TOKENS) a loaded tokenizer holds besides the end-of-text token."""
-    if isinstance(encoding, HFEncoding):
-        return dict(encoding.reserved)
-    return {name: encoding.encode_single_token(name) for name in SPECIAL_TOKENS if name in encoding.special_tokens_set}
 
 
 NAMED_TOKENIZERS = {'gpt2': 50257,   # 50,000 merges + 256 bytes + <|endoftext|>
@@ -358,8 +153,8 @@ def train_bpe_tokenizer(data_dir, vocab_size, texts, special=True):
 # composed before it is split (a decomposed 'é' becomes one character, so decode(encode(x)) is NFC(x)). And 23 runs
 # of 2..24 spaces are added tokens, split off the text before the BPE, longest first: '    return' is [4 spaces,
 # 'return'], where GPT-2 has [3 spaces, ' return']; tiktoken matches such tokens in no fixed order. So NeoX is
-# used through the `tokenizers` library that defines the format: exact by construction. Its 50,277 ids fit uint16;
-# a model pads them to 50,304 (a multiple of 128).
+# used through the `tokenizers` library that defines the format (data.HFEncoding): exact by construction. Its 50,277
+# ids fit uint16; a model pads them to 50,304 (a multiple of 128).
 
 NEOX_REPO = 'EleutherAI/gpt-neox-20b'
 
@@ -382,40 +177,6 @@ def make_neox_tokenizer(out_dir, network=None, special=True):
                                                          'tokenizers': spec,
                                                          'special_tokens': list(SPECIAL_TOKENS) if special else []})
     os.remove(path)
-
-
-class HFEncoding:
-    """A `tokenizers` tokenizer behind the part of tiktoken.Encoding this project uses (name, n_vocab, eot_token,
-    encode_ordinary, encode, encode_to_numpy, decode). As with tiktoken, '<|endoftext|>' written in a text is
-    plain text, unless encode() is given allowed_special (sample.py's prompts)."""
-
-    def __init__(self, name, spec_text, reserved=()):
-        from tokenizers import AddedToken, Tokenizer
-        self.name = name
-        self.special = Tokenizer.from_str(spec_text)  # special tokens written in a text are special tokens
-        self.plain = Tokenizer.from_str(spec_text)
-        self.plain.encode_special_tokens = True  # ... and here they are text (the added runs of spaces stay)
-        first = self.plain.get_vocab_size(with_added_tokens=True)
-        for tokenizer in (self.special, self.plain):  # the reserved tokens (SPECIAL_TOKENS) after the Hub's ids
-            tokenizer.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in reserved])
-        self.reserved = {t: self.plain.token_to_id(t) for t in reserved}
-        if list(self.reserved.values()) != list(range(first, first + len(reserved))):
-            raise DataError(f"the tokenizers library put {name}'s special tokens at ids {self.reserved}, not from "
-                            f"{first} on: remake the folder with --no-special-tokens")
-        self.n_vocab = self.plain.get_vocab_size(with_added_tokens=True)
-        self.eot_token = self.plain.token_to_id(EOT)
-
-    def encode_ordinary(self, text):
-        return self.plain.encode(text, add_special_tokens=False).ids
-
-    def encode(self, text, allowed_special=(), disallowed_special=()):
-        return (self.special if allowed_special else self.plain).encode(text, add_special_tokens=False).ids
-
-    def encode_to_numpy(self, text, disallowed_special=()):
-        return np.array(self.encode_ordinary(text), dtype=np.uint32)
-
-    def decode(self, tokens):
-        return self.plain.decode(list(tokens), skip_special_tokens=False)
 
 
 # -----------------------------------------------------------------------------------------------------
@@ -450,7 +211,7 @@ def pack_texts(texts):
 def unpack_texts(data, offsets):
     """(bytes, offsets) -> the texts; a memoryview slice decodes without copying the bytes first."""
     view = memoryview(data)
-    return [str(view[start:end], 'utf-8') for start, end in zip(offsets[:-1].tolist(), offsets[1:].tolist())]
+    return [str(view[start:end], 'utf-8') for start, end in itertools.pairwise(offsets.tolist())]
 
 
 def tokenize_batch(batch):
@@ -777,8 +538,8 @@ def document_batches(paths, fetch, position, batch_docs, wait_for_file=None):
             return
         path, first_row = fetch(file_index), start_row if file_index == start_file else 0
         if path.endswith('.parquet'):
-            for first_row, data, offsets in parquet_batches(path, first_row, batch_docs):
-                yield file_index, first_row, bytes(data[offsets[0]:offsets[-1]]), offsets - offsets[0]
+            for row, data, offsets in parquet_batches(path, first_row, batch_docs):
+                yield file_index, row, bytes(data[offsets[0]:offsets[-1]]), offsets - offsets[0]
             continue
         texts = []
         for row, text in read_documents(path, first_row):
@@ -933,325 +694,13 @@ def tokenize_stream(out_dir, prefix, paths, fetch, state, workers, val_tokens, s
 
 # -----------------------------------------------------------------------------------------------------
 # Source 2: fineweb_edu. The parquet files of a FineWeb-Edu sample (HuggingFaceFW/fineweb-edu, folder
-# sample/10BT, sample/100BT or sample/350BT) over plain HTTP from the Hub: the revision ("main" by default) is
-# resolved to its commit once and pinned, with every file's size and sha256, in files.json (the manifest), so a
-# rerun weeks later reads the same files. Hub API: GET {endpoint}/api/datasets/{repo}/revision/{rev} -> {"sha": ...};
-# GET {endpoint}/api/datasets/{repo}/tree/{sha}/{folder} -> [{"type": "file", "path": ..., "size": ...,
-# "lfs": {"oid": sha256, "size": ...}}, ...] (paged with a Link: <next>; rel="next" header); files at
-# {endpoint}/datasets/{repo}/resolve/{sha}/{path}, which redirects (302) to a CDN.
-#
-# The network is assumed hostile. Every download is checked against the listing before it is renamed into place
-# or used: the size the server announces (a different total is an error, not a restart), what the body is (an
-# HTML page from a captive portal is named as such) and, once complete, the sha256. A dropped connection carries
-# on with a Range request, made conditional with If-Range on the ETag, so a file that changed meanwhile comes back
-# whole instead of being stitched to a stale prefix. Every retry loop waits between tries and gives up after
-# HTTP_ATTEMPTS tries or `retry_budget_s` seconds of failing, whichever comes first; 429's Retry-After is waited
-# out when it fits in that budget. HF_ENDPOINT (a mirror) and HF_TOKEN, the Hub's own variables, are honoured.
+# sample/10BT, sample/100BT or sample/350BT) over plain HTTP from the Hub (downloads.py: resumable, every file
+# checked against the listing's sha256): the revision ("main" by default) is resolved to its commit once and
+# pinned, with every file's size and sha256, in files.json (the manifest), so a rerun weeks later reads the same
+# files.
 
-HUB_ENDPOINT = 'https://huggingface.co'
 FINEWEB_EDU = 'HuggingFaceFW/fineweb-edu'
-HTTP_ATTEMPTS = 10              # tries per request (a download's count starts again whenever bytes arrive)
-MAX_BACKOFF_S = 30.0            # the doubling wait between tries stops growing here
-HASH_ATTEMPTS = 3               # downloads of one file whose sha256 disagrees with the listing, before giving up
-DOWNLOAD_CHUNK_BYTES = 1 << 20  # written to .partial chunk by chunk: a drop loses at most the chunk in flight
 PARQUET_BYTES_PER_TOKEN = (3, 4)  # FineWeb-Edu parquet per GPT-2 token, low and high: the book's ~3-4 (ledger.py's)
-
-
-@dataclasses.dataclass
-class Network:
-    """How prepare.py talks to the Hub. With the defaults a server that stalls on every try is given up after at
-    most retry_budget_s + one read_timeout_s = 2 minutes, with a line at each retry."""
-    endpoint: str = ''               # '' -> $HF_ENDPOINT, else https://huggingface.co
-    connect_timeout_s: float = 10.0  # to open a connection
-    read_timeout_s: float = 30.0     # of silence in the middle of an answer (a stalled server)
-    retry_budget_s: float = 90.0     # how long one request may keep failing, waits included, before we give up
-    backoff_s: float = 1.0           # the first wait between tries; doubled after each, up to MAX_BACKOFF_S
-
-    @property
-    def base_url(self):
-        return (self.endpoint or os.environ.get('HF_ENDPOINT') or HUB_ENDPOINT).rstrip('/')
-
-
-class Retries:
-    """The retry policy of one request: wait backoff_s, 2 x backoff_s, ... (or the Retry-After the server asks
-    for) between tries; give up after HTTP_ATTEMPTS tries or retry_budget_s seconds of failing. A download calls
-    progress() whenever bytes arrive: the count then starts again."""
-
-    def __init__(self, what, network):
-        self.what, self.network = what, network
-        self.tries, self.first_failure = 0, None
-
-    def progress(self):
-        self.tries, self.first_failure = 0, None
-
-    def wait(self, problem, retry_after=None):
-        """Sleep before the next try, or raise the DataError that gives up on this one."""
-        now = time.monotonic()
-        self.first_failure = self.first_failure if self.tries else now
-        self.tries += 1
-        failing_s, budget = now - self.first_failure, self.network.retry_budget_s
-        wait = retry_after if retry_after is not None else \
-            min(MAX_BACKOFF_S, self.network.backoff_s * 2 ** (self.tries - 1))
-        if retry_after is not None and retry_after > budget:
-            raise DataError(f"{self.what}: {problem}: the Hub asks to wait {retry_after:g} s, more than the retry "
-                            f"budget of {budget:g} s (--retry-budget): rerun later (finished work is kept)")
-        if self.tries >= HTTP_ATTEMPTS or failing_s + wait > budget:
-            advice = ("wait a while and rerun" if 'rate-limited' in problem else
-                      "check the network (and --endpoint or HF_ENDPOINT), then rerun")
-            raise DataError(f"{self.what}: {problem}, still after {self.tries} tries in {failing_s:.0f} s: {advice} "
-                            f"(finished work is kept)")
-        say(f"{self.what}: {problem}: try {self.tries + 1} of at most {HTTP_ATTEMPTS} in {wait:g} s "
-            f"(retry budget {budget:g} s)")
-        time.sleep(wait)
-
-
-def retry_after_s(response):
-    """Seconds a 429 or 503 answer asks us to wait (Retry-After: seconds, or an HTTP date), or None."""
-    value = response.headers.get('Retry-After', '').strip()
-    if value.isdigit():
-        return float(value)
-    with contextlib.suppress(TypeError, ValueError):
-        return max(0.0, email.utils.parsedate_to_datetime(value).timestamp() - time.time())
-    return None
-
-
-NETWORK_PROBLEMS = {  # what urllib3 says, deep inside a requests exception -> what it means
-    'Failed to resolve': "the host name does not resolve (DNS: offline?)",
-    'Connection refused': "connection refused",
-    'Network is unreachable': "the network is unreachable",
-    'CERTIFICATE_VERIFY_FAILED': "the server's TLS certificate is not trusted (a proxy intercepting HTTPS?)",
-}
-
-
-def network_problem(error, network):
-    """A requests exception in words: which time-out, or why the connection failed."""
-    import requests
-    if isinstance(error, requests.ConnectTimeout):
-        return f"no connection within {network.connect_timeout_s:g} s (connect time-out)"
-    if isinstance(error, requests.ReadTimeout) or 'timed out' in str(error):  # mid-body it is a ConnectionError
-        return f"no data for {network.read_timeout_s:g} s (read time-out)"
-    known = next((words for text, words in NETWORK_PROBLEMS.items() if text in str(error)), None)
-    return known or f"connection lost ({type(error).__name__})"
-
-
-class Hub:
-    """GET requests to the Hub (or the mirror HF_ENDPOINT names) with retries; HF_TOKEN, if set, is sent as a bearer
-    token to that host only: requests drops the header when a redirect leads to another host (the CDN)."""
-
-    def __init__(self, network=None):
-        import requests
-        self.network = network or Network()
-        self.endpoint = self.network.base_url
-        self.token = os.environ.get('HF_TOKEN', '')
-        self.session = requests.Session()
-
-    def get(self, url, retries=None, headers=None, stream=False):
-        """The response to a GET of `url` (status < 400), retrying time-outs, dropped connections, 5xx and 429."""
-        import requests
-        retries = retries or Retries(url, self.network)
-        headers = dict(headers or {}, **({'Authorization': f'Bearer {self.token}'} if self.token else {}))
-        timeout = (self.network.connect_timeout_s, self.network.read_timeout_s)
-        while True:
-            try:
-                response = self.session.get(url, headers=headers, stream=stream, timeout=timeout)
-            except (requests.ConnectionError, requests.Timeout) as e:
-                retries.wait(network_problem(e, self.network))
-                continue
-            if response.status_code < 400:
-                return response
-            response.close()
-            status = response.status_code
-            if status in (401, 403):
-                raise DataError(self.refused(url, status))
-            if status == 404:
-                raise DataError(f"{url}: not found (HTTP 404): check --sample, --revision and --endpoint")
-            if status == 429:
-                retries.wait("rate-limited by the Hub (HTTP 429)", retry_after_s(response))
-            elif status >= 500 or status == 408:
-                retries.wait(f"HTTP {status} {response.reason}", retry_after_s(response) if status == 503 else None)
-            else:
-                raise DataError(f"{url}: HTTP {status} {response.reason}")
-
-    def refused(self, url, status):
-        if self.token:
-            return (f"{url}: HTTP {status} with the token in HF_TOKEN: it has no access to this dataset (gated or "
-                    f"private): accept the dataset's terms on its Hub page with the token's account, or check the "
-                    f"token (read access)")
-        return (f"{url}: HTTP {status}: the dataset is gated or private (or does not exist): accept its terms on "
-                f"its Hub page, then pass a read token from https://huggingface.co/settings/tokens as "
-                f"HF_TOKEN=hf_... python prepare.py ...")
-
-    def files(self, repo, revision, folder, extension, kind='datasets'):
-        """(commit sha, sorted [{'path', 'size', 'sha256'}] of the files ending in `extension` in a folder ('': the
-        top) of a dataset or model repo at a revision). sha256 is the LFS object id of a file in LFS; a file kept
-        in git has its blob id as 'git_sha1' instead. An answer that is not the API's JSON (a captive portal's page
-        with status 200) is one DataError line."""
-        sha = self.api_json(f"{self.endpoint}/api/{kind}/{repo}/revision/{revision}")[1]['sha']
-        files, url = [], f"{self.endpoint}/api/{kind}/{repo}/tree/{sha}" + (f"/{folder}" if folder else '')
-        while url:
-            response, answer = self.api_json(url)
-            for item in answer:
-                if item['type'] == 'file' and item['path'].endswith(extension):
-                    lfs = item.get('lfs') or {}
-                    files.append({'path': item['path'], 'size': lfs.get('size', item['size']),
-                                  'sha256': lfs.get('oid')})
-                    if not lfs:
-                        files[-1]['git_sha1'] = item.get('oid')
-            url = response.links.get('next', {}).get('url')
-        if not files:
-            raise DataError(f"no {extension} files in {repo}/{folder} at {revision}"
-                            f"{': check --sample' if kind == 'datasets' else ''}")
-        return sha, sorted(files, key=lambda item: item['path'])
-
-    def url(self, kind, repo, sha, path):
-        """Where the Hub serves a file of a dataset or model repo at a commit."""
-        return f"{self.endpoint}/{'datasets/' if kind == 'datasets' else ''}{repo}/resolve/{sha}/{path}"
-
-    def api_json(self, url):
-        """(response, its JSON) for a GET of the Hub's API; an answer that is not JSON (a captive portal's page,
-        sent with status 200) is one DataError line."""
-        response = self.get(url)
-        try:
-            return response, response.json()
-        except ValueError:
-            raise DataError(f"{url}: not an answer of the Hub's API ({what_came(response, response.content)}): a "
-                            f"captive portal or proxy in the way? check the network and --endpoint or HF_ENDPOINT") \
-                from None
-
-
-def file_digest(path, listed):
-    """(kind, actual, expected) of the check a listing entry allows: the sha256 of a file in LFS, or git's blob id
-    of a file kept in git (sha1 of b'blob <size>\\0' + its bytes); (None, None, None) if it gives neither, and then
-    only the size is checked."""
-    kind = 'sha256' if listed.get('sha256') else 'git sha1' if listed.get('git_sha1') else None
-    if kind is None:
-        return None, None, None
-    digest = hashlib.sha256() if kind == 'sha256' else hashlib.sha1(b'blob %d\0' % os.path.getsize(path))
-    with open(path, 'rb') as f:
-        for block in iter(lambda: f.read(1 << 24), b''):
-            digest.update(block)
-    return kind, digest.hexdigest(), listed['sha256' if kind == 'sha256' else 'git_sha1']
-
-
-def download(hub, url, dest, listed, starts_with=b'PAR1'):
-    """Download `url` to `dest` through `dest`.partial, resuming after drops (Range + If-Range), and rename it to
-    `dest` only once its size and hash match `listed` (its entry in the Hub's listing: path, size, sha256). A
-    mismatch deletes the partial and downloads again, up to HASH_ATTEMPTS times. A file already at `dest` is
-    checked the same way before it is used. `starts_with`: the first bytes of a good file (parquet's magic), so a
-    body that is something else is named at once."""
-    name, size = os.path.basename(dest), listed['size']
-    if os.path.exists(dest):
-        on_disk = os.path.getsize(dest)
-        kind, actual, expected = file_digest(dest, listed) if on_disk == size else (None, None, None)
-        if on_disk == size and actual == expected:
-            return dest
-        say(f"{dest} does not match the listing ("
-            f"{f'{kind} {actual}, not {expected}' if on_disk == size else f'{on_disk:,} bytes, not {size:,}'}): "
-            f"downloading it again")
-        os.remove(dest)
-    partial, etag_path = dest + '.partial', dest + '.etag'
-    retries = Retries(listed['path'], hub.network)
-    for attempt in range(1, HASH_ATTEMPTS + 1):
-        started = time.monotonic()
-        with Progress(name, size, unit='B', initial=min(size, size_of(partial)), leave=False) as progress:
-            while size_of(partial) != size:
-                fetch_rest(hub, url, partial, etag_path, size, starts_with, retries, progress)
-        kind, actual, expected = file_digest(partial, listed)
-        if actual == expected:
-            os.replace(partial, dest)
-            remove_quietly(etag_path)
-            say(f"{name}: {human_bytes(size)} in {time.monotonic() - started:.0f} s"
-                f"{f', {kind} verified' if kind else ''}")
-            return dest
-        remove_quietly(partial)
-        remove_quietly(etag_path)
-        if attempt < HASH_ATTEMPTS:
-            say(f"{name}: {kind} {actual} differs from the listing's {expected}: downloading it again "
-                f"({attempt + 1} of {HASH_ATTEMPTS})")
-            time.sleep(hub.network.backoff_s * 2 ** attempt)
-    raise DataError(f"{name}: {kind} {actual} after {HASH_ATTEMPTS} downloads, but the listing says {expected}: the "
-                    f"data is damaged on the way (a proxy or mirror?): check --endpoint or HF_ENDPOINT and rerun")
-
-
-def size_of(path):
-    return os.path.getsize(path) if os.path.exists(path) else 0
-
-
-def fetch_rest(hub, url, partial, etag_path, size, starts_with, retries, progress):
-    """One request for what `partial` still lacks, streamed onto its end until done or dropped (then the caller
-    asks again). The answer is checked first: its total must be the listing's size and its body no web page."""
-    import requests
-    have = size_of(partial)
-    if have > size:  # longer than the file: damaged, start over
-        os.remove(partial)
-        have = 0
-    etag = ''
-    if have and os.path.exists(etag_path):
-        with open(etag_path) as f:
-            etag = f.read()
-    headers = dict({'Range': f'bytes={have}-'} if have else {}, **({'If-Range': etag} if etag else {}))
-    response = hub.get(url, retries, headers, stream=True)
-    with response:
-        start = check_answer(response, url, have, size)
-        if have and not start:
-            say(f"{url}: the server sent the whole file again (it changed, or ignores ranges): starting over")
-            progress.update(-have)
-        if not start:  # a new body: keep its ETag for If-Range (a weak W/ one cannot be used there)
-            new_etag = response.headers.get('ETag', '')
-            if new_etag and not new_etag.startswith('W/'):
-                write_text_atomic(etag_path, new_etag)
-            else:
-                remove_quietly(etag_path)
-        try:
-            with open(partial, 'ab' if start else 'wb') as f:
-                for chunk in response.iter_content(chunk_size=DOWNLOAD_CHUNK_BYTES):
-                    if f.tell() == 0 and not chunk.startswith(starts_with[:len(chunk)]):
-                        raise DataError(f"{url}: the server sent something else than the file "
-                                        f"({what_came(response, chunk)}): a proxy or captive portal in the way? "
-                                        f"check the network and --endpoint or HF_ENDPOINT")
-                    if f.tell() + len(chunk) > size:
-                        raise DataError(size_mismatch(url, f"more than {size:,}", size))
-                    f.write(chunk)
-                    progress.update(len(chunk))
-                    retries.progress()
-                if f.tell() == start:  # an answer without a byte of what is missing: a failure like any other
-                    retries.wait("the server sent no data")
-        except (requests.ConnectionError, requests.Timeout, requests.exceptions.ChunkedEncodingError) as e:
-            retries.wait(network_problem(e, hub.network))  # dropped half way: the next request asks for the rest
-
-
-def size_mismatch(url, sent, size):
-    return (f"{url}: the server sends {sent} bytes but the Hub's listing says {size:,}: a proxy or mirror in the "
-            f"way (check --endpoint or HF_ENDPOINT), or a stale files.json in the data folder (delete it to list "
-            f"the files again)")
-
-
-def what_came(response, body):
-    """The Content-Type and the start of a body, for an error line: "text/html: '<!DOCTYPE html> <html>...'"."""
-    start = ' '.join(body[:200].decode('utf-8', 'replace').split())[:80]
-    return f"{response.headers.get('Content-Type', 'no Content-Type')}: {start!r}"
-
-
-def check_answer(response, url, have, size):
-    """Where the answer's body goes in the file: at `have` for a 206 that continues it, at 0 for a 200 (the whole
-    file). A total other than the listing's size, or an HTML page (a captive portal's login), is a DataError."""
-    if 'text/html' in response.headers.get('Content-Type', ''):
-        page = next(response.iter_content(200), b'')
-        raise DataError(f"{url}: the server answered with a web page ({what_came(response, page)}) instead of the "
-                        f"file: a captive portal or proxy login? open any web page to log in, or check --endpoint "
-                        f"or HF_ENDPOINT")
-    if response.status_code == 206:
-        match = re.fullmatch(r'bytes (\d+)-\d+/(\d+|\*)', response.headers.get('Content-Range', ''))
-        if not match or int(match[1]) != have:
-            raise DataError(f"{url}: asked for bytes {have:,}- but the server sent "
-                            f"{response.headers.get('Content-Range')!r}: check --endpoint or HF_ENDPOINT")
-        if match[2] != '*' and int(match[2]) != size:
-            raise DataError(size_mismatch(url, f"{int(match[2]):,}", size))
-        return have
-    length = response.headers.get('Content-Length')
-    if length is not None and int(length) != size:
-        raise DataError(size_mismatch(url, f"{int(length):,}", size))
-    return 0
 
 
 def default_val_tokens(shard_tokens, expected_tokens):

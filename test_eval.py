@@ -18,9 +18,11 @@ import torch
 import torch.nn.functional as F
 
 import checkpoint
+import data
+import downloads
 import eval as hellaswag  # `eval` is also a builtin: a name of our own keeps the two apart
-import prepare
 import train
+from config import DataError
 
 TINY = dict(arch='llama', n_layer=2, n_head=2, n_embd=64, vocab_size=512, block_size=64, micro_batch=8,
             batch_tokens=512, train_tokens=20 * 512, lr=3e-3, warmup_frac=0.1, compile=False, log_every=10,
@@ -88,7 +90,7 @@ def http_server(files, drop_download=False):
         server.server_close()
 
 
-FAST = prepare.Network(backoff_s=0.01)  # retries without the real second of waiting
+FAST = downloads.Network(backoff_s=0.01)  # retries without the real second of waiting
 
 
 @pytest.fixture(scope='module')
@@ -99,7 +101,7 @@ def trained(tmp_path_factory, pystdlib_data):
     config.write_text(''.join(f'{k} = {v!r}\n' for k, v in dict(TINY, data=pystdlib_data).items()))
     assert train.main([str(config), f'--out_dir={tmp / "run"}']) == 0
     model, _ = checkpoint.load_model(str(tmp / 'run'), torch.device('cpu'))
-    return str(tmp / 'run'), model, prepare.load_tokenizer(pystdlib_data)
+    return str(tmp / 'run'), model, data.load_tokenizer(pystdlib_data)
 
 
 def independent_losses(model, encoding, item):
@@ -120,11 +122,11 @@ def test_the_right_ending_wins_by_mean_loss(trained):
     code = expected[0]
     assert code.index(min(code)) == CODE_ITEM['label'] and min(code[1:]) - code[0] > 1.0, code
     # all 5 items in one batch of 20 rows of different lengths, padded: the same losses as one ending at a time
-    rows, starts = zip(*(hellaswag.render(encoding, item, model.config.block_size) for item in ITEMS))
+    rows, starts = zip(*(hellaswag.render(encoding, item, model.config.block_size) for item in ITEMS), strict=True)
     batched = hellaswag.ending_losses(model, sum(rows, []), sum(starts, []), 'cpu', contextlib.nullcontext())
     torch.testing.assert_close(batched, torch.tensor(sum(expected, [])), rtol=0, atol=1e-4)
     assert hellaswag.hellaswag_accuracy(model, encoding, [CODE_ITEM], 'cpu') == (1.0, 0.0, 1)
-    right = sum(losses.index(min(losses)) == item['label'] for losses, item in zip(expected, ITEMS))
+    right = sum(losses.index(min(losses)) == item['label'] for losses, item in zip(expected, ITEMS, strict=True))
     for batch_items in (1, 2, 8):
         accuracy, stderr, n = hellaswag.hellaswag_accuracy(model, encoding, ITEMS, 'cpu', batch_items=batch_items)
         assert n == 5 and accuracy == right / 5 and stderr == pytest.approx(math.sqrt(accuracy * (1 - accuracy) / 5))
@@ -150,7 +152,7 @@ def test_long_rows_lose_context_from_the_left(trained):
     item = ITEMS[1]
     rows, starts = hellaswag.render(encoding, item, block_size=8)
     context = encoding.encode_ordinary(item['ctx'])
-    for row, start, ending in zip(rows, starts, item['endings']):
+    for row, start, ending in zip(rows, starts, item['endings'], strict=True):
         whole = context + encoding.encode_ordinary(' ' + ending)
         assert row == whole[-8:] and start == max(1, len(context) - (len(whole) - 8))
 
@@ -165,20 +167,20 @@ def test_command_downloads_once_and_reports(trained, tmp_path, capsys, monkeypat
     out = capsys.readouterr().out
     assert (tmp_path / 'hellaswag_val.jsonl').read_bytes() == GOOD
     accuracy, stderr, n = hellaswag.hellaswag_accuracy(model, encoding, ITEMS, 'cpu')
-    assert out.count(f'HellaSwag validation, 5 items') == 2 and f'{accuracy:.2%} ± {stderr:.2%}' in out
+    assert out.count('HellaSwag validation, 5 items') == 2 and f'{accuracy:.2%} ± {stderr:.2%}' in out
     assert 'not the whole validation set' in out and 'chance (1 in 4)' in out
     # a tiny model: the nearest published sizes are the smallest ones
     assert 'GPT-2 124M                          29.4%' in out and 'GPT-3 Small 125M                    33.7%' in out
 
 
 def test_a_dropped_download_resumes(tmp_path):
-    """prepare.download writes a megabyte at a time: a file of 2+ MB dropped half way keeps its first megabyte and
+    """downloads.download writes a megabyte at a time: a file of 2+ MB dropped half way keeps its first megabyte and
     asks for the rest."""
-    big = jsonl(ITEMS * (2 * prepare.DOWNLOAD_CHUNK_BYTES // len(GOOD) + 1))
+    big = jsonl(ITEMS * (2 * downloads.DOWNLOAD_CHUNK_BYTES // len(GOOD) + 1))
     with http_server({'/h.jsonl': big}, drop_download=True) as (url, seen):
         path = hellaswag.download_hellaswag(url + '/h.jsonl', str(tmp_path), network=FAST)
     assert pathlib.Path(path).read_bytes() == big and len(hellaswag.load_items(path)) == len(big.splitlines())
-    assert seen == [('/h.jsonl', None)] * 2 + [('/h.jsonl', f'bytes={prepare.DOWNLOAD_CHUNK_BYTES}-')]
+    assert seen == [('/h.jsonl', None)] * 2 + [('/h.jsonl', f'bytes={downloads.DOWNLOAD_CHUNK_BYTES}-')]
 
 
 def test_the_published_file_is_checked_by_its_blob_id(tmp_path, monkeypatch):
@@ -189,7 +191,7 @@ def test_the_published_file_is_checked_by_its_blob_id(tmp_path, monkeypatch):
         monkeypatch.setattr(hellaswag, 'HELLASWAG_URL', url + '/good')
         assert pathlib.Path(hellaswag.download_hellaswag(url + '/good', str(tmp_path / 'a'), FAST)).read_bytes() == GOOD
         monkeypatch.setattr(hellaswag, 'HELLASWAG_URL', url + '/bad')
-        with pytest.raises(prepare.DataError) as error:
+        with pytest.raises(DataError) as error:
             hellaswag.download_hellaswag(url + '/bad', str(tmp_path / 'b'), FAST)
     message = str(error.value)
     assert 'git sha1' in message and hellaswag.HELLASWAG_GIT_SHA1 in message and '\n' not in message

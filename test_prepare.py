@@ -1,7 +1,8 @@
-"""Tests for prepare.py: shards, meta.json, tokenizers, pystdlib, files, and fineweb_edu against a local fake Hub
-(offline) that can fail in every way a real network does."""
+"""Tests for prepare.py: making tokenizers and data folders from pystdlib, files, and fineweb_edu against a local fake
+Hub (offline) that can fail in every way a real network does (downloads.py). Reading a folder: test_data.py."""
 import hashlib
 import http.server
+import itertools
 import json
 import os
 import random
@@ -17,159 +18,41 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+import data
+import downloads
 import files
 import prepare
-
-
-# -----------------------------------------------------------------------------------------------------
-# Shards
-
-def write_raw_shard(path, magic, version, tokens):
-    """A shard written the way llm.c's dev/data/data_common.py writes one, byte for byte."""
-    header = np.zeros(256, dtype=np.int32)
-    header[0], header[1], header[2] = magic, version, len(tokens)
-    with open(path, 'wb') as f:
-        f.write(header.tobytes())
-        f.write(tokens.tobytes())
-
-
-def test_shard_header_fields_and_round_trip(tmp_path):
-    path = str(tmp_path / 'x_train_000001.bin')
-    tokens = np.array([50256, 1, 2, 65535, 0], dtype=np.uint16)
-    assert prepare.write_shard(path, tokens) == 65535  # the largest id, for meta.json
-    header = np.fromfile(path, dtype='<i4', count=256)
-    assert (header[0], header[1], header[2]) == (20240520, 1, 5)
-    assert not header[3:].any()
-    assert os.path.getsize(path) == 1024 + 2 * 5
-    shard = prepare.open_shard(path)
-    assert isinstance(shard, np.memmap) and shard.dtype == np.uint16 and not shard.flags.writeable
-    assert shard.tolist() == tokens.tolist()
-    assert os.listdir(tmp_path) == ['x_train_000001.bin']  # no temporary file left
-
-
-def test_dtype_follows_the_ledger_and_uint32_uses_llama3_header(tmp_path):
-    import ledger
-    for vocab in (50257, 50277, 65535, 65536, 65537, 128256):  # GPT-2, NeoX, the uint16 edge, Llama 3
-        assert prepare.token_dtype(vocab).itemsize == ledger.token_bytes(vocab)
-    assert prepare.token_dtype(65536) == np.uint16  # ids 0..65,535 all fit
-    assert prepare.token_dtype(65537) == np.uint32
-    path = str(tmp_path / 'x_train_000001.bin')
-    tokens = np.array([128000, 65536, 3, 128255], dtype=np.uint32)
-    assert prepare.write_shard(path, tokens) == 128255
-    assert np.fromfile(path, dtype='<i4', count=3).tolist() == [20240801, 7, 4]  # llm.c's Llama 3 header
-    assert os.path.getsize(path) == 1024 + 4 * 4
-    assert prepare.open_shard(path).tolist() == tokens.tolist()
-    prepare.write_shard(path, [1, 70000])  # a plain list with a large id picks uint32 too
-    assert prepare.open_shard(path).dtype == np.uint32
-    prepare.write_shard(path, [1, 65535])  # and one whose ids fit, uint16
-    assert prepare.open_shard(path).dtype == np.uint16
-
-
-def test_llmc_and_older_shards_read_as_is(tmp_path):
-    gpt2 = np.array([50256, 464, 3290, 50256, 40], dtype=np.uint16)
-    write_raw_shard(tmp_path / 'fineweb_val_000000.bin', 20240520, 1, gpt2)
-    assert prepare.open_shard(str(tmp_path / 'fineweb_val_000000.bin')).tolist() == gpt2.tolist()
-    llama3 = np.array([128000, 9906, 1917, 128001], dtype=np.uint32)
-    write_raw_shard(tmp_path / 'llama_val_000000.bin', 20240801, 7, llama3)
-    assert prepare.open_shard(str(tmp_path / 'llama_val_000000.bin')).tolist() == llama3.tolist()
-    write_raw_shard(tmp_path / 'old_val_000000.bin', 20240520, 2, llama3)  # our uint32 shards before llm.c's header
-    assert prepare.open_shard(str(tmp_path / 'old_val_000000.bin')).tolist() == llama3.tolist()
-
-
-def test_truncated_or_bad_magic_shard_is_a_clear_error(tmp_path):
-    path = str(tmp_path / 'x_train_000001.bin')
-    prepare.write_shard(path, np.arange(100, dtype=np.uint16))
-    with open(path, 'r+b') as f:
-        f.truncate(1024 + 150)
-    with pytest.raises(prepare.DataError, match=r'x_train_000001\.bin: the header says 100 tokens .* 1174 bytes'):
-        prepare.open_shard(path)
-    with open(path, 'r+b') as f:
-        f.truncate(500)
-    with pytest.raises(prepare.DataError, match=r'x_train_000001\.bin: 500 bytes, shorter than'):
-        prepare.open_shard(path)
-    prepare.write_shard(path, np.arange(100, dtype=np.uint16))
-    with open(path, 'r+b') as f:
-        f.write(np.array([1234], dtype='<i4').tobytes())
-    with pytest.raises(prepare.DataError, match=r'x_train_000001\.bin: bad magic number 1234'):
-        prepare.open_shard(path)
-    write_raw_shard(path, 20240801, 1, np.arange(3, dtype=np.uint32))
-    with pytest.raises(prepare.DataError, match=r'unknown shard version 1 for magic 20240801'):
-        prepare.open_shard(path)
-
-
-def test_list_shards_and_load_meta_say_how_to_make_them(tmp_path):
-    with pytest.raises(prepare.DataError, match=r'no train shards .*python prepare.py pystdlib --out'):
-        prepare.list_shards(str(tmp_path), 'train')
-    with pytest.raises(prepare.DataError, match=r'no meta.json'):
-        prepare.load_meta(str(tmp_path))
-
-
-def test_load_meta_checks_every_key(pystdlib_data, tmp_path):
-    good = prepare.load_meta(pystdlib_data)
-    path = tmp_path / 'meta.json'
-    prepare.write_shard(str(tmp_path / 'fineweb_edu_train_000001.bin'), [1, 2])  # the source is in the shard names
-    remake = rf'rerun the command that made the folder \(python prepare.py fineweb_edu --out {tmp_path}, same options\)'
-    cases = [('{"vocab_size": 512,', r'is not valid JSON \(Expecting'),
-             (b'\xff\xfe\x00garbage', r'is not valid JSON'),
-             ('[1, 2]', r'holds a JSON list, not an object'),
-             (json.dumps({k: v for k, v in good.items() if k != 'eot_id'}), r"has no 'eot_id'"),
-             (json.dumps(dict(good, vocab_size='512')), r"'vocab_size' is '512', not a whole number"),
-             (json.dumps(dict(good, train_tokens=True)), r"'train_tokens' is True, not a whole number"),
-             (json.dumps(dict(good, max_token_id=1.5)), r"'max_token_id' is 1.5, not a whole number"),
-             (json.dumps(dict(good, vocab_size=0)), r"'vocab_size' is 0, not positive")]
-    for text, problem in cases:
-        path.write_bytes(text if isinstance(text, bytes) else text.encode())
-        with pytest.raises(prepare.DataError, match=re.escape(str(path)) + '.*' + problem + '.*' + remake):
-            prepare.load_meta(str(tmp_path))
-    path.write_text(json.dumps(good))
-    assert prepare.load_meta(str(tmp_path)) == good
-
-
-def test_check_token_ids(tmp_path):
-    out = str(tmp_path)
-    prepare.write_shard(prepare.shard_path(out, 'x', 'val', 0), np.array([5, 9, 2], dtype=np.uint16))
-    prepare.write_shard(prepare.shard_path(out, 'x', 'train', 1), np.array([7, 511, 3], dtype=np.uint16))
-    meta = {'tokenizer': 'bpe:512', 'vocab_size': 512}  # no max_token_id: an llm.c-made folder, say
-    assert prepare.check_token_ids(out, meta, 512) == 511  # read from the shards
-    assert prepare.check_token_ids(out, dict(meta, max_token_id=300), 512) == 300  # meta.json's value, no reading
-    with pytest.raises(prepare.DataError, match=r'x_train_000001\.bin: token id 511 is outside the model\'s vocab of '
-                                                r'500 \(ids 0\.\.499\), though meta.json says bpe:512'):
-        prepare.check_token_ids(out, meta, 500)
-    with pytest.raises(prepare.DataError, match=r'x_train_000001\.bin: token id 511'):  # a cached max too large
-        prepare.check_token_ids(out, dict(meta, max_token_id=511), 300)
-    with pytest.raises(prepare.DataError, match=r'x_val_000000\.bin: token id 9 .* vocab of 8'):  # the first shard
-        prepare.check_token_ids(out, meta, 8)
-
+from config import DataError
 
 # -----------------------------------------------------------------------------------------------------
-# pystdlib and the tokenizer (the shared fixture is in conftest.py)
+# pystdlib and the tokenizer (the shared fixture is in conftest.py; reading a tokenizer: test_data.py)
 
 def split_documents(tokens, eot):
     """Cut a token stream at its end-of-text tokens; every document must start with one."""
     assert tokens[0] == eot
     starts = np.flatnonzero(tokens == eot).tolist() + [len(tokens)]
-    return [tokens[a + 1:b] for a, b in zip(starts, starts[1:])]
+    return [tokens[a + 1:b] for a, b in itertools.pairwise(starts)]
 
 
 def test_pystdlib_end_to_end(pystdlib_data):
-    meta = prepare.load_meta(pystdlib_data)
-    enc = prepare.load_tokenizer(pystdlib_data)
+    meta = data.load_meta(pystdlib_data)
+    enc = data.load_tokenizer(pystdlib_data)
     assert meta['tokenizer'] == 'bpe:512' and meta['vocab_size'] == enc.n_vocab == 512
     assert meta['eot_id'] == enc.eot_token == 511 and meta['dtype'] == 'uint16'
     assert meta['source'] == 'pystdlib' and meta['revision'].startswith('python 3.')
-    val, train = prepare.list_shards(pystdlib_data, 'val'), prepare.list_shards(pystdlib_data, 'train')
+    val, train = data.list_shards(pystdlib_data, 'val'), data.list_shards(pystdlib_data, 'train')
     assert [os.path.basename(p) for p in val + train] == ['pystdlib_val_000000.bin', 'pystdlib_train_000001.bin']
-    assert meta['val_tokens'] == len(prepare.open_shard(val[0])) > 10_000
-    assert meta['train_tokens'] == len(prepare.open_shard(train[0])) > 10 * meta['val_tokens']
-    assert meta['max_token_id'] == max(int(prepare.open_shard(p).max()) for p in val + train) == 511  # eot
+    assert meta['val_tokens'] == len(data.open_shard(val[0])) > 10_000
+    assert meta['train_tokens'] == len(data.open_shard(train[0])) > 10 * meta['val_tokens']
+    assert meta['max_token_id'] == max(int(data.open_shard(p).max()) for p in val + train) == 511  # eot
     # the shards hold exactly the split's files, in order, each led by the end-of-text token
     files = prepare.pystdlib_files(max_files=150)
     documents = []
     for path in val + train:
-        documents += [enc.decode(doc.tolist()) for doc in split_documents(np.array(prepare.open_shard(path)), 511)]
+        documents += [enc.decode(doc.tolist()) for doc in split_documents(np.array(data.open_shard(path)), 511)]
     is_val = [prepare.zlib.crc32(name.encode()) % 100 < prepare.PYSTDLIB_VAL_PERCENT for name, _ in files]
-    expected = [text for (_, text), v in zip(files, is_val) if v] + \
-        [text for (_, text), v in zip(files, is_val) if not v]
+    expected = [text for (_, text), v in zip(files, is_val, strict=True) if v] + \
+        [text for (_, text), v in zip(files, is_val, strict=True) if not v]
     assert documents == expected and meta['documents'] == len(files)
     assert not os.path.exists(os.path.join(pystdlib_data, '.lock'))  # released
 
@@ -182,21 +65,13 @@ def test_pystdlib_is_identical_across_runs(pystdlib_data, tmp_path, capsys):
     capsys.readouterr()
     prepare.prepare_pystdlib(str(tmp_path), tokenizer='bpe:512', workers=1, max_files=150)
     assert 'already complete' in capsys.readouterr().out
-    with pytest.raises(prepare.DataError, match="already holds a dataset made with other settings: "
-                                                "tokenizer='bpe:512' \\(this run: 'bpe:300'\\)"):
+    with pytest.raises(DataError, match="already holds a dataset made with other settings: "
+                                        "tokenizer='bpe:512' \\(this run: 'bpe:300'\\)"):
         prepare.prepare_pystdlib(str(tmp_path), tokenizer='bpe:300', workers=1, max_files=150)
     (tmp_path / 'meta.json').write_text('{"vocab_size": ')  # damaged: the rerun makes the folder again
     assert prepare.prepare_pystdlib(str(tmp_path), tokenizer='bpe:512', workers=1, max_files=150) == \
-        prepare.load_meta(pystdlib_data)
+        data.load_meta(pystdlib_data)
     assert 'meta.json is damaged: finishing the folder again' in capsys.readouterr().out
-
-
-def test_encode_decode_round_trip(pystdlib_data):
-    enc = prepare.load_tokenizer(pystdlib_data)
-    for doc in ['def f(x):\n    return x ** 2\n', 'naïve café — 東京 🐍\r\n\ttabs', '', ' ' * 40 + 'x',
-                '<|endoftext|>']:
-        assert enc.decode(enc.encode_ordinary(doc)) == doc
-    assert enc.eot_token not in enc.encode_ordinary('<|endoftext|>')  # text never turns into the special token
 
 
 def test_gpt2_offline_is_a_clear_error(tmp_path, monkeypatch):
@@ -206,15 +81,15 @@ def test_gpt2_offline_is_a_clear_error(tmp_path, monkeypatch):
         raise requests.ConnectionError('no network')
     monkeypatch.setenv('TIKTOKEN_CACHE_DIR', str(tmp_path / 'empty_cache'))
     monkeypatch.setattr(requests, 'get', offline)
-    with pytest.raises(prepare.DataError, match=r'gpt2 tokenizer.*internet.*bpe:8192'):
+    with pytest.raises(DataError, match=r'gpt2 tokenizer.*internet.*bpe:8192'):
         prepare.make_gpt2_tokenizer(str(tmp_path))
 
 
 def test_bad_tokenizer_name(tmp_path):
-    with pytest.raises(prepare.DataError, match="unknown tokenizer 'bpe:abc'"):
+    with pytest.raises(DataError, match="unknown tokenizer 'bpe:abc'"):
         prepare.parse_tokenizer('bpe:abc')
     assert prepare.parse_tokenizer('gpt2') == 50257 and prepare.parse_tokenizer('bpe:300') == 300
-    with pytest.raises(prepare.DataError, match="unknown tokenizer 'gpt3'"):
+    with pytest.raises(DataError, match="unknown tokenizer 'gpt3'"):
         prepare.prepare_pystdlib(str(tmp_path / 'new'), tokenizer='gpt3')
     assert not (tmp_path / 'new').exists()  # refused before anything is written
 
@@ -233,8 +108,8 @@ def make_documents(n, seed, min_words=20, max_words=200):
 
 
 def all_tokens(data_dir):
-    return np.concatenate([np.array(prepare.open_shard(p)) for split in ('val', 'train')
-                           for p in prepare.list_shards(data_dir, split)])
+    return np.concatenate([np.array(data.open_shard(p)) for split in ('val', 'train')
+                           for p in data.list_shards(data_dir, split)])
 
 
 def shard_bytes(data_dir):
@@ -253,14 +128,14 @@ def test_files_txt_jsonl_parquet(tmp_path):
     out = str(tmp_path / 'data')
     meta = prepare.prepare_files([str(tmp_path / n) for n in ('a.txt', 'b.jsonl', 'c.parquet')], out,
                                  tokenizer='bpe:300', workers=2, shard_tokens=1500, val_tokens=1000)
-    enc = prepare.load_tokenizer(out)
+    enc = data.load_tokenizer(out)
     tokens = all_tokens(out)
     assert [enc.decode(d.tolist()) for d in split_documents(tokens, enc.eot_token)] == docs
     assert meta['documents'] == 60 and meta['val_tokens'] == 1000 and meta['max_token_id'] == tokens.max()
-    assert meta['train_tokens'] == len(tokens) - 1000 and meta['train_shards'] == len(prepare.list_shards(out, 'train'))
-    sizes = [len(prepare.open_shard(p)) for p in prepare.list_shards(out, 'train')]
+    assert meta['train_tokens'] == len(tokens) - 1000 and meta['train_shards'] == len(data.list_shards(out, 'train'))
+    sizes = [len(data.open_shard(p)) for p in data.list_shards(out, 'train')]
     assert sizes[:-1] == [1500] * (meta['train_shards'] - 1)
-    assert meta == prepare.load_meta(out)
+    assert meta == data.load_meta(out)
 
 
 def test_parquet_batches_from_any_row(tmp_path):
@@ -276,8 +151,8 @@ def test_parquet_batches_from_any_row(tmp_path):
             assert list(prepare.read_documents(path, start)) == expected[start:]
             for batch_docs in (1, 5, 64):
                 batches = list(prepare.document_batches([path], [path].__getitem__, (0, start), batch_docs))
-                got = [(first_row + i, text) for _, first_row, data, offsets in batches
-                       for i, text in enumerate(prepare.unpack_texts(data, offsets))]
+                got = [(first_row + i, text) for _, first_row, packed, offsets in batches
+                       for i, text in enumerate(prepare.unpack_texts(packed, offsets))]
                 assert got == expected[start:] and all(len(offsets) <= batch_docs + 1 for *_, offsets in batches)
 
 
@@ -359,12 +234,12 @@ class FakeHub(http.server.ThreadingHTTPServer):
         self.url = f'http://{host}:{self.server_address[1]}'
 
 
-def sha256(data):
-    return hashlib.sha256(data).hexdigest()
+def sha256(content):
+    return hashlib.sha256(content).hexdigest()
 
 
-def git_blob_id(data):
-    return hashlib.sha1(b'blob %d\0' % len(data) + data).hexdigest()
+def git_blob_id(content):
+    return hashlib.sha1(b'blob %d\0' % len(content) + content).hexdigest()
 
 
 class FakeHubHandler(http.server.BaseHTTPRequestHandler):
@@ -493,7 +368,7 @@ def serve(files, host='127.0.0.1'):
 
 @pytest.fixture
 def hub(monkeypatch):
-    monkeypatch.setattr(prepare, 'DOWNLOAD_CHUNK_BYTES', 1024)  # the fake files are ~30 KB
+    monkeypatch.setattr(downloads, 'DOWNLOAD_CHUNK_BYTES', 1024)  # the fake files are ~30 KB
     server = serve(FINEWEB_FILES)
     yield server
     server.shutdown()
@@ -503,8 +378,8 @@ def hub(monkeypatch):
 def fineweb(hub, out, network=None, **kwargs):
     """prepare_fineweb_edu against the fake Hub, with time-outs and waits small enough for a test: every fault
     below ends in seconds."""
-    network = network or prepare.Network(hub.url, connect_timeout_s=2, read_timeout_s=0.3, retry_budget_s=5,
-                                         backoff_s=0.001)
+    network = network or downloads.Network(hub.url, connect_timeout_s=2, read_timeout_s=0.3, retry_budget_s=5,
+                                           backoff_s=0.001)
     args = dict(sample='10BT', tokenizer='bpe:300', workers=2, shard_tokens=3000, val_tokens=2000,
                 bpe_sample_chars=20_000, network=network)
     return prepare.prepare_fineweb_edu(str(out), **dict(args, **kwargs))
@@ -523,15 +398,15 @@ def reference(tmp_path_factory):
 
 def test_fineweb_end_to_end(reference):
     out = reference
-    enc = prepare.load_tokenizer(str(out))
+    enc = data.load_tokenizer(str(out))
     tokens = all_tokens(str(out))
-    meta = prepare.load_meta(str(out))
+    meta = data.load_meta(str(out))
     assert [enc.decode(d.tolist()) for d in split_documents(tokens, enc.eot_token)] == sum(FINEWEB_DOCS, [])
     assert meta['revision'] == SHA and meta['source'] == 'fineweb_edu/sample/10BT'
     assert meta['documents'] == 240 and meta['val_tokens'] == 2000 and meta['train_tokens'] == len(tokens) - 2000
     assert meta['max_token_id'] == tokens.max() == 299
-    assert len(prepare.open_shard(prepare.list_shards(str(out), 'val')[0])) == 2000
-    train_sizes = [len(prepare.open_shard(p)) for p in prepare.list_shards(str(out), 'train')]
+    assert len(data.open_shard(data.list_shards(str(out), 'val')[0])) == 2000
+    train_sizes = [len(data.open_shard(p)) for p in data.list_shards(str(out), 'train')]
     assert train_sizes[:-1] == [3000] * (len(train_sizes) - 1) and 0 < train_sizes[-1] <= 3000
     for path, body in FINEWEB_FILES.items():  # --keep-downloads: byte-identical, renamed from .partial
         assert (out / 'downloads' / os.path.basename(path)).read_bytes() == body
@@ -560,7 +435,7 @@ def test_fineweb_stops_at_tokens_without_extra_downloads(hub, tmp_path):
     meta = fineweb(hub, out, tokens=30_000, val_tokens=500)  # a larger --tokens carries on into the next file
     tokens = all_tokens(str(out))
     assert meta['val_tokens'] + meta['train_tokens'] == 30_000 == len(tokens)
-    enc = prepare.load_tokenizer(str(out))
+    enc = data.load_tokenizer(str(out))
     documents = [enc.decode(d.tolist()) for d in split_documents(tokens, enc.eot_token)]
     assert documents[:-1] == sum(FINEWEB_DOCS, [])[:len(documents) - 1] and len(documents) > 80
 
@@ -610,8 +485,8 @@ def test_fineweb_always_damaged_file_is_one_line(hub, tmp_path):
     hub.corrupt[LAST] = 99
     body = hub.files[LAST]
     flipped = body[:len(body) // 2] + bytes([body[len(body) // 2] ^ 1]) + body[len(body) // 2 + 1:]
-    with pytest.raises(prepare.DataError, match=f'002_00000.parquet: sha256 {sha256(flipped)} after 3 downloads, but '
-                                                f'the listing says {sha256(body)}'):
+    with pytest.raises(DataError, match=f'002_00000.parquet: sha256 {sha256(flipped)} after 3 downloads, but '
+                                        f'the listing says {sha256(body)}'):
         fineweb(hub, tmp_path / 'fw')
     assert not [n for n in os.listdir(tmp_path / 'fw' / 'downloads') if n.startswith('002')]  # nothing damaged kept
 
@@ -629,8 +504,8 @@ def test_fineweb_damaged_file_on_disk_is_downloaded_again(hub, reference, tmp_pa
 def test_fineweb_size_disagreeing_with_the_listing_is_one_line(hub, tmp_path):
     hub.body[LAST] = (hub.files[LAST] + b'more', 'application/octet-stream')
     size = len(hub.files[LAST])
-    with pytest.raises(prepare.DataError, match=f'002_00000.parquet: the server sends {size + 4:,} bytes but the '
-                                                f'Hub\'s listing says {size:,}: a proxy or mirror'):
+    with pytest.raises(DataError, match=f'002_00000.parquet: the server sends {size + 4:,} bytes but the '
+                                        f'Hub\'s listing says {size:,}: a proxy or mirror'):
         fineweb(hub, tmp_path / 'fw')
     assert len([r for r in hub.log if r['path'] == LAST]) == 1  # an error, not a restart
 
@@ -638,17 +513,17 @@ def test_fineweb_size_disagreeing_with_the_listing_is_one_line(hub, tmp_path):
 def test_fineweb_html_page_is_named(hub, tmp_path):
     portal = b'<!DOCTYPE html>\n<html><body>Please sign in to the airport Wi-Fi</body></html>'
     hub.portal = portal  # on every request, the Hub's API too
-    with pytest.raises(prepare.DataError, match=r"/revision/main: not an answer of the Hub's API \(text/html: "
-                                                r"'<!DOCTYPE html> <html><body>Please sign in"):
+    with pytest.raises(DataError, match=r"/revision/main: not an answer of the Hub's API \(text/html: "
+                                        r"'<!DOCTYPE html> <html><body>Please sign in"):
         fineweb(hub, tmp_path / 'fw0')
     hub.portal = None
     hub.body[LAST] = (portal, 'text/html; charset=utf-8')
-    with pytest.raises(prepare.DataError, match=r"002_00000.parquet: the server answered with a web page \(text/html; "
-                                                r"charset=utf-8: '<!DOCTYPE html> <html><body>Please sign in"):
+    with pytest.raises(DataError, match=r"002_00000.parquet: the server answered with a web page \(text/html; "
+                                        r"charset=utf-8: '<!DOCTYPE html> <html><body>Please sign in"):
         fineweb(hub, tmp_path / 'fw')
     hub.body[LAST] = (b'{"error": "Access denied"}' + bytes(len(hub.files[LAST]) - 26), 'application/json')
-    with pytest.raises(prepare.DataError, match=r"002_00000.parquet: the server sent something else than the file "
-                                                r"\(application/json: '\{\"error\": \"Access denied\"\}"):
+    with pytest.raises(DataError, match=r"002_00000.parquet: the server sent something else than the file "
+                                        r"\(application/json: '\{\"error\": \"Access denied\"\}"):
         fineweb(hub, tmp_path / 'fw')
 
 
@@ -658,8 +533,8 @@ def test_fineweb_rate_limit_waits_as_asked(hub, reference, tmp_path, capsys):
     assert 'rate-limited by the Hub (HTTP 429): try 2 of at most 10 in 1 s' in capsys.readouterr().out
     assert shard_bytes(tmp_path / 'fw') == shard_bytes(reference)
     hub.fail[LAST] = [(429, {'Retry-After': '3600'})]
-    with pytest.raises(prepare.DataError, match=r'rate-limited by the Hub \(HTTP 429\): the Hub asks to wait 3600 s, '
-                                                r'more than the retry budget of 5 s'):
+    with pytest.raises(DataError, match=r'rate-limited by the Hub \(HTTP 429\): the Hub asks to wait 3600 s, '
+                                        r'more than the retry budget of 5 s'):
         fineweb(hub, tmp_path / 'fw2')
 
 
@@ -671,10 +546,10 @@ def test_fineweb_stalled_server(hub, reference, tmp_path, capsys):
     assert [r['range'] is not None for r in hub.log if r['path'] == LAST] == [False, True]
     assert shard_bytes(tmp_path / 'fw') == shard_bytes(reference)
     hub.silent[LAST] = 2  # a hung server, every time: given up within the retry budget
-    with pytest.raises(prepare.DataError, match=r'^sample/10BT/002_00000.parquet: no data for 0.2 s \(read time-out\), '
-                                                r'still after \d+ tries in \d+ s: check the network'):
-        fineweb(hub, tmp_path / 'fw2', network=prepare.Network(hub.url, read_timeout_s=0.2, retry_budget_s=1,
-                                                                backoff_s=0.01))
+    with pytest.raises(DataError, match=r'^sample/10BT/002_00000.parquet: no data for 0.2 s \(read time-out\), '
+                                        r'still after \d+ tries in \d+ s: check the network'):
+        fineweb(hub, tmp_path / 'fw2', network=downloads.Network(hub.url, read_timeout_s=0.2, retry_budget_s=1,
+                                                                  backoff_s=0.01))
 
 
 def test_fineweb_gated_dataset_and_token(hub, reference, tmp_path, capsys, monkeypatch):
@@ -703,9 +578,9 @@ def test_fineweb_gated_dataset_and_token(hub, reference, tmp_path, capsys, monke
 
 def test_fineweb_disk_plan_refuses_what_cannot_fit(hub, tmp_path, monkeypatch):
     monkeypatch.setattr(prepare, 'free_bytes', lambda folder: 50_000)
-    with pytest.raises(prepare.DataError, match=r'not enough disk space in .*fw: this run needs up to about [\d.]+ KB '
-                                                r'more \(~.* of shards, ~.* of parquet at once\) and 50\.0 KB is free: '
-                                                r'free some space, choose another --out or lower --tokens'):
+    with pytest.raises(DataError, match=r'not enough disk space in .*fw: this run needs up to about [\d.]+ KB '
+                                        r'more \(~.* of shards, ~.* of parquet at once\) and 50\.0 KB is free: '
+                                        r'free some space, choose another --out or lower --tokens'):
         fineweb(hub, tmp_path / 'fw')
     assert hub.log == []  # refused before any download
 
@@ -720,16 +595,16 @@ def test_disk_plan_of_the_26b_token_run(tmp_path, monkeypatch, capsys):
         f"plan: 37 to 49 of 140 parquet files, 79.5 GB to 105.3 GB to download, each deleted once tokenized "
         f"(--keep-downloads keeps them); ~52.2 GB of shards (26,100,000,000 tokens x 2 bytes); at most ~56.9 GB more "
         f"on disk, 100.0 GB free in {tmp_path}\n")
-    with pytest.raises(prepare.DataError, match=r'needs up to about 157.6 GB more \(~52.2 GB of shards, ~105.3 GB '
-                                                r'of parquet at once\) and 100.0 GB is free: .*, or drop --keep-downl'):
+    with pytest.raises(DataError, match=r'needs up to about 157.6 GB more \(~52.2 GB of shards, ~105.3 GB '
+                                        r'of parquet at once\) and 100.0 GB is free: .*, or drop --keep-downl'):
         prepare.disk_plan(str(tmp_path), files, paths, int(26.1e9), 100_000_000, 50257, keep_downloads=True)
 
 
 def test_fineweb_404_is_a_clear_error(hub, tmp_path, capsys):
-    with pytest.raises(prepare.DataError, match=r'tree/.*/sample/350BT: not found \(HTTP 404\): check --sample'):
+    with pytest.raises(DataError, match=r'tree/.*/sample/350BT: not found \(HTTP 404\): check --sample'):
         fineweb(hub, tmp_path / 'fw', sample='350BT')
     hub.fail['sample/10BT/000_00000.parquet'] = [404]
-    with pytest.raises(prepare.DataError, match=r'resolve/.*/000_00000.parquet: not found \(HTTP 404\)'):
+    with pytest.raises(DataError, match=r'resolve/.*/000_00000.parquet: not found \(HTTP 404\)'):
         fineweb(hub, tmp_path / 'fw1')
     code, err = run_main(['fineweb_edu', '--out', str(tmp_path / 'fw2'), '--endpoint', hub.url, '--revision', 'nope'],
                          capsys)
@@ -739,9 +614,9 @@ def test_fineweb_404_is_a_clear_error(hub, tmp_path, capsys):
 
 def test_fineweb_rerun_skips_finished_work(hub, reference, tmp_path, capsys):
     # an interrupted run: the last file cannot be had (HTTP 500 until the tries run out)
-    hub.fail[LAST] = [500] * prepare.HTTP_ATTEMPTS
+    hub.fail[LAST] = [500] * downloads.HTTP_ATTEMPTS
     out = tmp_path / 'fw'
-    with pytest.raises(prepare.DataError, match=r'HTTP 500 Internal Server Error, still after 10 tries'):
+    with pytest.raises(DataError, match=r'HTTP 500 Internal Server Error, still after 10 tries'):
         fineweb(hub, out)
     progress = json.load(open(out / 'progress.json'))
     assert progress['shards'] >= 3 and progress['file'] == 1 and not (out / 'meta.json').exists()
@@ -760,30 +635,30 @@ def test_fineweb_rerun_skips_finished_work(hub, reference, tmp_path, capsys):
     hub.log.clear()
     fineweb(hub, out)  # a finished folder: a no-op that says so
     assert 'already complete' in capsys.readouterr().out and hub.log == []
-    with pytest.raises(prepare.DataError, match='already holds a dataset'):  # another tokenizer: refused
+    with pytest.raises(DataError, match='already holds a dataset'):  # another tokenizer: refused
         fineweb(hub, out, tokenizer='bpe:400')
 
 
 def test_fineweb_interrupted_run_and_another_tokenizer(hub, tmp_path, capsys):
     out = tmp_path / 'fw'
-    hub.fail[LAST] = [500] * prepare.HTTP_ATTEMPTS
-    with pytest.raises(prepare.DataError, match='still after'):
+    hub.fail[LAST] = [500] * downloads.HTTP_ATTEMPTS
+    with pytest.raises(DataError, match='still after'):
         fineweb(hub, out)  # stopped with shards written: another tokenizer must not be mixed in
-    with pytest.raises(prepare.DataError, match=r"holds an unfinished dataset made with other settings: tokenizer="
-                                                r"'bpe:300' \(this run: 'bpe:400'\): rerun with its settings"):
+    with pytest.raises(DataError, match=r"holds an unfinished dataset made with other settings: tokenizer="
+                                        r"'bpe:300' \(this run: 'bpe:400'\): rerun with its settings"):
         fineweb(hub, out, tokenizer='bpe:400')
     # stopped before its first shard (here: the first file cannot be had): another tokenizer starts over cleanly
     out = tmp_path / 'fw2'
-    hub.fail['sample/10BT/000_00000.parquet'] = [500] * prepare.HTTP_ATTEMPTS
-    with pytest.raises(prepare.DataError, match='still after'):
+    hub.fail['sample/10BT/000_00000.parquet'] = [500] * downloads.HTTP_ATTEMPTS
+    with pytest.raises(DataError, match='still after'):
         fineweb(hub, out, tokenizer='bpe:400')
     meta = fineweb(hub, out, tokenizer='bpe:300')
     assert 'starting over (a run with other settings' in capsys.readouterr().out
-    assert meta['tokenizer'] == 'bpe:300' and meta['vocab_size'] == prepare.load_tokenizer(str(out)).n_vocab == 300
+    assert meta['tokenizer'] == 'bpe:300' and meta['vocab_size'] == data.load_tokenizer(str(out)).n_vocab == 300
 
 
 def test_progress_is_plain_lines_in_a_log(hub, tmp_path, capsys, monkeypatch):
-    monkeypatch.setattr(prepare, 'PROGRESS_EVERY_S', 0)  # a line at every update (stdout here is not a terminal)
+    monkeypatch.setattr(downloads, 'PROGRESS_EVERY_S', 0)  # a line at every update (stdout here is not a terminal)
     fineweb(hub, tmp_path / 'fw', tokens=10_000)
     out = capsys.readouterr().out
     assert '\r' not in out
@@ -912,10 +787,10 @@ def test_neox_tokenizer_from_the_hub(hub, tmp_path, monkeypatch, capsys):
                                  shard_tokens=2000)
     assert re.search(r'gpt-neox-20b-tokenizer.json does not match the listing \(git sha1 [0-9a-f]{40}, not '
                      f'{git_blob_id(hub.model_files["tokenizer.json"])}\\)', capsys.readouterr().out)
-    enc = prepare.load_tokenizer(str(out))
+    enc = data.load_tokenizer(str(out))
     # NeoX's ids, then the objectives' special tokens (by default) in the model's padding after them
     assert meta['tokenizer'] == 'neox' and meta['vocab_size'] == enc.n_vocab == reference.get_vocab_size() + 22
-    assert meta['special_tokens'] == prepare.reserve(reference.get_vocab_size()) == prepare.reserved_ids(enc)
+    assert meta['special_tokens'] == prepare.reserve(reference.get_vocab_size()) == data.reserved_ids(enc)
     assert enc.decode([meta['special_tokens']['<|fim_middle|>']]) == '<|fim_middle|>'
     assert meta['special_tokens']['<|fim_middle|>'] not in enc.encode_ordinary('<|fim_middle|>')
     assert meta['eot_id'] == enc.eot_token == 0 and meta['dtype'] == 'uint16'
@@ -937,15 +812,3 @@ def test_neox_tokenizer_from_the_hub(hub, tmp_path, monkeypatch, capsys):
     spec = json.load(open(out / 'tokenizer.json'))
     assert spec['name'] == 'neox' and spec['source'] == f'{NEOX}@{SHA}'
     assert spec['tokenizers'] == json.loads(hub.model_files['tokenizer.json']) and os.listdir(out / 'downloads') == []
-
-
-def test_damaged_tokenizer_or_missing_package_is_one_line(tmp_path, monkeypatch):
-    (tmp_path / 'tokenizer.json').write_text('{"name": 1')
-    with pytest.raises(prepare.DataError, match=r'tokenizer.json is damaged \(JSONDecodeError: .*\): delete the folder '
-                                                r'and rerun python prepare.py pystdlib --out'):
-        prepare.load_tokenizer(str(tmp_path))
-    (tmp_path / 'tokenizer.json').write_text(json.dumps({'name': 'neox', 'tokenizers': {}}))
-    monkeypatch.setitem(sys.modules, 'tokenizers', None)  # a machine without the package
-    with pytest.raises(prepare.DataError, match=r"tokenizer.json is neox's tokenizer, which needs the tokenizers "
-                                                r"package: pip install tokenizers"):
-        prepare.load_tokenizer(str(tmp_path))
