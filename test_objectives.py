@@ -13,13 +13,16 @@ import numpy as np
 import pytest
 import torch
 
+import checkpoint
+import data
 import ledger
 import ledger_report
 import objectives
 import prepare
 import sample
-import train
+from config import EOT as END_OF_TEXT
 from config import IGNORE_INDEX, ConfigError, DataError, TrainConfig, load_config
+from guard import Cluster
 from test_train import read_metrics, run, step_losses, write_config
 
 # Synthetic packed sequences: text tokens 0..199, the end-of-text token 255, the special tokens from 256 on.
@@ -264,11 +267,11 @@ def test_deterministic_in_index_and_seed_and_different_across_them(name):
 
 
 def test_clm_is_exactly_todays_batch(pystdlib_data):
-    stream = train.ShardStream([prepare.open_shard(p) for p in prepare.list_shards(pystdlib_data, 'train')], 32,
+    stream = data.ShardStream([data.open_shard(p) for p in data.list_shards(pystdlib_data, 'train')], 32,
                                seed=1337)
     for rank, world in [(0, 1), (1, 2)]:
-        cluster = train.Cluster(rank, world, rank, torch.device('cpu'))
-        x, y = train.micro_batch_arrays(stream, 40, 1, cluster, 4)
+        cluster = Cluster(rank, world, rank, torch.device('cpu'))
+        x, y = data.micro_batch_arrays(stream, 40, 1, cluster, 4, objectives.CLM)
         first = 40 + (1 * world + rank) * 4
         cx, cy = objectives.Objective()(stream.batch(first, 4), first)
         assert np.array_equal(x, cx) and np.array_equal(y, cy) and x.dtype == cx.dtype and y.dtype == cy.dtype
@@ -278,21 +281,21 @@ def test_clm_is_exactly_todays_batch(pystdlib_data):
 # -----------------------------------------------------------------------------------------------------
 # The special tokens in the tokenizer, and bad input as one line.
 
-def keys(data, **overrides):
-    return TrainConfig(data=data, **overrides)
+def keys(folder, **overrides):
+    return TrainConfig(data=folder, **overrides)
 
 
 def test_special_tokens_are_reserved_in_our_bpe(pystdlib_data):
-    meta, enc = prepare.load_meta(pystdlib_data), prepare.load_tokenizer(pystdlib_data)
+    meta, enc = data.load_meta(pystdlib_data), data.load_tokenizer(pystdlib_data)
     # bpe:512: 489 byte and merge ranks, the 22 special tokens at 489..510, the end-of-text token last
     assert meta['vocab_size'] == enc.n_vocab == 512 and meta['eot_id'] == enc.eot_token == 511
-    assert meta['special_tokens'] == prepare.reserve(489) == prepare.reserved_ids(enc)
+    assert meta['special_tokens'] == prepare.reserve(489) == data.reserved_ids(enc)
     assert len(enc._mergeable_ranks) == 489
     for name, token in meta['special_tokens'].items():
         assert enc.decode([token]) == name and enc.encode(name, allowed_special='all') == [token]
         assert token not in enc.encode_ordinary(name)  # text that spells one stays text
-    shards = prepare.list_shards(pystdlib_data, 'val') + prepare.list_shards(pystdlib_data, 'train')
-    assert not any(np.isin(prepare.open_shard(p), list(meta['special_tokens'].values())).any() for p in shards)
+    shards = data.list_shards(pystdlib_data, 'val') + data.list_shards(pystdlib_data, 'train')
+    assert not any(np.isin(data.open_shard(p), list(meta['special_tokens'].values())).any() for p in shards)
     objective = objectives.build(keys(pystdlib_data, objective='ul2'), meta)
     assert objective.eot == 511 and objective.sentinels.tolist() == list(range(495, 511))
 
@@ -301,10 +304,10 @@ def test_gpt2_reserves_them_in_the_padding(tmp_path, monkeypatch):
     from tiktoken_ext import openai_public
     ranks = {bytes([i]): i for i in range(256)}  # GPT-2's layout in small: ranks, then <|endoftext|>
     monkeypatch.setattr(openai_public, 'gpt2', lambda: {'pat_str': r'\S+|\s+', 'mergeable_ranks': ranks,
-                                                        'special_tokens': {prepare.EOT: 256}})
+                                                        'special_tokens': {END_OF_TEXT: 256}})
     prepare.make_gpt2_tokenizer(str(tmp_path))
-    enc = prepare.load_tokenizer(str(tmp_path))
-    assert prepare.reserved_ids(enc) == prepare.reserve(257) and enc.n_vocab == 257 + 22  # 50,279 for GPT-2
+    enc = data.load_tokenizer(str(tmp_path))
+    assert data.reserved_ids(enc) == prepare.reserve(257) and enc.n_vocab == 257 + 22  # 50,279 for GPT-2
     assert prepare.tokenizer_meta(enc)['special_tokens']['<|fim_prefix|>'] == 257
 
 
@@ -312,7 +315,7 @@ def test_a_folder_without_special_tokens(tmp_path, capsys):
     out = str(tmp_path / 'plain')
     argv = ['pystdlib', '--out', out, '--max-files', '150', '--tokenizer', 'bpe:300', '--workers', '1']
     assert prepare.main(argv + ['--no-special-tokens']) == 0
-    meta = prepare.load_meta(out)
+    meta = data.load_meta(out)
     assert meta['special_tokens'] == {} and meta['vocab_size'] == 300 and meta['eot_id'] == 299
     assert objectives.build(keys(out, objective='prefix_lm'), meta).name == 'prefix_lm'  # needs none
     with pytest.raises(DataError) as error:
@@ -336,11 +339,11 @@ def test_a_folder_without_special_tokens(tmp_path, capsys):
     meta_path.write_text(json.dumps(old))
     assert prepare.main(argv + ['--no-special-tokens']) == 0 and 'already complete' in capsys.readouterr().out
     with pytest.raises(DataError, match=r"has no <\|fim_prefix\|> token"):
-        objectives.build(keys(out, objective='fim'), prepare.load_meta(out))
+        objectives.build(keys(out, objective='fim'), data.load_meta(out))
 
 
 def test_bad_keys_are_one_line(pystdlib_data):
-    meta = prepare.load_meta(pystdlib_data)
+    meta = data.load_meta(pystdlib_data)
     cases = [(dict(objective='mlm'), "objective must be one of clm, prefix_lm, fim, ul2, not 'mlm'"),
              (dict(objective='ul2', ul2_x_rate=0.5), "ul2_s_rate + ul2_r_rate + ul2_x_rate must be 1 (shares of "
                                                      "the fragments given each denoiser), got 0.5 + 0.25 + 0.5 = 1.25")]
@@ -361,13 +364,13 @@ STEPS = 6
 
 
 def recording(monkeypatch):
-    """Spy on train.py's micro-batches: -> the list of (inputs, targets) train.micro_batch_arrays returns."""
-    made, made_by = [], train.micro_batch_arrays
+    """Spy on train.py's micro-batches: -> the list of (inputs, targets) data.micro_batch_arrays returns."""
+    made, made_by = [], data.micro_batch_arrays
 
     def micro_batch_arrays(*args):
         made.append(made_by(*args))
         return made[-1]
-    monkeypatch.setattr(train, 'micro_batch_arrays', micro_batch_arrays)
+    monkeypatch.setattr(data, 'micro_batch_arrays', micro_batch_arrays)
     return made
 
 
@@ -427,7 +430,7 @@ def test_each_objective_resumes_bit_exactly(name, pystdlib_data, fim_run, tmp_pa
     inputs, targets = (np.concatenate(arrays) for arrays in zip(*made))
     carrying = (targets != IGNORE_INDEX).mean()
     if name == 'fim':
-        assert carrying == 1 and (inputs == prepare.load_meta(pystdlib_data)['special_tokens'][
+        assert carrying == 1 and (inputs == data.load_meta(pystdlib_data)['special_tokens'][
             '<|fim_prefix|>']).any()
     else:
         assert 0.2 < carrying < 0.8
@@ -440,8 +443,8 @@ def test_sample_fills_in_the_middle(pystdlib_data, fim_run, capsys, monkeypatch)
     assert sample.main([str(out), '--prefix', prefix, '--suffix', suffix, '--temperature', '0', '--tokens', '12']) == 0
     middle = capsys.readouterr().out.split('\n' + '-' * 80)[0]
     # greedy: the model's own argmax after the PSM prompt, token by token, up to the end-of-text token
-    model, _ = train.checkpoint.load_model(train.checkpoint.find(str(out)), torch.device('cpu'))
-    enc, meta = prepare.load_tokenizer(pystdlib_data), prepare.load_meta(pystdlib_data)
+    model, _ = checkpoint.load_model(checkpoint.find(str(out)), torch.device('cpu'))
+    enc, meta = data.load_tokenizer(pystdlib_data), data.load_meta(pystdlib_data)
     ids = meta['special_tokens']
     prompt = [enc.eot_token, ids['<|fim_prefix|>'], *enc.encode_ordinary(prefix), ids['<|fim_suffix|>'],
               *enc.encode_ordinary(suffix), ids['<|fim_middle|>']]
@@ -452,8 +455,8 @@ def test_sample_fills_in_the_middle(pystdlib_data, fim_run, capsys, monkeypatch)
     assert sample.main([str(out), '--prompt', 'x', '--prefix', 'y']) == 2
     assert capsys.readouterr().err.strip() == ("error: --prompt continues a text, --prefix/--suffix fill in the "
                                                "middle: give one or the other")
-    load_meta = prepare.load_meta
-    monkeypatch.setattr(prepare, 'load_meta', lambda d: dict(load_meta(d), special_tokens={}))
+    load_meta = data.load_meta
+    monkeypatch.setattr(data, 'load_meta', lambda d: dict(load_meta(d), special_tokens={}))
     assert sample.main([str(out), '--suffix', 'y']) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith(f"error: {pystdlib_data} has no <|fim_prefix|> token (and others), which sample.py "
