@@ -26,10 +26,12 @@ import time
 import numpy as np
 import torch
 
+import data
+import guard
 import ledger
-import prepare
+import live
 import train
-from config import ConfigError, cli, load_config
+from config import ConfigError, cli, load_config, sharded
 from model import GPT
 
 DEFAULT_CASES = [
@@ -51,7 +53,7 @@ def build(case_args, cluster, tiny):
     path, overrides = case_args[0], [a for a in case_args[1:] if a != '--micro_batch=max']
     overrides += ['--data=synthetic', '--gpu=auto'] + (TINY if tiny else [])
     model_cfg, train_cfg = load_config(path, overrides)
-    device = train.live_device(cluster, model_cfg, train_cfg)
+    device = live.live_device(cluster, model_cfg, train_cfg)
     if '--micro_batch=max' in case_args:
         best = ledger.max_micro_batch(model_cfg, train_cfg, cluster.world_size, device)
         if best == 0:
@@ -61,16 +63,15 @@ def build(case_args, cluster, tiny):
     train_cfg = dataclasses.replace(train_cfg, batch_tokens=micro_step_tokens, batch_ramp_tokens=0)
     prediction = ledger.predict(model_cfg, train_cfg, n_gpu=cluster.world_size, device=device)
     dtype = prediction['dtype']
-    fsdp = train_cfg.parallel in train.FSDP_MODES and cluster.world_size > 1
-    autocast = torch.autocast(cluster.device.type, dtype=torch.bfloat16) if dtype == 'bfloat16' and not fsdp \
-        else contextlib.nullcontext()
+    autocast = torch.autocast(cluster.device.type, dtype=torch.bfloat16) \
+        if dtype == 'bfloat16' and not sharded(train_cfg.parallel, cluster.world_size) else contextlib.nullcontext()
     model, raw_model = train.build_model(model_cfg, train_cfg, cluster, dtype)
     optimizer = train.build_optimizer(model, train_cfg, cluster)
-    stream = train.SyntheticStream(model_cfg.vocab_size, model_cfg.block_size, train_cfg.seed, split=0)
+    stream = data.SyntheticStream(model_cfg.vocab_size, model_cfg.block_size, train_cfg.seed, split=0)
     run = train.Run(model_cfg, train_cfg, cluster, autocast, stream, model, raw_model, optimizer,
                     params=[p for p in model.parameters() if p.requires_grad], micro_step_tokens=micro_step_tokens,
                     total_steps=10**9, stop_step=10**9)
-    return run, prediction, train.sdpa_backend(model_cfg, cluster.device, dtype)
+    return run, prediction, live.sdpa_backend(model_cfg, cluster.device, dtype)
 
 
 def synchronize(cluster):
@@ -93,7 +94,7 @@ def bench_case(case, cluster, steps, warmup, seconds, tiny):
     start = time.perf_counter()
     for _ in range(steps):
         result = train.train_step(run)
-    loss = train.reduce_mean(result.loss.detach().clone(), cluster).item()  # also waits for the last step
+    loss = guard.reduce_mean(result.loss.detach().clone(), cluster).item()  # also waits for the last step
     synchronize(cluster)
     elapsed = time.perf_counter() - start
     tokens_per_s = steps * run.micro_step_tokens / elapsed
@@ -103,7 +104,7 @@ def bench_case(case, cluster, steps, warmup, seconds, tiny):
             stats['num_alloc_retries']
         peak_predicted = memory['allocated']
     else:  # the CPU: the process's peak resident memory, against the ledger's total (runtime included)
-        peak, reserved, retries = train.peak_memory(cluster)[0], None, None
+        peak, reserved, retries = live.peak_memory(cluster)[0], None, None
         peak_predicted = memory['total']
     peak_flops = cluster.world_size * prediction['gpu']['peak_flops']
     mfu = prediction['flops_per_token']['matmul'] * tokens_per_s / peak_flops
@@ -129,8 +130,8 @@ def release(cluster):
 
 
 def run_device_script(cases, steps, warmup, budget_s, tiny):
-    cluster = train.setup_cluster()
-    train.join_process_group(cluster)
+    cluster = guard.setup_cluster()
+    guard.join_process_group(cluster)
     out = os.environ.get('OUT')
     results = []
     deadline = time.perf_counter() + budget_s
@@ -190,7 +191,7 @@ def plain_loop_tokens_per_s(model_cfg, train_cfg, dtype, steps, warmup=3):
         model.compile()
     optimizer = torch.optim.AdamW(model.parameters(), **train.adamw_options(train_cfg, 1))
     autocast = torch.autocast('cpu', dtype=torch.bfloat16) if dtype == 'bfloat16' else contextlib.nullcontext()
-    tokens = prepare.open_shard(prepare.list_shards(train_cfg.data, 'train')[0])
+    tokens = data.open_shard(data.list_shards(train_cfg.data, 'train')[0])
     rng = np.random.default_rng(train_cfg.seed)
     for step in range(warmup + steps):
         if step == warmup:
@@ -208,9 +209,9 @@ def plain_loop_tokens_per_s(model_cfg, train_cfg, dtype, steps, warmup=3):
 
 
 def train_loop_tokens_per_s(model_cfg, train_cfg, dtype, steps, warmup=3):
-    cluster = train.setup_cluster()
+    cluster = guard.setup_cluster()
     T = model_cfg.block_size
-    stream, _, _ = train.open_data(model_cfg, train_cfg)
+    stream, _, _ = data.open_data(model_cfg, train_cfg)
     autocast = torch.autocast('cpu', dtype=torch.bfloat16) if dtype == 'bfloat16' else contextlib.nullcontext()
     model, raw_model = train.build_model(model_cfg, train_cfg, cluster, dtype)
     optimizer = train.build_optimizer(model, train_cfg, cluster)

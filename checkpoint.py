@@ -210,9 +210,9 @@ def set_rng_states(states):
         torch.cuda.set_rng_state(state['cuda'])
 
 
-def save(out_dir, step, model, optimizer, train_state, keep):
+def save(out_dir, step, model, optimizer, train_state, keep, kept_steps=()):
     """Write step_NNNNNNN (the model, the optimizer, train_state plus every rank's RNG states, the manifest last),
-    point LATEST at it, keep the newest `keep` up to it; return its path. A write that fails (a full disk, Ctrl-C)
+    point LATEST at it, keep the newest `keep` up to it and those of kept_steps; return its path. A write that fails (a full disk, Ctrl-C)
     leaves no tmp_ folder behind, and LATEST still names the last complete checkpoint."""
     rank, world = _rank_and_world()
     folder = root(out_dir)
@@ -238,7 +238,8 @@ def save(out_dir, step, model, optimizer, train_state, keep):
         # keep the newest `keep` up to this one; newer ones (left by a run this one resumed from an earlier
         # checkpoint) stay until this run writes their steps again
         for old in [c for c in complete_checkpoints(out_dir) if c <= final][:-keep]:
-            shutil.rmtree(old)
+            if step_of(old) not in kept_steps:
+                shutil.rmtree(old)
         for leftover in os.listdir(folder):  # tmp_ folders of writes that were killed
             if leftover.startswith('tmp_'):
                 shutil.rmtree(os.path.join(folder, leftover))

@@ -33,12 +33,13 @@ import torch
 
 import checkpoint
 import ledger
+import data
 import objectives
 import prepare
 import sample
 import sweep
 import train
-from config import cli
+from config import cli, load_config
 
 CASES = {'clm': {}, 'prefix_lm': {}, 'fim_0.5': {'fim_rate': 0.5}, 'fim_0.9': {'fim_rate': 0.9}, 'ul2': {}}
 SIMPLE = (ast.Assign, ast.AugAssign, ast.AnnAssign, ast.Return, ast.Expr, ast.Raise, ast.Assert, ast.Delete,
@@ -111,8 +112,8 @@ def infilling_accuracy(model, encoding, fim_ids, examples):
 
 def val_bits_per_byte(model, data, block_size, val_tokens, bytes_per_token):
     """Plain next-token loss over the first val_tokens of the val split, in bits per byte (and nats)."""
-    shard = np.concatenate([np.asarray(prepare.open_shard(p), dtype=np.int64)
-                            for p in prepare.list_shards(data, 'val')])[:val_tokens + 1]
+    shard = np.concatenate([np.asarray(data.open_shard(p), dtype=np.int64)
+                            for p in data.list_shards(data, 'val')])[:val_tokens + 1]
     n = (len(shard) - 1) // block_size
     rows = np.stack([shard[k * block_size:(k + 1) * block_size + 1] for k in range(n)])  # each with its next token
     loss = sweep.mean_loss(lambda x, y: model(x, y)[1], torch.from_numpy(rows))
@@ -142,8 +143,8 @@ def main(argv):
     parser.add_argument('--examples', type=int, default=300, help='held-out infilling examples')
     parser.add_argument('overrides', nargs='*', help='--key=value for train.py, after a --')
     args = parser.parse_args(argv)
-    meta = prepare.load_meta(args.data)
-    encoding = prepare.load_tokenizer(args.data)
+    meta = data.load_meta(args.data)
+    encoding = data.load_tokenizer(args.data)
     fim_ids = objectives.special_ids(meta, args.data, objectives.FIM_TOKENS, 'objectives_bench.py')
     results = []
     for seed in [int(s) for s in args.seeds.split(',')]:
@@ -154,7 +155,7 @@ def main(argv):
                      '--eval_every=1000000', *objective_flags(case), *args.overrides]
             if train.main(flags) != 0:
                 return 1
-            model_cfg, train_cfg = train.load_config(args.config, flags[1:])
+            model_cfg, train_cfg = load_config(args.config, flags[1:])
             objective = objectives.build(train_cfg, meta)
             model, _ = checkpoint.load_model(out_dir, torch.device('cpu'))
             bpb, loss, counted = val_bits_per_byte(model, args.data, model_cfg.block_size, args.val_tokens,
@@ -164,7 +165,7 @@ def main(argv):
             with open(os.path.join(out_dir, 'summary.json')) as f:
                 summary = json.load(f)
             step_ms = 1000 * train_cfg.micro_batch * model_cfg.block_size / summary['tokens_per_s_measured']
-            stream = train.open_data(model_cfg, train_cfg)[0]
+            stream = data.open_data(model_cfg, train_cfg)[0]
             host_ms = transform_ms(objective, stream, train_cfg.micro_batch)
             results.append({'case': case, 'seed': seed, 'val_bpb': bpb, 'val_loss': loss, 'val_tokens': counted,
                             'fim_exact': fim_match, 'l2r_prefix_match': l2r_match, 'examples': len(examples),

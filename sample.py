@@ -23,7 +23,7 @@ import torch
 
 import checkpoint
 import objectives
-import prepare
+import data
 from config import ConfigError, cli
 
 
@@ -74,10 +74,10 @@ def main(argv):
     model, train_config = checkpoint.load_model(path, device)
     if train_config['data'] == 'synthetic':
         raise ConfigError(f"{path} was trained on synthetic tokens: there is no text to sample")
-    tokenizer = prepare.load_tokenizer(train_config['data'])
+    tokenizer = data.load_tokenizer(train_config['data'])
     eot_id = tokenizer.eot_token
     if infill:
-        ids = objectives.special_ids(prepare.load_meta(train_config['data']), train_config['data'],
+        ids = objectives.special_ids(data.load_meta(train_config['data']), train_config['data'],
                                      objectives.FIM_TOKENS, 'sample.py --prefix/--suffix (fill in the middle)')
         prompt = fim_prompt(eot_id, ids, tokenizer.encode_ordinary(args.prefix or ''),
                             tokenizer.encode_ordinary(args.suffix or ''))

@@ -13,7 +13,11 @@ import numpy as np
 import pytest
 import torch
 
+import data
+import guard
+import objectives
 import train
+from config import IGNORE_INDEX, load_config
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 STEPS = 12
@@ -148,13 +152,13 @@ def test_fsdp2_bf16_mixed_precision_with_recompute_trains_like_autocast(mode, si
 
 
 SPIKE = """
-import sys, numpy as np, train
-batch = train.ShardStream.batch
+import sys, numpy as np, data, train
+batch = data.ShardStream.batch
 def corrupted(self, first, count):  # the sequences of step 11 are garbage: uniformly random tokens
     if 10 * 16 <= first < 11 * 16:
         return np.random.default_rng(first).integers(0, 512, (count, self.block_size + 1))
     return batch(self, first, count)
-train.ShardStream.batch = corrupted
+data.ShardStream.batch = corrupted
 sys.exit(train.main(sys.argv[1:]))
 """
 
@@ -206,10 +210,11 @@ class IndexStream:
 
 def test_ranks_read_disjoint_slices_of_the_single_process_batch():
     stream, micro_batch, position = IndexStream(), 4, 96
-    one = train.Cluster(0, 1, 0, torch.device('cpu'))
-    single = [train.micro_batch_arrays(stream, position, m, one, micro_batch)[0][:, 0] for m in range(4)]
-    per_rank = [np.concatenate([train.micro_batch_arrays(stream, position, m, train.Cluster(r, 2, r, one.device),
-                                                         micro_batch)[0][:, 0] for m in range(2)])
+    one = guard.Cluster(0, 1, 0, torch.device('cpu'))
+    single = [data.micro_batch_arrays(stream, position, m, one, micro_batch, objectives.CLM)[0][:, 0]
+              for m in range(4)]
+    per_rank = [np.concatenate([data.micro_batch_arrays(stream, position, m, guard.Cluster(r, 2, r, one.device),
+                                                         micro_batch, objectives.CLM)[0][:, 0] for m in range(2)])
                 for r in range(2)]
     assert not set(per_rank[0]) & set(per_rank[1])
     assert sorted(np.concatenate(per_rank)) == sorted(np.concatenate(single)) == list(range(96, 112))
@@ -226,3 +231,45 @@ def test_bad_parallel_and_indivisible_batch_are_one_line(single, tmp_path, capsy
     errors = [line for line in result.stderr.splitlines() if line.startswith('error:')]
     assert errors == ["error: batch_tokens (384) is not a multiple of micro_batch x block_size x world size = "
                       "4 x 32 x 2 = 256: change batch_tokens, micro_batch or the number of processes"]
+
+
+GRADIENTS = """
+import sys, torch, train
+run = train.setup(sys.argv[2:])
+grads = []  # the step's gradients, caught where AdamW would use them
+run.optimizer.step = lambda: grads.extend(p.grad.detach().flatten().clone() for p in run.raw_model.parameters())
+train.train_step(run)
+if run.cluster.is_master:
+    torch.save(torch.cat(grads), sys.argv[1])
+if torch.distributed.is_initialized():
+    torch.distributed.destroy_process_group()
+"""
+
+
+def test_the_loss_is_normalised_by_every_carrying_target_of_the_step(pystdlib_data, tmp_path):
+    """ul2's micro-batches carry different numbers of loss-carrying targets: the step's gradient is the mean over all
+    of them on all ranks, so 1 process x 4 micro-steps, 2 processes x 2 and one micro-batch of 4x agree to 1e-5."""
+    config = write_config(tmp_path, pystdlib_data)
+    flags = ['--objective=ul2', '--micro_batch=2', '--batch_tokens=256', '--grad_clip=0']
+    model_cfg, train_cfg = load_config(config, flags)
+    stream, _, meta = data.open_data(model_cfg, train_cfg)
+    objective = objectives.build(train_cfg, meta)
+    one = guard.Cluster(0, 1, 0, torch.device('cpu'))
+    counts = [int((data.micro_batch_arrays(stream, 0, m, one, 2, objective)[1] != IGNORE_INDEX).sum()) for m in range(4)]
+    assert len(set(counts)) > 1, counts  # else a mean of micro-batch means would be the same thing
+    script = tmp_path / 'gradients.py'
+    script.write_text(GRADIENTS)
+    gradients = {}
+    for name, processes, micro_batch in (('4 micro-steps', 1, 2), ('2 x 2', 2, 2), ('one 4x micro-batch', 1, 8)):
+        launcher = [sys.executable] + (['-m', 'torch.distributed.run', '--standalone', '--nproc_per_node=2']
+                                       if processes == 2 else [])
+        saved = tmp_path / f'{processes}_{micro_batch}.pt'
+        result = subprocess.run(launcher + [str(script), str(saved), config, *flags, f'--micro_batch={micro_batch}',
+                                            f'--out_dir={tmp_path / saved.stem}'], cwd=HERE, capture_output=True,
+                                text=True, env=dict(os.environ, PYTHONPATH=HERE))
+        assert result.returncode == 0, result.stderr[-3000:]
+        gradients[name] = torch.load(saved)
+    reference = gradients['4 micro-steps']
+    assert reference.abs().max() > 0
+    for name, gradient in gradients.items():
+        assert (gradient - reference).abs().max() <= 1e-5 * reference.abs().max(), name

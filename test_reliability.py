@@ -17,6 +17,7 @@ import torch
 
 import checkpoint
 import config
+import data
 import sample
 import train
 from config import ConfigError, load_config
@@ -190,21 +191,20 @@ def test_a_token_id_past_the_models_vocab_is_one_line_before_anything_is_written
     """A hand-made or foreign shard (no max_token_id in its meta.json): read once, caught before the model."""
     import json
     import numpy as np
-    import prepare
-    data = tmp_path / 'data'
-    data.mkdir()
-    meta = prepare.load_meta(pystdlib_data)
+    folder = tmp_path / 'data'
+    folder.mkdir()
+    meta = data.load_meta(pystdlib_data)
     meta.pop('max_token_id', None)
-    (data / 'meta.json').write_text(json.dumps(meta))
+    (folder / 'meta.json').write_text(json.dumps(meta))
     tokens = np.arange(2000, dtype=np.uint16) % 512
-    prepare.write_shard(str(data / 'mine_val_000000.bin'), tokens)
+    data.write_shard(str(folder / 'mine_val_000000.bin'), tokens)
     tokens[1234] = 600  # one id past the 512-token vocab
-    prepare.write_shard(str(data / 'mine_train_000001.bin'), tokens)
-    config = write_config(tmp_path, str(data), train_tokens=4 * 256)
+    data.write_shard(str(folder / 'mine_train_000001.bin'), tokens)
+    config = write_config(tmp_path, str(folder), train_tokens=4 * 256)
     capsys.readouterr()
     assert train.main([config, f'--out_dir={tmp_path / "out"}']) == 2
     err = capsys.readouterr().err.strip()
-    assert err.startswith(f"error: {data / 'mine_train_000001.bin'}: token id 600 is outside the model's vocab of 512")
+    assert err.startswith(f"error: {folder / 'mine_train_000001.bin'}: token id 600 is outside the model's vocab of 512")
     assert not os.path.exists(tmp_path / 'out' / 'ckpt')
 
 

@@ -6,7 +6,7 @@ line on a bad path.
 import torch
 
 import checkpoint
-import prepare
+import data
 import sample
 import train
 
@@ -44,7 +44,7 @@ def test_both_checkpoint_formats_give_the_trained_weights(tmp_path, pystdlib_dat
     capsys.readouterr()  # drop what training printed
     assert sample.main([ddp_out, '--prompt', 'def ', '--tokens', '20', '--temperature', '0']) == 0
     text = capsys.readouterr().out.split('\n' + '-' * 80)[0]
-    tokenizer = prepare.load_tokenizer(pystdlib_data)
+    tokenizer = data.load_tokenizer(pystdlib_data)
     assert text.startswith('def ')
     # greedy: the text is the argmax continuation of the trained model
     ids = [tokenizer.eot_token] + tokenizer.encode('def ')

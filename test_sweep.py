@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import checkpoint
-import prepare
+import data
 import sweep
 
 TINY = dict(vocab_size=512, n_layer=2, n_embd=64, n_head=2, batch_tokens=256, micro_batch=4, lr=3e-3,
@@ -27,8 +27,8 @@ def test_calibration_then_a_budgeted_run_scored_on_the_fixed_val_set(pystdlib_da
     assert checkpoint.step_of(checkpoint.find(str(tmp_path / 'run'))) == 10
     again, bits = sweep.score(lambda x, y: model(x, y)[1], pystdlib_data, 32)
     assert val_loss == again and 0 < val_loss < np.log(512)  # it learned something in 10 steps
-    assert bits == pytest.approx(val_loss / np.log(2) / prepare.load_meta(pystdlib_data)['bytes_per_token'])
-    val_tokens = prepare.load_meta(pystdlib_data)['val_tokens']
+    assert bits == pytest.approx(val_loss / np.log(2) / data.load_meta(pystdlib_data)['bytes_per_token'])
+    val_tokens = data.load_meta(pystdlib_data)['val_tokens']
     assert len(sweep.val_sequences(pystdlib_data, 32)) == (min(sweep.EVAL_TOKENS + 1, val_tokens) - 1) // 32
 
 
@@ -36,7 +36,7 @@ def test_our_tokens_in_nanogpts_format(pystdlib_data, tmp_path):
     name = sweep.export_for_nanogpt(pystdlib_data, str(tmp_path))
     folder = tmp_path / 'data' / name
     for split in ('train', 'val'):
-        ours = np.concatenate([np.asarray(prepare.open_shard(p)) for p in prepare.list_shards(pystdlib_data, split)])
+        ours = np.concatenate([np.asarray(data.open_shard(p)) for p in data.list_shards(pystdlib_data, split)])
         theirs = np.fromfile(folder / f'{split}.bin', dtype=np.uint16)
         assert (theirs == ours).all()
     with open(folder / 'meta.pkl', 'rb') as f:

@@ -15,12 +15,17 @@ import numpy as np
 import pytest
 import torch
 
+import checkpoint
+import data
+import guard
 import ledger
-import prepare
+import ledger_report
+import live
 import train
 from config import TrainConfig, load_config
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = HERE  # the repo's root, where train.py is
 
 # 8 sequences of 32 tokens per step: micro_batch 4 x 2 accumulation steps; 12 steps planned.
 TINY = dict(arch='llama', n_layer=2, n_head=2, n_embd=64, vocab_size=512, block_size=32, micro_batch=4,
@@ -79,7 +84,7 @@ def test_loss_falls_and_outputs_are_written(pystdlib_data, tmp_path, capsys):
     assert re.search(r'precision: (float32|bfloat16) compute \(the faster on this CPU, measured\)', out), out
     assert 'sample after 60 steps' in out and 'attention: SDPA runs flash attention' in out
     # bits per byte beside every loss, from the data's own bytes per token
-    bytes_per_token = prepare.load_meta(pystdlib_data)['bytes_per_token']
+    bytes_per_token = data.load_meta(pystdlib_data)['bytes_per_token']
     assert all(e['bpb'] == pytest.approx(e['loss'] / math.log(2) / bytes_per_token) for e in entries if 'loss' in e)
     assert [e['val_bpb'] for e in entries if 'val_bpb' in e] == pytest.approx(
         [v / math.log(2) / bytes_per_token for v in val])
@@ -97,7 +102,7 @@ def test_loss_falls_and_outputs_are_written(pystdlib_data, tmp_path, capsys):
     assert summary['days_projected'] == pytest.approx(60 * 512 / summary['tokens_per_s_measured'] / 86400)
     assert summary['memory_predicted_bytes'] == prediction['memory']['total'] and summary['memory_measured_bytes'] > 0
     report = (tmp_path / 'out' / 'report.md').read_text()
-    assert report == ledger.format_comparison(summary) + '\n\n![train and val loss against tokens seen](loss.png)\n'
+    assert report == ledger_report.format_comparison(summary) + '\n\n![train and val loss against tokens seen](loss.png)\n'
     assert (tmp_path / 'out' / 'loss.png').read_bytes().startswith(b'\x89PNG')
     assert report.startswith('Predicted by ledger.py for 1 x CPU (') and 'measured on 1 x the CPU' in report
     assert '| quantity | predicted | measured |' in report and 'parameters' in report
@@ -195,7 +200,7 @@ def test_kill_while_writing_a_checkpoint_keeps_the_previous_one(reference, tmp_p
 
 def test_checkpoint_state_dict_has_no_compile_prefix(pystdlib_data, tmp_path):
     model_cfg, train_cfg = load_config(write_config(tmp_path, pystdlib_data, compile=True))
-    cluster = train.Cluster(0, 1, 0, torch.device('cpu'))
+    cluster = guard.Cluster(0, 1, 0, torch.device('cpu'))
     _, raw_model = train.build_model(model_cfg, train_cfg, cluster, torch.float32)
     assert not any('_orig_mod' in key for key in raw_model.state_dict())  # compiled in place, names unchanged
 
@@ -253,7 +258,7 @@ def test_compiled_model_trains_like_eager_on_the_cpu(pystdlib_data, tmp_path):
 
 def test_corrupted_batch_rolls_back_and_skips_its_window(pystdlib_data, tmp_path, monkeypatch):
     config = write_config(tmp_path, pystdlib_data)
-    batch = train.ShardStream.batch
+    batch = data.ShardStream.batch
     bad_first, bad_end = 11 * SEQUENCES_PER_STEP, 12 * SEQUENCES_PER_STEP  # the sequences of step 12
 
     def corrupted(self, first, count):
@@ -261,7 +266,7 @@ def test_corrupted_batch_rolls_back_and_skips_its_window(pystdlib_data, tmp_path
             return np.random.default_rng(first).integers(0, 512, (count, self.block_size + 1))
         return batch(self, first, count)
 
-    monkeypatch.setattr(train.ShardStream, 'batch', corrupted)
+    monkeypatch.setattr(data.ShardStream, 'batch', corrupted)
     assert run(config, tmp_path / 'out', f'--train_tokens={16 * 256}') == 0
     entries = read_metrics(tmp_path / 'out')
     rollbacks = [e for e in entries if e.get('event') == 'rollback']
@@ -354,19 +359,19 @@ def test_batch_ramp_in_a_run(pystdlib_data, tmp_path):
 
 def test_shard_stream_is_a_seeded_permutation_of_whole_sequences(tmp_path):
     T = 10
-    prepare.write_shard(str(tmp_path / 'a_train_000.bin'), np.arange(0, 51, dtype=np.uint16))    # 5 sequences
-    prepare.write_shard(str(tmp_path / 'a_train_001.bin'), np.arange(100, 131, dtype=np.uint16))  # 3
-    shards = [prepare.open_shard(str(tmp_path / f'a_train_00{i}.bin')) for i in range(2)]
-    stream = train.ShardStream(shards, T, seed=1)
+    data.write_shard(str(tmp_path / 'a_train_000.bin'), np.arange(0, 51, dtype=np.uint16))    # 5 sequences
+    data.write_shard(str(tmp_path / 'a_train_001.bin'), np.arange(100, 131, dtype=np.uint16))  # 3
+    shards = [data.open_shard(str(tmp_path / f'a_train_00{i}.bin')) for i in range(2)]
+    stream = data.ShardStream(shards, T, seed=1)
     epoch = stream.batch(0, 8)
     starts = sorted(int(s[0]) for s in epoch)
     assert starts == [0, 10, 20, 30, 40, 100, 110, 120]                   # each sequence once per epoch
     assert all((s == np.arange(s[0], s[0] + T + 1)).all() for s in epoch)  # T + 1 consecutive tokens
     assert (stream.batch(3, 4) == epoch[3:7]).all()                        # random access = replay
-    assert (train.ShardStream(shards, T, seed=1).batch(0, 16) == stream.batch(0, 16)).all()
+    assert (data.ShardStream(shards, T, seed=1).batch(0, 16) == stream.batch(0, 16)).all()
     assert sorted(int(s[0]) for s in stream.batch(8, 8)) == starts         # epoch 2: the same set again,
     assert not (stream.batch(8, 8) == epoch).all()                         # in another order
-    assert not (train.ShardStream(shards, T, seed=2).batch(0, 8) == epoch).all()
+    assert not (data.ShardStream(shards, T, seed=2).batch(0, 8) == epoch).all()
 
 
 # -----------------------------------------------------------------------------------------------------
@@ -416,3 +421,55 @@ def test_memory_check_refuses_unless_forced(pystdlib_data, tmp_path, monkeypatch
     err = capsys.readouterr().err
     assert 'the ledger predicts' in err and '--force' in err
     assert run(config, tmp_path / 'out', '--force') == 0
+
+
+# -----------------------------------------------------------------------------------------------------
+# Checkpoints outlive the code; a run records its code.
+
+def test_a_checkpoint_older_than_a_model_key_resumes_with_its_default(reference, tmp_path, monkeypatch, capsys):
+    """A model key added after a checkpoint was written takes its default on resume (rope_theta stands in for the
+    new key: the checkpoint below does not hold it); a value other than the default is another model."""
+    config, losses = reference
+    assert run(config, tmp_path / 'out', '--max_steps=8') == 0
+    read_state = checkpoint.read_state
+
+    def from_before(path):  # as a checkpoint written before the key existed holds it
+        state = read_state(path)
+        del state['model_config']['rope_theta']
+        return state
+
+    monkeypatch.setattr(checkpoint, 'read_state', from_before)
+    capsys.readouterr()
+    assert run(config, tmp_path / 'out', '--resume', '--rope_theta=500000.0') == 2
+    assert 'was written for another model (rope_theta differ)' in capsys.readouterr().err
+    assert run(config, tmp_path / 'out', '--resume') == 0
+    assert step_losses(read_metrics(tmp_path / 'out')) == losses  # the exact continuation
+
+
+def git(folder, *args):
+    return subprocess.run(['git', '-C', str(folder), '-c', 'user.name=t', '-c', 'user.email=t@t', *args],
+                          capture_output=True, text=True, check=True).stdout
+
+
+def test_a_run_records_its_code(reference, tmp_path):
+    """out_dir gets the commit of the checkout train.py runs from and its uncommitted diff (modded-nanogpt's habit):
+    here the repo's own, then a checkout with a change and a new file, then no checkout at all."""
+    config, _ = reference
+    assert run(config, tmp_path / 'out', '--max_steps=1') == 0
+    recorded = json.loads((tmp_path / 'out' / 'code.json').read_text())
+    assert recorded['commit'] == git(ROOT, 'rev-parse', 'HEAD').strip()
+    assert (tmp_path / 'out' / 'code.diff').read_text() == git(ROOT, 'diff', 'HEAD')
+    fork = tmp_path / 'fork'
+    fork.mkdir()
+    git(fork, 'init', '-q')
+    (fork / 'model.py').write_text('window = 0\n')
+    git(fork, 'add', 'model.py')
+    git(fork, 'commit', '-qm', 'a fork')
+    (fork / 'model.py').write_text('window = 256\n')
+    (fork / 'new.py').write_text('')
+    recorded = live.record_code(str(tmp_path / 'fork_out'), source=str(fork))
+    assert recorded == {'commit': git(fork, 'rev-parse', 'HEAD').strip(), 'dirty': True, 'diff': 'code.diff',
+                        'untracked': ['new.py']}
+    assert '-window = 0\n+window = 256' in (tmp_path / 'fork_out' / 'code.diff').read_text()
+    assert live.record_code(str(tmp_path / 'none'), source=str(tmp_path / 'out')) is None
+    assert not (tmp_path / 'none').exists()

@@ -11,29 +11,23 @@ folder), --allow_change=KEY,... (let a resumed run change keys that break an exa
 --force (start even when the ledger predicts the run does not fit in the device's memory). Ctrl-C or a SIGTERM
 (a scheduler's preemption) finishes the step, writes a checkpoint and prints the command that resumes.
 
-The file reads in the order a run happens: 1. arguments and processes, 2. batch arithmetic and the LR schedule,
-3. data, 4. model, parallelism and optimizer, 5. the live ledger, 6. the run itself: set up, train_step (one
-optimizer step), check_point (read back the losses, spike guard, log, eval, checkpoint, sample), roll_back, and
-the loop in main() that ties them together. Outputs in out_dir: metrics.jsonl, ledger.json, ledger.md,
-summary.json, report.md, ckpt/ (checkpoint.py).
+Read it top to bottom, in the order a run happens: 1. the batch and the LR schedule, 2. model, parallelism and
+optimizer, 3. eval and samples, 4. setup, 5. the step, 6. the loop: the step, then, when due, the spike guard,
+log, eval, checkpoint and sample. The rooms around it: data.py (shards, the seeded stream), guard.py (processes,
+resume checks, the clean stop, the spike guard), live.py (the live ledger: prediction beside measurement),
+ledger.py (the formulas), checkpoint.py (checkpoints with manifests).
 """
 import contextlib
 import dataclasses
 import gc
 import importlib.metadata
-import json
 import math
 import os
-import resource
 import shlex
-import shutil
-import signal
-import statistics
 import sys
-import time
 
 # The CUDA caching allocator reads its settings once, so they are set before torch is imported. Expandable segments
-# let freed blocks grow and merge instead of fragmenting: at h200_1b3's 106 of 141 GiB, with multi-GB loss buffers
+# let freed blocks grow and merge instead of fragmenting: at h200_1b3's 86 of 141 GiB, with multi-GB loss buffers
 # of changing shapes, fragmentation is what turns a fit into an out-of-memory (nanochat and torchtitan set it too).
 # torch 2.10 renamed the variable; 2.9 still ignored the new name for this setting (pytorch #183387).
 if not (os.environ.get('PYTORCH_ALLOC_CONF') or os.environ.get('PYTORCH_CUDA_ALLOC_CONF')):
@@ -43,112 +37,24 @@ if not (os.environ.get('PYTORCH_ALLOC_CONF') or os.environ.get('PYTORCH_CUDA_ALL
 
 import numpy as np  # noqa: E402 (after the allocator's settings)
 import torch  # noqa: E402
-import torch.distributed as dist
+import torch.distributed as dist  # noqa: E402
 
-import checkpoint
-import eval as hellaswag  # eval.py: HellaSwag accuracy (the module, named for its job; not the builtin)
-import files
-import ledger
-import objectives
-import plot
-import prepare
-from config import DEFAULTS, ConfigError, UserError, cli, load_config
-from model import GPT
-from prepare import DataError
-
-USAGE = "usage: python train.py CONFIG [--key=value ...] [--resume[=CKPT_DIR]] [--allow_change=KEY,...] [--force]"
-
-
-class TrainingStopped(UserError):
-    """The run cannot go on (too many loss spikes, the ledger and the model disagree): one line, exit 1."""
-    exit_code = 1
+import checkpoint  # noqa: E402
+import data  # noqa: E402
+import eval as hellaswag  # noqa: E402 (eval.py: HellaSwag accuracy; the module named for its job, not the builtin)
+import files  # noqa: E402
+import guard  # noqa: E402
+import ledger  # noqa: E402
+import ledger_report  # noqa: E402
+import live  # noqa: E402
+import objectives  # noqa: E402
+from config import IGNORE_INDEX, ConfigError, cli, load_config, sharded  # noqa: E402
+from guard import RunState, TrainingStopped, log  # noqa: E402
+from model import GPT  # noqa: E402
 
 
 # -----------------------------------------------------------------------------------------------------
-# 1. Arguments and processes. torchrun sets RANK, WORLD_SIZE and LOCAL_RANK (one process per GPU, any number of
-# nodes); a plain `python train.py` is rank 0 of 1. CUDA when present (NCCL between GPUs), else CPU (gloo).
-# A world of one needs no process group and no wrapper, whatever `parallel` says.
-
-def parse_args(argv):
-    """argv -> (config path, overrides, resume, force, keys allowed to change on resume); resume is False, True (the
-    latest) or a checkpoint folder."""
-    config_path, overrides, resume, force, allowed = None, [], False, False, set()
-    for arg in argv:
-        if arg == '--resume':
-            resume = True
-        elif arg.startswith('--resume='):
-            resume = arg.split('=', 1)[1]
-        elif arg == '--force':
-            force = True
-        elif arg.startswith('--allow_change='):
-            allowed |= {key for key in arg.split('=', 1)[1].split(',') if key}
-            unknown = sorted(allowed - set(CONTINUATION_KEYS))
-            if unknown:
-                raise ConfigError(f"--allow_change={','.join(unknown)}: only these keys need it: "
-                                  f"{', '.join(CONTINUATION_KEYS)}")
-        elif arg.startswith('--'):
-            overrides.append(arg)
-        elif config_path is None:
-            config_path = arg
-        else:
-            raise ConfigError(f"unexpected argument '{arg}': {USAGE}")
-    if config_path is None:
-        raise ConfigError(f"no config file given: {USAGE}")
-    return config_path, overrides, resume, force, allowed
-
-
-@dataclasses.dataclass
-class Cluster:
-    rank: int
-    world_size: int
-    local_rank: int
-    device: torch.device
-
-    @property
-    def is_master(self):
-        return self.rank == 0
-
-
-def setup_cluster():
-    rank, world_size = int(os.environ.get('RANK', 0)), int(os.environ.get('WORLD_SIZE', 1))
-    local_rank = int(os.environ.get('LOCAL_RANK', 0))
-    if torch.cuda.is_available():
-        device = torch.device('cuda', local_rank)
-        torch.cuda.set_device(device)
-    else:
-        device = torch.device('cpu')
-    return Cluster(rank, world_size, local_rank, device)
-
-
-def join_process_group(cluster):
-    """After the input checks, so that a bad config is one line from every rank, not a rendezvous timeout."""
-    if cluster.world_size > 1 and not dist.is_initialized():
-        if cluster.device.type == 'cuda':  # NCCL bound to this rank's GPU
-            dist.init_process_group('nccl', device_id=cluster.device)
-        else:
-            dist.init_process_group('gloo')
-
-
-def log(cluster, message):
-    if cluster.is_master:
-        print(message, flush=True)
-
-
-def barrier(cluster):
-    if cluster.world_size > 1:
-        dist.barrier()
-
-
-def reduce_mean(values, cluster):
-    """Mean over ranks of a tensor (gloo has no AVG, so SUM then divide)."""
-    if cluster.world_size > 1:
-        dist.all_reduce(values)
-        values /= cluster.world_size
-    return values
-
-
-# -----------------------------------------------------------------------------------------------------
-# 2. Batch arithmetic and the LR schedule (the book's training recipe).
+# 1. The batch and the LR schedule (the book's training recipe).
 # One micro-step is a forward/backward of micro_batch sequences of block_size tokens on every rank, so it covers
 # micro_batch x block_size x world_size tokens; gradient accumulation repeats it until batch_tokens, the global
 # batch, is reached. The global batch is fixed by the config: more ranks means fewer micro-steps, not a bigger batch.
@@ -194,17 +100,12 @@ def wsd_decay(total_steps, train):
     return total_steps - decay, decay
 
 
-def stable_steps(total_steps, train):
-    """wsd: the checkpoints (steps done) a cooldown branch may start from: warmup complete, the next step still at
-    the peak. h200_1b3_overtrain: steps 572 to 152,587 of 190,735."""
-    return range(warmup_steps(total_steps, train), wsd_decay(total_steps, train)[0])
-
-
 def lr_at(step, total_steps, train, cooldown=None):
     """LR for 0-based step `step` of `total_steps`. Linear warmup over warmup_frac of the steps (the book: 0.1-0.5%)
     from lr/warmup to the peak at step warmup-1; then either cosine decay (GPT-3, LLaMA) or warmup-stable-decay
     (constant, then a linear decay over the last decay_frac of the steps), both ending at min_lr_ratio x peak (10%)
-    on the last step. cooldown: a branch's (first step, steps), a wsd decay of its own in place of the run's."""
+    on the last step. cooldown: (first step, steps) of a wsd decay of its own in place of the run's (a run that
+    starts from another's checkpoint with cooldown_tokens)."""
     warmup = warmup_steps(total_steps, train)
     peak, floor = train.lr, train.lr * train.min_lr_ratio
     if step < warmup:
@@ -219,141 +120,10 @@ def lr_at(step, total_steps, train, cooldown=None):
 
 
 # -----------------------------------------------------------------------------------------------------
-# 3. Data. Shards come from prepare.py (llm.c format, read through prepare's reader). A training example is a
-# sequence of block_size + 1 tokens: inputs are the first block_size, targets the last block_size.
-# The order is a pure function of (seed, position): `position` counts the sequences the whole run (all ranks)
-# has consumed, and sequence k of the stream is found without replaying the ones before it. So a checkpoint
-# needs only that one integer, and the stream does not depend on the world size: on every micro-step the
-# global batch is cut into world_size disjoint slices, rank r taking slice r (see micro_batch_arrays).
-
-class ShardStream:
-    """The train split as an endless stream of sequences in a fixed order from the seed.
-
-    A shard of n tokens holds (n - 1) // T sequences starting at multiples of T; neighbours share one token (the
-    last target of one is the first input of the next, as in llm.c), so no token is wasted. Epoch e visits the
-    shards in a seeded permutation and each shard's sequences in their own seeded permutation (llm.c's
-    shuffle); the permutations are O(shard) memory, never O(dataset), even for 100B tokens."""
-
-    def __init__(self, shards, block_size, seed):
-        self.shards, self.block_size, self.seed = shards, block_size, seed
-        self.counts = np.array([(len(s) - 1) // block_size for s in shards], dtype=np.int64)
-        self.per_epoch = int(self.counts.sum())
-        self._epoch_plans, self._permutations = {}, {}
-
-    def _epoch_plan(self, epoch):
-        if epoch not in self._epoch_plans:
-            self._epoch_plans = {}  # keep one epoch's plan: the stream only moves forward
-            order = np.random.default_rng([self.seed, epoch]).permutation(len(self.shards))
-            self._epoch_plans[epoch] = order, np.cumsum(self.counts[order])
-        return self._epoch_plans[epoch]
-
-    def _permutation(self, epoch, shard):
-        key = (epoch, shard)
-        if key not in self._permutations:
-            if len(self._permutations) >= 4:
-                self._permutations.clear()
-            self._permutations[key] = np.random.default_rng([self.seed, epoch, shard + 1]).permutation(
-                int(self.counts[shard]))
-        return self._permutations[key]
-
-    def sequence(self, k):
-        epoch, index = divmod(k, self.per_epoch)
-        order, ends = self._epoch_plan(epoch)
-        j = int(np.searchsorted(ends, index, side='right'))  # the j-th shard of this epoch holds it
-        shard = int(order[j])
-        local = index - (int(ends[j - 1]) if j else 0)
-        start = int(self._permutation(epoch, shard)[local]) * self.block_size
-        return self.shards[shard][start:start + self.block_size + 1]
-
-    def batch(self, first, count):
-        """Sequences first .. first+count-1 of the stream, as an int64 array (count, block_size + 1)."""
-        return np.stack([self.sequence(k) for k in range(first, first + count)]).astype(np.int64)
-
-
-class SyntheticStream:
-    """data = 'synthetic': uniform random tokens, sequence k drawn from its own generator seeded by (seed, k), so
-    any slice of the stream is reproducible. For benchmarks without a dataset (the loss stays near ln V)."""
-
-    def __init__(self, vocab_size, block_size, seed, split):
-        self.vocab_size, self.block_size, self.seed, self.split = vocab_size, block_size, seed, split
-
-    def batch(self, first, count):
-        return np.stack([np.random.default_rng([self.seed, self.split, k]).integers(
-            0, self.vocab_size, self.block_size + 1, dtype=np.int64) for k in range(first, first + count)])
-
-
-def padded_vocab(vocab_size):
-    return 128 * math.ceil(vocab_size / 128)
-
-
-def open_data(model_cfg, train):
-    """-> (train stream, val sequences (n, T+1), meta or None). Missing data, or data whose vocabulary does not
-    match the model, is one DataError line that names the prepare command."""
-    if train.data == 'synthetic':
-        val = SyntheticStream(model_cfg.vocab_size, model_cfg.block_size, train.seed, split=1)
-        n_val = max(1, train.eval_tokens // model_cfg.block_size)
-        stream = SyntheticStream(model_cfg.vocab_size, model_cfg.block_size, train.seed, split=0)
-        return stream, val.batch(0, n_val), None
-    train_paths = prepare.list_shards(train.data, 'train')  # DataError naming `python prepare.py ...` when none
-    val_paths = prepare.list_shards(train.data, 'val')
-    meta = prepare.load_meta(train.data)
-    data_vocab = meta['vocab_size']
-    # The model's vocab may be the data's padded up to a multiple of 128 (the spare rows are never targets);
-    # smaller cannot hold the tokens, larger means the data was made with another tokenizer.
-    if not data_vocab <= model_cfg.vocab_size <= padded_vocab(data_vocab):
-        raise DataError(
-            f"vocab mismatch: {train.data} was tokenized with {meta['tokenizer']} ({data_vocab:,} tokens) but the "
-            f"model has vocab_size={model_cfg.vocab_size:,}: set vocab_size = {padded_vocab(data_vocab)}, or make "
-            f"another folder with a tokenizer of the model's size (--tokenizer gpt2, neox or bpe:V; this one came "
-            f"from `{prepare.prepare_command(train.data)}`)")
-    prepare.check_token_ids(train.data, meta, model_cfg.vocab_size)  # an id past the embedding is one line here
-    stream = ShardStream([prepare.open_shard(p) for p in train_paths], model_cfg.block_size, train.seed)
-    if stream.per_epoch == 0:
-        raise DataError(f"the train shards in {train.data} hold fewer than block_size + 1 = "
-                        f"{model_cfg.block_size + 1} tokens each: prepare more data or lower block_size")
-    # The val set is fixed: the first eval_tokens of the val split, cut into consecutive sequences.
-    needed, parts = train.eval_tokens + 1, []
-    for path in val_paths:
-        shard = prepare.open_shard(path)
-        parts.append(np.asarray(shard[:needed - sum(len(p) for p in parts)], dtype=np.int64))
-        if sum(len(p) for p in parts) >= needed:
-            break
-    tokens = np.concatenate(parts)
-    T = model_cfg.block_size
-    n_val = (len(tokens) - 1) // T
-    if n_val == 0:
-        raise DataError(f"the val split of {train.data} holds {len(tokens)} tokens, fewer than block_size + 1 = "
-                        f"{T + 1}: prepare more data or lower block_size")
-    val = np.stack([tokens[i * T:i * T + T + 1] for i in range(n_val)])
-    return stream, val, meta
-
-
-def micro_batch_arrays(stream, position, micro_step, cluster, micro_batch, objective=objectives.CLM):
-    """Rank r's inputs and targets for micro-step m of the step that starts at stream `position`. The step's
-    sequences are position .. position + accum x world x micro_batch - 1; micro-step m, rank r takes the slice
-    (m x world + r) x micro_batch of length micro_batch. So the ranks' slices are disjoint and together are
-    exactly what one process with world x the accumulation reads (test_distributed.py checks it). The objective
-    makes (inputs, targets) of each sequence from its tokens and its index in the stream alone (objectives.py):
-    for clm, (s[:-1], s[1:]); a resumed run and any world size transform every sequence alike."""
-    first = position + (micro_step * cluster.world_size + cluster.rank) * micro_batch
-    return objective(stream.batch(first, micro_batch), first)
-
-
-def to_device(array, device):
-    tensor = torch.from_numpy(array)
-    if device.type == 'cuda':  # pinned host memory lets the copy run asynchronously with the GPU's work
-        return tensor.pin_memory().to(device, non_blocking=True)
-    return tensor
-
-
-# -----------------------------------------------------------------------------------------------------
-# 4. Model, parallelism, optimizer.
+# 2. Model, parallelism, optimizer.
 # The model is built on the meta device (no memory, no init) then materialised on the device and initialised
 # from the seed: the same weights on every rank, whatever the world size, which is what makes 2 ranks train like
 # 1 (it needs the full fp32 model on each device for a moment: fine up to ~30B on 80 GB GPUs).
-
-FSDP_MODES = ('zero2', 'fsdp')  # the modes built on FSDP2's fully_shard
-
 
 def build_model(model_cfg, train, cluster, dtype):
     """-> (model to call, raw GPT). Under FSDP the raw GPT is the sharded root itself. dtype: the compute dtype."""
@@ -367,7 +137,7 @@ def build_model(model_cfg, train, cluster, dtype):
         if train.compile:
             model.compile()  # in place: the state dict keeps its names (no `_orig_mod.` prefix)
         return model, model
-    if train.parallel in ('ddp', 'zero1'):
+    if not sharded(train.parallel, cluster.world_size):  # ddp, zero1
         from torch.nn.parallel import DistributedDataParallel
         if train.compile:
             model.compile()
@@ -434,467 +204,187 @@ def clip_gradients(params, max_norm):
 
 
 # -----------------------------------------------------------------------------------------------------
-# 5. The live ledger: the prediction for the device this run is on, before step 1; the measurements on log steps;
-# summary.json (predicted and measured side by side, at each eval and at the end) and report.md rendered from it.
+# 3. Eval and samples.
 
-def live_device(cluster, model_cfg, train):
-    """The ledger's Device for the hardware this run is on (ledger.measure_device: a GPU by its name, else a GEMM
-    probe), measured on rank 0 and shared, so every rank predicts alike. On the CPU the runtime overhead is rank 0's
-    resident memory before the model's tensors exist, and the RAM is shared by the processes on this machine."""
-    device = None
-    if cluster.is_master:
-        device = ledger.measure_device('auto', train.dtype)
-        if device.kind == 'cpu':
-            with torch.device('meta'):  # what building the model loads besides its tensors (meta kernels import
-                GPT(model_cfg)          # sympy and torch's symbolic shapes: ~75 MB) belongs to the runtime
-            device = dataclasses.replace(
-                device, overhead_bytes=ledger.resident_bytes(), shared_by=int(os.environ.get('LOCAL_WORLD_SIZE', 1)),
-                overhead_source='measured: resident memory of this process before the model was built')
+@torch.no_grad()
+def evaluate(run):
+    """Mean loss over the fixed val sequences. Rank r takes the r-th of world_size equal slices (all ranks run
+    the same number of forwards, which FSDP's collectives need); the sums are reduced over the ranks."""
+    val, cluster, micro_batch = run.val, run.cluster, run.train.micro_batch
+    run.model.eval()
+    per_rank = len(val) // cluster.world_size
+    if per_rank >= micro_batch:  # whole micro-batches only: one more shape would mean one more compile
+        per_rank -= per_rank % micro_batch
+    mine = val[cluster.rank * per_rank:(cluster.rank + 1) * per_rank] if per_rank else val[:1]
+    totals = torch.zeros(2, device=cluster.device, dtype=torch.float64)
+    for i in range(0, len(mine), micro_batch):
+        chunk = mine[i:i + micro_batch]
+        x = data.to_device(np.ascontiguousarray(chunk[:, :-1]), cluster.device)
+        y = data.to_device(np.ascontiguousarray(chunk[:, 1:]), cluster.device)
+        with run.autocast:
+            _, loss = run.model(x, y)
+        totals[0] += loss.double() * len(chunk)
+        totals[1] += len(chunk)
+    run.model.train()
     if cluster.world_size > 1:
-        shared = [device]
-        dist.broadcast_object_list(shared, src=0)
-        device = shared[0]
-    return device
+        dist.all_reduce(totals)
+    return (totals[0] / totals[1]).item()
 
 
-SDPA_BACKENDS = {0: 'math', 1: 'flash attention', 2: 'memory-efficient attention', 3: 'cuDNN attention'}
+def evaluate_hellaswag(run):
+    """HellaSwag accuracy (eval.py), into metrics.jsonl and the log. Eager: rows of every length, no recompiles."""
+    cluster, state = run.cluster, run.state
+    with torch.compiler.set_stance('force_eager'):
+        accuracy, stderr, items = hellaswag.hellaswag_accuracy(run.raw_model, run.tokenizer, run.hellaswag,
+                                                               cluster.device, run.autocast, cluster.rank,
+                                                               cluster.world_size)
+    run.metrics.record({'step': state.step, 'tokens': state.tokens_seen, 'hellaswag': accuracy,
+                        'hellaswag_stderr': stderr, 'hellaswag_items': items})
+    log(cluster, f"step {state.step}: HellaSwag {accuracy:.2%} +- {stderr:.2%} over {items:,} items (chance: 25%)")
 
 
-def sdpa_backend(model_cfg, device, dtype):
-    """The kernel F.scaled_dot_product_attention picks for this run's shapes and dtype, asked the way SDPA itself
-    asks (torch._fused_sdp_choice). Flash, memory-efficient and cuDNN keep only the output and the log-sum-exp for
-    backward, as the ledger assumes; math materialises the T x T scores of every head."""
-    head_dim, T = model_cfg.head_dim, model_cfg.block_size
-    q, k, v = (torch.empty(1, heads, T, head_dim, device=device, dtype=getattr(torch, dtype), requires_grad=True)
-               for heads in (model_cfg.n_head, model_cfg.kv_heads, model_cfg.kv_heads))
-    choice = torch._fused_sdp_choice(q, k, v, is_causal=True, enable_gqa=model_cfg.kv_heads != model_cfg.n_head)
-    return SDPA_BACKENDS.get(choice, f'backend {choice}')
-
-
-def peak_memory(cluster):
-    """-> (peak, peak reserved) bytes: the CUDA caching allocator's, or on the CPU the process's peak resident
-    memory (and None)."""
-    if cluster.device.type == 'cuda':
-        return torch.cuda.max_memory_allocated(cluster.device), torch.cuda.max_memory_reserved(cluster.device)
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, None  # kilobytes on Linux
-
-
-class Metrics:
-    """The measured half of the ledger, and rank 0's outputs: ledger.json and ledger.md (the prediction),
-    metrics.jsonl (one line per log step, eval and rollback), summary.json and report.md.
-
-    Speed is timed over the steps between log steps, the device synchronised before the clock is read (else it
-    times how fast Python queues kernels, not how fast they run), the clock paused around eval, checkpoints and
-    samples. The first interval after a start or a rollback holds the compile and warm-up steps: it is logged
-    but left out of the run's figures in summary.json."""
-
-    def __init__(self, cluster, train, prediction, params_built, append, bytes_per_token=None):
-        self.cluster, self.prediction, self.out_dir = cluster, prediction, train.out_dir
-        self.bytes_per_token = bytes_per_token  # the data's (meta.json): losses in bits per byte too
-        # MFU counts the model's matmul FLOPs, 6 N_matmul + 12 L H T per token (PaLM's convention, no recompute)
-        self.flops_per_token = prediction['flops_per_token']['matmul']
-        self.peak_flops = prediction['gpu']['peak_flops']
-        where = torch.cuda.get_device_name(cluster.device) if cluster.device.type == 'cuda' else \
-            f'the CPU ({torch.get_num_threads()} threads per process)'
-        self.measured = {'device': f'{cluster.world_size} x {where}', 'torch': torch.__version__,
-                         'params': params_built, 'bytes_per_token': bytes_per_token}
-        self.run_tokens, self.run_seconds = 0, 0.0  # over the intervals after the first
-        self.interval_tokens, self.interval_seconds, self.started, self.warmup = 0, 0.0, None, True
-        self.metrics_path = os.path.join(train.out_dir, 'metrics.jsonl')
-        if cluster.is_master:
-            os.makedirs(train.out_dir, exist_ok=True)
-            files.save_json(os.path.join(train.out_dir, 'ledger.json'), prediction)
-            files.write_text_atomic(os.path.join(train.out_dir, 'ledger.md'), ledger.format_report(prediction) + '\n')
-            if not append:
-                open(self.metrics_path, 'w').close()
-
-    def _now(self):
-        if self.cluster.device.type == 'cuda':
-            torch.cuda.synchronize(self.cluster.device)
-        return time.perf_counter()
-
-    def start_clock(self):
-        self.started = self._now()
-
-    def stop_clock(self):
-        if self.started is not None:
-            self.interval_seconds += self._now() - self.started
-            self.started = None
-
-    def restart(self):
-        """After a rollback: drop the interval, the next one warms up again."""
-        self.interval_tokens, self.interval_seconds, self.warmup = 0, 0.0, True
-
-    def mfu(self, tokens_per_s):
-        return self.flops_per_token * tokens_per_s / (self.cluster.world_size * self.peak_flops)
-
-    def days(self, tokens_per_s):
-        return self.prediction['tokens'] / tokens_per_s / ledger.SECONDS_PER_DAY  # the planned tokens at this speed
-
-    def record(self, entry):
-        """Append one JSON line (on log, eval and rollback steps only: opening the file each time is free)."""
-        if self.cluster.is_master:
-            with open(self.metrics_path, 'a') as f:
-                f.write(json.dumps(entry) + '\n')
-
-    def log_step(self, result, total_steps, tokens_seen, loss, grad_norm):
-        tokens_per_s = self.interval_tokens / self.interval_seconds
-        peak, _ = peak_memory(self.cluster)
-        bpb = ledger.bits_per_byte(loss, self.bytes_per_token)
-        self.record({'step': result.step, 'tokens': tokens_seen, 'loss': loss, 'bpb': bpb, 'lr': result.lr,
-                     'grad_norm': grad_norm, 'batch_tokens': result.batch_tokens, 'tokens_per_s': tokens_per_s,
-                     'mfu': self.mfu(tokens_per_s), 'days': self.days(tokens_per_s), 'peak_memory_bytes': peak,
-                     'warmup': self.warmup})
-        log(self.cluster, f"step {result.step:>6}/{total_steps} | loss {loss:.4f}"
-                          + (f" ({bpb:.3f} bpb)" if bpb is not None else '') + f" | lr {result.lr:.2e} | "
-                          f"norm {grad_norm:.2f} | {tokens_per_s:,.0f} tok/s | MFU {self.mfu(tokens_per_s):.1%} | "
-                          f"{self.days(tokens_per_s):.3g} days | peak mem {peak / 2**30:.2f} GiB"
-                          + (" | warm-up" if self.warmup else ""))
-        if self.warmup and self.cluster.device.type == 'cuda':
-            # from here the peak is the steady state's, not the compile's (autotuning tries kernels with buffers of
-            # their own); on the CPU the process's peak resident memory cannot be reset
-            torch.cuda.reset_peak_memory_stats(self.cluster.device)
-        if not self.warmup:
-            self.run_tokens += self.interval_tokens
-            self.run_seconds += self.interval_seconds
-            run_speed = self.run_tokens / self.run_seconds
-            self.measured.update(tokens_per_s=run_speed, mfu=self.mfu(run_speed), days=self.days(run_speed))
-        self.interval_tokens, self.interval_seconds, self.warmup = 0, 0.0, False
-
-    def write_summary(self, step, tokens_seen, val_loss=None):
-        """summary.json and report.md, from the same numbers (ledger.summarize), and the loss curve (plot.py's
-        loss.png, shown in report.md; a run without matplotlib goes on without it)."""
-        if not self.cluster.is_master:
-            return
-        self.measured['peak_memory_bytes'], self.measured['peak_reserved_bytes'] = peak_memory(self.cluster)
-        self.measured.update(step=step, tokens_seen=tokens_seen)
-        if val_loss is not None:
-            self.measured['val_loss'] = val_loss
-        summary = ledger.summarize(self.prediction, self.measured)
-        files.save_json(os.path.join(self.out_dir, 'summary.json'), summary)
-        picture = plot.draw_run(self.out_dir)
-        files.write_text_atomic(os.path.join(self.out_dir, 'report.md'), ledger.format_comparison(summary) + '\n' + (
-            '\n![train and val loss against tokens seen](loss.png)\n' if picture else
-            '\n(no loss.png: `pip install matplotlib`, then `python plot.py RUN_DIR` draws it)\n'))
+@torch.no_grad()
+def sample_text(run):
+    """A short text from the end-of-text token (a document start), temperature 0.8, top-k 200 (nanoGPT's
+    defaults). Under FSDP every rank must run the forwards (they gather weights together). Eager mode: generation
+    changes the sequence length every token, which would recompile a compiled model each time."""
+    cluster, train = run.cluster, run.train
+    if not (sharded(train.parallel, cluster.world_size) or cluster.is_master):
+        return None
+    devices = [cluster.device] if cluster.device.type == 'cuda' else []
+    with torch.random.fork_rng(devices=devices), torch.compiler.set_stance('force_eager'), run.autocast:
+        torch.manual_seed(train.seed + run.state.step)  # the same on every rank, so FSDP ranks stay in step
+        start = torch.full((1, 1), run.meta['eot_id'], dtype=torch.long, device=cluster.device)
+        run.raw_model.eval()
+        tokens = run.raw_model.generate(start, train.sample_tokens, temperature=0.8, top_k=200)
+        run.raw_model.train()
+    return run.tokenizer.decode(tokens[0, 1:].tolist())
 
 
 # -----------------------------------------------------------------------------------------------------
-# 6. The run: set up, then the loop in main(): train_step (one optimizer step, nothing read back from the device),
-# and on log, eval, checkpoint and sample steps check_point (the one host-device sync: the pending losses, the
-# spike guard, then log, eval, checkpoint, sample), which hands a spike to roll_back.
-
-@dataclasses.dataclass
-class RunState:
-    """What a checkpoint carries besides the weights and the optimizer (checkpoint.py writes it)."""
-    step: int = 0               # optimizer steps done
-    tokens_seen: int = 0        # tokens trained on (skipped data not counted)
-    position: int = 0           # sequences of the train stream consumed, by all ranks together
-    rollbacks: int = 0
-    loss_window: list = dataclasses.field(default_factory=list)  # recent good losses, for the spike guard
-    skipped: list = dataclasses.field(default_factory=list)      # [first, end) sequence ranges skipped after spikes
-
-
-@dataclasses.dataclass
-class StepResult:
-    """One optimizer step, as train_step leaves it: loss and grad_norm are still on the device."""
-    step: int
-    loss: torch.Tensor
-    grad_norm: torch.Tensor
-    position: int               # the data position after this step
-    lr: float
-    batch_tokens: int
-
+# 4. Setup: config, processes, data, the live ledger, model, optimizer, resume. Every input check comes before the
+# process group and the model, so bad input costs a second.
 
 @dataclasses.dataclass
 class Run:
     """What the loop works with. bench.py builds one too (synthetic data, no outputs) and times train_step."""
     model_cfg: object
     train: object
-    cluster: Cluster
+    cluster: guard.Cluster
     autocast: object            # bf16 autocast, or a null context (fp32, or FSDP2's own mixed precision)
-    stream: object              # the train data: ShardStream or SyntheticStream
+    stream: object              # the train data: data.ShardStream or data.SyntheticStream
     model: torch.nn.Module      # what the loop calls: DDP, FSDP2 or the model itself
     raw_model: GPT              # the GPT inside (for samples and checkpoints)
     optimizer: torch.optim.Optimizer
     params: list                # the trainable parameters, listed once: no per-step walk over the modules
     micro_step_tokens: int      # tokens of one micro-step on all ranks together
     total_steps: int            # the steps the schedule spans (train_tokens)
-    stop_step: int              # where this run stops (max_steps may stop it early; a branch where its decay ends)
+    stop_step: int              # where this run stops (max_steps, or where a cooldown ends)
     state: RunState = dataclasses.field(default_factory=RunState)
     val: np.ndarray = None      # the fixed val sequences, (n, block_size + 1)
     meta: dict = None           # the data folder's meta.json (None for synthetic data)
-    metrics: Metrics = None
-    last_checkpoint: str = None # the rollback target
+    metrics: live.Metrics = None
+    last_checkpoint: str = None  # the rollback target
     tokenizer: object = None    # for text samples and HellaSwag, when the run makes them
     hellaswag: list = None      # HellaSwag's items (eval.py), when hellaswag_every is set
-    objective: objectives.Objective = dataclasses.field(default_factory=lambda: objectives.CLM)  # objectives.build
-    cooldown: tuple = None      # a cooldown branch: (its first step, its steps), the decay lr_at runs
-    branch_points: dict = dataclasses.field(default_factory=dict)  # a wsd main run: {step: branch length} to keep
+    objective: objectives.Objective = dataclasses.field(default_factory=lambda: objectives.CLM)  # inputs, targets
+    cooldown: tuple = None      # (first step, steps) of the LR's decay when the run cools down another's checkpoint
     argv: list = dataclasses.field(default_factory=list)  # train.py's arguments, for the commands it prints
 
 
-def check_out_dir(train, resume, stop_step, cluster):
-    """-> the checkpoint to resume from (None: start), or 'done' when out_dir already holds this run, complete.
-    Checkpoints already in out_dir are continued only when asked, never overwritten silently."""
-    if resume:
-        path = checkpoint.find(resume) if isinstance(resume, str) else checkpoint.latest(train.out_dir)
-        if path is None:
-            raise ConfigError(f"--resume: no complete checkpoint at {checkpoint.root(train.out_dir)}: run without "
-                              f"--resume to start")
-        return checkpoint.verified(path)
-    found = checkpoint.latest(train.out_dir)
-    if found:
-        finished = checkpoint.step_of(found)
-        if finished >= stop_step:  # like a rerun of prepare.py on a complete folder: nothing left to do
-            log(cluster, f"{train.out_dir}: this run is complete (checkpoint at step {finished:,}, planned "
-                         f"{stop_step:,}): nothing to train; delete the folder or set --out_dir to train again")
-            return 'done'
-        raise ConfigError(f"{train.out_dir} already holds checkpoints: pass --resume to continue that run, or set "
-                          f"--out_dir to another folder")
-    return None
-
-
-# Keys whose change breaks an exact continuation: the data and its order, the schedule, the optimizer, the
-# numerics. Others (max_steps, logging, eval and checkpoint intervals, the spike guard, the ledger's assumptions,
-# micro_batch and the world size: the same global batch) may change freely on resume, and are logged if they do.
-CONTINUATION_KEYS = ('data', 'seed', 'train_tokens', 'batch_tokens', 'batch_ramp_tokens', 'batch_ramp_start', 'lr',
-                     'min_lr_ratio', 'schedule', 'warmup_frac', 'decay_frac', 'weight_decay', 'beta1', 'beta2', 'eps',
-                     'grad_clip', 'dtype', 'cooldown_from', 'cooldown_tokens', 'objective', 'fim_rate',
-                     'fim_spm_rate', 'ul2_s_rate', 'ul2_r_rate', 'ul2_x_rate')
-
-
-def check_resumable(path, model_cfg, train, allowed, cluster, action='resume'):
-    """A checkpoint continues only the model it was written for, in its own parallel mode's format; a change to
-    a CONTINUATION_KEYS key needs --allow_change=KEY (then it is logged, old and new). A key the checkpoint does not
-    hold (it is older than the key) had its default. action: what the log lines call the continuation."""
-    saved = checkpoint.read_state(path)
-    if saved['model_config'] != dataclasses.asdict(model_cfg):
-        changed = [k for k, v in dataclasses.asdict(model_cfg).items() if saved['model_config'].get(k) != v]
-        raise ConfigError(f"{path} was written for another model ({', '.join(changed)} differ): resume with the "
-                          f"config it was trained with")
-    if saved['train_config']['parallel'] != train.parallel:
-        raise ConfigError(f"{path} was written with parallel={saved['train_config']['parallel']}: resume with "
-                          f"--parallel={saved['train_config']['parallel']}")
-    then = {k: saved['train_config'].get(k, DEFAULTS[k]) for k in DEFAULTS if hasattr(train, k)}
-    changes = {k: (then[k], v) for k, v in dataclasses.asdict(train).items()
-               if k != 'dataset_tokens' and then[k] != v}
-    refused = [k for k in changes if k in CONTINUATION_KEYS and k not in allowed]
-    if refused:
-        listed = ', '.join(f'{k} {changes[k][0]!r} -> {changes[k][1]!r}' for k in refused)
-        raise ConfigError(f"resuming {path} with a changed {listed}: that breaks the exact continuation (data order, "
-                          f"schedule or optimizer); pass --allow_change={','.join(refused)} if you mean it")
-    for key, (old, new) in changes.items():
-        log(cluster, f"{action}: {key} changed from {old!r} to {new!r}")
-
-
-# Cooldown branches (Hägele et al. 2024, "Scaling Laws and Compute-Optimal Training Beyond Fixed Training
-# Durations", sec. 3; MiniCPM, Hu et al. 2024). A cosine run's LR at every step depends on where the run ends, so
-# the loss after 1x, 2x and 4x Chinchilla's tokens takes three runs from scratch: 7x in all. A wsd run holds the
-# peak LR until its last decay_frac, so a checkpoint from that stable phase, decayed in a short run of its own, is a
-# finished run of that length; Hägele et al. find a linear decay over 10-20% of the steps matches cosine of the same
-# length. One wsd run to 4x and two branches cost 4 + 0.2 x (1 + 2) = 4.6x. The main run names its branches'
-# lengths in `cooldowns` and keeps its checkpoint at (1 - decay_frac) x each in out_dir/branch_points (hard links to
-# the files in ckpt/: no bytes copied, and keep_ckpts prunes only ckpt/). A branch (--cooldown_from=that checkpoint
-# --cooldown_tokens=N) starts from its weights, AdamW states, data position and step, so it reads on where the main
-# run stopped reading, decays the LR from the peak to min_lr_ratio x peak over N tokens, and writes its own out_dir
-# (by default the main run's + '_cooldown_26B', named for the tokens it ends at); it resumes like any run.
-
-BRANCH_POINTS = 'branch_points'  # out_dir/branch_points/step_N: the stable checkpoints that branches start from
-
-
-def branch_points(train, micro_step_tokens):
-    """A wsd run's `cooldowns` -> {step: length}: the branch of a length starts from the checkpoint after which the
-    run has seen (1 - decay_frac) x length tokens, so it decays over decay_frac of its length as the main run does.
-    h200_1b3_overtrain: 26B and 52B start at steps 39,673 and 79,346 (20.8B and 41.6B tokens). A branch takes none."""
-    if not train.cooldowns or train.cooldown_from:
-        return {}
-    if train.schedule != 'wsd':
-        raise ConfigError(f"cooldowns need schedule = 'wsd': a {train.schedule} run's LR falls at every step, so no "
-                          f"checkpoint of it is a stable point to branch from")
-    stable = stable_steps(planned_steps(train, micro_step_tokens), train)
-    points = {}
-    for length in train.cooldowns:
-        start = round((1 - train.decay_frac) * length)
-        step = planned_steps(dataclasses.replace(train, train_tokens=start), micro_step_tokens)
-        if step not in stable:
-            raise ConfigError(f"cooldowns: the branch of {length:,} tokens would start at step {step:,} ({start:,} "
-                              f"tokens), outside this run's stable phase (steps {stable.start:,} to "
-                              f"{stable.stop - 1:,}): a length must be shorter than train_tokens "
-                              f"({train.train_tokens:,}) and start after the warmup")
-        points[step] = length
-    return points
-
-
-def branch_point_path(out_dir, step):
-    return os.path.join(out_dir, BRANCH_POINTS, f'step_{step:07d}')
-
-
-def branch_out_dir(out_dir, end_tokens):
-    """A branch's default out_dir: out/h200_1b3_overtrain -> out/h200_1b3_overtrain_cooldown_26B."""
-    return f"{os.path.normpath(out_dir)}_cooldown_{ledger._si(end_tokens)}"
-
-
-def branch_flags(out_dir, step, cooldown_tokens):
-    """The flags that make the main run's command its branch from the checkpoint kept at `step`."""
-    return [f'--cooldown_from={branch_point_path(out_dir, step)}', f'--cooldown_tokens={cooldown_tokens}']
-
-
-def keep_branch_point(run):
-    """The checkpoint just written at a branch point, hard-linked into out_dir/branch_points (a tmp_ folder renamed
-    when complete, as checkpoint.save does), and the command that runs its branch."""
-    step, length = run.state.step, run.branch_points[run.state.step]
-    kept = branch_point_path(run.train.out_dir, step)
-    if run.cluster.is_master:
-        tmp = os.path.join(os.path.dirname(kept), 'tmp_' + os.path.basename(kept))
-        shutil.rmtree(tmp, ignore_errors=True)
-        shutil.copytree(run.last_checkpoint, tmp, copy_function=os.link)
-        shutil.rmtree(kept, ignore_errors=True)  # the same step written again, after a rollback
-        os.rename(tmp, kept)
-        command = train_command(run.argv, run.cluster, {'--resume', '--max_steps', '--allow_change'},
-                                *branch_flags(run.train.out_dir, step, length - run.state.tokens_seen))
-        log(run.cluster, f"step {step}: {run.state.tokens_seen:,} tokens, the start of the {ledger._si(length)} "
-                         f"cooldown branch, kept in {kept}; run the branch with: {command}")
-
-
-def cooldown_branch(train, micro_step_tokens):
-    """A branch's checks and place, before anything is written: -> (train with the branch's out_dir, (its first
-    step, its steps)). The main run's checkpoint (its train_state: kilobytes) is read at every start and resume: it
-    must be a stable-phase checkpoint of a wsd run that is no branch itself."""
-    path = train.cooldown_from
+def cooldown_schedule(train, micro_step_tokens):
+    """A run may start from another run's checkpoint (cooldown_from: its weights, AdamW states, step and data
+    position) and decay the LR linearly from the peak to the floor over cooldown_tokens: a wsd run's stable-phase
+    checkpoint so decayed is a finished run of that length (Hägele et al. 2024; experiments/overtrain.py takes its
+    branches so). -> (its first step, its steps), or None for a run of its own."""
+    if not train.cooldown_from:
+        if train.cooldown_tokens:
+            raise ConfigError('cooldown_tokens goes with --cooldown_from: the checkpoint whose LR it decays')
+        return None
     if train.cooldown_tokens <= 0:
-        raise ConfigError(f"cooldown_tokens must be positive for a branch, got {train.cooldown_tokens:,}: the tokens "
-                          f"of its decay (10-20% of those seen at the branch point: Hägele et al. 2024)")
-    if not os.path.isfile(os.path.join(path, checkpoint.MANIFEST)):
-        raise ConfigError(f"--cooldown_from={path} is not a checkpoint folder (with a {checkpoint.MANIFEST}): give "
-                          f"one a wsd run kept, out_dir/{BRANCH_POINTS}/step_N, or one of its out_dir/ckpt/step_N")
-    saved = checkpoint.read_state(checkpoint.verified(path))
-    main, step, tokens = saved['train_config'], saved['run']['step'], saved['run']['tokens_seen']
-    if main.get('cooldown_from'):
-        raise ConfigError(f"{path} is a cooldown branch's checkpoint, already decaying: branch from the main run's "
-                          f"checkpoints ({main['cooldown_from']} is one)")
-    if main['schedule'] != 'wsd':
-        raise ConfigError(f"{path} was written by a {main['schedule']} run: a branch starts from the stable phase of "
-                          f"a wsd run (a {main['schedule']} run's LR falls at every step)")
-    main_train = dataclasses.replace(train, **{k: v for k, v in main.items() if hasattr(train, k)})
-    stable = stable_steps(planned_steps(main_train, micro_step_tokens), main_train)
-    if step not in stable:
-        raise ConfigError(f"{path} is step {step:,} of a wsd run that holds the peak LR from step {stable.start:,} "
-                          f"to {stable.stop - 1:,}: at step {step:,} it is "
-                          f"{'still warming up' if step < stable.start else 'already decaying'}; branch from a "
-                          f"checkpoint in between")
-    end_tokens = tokens + train.cooldown_tokens
-    end_step = planned_steps(dataclasses.replace(train, train_tokens=end_tokens), micro_step_tokens)
-    main_out_dir = os.path.dirname(os.path.dirname(os.path.abspath(path)))
-    if os.path.abspath(train.out_dir) in (os.path.abspath(main['out_dir']), main_out_dir):  # never the main's
-        train = dataclasses.replace(train, out_dir=branch_out_dir(train.out_dir, end_tokens))
-    return train, (step, end_step - step)
+        raise ConfigError(f"cooldown_tokens must be positive for a cooldown, got {train.cooldown_tokens:,}: the "
+                          f"tokens of its decay (10-20% of those seen at its start: Hägele et al. 2024)")
+    if not os.path.isfile(os.path.join(train.cooldown_from, checkpoint.MANIFEST)):
+        raise ConfigError(f"--cooldown_from={train.cooldown_from} is not a checkpoint folder (with a "
+                          f"{checkpoint.MANIFEST}): give one of a run's out_dir/ckpt/step_N")
+    start = checkpoint.read_state(checkpoint.verified(train.cooldown_from))['run']
+    end = dataclasses.replace(train, train_tokens=start['tokens_seen'] + train.cooldown_tokens)
+    return start['step'], planned_steps(end, micro_step_tokens) - start['step']
 
 
 def setup(argv, held=None):
-    """Config, processes, data, the live ledger, model, optimizer, resume: -> a Run, or None when there is nothing
-    to do. Every input check comes before the process group and the model, so bad input costs a second. `held`
-    (an ExitStack) keeps, for the run, rank 0's lock on out_dir (one writer per folder: a second run there is one
-    line naming the first) and the translation of a full disk under out_dir into one line; without it (a tool or a
-    test that inspects a run's state), neither."""
+    """-> a Run, or None when there is nothing to do. `held` (an ExitStack) keeps, for the run, rank 0's lock on
+    out_dir (one writer per folder: a second run there is one line naming the first) and the translation of a full
+    disk under out_dir into one line; without it (a tool or a test that inspects a run's state), neither."""
     locking = held is not None
     held = held or contextlib.ExitStack()  # a tool's own, never closed: so no lock goes into it
-    config_path, overrides, resume, force, allowed_changes = parse_args(argv)
+    config_path, overrides, resume, force, allowed_changes = guard.parse_args(argv)
     model_cfg, train = load_config(config_path, overrides)
-    cluster = setup_cluster()
+    cluster = guard.setup_cluster()
     micro_step_tokens = tokens_per_micro_step(model_cfg, train, cluster.world_size)
-    cooldown = None
-    if train.cooldown_from:  # a branch: its checks, and its own out_dir, before anything is written
-        train, cooldown = cooldown_branch(train, micro_step_tokens)
-    elif train.cooldown_tokens:
-        raise ConfigError('cooldown_tokens goes with --cooldown_from: the stable checkpoint the branch decays from')
+    cooldown = cooldown_schedule(train, micro_step_tokens)
     if cluster.is_master and locking:  # under torchrun, a rank that stops here takes the others down with it
         held.enter_context(files.folder_lock(train.out_dir, shlex.join(['train.py'] + list(argv))))
     total_steps = planned_steps(train, micro_step_tokens)
-    points = branch_points(train, micro_step_tokens)
     end_step = sum(cooldown) if cooldown else total_steps
     stop_step = min(end_step, train.max_steps) if train.max_steps else end_step
-    stream, val, meta = open_data(model_cfg, train)
+    stream, val, meta = data.open_data(model_cfg, train)
     objective = objectives.build(train, meta)  # its keys, and the data folder's special tokens, checked here
     if meta and not train.dataset_tokens:  # the ledger's "is the dataset big enough" uses the real count
         train = dataclasses.replace(train, dataset_tokens=meta['train_tokens'])
-    resume_from = check_out_dir(train, resume, stop_step, cluster)
+    resume_from = guard.check_out_dir(train, resume, stop_step, cluster)
     if resume_from == 'done':
         return None
     if resume_from:
-        check_resumable(resume_from, model_cfg, train, allowed_changes, cluster)
-    elif cooldown:  # the branch continues the main run: the same checks, and its own keys may differ
-        check_resumable(train.cooldown_from, model_cfg, train, allowed_changes | {'cooldown_from', 'cooldown_tokens'},
-                        cluster, action='branch')
+        guard.check_resumable(resume_from, model_cfg, train, allowed_changes, cluster)
+    elif cooldown:  # continues another run: the same checks, and its own keys differ
+        guard.check_resumable(train.cooldown_from, model_cfg, train,
+                              allowed_changes | {'cooldown_from', 'cooldown_tokens'}, cluster, action='cooldown')
     elif allowed_changes:
         raise ConfigError('--allow_change goes with --resume or --cooldown_from: it names the keys a continued run '
                           'may change')
-    join_process_group(cluster)
-
+    guard.join_process_group(cluster)
     torch.manual_seed(train.seed)
     if cluster.device.type == 'cuda':
         torch.set_float32_matmul_precision('high')  # fp32 matmuls (outside bf16 autocast) may use TF32
 
-    # The ledger for this exact run: this device, this world size, the model as it will be built.
-    device = live_device(cluster, model_cfg, train)
-    dtype = ledger.run_dtype(train, device)  # 'auto': bf16 on a GPU, on a CPU whichever its probe found faster
-    fsdp = train.parallel in FSDP_MODES and cluster.world_size > 1
-    # autocast: bf16 matmuls, fp32 weights and reductions. FSDP2 gets the same from its MixedPrecisionPolicy.
-    autocast = torch.autocast(cluster.device.type, dtype=torch.bfloat16) if dtype == 'bfloat16' and not fsdp \
-        else contextlib.nullcontext()
-    if train.gpu.lower() not in ('auto', device.name.lower()):
-        log(cluster, f"the config plans for gpu={train.gpu} (`python ledger.py {config_path}` prints that bill); "
-                     f"this run is on {device.name}: the live ledger predicts for it")
-    billed = dataclasses.replace(train, train_tokens=train.cooldown_tokens, max_steps=0) if cooldown else train
-    prediction = ledger.predict(model_cfg, billed, n_gpu=cluster.world_size, device=device)  # a branch: its decay
+    # The ledger for this exact run (this device, this world size, the model as it will be built), printed short.
+    prediction, dtype = live.predict(config_path, model_cfg, train, cluster, force, cooldown)
     held.enter_context(files.disk_errors(train.out_dir, needed_bytes=prediction['data']['checkpoint_bytes']))
-    log(cluster, ledger.format_short(prediction, f"{os.path.join(train.out_dir, 'ledger.md')}, or python ledger.py "
-                                                 f"{config_path}"))
-    memory = prediction['memory']
-    if not memory['fits'] and not force:
-        raise ConfigError(f"the ledger predicts {memory['total'] / 2**30:.1f} GiB per process but {device.name} has "
-                          f"{memory['gpu_memory'] / 2**30:.1f} GiB for it: lower micro_batch, set recompute=True or "
-                          f"parallel=fsdp, or pass --force to start anyway")
-    attention = sdpa_backend(model_cfg, cluster.device, dtype)
-    log(cluster, f"attention: SDPA runs {attention} for {model_cfg.block_size} tokens in {dtype}"
-                 + (': it keeps T x T scores per head, more than the ledger counts (it assumes a flash-type kernel)'
-                    if attention == 'math' else ''))
-    log(cluster, f"precision: {dtype} compute" + (' (the faster on this CPU, measured)' if train.dtype == 'auto' and
-                                                   cluster.device.type == 'cpu' else '')
-                 + ", fp32 weights, gradients and AdamW states")
-    if objective is not objectives.CLM:
-        log(cluster, f"objective: {train.objective}: about {prediction['data']['loss_fraction']:.0%} of the positions "
-                     f"carry loss (the others' targets are {objectives.IGNORE_INDEX}: given, not predicted); tokens/s "
-                     f"and MFU count every position; the val loss is plain next-token prediction on every position")
+    # autocast: bf16 matmuls, fp32 weights and reductions. FSDP2 gets the same from its MixedPrecisionPolicy.
+    autocast = torch.autocast(cluster.device.type, dtype=torch.bfloat16) \
+        if dtype == 'bfloat16' and not sharded(train.parallel, cluster.world_size) else contextlib.nullcontext()
 
     model, raw_model = build_model(model_cfg, train, cluster, dtype)
     built = sum(p.numel() for p in raw_model.parameters())  # DTensor.numel() is the full size: sharding-proof
     if built != prediction['params']['total']:
         raise TrainingStopped(f"the ledger counts {prediction['params']['total']:,} parameters but the built model "
-                              f"has {built:,}: ledger.count_params and model.py disagree (run test_model.py)")
+                              f"has {built:,}: ledger.count_params and model.py disagree (run tests/test_model.py)")
     optimizer = build_optimizer(model, train, cluster)
     run = Run(model_cfg, train, cluster, autocast, stream, model, raw_model, optimizer,
               params=[p for p in model.parameters() if p.requires_grad], micro_step_tokens=micro_step_tokens,
               total_steps=total_steps, stop_step=stop_step, val=val, meta=meta, last_checkpoint=resume_from,
-              metrics=Metrics(cluster, train, prediction, built, append=bool(resume_from),
-                              bytes_per_token=meta.get('bytes_per_token') if meta else None),
-              cooldown=cooldown, branch_points=points, argv=list(argv), objective=objective)
-    start_from = resume_from or train.cooldown_from  # a branch starts from the main run's checkpoint
+              metrics=live.Metrics(cluster, train, prediction, built, append=bool(resume_from),
+                                   bytes_per_token=meta.get('bytes_per_token') if meta else None),
+              cooldown=cooldown, argv=list(argv), objective=objective)
+    if cluster.is_master and locking:
+        live.record_code(train.out_dir)
+    start_from = resume_from or train.cooldown_from  # a cooldown starts from the other run's checkpoint
     if start_from:
         saved = checkpoint.load(start_from, model, optimizer)
         run.state = RunState(**saved['run'])
-        log(cluster, f"{'resumed' if resume_from else 'branched'} from {start_from}: step {run.state.step}, "
+        log(cluster, f"{'resumed' if resume_from else 'cooling down'} from {start_from}: step {run.state.step}, "
                      f"{run.state.tokens_seen:,} tokens, data position {run.state.position:,} sequences (written by "
                      f"{saved['world_size']} process(es), read by {cluster.world_size}: the position is global, the "
                      f"stream continues where it stopped)")
     if cooldown and not resume_from:
         log(cluster, f"cooldown: the LR falls linearly from {train.lr:.3g} to {train.lr * train.min_lr_ratio:.3g} over "
                      f"steps {cooldown[0] + 1:,} to {end_step:,} ({train.cooldown_tokens:,} tokens; the ledger above "
-                     f"bills these), to {run.state.tokens_seen + train.cooldown_tokens:,} tokens seen; out_dir "
-                     f"{train.out_dir}")
-    if not resume_from:  # something to roll back to in this run's own folder: step 0, or where the branch starts
+                     f"bills these), to {run.state.tokens_seen + train.cooldown_tokens:,} tokens seen")
+    if not resume_from:  # something to roll back to in this run's own folder: step 0, or where the cooldown starts
         save_checkpoint(run)
     if (train.sample_tokens or train.hellaswag_every) and meta:
-        run.tokenizer = prepare.load_tokenizer(train.data)
+        run.tokenizer = data.load_tokenizer(train.data)
     if train.hellaswag_every:
         if run.tokenizer is None:
             raise ConfigError('hellaswag_every needs text: a data folder made by prepare.py, not synthetic tokens')
@@ -911,31 +401,51 @@ def save_checkpoint(run):
     train_state = {'run': dataclasses.asdict(run.state), 'model_config': dataclasses.asdict(run.model_cfg),
                    'train_config': dataclasses.asdict(run.train)}
     run.last_checkpoint = checkpoint.save(run.train.out_dir, run.state.step, run.model, run.optimizer, train_state,
-                                          keep=run.train.keep_ckpts)
-    if run.state.step in run.branch_points:
-        keep_branch_point(run)
+                                          keep=run.train.keep_ckpts, kept_steps=run.train.keep_steps)
+
+
+# -----------------------------------------------------------------------------------------------------
+# 5. The step: accumulate gradients over micro-steps, clip, update. Nothing is read back from the device: the loss
+# and the gradient norm stay there until the loop next needs them.
+
+@dataclasses.dataclass
+class StepResult:
+    step: int
+    loss: torch.Tensor          # the step's mean loss (this rank's share x world size: the ranks' mean is the mean)
+    grad_norm: torch.Tensor
+    position: int               # the data position after this step
+    lr: float
+    batch_tokens: int
 
 
 def train_step(run):
-    """One optimizer step: accumulate gradients over micro-steps, clip, update. Nothing is read back from the
-    device: the loss and the gradient norm stay there until the next check point."""
     state, train, cluster = run.state, run.train, run.cluster
     lr = lr_at(state.step, run.total_steps, train, run.cooldown)
     for group in run.optimizer.param_groups:
         group['lr'] = lr
     batch_tokens = batch_tokens_at(state.tokens_seen, train, run.micro_step_tokens)
     accumulation = batch_tokens // run.micro_step_tokens
+    batches = [data.micro_batch_arrays(run.stream, state.position, micro_step, cluster, train.micro_batch,
+                                       run.objective) for micro_step in range(accumulation)]
+    # The loss is the mean over every target that carries loss in the step, on all ranks together (torchtitan's
+    # normalisation): under prefix_lm or ul2 the micro-batches carry different counts, and a mean of per-micro-batch
+    # means would weigh a target by its micro-batch. Counted on the host, summed over ranks on the device (no sync);
+    # DDP and FSDP average the gradients over the ranks, so each rank's sum is scaled by world size / count.
+    carrying = data.to_device(np.array(sum(int((y != IGNORE_INDEX).sum()) for _, y in batches)), cluster.device)
+    if cluster.world_size > 1:
+        dist.all_reduce(carrying)
+    scale = cluster.world_size / carrying.float()
     loss_sum = torch.zeros((), device=cluster.device)
-    for micro_step in range(accumulation):
-        x, y = micro_batch_arrays(run.stream, state.position, micro_step, cluster, train.micro_batch, run.objective)
-        x, y = to_device(x, cluster.device), to_device(y, cluster.device)
+    for micro_step, (x, y) in enumerate(batches):
+        x, y = data.to_device(x, cluster.device), data.to_device(y, cluster.device)
         # DDP all-reduces gradients on every backward unless told not to: only the last micro-step syncs.
         # (FSDP2 reduce-scatters every micro-step and accumulates sharded gradients, keeping its memory low.)
         last = micro_step == accumulation - 1
         with run.model.no_sync() if hasattr(run.model, 'no_sync') and not last else contextlib.nullcontext():
             with run.autocast:
-                _, loss = run.model(x, y)  # training gets no logits back: none stay alive into the next forward
-            (loss / accumulation).backward()  # the step's mean over micro-batches (DDP/FSDP also average ranks)
+                _, loss = run.model(x, y, reduction='sum')  # no logits back: none stay alive into the next forward
+            loss = loss * scale
+            loss.backward()
         loss_sum += loss.detach()
     grad_norm = clip_gradients(run.params, train.grad_clip)
     run.optimizer.step()
@@ -943,239 +453,78 @@ def train_step(run):
     state.position += accumulation * cluster.world_size * train.micro_batch
     state.tokens_seen += batch_tokens
     state.step += 1
-    return StepResult(state.step, loss_sum / accumulation, grad_norm, state.position, lr, batch_tokens)
+    return StepResult(state.step, loss_sum, grad_norm, state.position, lr, batch_tokens)
 
 
-@torch.no_grad()
-def evaluate(run):
-    """Mean loss over the fixed val sequences. Rank r takes the r-th of world_size equal slices (all ranks run
-    the same number of forwards, which FSDP's collectives need); the sums are reduced over the ranks."""
-    val, cluster, micro_batch = run.val, run.cluster, run.train.micro_batch
-    run.model.eval()
-    per_rank = len(val) // cluster.world_size
-    if per_rank >= micro_batch:  # whole micro-batches only: one more shape would mean one more compile
-        per_rank -= per_rank % micro_batch
-    mine = val[cluster.rank * per_rank:(cluster.rank + 1) * per_rank] if per_rank else val[:1]
-    totals = torch.zeros(2, device=cluster.device, dtype=torch.float64)
-    for i in range(0, len(mine), micro_batch):
-        chunk = mine[i:i + micro_batch]
-        x = to_device(np.ascontiguousarray(chunk[:, :-1]), cluster.device)
-        y = to_device(np.ascontiguousarray(chunk[:, 1:]), cluster.device)
-        with run.autocast:
-            _, loss = run.model(x, y)
-        totals[0] += loss.double() * len(chunk)
-        totals[1] += len(chunk)
-    run.model.train()
-    if cluster.world_size > 1:
-        dist.all_reduce(totals)
-    return (totals[0] / totals[1]).item()
+# -----------------------------------------------------------------------------------------------------
+# 6. The loop: the step, then what it calls for. Only log, eval, checkpoint and sample steps read the losses back
+# from the device (the one host-device sync), guard them against spikes and act; the other steps go straight on.
 
-
-@torch.no_grad()
-def sample_text(run):
-    """A short text from the end-of-text token (a document start), temperature 0.8, top-k 200 (nanoGPT's
-    defaults). Under FSDP every rank must run the forwards (they gather weights together). Eager mode: generation
-    changes the sequence length every token, which would recompile a compiled model each time."""
-    cluster, train = run.cluster, run.train
-    every_rank = train.parallel in FSDP_MODES and cluster.world_size > 1
-    if not (every_rank or cluster.is_master):
-        return None
-    devices = [cluster.device] if cluster.device.type == 'cuda' else []
-    with torch.random.fork_rng(devices=devices), torch.compiler.set_stance('force_eager'), run.autocast:
-        torch.manual_seed(train.seed + run.state.step)  # the same on every rank, so FSDP ranks stay in step
-        start = torch.full((1, 1), run.meta['eot_id'], dtype=torch.long, device=cluster.device)
-        run.raw_model.eval()
-        tokens = run.raw_model.generate(start, train.sample_tokens, temperature=0.8, top_k=200)
-        run.raw_model.train()
-    return run.tokenizer.decode(tokens[0, 1:].tolist())
-
-
-def find_spike(pending, values, window, train):
-    """Walk the checked steps in order. The first whose loss is not finite, or above mean + spike_factor x std of
-    the window of recent good losses (std floored at spike_min_std x mean), is a spike: -> (its StepResult, loss,
-    why). The good ones before it join the window (kept in checkpoints: resume decides alike)."""
-    for result, (loss, _) in zip(pending, values):
-        if not math.isfinite(loss):
-            return result, loss, 'not finite'
-        if len(window) >= train.spike_window:
-            mean = statistics.fmean(window)
-            std = max(statistics.pstdev(window), train.spike_min_std * mean)
-            if loss > mean + train.spike_factor * std:
-                return result, loss, f'> mean {mean:.4f} + {train.spike_factor} x std {std:.4f}'
-        window.append(loss)
-        del window[:-train.spike_window]
-    return None
-
-
-def roll_back(run, spike):
-    """The book's rule (PaLM's rewind and skip): back to the last good checkpoint, and skip the data from there to
-    the end of the spiking step, so the batches that led into the spike are not seen again."""
-    result, loss, why = spike
-    train, rollbacks = run.train, run.state.rollbacks + 1
-    if rollbacks > train.max_rollbacks:
-        raise TrainingStopped(f"loss spike at step {result.step} (loss {loss:.4f} {why}) after {run.state.rollbacks} "
-                              f"rollbacks (max_rollbacks): the run is unstable; lower lr, check the data, or raise "
-                              f"max_rollbacks")
-    saved = checkpoint.load(run.last_checkpoint, run.model, run.optimizer)
-    run.state = RunState(**saved['run'])
-    skipped = [run.state.position, result.position]
-    run.state.rollbacks, run.state.position = rollbacks, result.position
-    run.state.skipped.append(skipped)
-    log(run.cluster, f"step {result.step}: loss spike (loss {loss:.4f} {why}): rollback {rollbacks}/"
-                     f"{train.max_rollbacks} to {os.path.basename(run.last_checkpoint)}, skipping sequences "
-                     f"[{skipped[0]:,}, {skipped[1]:,}) of the data stream")
-    run.metrics.record({'event': 'rollback', 'step': result.step, 'loss': loss, 'to_step': run.state.step,
-                        'skipped': skipped, 'rollbacks': rollbacks})
-    run.metrics.restart()
-
-
-def check_point(run, pending, due):
-    """Read back the pending steps' losses and norms (the only host-device sync), guard against spikes, then log,
-    eval, checkpoint and sample as due."""
-    state, train = run.state, run.train
-    values = reduce_mean(torch.stack([torch.stack((r.loss, r.grad_norm.float())) for r in pending]), run.cluster)
-    values = values.tolist()
-    spike = find_spike(pending, values, state.loss_window, train)
-    if spike:
-        return roll_back(run, spike)
-    last, (loss, grad_norm) = pending[-1], values[-1]
-    if due.log:
-        shown_end = run.stop_step if run.cooldown else run.total_steps  # a branch's own end, not the main run's
-        run.metrics.log_step(last, shown_end, state.tokens_seen, loss, grad_norm)
-    if due.hellaswag:
-        with torch.compiler.set_stance('force_eager'):  # rows of every length: no recompiles
-            accuracy, stderr, items = hellaswag.hellaswag_accuracy(run.raw_model, run.tokenizer, run.hellaswag,
-                                                                   run.cluster.device, run.autocast, run.cluster.rank,
-                                                                   run.cluster.world_size)
-        run.metrics.record({'step': state.step, 'tokens': state.tokens_seen, 'hellaswag': accuracy,
-                            'hellaswag_stderr': stderr, 'hellaswag_items': items})
-        log(run.cluster, f"step {state.step}: HellaSwag {accuracy:.2%} +- {stderr:.2%} over {items:,} items "
-                         f"(chance: 25%)")
-    if due.eval:
-        val_loss = evaluate(run)
-        val_bpb = ledger.bits_per_byte(val_loss, run.metrics.bytes_per_token)
-        run.metrics.record({'step': state.step, 'tokens': state.tokens_seen, 'val_loss': val_loss, 'val_bpb': val_bpb})
-        log(run.cluster, f"step {state.step}: val loss {val_loss:.4f}"
-                         + (f", {val_bpb:.4f} bits per byte" if val_bpb is not None else ''))
-        run.metrics.write_summary(state.step, state.tokens_seen, val_loss)
-    if due.checkpoint:
-        save_checkpoint(run)
-    if due.sample and state.step < run.stop_step:
-        log(run.cluster, f"step {state.step} sample:\n{sample_text(run)}")
-
-
-class Stop:
-    """SIGINT and SIGTERM (a cluster scheduler's preemption is a SIGTERM; torchrun passes both on to every rank) end
-    the run cleanly: the current step finishes, a checkpoint is written, one line gives the command that resumes,
-    and the exit code is 128 + the signal's number. The same signal again exits at once (a checkpoint being written
-    then stays a tmp_ folder that nothing reads). The ranks agree on the step to stop after with a one-number
-    all-reduce on the host each step (a gloo group: no device sync), so none waits in a collective for another."""
-
-    def __init__(self, cluster):
-        self.signal, self.group, self.world_size = None, None, cluster.world_size
-        if cluster.world_size > 1:  # every rank creates the group at the same point (a collective)
-            self.group = dist.new_group(backend='gloo') if cluster.device.type == 'cuda' else dist.group.WORLD
-        self.previous = {s: signal.signal(s, self.receive) for s in (signal.SIGINT, signal.SIGTERM)}
-
-    def receive(self, signum, frame):
-        name = signal.Signals(signum).name
-        if signum == self.signal:
-            print(f"{name} again: exiting now, without a checkpoint of the steps since the last one", file=sys.stderr,
-                  flush=True)
-            os._exit(128 + signum)
-        if self.signal is None:
-            self.signal = signum
-            if int(os.environ.get('RANK', 0)) == 0:
-                print(f"{name}: finishing this step, then a checkpoint ({name} again exits at once)", file=sys.stderr,
-                      flush=True)
-
-    def agreed(self):
-        """The signal number any rank has received, else 0: every rank gets the same answer after the same step."""
-        if self.world_size == 1:
-            return self.signal or 0
-        flag = torch.tensor([self.signal or 0])
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.group)
-        return int(flag)
-
-    def restore(self):
-        for signum, handler in self.previous.items():
-            signal.signal(signum, handler)
-
-
-def train_command(argv, cluster, drop, *flags):
-    """The command that runs train.py again, on this world size: argv less the flags named in drop (--key and
-    --key=...), plus flags. With drop {'--resume'} and the flag --resume, the command that continues this run."""
-    args = [a for a in argv if a.split('=', 1)[0] not in drop] + list(flags)
-    if cluster.world_size == 1:
-        return shlex.join(['python', 'train.py'] + args)
-    nodes = cluster.world_size // int(os.environ.get('LOCAL_WORLD_SIZE', cluster.world_size))
-    launcher = f"torchrun --nproc_per_node={cluster.world_size // nodes}" + (
-        f" --nnodes={nodes} (and the rendezvous options you started with)" if nodes > 1 else '')
-    return f"{launcher} {shlex.join(['train.py'] + args)}"
-
-
-@dataclasses.dataclass
-class Due:
-    log: bool
-    eval: bool
-    checkpoint: bool
-    sample: bool
-    hellaswag: bool = False
-
-    @classmethod
-    def at(cls, run, stopping=False):
-        """What the step just done calls for; stopping (a signal): log it and checkpoint it, nothing else."""
-        step, train, done = run.state.step, run.train, run.state.step == run.stop_step
-        if stopping:
-            return cls(log=True, eval=False, checkpoint=checkpoint.step_of(run.last_checkpoint) != step, sample=False)
-        return cls(log=step % train.log_every == 0 or done, eval=step % train.eval_every == 0 or done,
-                   checkpoint=step % train.ckpt_every == 0 or done or step in run.branch_points,
-                   sample=bool(train.sample_every and step % train.sample_every == 0 and run.tokenizer),
-                   hellaswag=bool(train.hellaswag_every and (step % train.hellaswag_every == 0 or done)))
-
-    def any(self):
-        return self.log or self.eval or self.checkpoint or self.sample or self.hellaswag
+def due_after(run, stopping):
+    """What the step just done calls for: a set of 'log', 'eval', 'hellaswag', 'checkpoint', 'sample'. After a
+    signal: log it and checkpoint it, nothing else."""
+    step, train, done = run.state.step, run.train, run.state.step == run.stop_step
+    if stopping:
+        return {'log'} | ({'checkpoint'} if checkpoint.step_of(run.last_checkpoint) != step else set())
+    every = (('log', train.log_every), ('eval', train.eval_every), ('checkpoint', train.ckpt_every),
+             ('hellaswag', train.hellaswag_every))
+    due = {what for what, n in every if n and (step % n == 0 or done)}
+    if step in train.keep_steps:
+        due.add('checkpoint')
+    if train.sample_every and step % train.sample_every == 0 and run.tokenizer and not done:
+        due.add('sample')
+    return due
 
 
 def loop(run):
-    """The training loop: steps until stop_step, a check point when one is due, a clean stop on a signal."""
-    stop = Stop(run.cluster)  # from here SIGINT and SIGTERM end the run with a checkpoint
+    stop = guard.Stop(run.cluster)  # from here SIGINT and SIGTERM end the run with a checkpoint
     try:
         gc.collect()
         gc.freeze()  # the start-up objects will live all run: keep the collector from scanning them again
         pending = []  # the steps not read back yet: their losses and norms are still on the device
-        chinchilla = run.metrics.prediction['data']['chinchilla_tokens']  # 20 x P
         run.metrics.start_clock()
         while run.state.step < run.stop_step:
             pending.append(train_step(run))
-            run.metrics.interval_tokens += pending[-1].batch_tokens
-            if run.state.tokens_seen >= chinchilla > run.state.tokens_seen - pending[-1].batch_tokens:
-                log(run.cluster, f"step {run.state.step}: {run.state.tokens_seen:,} tokens seen passes the "
-                                 f"Chinchilla point 20 x P = {chinchilla:,} (compute-optimal for this model): from "
-                                 f"here it over-trains")
-            stopping = stop.agreed()
-            due = Due.at(run, stopping)
-            if not due.any():
+            run.metrics.count(pending[-1], run.state.tokens_seen)
+            stopping = stop.agreed()  # a signal on any rank: every rank stops after this step
+            due = due_after(run, stopping)
+            if not due:
                 continue  # the hot path: nothing read back from the device
             run.metrics.stop_clock()
-            check_point(run, pending, due)
+            values = torch.stack([torch.stack((r.loss, r.grad_norm.float())) for r in pending])
+            values = guard.reduce_mean(values, run.cluster).tolist()  # [(loss, grad norm)] of the pending steps
+            spike = guard.find_spike(pending, values, run.state.loss_window, run.train)
+            step, tokens, (loss, grad_norm) = run.state.step, run.state.tokens_seen, values[-1]
+            if spike:
+                guard.roll_back(run, spike)  # to the last checkpoint, the data that led into the spike skipped
+                due = set()
+            if 'log' in due:
+                run.metrics.log_step(pending[-1], run.stop_step if run.cooldown else run.total_steps, tokens, loss,
+                                     grad_norm)
+            if 'hellaswag' in due:
+                evaluate_hellaswag(run)
+            if 'eval' in due:
+                val_loss = evaluate(run)
+                val_bpb = ledger.bits_per_byte(val_loss, run.metrics.bytes_per_token)
+                run.metrics.record({'step': step, 'tokens': tokens, 'val_loss': val_loss, 'val_bpb': val_bpb})
+                log(run.cluster, f"step {step}: val loss {val_loss:.4f}"
+                                 + (f", {val_bpb:.4f} bits per byte" if val_bpb is not None else ''))
+                run.metrics.write_summary(step, tokens, val_loss)
+            if 'checkpoint' in due:
+                save_checkpoint(run)
+            if 'sample' in due:
+                log(run.cluster, f"step {step} sample:\n{sample_text(run)}")
             pending = []
             if stopping:
                 run.metrics.write_summary(run.state.step, run.state.tokens_seen)
-                barrier(run.cluster)
-                if run.cluster.is_master:
-                    print(f"stopped by {signal.Signals(stopping).name} after step {run.state.step}: checkpoint "
-                          f"{run.last_checkpoint} is complete; resume with: "
-                          f"{train_command(run.argv, run.cluster, {'--resume'}, '--resume')}",
-                          file=sys.stderr, flush=True)
-                return 128 + stopping
+                return stop.stopped(run, stopping)
             run.metrics.start_clock()
         run.metrics.stop_clock()
         if run.tokenizer is not None:
             log(run.cluster, f"sample after {run.state.step} steps:\n{sample_text(run)}")
         log(run.cluster, f"done: {run.state.step} steps, {run.state.tokens_seen:,} tokens; {run.train.out_dir}/"
                          f"report.md has the predicted-vs-measured table")
-        barrier(run.cluster)  # no rank tears the process group down while another still talks to it (gloo aborts)
+        guard.barrier(run.cluster)  # no rank tears the process group down while another still talks to it (gloo)
         return 0
     finally:
         stop.restore()

@@ -1,0 +1,278 @@
+"""
+guard.py: the run's guard rails, so that train.py's loop reads as the training it is.
+
+- processes: one per GPU under torchrun (RANK, WORLD_SIZE, LOCAL_RANK), else rank 0 of 1 on the CPU or a GPU;
+- the command line: train.py's own flags (--resume, --allow_change, --force), and the command that resumes a run;
+- resume checks: a checkpoint continues only its own model and parallel mode, and a key that breaks an exact
+  continuation (config.CONTINUATION_KEYS) changes only when the user says so;
+- the clean stop: Ctrl-C or SIGTERM finishes the step, writes a checkpoint and prints the command that resumes;
+- the spike guard: a loss far above the recent window rolls back to the last checkpoint and skips the data that led
+  into it (PaLM's rewind and skip).
+"""
+import dataclasses
+import math
+import os
+import shlex
+import signal
+import statistics
+import sys
+
+import torch
+import torch.distributed as dist
+
+import checkpoint
+from config import CONTINUATION_KEYS, DEFAULTS, ConfigError, UserError
+
+USAGE = "usage: python train.py CONFIG [--key=value ...] [--resume[=CKPT_DIR]] [--allow_change=KEY,...] [--force]"
+
+
+class TrainingStopped(UserError):
+    """The run cannot go on (too many loss spikes, the ledger and the model disagree): one line, exit 1."""
+    exit_code = 1
+
+
+def parse_args(argv):
+    """argv -> (config path, overrides, resume, force, keys allowed to change on resume); resume is False, True (the
+    latest) or a checkpoint folder."""
+    config_path, overrides, resume, force, allowed = None, [], False, False, set()
+    for arg in argv:
+        if arg == '--resume':
+            resume = True
+        elif arg.startswith('--resume='):
+            resume = arg.split('=', 1)[1]
+        elif arg == '--force':
+            force = True
+        elif arg.startswith('--allow_change='):
+            allowed |= {key for key in arg.split('=', 1)[1].split(',') if key}
+            unknown = sorted(allowed - set(CONTINUATION_KEYS))
+            if unknown:
+                raise ConfigError(f"--allow_change={','.join(unknown)}: only these keys need it: "
+                                  f"{', '.join(CONTINUATION_KEYS)}")
+        elif arg.startswith('--'):
+            overrides.append(arg)
+        elif config_path is None:
+            config_path = arg
+        else:
+            raise ConfigError(f"unexpected argument '{arg}': {USAGE}")
+    if config_path is None:
+        raise ConfigError(f"no config file given: {USAGE}")
+    return config_path, overrides, resume, force, allowed
+
+
+# -----------------------------------------------------------------------------------------------------
+# Processes. torchrun sets RANK, WORLD_SIZE and LOCAL_RANK (one process per GPU, any number of nodes); a plain
+# `python train.py` is rank 0 of 1. CUDA when present (NCCL between GPUs), else the CPU (gloo).
+
+@dataclasses.dataclass
+class Cluster:
+    rank: int
+    world_size: int
+    local_rank: int
+    device: torch.device
+
+    @property
+    def is_master(self):
+        return self.rank == 0
+
+
+def setup_cluster():
+    rank, world_size = int(os.environ.get('RANK', 0)), int(os.environ.get('WORLD_SIZE', 1))
+    local_rank = int(os.environ.get('LOCAL_RANK', 0))
+    if torch.cuda.is_available():
+        device = torch.device('cuda', local_rank)
+        torch.cuda.set_device(device)
+    else:
+        device = torch.device('cpu')
+    return Cluster(rank, world_size, local_rank, device)
+
+
+def join_process_group(cluster):
+    """After the input checks, so that a bad config is one line from every rank, not a rendezvous timeout."""
+    if cluster.world_size > 1 and not dist.is_initialized():
+        if cluster.device.type == 'cuda':  # NCCL bound to this rank's GPU
+            dist.init_process_group('nccl', device_id=cluster.device)
+        else:
+            dist.init_process_group('gloo')
+
+
+def log(cluster, message):
+    if cluster.is_master:
+        print(message, flush=True)
+
+
+def barrier(cluster):
+    if cluster.world_size > 1:
+        dist.barrier()
+
+
+def reduce_mean(values, cluster):
+    """Mean over ranks of a tensor (gloo has no AVG, so SUM then divide)."""
+    if cluster.world_size > 1:
+        dist.all_reduce(values)
+        values /= cluster.world_size
+    return values
+
+
+def train_command(argv, cluster, drop, *flags):
+    """The command that runs train.py again, on this world size: argv less the flags named in drop (--key and
+    --key=...), plus flags. With drop {'--resume'} and the flag --resume, the command that continues this run."""
+    args = [a for a in argv if a.split('=', 1)[0] not in drop] + list(flags)
+    if cluster.world_size == 1:
+        return shlex.join(['python', 'train.py'] + args)
+    nodes = cluster.world_size // int(os.environ.get('LOCAL_WORLD_SIZE', cluster.world_size))
+    launcher = f"torchrun --nproc_per_node={cluster.world_size // nodes}" + (
+        f" --nnodes={nodes} (and the rendezvous options you started with)" if nodes > 1 else '')
+    return f"{launcher} {shlex.join(['train.py'] + args)}"
+
+
+# -----------------------------------------------------------------------------------------------------
+# Resume checks.
+
+def check_out_dir(train, resume, stop_step, cluster):
+    """-> the checkpoint to resume from (None: start), or 'done' when out_dir already holds this run, complete.
+    Checkpoints already in out_dir are continued only when asked, never overwritten silently."""
+    if resume:
+        path = checkpoint.find(resume) if isinstance(resume, str) else checkpoint.latest(train.out_dir)
+        if path is None:
+            raise ConfigError(f"--resume: no complete checkpoint at {checkpoint.root(train.out_dir)}: run without "
+                              f"--resume to start")
+        return checkpoint.verified(path)
+    found = checkpoint.latest(train.out_dir)
+    if found:
+        finished = checkpoint.step_of(found)
+        if finished >= stop_step:  # like a rerun of prepare.py on a complete folder: nothing left to do
+            log(cluster, f"{train.out_dir}: this run is complete (checkpoint at step {finished:,}, planned "
+                         f"{stop_step:,}): nothing to train; delete the folder or set --out_dir to train again")
+            return 'done'
+        raise ConfigError(f"{train.out_dir} already holds checkpoints: pass --resume to continue that run, or set "
+                          f"--out_dir to another folder")
+    return None
+
+
+def check_resumable(path, model_cfg, train, allowed, cluster, action='resume'):
+    """A checkpoint continues only the model it was written for, in its own parallel mode's format; a change to
+    a CONTINUATION_KEYS key needs --allow_change=KEY (then it is logged, old and new). A key the checkpoint does not
+    hold (it is older than the key) had its default, for the model's keys as for the run's: checkpoints outlive the
+    code that wrote them. action: what the log lines call the continuation."""
+    saved = checkpoint.read_state(path)
+    model_then = {k: saved['model_config'].get(k, DEFAULTS[k]) for k in dataclasses.asdict(model_cfg)}
+    changed = [k for k, v in dataclasses.asdict(model_cfg).items() if model_then[k] != v]
+    if changed:
+        raise ConfigError(f"{path} was written for another model ({', '.join(changed)} differ): resume with the "
+                          f"config it was trained with")
+    if saved['train_config']['parallel'] != train.parallel:
+        raise ConfigError(f"{path} was written with parallel={saved['train_config']['parallel']}: resume with "
+                          f"--parallel={saved['train_config']['parallel']}")
+    then = {k: saved['train_config'].get(k, DEFAULTS[k]) for k in DEFAULTS if hasattr(train, k)}
+    changes = {k: (then[k], v) for k, v in dataclasses.asdict(train).items()
+               if k != 'dataset_tokens' and then[k] != v}
+    refused = [k for k in changes if k in CONTINUATION_KEYS and k not in allowed]
+    if refused:
+        listed = ', '.join(f'{k} {changes[k][0]!r} -> {changes[k][1]!r}' for k in refused)
+        raise ConfigError(f"resuming {path} with a changed {listed}: that breaks the exact continuation (data order, "
+                          f"schedule or optimizer); pass --allow_change={','.join(refused)} if you mean it")
+    for key, (old, new) in changes.items():
+        log(cluster, f"{action}: {key} changed from {old!r} to {new!r}")
+
+
+# -----------------------------------------------------------------------------------------------------
+# The clean stop.
+
+class Stop:
+    """SIGINT and SIGTERM (a cluster scheduler's preemption is a SIGTERM; torchrun passes both on to every rank) end
+    the run cleanly: the current step finishes, a checkpoint is written, one line gives the command that resumes,
+    and the exit code is 128 + the signal's number. The same signal again exits at once (a checkpoint being written
+    then stays a tmp_ folder that nothing reads). The ranks agree on the step to stop after with a one-number
+    all-reduce on the host each step (a gloo group: no device sync), so none waits in a collective for another."""
+
+    def __init__(self, cluster):
+        self.signal, self.group, self.world_size = None, None, cluster.world_size
+        if cluster.world_size > 1:  # every rank creates the group at the same point (a collective)
+            self.group = dist.new_group(backend='gloo') if cluster.device.type == 'cuda' else dist.group.WORLD
+        self.previous = {s: signal.signal(s, self.receive) for s in (signal.SIGINT, signal.SIGTERM)}
+
+    def receive(self, signum, frame):
+        name = signal.Signals(signum).name
+        if signum == self.signal:
+            print(f"{name} again: exiting now, without a checkpoint of the steps since the last one", file=sys.stderr,
+                  flush=True)
+            os._exit(128 + signum)
+        if self.signal is None:
+            self.signal = signum
+            if int(os.environ.get('RANK', 0)) == 0:
+                print(f"{name}: finishing this step, then a checkpoint ({name} again exits at once)", file=sys.stderr,
+                      flush=True)
+
+    def agreed(self):
+        """The signal number any rank has received, else 0: every rank gets the same answer after the same step."""
+        if self.world_size == 1:
+            return self.signal or 0
+        flag = torch.tensor([self.signal or 0])
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.group)
+        return int(flag)
+
+    def stopped(self, run, signum):
+        """The run stopped by a signal, its checkpoint complete: the line that says how to resume; -> exit code."""
+        barrier(run.cluster)
+        if run.cluster.is_master:
+            print(f"stopped by {signal.Signals(signum).name} after step {run.state.step}: checkpoint "
+                  f"{run.last_checkpoint} is complete; resume with: "
+                  f"{train_command(run.argv, run.cluster, {'--resume'}, '--resume')}", file=sys.stderr, flush=True)
+        return 128 + signum
+
+    def restore(self):
+        for signum, handler in self.previous.items():
+            signal.signal(signum, handler)
+
+
+# -----------------------------------------------------------------------------------------------------
+# The spike guard.
+
+@dataclasses.dataclass
+class RunState:
+    """What a checkpoint carries besides the weights and the optimizer (checkpoint.py writes it)."""
+    step: int = 0               # optimizer steps done
+    tokens_seen: int = 0        # tokens trained on (skipped data not counted)
+    position: int = 0           # sequences of the train stream consumed, by all ranks together
+    rollbacks: int = 0
+    loss_window: list = dataclasses.field(default_factory=list)  # recent good losses, for the spike guard
+    skipped: list = dataclasses.field(default_factory=list)      # [first, end) sequence ranges skipped after spikes
+
+
+def find_spike(pending, values, window, train):
+    """Walk the checked steps in order. The first whose loss is not finite, or above mean + spike_factor x std of
+    the window of recent good losses (std floored at spike_min_std x mean), is a spike: -> (its StepResult, loss,
+    why). The good ones before it join the window (kept in checkpoints: resume decides alike)."""
+    for result, (loss, _) in zip(pending, values):
+        if not math.isfinite(loss):
+            return result, loss, 'not finite'
+        if len(window) >= train.spike_window:
+            mean = statistics.fmean(window)
+            std = max(statistics.pstdev(window), train.spike_min_std * mean)
+            if loss > mean + train.spike_factor * std:
+                return result, loss, f'> mean {mean:.4f} + {train.spike_factor} x std {std:.4f}'
+        window.append(loss)
+        del window[:-train.spike_window]
+    return None
+
+
+def roll_back(run, spike):
+    """The book's rule (PaLM's rewind and skip): back to the last good checkpoint, and skip the data from there to
+    the end of the spiking step, so the batches that led into the spike are not seen again."""
+    result, loss, why = spike
+    train, rollbacks = run.train, run.state.rollbacks + 1
+    if rollbacks > train.max_rollbacks:
+        raise TrainingStopped(f"loss spike at step {result.step} (loss {loss:.4f} {why}) after {run.state.rollbacks} "
+                              f"rollbacks (max_rollbacks): the run is unstable; lower lr, check the data, or raise "
+                              f"max_rollbacks")
+    saved = checkpoint.load(run.last_checkpoint, run.model, run.optimizer)
+    run.state = RunState(**saved['run'])
+    skipped = [run.state.position, result.position]
+    run.state.rollbacks, run.state.position = rollbacks, result.position
+    run.state.skipped.append(skipped)
+    log(run.cluster, f"step {result.step}: loss spike (loss {loss:.4f} {why}): rollback {rollbacks}/"
+                     f"{train.max_rollbacks} to {os.path.basename(run.last_checkpoint)}, skipping sequences "
+                     f"[{skipped[0]:,}, {skipped[1]:,}) of the data stream")
+    run.metrics.record({'event': 'rollback', 'step': result.step, 'loss': loss, 'to_step': run.state.step,
+                        'skipped': skipped, 'rollbacks': rollbacks})
+    run.metrics.restart()

@@ -1,0 +1,231 @@
+"""
+live.py: the live ledger. Before step 1 the prediction for the device this run is on (a GPU by its name, else a
+GEMM probe); on log steps the measurements beside it (tokens/s, MFU, days, peak memory); at each eval and at the
+end summary.json and report.md, predicted and measured side by side. Also the record of the code that ran.
+
+Outputs in out_dir (rank 0): ledger.json and ledger.md (the prediction), metrics.jsonl (one line per log step,
+eval and rollback), summary.json and report.md (with plot.py's loss.png), code.json and code.diff (the commit and
+the uncommitted changes of the checkout train.py ran from).
+"""
+import dataclasses
+import json
+import os
+import resource
+import subprocess
+import time
+
+import torch
+import torch.distributed as dist
+
+import files
+import ledger
+import ledger_report
+import plot
+from config import IGNORE_INDEX, ConfigError
+from guard import log
+from model import GPT
+
+
+def live_device(cluster, model_cfg, train):
+    """The ledger's Device for the hardware this run is on (ledger.measure_device: a GPU by its name, else a GEMM
+    probe), measured on rank 0 and shared, so every rank predicts alike. On the CPU the runtime overhead is rank 0's
+    resident memory before the model's tensors exist, and the RAM is shared by the processes on this machine."""
+    device = None
+    if cluster.is_master:
+        device = ledger.measure_device('auto', train.dtype)
+        if device.kind == 'cpu':
+            with torch.device('meta'):  # what building the model loads besides its tensors (meta kernels import
+                GPT(model_cfg)          # sympy and torch's symbolic shapes: ~75 MB) belongs to the runtime
+            device = dataclasses.replace(
+                device, overhead_bytes=ledger.resident_bytes(), shared_by=int(os.environ.get('LOCAL_WORLD_SIZE', 1)),
+                overhead_source='measured: resident memory of this process before the model was built')
+    if cluster.world_size > 1:
+        shared = [device]
+        dist.broadcast_object_list(shared, src=0)
+        device = shared[0]
+    return device
+
+
+def predict(config_path, model_cfg, train, cluster, force, cooldown):
+    """The ledger's prediction for this run, on the device it is on, printed short: -> (prediction, compute dtype).
+    A run the ledger says does not fit stops here (one line) unless forced. Also says which attention kernel SDPA
+    runs, the precision, and under another objective the share of positions that carry loss."""
+    device = live_device(cluster, model_cfg, train)
+    dtype = ledger.run_dtype(train, device)  # 'auto': bf16 on a GPU, on a CPU whichever its probe found faster
+    if train.gpu.lower() not in ('auto', device.name.lower()):
+        log(cluster, f"the config plans for gpu={train.gpu} (`python ledger.py {config_path}` prints that bill); "
+                     f"this run is on {device.name}: the live ledger predicts for it")
+    billed = dataclasses.replace(train, train_tokens=train.cooldown_tokens, max_steps=0) if cooldown else train
+    prediction = ledger.predict(model_cfg, billed, n_gpu=cluster.world_size, device=device)
+    log(cluster, ledger_report.format_short(prediction, f"{os.path.join(train.out_dir, 'ledger.md')}, or python "
+                                                        f"ledger.py {config_path}"))
+    memory = prediction['memory']
+    if not memory['fits'] and not force:
+        raise ConfigError(f"the ledger predicts {memory['total'] / 2**30:.1f} GiB per process but {device.name} has "
+                          f"{memory['gpu_memory'] / 2**30:.1f} GiB for it: lower micro_batch, set recompute=True or "
+                          f"parallel=fsdp, or pass --force to start anyway")
+    attention = sdpa_backend(model_cfg, cluster.device, dtype)
+    log(cluster, f"attention: SDPA runs {attention} for {model_cfg.block_size} tokens in {dtype}"
+                 + (': it keeps T x T scores per head, more than the ledger counts (it assumes a flash-type kernel)'
+                    if attention == 'math' else ''))
+    log(cluster, f"precision: {dtype} compute" + (' (the faster on this CPU, measured)' if train.dtype == 'auto' and
+                                                   cluster.device.type == 'cpu' else '')
+                 + ", fp32 weights, gradients and AdamW states")
+    if train.objective != 'clm':
+        log(cluster, f"objective: {train.objective}: about {prediction['data']['loss_fraction']:.0%} of the positions "
+                     f"carry loss (the others' targets are {IGNORE_INDEX}: given, not predicted); tokens/s and MFU "
+                     f"count every position; the val loss is plain next-token prediction on every position")
+    return prediction, dtype
+
+
+SDPA_BACKENDS = {0: 'math', 1: 'flash attention', 2: 'memory-efficient attention', 3: 'cuDNN attention'}
+
+
+def sdpa_backend(model_cfg, device, dtype):
+    """The kernel F.scaled_dot_product_attention picks for this run's shapes and dtype, asked the way SDPA itself
+    asks (torch._fused_sdp_choice). Flash, memory-efficient and cuDNN keep only the output and the log-sum-exp for
+    backward, as the ledger assumes; math materialises the T x T scores of every head."""
+    head_dim, T = model_cfg.head_dim, model_cfg.block_size
+    q, k, v = (torch.empty(1, heads, T, head_dim, device=device, dtype=getattr(torch, dtype), requires_grad=True)
+               for heads in (model_cfg.n_head, model_cfg.kv_heads, model_cfg.kv_heads))
+    choice = torch._fused_sdp_choice(q, k, v, is_causal=True, enable_gqa=model_cfg.kv_heads != model_cfg.n_head)
+    return SDPA_BACKENDS.get(choice, f'backend {choice}')
+
+
+def peak_memory(cluster):
+    """-> (peak, peak reserved) bytes: the CUDA caching allocator's, or on the CPU the process's peak resident
+    memory (and None)."""
+    if cluster.device.type == 'cuda':
+        return torch.cuda.max_memory_allocated(cluster.device), torch.cuda.max_memory_reserved(cluster.device)
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, None  # kilobytes on Linux
+
+
+def record_code(out_dir, source=os.path.dirname(os.path.abspath(__file__))):
+    """A run records the code that produced it (as modded-nanogpt's logs do): when train.py runs from a git
+    checkout, out_dir/code.json gets the commit and out_dir/code.diff the uncommitted changes to tracked files
+    (`git diff HEAD`) with the untracked files' names in code.json. Outside a checkout, or without git, nothing.
+    A resumed run writes them again: what ran last is what the folder says."""
+    def git(*args):
+        return subprocess.run(['git', '-C', source, *args], capture_output=True, text=True, check=True).stdout
+    try:
+        commit = git('rev-parse', 'HEAD').strip()
+        diff = git('diff', 'HEAD')
+        untracked = git('ls-files', '--others', '--exclude-standard').split()
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    os.makedirs(out_dir, exist_ok=True)
+    files.write_text_atomic(os.path.join(out_dir, 'code.diff'), diff)
+    record = {'commit': commit, 'dirty': bool(diff or untracked), 'diff': 'code.diff', 'untracked': untracked}
+    files.save_json(os.path.join(out_dir, 'code.json'), record)
+    return record
+
+
+class Metrics:
+    """The measured half of the ledger, and rank 0's outputs: ledger.json and ledger.md (the prediction),
+    metrics.jsonl (one line per log step, eval and rollback), summary.json and report.md.
+
+    Speed is timed over the steps between log steps, the device synchronised before the clock is read (else it
+    times how fast Python queues kernels, not how fast they run), the clock paused around eval, checkpoints and
+    samples. The first interval after a start or a rollback holds the compile and warm-up steps: it is logged
+    but left out of the run's figures in summary.json."""
+
+    def __init__(self, cluster, train, prediction, params_built, append, bytes_per_token=None):
+        self.cluster, self.prediction, self.out_dir = cluster, prediction, train.out_dir
+        self.bytes_per_token = bytes_per_token  # the data's (meta.json): losses in bits per byte too
+        # MFU counts the model's matmul FLOPs, 6 N_matmul + 12 L H T per token (PaLM's convention, no recompute)
+        self.flops_per_token = prediction['flops_per_token']['matmul']
+        self.peak_flops = prediction['gpu']['peak_flops']
+        self.chinchilla = prediction['data']['chinchilla_tokens']  # 20 x P
+        where = torch.cuda.get_device_name(cluster.device) if cluster.device.type == 'cuda' else \
+            f'the CPU ({torch.get_num_threads()} threads per process)'
+        self.measured = {'device': f'{cluster.world_size} x {where}', 'torch': torch.__version__,
+                         'params': params_built, 'bytes_per_token': bytes_per_token}
+        self.run_tokens, self.run_seconds = 0, 0.0  # over the intervals after the first
+        self.interval_tokens, self.interval_seconds, self.started, self.warmup = 0, 0.0, None, True
+        self.metrics_path = os.path.join(train.out_dir, 'metrics.jsonl')
+        if cluster.is_master:
+            os.makedirs(train.out_dir, exist_ok=True)
+            files.save_json(os.path.join(train.out_dir, 'ledger.json'), prediction)
+            files.write_text_atomic(os.path.join(train.out_dir, 'ledger.md'),
+                                    ledger_report.format_report(prediction) + '\n')
+            if not append:
+                open(self.metrics_path, 'w').close()
+
+    def _now(self):
+        if self.cluster.device.type == 'cuda':
+            torch.cuda.synchronize(self.cluster.device)
+        return time.perf_counter()
+
+    def start_clock(self):
+        self.started = self._now()
+
+    def stop_clock(self):
+        if self.started is not None:
+            self.interval_seconds += self._now() - self.started
+            self.started = None
+
+    def restart(self):
+        """After a rollback: drop the interval, the next one warms up again."""
+        self.interval_tokens, self.interval_seconds, self.warmup = 0, 0.0, True
+
+    def count(self, result, tokens_seen):
+        """A step done (no device sync): its tokens join the interval; the step that passes Chinchilla's point says so."""
+        self.interval_tokens += result.batch_tokens
+        if tokens_seen >= self.chinchilla > tokens_seen - result.batch_tokens:
+            if self.cluster.is_master:
+                print(f"step {result.step}: {tokens_seen:,} tokens seen passes the Chinchilla point 20 x P = "
+                      f"{self.chinchilla:,} (compute-optimal for this model): from here it over-trains", flush=True)
+
+    def mfu(self, tokens_per_s):
+        return self.flops_per_token * tokens_per_s / (self.cluster.world_size * self.peak_flops)
+
+    def days(self, tokens_per_s):
+        return self.prediction['tokens'] / tokens_per_s / ledger.SECONDS_PER_DAY  # the planned tokens at this speed
+
+    def record(self, entry):
+        """Append one JSON line (on log, eval and rollback steps only: opening the file each time is free)."""
+        if self.cluster.is_master:
+            with open(self.metrics_path, 'a') as f:
+                f.write(json.dumps(entry) + '\n')
+
+    def log_step(self, result, total_steps, tokens_seen, loss, grad_norm):
+        tokens_per_s = self.interval_tokens / self.interval_seconds
+        peak, _ = peak_memory(self.cluster)
+        bpb = ledger.bits_per_byte(loss, self.bytes_per_token)
+        self.record({'step': result.step, 'tokens': tokens_seen, 'loss': loss, 'bpb': bpb, 'lr': result.lr,
+                     'grad_norm': grad_norm, 'batch_tokens': result.batch_tokens, 'tokens_per_s': tokens_per_s,
+                     'mfu': self.mfu(tokens_per_s), 'days': self.days(tokens_per_s), 'peak_memory_bytes': peak,
+                     'warmup': self.warmup})
+        if self.cluster.is_master:
+            print(f"step {result.step:>6}/{total_steps} | loss {loss:.4f}"
+                  + (f" ({bpb:.3f} bpb)" if bpb is not None else '') + f" | lr {result.lr:.2e} | "
+                  f"norm {grad_norm:.2f} | {tokens_per_s:,.0f} tok/s | MFU {self.mfu(tokens_per_s):.1%} | "
+                  f"{self.days(tokens_per_s):.3g} days | peak mem {peak / 2**30:.2f} GiB"
+                  + (" | warm-up" if self.warmup else ""), flush=True)
+        if self.warmup and self.cluster.device.type == 'cuda':
+            # from here the peak is the steady state's, not the compile's (autotuning tries kernels with buffers of
+            # their own); on the CPU the process's peak resident memory cannot be reset
+            torch.cuda.reset_peak_memory_stats(self.cluster.device)
+        if not self.warmup:
+            self.run_tokens += self.interval_tokens
+            self.run_seconds += self.interval_seconds
+            run_speed = self.run_tokens / self.run_seconds
+            self.measured.update(tokens_per_s=run_speed, mfu=self.mfu(run_speed), days=self.days(run_speed))
+        self.interval_tokens, self.interval_seconds, self.warmup = 0, 0.0, False
+
+    def write_summary(self, step, tokens_seen, val_loss=None):
+        """summary.json and report.md, from the same numbers (ledger.summarize), and the loss curve (plot.py's
+        loss.png, shown in report.md; a run without matplotlib goes on without it)."""
+        if not self.cluster.is_master:
+            return
+        self.measured['peak_memory_bytes'], self.measured['peak_reserved_bytes'] = peak_memory(self.cluster)
+        self.measured.update(step=step, tokens_seen=tokens_seen)
+        if val_loss is not None:
+            self.measured['val_loss'] = val_loss
+        summary = ledger.summarize(self.prediction, self.measured)
+        files.save_json(os.path.join(self.out_dir, 'summary.json'), summary)
+        picture = plot.draw_run(self.out_dir)
+        files.write_text_atomic(os.path.join(self.out_dir, 'report.md'), ledger_report.format_comparison(summary)
+                                + '\n' + ('\n![train and val loss against tokens seen](loss.png)\n' if picture else
+                                          '\n(no loss.png: `pip install matplotlib`, then `python plot.py RUN_DIR` '
+                                          'draws it)\n'))
