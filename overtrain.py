@@ -1,9 +1,9 @@
 """
 overtrain.py: the planning note's second experiment, "over-train the 1.3B to 100B+ tokens and watch where the loss
 curve flattens relative to the Chinchilla point", as one command. A wsd run to the config's train_tokens; from its
-stable phase a cooldown branch (train.py) for each of its `cooldowns`; for comparison, a cosine run from scratch of
-every one of those lengths. Then a table of each run's final val loss in bits per byte, and branches.png (plot.py
---branches: the curves, the Chinchilla point, Hoffmann et al.'s fitted loss beside them).
+stable phase a cooldown branch for each of its `cooldowns`; for comparison, a cosine run from scratch of every one of
+those lengths. Then a table of each run's final val loss in bits per byte, and branches.png (plot.py --branches: the
+curves, the Chinchilla point, Hoffmann et al.'s fitted loss beside them).
 
     python prepare.py pystdlib --tokenizer bpe:512 --out data/pystdlib_bpe512   # ~10 s
     python overtrain.py configs/pystdlib_overtrain.py                          # the miniature: minutes on a CPU
@@ -21,11 +21,86 @@ import sys
 
 import checkpoint
 import ledger
+import ledger_report
 import plot
 import train
 from config import ConfigError, UserError, cli, load_config
 
 USAGE = 'usage: python overtrain.py CONFIG [--key=value ...] [--plan]'
+
+
+# -----------------------------------------------------------------------------------------------------
+# Cooldown branches (Hägele et al. 2024, "Scaling Laws and Compute-Optimal Training Beyond Fixed Training
+# Durations", sec. 3; MiniCPM, Hu et al. 2024). A cosine run's LR at every step depends on where the run ends, so
+# the loss after 1x, 2x and 4x Chinchilla's tokens takes three runs from scratch: 7x in all. A wsd run holds the
+# peak LR until its last decay_frac, so a checkpoint from that stable phase, decayed in a short run of its own, is a
+# finished run of that length; Hägele et al. find a linear decay over 10-20% of the steps matches cosine of the same
+# length. One wsd run to 4x and two branches cost 4 + 0.2 x (1 + 2) = 4.6x.
+# train.py knows none of this. It keeps the checkpoints of the steps it is told to (--keep_steps: keep_ckpts prunes
+# the others), and it cools down any checkpoint it is given (--cooldown_from, --cooldown_tokens: the weights, AdamW
+# states, step and data position, then the LR from the peak to the floor). Here the experiment picks those steps,
+# so that each branch decays over decay_frac of its own length as the main run does, checks that a branch starts in
+# the stable phase of a wsd run, and names the folders plot.py --branches finds: out/RUN_cooldown_26B, for the
+# tokens the branch ends at, and out/RUN_cosine_26B.
+
+def stable_steps(total_steps, train_cfg):
+    """wsd: the checkpoints (steps done) a branch may start from: warmup complete, the next step still at the peak.
+    h200_1b3_overtrain: steps 572 to 152,587 of 190,735."""
+    return range(train.warmup_steps(total_steps, train_cfg), train.wsd_decay(total_steps, train_cfg)[0])
+
+
+def branch_points(train_cfg, micro_step_tokens):
+    """A wsd run's `cooldowns` -> {step: length}: the branch of a length starts from the checkpoint after which the
+    run has seen (1 - decay_frac) x length tokens, so it decays over decay_frac of its length as the main run does.
+    h200_1b3_overtrain: 26B and 52B start at steps 39,673 and 79,346 (20.8B and 41.6B tokens)."""
+    if train_cfg.schedule != 'wsd':
+        raise ConfigError(f"cooldowns need schedule = 'wsd': a {train_cfg.schedule} run's LR falls at every step, so "
+                          f"no checkpoint of it is a stable point to branch from")
+    stable = stable_steps(train.planned_steps(train_cfg, micro_step_tokens), train_cfg)
+    points = {}
+    for length in train_cfg.cooldowns:
+        start = round((1 - train_cfg.decay_frac) * length)
+        step = train.planned_steps(dataclasses.replace(train_cfg, train_tokens=start), micro_step_tokens)
+        if step not in stable:
+            raise ConfigError(f"cooldowns: the branch of {length:,} tokens would start at step {step:,} ({start:,} "
+                              f"tokens), outside this run's stable phase (steps {stable.start:,} to "
+                              f"{stable.stop - 1:,}): a length must be shorter than train_tokens "
+                              f"({train_cfg.train_tokens:,}) and start after the warmup")
+        points[step] = length
+    return points
+
+
+def branch_out_dir(main_out_dir, end_tokens, schedule='cooldown'):
+    """The folder of a run beside the main one, named for the tokens it ends at: out/h200_1b3_overtrain ->
+    out/h200_1b3_overtrain_cooldown_26B (a branch), or _cosine_26B (schedule='cosine'). plot.py finds them so."""
+    return f"{os.path.normpath(main_out_dir)}_{schedule}_{ledger_report.si(end_tokens)}"
+
+
+def check_branch_start(path, model_cfg, train_cfg):
+    """A branch starts from a stable-phase checkpoint of a wsd run that is no branch itself: train.py cools down any
+    checkpoint, but only these, decayed, are finished runs of the branch's length. The checkpoint's train_state
+    (kilobytes) is read before every start and resume of a branch, as train.py reads it too."""
+    if not os.path.isfile(os.path.join(path, checkpoint.MANIFEST)):
+        raise ConfigError(f"{path} is not a complete checkpoint: the main run keeps one at each branch's start "
+                          f"(--keep_steps) only for the cooldowns it had when it passed that step; a branch added "
+                          f"later needs the main run again from an earlier checkpoint")
+    saved = checkpoint.read_state(checkpoint.verified(path))
+    main, step = saved['train_config'], saved['run']['step']
+    if main.get('cooldown_from'):
+        raise ConfigError(f"{path} is a cooldown branch's checkpoint, already decaying: a branch starts from the main "
+                          f"run's checkpoints ({main['cooldown_from']} is one)")
+    if main['schedule'] != 'wsd':
+        raise ConfigError(f"{path} was written by a {main['schedule']} run: a branch starts from the stable phase of "
+                          f"a wsd run (a {main['schedule']} run's LR falls at every step)")
+    # the main run's schedule as it was written: this config with the checkpoint's own keys (train_tokens, say)
+    main_train = dataclasses.replace(train_cfg, **{k: v for k, v in main.items() if hasattr(train_cfg, k)})
+    total_steps = train.planned_steps(main_train, train.tokens_per_micro_step(model_cfg, main_train, 1))
+    stable = stable_steps(total_steps, main_train)
+    if step not in stable:
+        raise ConfigError(f"{path} is step {step:,} of a wsd run that holds the peak LR from step {stable.start:,} "
+                          f"to {stable.stop - 1:,}: at step {step:,} it is "
+                          f"{'still warming up' if step < stable.start else 'already decaying'}; a branch starts "
+                          f"from a checkpoint in between")
 
 
 @dataclasses.dataclass
@@ -36,6 +111,7 @@ class Planned:
     tokens: int      # the tokens it trains (a branch: its decay alone)
     out_dir: str
     flags: list      # train.py's arguments after the config and the overrides
+    start: str = ''  # a branch: the main run's checkpoint it cools down
 
 
 def tokens_after(steps, train_cfg, micro_step_tokens):
@@ -48,23 +124,27 @@ def tokens_after(steps, train_cfg, micro_step_tokens):
 
 
 def plan(model_cfg, train_cfg):
-    """The runs, in the order they run: the main one (its branch points must exist before the branches start), its
-    branches, then the cosine runs, shortest first."""
-    if train_cfg.schedule != 'wsd' or not train_cfg.cooldowns:
+    """The runs, in the order they run: the main one (it writes the branches' starts), its branches, then the cosine
+    runs, shortest first."""
+    if not train_cfg.cooldowns:
         raise ConfigError(f"overtrain.py needs a wsd run with cooldown branches (schedule = 'wsd', cooldowns = "
-                          f"(26e9, 52e9)): this config has schedule = {train_cfg.schedule!r}, cooldowns = "
-                          f"{train_cfg.cooldowns}")
+                          f"(26e9, 52e9)): this config has schedule = {train_cfg.schedule!r} and no cooldowns")
     micro_step_tokens = train.tokens_per_micro_step(model_cfg, train_cfg, 1)
+    points = branch_points(train_cfg, micro_step_tokens)
     main = train_cfg.out_dir
-    runs = [Planned('wsd', train_cfg.train_tokens, train_cfg.train_tokens, main, [])]
-    for step, length in sorted(train.branch_points(train_cfg, micro_step_tokens).items()):
+    keep = sorted(set(train_cfg.keep_steps) | set(points))  # the config's own kept steps stay kept
+    runs = [Planned('wsd', train_cfg.train_tokens, train_cfg.train_tokens, main,
+                    [f"--keep_steps={','.join(str(step) for step in keep)}"])]
+    for step, length in sorted(points.items()):
         decay = length - tokens_after(step, train_cfg, micro_step_tokens)
-        runs.append(Planned('cooldown', length, decay, train.branch_out_dir(main, length),
-                            train.branch_flags(main, step, decay)))
+        start = os.path.join(checkpoint.root(main), f'step_{step:07d}')
+        out_dir = branch_out_dir(main, length)
+        flags = [f'--cooldown_from={start}', f'--cooldown_tokens={decay}', f'--out_dir={out_dir}']
+        runs.append(Planned('cooldown', length, decay, out_dir, flags, start))
     for length in sorted(train_cfg.cooldowns) + [train_cfg.train_tokens]:
-        out_dir = f"{os.path.normpath(main)}_cosine_{ledger._si(length)}"
+        out_dir = branch_out_dir(main, length, 'cosine')
         runs.append(Planned('cosine', length, length, out_dir, ['--schedule=cosine', f'--train_tokens={length}',
-                                                                '--cooldowns=', f'--out_dir={out_dir}']))
+                                                                f'--out_dir={out_dir}']))
     return runs
 
 
@@ -74,15 +154,16 @@ def bill(model_cfg, train_cfg, runs):
     days_per_token = prediction['days'] / prediction['tokens']
     cost_per_token = prediction['cost_usd'] / prediction['tokens']
     chinchilla = prediction['data']['chinchilla_tokens']
+    si, duration = ledger_report.si, ledger_report.duration
     rows = ['| run | schedule | trains | ends at | x Chinchilla | time | cost |',
             '| --- | --- | ---: | ---: | ---: | ---: | ---: |']
     for run in runs:
-        rows.append(f"| {run.out_dir} | {run.schedule} | {ledger._si(run.tokens)} | {ledger._si(run.length)} | "
-                    f"{run.length / chinchilla:.2f} | {ledger._duration(run.tokens * days_per_token)} | "
+        rows.append(f"| {run.out_dir} | {run.schedule} | {si(run.tokens)} | {si(run.length)} | "
+                    f"{run.length / chinchilla:.2f} | {duration(run.tokens * days_per_token)} | "
                     f"${run.tokens * cost_per_token:,.0f} |")
     for what, kinds in (('wsd and its branches', ('wsd', 'cooldown')), ('the cosine runs', ('cosine',))):
         tokens = sum(run.tokens for run in runs if run.schedule in kinds)
-        rows.append(f"| {what} | | {ledger._si(tokens)} | | | {ledger._duration(tokens * days_per_token)} | "
+        rows.append(f"| {what} | | {si(tokens)} | | | {duration(tokens * days_per_token)} | "
                     f"${tokens * cost_per_token:,.0f} |")
     return rows, prediction
 
@@ -104,7 +185,7 @@ def results(runs, chinchilla):
         wsd, cosine = (next(final_val_bpb(run.out_dir) for run in runs if run.length == length and
                             (run.schedule == 'cosine') == is_cosine) for is_cosine in (False, True))
         difference = f'{wsd - cosine:+.4f}' if wsd is not None and cosine is not None else '-'
-        rows.append(f"| {ledger._si(length)} | {length / chinchilla:.2f} | "
+        rows.append(f"| {ledger_report.si(length)} | {length / chinchilla:.2f} | "
                     + ' | '.join('-' if v is None else f'{v:.4f}' for v in (wsd, cosine)) + f" | {difference} |")
     return rows
 
@@ -120,13 +201,15 @@ def main(argv):
     runs = plan(model_cfg, train_cfg)
     rows, prediction = bill(model_cfg, train_cfg, runs)
     launcher = f"torchrun --nproc_per_node={train_cfg.n_gpu}" if prediction['gpu']['kind'] == 'gpu' else 'python'
+    commands = [f"{launcher} {shlex.join(['train.py', config_path, *overrides, *run.flags])}" for run in runs]
     print(f"the experiment, billed by the ledger for {train_cfg.n_gpu} x {prediction['gpu']['name']} at an assumed "
-          f"{train_cfg.mfu:.0%} MFU:\n" + '\n'.join(rows) + '\n\ncommands (a branch after the main run has kept its '
-          'start):\n' + '\n'.join(f"{launcher} {shlex.join(['train.py', config_path, *overrides, *run.flags])}"
-                                  for run in runs), flush=True)
+          f"{train_cfg.mfu:.0%} MFU:\n" + '\n'.join(rows) + '\n\ncommands, in order (a branch starts from a '
+          'checkpoint the main run keeps):\n' + '\n'.join(commands), flush=True)
     if planning:
         return 0
     for run in runs:
+        if run.start:
+            check_branch_start(run.start, model_cfg, train_cfg)
         resume = ['--resume'] if checkpoint.latest(run.out_dir) else []  # a complete run resumes to its end: at once
         code = train.main([config_path, *overrides, *run.flags, *resume])
         if code:

@@ -25,6 +25,7 @@ import sys
 import numpy as np
 
 import ledger
+import ledger_report
 from config import ConfigError, UserError, cli
 from files import atomic_write
 
@@ -143,10 +144,10 @@ def figure(run_dirs):
         chinchilla = run['chinchilla']
         if chinchilla and chinchilla <= FAR_PAST_RUN * axis_tokens:
             ax.axvline(chinchilla, color=color, linestyle=':', linewidth=1.5,
-                       label=f'{name} 20 x P = {ledger._si(chinchilla)} tokens (Chinchilla)')
+                       label=f'{name} 20 x P = {ledger_report.si(chinchilla)} tokens (Chinchilla)')
         elif chinchilla:  # a legend entry without a line: the point is named, the axis not stretched to it
-            ax.plot([], [], ' ', color=color, label=f'{name}: 20 x P = {ledger._si(chinchilla)} tokens (Chinchilla), '
-                                                    f'{chinchilla / tokens[-1]:,.0f} x its tokens')
+            ax.plot([], [], ' ', color=color, label=f'{name}: 20 x P = {ledger_report.si(chinchilla)} tokens '
+                                                    f'(Chinchilla), {chinchilla / tokens[-1]:,.0f} x its tokens')
         if scores is not None and len(run['hellaswag'][0]):
             x, accuracy, stderr = run['hellaswag']
             scores.errorbar(x, 100 * accuracy, yerr=100 * stderr, color=color, linestyle='-.', marker='s',
@@ -178,7 +179,7 @@ def loss_axis(ax, runs):
         ax.set_ylim(bottom - 0.05 * (top - bottom), top + 0.05 * (top - bottom))
     ax.set_xlabel('tokens seen')
     ax.set_ylabel('loss (nats per token)')
-    ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _: ledger._si(x)))
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _: ledger_report.si(x)))
     ax.grid(alpha=0.3)
 
 
@@ -203,7 +204,7 @@ def mark_final(ax, run, color, marker, kind):
     if len(tokens):
         ax.plot(tokens[-1:], losses[-1:], linestyle='', marker=marker, markersize=12, color=color,
                 markeredgecolor='black', label=f"{run['name']} ({kind}): final val {losses[-1]:.4f} at "
-                                               f"{ledger._si(tokens[-1])}")
+                                               f"{ledger_report.si(tokens[-1])}")
 
 
 def branch_figure(main_dir):
@@ -228,7 +229,7 @@ def branch_figure(main_dir):
     chinchilla = main['chinchilla']
     if chinchilla:
         ax.axvline(chinchilla, color='black', linestyle=':', linewidth=1.5,
-                   label=f'20 x P = {ledger._si(chinchilla)} tokens (Chinchilla)')
+                   label=f'20 x P = {ledger_report.si(chinchilla)} tokens (Chinchilla)')
         fit = ax.twinx()
         last = max(run['train'][0][-1] for run in runs)
         seen = np.linspace(STEEP_START * last, last, 200)

@@ -1,22 +1,25 @@
 """
-test_overtrain.py: cooldown branches of a wsd run, and the over-training experiment. The main run keeps its branch
-point past keep_ckpts and prints the branch's command; the branch starts from the main run's weights, AdamW states
-and data position, decays the LR linearly from the peak to the floor on its last step, writes only its own
-out_dir and resumes bit-exactly; bad input is one line. overtrain.py runs the wsd run, its branch and cosine runs
-and tabulates their val bits per byte; plot.py draws them with the published fit on its own axis.
+test_overtrain.py: the over-training experiment (overtrain.py) and the cooldown runs it takes from train.py. The
+main wsd run keeps its checkpoint at each branch's start past keep_ckpts (--keep_steps); a branch
+(--cooldown_from, --cooldown_tokens) starts from its weights, AdamW states and data position, decays the LR linearly
+from the peak to the floor on its last step, writes only its own out_dir and resumes bit-exactly. Bad input is one
+line: train.py's own checks through train.main, the experiment's (a branch starts in the stable phase of a wsd run)
+through overtrain. overtrain.py runs the wsd run, its branch and cosine runs and tabulates their val bits per byte;
+plot.py draws them with the published fit on its own axis.
 """
 import contextlib
 import io
 import json
 import os
-import shlex
 
 import numpy as np
 import pytest
 
 import checkpoint
 import config
+import guard
 import ledger
+import ledger_report
 import overtrain
 import plot
 import train
@@ -49,35 +52,37 @@ def files_of(folder):
 
 @pytest.fixture(scope='module')
 def main_run(pystdlib_data, tmp_path_factory):
-    """-> (config, out_dir, stdout) of the 24-step wsd run."""
+    """-> (config, out_dir, the experiment's plan) after the 24-step wsd run, run with the flags the plan gives it."""
     tmp = tmp_path_factory.mktemp('main')
     config_path = write_config(tmp, pystdlib_data, out_dir=str(tmp / 'main'), **MAIN)
-    code, out = quietly(train.main, [config_path])
-    assert code == 0
-    return config_path, str(tmp / 'main'), out
+    runs = overtrain.plan(*load_config(config_path))
+    assert quietly(train.main, [config_path, *runs[0].flags])[0] == 0
+    return config_path, str(tmp / 'main'), runs
 
 
 @pytest.fixture(scope='module')
 def branch(main_run):
-    """-> (out_dir, stdout) of the branch, run with the command the main run printed."""
-    config_path, main, printed = main_run
-    command = printed.split('run the branch with: ')[1].splitlines()[0]
+    """-> (out_dir, stdout) of the branch, run with the flags the plan gives it."""
+    config_path, main, runs = main_run
     before = files_of(main)
-    code, out = quietly(train.main, shlex.split(command)[2:])
+    code, out = quietly(train.main, [config_path, *runs[1].flags])
     assert code == 0
     assert files_of(main) == before  # not a byte of the main run written, nothing removed
-    return main + '_cooldown_3.84K', out
+    return runs[1].out_dir, out
 
 
-def test_the_main_run_keeps_its_branch_point_and_says_how_to_branch(main_run):
-    config_path, main, printed = main_run
-    kept = os.path.join(main, 'branch_points', 'step_0000012')
-    assert sorted(os.listdir(os.path.join(main, 'ckpt'))) == ['LATEST', 'step_0000024']  # keep_ckpts = 1 pruned 12
-    assert os.listdir(os.path.join(main, 'branch_points')) == ['step_0000012'] and checkpoint.damage(kept) is None
+def test_the_main_run_keeps_the_start_of_its_branch(main_run):
+    config_path, main, runs = main_run
+    kept = os.path.join(main, 'ckpt', 'step_0000012')
+    assert runs[0].flags == ['--keep_steps=12']
+    assert runs[1].start == kept and runs[1].flags == [f'--cooldown_from={kept}', '--cooldown_tokens=768',
+                                                       f'--out_dir={main}_cooldown_3.84K']
+    # keep_ckpts = 1 pruned steps 0, 4, 8, 16 and 20; step 12 stays, complete
+    assert sorted(os.listdir(os.path.join(main, 'ckpt'))) == ['LATEST', 'step_0000012', 'step_0000024']
+    assert checkpoint.damage(kept) is None
     state = checkpoint.read_state(kept)['run']
     assert (state['step'], state['tokens_seen'], state['position']) == (12, 12 * STEP_TOKENS, 12 * 8)
-    assert (f"step 12: 3,072 tokens, the start of the 3.84K cooldown branch, kept in {kept}; run the branch with: "
-            f"python train.py {config_path} --cooldown_from={kept} --cooldown_tokens=768") in printed
+    overtrain.check_branch_start(kept, *load_config(config_path))  # in the stable phase: a branch may start there
     lrs = {e['step']: e['lr'] for e in read_metrics(main) if 'lr' in e}
     assert lrs[12] == lrs[13] == lrs[19] == PEAK and lrs[24] == pytest.approx(FLOOR)  # the main run: stable at 13
 
@@ -85,6 +90,7 @@ def test_the_main_run_keeps_its_branch_point_and_says_how_to_branch(main_run):
 def test_a_branch_continues_the_main_run_and_decays_to_the_floor(main_run, branch):
     _, main, _ = main_run
     out_dir, printed = branch
+    assert out_dir == f'{main}_cooldown_3.84K'
     entries = read_metrics(out_dir)
     steps = [e for e in entries if 'lr' in e]
     assert [e['step'] for e in steps] == [13, 14, 15]
@@ -99,13 +105,13 @@ def test_a_branch_continues_the_main_run_and_decays_to_the_floor(main_run, branc
     assert sorted(os.listdir(os.path.join(out_dir, 'ckpt'))) == ['LATEST', 'step_0000015']
     summary = json.loads(open(os.path.join(out_dir, 'summary.json')).read())
     assert summary['step'] == 15 and summary['val_bpb'] > 0
-    assert f"branched from {main}/branch_points/step_0000012: step 12, 3,072 tokens, data position 96" in printed
-    assert 'steps 13 to 15 (768 tokens' in printed and 'branch: out_dir changed' in printed
+    assert f"cooling down from {main}/ckpt/step_0000012: step 12, 3,072 tokens, data position 96" in printed
+    assert 'steps 13 to 15 (768 tokens' in printed and 'cooldown: out_dir changed' in printed
 
 
 def test_a_branch_resumes_bit_exactly(main_run, branch, tmp_path, capsys):
     config_path, main, _ = main_run
-    flags = [config_path, f'--cooldown_from={main}/branch_points/step_0000012', '--cooldown_tokens=768',
+    flags = [config_path, f'--cooldown_from={main}/ckpt/step_0000012', '--cooldown_tokens=768',
              f'--out_dir={tmp_path / "b"}']
     assert train.main(flags + ['--max_steps=14']) == 0
     assert checkpoint.step_of(checkpoint.latest(tmp_path / 'b')) == 14
@@ -133,24 +139,16 @@ def other_checkpoints(pystdlib_data, tmp_path_factory):
 @pytest.mark.parametrize('flags, message', [
     (['--cooldown_from={tmp}/nothing', '--cooldown_tokens=768'], 'nothing is not a checkpoint folder'),
     (['--cooldown_from={main}', '--cooldown_tokens=768'], 'main is not a checkpoint folder'),
-    (['--cooldown_from={cosine}', '--cooldown_tokens=768'], 'was written by a cosine run: a branch starts from'),
-    (['--cooldown_from={warmup}', '--cooldown_tokens=768'], 'is step 1 of a wsd run that holds the peak LR from '
-                                                            'step 2 to 18: at step 1 it is still warming up'),
-    (['--cooldown_from={main}/ckpt/step_0000024', '--cooldown_tokens=768'], 'at step 24 it is already decaying'),
-    (['--cooldown_from={main}_cooldown_3.84K/ckpt/step_0000015', '--cooldown_tokens=768'],
-     "is a cooldown branch's checkpoint, already decaying"),
-    (['--cooldown_from={kept}', '--cooldown_tokens=0'], 'cooldown_tokens must be positive for a branch, got 0'),
-    (['--cooldown_from={kept}', '--cooldown_tokens=-5'], 'cooldown_tokens must be positive for a branch, got -5'),
+    (['--cooldown_from={kept}', '--cooldown_tokens=0'], 'cooldown_tokens must be positive for a cooldown, got 0'),
+    (['--cooldown_from={kept}', '--cooldown_tokens=-5'], 'cooldown_tokens must be positive for a cooldown, got -5'),
     (['--cooldown_tokens=768'], 'cooldown_tokens goes with --cooldown_from'),
     (['--cooldown_from={kept}', '--cooldown_tokens=768', '--n_layer=3'], 'was written for another model (n_layer'),
     (['--cooldown_from={kept}', '--cooldown_tokens=768', '--lr=0.001'], 'with a changed lr 0.003 -> 0.001'),
-    (['--schedule=cosine'], "cooldowns need schedule = 'wsd'"),
-    (['--cooldowns=6144'], 'the branch of 6,144 tokens would start at step 20 (4,915 tokens), outside this '
-                           "run's stable phase (steps 2 to 18)"),
 ])
-def test_bad_input_is_one_line(main_run, branch, other_checkpoints, tmp_path, capsys, flags, message):
+def test_a_bad_cooldown_is_one_line(main_run, tmp_path, capsys, flags, message):
+    """train.py's own checks: any cooldown, of this experiment or not."""
     config_path, main, _ = main_run
-    places = dict(other_checkpoints, tmp=tmp_path, main=main, kept=f'{main}/branch_points/step_0000012')
+    places = dict(tmp=tmp_path, main=main, kept=f'{main}/ckpt/step_0000012')
     args = [config_path, f'--out_dir={tmp_path / "out"}'] + [flag.format(**places) for flag in flags]
     capsys.readouterr()
     assert train.main(args) == 2
@@ -158,62 +156,96 @@ def test_bad_input_is_one_line(main_run, branch, other_checkpoints, tmp_path, ca
     assert len(err) == 1 and err[0].startswith('error: ') and message in err[0], err
 
 
+@pytest.mark.parametrize('start, message', [
+    ('{tmp}/nothing', 'nothing is not a complete checkpoint: the main run keeps one at each branch'),
+    ('{cosine}', 'was written by a cosine run: a branch starts from'),
+    ('{warmup}', 'is step 1 of a wsd run that holds the peak LR from step 2 to 18: at step 1 it is still warming up'),
+    ('{main}/ckpt/step_0000024', 'at step 24 it is already decaying'),
+    ('{main}_cooldown_3.84K/ckpt/step_0000015', "is a cooldown branch's checkpoint, already decaying"),
+])
+def test_a_branch_starts_in_the_stable_phase_of_a_wsd_run(main_run, branch, other_checkpoints, tmp_path, start,
+                                                          message):
+    """The experiment's own check: train.py would cool any of these down, but none makes a finished run."""
+    config_path, main, _ = main_run
+    with pytest.raises(ConfigError) as refused:
+        overtrain.check_branch_start(start.format(tmp=tmp_path, main=main, **other_checkpoints),
+                                     *load_config(config_path))
+    assert message in str(refused.value) and '\n' not in str(refused.value)
+
+
+@pytest.mark.parametrize('flags, message', [
+    (['--schedule=cosine'], "cooldowns need schedule = 'wsd'"),
+    (['--cooldowns=6144'], 'the branch of 6,144 tokens would start at step 20 (4,915 tokens), outside this '
+                           "run's stable phase (steps 2 to 18)"),
+])
+def test_a_plan_without_stable_branch_points_is_one_line(main_run, capsys, flags, message):
+    config_path, _, _ = main_run
+    capsys.readouterr()
+    assert overtrain.main([config_path, *flags, '--plan']) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith('error: ') and message in err[0], err
+
+
 def test_the_schedule_of_a_branch():
     cfg = config.TrainConfig(lr=1e-3, warmup_frac=0.01, schedule='wsd', decay_frac=0.2, min_lr_ratio=0.1)
     total = 1000  # 10 warmup steps, the peak to step 799; a branch of 100 steps from step 400
-    assert list(train.stable_steps(total, cfg)) == list(range(10, 800))
+    assert list(overtrain.stable_steps(total, cfg)) == list(range(10, 800))
     lrs = [train.lr_at(step, total, cfg, cooldown=(400, 100)) for step in range(398, 500)]
     assert lrs[:2] == [1e-3, 1e-3] and lrs[2] == pytest.approx(1e-3 - 9e-4 / 100)  # the first step decays
     assert lrs[51] == pytest.approx(5.5e-4) and lrs[-1] == pytest.approx(1e-4)       # half-way; the floor
-    assert all(a > b for a, b in zip(lrs[1:], lrs[2:]))
+    assert all(np.diff(lrs[1:]) < 0)  # falling at every step
 
 
 def test_the_overtrain_config_branches_at_one_and_two_chinchillas():
     model_cfg, train_cfg = load_config('configs/h200_1b3_overtrain.py')
     step_tokens = train.tokens_per_micro_step(model_cfg, train_cfg, 1)
     total = train.planned_steps(train_cfg, step_tokens)  # ceil(100e9 / 524,288)
-    assert total == 190_735 and train.stable_steps(total, train_cfg) == range(572, 152_588)
-    points = train.branch_points(train_cfg, step_tokens)  # ceil(0.8 x 26e9 / 524,288) and ceil(0.8 x 52e9 / ...)
+    assert total == 190_735 and overtrain.stable_steps(total, train_cfg) == range(572, 152_588)
+    points = overtrain.branch_points(train_cfg, step_tokens)  # ceil(0.8 x 26e9 / 524,288) and ceil(0.8 x 52e9 / ...)
     assert points == {39_673: 26_000_000_000, 79_346: 52_000_000_000}
     runs = overtrain.plan(model_cfg, train_cfg)
     assert [(r.schedule, r.length, r.tokens) for r in runs] == [
         ('wsd', 100e9, 100e9), ('cooldown', 26e9, 26e9 - 39_673 * 524_288), ('cooldown', 52e9, 52e9 - 79_346 * 524_288),
         ('cosine', 26e9, 26e9), ('cosine', 52e9, 52e9), ('cosine', 100e9, 100e9)]
+    assert runs[0].flags == ['--keep_steps=39673,79346']  # the branches' starts outlive keep_ckpts = 3
     assert runs[1].out_dir == 'out/h200_1b3_overtrain_cooldown_26B' and runs[1].flags == [
-        '--cooldown_from=out/h200_1b3_overtrain/branch_points/step_0039673', '--cooldown_tokens=5199922176']
+        '--cooldown_from=out/h200_1b3_overtrain/ckpt/step_0039673', '--cooldown_tokens=5199922176',
+        '--out_dir=out/h200_1b3_overtrain_cooldown_26B']
+    assert runs[3].out_dir == 'out/h200_1b3_overtrain_cosine_26B'
     rows, prediction = overtrain.bill(model_cfg, train_cfg, runs)
     share = 5_199_922_176 / 100e9  # the main run's 24.9 days and $2,091, shared out by tokens
-    assert rows[3].endswith(f"| {ledger._duration(prediction['days'] * share)} | "
+    assert rows[3].endswith(f"| {ledger_report.duration(prediction['days'] * share)} | "
                             f"${prediction['cost_usd'] * share:,.0f} |")
     assert rows[-2].startswith('| wsd and its branches | | 116B |')  # 100B + 5.2B + 10.4B
     assert rows[-1].startswith('| the cosine runs | | 178B |')        # 26B + 52B + 100B
 
 
-def test_cooldowns_read_as_whole_numbers(tmp_path):
+def test_cooldowns_and_keep_steps_read_as_whole_numbers(tmp_path):
     assert load_config(None, ['--cooldowns=26e9,52e9'])[1].cooldowns == (26_000_000_000, 52_000_000_000)
     assert load_config(None, ['--cooldowns='])[1].cooldowns == ()
+    assert load_config(None, ['--keep_steps=39673,79346'])[1].keep_steps == (39_673, 79_346)
     (tmp_path / 'list.py').write_text('cooldowns = [1e3, 2000]\n')
     assert load_config(str(tmp_path / 'list.py'))[1].cooldowns == (1000, 2000)
-    for bad in ('cooldowns = (1.5,)', "cooldowns = '26e9'", 'cooldowns = (True,)'):
+    for bad in ('cooldowns = (1.5,)', "cooldowns = '26e9'", 'cooldowns = (True,)', 'keep_steps = (12.5,)'):
         (tmp_path / 'bad.py').write_text(bad + '\n')
         with pytest.raises(ConfigError, match='expected a list of whole numbers'):
             load_config(str(tmp_path / 'bad.py'))
 
 
-def test_a_checkpoint_older_than_the_cooldown_keys_still_resumes(main_run, monkeypatch, capsys):
+def test_a_checkpoint_older_than_the_experiments_keys_still_resumes(main_run, monkeypatch, capsys):
     config_path, main, _ = main_run
     read_state = checkpoint.read_state
 
     def from_before(path):  # as a checkpoint written before the keys existed holds it
         state = read_state(path)
-        for key in ('cooldowns', 'cooldown_from', 'cooldown_tokens'):
+        for key in ('cooldowns', 'cooldown_from', 'cooldown_tokens', 'keep_steps'):
             del state['train_config'][key]
         return state
 
     monkeypatch.setattr(checkpoint, 'read_state', from_before)
     model_cfg, train_cfg = load_config(config_path, ['--cooldowns='])
-    train.check_resumable(checkpoint.latest(main), model_cfg, train_cfg, set(), train.setup_cluster())
-    assert 'cooldown' not in capsys.readouterr().out  # each missing key had its default: nothing changed
+    guard.check_resumable(checkpoint.latest(main), model_cfg, train_cfg, set(), guard.setup_cluster())
+    assert 'changed' not in capsys.readouterr().out  # each missing key had its default: nothing changed
 
 
 # -----------------------------------------------------------------------------------------------------
@@ -224,12 +256,18 @@ def test_overtrain_runs_the_experiment_and_tabulates_it(pystdlib_data, tmp_path,
     assert overtrain.main([config_path]) == 0
     out = capsys.readouterr().out
     folders = [str(tmp_path / name) for name in ('x', 'x_cooldown_3.84K', 'x_cosine_3.84K', 'x_cosine_6.14K')]
+    assert [line.split(' ', 3)[3] for line in out.splitlines() if line.startswith('python train.py ')] == [
+        '--keep_steps=12', f'--cooldown_from={folders[0]}/ckpt/step_0000012 --cooldown_tokens=768 '
+        f'--out_dir={folders[1]}', f'--schedule=cosine --train_tokens=3840 --out_dir={folders[2]}',
+        f'--schedule=cosine --train_tokens=6144 --out_dir={folders[3]}']
+    assert sorted(os.listdir(tmp_path / 'x' / 'ckpt')) == ['LATEST', 'step_0000012', 'step_0000024']
     bpb = {folder: json.loads(open(os.path.join(folder, 'summary.json')).read())['val_bpb'] for folder in folders}
     chinchilla = ledger.CHINCHILLA_TOKENS_PER_PARAM * ledger.count_params(load_config(config_path)[0])['total']
     table = out.split('final val loss, bits per byte:\n')[1].splitlines()
-    for row, (wsd, cosine, length) in zip(table[2:4], [(folders[1], folders[2], 3840), (folders[0], folders[3], 6144)]):
-        assert row == (f"| {ledger._si(length)} | {length / chinchilla:.2f} | {bpb[wsd]:.4f} | {bpb[cosine]:.4f} | "
-                       f"{bpb[wsd] - bpb[cosine]:+.4f} |")
+    pairs = [(folders[1], folders[2], 3840), (folders[0], folders[3], 6144)]
+    for row, (wsd, cosine, length) in zip(table[2:4], pairs, strict=True):
+        assert row == (f"| {ledger_report.si(length)} | {length / chinchilla:.2f} | {bpb[wsd]:.4f} | "
+                       f"{bpb[cosine]:.4f} | {bpb[wsd] - bpb[cosine]:+.4f} |")
     assert os.path.isfile(tmp_path / 'x' / 'branches.png')
     assert [e['lr'] for e in read_metrics(folders[2]) if 'lr' in e][-1] == pytest.approx(FLOOR)  # cosine, 15 steps
     # the same command again: every run is complete, nothing is trained or logged again
