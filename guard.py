@@ -149,6 +149,24 @@ def check_out_dir(train, resume, stop_step, cluster):
     return None
 
 
+def cooldown_start(train):
+    """A run may start from another run's checkpoint (cooldown_from: its weights, AdamW states, step and data
+    position) and decay the LR over cooldown_tokens: a wsd run's stable-phase checkpoint so decayed is a finished run
+    of that length (Hägele et al. 2024; experiments/overtrain.py takes its branches so). -> the checkpoint's run
+    state (step, tokens_seen, ...), or None for a run of its own."""
+    if not train.cooldown_from:
+        if train.cooldown_tokens:
+            raise ConfigError('cooldown_tokens goes with --cooldown_from: the checkpoint whose LR it decays')
+        return None
+    if train.cooldown_tokens <= 0:
+        raise ConfigError(f"cooldown_tokens must be positive for a cooldown, got {train.cooldown_tokens:,}: the "
+                          f"tokens of its decay (10-20% of those seen at its start: Hägele et al. 2024)")
+    if not os.path.isfile(os.path.join(train.cooldown_from, checkpoint.MANIFEST)):
+        raise ConfigError(f"--cooldown_from={train.cooldown_from} is not a checkpoint folder (with a "
+                          f"{checkpoint.MANIFEST}): give one of a run's out_dir/ckpt/step_N")
+    return checkpoint.read_state(checkpoint.verified(train.cooldown_from))['run']
+
+
 def check_resumable(path, model_cfg, train, allowed, cluster, action='resume'):
     """A checkpoint continues only the model it was written for, in its own parallel mode's format; a change to
     a CONTINUATION_KEYS key needs --allow_change=KEY (then it is logged, old and new). A key the checkpoint does not

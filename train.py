@@ -3,19 +3,15 @@ train.py: pretrain a GPT-2 or Llama model from a config file, on one CPU or on m
 
     python train.py configs/pystdlib_cpu.py                            # a small Llama on the CPU, minutes
     torchrun --nproc_per_node=1 train.py configs/h200_1b3.py           # the book's 1.3B run on one H200
-    torchrun --standalone --nproc_per_node=8 train.py configs/h100x8_1b3.py
     python train.py CONFIG --max_steps=100 --lr=3e-4 --resume          # overrides, then continue from ckpt/LATEST
 
-Flags besides --key=value: --resume (continue from out_dir/ckpt/LATEST), --resume=PATH (from that checkpoint
-folder), --allow_change=KEY,... (let a resumed run change keys that break an exact continuation, such as lr),
---force (start even when the ledger predicts the run does not fit in the device's memory). Ctrl-C or a SIGTERM
-(a scheduler's preemption) finishes the step, writes a checkpoint and prints the command that resumes.
+Flags besides --key=value: --resume[=CKPT_DIR], --allow_change=KEY,... (a resumed run may change keys that break an
+exact continuation, such as lr), --force (start even when the ledger says the run does not fit). Ctrl-C or SIGTERM
+finishes the step, writes a checkpoint and prints the command that resumes.
 
-Read it top to bottom, in the order a run happens: 1. the batch and the LR schedule, 2. model, parallelism and
-optimizer, 3. eval and samples, 4. setup, 5. the step, 6. the loop: the step, then, when due, the spike guard,
-log, eval, checkpoint and sample. The rooms around it: data.py (shards, the seeded stream), guard.py (processes,
-resume checks, the clean stop, the spike guard), live.py (the live ledger: prediction beside measurement),
-ledger.py (the formulas), checkpoint.py (checkpoints with manifests).
+In the order a run happens: 1. the batch and the LR schedule, 2. model, parallelism, optimizer, 3. eval and samples,
+4. setup, 5. the step, 6. the loop. Around it: data.py (shards, the seeded stream), guard.py (processes, resume
+checks, the clean stop, the spike guard), live.py (the live ledger), checkpoint.py.
 """
 import contextlib
 import dataclasses
@@ -167,11 +163,9 @@ def build_model(model_cfg, train, cluster, dtype):
 
 
 def adamw_options(train, world_size):
-    """AdamW's settings: the book's betas 0.9/0.95 and eps 1e-8, and the fused kernel (one kernel for every tensor:
-    5x faster than the per-tensor loop on a 2-core CPU, measured; on GPUs the standard choice) everywhere but under
-    ZeRO-1: ZeroRedundancyOptimizer.load_state_dict moves AdamW's step counts to the CPU on purpose, and the fused
-    CUDA kernel then fails on mixed devices (pytorch #124133), so every resume and spike rollback would crash on a
-    GPU. ZeRO-1 takes the foreach kernel instead."""
+    """The book's betas 0.9/0.95 and eps 1e-8; the fused kernel (5x the per-tensor loop on a 2-core CPU, measured),
+    but foreach under ZeRO-1, whose load_state_dict moves the step counts to the CPU, where the fused CUDA kernel
+    fails on mixed devices (pytorch #124133): every resume and rollback would crash on a GPU."""
     zero1 = train.parallel == 'zero1' and world_size > 1
     return dict(lr=train.lr, betas=(train.beta1, train.beta2), eps=train.eps, fused=not zero1, foreach=zero1)
 
@@ -292,26 +286,6 @@ class Run:
     argv: list = dataclasses.field(default_factory=list)  # train.py's arguments, for the commands it prints
 
 
-def cooldown_schedule(train, micro_step_tokens):
-    """A run may start from another run's checkpoint (cooldown_from: its weights, AdamW states, step and data
-    position) and decay the LR linearly from the peak to the floor over cooldown_tokens: a wsd run's stable-phase
-    checkpoint so decayed is a finished run of that length (Hägele et al. 2024; experiments/overtrain.py takes its
-    branches so). -> (its first step, its steps), or None for a run of its own."""
-    if not train.cooldown_from:
-        if train.cooldown_tokens:
-            raise ConfigError('cooldown_tokens goes with --cooldown_from: the checkpoint whose LR it decays')
-        return None
-    if train.cooldown_tokens <= 0:
-        raise ConfigError(f"cooldown_tokens must be positive for a cooldown, got {train.cooldown_tokens:,}: the "
-                          f"tokens of its decay (10-20% of those seen at its start: Hägele et al. 2024)")
-    if not os.path.isfile(os.path.join(train.cooldown_from, checkpoint.MANIFEST)):
-        raise ConfigError(f"--cooldown_from={train.cooldown_from} is not a checkpoint folder (with a "
-                          f"{checkpoint.MANIFEST}): give one of a run's out_dir/ckpt/step_N")
-    start = checkpoint.read_state(checkpoint.verified(train.cooldown_from))['run']
-    end = dataclasses.replace(train, train_tokens=start['tokens_seen'] + train.cooldown_tokens)
-    return start['step'], planned_steps(end, micro_step_tokens) - start['step']
-
-
 def setup(argv, held=None):
     """-> a Run, or None when there is nothing to do. `held` (an ExitStack) keeps, for the run, rank 0's lock on
     out_dir (one writer per folder: a second run there is one line naming the first) and the translation of a full
@@ -322,7 +296,10 @@ def setup(argv, held=None):
     model_cfg, train = load_config(config_path, overrides)
     cluster = guard.setup_cluster()
     micro_step_tokens = tokens_per_micro_step(model_cfg, train, cluster.world_size)
-    cooldown = cooldown_schedule(train, micro_step_tokens)
+    cooldown, start = None, guard.cooldown_start(train)  # a cooldown: its checkpoint's step and tokens, checked
+    if start:  # the LR falls from the peak to the floor over cooldown_tokens from there (Hägele et al. 2024)
+        end = dataclasses.replace(train, train_tokens=start['tokens_seen'] + train.cooldown_tokens)
+        cooldown = start['step'], planned_steps(end, micro_step_tokens) - start['step']
     if cluster.is_master and locking:  # under torchrun, a rank that stops here takes the others down with it
         held.enter_context(files.folder_lock(train.out_dir, shlex.join(['train.py'] + list(argv))))
     total_steps = planned_steps(train, micro_step_tokens)

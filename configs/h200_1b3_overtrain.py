@@ -2,13 +2,12 @@
 # to 100B tokens of FineWeb-Edu sample-100BT, 3.7 x Chinchilla's 20 x P = 26.7B, to see where the loss flattens.
 # Warmup-stable-decay in place of cosine (Hägele et al. 2024): the LR holds its peak until the last 20% of the run,
 # so a checkpoint from before that, decayed in a short branch of its own, is a finished run of a shorter length.
-# The run keeps its checkpoints at 20.8B and 41.6B tokens (out/h200_1b3_overtrain/branch_points): the starts of
+# The run keeps its checkpoints at 20.8B and 41.6B tokens (keep_steps, out/h200_1b3_overtrain/ckpt): the starts of
 # branches that decay over 5.2B and 10.4B tokens and end at 26B and 52B (1x and 2x Chinchilla); its own decay, from
 # 80B, ends the 100B one. Three lengths for 115.6B tokens, where cosine runs of each would take 178B.
 #   python prepare.py fineweb_edu --sample 100BT                 # the whole sample: ~100B tokens, ~200 GB of shards
-#   python overtrain.py configs/h200_1b3_overtrain.py --plan     # the runs, their commands and the bill
-#   torchrun --nproc_per_node=1 train.py configs/h200_1b3_overtrain.py    # the main run; at each branch point it
-#                                                                          # prints the command of that branch
+#   python experiments/overtrain.py configs/h200_1b3_overtrain.py --plan   # the runs, their commands, the bill
+#   python experiments/overtrain.py configs/h200_1b3_overtrain.py          # runs them in order (resumable)
 #   python plot.py out/h200_1b3_overtrain --branches             # the loss, the branches, the Chinchilla point
 arch = 'llama'
 n_layer = 22
