@@ -16,6 +16,7 @@ on one H200 for the three defaults); each case gets its share, sized by the ledg
 case that cannot fit its share is skipped and says so. Lines go to stdout and to $OUT/bench.jsonl when $OUT is set
 (the device machine's output folder), with a log in $OUT/bench.log.
 """
+
 import contextlib
 import dataclasses
 import json
@@ -35,18 +36,28 @@ from config import ConfigError, cli, load_config, sharded
 from model import GPT
 
 DEFAULT_CASES = [
-    'configs/gpt2_124m.py',                                                 # GPT-2 small at its micro-batch, compiled
-    'configs/h200_1b3.py',                                                  # the seed's 1.3B run, compiled
-    'configs/h200_1b3.py --recompute=True --micro_batch=max',               # with recompute, the largest micro-batch
+    'configs/gpt2_124m.py',  # GPT-2 small at its micro-batch, compiled
+    'configs/h200_1b3.py',  # the seed's 1.3B run, compiled
+    'configs/h200_1b3.py --recompute=True --micro_batch=max',  # with recompute, the largest micro-batch
 ]
-TINY = ['--n_layer=2', '--n_embd=64', '--n_head=2', '--n_kv_head=2', '--ffn_hidden=0', '--vocab_size=512',
-        '--block_size=32', '--micro_batch=2', '--compile=False']
+TINY = [
+    '--n_layer=2',
+    '--n_embd=64',
+    '--n_head=2',
+    '--n_kv_head=2',
+    '--ffn_hidden=0',
+    '--vocab_size=512',
+    '--block_size=32',
+    '--micro_batch=2',
+    '--compile=False',
+]
 TINY_MAX_MICRO_BATCH = 8  # --tiny: a tiny model "fits" thousands of sequences in RAM; 8 keep it quick
 COMPILE_SECONDS = 90  # a budget for torch.compile's warm-up of one case on a GPU (measured on the CPU: ~60 s tiny)
 
 
 # -----------------------------------------------------------------------------------------------------
 # The device script.
+
 
 def build(case_args, cluster, tiny):
     """-> (Run of synthetic tokens, prediction) for one case: its config, one micro-step per optimizer step."""
@@ -63,14 +74,28 @@ def build(case_args, cluster, tiny):
     train_cfg = dataclasses.replace(train_cfg, batch_tokens=micro_step_tokens, batch_ramp_tokens=0)
     prediction = ledger.predict(model_cfg, train_cfg, n_gpu=cluster.world_size, device=device)
     dtype = prediction['dtype']
-    autocast = torch.autocast(cluster.device.type, dtype=torch.bfloat16) \
-        if dtype == 'bfloat16' and not sharded(train_cfg.parallel, cluster.world_size) else contextlib.nullcontext()
+    autocast = (
+        torch.autocast(cluster.device.type, dtype=torch.bfloat16)
+        if dtype == 'bfloat16' and not sharded(train_cfg.parallel, cluster.world_size)
+        else contextlib.nullcontext()
+    )
     model, raw_model = train.build_model(model_cfg, train_cfg, cluster, dtype)
     optimizer = train.build_optimizer(model, train_cfg, cluster)
     stream = data.SyntheticStream(model_cfg.vocab_size, model_cfg.block_size, train_cfg.seed, split=0)
-    run = train.Run(model_cfg, train_cfg, cluster, autocast, stream, model, raw_model, optimizer,
-                    params=[p for p in model.parameters() if p.requires_grad], micro_step_tokens=micro_step_tokens,
-                    total_steps=10**9, stop_step=10**9)
+    run = train.Run(
+        model_cfg,
+        train_cfg,
+        cluster,
+        autocast,
+        stream,
+        model,
+        raw_model,
+        optimizer,
+        params=[p for p in model.parameters() if p.requires_grad],
+        micro_step_tokens=micro_step_tokens,
+        total_steps=10**9,
+        stop_step=10**9,
+    )
     return run, prediction, live.sdpa_backend(model_cfg, cluster.device, dtype)
 
 
@@ -100,8 +125,11 @@ def bench_case(case, cluster, steps, warmup, seconds, tiny):
     tokens_per_s = steps * run.micro_step_tokens / elapsed
     if cluster.device.type == 'cuda':
         stats = torch.cuda.memory_stats(cluster.device)
-        peak, reserved, retries = stats['allocated_bytes.all.peak'], stats['reserved_bytes.all.peak'], \
-            stats['num_alloc_retries']
+        peak, reserved, retries = (
+            stats['allocated_bytes.all.peak'],
+            stats['reserved_bytes.all.peak'],
+            stats['num_alloc_retries'],
+        )
         peak_predicted = memory['allocated']
     else:  # the CPU: the process's peak resident memory, against the ledger's total (runtime included)
         peak, reserved, retries = live.peak_memory(cluster)[0], None, None
@@ -109,16 +137,30 @@ def bench_case(case, cluster, steps, warmup, seconds, tiny):
     peak_flops = cluster.world_size * prediction['gpu']['peak_flops']
     mfu = prediction['flops_per_token']['matmul'] * tokens_per_s / peak_flops
     return {
-        'case': case, 'device': prediction['gpu']['name'], 'processes': cluster.world_size,
-        'torch': torch.__version__, 'sdpa': attention, 'dtype': prediction['dtype'],
-        'micro_batch': run.train.micro_batch, 'block_size': run.model_cfg.block_size,
-        'compile': run.train.compile, 'recompute': run.train.recompute, 'params': prediction['params']['total'],
-        'steps_timed': steps, 'seconds': elapsed, 'loss': loss,
-        'tokens_per_s': tokens_per_s, 'tokens_per_s_predicted': prediction['tokens_per_s'],
-        'mfu': mfu, 'mfu_assumed': prediction['mfu_assumed'],
-        'peak_bytes': peak, 'peak_bytes_predicted': peak_predicted,
-        'reserved_bytes': reserved, 'reserved_bytes_predicted': memory['total'] if reserved is not None else None,
-        'alloc_retries': retries, 'fits_predicted': memory['fits'],
+        'case': case,
+        'device': prediction['gpu']['name'],
+        'processes': cluster.world_size,
+        'torch': torch.__version__,
+        'sdpa': attention,
+        'dtype': prediction['dtype'],
+        'micro_batch': run.train.micro_batch,
+        'block_size': run.model_cfg.block_size,
+        'compile': run.train.compile,
+        'recompute': run.train.recompute,
+        'params': prediction['params']['total'],
+        'steps_timed': steps,
+        'seconds': elapsed,
+        'loss': loss,
+        'tokens_per_s': tokens_per_s,
+        'tokens_per_s_predicted': prediction['tokens_per_s'],
+        'mfu': mfu,
+        'mfu_assumed': prediction['mfu_assumed'],
+        'peak_bytes': peak,
+        'peak_bytes_predicted': peak_predicted,
+        'reserved_bytes': reserved,
+        'reserved_bytes_predicted': memory['total'] if reserved is not None else None,
+        'alloc_retries': retries,
+        'fits_predicted': memory['fits'],
     }
 
 
@@ -161,19 +203,27 @@ def run_device_script(cases, steps, warmup, budget_s, tiny):
 
 def format_results(results):
     """The JSON lines as a table a person reads: measured | predicted for each quantity."""
-    rows = ['| case | SDPA | tokens/s (predicted) | MFU (assumed) | peak GiB (predicted) | reserved GiB (predicted) |'
-            ' retries |', '| --- | --- | ---: | ---: | ---: | ---: | ---: |']
+    rows = [
+        '| case | SDPA | tokens/s (predicted) | MFU (assumed) | peak GiB (predicted) | reserved GiB (predicted) |'
+        ' retries |',
+        '| --- | --- | ---: | ---: | ---: | ---: | ---: |',
+    ]
     gib = 2**30
     for r in results:
         if 'error' in r:
             rows.append(f"| {r['case']} | {r['error']} | | | | | |")
             continue
-        reserved = f"{r['reserved_bytes'] / gib:.1f} ({r['reserved_bytes_predicted'] / gib:.1f})" \
-            if r['reserved_bytes'] is not None else '-'
-        rows.append(f"| {r['case']} (micro-batch {r['micro_batch']}) | {r['sdpa']} | {r['tokens_per_s']:,.0f} "
-                    f"({r['tokens_per_s_predicted']:,.0f}) | {r['mfu']:.1%} ({r['mfu_assumed']:.0%}) | "
-                    f"{r['peak_bytes'] / gib:.2f} ({r['peak_bytes_predicted'] / gib:.2f}) | {reserved} | "
-                    f"{'-' if r['alloc_retries'] is None else r['alloc_retries']} |")
+        reserved = (
+            f"{r['reserved_bytes'] / gib:.1f} ({r['reserved_bytes_predicted'] / gib:.1f})"
+            if r['reserved_bytes'] is not None
+            else '-'
+        )
+        rows.append(
+            f"| {r['case']} (micro-batch {r['micro_batch']}) | {r['sdpa']} | {r['tokens_per_s']:,.0f} "
+            f"({r['tokens_per_s_predicted']:,.0f}) | {r['mfu']:.1%} ({r['mfu_assumed']:.0%}) | "
+            f"{r['peak_bytes'] / gib:.2f} ({r['peak_bytes_predicted'] / gib:.2f}) | {reserved} | "
+            f"{'-' if r['alloc_retries'] is None else r['alloc_retries']} |"
+        )
     return '\n'.join(rows)
 
 
@@ -181,6 +231,7 @@ def format_results(results):
 # train.py's loop against a plain PyTorch loop of the same model and batch: nanoGPT's loop (random offsets into
 # the first train shard, AdamW, clipping) with none of train.py's checkpoints, ledger, spike guard or data order.
 # The two alternate, best of each kept (a busy machine slows whichever runs at the time).
+
 
 def plain_loop_tokens_per_s(model_cfg, train_cfg, dtype, steps, warmup=3):
     T, B = model_cfg.block_size, train_cfg.micro_batch
@@ -198,7 +249,7 @@ def plain_loop_tokens_per_s(model_cfg, train_cfg, dtype, steps, warmup=3):
             start = time.perf_counter()
         for _ in range(accumulation):
             starts = rng.integers(0, len(tokens) - T - 1, B)
-            sequences = torch.from_numpy(np.stack([tokens[s:s + T + 1] for s in starts]).astype(np.int64))
+            sequences = torch.from_numpy(np.stack([tokens[s : s + T + 1] for s in starts]).astype(np.int64))
             with autocast:
                 _, loss = model(sequences[:, :-1], sequences[:, 1:])
             (loss / accumulation).backward()
@@ -215,9 +266,20 @@ def train_loop_tokens_per_s(model_cfg, train_cfg, dtype, steps, warmup=3):
     autocast = torch.autocast('cpu', dtype=torch.bfloat16) if dtype == 'bfloat16' else contextlib.nullcontext()
     model, raw_model = train.build_model(model_cfg, train_cfg, cluster, dtype)
     optimizer = train.build_optimizer(model, train_cfg, cluster)
-    run = train.Run(model_cfg, train_cfg, cluster, autocast, stream, model, raw_model, optimizer,
-                    params=list(model.parameters()), micro_step_tokens=train_cfg.micro_batch * T,
-                    total_steps=warmup + steps, stop_step=warmup + steps)
+    run = train.Run(
+        model_cfg,
+        train_cfg,
+        cluster,
+        autocast,
+        stream,
+        model,
+        raw_model,
+        optimizer,
+        params=list(model.parameters()),
+        micro_step_tokens=train_cfg.micro_batch * T,
+        total_steps=warmup + steps,
+        stop_step=warmup + steps,
+    )
     for step in range(warmup + steps):
         if step == warmup:
             start = time.perf_counter()
@@ -232,8 +294,10 @@ def run_loop_bench(config_path, overrides, steps, rounds):
     for _ in range(rounds):
         best['train.py'] = max(best['train.py'], train_loop_tokens_per_s(model_cfg, train_cfg, dtype, steps))
         best['plain loop'] = max(best['plain loop'], plain_loop_tokens_per_s(model_cfg, train_cfg, dtype, steps))
-    print(f"{config_path}, {steps} steps x {rounds} alternating rounds, best of each, {dtype}, compile "
-          f"{train_cfg.compile}, torch {torch.__version__}, {torch.get_num_threads()} threads:")
+    print(
+        f"{config_path}, {steps} steps x {rounds} alternating rounds, best of each, {dtype}, compile "
+        f"{train_cfg.compile}, torch {torch.__version__}, {torch.get_num_threads()} threads:"
+    )
     for name, tokens_per_s in best.items():
         print(f"  {name:<10} {tokens_per_s:,.0f} tokens/s")
     print(f"  train.py / plain loop: {best['train.py'] / best['plain loop']:.3f}")
@@ -241,6 +305,7 @@ def run_loop_bench(config_path, overrides, steps, rounds):
 
 
 # -----------------------------------------------------------------------------------------------------
+
 
 def option(argv, name, default, kind=int):
     """--name=value from argv (removed from it), or the default."""
@@ -268,8 +333,10 @@ def main(argv):
     cases = [a for a in argv if a != '--tiny'] or DEFAULT_CASES
     for case in cases:
         if case.startswith('--'):
-            raise ConfigError(f"unknown option {case}: options are --steps=N --warmup=N --budget_s=S --tiny; "
-                              f"a case with overrides goes in quotes: \"configs/h200_1b3.py --micro_batch=8\"")
+            raise ConfigError(
+                f"unknown option {case}: options are --steps=N --warmup=N --budget_s=S --tiny; "
+                f"a case with overrides goes in quotes: \"configs/h200_1b3.py --micro_batch=8\""
+            )
     run_device_script(cases, steps, warmup, budget_s, tiny)
     return 0
 

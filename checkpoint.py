@@ -18,6 +18,7 @@ cannot take as a sharded state: zero1 writes optimizer.pt from rank 0 and every 
 A process killed mid-write leaves a tmp_ folder that nothing reads, and LATEST still names the previous
 complete checkpoint; the next save removes the leftover.
 """
+
 import contextlib
 import hashlib
 import json
@@ -38,7 +39,7 @@ STATE_FILE = 'train_state.pt'
 GATHERED_OPTIMIZER = 'optimizer.pt'  # zero1 only: see above
 MANIFEST = 'manifest.json'
 HASHED_BYTES = 64 * 2**20  # files up to this size get a sha256 (train_state.pt, DCP's metadata, small shards);
-                           # hashing a 1.3B run's 16 GB of shards at each save and load would cost a minute
+# hashing a 1.3B run's 16 GB of shards at each save and load would cost a minute
 
 
 def root(out_dir):
@@ -50,8 +51,11 @@ def complete_checkpoints(out_dir):
     folder = root(out_dir)
     if not os.path.isdir(folder):
         return []
-    return sorted(os.path.join(folder, d) for d in os.listdir(folder)
-                  if d.startswith('step_') and os.path.isfile(os.path.join(folder, d, MANIFEST)))
+    return sorted(
+        os.path.join(folder, d)
+        for d in os.listdir(folder)
+        if d.startswith('step_') and os.path.isfile(os.path.join(folder, d, MANIFEST))
+    )
 
 
 def _sha256(path):
@@ -67,8 +71,7 @@ def write_manifest(folder):
     entries = {}
     for name in sorted(os.listdir(folder)):
         size = os.path.getsize(os.path.join(folder, name))
-        entries[name] = {'bytes': size, 'sha256': _sha256(os.path.join(folder, name)) if size <= HASHED_BYTES
-                         else None}
+        entries[name] = {'bytes': size, 'sha256': _sha256(os.path.join(folder, name)) if size <= HASHED_BYTES else None}
     save_json(os.path.join(folder, MANIFEST), entries)
 
 
@@ -101,8 +104,11 @@ def verified(path):
         return path
     out_dir = os.path.dirname(os.path.dirname(os.path.abspath(path)))
     earlier = [c for c in complete_checkpoints(out_dir) if c < os.path.abspath(path) and damage(c) is None]
-    advice = f'resume from the newest complete one before it: --resume={earlier[-1]}' if earlier else \
-        'there is no complete one before it: start again without --resume'
+    advice = (
+        f'resume from the newest complete one before it: --resume={earlier[-1]}'
+        if earlier
+        else 'there is no complete one before it: start again without --resume'
+    )
     raise ConfigError(f"checkpoint {path} is damaged: {problem}; {advice}")
 
 
@@ -144,6 +150,7 @@ def read_state(path):
 # -----------------------------------------------------------------------------------------------------
 # Writing and reading the states. Every rank takes part in both.
 
+
 def _rank_and_world():
     return (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
 
@@ -166,6 +173,7 @@ def _dcp_failures_as_their_cause():
     raise the first rank's own exception instead (a full disk is then an OSError or torch.save's RuntimeError, which
     files.disk_errors turns into one line)."""
     from torch.distributed.checkpoint.api import CheckpointException
+
     try:
         yield
     except CheckpointException as e:
@@ -177,6 +185,7 @@ def _dcp_state(model, optimizer=None):
     """The state dicts DCP saves and loads, keyed by parameter name whatever wraps the model (DDP, FSDP2,
     torch.compile). With an optimizer that has no state yet, get_state_dict creates it (the load overwrites it)."""
     from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_state_dict
+
     if optimizer is None:
         return {'model': get_model_state_dict(model)}
     model_state, optimizer_state = get_state_dict(model, optimizer)
@@ -212,8 +221,8 @@ def set_rng_states(states):
 
 def save(out_dir, step, model, optimizer, train_state, keep, kept_steps=()):
     """Write step_NNNNNNN (the model, the optimizer, train_state plus every rank's RNG states, the manifest last),
-    point LATEST at it, keep the newest `keep` up to it and those of kept_steps; return its path. A write that fails (a full disk, Ctrl-C)
-    leaves no tmp_ folder behind, and LATEST still names the last complete checkpoint."""
+    point LATEST at it, keep the newest `keep` up to it and those of kept_steps; return its path. A write that fails
+    (a full disk, Ctrl-C) leaves no tmp_ folder behind, and LATEST still names the last complete checkpoint."""
     rank, world = _rank_and_world()
     folder = root(out_dir)
     name = f'step_{step:07d}'
@@ -250,6 +259,7 @@ def save(out_dir, step, model, optimizer, train_state, keep, kept_steps=()):
 def _write(tmp, step, model, optimizer, train_state, rank, world):
     """The files of one checkpoint, into the folder tmp."""
     import torch.distributed.checkpoint as dcp
+
     # Before the first step AdamW has no state, and saving it would create one with a zero-lr step (its step
     # count becomes 1, changing the bias correction): the step-0 checkpoint holds the model alone. zero1 runs keep
     # the optimizer gathered in optimizer.pt, on any world size, so that one process and many read each other's.
@@ -272,6 +282,7 @@ def load(path, model, optimizer):
     streams in place; return the saved train_state dict."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_state_dict
+
     saved = read_state(path)
     gathered = os.path.join(path, GATHERED_OPTIMIZER)
     sharded = saved['step'] > 0 and not os.path.isfile(gathered)  # the optimizer is in DCP's files
@@ -297,9 +308,11 @@ def load(path, model, optimizer):
 # -----------------------------------------------------------------------------------------------------
 # The weights alone, in one process, for sample.py (and any tool that reads a trained model).
 
+
 def load_model(path, device):
     """-> (GPT in eval mode on `device`, the saved train config dict) from a checkpoint folder or out_dir."""
     import torch.distributed.checkpoint as dcp
+
     path = find(path)
     saved = read_state(path)
     with torch.device('meta'):

@@ -8,6 +8,7 @@ before anything is built. The tables the other files read live here too: the mod
 break a resumed run (CONTINUATION_KEYS), the parallel modes and the objectives' vocabulary. Standard library only:
 `python ledger.py CONFIG` runs before torch is installed.
 """
+
 import dataclasses
 import difflib
 import functools
@@ -20,6 +21,7 @@ from fractions import Fraction
 
 class UserError(Exception):
     """Bad input or a state the user can fix: one line on stderr ('error: ...'), no traceback, exit_code."""
+
     exit_code = 2
 
 
@@ -35,6 +37,7 @@ def cli(function):
     """The one error wrapper of every command's main(argv): a UserError becomes one 'error: ...' line on stderr
     (from rank 0 only under torchrun: every rank reaches the same verdict) and its exit code; Ctrl-C is one line
     and exit 130, not a traceback (what was written completely stays; a rerun of the same command carries on)."""
+
     @functools.wraps(function)
     def main(argv=None):
         try:
@@ -46,6 +49,7 @@ def cli(function):
         if int(os.environ.get('RANK', 0)) == 0:
             print(message, file=sys.stderr, flush=True)
         return code
+
     return main
 
 
@@ -59,15 +63,15 @@ NORMS, MLPS, POSITIONS = ('layernorm', 'rmsnorm'), ('gelu', 'swiglu'), ('learned
 
 @dataclass(frozen=True)
 class Family:
-    norm: str              # 'layernorm' (weight, and a bias if the model has biases) or 'rmsnorm' (weight only)
-    mlp: str               # 'gelu' (up H -> H', GELU, down H' -> H) or 'swiglu' (down(silu(gate(x)) * up(x)))
-    positions: str         # 'learned' (a block_size x H table added to the embedding) or 'rope' (q, k rotated)
-    ffn_ratio: Fraction    # the default FFN width H' (ffn_hidden = 0) is ffn_ratio x H,
-    ffn_multiple: int      # rounded up to a multiple of this
-    bias: bool             # the family has biases (Linear layers, norms): a config file gets them unless it says
-                           # bias = False; a family without them refuses bias = True
-    tie_embeddings: bool   # the family's published tying: the default of a config file that names the family
-    hf_class: str          # the Hugging Face class export.py writes the model as
+    norm: str  # 'layernorm' (weight, and a bias if the model has biases) or 'rmsnorm' (weight only)
+    mlp: str  # 'gelu' (up H -> H', GELU, down H' -> H) or 'swiglu' (down(silu(gate(x)) * up(x)))
+    positions: str  # 'learned' (a block_size x H table added to the embedding) or 'rope' (q, k rotated)
+    ffn_ratio: Fraction  # the default FFN width H' (ffn_hidden = 0) is ffn_ratio x H,
+    ffn_multiple: int  # rounded up to a multiple of this
+    bias: bool  # the family has biases (Linear layers, norms): a config file gets them unless it says
+    # bias = False; a family without them refuses bias = True
+    tie_embeddings: bool  # the family's published tying: the default of a config file that names the family
+    hf_class: str  # the Hugging Face class export.py writes the model as
 
     def __post_init__(self):
         assert self.norm in NORMS and self.mlp in MLPS and self.positions in POSITIONS, self
@@ -80,12 +84,14 @@ class Family:
 
 FAMILIES = {
     # GPT-2 (Radford et al. 2019): LayerNorm, a 4H GELU MLP, learned positions, biases, tied embeddings
-    'gpt2': Family('layernorm', 'gelu', 'learned', Fraction(4), 1, bias=True, tie_embeddings=True,
-                   hf_class='GPT2LMHeadModel'),
+    'gpt2': Family(
+        'layernorm', 'gelu', 'learned', Fraction(4), 1, bias=True, tie_embeddings=True, hf_class='GPT2LMHeadModel'
+    ),
     # LLaMA (Touvron et al. 2023): RMSNorm, SwiGLU at 2/3 of 4H rounded up to 256 (so its three matrices cost
     # what GPT-2's two do; 4096 -> 11008), RoPE, no biases, untied
-    'llama': Family('rmsnorm', 'swiglu', 'rope', Fraction(8, 3), 256, bias=False, tie_embeddings=False,
-                    hf_class='LlamaForCausalLM'),
+    'llama': Family(
+        'rmsnorm', 'swiglu', 'rope', Fraction(8, 3), 256, bias=False, tie_embeddings=False, hf_class='LlamaForCausalLM'
+    ),
 }
 
 
@@ -93,20 +99,21 @@ FAMILIES = {
 # The keys. Model keys use nanoGPT's names. Every one of them breaks a continuation: a checkpoint is for one model
 # (train.py refuses to resume it with another), so unlike TrainConfig's they carry no mark.
 
+
 @dataclass
 class ModelConfig:
-    arch: str = 'llama'          # the model family, a key of FAMILIES: 'llama' or 'gpt2'
+    arch: str = 'llama'  # the model family, a key of FAMILIES: 'llama' or 'gpt2'
     n_layer: int = 12
     n_head: int = 12
-    n_kv_head: int = 0           # key/value heads for GQA; 0 means n_head (plain multi-head attention)
+    n_kv_head: int = 0  # key/value heads for GQA; 0 means n_head (plain multi-head attention)
     n_embd: int = 768
-    ffn_hidden: int = 0          # FFN width H'; 0 means the family's default (gpt2: 4H; llama: 8H/3 rounded up to 256)
-    vocab_size: int = 50304      # padded to a multiple of 128 in the configs, for speed
-    block_size: int = 1024       # context length T (training sequence length)
+    ffn_hidden: int = 0  # FFN width H'; 0 means the family's default (gpt2: 4H; llama: 8H/3 rounded up to 256)
+    vocab_size: int = 50304  # padded to a multiple of 128 in the configs, for speed
+    block_size: int = 1024  # context length T (training sequence length)
     # The next two default to the family's in a config file (load_config); these defaults are llama's, the default
     # family, which a ModelConfig built in code gets whatever its arch
-    tie_embeddings: bool = False # share the input embedding with the output projection (GPT-2 does)
-    bias: bool = False           # biases in Linear layers and norms (gpt2 has them; llama has none)
+    tie_embeddings: bool = False  # share the input embedding with the output projection (GPT-2 does)
+    bias: bool = False  # biases in Linear layers and norms (gpt2 has them; llama has none)
     norm_eps: float = 1e-5
     rope_theta: float = 10000.0
 
@@ -141,6 +148,7 @@ class ModelConfig:
 # the spike guard, the ledger's assumptions, micro_batch and the world size: the same global batch); train.py logs
 # the change.
 
+
 def exact(default):
     return dataclasses.field(default=default, metadata={'resume': 'exact'})
 
@@ -156,72 +164,72 @@ class TrainConfig:
     data: str = exact('data/pystdlib')  # a folder made by prepare.py, or 'synthetic' (random tokens, for benchmarks)
     seed: int = exact(1337)
     train_tokens: int = exact(26_000_000_000)  # tokens the run is planned to see (sets the number of steps)
-    max_steps: int = free(0)           # stop after this many steps (0: run to train_tokens); the schedule still
-                                       # spans train_tokens
-    dataset_tokens: int = free(0)      # tokens available in the dataset, for the ledger's "is it enough" (0: unknown)
+    max_steps: int = free(0)  # stop after this many steps (0: run to train_tokens); the schedule still
+    # spans train_tokens
+    dataset_tokens: int = free(0)  # tokens available in the dataset, for the ledger's "is it enough" (0: unknown)
     # batch: global batch in tokens, reached by micro_batch sequences x grad accumulation x world size
     batch_tokens: int = exact(524_288)
-    micro_batch: int = free(16)        # sequences per GPU per forward/backward
+    micro_batch: int = free(16)  # sequences per GPU per forward/backward
     batch_ramp_tokens: int = exact(0)  # ramp the batch from batch_ramp_start to batch_tokens over this many
     batch_ramp_start: int = exact(32_768)  # tokens (0: off)
     # optimizer and schedule (the book: AdamW 0.9/0.95/1e-8, wd 0.1 on matrices, clip 1.0, warmup 0.1-0.5%,
     # decay to 10%)
     lr: float = exact(6e-4)
     min_lr_ratio: float = exact(0.1)
-    schedule: str = exact('cosine')    # 'cosine' or 'wsd' (warmup-stable-decay)
+    schedule: str = exact('cosine')  # 'cosine' or 'wsd' (warmup-stable-decay)
     warmup_frac: float = exact(0.003)  # fraction of steps spent in linear warmup
-    decay_frac: float = exact(0.2)     # wsd only: fraction of steps spent in the final linear decay
+    decay_frac: float = exact(0.2)  # wsd only: fraction of steps spent in the final linear decay
     # a cooldown: start from another run's checkpoint (weights, AdamW states, step, data position) and decay the LR
     # linearly from the peak to the floor over cooldown_tokens. A wsd run's stable-phase checkpoint so decayed is a
     # finished run of that length (Hägele et al. 2024): experiments/overtrain.py takes its branches so
-    cooldowns: tuple = free(())        # experiments/overtrain.py: the lengths in tokens of a wsd run's branches,
-                                       # e.g. (26e9, 52e9); train.py does not read it
-    cooldown_from: str = exact('')     # the checkpoint folder a cooldown starts from ('': a run of its own)
-    cooldown_tokens: int = exact(0)    # a cooldown's tokens, over which the LR falls from the peak to the floor
+    cooldowns: tuple = free(())  # experiments/overtrain.py: the lengths in tokens of a wsd run's branches,
+    # e.g. (26e9, 52e9); train.py does not read it
+    cooldown_from: str = exact('')  # the checkpoint folder a cooldown starts from ('': a run of its own)
+    cooldown_tokens: int = exact(0)  # a cooldown's tokens, over which the LR falls from the peak to the floor
     # what the model learns to predict (objectives.py): 'clm' next-token prediction at every position; 'prefix_lm'
     # loss on the part after a random cut; 'fim' fill-in-the-middle (Bavarian et al. 2022); 'ul2' UL2's mixture of
     # denoisers (Tay et al. 2022). fim and ul2 need a data folder with the special tokens (prepare.py reserves them)
     objective: str = exact('clm')
-    fim_rate: float = exact(0.5)       # fim: the share of documents rearranged (the paper's 0.5; "FIM for free"
-                                       # up to 0.9)
-    fim_spm_rate: float = exact(0.5)   # fim: the share of those in SPM order, the rest PSM (the paper's joint training)
-    ul2_s_rate: float = exact(0.5)     # ul2: the shares of documents given the S (prefix LM), R (short spans,
-    ul2_r_rate: float = exact(0.25)    # 15%) and X (long spans or 50%) denoisers; they sum to 1. Half S, as
-    ul2_x_rate: float = exact(0.25)    # U-PaLM's UL2R mixture
+    fim_rate: float = exact(0.5)  # fim: the share of documents rearranged (the paper's 0.5; "FIM for free"
+    # up to 0.9)
+    fim_spm_rate: float = exact(0.5)  # fim: the share of those in SPM order, the rest PSM (the paper's joint training)
+    ul2_s_rate: float = exact(0.5)  # ul2: the shares of documents given the S (prefix LM), R (short spans,
+    ul2_r_rate: float = exact(0.25)  # 15%) and X (long spans or 50%) denoisers; they sum to 1. Half S, as
+    ul2_x_rate: float = exact(0.25)  # U-PaLM's UL2R mixture
     weight_decay: float = exact(0.1)
     beta1: float = exact(0.9)
     beta2: float = exact(0.95)
     eps: float = exact(1e-8)
-    grad_clip: float = exact(1.0)      # clip the global gradient norm to this (0: no clipping)
+    grad_clip: float = exact(1.0)  # clip the global gradient norm to this (0: no clipping)
     # precision, speed, memory, parallelism
-    dtype: str = exact('auto')         # 'auto' (bf16 on CUDA; on a CPU the faster, measured), 'bfloat16' or 'float32'
+    dtype: str = exact('auto')  # 'auto' (bf16 on CUDA; on a CPU the faster, measured), 'bfloat16' or 'float32'
     compile: bool = free(True)
-    recompute: bool = free(False)      # activation recomputation per block (the ledger switches to 8P)
-    parallel: str = free('ddp')        # 'ddp', 'zero1', 'zero2' or 'fsdp' (ZeRO-3); a checkpoint resumes in its
-                                       # own mode (train.py checks it on its own)
+    recompute: bool = free(False)  # activation recomputation per block (the ledger switches to 8P)
+    parallel: str = free('ddp')  # 'ddp', 'zero1', 'zero2' or 'fsdp' (ZeRO-3); a checkpoint resumes in its
+    # own mode (train.py checks it on its own)
     # logging, eval, checkpoints, spike guard
     log_every: int = free(10)
     eval_every: int = free(250)
     eval_tokens: int = free(1_048_576)
-    hellaswag_every: int = free(0)     # score HellaSwag (eval.py) every this many steps and at the end (0: never)
-    hellaswag_items: int = free(0)     # score only the first this many of its 10,042 items (0: all of them)
-    sample_every: int = free(0)        # 0: no samples during training
-    sample_tokens: int = free(0)       # tokens per text sample, at sample_every steps and at the end of the run
-                                       # (0: none)
+    hellaswag_every: int = free(0)  # score HellaSwag (eval.py) every this many steps and at the end (0: never)
+    hellaswag_items: int = free(0)  # score only the first this many of its 10,042 items (0: all of them)
+    sample_every: int = free(0)  # 0: no samples during training
+    sample_tokens: int = free(0)  # tokens per text sample, at sample_every steps and at the end of the run
+    # (0: none)
     ckpt_every: int = free(1000)
     keep_ckpts: int = free(3)
-    keep_steps: tuple = free(())       # steps whose checkpoints are written and never pruned, e.g. (1000, 2000)
-    spike_factor: float = free(3.0)    # a loss above mean + spike_factor * std of the recent window is a spike
+    keep_steps: tuple = free(())  # steps whose checkpoints are written and never pruned, e.g. (1000, 2000)
+    spike_factor: float = free(3.0)  # a loss above mean + spike_factor * std of the recent window is a spike
     spike_window: int = free(50)
     spike_min_std: float = free(0.02)  # floor on that std, as a fraction of the mean: late in a run the loss is so
-                                       # steady (std ~0.01) that 3 std would read ordinary noise as spikes
+    # steady (std ~0.01) that 3 std would read ordinary noise as spikes
     max_rollbacks: int = free(5)
     # the ledger's assumptions for time, money and memory
-    gpu: str = free('auto')            # the device the ledger plans for: a name in ledger.py's table ('H200',
-                                       # 'H100', ...), 'cpu', or 'auto' (this machine's GPU, else its CPU, measured
-                                       # by a short GEMM probe)
-    n_gpu: int = free(1)               # devices the ledger plans for (train.py uses the real world size)
-    mfu: float = free(0.40)            # assumed model FLOPs utilisation (the seed's 40%)
+    gpu: str = free('auto')  # the device the ledger plans for: a name in ledger.py's table ('H200',
+    # 'H100', ...), 'cpu', or 'auto' (this machine's GPU, else its CPU, measured
+    # by a short GEMM probe)
+    n_gpu: int = free(1)  # devices the ledger plans for (train.py uses the real world size)
+    mfu: float = free(0.40)  # assumed model FLOPs utilisation (the seed's 40%)
     usd_per_gpu_hour: float = free(3.5)
 
 
@@ -229,7 +237,6 @@ CONFIG_CLASSES = (ModelConfig, TrainConfig)
 DEFAULTS = {f.name: f.default for cls in CONFIG_CLASSES for f in dataclasses.fields(cls)}
 # The keys whose change breaks an exact continuation on resume (train.py's --allow_change), from their marks
 CONTINUATION_KEYS = tuple(f.name for f in dataclasses.fields(TrainConfig) if f.metadata['resume'] == 'exact')
-
 
 
 # -----------------------------------------------------------------------------------------------------
@@ -247,6 +254,7 @@ def sharded(parallel, world_size):
     """Whether FSDP2 shards the run: a mode built on it, over more than one process."""
     return world_size > 1 and parallel in FSDP_MODES
 
+
 # -----------------------------------------------------------------------------------------------------
 # The objectives' vocabulary (objectives.py transforms sequences with it; prepare.py reserves the tokens; the ledger
 # does the loss share's arithmetic from it): names, special tokens, UL2's denoisers, the ignored target.
@@ -260,8 +268,15 @@ EOT = '<|endoftext|>'  # every document starts with it (the shard format's rule)
 # spans reuses them in order). 22 ids: they fit the padding of GPT-2's 50,257 to 50,304 (47 ids) and of NeoX's
 # 50,277 (27); our bpe:V keeps V ids in all, its BPE learning 22 merges fewer. Never in the shards: a document's
 # text '<|fim_prefix|>' is plain text, like '<|endoftext|>'; the objective inserts the ids as it packs a batch.
-SPECIAL_TOKENS = ('<|fim_prefix|>', '<|fim_middle|>', '<|fim_suffix|>', '<|ul2_s|>', '<|ul2_r|>', '<|ul2_x|>',
-                  *(f'<|sentinel_{i}|>' for i in range(16)))
+SPECIAL_TOKENS = (
+    '<|fim_prefix|>',
+    '<|fim_middle|>',
+    '<|fim_suffix|>',
+    '<|ul2_s|>',
+    '<|ul2_r|>',
+    '<|ul2_x|>',
+    *(f'<|sentinel_{i}|>' for i in range(16)),
+)
 FIM_TOKENS = ('<|fim_prefix|>', '<|fim_suffix|>', '<|fim_middle|>')
 UL2_MODES = ('<|ul2_s|>', '<|ul2_r|>', '<|ul2_x|>')
 SENTINELS = tuple(name for name in SPECIAL_TOKENS if name.startswith('<|sentinel_'))
@@ -282,6 +297,7 @@ IGNORE_INDEX = -1
 # What each key allows beyond its type: (test, the words an error uses). Keys not listed take any value of their
 # type. Shapes that involve two keys (n_embd divisible by n_head, ...) are checked after.
 
+
 def _one_of(*choices):
     return lambda v: v in choices, 'one of ' + ', '.join(choices)
 
@@ -292,27 +308,60 @@ FRACTION = (lambda v: 0 <= v < 1, 'in [0, 1)')
 UNIT = (lambda v: 0 <= v <= 1, 'in [0, 1]')
 RULES = {
     'arch': _one_of(*FAMILIES),
-    'n_layer': POSITIVE, 'n_head': POSITIVE, 'n_embd': POSITIVE, 'vocab_size': POSITIVE, 'block_size': POSITIVE,
+    'n_layer': POSITIVE,
+    'n_head': POSITIVE,
+    'n_embd': POSITIVE,
+    'vocab_size': POSITIVE,
+    'block_size': POSITIVE,
     'n_kv_head': (POSITIVE_OR_0[0], 'positive (or 0 for the default)'),
     'ffn_hidden': (POSITIVE_OR_0[0], 'positive (or 0 for the default)'),
-    'norm_eps': POSITIVE, 'rope_theta': POSITIVE,
-    'out_dir': (bool, 'a folder name'), 'data': (bool, "a folder made by prepare.py, or 'synthetic'"),
-    'seed': POSITIVE_OR_0, 'train_tokens': POSITIVE, 'max_steps': POSITIVE_OR_0, 'dataset_tokens': POSITIVE_OR_0,
-    'batch_tokens': POSITIVE, 'micro_batch': POSITIVE, 'batch_ramp_tokens': POSITIVE_OR_0,
+    'norm_eps': POSITIVE,
+    'rope_theta': POSITIVE,
+    'out_dir': (bool, 'a folder name'),
+    'data': (bool, "a folder made by prepare.py, or 'synthetic'"),
+    'seed': POSITIVE_OR_0,
+    'train_tokens': POSITIVE,
+    'max_steps': POSITIVE_OR_0,
+    'dataset_tokens': POSITIVE_OR_0,
+    'batch_tokens': POSITIVE,
+    'micro_batch': POSITIVE,
+    'batch_ramp_tokens': POSITIVE_OR_0,
     'batch_ramp_start': POSITIVE,
-    'lr': POSITIVE, 'min_lr_ratio': UNIT, 'schedule': _one_of('cosine', 'wsd'),
-    'objective': _one_of(*OBJECTIVES), 'fim_rate': UNIT, 'fim_spm_rate': UNIT,
-    'ul2_s_rate': UNIT, 'ul2_r_rate': UNIT, 'ul2_x_rate': UNIT,
-    'warmup_frac': FRACTION, 'decay_frac': (lambda v: 0 < v <= 1, 'in (0, 1]'), 'weight_decay': POSITIVE_OR_0,
-    'beta1': FRACTION, 'beta2': FRACTION, 'eps': POSITIVE, 'grad_clip': (POSITIVE_OR_0[0], 'positive (or 0: off)'),
-    'dtype': _one_of('auto', 'bfloat16', 'float32'), 'parallel': _one_of(*PARALLEL_MODES),
-    'log_every': POSITIVE, 'eval_every': POSITIVE, 'eval_tokens': POSITIVE, 'sample_every': POSITIVE_OR_0,
-    'hellaswag_every': POSITIVE_OR_0, 'hellaswag_items': POSITIVE_OR_0,
-    'sample_tokens': POSITIVE_OR_0, 'ckpt_every': POSITIVE, 'keep_ckpts': POSITIVE,
-    'spike_factor': POSITIVE, 'spike_window': POSITIVE, 'spike_min_std': POSITIVE_OR_0,
+    'lr': POSITIVE,
+    'min_lr_ratio': UNIT,
+    'schedule': _one_of('cosine', 'wsd'),
+    'objective': _one_of(*OBJECTIVES),
+    'fim_rate': UNIT,
+    'fim_spm_rate': UNIT,
+    'ul2_s_rate': UNIT,
+    'ul2_r_rate': UNIT,
+    'ul2_x_rate': UNIT,
+    'warmup_frac': FRACTION,
+    'decay_frac': (lambda v: 0 < v <= 1, 'in (0, 1]'),
+    'weight_decay': POSITIVE_OR_0,
+    'beta1': FRACTION,
+    'beta2': FRACTION,
+    'eps': POSITIVE,
+    'grad_clip': (POSITIVE_OR_0[0], 'positive (or 0: off)'),
+    'dtype': _one_of('auto', 'bfloat16', 'float32'),
+    'parallel': _one_of(*PARALLEL_MODES),
+    'log_every': POSITIVE,
+    'eval_every': POSITIVE,
+    'eval_tokens': POSITIVE,
+    'sample_every': POSITIVE_OR_0,
+    'hellaswag_every': POSITIVE_OR_0,
+    'hellaswag_items': POSITIVE_OR_0,
+    'sample_tokens': POSITIVE_OR_0,
+    'ckpt_every': POSITIVE,
+    'keep_ckpts': POSITIVE,
+    'spike_factor': POSITIVE,
+    'spike_window': POSITIVE,
+    'spike_min_std': POSITIVE_OR_0,
     'max_rollbacks': POSITIVE_OR_0,
-    'gpu': (bool, "a name in ledger.py's GPU table, 'cpu' or 'auto'"), 'n_gpu': POSITIVE,
-    'mfu': (lambda v: 0 < v <= 1, 'in (0, 1]'), 'usd_per_gpu_hour': POSITIVE_OR_0,
+    'gpu': (bool, "a name in ledger.py's GPU table, 'cpu' or 'auto'"),
+    'n_gpu': POSITIVE,
+    'mfu': (lambda v: 0 < v <= 1, 'in (0, 1]'),
+    'usd_per_gpu_hour': POSITIVE_OR_0,
 }
 assert set(RULES) <= set(DEFAULTS)
 
@@ -364,8 +413,9 @@ def _typed(key, value, where):
             return float(value)
         expected = 'a finite number'
     elif isinstance(default, tuple):  # whole numbers: token counts
-        if isinstance(value, (tuple, list)) and all(isinstance(v, (int, float)) and not isinstance(v, bool)
-                                                     and math.isfinite(v) and v == int(v) for v in value):
+        if isinstance(value, (tuple, list)) and all(
+            isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v == int(v) for v in value
+        ):
             return tuple(int(v) for v in value)
         expected = 'a list of whole numbers'
     else:
@@ -409,8 +459,10 @@ def load_config(path=None, overrides=()):
     for key in ('bias', 'tie_embeddings'):  # the family's own, unless the config says otherwise
         if family and key not in values:
             values[key] = getattr(family, key)
-    model, train = (cls(**{k: v for k, v in values.items() if k in {f.name for f in dataclasses.fields(cls)}})
-                    for cls in CONFIG_CLASSES)
+    model, train = (
+        cls(**{k: v for k, v in values.items() if k in {f.name for f in dataclasses.fields(cls)}})
+        for cls in CONFIG_CLASSES
+    )
     validate(model, train)
     return model, train
 
@@ -423,8 +475,9 @@ def validate(model, train):
             value = getattr(config, f.name)
             test, allowed = RULES.get(f.name, (None, None))
             if test is not None and not test(value):
-                raise ConfigError(f"{f.name} must be {allowed}, {'not' if allowed.startswith('one of') else 'got'} "
-                                  f"{value!r}")
+                raise ConfigError(
+                    f"{f.name} must be {allowed}, {'not' if allowed.startswith('one of') else 'got'} {value!r}"
+                )
     if model.n_embd % model.n_head:
         raise ConfigError(f"n_embd ({model.n_embd}) must be divisible by n_head ({model.n_head})")
     if model.n_head % model.kv_heads:
@@ -434,5 +487,6 @@ def validate(model, train):
     if model.bias and not model.family.bias:
         raise ConfigError(f"bias = True: the {model.arch} family has no biases (FAMILIES in config.py)")
     if train.batch_ramp_tokens and train.batch_ramp_start > train.batch_tokens:
-        raise ConfigError(f"batch_ramp_start ({train.batch_ramp_start:,}) must be at most batch_tokens "
-                          f"({train.batch_tokens:,})")
+        raise ConfigError(
+            f"batch_ramp_start ({train.batch_ramp_start:,}) must be at most batch_tokens ({train.batch_tokens:,})"
+        )

@@ -20,6 +20,7 @@ world_size disjoint slices, rank r taking slice r (micro_batch_arrays).
 
 numpy and the standard library at import; tiktoken, tokenizers and torch inside the functions that use them.
 """
+
 import base64
 import glob
 import json
@@ -81,16 +82,22 @@ def open_shard(path):
     header = np.fromfile(path, dtype='<i4', count=HEADER_INTS)
     magic, version, n_tokens = int(header[0]), int(header[1]), int(header[2])
     if magic not in {m for m, _ in SHARD_FORMATS}:
-        raise DataError(f"{path}: bad magic number {magic} (a token shard starts with 20240520 or 20240801): "
-                        f"not a shard, or a damaged one")
+        raise DataError(
+            f"{path}: bad magic number {magic} (a token shard starts with 20240520 or 20240801): "
+            f"not a shard, or a damaged one"
+        )
     if (magic, version) not in SHARD_FORMATS:
-        raise DataError(f"{path}: unknown shard version {version} for magic {magic} (llm.c writes 20240520 "
-                        f"version 1, uint16 tokens, and 20240801 version 7, uint32)")
+        raise DataError(
+            f"{path}: unknown shard version {version} for magic {magic} (llm.c writes 20240520 "
+            f"version 1, uint16 tokens, and 20240801 version 7, uint32)"
+        )
     dtype = SHARD_FORMATS[magic, version]
     expected = HEADER_BYTES + n_tokens * dtype.itemsize
     if n_tokens <= 0 or size != expected:
-        raise DataError(f"{path}: the header says {n_tokens} tokens ({expected} bytes) but the file has {size} "
-                        f"bytes (truncated or damaged): delete it and rerun prepare.py")
+        raise DataError(
+            f"{path}: the header says {n_tokens} tokens ({expected} bytes) but the file has {size} "
+            f"bytes (truncated or damaged): delete it and rerun prepare.py"
+        )
     return np.memmap(path, dtype=dtype, mode='r', offset=HEADER_BYTES, shape=(n_tokens,))
 
 
@@ -104,8 +111,10 @@ def list_shards(data_dir, split):
     """Sorted paths of a folder's `*_{split}_*.bin` shards; a DataError saying how to make them if none."""
     paths = sorted(glob.glob(os.path.join(glob.escape(data_dir), f'*_{split}_*.bin')))
     if not paths:
-        raise DataError(f"no {split} shards (*_{split}_*.bin) in {data_dir}: make them with "
-                        f"`python prepare.py pystdlib --out {data_dir}` (or fineweb_edu, or files PATH...)")
+        raise DataError(
+            f"no {split} shards (*_{split}_*.bin) in {data_dir}: make them with "
+            f"`python prepare.py pystdlib --out {data_dir}` (or fineweb_edu, or files PATH...)"
+        )
     return paths
 
 
@@ -117,8 +126,19 @@ def prepare_command(data_dir):
 
 
 # meta.json's keys that train.py and sample.py rely on, with their types; load_meta checks them all
-META_KEYS = {'source': str, 'tokenizer': str, 'vocab_size': int, 'eot_id': int, 'dtype': str, 'documents': int,
-             'train_tokens': int, 'val_tokens': int, 'train_shards': int, 'val_shards': int, 'request': dict}
+META_KEYS = {
+    'source': str,
+    'tokenizer': str,
+    'vocab_size': int,
+    'eot_id': int,
+    'dtype': str,
+    'documents': int,
+    'train_tokens': int,
+    'val_tokens': int,
+    'train_shards': int,
+    'val_shards': int,
+    'request': dict,
+}
 TYPE_NAMES = {str: 'a string', int: 'a whole number', dict: 'a JSON object'}
 
 
@@ -128,8 +148,10 @@ def load_meta(data_dir):
     path = os.path.join(data_dir, 'meta.json')
     remake = f"rerun the command that made the folder ({prepare_command(data_dir)}, same options) to remake it"
     if not os.path.exists(path):
-        raise DataError(f"no meta.json in {data_dir}: prepare.py has not finished there "
-                        f"(run `python prepare.py pystdlib --out {data_dir}`, or rerun your prepare command)")
+        raise DataError(
+            f"no meta.json in {data_dir}: prepare.py has not finished there "
+            f"(run `python prepare.py pystdlib --out {data_dir}`, or rerun your prepare command)"
+        )
     try:
         with open(path, 'rb') as f:
             meta = json.loads(f.read())
@@ -160,11 +182,13 @@ def check_token_ids(data_dir, meta, vocab_size):
     for path in list_shards(data_dir, 'val') + list_shards(data_dir, 'train'):
         shard_max = int(open_shard(path).max())
         if shard_max >= vocab_size:
-            raise DataError(f"{path}: token id {shard_max:,} is outside the model's vocab of {vocab_size:,} "
-                            f"(ids 0..{vocab_size - 1:,}), though meta.json says {meta['tokenizer']} "
-                            f"({meta['vocab_size']:,} tokens): the shard was made with another tokenizer, or is "
-                            f"damaged; remake the folder ({prepare_command(data_dir)}), or raise vocab_size if the "
-                            f"data is right")
+            raise DataError(
+                f"{path}: token id {shard_max:,} is outside the model's vocab of {vocab_size:,} "
+                f"(ids 0..{vocab_size - 1:,}), though meta.json says {meta['tokenizer']} "
+                f"({meta['vocab_size']:,} tokens): the shard was made with another tokenizer, or is "
+                f"damaged; remake the folder ({prepare_command(data_dir)}), or raise vocab_size if the "
+                f"data is right"
+            )
         largest = max(largest, shard_max)
     return largest
 
@@ -173,6 +197,7 @@ def check_token_ids(data_dir, meta, vocab_size):
 # The tokenizer: tokenizer.json, as prepare.py wrote it. gpt2 and bpe:V are the byte sequence of every rank
 # (base64, list index = rank), the pre-split regex and the special tokens, which is all tiktoken.Encoding needs;
 # neox keeps the Hub's own tokenizer.json inside ours, read through the `tokenizers` library (HFEncoding).
+
 
 def load_tokenizer(data_dir):
     """The data folder's tokenizer as a tiktoken.Encoding (an HFEncoding for neox), from its tokenizer.json (no
@@ -185,19 +210,24 @@ def load_tokenizer(data_dir):
             spec = json.loads(f.read())
         if 'tokenizers' not in spec:
             import tiktoken
+
             ranks = {base64.b64decode(token): rank for rank, token in enumerate(spec['ranks'])}
-            return tiktoken.Encoding(spec['name'], pat_str=spec['pattern'], mergeable_ranks=ranks,
-                                     special_tokens=spec['special_tokens'])
+            return tiktoken.Encoding(
+                spec['name'], pat_str=spec['pattern'], mergeable_ranks=ranks, special_tokens=spec['special_tokens']
+            )
         name, hub_file = spec['name'], json.dumps(spec['tokenizers'])  # neox: the Hub's file, kept whole
         reserved = spec.get('special_tokens', ())
     except (ValueError, KeyError, TypeError) as e:
-        raise DataError(f"{path} is damaged ({type(e).__name__}: {e}): delete the folder and rerun "
-                        f"{prepare_command(data_dir)}") from None
+        raise DataError(
+            f"{path} is damaged ({type(e).__name__}: {e}): delete the folder and rerun {prepare_command(data_dir)}"
+        ) from None
     try:
         return HFEncoding(name, hub_file, reserved)
     except ImportError:
-        raise DataError(f"{path} is {name}'s tokenizer, which needs the tokenizers package: pip install tokenizers "
-                        f"(it is in requirements.txt)") from None
+        raise DataError(
+            f"{path} is {name}'s tokenizer, which needs the tokenizers package: pip install tokenizers "
+            f"(it is in requirements.txt)"
+        ) from None
 
 
 class HFEncoding:
@@ -207,6 +237,7 @@ class HFEncoding:
 
     def __init__(self, name, spec_text, reserved=()):
         from tokenizers import AddedToken, Tokenizer
+
         self.name = name
         self.special = Tokenizer.from_str(spec_text)  # special tokens written in a text are special tokens
         self.plain = Tokenizer.from_str(spec_text)
@@ -216,8 +247,10 @@ class HFEncoding:
             tokenizer.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in reserved])
         self.reserved = {t: self.plain.token_to_id(t) for t in reserved}
         if list(self.reserved.values()) != list(range(first, first + len(reserved))):
-            raise DataError(f"the tokenizers library put {name}'s special tokens at ids {self.reserved}, not from "
-                            f"{first} on: remake the folder with --no-special-tokens")
+            raise DataError(
+                f"the tokenizers library put {name}'s special tokens at ids {self.reserved}, not from "
+                f"{first} on: remake the folder with --no-special-tokens"
+            )
         self.n_vocab = self.plain.get_vocab_size(with_added_tokens=True)
         self.eot_token = self.plain.token_to_id(EOT)
 
@@ -244,6 +277,7 @@ def reserved_ids(encoding):
 # -----------------------------------------------------------------------------------------------------
 # Streams: the train split as an endless seeded stream of sequences (or synthetic tokens), the fixed val set,
 # and each rank's slice of a micro-step (the module docstring says why the order is a function of the position).
+
 
 class ShardStream:
     """The train split as an endless stream of sequences in a fixed order from the seed.
@@ -272,7 +306,8 @@ class ShardStream:
             if len(self._permutations) >= 4:
                 self._permutations.clear()
             self._permutations[key] = np.random.default_rng([self.seed, epoch, shard + 1]).permutation(
-                int(self.counts[shard]))
+                int(self.counts[shard])
+            )
         return self._permutations[key]
 
     def sequence(self, k):
@@ -282,7 +317,7 @@ class ShardStream:
         shard = int(order[j])
         local = index - (int(ends[j - 1]) if j else 0)
         start = int(self._permutation(epoch, shard)[local]) * self.block_size
-        return self.shards[shard][start:start + self.block_size + 1]
+        return self.shards[shard][start : start + self.block_size + 1]
 
     def batch(self, first, count):
         """Sequences first .. first+count-1 of the stream, as an int64 array (count, block_size + 1)."""
@@ -297,8 +332,14 @@ class SyntheticStream:
         self.vocab_size, self.block_size, self.seed, self.split = vocab_size, block_size, seed, split
 
     def batch(self, first, count):
-        return np.stack([np.random.default_rng([self.seed, self.split, k]).integers(
-            0, self.vocab_size, self.block_size + 1, dtype=np.int64) for k in range(first, first + count)])
+        return np.stack(
+            [
+                np.random.default_rng([self.seed, self.split, k]).integers(
+                    0, self.vocab_size, self.block_size + 1, dtype=np.int64
+                )
+                for k in range(first, first + count)
+            ]
+        )
 
 
 def padded_vocab(vocab_size):
@@ -325,26 +366,31 @@ def open_data(model_cfg, train):
             f"vocab mismatch: {train.data} was tokenized with {meta['tokenizer']} ({data_vocab:,} tokens) but the "
             f"model has vocab_size={model_cfg.vocab_size:,}: set vocab_size = {padded_vocab(data_vocab)}, or make "
             f"another folder with a tokenizer of the model's size (--tokenizer gpt2, neox or bpe:V; this one came "
-            f"from `{prepare_command(train.data)}`)")
+            f"from `{prepare_command(train.data)}`)"
+        )
     check_token_ids(train.data, meta, model_cfg.vocab_size)  # an id past the embedding is one line here
     stream = ShardStream([open_shard(p) for p in train_paths], model_cfg.block_size, train.seed)
     if stream.per_epoch == 0:
-        raise DataError(f"the train shards in {train.data} hold fewer than block_size + 1 = "
-                        f"{model_cfg.block_size + 1} tokens each: prepare more data or lower block_size")
+        raise DataError(
+            f"the train shards in {train.data} hold fewer than block_size + 1 = "
+            f"{model_cfg.block_size + 1} tokens each: prepare more data or lower block_size"
+        )
     # The val set is fixed: the first eval_tokens of the val split, cut into consecutive sequences.
     needed, parts = train.eval_tokens + 1, []
     for path in val_paths:
         shard = open_shard(path)
-        parts.append(np.asarray(shard[:needed - sum(len(p) for p in parts)], dtype=np.int64))
+        parts.append(np.asarray(shard[: needed - sum(len(p) for p in parts)], dtype=np.int64))
         if sum(len(p) for p in parts) >= needed:
             break
     tokens = np.concatenate(parts)
     T = model_cfg.block_size
     n_val = (len(tokens) - 1) // T
     if n_val == 0:
-        raise DataError(f"the val split of {train.data} holds {len(tokens)} tokens, fewer than block_size + 1 = "
-                        f"{T + 1}: prepare more data or lower block_size")
-    val = np.stack([tokens[i * T:i * T + T + 1] for i in range(n_val)])
+        raise DataError(
+            f"the val split of {train.data} holds {len(tokens)} tokens, fewer than block_size + 1 = "
+            f"{T + 1}: prepare more data or lower block_size"
+        )
+    val = np.stack([tokens[i * T : i * T + T + 1] for i in range(n_val)])
     return stream, val, meta
 
 
@@ -363,6 +409,7 @@ def micro_batch_arrays(stream, position, micro_step, cluster, micro_batch, objec
 def to_device(array, device):
     """A numpy batch as a tensor on `device`."""
     import torch
+
     tensor = torch.from_numpy(array)
     if device.type == 'cuda':  # pinned host memory lets the copy run asynchronously with the GPU's work
         return tensor.pin_memory().to(device, non_blocking=True)

@@ -14,6 +14,7 @@ HF_ENDPOINT (a mirror) and HF_TOKEN (sent to that host only) are honoured. A fai
 say and Progress, the status lines and progress bars that downloads report through, serve prepare.py's other
 long jobs too.
 """
+
 import contextlib
 import dataclasses
 import email.utils
@@ -37,6 +38,7 @@ PROGRESS_EVERY_S = 30.0
 def say(line):
     """A status line on stdout, flushed; on a terminal it is printed above the progress bars, not through them."""
     from tqdm import tqdm
+
     tqdm.write(line, file=sys.stdout)
     sys.stdout.flush()
 
@@ -46,11 +48,24 @@ class Progress:
 
     def __init__(self, desc, total=None, unit=' tokens', initial=0, leave=True):
         from tqdm import tqdm
+
         self.format_meter, self.desc, self.total, self.unit = tqdm.format_meter, desc, total, unit
         self.initial = self.n = initial
         self.started = self.reported = time.monotonic()
-        self.bar = tqdm(desc=desc, total=total, unit=unit, unit_scale=True, initial=initial, file=sys.stdout,
-                        dynamic_ncols=True, leave=leave) if sys.stdout.isatty() else None
+        self.bar = (
+            tqdm(
+                desc=desc,
+                total=total,
+                unit=unit,
+                unit_scale=True,
+                initial=initial,
+                file=sys.stdout,
+                dynamic_ncols=True,
+                leave=leave,
+            )
+            if sys.stdout.isatty()
+            else None
+        )
 
     def update(self, n):
         self.n += n
@@ -58,8 +73,18 @@ class Progress:
             self.bar.update(n)
         elif time.monotonic() - self.reported >= PROGRESS_EVERY_S:
             self.reported = time.monotonic()
-            say(self.format_meter(self.n, self.total, self.reported - self.started, ncols=0, prefix=self.desc,
-                                  unit=self.unit, unit_scale=True, initial=self.initial))
+            say(
+                self.format_meter(
+                    self.n,
+                    self.total,
+                    self.reported - self.started,
+                    ncols=0,
+                    prefix=self.desc,
+                    unit=self.unit,
+                    unit_scale=True,
+                    initial=self.initial,
+                )
+            )
 
     def __enter__(self):
         return self
@@ -84,9 +109,9 @@ class Progress:
 # out when it fits in that budget. HF_ENDPOINT (a mirror) and HF_TOKEN, the Hub's own variables, are honoured.
 
 HUB_ENDPOINT = 'https://huggingface.co'
-HTTP_ATTEMPTS = 10              # tries per request (a download's count starts again whenever bytes arrive)
-MAX_BACKOFF_S = 30.0            # the doubling wait between tries stops growing here
-HASH_ATTEMPTS = 3               # downloads of one file whose sha256 disagrees with the listing, before giving up
+HTTP_ATTEMPTS = 10  # tries per request (a download's count starts again whenever bytes arrive)
+MAX_BACKOFF_S = 30.0  # the doubling wait between tries stops growing here
+HASH_ATTEMPTS = 3  # downloads of one file whose sha256 disagrees with the listing, before giving up
 DOWNLOAD_CHUNK_BYTES = 1 << 20  # written to .partial chunk by chunk: a drop loses at most the chunk in flight
 
 
@@ -94,11 +119,12 @@ DOWNLOAD_CHUNK_BYTES = 1 << 20  # written to .partial chunk by chunk: a drop los
 class Network:
     """How a Hub talks to its server. With the defaults a server that stalls on every try is given up after at
     most retry_budget_s + one read_timeout_s = 2 minutes, with a line at each retry."""
-    endpoint: str = ''               # '' -> $HF_ENDPOINT, else https://huggingface.co
+
+    endpoint: str = ''  # '' -> $HF_ENDPOINT, else https://huggingface.co
     connect_timeout_s: float = 10.0  # to open a connection
-    read_timeout_s: float = 30.0     # of silence in the middle of an answer (a stalled server)
-    retry_budget_s: float = 90.0     # how long one request may keep failing, waits included, before we give up
-    backoff_s: float = 1.0           # the first wait between tries; doubled after each, up to MAX_BACKOFF_S
+    read_timeout_s: float = 30.0  # of silence in the middle of an answer (a stalled server)
+    retry_budget_s: float = 90.0  # how long one request may keep failing, waits included, before we give up
+    backoff_s: float = 1.0  # the first wait between tries; doubled after each, up to MAX_BACKOFF_S
 
     @property
     def base_url(self):
@@ -123,18 +149,30 @@ class Retries:
         self.first_failure = self.first_failure if self.tries else now
         self.tries += 1
         failing_s, budget = now - self.first_failure, self.network.retry_budget_s
-        wait = retry_after if retry_after is not None else \
-            min(MAX_BACKOFF_S, self.network.backoff_s * 2 ** (self.tries - 1))
+        wait = (
+            retry_after
+            if retry_after is not None
+            else min(MAX_BACKOFF_S, self.network.backoff_s * 2 ** (self.tries - 1))
+        )
         if retry_after is not None and retry_after > budget:
-            raise DataError(f"{self.what}: {problem}: the Hub asks to wait {retry_after:g} s, more than the retry "
-                            f"budget of {budget:g} s (--retry-budget): rerun later (finished work is kept)")
+            raise DataError(
+                f"{self.what}: {problem}: the Hub asks to wait {retry_after:g} s, more than the retry "
+                f"budget of {budget:g} s (--retry-budget): rerun later (finished work is kept)"
+            )
         if self.tries >= HTTP_ATTEMPTS or failing_s + wait > budget:
-            advice = ("wait a while and rerun" if 'rate-limited' in problem else
-                      "check the network (and --endpoint or HF_ENDPOINT), then rerun")
-            raise DataError(f"{self.what}: {problem}, still after {self.tries} tries in {failing_s:.0f} s: {advice} "
-                            f"(finished work is kept)")
-        say(f"{self.what}: {problem}: try {self.tries + 1} of at most {HTTP_ATTEMPTS} in {wait:g} s "
-            f"(retry budget {budget:g} s)")
+            advice = (
+                "wait a while and rerun"
+                if 'rate-limited' in problem
+                else "check the network (and --endpoint or HF_ENDPOINT), then rerun"
+            )
+            raise DataError(
+                f"{self.what}: {problem}, still after {self.tries} tries in {failing_s:.0f} s: {advice} "
+                f"(finished work is kept)"
+            )
+        say(
+            f"{self.what}: {problem}: try {self.tries + 1} of at most {HTTP_ATTEMPTS} in {wait:g} s "
+            f"(retry budget {budget:g} s)"
+        )
         time.sleep(wait)
 
 
@@ -159,6 +197,7 @@ NETWORK_PROBLEMS = {  # what urllib3 says, deep inside a requests exception -> w
 def network_problem(error, network):
     """A requests exception in words: which time-out, or why the connection failed."""
     import requests
+
     if isinstance(error, requests.ConnectTimeout):
         return f"no connection within {network.connect_timeout_s:g} s (connect time-out)"
     if isinstance(error, requests.ReadTimeout) or 'timed out' in str(error):  # mid-body it is a ConnectionError
@@ -173,6 +212,7 @@ class Hub:
 
     def __init__(self, network=None):
         import requests
+
         self.network = network or Network()
         self.endpoint = self.network.base_url
         self.token = os.environ.get('HF_TOKEN', '')
@@ -181,6 +221,7 @@ class Hub:
     def get(self, url, retries=None, headers=None, stream=False):
         """The response to a GET of `url` (status < 400), retrying time-outs, dropped connections, 5xx and 429."""
         import requests
+
         retries = retries or Retries(url, self.network)
         headers = dict(headers or {}, **({'Authorization': f'Bearer {self.token}'} if self.token else {}))
         timeout = (self.network.connect_timeout_s, self.network.read_timeout_s)
@@ -207,12 +248,16 @@ class Hub:
 
     def refused(self, url, status):
         if self.token:
-            return (f"{url}: HTTP {status} with the token in HF_TOKEN: it has no access to this dataset (gated or "
-                    f"private): accept the dataset's terms on its Hub page with the token's account, or check the "
-                    f"token (read access)")
-        return (f"{url}: HTTP {status}: the dataset is gated or private (or does not exist): accept its terms on "
-                f"its Hub page, then pass a read token from https://huggingface.co/settings/tokens as "
-                f"HF_TOKEN=hf_... python prepare.py ...")
+            return (
+                f"{url}: HTTP {status} with the token in HF_TOKEN: it has no access to this dataset (gated or "
+                f"private): accept the dataset's terms on its Hub page with the token's account, or check the "
+                f"token (read access)"
+            )
+        return (
+            f"{url}: HTTP {status}: the dataset is gated or private (or does not exist): accept its terms on "
+            f"its Hub page, then pass a read token from https://huggingface.co/settings/tokens as "
+            f"HF_TOKEN=hf_... python prepare.py ..."
+        )
 
     def files(self, repo, revision, folder, extension, kind='datasets'):
         """(commit sha, sorted [{'path', 'size', 'sha256'}] of the files ending in `extension` in a folder ('': the
@@ -226,14 +271,17 @@ class Hub:
             for item in answer:
                 if item['type'] == 'file' and item['path'].endswith(extension):
                     lfs = item.get('lfs') or {}
-                    files.append({'path': item['path'], 'size': lfs.get('size', item['size']),
-                                  'sha256': lfs.get('oid')})
+                    files.append(
+                        {'path': item['path'], 'size': lfs.get('size', item['size']), 'sha256': lfs.get('oid')}
+                    )
                     if not lfs:
                         files[-1]['git_sha1'] = item.get('oid')
             url = response.links.get('next', {}).get('url')
         if not files:
-            raise DataError(f"no {extension} files in {repo}/{folder} at {revision}"
-                            f"{': check --sample' if kind == 'datasets' else ''}")
+            raise DataError(
+                f"no {extension} files in {repo}/{folder} at {revision}"
+                f"{': check --sample' if kind == 'datasets' else ''}"
+            )
         return sha, sorted(files, key=lambda item: item['path'])
 
     def url(self, kind, repo, sha, path):
@@ -247,9 +295,10 @@ class Hub:
         try:
             return response, response.json()
         except ValueError:
-            raise DataError(f"{url}: not an answer of the Hub's API ({what_came(response, response.content)}): a "
-                            f"captive portal or proxy in the way? check the network and --endpoint or HF_ENDPOINT") \
-                from None
+            raise DataError(
+                f"{url}: not an answer of the Hub's API ({what_came(response, response.content)}): a "
+                f"captive portal or proxy in the way? check the network and --endpoint or HF_ENDPOINT"
+            ) from None
 
 
 def file_digest(path, listed):
@@ -278,9 +327,11 @@ def download(hub, url, dest, listed, starts_with=b'PAR1'):
         kind, actual, expected = file_digest(dest, listed) if on_disk == size else (None, None, None)
         if on_disk == size and actual == expected:
             return dest
-        say(f"{dest} does not match the listing ("
+        say(
+            f"{dest} does not match the listing ("
             f"{f'{kind} {actual}, not {expected}' if on_disk == size else f'{on_disk:,} bytes, not {size:,}'}): "
-            f"downloading it again")
+            f"downloading it again"
+        )
         os.remove(dest)
     partial, etag_path = dest + '.partial', dest + '.etag'
     retries = Retries(listed['path'], hub.network)
@@ -293,17 +344,23 @@ def download(hub, url, dest, listed, starts_with=b'PAR1'):
         if actual == expected:
             os.replace(partial, dest)
             remove_quietly(etag_path)
-            say(f"{name}: {human_bytes(size)} in {time.monotonic() - started:.0f} s"
-                f"{f', {kind} verified' if kind else ''}")
+            say(
+                f"{name}: {human_bytes(size)} in {time.monotonic() - started:.0f} s"
+                f"{f', {kind} verified' if kind else ''}"
+            )
             return dest
         remove_quietly(partial)
         remove_quietly(etag_path)
         if attempt < HASH_ATTEMPTS:
-            say(f"{name}: {kind} {actual} differs from the listing's {expected}: downloading it again "
-                f"({attempt + 1} of {HASH_ATTEMPTS})")
-            time.sleep(hub.network.backoff_s * 2 ** attempt)
-    raise DataError(f"{name}: {kind} {actual} after {HASH_ATTEMPTS} downloads, but the listing says {expected}: the "
-                    f"data is damaged on the way (a proxy or mirror?): check --endpoint or HF_ENDPOINT and rerun")
+            say(
+                f"{name}: {kind} {actual} differs from the listing's {expected}: downloading it again "
+                f"({attempt + 1} of {HASH_ATTEMPTS})"
+            )
+            time.sleep(hub.network.backoff_s * 2**attempt)
+    raise DataError(
+        f"{name}: {kind} {actual} after {HASH_ATTEMPTS} downloads, but the listing says {expected}: the "
+        f"data is damaged on the way (a proxy or mirror?): check --endpoint or HF_ENDPOINT and rerun"
+    )
 
 
 def size_of(path):
@@ -314,6 +371,7 @@ def fetch_rest(hub, url, partial, etag_path, size, starts_with, retries, progres
     """One request for what `partial` still lacks, streamed onto its end until done or dropped (then the caller
     asks again). The answer is checked first: its total must be the listing's size and its body no web page."""
     import requests
+
     have = size_of(partial)
     if have > size:  # longer than the file: damaged, start over
         os.remove(partial)
@@ -338,10 +396,12 @@ def fetch_rest(hub, url, partial, etag_path, size, starts_with, retries, progres
         try:
             with open(partial, 'ab' if start else 'wb') as f:
                 for chunk in response.iter_content(chunk_size=DOWNLOAD_CHUNK_BYTES):
-                    if f.tell() == 0 and not chunk.startswith(starts_with[:len(chunk)]):
-                        raise DataError(f"{url}: the server sent something else than the file "
-                                        f"({what_came(response, chunk)}): a proxy or captive portal in the way? "
-                                        f"check the network and --endpoint or HF_ENDPOINT")
+                    if f.tell() == 0 and not chunk.startswith(starts_with[: len(chunk)]):
+                        raise DataError(
+                            f"{url}: the server sent something else than the file "
+                            f"({what_came(response, chunk)}): a proxy or captive portal in the way? "
+                            f"check the network and --endpoint or HF_ENDPOINT"
+                        )
                     if f.tell() + len(chunk) > size:
                         raise DataError(size_mismatch(url, f"more than {size:,}", size))
                     f.write(chunk)
@@ -354,9 +414,11 @@ def fetch_rest(hub, url, partial, etag_path, size, starts_with, retries, progres
 
 
 def size_mismatch(url, sent, size):
-    return (f"{url}: the server sends {sent} bytes but the Hub's listing says {size:,}: a proxy or mirror in the "
-            f"way (check --endpoint or HF_ENDPOINT), or a stale files.json in the data folder (delete it to list "
-            f"the files again)")
+    return (
+        f"{url}: the server sends {sent} bytes but the Hub's listing says {size:,}: a proxy or mirror in the "
+        f"way (check --endpoint or HF_ENDPOINT), or a stale files.json in the data folder (delete it to list "
+        f"the files again)"
+    )
 
 
 def what_came(response, body):
@@ -370,14 +432,18 @@ def check_answer(response, url, have, size):
     file). A total other than the listing's size, or an HTML page (a captive portal's login), is a DataError."""
     if 'text/html' in response.headers.get('Content-Type', ''):
         page = next(response.iter_content(200), b'')
-        raise DataError(f"{url}: the server answered with a web page ({what_came(response, page)}) instead of the "
-                        f"file: a captive portal or proxy login? open any web page to log in, or check --endpoint "
-                        f"or HF_ENDPOINT")
+        raise DataError(
+            f"{url}: the server answered with a web page ({what_came(response, page)}) instead of the "
+            f"file: a captive portal or proxy login? open any web page to log in, or check --endpoint "
+            f"or HF_ENDPOINT"
+        )
     if response.status_code == 206:
         match = re.fullmatch(r'bytes (\d+)-\d+/(\d+|\*)', response.headers.get('Content-Range', ''))
         if not match or int(match[1]) != have:
-            raise DataError(f"{url}: asked for bytes {have:,}- but the server sent "
-                            f"{response.headers.get('Content-Range')!r}: check --endpoint or HF_ENDPOINT")
+            raise DataError(
+                f"{url}: asked for bytes {have:,}- but the server sent "
+                f"{response.headers.get('Content-Range')!r}: check --endpoint or HF_ENDPOINT"
+            )
         if match[2] != '*' and int(match[2]) != size:
             raise DataError(size_mismatch(url, f"{int(match[2]):,}", size))
         return have

@@ -19,6 +19,7 @@ server announces is checked).
 train.py can score during training: items = hellaswag_items(world_size=...) once, then hellaswag_accuracy(model,
 encoding, items, device, autocast, rank, world_size) at each evaluation.
 """
+
 import argparse
 import contextlib
 import json
@@ -45,16 +46,28 @@ HELLASWAG_ITEMS = 10_042
 # GPT-2: OpenAI's checkpoints scored with llm.c's completion-style acc_norm, the protocol above: the baselines that
 # llm.c's dev/vislog.ipynb and build-nanogpt's play.ipynb plot (0.2945 for 124M; llm.c's hellaswag.py prints 0.2955
 # for 124M and 0.4893 for 1558M; lm-evaluation-harness's multiple-choice acc_norm is higher: 31.1% and 50.9%).
-GPT2 = [(124e6, 0.2945, 'GPT-2 124M'), (350e6, 0.3752, 'GPT-2 350M'), (774e6, 0.4320, 'GPT-2 774M'),
-        (1558e6, 0.4889, 'GPT-2 1558M')]
+GPT2 = [
+    (124e6, 0.2945, 'GPT-2 124M'),
+    (350e6, 0.3752, 'GPT-2 350M'),
+    (774e6, 0.4320, 'GPT-2 774M'),
+    (1558e6, 0.4889, 'GPT-2 1558M'),
+]
 # GPT-3: Brown et al. 2020, "Language Models are Few-Shot Learners", Table H.1, HellaSwag zero-shot (dev set).
-GPT3 = [(125e6, 0.337, 'GPT-3 Small 125M'), (350e6, 0.436, 'GPT-3 Medium 350M'), (760e6, 0.510, 'GPT-3 Large 760M'),
-        (1.3e9, 0.547, 'GPT-3 XL 1.3B'), (2.7e9, 0.628, 'GPT-3 2.7B'), (6.7e9, 0.674, 'GPT-3 6.7B'),
-        (13e9, 0.709, 'GPT-3 13B'), (175e9, 0.789, 'GPT-3 175B')]
+GPT3 = [
+    (125e6, 0.337, 'GPT-3 Small 125M'),
+    (350e6, 0.436, 'GPT-3 Medium 350M'),
+    (760e6, 0.510, 'GPT-3 Large 760M'),
+    (1.3e9, 0.547, 'GPT-3 XL 1.3B'),
+    (2.7e9, 0.628, 'GPT-3 2.7B'),
+    (6.7e9, 0.674, 'GPT-3 6.7B'),
+    (13e9, 0.709, 'GPT-3 13B'),
+    (175e9, 0.789, 'GPT-3 175B'),
+]
 
 
 # -----------------------------------------------------------------------------------------------------
 # The data: one download, then every line checked, so that a damaged file is one line that says so.
+
 
 def cache_folder():
     return os.path.dirname(ledger.cache_path())  # $XDG_CACHE_HOME/ledgergpt, beside the ledger's device probes
@@ -96,12 +109,19 @@ def load_items(path):
             try:
                 item = json.loads(line)
                 ctx, endings, label = item['ctx'], item['endings'], item['label']
-                if not (isinstance(ctx, str) and isinstance(endings, list) and len(endings) == 4
-                        and all(isinstance(e, str) for e in endings) and label in range(4)):
+                if not (
+                    isinstance(ctx, str)
+                    and isinstance(endings, list)
+                    and len(endings) == 4
+                    and all(isinstance(e, str) for e in endings)
+                    and label in range(4)
+                ):
                     raise ValueError('not a context, 4 endings and a label 0..3')
             except (ValueError, KeyError, TypeError) as e:
-                raise DataError(f"{path}, line {number}: not a HellaSwag item ({type(e).__name__}: {e}): the file "
-                                f"is damaged or truncated: delete it and rerun to download it again") from None
+                raise DataError(
+                    f"{path}, line {number}: not a HellaSwag item ({type(e).__name__}: {e}): the file "
+                    f"is damaged or truncated: delete it and rerun to download it again"
+                ) from None
             items.append({'ctx': ctx, 'endings': endings, 'label': label})
     if not items:
         raise DataError(f"{path} holds no items: delete it and rerun to download it again")
@@ -130,6 +150,7 @@ def hellaswag_items(url=None, folder=None, world_size=1):
 # Scoring. A row is context + one ending; its score is the mean cross-entropy of the ending's tokens, each
 # predicted from everything before it. Rows longer than block_size lose context from the left.
 
+
 def render(encoding, item, block_size):
     """-> ([4 token rows], [4 indices of the first ending token in each row])."""
     context = encoding.encode_ordinary(item['ctx'])
@@ -150,9 +171,9 @@ def ending_losses(model, rows, starts, device, autocast):
     targets = torch.zeros(len(rows), length, dtype=torch.long)
     scored = torch.zeros(len(rows), length)
     for r, (row, start) in enumerate(zip(rows, starts, strict=True)):
-        inputs[r, :len(row) - 1] = torch.tensor(row[:-1])
-        targets[r, :len(row) - 1] = torch.tensor(row[1:])
-        scored[r, start - 1:len(row) - 1] = 1  # target j is token j + 1 of the row
+        inputs[r, : len(row) - 1] = torch.tensor(row[:-1])
+        targets[r, : len(row) - 1] = torch.tensor(row[1:])
+        scored[r, start - 1 : len(row) - 1] = 1  # target j is token j + 1 of the row
     inputs, targets, scored = inputs.to(device), targets.to(device), scored.to(device)
     with autocast:
         logits, _ = model(inputs)
@@ -169,7 +190,7 @@ def hellaswag_accuracy(model, encoding, items, device, autocast=None, rank=0, wo
     `autocast` the context its forwards run in (None: none)."""
     autocast = autocast or contextlib.nullcontext()
     per_rank = math.ceil(len(items) / world_size)
-    mine = items[rank * per_rank:(rank + 1) * per_rank]
+    mine = items[rank * per_rank : (rank + 1) * per_rank]
     counted = len(mine)
     mine = mine + [items[0]] * (per_rank - counted)
     block_size = getattr(model, 'module', model).config.block_size  # DDP keeps the GPT in .module
@@ -177,11 +198,11 @@ def hellaswag_accuracy(model, encoding, items, device, autocast=None, rank=0, wo
     model.eval()
     correct = 0
     for first in range(0, per_rank, batch_items):
-        batch = mine[first:first + batch_items]
+        batch = mine[first : first + batch_items]
         rows, starts = zip(*(render(encoding, item, block_size) for item in batch), strict=True)
         losses = ending_losses(model, sum(rows, []), sum(starts, []), device, autocast).view(len(batch), 4)
         right = losses.argmin(dim=1).cpu() == torch.tensor([item['label'] for item in batch])
-        correct += int(right[:max(0, counted - first)].sum())
+        correct += int(right[: max(0, counted - first)].sum())
     model.train(was_training)
     totals = torch.tensor([correct, counted], dtype=torch.float64, device=device)
     if world_size > 1 and dist.is_initialized():
@@ -193,6 +214,7 @@ def hellaswag_accuracy(model, encoding, items, device, autocast=None, rank=0, wo
 
 # -----------------------------------------------------------------------------------------------------
 # The command.
+
 
 def nearest(figures, params):
     """The published figure whose model size is nearest to `params`, on a log scale."""
@@ -215,8 +237,11 @@ def main(argv):
     parser = argparse.ArgumentParser(description=__doc__.split('\n')[1], formatter_class=argparse.RawTextHelpFormatter)
     parser.add_argument('checkpoint', help="a run's out_dir (latest checkpoint) or a ckpt/step_* folder")
     parser.add_argument('task', choices=['hellaswag'])
-    parser.add_argument('--url', help='where hellaswag_val.jsonl is downloaded from (default: $HELLASWAG_URL, else '
-                                      "rowanz/hellaswag's file on GitHub)")
+    parser.add_argument(
+        '--url',
+        help='where hellaswag_val.jsonl is downloaded from (default: $HELLASWAG_URL, else '
+        "rowanz/hellaswag's file on GitHub)",
+    )
     parser.add_argument('--cache', default=cache_folder(), help='the folder it is kept in (default: %(default)s)')
     parser.add_argument('--limit', type=int, default=0, help='score only the first N items (0: all 10,042)')
     parser.add_argument('--batch', type=int, default=8, help='items per forward (4 rows each)')
@@ -231,26 +256,30 @@ def main(argv):
         if train_config['data'] == 'synthetic':
             raise ConfigError(f"{path} was trained on synthetic tokens: it has no tokenizer to read HellaSwag with")
         encoding = data.load_tokenizer(train_config['data'])
-        items = hellaswag_items(args.url, args.cache, world_size)[:args.limit or None]
+        items = hellaswag_items(args.url, args.cache, world_size)[: args.limit or None]
         autocast = torch.autocast('cuda', dtype=torch.bfloat16) if device.type == 'cuda' else contextlib.nullcontext()
         started = time.perf_counter()
-        accuracy, stderr, n = hellaswag_accuracy(model, encoding, items, device, autocast, rank, world_size,
-                                                 args.batch)
+        accuracy, stderr, n = hellaswag_accuracy(model, encoding, items, device, autocast, rank, world_size, args.batch)
         seconds = time.perf_counter() - started
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
     if rank == 0:
         params = sum(p.numel() for p in model.parameters())
-        print(f"HellaSwag validation, {n:,} items (llm.c's completion-style acc_norm), {path}: "
-              f"{accuracy:.2%} ± {stderr:.2%} (standard error), {n / seconds:,.0f} items/s on {world_size} x {device}")
+        print(
+            f"HellaSwag validation, {n:,} items (llm.c's completion-style acc_norm), {path}: "
+            f"{accuracy:.2%} ± {stderr:.2%} (standard error), {n / seconds:,.0f} items/s on {world_size} x {device}"
+        )
         if n != HELLASWAG_ITEMS:
-            print(f"  not the whole validation set ({HELLASWAG_ITEMS:,} items): a figure of its own, not the "
-                  f"published kind")
-        print(f"  {f'this model, {params:,} parameters':<34} {accuracy:6.1%}\n"
-              f"  {'chance (1 in 4)':<34} {0.25:6.1%}")
-        for figures, source in ((GPT2, "OpenAI's checkpoint, llm.c's scoring"),
-                                (GPT3, 'Brown et al. 2020, Table H.1, zero-shot')):
+            print(
+                f"  not the whole validation set ({HELLASWAG_ITEMS:,} items): a figure of its own, not the "
+                f"published kind"
+            )
+        print(f"  {f'this model, {params:,} parameters':<34} {accuracy:6.1%}\n  {'chance (1 in 4)':<34} {0.25:6.1%}")
+        for figures, source in (
+            (GPT2, "OpenAI's checkpoint, llm.c's scoring"),
+            (GPT3, 'Brown et al. 2020, Table H.1, zero-shot'),
+        ):
             _, published, name = nearest(figures, params)
             print(f"  {name:<34} {published:6.1%}   ({source})")
     return 0

@@ -15,6 +15,7 @@ every training document: start a prompt with it, as sample.py does.
 
 Needs safetensors and tokenizers (pip install safetensors tokenizers), imported only when a folder is written.
 """
+
 import argparse
 import json
 import os
@@ -36,6 +37,7 @@ DTYPES = {'bfloat16': torch.bfloat16, 'float32': torch.float32, 'float16': torch
 # q_proj, k_proj and v_proj are three row slices of it; gate_up_proj is gate then up. Our RoPE pairs the first half
 # of each head with the second half, which is HF Llama's rotate_half layout: no permutation of q or k is needed.
 
+
 def llama_tensors(model):
     c, ours = model.config, model.state_dict()
     q, kv = c.n_head * c.head_dim, c.kv_heads * c.head_dim
@@ -44,17 +46,19 @@ def llama_tensors(model):
         block, layer = f'blocks.{i}.', f'model.layers.{i}.'
         qkv = ours[block + 'attn.qkv_proj.weight']
         gate, up = ours[block + 'mlp.gate_up_proj.weight'].split(c.ffn_width)
-        tensors.update({
-            layer + 'input_layernorm.weight': ours[block + 'attn_norm.weight'],
-            layer + 'self_attn.q_proj.weight': qkv[:q],
-            layer + 'self_attn.k_proj.weight': qkv[q:q + kv],
-            layer + 'self_attn.v_proj.weight': qkv[q + kv:],
-            layer + 'self_attn.o_proj.weight': ours[block + 'attn.o_proj.weight'],
-            layer + 'post_attention_layernorm.weight': ours[block + 'mlp_norm.weight'],
-            layer + 'mlp.gate_proj.weight': gate,
-            layer + 'mlp.up_proj.weight': up,
-            layer + 'mlp.down_proj.weight': ours[block + 'mlp.down_proj.weight'],
-        })
+        tensors.update(
+            {
+                layer + 'input_layernorm.weight': ours[block + 'attn_norm.weight'],
+                layer + 'self_attn.q_proj.weight': qkv[:q],
+                layer + 'self_attn.k_proj.weight': qkv[q : q + kv],
+                layer + 'self_attn.v_proj.weight': qkv[q + kv :],
+                layer + 'self_attn.o_proj.weight': ours[block + 'attn.o_proj.weight'],
+                layer + 'post_attention_layernorm.weight': ours[block + 'mlp_norm.weight'],
+                layer + 'mlp.gate_proj.weight': gate,
+                layer + 'mlp.up_proj.weight': up,
+                layer + 'mlp.down_proj.weight': ours[block + 'mlp.down_proj.weight'],
+            }
+        )
     if not c.tie_embeddings:  # tied: HF ties lm_head to the embedding itself (tie_word_embeddings)
         tensors['lm_head.weight'] = ours['lm_head.weight']
     return tensors
@@ -64,8 +68,12 @@ def llama_tensors(model):
 # transpose of nn.Linear's (out, in). c_attn is the fused qkv in our order (q, k, v, each n_embd wide: no GQA).
 # GPT2LMHeadModel always has biases; a model trained with bias=False gets zeros, which compute the same thing.
 GPT2_NORMS = {'attn_norm': 'ln_1', 'mlp_norm': 'ln_2'}
-GPT2_LINEARS = {'attn.qkv_proj': 'attn.c_attn', 'attn.o_proj': 'attn.c_proj', 'mlp.up_proj': 'mlp.c_fc',
-                'mlp.down_proj': 'mlp.c_proj'}
+GPT2_LINEARS = {
+    'attn.qkv_proj': 'attn.c_attn',
+    'attn.o_proj': 'attn.c_proj',
+    'mlp.up_proj': 'mlp.c_fc',
+    'mlp.down_proj': 'mlp.c_proj',
+}
 
 
 def gpt2_tensors(model):
@@ -74,9 +82,12 @@ def gpt2_tensors(model):
     def bias(name, width):
         return ours.get(name, torch.zeros(width))
 
-    tensors = {'transformer.wte.weight': ours['tok_emb.weight'], 'transformer.wpe.weight': ours['pos_emb.weight'],
-               'transformer.ln_f.weight': ours['norm_f.weight'],
-               'transformer.ln_f.bias': bias('norm_f.bias', c.n_embd)}
+    tensors = {
+        'transformer.wte.weight': ours['tok_emb.weight'],
+        'transformer.wpe.weight': ours['pos_emb.weight'],
+        'transformer.ln_f.weight': ours['norm_f.weight'],
+        'transformer.ln_f.bias': bias('norm_f.bias', c.n_embd),
+    }
     for i in range(c.n_layer):
         block, layer = f'blocks.{i}.', f'transformer.h.{i}.'
         for norm, hf in GPT2_NORMS.items():
@@ -95,38 +106,64 @@ def gpt2_tensors(model):
 # config.json in the classic format (rope_theta at the top level, torch_dtype): transformers 4 and 5, vLLM and
 # llama.cpp's convert_hf_to_gguf.py all read it. max_position_embeddings is the trained context, block_size.
 
+
 def llama_config(c):
     return {
-        'model_type': 'llama', 'vocab_size': c.vocab_size, 'hidden_size': c.n_embd, 'intermediate_size': c.ffn_width,
-        'num_hidden_layers': c.n_layer, 'num_attention_heads': c.n_head, 'num_key_value_heads': c.kv_heads,
-        'head_dim': c.head_dim, 'hidden_act': 'silu', 'max_position_embeddings': c.block_size,
-        'rms_norm_eps': c.norm_eps, 'rope_theta': c.rope_theta, 'attention_bias': False, 'mlp_bias': False,
+        'model_type': 'llama',
+        'vocab_size': c.vocab_size,
+        'hidden_size': c.n_embd,
+        'intermediate_size': c.ffn_width,
+        'num_hidden_layers': c.n_layer,
+        'num_attention_heads': c.n_head,
+        'num_key_value_heads': c.kv_heads,
+        'head_dim': c.head_dim,
+        'hidden_act': 'silu',
+        'max_position_embeddings': c.block_size,
+        'rms_norm_eps': c.norm_eps,
+        'rope_theta': c.rope_theta,
+        'attention_bias': False,
+        'mlp_bias': False,
     }
 
 
 def gpt2_config(c):
     return {
-        'model_type': 'gpt2', 'vocab_size': c.vocab_size, 'n_embd': c.n_embd, 'n_inner': c.ffn_width,
-        'n_layer': c.n_layer, 'n_head': c.n_head, 'n_positions': c.block_size, 'n_ctx': c.block_size,
+        'model_type': 'gpt2',
+        'vocab_size': c.vocab_size,
+        'n_embd': c.n_embd,
+        'n_inner': c.ffn_width,
+        'n_layer': c.n_layer,
+        'n_head': c.n_head,
+        'n_positions': c.block_size,
+        'n_ctx': c.block_size,
         'activation_function': 'gelu_new',  # HF's name for the tanh approximation, what GPT-2 and model.py use
-        'layer_norm_epsilon': c.norm_eps, 'resid_pdrop': 0.0, 'embd_pdrop': 0.0, 'attn_pdrop': 0.0,
+        'layer_norm_epsilon': c.norm_eps,
+        'resid_pdrop': 0.0,
+        'embd_pdrop': 0.0,
+        'attn_pdrop': 0.0,
     }
 
 
 # A family's Hugging Face class -> (its weights, its config.json, whether it has grouped-query attention).
-LAYOUTS = {'LlamaForCausalLM': (llama_tensors, llama_config, True),
-           'GPT2LMHeadModel': (gpt2_tensors, gpt2_config, False)}  # one key/value head per query head
+LAYOUTS = {
+    'LlamaForCausalLM': (llama_tensors, llama_config, True),
+    'GPT2LMHeadModel': (gpt2_tensors, gpt2_config, False),
+}  # one key/value head per query head
 assert {family.hf_class for family in FAMILIES.values()} <= set(LAYOUTS)
 
 
 def check_exportable(c, n_vocab):
     hf_class = c.family.hf_class
     if c.kv_heads != c.n_head and not LAYOUTS[hf_class][2]:
-        raise ConfigError(f"a {c.arch} model with n_kv_head={c.n_kv_head} (grouped-query attention) has no Hugging "
-                          f"Face class: {hf_class} has one key/value head per query head")
+        raise ConfigError(
+            f"a {c.arch} model with n_kv_head={c.n_kv_head} (grouped-query attention) has no Hugging "
+            f"Face class: {hf_class} has one key/value head per query head"
+        )
     if c.vocab_size < n_vocab:
-        raise ConfigError(f"the model has vocab_size={c.vocab_size} but its tokenizer {n_vocab} tokens: this "
-                          f"checkpoint was not trained on that data folder's tokens")
+        raise ConfigError(
+            f"the model has vocab_size={c.vocab_size} but its tokenizer {n_vocab} tokens: this "
+            f"checkpoint was not trained on that data folder's tokens"
+        )
 
 
 # -----------------------------------------------------------------------------------------------------
@@ -134,6 +171,7 @@ def check_exportable(c, n_vocab):
 # earlier); HF's `tokenizers` wants the vocab and the merge list, with bytes spelled in GPT-2's printable alphabet.
 # With ignore_merges (a whole pre-token that is in the vocab is one token, as tiktoken does) and merges in rank
 # order, its BPE picks the same pairs as tiktoken's, so the ids are the same; test_export.py checks them.
+
 
 def byte_alphabet():
     """GPT-2's byte -> character map: printable Latin-1 bytes stand for themselves, the other 68 (controls, space,
@@ -146,13 +184,13 @@ def byte_alphabet():
 def bpe_parts(ranks, token, below_rank):
     """token's bytes merged by BPE using only the tokens of rank < below_rank: the lowest-ranked adjacent pair
     first, as tiktoken does."""
-    parts = [token[i:i + 1] for i in range(len(token))]
+    parts = [token[i : i + 1] for i in range(len(token))]
     while True:
         pairs = [(ranks.get(parts[i] + parts[i + 1], below_rank), i) for i in range(len(parts) - 1)]
         rank, i = min(pairs, default=(below_rank, None))
         if rank >= below_rank:
             return parts
-        parts[i:i + 2] = [parts[i] + parts[i + 1]]
+        parts[i : i + 2] = [parts[i] + parts[i + 1]]
 
 
 def bpe_merges(ranks):
@@ -163,8 +201,10 @@ def bpe_merges(ranks):
         if len(token) > 1:
             parts = bpe_parts(ranks, token, rank)
             if len(parts) != 2:
-                raise UserError(f"token {token!r} (id {rank}) is not one merge of two earlier tokens: the vocab is "
-                                f"not a BPE merge sequence, which a Hugging Face BPE tokenizer needs")
+                raise UserError(
+                    f"token {token!r} (id {rank}) is not one merge of two earlier tokens: the vocab is "
+                    f"not a BPE merge sequence, which a Hugging Face BPE tokenizer needs"
+                )
             merges.append(tuple(parts))
     return merges
 
@@ -176,6 +216,7 @@ def hf_tokenizer(encoding):
     if isinstance(encoding, data.HFEncoding):
         return encoding.special
     from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
+
     ranks, pattern, special = encoding._mergeable_ranks, encoding._pat_str, encoding._special_tokens
     alphabet = byte_alphabet()
 
@@ -186,10 +227,14 @@ def hf_tokenizer(encoding):
     vocab.update(special)  # <|endoftext|> keeps our id
     merges = [(spell(left), spell(right)) for left, right in bpe_merges(ranks)]
     tokenizer = Tokenizer(models.BPE(vocab, merges, ignore_merges=True))
-    tokenizer.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(pattern), behavior='isolated'),  # our regex, pieces kept whole
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),  # bytes -> GPT-2's alphabet, no 2nd split
-    ])
+    tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(pattern), behavior='isolated'),  # our regex, pieces kept whole
+            pre_tokenizers.ByteLevel(
+                add_prefix_space=False, use_regex=False
+            ),  # bytes -> GPT-2's alphabet, no 2nd split
+        ]
+    )
     tokenizer.decoder = decoders.ByteLevel()
     tokenizer.add_special_tokens([AddedToken(text, special=True, normalized=False) for text in special])
     return tokenizer
@@ -197,17 +242,30 @@ def hf_tokenizer(encoding):
 
 def tokenizer_config(eot, block_size):
     """No special token is added to the text (GPT-2's convention, so ids are ours exactly); decode keeps spaces."""
-    return {'tokenizer_class': 'PreTrainedTokenizerFast', 'bos_token': eot, 'eos_token': eot, 'pad_token': eot,
-            'add_bos_token': False, 'add_eos_token': False, 'clean_up_tokenization_spaces': False,
-            'model_max_length': block_size}
+    return {
+        'tokenizer_class': 'PreTrainedTokenizerFast',
+        'bos_token': eot,
+        'eos_token': eot,
+        'pad_token': eot,
+        'add_bos_token': False,
+        'add_eos_token': False,
+        'clean_up_tokenization_spaces': False,
+        'model_max_length': block_size,
+    }
 
 
 # -----------------------------------------------------------------------------------------------------
 # The folder, written as OUT_DIR.tmp<pid> and renamed to OUT_DIR once complete. An earlier export there is replaced;
 # any other folder is left alone.
 
-FILES = ('config.json', 'generation_config.json', 'model.safetensors', 'tokenizer.json', 'tokenizer_config.json',
-         'special_tokens_map.json')
+FILES = (
+    'config.json',
+    'generation_config.json',
+    'model.safetensors',
+    'tokenizer.json',
+    'tokenizer_config.json',
+    'special_tokens_map.json',
+)
 
 
 def write_json(folder, name, obj):
@@ -219,14 +277,24 @@ def write_json(folder, name, obj):
 def write_folder(folder, model, encoding, dtype):
     """Write the export's FILES into `folder` (which exists and is empty)."""
     from safetensors.torch import save_file
+
     c, eot_id, eot = model.config, encoding.eot_token, EOT
     hf_class = c.family.hf_class
     to_tensors, to_config, _ = LAYOUTS[hf_class]
     tensors = {name: t.to(DTYPES[dtype]).contiguous() for name, t in to_tensors(model).items()}
     save_file(tensors, os.path.join(folder, 'model.safetensors'), metadata={'format': 'pt'})
     special_ids = {'bos_token_id': eot_id, 'eos_token_id': eot_id, 'pad_token_id': eot_id}
-    write_json(folder, 'config.json', {'architectures': [hf_class], **to_config(c),
-                                       'tie_word_embeddings': c.tie_embeddings, **special_ids, 'torch_dtype': dtype})
+    write_json(
+        folder,
+        'config.json',
+        {
+            'architectures': [hf_class],
+            **to_config(c),
+            'tie_word_embeddings': c.tie_embeddings,
+            **special_ids,
+            'torch_dtype': dtype,
+        },
+    )
     write_json(folder, 'generation_config.json', special_ids)
     hf_tokenizer(encoding).save(os.path.join(folder, 'tokenizer.json'))
     write_json(folder, 'tokenizer_config.json', tokenizer_config(eot, c.block_size))
@@ -282,10 +350,12 @@ def main(argv):
     args = parser.parse_args(argv)
     path, model = export(args.checkpoint, args.out_dir, args.dtype)
     params = sum(p.numel() for p in model.parameters())
-    print(f"{args.out_dir}: {model.config.family.hf_class}, {params:,} parameters in {args.dtype}, from {path}\n"
-          f"  from transformers import AutoModelForCausalLM, AutoTokenizer\n"
-          f"  model = AutoModelForCausalLM.from_pretrained('{args.out_dir}')\n"
-          f"  tokenizer = AutoTokenizer.from_pretrained('{args.out_dir}')")
+    print(
+        f"{args.out_dir}: {model.config.family.hf_class}, {params:,} parameters in {args.dtype}, from {path}\n"
+        f"  from transformers import AutoModelForCausalLM, AutoTokenizer\n"
+        f"  model = AutoModelForCausalLM.from_pretrained('{args.out_dir}')\n"
+        f"  tokenizer = AutoTokenizer.from_pretrained('{args.out_dir}')"
+    )
     return 0
 
 

@@ -7,6 +7,7 @@ files.py: writes that lose nothing, and folders with one writer at a time. Stand
   free space, instead of a traceback from deep inside a write.
 - folder_lock(folder, command): a lock file in the folder, so two commands never write one folder at once.
 """
+
 import contextlib
 import errno
 import json
@@ -93,8 +94,10 @@ def disk_errors(folder, needed_bytes=None):
         if e.errno in FULL:
             raise UserError(full_disk_message(folder, where, needed_bytes)) from None
         read_only = 'read-only filesystem' if e.errno == errno.EROFS else 'permission denied'
-        raise UserError(f"cannot write {where} ({read_only}): {folder} must be on a writable filesystem and "
-                        f"writable by this user; choose another folder") from None
+        raise UserError(
+            f"cannot write {where} ({read_only}): {folder} must be on a writable filesystem and "
+            f"writable by this user; choose another folder"
+        ) from None
     except RuntimeError as e:
         if not any(text in str(e) for text in TORCH_FULL_DISK):
             raise
@@ -111,8 +114,10 @@ def on_the_way(path, folder):
 
 def full_disk_message(folder, where, needed_bytes):
     needed = f", about {human_bytes(needed_bytes)} needed" if needed_bytes else ''
-    return (f"disk full writing {where}: {human_bytes(free_bytes(folder))} free on the filesystem of {folder}{needed}: "
-            f"free some space or choose another folder, then rerun (what was complete is kept)")
+    return (
+        f"disk full writing {where}: {human_bytes(free_bytes(folder))} free on the filesystem of {folder}{needed}: "
+        f"free some space or choose another folder, then rerun (what was complete is kept)"
+    )
 
 
 # -----------------------------------------------------------------------------------------------------
@@ -154,8 +159,12 @@ def folder_lock(folder, command):
     another live process holds it. Yields the lock file's path."""
     os.makedirs(folder, exist_ok=True)
     path = os.path.join(folder, LOCK_NAME)
-    me = {'pid': os.getpid(), 'host': socket.gethostname(), 'command': command,
-          'since': time.strftime('%Y-%m-%d %H:%M:%S')}
+    me = {
+        'pid': os.getpid(),
+        'host': socket.gethostname(),
+        'command': command,
+        'since': time.strftime('%Y-%m-%d %H:%M:%S'),
+    }
     mine = f'{path}.{me["pid"]}'
     with open(mine, 'w') as f:
         json.dump(me, f)
@@ -168,8 +177,11 @@ def folder_lock(folder, command):
                 owner = read_lock(path)
             if owner is None:
                 continue
-            if owner.get('host') == me['host'] and isinstance(owner.get('pid'), int) \
-                    and not process_alive(owner['pid']):
+            if (
+                owner.get('host') == me['host']
+                and isinstance(owner.get('pid'), int)
+                and not process_alive(owner['pid'])
+            ):
                 take_over(path, owner)
                 continue
             raise UserError(lock_message(folder, path, owner))
@@ -201,5 +213,7 @@ def lock_message(folder, path, owner):
     if not owner:
         return f"{folder} is locked by {path}, which cannot be read: if no other command uses the folder, delete it"
     where = 'this host' if owner.get('host') == socket.gethostname() else f"host {owner.get('host')}"
-    return (f"{folder} is in use by pid {owner.get('pid')} on {where} ({owner.get('command')}, since "
-            f"{owner.get('since')}): wait for it to finish or stop it; if it is not running, delete {path}")
+    return (
+        f"{folder} is in use by pid {owner.get('pid')} on {where} ({owner.get('command')}, since "
+        f"{owner.get('since')}): wait for it to finish or stop it; if it is not running, delete {path}"
+    )

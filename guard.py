@@ -9,6 +9,7 @@ guard.py: the run's guard rails, so that train.py's loop reads as the training i
 - the spike guard: a loss far above the recent window rolls back to the last checkpoint and skips the data that led
   into it (PaLM's rewind and skip).
 """
+
 import dataclasses
 import math
 import os
@@ -28,6 +29,7 @@ USAGE = "usage: python train.py CONFIG [--key=value ...] [--resume[=CKPT_DIR]] [
 
 class TrainingStopped(UserError):
     """The run cannot go on (too many loss spikes, the ledger and the model disagree): one line, exit 1."""
+
     exit_code = 1
 
 
@@ -46,8 +48,9 @@ def parse_args(argv):
             allowed |= {key for key in arg.split('=', 1)[1].split(',') if key}
             unknown = sorted(allowed - set(CONTINUATION_KEYS))
             if unknown:
-                raise ConfigError(f"--allow_change={','.join(unknown)}: only these keys need it: "
-                                  f"{', '.join(CONTINUATION_KEYS)}")
+                raise ConfigError(
+                    f"--allow_change={','.join(unknown)}: only these keys need it: {', '.join(CONTINUATION_KEYS)}"
+                )
         elif arg.startswith('--'):
             overrides.append(arg)
         elif config_path is None:
@@ -62,6 +65,7 @@ def parse_args(argv):
 # -----------------------------------------------------------------------------------------------------
 # Processes. torchrun sets RANK, WORLD_SIZE and LOCAL_RANK (one process per GPU, any number of nodes); a plain
 # `python train.py` is rank 0 of 1. CUDA when present (NCCL between GPUs), else the CPU (gloo).
+
 
 @dataclasses.dataclass
 class Cluster:
@@ -121,12 +125,14 @@ def train_command(argv, cluster, drop, *flags):
         return shlex.join(['python', 'train.py'] + args)
     nodes = cluster.world_size // int(os.environ.get('LOCAL_WORLD_SIZE', cluster.world_size))
     launcher = f"torchrun --nproc_per_node={cluster.world_size // nodes}" + (
-        f" --nnodes={nodes} (and the rendezvous options you started with)" if nodes > 1 else '')
+        f" --nnodes={nodes} (and the rendezvous options you started with)" if nodes > 1 else ''
+    )
     return f"{launcher} {shlex.join(['train.py'] + args)}"
 
 
 # -----------------------------------------------------------------------------------------------------
 # Resume checks.
+
 
 def check_out_dir(train, resume, stop_step, cluster):
     """-> the checkpoint to resume from (None: start), or 'done' when out_dir already holds this run, complete.
@@ -134,18 +140,24 @@ def check_out_dir(train, resume, stop_step, cluster):
     if resume:
         path = checkpoint.find(resume) if isinstance(resume, str) else checkpoint.latest(train.out_dir)
         if path is None:
-            raise ConfigError(f"--resume: no complete checkpoint at {checkpoint.root(train.out_dir)}: run without "
-                              f"--resume to start")
+            raise ConfigError(
+                f"--resume: no complete checkpoint at {checkpoint.root(train.out_dir)}: run without --resume to start"
+            )
         return checkpoint.verified(path)
     found = checkpoint.latest(train.out_dir)
     if found:
         finished = checkpoint.step_of(found)
         if finished >= stop_step:  # like a rerun of prepare.py on a complete folder: nothing left to do
-            log(cluster, f"{train.out_dir}: this run is complete (checkpoint at step {finished:,}, planned "
-                         f"{stop_step:,}): nothing to train; delete the folder or set --out_dir to train again")
+            log(
+                cluster,
+                f"{train.out_dir}: this run is complete (checkpoint at step {finished:,}, planned "
+                f"{stop_step:,}): nothing to train; delete the folder or set --out_dir to train again",
+            )
             return 'done'
-        raise ConfigError(f"{train.out_dir} already holds checkpoints: pass --resume to continue that run, or set "
-                          f"--out_dir to another folder")
+        raise ConfigError(
+            f"{train.out_dir} already holds checkpoints: pass --resume to continue that run, or set "
+            f"--out_dir to another folder"
+        )
     return None
 
 
@@ -159,11 +171,15 @@ def cooldown_start(train):
             raise ConfigError('cooldown_tokens goes with --cooldown_from: the checkpoint whose LR it decays')
         return None
     if train.cooldown_tokens <= 0:
-        raise ConfigError(f"cooldown_tokens must be positive for a cooldown, got {train.cooldown_tokens:,}: the "
-                          f"tokens of its decay (10-20% of those seen at its start: Hägele et al. 2024)")
+        raise ConfigError(
+            f"cooldown_tokens must be positive for a cooldown, got {train.cooldown_tokens:,}: the "
+            f"tokens of its decay (10-20% of those seen at its start: Hägele et al. 2024)"
+        )
     if not os.path.isfile(os.path.join(train.cooldown_from, checkpoint.MANIFEST)):
-        raise ConfigError(f"--cooldown_from={train.cooldown_from} is not a checkpoint folder (with a "
-                          f"{checkpoint.MANIFEST}): give one of a run's out_dir/ckpt/step_N")
+        raise ConfigError(
+            f"--cooldown_from={train.cooldown_from} is not a checkpoint folder (with a "
+            f"{checkpoint.MANIFEST}): give one of a run's out_dir/ckpt/step_N"
+        )
     return checkpoint.read_state(checkpoint.verified(train.cooldown_from))['run']
 
 
@@ -176,25 +192,31 @@ def check_resumable(path, model_cfg, train, allowed, cluster, action='resume'):
     model_then = {k: saved['model_config'].get(k, DEFAULTS[k]) for k in dataclasses.asdict(model_cfg)}
     changed = [k for k, v in dataclasses.asdict(model_cfg).items() if model_then[k] != v]
     if changed:
-        raise ConfigError(f"{path} was written for another model ({', '.join(changed)} differ): resume with the "
-                          f"config it was trained with")
+        raise ConfigError(
+            f"{path} was written for another model ({', '.join(changed)} differ): resume with the "
+            f"config it was trained with"
+        )
     if saved['train_config']['parallel'] != train.parallel:
-        raise ConfigError(f"{path} was written with parallel={saved['train_config']['parallel']}: resume with "
-                          f"--parallel={saved['train_config']['parallel']}")
+        raise ConfigError(
+            f"{path} was written with parallel={saved['train_config']['parallel']}: resume with "
+            f"--parallel={saved['train_config']['parallel']}"
+        )
     then = {k: saved['train_config'].get(k, DEFAULTS[k]) for k in DEFAULTS if hasattr(train, k)}
-    changes = {k: (then[k], v) for k, v in dataclasses.asdict(train).items()
-               if k != 'dataset_tokens' and then[k] != v}
+    changes = {k: (then[k], v) for k, v in dataclasses.asdict(train).items() if k != 'dataset_tokens' and then[k] != v}
     refused = [k for k in changes if k in CONTINUATION_KEYS and k not in allowed]
     if refused:
         listed = ', '.join(f'{k} {changes[k][0]!r} -> {changes[k][1]!r}' for k in refused)
-        raise ConfigError(f"resuming {path} with a changed {listed}: that breaks the exact continuation (data order, "
-                          f"schedule or optimizer); pass --allow_change={','.join(refused)} if you mean it")
+        raise ConfigError(
+            f"resuming {path} with a changed {listed}: that breaks the exact continuation (data order, "
+            f"schedule or optimizer); pass --allow_change={','.join(refused)} if you mean it"
+        )
     for key, (old, new) in changes.items():
         log(cluster, f"{action}: {key} changed from {old!r} to {new!r}")
 
 
 # -----------------------------------------------------------------------------------------------------
 # The clean stop.
+
 
 class Stop:
     """SIGINT and SIGTERM (a cluster scheduler's preemption is a SIGTERM; torchrun passes both on to every rank) end
@@ -212,14 +234,20 @@ class Stop:
     def receive(self, signum, frame):
         name = signal.Signals(signum).name
         if signum == self.signal:
-            print(f"{name} again: exiting now, without a checkpoint of the steps since the last one", file=sys.stderr,
-                  flush=True)
+            print(
+                f"{name} again: exiting now, without a checkpoint of the steps since the last one",
+                file=sys.stderr,
+                flush=True,
+            )
             os._exit(128 + signum)
         if self.signal is None:
             self.signal = signum
             if int(os.environ.get('RANK', 0)) == 0:
-                print(f"{name}: finishing this step, then a checkpoint ({name} again exits at once)", file=sys.stderr,
-                      flush=True)
+                print(
+                    f"{name}: finishing this step, then a checkpoint ({name} again exits at once)",
+                    file=sys.stderr,
+                    flush=True,
+                )
 
     def agreed(self):
         """The signal number any rank has received, else 0: every rank gets the same answer after the same step."""
@@ -233,9 +261,13 @@ class Stop:
         """The run stopped by a signal, its checkpoint complete: the line that says how to resume; -> exit code."""
         barrier(run.cluster)
         if run.cluster.is_master:
-            print(f"stopped by {signal.Signals(signum).name} after step {run.state.step}: checkpoint "
-                  f"{run.last_checkpoint} is complete; resume with: "
-                  f"{train_command(run.argv, run.cluster, {'--resume'}, '--resume')}", file=sys.stderr, flush=True)
+            print(
+                f"stopped by {signal.Signals(signum).name} after step {run.state.step}: checkpoint "
+                f"{run.last_checkpoint} is complete; resume with: "
+                f"{train_command(run.argv, run.cluster, {'--resume'}, '--resume')}",
+                file=sys.stderr,
+                flush=True,
+            )
         return 128 + signum
 
     def restore(self):
@@ -246,15 +278,17 @@ class Stop:
 # -----------------------------------------------------------------------------------------------------
 # The spike guard.
 
+
 @dataclasses.dataclass
 class RunState:
     """What a checkpoint carries besides the weights and the optimizer (checkpoint.py writes it)."""
-    step: int = 0               # optimizer steps done
-    tokens_seen: int = 0        # tokens trained on (skipped data not counted)
-    position: int = 0           # sequences of the train stream consumed, by all ranks together
+
+    step: int = 0  # optimizer steps done
+    tokens_seen: int = 0  # tokens trained on (skipped data not counted)
+    position: int = 0  # sequences of the train stream consumed, by all ranks together
     rollbacks: int = 0
     loss_window: list = dataclasses.field(default_factory=list)  # recent good losses, for the spike guard
-    skipped: list = dataclasses.field(default_factory=list)      # [first, end) sequence ranges skipped after spikes
+    skipped: list = dataclasses.field(default_factory=list)  # [first, end) sequence ranges skipped after spikes
 
 
 def find_spike(pending, values, window, train):
@@ -270,7 +304,7 @@ def find_spike(pending, values, window, train):
             if loss > mean + train.spike_factor * std:
                 return result, loss, f'> mean {mean:.4f} + {train.spike_factor} x std {std:.4f}'
         window.append(loss)
-        del window[:-train.spike_window]
+        del window[: -train.spike_window]
     return None
 
 
@@ -280,17 +314,30 @@ def roll_back(run, spike):
     result, loss, why = spike
     train, rollbacks = run.train, run.state.rollbacks + 1
     if rollbacks > train.max_rollbacks:
-        raise TrainingStopped(f"loss spike at step {result.step} (loss {loss:.4f} {why}) after {run.state.rollbacks} "
-                              f"rollbacks (max_rollbacks): the run is unstable; lower lr, check the data, or raise "
-                              f"max_rollbacks")
+        raise TrainingStopped(
+            f"loss spike at step {result.step} (loss {loss:.4f} {why}) after {run.state.rollbacks} "
+            f"rollbacks (max_rollbacks): the run is unstable; lower lr, check the data, or raise "
+            f"max_rollbacks"
+        )
     saved = checkpoint.load(run.last_checkpoint, run.model, run.optimizer)
     run.state = RunState(**saved['run'])
     skipped = [run.state.position, result.position]
     run.state.rollbacks, run.state.position = rollbacks, result.position
     run.state.skipped.append(skipped)
-    log(run.cluster, f"step {result.step}: loss spike (loss {loss:.4f} {why}): rollback {rollbacks}/"
-                     f"{train.max_rollbacks} to {os.path.basename(run.last_checkpoint)}, skipping sequences "
-                     f"[{skipped[0]:,}, {skipped[1]:,}) of the data stream")
-    run.metrics.record({'event': 'rollback', 'step': result.step, 'loss': loss, 'to_step': run.state.step,
-                        'skipped': skipped, 'rollbacks': rollbacks})
+    log(
+        run.cluster,
+        f"step {result.step}: loss spike (loss {loss:.4f} {why}): rollback {rollbacks}/"
+        f"{train.max_rollbacks} to {os.path.basename(run.last_checkpoint)}, skipping sequences "
+        f"[{skipped[0]:,}, {skipped[1]:,}) of the data stream",
+    )
+    run.metrics.record(
+        {
+            'event': 'rollback',
+            'step': result.step,
+            'loss': loss,
+            'to_step': run.state.step,
+            'skipped': skipped,
+            'rollbacks': rollbacks,
+        }
+    )
     run.metrics.restart()

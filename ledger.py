@@ -11,6 +11,7 @@ numbers (predict: one JSON-able dict); ledger_report.py prints them and is the c
 only: a bill for a named GPU needs nothing installed. Measuring the device at hand (`gpu='auto'` or 'cpu': a short
 GEMM probe) imports torch inside measure_device, the one place this file uses it.
 """
+
 import dataclasses
 import difflib
 import json
@@ -35,31 +36,33 @@ GIB = 2**30
 # probe, cached per machine), the memory what the machine gives the process. The prediction is for the device
 # the run is on: train.py resolves 'auto'; `ledger.py CONFIG` prints for the config's `gpu`.
 
+
 @dataclass(frozen=True)
 class Device:
     name: str
-    peak_flops: float          # FLOP/s of dense matmuls in the compute dtype, per device
-    memory_bytes: int          # memory of one device (a CPU: the machine's RAM, shared by its processes)
-    kind: str = 'gpu'          # 'gpu' or 'cpu'
-    dtype: str = 'bfloat16'    # the compute dtype the peak is for (the one a run with dtype='auto' uses)
+    peak_flops: float  # FLOP/s of dense matmuls in the compute dtype, per device
+    memory_bytes: int  # memory of one device (a CPU: the machine's RAM, shared by its processes)
+    kind: str = 'gpu'  # 'gpu' or 'cpu'
+    dtype: str = 'bfloat16'  # the compute dtype the peak is for (the one a run with dtype='auto' uses)
     peak_source: str = 'vendor datasheet, dense BF16 tensor cores'
     memory_source: str = 'nvidia-smi total'
     overhead_bytes: int = 2 * GIB  # memory the runtime takes besides the ledger's tensors (see Ledger 4d)
-    overhead_source: str = ('ESTIMATE: CUDA context, kernels 0.81 GB and fragmentation 0.5-1 GB (the book), '
-                            'cuBLAS/flash workspaces')
-    shared_by: int = 0             # processes sharing this device's memory (0: a CPU's n_gpu, a GPU's 1)
+    overhead_source: str = (
+        'ESTIMATE: CUDA context, kernels 0.81 GB and fragmentation 0.5-1 GB (the book), cuBLAS/flash workspaces'
+    )
+    shared_by: int = 0  # processes sharing this device's memory (0: a CPU's n_gpu, a GPU's 1)
 
 
 GPUS = {
-    'H200': Device('H200 SXM 141GB', 989e12, 143771 * MIB),       # nvidia-smi: 143771MiB
-    'H200-NVL': Device('H200 NVL 141GB', 835e12, 143771 * MIB),   # same 141 GB HBM3e stack as the SXM part
-    'H100': Device('H100 SXM 80GB', 989e12, 81559 * MIB),         # nvidia-smi: 81559MiB
+    'H200': Device('H200 SXM 141GB', 989e12, 143771 * MIB),  # nvidia-smi: 143771MiB
+    'H200-NVL': Device('H200 NVL 141GB', 835e12, 143771 * MIB),  # same 141 GB HBM3e stack as the SXM part
+    'H100': Device('H100 SXM 80GB', 989e12, 81559 * MIB),  # nvidia-smi: 81559MiB
     'H100-PCIe': Device('H100 PCIe 80GB', 756e12, 81559 * MIB),
-    'H100-NVL': Device('H100 NVL 94GB', 835e12, 95830 * MIB),     # nvidia-smi: 95830MiB
-    'A100': Device('A100 SXM 80GB', 312e12, 81920 * MIB),         # nvidia-smi: 81920MiB
+    'H100-NVL': Device('H100 NVL 94GB', 835e12, 95830 * MIB),  # nvidia-smi: 95830MiB
+    'A100': Device('A100 SXM 80GB', 312e12, 81920 * MIB),  # nvidia-smi: 81920MiB
     'A800': Device('A800 80GB', 312e12, 81920 * MIB),
     'MI300X': Device('MI300X 192GB', 1307e12, 205_822_885_888, memory_source='rocm-smi total'),
-    'B200': Device('B200 180GB', 2250e12, 183359 * MIB),          # nvidia-smi: 183359MiB
+    'B200': Device('B200 180GB', 2250e12, 183359 * MIB),  # nvidia-smi: 183359MiB
 }
 MEASURED = ('auto', 'cpu')  # the `gpu` names that mean "measure the device at hand"
 
@@ -71,8 +74,10 @@ def gpu_spec(name):
         return GPUS[by_lower[name.lower()]]
     close = difflib.get_close_matches(name.lower(), list(by_lower) + list(MEASURED), n=1, cutoff=0.5)
     hint = f"did you mean '{by_lower.get(close[0], close[0])}'? " if close else ''
-    raise ConfigError(f"unknown gpu '{name}': {hint}known: {', '.join(GPUS)}, or 'auto' / 'cpu' to measure this "
-                      f"machine (add yours to GPUS in ledger.py)")
+    raise ConfigError(
+        f"unknown gpu '{name}': {hint}known: {', '.join(GPUS)}, or 'auto' / 'cpu' to measure this "
+        f"machine (add yours to GPUS in ledger.py)"
+    )
 
 
 def device_spec(name, dtype='auto'):
@@ -101,6 +106,7 @@ def resident_bytes():
             return int(f.read().split()[1]) * os.sysconf('SC_PAGE_SIZE')
     except OSError:
         import resource
+
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * (1 if sys.platform == 'darwin' else 1024)
 
 
@@ -128,6 +134,7 @@ def cpu_name():
     except OSError:
         pass
     import platform
+
     return platform.processor() or platform.machine()
 
 
@@ -140,6 +147,7 @@ def measure_device(name='auto', dtype='auto', seconds=1.0):
     slower than fp32 on chips without bf16 units). On the CPU the runtime overhead is measured too: this process's
     resident memory once torch and its thread pools are up."""
     import torch  # measuring the device needs it; nothing else in this file does
+
     on_gpu = name == 'auto' and torch.cuda.is_available()
     if dtype == 'auto' and not on_gpu:
         return max((measure_device('cpu', d, seconds) for d in ('float32', 'bfloat16')), key=lambda d: d.peak_flops)
@@ -151,8 +159,9 @@ def measure_device(name='auto', dtype='auto', seconds=1.0):
         memory = dict(memory_bytes=props.total_memory, memory_source='torch.cuda.get_device_properties')
         if known:
             key = max(known, key=len)  # 'H100 NVL' before 'H100'
-            return dataclasses.replace(GPUS[key], name=label, peak_source=f'vendor datasheet ({key}), dense BF16',
-                                       dtype=dtype, **memory)
+            return dataclasses.replace(
+                GPUS[key], name=label, peak_source=f'vendor datasheet ({key}), dense BF16', dtype=dtype, **memory
+            )
         device, threads = torch.device('cuda', index), 0
     else:
         label = f'CPU ({cpu_name()}, {torch.get_num_threads()} threads)'
@@ -175,8 +184,12 @@ def measure_device(name='auto', dtype='auto', seconds=1.0):
                 torch.cuda.synchronize(device)
             best = max(best, 2 * n**3 / (time.perf_counter() - begin))
         del a, b, out  # before reading the runtime's own footprint
-        cache[key] = {'peak_flops': best, 'runtime_bytes': resident_bytes(), 'matmul': f'{n}x{n}x{n}',
-                      'measured': time.strftime('%Y-%m-%d %H:%M:%S')}
+        cache[key] = {
+            'peak_flops': best,
+            'runtime_bytes': resident_bytes(),
+            'matmul': f'{n}x{n}x{n}',
+            'measured': time.strftime('%Y-%m-%d %H:%M:%S'),
+        }
         try:
             os.makedirs(os.path.dirname(path), exist_ok=True)
             save_json(path, cache)
@@ -187,15 +200,23 @@ def measure_device(name='auto', dtype='auto', seconds=1.0):
     if on_gpu:
         return Device(label, probe['peak_flops'], kind='gpu', dtype=dtype, peak_source=peak_source, **memory)
     ram, ram_source = machine_memory()
-    return Device(label, probe['peak_flops'], ram, kind='cpu', dtype=dtype, peak_source=peak_source,
-                  memory_source=ram_source,
-                  overhead_bytes=probe['runtime_bytes'],
-                  overhead_source='measured: resident memory of the runtime (torch, its libraries and thread pools)')
+    return Device(
+        label,
+        probe['peak_flops'],
+        ram,
+        kind='cpu',
+        dtype=dtype,
+        peak_source=peak_source,
+        memory_source=ram_source,
+        overhead_bytes=probe['runtime_bytes'],
+        overhead_source='measured: resident memory of the runtime (torch, its libraries and thread pools)',
+    )
 
 
 # -----------------------------------------------------------------------------------------------------
 # Ledger 1: parameters, exact, counted the way model.py builds the model (== sum(p.numel())).
 # Llama with n_kv_head = n_head, untied: the book's P = 2VH + H + L(4H^2 + 3HH' + 2H); LLaMA-7B -> 6,738,415,616.
+
 
 def count_params(model):
     """Parameter counts by part. 'matmul' is what takes part in matrix multiplies: every Linear weight including
@@ -204,11 +225,11 @@ def count_params(model):
     H, L, V, T = model.n_embd, model.n_layer, model.vocab_size, model.block_size
     F, kv_width = model.ffn_width, model.kv_heads * model.head_dim
     family, bias = model.family, model.biases  # config.FAMILIES: llama has no biases anywhere
-    k = family.mlp_matrices                                     # GELU: up H -> H', down; SwiGLU: gate, up, down
-    attention_weights = H * (H + 2 * kv_width) + H * H          # q, k, v (GQA: k, v are kv_width wide) and output
+    k = family.mlp_matrices  # GELU: up H -> H', down; SwiGLU: gate, up, down
+    attention_weights = H * (H + 2 * kv_width) + H * H  # q, k, v (GQA: k, v are kv_width wide) and output
     attention_biases = (H + 2 * kv_width) + H if bias else 0
     ffn_weights = k * H * F
-    ffn_biases = (k - 1) * F + H if bias else 0                 # the H'-wide outputs and down's H
+    ffn_biases = (k - 1) * F + H if bias else 0  # the H'-wide outputs and down's H
     norm = 2 * H if bias and family.norm == 'layernorm' else H  # LayerNorm: weight (+ bias); RMSNorm: weight only
     per_layer = attention_weights + attention_biases + ffn_weights + ffn_biases + 2 * norm
     counts = {
@@ -216,8 +237,8 @@ def count_params(model):
         'position': T * H if family.positions == 'learned' else 0,  # a learned table (gpt2); RoPE has none
         'attention': L * (attention_weights + attention_biases),
         'ffn': L * (ffn_weights + ffn_biases),
-        'norms': (2 * L + 1) * norm,                            # two per block and the final one
-        'output': 0 if model.tie_embeddings else V * H,         # lm_head; tied: shares the embedding's tensor
+        'norms': (2 * L + 1) * norm,  # two per block and the final one
+        'output': 0 if model.tie_embeddings else V * H,  # lm_head; tied: shares the embedding's tensor
         'per_layer': per_layer,
         'blocks_matmul': L * (attention_weights + ffn_weights),
     }
@@ -244,8 +265,12 @@ def parameter_shapes(model):
     shapes = [('tok_emb.weight', (V, H))] + ([('pos_emb.weight', (T, H))] if learned else [])
     for i in range(model.n_layer):
         block = f'blocks.{i}'
-        shapes += norm(f'{block}.attn_norm') + linear(f'{block}.attn.qkv_proj', H, qkv_width) \
-            + linear(f'{block}.attn.o_proj', H, H) + norm(f'{block}.mlp_norm')
+        shapes += (
+            norm(f'{block}.attn_norm')
+            + linear(f'{block}.attn.qkv_proj', H, qkv_width)
+            + linear(f'{block}.attn.o_proj', H, H)
+            + norm(f'{block}.mlp_norm')
+        )
         if family.mlp == 'swiglu':
             shapes += linear(f'{block}.mlp.gate_up_proj', H, 2 * F)  # gate and up, fused
         else:
@@ -279,6 +304,7 @@ def parameter_shapes(model):
 # (+ 2HH', within 1/L of eager; measured, not counted here). LLaMA-7B: matmul 4.29e10, eager 5.40e10 (1.26x),
 # compiled blocks 5.69e10 (1.33x); the book's 8P 5.39e10; 8N_matmul + 16LHT would say 5.72e10.
 
+
 def flops_per_token(model, recompute=False, compiled_blocks=False):
     """Training FLOPs per token (forward + backward) under the conventions above. compiled_blocks: each block
     is torch.compile'd on its own, so the recompute reruns the whole block (see above)."""
@@ -287,13 +313,13 @@ def flops_per_token(model, recompute=False, compiled_blocks=False):
     attention = 12 * L * H * T
     matmul = 6 * params['matmul'] + attention
     rerun_matmul = params['blocks_matmul'] - (0 if compiled_blocks else L * H * model.ffn_width)  # no down_proj
-    matmul_recompute = matmul + 2 * rerun_matmul + attention // 3   # + the blocks' forward again (2N, 4LHT)
+    matmul_recompute = matmul + 2 * rerun_matmul + attention // 3  # + the blocks' forward again (2N, 4LHT)
     return {
         'book': (8 if recompute else 6) * params['total'],
-        'matmul': matmul,                                          # model FLOPs: what MFU counts (PaLM)
-        'matmul_causal': 6 * params['matmul'] + attention // 2,    # only the unmasked half of QK^T and AV
+        'matmul': matmul,  # model FLOPs: what MFU counts (PaLM)
+        'matmul_causal': 6 * params['matmul'] + attention // 2,  # only the unmasked half of QK^T and AV
         'nanogpt': 6 * (params['total'] - params['position']) + attention,
-        'hardware': matmul_recompute if recompute else matmul,     # what the GPU executes
+        'hardware': matmul_recompute if recompute else matmul,  # what the GPU executes
         'attention': attention,
         'attention_share': attention / (6 * params['blocks_matmul']),
         'attention_share_approx': T / (6 * H),
@@ -327,9 +353,9 @@ def model_state_bytes(n_params, parallel='ddp', n_gpu=1):
         raise ConfigError(f"parallel must be one of {', '.join(shards)}, not '{parallel}'")
     weights_over, grads_over, optimizer_over = shards[parallel]
     states = {
-        'weights': 2 * n_params / weights_over,        # 16-bit weights
-        'grads': 2 * n_params / grads_over,            # 16-bit gradients
-        'optimizer': 12 * n_params / optimizer_over,   # fp32 master weights, Adam momentum and variance
+        'weights': 2 * n_params / weights_over,  # 16-bit weights
+        'grads': 2 * n_params / grads_over,  # 16-bit gradients
+        'optimizer': 12 * n_params / optimizer_over,  # fp32 master weights, Adam momentum and variance
     }
     states['total'] = states['weights'] + states['grads'] + states['optimizer']
     return states
@@ -352,6 +378,7 @@ def model_state_bytes(n_params, parallel='ddp', n_gpu=1):
 #                 padding. While computing, FSDP2 also holds weights gathered whole in the compute dtype: zero2
 #                 all of them from forward to backward, fsdp the root's (embeddings, final norm, lm_head) and two
 #                 blocks (the one running and the next, prefetched), plus one block's unsharded gradients.
+
 
 def zero1_partition(model, n_gpu):
     """ZeroRedundancyOptimizer's assignment of parameter tensors to ranks, as train.py builds it (two param groups:
@@ -377,8 +404,7 @@ def held_model_states(model, parallel, n_gpu, dtype='bfloat16', rank=0):
     dtype is the compute dtype ('bfloat16' or 'float32'). 'book' is the book's figure for the same strategy."""
     shapes = [shape for _, shape in parameter_shapes(model)]
     n_params, n_tensors = sum(map(math.prod, shapes)), len(shapes)
-    states = {'weights': 4 * n_params, 'grads': 4 * n_params, 'optimizer': 8 * n_params + 4 * n_tensors,
-              'gathered': 0}
+    states = {'weights': 4 * n_params, 'grads': 4 * n_params, 'optimizer': 8 * n_params + 4 * n_tensors, 'gathered': 0}
     if n_gpu > 1 and parallel == 'zero1':
         elements, tensors = zero1_partition(model, n_gpu)[rank]
         states['optimizer'] = 8 * elements + 4 * tensors
@@ -439,8 +465,9 @@ NORM_STATS = {'layernorm': 8, 'rmsnorm': 4}  # fp32 bytes a token: LayerNorm's m
 FFN_SAVED = {'gelu': 2, 'swiglu': 4}  # H'-wide tensors an eager FFN saves (above)
 
 
-def activation_bytes(model, micro_batch, recompute, dtype_bytes=2, attention='flash', residual_bytes=4,
-                     fused_norm=True, compiled=None):
+def activation_bytes(
+    model, micro_batch, recompute, dtype_bytes=2, attention='flash', residual_bytes=4, fused_norm=True, compiled=None
+):
     """Bytes autograd holds for backward at its peak (loss buffers aside: logits_bytes), for one GPU's
     micro-batch of full sequences. attention: 'flash' (flash/cuDNN/efficient and CPU's flash kernel) or 'math'.
     compiled: None (eager), 'model' (the whole model compiled: one process, DDP, ZeRO-1) or 'blocks' (each block
@@ -456,8 +483,16 @@ def activation_bytes(model, micro_batch, recompute, dtype_bytes=2, attention='fl
     stats = NORM_STATS[family.norm]
     if compiled and attention == 'flash':
         middle = a * H if compiled == 'blocks' else r * H  # o_proj's output, or the residual after attention
-        layer = r * H + middle + 2 * stats + 3 * a * H + a * (n_head + 2 * n_kv_head) * d + rotated + 4 * n_head \
+        layer = (
+            r * H
+            + middle
+            + 2 * stats
+            + 3 * a * H
+            + a * (n_head + 2 * n_kv_head) * d
+            + rotated
+            + 4 * n_head
             + family.mlp_matrices * a * F
+        )
         head = (0 if recompute else r * H) + stats + a * H + 8  # + the final norm; 8: the logits' max and log-sum
     else:
         norm = r * H + stats + (r * H if family.norm == 'rmsnorm' and not fused_norm else 0)
@@ -472,8 +507,7 @@ def activation_bytes(model, micro_batch, recompute, dtype_bytes=2, attention='fl
     params = count_params(model)
     block_weights = 2 * params['blocks_matmul'] // L if autocast else 0
     positions = 8 * T if family.positions == 'learned' and not compiled else 0  # the position ids, int64
-    parts = {'token_ids': tokens * 16 + positions,
-             'head': tokens * head}
+    parts = {'token_ids': tokens * 16 + positions, 'head': tokens * head}
     if recompute:
         parts['block_inputs'] = tokens * L * r * H
         parts['recomputed_block'] = tokens * (layer - r * H) + block_weights
@@ -513,6 +547,7 @@ def logits_bytes(model, micro_batch, dtype_bytes=2, compiled=False):
 # is measured: the resident memory of the process before the model is built, and the total is compared with the
 # process's peak resident memory (ru_maxrss).
 
+
 def compile_mode(train, n_gpu):
     """How train.py compiles the model: None (eager), 'model' (whole: one process, DDP, ZeRO-1) or 'blocks' (each
     block on its own, under FSDP2: zero2 and fsdp on more than one process)."""
@@ -534,13 +569,30 @@ def memory_per_gpu(model, train, n_gpu=None, micro_batch=None, device=None, rank
     compiled = compile_mode(train, n_gpu)
     processes = device.shared_by or (n_gpu if device.kind == 'cpu' else 1)  # sharing one device's memory
     memory = {
-        'weights': states['weights'], 'grads': states['grads'], 'optimizer': states['optimizer'],
-        'gathered': states['gathered'], 'model_states': states['total'], 'book_model_states': states['book'],
-        'activations': activation_bytes(model, micro_batch, train.recompute, dtype_bytes, residual_bytes=residual_bytes,
-                                        fused_norm=device.kind != 'cpu', compiled=compiled)['total'],
+        'weights': states['weights'],
+        'grads': states['grads'],
+        'optimizer': states['optimizer'],
+        'gathered': states['gathered'],
+        'model_states': states['total'],
+        'book_model_states': states['book'],
+        'activations': activation_bytes(
+            model,
+            micro_batch,
+            train.recompute,
+            dtype_bytes,
+            residual_bytes=residual_bytes,
+            fused_norm=device.kind != 'cpu',
+            compiled=compiled,
+        )['total'],
         'logits': logits_bytes(model, micro_batch, dtype_bytes, compiled=bool(compiled))['total'],
-        'activations_eager': activation_bytes(model, micro_batch, train.recompute, dtype_bytes,
-                                              residual_bytes=residual_bytes, fused_norm=device.kind != 'cpu')['total'],
+        'activations_eager': activation_bytes(
+            model,
+            micro_batch,
+            train.recompute,
+            dtype_bytes,
+            residual_bytes=residual_bytes,
+            fused_norm=device.kind != 'cpu',
+        )['total'],
         'logits_eager': logits_bytes(model, micro_batch, dtype_bytes)['total'],
         'graph': {'model': 'compiled whole', 'blocks': 'compiled block by block', None: 'eager'}[compiled],
         'overhead': device.overhead_bytes,
@@ -556,8 +608,10 @@ def memory_per_gpu(model, train, n_gpu=None, micro_batch=None, device=None, rank
 def max_micro_batch(model, train, n_gpu=None, device=None):
     """The largest micro-batch (sequences per device) whose total fits; 0 if not even one does."""
     device = device or device_spec(train.gpu, train.dtype)
+
     def fits(micro_batch):
         return memory_per_gpu(model, train, n_gpu, micro_batch, device)['fits']
+
     if not fits(1):
         return 0
     low, high = 1, 2
@@ -587,8 +641,8 @@ def gpus_for_model_states(n_params, gpu_memory_bytes):
 
 CHINCHILLA_TOKENS_PER_PARAM = 20
 CHINCHILLA_FITS = {
-    'hoffmann2022': dict(E=1.69, A=406.4, B=410.7, alpha=0.34, beta=0.28),            # Hoffmann et al. 2022
-    'epoch2024': dict(E=1.8172, A=482.01, B=2085.43, alpha=0.3478, beta=0.3658),      # Besiroglu et al. (Epoch AI) 2024
+    'hoffmann2022': dict(E=1.69, A=406.4, B=410.7, alpha=0.34, beta=0.28),  # Hoffmann et al. 2022
+    'epoch2024': dict(E=1.8172, A=482.01, B=2085.43, alpha=0.3478, beta=0.3658),  # Besiroglu et al. (Epoch AI) 2024
 }
 
 
@@ -621,6 +675,7 @@ def loss_fraction(objective, ul2_rates=UL2_RATES):
 
     def mixture(denoisers):  # a fragment given R or X takes one of its settings uniformly
         return sum((r + r / mu) / (1 + 2 * r / mu) for mu, r in denoisers) / len(denoisers)
+
     s_rate, r_rate, x_rate = ul2_rates
     return s_rate * 0.5 + r_rate * mixture(R_DENOISERS) + x_rate * mixture(X_DENOISERS)
 
@@ -653,6 +708,7 @@ def data_ledger(n_params, vocab_size, train_tokens, dataset_tokens=0, trained_fr
 
 # -----------------------------------------------------------------------------------------------------
 # The whole ledger for a config, as one JSON-able dict (train.py writes it to out_dir/ledger.json).
+
 
 def predict(model, train, n_gpu=None, device=None):
     """Every sum of the ledger for (ModelConfig, TrainConfig) on n_gpu devices (default: train.n_gpu) of `device`
@@ -697,8 +753,13 @@ def predict(model, train, n_gpu=None, device=None):
         'memory_per_gpu_bytes': memory['total'],
         'fits': memory['fits'],
         'max_micro_batch': max_micro_batch(model, train, n_gpu, device),
-        'data': data_ledger(params['total'], model.vocab_size, tokens, train.dataset_tokens,
-                            loss_fraction(train.objective, (train.ul2_s_rate, train.ul2_r_rate, train.ul2_x_rate))),
+        'data': data_ledger(
+            params['total'],
+            model.vocab_size,
+            tokens,
+            train.dataset_tokens,
+            loss_fraction(train.objective, (train.ul2_s_rate, train.ul2_r_rate, train.ul2_x_rate)),
+        ),
     }
 
 
@@ -707,6 +768,7 @@ def predict(model, train, n_gpu=None, device=None):
 # b bytes per token is L / ln 2 bits per token, L / (ln 2 * b) bits per byte: GPT-2's tokens on FineWeb-Edu are
 # ~4.5 bytes, our 8192-token BPE on Python source ~3.8, so per-token losses of two tokenizers (or two codebases)
 # compare only once divided by their own bytes per token. The CPU default's 5.52 nats at 3.84 bytes: 2.07 bits.
+
 
 def bits_per_byte(loss_nats, bytes_per_token):
     """None when the bytes per token are unknown (synthetic data)."""
@@ -718,6 +780,7 @@ def bits_per_byte(loss_nats, bytes_per_token):
 # end) and the markdown table report.md renders from it. Throughput is the run's mean after the warm-up interval;
 # memory is the CUDA allocator's peak (max_memory_allocated, beside the ledger's 'allocated') or on the CPU the
 # process's peak resident memory (ru_maxrss, beside the ledger's total, which includes the measured runtime).
+
 
 def summarize(prediction, measured):
     """measured: device, torch, params, and whichever of tokens_per_s, mfu, peak_memory_bytes, peak_reserved_bytes,
@@ -749,10 +812,12 @@ def summarize(prediction, measured):
         'val_loss': measured.get('val_loss'),
         'bytes_per_token': measured.get('bytes_per_token'),
         'val_bpb': bits_per_byte(measured['val_loss'], measured.get('bytes_per_token'))
-        if measured.get('val_loss') is not None else None,
+        if measured.get('val_loss') is not None
+        else None,
     }
 
 
 if __name__ == '__main__':
     import ledger_report  # the printed ledger and the command line: it imports this file, never the reverse
+
     sys.exit(ledger_report.main())

@@ -5,18 +5,31 @@ few lines train.py shows before step 1 (format_short), report.md's predicted-aga
 (format_comparison), the book's worked examples recomputed (book_examples, format_book), and the command line,
 which `python ledger.py` runs (main). Standard library only, like ledger.py; it imports ledger, never the reverse.
 """
+
 import json
 
 import ledger
 from config import ConfigError, ModelConfig, cli, load_config, sharded
-from ledger import (BOOK_STATES, CHINCHILLA_FITS, GIB, GPUS, SECONDS_PER_DAY, count_params, gpus_for_model_states,
-                    model_state_bytes, predict, token_bytes, train_days)
+from ledger import (
+    BOOK_STATES,
+    CHINCHILLA_FITS,
+    GIB,
+    GPUS,
+    SECONDS_PER_DAY,
+    count_params,
+    gpus_for_model_states,
+    model_state_bytes,
+    predict,
+    token_bytes,
+    train_days,
+)
 
 # -----------------------------------------------------------------------------------------------------
 # The printed ledger: sections of rows (label, value, where it comes from), each value formatted from the
 # prediction's numbers, in the book's order. format_report prints them all; format_short picks the few that
 # train.py prints before step 1 (the whole ledger goes to out_dir/ledger.md). si and duration are public: the
 # other commands name tokens and times the same way.
+
 
 def si(x):
     """1336502272 -> '1.34B'; 26e9 -> '26.0B'."""
@@ -74,8 +87,15 @@ def report_header(p):
 
 def report_sections(p):
     """-> [(title, [(label, value, note), ...]), ...] for a prediction."""
-    m, t, params, flops, memory, data, device = (p['model'], p['train'], p['params'], p['flops_per_token'],
-                                                 p['memory'], p['data'], p['gpu'])
+    m, t, params, flops, memory, data, device = (
+        p['model'],
+        p['train'],
+        p['params'],
+        p['flops_per_token'],
+        p['memory'],
+        p['data'],
+        p['gpu'],
+    )
     model = ModelConfig(**m)
     family, bias, tied, recompute = model.family, model.biases, model.tie_embeddings, t['recompute']
     norm_bias, k = bias and family.norm == 'layernorm', family.mlp_matrices  # LayerNorm's bias; H x H' matrices
@@ -85,124 +105,276 @@ def report_sections(p):
     parameters = [
         ('token embedding', f"{params['embedding']:,}", 'V*H'),
         ('position embedding', f"{params['position']:,}", 'T*H (learned positions)')
-        if family.positions == 'learned' else None,
-        ('attention', f"{params['attention']:,}", 'L*(2H^2 + 2H*kv_width' + (' + biases)' if bias else ')')
-         + ': q, o and GQA-sized k, v'),
+        if family.positions == 'learned'
+        else None,
+        (
+            'attention',
+            f"{params['attention']:,}",
+            'L*(2H^2 + 2H*kv_width' + (' + biases)' if bias else ')') + ': q, o and GQA-sized k, v',
+        ),
         (f"ffn ({MLP_NAMES[family.mlp]})", f"{params['ffn']:,}", f"L*({k}HH' + biases)" if bias else f"L*{k}HH'"),
-        (f"norms ({NORM_NAMES[family.norm]})", f"{params['norms']:,}",
-         '(2L + 1)*H' + (' * 2 (weight, bias)' if norm_bias else '')),
+        (
+            f"norms ({NORM_NAMES[family.norm]})",
+            f"{params['norms']:,}",
+            '(2L + 1)*H' + (' * 2 (weight, bias)' if norm_bias else ''),
+        ),
         ('output projection', f"{params['output']:,}", 'tied: shares the embedding' if tied else 'V*H'),
-        ('per layer', f"{params['per_layer']:,}", f"4H^2 + {k}HH' + 2H"
-         + (f" (+ {5 + 2 * norm_bias}H + {'' if k == 2 else k - 1}H' biases)" if bias else '') + ' when MHA'),
+        (
+            'per layer',
+            f"{params['per_layer']:,}",
+            f"4H^2 + {k}HH' + 2H"
+            + (f" (+ {5 + 2 * norm_bias}H + {'' if k == 2 else k - 1}H' biases)" if bias else '')
+            + ' when MHA',
+        ),
         ('total P', f"{params['total']:,}", si(params['total'])),
-        ('in matmuls N_matmul', f"{params['matmul']:,}",
-         f"{params['matmul'] / params['total']:.1%} of P: Linear weights incl. the output projection"),
+        (
+            'in matmuls N_matmul',
+            f"{params['matmul']:,}",
+            f"{params['matmul'] / params['total']:.1%} of P: Linear weights incl. the output projection",
+        ),
     ]
     nanogpt_extra = flops['nanogpt'] / flops['matmul'] - 1
     rerun = '2N_blocks' if p['compiled_blocks'] else "2(N_blocks-LHH')"
     compute = [
-        (f"book: {book_p}" + (' (recompute)' if recompute else ''), _sci(flops['book']),
-         "the book's ledger 2: forward 2P + backward 4P" + (' + one recomputed forward 2P' if recompute else '')),
-        ('matmul: 6N_matmul + 12LHT', _sci(flops['matmul']),
-         'PaLM (Chowdhery et al. 2022, app. B), non-causal attention, no embedding lookup; MFU uses this'),
-        ("nanoGPT's estimate_mfu: 6N + 12LHT", _sci(flops['nanogpt']),
-         f"N = all but the position table: norms, biases{'' if tied else ', input embedding'} as matmuls: "
-         f"{nanogpt_extra:+.3%}"),
+        (
+            f"book: {book_p}" + (' (recompute)' if recompute else ''),
+            _sci(flops['book']),
+            "the book's ledger 2: forward 2P + backward 4P" + (' + one recomputed forward 2P' if recompute else ''),
+        ),
+        (
+            'matmul: 6N_matmul + 12LHT',
+            _sci(flops['matmul']),
+            'PaLM (Chowdhery et al. 2022, app. B), non-causal attention, no embedding lookup; MFU uses this',
+        ),
+        (
+            "nanoGPT's estimate_mfu: 6N + 12LHT",
+            _sci(flops['nanogpt']),
+            f"N = all but the position table: norms, biases{'' if tied else ', input embedding'} as matmuls: "
+            f"{nanogpt_extra:+.3%}",
+        ),
         ('matmul, causal: 6N_matmul + 6LHT', _sci(flops['matmul_causal']), 'only the unmasked half of attention'),
-        (f"executed: +{rerun}+4LHT",
-         _sci(flops['hardware']), 'matmul + the blocks rerun in backward: ' + (
-             'whole (each block compiled on its own)' if p['compiled_blocks']
-             else "all but down_proj (H'H), never lm_head")) if recompute else None,
-        ('attention share of block matmuls', f"{flops['attention_share']:.1%}",
-         f"12LHT / 6N_blocks; the book's T/(6H) = {flops['attention_share_approx']:.1%}"),
-        (f"executed for {si(p['tokens'])} tokens", _sci(p['total_flops']),
-         f"book {book_p}D: {_sci(p['book_flops'])}"),
+        (
+            f"executed: +{rerun}+4LHT",
+            _sci(flops['hardware']),
+            'matmul + the blocks rerun in backward: '
+            + (
+                'whole (each block compiled on its own)'
+                if p['compiled_blocks']
+                else "all but down_proj (H'H), never lm_head"
+            ),
+        )
+        if recompute
+        else None,
+        (
+            'attention share of block matmuls',
+            f"{flops['attention_share']:.1%}",
+            f"12LHT / 6N_blocks; the book's T/(6H) = {flops['attention_share_approx']:.1%}",
+        ),
+        (f"executed for {si(p['tokens'])} tokens", _sci(p['total_flops']), f"book {book_p}D: {_sci(p['book_flops'])}"),
     ]
     time_and_money = [
-        ('device', f"{p['n_gpu']} x {device['name'].split(' (')[0].split()[0]}",
-         f"{device['name']}: peak {_rate(device['peak_flops'])} each ({device['peak_source']})"),
-        ('assumed utilisation', f"{p['mfu_assumed']:.0%}", 'of peak (the planning note: 40% for a tuned Llama with '
-         'flash attention and torch.compile; real runs 30-70%)'),
-        ('throughput', f"{p['tokens_per_s']:,.0f} tok/s", f"n_gpu * peak * MFU / executed FLOPs per token; "
-         f"{p['step_seconds']:.3g} s per step"),
-        ('time for this run', duration(p['days']), 'executed FLOPs: the matmul count (with attention)'
-         + (' + the recomputed forward' if recompute else '')),
+        (
+            'device',
+            f"{p['n_gpu']} x {device['name'].split(' (')[0].split()[0]}",
+            f"{device['name']}: peak {_rate(device['peak_flops'])} each ({device['peak_source']})",
+        ),
+        (
+            'assumed utilisation',
+            f"{p['mfu_assumed']:.0%}",
+            'of peak (the planning note: 40% for a tuned Llama with '
+            'flash attention and torch.compile; real runs 30-70%)',
+        ),
+        (
+            'throughput',
+            f"{p['tokens_per_s']:,.0f} tok/s",
+            f"n_gpu * peak * MFU / executed FLOPs per token; {p['step_seconds']:.3g} s per step",
+        ),
+        (
+            'time for this run',
+            duration(p['days']),
+            'executed FLOPs: the matmul count (with attention)' + (' + the recomputed forward' if recompute else ''),
+        ),
         ('days', _days(p['days']), 'time / 86400 s'),
         (f"days, book {book_p}D", _days(p['days_book']), "FLOPs by the book's convention (the planning note's table)"),
         ('GPU-hours', f"{p['gpu_hours']:,.0f}", 'days x 24 x n_gpu'),
-        ('cost', f"${p['cost_usd']:,.0f}", f"at ${t['usd_per_gpu_hour']}/GPU-hour (book {book_p}D: "
-         f"${p['cost_usd'] * p['days_book'] / p['days']:,.0f}; the planning note: $3-4 per H200-hour)"),
-        ('predicted MFU (PaLM)', f"{p['mfu']:.1%}", 'assumed x matmul / executed: recomputation is work MFU does '
-         'not count') if recompute else None,
+        (
+            'cost',
+            f"${p['cost_usd']:,.0f}",
+            f"at ${t['usd_per_gpu_hour']}/GPU-hour (book {book_p}D: "
+            f"${p['cost_usd'] * p['days_book'] / p['days']:,.0f}; the planning note: $3-4 per H200-hour)",
+        ),
+        (
+            'predicted MFU (PaLM)',
+            f"{p['mfu']:.1%}",
+            'assumed x matmul / executed: recomputation is work MFU does not count',
+        )
+        if recompute
+        else None,
     ]
     per = '/N' if fsdp2 else ''
     compiled = memory['graph'] != 'eager'
     processes = device['shared_by'] or (p['n_gpu'] if device['kind'] == 'cpu' else 1)
     states = [
-        ('fp32 weights', _gib(memory['weights']), f"4P{per}" + (', chunks padded to equal rows (FSDP2)' if fsdp2
-                                                                 else ': master weights, updated by AdamW')),
-        ('fp32 gradients', _gib(memory['grads']), '4P' + (
-            '/N, reduce-scattered (FSDP2)' if fsdp2 else ": DDP's buckets, the .grad tensors are views of them"
-            if p['n_gpu'] > 1 else '')),
-        ('AdamW exp_avg, exp_avg_sq', _gib(memory['optimizer']), '8P' + (
-            "/N, each rank's rows" if fsdp2 else '/N, whole tensors per rank (ZeRO-1)'
-            if p['n_gpu'] > 1 and t['parallel'] == 'zero1' else '') + ' + a 4-byte step count per tensor'),
-        (f"gathered {'bf16' if bf16 else 'fp32'} weights", _gib(memory['gathered']),
-         'all blocks, forward to backward (zero2)' if t['parallel'] == 'zero2' else
-         'embeddings, lm_head and 2 blocks at a time (fsdp), + one block of gradients') if fsdp2 else None,
-        ('model states', _gib(memory['model_states']), f"the book's accounting, {BOOK_STATES[t['parallel']]} with "
-         f"16-bit weights and grads: {_gib(memory['book_model_states'])}"),
-        ('activations', _gib(memory['activations']), ('what the compiled graph saves (min-cut partitioner)'
-                                                      if compiled else 'what autograd saves for backward, eager mode')
-         + (', block inputs and one block rerun (recompute)' if recompute else '')
-         + (f"; eager: {_gib(memory['activations_eager'])}" if compiled else '')),
-        ('logits and cross-entropy', _gib(memory['logits']), f"B*T*V x {2 * (2 if bf16 else 4)} bytes: the logits "
-         f"and their gradient (fused); eager: {_gib(memory['logits_eager'])}" if compiled else
-         "B*T*V x 12 bytes: fp32 log-softmax, its gradient, the logits' gradient"),
+        (
+            'fp32 weights',
+            _gib(memory['weights']),
+            f"4P{per}" + (', chunks padded to equal rows (FSDP2)' if fsdp2 else ': master weights, updated by AdamW'),
+        ),
+        (
+            'fp32 gradients',
+            _gib(memory['grads']),
+            '4P'
+            + (
+                '/N, reduce-scattered (FSDP2)'
+                if fsdp2
+                else ": DDP's buckets, the .grad tensors are views of them"
+                if p['n_gpu'] > 1
+                else ''
+            ),
+        ),
+        (
+            'AdamW exp_avg, exp_avg_sq',
+            _gib(memory['optimizer']),
+            '8P'
+            + (
+                "/N, each rank's rows"
+                if fsdp2
+                else '/N, whole tensors per rank (ZeRO-1)'
+                if p['n_gpu'] > 1 and t['parallel'] == 'zero1'
+                else ''
+            )
+            + ' + a 4-byte step count per tensor',
+        ),
+        (
+            f"gathered {'bf16' if bf16 else 'fp32'} weights",
+            _gib(memory['gathered']),
+            'all blocks, forward to backward (zero2)'
+            if t['parallel'] == 'zero2'
+            else 'embeddings, lm_head and 2 blocks at a time (fsdp), + one block of gradients',
+        )
+        if fsdp2
+        else None,
+        (
+            'model states',
+            _gib(memory['model_states']),
+            f"the book's accounting, {BOOK_STATES[t['parallel']]} with "
+            f"16-bit weights and grads: {_gib(memory['book_model_states'])}",
+        ),
+        (
+            'activations',
+            _gib(memory['activations']),
+            (
+                'what the compiled graph saves (min-cut partitioner)'
+                if compiled
+                else 'what autograd saves for backward, eager mode'
+            )
+            + (', block inputs and one block rerun (recompute)' if recompute else '')
+            + (f"; eager: {_gib(memory['activations_eager'])}" if compiled else ''),
+        ),
+        (
+            'logits and cross-entropy',
+            _gib(memory['logits']),
+            f"B*T*V x {2 * (2 if bf16 else 4)} bytes: the logits "
+            f"and their gradient (fused); eager: {_gib(memory['logits_eager'])}"
+            if compiled
+            else "B*T*V x 12 bytes: fp32 log-softmax, its gradient, the logits' gradient",
+        ),
         ('runtime overhead', _gib(memory['overhead']), device['overhead_source']),
-        ('total', _gib(memory['total']), f"of {_gib(memory['gpu_memory'])} ({device['memory_source']}"
-         + (f', shared by {processes} processes' if processes > 1 else '')
-         + f"): {'fits' if memory['fits'] else 'DOES NOT FIT'}, headroom {_gib(memory['headroom'])}"
-         + ("; glibc's malloc keeps freed blocks for reuse, so the peak RSS runs up to ~1.35x this (measured, "
-            "README)" if device['kind'] == 'cpu' else '')),
-        ('largest micro-batch that fits', f"{p['max_micro_batch']}", f"sequences of {model.block_size} tokens per "
-         'device' + ('' if memory['fits'] else f": try --micro_batch={p['max_micro_batch']}" if p['max_micro_batch']
-                     else ': not even one; try --recompute=1, or --parallel=fsdp over more GPUs')),
+        (
+            'total',
+            _gib(memory['total']),
+            f"of {_gib(memory['gpu_memory'])} ({device['memory_source']}"
+            + (f', shared by {processes} processes' if processes > 1 else '')
+            + f"): {'fits' if memory['fits'] else 'DOES NOT FIT'}, headroom {_gib(memory['headroom'])}"
+            + (
+                "; glibc's malloc keeps freed blocks for reuse, so the peak RSS runs up to ~1.35x this (measured, "
+                "README)"
+                if device['kind'] == 'cpu'
+                else ''
+            ),
+        ),
+        (
+            'largest micro-batch that fits',
+            f"{p['max_micro_batch']}",
+            f"sequences of {model.block_size} tokens per "
+            'device'
+            + (
+                ''
+                if memory['fits']
+                else f": try --micro_batch={p['max_micro_batch']}"
+                if p['max_micro_batch']
+                else ': not even one; try --recompute=1, or --parallel=fsdp over more GPUs'
+            ),
+        ),
     ]
     stored = 'dataset' if data['dataset_tokens'] else 'training tokens'
     tokens = [
         ('Chinchilla-optimal tokens', si(data['chinchilla_tokens']), '20 x P (Hoffmann et al. 2022)'),
-        ('this plan', f"{data['tokens_per_param']:.3g} tok/param",
-         f"{data['chinchilla_multiple']:.2g} x Chinchilla; {si(data['train_tokens'])} tokens are optimal for "
-         f"{si(data['chinchilla_params_for_tokens'])} params"),
-        ('tokens that carry loss', si(data['loss_tokens']), f"{data['loss_fraction']:.0%} of them: objective "
-         f"{t['objective']} (ledger.loss_fraction); FLOPs, tokens/s and MFU count every position")
-        if data['loss_fraction'] < 1 else None,
-        ('dataset', si(data['dataset_tokens']) + ' tokens',
-         f"{'enough' if data['enough_data'] else 'NOT enough'}: {data['epochs']:.3g} epochs")
-        if data['dataset_tokens'] else None,
-        ('token shards', _gb(data['shard_bytes']), f"{data['token_bytes']} bytes/token "
-         f"({'uint16: vocab <= 65,536' if data['token_bytes'] == 2 else 'uint32: vocab > 65,536'}), the {stored}"),
-        ('source parquet', _gb(data['parquet_bytes_high']), f"~3-4 bytes/token compressed (FineWeb-Edu): "
-         f"{_gb(data['parquet_bytes_low'])} to {_gb(data['parquet_bytes_high'])}"),
-        ('checkpoint', _gb(data['checkpoint_bytes']), '12P: fp32 weights + Adam m, v; bf16 export 2P = '
-         + _gb(data['export_bytes'])),
+        (
+            'this plan',
+            f"{data['tokens_per_param']:.3g} tok/param",
+            f"{data['chinchilla_multiple']:.2g} x Chinchilla; {si(data['train_tokens'])} tokens are optimal for "
+            f"{si(data['chinchilla_params_for_tokens'])} params",
+        ),
+        (
+            'tokens that carry loss',
+            si(data['loss_tokens']),
+            f"{data['loss_fraction']:.0%} of them: objective "
+            f"{t['objective']} (ledger.loss_fraction); FLOPs, tokens/s and MFU count every position",
+        )
+        if data['loss_fraction'] < 1
+        else None,
+        (
+            'dataset',
+            si(data['dataset_tokens']) + ' tokens',
+            f"{'enough' if data['enough_data'] else 'NOT enough'}: {data['epochs']:.3g} epochs",
+        )
+        if data['dataset_tokens']
+        else None,
+        (
+            'token shards',
+            _gb(data['shard_bytes']),
+            f"{data['token_bytes']} bytes/token "
+            f"({'uint16: vocab <= 65,536' if data['token_bytes'] == 2 else 'uint32: vocab > 65,536'}), the {stored}",
+        ),
+        (
+            'source parquet',
+            _gb(data['parquet_bytes_high']),
+            f"~3-4 bytes/token compressed (FineWeb-Edu): "
+            f"{_gb(data['parquet_bytes_low'])} to {_gb(data['parquet_bytes_high'])}",
+        ),
+        (
+            'checkpoint',
+            _gb(data['checkpoint_bytes']),
+            '12P: fp32 weights + Adam m, v; bf16 export 2P = ' + _gb(data['export_bytes']),
+        ),
     ]
-    loss = [(label, f"{data['expected_loss'][fit]:.3f} nats", ', '.join(f'{k} {v}' for k, v in
-                                                                           CHINCHILLA_FITS[fit].items()))
-            for fit, label in (('hoffmann2022', 'Hoffmann et al. 2022'), ('epoch2024', 'Epoch AI 2024 replication'))]
+    loss = [
+        (
+            label,
+            f"{data['expected_loss'][fit]:.3f} nats",
+            ', '.join(f'{k} {v}' for k, v in CHINCHILLA_FITS[fit].items()),
+        )
+        for fit, label in (('hoffmann2022', 'Hoffmann et al. 2022'), ('epoch2024', 'Epoch AI 2024 replication'))
+    ]
     mode = f"{t['parallel']}, N={p['n_gpu']}" if p['n_gpu'] > 1 else 'one process'
     sections = [
         ("Ledger 1: parameters (exact, the way model.py builds them: = sum(p.numel()))", parameters),
         ('Ledger 2: compute per token, forward + backward (a matmul (n x m)(m x p) is 2nmp FLOPs)', compute),
         ('Ledger 3: time and money (days = FLOPs / (n_gpu * peak * MFU) / 86400)', time_and_money),
-        (f"Ledger 4: memory per {'process' if device['kind'] == 'cpu' else 'GPU'} ({mode}, as train.py holds it; "
-         f"micro-batch {t['micro_batch']} x {model.block_size}, {'bf16' if bf16 else 'fp32'} compute, "
-         f"{memory['graph']}, "
-         f"{'full recomputation' if recompute else 'no recomputation'}, flash attention)", states),
+        (
+            f"Ledger 4: memory per {'process' if device['kind'] == 'cpu' else 'GPU'} ({mode}, as train.py holds it; "
+            f"micro-batch {t['micro_batch']} x {model.block_size}, {'bf16' if bf16 else 'fp32'} compute, "
+            f"{memory['graph']}, "
+            f"{'full recomputation' if recompute else 'no recomputation'}, flash attention)",
+            states,
+        ),
         ('Data and tokens (the planning note)', tokens),
-        ('Expected loss L = E + A/N^alpha + B/D^beta: THEIR fits on their data (MassiveText) and tokenizer, '
-         'not ours', loss),
+        (
+            'Expected loss L = E + A/N^alpha + B/D^beta: THEIR fits on their data (MassiveText) and tokenizer, '
+            'not ours',
+            loss,
+        ),
     ]
     return [(title, [row for row in rows if row]) for title, rows in sections]
 
@@ -229,26 +401,55 @@ def format_short(prediction, full):
     lines = [
         f"ledger (the whole bill: {full}):",
         _row('parameters', f"{p['params']['total']:,}", f"{shape}; {p['params']['matmul']:,} in matmuls"),
-        _row('FLOPs per token', _sci(p['flops_per_token']['hardware']),
-             f"6N_matmul + 12LHT{' + the recomputed forward' if p['train']['recompute'] else ''}; "
-             f"{_sci(p['total_flops'])} for {si(p['tokens'])} tokens"),
-        _row('device', f"{p['n_gpu']} x {_rate(device['peak_flops'])}",
-             f"{device['name']}, {p['dtype']} peak ({device['peak_source'].split(' (cache')[0]})"),
-        _row('throughput', f"{p['tokens_per_s']:,.0f} tok/s", f"at an assumed {p['mfu_assumed']:.0%} MFU; "
-             f"{p['step_seconds']:.3g} s per step of {p['train']['batch_tokens']:,} tokens"),
-        _row('time for this run', duration(p['days']), f"{p['steps']:,} steps"
-             + (f"; ${p['cost_usd']:,.0f} at ${p['train']['usd_per_gpu_hour']}/GPU-hour" if device['kind'] == 'gpu'
-                else '')),
-        _row('memory per process', _gib(memory['total']), f"of {_gib(memory['gpu_memory'])}: "
-             f"{'fits' if memory['fits'] else 'DOES NOT FIT'} (states {_gib(memory['model_states'])}, activations "
-             f"{_gib(memory['activations'])}, loss {_gib(memory['logits'])}, runtime {_gib(memory['overhead'])})"),
-        _row('tokens per parameter', f"{data['tokens_per_param']:.3g}",
-             f"{data['chinchilla_multiple']:.2g} x Chinchilla (20){epochs}"),
+        _row(
+            'FLOPs per token',
+            _sci(p['flops_per_token']['hardware']),
+            f"6N_matmul + 12LHT{' + the recomputed forward' if p['train']['recompute'] else ''}; "
+            f"{_sci(p['total_flops'])} for {si(p['tokens'])} tokens",
+        ),
+        _row(
+            'device',
+            f"{p['n_gpu']} x {_rate(device['peak_flops'])}",
+            f"{device['name']}, {p['dtype']} peak ({device['peak_source'].split(' (cache')[0]})",
+        ),
+        _row(
+            'throughput',
+            f"{p['tokens_per_s']:,.0f} tok/s",
+            f"at an assumed {p['mfu_assumed']:.0%} MFU; "
+            f"{p['step_seconds']:.3g} s per step of {p['train']['batch_tokens']:,} tokens",
+        ),
+        _row(
+            'time for this run',
+            duration(p['days']),
+            f"{p['steps']:,} steps"
+            + (
+                f"; ${p['cost_usd']:,.0f} at ${p['train']['usd_per_gpu_hour']}/GPU-hour"
+                if device['kind'] == 'gpu'
+                else ''
+            ),
+        ),
+        _row(
+            'memory per process',
+            _gib(memory['total']),
+            f"of {_gib(memory['gpu_memory'])}: "
+            f"{'fits' if memory['fits'] else 'DOES NOT FIT'} (states {_gib(memory['model_states'])}, activations "
+            f"{_gib(memory['activations'])}, loss {_gib(memory['logits'])}, runtime {_gib(memory['overhead'])})",
+        ),
+        _row(
+            'tokens per parameter',
+            f"{data['tokens_per_param']:.3g}",
+            f"{data['chinchilla_multiple']:.2g} x Chinchilla (20){epochs}",
+        ),
     ]
     if data['loss_fraction'] < 1:
-        lines.append(_row('tokens that carry loss', si(data['loss_tokens']),
-                          f"{data['loss_fraction']:.0%}: objective {p['train']['objective']}; tokens/s and MFU count "
-                          f"every position"))
+        lines.append(
+            _row(
+                'tokens that carry loss',
+                si(data['loss_tokens']),
+                f"{data['loss_fraction']:.0%}: objective {p['train']['objective']}; tokens/s and MFU count "
+                f"every position",
+            )
+        )
     return '\n'.join(lines)
 
 
@@ -257,26 +458,52 @@ def format_comparison(summary):
     s = summary
     rows = [  # (what, predicted, measured, format)
         ('parameters', s['params_predicted'], s['params_built'], lambda x: f'{x:,.0f}'),
-        ('throughput, tokens/s (all devices)', s['tokens_per_s_predicted'], s['tokens_per_s_measured'],
-         lambda x: f'{x:,.0f}'),
+        (
+            'throughput, tokens/s (all devices)',
+            s['tokens_per_s_predicted'],
+            s['tokens_per_s_measured'],
+            lambda x: f'{x:,.0f}',
+        ),
         ('MFU (6N_matmul + 12LHT per token)', s['mfu_predicted'], s['mfu_measured'], lambda x: f'{x:.1%}'),
-        (f"memory per device: {s['memory_kind']}; activations as {s['memory_graph']}", s['memory_predicted_bytes'],
-         s['memory_measured_bytes'], _gib),
-        ('memory per device: peak reserved (+ overhead)', s['reserved_predicted_bytes'],
-         s['reserved_measured_bytes'], _gib) if s['reserved_predicted_bytes'] is not None else None,
+        (
+            f"memory per device: {s['memory_kind']}; activations as {s['memory_graph']}",
+            s['memory_predicted_bytes'],
+            s['memory_measured_bytes'],
+            _gib,
+        ),
+        (
+            'memory per device: peak reserved (+ overhead)',
+            s['reserved_predicted_bytes'],
+            s['reserved_measured_bytes'],
+            _gib,
+        )
+        if s['reserved_predicted_bytes'] is not None
+        else None,
         ('days for the planned tokens', s['days_predicted'], s['days_projected'], lambda x: f'{x:.3g}'),
     ]
-    lines = [f"Predicted by ledger.py for {s['predicted_for']} (peak: {s['peak_source']}) at an assumed "
-             f"{s['mfu_assumed']:.0%} MFU; measured on {s['device'] or 'an unnamed device'}"
-             + (f", torch {s['torch']}" if s['torch'] else '') + (f", step {s['step']:,}" if s['step'] else '') + '.',
-             '', '| quantity | predicted | measured | measured / predicted |', '| --- | ---: | ---: | ---: |']
+    lines = [
+        f"Predicted by ledger.py for {s['predicted_for']} (peak: {s['peak_source']}) at an assumed "
+        f"{s['mfu_assumed']:.0%} MFU; measured on {s['device'] or 'an unnamed device'}"
+        + (f", torch {s['torch']}" if s['torch'] else '')
+        + (f", step {s['step']:,}" if s['step'] else '')
+        + '.',
+        '',
+        '| quantity | predicted | measured | measured / predicted |',
+        '| --- | ---: | ---: | ---: |',
+    ]
     for what, predicted, value, fmt in filter(None, rows):
         ratio = f'{value / predicted:.3f}' if value is not None and predicted else '-'
         lines.append(f"| {what} | {fmt(predicted)} | {'-' if value is None else fmt(value)} | {ratio} |")
     if s['val_loss'] is not None:
-        lines += ['', f"val loss {s['val_loss']:.4f} nats per token" + (
-            f" = {s['val_bpb']:.4f} bits per byte (at {s['bytes_per_token']:.3f} text bytes per token, meta.json)"
-            if s['val_bpb'] is not None else '')]
+        lines += [
+            '',
+            f"val loss {s['val_loss']:.4f} nats per token"
+            + (
+                f" = {s['val_bpb']:.4f} bits per byte (at {s['bytes_per_token']:.3f} text bytes per token, meta.json)"
+                if s['val_bpb'] is not None
+                else ''
+            ),
+        ]
     return '\n'.join(lines)
 
 
@@ -284,8 +511,9 @@ def format_comparison(summary):
 # The book's worked examples (BOOK.md), recomputed: the book's figure beside the ledger's, compared at the
 # book's precision (a format spec; '>' for a bound). test_ledger.py checks every one; `ledger.py --book` prints them.
 
-LLAMA_7B = ModelConfig(arch='llama', n_layer=32, n_head=32, n_embd=4096, ffn_hidden=11008, vocab_size=32000,
-                       block_size=2048)
+LLAMA_7B = ModelConfig(
+    arch='llama', n_layer=32, n_head=32, n_embd=4096, ffn_hidden=11008, vocab_size=32000, block_size=2048
+)
 BOOK = 'the book, BOOK.md'
 NOTE = 'the planning note, BOOK.md'
 
@@ -295,70 +523,253 @@ def book_examples():
     (the format spec the two agree at), source, shown, matches."""
     h200, a800 = GPUS['H200'], GPUS['A800']
     p7b = count_params(LLAMA_7B)
+
     def seed_days(params, tokens):  # the planning note: 6ND on one H200 at MFU 0.40
         return train_days(6 * params * tokens, 1, h200.peak_flops, 0.40)
+
     flops_65b = 8 * 1.4e12 * 6.5e10
     memory_7b = model_state_bytes(p7b['total'], 'fsdp', 2)['total'] / GIB
     total_7b = memory_7b + 6.20 + 3.91 + 6  # the book's activations, softmax intermediates, other: taken as given
     cost_low, cost_high = (seed_days(1.3e9, 26e9) * 24 * usd for usd in (3, 4))
     rows = [  # section, what, formula, book's figure as written, its value, the ledger's value, precision, source
-        ('Ledger 1', 'LLaMA-7B parameters', "2VH + H + L(4H^2 + 3HH' + 2H), V 32000, L 32, H 4096, H' 11008",
-         '6,738,415,616', 6738415616, p7b['total'], ',d', BOOK + '; LLaMA, Touvron et al. 2023'),
-        ('Ledger 1', 'LLaMA-7B: share of params in linear layers', 'N_matmul / P (book: > 95%)',
-         '> 95%', 0.95, p7b['matmul'] / p7b['total'], '>', BOOK),
+        (
+            'Ledger 1',
+            'LLaMA-7B parameters',
+            "2VH + H + L(4H^2 + 3HH' + 2H), V 32000, L 32, H 4096, H' 11008",
+            '6,738,415,616',
+            6738415616,
+            p7b['total'],
+            ',d',
+            BOOK + '; LLaMA, Touvron et al. 2023',
+        ),
+        (
+            'Ledger 1',
+            'LLaMA-7B: share of params in linear layers',
+            'N_matmul / P (book: > 95%)',
+            '> 95%',
+            0.95,
+            p7b['matmul'] / p7b['total'],
+            '>',
+            BOOK,
+        ),
         ('Ledger 2', 'LLaMA-7B on 1B tokens', '6 x P x C', '4.04e19', 4.04e19, 6 * p7b['total'] * 1e9, '.3g', BOOK),
-        ('Ledger 3', 'LLaMA-65B training FLOPs', '8CP, C 1.4e12, P 6.5e10 (recompute)', '7.28e23', 7.28e23,
-         flops_65b, '.3g', BOOK),
-        ('Ledger 3', 'LLaMA-65B seconds', '8CP / (2048 x 2e14 effective)', '1.78e6', 1.78e6,
-         flops_65b / (2048 * 2e14), '.3g', BOOK),
-        ('Ledger 3', 'LLaMA-65B days (paper: 21)', 'seconds / 86400', '20.6', 20.6,
-         train_days(flops_65b, 2048, GPUS['A100'].peak_flops, 2e14 / GPUS['A100'].peak_flops), '.3g',
-         BOOK + '; LLaMA, Touvron et al. 2023: 21 days'),
-        ('Ledger 3', 'one H200: 0.76B params, 25B tokens', '6ND / (989e12 x 0.40) / 86400', '~3.3', 3.3,
-         seed_days(0.76e9, 25e9), '.2g', NOTE),
-        ('Ledger 3', 'one H200: 1.3B params, 26B tokens', '6ND / (989e12 x 0.40) / 86400', '5.93 (~6)', 5.93,
-         seed_days(1.3e9, 26e9), '.3g', NOTE),
-        ('Ledger 3', 'one H200: 1.3B params, 50B tokens', '6ND / (989e12 x 0.40) / 86400', '11.4 (~11)', 11.4,
-         seed_days(1.3e9, 50e9), '.3g', NOTE),
-        ('Ledger 3', 'one H200: 7B params, 140B tokens', '6ND / (989e12 x 0.40) / 86400', '~172', 172,
-         seed_days(7e9, 140e9), '.3g', NOTE),
-        ('Ledger 3', 'one H200: 13B params, 260B tokens', '6ND / (989e12 x 0.40) / 86400', '593 (~590)', 593,
-         seed_days(13e9, 260e9), '.3g', NOTE),
-        ('Ledger 3', 'cost of the 1.3B/26B run, USD',
-         f'days x 24 x $3.5/H200-hour ($3-4: {cost_low:.0f}-{cost_high:.0f})', '~$500', 500,
-         seed_days(1.3e9, 26e9) * 24 * 3.5, '.1g', NOTE),
-        ('Ledger 4', 'LLaMA-7B model states per GPU, GiB', '16P/2 (ZeRO-3 on 2 x A800-80G); 50.205, the book '
-         'truncates', '50.20', 50.20, memory_7b, '.3g', BOOK),
-        ('Ledger 4', 'LLaMA-7B total per GPU, GB', "16P/2 + the book's 6.20 + 3.91 + ~6", '~66', 66, total_7b, '.2g',
-         BOOK),
-        ('Ledger 4', 'LLaMA-7B spare on an 80 GB card, GB', '80 - total', '~14', 14, a800.memory_bytes / GIB - total_7b,
-         '.2g', BOOK),
+        (
+            'Ledger 3',
+            'LLaMA-65B training FLOPs',
+            '8CP, C 1.4e12, P 6.5e10 (recompute)',
+            '7.28e23',
+            7.28e23,
+            flops_65b,
+            '.3g',
+            BOOK,
+        ),
+        (
+            'Ledger 3',
+            'LLaMA-65B seconds',
+            '8CP / (2048 x 2e14 effective)',
+            '1.78e6',
+            1.78e6,
+            flops_65b / (2048 * 2e14),
+            '.3g',
+            BOOK,
+        ),
+        (
+            'Ledger 3',
+            'LLaMA-65B days (paper: 21)',
+            'seconds / 86400',
+            '20.6',
+            20.6,
+            train_days(flops_65b, 2048, GPUS['A100'].peak_flops, 2e14 / GPUS['A100'].peak_flops),
+            '.3g',
+            BOOK + '; LLaMA, Touvron et al. 2023: 21 days',
+        ),
+        (
+            'Ledger 3',
+            'one H200: 0.76B params, 25B tokens',
+            '6ND / (989e12 x 0.40) / 86400',
+            '~3.3',
+            3.3,
+            seed_days(0.76e9, 25e9),
+            '.2g',
+            NOTE,
+        ),
+        (
+            'Ledger 3',
+            'one H200: 1.3B params, 26B tokens',
+            '6ND / (989e12 x 0.40) / 86400',
+            '5.93 (~6)',
+            5.93,
+            seed_days(1.3e9, 26e9),
+            '.3g',
+            NOTE,
+        ),
+        (
+            'Ledger 3',
+            'one H200: 1.3B params, 50B tokens',
+            '6ND / (989e12 x 0.40) / 86400',
+            '11.4 (~11)',
+            11.4,
+            seed_days(1.3e9, 50e9),
+            '.3g',
+            NOTE,
+        ),
+        (
+            'Ledger 3',
+            'one H200: 7B params, 140B tokens',
+            '6ND / (989e12 x 0.40) / 86400',
+            '~172',
+            172,
+            seed_days(7e9, 140e9),
+            '.3g',
+            NOTE,
+        ),
+        (
+            'Ledger 3',
+            'one H200: 13B params, 260B tokens',
+            '6ND / (989e12 x 0.40) / 86400',
+            '593 (~590)',
+            593,
+            seed_days(13e9, 260e9),
+            '.3g',
+            NOTE,
+        ),
+        (
+            'Ledger 3',
+            'cost of the 1.3B/26B run, USD',
+            f'days x 24 x $3.5/H200-hour ($3-4: {cost_low:.0f}-{cost_high:.0f})',
+            '~$500',
+            500,
+            seed_days(1.3e9, 26e9) * 24 * 3.5,
+            '.1g',
+            NOTE,
+        ),
+        (
+            'Ledger 4',
+            'LLaMA-7B model states per GPU, GiB',
+            '16P/2 (ZeRO-3 on 2 x A800-80G); 50.205, the book truncates',
+            '50.20',
+            50.20,
+            memory_7b,
+            '.3g',
+            BOOK,
+        ),
+        (
+            'Ledger 4',
+            'LLaMA-7B total per GPU, GB',
+            "16P/2 + the book's 6.20 + 3.91 + ~6",
+            '~66',
+            66,
+            total_7b,
+            '.2g',
+            BOOK,
+        ),
+        (
+            'Ledger 4',
+            'LLaMA-7B spare on an 80 GB card, GB',
+            '80 - total',
+            '~14',
+            14,
+            a800.memory_bytes / GIB - total_7b,
+            '.2g',
+            BOOK,
+        ),
         ('Ledger 4', '13B: model states, GB', '16P', '208', 208, 16 * 13e9 / 1e9, '.3g', BOOK),
-        ('Ledger 4', '13B: fewest 80 GB GPUs', 'ceil(16P / 80 GB)', '3', 3,
-         gpus_for_model_states(13e9, a800.memory_bytes)[0], 'd', BOOK),
-        ('Ledger 4', '13B: recommended GPUs', 'rounded up to a power of two', '4', 4,
-         gpus_for_model_states(13e9, a800.memory_bytes)[1], 'd', BOOK),
-        ('Ledger 4', '30B: recommended GPUs', 'ceil(16P / 80 GB) = 6, to a power of two', '8', 8,
-         gpus_for_model_states(30e9, a800.memory_bytes)[1], 'd', BOOK),
-        ('Ledger 4', '65B: recommended GPUs', 'ceil(16P / 80 GB) = 13, to a power of two', '16', 16,
-         gpus_for_model_states(65e9, a800.memory_bytes)[1], 'd', BOOK),
+        (
+            'Ledger 4',
+            '13B: fewest 80 GB GPUs',
+            'ceil(16P / 80 GB)',
+            '3',
+            3,
+            gpus_for_model_states(13e9, a800.memory_bytes)[0],
+            'd',
+            BOOK,
+        ),
+        (
+            'Ledger 4',
+            '13B: recommended GPUs',
+            'rounded up to a power of two',
+            '4',
+            4,
+            gpus_for_model_states(13e9, a800.memory_bytes)[1],
+            'd',
+            BOOK,
+        ),
+        (
+            'Ledger 4',
+            '30B: recommended GPUs',
+            'ceil(16P / 80 GB) = 6, to a power of two',
+            '8',
+            8,
+            gpus_for_model_states(30e9, a800.memory_bytes)[1],
+            'd',
+            BOOK,
+        ),
+        (
+            'Ledger 4',
+            '65B: recommended GPUs',
+            'ceil(16P / 80 GB) = 13, to a power of two',
+            '16',
+            16,
+            gpus_for_model_states(65e9, a800.memory_bytes)[1],
+            'd',
+            BOOK,
+        ),
         ('Ledger 4', '175B: model states alone, TB', '16P', '~2.8', 2.8, 16 * 175e9 / 1e12, '.2g', BOOK),
-        ('Data', '175B: Chinchilla-optimal tokens, T', '20 x P', '3.5', 3.5, 20 * 175e9 / 1e12, '.2g',
-         NOTE + '; Chinchilla, Hoffmann et al. 2022'),
-        ('Data', 'GPT-3 tokens per parameter', '300B / 175B', '~1.7', 1.7, 300e9 / 175e9, '.2g',
-         NOTE + '; GPT-3, Brown et al. 2020'),
+        (
+            'Data',
+            '175B: Chinchilla-optimal tokens, T',
+            '20 x P',
+            '3.5',
+            3.5,
+            20 * 175e9 / 1e12,
+            '.2g',
+            NOTE + '; Chinchilla, Hoffmann et al. 2022',
+        ),
+        (
+            'Data',
+            'GPT-3 tokens per parameter',
+            '300B / 175B',
+            '~1.7',
+            1.7,
+            300e9 / 175e9,
+            '.2g',
+            NOTE + '; GPT-3, Brown et al. 2020',
+        ),
         ('Data', '25B tokens are optimal for, B params', 'D / 20', '~1.25', 1.25, 25e9 / 20 / 1e9, '.3g', NOTE),
         ('Data', '0.76B params: optimal tokens, B', '20 x P', '15.2', 15.2, 20 * 0.76e9 / 1e9, '.3g', NOTE),
-        ('Data', 'Llama-3-8B tokens per parameter', '15T / 8B (~95x Chinchilla from the rounded 1,900)', '~1,900',
-         1900, 15e12 / 8e9, '.2g', NOTE + '; Llama 3, Meta 2024'),
-        ('Data', 'bytes per token, vocab 50,257 (GPT-2)', 'uint16 while vocab <= 65,536', '2', 2, token_bytes(50257),
-         'd', NOTE),
+        (
+            'Data',
+            'Llama-3-8B tokens per parameter',
+            '15T / 8B (~95x Chinchilla from the rounded 1,900)',
+            '~1,900',
+            1900,
+            15e12 / 8e9,
+            '.2g',
+            NOTE + '; Llama 3, Meta 2024',
+        ),
+        (
+            'Data',
+            'bytes per token, vocab 50,257 (GPT-2)',
+            'uint16 while vocab <= 65,536',
+            '2',
+            2,
+            token_bytes(50257),
+            'd',
+            NOTE,
+        ),
         ('Data', 'bytes per token, vocab 128,256 (Llama 3)', 'uint32 above', '4', 4, token_bytes(128256), 'd', NOTE),
-        ('Data', '250B tokens at 2 bytes/token, GB', 'D x 2', '500', 500, 250e9 * token_bytes(50257) / 1e9, '.3g',
-         NOTE),
+        (
+            'Data',
+            '250B tokens at 2 bytes/token, GB',
+            'D x 2',
+            '500',
+            500,
+            250e9 * token_bytes(50257) / 1e9,
+            '.3g',
+            NOTE,
+        ),
         ('Data', '25B tokens as parquet, GB', 'D x ~4 bytes/token (3-4)', '~100', 100, 25e9 * 4 / 1e9, '.2g', NOTE),
-        ('Data', '1.3B Adam checkpoint, GB', '12P: fp32 weights + Adam m, v', '~16', 16, 12 * 1.3e9 / 1e9, '.2g',
-         NOTE),
+        ('Data', '1.3B Adam checkpoint, GB', '12P: fp32 weights + Adam m, v', '~16', 16, 12 * 1.3e9 / 1e9, '.2g', NOTE),
     ]
     examples = []
     for section, what, formula, book, book_value, value, precision, source in rows:
@@ -368,21 +779,36 @@ def book_examples():
             whole = precision in ('d', ',d')
             matches = format(round(value) if whole else value, precision) == format(book_value, precision)
             shown = format(round(value), precision) if whole else f'{value:.4g}'
-        examples.append(dict(section=section, what=what, formula=formula, book=book, book_value=book_value,
-                             value=value, precision=precision, source=source, shown=shown, matches=matches))
+        examples.append(
+            dict(
+                section=section,
+                what=what,
+                formula=formula,
+                book=book,
+                book_value=book_value,
+                value=value,
+                precision=precision,
+                source=source,
+                shown=shown,
+                matches=matches,
+            )
+        )
     return examples
 
 
 def format_book():
-    lines = ["BOOK.md's worked examples, recomputed by the ledger (book's figure | ledger's | agree at the book's "
-             "precision)"]
+    lines = [
+        "BOOK.md's worked examples, recomputed by the ledger (book's figure | ledger's | agree at the book's precision)"
+    ]
     section = None
     for example in book_examples():
         if example['section'] != section:
             section = example['section']
             lines += ['', section]
-        lines.append(f"  {example['what']:<46} {example['book']:>14} | {example['shown']:>14} | "
-                     f"{'ok' if example['matches'] else 'DIFFERS'}   {example['formula']}   [{example['source']}]")
+        lines.append(
+            f"  {example['what']:<46} {example['book']:>14} | {example['shown']:>14} | "
+            f"{'ok' if example['matches'] else 'DIFFERS'}   {example['formula']}   [{example['source']}]"
+        )
     return '\n'.join(lines)
 
 

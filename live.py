@@ -7,6 +7,7 @@ Outputs in out_dir (rank 0): ledger.json and ledger.md (the prediction), metrics
 eval and rollback), summary.json and report.md (with plot.py's loss.png), code.json and code.diff (the commit and
 the uncommitted changes of the checkout train.py ran from).
 """
+
 import dataclasses
 import json
 import os
@@ -35,10 +36,13 @@ def live_device(cluster, model_cfg, train):
         device = ledger.measure_device('auto', train.dtype)
         if device.kind == 'cpu':
             with torch.device('meta'):  # what building the model loads besides its tensors (meta kernels import
-                GPT(model_cfg)          # sympy and torch's symbolic shapes: ~75 MB) belongs to the runtime
+                GPT(model_cfg)  # sympy and torch's symbolic shapes: ~75 MB) belongs to the runtime
             device = dataclasses.replace(
-                device, overhead_bytes=ledger.resident_bytes(), shared_by=int(os.environ.get('LOCAL_WORLD_SIZE', 1)),
-                overhead_source='measured: resident memory of this process before the model was built')
+                device,
+                overhead_bytes=ledger.resident_bytes(),
+                shared_by=int(os.environ.get('LOCAL_WORLD_SIZE', 1)),
+                overhead_source='measured: resident memory of this process before the model was built',
+            )
     if cluster.world_size > 1:
         shared = [device]
         dist.broadcast_object_list(shared, src=0)
@@ -53,28 +57,49 @@ def predict(config_path, model_cfg, train, cluster, force, cooldown):
     device = live_device(cluster, model_cfg, train)
     dtype = ledger.run_dtype(train, device)  # 'auto': bf16 on a GPU, on a CPU whichever its probe found faster
     if train.gpu.lower() not in ('auto', device.name.lower()):
-        log(cluster, f"the config plans for gpu={train.gpu} (`python ledger.py {config_path}` prints that bill); "
-                     f"this run is on {device.name}: the live ledger predicts for it")
+        log(
+            cluster,
+            f"the config plans for gpu={train.gpu} (`python ledger.py {config_path}` prints that bill); "
+            f"this run is on {device.name}: the live ledger predicts for it",
+        )
     billed = dataclasses.replace(train, train_tokens=train.cooldown_tokens, max_steps=0) if cooldown else train
     prediction = ledger.predict(model_cfg, billed, n_gpu=cluster.world_size, device=device)
-    log(cluster, ledger_report.format_short(prediction, f"{os.path.join(train.out_dir, 'ledger.md')}, or python "
-                                                        f"ledger.py {config_path}"))
+    log(
+        cluster,
+        ledger_report.format_short(
+            prediction, f"{os.path.join(train.out_dir, 'ledger.md')}, or python ledger.py {config_path}"
+        ),
+    )
     memory = prediction['memory']
     if not memory['fits'] and not force:
-        raise ConfigError(f"the ledger predicts {memory['total'] / 2**30:.1f} GiB per process but {device.name} has "
-                          f"{memory['gpu_memory'] / 2**30:.1f} GiB for it: lower micro_batch, set recompute=True or "
-                          f"parallel=fsdp, or pass --force to start anyway")
+        raise ConfigError(
+            f"the ledger predicts {memory['total'] / 2**30:.1f} GiB per process but {device.name} has "
+            f"{memory['gpu_memory'] / 2**30:.1f} GiB for it: lower micro_batch, set recompute=True or "
+            f"parallel=fsdp, or pass --force to start anyway"
+        )
     attention = sdpa_backend(model_cfg, cluster.device, dtype)
-    log(cluster, f"attention: SDPA runs {attention} for {model_cfg.block_size} tokens in {dtype}"
-                 + (': it keeps T x T scores per head, more than the ledger counts (it assumes a flash-type kernel)'
-                    if attention == 'math' else ''))
-    log(cluster, f"precision: {dtype} compute" + (' (the faster on this CPU, measured)' if train.dtype == 'auto' and
-                                                   cluster.device.type == 'cpu' else '')
-                 + ", fp32 weights, gradients and AdamW states")
+    log(
+        cluster,
+        f"attention: SDPA runs {attention} for {model_cfg.block_size} tokens in {dtype}"
+        + (
+            ': it keeps T x T scores per head, more than the ledger counts (it assumes a flash-type kernel)'
+            if attention == 'math'
+            else ''
+        ),
+    )
+    log(
+        cluster,
+        f"precision: {dtype} compute"
+        + (' (the faster on this CPU, measured)' if train.dtype == 'auto' and cluster.device.type == 'cpu' else '')
+        + ", fp32 weights, gradients and AdamW states",
+    )
     if train.objective != 'clm':
-        log(cluster, f"objective: {train.objective}: about {prediction['data']['loss_fraction']:.0%} of the positions "
-                     f"carry loss (the others' targets are {IGNORE_INDEX}: given, not predicted); tokens/s and MFU "
-                     f"count every position; the val loss is plain next-token prediction on every position")
+        log(
+            cluster,
+            f"objective: {train.objective}: about {prediction['data']['loss_fraction']:.0%} of the positions "
+            f"carry loss (the others' targets are {IGNORE_INDEX}: given, not predicted); tokens/s and MFU "
+            f"count every position; the val loss is plain next-token prediction on every position",
+        )
     return prediction, dtype
 
 
@@ -86,8 +111,10 @@ def sdpa_backend(model_cfg, device, dtype):
     asks (torch._fused_sdp_choice). Flash, memory-efficient and cuDNN keep only the output and the log-sum-exp for
     backward, as the ledger assumes; math materialises the T x T scores of every head."""
     head_dim, T = model_cfg.head_dim, model_cfg.block_size
-    q, k, v = (torch.empty(1, heads, T, head_dim, device=device, dtype=getattr(torch, dtype), requires_grad=True)
-               for heads in (model_cfg.n_head, model_cfg.kv_heads, model_cfg.kv_heads))
+    q, k, v = (
+        torch.empty(1, heads, T, head_dim, device=device, dtype=getattr(torch, dtype), requires_grad=True)
+        for heads in (model_cfg.n_head, model_cfg.kv_heads, model_cfg.kv_heads)
+    )
     choice = torch._fused_sdp_choice(q, k, v, is_causal=True, enable_gqa=model_cfg.kv_heads != model_cfg.n_head)
     return SDPA_BACKENDS.get(choice, f'backend {choice}')
 
@@ -105,8 +132,10 @@ def record_code(out_dir, source=os.path.dirname(os.path.abspath(__file__))):
     checkout, out_dir/code.json gets the commit and out_dir/code.diff the uncommitted changes to tracked files
     (`git diff HEAD`) with the untracked files' names in code.json. Outside a checkout, or without git, nothing.
     A resumed run writes them again: what ran last is what the folder says."""
+
     def git(*args):
         return subprocess.run(['git', '-C', source, *args], capture_output=True, text=True, check=True).stdout
+
     try:
         commit = git('rev-parse', 'HEAD').strip()
         diff = git('diff', 'HEAD')
@@ -136,18 +165,26 @@ class Metrics:
         self.flops_per_token = prediction['flops_per_token']['matmul']
         self.peak_flops = prediction['gpu']['peak_flops']
         self.chinchilla = prediction['data']['chinchilla_tokens']  # 20 x P
-        where = torch.cuda.get_device_name(cluster.device) if cluster.device.type == 'cuda' else \
-            f'the CPU ({torch.get_num_threads()} threads per process)'
-        self.measured = {'device': f'{cluster.world_size} x {where}', 'torch': torch.__version__,
-                         'params': params_built, 'bytes_per_token': bytes_per_token}
+        where = (
+            torch.cuda.get_device_name(cluster.device)
+            if cluster.device.type == 'cuda'
+            else f'the CPU ({torch.get_num_threads()} threads per process)'
+        )
+        self.measured = {
+            'device': f'{cluster.world_size} x {where}',
+            'torch': torch.__version__,
+            'params': params_built,
+            'bytes_per_token': bytes_per_token,
+        }
         self.run_tokens, self.run_seconds = 0, 0.0  # over the intervals after the first
         self.interval_tokens, self.interval_seconds, self.started, self.warmup = 0, 0.0, None, True
         self.metrics_path = os.path.join(train.out_dir, 'metrics.jsonl')
         if cluster.is_master:
             os.makedirs(train.out_dir, exist_ok=True)
             files.save_json(os.path.join(train.out_dir, 'ledger.json'), prediction)
-            files.write_text_atomic(os.path.join(train.out_dir, 'ledger.md'),
-                                    ledger_report.format_report(prediction) + '\n')
+            files.write_text_atomic(
+                os.path.join(train.out_dir, 'ledger.md'), ledger_report.format_report(prediction) + '\n'
+            )
             if not append:
                 open(self.metrics_path, 'w').close()
 
@@ -169,12 +206,15 @@ class Metrics:
         self.interval_tokens, self.interval_seconds, self.warmup = 0, 0.0, True
 
     def count(self, result, tokens_seen):
-        """A step done (no device sync): its tokens join the interval; the step that passes Chinchilla's point says so."""
+        """A step done (no device sync): its tokens join the interval; the step past Chinchilla's point says so."""
         self.interval_tokens += result.batch_tokens
         if tokens_seen >= self.chinchilla > tokens_seen - result.batch_tokens:
             if self.cluster.is_master:
-                print(f"step {result.step}: {tokens_seen:,} tokens seen passes the Chinchilla point 20 x P = "
-                      f"{self.chinchilla:,} (compute-optimal for this model): from here it over-trains", flush=True)
+                print(
+                    f"step {result.step}: {tokens_seen:,} tokens seen passes the Chinchilla point 20 x P = "
+                    f"{self.chinchilla:,} (compute-optimal for this model): from here it over-trains",
+                    flush=True,
+                )
 
     def mfu(self, tokens_per_s):
         return self.flops_per_token * tokens_per_s / (self.cluster.world_size * self.peak_flops)
@@ -192,16 +232,32 @@ class Metrics:
         tokens_per_s = self.interval_tokens / self.interval_seconds
         peak, _ = peak_memory(self.cluster)
         bpb = ledger.bits_per_byte(loss, self.bytes_per_token)
-        self.record({'step': result.step, 'tokens': tokens_seen, 'loss': loss, 'bpb': bpb, 'lr': result.lr,
-                     'grad_norm': grad_norm, 'batch_tokens': result.batch_tokens, 'tokens_per_s': tokens_per_s,
-                     'mfu': self.mfu(tokens_per_s), 'days': self.days(tokens_per_s), 'peak_memory_bytes': peak,
-                     'warmup': self.warmup})
+        self.record(
+            {
+                'step': result.step,
+                'tokens': tokens_seen,
+                'loss': loss,
+                'bpb': bpb,
+                'lr': result.lr,
+                'grad_norm': grad_norm,
+                'batch_tokens': result.batch_tokens,
+                'tokens_per_s': tokens_per_s,
+                'mfu': self.mfu(tokens_per_s),
+                'days': self.days(tokens_per_s),
+                'peak_memory_bytes': peak,
+                'warmup': self.warmup,
+            }
+        )
         if self.cluster.is_master:
-            print(f"step {result.step:>6}/{total_steps} | loss {loss:.4f}"
-                  + (f" ({bpb:.3f} bpb)" if bpb is not None else '') + f" | lr {result.lr:.2e} | "
-                  f"norm {grad_norm:.2f} | {tokens_per_s:,.0f} tok/s | MFU {self.mfu(tokens_per_s):.1%} | "
-                  f"{self.days(tokens_per_s):.3g} days | peak mem {peak / 2**30:.2f} GiB"
-                  + (" | warm-up" if self.warmup else ""), flush=True)
+            print(
+                f"step {result.step:>6}/{total_steps} | loss {loss:.4f}"
+                + (f" ({bpb:.3f} bpb)" if bpb is not None else '')
+                + f" | lr {result.lr:.2e} | "
+                f"norm {grad_norm:.2f} | {tokens_per_s:,.0f} tok/s | MFU {self.mfu(tokens_per_s):.1%} | "
+                f"{self.days(tokens_per_s):.3g} days | peak mem {peak / 2**30:.2f} GiB"
+                + (" | warm-up" if self.warmup else ""),
+                flush=True,
+            )
         if self.warmup and self.cluster.device.type == 'cuda':
             # from here the peak is the steady state's, not the compile's (autotuning tries kernels with buffers of
             # their own); on the CPU the process's peak resident memory cannot be reset
@@ -225,7 +281,13 @@ class Metrics:
         summary = ledger.summarize(self.prediction, self.measured)
         files.save_json(os.path.join(self.out_dir, 'summary.json'), summary)
         picture = plot.draw_run(self.out_dir)
-        files.write_text_atomic(os.path.join(self.out_dir, 'report.md'), ledger_report.format_comparison(summary)
-                                + '\n' + ('\n![train and val loss against tokens seen](loss.png)\n' if picture else
-                                          '\n(no loss.png: `pip install matplotlib`, then `python plot.py RUN_DIR` '
-                                          'draws it)\n'))
+        files.write_text_atomic(
+            os.path.join(self.out_dir, 'report.md'),
+            ledger_report.format_comparison(summary)
+            + '\n'
+            + (
+                '\n![train and val loss against tokens seen](loss.png)\n'
+                if picture
+                else '\n(no loss.png: `pip install matplotlib`, then `python plot.py RUN_DIR` draws it)\n'
+            ),
+        )

@@ -14,6 +14,7 @@ kernel runs, GQA uses enable_gqa instead of materialising repeated K/V, the norm
 forward has no .item() or data-dependent Python, so torch.compile sees one graph (test_model.py checks it).
 Memory: ledger.activation_bytes counts, tensor by tensor, what this file's eager forward saves for backward.
 """
+
 import math
 
 import torch
@@ -30,6 +31,7 @@ __all__ = ['ModelConfig', 'GPT', 'Block', 'IGNORE_INDEX']
 # Rotary position embedding (RoPE, Su et al. 2021): rotate each (x1, x2) pair of a head by angle t * theta^(-2i/d).
 # We pair the first half of the head with the second half (GPT-NeoX / HF Llama layout), which needs only
 # chunk + cat, no strided views. The cos/sin tables are constants, so autograd saves only them (tiny), not q or k.
+
 
 def rope_tables(head_dim, block_size, theta, device=None):
     """cos and sin of shape (block_size, head_dim // 2), in fp32."""
@@ -50,6 +52,7 @@ def apply_rope(x, cos, sin):
 # nanoGPT, because one big GEMM is faster than three, and because under bf16 autocast each Linear casts its fp32
 # input to bf16 separately (activation casts are not cached): three projections would save three bf16 copies.
 
+
 class Attention(nn.Module):
     def __init__(self, config):
         super().__init__()
@@ -67,14 +70,20 @@ class Attention(nn.Module):
             q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         # SDPA wants (B, heads, T, head_dim); transposes are free views. enable_gqa lets each group of
         # n_head / n_kv_head query heads read one K/V head without a repeat_interleave copy (torch >= 2.5).
-        y = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True,
-                                           enable_gqa=self.n_kv_head != self.n_head)
+        y = F.scaled_dot_product_attention(
+            q.transpose(1, 2),
+            k.transpose(1, 2),
+            v.transpose(1, 2),
+            is_causal=True,
+            enable_gqa=self.n_kv_head != self.n_head,
+        )
         return self.o_proj(y.transpose(1, 2).reshape(B, T, self.n_head * self.head_dim))
 
 
 # -----------------------------------------------------------------------------------------------------
 # MLPs, by the family's `mlp`. 'gelu' (GPT-2): up (H -> 4H), GELU (tanh approximation, as GPT-2 trained), down.
 # 'swiglu' (Llama; Shazeer 2020): down(silu(gate(x)) * up(x)), width H' ~ 8H/3 so that three matrices cost what two do.
+
 
 class GeluMLP(nn.Module):
     def __init__(self, config):
@@ -123,6 +132,7 @@ class Block(nn.Module):
 
 # -----------------------------------------------------------------------------------------------------
 # The model.
+
 
 class GPT(nn.Module):
     def __init__(self, config):
@@ -176,8 +186,9 @@ class GPT(nn.Module):
             nn.init.normal_(block.attn.o_proj.weight, mean=0.0, std=residual_std)
             nn.init.normal_(block.mlp.down_proj.weight, mean=0.0, std=residual_std)
         if not self.learned_positions:
-            cos, sin = rope_tables(self.config.head_dim, self.config.block_size, self.config.rope_theta,
-                                   device=self.rope_cos.device)
+            cos, sin = rope_tables(
+                self.config.head_dim, self.config.block_size, self.config.rope_theta, device=self.rope_cos.device
+            )
             self.rope_cos.copy_(cos)
             self.rope_sin.copy_(sin)
 
@@ -208,8 +219,9 @@ class GPT(nn.Module):
         logits = self.lm_head(self.norm_f(x))
         if targets is None:
             return logits, None
-        return None, F.cross_entropy(logits.float().view(B * T, -1), targets.reshape(B * T), ignore_index=IGNORE_INDEX,
-                                     reduction=reduction)
+        return None, F.cross_entropy(
+            logits.float().view(B * T, -1), targets.reshape(B * T), ignore_index=IGNORE_INDEX, reduction=reduction
+        )
 
     @torch.no_grad()
     def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None):
@@ -217,7 +229,7 @@ class GPT(nn.Module):
         (0 means greedy); top_k keeps only the k most likely tokens. No KV cache: each step reruns the
         (cropped) context, which is simple and fast enough for samples during training."""
         for _ in range(max_new_tokens):
-            context = idx[:, -self.config.block_size:]
+            context = idx[:, -self.config.block_size :]
             logits, _ = self(context)
             logits = logits[:, -1, :].float()
             if temperature == 0:

@@ -29,13 +29,24 @@ end-of-text tokens that carry no loss). The special tokens' ids come from the da
 (config.SPECIAL_TOKENS, by name). The expected share of the positions that carry loss is the ledger's arithmetic
 (ledger.loss_fraction), which test_objectives.py holds to these transforms.
 """
+
 import dataclasses
 
 import numpy as np
 
-from config import (DEFAULTS, FIM_TOKENS, IGNORE_INDEX, NEEDS, OBJECTIVES, R_DENOISERS, SENTINELS, UL2_MODES,
-                    X_DENOISERS, ConfigError, DataError)
-
+from config import (
+    DEFAULTS,
+    FIM_TOKENS,
+    IGNORE_INDEX,
+    NEEDS,
+    OBJECTIVES,
+    R_DENOISERS,
+    SENTINELS,
+    UL2_MODES,
+    X_DENOISERS,
+    ConfigError,
+    DataError,
+)
 
 # The config keys are TrainConfig's (config.py: objective, fim_rate, fim_spm_rate, ul2_s_rate, ul2_r_rate,
 # ul2_x_rate), with their defaults. FIM: the paper's rate 0.5 (its "FIM for free" holds up to 0.9) and half of
@@ -48,9 +59,10 @@ STREAM = 0x6F626A  # 'obj': the generators' middle seed word, apart from the dat
 @dataclasses.dataclass
 class Objective:
     """A run's objective: its name, rates, seed and the data folder's token ids. Call it on a micro-batch."""
+
     name: str = 'clm'
     seed: int = 0
-    eot: int = -1               # the end-of-text token (-1: none, so a sequence is one fragment)
+    eot: int = -1  # the end-of-text token (-1: none, so a sequence is one fragment)
     ids: dict = dataclasses.field(default_factory=dict)  # the special tokens this objective uses, by name
     fim_rate: float = DEFAULTS['fim_rate']
     fim_spm_rate: float = DEFAULTS['fim_spm_rate']
@@ -74,10 +86,13 @@ def special_ids(meta, data_dir, names, user):
     missing = [name for name in names if name not in have]
     if missing:
         import data  # the command that made the folder (data.py reads meta.json; numpy, the shard format)
-        raise DataError(f"{data_dir} has no {missing[0]} token{' (and others)' if len(missing) > 1 else ''}, which "
-                        f"{user} needs: its tokenizer was made without the special tokens; make a folder with them "
-                        f"by rerunning `{data.prepare_command(data_dir)}` with another --out (new folders "
-                        f"reserve them unless --no-special-tokens)")
+
+        raise DataError(
+            f"{data_dir} has no {missing[0]} token{' (and others)' if len(missing) > 1 else ''}, which "
+            f"{user} needs: its tokenizer was made without the special tokens; make a folder with them "
+            f"by rerunning `{data.prepare_command(data_dir)}` with another --out (new folders "
+            f"reserve them unless --no-special-tokens)"
+        )
     return {name: have[name] for name in names}
 
 
@@ -90,16 +105,19 @@ def build(train, meta):
         raise ConfigError(f"objective must be one of {', '.join(OBJECTIVES)}, not {name!r}")
     rates = (train.ul2_s_rate, train.ul2_r_rate, train.ul2_x_rate)
     if name == 'ul2' and abs(sum(rates) - 1) > 1e-6:
-        raise ConfigError(f"ul2_s_rate + ul2_r_rate + ul2_x_rate must be 1 (shares of the fragments given each "
-                          f"denoiser), got {' + '.join(f'{r:g}' for r in rates)} = {sum(rates):g}")
+        raise ConfigError(
+            f"ul2_s_rate + ul2_r_rate + ul2_x_rate must be 1 (shares of the fragments given each "
+            f"denoiser), got {' + '.join(f'{r:g}' for r in rates)} = {sum(rates):g}"
+        )
     if NEEDS[name] and meta is None:
-        raise ConfigError(f"objective={name!r} needs the special tokens of a data folder made by prepare.py; "
-                          f"data='synthetic' has none")
+        raise ConfigError(
+            f"objective={name!r} needs the special tokens of a data folder made by prepare.py; "
+            f"data='synthetic' has none"
+        )
     if name == 'clm':
         return CLM
     ids = special_ids(meta, train.data, NEEDS[name], f'objective={name!r}') if NEEDS[name] else {}
-    return Objective(name, train.seed, meta['eot_id'] if meta else -1, ids, train.fim_rate, train.fim_spm_rate,
-                     rates)
+    return Objective(name, train.seed, meta['eot_id'] if meta else -1, ids, train.fim_rate, train.fim_spm_rate, rates)
 
 
 # -----------------------------------------------------------------------------------------------------
@@ -108,6 +126,7 @@ def build(train, meta):
 # first fragment usually continues a document from before and has none), the positions left in the sequence, and
 # the sequence's generator. It returns (tokens, loss mask, source tokens used), len(tokens) <= room; it uses the
 # whole fragment when the result fits, else a shorter piece from its start.
+
 
 def transform(objective, sequences, first_index):
     """(B, T + 1) sequences, the first at global stream index first_index -> (inputs, targets), (B, T) each."""
@@ -155,12 +174,12 @@ def _as_given(fragment, room, carries):
 def _split(head, body, room, rng):
     """Prefix LM on head + body (head: the lead and mode tokens, always given): the body cut to the room, then at a
     uniform point with at least one token on each side (the head counts as given): the part after carries loss."""
-    kept = body[:max(0, room - len(head))]
+    kept = body[: max(0, room - len(head))]
     tokens = np.concatenate((head, kept)).astype(body.dtype, copy=False)
     first = max(1, len(head))  # the first target position: at least one token is given
     mask = np.zeros(len(tokens), dtype=bool)
     if len(tokens) > first:
-        mask[rng.integers(first, len(tokens)):] = True
+        mask[rng.integers(first, len(tokens)) :] = True
     return tokens, mask, len(kept)
 
 
@@ -176,7 +195,7 @@ def _fim(objective, fragment, lead, room, rng):
     if rng.random() >= objective.fim_rate or room < lead + 3:
         return _as_given(fragment, room, True)
     pre, suf, mid = (objective.ids[name] for name in FIM_TOKENS)
-    doc = fragment[lead:room - 3]  # the three sentinels must fit too
+    doc = fragment[lead : room - 3]  # the three sentinels must fit too
     i, j = np.sort(rng.integers(0, len(doc) + 1, size=2))
     prefix, middle, suffix = doc[:i], doc[i:j], doc[j:]
     if rng.random() < objective.fim_spm_rate:  # SPM, the paper's variant: prefix and middle stay adjacent
@@ -206,6 +225,7 @@ def _ul2(objective, fragment, lead, room, rng):
 
     def size(length):  # the packed fragment: head, the input with one sentinel per span, then sentinels and spans
         return len(head) + length + 2 * span_counts(length, mean, rate)[1]
+
     doc, length = fragment[lead:], len(fragment) - lead
     if size(length) > room:  # the longest piece that fits (size() grows with the length): bisect
         low, high = 0, min(length, room)
@@ -233,7 +253,7 @@ def _ul2(objective, fragment, lead, room, rng):
     targets = np.insert(doc[is_masked], np.cumsum(span_lengths) - span_lengths, sentinel)  # sentinel, span, ...
     tokens = np.concatenate((head, inputs, targets)).astype(fragment.dtype, copy=False)
     mask = np.zeros(len(tokens), dtype=bool)
-    mask[len(head) + len(inputs):] = True
+    mask[len(head) + len(inputs) :] = True
     return tokens, mask, lead + length
 
 

@@ -16,6 +16,7 @@ Hoffmann et al.'s fitted loss for its P (on their data: its own axis).
 train.py redraws out_dir/loss.png with draw_run(out_dir), which never raises. Needs matplotlib (pip install
 matplotlib), imported only here, drawing through its Agg backend (to a file; no display needed).
 """
+
 import argparse
 import glob
 import json
@@ -29,15 +30,16 @@ import ledger_report
 from config import ConfigError, UserError, cli
 from files import atomic_write
 
-SMOOTHING = 0.02      # the moving average spans 2% of the logged steps (101 of 5,000), and at least 5
-FAR_PAST_RUN = 1.5    # a Chinchilla point past 1.5 x the run's tokens is named, not drawn (it would squash the curve)
+SMOOTHING = 0.02  # the moving average spans 2% of the logged steps (101 of 5,000), and at least 5
+FAR_PAST_RUN = 1.5  # a Chinchilla point past 1.5 x the run's tokens is named, not drawn (it would squash the curve)
 FIGURE_INCHES, DPI = (10, 6), 100  # 1000 x 600 pixels
-FEW = 50              # logged steps below which each is marked with a dot
-STEEP_START = 0.05    # the y-axis starts above the smoothed loss at 5% of a long run's tokens (below)
+FEW = 50  # logged steps below which each is marked with a dot
+STEEP_START = 0.05  # the y-axis starts above the smoothed loss at 5% of a long run's tokens (below)
 
 
 # -----------------------------------------------------------------------------------------------------
 # A run's numbers, from out_dir/metrics.jsonl (train.py's log steps, evals, rollbacks) and out_dir/ledger.json.
+
 
 def read_run(run_dir):
     """{'name', 'train': (tokens, losses), 'val': (tokens, losses), 'rollbacks': (tokens, losses),
@@ -82,8 +84,11 @@ def read_run(run_dir):
         'train': (tokens, np.array([train[s]['loss'] for s in sorted(train)])),
         'val': (tokens_at(val), np.array([e['val_loss'] for e in val])),
         'rollbacks': (tokens_at(rollbacks), np.array([e['loss'] for e in rollbacks])),
-        'hellaswag': (tokens_at(scored), np.array([e['hellaswag'] for e in scored]),
-                      np.array([e.get('hellaswag_stderr', 0.0) for e in scored])),
+        'hellaswag': (
+            tokens_at(scored),
+            np.array([e['hellaswag'] for e in scored]),
+            np.array([e.get('hellaswag_stderr', 0.0) for e in scored]),
+        ),
         'chinchilla': chinchilla_tokens(run_dir),
     }
 
@@ -112,6 +117,7 @@ def smooth(values):
 # -----------------------------------------------------------------------------------------------------
 # The picture.
 
+
 def blank_figure():
     """An empty matplotlib Figure, FIGURE_INCHES at DPI."""
     try:
@@ -135,23 +141,55 @@ def figure(run_dirs):
         color, name = f'C{i}', run['name']
         tokens, losses = run['train']
         ax.plot(tokens, losses, color=color, alpha=0.3, linewidth=0.8)
-        ax.plot(tokens, smooth(losses), color=color, linewidth=2, marker='.' if len(tokens) < FEW else None,
-                label=f'{name} train (moving average)')  # a short run's few points, one of them alone, show
+        ax.plot(
+            tokens,
+            smooth(losses),
+            color=color,
+            linewidth=2,
+            marker='.' if len(tokens) < FEW else None,
+            label=f'{name} train (moving average)',
+        )  # a short run's few points, one of them alone, show
         ax.plot(*run['val'], color=color, linestyle='--', marker='o', markersize=4, label=f'{name} val')
         for k, x in enumerate(run['rollbacks'][0]):  # a line, not a point: a spike's loss may be off the axis, or NaN
-            ax.axvline(x, color=color, linestyle=(0, (6, 3)), linewidth=1, alpha=0.8,
-                       label=f'{name} rollback' if k == 0 else None)
+            ax.axvline(
+                x,
+                color=color,
+                linestyle=(0, (6, 3)),
+                linewidth=1,
+                alpha=0.8,
+                label=f'{name} rollback' if k == 0 else None,
+            )
         chinchilla = run['chinchilla']
         if chinchilla and chinchilla <= FAR_PAST_RUN * axis_tokens:
-            ax.axvline(chinchilla, color=color, linestyle=':', linewidth=1.5,
-                       label=f'{name} 20 x P = {ledger_report.si(chinchilla)} tokens (Chinchilla)')
+            ax.axvline(
+                chinchilla,
+                color=color,
+                linestyle=':',
+                linewidth=1.5,
+                label=f'{name} 20 x P = {ledger_report.si(chinchilla)} tokens (Chinchilla)',
+            )
         elif chinchilla:  # a legend entry without a line: the point is named, the axis not stretched to it
-            ax.plot([], [], ' ', color=color, label=f'{name}: 20 x P = {ledger_report.si(chinchilla)} tokens '
-                                                    f'(Chinchilla), {chinchilla / tokens[-1]:,.0f} x its tokens')
+            ax.plot(
+                [],
+                [],
+                ' ',
+                color=color,
+                label=f'{name}: 20 x P = {ledger_report.si(chinchilla)} tokens '
+                f'(Chinchilla), {chinchilla / tokens[-1]:,.0f} x its tokens',
+            )
         if scores is not None and len(run['hellaswag'][0]):
             x, accuracy, stderr = run['hellaswag']
-            scores.errorbar(x, 100 * accuracy, yerr=100 * stderr, color=color, linestyle='-.', marker='s',
-                            markersize=4, capsize=3, label=f'{name} HellaSwag')
+            scores.errorbar(
+                x,
+                100 * accuracy,
+                yerr=100 * stderr,
+                color=color,
+                linestyle='-.',
+                marker='s',
+                markersize=4,
+                capsize=3,
+                label=f'{name} HellaSwag',
+            )
     loss_axis(ax, runs)
     handles, labels = ax.get_legend_handles_labels()
     if scores is not None:
@@ -172,6 +210,7 @@ def loss_axis(ax, runs):
     nat that matter later flat. A run of 100+ logged steps is drawn from the smoothed loss at STEEP_START of its
     tokens down; what is above runs off the top."""
     from matplotlib.ticker import FuncFormatter
+
     long_runs = [run['train'] for run in runs if len(run['train'][0]) >= 100]
     if long_runs:
         top = max(smooth(losses)[np.searchsorted(tokens, STEEP_START * tokens[-1])] for tokens, losses in long_runs)
@@ -190,11 +229,15 @@ def loss_axis(ax, runs):
 # Hoffmann et al.'s fit L(N, D) = E + A/N^0.34 + B/D^0.28 gives for this P along the tokens: fitted on THEIR data
 # (MassiveText) in nats per THEIR token, so its shape is comparable with ours, its level is not.
 
+
 def beside(main_dir, kind):
     """The runs named after a main run, kind 'cooldown' or 'cosine', in the order of the tokens they end at."""
     base = glob.escape(os.path.normpath(main_dir))
-    found = [read_run(folder) for folder in glob.glob(f'{base}_{kind}_*')
-             if os.path.isfile(os.path.join(folder, 'metrics.jsonl'))]
+    found = [
+        read_run(folder)
+        for folder in glob.glob(f'{base}_{kind}_*')
+        if os.path.isfile(os.path.join(folder, 'metrics.jsonl'))
+    ]
     return sorted(found, key=lambda run: run['train'][0][-1])
 
 
@@ -202,9 +245,16 @@ def mark_final(ax, run, color, marker, kind):
     """The run's last val loss, a large marker at its tokens."""
     tokens, losses = run['val']
     if len(tokens):
-        ax.plot(tokens[-1:], losses[-1:], linestyle='', marker=marker, markersize=12, color=color,
-                markeredgecolor='black', label=f"{run['name']} ({kind}): final val {losses[-1]:.4f} at "
-                                               f"{ledger_report.si(tokens[-1])}")
+        ax.plot(
+            tokens[-1:],
+            losses[-1:],
+            linestyle='',
+            marker=marker,
+            markersize=12,
+            color=color,
+            markeredgecolor='black',
+            label=f"{run['name']} ({kind}): final val {losses[-1]:.4f} at {ledger_report.si(tokens[-1])}",
+        )
 
 
 def branch_figure(main_dir):
@@ -221,20 +271,36 @@ def branch_figure(main_dir):
     mark_final(ax, main, 'C0', '*', 'wsd')
     for i, run in enumerate(branches + cosines, 1):
         kind = 'cooldown' if i <= len(branches) else 'cosine'
-        ax.plot(run['train'][0], smooth(run['train'][1]), color=f'C{i}', linewidth=2 if kind == 'cooldown' else 1,
-                linestyle='-' if kind == 'cooldown' else '--', label=f"{run['name']} ({kind}) train (moving average)")
+        ax.plot(
+            run['train'][0],
+            smooth(run['train'][1]),
+            color=f'C{i}',
+            linewidth=2 if kind == 'cooldown' else 1,
+            linestyle='-' if kind == 'cooldown' else '--',
+            label=f"{run['name']} ({kind}) train (moving average)",
+        )
         mark_final(ax, run, f'C{i}', '*' if kind == 'cooldown' else 'X', kind)
     runs = [main] + branches + cosines
     loss_axis(ax, runs)
     chinchilla = main['chinchilla']
     if chinchilla:
-        ax.axvline(chinchilla, color='black', linestyle=':', linewidth=1.5,
-                   label=f'20 x P = {ledger_report.si(chinchilla)} tokens (Chinchilla)')
+        ax.axvline(
+            chinchilla,
+            color='black',
+            linestyle=':',
+            linewidth=1.5,
+            label=f'20 x P = {ledger_report.si(chinchilla)} tokens (Chinchilla)',
+        )
         fit = ax.twinx()
         last = max(run['train'][0][-1] for run in runs)
         seen = np.linspace(STEEP_START * last, last, 200)
-        fit.plot(seen, ledger.chinchilla_loss(chinchilla / ledger.CHINCHILLA_TOKENS_PER_PARAM, seen), color='gray',
-                 linestyle='-.', label="Hoffmann et al. 2022's fit L(P, D): THEIR data (right axis)")
+        fit.plot(
+            seen,
+            ledger.chinchilla_loss(chinchilla / ledger.CHINCHILLA_TOKENS_PER_PARAM, seen),
+            color='gray',
+            linestyle='-.',
+            label="Hoffmann et al. 2022's fit L(P, D): THEIR data (right axis)",
+        )
         fit.set_ylabel("their fit's loss (nats per THEIR token)")
     handles, labels = [], []
     for axes in fig.axes:
@@ -274,10 +340,17 @@ def draw_run(out_dir):
 def main(argv):
     parser = argparse.ArgumentParser(description=__doc__.split('\n')[1], formatter_class=argparse.RawTextHelpFormatter)
     parser.add_argument('run_dirs', nargs='+', metavar='RUN_DIR', help="a train.py out_dir (several: overlaid)")
-    parser.add_argument('--out', help='the PNG to write (default: RUN_DIR/loss.png for one run, loss.png for several, '
-                                      'RUN_DIR/branches.png with --branches)')
-    parser.add_argument('--branches', action='store_true', help="one wsd run with the runs beside it: its cooldown "
-                        "branches (RUN_DIR_cooldown_*) and cosine runs (RUN_DIR_cosine_*)")
+    parser.add_argument(
+        '--out',
+        help='the PNG to write (default: RUN_DIR/loss.png for one run, loss.png for several, '
+        'RUN_DIR/branches.png with --branches)',
+    )
+    parser.add_argument(
+        '--branches',
+        action='store_true',
+        help="one wsd run with the runs beside it: its cooldown "
+        "branches (RUN_DIR_cooldown_*) and cosine runs (RUN_DIR_cosine_*)",
+    )
     args = parser.parse_args(argv)
     if args.branches and len(args.run_dirs) > 1:
         raise ConfigError(f"--branches draws one run with its branches, not {len(args.run_dirs)} runs")

@@ -18,6 +18,7 @@ Reading a folder (the shard format, meta.json, the tokenizer) is data.py's job a
 train.py and the other commands import those, never this file. rustbpe, tqdm, tiktoken, tokenizers, pyarrow and
 requests are imported inside the functions that use them, so a machine without one still runs the rest.
 """
+
 import argparse
 import base64
 import contextlib
@@ -56,6 +57,7 @@ from files import disk_errors, folder_lock, free_bytes, human_bytes, remove_quie
 # another vocab would silently load the old ranks. neox keeps the Hub's tokenizer.json inside ours (below). Loading
 # any of them is data.py's job (load_tokenizer).
 
+
 def reserve(first_id, special=True):
     """The special tokens' ids from first_id on, as {name: id} (empty when the folder is made without them)."""
     return {name: first_id + i for i, name in enumerate(SPECIAL_TOKENS)} if special else {}
@@ -65,13 +67,22 @@ def save_tokenizer(data_dir, name, pattern, mergeable_ranks, eot_id, reserved=No
     ordered = sorted(mergeable_ranks.items(), key=lambda item: item[1])
     assert [rank for _, rank in ordered] == list(range(len(ordered))), "ranks must be 0..n-1"
     special = {**(reserved or {}), EOT: eot_id}
-    save_json(os.path.join(data_dir, 'tokenizer.json'), {
-        'name': name, 'pattern': pattern, 'special_tokens': special, 'vocab_size': max(special.values()) + 1,
-        'ranks': [base64.b64encode(token).decode('ascii') for token, _ in ordered]})
+    save_json(
+        os.path.join(data_dir, 'tokenizer.json'),
+        {
+            'name': name,
+            'pattern': pattern,
+            'special_tokens': special,
+            'vocab_size': max(special.values()) + 1,
+            'ranks': [base64.b64encode(token).decode('ascii') for token, _ in ordered],
+        },
+    )
 
 
-NAMED_TOKENIZERS = {'gpt2': 50257,   # 50,000 merges + 256 bytes + <|endoftext|>
-                    'neox': 50277}   # GPT-NeoX-20B: 50,254 BPE tokens (2 special) + 23 runs of spaces
+NAMED_TOKENIZERS = {
+    'gpt2': 50257,  # 50,000 merges + 256 bytes + <|endoftext|>
+    'neox': 50277,
+}  # GPT-NeoX-20B: 50,254 BPE tokens (2 special) + 23 runs of spaces
 
 
 def parse_tokenizer(name):
@@ -98,8 +109,10 @@ def make_tokenizer(out_dir, tokenizer, bpe_texts, network=None, special=True):
             name, has_special = 'a damaged file', special
         if name == tokenizer and has_special == special:
             return
-        say(f"{path} is {name}{'' if has_special == special else ' with other special tokens'}, not {tokenizer}: "
-            f"making it again")
+        say(
+            f"{path} is {name}{'' if has_special == special else ' with other special tokens'}, not {tokenizer}: "
+            f"making it again"
+        )
     if tokenizer == 'gpt2':
         make_gpt2_tokenizer(out_dir, special)
     elif tokenizer == 'neox':
@@ -112,11 +125,14 @@ def make_gpt2_tokenizer(data_dir, special=True):
     """GPT-2's BPE from tiktoken, the special tokens in the model's padding (50,257 ...). tiktoken downloads its two
     files once (then caches them): offline, that fails."""
     from tiktoken_ext.openai_public import gpt2
+
     try:
         spec = gpt2()
     except Exception as e:  # requests' ConnectionError, or anything else the download raises
-        raise DataError(f"the gpt2 tokenizer's files could not be downloaded ({type(e).__name__}): run once with "
-                        f"internet so tiktoken caches them, or use our own BPE with --tokenizer bpe:8192") from None
+        raise DataError(
+            f"the gpt2 tokenizer's files could not be downloaded ({type(e).__name__}): run once with "
+            f"internet so tiktoken caches them, or use our own BPE with --tokenizer bpe:8192"
+        ) from None
     eot_id = spec['special_tokens'][EOT]
     save_tokenizer(data_dir, 'gpt2', spec['pat_str'], spec['mergeable_ranks'], eot_id, reserve(eot_id + 1, special))
 
@@ -126,10 +142,13 @@ def train_bpe_tokenizer(data_dir, vocab_size, texts, special=True):
     exactly `vocab_size`: 256 bytes + the merges, then the SPECIAL_TOKENS (22 ids, unless `special` is False), then
     the end-of-text token as the last id. bpe:8192: 7,913 merges, the special tokens at 8,169-8,190, eot 8,191."""
     import rustbpe
+
     reserved = len(SPECIAL_TOKENS) if special else 0
     if vocab_size - 1 - reserved < 256:
-        raise DataError(f"bpe:{vocab_size} has no room for its 256 bytes, the end-of-text token and the {reserved} "
-                        f"special tokens: use bpe:{257 + reserved} or more (or --no-special-tokens)")
+        raise DataError(
+            f"bpe:{vocab_size} has no room for its 256 bytes, the end-of-text token and the {reserved} "
+            f"special tokens: use bpe:{257 + reserved} or more (or --no-special-tokens)"
+        )
     sample_chars = 0
 
     def counted():
@@ -137,15 +156,19 @@ def train_bpe_tokenizer(data_dir, vocab_size, texts, special=True):
         for text in texts:
             sample_chars += len(text)
             yield text
+
     tokenizer = rustbpe.Tokenizer()
     tokenizer.train_from_iterator(counted(), vocab_size - 1 - reserved)
     ranks = {bytes(token): rank for token, rank in tokenizer.get_mergeable_ranks()}
     if len(ranks) != vocab_size - 1 - reserved:
-        raise DataError(f"the BPE sample ({sample_chars:,} characters) only supports {len(ranks) + 1 + reserved} "
-                        f"tokens, not bpe:{vocab_size}: use a smaller vocab, or more text (--tokens, "
-                        f"--bpe-sample-chars)")
-    save_tokenizer(data_dir, f'bpe:{vocab_size}', tokenizer.get_pattern(), ranks, vocab_size - 1,
-                   reserve(len(ranks), special))
+        raise DataError(
+            f"the BPE sample ({sample_chars:,} characters) only supports {len(ranks) + 1 + reserved} "
+            f"tokens, not bpe:{vocab_size}: use a smaller vocab, or more text (--tokens, "
+            f"--bpe-sample-chars)"
+        )
+    save_tokenizer(
+        data_dir, f'bpe:{vocab_size}', tokenizer.get_pattern(), ranks, vocab_size - 1, reserve(len(ranks), special)
+    )
 
 
 # GPT-NeoX-20B's tokenizer (EleutherAI/gpt-neox-20b's tokenizer.json, in the Hugging Face `tokenizers` format) is
@@ -169,13 +192,24 @@ def make_neox_tokenizer(out_dir, network=None, special=True):
     if listed is None:
         raise DataError(f"{NEOX_REPO} has no tokenizer.json at {sha}: check --endpoint or HF_ENDPOINT")
     os.makedirs(os.path.join(out_dir, 'downloads'), exist_ok=True)
-    path = download(hub, hub.url('models', NEOX_REPO, sha, 'tokenizer.json'),
-                    os.path.join(out_dir, 'downloads', 'gpt-neox-20b-tokenizer.json'), listed, starts_with=b'{')
+    path = download(
+        hub,
+        hub.url('models', NEOX_REPO, sha, 'tokenizer.json'),
+        os.path.join(out_dir, 'downloads', 'gpt-neox-20b-tokenizer.json'),
+        listed,
+        starts_with=b'{',
+    )
     with open(path, 'rb') as f:
         spec = json.loads(f.read())
-    save_json(os.path.join(out_dir, 'tokenizer.json'), {'name': 'neox', 'source': f'{NEOX_REPO}@{sha}',
-                                                         'tokenizers': spec,
-                                                         'special_tokens': list(SPECIAL_TOKENS) if special else []})
+    save_json(
+        os.path.join(out_dir, 'tokenizer.json'),
+        {
+            'name': 'neox',
+            'source': f'{NEOX_REPO}@{sha}',
+            'tokenizers': spec,
+            'special_tokens': list(SPECIAL_TOKENS) if special else [],
+        },
+    )
     os.remove(path)
 
 
@@ -196,7 +230,7 @@ _worker_dtype = None
 def init_worker(data_dir):
     global _worker_encoding, _worker_dtype
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole process group: the main process
-    _worker_encoding = load_tokenizer(data_dir)   # answers it (and stops the pool), not a traceback per worker
+    _worker_encoding = load_tokenizer(data_dir)  # answers it (and stops the pool), not a traceback per worker
     _worker_dtype = token_dtype(_worker_encoding.n_vocab)
 
 
@@ -229,7 +263,7 @@ def tokenize_batch(batch):
         if end + 1 + len(ids) > len(tokens):  # only if normalizing lengthened the text (NFC can, rarely: neox)
             tokens = np.resize(tokens, 2 * (end + 1 + len(ids)))
         tokens[end] = _worker_encoding.eot_token
-        tokens[end + 1:end + 1 + len(ids)] = ids
+        tokens[end + 1 : end + 1 + len(ids)] = ids
         end += 1 + len(ids)
         doc_tokens[i] = 1 + len(ids)
     return file_index, first_row, tokens[:end], doc_tokens, np.diff(offsets)
@@ -243,6 +277,7 @@ def default_workers():
 # Writing a data folder. One command at a time (a lock), a full disk or read-only folder as one line; the
 # request the folder is made for is recorded first (progress.json) and checked by every rerun; shards are
 # written whole; meta.json last, so its presence says the folder is complete.
+
 
 @contextlib.contextmanager
 def writing(out_dir, command):
@@ -269,10 +304,12 @@ def finish_meta(out_dir, meta):
     meta['bytes_per_token'] = round(meta['text_bytes'] / max(1, meta['train_tokens'] + meta['val_tokens']), 3)
     save_json(os.path.join(out_dir, 'meta.json'), meta)
     shard_bytes = sum(os.path.getsize(p) for split in ('val', 'train') for p in list_shards(out_dir, split))
-    say(f"done: {out_dir}: {meta['documents']:,} documents, {meta['train_tokens']:,} train + "
+    say(
+        f"done: {out_dir}: {meta['documents']:,} documents, {meta['train_tokens']:,} train + "
         f"{meta['val_tokens']:,} val tokens in {meta['train_shards']} + {meta['val_shards']} shards "
         f"({shard_bytes / 1e6:,.1f} MB, {meta['dtype']}), {meta['bytes_per_token']} text bytes per token, "
-        f"tokenizer {meta['tokenizer']} (vocab {meta['vocab_size']:,})")
+        f"tokenizer {meta['tokenizer']} (vocab {meta['vocab_size']:,})"
+    )
     return meta
 
 
@@ -283,15 +320,20 @@ REQUEST_BEFORE = {'special_tokens': False}
 def request_change(old, new):
     """The settings of `new` that differ from `old`, as a phrase: "tokenizer='gpt2' (this run: 'bpe:400')"."""
     old = dict(REQUEST_BEFORE, **old)
-    return ', '.join(f"{key}={old.get(key)!r} (this run: {value!r})" for key, value in new.items()
-                     if old.get(key) != value)
+    return ', '.join(
+        f"{key}={old.get(key)!r} (this run: {value!r})" for key, value in new.items() if old.get(key) != value
+    )
 
 
 def tokenizer_meta(encoding):
     """meta.json's entries that describe the folder's tokenizer: vocab_size counts every id, the special tokens
     (SPECIAL_TOKENS, by name, for train.py's objectives and sample.py) included."""
-    return {'vocab_size': encoding.n_vocab, 'eot_id': encoding.eot_token, 'dtype': token_dtype(encoding.n_vocab).name,
-            'special_tokens': reserved_ids(encoding)}
+    return {
+        'vocab_size': encoding.n_vocab,
+        'eot_id': encoding.eot_token,
+        'dtype': token_dtype(encoding.n_vocab).name,
+        'special_tokens': reserved_ids(encoding),
+    }
 
 
 def complete_meta(out_dir, request, carry_on_keys=()):
@@ -309,13 +351,16 @@ def complete_meta(out_dir, request, carry_on_keys=()):
         os.remove(path)
         return None
     if not request_change(meta['request'], request):
-        say(f"already complete: {out_dir} ({meta['train_tokens']:,} train + {meta['val_tokens']:,} val tokens, "
-            f"{meta['tokenizer']}); delete the folder to rebuild it")
+        say(
+            f"already complete: {out_dir} ({meta['train_tokens']:,} train + {meta['val_tokens']:,} val tokens, "
+            f"{meta['tokenizer']}); delete the folder to rebuild it"
+        )
         return meta
     change = request_change(meta['request'], {k: v for k, v in request.items() if k not in carry_on_keys})
     if change:
-        raise DataError(f"{out_dir} already holds a dataset made with other settings: {change}: "
-                        f"delete it or choose another --out")
+        raise DataError(
+            f"{out_dir} already holds a dataset made with other settings: {change}: delete it or choose another --out"
+        )
     os.remove(path)
     return None
 
@@ -336,13 +381,23 @@ def start_progress(out_dir, request):
         if not change:
             return state
         if state.get('shards'):
-            raise DataError(f"{out_dir} holds an unfinished dataset made with other settings: {change}: rerun "
-                            f"with its settings to finish it, or delete the folder or choose another --out")
+            raise DataError(
+                f"{out_dir} holds an unfinished dataset made with other settings: {change}: rerun "
+                f"with its settings to finish it, or delete the folder or choose another --out"
+            )
         say(f"{out_dir}: starting over (a run with other settings, {change}, stopped before its first shard)")
         for name in ('tokenizer.json', 'files.json'):
             remove_quietly(os.path.join(out_dir, name))
-    state = {'request': request, 'shards': 0, 'file': 0, 'row': 0, 'skip': 0, 'documents': 0, 'text_bytes': 0,
-             'max_token_id': -1}
+    state = {
+        'request': request,
+        'shards': 0,
+        'file': 0,
+        'row': 0,
+        'skip': 0,
+        'documents': 0,
+        'text_bytes': 0,
+        'max_token_id': -1,
+    }
     save_json(path, state)
     return state
 
@@ -374,25 +429,33 @@ def pystdlib_files(max_files=0):
         except UnicodeDecodeError:
             continue
     if not files:
-        raise DataError(f"no .py files found under {root}: this Python has no standard library sources; "
-                        f"use `prepare.py files PATH...` instead")
+        raise DataError(
+            f"no .py files found under {root}: this Python has no standard library sources; "
+            f"use `prepare.py files PATH...` instead"
+        )
     return files
 
 
 def tokenize_all(out_dir, texts, workers, batch_docs=64):
     """Tokenize a list of documents with the pool; returns (tokens, text bytes)."""
-    batches = [(0, i, *pack_texts(texts[i:i + batch_docs])) for i in range(0, len(texts), batch_docs)]
+    batches = [(0, i, *pack_texts(texts[i : i + batch_docs])) for i in range(0, len(texts), batch_docs)]
     with multiprocessing.Pool(workers, initializer=init_worker, initargs=(out_dir,)) as pool:
         results = pool.map(tokenize_batch, batches)
     tokens = np.concatenate([r[2] for r in results]) if results else np.zeros(0, np.uint16)
     return tokens, int(sum(r[4].sum() for r in results))
 
 
-def prepare_pystdlib(out_dir='data/pystdlib', tokenizer='bpe:8192', workers=0, shard_tokens=100_000_000,
-                     max_files=0, special=True):
+def prepare_pystdlib(
+    out_dir='data/pystdlib', tokenizer='bpe:8192', workers=0, shard_tokens=100_000_000, max_files=0, special=True
+):
     """Build (or find complete) the pystdlib data folder; returns its meta dict."""
-    request = {'source': 'pystdlib', 'tokenizer': tokenizer, 'shard_tokens': shard_tokens, 'max_files': max_files,
-               'special_tokens': special}
+    request = {
+        'source': 'pystdlib',
+        'tokenizer': tokenizer,
+        'shard_tokens': shard_tokens,
+        'max_files': max_files,
+        'special_tokens': special,
+    }
     parse_tokenizer(tokenizer)  # a bad name is one line before anything is written
     with writing(out_dir, 'prepare.py pystdlib'):
         meta = complete_meta(out_dir, request)
@@ -401,18 +464,29 @@ def prepare_pystdlib(out_dir='data/pystdlib', tokenizer='bpe:8192', workers=0, s
         start_progress(out_dir, request)
         started = time.time()
         files = pystdlib_files(max_files)
-        split_of = {path: 'val' if zlib.crc32(path.encode()) % 100 < PYSTDLIB_VAL_PERCENT else 'train'
-                    for path, _ in files}
+        split_of = {
+            path: 'val' if zlib.crc32(path.encode()) % 100 < PYSTDLIB_VAL_PERCENT else 'train' for path, _ in files
+        }
         texts = {split: [text for path, text in files if split_of[path] == split] for split in ('val', 'train')}
         if not texts['val'] or not texts['train']:
             raise DataError(f"{len(files)} stdlib files leave one split empty: use more files (--max-files)")
-        say(f"pystdlib: {len(texts['train'])} train + {len(texts['val'])} val files from "
-            f"{sysconfig.get_paths()['stdlib']} (Python {sys.version.split()[0]})")
+        say(
+            f"pystdlib: {len(texts['train'])} train + {len(texts['val'])} val files from "
+            f"{sysconfig.get_paths()['stdlib']} (Python {sys.version.split()[0]})"
+        )
         # the BPE learns from train files: val stays unseen
         make_tokenizer(out_dir, tokenizer, lambda: texts['train'], special=special)
-        meta = {'source': 'pystdlib', 'revision': f"python {sys.version.split()[0]}", 'tokenizer': tokenizer,
-                **tokenizer_meta(load_tokenizer(out_dir)), 'shard_tokens': shard_tokens,
-                'documents': len(files), 'text_bytes': 0, 'max_token_id': -1, 'request': request}
+        meta = {
+            'source': 'pystdlib',
+            'revision': f"python {sys.version.split()[0]}",
+            'tokenizer': tokenizer,
+            **tokenizer_meta(load_tokenizer(out_dir)),
+            'shard_tokens': shard_tokens,
+            'documents': len(files),
+            'text_bytes': 0,
+            'max_token_id': -1,
+            'request': request,
+        }
         written, index = [], 0
         for split in ('val', 'train'):
             tokens, text_bytes = tokenize_all(out_dir, texts[split], workers or default_workers())
@@ -421,7 +495,7 @@ def prepare_pystdlib(out_dir='data/pystdlib', tokenizer='bpe:8192', workers=0, s
             meta[f'{split}_shards'] = 0
             for start in range(0, len(tokens), shard_tokens):
                 written.append(shard_path(out_dir, 'pystdlib', split, index))
-                largest = write_shard(written[-1], tokens[start:start + shard_tokens])
+                largest = write_shard(written[-1], tokens[start : start + shard_tokens])
                 meta['max_token_id'] = max(meta['max_token_id'], largest)
                 meta[f'{split}_shards'] += 1
                 index += 1
@@ -438,6 +512,7 @@ def prepare_pystdlib(out_dir='data/pystdlib', tokenizer='bpe:8192', workers=0, s
 # document already written) in progress.json; a rerun skips the finished shards' documents without reading
 # them (whole files, then whole parquet row groups) and carries on, writing exactly the same shards.
 
+
 def parquet_batches(path, start_row=0, batch_docs=1024):
     """Yield (first row, data, offsets) batches of a parquet file's `text` column from `start_row` on, in the
     batch layout above: the UTF-8 bytes (a memoryview of Arrow's buffer, not copied) and int64 offsets. No
@@ -448,6 +523,7 @@ def parquet_batches(path, start_row=0, batch_docs=1024):
     (truncated, damaged, not parquet) is one DataError naming it."""
     import pyarrow as pa
     import pyarrow.parquet as pq
+
     try:
         parquet = pq.ParquetFile(path)
         if 'text' not in parquet.schema_arrow.names:
@@ -471,21 +547,25 @@ def parquet_batches(path, start_row=0, batch_docs=1024):
                 column = column.fill_null('')
             _, offsets, data = column.buffers()
             offsets = np.frombuffer(offsets, dtype=np.int32 if column.type == pa.string() else np.int64)
-            offsets = offsets[column.offset:column.offset + len(column) + 1].astype(np.int64)
+            offsets = offsets[column.offset : column.offset + len(column) + 1].astype(np.int64)
             if len(column):
                 yield row, memoryview(data if data is not None else b''), offsets
             row += len(column)
     except pa.ArrowException as e:
         reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise DataError(f"{path}: not a readable parquet file ({reason}): if it is a download, delete it and "
-                        f"rerun to fetch it again") from None
+        raise DataError(
+            f"{path}: not a readable parquet file ({reason}): if it is a download, delete it and "
+            f"rerun to fetch it again"
+        ) from None
 
 
 def not_utf8(path, error, where=''):
     """The DataError for text that does not decode as UTF-8 (a binary file, or another encoding such as Latin-1)."""
-    return DataError(f"{path}{where}: not UTF-8 text (byte {error.object[error.start]:#04x} at byte "
-                     f"{error.start:,}{' of the line' if where else ''}): convert it to UTF-8 "
-                     f"(e.g. iconv -f latin1 -t utf-8) or leave it out")
+    return DataError(
+        f"{path}{where}: not UTF-8 text (byte {error.object[error.start]:#04x} at byte "
+        f"{error.start:,}{' of the line' if where else ''}): convert it to UTF-8 "
+        f"(e.g. iconv -f latin1 -t utf-8) or leave it out"
+    )
 
 
 def read_documents(path, start_row=0):
@@ -539,7 +619,7 @@ def document_batches(paths, fetch, position, batch_docs, wait_for_file=None):
         path, first_row = fetch(file_index), start_row if file_index == start_file else 0
         if path.endswith('.parquet'):
             for row, data, offsets in parquet_batches(path, first_row, batch_docs):
-                yield file_index, row, bytes(data[offsets[0]:offsets[-1]]), offsets - offsets[0]
+                yield file_index, row, bytes(data[offsets[0] : offsets[-1]]), offsets - offsets[0]
             continue
         texts = []
         for row, text in read_documents(path, first_row):
@@ -570,23 +650,38 @@ def bpe_sample(documents, val_tokens, sample_chars, tokens=0):
             taken += len(text)
             if taken >= limit:
                 return
+
     texts = sample()
     first = next(texts, None)
     if first is None:
         if not seen:
             raise DataError("there is no text in the input (every document is empty): give files with text")
-        raise DataError(f"no text left for the BPE to learn from: the text has {seen:,} characters and the first "
-                        f"{skip:,} are held out for the {val_tokens:,}-token val shard (8 per token): lower "
-                        f"--val-tokens (about {seen // 16:,} would leave half the text), or give more text")
+        raise DataError(
+            f"no text left for the BPE to learn from: the text has {seen:,} characters and the first "
+            f"{skip:,} are held out for the {val_tokens:,}-token val shard (8 per token): lower "
+            f"--val-tokens (about {seen // 16:,} would leave half the text), or give more text"
+        )
     return itertools.chain([first], texts)
 
 
-def tokenize_stream(out_dir, prefix, paths, fetch, state, workers, val_tokens, shard_tokens, max_tokens,
-                    done_with_files=None, batch_docs=256):
+def tokenize_stream(
+    out_dir,
+    prefix,
+    paths,
+    fetch,
+    state,
+    workers,
+    val_tokens,
+    shard_tokens,
+    max_tokens,
+    done_with_files=None,
+    batch_docs=256,
+):
     """Tokenize the documents of `paths` in order into shards, carrying on from `state` (start_progress); returns
     the meta fields for the counts. `max_tokens` = 0 reads everything. `done_with_files(n)` is called whenever
     files 0..n-1 are no longer needed, not even by a rerun (every shard that holds their tokens is written)."""
     import threading
+
     progress_path = os.path.join(out_dir, 'progress.json')
     target = max_tokens or float('inf')
 
@@ -628,8 +723,10 @@ def tokenize_stream(out_dir, prefix, paths, fetch, state, workers, val_tokens, s
 
     started, started_offset, skip = time.time(), stream_offset, state['skip']
     done = False
-    with multiprocessing.Pool(workers, initializer=init_worker, initargs=(out_dir,)) as pool, \
-            Progress(prefix, max_tokens or None, initial=stream_offset) as progress:
+    with (
+        multiprocessing.Pool(workers, initializer=init_worker, initargs=(out_dir,)) as pool,
+        Progress(prefix, max_tokens or None, initial=stream_offset) as progress,
+    ):
         try:
             for file_index, first_row, tokens, doc_tokens, doc_bytes in pool.imap(tokenize_batch, feed()):
                 counted = np.ones(len(doc_tokens), dtype=np.int64)
@@ -643,18 +740,22 @@ def tokenize_stream(out_dir, prefix, paths, fetch, state, workers, val_tokens, s
                     end = min(shard_end(shard), target)
                     data = np.concatenate(buffer)
                     written.append(shard_path(out_dir, prefix, 'val' if shard == 0 else 'train', shard))
-                    largest = max(largest, write_shard(written[-1], data[:end - stream_offset]))
-                    buffer, buffered = [data[end - stream_offset:]], stream_offset + buffered - end
+                    largest = max(largest, write_shard(written[-1], data[: end - stream_offset]))
+                    buffer, buffered = [data[end - stream_offset :]], stream_offset + buffered - end
                     stream_offset, shard = end, shard + 1
                     # the document holding stream token `end`, and how many of its tokens are written
                     inside = np.searchsorted(doc_starts, end, side='right') - 1
                     before = np.searchsorted(doc_starts, end, side='left')  # documents that began before `end`
                     if end == shard_end(shard - 1):
-                        state.update(shards=shard, file=file_index, row=first_row + int(inside),
-                                     skip=int(end - doc_starts[inside]),
-                                     documents=documents + int(counted[:before].sum()),
-                                     text_bytes=text_bytes + int((doc_bytes * counted)[:before].sum()),
-                                     max_token_id=largest)
+                        state.update(
+                            shards=shard,
+                            file=file_index,
+                            row=first_row + int(inside),
+                            skip=int(end - doc_starts[inside]),
+                            documents=documents + int(counted[:before].sum()),
+                            text_bytes=text_bytes + int((doc_bytes * counted)[:before].sum()),
+                            max_token_id=largest,
+                        )
                         save_json(progress_path, state)
                         if done_with_files:
                             done_with_files(state['file'])
@@ -674,8 +775,9 @@ def tokenize_stream(out_dir, prefix, paths, fetch, state, workers, val_tokens, s
                 slots.release()
     if not done and buffered:  # the documents ran out: the rest is the last (shorter) shard
         if shard == 0:
-            raise DataError(f"only {buffered:,} tokens in all, fewer than the {val_tokens:,} of the val shard: "
-                            f"lower --val-tokens")
+            raise DataError(
+                f"only {buffered:,} tokens in all, fewer than the {val_tokens:,} of the val shard: lower --val-tokens"
+            )
         written.append(shard_path(out_dir, prefix, 'train', shard))
         largest = max(largest, write_shard(written[-1], np.concatenate(buffer)))
         stream_offset, shard = stream_offset + buffered, shard + 1
@@ -685,11 +787,19 @@ def tokenize_stream(out_dir, prefix, paths, fetch, state, workers, val_tokens, s
     if done_with_files:
         done_with_files(len(paths))
     elapsed = time.time() - started
-    say(f"{prefix}: {stream_offset - started_offset:,} tokens in {elapsed:.1f} s "
-        f"({(stream_offset - started_offset) / max(elapsed, 1e-9) / 1e6:.2f}M tokens/s)")
-    return {'documents': documents, 'text_bytes': text_bytes, 'val_tokens': min(val_tokens, stream_offset),
-            'train_tokens': stream_offset - val_tokens, 'val_shards': 1, 'train_shards': shard - 1,
-            'max_token_id': largest}
+    say(
+        f"{prefix}: {stream_offset - started_offset:,} tokens in {elapsed:.1f} s "
+        f"({(stream_offset - started_offset) / max(elapsed, 1e-9) / 1e6:.2f}M tokens/s)"
+    )
+    return {
+        'documents': documents,
+        'text_bytes': text_bytes,
+        'val_tokens': min(val_tokens, stream_offset),
+        'train_tokens': stream_offset - val_tokens,
+        'val_shards': 1,
+        'train_shards': shard - 1,
+        'max_token_id': largest,
+    }
 
 
 # -----------------------------------------------------------------------------------------------------
@@ -719,28 +829,42 @@ def disk_plan(out_dir, files, paths, tokens, shard_tokens, vocab_size, keep_down
     sizes = [f['size'] for f in files]
 
     def files_for(bytes_per_token):
-        return next((i + 1 for i, total in enumerate(itertools.accumulate(sizes)) if total >= tokens * bytes_per_token),
-                    len(files)) if tokens else len(files)
+        return (
+            next(
+                (i + 1 for i, total in enumerate(itertools.accumulate(sizes)) if total >= tokens * bytes_per_token),
+                len(files),
+            )
+            if tokens
+            else len(files)
+        )
+
     low, high = (files_for(b) for b in PARQUET_BYTES_PER_TOKEN)
     here = sum(size_of(p) + size_of(p + '.partial') for p in paths)
     planned_tokens = tokens or sum(sizes) // PARQUET_BYTES_PER_TOKEN[0]
     shard_bytes = planned_tokens * ledger.token_bytes(vocab_size) + HEADER_BYTES * (planned_tokens // shard_tokens + 2)
     shards_here = sum(size_of(p) for p in glob.glob(os.path.join(glob.escape(out_dir), 'fineweb_edu_*.bin')))
-    at_once = sum(sizes[:high]) if keep_downloads else \
-        min(sum(sizes[:high]), shard_tokens * PARQUET_BYTES_PER_TOKEN[1] + 2 * max(sizes[:high]))
+    at_once = (
+        sum(sizes[:high])
+        if keep_downloads
+        else min(sum(sizes[:high]), shard_tokens * PARQUET_BYTES_PER_TOKEN[1] + 2 * max(sizes[:high]))
+    )
     more = max(0, shard_bytes - shards_here) + max(0, at_once - here)
     free = free_bytes(out_dir)
     to_fetch = [human_bytes(max(0, sum(sizes[:n]) - here)) for n in sorted({low, high})]
     kept = 'kept (--keep-downloads)' if keep_downloads else 'each deleted once tokenized (--keep-downloads keeps them)'
-    say(f"plan: {' to '.join(map(str, sorted({low, high})))} of {len(files)} parquet files, {' to '.join(to_fetch)} to "
+    say(
+        f"plan: {' to '.join(map(str, sorted({low, high})))} of {len(files)} parquet files, {' to '.join(to_fetch)} to "
         f"download, {kept}; ~{human_bytes(shard_bytes)} of shards ({planned_tokens:,} tokens x "
         f"{ledger.token_bytes(vocab_size)} bytes); at most ~{human_bytes(more)} more on disk, {human_bytes(free)} "
-        f"free in {out_dir}")
+        f"free in {out_dir}"
+    )
     if more > free:
-        raise DataError(f"not enough disk space in {out_dir}: this run needs up to about {human_bytes(more)} more "
-                        f"(~{human_bytes(shard_bytes)} of shards, ~{human_bytes(at_once)} of parquet at once) and "
-                        f"{human_bytes(free)} is free: free some space, choose another --out or lower --tokens"
-                        f"{', or drop --keep-downloads' if keep_downloads else ''}")
+        raise DataError(
+            f"not enough disk space in {out_dir}: this run needs up to about {human_bytes(more)} more "
+            f"(~{human_bytes(shard_bytes)} of shards, ~{human_bytes(at_once)} of parquet at once) and "
+            f"{human_bytes(free)} is free: free some space, choose another --out or lower --tokens"
+            f"{', or drop --keep-downloads' if keep_downloads else ''}"
+        )
 
 
 def fineweb_manifest(hub, out_dir, sample, revision):
@@ -756,25 +880,45 @@ def fineweb_manifest(hub, out_dir, sample, revision):
             if all('sha256' in f for f in manifest['files']):
                 return manifest
         except (ValueError, KeyError, TypeError):
-            raise DataError(f"{path} is damaged: the shards made so far came from the files it listed, so delete "
-                            f"the folder and rerun") from None
+            raise DataError(
+                f"{path} is damaged: the shards made so far came from the files it listed, so delete "
+                f"the folder and rerun"
+            ) from None
     sha, files = hub.files(FINEWEB_EDU, manifest['revision'] if manifest else revision, f'sample/{sample}', '.parquet')
     manifest = {'repo': FINEWEB_EDU, 'revision': sha, 'files': files}
     save_json(path, manifest)
     return manifest
 
 
-def prepare_fineweb_edu(out_dir='data/fineweb_edu', sample='100BT', tokens=0, tokenizer='gpt2', workers=0,
-                        shard_tokens=100_000_000, val_tokens=0, revision='main', bpe_sample_chars=1_000_000_000,
-                        keep_downloads=False, network=None, special=True):
+def prepare_fineweb_edu(
+    out_dir='data/fineweb_edu',
+    sample='100BT',
+    tokens=0,
+    tokenizer='gpt2',
+    workers=0,
+    shard_tokens=100_000_000,
+    val_tokens=0,
+    revision='main',
+    bpe_sample_chars=1_000_000_000,
+    keep_downloads=False,
+    network=None,
+    special=True,
+):
     """Build (or carry on, or find complete) a FineWeb-Edu data folder; returns its meta dict. `network`: a Network
     (endpoint, time-outs, retry budget)."""
     if sample not in ('10BT', '100BT', '350BT'):
         raise DataError(f"unknown sample '{sample}': use 10BT, 100BT or 350BT")
     vocab_size = parse_tokenizer(tokenizer)
     val_tokens = val_tokens or default_val_tokens(shard_tokens, tokens)
-    request = {'source': 'fineweb_edu', 'sample': sample, 'tokenizer': tokenizer, 'shard_tokens': shard_tokens,
-               'val_tokens': val_tokens, 'revision': revision, 'special_tokens': special}
+    request = {
+        'source': 'fineweb_edu',
+        'sample': sample,
+        'tokenizer': tokenizer,
+        'shard_tokens': shard_tokens,
+        'val_tokens': val_tokens,
+        'revision': revision,
+        'special_tokens': special,
+    }
     with writing(out_dir, 'prepare.py fineweb_edu'):
         meta = complete_meta(out_dir, dict(request, tokens=tokens), carry_on_keys=('tokens',))
         if meta is not None:
@@ -785,8 +929,10 @@ def prepare_fineweb_edu(out_dir='data/fineweb_edu', sample='100BT', tokens=0, to
         files, sha = manifest['files'], manifest['revision']
         os.makedirs(os.path.join(out_dir, 'downloads'), exist_ok=True)
         paths = [os.path.join(out_dir, 'downloads', os.path.basename(f['path'])) for f in files]
-        say(f"fineweb_edu: sample/{sample} at {sha} from {hub.endpoint}: {len(files)} parquet files, "
-            f"{human_bytes(sum(f['size'] for f in files))}")
+        say(
+            f"fineweb_edu: sample/{sample} at {sha} from {hub.endpoint}: {len(files)} parquet files, "
+            f"{human_bytes(sum(f['size'] for f in files))}"
+        )
         disk_plan(out_dir, files, paths, tokens, shard_tokens, vocab_size, keep_downloads)
         verified = set()
 
@@ -803,13 +949,42 @@ def prepare_fineweb_edu(out_dir='data/fineweb_edu', sample='100BT', tokens=0, to
                 for path in paths[:n]:
                     remove_quietly(path)
 
-        make_tokenizer(out_dir, tokenizer, lambda: bpe_sample(
-            (text for i in range(len(paths)) for _, text in read_documents(fetch(i))), val_tokens, bpe_sample_chars,
-            tokens), network, special)
-        counts = tokenize_stream(out_dir, 'fineweb_edu', paths, fetch, state, workers or default_workers(),
-                                 val_tokens, shard_tokens, tokens, done_with_files)
-        return finish_meta(out_dir, dataset_meta(out_dir, f'fineweb_edu/sample/{sample}', sha, tokenizer,
-                                                 shard_tokens, dict(request, tokens=tokens), counts))
+        make_tokenizer(
+            out_dir,
+            tokenizer,
+            lambda: bpe_sample(
+                (text for i in range(len(paths)) for _, text in read_documents(fetch(i))),
+                val_tokens,
+                bpe_sample_chars,
+                tokens,
+            ),
+            network,
+            special,
+        )
+        counts = tokenize_stream(
+            out_dir,
+            'fineweb_edu',
+            paths,
+            fetch,
+            state,
+            workers or default_workers(),
+            val_tokens,
+            shard_tokens,
+            tokens,
+            done_with_files,
+        )
+        return finish_meta(
+            out_dir,
+            dataset_meta(
+                out_dir,
+                f'fineweb_edu/sample/{sample}',
+                sha,
+                tokenizer,
+                shard_tokens,
+                dict(request, tokens=tokens),
+                counts,
+            ),
+        )
 
 
 # -----------------------------------------------------------------------------------------------------
@@ -819,8 +994,17 @@ def prepare_fineweb_edu(out_dir='data/fineweb_edu', sample='100BT', tokens=0, to
 FILE_TYPES = ('.txt', '.jsonl', '.parquet')
 
 
-def prepare_files(paths, out_dir='data/files', tokenizer='bpe:8192', workers=0, shard_tokens=100_000_000,
-                  val_tokens=0, tokens=0, bpe_sample_chars=1_000_000_000, special=True):
+def prepare_files(
+    paths,
+    out_dir='data/files',
+    tokenizer='bpe:8192',
+    workers=0,
+    shard_tokens=100_000_000,
+    val_tokens=0,
+    tokens=0,
+    bpe_sample_chars=1_000_000_000,
+    special=True,
+):
     """Build (or carry on, or find complete) a data folder from local files; returns its meta dict."""
     for path in paths:
         if os.path.isdir(path):
@@ -838,25 +1022,55 @@ def prepare_files(paths, out_dir='data/files', tokenizer='bpe:8192', workers=0, 
     parse_tokenizer(tokenizer)
     # ~4 bytes of file per token: text and jsonl ~4-5, parquet ~3-4 compressed
     val_tokens = val_tokens or default_val_tokens(shard_tokens, tokens or input_bytes // 4)
-    request = {'source': 'files', 'paths': paths, 'tokenizer': tokenizer, 'shard_tokens': shard_tokens,
-               'val_tokens': val_tokens, 'special_tokens': special}
+    request = {
+        'source': 'files',
+        'paths': paths,
+        'tokenizer': tokenizer,
+        'shard_tokens': shard_tokens,
+        'val_tokens': val_tokens,
+        'special_tokens': special,
+    }
     with writing(out_dir, 'prepare.py files'):
         meta = complete_meta(out_dir, dict(request, tokens=tokens), carry_on_keys=('tokens',))
         if meta is not None:
             return meta
         state = start_progress(out_dir, request)
-        make_tokenizer(out_dir, tokenizer, lambda: bpe_sample(
-            (text for path in paths for _, text in read_documents(path)), val_tokens, bpe_sample_chars, tokens),
-            special=special)
-        counts = tokenize_stream(out_dir, 'files', paths, paths.__getitem__, state, workers or default_workers(),
-                                 val_tokens, shard_tokens, tokens)
-        return finish_meta(out_dir, dataset_meta(out_dir, 'files', None, tokenizer, shard_tokens,
-                                                 dict(request, tokens=tokens), counts))
+        make_tokenizer(
+            out_dir,
+            tokenizer,
+            lambda: bpe_sample(
+                (text for path in paths for _, text in read_documents(path)), val_tokens, bpe_sample_chars, tokens
+            ),
+            special=special,
+        )
+        counts = tokenize_stream(
+            out_dir,
+            'files',
+            paths,
+            paths.__getitem__,
+            state,
+            workers or default_workers(),
+            val_tokens,
+            shard_tokens,
+            tokens,
+        )
+        return finish_meta(
+            out_dir, dataset_meta(out_dir, 'files', None, tokenizer, shard_tokens, dict(request, tokens=tokens), counts)
+        )
 
 
 def dataset_meta(out_dir, source, revision, tokenizer, shard_tokens, request, counts):
-    return dict({'source': source, 'revision': revision, 'tokenizer': tokenizer, **tokenizer_meta(load_tokenizer(
-        out_dir)), 'shard_tokens': shard_tokens, 'request': request}, **counts)
+    return dict(
+        {
+            'source': source,
+            'revision': revision,
+            'tokenizer': tokenizer,
+            **tokenizer_meta(load_tokenizer(out_dir)),
+            'shard_tokens': shard_tokens,
+            'request': request,
+        },
+        **counts,
+    )
 
 
 # -----------------------------------------------------------------------------------------------------
@@ -865,6 +1079,7 @@ def dataset_meta(out_dir, source, revision, tokenizer, shard_tokens, request, co
 # nothing written), on the same text with the same tokenizer. Offline-friendly: the text is the stdlib sources
 # repeated into a parquet file, the tokenizer our bpe:8192 (or gpt2 where tiktoken has its files).
 
+
 def count_tokens(texts):
     return sum(len(_worker_encoding.encode_to_numpy(text, disallowed_special=())) for text in texts)
 
@@ -872,8 +1087,11 @@ def count_tokens(texts):
 def cpu_seconds():
     """CPU time of this process and its finished children (the pool's workers once they are joined)."""
     import resource
-    return sum(usage.ru_utime + usage.ru_stime
-               for usage in (resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)))
+
+    return sum(
+        usage.ru_utime + usage.ru_stime
+        for usage in (resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN))
+    )
 
 
 def bench(workers=0, megabytes=100, tokenizer='bpe:8192', rounds=3):
@@ -886,6 +1104,7 @@ def bench(workers=0, megabytes=100, tokenizer='bpe:8192', rounds=3):
     import pyarrow as pa
     import pyarrow.parquet as pq
     import tiktoken
+
     workers = workers or default_workers()
     with tempfile.TemporaryDirectory() as tmp:
         stdlib = [text for _, text in pystdlib_files()]
@@ -899,7 +1118,7 @@ def bench(workers=0, megabytes=100, tokenizer='bpe:8192', rounds=3):
             make_gpt2_tokenizer(tmp)
         else:
             train_bpe_tokenizer(tmp, parse_tokenizer(tokenizer), stdlib)
-        batches = [texts[i:i + 256] for i in range(0, len(texts), 256)]
+        batches = [texts[i : i + 256] for i in range(0, len(texts), 256)]
         raw, pipeline = [], []  # (tokens/s, CPU seconds) per round
         for _ in range(rounds):
             started, cpu_started = time.time(), cpu_seconds()  # both sides start their pool from scratch
@@ -917,22 +1136,29 @@ def bench(workers=0, megabytes=100, tokenizer='bpe:8192', rounds=3):
             pipeline.append((pipeline_tokens / (time.time() - started), cpu_seconds() - cpu_started))
     raw_rate, pipeline_rate = max(r for r, _ in raw), max(r for r, _ in pipeline)
     raw_cpu, pipeline_cpu = min(c for _, c in raw) / raw_tokens, min(c for _, c in pipeline) / pipeline_tokens
-    print(f"bench: {size / 1e6:.0f} MB of text (the stdlib sources repeated), {len(texts):,} documents, "
-          f"{tokenizer}, {workers} workers, best of {rounds} alternating rounds; tiktoken {tiktoken.__version__}, "
-          f"Python {sys.version.split()[0]}, {os.cpu_count()} CPUs")
-    for name, rounds_, tokens_, cpu in (('raw tiktoken', raw, raw_tokens, raw_cpu),
-                                        ('pipeline    ', pipeline, pipeline_tokens, pipeline_cpu)):
-        print(f"bench: {name} {tokens_:,} tokens, {max(r for r, _ in rounds_) / 1e6:.2f}M tokens/s "
-              f"(rounds: {', '.join(f'{r / 1e6:.2f}' for r, _ in rounds_)}), {cpu * 1e9:.0f} CPU ns/token")
-    print(f"bench: pipeline / raw = {pipeline_rate / raw_rate:.1%} in tokens/s, "
-          f"{raw_cpu / pipeline_cpu:.1%} in CPU time per token")
+    print(
+        f"bench: {size / 1e6:.0f} MB of text (the stdlib sources repeated), {len(texts):,} documents, "
+        f"{tokenizer}, {workers} workers, best of {rounds} alternating rounds; tiktoken {tiktoken.__version__}, "
+        f"Python {sys.version.split()[0]}, {os.cpu_count()} CPUs"
+    )
+    for name, rounds_, tokens_, cpu in (
+        ('raw tiktoken', raw, raw_tokens, raw_cpu),
+        ('pipeline    ', pipeline, pipeline_tokens, pipeline_cpu),
+    ):
+        print(
+            f"bench: {name} {tokens_:,} tokens, {max(r for r, _ in rounds_) / 1e6:.2f}M tokens/s "
+            f"(rounds: {', '.join(f'{r / 1e6:.2f}' for r, _ in rounds_)}), {cpu * 1e9:.0f} CPU ns/token"
+        )
+    print(
+        f"bench: pipeline / raw = {pipeline_rate / raw_rate:.1%} in tokens/s, "
+        f"{raw_cpu / pipeline_cpu:.1%} in CPU time per token"
+    )
     return raw_rate, pipeline_rate
-
-
 
 
 # -----------------------------------------------------------------------------------------------------
 # Command line
+
 
 def number(text):
     """26e9 or 26000000000 -> 26000000000 (argparse type for token counts)."""
@@ -941,20 +1167,30 @@ def number(text):
 
 @cli
 def main(argv):
-    parser = argparse.ArgumentParser(prog='prepare.py', description=__doc__.split('\n\n')[0].strip(),
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog='prepare.py',
+        description=__doc__.split('\n\n')[0].strip(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     sources = parser.add_subparsers(dest='source', required=True)
 
     def common(sub, out, tokenizer, shard_tokens=100_000_000):
         sub.add_argument('--out', default=out, help=f'data folder (default {out})')
-        sub.add_argument('--tokenizer', default=tokenizer,
-                         help=f'gpt2, neox (GPT-NeoX-20B, from the Hub) or bpe:V, our own (default {tokenizer})')
+        sub.add_argument(
+            '--tokenizer',
+            default=tokenizer,
+            help=f'gpt2, neox (GPT-NeoX-20B, from the Hub) or bpe:V, our own (default {tokenizer})',
+        )
         sub.add_argument('--workers', type=int, default=0, help='tokenizer processes (default: all cores)')
-        sub.add_argument('--shard-tokens', type=number, default=shard_tokens,
-                         help=f'tokens per shard (default {shard_tokens:,})')
-        sub.add_argument('--no-special-tokens', dest='special', action='store_false',
-                         help="reserve no ids for the fim and ul2 objectives' special tokens (a bpe:V learns 22 "
-                              "more merges)")
+        sub.add_argument(
+            '--shard-tokens', type=number, default=shard_tokens, help=f'tokens per shard (default {shard_tokens:,})'
+        )
+        sub.add_argument(
+            '--no-special-tokens',
+            dest='special',
+            action='store_false',
+            help="reserve no ids for the fim and ul2 objectives' special tokens (a bpe:V learns 22 more merges)",
+        )
 
     # pystdlib: 8,192 tokens is enough for ~30 MB of code (each merge still seen thousands of times), keeps a
     # small CPU model's embedding and output layer cheap (8192 x 256 = 2.1M params each at n_embd 256), is a
@@ -964,37 +1200,74 @@ def main(argv):
     sub.add_argument('--max-files', type=int, default=0, help='an evenly spread subset of the files (0: all)')
 
     defaults = Network()
-    sub = sources.add_parser('fineweb_edu', help='a FineWeb-Edu sample from the Hugging Face Hub (resumable)',
-                             epilog='environment: HF_ENDPOINT (a Hub mirror; --endpoint overrides it), HF_TOKEN '
-                                    '(a read token, sent to that host only)')
+    sub = sources.add_parser(
+        'fineweb_edu',
+        help='a FineWeb-Edu sample from the Hugging Face Hub (resumable)',
+        epilog='environment: HF_ENDPOINT (a Hub mirror; --endpoint overrides it), HF_TOKEN '
+        '(a read token, sent to that host only)',
+    )
     common(sub, 'data/fineweb_edu', 'gpt2')
     sub.add_argument('--sample', default='100BT', help='10BT, 100BT or 350BT (default 100BT)')
-    sub.add_argument('--tokens', type=number, default=0,
-                     help='stop after this many tokens, val included (e.g. 26e9; default: the whole sample)')
-    sub.add_argument('--val-tokens', type=number, default=0,
-                     help='tokens in the val shard (default: 10%% of --tokens, at most one shard)')
+    sub.add_argument(
+        '--tokens',
+        type=number,
+        default=0,
+        help='stop after this many tokens, val included (e.g. 26e9; default: the whole sample)',
+    )
+    sub.add_argument(
+        '--val-tokens',
+        type=number,
+        default=0,
+        help='tokens in the val shard (default: 10%% of --tokens, at most one shard)',
+    )
     sub.add_argument('--endpoint', default='', help=f'Hub base URL (default: $HF_ENDPOINT, else {HUB_ENDPOINT})')
     sub.add_argument('--revision', default='main', help='dataset revision (branch, tag or commit; default main)')
-    sub.add_argument('--bpe-sample-chars', type=number, default=1_000_000_000,
-                     help='characters the bpe:V tokenizer trains on (default 1e9)')
-    sub.add_argument('--keep-downloads', action='store_true',
-                     help='keep the parquet files (by default each is deleted once its tokens are in shards)')
-    sub.add_argument('--connect-timeout', type=float, default=defaults.connect_timeout_s,
-                     help=f'seconds to open a connection (default {defaults.connect_timeout_s:g})')
-    sub.add_argument('--read-timeout', type=float, default=defaults.read_timeout_s,
-                     help=f'seconds of silence from a server before retrying (default {defaults.read_timeout_s:g})')
-    sub.add_argument('--retry-budget', type=float, default=defaults.retry_budget_s,
-                     help=f'seconds one request may keep failing before giving up (default '
-                          f'{defaults.retry_budget_s:g})')
+    sub.add_argument(
+        '--bpe-sample-chars',
+        type=number,
+        default=1_000_000_000,
+        help='characters the bpe:V tokenizer trains on (default 1e9)',
+    )
+    sub.add_argument(
+        '--keep-downloads',
+        action='store_true',
+        help='keep the parquet files (by default each is deleted once its tokens are in shards)',
+    )
+    sub.add_argument(
+        '--connect-timeout',
+        type=float,
+        default=defaults.connect_timeout_s,
+        help=f'seconds to open a connection (default {defaults.connect_timeout_s:g})',
+    )
+    sub.add_argument(
+        '--read-timeout',
+        type=float,
+        default=defaults.read_timeout_s,
+        help=f'seconds of silence from a server before retrying (default {defaults.read_timeout_s:g})',
+    )
+    sub.add_argument(
+        '--retry-budget',
+        type=float,
+        default=defaults.retry_budget_s,
+        help=f'seconds one request may keep failing before giving up (default {defaults.retry_budget_s:g})',
+    )
 
     sub = sources.add_parser('files', help='your own .txt, .jsonl ("text" field) or .parquet ("text" column) files')
     sub.add_argument('paths', nargs='+', metavar='PATH')
     common(sub, 'data/files', 'bpe:8192')
     sub.add_argument('--tokens', type=number, default=0, help='stop after this many tokens')
-    sub.add_argument('--val-tokens', type=number, default=0,
-                     help='tokens in the val shard (default: ~10%% of the estimated total, at most one shard)')
-    sub.add_argument('--bpe-sample-chars', type=number, default=1_000_000_000,
-                     help='characters the bpe:V tokenizer trains on (default 1e9)')
+    sub.add_argument(
+        '--val-tokens',
+        type=number,
+        default=0,
+        help='tokens in the val shard (default: ~10%% of the estimated total, at most one shard)',
+    )
+    sub.add_argument(
+        '--bpe-sample-chars',
+        type=number,
+        default=1_000_000_000,
+        help='characters the bpe:V tokenizer trains on (default 1e9)',
+    )
 
     sub = sources.add_parser('bench', help='tokens/s of the pipeline against raw tiktoken (a benchmark, not a test)')
     sub.add_argument('--workers', type=int, default=0, help='processes for both (default: all cores)')
@@ -1007,12 +1280,32 @@ def main(argv):
         prepare_pystdlib(args.out, args.tokenizer, args.workers, args.shard_tokens, args.max_files, args.special)
     elif args.source == 'fineweb_edu':
         network = Network(args.endpoint, args.connect_timeout, args.read_timeout, args.retry_budget)
-        prepare_fineweb_edu(args.out, args.sample, args.tokens, args.tokenizer, args.workers, args.shard_tokens,
-                            args.val_tokens, args.revision, args.bpe_sample_chars, args.keep_downloads, network,
-                            args.special)
+        prepare_fineweb_edu(
+            args.out,
+            args.sample,
+            args.tokens,
+            args.tokenizer,
+            args.workers,
+            args.shard_tokens,
+            args.val_tokens,
+            args.revision,
+            args.bpe_sample_chars,
+            args.keep_downloads,
+            network,
+            args.special,
+        )
     elif args.source == 'files':
-        prepare_files(args.paths, args.out, args.tokenizer, args.workers, args.shard_tokens, args.val_tokens,
-                      args.tokens, args.bpe_sample_chars, args.special)
+        prepare_files(
+            args.paths,
+            args.out,
+            args.tokenizer,
+            args.workers,
+            args.shard_tokens,
+            args.val_tokens,
+            args.tokens,
+            args.bpe_sample_chars,
+            args.special,
+        )
     else:
         bench(args.workers, args.megabytes, args.tokenizer, args.rounds)
     return 0

@@ -15,6 +15,7 @@ whatever parallel mode and world size wrote them (checkpoint.load_model).
 (or after --tokens), printed alone. The model split documents at token boundaries in training, so a prefix or
 suffix that ends or starts inside what would be one token (half a word) is harder for it than one that does not.
 """
+
 import argparse
 import sys
 from contextlib import nullcontext
@@ -22,8 +23,8 @@ from contextlib import nullcontext
 import torch
 
 import checkpoint
-import objectives
 import data
+import objectives
 from config import ConfigError, cli
 
 
@@ -45,7 +46,7 @@ def generate_until(model, idx, max_new_tokens, stop_id, temperature, top_k):
         if stopped.all():
             break
     rows = idx[:, start:].tolist()
-    return [row[:row.index(stop_id)] if stop_id in row else row for row in rows]
+    return [row[: row.index(stop_id)] if stop_id in row else row for row in rows]
 
 
 @cli
@@ -62,8 +63,12 @@ def main(argv):
     parser.add_argument('--seed', type=int, default=1337)
     parser.add_argument('--device', default='cuda' if torch.cuda.is_available() else 'cpu')
     args = parser.parse_args(argv)
-    for name, value, least in (('--tokens', args.tokens, 1), ('--num_samples', args.num_samples, 1),
-                               ('--temperature', args.temperature, 0), ('--top_k', args.top_k, 0)):
+    for name, value, least in (
+        ('--tokens', args.tokens, 1),
+        ('--num_samples', args.num_samples, 1),
+        ('--temperature', args.temperature, 0),
+        ('--top_k', args.top_k, 0),
+    ):
         if value < least:  # a negative temperature would sample the least likely tokens first
             raise ConfigError(f"{name} {value}: must be at least {least}")
     infill = args.prefix is not None or args.suffix is not None
@@ -77,13 +82,20 @@ def main(argv):
     tokenizer = data.load_tokenizer(train_config['data'])
     eot_id = tokenizer.eot_token
     if infill:
-        ids = objectives.special_ids(data.load_meta(train_config['data']), train_config['data'],
-                                     objectives.FIM_TOKENS, 'sample.py --prefix/--suffix (fill in the middle)')
-        prompt = fim_prompt(eot_id, ids, tokenizer.encode_ordinary(args.prefix or ''),
-                            tokenizer.encode_ordinary(args.suffix or ''))
+        ids = objectives.special_ids(
+            data.load_meta(train_config['data']),
+            train_config['data'],
+            objectives.FIM_TOKENS,
+            'sample.py --prefix/--suffix (fill in the middle)',
+        )
+        prompt = fim_prompt(
+            eot_id, ids, tokenizer.encode_ordinary(args.prefix or ''), tokenizer.encode_ordinary(args.suffix or '')
+        )
         if len(prompt) >= model.config.block_size:
-            raise ConfigError(f"--prefix and --suffix are {len(prompt)} tokens with the FIM tokens: the model sees "
-                              f"{model.config.block_size}; shorten them")
+            raise ConfigError(
+                f"--prefix and --suffix are {len(prompt)} tokens with the FIM tokens: the model sees "
+                f"{model.config.block_size}; shorten them"
+            )
     else:
         # Every training document starts with the end-of-text token, so a prompt continues a fresh document.
         prompt = [eot_id] + tokenizer.encode(args.prompt, allowed_special='all')
@@ -94,10 +106,14 @@ def main(argv):
         if infill:
             rows = generate_until(model, start, args.tokens, eot_id, args.temperature, args.top_k or None)
         else:
-            rows = model.generate(start, args.tokens, temperature=args.temperature,
-                                  top_k=args.top_k or None)[:, 1:].tolist()
-    print(f"# {path}: {args.num_samples} {'middle' if infill else 'sample'}(s), {'up to ' * infill}{args.tokens} "
-          f"tokens, temperature {args.temperature}, top-k {args.top_k or 'all'}", file=sys.stderr)
+            rows = model.generate(start, args.tokens, temperature=args.temperature, top_k=args.top_k or None)[
+                :, 1:
+            ].tolist()
+    print(
+        f"# {path}: {args.num_samples} {'middle' if infill else 'sample'}(s), {'up to ' * infill}{args.tokens} "
+        f"tokens, temperature {args.temperature}, top-k {args.top_k or 'all'}",
+        file=sys.stderr,
+    )
     for row in rows:
         # the model's vocab is padded to a multiple of 128: ids past the tokenizer's are never trained targets,
         # and are dropped here if sampled

@@ -13,6 +13,7 @@ In the order a run happens: 1. the batch and the LR schedule, 2. model, parallel
 4. setup, 5. the step, 6. the loop. Around it: data.py (shards, the seeded stream), guard.py (processes, resume
 checks, the clean stop, the spike guard), live.py (the live ledger), checkpoint.py.
 """
+
 import contextlib
 import dataclasses
 import gc
@@ -28,8 +29,9 @@ import sys
 # torch 2.10 renamed the variable; 2.9 still ignored the new name for this setting (pytorch #183387).
 if not (os.environ.get('PYTORCH_ALLOC_CONF') or os.environ.get('PYTORCH_CUDA_ALLOC_CONF')):
     torch_release = tuple(int(part) for part in importlib.metadata.version('torch').split('.')[:2])
-    os.environ['PYTORCH_ALLOC_CONF' if torch_release >= (2, 10) else 'PYTORCH_CUDA_ALLOC_CONF'] = \
+    os.environ['PYTORCH_ALLOC_CONF' if torch_release >= (2, 10) else 'PYTORCH_CUDA_ALLOC_CONF'] = (
         'expandable_segments:True'
+    )
 
 import numpy as np  # noqa: E402 (after the allocator's settings)
 import torch  # noqa: E402
@@ -41,19 +43,18 @@ import eval as hellaswag  # noqa: E402 (eval.py: HellaSwag accuracy; the module 
 import files  # noqa: E402
 import guard  # noqa: E402
 import ledger  # noqa: E402
-import ledger_report  # noqa: E402
 import live  # noqa: E402
 import objectives  # noqa: E402
 from config import IGNORE_INDEX, ConfigError, cli, load_config, sharded  # noqa: E402
 from guard import RunState, TrainingStopped, log  # noqa: E402
 from model import GPT  # noqa: E402
 
-
 # -----------------------------------------------------------------------------------------------------
 # 1. The batch and the LR schedule (the book's training recipe).
 # One micro-step is a forward/backward of micro_batch sequences of block_size tokens on every rank, so it covers
 # micro_batch x block_size x world_size tokens; gradient accumulation repeats it until batch_tokens, the global
 # batch, is reached. The global batch is fixed by the config: more ranks means fewer micro-steps, not a bigger batch.
+
 
 def tokens_per_micro_step(model_cfg, train, world_size):
     """Tokens one micro-step covers on all ranks; ConfigError if the global batch is not a whole number of them."""
@@ -62,7 +63,8 @@ def tokens_per_micro_step(model_cfg, train, world_size):
         raise ConfigError(
             f"batch_tokens ({train.batch_tokens:,}) is not a multiple of micro_batch x block_size x world size "
             f"= {train.micro_batch} x {model_cfg.block_size} x {world_size} = {tokens:,}: change batch_tokens, "
-            f"micro_batch or the number of processes")
+            f"micro_batch or the number of processes"
+        )
     return tokens
 
 
@@ -121,6 +123,7 @@ def lr_at(step, total_steps, train, cooldown=None):
 # from the seed: the same weights on every rank, whatever the world size, which is what makes 2 ranks train like
 # 1 (it needs the full fp32 model on each device for a moment: fine up to ~30B on 80 GB GPUs).
 
+
 def build_model(model_cfg, train, cluster, dtype):
     """-> (model to call, raw GPT). Under FSDP the raw GPT is the sharded root itself. dtype: the compute dtype."""
     torch.manual_seed(train.seed)
@@ -135,20 +138,23 @@ def build_model(model_cfg, train, cluster, dtype):
         return model, model
     if not sharded(train.parallel, cluster.world_size):  # ddp, zero1
         from torch.nn.parallel import DistributedDataParallel
+
         if train.compile:
             model.compile()
         device_ids = [cluster.local_rank] if cluster.device.type == 'cuda' else None
         # broadcast_buffers=False: the only buffers are the RoPE tables, constants that every rank computes itself.
         # gradient_as_bucket_view=True: the .grad tensors are views of DDP's all-reduce buckets, so the gradients
         # take 4P bytes once, not twice (the ledger's model states count them so).
-        return DistributedDataParallel(model, device_ids=device_ids, broadcast_buffers=False,
-                                       gradient_as_bucket_view=True), model
+        return DistributedDataParallel(
+            model, device_ids=device_ids, broadcast_buffers=False, gradient_as_bucket_view=True
+        ), model
     # FSDP2: shard each block, then the root (embeddings, final norm, lm_head: a tied weight stays in this one unit
     # with both its users). ZeRO-3 ('fsdp') frees each block's gathered weights after its forward and gathers them
     # again for backward; ZeRO-2 ('zero2') keeps them from forward to backward, so only gradients and optimizer
     # states stay sharded (the book's 2P + 14P/N).
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
     mesh = init_device_mesh(cluster.device.type, (cluster.world_size,))
     mp_policy = MixedPrecisionPolicy()  # fp32 everywhere
     if dtype == 'bfloat16':  # bf16 weights for the matmuls, gradients reduced in fp32
@@ -175,11 +181,14 @@ def build_optimizer(model, train, cluster):
     them to zero for no benefit. ZeRO-1 shards the AdamW states over the ranks (ledger.zero1_partition follows its
     assignment)."""
     params = [p for p in model.parameters() if p.requires_grad]
-    groups = [{'params': [p for p in params if p.dim() >= 2], 'weight_decay': train.weight_decay},
-              {'params': [p for p in params if p.dim() < 2], 'weight_decay': 0.0}]
+    groups = [
+        {'params': [p for p in params if p.dim() >= 2], 'weight_decay': train.weight_decay},
+        {'params': [p for p in params if p.dim() < 2], 'weight_decay': 0.0},
+    ]
     options = adamw_options(train, cluster.world_size)
     if train.parallel == 'zero1' and cluster.world_size > 1:
         from torch.distributed.optim import ZeroRedundancyOptimizer
+
         return ZeroRedundancyOptimizer(groups, optimizer_class=torch.optim.AdamW, **options)
     return torch.optim.AdamW(groups, **options)
 
@@ -189,6 +198,7 @@ def clip_gradients(params, max_norm):
     the gradients are DTensor shards: the norm of the shards is a partial sum that full_tensor() reduces over the
     ranks (as torchtitan does). Returns the norm before clipping, on the device (reading it would sync)."""
     from torch.distributed.tensor import DTensor
+
     norm = torch.nn.utils.get_total_norm([p.grad for p in params])
     if isinstance(norm, DTensor):
         norm = norm.full_tensor()
@@ -200,6 +210,7 @@ def clip_gradients(params, max_norm):
 # -----------------------------------------------------------------------------------------------------
 # 3. Eval and samples.
 
+
 @torch.no_grad()
 def evaluate(run):
     """Mean loss over the fixed val sequences. Rank r takes the r-th of world_size equal slices (all ranks run
@@ -209,10 +220,10 @@ def evaluate(run):
     per_rank = len(val) // cluster.world_size
     if per_rank >= micro_batch:  # whole micro-batches only: one more shape would mean one more compile
         per_rank -= per_rank % micro_batch
-    mine = val[cluster.rank * per_rank:(cluster.rank + 1) * per_rank] if per_rank else val[:1]
+    mine = val[cluster.rank * per_rank : (cluster.rank + 1) * per_rank] if per_rank else val[:1]
     totals = torch.zeros(2, device=cluster.device, dtype=torch.float64)
     for i in range(0, len(mine), micro_batch):
-        chunk = mine[i:i + micro_batch]
+        chunk = mine[i : i + micro_batch]
         x = data.to_device(np.ascontiguousarray(chunk[:, :-1]), cluster.device)
         y = data.to_device(np.ascontiguousarray(chunk[:, 1:]), cluster.device)
         with run.autocast:
@@ -229,11 +240,18 @@ def evaluate_hellaswag(run):
     """HellaSwag accuracy (eval.py), into metrics.jsonl and the log. Eager: rows of every length, no recompiles."""
     cluster, state = run.cluster, run.state
     with torch.compiler.set_stance('force_eager'):
-        accuracy, stderr, items = hellaswag.hellaswag_accuracy(run.raw_model, run.tokenizer, run.hellaswag,
-                                                               cluster.device, run.autocast, cluster.rank,
-                                                               cluster.world_size)
-    run.metrics.record({'step': state.step, 'tokens': state.tokens_seen, 'hellaswag': accuracy,
-                        'hellaswag_stderr': stderr, 'hellaswag_items': items})
+        accuracy, stderr, items = hellaswag.hellaswag_accuracy(
+            run.raw_model, run.tokenizer, run.hellaswag, cluster.device, run.autocast, cluster.rank, cluster.world_size
+        )
+    run.metrics.record(
+        {
+            'step': state.step,
+            'tokens': state.tokens_seen,
+            'hellaswag': accuracy,
+            'hellaswag_stderr': stderr,
+            'hellaswag_items': items,
+        }
+    )
     log(cluster, f"step {state.step}: HellaSwag {accuracy:.2%} +- {stderr:.2%} over {items:,} items (chance: 25%)")
 
 
@@ -259,30 +277,32 @@ def sample_text(run):
 # 4. Setup: config, processes, data, the live ledger, model, optimizer, resume. Every input check comes before the
 # process group and the model, so bad input costs a second.
 
+
 @dataclasses.dataclass
 class Run:
     """What the loop works with. bench.py builds one too (synthetic data, no outputs) and times train_step."""
+
     model_cfg: object
     train: object
     cluster: guard.Cluster
-    autocast: object            # bf16 autocast, or a null context (fp32, or FSDP2's own mixed precision)
-    stream: object              # the train data: data.ShardStream or data.SyntheticStream
-    model: torch.nn.Module      # what the loop calls: DDP, FSDP2 or the model itself
-    raw_model: GPT              # the GPT inside (for samples and checkpoints)
+    autocast: object  # bf16 autocast, or a null context (fp32, or FSDP2's own mixed precision)
+    stream: object  # the train data: data.ShardStream or data.SyntheticStream
+    model: torch.nn.Module  # what the loop calls: DDP, FSDP2 or the model itself
+    raw_model: GPT  # the GPT inside (for samples and checkpoints)
     optimizer: torch.optim.Optimizer
-    params: list                # the trainable parameters, listed once: no per-step walk over the modules
-    micro_step_tokens: int      # tokens of one micro-step on all ranks together
-    total_steps: int            # the steps the schedule spans (train_tokens)
-    stop_step: int              # where this run stops (max_steps, or where a cooldown ends)
+    params: list  # the trainable parameters, listed once: no per-step walk over the modules
+    micro_step_tokens: int  # tokens of one micro-step on all ranks together
+    total_steps: int  # the steps the schedule spans (train_tokens)
+    stop_step: int  # where this run stops (max_steps, or where a cooldown ends)
     state: RunState = dataclasses.field(default_factory=RunState)
-    val: np.ndarray = None      # the fixed val sequences, (n, block_size + 1)
-    meta: dict = None           # the data folder's meta.json (None for synthetic data)
+    val: np.ndarray = None  # the fixed val sequences, (n, block_size + 1)
+    meta: dict = None  # the data folder's meta.json (None for synthetic data)
     metrics: live.Metrics = None
     last_checkpoint: str = None  # the rollback target
-    tokenizer: object = None    # for text samples and HellaSwag, when the run makes them
-    hellaswag: list = None      # HellaSwag's items (eval.py), when hellaswag_every is set
+    tokenizer: object = None  # for text samples and HellaSwag, when the run makes them
+    hellaswag: list = None  # HellaSwag's items (eval.py), when hellaswag_every is set
     objective: objectives.Objective = dataclasses.field(default_factory=lambda: objectives.CLM)  # inputs, targets
-    cooldown: tuple = None      # (first step, steps) of the LR's decay when the run cools down another's checkpoint
+    cooldown: tuple = None  # (first step, steps) of the LR's decay when the run cools down another's checkpoint
     argv: list = dataclasses.field(default_factory=list)  # train.py's arguments, for the commands it prints
 
 
@@ -315,11 +335,18 @@ def setup(argv, held=None):
     if resume_from:
         guard.check_resumable(resume_from, model_cfg, train, allowed_changes, cluster)
     elif cooldown:  # continues another run: the same checks, and its own keys differ
-        guard.check_resumable(train.cooldown_from, model_cfg, train,
-                              allowed_changes | {'cooldown_from', 'cooldown_tokens'}, cluster, action='cooldown')
+        guard.check_resumable(
+            train.cooldown_from,
+            model_cfg,
+            train,
+            allowed_changes | {'cooldown_from', 'cooldown_tokens'},
+            cluster,
+            action='cooldown',
+        )
     elif allowed_changes:
-        raise ConfigError('--allow_change goes with --resume or --cooldown_from: it names the keys a continued run '
-                          'may change')
+        raise ConfigError(
+            '--allow_change goes with --resume or --cooldown_from: it names the keys a continued run may change'
+        )
     guard.join_process_group(cluster)
     torch.manual_seed(train.seed)
     if cluster.device.type == 'cuda':
@@ -329,35 +356,68 @@ def setup(argv, held=None):
     prediction, dtype = live.predict(config_path, model_cfg, train, cluster, force, cooldown)
     held.enter_context(files.disk_errors(train.out_dir, needed_bytes=prediction['data']['checkpoint_bytes']))
     # autocast: bf16 matmuls, fp32 weights and reductions. FSDP2 gets the same from its MixedPrecisionPolicy.
-    autocast = torch.autocast(cluster.device.type, dtype=torch.bfloat16) \
-        if dtype == 'bfloat16' and not sharded(train.parallel, cluster.world_size) else contextlib.nullcontext()
+    autocast = (
+        torch.autocast(cluster.device.type, dtype=torch.bfloat16)
+        if dtype == 'bfloat16' and not sharded(train.parallel, cluster.world_size)
+        else contextlib.nullcontext()
+    )
 
     model, raw_model = build_model(model_cfg, train, cluster, dtype)
     built = sum(p.numel() for p in raw_model.parameters())  # DTensor.numel() is the full size: sharding-proof
     if built != prediction['params']['total']:
-        raise TrainingStopped(f"the ledger counts {prediction['params']['total']:,} parameters but the built model "
-                              f"has {built:,}: ledger.count_params and model.py disagree (run tests/test_model.py)")
+        raise TrainingStopped(
+            f"the ledger counts {prediction['params']['total']:,} parameters but the built model "
+            f"has {built:,}: ledger.count_params and model.py disagree (run tests/test_model.py)"
+        )
     optimizer = build_optimizer(model, train, cluster)
-    run = Run(model_cfg, train, cluster, autocast, stream, model, raw_model, optimizer,
-              params=[p for p in model.parameters() if p.requires_grad], micro_step_tokens=micro_step_tokens,
-              total_steps=total_steps, stop_step=stop_step, val=val, meta=meta, last_checkpoint=resume_from,
-              metrics=live.Metrics(cluster, train, prediction, built, append=bool(resume_from),
-                                   bytes_per_token=meta.get('bytes_per_token') if meta else None),
-              cooldown=cooldown, argv=list(argv), objective=objective)
+    run = Run(
+        model_cfg,
+        train,
+        cluster,
+        autocast,
+        stream,
+        model,
+        raw_model,
+        optimizer,
+        params=[p for p in model.parameters() if p.requires_grad],
+        micro_step_tokens=micro_step_tokens,
+        total_steps=total_steps,
+        stop_step=stop_step,
+        val=val,
+        meta=meta,
+        last_checkpoint=resume_from,
+        metrics=live.Metrics(
+            cluster,
+            train,
+            prediction,
+            built,
+            append=bool(resume_from),
+            bytes_per_token=meta.get('bytes_per_token') if meta else None,
+        ),
+        cooldown=cooldown,
+        argv=list(argv),
+        objective=objective,
+    )
     if cluster.is_master and locking:
         live.record_code(train.out_dir)
     start_from = resume_from or train.cooldown_from  # a cooldown starts from the other run's checkpoint
     if start_from:
         saved = checkpoint.load(start_from, model, optimizer)
         run.state = RunState(**saved['run'])
-        log(cluster, f"{'resumed' if resume_from else 'cooling down'} from {start_from}: step {run.state.step}, "
-                     f"{run.state.tokens_seen:,} tokens, data position {run.state.position:,} sequences (written by "
-                     f"{saved['world_size']} process(es), read by {cluster.world_size}: the position is global, the "
-                     f"stream continues where it stopped)")
+        log(
+            cluster,
+            f"{'resumed' if resume_from else 'cooling down'} from {start_from}: step {run.state.step}, "
+            f"{run.state.tokens_seen:,} tokens, data position {run.state.position:,} sequences (written by "
+            f"{saved['world_size']} process(es), read by {cluster.world_size}: the position is global, the "
+            f"stream continues where it stopped)",
+        )
     if cooldown and not resume_from:
-        log(cluster, f"cooldown: the LR falls linearly from {train.lr:.3g} to {train.lr * train.min_lr_ratio:.3g} over "
-                     f"steps {cooldown[0] + 1:,} to {end_step:,} ({train.cooldown_tokens:,} tokens; the ledger above "
-                     f"bills these), to {run.state.tokens_seen + train.cooldown_tokens:,} tokens seen")
+        log(
+            cluster,
+            f"cooldown: the LR falls linearly from {train.lr:.3g} to {train.lr * train.min_lr_ratio:.3g} over "
+            f"steps {cooldown[0] + 1:,} to {end_step:,} ({train.cooldown_tokens:,} tokens; the ledger above "
+            f"bills these), to {run.state.tokens_seen + train.cooldown_tokens:,} tokens seen",
+        )
     if not resume_from:  # something to roll back to in this run's own folder: step 0, or where the cooldown starts
         save_checkpoint(run)
     if (train.sample_tokens or train.hellaswag_every) and meta:
@@ -365,32 +425,46 @@ def setup(argv, held=None):
     if train.hellaswag_every:
         if run.tokenizer is None:
             raise ConfigError('hellaswag_every needs text: a data folder made by prepare.py, not synthetic tokens')
-        run.hellaswag = hellaswag.hellaswag_items(world_size=cluster.world_size)[:train.hellaswag_items or None]
-    log(cluster, f"training: {total_steps:,} steps planned for {train.train_tokens:,} tokens, this run stops at "
-                 f"step {stop_step:,}; global batch {train.batch_tokens:,} tokens = {train.micro_batch} sequences x "
-                 f"{model_cfg.block_size} tokens x {cluster.world_size} process(es) x "
-                 f"{train.batch_tokens // micro_step_tokens} accumulation steps; "
-                 f"parallel={train.parallel if cluster.world_size > 1 else 'none (1 process)'}")
+        run.hellaswag = hellaswag.hellaswag_items(world_size=cluster.world_size)[: train.hellaswag_items or None]
+    log(
+        cluster,
+        f"training: {total_steps:,} steps planned for {train.train_tokens:,} tokens, this run stops at "
+        f"step {stop_step:,}; global batch {train.batch_tokens:,} tokens = {train.micro_batch} sequences x "
+        f"{model_cfg.block_size} tokens x {cluster.world_size} process(es) x "
+        f"{train.batch_tokens // micro_step_tokens} accumulation steps; "
+        f"parallel={train.parallel if cluster.world_size > 1 else 'none (1 process)'}",
+    )
     return run
 
 
 def save_checkpoint(run):
-    train_state = {'run': dataclasses.asdict(run.state), 'model_config': dataclasses.asdict(run.model_cfg),
-                   'train_config': dataclasses.asdict(run.train)}
-    run.last_checkpoint = checkpoint.save(run.train.out_dir, run.state.step, run.model, run.optimizer, train_state,
-                                          keep=run.train.keep_ckpts, kept_steps=run.train.keep_steps)
+    train_state = {
+        'run': dataclasses.asdict(run.state),
+        'model_config': dataclasses.asdict(run.model_cfg),
+        'train_config': dataclasses.asdict(run.train),
+    }
+    run.last_checkpoint = checkpoint.save(
+        run.train.out_dir,
+        run.state.step,
+        run.model,
+        run.optimizer,
+        train_state,
+        keep=run.train.keep_ckpts,
+        kept_steps=run.train.keep_steps,
+    )
 
 
 # -----------------------------------------------------------------------------------------------------
 # 5. The step: accumulate gradients over micro-steps, clip, update. Nothing is read back from the device: the loss
 # and the gradient norm stay there until the loop next needs them.
 
+
 @dataclasses.dataclass
 class StepResult:
     step: int
-    loss: torch.Tensor          # the step's mean loss (this rank's share x world size: the ranks' mean is the mean)
+    loss: torch.Tensor  # the step's mean loss (this rank's share x world size: the ranks' mean is the mean)
     grad_norm: torch.Tensor
-    position: int               # the data position after this step
+    position: int  # the data position after this step
     lr: float
     batch_tokens: int
 
@@ -402,8 +476,10 @@ def train_step(run):
         group['lr'] = lr
     batch_tokens = batch_tokens_at(state.tokens_seen, train, run.micro_step_tokens)
     accumulation = batch_tokens // run.micro_step_tokens
-    batches = [data.micro_batch_arrays(run.stream, state.position, micro_step, cluster, train.micro_batch,
-                                       run.objective) for micro_step in range(accumulation)]
+    batches = [
+        data.micro_batch_arrays(run.stream, state.position, micro_step, cluster, train.micro_batch, run.objective)
+        for micro_step in range(accumulation)
+    ]
     # The loss is the mean over every target that carries loss in the step, on all ranks together (torchtitan's
     # normalisation): under prefix_lm or ul2 the micro-batches carry different counts, and a mean of per-micro-batch
     # means would weigh a target by its micro-batch. Counted on the host, summed over ranks on the device (no sync);
@@ -437,14 +513,19 @@ def train_step(run):
 # 6. The loop: the step, then what it calls for. Only log, eval, checkpoint and sample steps read the losses back
 # from the device (the one host-device sync), guard them against spikes and act; the other steps go straight on.
 
+
 def due_after(run, stopping):
     """What the step just done calls for: a set of 'log', 'eval', 'hellaswag', 'checkpoint', 'sample'. After a
     signal: log it and checkpoint it, nothing else."""
     step, train, done = run.state.step, run.train, run.state.step == run.stop_step
     if stopping:
         return {'log'} | ({'checkpoint'} if checkpoint.step_of(run.last_checkpoint) != step else set())
-    every = (('log', train.log_every), ('eval', train.eval_every), ('checkpoint', train.ckpt_every),
-             ('hellaswag', train.hellaswag_every))
+    every = (
+        ('log', train.log_every),
+        ('eval', train.eval_every),
+        ('checkpoint', train.ckpt_every),
+        ('hellaswag', train.hellaswag_every),
+    )
     due = {what for what, n in every if n and (step % n == 0 or done)}
     if step in train.keep_steps:
         due.add('checkpoint')
@@ -476,16 +557,20 @@ def loop(run):
                 guard.roll_back(run, spike)  # to the last checkpoint, the data that led into the spike skipped
                 due = set()
             if 'log' in due:
-                run.metrics.log_step(pending[-1], run.stop_step if run.cooldown else run.total_steps, tokens, loss,
-                                     grad_norm)
+                run.metrics.log_step(
+                    pending[-1], run.stop_step if run.cooldown else run.total_steps, tokens, loss, grad_norm
+                )
             if 'hellaswag' in due:
                 evaluate_hellaswag(run)
             if 'eval' in due:
                 val_loss = evaluate(run)
                 val_bpb = ledger.bits_per_byte(val_loss, run.metrics.bytes_per_token)
                 run.metrics.record({'step': step, 'tokens': tokens, 'val_loss': val_loss, 'val_bpb': val_bpb})
-                log(run.cluster, f"step {step}: val loss {val_loss:.4f}"
-                                 + (f", {val_bpb:.4f} bits per byte" if val_bpb is not None else ''))
+                log(
+                    run.cluster,
+                    f"step {step}: val loss {val_loss:.4f}"
+                    + (f", {val_bpb:.4f} bits per byte" if val_bpb is not None else ''),
+                )
                 run.metrics.write_summary(step, tokens, val_loss)
             if 'checkpoint' in due:
                 save_checkpoint(run)
@@ -499,8 +584,11 @@ def loop(run):
         run.metrics.stop_clock()
         if run.tokenizer is not None:
             log(run.cluster, f"sample after {run.state.step} steps:\n{sample_text(run)}")
-        log(run.cluster, f"done: {run.state.step} steps, {run.state.tokens_seen:,} tokens; {run.train.out_dir}/"
-                         f"report.md has the predicted-vs-measured table")
+        log(
+            run.cluster,
+            f"done: {run.state.step} steps, {run.state.tokens_seen:,} tokens; {run.train.out_dir}/"
+            f"report.md has the predicted-vs-measured table",
+        )
         guard.barrier(run.cluster)  # no rank tears the process group down while another still talks to it (gloo)
         return 0
     finally:

@@ -7,23 +7,23 @@ arch = 'llama'
 n_layer = 22
 n_head = 16
 n_embd = 2048
-ffn_hidden = 5632         # 8H/3 rounded up to a multiple of 256
-vocab_size = 50304        # GPT-2's 50257, padded to a multiple of 128 (fits uint16 shards)
+ffn_hidden = 5632  # 8H/3 rounded up to a multiple of 256
+vocab_size = 50304  # GPT-2's 50257, padded to a multiple of 128 (fits uint16 shards)
 block_size = 2048
 tie_embeddings = False
 
 out_dir = 'out/h100x8_1b3'
-data = 'data/fineweb_edu'         # python prepare.py fineweb_edu
-train_tokens = 26_000_000_000     # Chinchilla: 20 tokens per parameter
+data = 'data/fineweb_edu'  # python prepare.py fineweb_edu
+train_tokens = 26_000_000_000  # Chinchilla: 20 tokens per parameter
 dataset_tokens = 100_000_000_000  # sample-100BT
 batch_tokens = 524_288
-micro_batch = 8            # the ledger: 16 does not fit in 80 GB without recompute (14 is the most); 8 leaves room
+micro_batch = 8  # the ledger: 16 does not fit in 80 GB without recompute (14 is the most); 8 leaves room
 lr = 3e-4
 warmup_frac = 0.003
 compile = True
-parallel = 'zero2'        # ZeRO-2 via FSDP2: gradients and AdamW states sharded (2P + 14P/8 bytes, not 16P)
+parallel = 'zero2'  # ZeRO-2 via FSDP2: gradients and AdamW states sharded (2P + 14P/8 bytes, not 16P)
 gpu = 'H100'
 n_gpu = 8
 log_every = 10
 eval_every = 500
-ckpt_every = 1000         # ~16 GB each (12P); keep_ckpts = 3 of them
+ckpt_every = 1000  # ~16 GB each (12P); keep_ckpts = 3 of them

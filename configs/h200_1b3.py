@@ -6,18 +6,18 @@ arch = 'llama'
 n_layer = 22
 n_head = 16
 n_embd = 2048
-ffn_hidden = 5632         # 8H/3 rounded up to a multiple of 256
-vocab_size = 50304        # GPT-2's 50257, padded to a multiple of 128 (fits uint16 shards)
+ffn_hidden = 5632  # 8H/3 rounded up to a multiple of 256
+vocab_size = 50304  # GPT-2's 50257, padded to a multiple of 128 (fits uint16 shards)
 block_size = 2048
 tie_embeddings = False
 
-data = 'data/fineweb_edu'        # python prepare.py fineweb_edu
+data = 'data/fineweb_edu'  # python prepare.py fineweb_edu
 train_tokens = 26_000_000_000
 dataset_tokens = 100_000_000_000  # sample-100BT: room for the seed's second experiment (over-train to 100B)
-batch_tokens = 524_288            # 256 sequences of 2048 = 16 micro-batches of 16
-micro_batch = 16                  # the ledger: fits in 141 GB with room (largest that fits: see the report)
-lr = 3e-4                         # between GPT-3 XL (2e-4 at 1M batch) and TinyLlama (4e-4); cosine to 10%
-warmup_frac = 0.003               # ~150 steps of linear warmup
+batch_tokens = 524_288  # 256 sequences of 2048 = 16 micro-batches of 16
+micro_batch = 16  # the ledger: fits in 141 GB with room (largest that fits: see the report)
+lr = 3e-4  # between GPT-3 XL (2e-4 at 1M batch) and TinyLlama (4e-4); cosine to 10%
+warmup_frac = 0.003  # ~150 steps of linear warmup
 compile = True
 gpu = 'H200'
 n_gpu = 1

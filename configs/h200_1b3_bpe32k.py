@@ -10,8 +10,8 @@ arch = 'llama'
 n_layer = 22
 n_head = 16
 n_embd = 2048
-ffn_hidden = 5632         # 8H/3 rounded up to a multiple of 256
-vocab_size = 32768        # our bpe:32768, padded to nothing: already a multiple of 128
+ffn_hidden = 5632  # 8H/3 rounded up to a multiple of 256
+vocab_size = 32768  # our bpe:32768, padded to nothing: already a multiple of 128
 block_size = 2048
 tie_embeddings = False
 
@@ -19,7 +19,7 @@ out_dir = 'out/h200_1b3_bpe32k'
 data = 'data/fineweb_edu_bpe32k'  # its own folder: shards of one tokenizer never mix with another's
 train_tokens = 26_000_000_000
 dataset_tokens = 100_000_000_000  # sample-100BT
-batch_tokens = 524_288            # 256 sequences of 2048 = 16 micro-batches of 16
+batch_tokens = 524_288  # 256 sequences of 2048 = 16 micro-batches of 16
 micro_batch = 16
 lr = 3e-4
 warmup_frac = 0.003

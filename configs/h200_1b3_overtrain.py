@@ -13,23 +13,23 @@ arch = 'llama'
 n_layer = 22
 n_head = 16
 n_embd = 2048
-ffn_hidden = 5632         # 8H/3 rounded up to a multiple of 256
-vocab_size = 50304        # GPT-2's 50257, padded to a multiple of 128 (fits uint16 shards)
+ffn_hidden = 5632  # 8H/3 rounded up to a multiple of 256
+vocab_size = 50304  # GPT-2's 50257, padded to a multiple of 128 (fits uint16 shards)
 block_size = 2048
 tie_embeddings = False
 
 out_dir = 'out/h200_1b3_overtrain'
-data = 'data/fineweb_edu'          # the seed run's folder, carried on to the whole sample
+data = 'data/fineweb_edu'  # the seed run's folder, carried on to the whole sample
 train_tokens = 100_000_000_000
-dataset_tokens = 100_000_000_000   # sample-100BT: one epoch, no token seen twice
+dataset_tokens = 100_000_000_000  # sample-100BT: one epoch, no token seen twice
 batch_tokens = 524_288
 micro_batch = 16
-lr = 3e-4                          # the seed's peak; Hägele et al. find wsd's best peak near half of cosine's
+lr = 3e-4  # the seed's peak; Hägele et al. find wsd's best peak near half of cosine's
 warmup_frac = 0.003
 schedule = 'wsd'
-decay_frac = 0.2                   # the last 20B tokens; each branch decays over 20% of its own length too
-cooldowns = (26e9, 52e9)           # 1x and 2x Chinchilla (the seed's 26B)
+decay_frac = 0.2  # the last 20B tokens; each branch decays over 20% of its own length too
+cooldowns = (26e9, 52e9)  # 1x and 2x Chinchilla (the seed's 26B)
 compile = True
-ckpt_every = 1000                  # ~16 GB each (12P); keep_ckpts = 3 of them, the branch points besides
+ckpt_every = 1000  # ~16 GB each (12P); keep_ckpts = 3 of them, the branch points besides
 gpu = 'H200'
 n_gpu = 1

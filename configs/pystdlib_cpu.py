@@ -2,29 +2,29 @@
 # embedding matrices) on the Python standard library, about 5 minutes of training on 2 CPU cores.
 #   python prepare.py pystdlib                   # ~8M tokens, our own 8192-token BPE, ~10 s
 #   python train.py configs/pystdlib_cpu.py      # val ~1.4 bits per byte; a sample of Python at the end
-# Chosen by `python sweep.py` (README: the table): at a fixed five minutes, this shape, batch and learning rate
-# beat wider and deeper models (they see too few tokens) and a larger batch or learning rate.
+# Chosen by `python experiments/sweep.py` (docs/measured.md: the table): at a fixed five minutes, this shape, batch
+# and learning rate beat wider and deeper models (they see too few tokens) and a larger batch or learning rate.
 # Everything else (the recipe, the ledger, checkpoints) is what the GPU configs use; only the sizes shrink.
 arch = 'llama'
 n_layer = 4
-n_head = 4                  # head size 64
+n_head = 4  # head size 64
 n_embd = 256
-vocab_size = 8192           # prepare.py pystdlib's default BPE vocab (a multiple of 128 already)
+vocab_size = 8192  # prepare.py pystdlib's default BPE vocab (a multiple of 128 already)
 block_size = 256
 
 out_dir = 'out/pystdlib_cpu'
 data = 'data/pystdlib'
-train_tokens = 2_621_440    # 320 steps of 8192 tokens: ~0.33 epoch of the 7.8M train tokens
-batch_tokens = 8_192        # 2 micro-batches of 16 x 256: small batches, many steps, for a short CPU run
+train_tokens = 2_621_440  # 320 steps of 8192 tokens: ~0.33 epoch of the 7.8M train tokens
+batch_tokens = 8_192  # 2 micro-batches of 16 x 256: small batches, many steps, for a short CPU run
 micro_batch = 16
-lr = 2e-3                   # a small model takes a large LR; cosine to 10% after 16 warmup steps
+lr = 2e-3  # a small model takes a large LR; cosine to 10% after 16 warmup steps
 warmup_frac = 0.05
-compile = True              # inductor on the CPU: ~30 s to compile, then ~1.7x the eager speed (README)
+compile = True  # inductor on the CPU: ~30 s to compile, then ~1.7x the eager speed (README)
 # dtype 'auto' (the default): bf16 where this CPU's bf16 matmuls beat fp32 (measured at start-up), else fp32
-mfu = 0.18                  # measured here in bf16 (the probe's 2 TFLOP/s peak is hard to reach at 256 wide)
+mfu = 0.18  # measured here in bf16 (the probe's 2 TFLOP/s peak is hard to reach at 256 wide)
 log_every = 10
 eval_every = 80
-eval_tokens = 65_536        # 256 val sequences
+eval_tokens = 65_536  # 256 val sequences
 ckpt_every = 160
 keep_ckpts = 2
-sample_tokens = 200         # a text sample at the end (temperature 0.8, top-k 200)
+sample_tokens = 200  # a text sample at the end (temperature 0.8, top-k 200)

@@ -6,12 +6,14 @@ binomial standard errors: a false failure once in ~16,000 runs, and the generato
 reproducible anyway), a sequence's transform depends only on (its tokens, its index, the seed), 'clm' is train.py's
 own batch, bad input is one line, and a run trained with each objective resumes bit-exactly.
 """
+
 import json
 import math
 
 import numpy as np
 import pytest
 import torch
+from test_train import read_metrics, run, step_losses, write_config
 
 import checkpoint
 import data
@@ -23,7 +25,6 @@ import sample
 from config import EOT as END_OF_TEXT
 from config import IGNORE_INDEX, ConfigError, DataError, TrainConfig, load_config
 from guard import Cluster
-from test_train import read_metrics, run, step_losses, write_config
 
 # Synthetic packed sequences: text tokens 0..199, the end-of-text token 255, the special tokens from 256 on.
 EOT = 255
@@ -65,22 +66,22 @@ def restore(name, tokens, mask):
     out = []
     for start, end in fragments(tokens):
         lead = int(tokens[start] == EOT)
-        body, carries = tokens[start + lead:end].tolist(), mask[start + lead:end]
-        out += tokens[start:start + lead].tolist()
+        body, carries = tokens[start + lead : end].tolist(), mask[start + lead : end]
+        out += tokens[start : start + lead].tolist()
         if name == 'fim' and body[:1] == [PRE]:
             if body[1] == SUF:  # SPM: <pre> <suf> suffix <mid> prefix middle
                 k = body.index(MID)
-                body = body[k + 1:] + body[2:k]
+                body = body[k + 1 :] + body[2:k]
             else:  # PSM: <pre> prefix <suf> suffix <mid> middle
                 s, k = body.index(SUF), body.index(MID)
-                body = body[1:s] + body[k + 1:] + body[s + 1:k]
+                body = body[1:s] + body[k + 1 :] + body[s + 1 : k]
         elif name == 'ul2' and body[:1] and body[0] in MODES:
             body, carries = body[1:], carries[1:]
             if MODES.index(tokens[start + lead]) > 0:  # R or X: input with sentinels, then sentinel, span, ...
                 first = int(np.argmax(carries))
                 inputs, targets = body[:first], body[first:]
                 cuts = [i for i, t in enumerate(targets) if t in SENTINELS] + [len(targets)]
-                spans = iter(targets[a + 1:b] for a, b in zip(cuts, cuts[1:]))
+                spans = iter(targets[a + 1 : b] for a, b in zip(cuts, cuts[1:]))
                 body = [t for token in inputs for t in (next(spans) if token in SENTINELS else [token])]
         out += body
     return np.array(out)
@@ -89,8 +90,10 @@ def restore(name, tokens, mask):
 def transformed(name, sequences, **rates):
     """transform_sequence on each sequence with its own generator, as transform() does: [(tokens, mask, used)]."""
     objective = make(name, **rates)
-    return [objectives.transform_sequence(objective, s, np.random.default_rng([7, objectives.STREAM, k]))
-            for k, s in enumerate(sequences)]
+    return [
+        objectives.transform_sequence(objective, s, np.random.default_rng([7, objectives.STREAM, k]))
+        for k, s in enumerate(sequences)
+    ]
 
 
 def within(values, expected, sd=None, extra=0.0):
@@ -102,6 +105,7 @@ def within(values, expected, sd=None, extra=0.0):
 
 # -----------------------------------------------------------------------------------------------------
 # The transforms: invertible, loss exactly where intended, the batch API consistent with them.
+
 
 @pytest.mark.parametrize('name', ['prefix_lm', 'fim', 'ul2'])
 def test_each_transform_is_invertible(name):
@@ -136,16 +140,16 @@ def test_prefix_lm_loss_is_the_fragment_after_its_cut():
 def test_fim_carries_loss_everywhere_and_ul2_exactly_on_its_targets():
     rng = np.random.default_rng(3)
     sequences = [packed(rng) for _ in range(300)]
-    for tokens, mask, _ in transformed('fim', sequences):
+    for _, mask, _ in transformed('fim', sequences):
         assert mask.all()
     for tokens, mask, _ in transformed('ul2', sequences):
         for start, end in fragments(tokens):
             lead = int(tokens[start] == EOT)
-            carries, body = mask[start:end], tokens[start + lead:end]
+            carries, body = mask[start:end], tokens[start + lead : end]
             if not len(body) or body[0] not in MODES:  # leftovers or padding: given
                 assert not carries.any()
                 continue
-            assert not carries[:lead + 1].any()  # the end-of-text and mode tokens are given
+            assert not carries[: lead + 1].any()  # the end-of-text and mode tokens are given
             if body[0] == MODES[0]:  # S: a prefix LM after the mode token
                 cut = int(np.argmax(carries)) if carries.any() else end - start
                 assert not carries[:cut].any() and carries[cut:].all()
@@ -163,8 +167,9 @@ def test_targets_are_the_next_tokens_or_ignored(name):
     inputs, targets = make(name)(sequences, 1000)
     objective = make(name)
     for row in range(16):
-        tokens, mask, _ = objectives.transform_sequence(objective, sequences[row],
-                                                        np.random.default_rng([7, objectives.STREAM, 1000 + row]))
+        tokens, mask, _ = objectives.transform_sequence(
+            objective, sequences[row], np.random.default_rng([7, objectives.STREAM, 1000 + row])
+        )
         assert inputs[row].tolist() == tokens[:-1].tolist()
         assert targets[row].tolist() == np.where(mask[1:], tokens[1:], IGNORE_INDEX).tolist()
     assert inputs.shape == targets.shape == (16, 256) and inputs.flags.c_contiguous and targets.flags.c_contiguous
@@ -173,13 +178,18 @@ def test_targets_are_the_next_tokens_or_ignored(name):
 # -----------------------------------------------------------------------------------------------------
 # The rates hold (thousands of documents; 4 standard errors).
 
+
 @pytest.mark.parametrize('rate', [0.5, 0.9])
 def test_fim_rate_spm_rate_and_the_papers_split(rate):
     rng = np.random.default_rng(5)
     n = 4000
     # one document of 256 tokens a sequence: FIM'd, 253 of them fit with the 3 sentinels
-    first = [tokens for tokens, _, _ in transformed('fim', [one_document(rng, 256) for _ in range(n)],
-                                                    fim_rate=rate, fim_spm_rate=0.5)]
+    first = [
+        tokens
+        for tokens, _, _ in transformed(
+            'fim', [one_document(rng, 256) for _ in range(n)], fim_rate=rate, fim_spm_rate=0.5
+        )
+    ]
     is_fim = [f[1] == PRE for f in first]
     assert within(is_fim, rate, sd=math.sqrt(rate * (1 - rate)))
     fim = [f for f, flag in zip(first, is_fim) if flag]
@@ -229,8 +239,11 @@ def test_ul2_mixture_and_its_denoisers():
         assert within([s == setting for s in x_settings], 0.25, sd=math.sqrt(0.25 * 0.75))
 
 
-@pytest.mark.parametrize('name,rates', [('prefix_lm', {}), ('ul2', {}), ('ul2', {'ul2_rates': (0.2, 0.2, 0.6)})],
-                         ids=['prefix_lm', 'ul2', 'ul2-mostly-x'])
+@pytest.mark.parametrize(
+    'name,rates',
+    [('prefix_lm', {}), ('ul2', {}), ('ul2', {'ul2_rates': (0.2, 0.2, 0.6)})],
+    ids=['prefix_lm', 'ul2', 'ul2-mostly-x'],
+)
 def test_loss_fraction_is_the_share_of_targets_that_carry_loss(name, rates):
     """ledger.loss_fraction, the ledger's arithmetic, against the share the transform really masks."""
     rng = np.random.default_rng(8)
@@ -247,6 +260,7 @@ def test_loss_fraction_is_the_share_of_targets_that_carry_loss(name, rates):
 
 # -----------------------------------------------------------------------------------------------------
 # A pure function of (tokens, index, seed); 'clm' is train.py's own batch.
+
 
 @pytest.mark.parametrize('name', ['prefix_lm', 'fim', 'ul2'])
 def test_deterministic_in_index_and_seed_and_different_across_them(name):
@@ -267,8 +281,7 @@ def test_deterministic_in_index_and_seed_and_different_across_them(name):
 
 
 def test_clm_is_exactly_todays_batch(pystdlib_data):
-    stream = data.ShardStream([data.open_shard(p) for p in data.list_shards(pystdlib_data, 'train')], 32,
-                               seed=1337)
+    stream = data.ShardStream([data.open_shard(p) for p in data.list_shards(pystdlib_data, 'train')], 32, seed=1337)
     for rank, world in [(0, 1), (1, 2)]:
         cluster = Cluster(rank, world, rank, torch.device('cpu'))
         x, y = data.micro_batch_arrays(stream, 40, 1, cluster, 4, objectives.CLM)
@@ -280,6 +293,7 @@ def test_clm_is_exactly_todays_batch(pystdlib_data):
 
 # -----------------------------------------------------------------------------------------------------
 # The special tokens in the tokenizer, and bad input as one line.
+
 
 def keys(folder, **overrides):
     return TrainConfig(data=folder, **overrides)
@@ -302,9 +316,13 @@ def test_special_tokens_are_reserved_in_our_bpe(pystdlib_data):
 
 def test_gpt2_reserves_them_in_the_padding(tmp_path, monkeypatch):
     from tiktoken_ext import openai_public
+
     ranks = {bytes([i]): i for i in range(256)}  # GPT-2's layout in small: ranks, then <|endoftext|>
-    monkeypatch.setattr(openai_public, 'gpt2', lambda: {'pat_str': r'\S+|\s+', 'mergeable_ranks': ranks,
-                                                        'special_tokens': {END_OF_TEXT: 256}})
+    monkeypatch.setattr(
+        openai_public,
+        'gpt2',
+        lambda: {'pat_str': r'\S+|\s+', 'mergeable_ranks': ranks, 'special_tokens': {END_OF_TEXT: 256}},
+    )
     prepare.make_gpt2_tokenizer(str(tmp_path))
     enc = data.load_tokenizer(str(tmp_path))
     assert data.reserved_ids(enc) == prepare.reserve(257) and enc.n_vocab == 257 + 22  # 50,279 for GPT-2
@@ -323,7 +341,8 @@ def test_a_folder_without_special_tokens(tmp_path, capsys):
     assert str(error.value) == (
         f"{out} has no <|fim_prefix|> token (and others), which objective='fim' needs: its tokenizer was made "
         f"without the special tokens; make a folder with them by rerunning `python prepare.py pystdlib --out "
-        f"{out}` with another --out (new folders reserve them unless --no-special-tokens)")
+        f"{out}` with another --out (new folders reserve them unless --no-special-tokens)"
+    )
     with pytest.raises(DataError, match=r"has no <\|ul2_s\|> token \(and others\), which objective='ul2' needs"):
         objectives.build(keys(out, objective='ul2'), meta)
     # the folder stays what it is: a rerun with the default is refused in one line, as any other change
@@ -331,7 +350,8 @@ def test_a_folder_without_special_tokens(tmp_path, capsys):
     assert prepare.main(argv) == 2
     assert capsys.readouterr().err.strip() == (
         f"error: {out} already holds a dataset made with other settings: special_tokens=False (this run: True): "
-        f"delete it or choose another --out")
+        f"delete it or choose another --out"
+    )
     # a folder made before prepare.py reserved them has no special_tokens in its request: it was made without
     meta_path = tmp_path / 'plain' / 'meta.json'
     old = json.loads(meta_path.read_text())
@@ -344,15 +364,23 @@ def test_a_folder_without_special_tokens(tmp_path, capsys):
 
 def test_bad_keys_are_one_line(pystdlib_data):
     meta = data.load_meta(pystdlib_data)
-    cases = [(dict(objective='mlm'), "objective must be one of clm, prefix_lm, fim, ul2, not 'mlm'"),
-             (dict(objective='ul2', ul2_x_rate=0.5), "ul2_s_rate + ul2_r_rate + ul2_x_rate must be 1 (shares of "
-                                                     "the fragments given each denoiser), got 0.5 + 0.25 + 0.5 = 1.25")]
+    cases = [
+        (dict(objective='mlm'), "objective must be one of clm, prefix_lm, fim, ul2, not 'mlm'"),
+        (
+            dict(objective='ul2', ul2_x_rate=0.5),
+            "ul2_s_rate + ul2_r_rate + ul2_x_rate must be 1 (shares of "
+            "the fragments given each denoiser), got 0.5 + 0.25 + 0.5 = 1.25",
+        ),
+    ]
     for overrides, message in cases:
         with pytest.raises(ConfigError) as error:
             objectives.build(keys(pystdlib_data, **overrides), meta)
         assert str(error.value) == message
-    with pytest.raises(ConfigError, match=r"^objective='fim' needs the special tokens of a data folder made by "
-                                          r"prepare.py; data='synthetic' has none$"):
+    with pytest.raises(
+        ConfigError,
+        match=r"^objective='fim' needs the special tokens of a data folder made by "
+        r"prepare.py; data='synthetic' has none$",
+    ):
         objectives.build(keys('synthetic', objective='fim'), None)
     assert objectives.build(keys('synthetic', objective='prefix_lm'), None).eot == -1  # one fragment a sequence
 
@@ -370,6 +398,7 @@ def recording(monkeypatch):
     def micro_batch_arrays(*args):
         made.append(made_by(*args))
         return made[-1]
+
     monkeypatch.setattr(data, 'micro_batch_arrays', micro_batch_arrays)
     return made
 
@@ -378,22 +407,33 @@ def test_a_run_says_which_tokens_carry_loss(pystdlib_data, tmp_path, capsys):
     config = write_config(tmp_path, pystdlib_data, train_tokens=2 * 256, objective='prefix_lm')
     assert run(config, tmp_path / 'out') == 0
     out = capsys.readouterr().out
-    assert ("objective: prefix_lm: about 50% of the positions carry loss (the others' targets are -1: given, not "
-            "predicted); tokens/s and MFU count every position") in out
-    assert ledger_report._row('tokens that carry loss', '256', '50%: objective prefix_lm; tokens/s and MFU count every '
-                       'position') in out
+    assert (
+        "objective: prefix_lm: about 50% of the positions carry loss (the others' targets are -1: given, not "
+        "predicted); tokens/s and MFU count every position"
+    ) in out
+    assert (
+        ledger_report._row(
+            'tokens that carry loss', '256', '50%: objective prefix_lm; tokens/s and MFU count every position'
+        )
+        in out
+    )
     prediction = json.loads((tmp_path / 'out' / 'ledger.json').read_text())
     assert prediction['data']['loss_tokens'] == 256 and prediction['data']['loss_fraction'] == 0.5
     assert prediction['flops_per_token'] == ledger.predict(*load_config(config))['flops_per_token']  # unchanged
 
 
-@pytest.mark.parametrize('flags, message', [
-    (['--objective=mlm'], "objective must be one of clm, prefix_lm, fim, ul2, not 'mlm'"),
-    (['--objective=ul2', '--ul2_x_rate=0.5'], "ul2_s_rate + ul2_r_rate + ul2_x_rate must be 1"),
-    (['--objective=fim', '--data=synthetic'], "objective='fim' needs the special tokens of a data folder made by "
-                                              "prepare.py; data='synthetic' has none"),
-    (['--fim_rate=1.5'], "fim_rate must be in [0, 1]"),
-])
+@pytest.mark.parametrize(
+    'flags, message',
+    [
+        (['--objective=mlm'], "objective must be one of clm, prefix_lm, fim, ul2, not 'mlm'"),
+        (['--objective=ul2', '--ul2_x_rate=0.5'], "ul2_s_rate + ul2_r_rate + ul2_x_rate must be 1"),
+        (
+            ['--objective=fim', '--data=synthetic'],
+            "objective='fim' needs the special tokens of a data folder made by prepare.py; data='synthetic' has none",
+        ),
+        (['--fim_rate=1.5'], "fim_rate must be in [0, 1]"),
+    ],
+)
 def test_bad_objective_keys_through_train_py_are_one_line(pystdlib_data, tmp_path, capsys, flags, message):
     config = write_config(tmp_path, pystdlib_data, train_tokens=2 * 256)
     capsys.readouterr()
@@ -430,8 +470,7 @@ def test_each_objective_resumes_bit_exactly(name, pystdlib_data, fim_run, tmp_pa
     inputs, targets = (np.concatenate(arrays) for arrays in zip(*made))
     carrying = (targets != IGNORE_INDEX).mean()
     if name == 'fim':
-        assert carrying == 1 and (inputs == data.load_meta(pystdlib_data)['special_tokens'][
-            '<|fim_prefix|>']).any()
+        assert carrying == 1 and (inputs == data.load_meta(pystdlib_data)['special_tokens']['<|fim_prefix|>']).any()
     else:
         assert 0.2 < carrying < 0.8
 
@@ -446,18 +485,30 @@ def test_sample_fills_in_the_middle(pystdlib_data, fim_run, capsys, monkeypatch)
     model, _ = checkpoint.load_model(checkpoint.find(str(out)), torch.device('cpu'))
     enc, meta = data.load_tokenizer(pystdlib_data), data.load_meta(pystdlib_data)
     ids = meta['special_tokens']
-    prompt = [enc.eot_token, ids['<|fim_prefix|>'], *enc.encode_ordinary(prefix), ids['<|fim_suffix|>'],
-              *enc.encode_ordinary(suffix), ids['<|fim_middle|>']]
-    tokens = model.generate(torch.tensor([prompt]), 12, temperature=0)[0, len(prompt):].tolist()
-    tokens = tokens[:tokens.index(enc.eot_token)] if enc.eot_token in tokens else tokens
+    prompt = [
+        enc.eot_token,
+        ids['<|fim_prefix|>'],
+        *enc.encode_ordinary(prefix),
+        ids['<|fim_suffix|>'],
+        *enc.encode_ordinary(suffix),
+        ids['<|fim_middle|>'],
+    ]
+    tokens = model.generate(torch.tensor([prompt]), 12, temperature=0)[0, len(prompt) :].tolist()
+    tokens = tokens[: tokens.index(enc.eot_token)] if enc.eot_token in tokens else tokens
     assert middle == enc.decode([t for t in tokens if t < enc.n_vocab])
     # bad input: a prompt and a gap at once; a data folder without the FIM tokens
     assert sample.main([str(out), '--prompt', 'x', '--prefix', 'y']) == 2
-    assert capsys.readouterr().err.strip() == ("error: --prompt continues a text, --prefix/--suffix fill in the "
-                                               "middle: give one or the other")
+    assert capsys.readouterr().err.strip() == (
+        "error: --prompt continues a text, --prefix/--suffix fill in the middle: give one or the other"
+    )
     load_meta = data.load_meta
     monkeypatch.setattr(data, 'load_meta', lambda d: dict(load_meta(d), special_tokens={}))
     assert sample.main([str(out), '--suffix', 'y']) == 2
     err = capsys.readouterr().err.strip()
-    assert err.startswith(f"error: {pystdlib_data} has no <|fim_prefix|> token (and others), which sample.py "
-                          f"--prefix/--suffix (fill in the middle) needs") and '\n' not in err
+    assert (
+        err.startswith(
+            f"error: {pystdlib_data} has no <|fim_prefix|> token (and others), which sample.py "
+            f"--prefix/--suffix (fill in the middle) needs"
+        )
+        and '\n' not in err
+    )

@@ -6,27 +6,30 @@ those lengths. Then a table of each run's final val loss in bits per byte, and b
 curves, the Chinchilla point, Hoffmann et al.'s fitted loss beside them).
 
     python prepare.py pystdlib --tokenizer bpe:512 --out data/pystdlib_bpe512   # ~10 s
-    python overtrain.py configs/pystdlib_overtrain.py                          # the miniature: minutes on a CPU
-    python overtrain.py configs/h200_1b3_overtrain.py --plan                   # the real one: runs, commands, bill
+    python experiments/overtrain.py configs/pystdlib_overtrain.py            # the miniature: minutes on a CPU
+    python experiments/overtrain.py configs/h200_1b3_overtrain.py --plan     # the real one: runs, commands, bill
 
 --plan prints the runs, the command of each and the ledger's bill (tokens, days, cost), and runs nothing. Stopped,
 the same command carries on: a complete run is found complete, an interrupted one resumes. Overrides (--key=value)
 go to every run.
 """
+
 import dataclasses
 import json
 import os
 import shlex
 import sys
 
-import checkpoint
-import ledger
-import ledger_report
-import plot
-import train
-from config import ConfigError, UserError, cli, load_config
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repo's modules
 
-USAGE = 'usage: python overtrain.py CONFIG [--key=value ...] [--plan]'
+import checkpoint  # noqa: E402
+import ledger  # noqa: E402
+import ledger_report  # noqa: E402
+import plot  # noqa: E402
+import train  # noqa: E402
+from config import ConfigError, UserError, cli, load_config  # noqa: E402
+
+USAGE = 'usage: python experiments/overtrain.py CONFIG [--key=value ...] [--plan]'
 
 
 # -----------------------------------------------------------------------------------------------------
@@ -43,6 +46,7 @@ USAGE = 'usage: python overtrain.py CONFIG [--key=value ...] [--plan]'
 # the stable phase of a wsd run, and names the folders plot.py --branches finds: out/RUN_cooldown_26B, for the
 # tokens the branch ends at, and out/RUN_cosine_26B.
 
+
 def stable_steps(total_steps, train_cfg):
     """wsd: the checkpoints (steps done) a branch may start from: warmup complete, the next step still at the peak.
     h200_1b3_overtrain: steps 572 to 152,587 of 190,735."""
@@ -54,18 +58,22 @@ def branch_points(train_cfg, micro_step_tokens):
     run has seen (1 - decay_frac) x length tokens, so it decays over decay_frac of its length as the main run does.
     h200_1b3_overtrain: 26B and 52B start at steps 39,673 and 79,346 (20.8B and 41.6B tokens)."""
     if train_cfg.schedule != 'wsd':
-        raise ConfigError(f"cooldowns need schedule = 'wsd': a {train_cfg.schedule} run's LR falls at every step, so "
-                          f"no checkpoint of it is a stable point to branch from")
+        raise ConfigError(
+            f"cooldowns need schedule = 'wsd': a {train_cfg.schedule} run's LR falls at every step, so "
+            f"no checkpoint of it is a stable point to branch from"
+        )
     stable = stable_steps(train.planned_steps(train_cfg, micro_step_tokens), train_cfg)
     points = {}
     for length in train_cfg.cooldowns:
         start = round((1 - train_cfg.decay_frac) * length)
         step = train.planned_steps(dataclasses.replace(train_cfg, train_tokens=start), micro_step_tokens)
         if step not in stable:
-            raise ConfigError(f"cooldowns: the branch of {length:,} tokens would start at step {step:,} ({start:,} "
-                              f"tokens), outside this run's stable phase (steps {stable.start:,} to "
-                              f"{stable.stop - 1:,}): a length must be shorter than train_tokens "
-                              f"({train_cfg.train_tokens:,}) and start after the warmup")
+            raise ConfigError(
+                f"cooldowns: the branch of {length:,} tokens would start at step {step:,} ({start:,} "
+                f"tokens), outside this run's stable phase (steps {stable.start:,} to "
+                f"{stable.stop - 1:,}): a length must be shorter than train_tokens "
+                f"({train_cfg.train_tokens:,}) and start after the warmup"
+            )
         points[step] = length
     return points
 
@@ -81,36 +89,45 @@ def check_branch_start(path, model_cfg, train_cfg):
     checkpoint, but only these, decayed, are finished runs of the branch's length. The checkpoint's train_state
     (kilobytes) is read before every start and resume of a branch, as train.py reads it too."""
     if not os.path.isfile(os.path.join(path, checkpoint.MANIFEST)):
-        raise ConfigError(f"{path} is not a complete checkpoint: the main run keeps one at each branch's start "
-                          f"(--keep_steps) only for the cooldowns it had when it passed that step; a branch added "
-                          f"later needs the main run again from an earlier checkpoint")
+        raise ConfigError(
+            f"{path} is not a complete checkpoint: the main run keeps one at each branch's start "
+            f"(--keep_steps) only for the cooldowns it had when it passed that step; a branch added "
+            f"later needs the main run again from an earlier checkpoint"
+        )
     saved = checkpoint.read_state(checkpoint.verified(path))
     main, step = saved['train_config'], saved['run']['step']
     if main.get('cooldown_from'):
-        raise ConfigError(f"{path} is a cooldown branch's checkpoint, already decaying: a branch starts from the main "
-                          f"run's checkpoints ({main['cooldown_from']} is one)")
+        raise ConfigError(
+            f"{path} is a cooldown branch's checkpoint, already decaying: a branch starts from the main "
+            f"run's checkpoints ({main['cooldown_from']} is one)"
+        )
     if main['schedule'] != 'wsd':
-        raise ConfigError(f"{path} was written by a {main['schedule']} run: a branch starts from the stable phase of "
-                          f"a wsd run (a {main['schedule']} run's LR falls at every step)")
+        raise ConfigError(
+            f"{path} was written by a {main['schedule']} run: a branch starts from the stable phase of "
+            f"a wsd run (a {main['schedule']} run's LR falls at every step)"
+        )
     # the main run's schedule as it was written: this config with the checkpoint's own keys (train_tokens, say)
     main_train = dataclasses.replace(train_cfg, **{k: v for k, v in main.items() if hasattr(train_cfg, k)})
     total_steps = train.planned_steps(main_train, train.tokens_per_micro_step(model_cfg, main_train, 1))
     stable = stable_steps(total_steps, main_train)
     if step not in stable:
-        raise ConfigError(f"{path} is step {step:,} of a wsd run that holds the peak LR from step {stable.start:,} "
-                          f"to {stable.stop - 1:,}: at step {step:,} it is "
-                          f"{'still warming up' if step < stable.start else 'already decaying'}; a branch starts "
-                          f"from a checkpoint in between")
+        raise ConfigError(
+            f"{path} is step {step:,} of a wsd run that holds the peak LR from step {stable.start:,} "
+            f"to {stable.stop - 1:,}: at step {step:,} it is "
+            f"{'still warming up' if step < stable.start else 'already decaying'}; a branch starts "
+            f"from a checkpoint in between"
+        )
 
 
 @dataclasses.dataclass
 class Planned:
     """One run of the experiment."""
-    schedule: str    # 'wsd' (the main run), 'cooldown' (a branch of it) or 'cosine'
-    length: int      # the tokens seen when it ends
-    tokens: int      # the tokens it trains (a branch: its decay alone)
+
+    schedule: str  # 'wsd' (the main run), 'cooldown' (a branch of it) or 'cosine'
+    length: int  # the tokens seen when it ends
+    tokens: int  # the tokens it trains (a branch: its decay alone)
     out_dir: str
-    flags: list      # train.py's arguments after the config and the overrides
+    flags: list  # train.py's arguments after the config and the overrides
     start: str = ''  # a branch: the main run's checkpoint it cools down
 
 
@@ -127,14 +144,23 @@ def plan(model_cfg, train_cfg):
     """The runs, in the order they run: the main one (it writes the branches' starts), its branches, then the cosine
     runs, shortest first."""
     if not train_cfg.cooldowns:
-        raise ConfigError(f"overtrain.py needs a wsd run with cooldown branches (schedule = 'wsd', cooldowns = "
-                          f"(26e9, 52e9)): this config has schedule = {train_cfg.schedule!r} and no cooldowns")
+        raise ConfigError(
+            f"overtrain.py needs a wsd run with cooldown branches (schedule = 'wsd', cooldowns = "
+            f"(26e9, 52e9)): this config has schedule = {train_cfg.schedule!r} and no cooldowns"
+        )
     micro_step_tokens = train.tokens_per_micro_step(model_cfg, train_cfg, 1)
     points = branch_points(train_cfg, micro_step_tokens)
     main = train_cfg.out_dir
     keep = sorted(set(train_cfg.keep_steps) | set(points))  # the config's own kept steps stay kept
-    runs = [Planned('wsd', train_cfg.train_tokens, train_cfg.train_tokens, main,
-                    [f"--keep_steps={','.join(str(step) for step in keep)}"])]
+    runs = [
+        Planned(
+            'wsd',
+            train_cfg.train_tokens,
+            train_cfg.train_tokens,
+            main,
+            [f"--keep_steps={','.join(str(step) for step in keep)}"],
+        )
+    ]
     for step, length in sorted(points.items()):
         decay = length - tokens_after(step, train_cfg, micro_step_tokens)
         start = os.path.join(checkpoint.root(main), f'step_{step:07d}')
@@ -143,8 +169,15 @@ def plan(model_cfg, train_cfg):
         runs.append(Planned('cooldown', length, decay, out_dir, flags, start))
     for length in sorted(train_cfg.cooldowns) + [train_cfg.train_tokens]:
         out_dir = branch_out_dir(main, length, 'cosine')
-        runs.append(Planned('cosine', length, length, out_dir, ['--schedule=cosine', f'--train_tokens={length}',
-                                                                f'--out_dir={out_dir}']))
+        runs.append(
+            Planned(
+                'cosine',
+                length,
+                length,
+                out_dir,
+                ['--schedule=cosine', f'--train_tokens={length}', f'--out_dir={out_dir}'],
+            )
+        )
     return runs
 
 
@@ -155,16 +188,21 @@ def bill(model_cfg, train_cfg, runs):
     cost_per_token = prediction['cost_usd'] / prediction['tokens']
     chinchilla = prediction['data']['chinchilla_tokens']
     si, duration = ledger_report.si, ledger_report.duration
-    rows = ['| run | schedule | trains | ends at | x Chinchilla | time | cost |',
-            '| --- | --- | ---: | ---: | ---: | ---: | ---: |']
+    rows = [
+        '| run | schedule | trains | ends at | x Chinchilla | time | cost |',
+        '| --- | --- | ---: | ---: | ---: | ---: | ---: |',
+    ]
     for run in runs:
-        rows.append(f"| {run.out_dir} | {run.schedule} | {si(run.tokens)} | {si(run.length)} | "
-                    f"{run.length / chinchilla:.2f} | {duration(run.tokens * days_per_token)} | "
-                    f"${run.tokens * cost_per_token:,.0f} |")
+        rows.append(
+            f"| {run.out_dir} | {run.schedule} | {si(run.tokens)} | {si(run.length)} | "
+            f"{run.length / chinchilla:.2f} | {duration(run.tokens * days_per_token)} | "
+            f"${run.tokens * cost_per_token:,.0f} |"
+        )
     for what, kinds in (('wsd and its branches', ('wsd', 'cooldown')), ('the cosine runs', ('cosine',))):
         tokens = sum(run.tokens for run in runs if run.schedule in kinds)
-        rows.append(f"| {what} | | {si(tokens)} | | | {duration(tokens * days_per_token)} | "
-                    f"${tokens * cost_per_token:,.0f} |")
+        rows.append(
+            f"| {what} | | {si(tokens)} | | | {duration(tokens * days_per_token)} | ${tokens * cost_per_token:,.0f} |"
+        )
     return rows, prediction
 
 
@@ -179,14 +217,25 @@ def final_val_bpb(out_dir):
 
 def results(runs, chinchilla):
     """A row per length: the wsd run's (its branch, or the main run itself at the longest) against cosine's."""
-    rows = ['| tokens | x Chinchilla | wsd + cooldown: val bpb | cosine: val bpb | wsd - cosine |',
-            '| ---: | ---: | ---: | ---: | ---: |']
+    rows = [
+        '| tokens | x Chinchilla | wsd + cooldown: val bpb | cosine: val bpb | wsd - cosine |',
+        '| ---: | ---: | ---: | ---: | ---: |',
+    ]
     for length in sorted({run.length for run in runs}):
-        wsd, cosine = (next(final_val_bpb(run.out_dir) for run in runs if run.length == length and
-                            (run.schedule == 'cosine') == is_cosine) for is_cosine in (False, True))
+        wsd, cosine = (
+            next(
+                final_val_bpb(run.out_dir)
+                for run in runs
+                if run.length == length and (run.schedule == 'cosine') == is_cosine
+            )
+            for is_cosine in (False, True)
+        )
         difference = f'{wsd - cosine:+.4f}' if wsd is not None and cosine is not None else '-'
-        rows.append(f"| {ledger_report.si(length)} | {length / chinchilla:.2f} | "
-                    + ' | '.join('-' if v is None else f'{v:.4f}' for v in (wsd, cosine)) + f" | {difference} |")
+        rows.append(
+            f"| {ledger_report.si(length)} | {length / chinchilla:.2f} | "
+            + ' | '.join('-' if v is None else f'{v:.4f}' for v in (wsd, cosine))
+            + f" | {difference} |"
+        )
     return rows
 
 
@@ -202,9 +251,12 @@ def main(argv):
     rows, prediction = bill(model_cfg, train_cfg, runs)
     launcher = f"torchrun --nproc_per_node={train_cfg.n_gpu}" if prediction['gpu']['kind'] == 'gpu' else 'python'
     commands = [f"{launcher} {shlex.join(['train.py', config_path, *overrides, *run.flags])}" for run in runs]
-    print(f"the experiment, billed by the ledger for {train_cfg.n_gpu} x {prediction['gpu']['name']} at an assumed "
-          f"{train_cfg.mfu:.0%} MFU:\n" + '\n'.join(rows) + '\n\ncommands, in order (a branch starts from a '
-          'checkpoint the main run keeps):\n' + '\n'.join(commands), flush=True)
+    print(
+        f"the experiment, billed by the ledger for {train_cfg.n_gpu} x {prediction['gpu']['name']} at an assumed "
+        f"{train_cfg.mfu:.0%} MFU:\n" + '\n'.join(rows) + '\n\ncommands, in order (a branch starts from a '
+        'checkpoint the main run keeps):\n' + '\n'.join(commands),
+        flush=True,
+    )
     if planning:
         return 0
     for run in runs:
@@ -214,8 +266,7 @@ def main(argv):
         code = train.main([config_path, *overrides, *run.flags, *resume])
         if code:
             return code
-    print('\nfinal val loss, bits per byte:\n'
-          + '\n'.join(results(runs, prediction['data']['chinchilla_tokens'])))
+    print('\nfinal val loss, bits per byte:\n' + '\n'.join(results(runs, prediction['data']['chinchilla_tokens'])))
     try:
         print(f"\n{plot.draw([train_cfg.out_dir], os.path.join(train_cfg.out_dir, 'branches.png'), branches=True)}")
     except UserError as e:  # matplotlib missing: the table stands without the picture

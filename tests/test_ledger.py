@@ -2,6 +2,7 @@
 test_ledger.py: every figure of BOOK.md at the book's precision, published parameter counts, the ZeRO formulas,
 the seed's day table, the printed/JSON ledger, overrides and each bad-input error. Pure Python, a few seconds.
 """
+
 import json
 import math
 import os
@@ -15,7 +16,7 @@ import ledger_report
 from config import OBJECTIVES, ModelConfig, TrainConfig, load_config
 from ledger import GIB
 
-ROOT = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repo's root, where train.py is
 CONFIGS = ['configs/llama_7b.py', 'configs/gpt2_124m.py', 'configs/gpt2_760m.py', 'configs/h200_1b3.py']
 
 
@@ -24,28 +25,33 @@ def llama(**overrides):
 
 
 def gpt2(**overrides):  # OpenAI's GPT-2: V = 50257, learned positions, biases, tied embeddings
-    return ModelConfig(**{**dict(arch='gpt2', vocab_size=50257, block_size=1024, bias=True, tie_embeddings=True),
-                          **overrides})
+    return ModelConfig(
+        **{**dict(arch='gpt2', vocab_size=50257, block_size=1024, bias=True, tie_embeddings=True), **overrides}
+    )
 
 
 def run_cli(*args, isolated=False):
     """python ledger.py ARGS in a subprocess; isolated: -S -E, no site-packages (proves stdlib only)."""
     flags = ['-S', '-E'] if isolated else []
-    return subprocess.run([sys.executable, *flags, 'ledger.py', *args], cwd=ROOT, capture_output=True, text=True,
-                          timeout=60)
+    return subprocess.run(
+        [sys.executable, *flags, 'ledger.py', *args], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
 
 
 # -----------------------------------------------------------------------------------------------------
 # Ledger 1: parameters
 
 PUBLISHED = [  # (name, config, published sum(p.numel()) of the released model)
-    ('LLaMA-7B', llama(n_layer=32, n_head=32, n_embd=4096), 6_738_415_616),         # book; ffn 8H/3 -> 11008
-    ('LLaMA-13B', llama(n_layer=40, n_head=40, n_embd=5120), 13_015_864_320),       # also Llama-2-13B
+    ('LLaMA-7B', llama(n_layer=32, n_head=32, n_embd=4096), 6_738_415_616),  # book; ffn 8H/3 -> 11008
+    ('LLaMA-13B', llama(n_layer=40, n_head=40, n_embd=5120), 13_015_864_320),  # also Llama-2-13B
     ('LLaMA-65B', llama(n_layer=80, n_head=64, n_embd=8192), 65_285_660_672),
     ('TinyLlama-1.1B', llama(n_layer=22, n_head=32, n_kv_head=4, n_embd=2048), 1_100_048_384),  # GQA
     ('Mistral-7B', llama(n_layer=32, n_head=32, n_kv_head=8, n_embd=4096, ffn_hidden=14336), 7_241_732_096),
-    ('Llama-3-8B', llama(n_layer=32, n_head=32, n_kv_head=8, n_embd=4096, ffn_hidden=14336, vocab_size=128256),
-     8_030_261_248),
+    (
+        'Llama-3-8B',
+        llama(n_layer=32, n_head=32, n_kv_head=8, n_embd=4096, ffn_hidden=14336, vocab_size=128256),
+        8_030_261_248,
+    ),
     ('GPT-2 124M', gpt2(n_layer=12, n_head=12, n_embd=768), 124_439_808),
     ('GPT-2 medium', gpt2(n_layer=24, n_head=16, n_embd=1024), 354_823_168),
     ('GPT-2 large', gpt2(n_layer=36, n_head=20, n_embd=1280), 774_030_080),
@@ -66,15 +72,26 @@ def test_book_formula_for_llama(L, H, F, V):
     assert params['per_layer'] == 4 * H * H + 3 * H * F + 2 * H
 
 
-@pytest.mark.parametrize('config', [llama(n_layer=4, n_head=8, n_kv_head=2, n_embd=256), llama(tie_embeddings=True),
-                                    gpt2(), gpt2(bias=False, tie_embeddings=False, n_kv_head=4)],
-                         ids=['llama-gqa', 'llama-tied', 'gpt2', 'gpt2-nobias-untied-gqa'])
+@pytest.mark.parametrize(
+    'config',
+    [
+        llama(n_layer=4, n_head=8, n_kv_head=2, n_embd=256),
+        llama(tie_embeddings=True),
+        gpt2(),
+        gpt2(bias=False, tie_embeddings=False, n_kv_head=4),
+    ],
+    ids=['llama-gqa', 'llama-tied', 'gpt2', 'gpt2-nobias-untied-gqa'],
+)
 def test_breakdown_sums_to_total(config):
     params = ledger.count_params(config)
     parts = ('embedding', 'position', 'attention', 'ffn', 'norms', 'output')
     assert sum(params[k] for k in parts) == params['total']
-    assert params['attention'] + params['ffn'] + 2 * config.n_embd * config.n_layer \
-        * (2 if config.arch == 'gpt2' and config.bias else 1) == config.n_layer * params['per_layer']
+    assert (
+        params['attention']
+        + params['ffn']
+        + 2 * config.n_embd * config.n_layer * (2 if config.arch == 'gpt2' and config.bias else 1)
+        == config.n_layer * params['per_layer']
+    )
     assert params['output'] == (0 if config.tie_embeddings else config.vocab_size * config.n_embd)
     assert params['position'] == (config.block_size * config.n_embd if config.arch == 'gpt2' else 0)
     # matmul: every Linear weight, the output projection included even when tied; no lookups, norms, biases
@@ -88,6 +105,7 @@ def test_llama_default_ffn_width_is_llamas_rule():
 
 # -----------------------------------------------------------------------------------------------------
 # Ledger 2: compute
+
 
 def test_flops_conventions():
     config = llama(n_layer=32, n_head=32, n_embd=4096)
@@ -123,6 +141,7 @@ def test_llama_7b_on_1b_tokens():
 # -----------------------------------------------------------------------------------------------------
 # Ledger 3: time and money
 
+
 def test_llama_65b_days():
     flops = 8 * 1.4e12 * 6.5e10
     assert f'{flops:.3g}' == '7.28e+23'
@@ -131,9 +150,16 @@ def test_llama_65b_days():
     assert f'{ledger.train_days(flops, 2048, peak, 2e14 / peak):.3g}' == '20.6'
 
 
-@pytest.mark.parametrize('params,tokens,days,digits', [(0.76e9, 25e9, 3.3, 2), (1.3e9, 26e9, 5.93, 3),
-                                                       (1.3e9, 50e9, 11.4, 3), (7e9, 140e9, 172, 3),
-                                                       (13e9, 260e9, 593, 3)])
+@pytest.mark.parametrize(
+    'params,tokens,days,digits',
+    [
+        (0.76e9, 25e9, 3.3, 2),
+        (1.3e9, 26e9, 5.93, 3),
+        (1.3e9, 50e9, 11.4, 3),
+        (7e9, 140e9, 172, 3),
+        (13e9, 260e9, 593, 3),
+    ],
+)
 def test_seed_day_table_one_h200(params, tokens, days, digits):
     h200 = ledger.gpu_spec('H200')
     assert h200.peak_flops == 989e12
@@ -148,8 +174,17 @@ def test_seed_cost_about_500():
 
 
 def test_gpu_table():
-    peaks = {'H200': 989, 'H100': 989, 'H100-PCIe': 756, 'H100-NVL': 835, 'H200-NVL': 835, 'A100': 312,
-             'A800': 312, 'MI300X': 1307, 'B200': 2250}
+    peaks = {
+        'H200': 989,
+        'H100': 989,
+        'H100-PCIe': 756,
+        'H100-NVL': 835,
+        'H200-NVL': 835,
+        'A100': 312,
+        'A800': 312,
+        'MI300X': 1307,
+        'B200': 2250,
+    }
     assert {name: gpu.peak_flops / 1e12 for name, gpu in ledger.GPUS.items()} == peaks
     assert ledger.gpu_spec('h200') is ledger.GPUS['H200']  # any case
     assert 140 * GIB < ledger.gpu_spec('H200').memory_bytes < 141 * GIB
@@ -158,6 +193,7 @@ def test_gpu_table():
 
 # -----------------------------------------------------------------------------------------------------
 # Ledger 4: memory
+
 
 @pytest.mark.parametrize('n_gpu', [1, 2, 8, 64])
 def test_zero_formulas(n_gpu):
@@ -171,8 +207,8 @@ def test_zero_formulas(n_gpu):
 
 def test_book_memory_example_llama_7b_two_a800():
     states = ledger.model_state_bytes(ledger.count_params(ledger_report.LLAMA_7B)['total'], 'fsdp', 2)['total'] / GIB
-    assert f'{states:.3g}' == '50.2'              # the book's 50.20 (50.205, truncated)
-    total = states + 6.20 + 3.91 + 6               # the book's activations, softmax intermediates, other
+    assert f'{states:.3g}' == '50.2'  # the book's 50.20 (50.205, truncated)
+    total = states + 6.20 + 3.91 + 6  # the book's activations, softmax intermediates, other
     assert round(total) == 66
     assert round(ledger.gpu_spec('A800').memory_bytes / GIB - total) == 14
 
@@ -189,12 +225,26 @@ def test_compiled_runs_hold_less_than_eager_and_the_published_nanochat_point():
     one user ran out of memory (72.5 GiB in use, 8 GiB more asked) and its author did not, so 32 sits at the edge
     (nanochat issue #443). The closest shape the ledger has (gpt2 blocks, untied, zero2), compiled: 16 fits with
     room, 32 fills the card to within 15%; eager, 32 would not fit at all."""
-    model = ModelConfig(arch='gpt2', n_layer=20, n_head=10, n_embd=1280, vocab_size=65536, block_size=2048,
-                        tie_embeddings=False, bias=False)
+    model = ModelConfig(
+        arch='gpt2',
+        n_layer=20,
+        n_head=10,
+        n_embd=1280,
+        vocab_size=65536,
+        block_size=2048,
+        tie_embeddings=False,
+        bias=False,
+    )
     assert ledger.count_params(model)['total'] == 563_662_080  # nanochat d20's 561M, plus our position table
+
     def memory(micro_batch, compile_model):
-        return ledger.memory_per_gpu(model, TrainConfig(gpu='H100', n_gpu=8, parallel='zero2', dtype='bfloat16',
-                                                        compile=compile_model, micro_batch=micro_batch))
+        return ledger.memory_per_gpu(
+            model,
+            TrainConfig(
+                gpu='H100', n_gpu=8, parallel='zero2', dtype='bfloat16', compile=compile_model, micro_batch=micro_batch
+            ),
+        )
+
     sixteen, thirty_two = memory(16, True), memory(32, True)
     assert sixteen['fits'] and sixteen['headroom'] > 0.4 * sixteen['gpu_memory']
     assert 0.85 < thirty_two['total'] / thirty_two['gpu_memory'] < 1.0
@@ -223,8 +273,10 @@ def test_activations_structure():
         assert sum(v for k, v in parts.items() if k != 'total') == parts['total']
     for b in (1, 4):
         assert ledger.activation_bytes(config, b, True)['total'] < ledger.activation_bytes(config, b, False)['total']
-        assert ledger.activation_bytes(config, b, False, attention='math')['total'] > \
-            ledger.activation_bytes(config, b, False, attention='flash')['total']
+        assert (
+            ledger.activation_bytes(config, b, False, attention='math')['total']
+            > ledger.activation_bytes(config, b, False, attention='flash')['total']
+        )
 
 
 def test_logits_buffers():
@@ -247,13 +299,13 @@ def test_memory_total_and_largest_micro_batch():
     assert best >= train.micro_batch
     assert ledger.memory_per_gpu(model, train, micro_batch=best)['fits']
     assert not ledger.memory_per_gpu(model, train, micro_batch=best + 1)['fits']
-    seven_b, ddp_one_gpu = load_config(os.path.join(ROOT, 'configs/llama_7b.py'), ['--parallel=ddp',
-                                                                                          '--n_gpu=1'])
+    seven_b, ddp_one_gpu = load_config(os.path.join(ROOT, 'configs/llama_7b.py'), ['--parallel=ddp', '--n_gpu=1'])
     assert ledger.max_micro_batch(seven_b, ddp_one_gpu) == 0  # 16P = 108 GB: not on one 80 GB card
 
 
 # -----------------------------------------------------------------------------------------------------
 # Data and tokens
+
 
 def test_data_figures():
     assert 20 * 175e9 == 3.5e12 and round(300e9 / 175e9, 1) == 1.7
@@ -263,7 +315,7 @@ def test_data_figures():
     data = ledger.data_ledger(1.3e9, 50304, 26e9, dataset_tokens=100e9)
     assert data['chinchilla_tokens'] == 26e9 and data['chinchilla_multiple'] == pytest.approx(1.0)
     assert data['enough_data'] and data['epochs'] == pytest.approx(0.26)
-    assert round(data['checkpoint_bytes'] / 1e9) == 16          # "a 1.3B model's Adam checkpoint is ~16 GB"
+    assert round(data['checkpoint_bytes'] / 1e9) == 16  # "a 1.3B model's Adam checkpoint is ~16 GB"
     assert ledger.data_ledger(1e9, 50304, 250e9)['shard_bytes'] == 500e9
     assert ledger.data_ledger(1e9, 50304, 25e9)['parquet_bytes_high'] == 100e9
     short = ledger.data_ledger(1e9, 50304, 26e9, dataset_tokens=10e9)
@@ -275,11 +327,13 @@ def test_chinchilla_loss_fits():
     assert ledger.chinchilla_loss(70e9, 1.4e12) == pytest.approx(1.69 + 406.4 / 70e9**0.34 + 410.7 / 1.4e12**0.28)
     assert round(ledger.chinchilla_loss(70e9, 1.4e12), 2) == 1.94
     assert ledger.chinchilla_loss(70e9, 1.4e12, 'epoch2024') == pytest.approx(
-        1.8172 + 482.01 / 70e9**0.3478 + 2085.43 / 1.4e12**0.3658)
+        1.8172 + 482.01 / 70e9**0.3478 + 2085.43 / 1.4e12**0.3658
+    )
 
 
 # -----------------------------------------------------------------------------------------------------
 # The book's worked examples, as --book prints them
+
 
 def test_every_book_example_matches():
     examples = ledger_report.book_examples()
@@ -299,8 +353,29 @@ def test_book_md_lists_every_worked_example():
 def test_book_cli_prints_every_figure():
     result = run_cli('--book', isolated=True)
     assert result.returncode == 0, result.stderr
-    for figure in ('6,738,415,616', '4.04e19', '7.28e23', '20.6', '~3.3', '5.93', '11.4', '~172', '593', '~$500',
-                   '50.20', '~66', '208', '~2.8', '3.5', '~1.7', '~1.25', '15.2', '~1,900', '500', '~16'):
+    for figure in (
+        '6,738,415,616',
+        '4.04e19',
+        '7.28e23',
+        '20.6',
+        '~3.3',
+        '5.93',
+        '11.4',
+        '~172',
+        '593',
+        '~$500',
+        '50.20',
+        '~66',
+        '208',
+        '~2.8',
+        '3.5',
+        '~1.7',
+        '~1.25',
+        '15.2',
+        '~1,900',
+        '500',
+        '~16',
+    ):
         assert figure in result.stdout, figure
     assert 'DIFFERS' not in result.stdout
 
@@ -308,17 +383,31 @@ def test_book_cli_prints_every_figure():
 # -----------------------------------------------------------------------------------------------------
 # predict, the report, the comparison table
 
+
 def test_predict_is_json_and_consistent():
     model, train = load_config(os.path.join(ROOT, 'configs/h200_1b3.py'))
     p = json.loads(json.dumps(ledger.predict(model, train)))
-    for key in ('params', 'flops_per_token', 'total_flops', 'days', 'gpu_hours', 'cost_usd', 'memory_per_gpu_bytes',
-                'memory', 'fits', 'max_micro_batch', 'data', 'tokens_per_s', 'mfu'):
+    for key in (
+        'params',
+        'flops_per_token',
+        'total_flops',
+        'days',
+        'gpu_hours',
+        'cost_usd',
+        'memory_per_gpu_bytes',
+        'memory',
+        'fits',
+        'max_micro_batch',
+        'data',
+        'tokens_per_s',
+        'mfu',
+    ):
         assert key in p, key
     assert p['params']['total'] == ledger.count_params(model)['total']
-    assert 1.25e9 < p['params']['total'] < 1.45e9                        # the seed's ~1.3B
+    assert 1.25e9 < p['params']['total'] < 1.45e9  # the seed's ~1.3B
     assert p['total_flops'] == 26e9 * p['flops_per_token']['matmul']
     assert p['days'] == pytest.approx(p['total_flops'] / (989e12 * 0.40) / 86400)
-    assert 5.5 < p['days_book'] < 6.5                                     # the seed's ~6 days
+    assert 5.5 < p['days_book'] < 6.5  # the seed's ~6 days
     assert p['cost_usd'] == pytest.approx(p['days'] * 24 * 3.5)
     assert p['memory_per_gpu_bytes'] == p['memory']['total'] and p['fits'] is True
     assert p['grad_accum'] == 16 and p['steps'] == math.ceil(26e9 / 524288)
@@ -341,18 +430,41 @@ def test_predict_recompute_and_n_gpu():
 def test_format_report_reads_like_the_book():
     model, train = load_config(os.path.join(ROOT, 'configs/h200_1b3.py'))
     report = ledger_report.format_report(ledger.predict(model, train))
-    for text in ('Ledger 1: parameters', '1,336,502,272', 'Ledger 2: compute', '6N_matmul + 12LHT', 'MFU uses this',
-                 'T/(6H)', 'Ledger 3: time and money', '989 TFLOP/s', 'days, book 6PD', 'Ledger 4: memory per GPU',
-                 '12P', 'ESTIMATE', 'largest micro-batch that fits', 'Chinchilla', 'Hoffmann et al. 2022',
-                 'Epoch AI 2024', 'not ours'):
+    for text in (
+        'Ledger 1: parameters',
+        '1,336,502,272',
+        'Ledger 2: compute',
+        '6N_matmul + 12LHT',
+        'MFU uses this',
+        'T/(6H)',
+        'Ledger 3: time and money',
+        '989 TFLOP/s',
+        'days, book 6PD',
+        'Ledger 4: memory per GPU',
+        '12P',
+        'ESTIMATE',
+        'largest micro-batch that fits',
+        'Chinchilla',
+        'Hoffmann et al. 2022',
+        'Epoch AI 2024',
+        'not ours',
+    ):
         assert text in report, text
 
 
 def test_summary_and_comparison_with_missing_measurements():
     model, train = load_config(os.path.join(ROOT, 'configs/gpt2_124m.py'))
     p = ledger.predict(model, train)
-    summary = ledger.summarize(p, {'params': p['params']['total'], 'mfu': p['mfu'] / 2, 'peak_memory_bytes': None,
-                                   'device': '1 x NVIDIA H200', 'torch': '2.11.0'})
+    summary = ledger.summarize(
+        p,
+        {
+            'params': p['params']['total'],
+            'mfu': p['mfu'] / 2,
+            'peak_memory_bytes': None,
+            'device': '1 x NVIDIA H200',
+            'torch': '2.11.0',
+        },
+    )
     assert json.loads(json.dumps(summary)) == summary
     assert summary['params_predicted'] == summary['params_built'] == p['params']['total']
     assert summary['tokens_per_s_predicted'] == p['tokens_per_s'] and summary['tokens_per_s_measured'] is None
@@ -360,19 +472,23 @@ def test_summary_and_comparison_with_missing_measurements():
     assert summary['reserved_predicted_bytes'] == p['memory']['total']
     table = ledger_report.format_comparison(summary)
     heading, lines = table.split('\n\n')[0], table.split('\n\n')[1].splitlines()
-    assert heading == ('Predicted by ledger.py for 1 x H200 SXM 141GB (peak: vendor datasheet, dense BF16 tensor '
-                       'cores) at an assumed 40% MFU; measured on 1 x NVIDIA H200, torch 2.11.0.')
+    assert heading == (
+        'Predicted by ledger.py for 1 x H200 SXM 141GB (peak: vendor datasheet, dense BF16 tensor '
+        'cores) at an assumed 40% MFU; measured on 1 x NVIDIA H200, torch 2.11.0.'
+    )
     assert lines[0].startswith('| quantity | predicted | measured |') and lines[1].startswith('| --- |')
     assert len(lines) == 2 + 6 and all(line.count('|') == 5 for line in lines)
     assert '| 1.000 |' in table and '| 0.500 |' in table
     assert sum(line.endswith('| - | - |') for line in lines) == 4
     empty = ledger.summarize(p, {})
-    assert ledger_report.format_comparison(empty).count('| - | - |') == 6 and 'an unnamed device' in \
-        ledger_report.format_comparison(empty)
+    assert ledger_report.format_comparison(empty).count(
+        '| - | - |'
+    ) == 6 and 'an unnamed device' in ledger_report.format_comparison(empty)
 
 
 # -----------------------------------------------------------------------------------------------------
 # Configs, CLI, overrides, errors
+
 
 @pytest.mark.parametrize('path', CONFIGS)
 def test_configs_load_and_fit(path):
@@ -412,12 +528,19 @@ runpy.run_path('ledger.py', run_name='__main__')
 """
 
 
-@pytest.mark.parametrize('args', [['--book']] + [['configs/h200_1b3.py', '--gpu=H200', f'--objective={objective}']
-                                                   for objective in OBJECTIVES],
-                         ids=['book'] + list(OBJECTIVES))
+@pytest.mark.parametrize(
+    'args',
+    [['--book']] + [['configs/h200_1b3.py', '--gpu=H200', f'--objective={objective}'] for objective in OBJECTIVES],
+    ids=['book'] + list(OBJECTIVES),
+)
 def test_cli_without_numpy_or_torch(args):
-    result = subprocess.run([sys.executable, '-I', '-c', WITHOUT_NUMPY_OR_TORCH, *args], cwd=ROOT,
-                            capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        [sys.executable, '-I', '-c', WITHOUT_NUMPY_OR_TORCH, *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert result.returncode == 0, result.stderr
     if args == ['--book']:
         assert '6,738,415,616' in result.stdout and 'DIFFERS' not in result.stdout
@@ -450,19 +573,22 @@ def test_cli_json_and_overrides(capsys):
         assert key in base
 
 
-@pytest.mark.parametrize('args,message', [
-    (['configs/h200_1b3.py', '--n_layr=4'], "did you mean 'n_layer'"),
-    (['configs/h200_1b3.py', '--n_embd=1000'], 'n_embd (1000) must be divisible by n_head (16)'),
-    (['configs/h200_1b3.py', '--n_kv_head=5'], 'must be divisible by n_kv_head'),
-    (['configs/h200_1b3.py', '--n_layer=0'], 'n_layer must be positive'),
-    (['configs/h200_1b3.py', '--vocab_size=-3'], 'vocab_size must be positive'),
-    (['configs/h200_1b3.py', '--gpu=H300'], "unknown gpu 'H300'"),
-    (['configs/h200_1b3.py', '--dataset_tokens=-1'], 'dataset_tokens must be positive (or 0)'),
-    (['configs/h200_1b3.py', '--n_layer=many'], 'expected a value of type int'),
-    (['configs/h200_1b3.py', 'n_layer=4'], 'overrides are written --key=value'),
-    (['configs/missing.py'], 'config file not found'),
-    ([], 'no config given'),
-])
+@pytest.mark.parametrize(
+    'args,message',
+    [
+        (['configs/h200_1b3.py', '--n_layr=4'], "did you mean 'n_layer'"),
+        (['configs/h200_1b3.py', '--n_embd=1000'], 'n_embd (1000) must be divisible by n_head (16)'),
+        (['configs/h200_1b3.py', '--n_kv_head=5'], 'must be divisible by n_kv_head'),
+        (['configs/h200_1b3.py', '--n_layer=0'], 'n_layer must be positive'),
+        (['configs/h200_1b3.py', '--vocab_size=-3'], 'vocab_size must be positive'),
+        (['configs/h200_1b3.py', '--gpu=H300'], "unknown gpu 'H300'"),
+        (['configs/h200_1b3.py', '--dataset_tokens=-1'], 'dataset_tokens must be positive (or 0)'),
+        (['configs/h200_1b3.py', '--n_layer=many'], 'expected a value of type int'),
+        (['configs/h200_1b3.py', 'n_layer=4'], 'overrides are written --key=value'),
+        (['configs/missing.py'], 'config file not found'),
+        ([], 'no config given'),
+    ],
+)
 def test_cli_bad_input_is_one_line(args, message, capsys):
     assert ledger_report.main(args) == 2
     captured = capsys.readouterr()

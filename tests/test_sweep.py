@@ -3,6 +3,7 @@ test_sweep.py: sweep.py's machinery on a tiny point: the calibration run, a budg
 sequences, and the export of our tokens in nanoGPT's format (nanoGPT itself is not here: its checkout is a path
 the user passes).
 """
+
 import pickle
 
 import numpy as np
@@ -13,8 +14,17 @@ import checkpoint
 import data
 import sweep
 
-TINY = dict(vocab_size=512, n_layer=2, n_embd=64, n_head=2, batch_tokens=256, micro_batch=4, lr=3e-3,
-            block_size=32, compile=False)
+TINY = dict(
+    vocab_size=512,
+    n_layer=2,
+    n_embd=64,
+    n_head=2,
+    batch_tokens=256,
+    micro_batch=4,
+    lr=3e-3,
+    block_size=32,
+    compile=False,
+)
 
 
 def test_calibration_then_a_budgeted_run_scored_on_the_fixed_val_set(pystdlib_data, tmp_path):

@@ -4,6 +4,7 @@ scores each item by the mean loss of its endings exactly as an independent compu
 one rank or sliced over several, and prints accuracy with its standard error beside the published figures. A
 truncated, corrupted or damaged file is one line.
 """
+
 import contextlib
 import hashlib
 import http.server
@@ -24,21 +25,50 @@ import eval as hellaswag  # `eval` is also a builtin: a name of our own keeps th
 import train
 from config import DataError
 
-TINY = dict(arch='llama', n_layer=2, n_head=2, n_embd=64, vocab_size=512, block_size=64, micro_batch=8,
-            batch_tokens=512, train_tokens=20 * 512, lr=3e-3, warmup_frac=0.1, compile=False, log_every=10,
-            eval_every=1000, eval_tokens=1024, ckpt_every=1000)
+TINY = dict(
+    arch='llama',
+    n_layer=2,
+    n_head=2,
+    n_embd=64,
+    vocab_size=512,
+    block_size=64,
+    micro_batch=8,
+    batch_tokens=512,
+    train_tokens=20 * 512,
+    lr=3e-3,
+    warmup_frac=0.1,
+    compile=False,
+    log_every=10,
+    eval_every=1000,
+    eval_tokens=1024,
+    ckpt_every=1000,
+)
 
 # Checked by hand: after 20 steps on Python source, the model finds "x + 1" far likelier (mean loss ~4.8 per
 # token) than three runs of letters it has hardly seen (~7 each): a margin of 2 nats.
 CODE_ITEM = {'ctx': 'def f(x):\n    return', 'endings': ['x + 1', 'ᚠᚢᚦ ᚨᚱᚲ', 'ЖЖЖ ЖЖЖ', 'ḁḃḉ ḋḟḡ'], 'label': 0}
 ITEMS = [
     CODE_ITEM,
-    {'ctx': 'A man is sitting on a roof. he', 'label': 3,
-     'endings': ['is using wrap to wrap a pair of skis.', 'is ripping level tiles off.', "is holding a rubik's cube.",
-                 'starts pulling up roofing on a roof.']},
-    {'ctx': 'The chef cracks two eggs into a bowl. She', 'label': 0,
-     'endings': ['whisks them with a fork.', 'paints the bowl blue.', 'throws the bowl at the wall.',
-                 'reads a newspaper.']},
+    {
+        'ctx': 'A man is sitting on a roof. he',
+        'label': 3,
+        'endings': [
+            'is using wrap to wrap a pair of skis.',
+            'is ripping level tiles off.',
+            "is holding a rubik's cube.",
+            'starts pulling up roofing on a roof.',
+        ],
+    },
+    {
+        'ctx': 'The chef cracks two eggs into a bowl. She',
+        'label': 0,
+        'endings': [
+            'whisks them with a fork.',
+            'paints the bowl blue.',
+            'throws the bowl at the wall.',
+            'reads a newspaper.',
+        ],
+    },
     {'ctx': 'import os\nimport', 'endings': ['sys', 'ᚠᚢᚦᚨᚱᚲ', 'ЖЖЖЖЖЖ', 'ḁḃḉḋḟḡ'], 'label': 0},
     {'ctx': 'for i in range(10):\n   ', 'endings': ['ḁḃḉ ḋḟḡ', 'ЖЖЖ ЖЖЖ', 'print(i)', 'ᚠᚢᚦ ᚨᚱᚲ'], 'label': 2},
 ]
@@ -46,9 +76,22 @@ ITEMS = [
 
 def jsonl(items):
     """Items in HellaSwag's own format (its other keys included), one JSON object per line."""
-    return ''.join(json.dumps({'ind': i, 'activity_label': 'test', 'ctx_a': item['ctx'], 'ctx_b': '', **item,
-                               'split': 'val', 'split_type': 'indomain', 'source_id': 'test'}) + '\n'
-                   for i, item in enumerate(items)).encode()
+    return ''.join(
+        json.dumps(
+            {
+                'ind': i,
+                'activity_label': 'test',
+                'ctx_a': item['ctx'],
+                'ctx_b': '',
+                **item,
+                'split': 'val',
+                'split_type': 'indomain',
+                'source_id': 'test',
+            }
+        )
+        + '\n'
+        for i, item in enumerate(items)
+    ).encode()
 
 
 GOOD = jsonl(ITEMS)
@@ -74,7 +117,7 @@ def http_server(files, drop_download=False):
                 self.send_header('Content-Range', f'bytes {start}-{len(body) - 1}/{len(body)}')
             self.send_header('Content-Length', str(len(body) - start))
             self.end_headers()
-            part = body[start:] if not (drop_download and len(seen) == 2) else body[:len(body) // 2]
+            part = body[start:] if not (drop_download and len(seen) == 2) else body[: len(body) // 2]
             with contextlib.suppress(BrokenPipeError, ConnectionResetError):  # the size look closes early
                 self.wfile.write(part)
 
@@ -111,7 +154,7 @@ def independent_losses(model, encoding, item):
     for ending in item['endings']:
         ids = torch.tensor([context + encoding.encode_ordinary(' ' + ending)])
         logits, _ = model(ids)
-        losses.append(F.cross_entropy(logits[0, len(context) - 1:-1], ids[0, len(context):]).item())
+        losses.append(F.cross_entropy(logits[0, len(context) - 1 : -1], ids[0, len(context) :]).item())
     return losses
 
 
@@ -140,8 +183,10 @@ def test_ranks_score_disjoint_slices(trained):
     _, model, encoding = trained
     accuracy, _, n = hellaswag.hellaswag_accuracy(model, encoding, ITEMS, 'cpu')
     for world_size in (2, 3):  # 3, 2 | 2, 2, 1 (+ 1 uncounted copy)
-        parts = [hellaswag.hellaswag_accuracy(model, encoding, ITEMS, 'cpu', rank=rank, world_size=world_size)
-                 for rank in range(world_size)]
+        parts = [
+            hellaswag.hellaswag_accuracy(model, encoding, ITEMS, 'cpu', rank=rank, world_size=world_size)
+            for rank in range(world_size)
+        ]
         counted = [part_n for _, _, part_n in parts]
         assert sum(counted) == n and sum(a * part_n for a, _, part_n in parts) == pytest.approx(accuracy * n)
         assert counted[0] == math.ceil(n / world_size)
@@ -200,7 +245,7 @@ def test_the_published_file_is_checked_by_its_blob_id(tmp_path, monkeypatch):
 
 def test_truncated_or_damaged_files_are_one_line(trained, tmp_path, capsys):
     run = trained[0]
-    truncated = GOOD[:len(GOOD) - 40]  # the server sends all it has, but the file itself was cut mid-line
+    truncated = GOOD[: len(GOOD) - 40]  # the server sends all it has, but the file itself was cut mid-line
     with http_server({'/cut.jsonl': truncated, '/page': b'<html>login</html>'}) as (url, _):
         assert hellaswag.main([run, 'hellaswag', '--url', url + '/cut.jsonl', '--cache', str(tmp_path / 'cut')]) == 2
         assert hellaswag.main([run, 'hellaswag', '--url', url + '/page', '--cache', str(tmp_path / 'page')]) == 2

@@ -3,18 +3,52 @@ test_config.py: the tables config.py keeps for the other files: the model famili
 file naming it gets), the resume marks on TrainConfig's keys (CONTINUATION_KEYS comes from them), and the one test
 for a run sharded by FSDP2. Pure Python, well under a second.
 """
+
 import dataclasses
 
 import pytest
 
-from config import (CONTINUATION_KEYS, DEFAULTS, FAMILIES, FSDP_MODES, PARALLEL_MODES, ConfigError, ModelConfig,
-                    TrainConfig, load_config, sharded)
+from config import (
+    CONTINUATION_KEYS,
+    DEFAULTS,
+    FAMILIES,
+    FSDP_MODES,
+    PARALLEL_MODES,
+    ConfigError,
+    ModelConfig,
+    TrainConfig,
+    load_config,
+    sharded,
+)
 
 # train.py's list before the keys were marked: the keys whose change breaks an exact continuation
-BREAK_A_CONTINUATION = {'data', 'seed', 'train_tokens', 'batch_tokens', 'batch_ramp_tokens', 'batch_ramp_start', 'lr',
-                        'min_lr_ratio', 'schedule', 'warmup_frac', 'decay_frac', 'weight_decay', 'beta1', 'beta2',
-                        'eps', 'grad_clip', 'dtype', 'cooldown_from', 'cooldown_tokens', 'objective', 'fim_rate',
-                        'fim_spm_rate', 'ul2_s_rate', 'ul2_r_rate', 'ul2_x_rate'}
+BREAK_A_CONTINUATION = {
+    'data',
+    'seed',
+    'train_tokens',
+    'batch_tokens',
+    'batch_ramp_tokens',
+    'batch_ramp_start',
+    'lr',
+    'min_lr_ratio',
+    'schedule',
+    'warmup_frac',
+    'decay_frac',
+    'weight_decay',
+    'beta1',
+    'beta2',
+    'eps',
+    'grad_clip',
+    'dtype',
+    'cooldown_from',
+    'cooldown_tokens',
+    'objective',
+    'fim_rate',
+    'fim_spm_rate',
+    'ul2_s_rate',
+    'ul2_r_rate',
+    'ul2_x_rate',
+}
 
 
 def test_every_train_key_is_marked_exact_or_free():
@@ -39,16 +73,34 @@ def test_sharded_means_fsdp2_over_more_than_one_process():
 # -----------------------------------------------------------------------------------------------------
 # The families
 
+
 def test_family_rows():
     gpt2, llama = FAMILIES['gpt2'], FAMILIES['llama']
-    assert (gpt2.norm, gpt2.mlp, gpt2.positions, gpt2.bias, gpt2.tie_embeddings, gpt2.mlp_matrices) == \
-        ('layernorm', 'gelu', 'learned', True, True, 2)
-    assert (llama.norm, llama.mlp, llama.positions, llama.bias, llama.tie_embeddings, llama.mlp_matrices) == \
-        ('rmsnorm', 'swiglu', 'rope', False, False, 3)
+    assert (gpt2.norm, gpt2.mlp, gpt2.positions, gpt2.bias, gpt2.tie_embeddings, gpt2.mlp_matrices) == (
+        'layernorm',
+        'gelu',
+        'learned',
+        True,
+        True,
+        2,
+    )
+    assert (llama.norm, llama.mlp, llama.positions, llama.bias, llama.tie_embeddings, llama.mlp_matrices) == (
+        'rmsnorm',
+        'swiglu',
+        'rope',
+        False,
+        False,
+        3,
+    )
     # the default FFN widths: 4H; LLaMA's 2/3 of 4H rounded up to 256, exact where 8H/3 is a multiple of 256
     assert [ModelConfig(arch='gpt2', n_embd=H).ffn_width for H in (768, 1600)] == [3072, 6400]
-    assert [ModelConfig(arch='llama', n_embd=H).ffn_width for H in (2048, 4096, 5120, 8192, 96 * 7)] == \
-        [5632, 11008, 13824, 22016, 1792]
+    assert [ModelConfig(arch='llama', n_embd=H).ffn_width for H in (2048, 4096, 5120, 8192, 96 * 7)] == [
+        5632,
+        11008,
+        13824,
+        22016,
+        1792,
+    ]
 
 
 def test_a_config_file_gets_its_familys_biases_and_tying(tmp_path):
@@ -62,11 +114,14 @@ def test_a_config_file_gets_its_familys_biases_and_tying(tmp_path):
     assert model.arch == 'llama' and not model.bias and not model.tie_embeddings
 
 
-@pytest.mark.parametrize('overrides,message', [
-    (['--arch=gpt3'], 'arch must be one of gpt2, llama'),
-    (['--arch=llama', '--bias=True'], 'the llama family has no biases'),
-    (['--arch=llama', '--n_embd=36', '--n_head=4'], 'RoPE needs an even head size'),
-])
+@pytest.mark.parametrize(
+    'overrides,message',
+    [
+        (['--arch=gpt3'], 'arch must be one of gpt2, llama'),
+        (['--arch=llama', '--bias=True'], 'the llama family has no biases'),
+        (['--arch=llama', '--n_embd=36', '--n_head=4'], 'RoPE needs an even head size'),
+    ],
+)
 def test_family_rules(overrides, message):
     with pytest.raises(ConfigError) as error:
         load_config(None, overrides)

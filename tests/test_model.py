@@ -4,6 +4,7 @@ test_model.py: the model against the ledger (parameters, FLOPs, activation memor
 
     python -m pytest -q -x test_model.py
 """
+
 import math
 import os
 
@@ -27,8 +28,7 @@ def one_thread():
 
 
 LLAMA = dict(arch='llama', n_layer=2, n_head=4, n_embd=64, vocab_size=256, block_size=32)
-GPT2 = dict(arch='gpt2', n_layer=2, n_head=4, n_embd=64, vocab_size=256, block_size=32, tie_embeddings=True,
-            bias=True)
+GPT2 = dict(arch='gpt2', n_layer=2, n_head=4, n_embd=64, vocab_size=256, block_size=32, tie_embeddings=True, bias=True)
 
 
 def tiny(**overrides):
@@ -39,36 +39,44 @@ def tiny(**overrides):
 def batch(config, micro_batch, seed=0):
     generator = torch.Generator().manual_seed(seed)
     shape = (micro_batch, config.block_size)
-    return (torch.randint(0, config.vocab_size, shape, generator=generator),
-            torch.randint(0, config.vocab_size, shape, generator=generator))
+    return (
+        torch.randint(0, config.vocab_size, shape, generator=generator),
+        torch.randint(0, config.vocab_size, shape, generator=generator),
+    )
 
 
 # -----------------------------------------------------------------------------------------------------
 # Ledger 1: parameters. The ledger counts from the config; the model builds from it; they must agree exactly.
 
 PARAM_CONFIGS = [
-    tiny(),                                                     # llama, MHA, untied
-    tiny(n_kv_head=2),                                          # llama, GQA
-    tiny(n_kv_head=1, tie_embeddings=True),                     # llama, multi-query, tied
-    tiny(ffn_hidden=100, vocab_size=300, n_layer=3),            # explicit FFN width, odd vocab
-    tiny(arch='gpt2'),                                          # gpt2, bias, tied
-    tiny(arch='gpt2', bias=False),                              # gpt2, no bias
-    tiny(arch='gpt2', tie_embeddings=False),                    # gpt2, untied
-    tiny(arch='gpt2', n_kv_head=2, bias=True),                  # gpt2 with GQA
+    tiny(),  # llama, MHA, untied
+    tiny(n_kv_head=2),  # llama, GQA
+    tiny(n_kv_head=1, tie_embeddings=True),  # llama, multi-query, tied
+    tiny(ffn_hidden=100, vocab_size=300, n_layer=3),  # explicit FFN width, odd vocab
+    tiny(arch='gpt2'),  # gpt2, bias, tied
+    tiny(arch='gpt2', bias=False),  # gpt2, no bias
+    tiny(arch='gpt2', tie_embeddings=False),  # gpt2, untied
+    tiny(arch='gpt2', n_kv_head=2, bias=True),  # gpt2 with GQA
     tiny(arch='gpt2', n_layer=12, n_head=12, n_embd=768, vocab_size=50304, block_size=1024),  # GPT-2 124M shape
 ]
 
 
-@pytest.mark.parametrize('config', PARAM_CONFIGS, ids=lambda c: f'{c.arch}-kv{c.kv_heads}-tie{c.tie_embeddings}'
-                         f'-bias{c.bias}-L{c.n_layer}-H{c.n_embd}')
+@pytest.mark.parametrize(
+    'config',
+    PARAM_CONFIGS,
+    ids=lambda c: f'{c.arch}-kv{c.kv_heads}-tie{c.tie_embeddings}-bias{c.bias}-L{c.n_layer}-H{c.n_embd}',
+)
 def test_param_count_matches_ledger(config):
     with torch.device('meta'):
         model = GPT(config)
     assert sum(p.numel() for p in model.parameters()) == ledger.count_params(config)['total']
 
 
-@pytest.mark.parametrize('config', PARAM_CONFIGS, ids=lambda c: f'{c.arch}-kv{c.kv_heads}-tie{c.tie_embeddings}'
-                         f'-bias{c.bias}-L{c.n_layer}-H{c.n_embd}')
+@pytest.mark.parametrize(
+    'config',
+    PARAM_CONFIGS,
+    ids=lambda c: f'{c.arch}-kv{c.kv_heads}-tie{c.tie_embeddings}-bias{c.bias}-L{c.n_layer}-H{c.n_embd}',
+)
 def test_parameter_shapes_are_the_models_tensors_in_order(config):
     """The ledger's tensor list (what ZeRO-1 and FSDP2 shard, Ledger 4a') is named_parameters(), name for name."""
     with torch.device('meta'):
@@ -98,7 +106,9 @@ def test_the_model_is_what_its_family_row_says(arch, bias):
 
 
 def test_llama_7b_on_meta_device_matches_ledger_and_paper():
-    config, _ = load_config(os.path.join(os.path.dirname(os.path.abspath(__file__)), 'configs/llama_7b.py'))
+    config, _ = load_config(
+        os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'configs/llama_7b.py')
+    )
     with torch.device('meta'):
         model = GPT(config)
     numel = sum(p.numel() for p in model.parameters())
@@ -138,8 +148,12 @@ def test_init_scales_residual_projections():
 # FLOP formula, so attention runs on the math backend, whose two batched matmuls (q k^T, p v) cover the full
 # T x T square: exactly the PaLM/nanoGPT non-causal convention of the ledger's 'matmul' figure.
 
-@pytest.mark.parametrize('config', [tiny(), tiny(n_kv_head=2), tiny(arch='gpt2'), tiny(arch='gpt2', bias=False)],
-                         ids=['llama', 'llama-gqa', 'gpt2', 'gpt2-nobias'])
+
+@pytest.mark.parametrize(
+    'config',
+    [tiny(), tiny(n_kv_head=2), tiny(arch='gpt2'), tiny(arch='gpt2', bias=False)],
+    ids=['llama', 'llama-gqa', 'gpt2', 'gpt2-nobias'],
+)
 def test_flops_match_ledger_matmul_count(config):
     model = GPT(config)
     idx, targets = batch(config, micro_batch=2)
@@ -173,6 +187,7 @@ def test_recompute_of_a_compiled_block_reruns_it_whole():
     compiled graphs instead (aot_eager: the aten graphs run as Python), recompute on minus off."""
     from functorch.compile import make_boxed_func
     from torch._dynamo.backends.common import aot_autograd
+
     config = RECOMPUTE_CONFIGS[0]
     counted = []
 
@@ -182,6 +197,7 @@ def test_recompute_of_a_compiled_block_reruns_it_whole():
                 out = torch.fx.Interpreter(graph).run(*args)  # not graph(...): no module hooks inside autograd
             counted.append(counter.get_total_flops())
             return out
+
         return make_boxed_func(run)
 
     idx, targets = batch(config, micro_batch=2)
@@ -205,6 +221,7 @@ def test_recompute_of_a_compiled_block_reruns_it_whole():
 # -----------------------------------------------------------------------------------------------------
 # Ledger 4b: activation memory. We record every tensor autograd saves for backward during the forward (each
 # storage once: views of one buffer share it), leaving out parameters and buffers, and hold the ledger to it.
+
 
 def saved_bytes(run, exclude=()):
     """Bytes of the distinct storages autograd saves while run() executes, minus the storages in exclude."""
@@ -240,14 +257,18 @@ def measured_activation_bytes(model, micro_batch, recompute, autocast=False):
 
 def predicted_activation_bytes(config, micro_batch, recompute, attention, dtype_bytes=4):
     """The ledger's activations (CPU kernels: composite RMSNorm) plus what the loss saves: the fp32 log-softmax."""
-    activations = ledger.activation_bytes(config, micro_batch, recompute, dtype_bytes=dtype_bytes, attention=attention,
-                                          residual_bytes=4, fused_norm=False)
+    activations = ledger.activation_bytes(
+        config, micro_batch, recompute, dtype_bytes=dtype_bytes, attention=attention, residual_bytes=4, fused_norm=False
+    )
     return activations['total'] + ledger.logits_bytes(config, micro_batch, dtype_bytes)['log_softmax']
 
 
 @pytest.mark.parametrize('recompute', [False, True], ids=['stored', 'recompute'])
-@pytest.mark.parametrize('config', [tiny(), tiny(n_kv_head=2), tiny(arch='gpt2'), tiny(arch='gpt2', bias=False)],
-                         ids=['llama', 'llama-gqa', 'gpt2', 'gpt2-nobias'])
+@pytest.mark.parametrize(
+    'config',
+    [tiny(), tiny(n_kv_head=2), tiny(arch='gpt2'), tiny(arch='gpt2', bias=False)],
+    ids=['llama', 'llama-gqa', 'gpt2', 'gpt2-nobias'],
+)
 def test_activation_bytes_match_saved_tensors(config, recompute):
     model = GPT(config)
     for micro_batch in (1, 3):
@@ -285,8 +306,21 @@ def test_activation_bytes_math_attention_keeps_the_score_matrix(config):
 # the loss are what the forward saves for backward. Each storage once (a view or a split keeps its whole base),
 # parameters and buffers left out (held anyway).
 
-VIEW_OPS = {'view', 'permute', 'alias', 'transpose', 'expand', 'reshape', '_unsafe_view', 't', 'slice', 'select',
-            'unsqueeze', 'squeeze', 'as_strided'}
+VIEW_OPS = {
+    'view',
+    'permute',
+    'alias',
+    'transpose',
+    'expand',
+    'reshape',
+    '_unsafe_view',
+    't',
+    'slice',
+    'select',
+    'unsqueeze',
+    'squeeze',
+    'as_strided',
+}
 SPLIT_OPS = {'split', 'split_with_sizes', 'chunk', 'unbind'}
 
 
@@ -312,10 +346,14 @@ def compiled_saved_bytes(module, inputs, held, autocast=False):
     from torch._dynamo.backends.common import aot_autograd
     from torch._functorch.partitioners import min_cut_rematerialization_partition
     from torch._inductor.decomposition import select_decomp_table
+
     graphs = []
-    backend = aot_autograd(fw_compiler=lambda gm, _: graphs.append(gm) or make_boxed_func(gm.forward),
-                           bw_compiler=lambda gm, _: make_boxed_func(gm.forward),
-                           partition_fn=min_cut_rematerialization_partition, decompositions=select_decomp_table())
+    backend = aot_autograd(
+        fw_compiler=lambda gm, _: graphs.append(gm) or make_boxed_func(gm.forward),
+        bw_compiler=lambda gm, _: make_boxed_func(gm.forward),
+        partition_fn=min_cut_rematerialization_partition,
+        decompositions=select_decomp_table(),
+    )
     torch._dynamo.reset()
     with torch.autocast('cpu', dtype=torch.bfloat16, enabled=autocast):
         torch.compile(module, backend=backend, dynamic=False)(*inputs)
@@ -372,6 +410,7 @@ def test_a_block_compiled_alone_saves_what_the_ledger_says(config, autocast):
 # -----------------------------------------------------------------------------------------------------
 # Behaviour.
 
+
 @pytest.mark.parametrize('arch', ['llama', 'gpt2'])
 def test_causal_changing_a_token_never_changes_earlier_logits(arch):
     config = tiny(arch=arch)
@@ -382,7 +421,7 @@ def test_causal_changing_a_token_never_changes_earlier_logits(arch):
         changed = idx.clone()
         changed[0, t + 1] = (changed[0, t + 1] + 1) % config.vocab_size
         changed_logits, _ = model(changed)
-        assert torch.equal(changed_logits[0, :t + 1], logits[0, :t + 1])
+        assert torch.equal(changed_logits[0, : t + 1], logits[0, : t + 1])
         assert not torch.allclose(changed_logits[0, t + 1], logits[0, t + 1])
 
 
@@ -397,8 +436,9 @@ def reference_attention(attn, x, cos, sin):
         rotation = torch.polar(torch.ones_like(cos), torch.atan2(sin, cos))  # e^(i t theta)
 
         def rotate(t):
-            pairs = torch.complex(t[..., :head_dim // 2], t[..., head_dim // 2:]) * rotation
+            pairs = torch.complex(t[..., : head_dim // 2], t[..., head_dim // 2 :]) * rotation
             return torch.cat((pairs.real, pairs.imag), dim=-1)
+
         q, k = rotate(q), rotate(k)
     k, v = k.repeat_interleave(n_head // n_kv_head, dim=1), v.repeat_interleave(n_head // n_kv_head, dim=1)
     scores = q @ k.transpose(-1, -2) / math.sqrt(head_dim)

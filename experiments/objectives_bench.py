@@ -2,8 +2,8 @@
 objectives_bench.py: the pretraining objectives side by side on the CPU default (a benchmark, not a test).
 
     python prepare.py pystdlib --out data/pystdlib_special     # once: the stdlib, our BPE with the special tokens
-    python objectives_bench.py                                 # ~25 minutes on 2 cores; results in out/objectives
-    python objectives_bench.py --seeds=1337,1338 --examples=300
+    python experiments/objectives_bench.py                     # ~25 minutes on 2 cores; results in out/objectives
+    python experiments/objectives_bench.py --seeds=1337,1338 --examples=300
 
 The same model, data order and seed (configs/pystdlib_cpu.py) trained once per objective: clm, prefix_lm, fim at
 rates 0.5 and 0.9, ul2. For each it reports what the papers claim about:
@@ -19,6 +19,7 @@ rates 0.5 and 0.9, ul2. For each it reports what the papers claim about:
 
 A run already complete in out/objectives is not trained again (train.py sees it), so a rerun only evaluates.
 """
+
 import argparse
 import ast
 import json
@@ -31,19 +32,31 @@ import zlib
 import numpy as np
 import torch
 
-import checkpoint
-import ledger
-import data
-import objectives
-import prepare
-import sample
-import sweep
-import train
-from config import cli, load_config
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repo's modules
+
+import checkpoint  # noqa: E402
+import data  # noqa: E402
+import ledger  # noqa: E402
+import objectives  # noqa: E402
+import prepare  # noqa: E402
+import sample  # noqa: E402
+import sweep  # noqa: E402
+import train  # noqa: E402
+from config import cli, load_config  # noqa: E402
 
 CASES = {'clm': {}, 'prefix_lm': {}, 'fim_0.5': {'fim_rate': 0.5}, 'fim_0.9': {'fim_rate': 0.9}, 'ul2': {}}
-SIMPLE = (ast.Assign, ast.AugAssign, ast.AnnAssign, ast.Return, ast.Expr, ast.Raise, ast.Assert, ast.Delete,
-          ast.Import, ast.ImportFrom)
+SIMPLE = (
+    ast.Assign,
+    ast.AugAssign,
+    ast.AnnAssign,
+    ast.Return,
+    ast.Expr,
+    ast.Raise,
+    ast.Assert,
+    ast.Delete,
+    ast.Import,
+    ast.ImportFrom,
+)
 
 
 def objective_flags(case):
@@ -53,6 +66,7 @@ def objective_flags(case):
 
 # -----------------------------------------------------------------------------------------------------
 # Infilling examples: held-out functions (the val split's files: the model and the BPE never saw them).
+
 
 def token_spans(encoding, ids):
     """Byte offset where each token starts and ends in the decoded text."""
@@ -64,8 +78,11 @@ def infilling_examples(encoding, block_size, count, seed):
     """[(prefix ids, middle ids, suffix ids)]: per function at most one single-line statement, its middle the
     tokens that touch the statement's text (a token boundary on both sides, as FIM training splits), the whole
     prompt and middle within block_size."""
-    val = [text for path, text in prepare.pystdlib_files()
-           if zlib.crc32(path.encode()) % 100 < prepare.PYSTDLIB_VAL_PERCENT]
+    val = [
+        text
+        for path, text in prepare.pystdlib_files()
+        if zlib.crc32(path.encode()) % 100 < prepare.PYSTDLIB_VAL_PERCENT
+    ]
     rng = np.random.default_rng(seed)
     found = []
     for text in val:
@@ -75,13 +92,18 @@ def infilling_examples(encoding, block_size, count, seed):
             continue
         lines = text.splitlines(keepends=True)
         for function in (n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))):
-            statements = [s for s in ast.walk(function) if isinstance(s, SIMPLE) and s.lineno == s.end_lineno
-                          and s.lineno > function.lineno and not (isinstance(s, ast.Expr) and isinstance(
-                              s.value, ast.Constant))]  # no docstrings
+            statements = [
+                s
+                for s in ast.walk(function)
+                if isinstance(s, SIMPLE)
+                and s.lineno == s.end_lineno
+                and s.lineno > function.lineno
+                and not (isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant))
+            ]  # no docstrings
             if not statements:
                 continue
             first, line = function.lineno - 1, statements[rng.integers(len(statements))].lineno - 1
-            source = ''.join(lines[first:function.end_lineno])
+            source = ''.join(lines[first : function.end_lineno])
             ids = encoding.encode_ordinary(source)
             if not 32 <= len(ids) <= block_size - 48:
                 continue
@@ -90,7 +112,7 @@ def infilling_examples(encoding, block_size, count, seed):
             start = before + len(content) - len(content.lstrip())
             starts, ends = token_spans(encoding, ids)
             touched = np.flatnonzero((ends > start) & (starts < before + len(content)))
-            found.append((ids[:touched[0]], ids[touched[0]:touched[-1] + 1], ids[touched[-1] + 1:]))
+            found.append((ids[: touched[0]], ids[touched[0] : touched[-1] + 1], ids[touched[-1] + 1 :]))
     picked = rng.permutation(len(found))[:count]
     return [found[i] for i in sorted(picked)]
 
@@ -105,17 +127,18 @@ def infilling_accuracy(model, encoding, fim_ids, examples):
         (tokens,) = sample.generate_until(model, prompt, len(middle) + 8, eot, temperature=0, top_k=None)
         fim_hits += encoding.decode([t for t in tokens if t < encoding.n_vocab]) == truth
         start = torch.tensor([[eot, *prefix]])
-        tokens = model.generate(start, len(middle) + 2, temperature=0)[0, start.size(1):].tolist()
+        tokens = model.generate(start, len(middle) + 2, temperature=0)[0, start.size(1) :].tolist()
         l2r_hits += encoding.decode([t for t in tokens if t < encoding.n_vocab]).startswith(truth)
     return fim_hits / len(examples), l2r_hits / len(examples)
 
 
 def val_bits_per_byte(model, data, block_size, val_tokens, bytes_per_token):
     """Plain next-token loss over the first val_tokens of the val split, in bits per byte (and nats)."""
-    shard = np.concatenate([np.asarray(data.open_shard(p), dtype=np.int64)
-                            for p in data.list_shards(data, 'val')])[:val_tokens + 1]
+    shard = np.concatenate([np.asarray(data.open_shard(p), dtype=np.int64) for p in data.list_shards(data, 'val')])[
+        : val_tokens + 1
+    ]
     n = (len(shard) - 1) // block_size
-    rows = np.stack([shard[k * block_size:(k + 1) * block_size + 1] for k in range(n)])  # each with its next token
+    rows = np.stack([shard[k * block_size : (k + 1) * block_size + 1] for k in range(n)])  # each with its next token
     loss = sweep.mean_loss(lambda x, y: model(x, y)[1], torch.from_numpy(rows))
     return ledger.bits_per_byte(loss, bytes_per_token), loss, n * block_size
 
@@ -151,15 +174,23 @@ def main(argv):
         for case in args.cases.split(','):
             out_dir = os.path.join(args.out, f'{case}_seed{seed}')
             started = time.time()
-            flags = [args.config, f'--out_dir={out_dir}', f'--data={args.data}', f'--seed={seed}',
-                     '--eval_every=1000000', *objective_flags(case), *args.overrides]
+            flags = [
+                args.config,
+                f'--out_dir={out_dir}',
+                f'--data={args.data}',
+                f'--seed={seed}',
+                '--eval_every=1000000',
+                *objective_flags(case),
+                *args.overrides,
+            ]
             if train.main(flags) != 0:
                 return 1
             model_cfg, train_cfg = load_config(args.config, flags[1:])
             objective = objectives.build(train_cfg, meta)
             model, _ = checkpoint.load_model(out_dir, torch.device('cpu'))
-            bpb, loss, counted = val_bits_per_byte(model, args.data, model_cfg.block_size, args.val_tokens,
-                                                   meta['bytes_per_token'])
+            bpb, loss, counted = val_bits_per_byte(
+                model, args.data, model_cfg.block_size, args.val_tokens, meta['bytes_per_token']
+            )
             examples = infilling_examples(encoding, model_cfg.block_size, args.examples, seed=0)
             fim_match, l2r_match = infilling_accuracy(model, encoding, fim_ids, examples)
             with open(os.path.join(out_dir, 'summary.json')) as f:
@@ -167,11 +198,24 @@ def main(argv):
             step_ms = 1000 * train_cfg.micro_batch * model_cfg.block_size / summary['tokens_per_s_measured']
             stream = data.open_data(model_cfg, train_cfg)[0]
             host_ms = transform_ms(objective, stream, train_cfg.micro_batch)
-            results.append({'case': case, 'seed': seed, 'val_bpb': bpb, 'val_loss': loss, 'val_tokens': counted,
-                            'fim_exact': fim_match, 'l2r_prefix_match': l2r_match, 'examples': len(examples),
-                            'loss_fraction': objectives.loss_fraction(objective), 'transform_ms': host_ms,
-                            'micro_step_ms': step_ms, 'tokens_per_s': summary['tokens_per_s_measured'],
-                            'train_tokens': summary['tokens_seen'], 'seconds': time.time() - started})
+            results.append(
+                {
+                    'case': case,
+                    'seed': seed,
+                    'val_bpb': bpb,
+                    'val_loss': loss,
+                    'val_tokens': counted,
+                    'fim_exact': fim_match,
+                    'l2r_prefix_match': l2r_match,
+                    'examples': len(examples),
+                    'loss_fraction': objectives.loss_fraction(objective),
+                    'transform_ms': host_ms,
+                    'micro_step_ms': step_ms,
+                    'tokens_per_s': summary['tokens_per_s_measured'],
+                    'train_tokens': summary['tokens_seen'],
+                    'seconds': time.time() - started,
+                }
+            )
             print(json.dumps(results[-1]), flush=True)
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, 'results.jsonl'), 'w') as f:
@@ -182,8 +226,11 @@ def main(argv):
 
 def table(results, examples):
     """A markdown table: per case the mean over seeds (and the spread when there are several)."""
-    lines = ['| objective | loss-carrying share | val bits/byte | vs clm | FIM exact match | L2R prefix match | '
-             'transform ms / micro-step ms |', '| --- | ---: | ---: | ---: | ---: | ---: | ---: |']
+    lines = [
+        '| objective | loss-carrying share | val bits/byte | vs clm | FIM exact match | L2R prefix match | '
+        'transform ms / micro-step ms |',
+        '| --- | ---: | ---: | ---: | ---: | ---: | ---: |',
+    ]
     by_case = {}
     for r in results:
         by_case.setdefault(r['case'], []).append(r)
@@ -193,10 +240,12 @@ def table(results, examples):
         spread = f" ± {np.std(bpb, ddof=1):.4f}" if len(rows) > 1 else ''
         fim, l2r = np.mean([r['fim_exact'] for r in rows]), np.mean([r['l2r_prefix_match'] for r in rows])
         se = math.sqrt(max(fim * (1 - fim), 1e-12) / (examples * len(rows)))
-        lines.append(f"| {case} | {rows[0]['loss_fraction']:.2f} | {np.mean(bpb):.4f}{spread} | "
-                     f"{np.mean(bpb) - clm:+.4f} | {fim:.1%} ± {se:.1%} | {l2r:.1%} | "
-                     f"{np.mean([r['transform_ms'] for r in rows]):.2f} / "
-                     f"{np.mean([r['micro_step_ms'] for r in rows]):.0f} |")
+        lines.append(
+            f"| {case} | {rows[0]['loss_fraction']:.2f} | {np.mean(bpb):.4f}{spread} | "
+            f"{np.mean(bpb) - clm:+.4f} | {fim:.1%} ± {se:.1%} | {l2r:.1%} | "
+            f"{np.mean([r['transform_ms'] for r in rows]):.2f} / "
+            f"{np.mean([r['micro_step_ms'] for r in rows]):.0f} |"
+        )
     return '\n'.join(lines)
 
 

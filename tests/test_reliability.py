@@ -4,6 +4,7 @@ checkpoint and the command that resumes it (bit-exactly); a damaged checkpoint o
 the damage and the checkpoint to use instead; a resume that changes the data, schedule or optimizer is refused
 unless allowed; every config key's bad value is one line naming the key, the value and what is allowed.
 """
+
 import os
 import shlex
 import signal
@@ -22,10 +23,24 @@ import sample
 import train
 from config import ConfigError, load_config
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-TINY = dict(arch='llama', n_layer=2, n_head=2, n_embd=64, vocab_size=512, block_size=32, micro_batch=4,
-            batch_tokens=256, lr=3e-3, warmup_frac=0.1, compile=False, log_every=1, eval_every=1000, eval_tokens=256,
-            keep_ckpts=5)
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repo's root, where train.py is
+TINY = dict(
+    arch='llama',
+    n_layer=2,
+    n_head=2,
+    n_embd=64,
+    vocab_size=512,
+    block_size=32,
+    micro_batch=4,
+    batch_tokens=256,
+    lr=3e-3,
+    warmup_frac=0.1,
+    compile=False,
+    log_every=1,
+    eval_every=1000,
+    eval_tokens=256,
+    keep_ckpts=5,
+)
 
 
 def write_config(tmp_path, data, **overrides):
@@ -37,6 +52,7 @@ def write_config(tmp_path, data, **overrides):
 def losses(out_dir):
     """{step: loss} of the logged steps; a step logged twice (after a resume) keeps its last loss."""
     import json
+
     with open(os.path.join(out_dir, 'metrics.jsonl')) as f:
         return {e['step']: e['loss'] for e in map(json.loads, f) if 'loss' in e and 'event' not in e}
 
@@ -44,9 +60,10 @@ def losses(out_dir):
 # -----------------------------------------------------------------------------------------------------
 # Signals.
 
+
 def start_and_signal(command, signals, after='step      2/'):
     """Start train.py, wait for a line of stdout starting with `after`, send `signals`; -> (returncode, stderr)."""
-    process = subprocess.Popen(command, cwd=HERE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     for line in process.stdout:
         if line.startswith(after):
             break
@@ -59,8 +76,9 @@ def start_and_signal(command, signals, after='step      2/'):
 
 def test_sigterm_writes_a_checkpoint_and_the_resume_command_continues_bit_exactly(pystdlib_data, tmp_path):
     config = write_config(tmp_path, pystdlib_data, train_tokens=1000 * 256, ckpt_every=1000)
-    code, err = start_and_signal([sys.executable, 'train.py', config, f'--out_dir={tmp_path / "out"}'],
-                                 [signal.SIGTERM])
+    code, err = start_and_signal(
+        [sys.executable, 'train.py', config, f'--out_dir={tmp_path / "out"}'], [signal.SIGTERM]
+    )
     assert code == 128 + signal.SIGTERM, err
     last = err.strip().splitlines()[-1]
     assert last.startswith('stopped by SIGTERM after step ') and 'resume with: python train.py' in last, err
@@ -68,8 +86,12 @@ def test_sigterm_writes_a_checkpoint_and_the_resume_command_continues_bit_exactl
     assert checkpoint.latest(tmp_path / 'out').endswith(f'step_{stopped:07d}')
     resume = shlex.split(last.split('resume with: ')[1])
     assert resume[:2] == ['python', 'train.py'] and resume[-1] == '--resume'
-    assert subprocess.run([sys.executable] + resume[1:] + [f'--max_steps={stopped + 3}'], cwd=HERE,
-                          capture_output=True).returncode == 0
+    assert (
+        subprocess.run(
+            [sys.executable] + resume[1:] + [f'--max_steps={stopped + 3}'], cwd=ROOT, capture_output=True
+        ).returncode
+        == 0
+    )
     # the same steps in one uninterrupted run
     assert train.main([config, f'--out_dir={tmp_path / "whole"}', f'--max_steps={stopped + 3}']) == 0
     whole, resumed = losses(tmp_path / 'whole'), losses(tmp_path / 'out')
@@ -78,14 +100,16 @@ def test_sigterm_writes_a_checkpoint_and_the_resume_command_continues_bit_exactl
 
 def test_the_same_signal_twice_exits_at_once(pystdlib_data, tmp_path):
     config = write_config(tmp_path, pystdlib_data, train_tokens=1000 * 256, ckpt_every=1000)
-    code, err = start_and_signal([sys.executable, 'train.py', config, f'--out_dir={tmp_path / "out"}'],
-                                 [signal.SIGINT, signal.SIGINT])
+    code, err = start_and_signal(
+        [sys.executable, 'train.py', config, f'--out_dir={tmp_path / "out"}'], [signal.SIGINT, signal.SIGINT]
+    )
     assert code == 128 + signal.SIGINT and 'SIGINT again: exiting now' in err, err
     assert checkpoint.latest(tmp_path / 'out') is not None  # step 0 at least: what was complete stays
 
 
 # -----------------------------------------------------------------------------------------------------
 # Damaged checkpoints: one line naming the damage and the checkpoint to use instead.
+
 
 @pytest.fixture
 def eight_steps(pystdlib_data, tmp_path):
@@ -103,11 +127,14 @@ def resume_error(config, out_dir, capsys, *flags):
     return err
 
 
-@pytest.mark.parametrize('damage,message', [
-    (lambda folder: os.remove(folder / 'train_state.pt'), 'train_state.pt is missing'),
-    (lambda folder: os.truncate(folder / '__0_0.distcp', 1000), '__0_0.distcp has 1,000 bytes, the manifest says'),
-    (lambda folder: flip_a_byte(folder / 'train_state.pt'), "train_state.pt differs from the manifest's sha256"),
-])
+@pytest.mark.parametrize(
+    'damage,message',
+    [
+        (lambda folder: os.remove(folder / 'train_state.pt'), 'train_state.pt is missing'),
+        (lambda folder: os.truncate(folder / '__0_0.distcp', 1000), '__0_0.distcp has 1,000 bytes, the manifest says'),
+        (lambda folder: flip_a_byte(folder / 'train_state.pt'), "train_state.pt differs from the manifest's sha256"),
+    ],
+)
 def test_a_damaged_latest_checkpoint_names_the_damage_and_an_earlier_one(eight_steps, capsys, damage, message):
     config, out = eight_steps
     damage(out / 'ckpt' / 'step_0000008')
@@ -137,10 +164,17 @@ def test_garbage_in_latest_is_one_line(eight_steps, capsys):
 # -----------------------------------------------------------------------------------------------------
 # A full disk during a checkpoint, and two runs on one folder.
 
-@pytest.mark.parametrize('failure', [OSError(28, 'No space left on device'),
-                                     RuntimeError('[enforce fail at inline_container.cc:672] . unexpected pos 6 vs 4')])
-def test_a_full_disk_during_a_checkpoint_is_one_line_and_loses_nothing(pystdlib_data, tmp_path, capsys, monkeypatch,
-                                                                       failure):
+
+@pytest.mark.parametrize(
+    'failure',
+    [
+        OSError(28, 'No space left on device'),
+        RuntimeError('[enforce fail at inline_container.cc:672] . unexpected pos 6 vs 4'),
+    ],
+)
+def test_a_full_disk_during_a_checkpoint_is_one_line_and_loses_nothing(
+    pystdlib_data, tmp_path, capsys, monkeypatch, failure
+):
     config = write_config(tmp_path, pystdlib_data, train_tokens=12 * 256, ckpt_every=4)
     save = torch.save
 
@@ -168,29 +202,41 @@ def test_a_full_disk_during_a_checkpoint_is_one_line_and_loses_nothing(pystdlib_
 def test_a_second_run_in_the_same_out_dir_is_one_line_naming_the_first(pystdlib_data, tmp_path):
     config = write_config(tmp_path, pystdlib_data, train_tokens=1000 * 256, ckpt_every=1000)
     out = tmp_path / 'out'
-    first = subprocess.Popen([sys.executable, 'train.py', config, f'--out_dir={out}'], cwd=HERE,
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    first = subprocess.Popen(
+        [sys.executable, 'train.py', config, f'--out_dir={out}'],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         for line in first.stdout:
             if line.startswith('step '):
                 break
-        second = subprocess.run([sys.executable, 'train.py', config, f'--out_dir={out}', '--resume'], cwd=HERE,
-                                capture_output=True, text=True)
+        second = subprocess.run(
+            [sys.executable, 'train.py', config, f'--out_dir={out}', '--resume'],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+        )
         assert second.returncode == 2 and second.stderr.count('\n') == 1, second.stderr
         assert second.stderr.startswith(f'error: {out} is in use by pid {first.pid} on this host (train.py ')
     finally:
         first.send_signal(signal.SIGTERM)
         first.communicate(timeout=120)
     # a lock left by a process that is gone (killed outright) is stale: the next run takes it over
-    (out / '.lock').write_text('{"pid": 999999999, "host": "%s", "command": "train.py", "since": "then"}'
-                               % socket.gethostname())
+    (out / '.lock').write_text(
+        '{"pid": 999999999, "host": "%s", "command": "train.py", "since": "then"}' % socket.gethostname()
+    )
     assert train.main([config, f'--out_dir={out}', '--resume', '--max_steps=3']) == 0
 
 
 def test_a_token_id_past_the_models_vocab_is_one_line_before_anything_is_written(pystdlib_data, tmp_path, capsys):
     """A hand-made or foreign shard (no max_token_id in its meta.json): read once, caught before the model."""
     import json
+
     import numpy as np
+
     folder = tmp_path / 'data'
     folder.mkdir()
     meta = data.load_meta(pystdlib_data)
@@ -204,20 +250,35 @@ def test_a_token_id_past_the_models_vocab_is_one_line_before_anything_is_written
     capsys.readouterr()
     assert train.main([config, f'--out_dir={tmp_path / "out"}']) == 2
     err = capsys.readouterr().err.strip()
-    assert err.startswith(f"error: {folder / 'mine_train_000001.bin'}: token id 600 is outside the model's vocab of 512")
+    assert err.startswith(
+        f"error: {folder / 'mine_train_000001.bin'}: token id 600 is outside the model's vocab of 512"
+    )
     assert not os.path.exists(tmp_path / 'out' / 'ckpt')
 
 
 # -----------------------------------------------------------------------------------------------------
 # A resume may not silently change what the run is.
 
+
 def test_resume_refuses_changes_that_break_continuation_unless_allowed(eight_steps, capsys):
     config, out = eight_steps
     err = resume_error(config, out, capsys, '--lr=0.001', '--seed=7')
     assert "with a changed seed 1337 -> 7, lr 0.003 -> 0.001" in err and "--allow_change=seed,lr" in err
     capsys.readouterr()
-    assert train.main([config, f'--out_dir={out}', '--resume', '--max_steps=10', '--lr=0.001',
-                       '--allow_change=lr', '--log_every=2']) == 0
+    assert (
+        train.main(
+            [
+                config,
+                f'--out_dir={out}',
+                '--resume',
+                '--max_steps=10',
+                '--lr=0.001',
+                '--allow_change=lr',
+                '--log_every=2',
+            ]
+        )
+        == 0
+    )
     out_text = capsys.readouterr().out
     assert 'resume: lr changed from 0.003 to 0.001' in out_text
     assert 'resume: log_every changed from 1 to 2' in out_text  # free to change, but said
@@ -235,16 +296,61 @@ def test_allow_change_names_only_keys_that_need_it(eight_steps, capsys):
 # Every key's type and range, from config files and from the command line alike.
 
 BAD = {  # a value each rule must refuse
-    'arch': 'gpt3', 'n_layer': 0, 'n_head': -2, 'n_embd': 0, 'vocab_size': -3, 'block_size': 0, 'n_kv_head': -1,
-    'ffn_hidden': -1, 'norm_eps': 0.0, 'rope_theta': -1.0, 'out_dir': '', 'data': '', 'seed': -1,
-    'train_tokens': 0, 'max_steps': -1, 'dataset_tokens': -1, 'batch_tokens': 0, 'micro_batch': 0,
-    'batch_ramp_tokens': -1, 'batch_ramp_start': 0, 'lr': -0.001, 'min_lr_ratio': 1.5, 'schedule': 'linear',
-    'warmup_frac': 1.0, 'decay_frac': 0.0, 'weight_decay': -0.1, 'beta1': 2.0, 'beta2': 1.0, 'eps': 0.0,
-    'grad_clip': -1.0, 'dtype': 'float16', 'parallel': 'zero3', 'log_every': 0, 'eval_every': 0, 'eval_tokens': 0,
-    'sample_every': -1, 'sample_tokens': -1, 'ckpt_every': 0, 'keep_ckpts': 0, 'spike_factor': 0.0,
-    'spike_window': 0, 'spike_min_std': -0.1, 'max_rollbacks': -1, 'gpu': '', 'n_gpu': 0, 'mfu': 1.5,
-    'usd_per_gpu_hour': -1.0, 'hellaswag_every': -1, 'hellaswag_items': -1,
-    'objective': 'mlm', 'fim_rate': 1.5, 'fim_spm_rate': -0.5, 'ul2_s_rate': 2.0, 'ul2_r_rate': -1.0, 'ul2_x_rate': 1.1,
+    'arch': 'gpt3',
+    'n_layer': 0,
+    'n_head': -2,
+    'n_embd': 0,
+    'vocab_size': -3,
+    'block_size': 0,
+    'n_kv_head': -1,
+    'ffn_hidden': -1,
+    'norm_eps': 0.0,
+    'rope_theta': -1.0,
+    'out_dir': '',
+    'data': '',
+    'seed': -1,
+    'train_tokens': 0,
+    'max_steps': -1,
+    'dataset_tokens': -1,
+    'batch_tokens': 0,
+    'micro_batch': 0,
+    'batch_ramp_tokens': -1,
+    'batch_ramp_start': 0,
+    'lr': -0.001,
+    'min_lr_ratio': 1.5,
+    'schedule': 'linear',
+    'warmup_frac': 1.0,
+    'decay_frac': 0.0,
+    'weight_decay': -0.1,
+    'beta1': 2.0,
+    'beta2': 1.0,
+    'eps': 0.0,
+    'grad_clip': -1.0,
+    'dtype': 'float16',
+    'parallel': 'zero3',
+    'log_every': 0,
+    'eval_every': 0,
+    'eval_tokens': 0,
+    'sample_every': -1,
+    'sample_tokens': -1,
+    'ckpt_every': 0,
+    'keep_ckpts': 0,
+    'spike_factor': 0.0,
+    'spike_window': 0,
+    'spike_min_std': -0.1,
+    'max_rollbacks': -1,
+    'gpu': '',
+    'n_gpu': 0,
+    'mfu': 1.5,
+    'usd_per_gpu_hour': -1.0,
+    'hellaswag_every': -1,
+    'hellaswag_items': -1,
+    'objective': 'mlm',
+    'fim_rate': 1.5,
+    'fim_spm_rate': -0.5,
+    'ul2_s_rate': 2.0,
+    'ul2_r_rate': -1.0,
+    'ul2_x_rate': 1.1,
 }
 
 
@@ -267,10 +373,16 @@ def test_a_bad_value_is_one_line_naming_key_value_and_what_is_allowed(key, tmp_p
         assert '\n' not in message
 
 
-@pytest.mark.parametrize('line,message', [
-    ('n_layer = 2.5', "n_layer = 2.5 in "), ('compile = "False"', "compile = 'False' in "),
-    ('lr = "fast"', "lr = 'fast' in "), ('arch = 2', "arch = 2 in "), ('mfu = float("nan")', 'mfu = nan in '),
-])
+@pytest.mark.parametrize(
+    'line,message',
+    [
+        ('n_layer = 2.5', "n_layer = 2.5 in "),
+        ('compile = "False"', "compile = 'False' in "),
+        ('lr = "fast"', "lr = 'fast' in "),
+        ('arch = 2', "arch = 2 in "),
+        ('mfu = float("nan")', 'mfu = nan in '),
+    ],
+)
 def test_a_wrong_type_in_a_config_file_is_one_line(line, message, tmp_path):
     path = tmp_path / 'bad.py'
     path.write_text(line + '\n')
@@ -284,9 +396,14 @@ def test_twenty_six_billion_written_as_a_float_is_a_whole_number():
     assert train_cfg.train_tokens == 26_000_000_000 and train_cfg.batch_tokens == 524_288
 
 
-@pytest.mark.parametrize('flags,message', [(['--temperature', '-1'], '--temperature -1.0: must be at least 0'),
-                                           (['--tokens', '0'], '--tokens 0: must be at least 1'),
-                                           (['--top_k', '-5'], '--top_k -5: must be at least 0')])
+@pytest.mark.parametrize(
+    'flags,message',
+    [
+        (['--temperature', '-1'], '--temperature -1.0: must be at least 0'),
+        (['--tokens', '0'], '--tokens 0: must be at least 1'),
+        (['--top_k', '-5'], '--top_k -5: must be at least 0'),
+    ],
+)
 def test_sample_refuses_impossible_values(eight_steps, capsys, flags, message):
     _, out = eight_steps
     capsys.readouterr()

@@ -3,6 +3,7 @@ test_plot.py: plot.py reads a synthetic run (train steps, evals, a rollback whos
 HellaSwag, ledger.json's P), puts every line where the metrics say, and writes a 1000 x 600 PNG that is not blank;
 several runs overlay; draw_run never raises and says why once; bad input is one line.
 """
+
 import json
 import os
 import sys
@@ -32,8 +33,7 @@ def write_run(folder, params=4000, steps=100):
             entries.append({'step': step, 'val_loss': loss_at(step) + 0.1})
         if step == 50:
             entries.append({'step': step, 'hellaswag': 0.26, 'hellaswag_stderr': 0.004})
-    entries.append({'event': 'rollback', 'step': 60, 'loss': 9.9, 'to_step': 50, 'skipped': [400, 480],
-                    'rollbacks': 1})
+    entries.append({'event': 'rollback', 'step': 60, 'loss': 9.9, 'to_step': 50, 'skipped': [400, 480], 'rollbacks': 1})
     for step in range(51, steps + 1):
         entries.append({'step': step, 'tokens': step * BATCH, 'loss': loss_at(step) + noise[step]})
         if step % 20 == 0:
@@ -95,8 +95,8 @@ def test_the_picture(tmp_path):
     ink = (matplotlib.image.imread(tmp_path / 'same.png')[:, :, :3] < 0.9).any(axis=2)
     x = int(round(ax.transData.transform((80_000, 0))[0]))
     top, bottom = (600 - ax.transAxes.transform(corner)[1] for corner in ((0, 1), (0, 0)))
-    assert ink[int(top) + 5:int(bottom) - 5, x - 1:x + 2].any(axis=1).mean() > 0.4
-    assert ink[int(top) + 5:int(bottom) - 5, x + 20:x + 23].any(axis=1).mean() < 0.2  # beside it: mostly white
+    assert ink[int(top) + 5 : int(bottom) - 5, x - 1 : x + 2].any(axis=1).mean() > 0.4
+    assert ink[int(top) + 5 : int(bottom) - 5, x + 20 : x + 23].any(axis=1).mean() < 0.2  # beside it: mostly white
 
 
 def test_runs_overlay(tmp_path, capsys):
@@ -106,8 +106,10 @@ def test_runs_overlay(tmp_path, capsys):
     assert capsys.readouterr().out.strip() == str(tmp_path / 'both.png')
     fig = plot.figure([short, big])
     ax = fig.axes[0]
-    colors = {line.get_color() for line in lines_labelled(ax, 'short')}, {line.get_color() for line in
-                                                                         lines_labelled(ax, 'big')}
+    colors = (
+        {line.get_color() for line in lines_labelled(ax, 'short')},
+        {line.get_color() for line in lines_labelled(ax, 'big')},
+    )
     assert colors == ({'C0'}, {'C1'})
     assert not lines_labelled(ax, 'big 20 x P') and ax.get_xlim()[1] < 200_000  # not stretched to 200M
     legend = [text.get_text() for text in fig.legends[0].get_texts()]

@@ -4,6 +4,7 @@ model computes: the same logits in fp32, the same greedy tokens, the same token 
 families, tied and untied, GQA and not, with a padded vocab. A run trained by train.py generates, in transformers,
 the text sample.py prints. Bad input is one line.
 """
+
 import dataclasses
 import json
 import os
@@ -25,14 +26,17 @@ from model import GPT
 
 TINY = dict(n_layer=2, n_head=4, n_embd=64, vocab_size=512, block_size=32)
 VARIANTS = {  # on the 512-token pystdlib fixture
-    'llama, GQA, untied, vocab padded to 640': dict(arch='llama', n_kv_head=2, vocab_size=640, rope_theta=500.0,
-                                                    norm_eps=1e-6),
+    'llama, GQA, untied, vocab padded to 640': dict(
+        arch='llama', n_kv_head=2, vocab_size=640, rope_theta=500.0, norm_eps=1e-6
+    ),
     'llama, tied, multi-head': dict(arch='llama', tie_embeddings=True),
     'gpt2, tied, biases': dict(arch='gpt2', tie_embeddings=True, bias=True),
     'gpt2, untied, no biases (zeros in HF)': dict(arch='gpt2', bias=False, ffn_hidden=96),
 }
-TEXT = ("def f(x):\n\treturn x ** 2  # 12345 6789\r\n\r\n    don't I'LL we've\n"
-        "héllo wörld — 日本語のテキスト 🤖🚀 ñ\u00a0é<|endoftext|>import os   \n\n\n  end")
+TEXT = (
+    "def f(x):\n\treturn x ** 2  # 12345 6789\r\n\r\n    don't I'LL we've\n"
+    "héllo wörld — 日本語のテキスト 🤖🚀 ñ\u00a0é<|endoftext|>import os   \n\n\n  end"
+)
 
 
 def save_run(out_dir, model_config, data, seed=0):
@@ -43,8 +47,11 @@ def save_run(out_dir, model_config, data, seed=0):
     with torch.no_grad():
         for p in model.parameters():
             p.add_(0.1 * torch.randn_like(p))
-    state = {'run': {}, 'model_config': dataclasses.asdict(model.config),
-             'train_config': dataclasses.asdict(TrainConfig(data=data, out_dir=str(out_dir)))}
+    state = {
+        'run': {},
+        'model_config': dataclasses.asdict(model.config),
+        'train_config': dataclasses.asdict(TrainConfig(data=data, out_dir=str(out_dir))),
+    }
     checkpoint.save(str(out_dir), 0, model, torch.optim.AdamW(model.parameters()), state, keep=1)
     return model
 
@@ -82,7 +89,7 @@ def test_same_greedy_tokens(exported):
     # min_new_tokens: ours never stops at end-of-text; HF would (it is eos)
     got = hf.generate(prompt, max_new_tokens=12, min_new_tokens=12, do_sample=False)
     assert got.tolist() == expected.tolist()
-    assert len(set(expected[0, prompt.shape[1]:].tolist())) > 1  # the random model does not repeat one token
+    assert len(set(expected[0, prompt.shape[1] :].tolist())) > 1  # the random model does not repeat one token
 
 
 def test_tokenizer_gives_our_ids(exported, pystdlib_data):
@@ -104,8 +111,9 @@ def test_gpt2_regex_converts_too():
     ranks = {bytes([b]): b for b in range(256)}
     for text in (b'th', b'the', b' the', b'in', b' in', b'  ', b'er', b' t', b'ing', b' th'):
         ranks.setdefault(text, len(ranks))
-    encoding = tiktoken.Encoding('small', pat_str=r50k_pat_str, mergeable_ranks=ranks,
-                                 special_tokens={'<|endoftext|>': len(ranks)})
+    encoding = tiktoken.Encoding(
+        'small', pat_str=r50k_pat_str, mergeable_ranks=ranks, special_tokens={'<|endoftext|>': len(ranks)}
+    )
     tokenizer = export.hf_tokenizer(encoding)
     for text in (TEXT, 'the thing   in the  string\n\n  they\'re ' * 3):
         assert tokenizer.encode(text).ids == encoding.encode(text, allowed_special='all')
@@ -117,8 +125,17 @@ def test_neox_tokenizer_is_written_as_it_is(tmp_path, pystdlib_data):
     normalizer and an added run of spaces); the export is that file, and gives the ids data.HFEncoding gives."""
     spec = json.loads(export.hf_tokenizer(data.load_tokenizer(pystdlib_data)).to_str())
     spec['normalizer'] = {'type': 'NFC'}
-    spec['added_tokens'].append({'id': 512, 'content': '    ', 'single_word': False, 'lstrip': False, 'rstrip': False,
-                                 'normalized': False, 'special': False})
+    spec['added_tokens'].append(
+        {
+            'id': 512,
+            'content': '    ',
+            'single_word': False,
+            'lstrip': False,
+            'rstrip': False,
+            'normalized': False,
+            'special': False,
+        }
+    )
     folder = tmp_path / 'neox_data'
     folder.mkdir()
     (folder / 'tokenizer.json').write_text(json.dumps({'name': 'neox', 'source': 'a stand-in', 'tokenizers': spec}))
@@ -149,9 +166,22 @@ def test_trained_run_generates_what_sample_prints(tmp_path, pystdlib_data, capsy
     """configs/pystdlib_cpu.py's model (4 x 256 Llama) on the 512-token fixture, trained for 2 steps by train.py,
     exported in fp32: transformers' greedy text is sample.py's --temperature 0 text."""
     out = str(tmp_path / 'run')
-    assert train.main([os.path.join(os.path.dirname(__file__), 'configs', 'pystdlib_cpu.py'),
-                       f'--data={pystdlib_data}', '--vocab_size=512', f'--out_dir={out}', '--max_steps=2',
-                       '--batch_tokens=1024', '--micro_batch=4', '--eval_tokens=1024', '--sample_tokens=0']) == 0
+    assert (
+        train.main(
+            [
+                os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'configs', 'pystdlib_cpu.py'),
+                f'--data={pystdlib_data}',
+                '--vocab_size=512',
+                f'--out_dir={out}',
+                '--max_steps=2',
+                '--batch_tokens=1024',
+                '--micro_batch=4',
+                '--eval_tokens=1024',
+                '--sample_tokens=0',
+            ]
+        )
+        == 0
+    )
     assert export.main([out, str(tmp_path / 'hf'), '--dtype=float32']) == 0
     printed = capsys.readouterr().out
     assert 'LlamaForCausalLM, ' in printed and 'step_0000002' in printed
@@ -170,10 +200,12 @@ def test_bad_input_is_one_line(tmp_path, pystdlib_data, capsys):
     (tmp_path / 'taken' / 'notes.txt').write_text('mine')
     synthetic = tmp_path / 'synthetic'
     save_run(synthetic, dict(TINY, arch='llama'), 'synthetic')
-    cases = [([str(tmp_path / 'gqa'), str(tmp_path / 'hf')], 'has no Hugging Face class'),
-             ([str(tmp_path / 'gqa'), str(tmp_path / 'taken')], 'is not an export'),
-             ([str(tmp_path / 'nothing'), str(tmp_path / 'hf')], 'no checkpoint in'),
-             ([str(synthetic), str(tmp_path / 'hf')], 'synthetic tokens')]
+    cases = [
+        ([str(tmp_path / 'gqa'), str(tmp_path / 'hf')], 'has no Hugging Face class'),
+        ([str(tmp_path / 'gqa'), str(tmp_path / 'taken')], 'is not an export'),
+        ([str(tmp_path / 'nothing'), str(tmp_path / 'hf')], 'no checkpoint in'),
+        ([str(synthetic), str(tmp_path / 'hf')], 'synthetic tokens'),
+    ]
     for argv, words in cases:
         assert export.main(argv) == 2
         err = capsys.readouterr().err.strip()

@@ -3,6 +3,7 @@ test_sample.py: sample.py reads the weights of runs in every checkpoint layout (
 FSDP2 writing shards) into the same trained model, decodes with the data folder's tokenizer, and fails with one
 line on a bad path.
 """
+
 import torch
 
 import checkpoint
@@ -10,9 +11,23 @@ import data
 import sample
 import train
 
-TINY = dict(arch='llama', n_layer=2, n_head=2, n_embd=64, vocab_size=512, block_size=32, micro_batch=4,
-            batch_tokens=256, train_tokens=3 * 256, lr=3e-3, compile=False, log_every=1, eval_every=1000,
-            eval_tokens=1024, ckpt_every=1000)
+TINY = dict(
+    arch='llama',
+    n_layer=2,
+    n_head=2,
+    n_embd=64,
+    vocab_size=512,
+    block_size=32,
+    micro_batch=4,
+    batch_tokens=256,
+    train_tokens=3 * 256,
+    lr=3e-3,
+    compile=False,
+    log_every=1,
+    eval_every=1000,
+    eval_tokens=1024,
+    ckpt_every=1000,
+)
 
 
 def train_tiny(tmp_path, data, parallel):
@@ -34,8 +49,9 @@ def test_both_checkpoint_formats_give_the_trained_weights(tmp_path, pystdlib_dat
     run = train.setup([str(tmp_path / 'tiny.py'), f'--out_dir={ddp_out}', '--resume'])
     for name, tensor in ddp_model.state_dict().items():
         assert torch.equal(tensor, run.raw_model.state_dict()[name]), name
-    assert not torch.equal(ddp_model.tok_emb.weight, train.build_model(
-        run.model_cfg, run.train, run.cluster, 'float32')[1].tok_emb.weight)  # trained, not as initialised
+    assert not torch.equal(
+        ddp_model.tok_emb.weight, train.build_model(run.model_cfg, run.train, run.cluster, 'float32')[1].tok_emb.weight
+    )  # trained, not as initialised
     # one process trains the same way in both modes, so the weights agree to float rounding
     for (name, a), b in zip(ddp_model.state_dict().items(), fsdp_model.state_dict().values()):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6, msg=name)

@@ -1,5 +1,6 @@
 """Tests for prepare.py: making tokenizers and data folders from pystdlib, files, and fineweb_edu against a local fake
 Hub (offline) that can fail in every way a real network does (downloads.py). Reading a folder: test_data.py."""
+
 import hashlib
 import http.server
 import itertools
@@ -27,11 +28,12 @@ from config import DataError
 # -----------------------------------------------------------------------------------------------------
 # pystdlib and the tokenizer (the shared fixture is in conftest.py; reading a tokenizer: test_data.py)
 
+
 def split_documents(tokens, eot):
     """Cut a token stream at its end-of-text tokens; every document must start with one."""
     assert tokens[0] == eot
     starts = np.flatnonzero(tokens == eot).tolist() + [len(tokens)]
-    return [tokens[a + 1:b] for a, b in itertools.pairwise(starts)]
+    return [tokens[a + 1 : b] for a, b in itertools.pairwise(starts)]
 
 
 def test_pystdlib_end_to_end(pystdlib_data):
@@ -51,8 +53,9 @@ def test_pystdlib_end_to_end(pystdlib_data):
     for path in val + train:
         documents += [enc.decode(doc.tolist()) for doc in split_documents(np.array(data.open_shard(path)), 511)]
     is_val = [prepare.zlib.crc32(name.encode()) % 100 < prepare.PYSTDLIB_VAL_PERCENT for name, _ in files]
-    expected = [text for (_, text), v in zip(files, is_val, strict=True) if v] + \
-        [text for (_, text), v in zip(files, is_val, strict=True) if not v]
+    expected = [text for (_, text), v in zip(files, is_val, strict=True) if v] + [
+        text for (_, text), v in zip(files, is_val, strict=True) if not v
+    ]
     assert documents == expected and meta['documents'] == len(files)
     assert not os.path.exists(os.path.join(pystdlib_data, '.lock'))  # released
 
@@ -65,12 +68,15 @@ def test_pystdlib_is_identical_across_runs(pystdlib_data, tmp_path, capsys):
     capsys.readouterr()
     prepare.prepare_pystdlib(str(tmp_path), tokenizer='bpe:512', workers=1, max_files=150)
     assert 'already complete' in capsys.readouterr().out
-    with pytest.raises(DataError, match="already holds a dataset made with other settings: "
-                                        "tokenizer='bpe:512' \\(this run: 'bpe:300'\\)"):
+    with pytest.raises(
+        DataError,
+        match="already holds a dataset made with other settings: tokenizer='bpe:512' \\(this run: 'bpe:300'\\)",
+    ):
         prepare.prepare_pystdlib(str(tmp_path), tokenizer='bpe:300', workers=1, max_files=150)
     (tmp_path / 'meta.json').write_text('{"vocab_size": ')  # damaged: the rerun makes the folder again
-    assert prepare.prepare_pystdlib(str(tmp_path), tokenizer='bpe:512', workers=1, max_files=150) == \
-        data.load_meta(pystdlib_data)
+    assert prepare.prepare_pystdlib(str(tmp_path), tokenizer='bpe:512', workers=1, max_files=150) == data.load_meta(
+        pystdlib_data
+    )
     assert 'meta.json is damaged: finishing the folder again' in capsys.readouterr().out
 
 
@@ -79,6 +85,7 @@ def test_gpt2_offline_is_a_clear_error(tmp_path, monkeypatch):
 
     def offline(*args, **kwargs):
         raise requests.ConnectionError('no network')
+
     monkeypatch.setenv('TIKTOKEN_CACHE_DIR', str(tmp_path / 'empty_cache'))
     monkeypatch.setattr(requests, 'get', offline)
     with pytest.raises(DataError, match=r'gpt2 tokenizer.*internet.*bpe:8192'):
@@ -97,19 +104,24 @@ def test_bad_tokenizer_name(tmp_path):
 # -----------------------------------------------------------------------------------------------------
 # files: .txt, .jsonl, .parquet
 
-WORDS = ('the of and to in is was for on are with as by at from his that be this which or an had not but '
-         'data model token shard train loss step learning rate batch memory compute python tensor').split()
+WORDS = (
+    'the of and to in is was for on are with as by at from his that be this which or an had not but '
+    'data model token shard train loss step learning rate batch memory compute python tensor'
+).split()
 
 
 def make_documents(n, seed, min_words=20, max_words=200):
     rng = random.Random(seed)
-    return [' '.join(rng.choice(WORDS) for _ in range(rng.randint(min_words, max_words))) + f' #{seed}-{i}'
-            for i in range(n)]
+    return [
+        ' '.join(rng.choice(WORDS) for _ in range(rng.randint(min_words, max_words))) + f' #{seed}-{i}'
+        for i in range(n)
+    ]
 
 
 def all_tokens(data_dir):
-    return np.concatenate([np.array(data.open_shard(p)) for split in ('val', 'train')
-                           for p in data.list_shards(data_dir, split)])
+    return np.concatenate(
+        [np.array(data.open_shard(p)) for split in ('val', 'train') for p in data.list_shards(data_dir, split)]
+    )
 
 
 def shard_bytes(data_dir):
@@ -126,8 +138,14 @@ def test_files_txt_jsonl_parquet(tmp_path):
             f.write(json.dumps({'text': doc, 'id': 7}) + '\n\n')
     pq.write_table(pa.table({'text': docs[30:], 'score': list(range(30))}), tmp_path / 'c.parquet', row_group_size=7)
     out = str(tmp_path / 'data')
-    meta = prepare.prepare_files([str(tmp_path / n) for n in ('a.txt', 'b.jsonl', 'c.parquet')], out,
-                                 tokenizer='bpe:300', workers=2, shard_tokens=1500, val_tokens=1000)
+    meta = prepare.prepare_files(
+        [str(tmp_path / n) for n in ('a.txt', 'b.jsonl', 'c.parquet')],
+        out,
+        tokenizer='bpe:300',
+        workers=2,
+        shard_tokens=1500,
+        val_tokens=1000,
+    )
     enc = data.load_tokenizer(out)
     tokens = all_tokens(out)
     assert [enc.decode(d.tolist()) for d in split_documents(tokens, enc.eot_token)] == docs
@@ -151,8 +169,11 @@ def test_parquet_batches_from_any_row(tmp_path):
             assert list(prepare.read_documents(path, start)) == expected[start:]
             for batch_docs in (1, 5, 64):
                 batches = list(prepare.document_batches([path], [path].__getitem__, (0, start), batch_docs))
-                got = [(first_row + i, text) for _, first_row, packed, offsets in batches
-                       for i, text in enumerate(prepare.unpack_texts(packed, offsets))]
+                got = [
+                    (first_row + i, text)
+                    for _, first_row, packed, offsets in batches
+                    for i, text in enumerate(prepare.unpack_texts(packed, offsets))
+                ]
                 assert got == expected[start:] and all(len(offsets) <= batch_docs + 1 for *_, offsets in batches)
 
 
@@ -177,26 +198,31 @@ def test_files_bad_input_is_one_line_and_exit_2(tmp_path, capsys):
     (tmp_path / 'empty.txt').write_text('')
     (tmp_path / 'blank.jsonl').write_text('{"text": ""}\n' * 3)
     (tmp_path / 'a.csv').write_text('x')
-    cases = [('missing.txt', r'missing\.txt: no such file'),
-             ('.', r': a folder; give the files in it \(e\.g\. '),
-             ('a.csv', r'a\.csv: unknown file type'),
-             ('latin1.txt', r'latin1\.txt: not UTF-8 text \(byte 0xe9 at byte 3\): convert it to UTF-8'),
-             ('image.txt', r'image\.txt: a binary file \(NUL bytes at byte 8\), not text: leave it out'),
-             ('nul.txt', r'nul\.txt: a binary file \(NUL bytes at byte 4\)'),
-             ('b.jsonl', r'b\.jsonl:2: not UTF-8 text \(byte 0xe9 at byte 13 of the line\)'),
-             ('c.jsonl', r'c\.jsonl:1: not a JSON object with a "text" string'),
-             ('d.jsonl', r'd\.jsonl:1: not a JSON object with a "text" string'),
-             ('bad.parquet', r'bad\.parquet: not a readable parquet file \(.*\): if it is a download, delete it'),
-             ('empty.txt', r'the input is empty \(.*empty\.txt: 0 bytes\): give files with text'),
-             ('blank.jsonl', r'there is no text in the input \(every document is empty\)')]
+    cases = [
+        ('missing.txt', r'missing\.txt: no such file'),
+        ('.', r': a folder; give the files in it \(e\.g\. '),
+        ('a.csv', r'a\.csv: unknown file type'),
+        ('latin1.txt', r'latin1\.txt: not UTF-8 text \(byte 0xe9 at byte 3\): convert it to UTF-8'),
+        ('image.txt', r'image\.txt: a binary file \(NUL bytes at byte 8\), not text: leave it out'),
+        ('nul.txt', r'nul\.txt: a binary file \(NUL bytes at byte 4\)'),
+        ('b.jsonl', r'b\.jsonl:2: not UTF-8 text \(byte 0xe9 at byte 13 of the line\)'),
+        ('c.jsonl', r'c\.jsonl:1: not a JSON object with a "text" string'),
+        ('d.jsonl', r'd\.jsonl:1: not a JSON object with a "text" string'),
+        ('bad.parquet', r'bad\.parquet: not a readable parquet file \(.*\): if it is a download, delete it'),
+        ('empty.txt', r'the input is empty \(.*empty\.txt: 0 bytes\): give files with text'),
+        ('blank.jsonl', r'there is no text in the input \(every document is empty\)'),
+    ]
     for i, (name, message) in enumerate(cases):
         code, err = run_main(['files', str(tmp_path / name), '--out', f'{out}{i}', '--workers', '1'], capsys)
         assert code == 2 and re.fullmatch(f'error: .*{message}.*\n', err), (name, err)
     # too large a val part for the text: the line says how large it may be
     code, err = run_main(['files', str(good), '--out', out, '--val-tokens', '1e6', '--tokenizer', 'bpe:300'], capsys)
-    assert code == 2 and re.fullmatch(r"error: no text left for the BPE to learn from: the text has [\d,]+ characters "
-                                      r"and the first 8,000,000 are held out .* lower --val-tokens \(about [\d,]+ "
-                                      r"would leave half the text\).*\n", err), err
+    assert code == 2 and re.fullmatch(
+        r"error: no text left for the BPE to learn from: the text has [\d,]+ characters "
+        r"and the first 8,000,000 are held out .* lower --val-tokens \(about [\d,]+ "
+        r"would leave half the text\).*\n",
+        err,
+    ), err
     assert sorted(os.listdir(out)) == ['progress.json']  # the refused run wrote nothing else
     capsys.readouterr()
     assert prepare.main(['files', str(good), '--out', out, '--tokenizer', 'bpe:300', '--workers', '1']) == 0
@@ -217,20 +243,20 @@ class FakeHub(http.server.ThreadingHTTPServer):
 
     def __init__(self, files, host='127.0.0.1'):
         super().__init__((host, 0), FakeHubHandler)
-        self.files = files          # repo path -> bytes of the dataset (in LFS)
-        self.model_files = {}       # repo path -> bytes of the model repo NEOX (kept in git, not LFS)
-        self.log = []               # {'path', 'range', 'if_range', 'auth'} of every file request
-        self.api_auth = []          # Authorization header of every API request
-        self.fail = {}              # repo path -> statuses (or (status, headers)) to answer before the real file
-        self.drop_after = {}        # repo path -> bytes to send before dropping the connection (once)
-        self.body = {}              # repo path -> (bytes, Content-Type) sent instead of the file
-        self.corrupt = {}           # repo path -> how many answers flip one byte of the file
-        self.stall = {}             # repo path -> seconds of silence after half the body, one per answer
-        self.silent = {}            # repo path -> seconds of silence before every answer (a hung server)
-        self.etag = {}              # repo path -> ETags, one per answer, the last one kept (default: the sha256)
-        self.token = None           # a token every request must carry (a gated dataset)
-        self.redirect = None        # base URL of a CDN that file requests are redirected to (302)
-        self.portal = None          # a web page answered (200) to every request: a captive portal
+        self.files = files  # repo path -> bytes of the dataset (in LFS)
+        self.model_files = {}  # repo path -> bytes of the model repo NEOX (kept in git, not LFS)
+        self.log = []  # {'path', 'range', 'if_range', 'auth'} of every file request
+        self.api_auth = []  # Authorization header of every API request
+        self.fail = {}  # repo path -> statuses (or (status, headers)) to answer before the real file
+        self.drop_after = {}  # repo path -> bytes to send before dropping the connection (once)
+        self.body = {}  # repo path -> (bytes, Content-Type) sent instead of the file
+        self.corrupt = {}  # repo path -> how many answers flip one byte of the file
+        self.stall = {}  # repo path -> seconds of silence after half the body, one per answer
+        self.silent = {}  # repo path -> seconds of silence before every answer (a hung server)
+        self.etag = {}  # repo path -> ETags, one per answer, the last one kept (default: the sha256)
+        self.token = None  # a token every request must carry (a gated dataset)
+        self.redirect = None  # base URL of a CDN that file requests are redirected to (302)
+        self.portal = None  # a web page answered (200) to every request: a captive portal
         self.url = f'http://{host}:{self.server_address[1]}'
 
 
@@ -279,29 +305,48 @@ class FakeHubHandler(http.server.BaseHTTPRequestHandler):
             revision = self.path.rsplit('/', 1)[1]
             return self.send_json({'sha': SHA}) if revision in ('main', SHA) else self.send_error(404)
         if self.path == f'/api/models/{NEOX}/tree/{SHA}':  # a file kept in git has its blob id as oid
-            return self.send_json([{'type': 'file', 'path': p, 'size': len(b), 'oid': git_blob_id(b)}
-                                   for p, b in sorted(hub.model_files.items())])
+            return self.send_json(
+                [
+                    {'type': 'file', 'path': p, 'size': len(b), 'oid': git_blob_id(b)}
+                    for p, b in sorted(hub.model_files.items())
+                ]
+            )
         match = re.fullmatch(f'/api/datasets/{REPO}/tree/{SHA}/(sample/[^?]+)(?:\\?page=(\\d+))?', self.path)
         if match:  # two entries per page, to exercise the Link header; LFS files carry size and sha256
             folder, page = match.group(1), int(match.group(2) or 0)
-            entries = [{'type': 'file', 'path': p, 'size': 134, 'oid': 'git-sha1',
-                        'lfs': {'oid': sha256(b), 'size': len(b), 'pointerSize': 134}}
-                       for p, b in sorted(hub.files.items()) if p.startswith(folder + '/')]
+            entries = [
+                {
+                    'type': 'file',
+                    'path': p,
+                    'size': 134,
+                    'oid': 'git-sha1',
+                    'lfs': {'oid': sha256(b), 'size': len(b), 'pointerSize': 134},
+                }
+                for p, b in sorted(hub.files.items())
+                if p.startswith(folder + '/')
+            ]
             entries += [{'type': 'file', 'path': folder + '/README.md', 'size': 1, 'oid': 'git-sha1'}]
             if len(entries) == 1:  # the Hub answers 404 for a folder that does not exist
                 self.send_error(404)
                 return
             more = (page + 1) * 2 < len(entries)
             link = [('Link', f'<{hub.url}/api/datasets/{REPO}/tree/{SHA}/{folder}?page={page + 1}>; rel="next"')]
-            return self.send_json(entries[page * 2:page * 2 + 2], link if more else ())
-        prefix = next((p for p in (f'/datasets/{REPO}/resolve/{SHA}/', f'/{NEOX}/resolve/{SHA}/')
-                       if self.path.startswith(p)), '')
-        path, store = self.path[len(prefix):], hub.model_files if prefix.startswith(f'/{NEOX}') else hub.files
+            return self.send_json(entries[page * 2 : page * 2 + 2], link if more else ())
+        prefix = next(
+            (p for p in (f'/datasets/{REPO}/resolve/{SHA}/', f'/{NEOX}/resolve/{SHA}/') if self.path.startswith(p)), ''
+        )
+        path, store = self.path[len(prefix) :], hub.model_files if prefix.startswith(f'/{NEOX}') else hub.files
         if not prefix or path not in store:
             self.send_error(404)
             return
-        hub.log.append({'path': path, 'range': self.headers.get('Range'), 'if_range': self.headers.get('If-Range'),
-                        'auth': self.headers.get('Authorization')})
+        hub.log.append(
+            {
+                'path': path,
+                'range': self.headers.get('Range'),
+                'if_range': self.headers.get('If-Range'),
+                'auth': self.headers.get('Authorization'),
+            }
+        )
         time.sleep(hub.silent.get(path, 0))
         if hub.fail.get(path):
             status, headers = (lambda s: s if isinstance(s, tuple) else (s, {}))(hub.fail[path].pop(0))
@@ -320,7 +365,7 @@ class FakeHubHandler(http.server.BaseHTTPRequestHandler):
         body, content_type = hub.body.get(path, (store[path], 'application/octet-stream'))
         if hub.corrupt.get(path):
             hub.corrupt[path] -= 1
-            body = body[:len(body) // 2] + bytes([body[len(body) // 2] ^ 1]) + body[len(body) // 2 + 1:]
+            body = body[: len(body) // 2] + bytes([body[len(body) // 2] ^ 1]) + body[len(body) // 2 + 1 :]
         etags = hub.etag.get(path, [f'"{sha256(store[path])}"'])
         etag = etags.pop(0) if len(etags) > 1 else etags[0]
         start = 0
@@ -335,7 +380,7 @@ class FakeHubHandler(http.server.BaseHTTPRequestHandler):
         self.send_header('ETag', etag)
         self.end_headers()
         if path in hub.drop_after:  # promise the whole body, send part of it, hang up
-            self.wfile.write(body[start:start + hub.drop_after.pop(path)])
+            self.wfile.write(body[start : start + hub.drop_after.pop(path)])
             self.wfile.flush()
             self.connection.shutdown(2)
             return
@@ -350,8 +395,9 @@ class FakeHubHandler(http.server.BaseHTTPRequestHandler):
 
 def parquet_bytes(docs, row_group_size=25):
     sink = pa.BufferOutputStream()
-    pq.write_table(pa.table({'text': docs, 'id': [str(i) for i in range(len(docs))]}), sink,
-                   row_group_size=row_group_size)
+    pq.write_table(
+        pa.table({'text': docs, 'id': [str(i) for i in range(len(docs))]}), sink, row_group_size=row_group_size
+    )
     return sink.getvalue().to_pybytes()
 
 
@@ -378,10 +424,18 @@ def hub(monkeypatch):
 def fineweb(hub, out, network=None, **kwargs):
     """prepare_fineweb_edu against the fake Hub, with time-outs and waits small enough for a test: every fault
     below ends in seconds."""
-    network = network or downloads.Network(hub.url, connect_timeout_s=2, read_timeout_s=0.3, retry_budget_s=5,
-                                           backoff_s=0.001)
-    args = dict(sample='10BT', tokenizer='bpe:300', workers=2, shard_tokens=3000, val_tokens=2000,
-                bpe_sample_chars=20_000, network=network)
+    network = network or downloads.Network(
+        hub.url, connect_timeout_s=2, read_timeout_s=0.3, retry_budget_s=5, backoff_s=0.001
+    )
+    args = dict(
+        sample='10BT',
+        tokenizer='bpe:300',
+        workers=2,
+        shard_tokens=3000,
+        val_tokens=2000,
+        bpe_sample_chars=20_000,
+        network=network,
+    )
     return prepare.prepare_fineweb_edu(str(out), **dict(args, **kwargs))
 
 
@@ -437,7 +491,7 @@ def test_fineweb_stops_at_tokens_without_extra_downloads(hub, tmp_path):
     assert meta['val_tokens'] + meta['train_tokens'] == 30_000 == len(tokens)
     enc = data.load_tokenizer(str(out))
     documents = [enc.decode(d.tolist()) for d in split_documents(tokens, enc.eot_token)]
-    assert documents[:-1] == sum(FINEWEB_DOCS, [])[:len(documents) - 1] and len(documents) > 80
+    assert documents[:-1] == sum(FINEWEB_DOCS, [])[: len(documents) - 1] and len(documents) > 80
 
 
 def test_fineweb_resumes_a_dropped_download_with_range_and_if_range(hub, reference, tmp_path):
@@ -459,8 +513,9 @@ def test_fineweb_changed_etag_restarts_the_file(hub, reference, tmp_path, capsys
     hub.etag[path] = ['"first"', '"second"']
     fineweb(hub, tmp_path / 'fw')
     assert [r['if_range'] for r in hub.log if r['path'] == path] == [None, '"first"']
-    assert 'the server sent the whole file again (it changed, or ignores ranges): starting over' in \
-        capsys.readouterr().out
+    assert (
+        'the server sent the whole file again (it changed, or ignores ranges): starting over' in capsys.readouterr().out
+    )
     assert shard_bytes(tmp_path / 'fw') == shard_bytes(reference)
 
 
@@ -476,17 +531,22 @@ def test_fineweb_flipped_byte_is_downloaded_again(hub, reference, tmp_path, caps
     fineweb(hub, tmp_path / 'fw')
     assert [r['range'] for r in hub.log if r['path'] == LAST] == [None, None]
     good = sha256(hub.files[LAST])
-    assert re.search(f'002_00000.parquet: sha256 [0-9a-f]{{64}} differs from the listing\'s {good}: downloading it '
-                     f'again \\(2 of 3\\)', capsys.readouterr().out)
+    assert re.search(
+        f'002_00000.parquet: sha256 [0-9a-f]{{64}} differs from the listing\'s {good}: downloading it '
+        f'again \\(2 of 3\\)',
+        capsys.readouterr().out,
+    )
     assert shard_bytes(tmp_path / 'fw') == shard_bytes(reference)
 
 
 def test_fineweb_always_damaged_file_is_one_line(hub, tmp_path):
     hub.corrupt[LAST] = 99
     body = hub.files[LAST]
-    flipped = body[:len(body) // 2] + bytes([body[len(body) // 2] ^ 1]) + body[len(body) // 2 + 1:]
-    with pytest.raises(DataError, match=f'002_00000.parquet: sha256 {sha256(flipped)} after 3 downloads, but '
-                                        f'the listing says {sha256(body)}'):
+    flipped = body[: len(body) // 2] + bytes([body[len(body) // 2] ^ 1]) + body[len(body) // 2 + 1 :]
+    with pytest.raises(
+        DataError,
+        match=f'002_00000.parquet: sha256 {sha256(flipped)} after 3 downloads, but the listing says {sha256(body)}',
+    ):
         fineweb(hub, tmp_path / 'fw')
     assert not [n for n in os.listdir(tmp_path / 'fw' / 'downloads') if n.startswith('002')]  # nothing damaged kept
 
@@ -504,8 +564,11 @@ def test_fineweb_damaged_file_on_disk_is_downloaded_again(hub, reference, tmp_pa
 def test_fineweb_size_disagreeing_with_the_listing_is_one_line(hub, tmp_path):
     hub.body[LAST] = (hub.files[LAST] + b'more', 'application/octet-stream')
     size = len(hub.files[LAST])
-    with pytest.raises(DataError, match=f'002_00000.parquet: the server sends {size + 4:,} bytes but the '
-                                        f'Hub\'s listing says {size:,}: a proxy or mirror'):
+    with pytest.raises(
+        DataError,
+        match=f'002_00000.parquet: the server sends {size + 4:,} bytes but the '
+        f'Hub\'s listing says {size:,}: a proxy or mirror',
+    ):
         fineweb(hub, tmp_path / 'fw')
     assert len([r for r in hub.log if r['path'] == LAST]) == 1  # an error, not a restart
 
@@ -513,17 +576,26 @@ def test_fineweb_size_disagreeing_with_the_listing_is_one_line(hub, tmp_path):
 def test_fineweb_html_page_is_named(hub, tmp_path):
     portal = b'<!DOCTYPE html>\n<html><body>Please sign in to the airport Wi-Fi</body></html>'
     hub.portal = portal  # on every request, the Hub's API too
-    with pytest.raises(DataError, match=r"/revision/main: not an answer of the Hub's API \(text/html: "
-                                        r"'<!DOCTYPE html> <html><body>Please sign in"):
+    with pytest.raises(
+        DataError,
+        match=r"/revision/main: not an answer of the Hub's API \(text/html: "
+        r"'<!DOCTYPE html> <html><body>Please sign in",
+    ):
         fineweb(hub, tmp_path / 'fw0')
     hub.portal = None
     hub.body[LAST] = (portal, 'text/html; charset=utf-8')
-    with pytest.raises(DataError, match=r"002_00000.parquet: the server answered with a web page \(text/html; "
-                                        r"charset=utf-8: '<!DOCTYPE html> <html><body>Please sign in"):
+    with pytest.raises(
+        DataError,
+        match=r"002_00000.parquet: the server answered with a web page \(text/html; "
+        r"charset=utf-8: '<!DOCTYPE html> <html><body>Please sign in",
+    ):
         fineweb(hub, tmp_path / 'fw')
     hub.body[LAST] = (b'{"error": "Access denied"}' + bytes(len(hub.files[LAST]) - 26), 'application/json')
-    with pytest.raises(DataError, match=r"002_00000.parquet: the server sent something else than the file "
-                                        r"\(application/json: '\{\"error\": \"Access denied\"\}"):
+    with pytest.raises(
+        DataError,
+        match=r"002_00000.parquet: the server sent something else than the file "
+        r"\(application/json: '\{\"error\": \"Access denied\"\}",
+    ):
         fineweb(hub, tmp_path / 'fw')
 
 
@@ -533,23 +605,34 @@ def test_fineweb_rate_limit_waits_as_asked(hub, reference, tmp_path, capsys):
     assert 'rate-limited by the Hub (HTTP 429): try 2 of at most 10 in 1 s' in capsys.readouterr().out
     assert shard_bytes(tmp_path / 'fw') == shard_bytes(reference)
     hub.fail[LAST] = [(429, {'Retry-After': '3600'})]
-    with pytest.raises(DataError, match=r'rate-limited by the Hub \(HTTP 429\): the Hub asks to wait 3600 s, '
-                                        r'more than the retry budget of 5 s'):
+    with pytest.raises(
+        DataError,
+        match=r'rate-limited by the Hub \(HTTP 429\): the Hub asks to wait 3600 s, '
+        r'more than the retry budget of 5 s',
+    ):
         fineweb(hub, tmp_path / 'fw2')
 
 
 def test_fineweb_stalled_server(hub, reference, tmp_path, capsys):
     hub.stall[LAST] = [2]  # once: silence longer than the read time-out (0.3 s) half way, then a resumed download
     fineweb(hub, tmp_path / 'fw')
-    assert 'sample/10BT/002_00000.parquet: no data for 0.3 s (read time-out): try 2 of at most 10 in 0.001 s' in \
-        capsys.readouterr().out
+    assert (
+        'sample/10BT/002_00000.parquet: no data for 0.3 s (read time-out): try 2 of at most 10 in 0.001 s'
+        in capsys.readouterr().out
+    )
     assert [r['range'] is not None for r in hub.log if r['path'] == LAST] == [False, True]
     assert shard_bytes(tmp_path / 'fw') == shard_bytes(reference)
     hub.silent[LAST] = 2  # a hung server, every time: given up within the retry budget
-    with pytest.raises(DataError, match=r'^sample/10BT/002_00000.parquet: no data for 0.2 s \(read time-out\), '
-                                        r'still after \d+ tries in \d+ s: check the network'):
-        fineweb(hub, tmp_path / 'fw2', network=downloads.Network(hub.url, read_timeout_s=0.2, retry_budget_s=1,
-                                                                  backoff_s=0.01))
+    with pytest.raises(
+        DataError,
+        match=r'^sample/10BT/002_00000.parquet: no data for 0.2 s \(read time-out\), '
+        r'still after \d+ tries in \d+ s: check the network',
+    ):
+        fineweb(
+            hub,
+            tmp_path / 'fw2',
+            network=downloads.Network(hub.url, read_timeout_s=0.2, retry_budget_s=1, backoff_s=0.01),
+        )
 
 
 def test_fineweb_gated_dataset_and_token(hub, reference, tmp_path, capsys, monkeypatch):
@@ -558,11 +641,29 @@ def test_fineweb_gated_dataset_and_token(hub, reference, tmp_path, capsys, monke
     hub.redirect = cdn.url
     monkeypatch.delenv('HF_TOKEN', raising=False)
     monkeypatch.setenv('HF_ENDPOINT', hub.url)  # the Hub's own variable: no --endpoint needed
-    argv = ['fineweb_edu', '--sample', '10BT', '--out', str(tmp_path / 'fw'), '--tokenizer', 'bpe:300',
-            '--shard-tokens', '3000', '--val-tokens', '2000', '--bpe-sample-chars', '20000', '--workers', '2']
+    argv = [
+        'fineweb_edu',
+        '--sample',
+        '10BT',
+        '--out',
+        str(tmp_path / 'fw'),
+        '--tokenizer',
+        'bpe:300',
+        '--shard-tokens',
+        '3000',
+        '--val-tokens',
+        '2000',
+        '--bpe-sample-chars',
+        '20000',
+        '--workers',
+        '2',
+    ]
     code, err = run_main(argv, capsys)
-    assert code == 2 and re.fullmatch(r'error: .*/revision/main: HTTP 401: the dataset is gated or private .* '
-                                      r'HF_TOKEN=hf_\.\.\. python prepare\.py \.\.\.\n', err), err
+    assert code == 2 and re.fullmatch(
+        r'error: .*/revision/main: HTTP 401: the dataset is gated or private .* '
+        r'HF_TOKEN=hf_\.\.\. python prepare\.py \.\.\.\n',
+        err,
+    ), err
     monkeypatch.setenv('HF_TOKEN', 'hf_wrong')
     code, err = run_main(argv, capsys)
     assert code == 2 and 'HTTP 401 with the token in HF_TOKEN: it has no access to this dataset' in err
@@ -578,9 +679,12 @@ def test_fineweb_gated_dataset_and_token(hub, reference, tmp_path, capsys, monke
 
 def test_fineweb_disk_plan_refuses_what_cannot_fit(hub, tmp_path, monkeypatch):
     monkeypatch.setattr(prepare, 'free_bytes', lambda folder: 50_000)
-    with pytest.raises(DataError, match=r'not enough disk space in .*fw: this run needs up to about [\d.]+ KB '
-                                        r'more \(~.* of shards, ~.* of parquet at once\) and 50\.0 KB is free: '
-                                        r'free some space, choose another --out or lower --tokens'):
+    with pytest.raises(
+        DataError,
+        match=r'not enough disk space in .*fw: this run needs up to about [\d.]+ KB '
+        r'more \(~.* of shards, ~.* of parquet at once\) and 50\.0 KB is free: '
+        r'free some space, choose another --out or lower --tokens',
+    ):
         fineweb(hub, tmp_path / 'fw')
     assert hub.log == []  # refused before any download
 
@@ -594,9 +698,13 @@ def test_disk_plan_of_the_26b_token_run(tmp_path, monkeypatch, capsys):
     assert capsys.readouterr().out == (
         f"plan: 37 to 49 of 140 parquet files, 79.5 GB to 105.3 GB to download, each deleted once tokenized "
         f"(--keep-downloads keeps them); ~52.2 GB of shards (26,100,000,000 tokens x 2 bytes); at most ~56.9 GB more "
-        f"on disk, 100.0 GB free in {tmp_path}\n")
-    with pytest.raises(DataError, match=r'needs up to about 157.6 GB more \(~52.2 GB of shards, ~105.3 GB '
-                                        r'of parquet at once\) and 100.0 GB is free: .*, or drop --keep-downl'):
+        f"on disk, 100.0 GB free in {tmp_path}\n"
+    )
+    with pytest.raises(
+        DataError,
+        match=r'needs up to about 157.6 GB more \(~52.2 GB of shards, ~105.3 GB '
+        r'of parquet at once\) and 100.0 GB is free: .*, or drop --keep-downl',
+    ):
         prepare.disk_plan(str(tmp_path), files, paths, int(26.1e9), 100_000_000, 50257, keep_downloads=True)
 
 
@@ -606,8 +714,9 @@ def test_fineweb_404_is_a_clear_error(hub, tmp_path, capsys):
     hub.fail['sample/10BT/000_00000.parquet'] = [404]
     with pytest.raises(DataError, match=r'resolve/.*/000_00000.parquet: not found \(HTTP 404\)'):
         fineweb(hub, tmp_path / 'fw1')
-    code, err = run_main(['fineweb_edu', '--out', str(tmp_path / 'fw2'), '--endpoint', hub.url, '--revision', 'nope'],
-                         capsys)
+    code, err = run_main(
+        ['fineweb_edu', '--out', str(tmp_path / 'fw2'), '--endpoint', hub.url, '--revision', 'nope'], capsys
+    )
     assert code == 2 and err.startswith('error: ') and 'revision/nope: not found (HTTP 404)' in err
     assert err.count('\n') == 1
 
@@ -622,8 +731,13 @@ def test_fineweb_rerun_skips_finished_work(hub, reference, tmp_path, capsys):
     assert progress['shards'] >= 3 and progress['file'] == 1 and not (out / 'meta.json').exists()
     # file 0 is in finished shards only: deleted; file 1 is still needed by the next shard: kept
     assert os.listdir(out / 'downloads') == ['001_00000.parquet']
-    finished = {p: os.stat(p).st_mtime_ns for p in [prepare.shard_path(str(out), 'fineweb_edu', 'val' if i == 0 else
-                                                                       'train', i) for i in range(progress['shards'])]}
+    finished = {
+        p: os.stat(p).st_mtime_ns
+        for p in [
+            prepare.shard_path(str(out), 'fineweb_edu', 'val' if i == 0 else 'train', i)
+            for i in range(progress['shards'])
+        ]
+    }
     hub.log.clear()
     capsys.readouterr()
     fineweb(hub, out)  # the rerun carries on: nothing finished is downloaded or written again
@@ -644,8 +758,11 @@ def test_fineweb_interrupted_run_and_another_tokenizer(hub, tmp_path, capsys):
     hub.fail[LAST] = [500] * downloads.HTTP_ATTEMPTS
     with pytest.raises(DataError, match='still after'):
         fineweb(hub, out)  # stopped with shards written: another tokenizer must not be mixed in
-    with pytest.raises(DataError, match=r"holds an unfinished dataset made with other settings: tokenizer="
-                                        r"'bpe:300' \(this run: 'bpe:400'\): rerun with its settings"):
+    with pytest.raises(
+        DataError,
+        match=r"holds an unfinished dataset made with other settings: tokenizer="
+        r"'bpe:300' \(this run: 'bpe:400'\): rerun with its settings",
+    ):
         fineweb(hub, out, tokenizer='bpe:400')
     # stopped before its first shard (here: the first file cannot be had): another tokenizer starts over cleanly
     out = tmp_path / 'fw2'
@@ -669,17 +786,31 @@ def test_progress_is_plain_lines_in_a_log(hub, tmp_path, capsys, monkeypatch):
 # -----------------------------------------------------------------------------------------------------
 # One writer per folder, and full disks
 
+
 def test_second_prepare_into_one_folder_is_refused(tmp_path, capsys):
     out = str(tmp_path / 'data')
-    holder = subprocess.Popen([sys.executable, '-c', 'import sys, time, files\n'
-                               'with files.folder_lock(sys.argv[1], "prepare.py pystdlib"):\n'
-                               '    print("locked", flush=True)\n'
-                               '    time.sleep(60)\n', out], stdout=subprocess.PIPE, text=True, cwd=os.getcwd())
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            '-c',
+            'import sys, time, files\n'
+            'with files.folder_lock(sys.argv[1], "prepare.py pystdlib"):\n'
+            '    print("locked", flush=True)\n'
+            '    time.sleep(60)\n',
+            out,
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=os.getcwd(),
+    )
     try:
         assert holder.stdout.readline() == 'locked\n'
         code, err = run_main(['pystdlib', '--out', out, '--max-files', '150', '--tokenizer', 'bpe:300'], capsys)
-        assert code == 2 and re.fullmatch(f'error: {out} is in use by pid {holder.pid} on this host \\(prepare.py '
-                                          f'pystdlib, since .*\\): wait for it to finish .*delete {out}/.lock\n', err)
+        assert code == 2 and re.fullmatch(
+            f'error: {out} is in use by pid {holder.pid} on this host \\(prepare.py '
+            f'pystdlib, since .*\\): wait for it to finish .*delete {out}/.lock\n',
+            err,
+        )
     finally:
         holder.kill()
         holder.wait()
@@ -703,14 +834,34 @@ def test_full_disk_is_one_line_and_loses_nothing(tmp_path, capsys, monkeypatch):
         if len(calls) == 6:
             raise OSError(28, 'No space left on device')
         real_fsync(fd)
+
     monkeypatch.setattr(os, 'fsync', fsync_then_full)
     capsys.readouterr()
-    assert prepare.main(['files', str(tmp_path / 'a.jsonl'), '--out', out, '--tokenizer', 'bpe:300', '--workers', '1',
-                         '--shard-tokens', '1500', '--val-tokens', '1000']) == 2
+    assert (
+        prepare.main(
+            [
+                'files',
+                str(tmp_path / 'a.jsonl'),
+                '--out',
+                out,
+                '--tokenizer',
+                'bpe:300',
+                '--workers',
+                '1',
+                '--shard-tokens',
+                '1500',
+                '--val-tokens',
+                '1000',
+            ]
+        )
+        == 2
+    )
     err = capsys.readouterr().err
-    assert re.fullmatch(f'error: disk full writing {out}(/.*)?: [\\d.,]+ [KMGT]?B free on the filesystem of {out}: '
-                        f'free some space or choose another folder, then rerun \\(what was complete is kept\\)\n',
-                        err), err
+    assert re.fullmatch(
+        f'error: disk full writing {out}(/.*)?: [\\d.,]+ [KMGT]?B free on the filesystem of {out}: '
+        f'free some space or choose another folder, then rerun \\(what was complete is kept\\)\n',
+        err,
+    ), err
     left = os.listdir(out)
     assert not [n for n in left if '.tmp' in n] and '.lock' not in left and 'meta.json' not in left
     monkeypatch.setattr(os, 'fsync', real_fsync)
@@ -721,11 +872,14 @@ def test_full_disk_is_one_line_and_loses_nothing(tmp_path, capsys, monkeypatch):
 def test_read_only_folder_is_one_line(tmp_path, capsys, monkeypatch):
     def read_only(*args, **kwargs):
         raise OSError(30, 'Read-only file system', str(tmp_path / 'ro' / '.lock.1'))
+
     monkeypatch.setattr(os, 'link', read_only)
     code, err = run_main(['pystdlib', '--out', str(tmp_path / 'ro')], capsys)
-    assert code == 2 and err == (f"error: cannot write {tmp_path / 'ro' / '.lock.1'} (read-only filesystem): "
-                                 f"{tmp_path / 'ro'} must be on a writable filesystem and writable by this user; "
-                                 f"choose another folder\n")
+    assert code == 2 and err == (
+        f"error: cannot write {tmp_path / 'ro' / '.lock.1'} (read-only filesystem): "
+        f"{tmp_path / 'ro'} must be on a writable filesystem and writable by this user; "
+        f"choose another folder\n"
+    )
 
 
 def test_ctrl_c_is_one_line_and_leaves_no_debris(tmp_path):
@@ -733,38 +887,64 @@ def test_ctrl_c_is_one_line_and_leaves_no_debris(tmp_path):
     line = json.dumps({'text': ' '.join(make_documents(1, seed=7, min_words=200))}) + '\n'
     (tmp_path / 'big.jsonl').write_text(line * 100_000)  # ~125 MB: tokenizing takes far longer than the 0.5 s below
     out = tmp_path / 'data'
-    run = subprocess.Popen([sys.executable, 'prepare.py', 'files', str(tmp_path / 'big.jsonl'), '--out', str(out),
-                            '--tokenizer', 'bpe:300', '--workers', '2', '--bpe-sample-chars', '100000'],
-                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
-                           cwd=os.path.dirname(os.path.abspath(prepare.__file__)),
-                           # as from a terminal: a shell's background job (CI's, maybe) inherits SIGINT ignored
-                           preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    run = subprocess.Popen(
+        [
+            sys.executable,
+            'prepare.py',
+            'files',
+            str(tmp_path / 'big.jsonl'),
+            '--out',
+            str(out),
+            '--tokenizer',
+            'bpe:300',
+            '--workers',
+            '2',
+            '--bpe-sample-chars',
+            '100000',
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        cwd=os.path.dirname(os.path.abspath(prepare.__file__)),
+        # as from a terminal: a shell's background job (CI's, maybe) inherits SIGINT ignored
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
     while not (out / 'tokenizer.json').exists() and run.poll() is None:
         time.sleep(0.05)
     time.sleep(0.5)  # the pool's workers are running
     os.killpg(run.pid, signal.SIGINT)
     _, err = run.communicate(timeout=60)
-    assert run.returncode == 130 and err == ('interrupted (Ctrl-C): what was complete is kept; rerun the same command '
-                                             'to carry on\n'), err
+    assert run.returncode == 130 and err == (
+        'interrupted (Ctrl-C): what was complete is kept; rerun the same command to carry on\n'
+    ), err
     assert not [n for n in os.listdir(out) if '.tmp' in n or n == '.lock'] and (out / 'progress.json').exists()
 
 
 # -----------------------------------------------------------------------------------------------------
 # --tokenizer neox: GPT-NeoX-20B's tokenizer.json from the Hub, used through the `tokenizers` library
 
+
 def neox_format_tokenizer(texts):
     """A small tokenizer.json in GPT-NeoX-20B's format, trained here: byte-level BPE without a prefix space, NFC,
     <|endoftext|> = 0 and <|padding|> = 1, then the runs of 24 down to 2 spaces as added tokens after the BPE's
     ids (the real file: 50,254 + 23 = 50,277)."""
     from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+
     tokenizer = Tokenizer(models.BPE())
     tokenizer.normalizer = normalizers.NFC()
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.post_processor = processors.ByteLevel(trim_offsets=True)
     tokenizer.decoder = decoders.ByteLevel()
-    tokenizer.train_from_iterator(texts, trainers.BpeTrainer(
-        vocab_size=600, special_tokens=['<|endoftext|>', '<|padding|>'], show_progress=False,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    tokenizer.train_from_iterator(
+        texts,
+        trainers.BpeTrainer(
+            vocab_size=600,
+            special_tokens=['<|endoftext|>', '<|padding|>'],
+            show_progress=False,
+            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        ),
+    )
     tokenizer.add_tokens([AddedToken(' ' * n, normalized=True) for n in range(24, 1, -1)])
     return tokenizer.to_str().encode()
 
@@ -773,8 +953,12 @@ def test_neox_tokenizer_from_the_hub(hub, tmp_path, monkeypatch, capsys):
     import unicodedata
 
     from tokenizers import Tokenizer
-    docs = make_documents(40, seed=8) + ['def f(x):\n    return x  # two  spaces' + ' ' * 30 + 'end\n',
-                                         'café or cafe\u0301, 東京 🐍\t\ttabs', 'plain <|endoftext|> text']
+
+    docs = make_documents(40, seed=8) + [
+        'def f(x):\n    return x  # two  spaces' + ' ' * 30 + 'end\n',
+        'café or cafe\u0301, 東京 🐍\t\ttabs',
+        'plain <|endoftext|> text',
+    ]
     hub.model_files['tokenizer.json'] = neox_format_tokenizer(docs)
     reference = Tokenizer.from_str(hub.model_files['tokenizer.json'].decode())
     reference.encode_special_tokens = True  # '<|endoftext|>' in a document is text, as everywhere in prepare.py
@@ -783,10 +967,12 @@ def test_neox_tokenizer_from_the_hub(hub, tmp_path, monkeypatch, capsys):
     os.makedirs(out / 'downloads')  # a damaged copy of the right size from an earlier run: checked, fetched again
     (out / 'downloads' / 'gpt-neox-20b-tokenizer.json').write_bytes(bytes(len(hub.model_files['tokenizer.json'])))
     monkeypatch.setenv('HF_ENDPOINT', hub.url)
-    meta = prepare.prepare_files([str(tmp_path / 'a.jsonl')], str(out), tokenizer='neox', workers=2,
-                                 shard_tokens=2000)
-    assert re.search(r'gpt-neox-20b-tokenizer.json does not match the listing \(git sha1 [0-9a-f]{40}, not '
-                     f'{git_blob_id(hub.model_files["tokenizer.json"])}\\)', capsys.readouterr().out)
+    meta = prepare.prepare_files([str(tmp_path / 'a.jsonl')], str(out), tokenizer='neox', workers=2, shard_tokens=2000)
+    assert re.search(
+        r'gpt-neox-20b-tokenizer.json does not match the listing \(git sha1 [0-9a-f]{40}, not '
+        f'{git_blob_id(hub.model_files["tokenizer.json"])}\\)',
+        capsys.readouterr().out,
+    )
     enc = data.load_tokenizer(str(out))
     # NeoX's ids, then the objectives' special tokens (by default) in the model's padding after them
     assert meta['tokenizer'] == 'neox' and meta['vocab_size'] == enc.n_vocab == reference.get_vocab_size() + 22
@@ -800,8 +986,10 @@ def test_neox_tokenizer_from_the_hub(hub, tmp_path, monkeypatch, capsys):
     # NeoX's settings hold: runs of spaces are added tokens split off first (30 = 24 + 6), text is NFC, and
     # '<|endoftext|>' in a text stays text unless a prompt allows it
     spaces = {n: reference.token_to_id(' ' * n) for n in (4, 6, 24)}
-    assert enc.encode_ordinary('    return')[:1] == [spaces[4]] and enc.decode(enc.encode_ordinary('    return')[1:]) \
-        == 'return'
+    assert (
+        enc.encode_ordinary('    return')[:1] == [spaces[4]]
+        and enc.decode(enc.encode_ordinary('    return')[1:]) == 'return'
+    )
     assert [spaces[24], spaces[6]] == enc.encode_ordinary(' ' * 30)
     for doc in docs:
         assert enc.decode(enc.encode_ordinary(doc)) == unicodedata.normalize('NFC', doc)

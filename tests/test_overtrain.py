@@ -7,6 +7,7 @@ line: train.py's own checks through train.main, the experiment's (a branch start
 through overtrain. overtrain.py runs the wsd run, its branch and cosine runs and tabulates their val bits per byte;
 plot.py draws them with the published fit on its own axis.
 """
+
 import contextlib
 import io
 import json
@@ -14,6 +15,8 @@ import os
 
 import numpy as np
 import pytest
+from test_plot import lines_labelled
+from test_train import read_metrics, step_losses, write_config
 
 import checkpoint
 import config
@@ -24,15 +27,19 @@ import overtrain
 import plot
 import train
 from config import ConfigError, load_config
-from test_plot import lines_labelled
-from test_train import read_metrics, step_losses, write_config
 
 # The main run: 24 steps of 256 tokens (8 sequences of 32), wsd: warmup 2 steps, the peak to step 18, a decay over
 # steps 19-23 (0-based) to 10%. Its branch of 15 steps' tokens starts after step 12 (0.8 x 3,840 = 3,072 tokens)
 # and decays over 3 steps (768 tokens), steps 13-15 as logged.
 STEP_TOKENS, PEAK, FLOOR = 256, 3e-3, 3e-4
-MAIN = dict(schedule='wsd', train_tokens=24 * STEP_TOKENS, decay_frac=0.2, cooldowns=(15 * STEP_TOKENS,),
-            ckpt_every=4, keep_ckpts=1)
+MAIN = dict(
+    schedule='wsd',
+    train_tokens=24 * STEP_TOKENS,
+    decay_frac=0.2,
+    cooldowns=(15 * STEP_TOKENS,),
+    ckpt_every=4,
+    keep_ckpts=1,
+)
 
 
 def quietly(function, *args):
@@ -45,9 +52,14 @@ def quietly(function, *args):
 
 def files_of(folder):
     """{path: (size, modification time)} of every file under folder."""
-    return {os.path.join(root, name): (os.path.getsize(os.path.join(root, name)),
-                                       os.stat(os.path.join(root, name)).st_mtime_ns)
-            for root, _, names in os.walk(folder) for name in names}
+    return {
+        os.path.join(root, name): (
+            os.path.getsize(os.path.join(root, name)),
+            os.stat(os.path.join(root, name)).st_mtime_ns,
+        )
+        for root, _, names in os.walk(folder)
+        for name in names
+    }
 
 
 @pytest.fixture(scope='module')
@@ -75,8 +87,11 @@ def test_the_main_run_keeps_the_start_of_its_branch(main_run):
     config_path, main, runs = main_run
     kept = os.path.join(main, 'ckpt', 'step_0000012')
     assert runs[0].flags == ['--keep_steps=12']
-    assert runs[1].start == kept and runs[1].flags == [f'--cooldown_from={kept}', '--cooldown_tokens=768',
-                                                       f'--out_dir={main}_cooldown_3.84K']
+    assert runs[1].start == kept and runs[1].flags == [
+        f'--cooldown_from={kept}',
+        '--cooldown_tokens=768',
+        f'--out_dir={main}_cooldown_3.84K',
+    ]
     # keep_ckpts = 1 pruned steps 0, 4, 8, 16 and 20; step 12 stays, complete
     assert sorted(os.listdir(os.path.join(main, 'ckpt'))) == ['LATEST', 'step_0000012', 'step_0000024']
     assert checkpoint.damage(kept) is None
@@ -111,8 +126,12 @@ def test_a_branch_continues_the_main_run_and_decays_to_the_floor(main_run, branc
 
 def test_a_branch_resumes_bit_exactly(main_run, branch, tmp_path, capsys):
     config_path, main, _ = main_run
-    flags = [config_path, f'--cooldown_from={main}/ckpt/step_0000012', '--cooldown_tokens=768',
-             f'--out_dir={tmp_path / "b"}']
+    flags = [
+        config_path,
+        f'--cooldown_from={main}/ckpt/step_0000012',
+        '--cooldown_tokens=768',
+        f'--out_dir={tmp_path / "b"}',
+    ]
     assert train.main(flags + ['--max_steps=14']) == 0
     assert checkpoint.step_of(checkpoint.latest(tmp_path / 'b')) == 14
     assert train.main(flags) == 2  # its folder holds a branch now: the same rule as any run's
@@ -129,22 +148,31 @@ def other_checkpoints(pystdlib_data, tmp_path_factory):
     tmp = tmp_path_factory.mktemp('others')
     found = {}
     for schedule in ('cosine', 'wsd'):
-        config_path = write_config(tmp, pystdlib_data, schedule=schedule, out_dir=str(tmp / schedule), max_steps=1,
-                                   train_tokens=24 * STEP_TOKENS)
+        config_path = write_config(
+            tmp,
+            pystdlib_data,
+            schedule=schedule,
+            out_dir=str(tmp / schedule),
+            max_steps=1,
+            train_tokens=24 * STEP_TOKENS,
+        )
         assert quietly(train.main, [config_path])[0] == 0
         found['warmup' if schedule == 'wsd' else schedule] = checkpoint.latest(tmp / schedule)
     return found
 
 
-@pytest.mark.parametrize('flags, message', [
-    (['--cooldown_from={tmp}/nothing', '--cooldown_tokens=768'], 'nothing is not a checkpoint folder'),
-    (['--cooldown_from={main}', '--cooldown_tokens=768'], 'main is not a checkpoint folder'),
-    (['--cooldown_from={kept}', '--cooldown_tokens=0'], 'cooldown_tokens must be positive for a cooldown, got 0'),
-    (['--cooldown_from={kept}', '--cooldown_tokens=-5'], 'cooldown_tokens must be positive for a cooldown, got -5'),
-    (['--cooldown_tokens=768'], 'cooldown_tokens goes with --cooldown_from'),
-    (['--cooldown_from={kept}', '--cooldown_tokens=768', '--n_layer=3'], 'was written for another model (n_layer'),
-    (['--cooldown_from={kept}', '--cooldown_tokens=768', '--lr=0.001'], 'with a changed lr 0.003 -> 0.001'),
-])
+@pytest.mark.parametrize(
+    'flags, message',
+    [
+        (['--cooldown_from={tmp}/nothing', '--cooldown_tokens=768'], 'nothing is not a checkpoint folder'),
+        (['--cooldown_from={main}', '--cooldown_tokens=768'], 'main is not a checkpoint folder'),
+        (['--cooldown_from={kept}', '--cooldown_tokens=0'], 'cooldown_tokens must be positive for a cooldown, got 0'),
+        (['--cooldown_from={kept}', '--cooldown_tokens=-5'], 'cooldown_tokens must be positive for a cooldown, got -5'),
+        (['--cooldown_tokens=768'], 'cooldown_tokens goes with --cooldown_from'),
+        (['--cooldown_from={kept}', '--cooldown_tokens=768', '--n_layer=3'], 'was written for another model (n_layer'),
+        (['--cooldown_from={kept}', '--cooldown_tokens=768', '--lr=0.001'], 'with a changed lr 0.003 -> 0.001'),
+    ],
+)
 def test_a_bad_cooldown_is_one_line(main_run, tmp_path, capsys, flags, message):
     """train.py's own checks: any cooldown, of this experiment or not."""
     config_path, main, _ = main_run
@@ -156,28 +184,42 @@ def test_a_bad_cooldown_is_one_line(main_run, tmp_path, capsys, flags, message):
     assert len(err) == 1 and err[0].startswith('error: ') and message in err[0], err
 
 
-@pytest.mark.parametrize('start, message', [
-    ('{tmp}/nothing', 'nothing is not a complete checkpoint: the main run keeps one at each branch'),
-    ('{cosine}', 'was written by a cosine run: a branch starts from'),
-    ('{warmup}', 'is step 1 of a wsd run that holds the peak LR from step 2 to 18: at step 1 it is still warming up'),
-    ('{main}/ckpt/step_0000024', 'at step 24 it is already decaying'),
-    ('{main}_cooldown_3.84K/ckpt/step_0000015', "is a cooldown branch's checkpoint, already decaying"),
-])
-def test_a_branch_starts_in_the_stable_phase_of_a_wsd_run(main_run, branch, other_checkpoints, tmp_path, start,
-                                                          message):
+@pytest.mark.parametrize(
+    'start, message',
+    [
+        ('{tmp}/nothing', 'nothing is not a complete checkpoint: the main run keeps one at each branch'),
+        ('{cosine}', 'was written by a cosine run: a branch starts from'),
+        (
+            '{warmup}',
+            'is step 1 of a wsd run that holds the peak LR from step 2 to 18: at step 1 it is still warming up',
+        ),
+        ('{main}/ckpt/step_0000024', 'at step 24 it is already decaying'),
+        ('{main}_cooldown_3.84K/ckpt/step_0000015', "is a cooldown branch's checkpoint, already decaying"),
+    ],
+)
+def test_a_branch_starts_in_the_stable_phase_of_a_wsd_run(
+    main_run, branch, other_checkpoints, tmp_path, start, message
+):
     """The experiment's own check: train.py would cool any of these down, but none makes a finished run."""
     config_path, main, _ = main_run
     with pytest.raises(ConfigError) as refused:
-        overtrain.check_branch_start(start.format(tmp=tmp_path, main=main, **other_checkpoints),
-                                     *load_config(config_path))
+        overtrain.check_branch_start(
+            start.format(tmp=tmp_path, main=main, **other_checkpoints), *load_config(config_path)
+        )
     assert message in str(refused.value) and '\n' not in str(refused.value)
 
 
-@pytest.mark.parametrize('flags, message', [
-    (['--schedule=cosine'], "cooldowns need schedule = 'wsd'"),
-    (['--cooldowns=6144'], 'the branch of 6,144 tokens would start at step 20 (4,915 tokens), outside this '
-                           "run's stable phase (steps 2 to 18)"),
-])
+@pytest.mark.parametrize(
+    'flags, message',
+    [
+        (['--schedule=cosine'], "cooldowns need schedule = 'wsd'"),
+        (
+            ['--cooldowns=6144'],
+            'the branch of 6,144 tokens would start at step 20 (4,915 tokens), outside this '
+            "run's stable phase (steps 2 to 18)",
+        ),
+    ],
+)
 def test_a_plan_without_stable_branch_points_is_one_line(main_run, capsys, flags, message):
     config_path, _, _ = main_run
     capsys.readouterr()
@@ -192,7 +234,7 @@ def test_the_schedule_of_a_branch():
     assert list(overtrain.stable_steps(total, cfg)) == list(range(10, 800))
     lrs = [train.lr_at(step, total, cfg, cooldown=(400, 100)) for step in range(398, 500)]
     assert lrs[:2] == [1e-3, 1e-3] and lrs[2] == pytest.approx(1e-3 - 9e-4 / 100)  # the first step decays
-    assert lrs[51] == pytest.approx(5.5e-4) and lrs[-1] == pytest.approx(1e-4)       # half-way; the floor
+    assert lrs[51] == pytest.approx(5.5e-4) and lrs[-1] == pytest.approx(1e-4)  # half-way; the floor
     assert all(np.diff(lrs[1:]) < 0)  # falling at every step
 
 
@@ -205,19 +247,27 @@ def test_the_overtrain_config_branches_at_one_and_two_chinchillas():
     assert points == {39_673: 26_000_000_000, 79_346: 52_000_000_000}
     runs = overtrain.plan(model_cfg, train_cfg)
     assert [(r.schedule, r.length, r.tokens) for r in runs] == [
-        ('wsd', 100e9, 100e9), ('cooldown', 26e9, 26e9 - 39_673 * 524_288), ('cooldown', 52e9, 52e9 - 79_346 * 524_288),
-        ('cosine', 26e9, 26e9), ('cosine', 52e9, 52e9), ('cosine', 100e9, 100e9)]
+        ('wsd', 100e9, 100e9),
+        ('cooldown', 26e9, 26e9 - 39_673 * 524_288),
+        ('cooldown', 52e9, 52e9 - 79_346 * 524_288),
+        ('cosine', 26e9, 26e9),
+        ('cosine', 52e9, 52e9),
+        ('cosine', 100e9, 100e9),
+    ]
     assert runs[0].flags == ['--keep_steps=39673,79346']  # the branches' starts outlive keep_ckpts = 3
     assert runs[1].out_dir == 'out/h200_1b3_overtrain_cooldown_26B' and runs[1].flags == [
-        '--cooldown_from=out/h200_1b3_overtrain/ckpt/step_0039673', '--cooldown_tokens=5199922176',
-        '--out_dir=out/h200_1b3_overtrain_cooldown_26B']
+        '--cooldown_from=out/h200_1b3_overtrain/ckpt/step_0039673',
+        '--cooldown_tokens=5199922176',
+        '--out_dir=out/h200_1b3_overtrain_cooldown_26B',
+    ]
     assert runs[3].out_dir == 'out/h200_1b3_overtrain_cosine_26B'
     rows, prediction = overtrain.bill(model_cfg, train_cfg, runs)
     share = 5_199_922_176 / 100e9  # the main run's 24.9 days and $2,091, shared out by tokens
-    assert rows[3].endswith(f"| {ledger_report.duration(prediction['days'] * share)} | "
-                            f"${prediction['cost_usd'] * share:,.0f} |")
+    assert rows[3].endswith(
+        f"| {ledger_report.duration(prediction['days'] * share)} | ${prediction['cost_usd'] * share:,.0f} |"
+    )
     assert rows[-2].startswith('| wsd and its branches | | 116B |')  # 100B + 5.2B + 10.4B
-    assert rows[-1].startswith('| the cosine runs | | 178B |')        # 26B + 52B + 100B
+    assert rows[-1].startswith('| the cosine runs | | 178B |')  # 26B + 52B + 100B
 
 
 def test_cooldowns_and_keep_steps_read_as_whole_numbers(tmp_path):
@@ -251,23 +301,28 @@ def test_a_checkpoint_older_than_the_experiments_keys_still_resumes(main_run, mo
 # -----------------------------------------------------------------------------------------------------
 # The experiment in one command, and its picture.
 
+
 def test_overtrain_runs_the_experiment_and_tabulates_it(pystdlib_data, tmp_path, capsys):
     config_path = write_config(tmp_path, pystdlib_data, out_dir=str(tmp_path / 'x'), eval_every=6, **MAIN)
     assert overtrain.main([config_path]) == 0
     out = capsys.readouterr().out
     folders = [str(tmp_path / name) for name in ('x', 'x_cooldown_3.84K', 'x_cosine_3.84K', 'x_cosine_6.14K')]
     assert [line.split(' ', 3)[3] for line in out.splitlines() if line.startswith('python train.py ')] == [
-        '--keep_steps=12', f'--cooldown_from={folders[0]}/ckpt/step_0000012 --cooldown_tokens=768 '
-        f'--out_dir={folders[1]}', f'--schedule=cosine --train_tokens=3840 --out_dir={folders[2]}',
-        f'--schedule=cosine --train_tokens=6144 --out_dir={folders[3]}']
+        '--keep_steps=12',
+        f'--cooldown_from={folders[0]}/ckpt/step_0000012 --cooldown_tokens=768 --out_dir={folders[1]}',
+        f'--schedule=cosine --train_tokens=3840 --out_dir={folders[2]}',
+        f'--schedule=cosine --train_tokens=6144 --out_dir={folders[3]}',
+    ]
     assert sorted(os.listdir(tmp_path / 'x' / 'ckpt')) == ['LATEST', 'step_0000012', 'step_0000024']
     bpb = {folder: json.loads(open(os.path.join(folder, 'summary.json')).read())['val_bpb'] for folder in folders}
     chinchilla = ledger.CHINCHILLA_TOKENS_PER_PARAM * ledger.count_params(load_config(config_path)[0])['total']
     table = out.split('final val loss, bits per byte:\n')[1].splitlines()
     pairs = [(folders[1], folders[2], 3840), (folders[0], folders[3], 6144)]
     for row, (wsd, cosine, length) in zip(table[2:4], pairs, strict=True):
-        assert row == (f"| {ledger_report.si(length)} | {length / chinchilla:.2f} | {bpb[wsd]:.4f} | "
-                       f"{bpb[cosine]:.4f} | {bpb[wsd] - bpb[cosine]:+.4f} |")
+        assert row == (
+            f"| {ledger_report.si(length)} | {length / chinchilla:.2f} | {bpb[wsd]:.4f} | "
+            f"{bpb[cosine]:.4f} | {bpb[wsd] - bpb[cosine]:+.4f} |"
+        )
     assert os.path.isfile(tmp_path / 'x' / 'branches.png')
     assert [e['lr'] for e in read_metrics(folders[2]) if 'lr' in e][-1] == pytest.approx(FLOOR)  # cosine, 15 steps
     # the same command again: every run is complete, nothing is trained or logged again
@@ -294,8 +349,8 @@ def write_metrics(folder, first, last, val, params=1000):
 
 
 def test_the_branch_picture(tmp_path, capsys):
-    main = write_metrics(tmp_path / 'run', 1, 100, 3.2)           # P = 1,000: 20 x P = 20K tokens
-    write_metrics(tmp_path / 'run_cooldown_50K', 41, 50, 3.3)     # a branch from step 40
+    main = write_metrics(tmp_path / 'run', 1, 100, 3.2)  # P = 1,000: 20 x P = 20K tokens
+    write_metrics(tmp_path / 'run_cooldown_50K', 41, 50, 3.3)  # a branch from step 40
     write_metrics(tmp_path / 'run_cosine_50K', 1, 50, 3.35)
     write_metrics(tmp_path / 'run_cosine_100K', 1, 100, 3.25)
     fig = plot.branch_figure(main)

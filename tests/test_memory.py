@@ -11,6 +11,7 @@ test_memory.py: the memory ledger against the memory a run really holds, on the 
    blocks for reuse (fast, but the peak RSS then runs up to ~1.35x the live bytes, which the ledger names), so
    these runs set MALLOC_MMAP_THRESHOLD_ to return every large block at once: the peak RSS is then the live peak.
 """
+
 import json
 import os
 import subprocess
@@ -21,7 +22,7 @@ import pytest
 import ledger
 from config import ModelConfig
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repo's root, where train.py is
 MODES = ['ddp', 'zero1', 'zero2', 'fsdp']
 MODEL_KEYS = set(ModelConfig.__dataclass_fields__)
 
@@ -60,9 +61,23 @@ if torch.distributed.is_initialized():  # leave together: a rank exiting mid-col
     torch.distributed.destroy_process_group()
 '''
 
-TINY = dict(arch='llama', n_layer=2, n_head=2, n_kv_head=1, n_embd=64, vocab_size=515, block_size=32, micro_batch=2,
-            batch_tokens=256, train_tokens=2560, compile=False, dtype='float32', data='synthetic', eval_tokens=64,
-            sample_tokens=0)
+TINY = dict(
+    arch='llama',
+    n_layer=2,
+    n_head=2,
+    n_kv_head=1,
+    n_embd=64,
+    vocab_size=515,
+    block_size=32,
+    micro_batch=2,
+    batch_tokens=256,
+    train_tokens=2560,
+    compile=False,
+    dtype='float32',
+    data='synthetic',
+    eval_tokens=64,
+    sample_tokens=0,
+)
 
 
 def python_or_torchrun(processes):
@@ -71,26 +86,37 @@ def python_or_torchrun(processes):
     return [sys.executable, '-m', 'torch.distributed.run', '--standalone', f'--nproc_per_node={processes}']
 
 
-@pytest.mark.parametrize('mode,processes', [('ddp', 1)] + [(mode, 2) for mode in MODES],
-                         ids=['one-process'] + MODES)
+@pytest.mark.parametrize('mode,processes', [('ddp', 1)] + [(mode, 2) for mode in MODES], ids=['one-process'] + MODES)
 def test_model_states_are_exact_on_every_rank(mode, processes, tmp_path):
     config = tmp_path / 'tiny.py'
     config.write_text(''.join(f'{k} = {v!r}\n' for k, v in TINY.items()))
     script = tmp_path / 'count_states.py'
     script.write_text(COUNT_STATES)
-    result = subprocess.run(python_or_torchrun(processes) + [str(script), str(config), f'--parallel={mode}',
-                                                              f'--out_dir={tmp_path / "out"}'],
-                            cwd=HERE, capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=HERE))
+    result = subprocess.run(
+        python_or_torchrun(processes)
+        + [str(script), str(config), f'--parallel={mode}', f'--out_dir={tmp_path / "out"}'],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, PYTHONPATH=ROOT),
+    )
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
     ranks = [json.loads((tmp_path / 'out' / f'states_rank{rank}.json').read_text()) for rank in range(processes)]
     assert sorted(r['rank'] for r in ranks) == list(range(processes))
     for rank in ranks:
         assert rank['counted'] == rank['ledger'], rank
         assert rank['counted']['weights'] > 0 and rank['counted']['optimizer'] > 0
-    one_process = ledger.held_model_states(ModelConfig(**{k: v for k, v in TINY.items() if k in MODEL_KEYS}),
-                                           'ddp', 1)
-    sharded = {'ddp': set(), 'zero1': {'optimizer'}, 'zero2': {'weights', 'grads', 'optimizer'},
-               'fsdp': {'weights', 'grads', 'optimizer'}}[mode] if processes > 1 else set()
+    one_process = ledger.held_model_states(ModelConfig(**{k: v for k, v in TINY.items() if k in MODEL_KEYS}), 'ddp', 1)
+    sharded = (
+        {
+            'ddp': set(),
+            'zero1': {'optimizer'},
+            'zero2': {'weights', 'grads', 'optimizer'},
+            'fsdp': {'weights', 'grads', 'optimizer'},
+        }[mode]
+        if processes > 1
+        else set()
+    )
     for part in ('weights', 'grads', 'optimizer'):  # a sharded part: about half of one process's on each rank
         share = [rank['counted'][part] / one_process[part] for rank in ranks]
         assert all(0.45 < s < 0.55 for s in share) if part in sharded else share == [1.0] * processes, (part, share)
@@ -99,10 +125,18 @@ def test_model_states_are_exact_on_every_rank(mode, processes, tmp_path):
 def peak_memory_run(tmp_path, processes, *flags):
     """train.py on this config for 2 steps; -> (predicted, measured) peak bytes from its summary.json."""
     out = tmp_path / 'out'
-    command = python_or_torchrun(processes) + ['train.py', 'configs/pystdlib_cpu.py', '--data=synthetic',
-                                               '--max_steps=2', '--eval_tokens=4096', f'--out_dir={out}', *flags]
-    result = subprocess.run(command, cwd=HERE, capture_output=True, text=True,
-                            env=dict(os.environ, MALLOC_MMAP_THRESHOLD_='65536'))
+    command = python_or_torchrun(processes) + [
+        'train.py',
+        'configs/pystdlib_cpu.py',
+        '--data=synthetic',
+        '--max_steps=2',
+        '--eval_tokens=4096',
+        f'--out_dir={out}',
+        *flags,
+    ]
+    result = subprocess.run(
+        command, cwd=ROOT, capture_output=True, text=True, env=dict(os.environ, MALLOC_MMAP_THRESHOLD_='65536')
+    )
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
     summary = json.loads((out / 'summary.json').read_text())
     return summary['memory_predicted_bytes'], summary['memory_measured_bytes']
@@ -116,6 +150,13 @@ def test_cpu_default_peak_memory_within_15_percent(tmp_path):
 @pytest.mark.parametrize('mode', MODES)
 def test_peak_memory_of_each_mode_within_15_percent(mode, tmp_path):
     # eager fp32: what each mode itself holds (the compiled, auto-dtype default is the test above)
-    predicted, measured = peak_memory_run(tmp_path, 2, f'--parallel={mode}', '--micro_batch=4', '--batch_tokens=4096',
-                                          '--compile=False', '--dtype=float32')
+    predicted, measured = peak_memory_run(
+        tmp_path,
+        2,
+        f'--parallel={mode}',
+        '--micro_batch=4',
+        '--batch_tokens=4096',
+        '--compile=False',
+        '--dtype=float32',
+    )
     assert measured == pytest.approx(predicted, rel=0.15), (predicted, measured)

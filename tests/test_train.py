@@ -4,6 +4,7 @@ fixture: the loss falls, resume is bit-exact (also after a process killed mid-ch
 back and skips, the schedule and the batch ramp hit their endpoints, the data order is a seeded permutation, and
 bad input is one line. Runs call train.main in-process (what the CLI calls) unless the test is about the process.
 """
+
 import json
 import math
 import os
@@ -24,13 +25,30 @@ import live
 import train
 from config import TrainConfig, load_config
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = HERE  # the repo's root, where train.py is
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repo's root, where train.py is
 
 # 8 sequences of 32 tokens per step: micro_batch 4 x 2 accumulation steps; 12 steps planned.
-TINY = dict(arch='llama', n_layer=2, n_head=2, n_embd=64, vocab_size=512, block_size=32, micro_batch=4,
-            batch_tokens=256, train_tokens=12 * 256, lr=3e-3, warmup_frac=0.1, compile=False, log_every=1,
-            eval_every=1000, eval_tokens=1024, ckpt_every=4, keep_ckpts=3, spike_window=5, max_rollbacks=3)
+TINY = dict(
+    arch='llama',
+    n_layer=2,
+    n_head=2,
+    n_embd=64,
+    vocab_size=512,
+    block_size=32,
+    micro_batch=4,
+    batch_tokens=256,
+    train_tokens=12 * 256,
+    lr=3e-3,
+    warmup_frac=0.1,
+    compile=False,
+    log_every=1,
+    eval_every=1000,
+    eval_tokens=1024,
+    ckpt_every=4,
+    keep_ckpts=3,
+    spike_window=5,
+    max_rollbacks=3,
+)
 SEQUENCES_PER_STEP = 256 // 32
 
 
@@ -67,9 +85,18 @@ def reference(pystdlib_data, tmp_path_factory):
 # -----------------------------------------------------------------------------------------------------
 # It trains.
 
+
 def test_loss_falls_and_outputs_are_written(pystdlib_data, tmp_path, capsys):
-    config = write_config(tmp_path, pystdlib_data, train_tokens=60 * 512, batch_tokens=512, log_every=5,
-                          eval_every=30, ckpt_every=30, sample_tokens=20)
+    config = write_config(
+        tmp_path,
+        pystdlib_data,
+        train_tokens=60 * 512,
+        batch_tokens=512,
+        log_every=5,
+        eval_every=30,
+        ckpt_every=30,
+        sample_tokens=20,
+    )
     assert run(config, tmp_path / 'out') == 0
     out = capsys.readouterr().out
     entries = read_metrics(tmp_path / 'out')
@@ -77,8 +104,9 @@ def test_loss_falls_and_outputs_are_written(pystdlib_data, tmp_path, capsys):
     val = [e['val_loss'] for e in entries if 'val_loss' in e]
     assert losses[0] > 5.5 and losses[-1] < losses[0] - 1.0, losses  # ln 512 = 6.24 at the start
     assert len(val) == 2 and val[-1] < val[0]
-    assert all(0 < e['mfu'] < 1 and e['tokens_per_s'] > 0 and e['peak_memory_bytes'] > 0
-               for e in entries if 'loss' in e)  # MFU against the CPU's measured GEMM peak
+    assert all(
+        0 < e['mfu'] < 1 and e['tokens_per_s'] > 0 and e['peak_memory_bytes'] > 0 for e in entries if 'loss' in e
+    )  # MFU against the CPU's measured GEMM peak
     assert 'ledger (the whole bill: ' in out and 'Ledger 1' not in out  # a short ledger; the rest in ledger.md
     # dtype 'auto' takes whichever of fp32 and bf16 this CPU's probe found faster, and says which
     assert re.search(r'precision: (float32|bfloat16) compute \(the faster on this CPU, measured\)', out), out
@@ -87,7 +115,8 @@ def test_loss_falls_and_outputs_are_written(pystdlib_data, tmp_path, capsys):
     bytes_per_token = data.load_meta(pystdlib_data)['bytes_per_token']
     assert all(e['bpb'] == pytest.approx(e['loss'] / math.log(2) / bytes_per_token) for e in entries if 'loss' in e)
     assert [e['val_bpb'] for e in entries if 'val_bpb' in e] == pytest.approx(
-        [v / math.log(2) / bytes_per_token for v in val])
+        [v / math.log(2) / bytes_per_token for v in val]
+    )
     prediction = json.loads((tmp_path / 'out' / 'ledger.json').read_text())
     assert prediction['params']['total'] == ledger.count_params(load_config(config)[0])['total']
     assert prediction['gpu']['kind'] == 'cpu' and 'GEMM probe' in prediction['gpu']['peak_source']
@@ -98,11 +127,14 @@ def test_loss_falls_and_outputs_are_written(pystdlib_data, tmp_path, capsys):
     assert summary['params_predicted'] == summary['params_built'] == prediction['params']['total']
     assert summary['tokens_per_s_predicted'] == prediction['tokens_per_s'] and summary['tokens_per_s_measured'] > 0
     assert summary['mfu_measured'] == pytest.approx(
-        prediction['flops_per_token']['matmul'] * summary['tokens_per_s_measured'] / prediction['gpu']['peak_flops'])
+        prediction['flops_per_token']['matmul'] * summary['tokens_per_s_measured'] / prediction['gpu']['peak_flops']
+    )
     assert summary['days_projected'] == pytest.approx(60 * 512 / summary['tokens_per_s_measured'] / 86400)
     assert summary['memory_predicted_bytes'] == prediction['memory']['total'] and summary['memory_measured_bytes'] > 0
     report = (tmp_path / 'out' / 'report.md').read_text()
-    assert report == ledger_report.format_comparison(summary) + '\n\n![train and val loss against tokens seen](loss.png)\n'
+    assert (
+        report == ledger_report.format_comparison(summary) + '\n\n![train and val loss against tokens seen](loss.png)\n'
+    )
     assert (tmp_path / 'out' / 'loss.png').read_bytes().startswith(b'\x89PNG')
     assert report.startswith('Predicted by ledger.py for 1 x CPU (') and 'measured on 1 x the CPU' in report
     assert '| quantity | predicted | measured |' in report and 'parameters' in report
@@ -120,8 +152,18 @@ def test_synthetic_data_trains_without_a_dataset(tmp_path):
 
 def test_chinchilla_point_is_logged(tmp_path, capsys):
     # a model of P = 920 parameters (V 16, H 8, H' 16, one layer): 20 x P = 18,400 tokens pass during step 3
-    config = write_config(tmp_path, 'synthetic', vocab_size=16, n_embd=8, n_head=1, ffn_hidden=16, n_layer=1,
-                          batch_tokens=8192, micro_batch=256, train_tokens=4 * 8192)
+    config = write_config(
+        tmp_path,
+        'synthetic',
+        vocab_size=16,
+        n_embd=8,
+        n_head=1,
+        ffn_hidden=16,
+        n_layer=1,
+        batch_tokens=8192,
+        micro_batch=256,
+        train_tokens=4 * 8192,
+    )
     assert run(config, tmp_path / 'out') == 0
     assert ledger.count_params(load_config(config)[0])['total'] == 920
     assert "step 3: 24,576 tokens seen passes the Chinchilla point 20 x P = 18,400" in capsys.readouterr().out
@@ -130,17 +172,32 @@ def test_chinchilla_point_is_logged(tmp_path, capsys):
 # -----------------------------------------------------------------------------------------------------
 # Every shipped config starts: its own arch, tying, bias, recompute and parallel mode, sizes shrunk, synthetic data.
 
-CONFIG_FILES = sorted(os.path.join('configs', name) for name in os.listdir(os.path.join(HERE, 'configs')))
-SHRUNK = ['--data=synthetic', '--n_layer=2', '--n_embd=64', '--n_head=2', '--n_kv_head=2', '--ffn_hidden=0',
-          '--vocab_size=512', '--block_size=32', '--micro_batch=2', '--batch_tokens=128', '--max_steps=2',
-          '--compile=False', '--eval_every=1000', '--eval_tokens=128', '--ckpt_every=1000', '--sample_tokens=0',
-          '--n_gpu=1']
+CONFIG_FILES = sorted(os.path.join('configs', name) for name in os.listdir(os.path.join(ROOT, 'configs')))
+SHRUNK = [
+    '--data=synthetic',
+    '--n_layer=2',
+    '--n_embd=64',
+    '--n_head=2',
+    '--n_kv_head=2',
+    '--ffn_hidden=0',
+    '--vocab_size=512',
+    '--block_size=32',
+    '--micro_batch=2',
+    '--batch_tokens=128',
+    '--max_steps=2',
+    '--compile=False',
+    '--eval_every=1000',
+    '--eval_tokens=128',
+    '--ckpt_every=1000',
+    '--sample_tokens=0',
+    '--n_gpu=1',
+]
 
 
 @pytest.mark.parametrize('path', CONFIG_FILES)
 def test_every_config_trains_two_steps(path, tmp_path):
-    own, _ = load_config(os.path.join(HERE, path))
-    assert train.main([os.path.join(HERE, path), *SHRUNK, f'--out_dir={tmp_path / "out"}']) == 0
+    own, _ = load_config(os.path.join(ROOT, path))
+    assert train.main([os.path.join(ROOT, path), *SHRUNK, f'--out_dir={tmp_path / "out"}']) == 0
     summary = json.loads((tmp_path / 'out' / 'summary.json').read_text())
     assert summary['step'] == 2 and summary['params_built'] == summary['params_predicted']
     built = json.loads((tmp_path / 'out' / 'ledger.json').read_text())['model']
@@ -164,6 +221,7 @@ def test_tied_run_resumes_bit_exactly_and_stays_tied(pystdlib_data, tmp_path):
 # -----------------------------------------------------------------------------------------------------
 # Resume is exact; a kill during a checkpoint write loses nothing.
 
+
 def test_resume_continues_bit_exactly(reference, tmp_path):
     config, expected = reference
     assert run(config, tmp_path / 'out', '--max_steps=6') == 0
@@ -186,8 +244,9 @@ def test_kill_while_writing_a_checkpoint_keeps_the_previous_one(reference, tmp_p
         "    if 'tmp_step_0000008' in str(path):\n"
         "        os.kill(os.getpid(), signal.SIGKILL)\n"
         "torch.save = save_then_die\n"
-        f"sys.exit(train.main([{config!r}, '--out_dir={out}']))\n")
-    killed = subprocess.run([sys.executable, '-c', script], cwd=HERE, capture_output=True, text=True)
+        f"sys.exit(train.main([{config!r}, '--out_dir={out}']))\n"
+    )
+    killed = subprocess.run([sys.executable, '-c', script], cwd=ROOT, capture_output=True, text=True)
     assert killed.returncode == -9, killed.stderr
     assert sorted(os.listdir(out / 'ckpt')) == ['LATEST', 'step_0000000', 'step_0000004', 'tmp_step_0000008']
     assert (out / 'ckpt' / 'LATEST').read_text().strip() == 'step_0000004'
@@ -209,9 +268,15 @@ def test_checkpoint_state_dict_has_no_compile_prefix(pystdlib_data, tmp_path):
 # The paths a GPU takes, run on the CPU: bf16 autocast, torch.compile (inductor), fused AdamW (resume and rollback
 # above run through it), and the guards against what would only fail on a GPU.
 
+
 def test_adamw_is_fused_except_under_zero1(tmp_path):
-    for parallel, world_size, fused in (('ddp', 1, True), ('ddp', 2, True), ('fsdp', 2, True), ('zero1', 1, True),
-                                        ('zero1', 2, False)):
+    for parallel, world_size, fused in (
+        ('ddp', 1, True),
+        ('ddp', 2, True),
+        ('fsdp', 2, True),
+        ('zero1', 1, True),
+        ('zero1', 2, False),
+    ):
         options = train.adamw_options(TrainConfig(parallel=parallel), world_size)
         assert (options['fused'], options['foreach']) == (fused, not fused), (parallel, world_size)
     run_state = train.setup([write_config(tmp_path, 'synthetic'), f'--out_dir={tmp_path / "out"}'])
@@ -222,11 +287,13 @@ def test_rope_tables_reach_each_block_in_its_dtype_also_when_recomputed():
     """Under FSDP2's bf16 policy the residual stream is bf16; the tables must arrive in bf16 in the forward and in
     checkpoint()'s recompute alike (older torch skips FSDP2's input cast in the recompute)."""
     from model import GPT, ModelConfig
+
     model = GPT(ModelConfig(n_layer=2, n_head=2, n_embd=32, vocab_size=64, block_size=16)).to(torch.bfloat16)
     model.recompute = True
     seen = []
-    model.blocks[0].register_forward_pre_hook(lambda block, args: seen.append((args[0].dtype, args[1].dtype,
-                                                                                args[2].dtype)))
+    model.blocks[0].register_forward_pre_hook(
+        lambda block, args: seen.append((args[0].dtype, args[1].dtype, args[2].dtype))
+    )
     idx = torch.randint(0, 64, (2, 16))
     model(idx, idx)[1].backward()
     assert seen == [(torch.bfloat16,) * 3] * 2  # the forward, then the recompute in backward
@@ -256,6 +323,7 @@ def test_compiled_model_trains_like_eager_on_the_cpu(pystdlib_data, tmp_path):
 # -----------------------------------------------------------------------------------------------------
 # The loss-spike guard: roll back to the last checkpoint, skip the data window, go on; give up after max_rollbacks.
 
+
 def test_corrupted_batch_rolls_back_and_skips_its_window(pystdlib_data, tmp_path, monkeypatch):
     config = write_config(tmp_path, pystdlib_data)
     batch = data.ShardStream.batch
@@ -271,8 +339,7 @@ def test_corrupted_batch_rolls_back_and_skips_its_window(pystdlib_data, tmp_path
     entries = read_metrics(tmp_path / 'out')
     rollbacks = [e for e in entries if e.get('event') == 'rollback']
     # back to the step-8 checkpoint; skipped: what steps 9-12 read, so the garbage is never seen again
-    assert [(e['step'], e['to_step'], e['skipped']) for e in rollbacks] == [
-        (12, 8, [8 * SEQUENCES_PER_STEP, bad_end])]
+    assert [(e['step'], e['to_step'], e['skipped']) for e in rollbacks] == [(12, 8, [8 * SEQUENCES_PER_STEP, bad_end])]
     assert rollbacks[0]['loss'] > math.log(512)
     assert max(step_losses(entries)) == 16
 
@@ -291,7 +358,8 @@ def test_nan_loss_rolls_back_and_the_run_completes(pystdlib_data, tmp_path, monk
     entries = read_metrics(tmp_path / 'out')
     rollbacks = [e for e in entries if e.get('event') == 'rollback']
     assert [(e['step'], e['to_step'], e['skipped']) for e in rollbacks] == [
-        (7, 4, [4 * SEQUENCES_PER_STEP, 7 * SEQUENCES_PER_STEP])]
+        (7, 4, [4 * SEQUENCES_PER_STEP, 7 * SEQUENCES_PER_STEP])
+    ]
     assert math.isnan(rollbacks[0]['loss'])
     final = step_losses(entries)
     assert max(final) == 12 and all(math.isfinite(v) for v in final.values())
@@ -316,26 +384,28 @@ def test_too_many_spikes_stop_the_run_with_one_line(pystdlib_data, tmp_path, mon
 # -----------------------------------------------------------------------------------------------------
 # Schedule, batch ramp, data order.
 
+
 def test_lr_schedule_endpoints():
     cfg = TrainConfig(lr=1e-3, warmup_frac=0.01, min_lr_ratio=0.1)
     total = 1000  # 10 warmup steps
-    assert train.lr_at(0, total, cfg) == pytest.approx(1e-4)          # warmup starts at lr / warmup
-    assert train.lr_at(9, total, cfg) == pytest.approx(1e-3)          # the peak, on the last warmup step
+    assert train.lr_at(0, total, cfg) == pytest.approx(1e-4)  # warmup starts at lr / warmup
+    assert train.lr_at(9, total, cfg) == pytest.approx(1e-3)  # the peak, on the last warmup step
     assert train.lr_at(total - 1, total, cfg) == pytest.approx(1e-4)  # 10% of the peak on the last step
-    middle = 9 + (total - 10) // 2 + 1                                 # half-way through the decay: the mean
+    middle = 9 + (total - 10) // 2 + 1  # half-way through the decay: the mean
     assert train.lr_at(middle, total, cfg) == pytest.approx(5.5e-4, rel=1e-2)
     lrs = [train.lr_at(s, total, cfg) for s in range(total)]
-    assert all(a >= b for a, b in zip(lrs[9:], lrs[10:]))             # cosine decays monotonically
+    assert all(a >= b for a, b in zip(lrs[9:], lrs[10:]))  # cosine decays monotonically
     wsd = TrainConfig(lr=1e-3, warmup_frac=0.01, schedule='wsd', decay_frac=0.2)
     assert train.lr_at(9, total, wsd) == train.lr_at(799, total, wsd) == pytest.approx(1e-3)  # stable
-    assert train.lr_at(899, total, wsd) == pytest.approx(5.5e-4)      # half-way down the linear decay
+    assert train.lr_at(899, total, wsd) == pytest.approx(5.5e-4)  # half-way down the linear decay
     assert train.lr_at(total - 1, total, wsd) == pytest.approx(1e-4)
 
 
 def test_batch_ramp():
     step_tokens = 8 * 1024  # one micro-step
-    cfg = TrainConfig(batch_tokens=524_288, batch_ramp_start=32_768, batch_ramp_tokens=10_000_000,
-                      train_tokens=20_000_000)
+    cfg = TrainConfig(
+        batch_tokens=524_288, batch_ramp_start=32_768, batch_ramp_tokens=10_000_000, train_tokens=20_000_000
+    )
     assert train.batch_tokens_at(0, cfg, step_tokens) == 32_768
     assert train.batch_tokens_at(5_000_000, cfg, step_tokens) == 278_528 // step_tokens * step_tokens
     assert train.batch_tokens_at(10_000_000, cfg, step_tokens) == 524_288
@@ -359,40 +429,48 @@ def test_batch_ramp_in_a_run(pystdlib_data, tmp_path):
 
 def test_shard_stream_is_a_seeded_permutation_of_whole_sequences(tmp_path):
     T = 10
-    data.write_shard(str(tmp_path / 'a_train_000.bin'), np.arange(0, 51, dtype=np.uint16))    # 5 sequences
+    data.write_shard(str(tmp_path / 'a_train_000.bin'), np.arange(0, 51, dtype=np.uint16))  # 5 sequences
     data.write_shard(str(tmp_path / 'a_train_001.bin'), np.arange(100, 131, dtype=np.uint16))  # 3
     shards = [data.open_shard(str(tmp_path / f'a_train_00{i}.bin')) for i in range(2)]
     stream = data.ShardStream(shards, T, seed=1)
     epoch = stream.batch(0, 8)
     starts = sorted(int(s[0]) for s in epoch)
-    assert starts == [0, 10, 20, 30, 40, 100, 110, 120]                   # each sequence once per epoch
+    assert starts == [0, 10, 20, 30, 40, 100, 110, 120]  # each sequence once per epoch
     assert all((s == np.arange(s[0], s[0] + T + 1)).all() for s in epoch)  # T + 1 consecutive tokens
-    assert (stream.batch(3, 4) == epoch[3:7]).all()                        # random access = replay
+    assert (stream.batch(3, 4) == epoch[3:7]).all()  # random access = replay
     assert (data.ShardStream(shards, T, seed=1).batch(0, 16) == stream.batch(0, 16)).all()
-    assert sorted(int(s[0]) for s in stream.batch(8, 8)) == starts         # epoch 2: the same set again,
-    assert not (stream.batch(8, 8) == epoch).all()                         # in another order
+    assert sorted(int(s[0]) for s in stream.batch(8, 8)) == starts  # epoch 2: the same set again,
+    assert not (stream.batch(8, 8) == epoch).all()  # in another order
     assert not (data.ShardStream(shards, T, seed=2).batch(0, 8) == epoch).all()
 
 
 # -----------------------------------------------------------------------------------------------------
 # Bad input: one line on stderr, exit 2, no traceback.
 
+
 def test_cli_config_typo_is_one_line(pystdlib_data, tmp_path):
     config = write_config(tmp_path, pystdlib_data)
-    result = subprocess.run([sys.executable, 'train.py', config, '--lrr=1e-3', f'--out_dir={tmp_path}/out'],
-                            cwd=HERE, capture_output=True, text=True)
+    result = subprocess.run(
+        [sys.executable, 'train.py', config, '--lrr=1e-3', f'--out_dir={tmp_path}/out'],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
     assert result.returncode == 2
     assert result.stderr.strip() == "error: unknown config key 'lrr' in the command line: did you mean 'lr'?"
 
 
-@pytest.mark.parametrize('flags, message', [
-    (['--data=/nonexistent/pystdlib'], 'python prepare.py pystdlib'),
-    (['--vocab_size=1024'], 'vocab mismatch'),
-    (['--batch_tokens=200'], 'batch_tokens (200) is not a multiple of micro_batch x block_size x world size'),
-    (['--resume'], 'no complete checkpoint'),
-    (['--parallel=zero4'], "parallel must be one of"),
-    (['--block_size=32', 'extra.py'], "unexpected argument 'extra.py'"),
-])
+@pytest.mark.parametrize(
+    'flags, message',
+    [
+        (['--data=/nonexistent/pystdlib'], 'python prepare.py pystdlib'),
+        (['--vocab_size=1024'], 'vocab mismatch'),
+        (['--batch_tokens=200'], 'batch_tokens (200) is not a multiple of micro_batch x block_size x world size'),
+        (['--resume'], 'no complete checkpoint'),
+        (['--parallel=zero4'], "parallel must be one of"),
+        (['--block_size=32', 'extra.py'], "unexpected argument 'extra.py'"),
+    ],
+)
 def test_bad_input_is_one_line(pystdlib_data, tmp_path, capsys, flags, message):
     config = write_config(tmp_path, pystdlib_data)
     assert run(config, tmp_path / 'out', *flags) == 2
@@ -426,6 +504,7 @@ def test_memory_check_refuses_unless_forced(pystdlib_data, tmp_path, monkeypatch
 # -----------------------------------------------------------------------------------------------------
 # Checkpoints outlive the code; a run records its code.
 
+
 def test_a_checkpoint_older_than_a_model_key_resumes_with_its_default(reference, tmp_path, monkeypatch, capsys):
     """A model key added after a checkpoint was written takes its default on resume (rope_theta stands in for the
     new key: the checkpoint below does not hold it); a value other than the default is another model."""
@@ -447,8 +526,12 @@ def test_a_checkpoint_older_than_a_model_key_resumes_with_its_default(reference,
 
 
 def git(folder, *args):
-    return subprocess.run(['git', '-C', str(folder), '-c', 'user.name=t', '-c', 'user.email=t@t', *args],
-                          capture_output=True, text=True, check=True).stdout
+    return subprocess.run(
+        ['git', '-C', str(folder), '-c', 'user.name=t', '-c', 'user.email=t@t', *args],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
 
 
 def test_a_run_records_its_code(reference, tmp_path):
@@ -468,8 +551,12 @@ def test_a_run_records_its_code(reference, tmp_path):
     (fork / 'model.py').write_text('window = 256\n')
     (fork / 'new.py').write_text('')
     recorded = live.record_code(str(tmp_path / 'fork_out'), source=str(fork))
-    assert recorded == {'commit': git(fork, 'rev-parse', 'HEAD').strip(), 'dirty': True, 'diff': 'code.diff',
-                        'untracked': ['new.py']}
+    assert recorded == {
+        'commit': git(fork, 'rev-parse', 'HEAD').strip(),
+        'dirty': True,
+        'diff': 'code.diff',
+        'untracked': ['new.py'],
+    }
     assert '-window = 0\n+window = 256' in (tmp_path / 'fork_out' / 'code.diff').read_text()
     assert live.record_code(str(tmp_path / 'none'), source=str(tmp_path / 'out')) is None
     assert not (tmp_path / 'none').exists()

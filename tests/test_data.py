@@ -4,6 +4,7 @@ one line), meta.json checked key by key, the token ids against the model's vocab
 and the stream of training sequences (the val set, each rank's slice, the vocab check). Importing it pulls in
 neither prepare.py nor the ledger, the objectives or torch.
 """
+
 import json
 import os
 import re
@@ -21,6 +22,7 @@ from config import DataError, ModelConfig, TrainConfig
 
 # -----------------------------------------------------------------------------------------------------
 # Shards
+
 
 def write_raw_shard(path, magic, version, tokens):
     """A shard written the way llm.c's dev/data/data_common.py writes one, byte for byte."""
@@ -47,6 +49,7 @@ def test_shard_header_fields_and_round_trip(tmp_path):
 
 def test_dtype_follows_the_ledger_and_uint32_uses_llama3_header(tmp_path):
     import ledger
+
     for vocab in (50257, 50277, 65535, 65536, 65537, 128256):  # GPT-2, NeoX, the uint16 edge, Llama 3
         assert data.token_dtype(vocab).itemsize == ledger.token_bytes(vocab)
     assert data.token_dtype(65536) == np.uint16  # ids 0..65,535 all fit
@@ -107,14 +110,16 @@ def test_load_meta_checks_every_key(pystdlib_data, tmp_path):
     path = tmp_path / 'meta.json'
     data.write_shard(str(tmp_path / 'fineweb_edu_train_000001.bin'), [1, 2])  # the source is in the shard names
     remake = rf'rerun the command that made the folder \(python prepare.py fineweb_edu --out {tmp_path}, same options\)'
-    cases = [('{"vocab_size": 512,', r'is not valid JSON \(Expecting'),
-             (b'\xff\xfe\x00garbage', r'is not valid JSON'),
-             ('[1, 2]', r'holds a JSON list, not an object'),
-             (json.dumps({k: v for k, v in good.items() if k != 'eot_id'}), r"has no 'eot_id'"),
-             (json.dumps(dict(good, vocab_size='512')), r"'vocab_size' is '512', not a whole number"),
-             (json.dumps(dict(good, train_tokens=True)), r"'train_tokens' is True, not a whole number"),
-             (json.dumps(dict(good, max_token_id=1.5)), r"'max_token_id' is 1.5, not a whole number"),
-             (json.dumps(dict(good, vocab_size=0)), r"'vocab_size' is 0, not positive")]
+    cases = [
+        ('{"vocab_size": 512,', r'is not valid JSON \(Expecting'),
+        (b'\xff\xfe\x00garbage', r'is not valid JSON'),
+        ('[1, 2]', r'holds a JSON list, not an object'),
+        (json.dumps({k: v for k, v in good.items() if k != 'eot_id'}), r"has no 'eot_id'"),
+        (json.dumps(dict(good, vocab_size='512')), r"'vocab_size' is '512', not a whole number"),
+        (json.dumps(dict(good, train_tokens=True)), r"'train_tokens' is True, not a whole number"),
+        (json.dumps(dict(good, max_token_id=1.5)), r"'max_token_id' is 1.5, not a whole number"),
+        (json.dumps(dict(good, vocab_size=0)), r"'vocab_size' is 0, not positive"),
+    ]
     for text, problem in cases:
         path.write_bytes(text if isinstance(text, bytes) else text.encode())
         with pytest.raises(DataError, match=re.escape(str(path)) + '.*' + problem + '.*' + remake):
@@ -130,8 +135,11 @@ def test_check_token_ids(tmp_path):
     meta = {'tokenizer': 'bpe:512', 'vocab_size': 512}  # no max_token_id: an llm.c-made folder, say
     assert data.check_token_ids(out, meta, 512) == 511  # read from the shards
     assert data.check_token_ids(out, dict(meta, max_token_id=300), 512) == 300  # meta.json's value, no reading
-    with pytest.raises(DataError, match=r'x_train_000001\.bin: token id 511 is outside the model\'s vocab of '
-                                        r'500 \(ids 0\.\.499\), though meta.json says bpe:512'):
+    with pytest.raises(
+        DataError,
+        match=r'x_train_000001\.bin: token id 511 is outside the model\'s vocab of '
+        r'500 \(ids 0\.\.499\), though meta.json says bpe:512',
+    ):
         data.check_token_ids(out, meta, 500)
     with pytest.raises(DataError, match=r'x_train_000001\.bin: token id 511'):  # a cached max too large
         data.check_token_ids(out, dict(meta, max_token_id=511), 300)
@@ -142,28 +150,41 @@ def test_check_token_ids(tmp_path):
 # -----------------------------------------------------------------------------------------------------
 # The tokenizer (the shared pystdlib fixture is in conftest.py)
 
+
 def test_encode_decode_round_trip(pystdlib_data):
     enc = data.load_tokenizer(pystdlib_data)
-    for doc in ['def f(x):\n    return x ** 2\n', 'naïve café — 東京 🐍\r\n\ttabs', '', ' ' * 40 + 'x',
-                '<|endoftext|>']:
+    for doc in [
+        'def f(x):\n    return x ** 2\n',
+        'naïve café — 東京 🐍\r\n\ttabs',
+        '',
+        ' ' * 40 + 'x',
+        '<|endoftext|>',
+    ]:
         assert enc.decode(enc.encode_ordinary(doc)) == doc
     assert enc.eot_token not in enc.encode_ordinary('<|endoftext|>')  # text never turns into the special token
 
 
 def test_damaged_tokenizer_or_missing_package_is_one_line(tmp_path, monkeypatch):
     (tmp_path / 'tokenizer.json').write_text('{"name": 1')
-    with pytest.raises(DataError, match=r'tokenizer.json is damaged \(JSONDecodeError: .*\): delete the folder '
-                                        r'and rerun python prepare.py pystdlib --out'):
+    with pytest.raises(
+        DataError,
+        match=r'tokenizer.json is damaged \(JSONDecodeError: .*\): delete the folder '
+        r'and rerun python prepare.py pystdlib --out',
+    ):
         data.load_tokenizer(str(tmp_path))
     (tmp_path / 'tokenizer.json').write_text(json.dumps({'name': 'neox', 'tokenizers': {}}))
     monkeypatch.setitem(sys.modules, 'tokenizers', None)  # a machine without the package
-    with pytest.raises(DataError, match=r"tokenizer.json is neox's tokenizer, which needs the tokenizers "
-                                        r"package: pip install tokenizers"):
+    with pytest.raises(
+        DataError,
+        match=r"tokenizer.json is neox's tokenizer, which needs the tokenizers "
+        r"package: pip install tokenizers",
+    ):
         data.load_tokenizer(str(tmp_path))
 
 
 # -----------------------------------------------------------------------------------------------------
 # Streams (ShardStream's seeded order itself: test_train.py; several real processes: test_distributed.py)
+
 
 def test_open_data_reads_the_folder_the_model_fits(pystdlib_data):
     model, train = ModelConfig(vocab_size=512, block_size=32), TrainConfig(data=pystdlib_data, seed=1, eval_tokens=1000)
@@ -171,11 +192,14 @@ def test_open_data_reads_the_folder_the_model_fits(pystdlib_data):
     assert meta == data.load_meta(pystdlib_data) and stream.per_epoch == (meta['train_tokens'] - 1) // 32
     # the val set: the first eval_tokens of the val split, cut into consecutive sequences of T + 1 tokens
     first = np.asarray(data.open_shard(data.list_shards(pystdlib_data, 'val')[0])[:1001], dtype=np.int64)
-    assert val.shape == (31, 33) and all((val[i] == first[32 * i:32 * i + 33]).all() for i in range(31))
+    assert val.shape == (31, 33) and all((val[i] == first[32 * i : 32 * i + 33]).all() for i in range(31))
     # a model's vocab is the data's, or padded up to a multiple of 128: another size is one line
     assert data.padded_vocab(512) == 512 and data.padded_vocab(513) == 640
-    with pytest.raises(DataError, match=r'vocab mismatch: .* bpe:512 \(512 tokens\) but the model has '
-                                        r'vocab_size=1,024: set vocab_size = 512, .*`python prepare.py pystdlib --out'):
+    with pytest.raises(
+        DataError,
+        match=r'vocab mismatch: .* bpe:512 \(512 tokens\) but the model has '
+        r'vocab_size=1,024: set vocab_size = 512, .*`python prepare.py pystdlib --out',
+    ):
         data.open_data(ModelConfig(vocab_size=1024, block_size=32), train)
     synthetic = TrainConfig(data='synthetic', seed=1, eval_tokens=64)
     stream, val, meta = data.open_data(model, synthetic)
@@ -188,9 +212,13 @@ def test_micro_batches_are_disjoint_rank_slices_of_one_stream(pystdlib_data):
     stream = data.open_data(ModelConfig(vocab_size=512, block_size=32), train)[0]
 
     def inputs_and_targets(micro_steps, world_size):  # every micro-step's slices, rank by rank
-        slices = [data.micro_batch_arrays(stream, 40, m, SimpleNamespace(rank=r, world_size=world_size), 4,
-                                          objectives.CLM) for m in range(micro_steps) for r in range(world_size)]
+        slices = [
+            data.micro_batch_arrays(stream, 40, m, SimpleNamespace(rank=r, world_size=world_size), 4, objectives.CLM)
+            for m in range(micro_steps)
+            for r in range(world_size)
+        ]
         return np.concatenate([x for x, _ in slices]), np.concatenate([y for _, y in slices])
+
     x, y = inputs_and_targets(4, 1)
     sequences = stream.batch(40, 16)
     assert (x == sequences[:, :-1]).all() and (y == sequences[:, 1:]).all()  # clm: (s[:-1], s[1:])
@@ -202,8 +230,15 @@ def test_micro_batches_are_disjoint_rank_slices_of_one_stream(pystdlib_data):
 
 def test_data_imports_neither_prepare_nor_the_training_side():
     """train.py, sample.py, eval.py and export.py read data without the 1,000 lines that make it."""
-    code = ("import sys, data; print(sorted({'prepare', 'downloads', 'ledger', 'objectives', 'train', 'torch', "
-            "'tiktoken', 'tokenizers'} & set(sys.modules)))")
-    result = subprocess.run([sys.executable, '-c', code], cwd=os.path.dirname(os.path.abspath(data.__file__)),
-                            capture_output=True, text=True, check=True)
+    code = (
+        "import sys, data; print(sorted({'prepare', 'downloads', 'ledger', 'objectives', 'train', 'torch', "
+        "'tiktoken', 'tokenizers'} & set(sys.modules)))"
+    )
+    result = subprocess.run(
+        [sys.executable, '-c', code],
+        cwd=os.path.dirname(os.path.abspath(data.__file__)),
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     assert result.stdout.strip() == '[]'

@@ -2,9 +2,9 @@
 sweep.py: the best model two CPU cores can train in a fixed wall-clock budget, found by a small recorded sweep, and
 the same sweep for another trainer (nanoGPT's train.py, from a checkout you pass) on the same text.
 
-    python sweep.py                                    # our grid, 5 minutes a point, on data/pystdlib
-    python sweep.py --nanogpt=../nanoGPT               # nanoGPT's train.py too, the two alternating point by point
-    python sweep.py --minutes=1 --points=0,3           # a quick look at points 0 and 3 of the grid
+    python experiments/sweep.py                        # our grid, 5 minutes a point, on data/pystdlib
+    python experiments/sweep.py --nanogpt=../nanoGPT   # nanoGPT's train.py too, the two alternating point by point
+    python experiments/sweep.py --minutes=1 --points=0,3   # a quick look at points 0 and 3 of the grid
 
 The protocol, the same for both trainers. Each point of the grid (a shape, a vocabulary, a batch, a learning rate)
 gets the same wall-clock budget for training. A short calibration run of the point measures the trainer's time to
@@ -16,6 +16,7 @@ made by prepare.py from the same files; nanoGPT reads the same tokens, exported 
 meta.pkl) into its checkout's data/ folder. Nothing of nanoGPT's is copied here: its train.py runs as it is, and
 its model.py is imported from the checkout to score its checkpoint.
 """
+
 import functools
 import json
 import os
@@ -28,10 +29,11 @@ import time
 
 import numpy as np
 
-import data
-import ledger
-import prepare
-from config import ConfigError, cli, load_config
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repo's modules
+
+import ledger  # noqa: E402
+import prepare  # noqa: E402
+from config import ConfigError, cli, load_config  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 EVAL_TOKENS = 131_072
@@ -57,19 +59,20 @@ def data_folder(vocab):
 def val_sequences(data, block_size):
     """The fixed val set both trainers are scored on: the first EVAL_TOKENS of the val split, windows of T + 1."""
     tokens = np.concatenate([np.asarray(data.open_shard(p)) for p in data.list_shards(data, 'val')])
-    tokens = tokens[:EVAL_TOKENS + 1].astype(np.int64)
+    tokens = tokens[: EVAL_TOKENS + 1].astype(np.int64)
     n = (len(tokens) - 1) // block_size
-    return np.stack([tokens[i * block_size:i * block_size + block_size + 1] for i in range(n)])
+    return np.stack([tokens[i * block_size : i * block_size + block_size + 1] for i in range(n)])
 
 
 def mean_loss(forward, sequences, batch=16):
     """The mean of `forward(x, y) -> loss` (nats per token) over a (n, T + 1) tensor of token sequences, `batch`
     rows at a time, each row weighted alike."""
     import torch
+
     total = 0.0
     with torch.no_grad():
         for i in range(0, len(sequences), batch):
-            chunk = sequences[i:i + batch]
+            chunk = sequences[i : i + batch]
             total += forward(chunk[:, :-1].contiguous(), chunk[:, 1:].contiguous()).item() * len(chunk)
     return total / len(sequences)
 
@@ -77,6 +80,7 @@ def mean_loss(forward, sequences, batch=16):
 def score(forward, data, block_size, batch=16):
     """Mean val loss (nats per token) of `forward(x, y) -> loss` over the fixed val sequences, and bits per byte."""
     import torch
+
     loss = mean_loss(forward, torch.from_numpy(val_sequences(data, block_size)), batch)
     return loss, ledger.bits_per_byte(loss, data.load_meta(data)['bytes_per_token'])
 
@@ -84,25 +88,34 @@ def score(forward, data, block_size, batch=16):
 # -----------------------------------------------------------------------------------------------------
 # Our train.py.
 
+
 def point_config(point):
     """(ModelConfig, TrainConfig) of a grid point: configs/pystdlib_cpu.py with the point's overrides."""
-    return load_config(os.path.join(HERE, 'configs/pystdlib_cpu.py'),
-                       [f'--{k}={v}' for k, v in point.items()])
+    return load_config(os.path.join(HERE, 'configs/pystdlib_cpu.py'), [f'--{k}={v}' for k, v in point.items()])
 
 
 def run_ours(point, data, out_dir, steps=None):
     """train.py on the point. steps None: a calibration run -> (seconds to the first step, seconds per step);
     else -> (wall seconds, val loss of the final checkpoint)."""
     flags = [f'--{k}={v}' for k, v in point.items()] + [
-        f'--data={data}', f'--out_dir={out_dir}', '--sample_tokens=0', '--eval_tokens=1024', '--log_every=1']
+        f'--data={data}',
+        f'--out_dir={out_dir}',
+        '--sample_tokens=0',
+        '--eval_tokens=1024',
+        '--log_every=1',
+    ]
     if steps is None:
         flags += ['--max_steps=6', '--eval_every=1000', '--ckpt_every=1000']
     else:
-        flags += [f'--train_tokens={steps * point_config(point)[1].batch_tokens}', f'--eval_every={steps}',
-                  f'--ckpt_every={steps}']
+        flags += [
+            f'--train_tokens={steps * point_config(point)[1].batch_tokens}',
+            f'--eval_every={steps}',
+            f'--ckpt_every={steps}',
+        ]
     start = time.perf_counter()
-    result = subprocess.run([sys.executable, 'train.py', 'configs/pystdlib_cpu.py', *flags], cwd=HERE,
-                            capture_output=True, text=True)
+    result = subprocess.run(
+        [sys.executable, 'train.py', 'configs/pystdlib_cpu.py', *flags], cwd=HERE, capture_output=True, text=True
+    )
     elapsed = time.perf_counter() - start
     if result.returncode:
         raise ConfigError(f"train.py failed on {point}: {result.stderr.strip().splitlines()[-1]}")
@@ -111,14 +124,17 @@ def run_ours(point, data, out_dir, steps=None):
             steady = [e for e in map(json.loads, f) if 'tokens_per_s' in e and not e['warmup']]
         per_step = statistics.fmean(e['batch_tokens'] / e['tokens_per_s'] for e in steady)
         return elapsed - per_step * len(steady), per_step
-    import checkpoint
     import torch
+
+    import checkpoint
+
     model, _ = checkpoint.load_model(out_dir, torch.device('cpu'))
     return elapsed, score(lambda x, y: model(x, y)[1], data, model.config.block_size)[0]
 
 
 # -----------------------------------------------------------------------------------------------------
 # nanoGPT's train.py, run as it is from its checkout.
+
 
 def export_for_nanogpt(data, nanogpt):
     """Our tokens in nanoGPT's format: data/<name>/train.bin and val.bin (uint16, no header), meta.pkl (vocab)."""
@@ -142,16 +158,39 @@ def run_nanogpt(point, data, out_dir, steps=None, nanogpt=None):
     accumulation = train_cfg.batch_tokens // (train_cfg.micro_batch * model_cfg.block_size)
     iters = 6 if steps is None else steps
     warmup = max(1, round(train_cfg.warmup_frac * iters))
-    flags = dict(dataset=export_for_nanogpt(data, nanogpt), out_dir=out_dir, device='cpu', dtype='float32',
-                 compile=train_cfg.compile, batch_size=train_cfg.micro_batch, block_size=model_cfg.block_size,
-                 gradient_accumulation_steps=accumulation, n_layer=model_cfg.n_layer, n_head=model_cfg.n_head,
-                 n_embd=model_cfg.n_embd, dropout=0.0, bias=False, learning_rate=train_cfg.lr, max_iters=iters,
-                 lr_decay_iters=iters, warmup_iters=warmup, min_lr=train_cfg.lr * train_cfg.min_lr_ratio,
-                 weight_decay=train_cfg.weight_decay, beta2=train_cfg.beta2, eval_interval=iters, eval_iters=1,
-                 log_interval=1, always_save_checkpoint=True)
+    flags = dict(
+        dataset=export_for_nanogpt(data, nanogpt),
+        out_dir=out_dir,
+        device='cpu',
+        dtype='float32',
+        compile=train_cfg.compile,
+        batch_size=train_cfg.micro_batch,
+        block_size=model_cfg.block_size,
+        gradient_accumulation_steps=accumulation,
+        n_layer=model_cfg.n_layer,
+        n_head=model_cfg.n_head,
+        n_embd=model_cfg.n_embd,
+        dropout=0.0,
+        bias=False,
+        learning_rate=train_cfg.lr,
+        max_iters=iters,
+        lr_decay_iters=iters,
+        warmup_iters=warmup,
+        min_lr=train_cfg.lr * train_cfg.min_lr_ratio,
+        weight_decay=train_cfg.weight_decay,
+        beta2=train_cfg.beta2,
+        eval_interval=iters,
+        eval_iters=1,
+        log_interval=1,
+        always_save_checkpoint=True,
+    )
     start = time.perf_counter()
-    result = subprocess.run([sys.executable, 'train.py'] + [f'--{k}={v}' for k, v in flags.items()], cwd=nanogpt,
-                            capture_output=True, text=True)
+    result = subprocess.run(
+        [sys.executable, 'train.py'] + [f'--{k}={v}' for k, v in flags.items()],
+        cwd=nanogpt,
+        capture_output=True,
+        text=True,
+    )
     elapsed = time.perf_counter() - start
     if result.returncode:
         raise ConfigError(f"nanoGPT's train.py failed on {point}: {result.stderr.strip().splitlines()[-1]}")
@@ -165,7 +204,9 @@ def run_nanogpt(point, data, out_dir, steps=None, nanogpt=None):
 def score_nanogpt(nanogpt, path, data, block_size):
     """nanoGPT's checkpoint, loaded with its own model.py, scored on our val sequences."""
     import importlib.util
+
     import torch
+
     spec = importlib.util.spec_from_file_location('nanogpt_model', os.path.join(nanogpt, 'model.py'))  # not ours
     nanogpt_model = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(nanogpt_model)
@@ -178,6 +219,7 @@ def score_nanogpt(nanogpt, path, data, block_size):
 
 # -----------------------------------------------------------------------------------------------------
 
+
 def steps_for(seconds, calibration):
     first, per_step = calibration
     return max(1, int((seconds - first) / per_step))
@@ -188,7 +230,9 @@ def main(argv):
     options = dict(a[2:].split('=', 1) for a in argv if a.startswith('--') and '=' in a)
     unknown = set(options) - {'minutes', 'nanogpt', 'points', 'out'}
     if unknown or len(options) != len(argv):
-        raise ConfigError('usage: python sweep.py [--minutes=5] [--nanogpt=PATH] [--points=I,J,...] [--out=FOLDER]')
+        raise ConfigError(
+            'usage: python experiments/sweep.py [--minutes=5] [--nanogpt=PATH] [--points=I,J,...] [--out=FOLDER]'
+        )
     seconds = 60 * float(options.get('minutes', 5))
     chosen = [int(i) for i in options['points'].split(',')] if 'points' in options else range(len(GRID))
     points = [(index, GRID[index]) for index in chosen]
@@ -197,8 +241,12 @@ def main(argv):
     if nanogpt and not os.path.isfile(os.path.join(nanogpt, 'train.py')):
         raise ConfigError(f"--nanogpt={nanogpt}: no train.py there (a checkout of github.com/karpathy/nanoGPT)")
     import torch
-    print(f"sweep: {len(points)} points x {seconds:.0f} s of training each, {torch.get_num_threads()} threads, "
-          f"torch {torch.__version__}, {time.strftime('%Y-%m-%d %H:%M')}", flush=True)
+
+    print(
+        f"sweep: {len(points)} points x {seconds:.0f} s of training each, {torch.get_num_threads()} threads, "
+        f"torch {torch.__version__}, {time.strftime('%Y-%m-%d %H:%M')}",
+        flush=True,
+    )
     rows = []
     for index, point in points:
         data = data_folder(point['vocab_size'])
@@ -209,10 +257,16 @@ def main(argv):
             folder = os.path.join(out, f'{index}_{name}')
             steps = steps_for(seconds, train_point(point, data, folder + '_calibration'))
             elapsed, val_loss = train_point(point, data, folder, steps)
-            row = dict(point=index, trainer=name, steps=steps, tokens=steps * point_config(point)[1].batch_tokens,
-                       seconds=round(elapsed, 1), val_loss=round(val_loss, 4),
-                       val_bpb=round(ledger.bits_per_byte(val_loss, data.load_meta(data)['bytes_per_token']), 4),
-                       **point)
+            row = dict(
+                point=index,
+                trainer=name,
+                steps=steps,
+                tokens=steps * point_config(point)[1].batch_tokens,
+                seconds=round(elapsed, 1),
+                val_loss=round(val_loss, 4),
+                val_bpb=round(ledger.bits_per_byte(val_loss, data.load_meta(data)['bytes_per_token']), 4),
+                **point,
+            )
             rows.append(row)
             print(json.dumps(row), flush=True)
     print(format_table(rows))
@@ -220,12 +274,16 @@ def main(argv):
 
 
 def format_table(rows):
-    lines = ['| # | trainer | vocab | layers x width | batch | lr | steps | tokens | wall s | val bpb |',
-             '| ---: | --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |']
+    lines = [
+        '| # | trainer | vocab | layers x width | batch | lr | steps | tokens | wall s | val bpb |',
+        '| ---: | --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |',
+    ]
     for r in rows:
-        lines.append(f"| {r['point']} | {r['trainer']} | {r['vocab_size']} | {r['n_layer']} x {r['n_embd']} | "
-                     f"{r['batch_tokens']:,} | {r['lr']:g} | {r['steps']:,} | {r['tokens']:,} | {r['seconds']} | "
-                     f"{r['val_bpb']:.4f} |")
+        lines.append(
+            f"| {r['point']} | {r['trainer']} | {r['vocab_size']} | {r['n_layer']} x {r['n_embd']} | "
+            f"{r['batch_tokens']:,} | {r['lr']:g} | {r['steps']:,} | {r['tokens']:,} | {r['seconds']} | "
+            f"{r['val_bpb']:.4f} |"
+        )
     return '\n'.join(lines)
 
 

@@ -3,6 +3,7 @@ test_distributed.py: ddp, zero1, zero2 and fsdp with 2 gloo processes on the CPU
 with twice the gradient accumulation on the same data, resume exactly on the same world size and closely on
 another, and the ranks read disjoint slices of the single-process batch. fp32, a 2-layer x 64 Llama, 12 steps.
 """
+
 import json
 import os
 import shutil
@@ -19,13 +20,30 @@ import objectives
 import train
 from config import IGNORE_INDEX, load_config
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repo's root, where train.py is
 STEPS = 12
 # micro_batch 4 x 32 tokens: 1 process accumulates 4 micro-steps per 512-token step, 2 processes 2 each
-CONFIG = dict(arch='llama', n_layer=2, n_head=2, n_embd=64, vocab_size=512, block_size=32, micro_batch=4,
-              batch_tokens=512, train_tokens=STEPS * 512, lr=3e-3, warmup_frac=0.1, compile=False, dtype='float32',
-              log_every=1, eval_every=1000, eval_tokens=1024, ckpt_every=6, keep_ckpts=3,
-              sample_tokens=4)  # a text sample at the end: under FSDP every rank runs its forwards
+CONFIG = dict(
+    arch='llama',
+    n_layer=2,
+    n_head=2,
+    n_embd=64,
+    vocab_size=512,
+    block_size=32,
+    micro_batch=4,
+    batch_tokens=512,
+    train_tokens=STEPS * 512,
+    lr=3e-3,
+    warmup_frac=0.1,
+    compile=False,
+    dtype='float32',
+    log_every=1,
+    eval_every=1000,
+    eval_tokens=1024,
+    ckpt_every=6,
+    keep_ckpts=3,
+    sample_tokens=4,
+)  # a text sample at the end: under FSDP every rank runs its forwards
 MODES = ['ddp', 'zero1', 'zero2', 'fsdp']
 
 
@@ -36,9 +54,18 @@ def write_config(tmp_path, data):
 
 
 def torchrun(config, out_dir, *flags):
-    command = [sys.executable, '-m', 'torch.distributed.run', '--standalone', '--nproc_per_node=2', 'train.py',
-               config, f'--out_dir={out_dir}', *flags]
-    return subprocess.run(command, cwd=HERE, capture_output=True, text=True)
+    command = [
+        sys.executable,
+        '-m',
+        'torch.distributed.run',
+        '--standalone',
+        '--nproc_per_node=2',
+        'train.py',
+        config,
+        f'--out_dir={out_dir}',
+        *flags,
+    ]
+    return subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
 
 
 def runs(out_dir):
@@ -125,8 +152,14 @@ def test_tied_embeddings_train_alike_on_two_processes(mode, pystdlib_data, tmp_p
     """GPT-2's tied embedding stays one tensor under DDP and FSDP2 (one unit with both its users): 2 processes
     follow 1 process step for step."""
     config = tmp_path / 'tied.py'
-    config.write_text(''.join(f'{k} = {v!r}\n' for k, v in dict(CONFIG, data=pystdlib_data, arch='gpt2',
-                                                                 tie_embeddings=True, bias=True, max_steps=4).items()))
+    config.write_text(
+        ''.join(
+            f'{k} = {v!r}\n'
+            for k, v in dict(
+                CONFIG, data=pystdlib_data, arch='gpt2', tie_embeddings=True, bias=True, max_steps=4
+            ).items()
+        )
+    )
     assert train.main([str(config), f'--out_dir={tmp_path / "one"}']) == 0
     (reference,) = runs(tmp_path / 'one')
     result = torchrun(str(config), tmp_path / 'two', f'--parallel={mode}')
@@ -172,11 +205,16 @@ def test_zero1_rolls_back_a_spike_like_one_process(single, tmp_path):
     outs = {}
     for processes in (1, 2):
         outs[processes] = tmp_path / f'out{processes}'
-        launcher = [sys.executable] + (['-m', 'torch.distributed.run', '--standalone', '--nproc_per_node=2']
-                                       if processes == 2 else [])
-        result = subprocess.run(launcher + [str(script), config, f'--out_dir={outs[processes]}', '--parallel=zero1',
-                                            '--spike_window=5'], cwd=HERE, capture_output=True, text=True,
-                                env=dict(os.environ, PYTHONPATH=HERE))
+        launcher = [sys.executable] + (
+            ['-m', 'torch.distributed.run', '--standalone', '--nproc_per_node=2'] if processes == 2 else []
+        )
+        result = subprocess.run(
+            launcher + [str(script), config, f'--out_dir={outs[processes]}', '--parallel=zero1', '--spike_window=5'],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            env=dict(os.environ, PYTHONPATH=ROOT),
+        )
         assert result.returncode == 0, result.stderr[-3000:]
     events = {}
     for processes, out in outs.items():
@@ -202,6 +240,7 @@ def test_a_missing_fsdp_shard_is_one_line(single, two_process_runs, tmp_path, ca
 
 class IndexStream:
     """A stream whose sequence k is k repeated: batches show which sequences a rank read."""
+
     block_size = 8
 
     def batch(self, first, count):
@@ -211,11 +250,18 @@ class IndexStream:
 def test_ranks_read_disjoint_slices_of_the_single_process_batch():
     stream, micro_batch, position = IndexStream(), 4, 96
     one = guard.Cluster(0, 1, 0, torch.device('cpu'))
-    single = [data.micro_batch_arrays(stream, position, m, one, micro_batch, objectives.CLM)[0][:, 0]
-              for m in range(4)]
-    per_rank = [np.concatenate([data.micro_batch_arrays(stream, position, m, guard.Cluster(r, 2, r, one.device),
-                                                         micro_batch, objectives.CLM)[0][:, 0] for m in range(2)])
-                for r in range(2)]
+    single = [data.micro_batch_arrays(stream, position, m, one, micro_batch, objectives.CLM)[0][:, 0] for m in range(4)]
+    per_rank = [
+        np.concatenate(
+            [
+                data.micro_batch_arrays(
+                    stream, position, m, guard.Cluster(r, 2, r, one.device), micro_batch, objectives.CLM
+                )[0][:, 0]
+                for m in range(2)
+            ]
+        )
+        for r in range(2)
+    ]
     assert not set(per_rank[0]) & set(per_rank[1])
     assert sorted(np.concatenate(per_rank)) == sorted(np.concatenate(single)) == list(range(96, 112))
 
@@ -223,14 +269,15 @@ def test_ranks_read_disjoint_slices_of_the_single_process_batch():
 def test_bad_parallel_and_indivisible_batch_are_one_line(single, tmp_path, capsys):
     config, _, _ = single
     assert train.main([config, f'--out_dir={tmp_path}/a', '--parallel=zero3']) == 2
-    assert capsys.readouterr().err.strip() == \
-        "error: parallel must be one of ddp, zero1, zero2, fsdp, not 'zero3'"
+    assert capsys.readouterr().err.strip() == "error: parallel must be one of ddp, zero1, zero2, fsdp, not 'zero3'"
     # 384 tokens = 3 micro-steps of 4 x 32: fine for 1 process, impossible to split over 2
     result = torchrun(config, tmp_path / 'b', '--batch_tokens=384')
     assert result.returncode != 0
     errors = [line for line in result.stderr.splitlines() if line.startswith('error:')]
-    assert errors == ["error: batch_tokens (384) is not a multiple of micro_batch x block_size x world size = "
-                      "4 x 32 x 2 = 256: change batch_tokens, micro_batch or the number of processes"]
+    assert errors == [
+        "error: batch_tokens (384) is not a multiple of micro_batch x block_size x world size = "
+        "4 x 32 x 2 = 256: change batch_tokens, micro_batch or the number of processes"
+    ]
 
 
 GRADIENTS = """
@@ -255,18 +302,33 @@ def test_the_loss_is_normalised_by_every_carrying_target_of_the_step(pystdlib_da
     stream, _, meta = data.open_data(model_cfg, train_cfg)
     objective = objectives.build(train_cfg, meta)
     one = guard.Cluster(0, 1, 0, torch.device('cpu'))
-    counts = [int((data.micro_batch_arrays(stream, 0, m, one, 2, objective)[1] != IGNORE_INDEX).sum()) for m in range(4)]
+    counts = [
+        int((data.micro_batch_arrays(stream, 0, m, one, 2, objective)[1] != IGNORE_INDEX).sum()) for m in range(4)
+    ]
     assert len(set(counts)) > 1, counts  # else a mean of micro-batch means would be the same thing
     script = tmp_path / 'gradients.py'
     script.write_text(GRADIENTS)
     gradients = {}
     for name, processes, micro_batch in (('4 micro-steps', 1, 2), ('2 x 2', 2, 2), ('one 4x micro-batch', 1, 8)):
-        launcher = [sys.executable] + (['-m', 'torch.distributed.run', '--standalone', '--nproc_per_node=2']
-                                       if processes == 2 else [])
+        launcher = [sys.executable] + (
+            ['-m', 'torch.distributed.run', '--standalone', '--nproc_per_node=2'] if processes == 2 else []
+        )
         saved = tmp_path / f'{processes}_{micro_batch}.pt'
-        result = subprocess.run(launcher + [str(script), str(saved), config, *flags, f'--micro_batch={micro_batch}',
-                                            f'--out_dir={tmp_path / saved.stem}'], cwd=HERE, capture_output=True,
-                                text=True, env=dict(os.environ, PYTHONPATH=HERE))
+        result = subprocess.run(
+            launcher
+            + [
+                str(script),
+                str(saved),
+                config,
+                *flags,
+                f'--micro_batch={micro_batch}',
+                f'--out_dir={tmp_path / saved.stem}',
+            ],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            env=dict(os.environ, PYTHONPATH=ROOT),
+        )
         assert result.returncode == 0, result.stderr[-3000:]
         gradients[name] = torch.load(saved)
     reference = gradients['4 micro-steps']

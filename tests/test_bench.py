@@ -2,6 +2,7 @@
 test_bench.py: bench.py, the device script, end to end on the CPU at a tiny size (as CI runs it), and its loop
 benchmark. Figures are not asserted (speed is a benchmark's business): what each line holds is.
 """
+
 import json
 import os
 import subprocess
@@ -9,13 +10,18 @@ import sys
 
 import bench
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repo's root, where train.py is
 
 
 def test_device_script_runs_every_default_case_at_a_tiny_size(tmp_path):
     out = tmp_path / 'out'
-    result = subprocess.run([sys.executable, 'bench.py', '--tiny', '--steps=2', '--warmup=1'], cwd=HERE,
-                            capture_output=True, text=True, env=dict(os.environ, OUT=str(out)))
+    result = subprocess.run(
+        [sys.executable, 'bench.py', '--tiny', '--steps=2', '--warmup=1'],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, OUT=str(out)),
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     lines = [json.loads(line) for line in (out / 'bench.jsonl').read_text().splitlines()]
     assert [line['case'] for line in lines] == bench.DEFAULT_CASES
@@ -24,22 +30,28 @@ def test_device_script_runs_every_default_case_at_a_tiny_size(tmp_path):
         assert line['steps_timed'] == 2 and line['tokens_per_s'] > 0 and 0 < line['mfu'] < 1
         assert line['tokens_per_s_predicted'] > 0 and line['peak_bytes'] > 0 and line['peak_bytes_predicted'] > 0
         assert line['compile'] is False and line['loss'] > 0  # tiny: eager, a real loss
-    assert [(line['recompute'], line['micro_batch']) for line in lines] == [(False, 2), (False, 2),
-                                                                            (True, bench.TINY_MAX_MICRO_BATCH)]
+    assert [(line['recompute'], line['micro_batch']) for line in lines] == [
+        (False, 2),
+        (False, 2),
+        (True, bench.TINY_MAX_MICRO_BATCH),
+    ]
     assert '| case | SDPA | tokens/s (predicted) |' in result.stdout  # the table a person reads
 
 
 def test_a_bad_case_is_one_line(tmp_path):
-    result = subprocess.run([sys.executable, 'bench.py', '--tiny', '--stepz=2'], cwd=HERE, capture_output=True,
-                            text=True)
+    result = subprocess.run(
+        [sys.executable, 'bench.py', '--tiny', '--stepz=2'], cwd=ROOT, capture_output=True, text=True
+    )
     assert result.returncode == 2 and result.stderr.startswith('error: unknown option --stepz=2')
     assert result.stderr.count('\n') == 1
 
 
 def test_loop_benchmark_times_both_loops(pystdlib_data, tmp_path, capsys):
     config = tmp_path / 'tiny.py'
-    config.write_text(f"n_layer = 2\nn_head = 2\nn_embd = 64\nvocab_size = 512\nblock_size = 32\nmicro_batch = 4\n"
-                      f"batch_tokens = 256\ncompile = False\ndata = {pystdlib_data!r}\n")
+    config.write_text(
+        f"n_layer = 2\nn_head = 2\nn_embd = 64\nvocab_size = 512\nblock_size = 32\nmicro_batch = 4\n"
+        f"batch_tokens = 256\ncompile = False\ndata = {pystdlib_data!r}\n"
+    )
     best = bench.run_loop_bench(str(config), [], steps=2, rounds=1)
     assert best['train.py'] > 0 and best['plain loop'] > 0
     assert 'train.py / plain loop:' in capsys.readouterr().out
