@@ -66,10 +66,12 @@ class Family:
     norm: str  # 'layernorm' (weight, and a bias if the model has biases) or 'rmsnorm' (weight only)
     mlp: str  # 'gelu' (up H -> H', GELU, down H' -> H) or 'swiglu' (down(silu(gate(x)) * up(x)))
     positions: str  # 'learned' (a block_size x H table added to the embedding) or 'rope' (q, k rotated)
-    ffn_ratio: Fraction  # the default FFN width H' (ffn_hidden = 0) is ffn_ratio x H,
-    ffn_multiple: int  # rounded up to a multiple of this
-    bias: bool  # the family has biases (Linear layers, norms): a config file gets them unless it says
-    # bias = False; a family without them refuses bias = True
+    # the default FFN width H' (ffn_hidden = 0): ffn_ratio x H, rounded up to a multiple of ffn_multiple
+    ffn_ratio: Fraction
+    ffn_multiple: int
+    # the family has biases (Linear layers, norms): a config file gets them unless it says bias = False; a family
+    # without them refuses bias = True
+    bias: bool
     tie_embeddings: bool  # the family's published tying: the default of a config file that names the family
     hf_class: str  # the Hugging Face class export.py writes the model as
 
@@ -164,14 +166,14 @@ class TrainConfig:
     data: str = exact('data/pystdlib')  # a folder made by prepare.py, or 'synthetic' (random tokens, for benchmarks)
     seed: int = exact(1337)
     train_tokens: int = exact(26_000_000_000)  # tokens the run is planned to see (sets the number of steps)
-    max_steps: int = free(0)  # stop after this many steps (0: run to train_tokens); the schedule still
-    # spans train_tokens
+    max_steps: int = free(0)  # stop after this many steps (0: run to train_tokens); the schedule spans train_tokens
     dataset_tokens: int = free(0)  # tokens available in the dataset, for the ledger's "is it enough" (0: unknown)
     # batch: global batch in tokens, reached by micro_batch sequences x grad accumulation x world size
     batch_tokens: int = exact(524_288)
     micro_batch: int = free(16)  # sequences per GPU per forward/backward
-    batch_ramp_tokens: int = exact(0)  # ramp the batch from batch_ramp_start to batch_tokens over this many
-    batch_ramp_start: int = exact(32_768)  # tokens (0: off)
+    # ramp the batch from batch_ramp_start to batch_tokens over batch_ramp_tokens tokens (0: no ramp)
+    batch_ramp_tokens: int = exact(0)
+    batch_ramp_start: int = exact(32_768)
     # optimizer and schedule (the book: AdamW 0.9/0.95/1e-8, wd 0.1 on matrices, clip 1.0, warmup 0.1-0.5%,
     # decay to 10%)
     lr: float = exact(6e-4)
@@ -182,20 +184,22 @@ class TrainConfig:
     # a cooldown: start from another run's checkpoint (weights, AdamW states, step, data position) and decay the LR
     # linearly from the peak to the floor over cooldown_tokens. A wsd run's stable-phase checkpoint so decayed is a
     # finished run of that length (Hägele et al. 2024): experiments/overtrain.py takes its branches so
-    cooldowns: tuple = free(())  # experiments/overtrain.py: the lengths in tokens of a wsd run's branches,
-    # e.g. (26e9, 52e9); train.py does not read it
+    # experiments/overtrain.py: the lengths in tokens of a wsd run's branches, e.g. (26e9, 52e9); train.py does not
+    # read it
+    cooldowns: tuple = free(())
     cooldown_from: str = exact('')  # the checkpoint folder a cooldown starts from ('': a run of its own)
     cooldown_tokens: int = exact(0)  # a cooldown's tokens, over which the LR falls from the peak to the floor
     # what the model learns to predict (objectives.py): 'clm' next-token prediction at every position; 'prefix_lm'
     # loss on the part after a random cut; 'fim' fill-in-the-middle (Bavarian et al. 2022); 'ul2' UL2's mixture of
     # denoisers (Tay et al. 2022). fim and ul2 need a data folder with the special tokens (prepare.py reserves them)
     objective: str = exact('clm')
-    fim_rate: float = exact(0.5)  # fim: the share of documents rearranged (the paper's 0.5; "FIM for free"
-    # up to 0.9)
+    fim_rate: float = exact(0.5)  # fim: the share of documents rearranged (the paper's 0.5; "FIM for free" to 0.9)
     fim_spm_rate: float = exact(0.5)  # fim: the share of those in SPM order, the rest PSM (the paper's joint training)
-    ul2_s_rate: float = exact(0.5)  # ul2: the shares of documents given the S (prefix LM), R (short spans,
-    ul2_r_rate: float = exact(0.25)  # 15%) and X (long spans or 50%) denoisers; they sum to 1. Half S, as
-    ul2_x_rate: float = exact(0.25)  # U-PaLM's UL2R mixture
+    # ul2: the shares of documents given the S (prefix LM), R (short spans, 15%) and X (long spans or 50%)
+    # denoisers; they sum to 1. Half S, as U-PaLM's UL2R mixture
+    ul2_s_rate: float = exact(0.5)
+    ul2_r_rate: float = exact(0.25)
+    ul2_x_rate: float = exact(0.25)
     weight_decay: float = exact(0.1)
     beta1: float = exact(0.9)
     beta2: float = exact(0.95)
@@ -205,8 +209,7 @@ class TrainConfig:
     dtype: str = exact('auto')  # 'auto' (bf16 on CUDA; on a CPU the faster, measured), 'bfloat16' or 'float32'
     compile: bool = free(True)
     recompute: bool = free(False)  # activation recomputation per block (the ledger switches to 8P)
-    parallel: str = free('ddp')  # 'ddp', 'zero1', 'zero2' or 'fsdp' (ZeRO-3); a checkpoint resumes in its
-    # own mode (train.py checks it on its own)
+    parallel: str = free('ddp')  # 'ddp', 'zero1', 'zero2' or 'fsdp' (ZeRO-3); a checkpoint resumes in its own mode
     # logging, eval, checkpoints, spike guard
     log_every: int = free(10)
     eval_every: int = free(250)
@@ -214,20 +217,20 @@ class TrainConfig:
     hellaswag_every: int = free(0)  # score HellaSwag (eval.py) every this many steps and at the end (0: never)
     hellaswag_items: int = free(0)  # score only the first this many of its 10,042 items (0: all of them)
     sample_every: int = free(0)  # 0: no samples during training
-    sample_tokens: int = free(0)  # tokens per text sample, at sample_every steps and at the end of the run
-    # (0: none)
+    sample_tokens: int = free(0)  # tokens per text sample, at sample_every steps and at the end of a run (0: none)
     ckpt_every: int = free(1000)
     keep_ckpts: int = free(3)
     keep_steps: tuple = free(())  # steps whose checkpoints are written and never pruned, e.g. (1000, 2000)
     spike_factor: float = free(3.0)  # a loss above mean + spike_factor * std of the recent window is a spike
     spike_window: int = free(50)
-    spike_min_std: float = free(0.02)  # floor on that std, as a fraction of the mean: late in a run the loss is so
-    # steady (std ~0.01) that 3 std would read ordinary noise as spikes
+    # a floor on that std, as a fraction of the mean: late in a run the loss is so steady (std ~0.01) that 3 std
+    # would read ordinary noise as spikes
+    spike_min_std: float = free(0.02)
     max_rollbacks: int = free(5)
     # the ledger's assumptions for time, money and memory
-    gpu: str = free('auto')  # the device the ledger plans for: a name in ledger.py's table ('H200',
-    # 'H100', ...), 'cpu', or 'auto' (this machine's GPU, else its CPU, measured
-    # by a short GEMM probe)
+    # the device the ledger plans for: a name in ledger.py's table ('H200', 'H100', ...), 'cpu', or 'auto' (this
+    # machine's GPU, else its CPU, measured by a short GEMM probe)
+    gpu: str = free('auto')
     n_gpu: int = free(1)  # devices the ledger plans for (train.py uses the real world size)
     mfu: float = free(0.40)  # assumed model FLOPs utilisation (the seed's 40%)
     usd_per_gpu_hour: float = free(3.5)

@@ -70,13 +70,8 @@ class Attention(nn.Module):
             q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         # SDPA wants (B, heads, T, head_dim); transposes are free views. enable_gqa lets each group of
         # n_head / n_kv_head query heads read one K/V head without a repeat_interleave copy (torch >= 2.5).
-        y = F.scaled_dot_product_attention(
-            q.transpose(1, 2),
-            k.transpose(1, 2),
-            v.transpose(1, 2),
-            is_causal=True,
-            enable_gqa=self.n_kv_head != self.n_head,
-        )
+        q, k, v = (t.transpose(1, 2) for t in (q, k, v))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=self.n_kv_head != self.n_head)
         return self.o_proj(y.transpose(1, 2).reshape(B, T, self.n_head * self.head_dim))
 
 
@@ -174,7 +169,8 @@ class GPT(nn.Module):
         block get std 0.02 / sqrt(2 * n_layer), so the residual stream's variance does not grow with depth
         (each of the 2L branches adds its output to it). Deterministic from torch's RNG, in module order.
         Call after `to_empty(device=...)` when the model was built on the meta device."""
-        std, residual_std = 0.02, 0.02 / math.sqrt(2 * self.config.n_layer)
+        c = self.config
+        std, residual_std = 0.02, 0.02 / math.sqrt(2 * c.n_layer)
         for module in self.modules():
             if isinstance(module, (nn.Linear, nn.Embedding)):
                 nn.init.normal_(module.weight, mean=0.0, std=std)
@@ -186,9 +182,7 @@ class GPT(nn.Module):
             nn.init.normal_(block.attn.o_proj.weight, mean=0.0, std=residual_std)
             nn.init.normal_(block.mlp.down_proj.weight, mean=0.0, std=residual_std)
         if not self.learned_positions:
-            cos, sin = rope_tables(
-                self.config.head_dim, self.config.block_size, self.config.rope_theta, device=self.rope_cos.device
-            )
+            cos, sin = rope_tables(c.head_dim, c.block_size, c.rope_theta, device=self.rope_cos.device)
             self.rope_cos.copy_(cos)
             self.rope_sin.copy_(sin)
 

@@ -108,7 +108,7 @@ def lr_at(step, total_steps, train, cooldown=None):
     peak, floor = train.lr, train.lr * train.min_lr_ratio
     if step < warmup:
         return peak * (step + 1) / warmup
-    if train.schedule == 'wsd':
+    if cooldown or train.schedule == 'wsd':  # a cooldown decays linearly from the peak, whatever the schedule
         decay_start, decay = cooldown or wsd_decay(total_steps, train)  # the last step reaches the floor
         if step < decay_start:
             return peak
