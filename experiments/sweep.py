@@ -35,7 +35,7 @@ import ledger  # noqa: E402
 import prepare  # noqa: E402
 from config import ConfigError, cli, load_config  # noqa: E402
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repo's root: train.py, configs/, data/
 EVAL_TOKENS = 131_072
 # The grid: overrides of configs/pystdlib_cpu.py, a point each; vocab_size picks the data folder (bpe:V).
 GRID = [
@@ -50,7 +50,7 @@ GRID = [
 
 def data_folder(vocab):
     """data/pystdlib (the default, bpe:8192) or data/pystdlib_bpe{V}, made on first use (~10 s)."""
-    folder = os.path.join(HERE, 'data', 'pystdlib' if vocab == 8192 else f'pystdlib_bpe{vocab}')
+    folder = os.path.join(ROOT, 'data', 'pystdlib' if vocab == 8192 else f'pystdlib_bpe{vocab}')
     if not os.path.exists(os.path.join(folder, 'meta.json')):
         prepare.prepare_pystdlib(folder, tokenizer=f'bpe:{vocab}')
     return folder
@@ -91,7 +91,7 @@ def score(forward, data, block_size, batch=16):
 
 def point_config(point):
     """(ModelConfig, TrainConfig) of a grid point: configs/pystdlib_cpu.py with the point's overrides."""
-    return load_config(os.path.join(HERE, 'configs/pystdlib_cpu.py'), [f'--{k}={v}' for k, v in point.items()])
+    return load_config(os.path.join(ROOT, 'configs/pystdlib_cpu.py'), [f'--{k}={v}' for k, v in point.items()])
 
 
 def run_ours(point, data, out_dir, steps=None):
@@ -114,7 +114,7 @@ def run_ours(point, data, out_dir, steps=None):
         ]
     start = time.perf_counter()
     result = subprocess.run(
-        [sys.executable, 'train.py', 'configs/pystdlib_cpu.py', *flags], cwd=HERE, capture_output=True, text=True
+        [sys.executable, 'train.py', 'configs/pystdlib_cpu.py', *flags], cwd=ROOT, capture_output=True, text=True
     )
     elapsed = time.perf_counter() - start
     if result.returncode:
@@ -236,7 +236,7 @@ def main(argv):
     seconds = 60 * float(options.get('minutes', 5))
     chosen = [int(i) for i in options['points'].split(',')] if 'points' in options else range(len(GRID))
     points = [(index, GRID[index]) for index in chosen]
-    out = os.path.abspath(options.get('out', os.path.join(HERE, 'out', 'sweep')))
+    out = os.path.abspath(options.get('out', os.path.join(ROOT, 'out', 'sweep')))
     nanogpt = os.path.abspath(options['nanogpt']) if 'nanogpt' in options else None
     if nanogpt and not os.path.isfile(os.path.join(nanogpt, 'train.py')):
         raise ConfigError(f"--nanogpt={nanogpt}: no train.py there (a checkout of github.com/karpathy/nanoGPT)")
