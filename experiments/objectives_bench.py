@@ -208,7 +208,7 @@ def main(argv):
                     'fim_exact': fim_match,
                     'l2r_prefix_match': l2r_match,
                     'examples': len(examples),
-                    'loss_fraction': objectives.loss_fraction(objective),
+                    'loss_fraction': ledger.loss_fraction(objective.name, objective.ul2_rates),
                     'transform_ms': host_ms,
                     'micro_step_ms': step_ms,
                     'tokens_per_s': summary['tokens_per_s_measured'],

@@ -58,7 +58,7 @@ def data_folder(vocab):
 
 def val_sequences(data, block_size):
     """The fixed val set both trainers are scored on: the first EVAL_TOKENS of the val split, windows of T + 1."""
-    tokens = np.concatenate([np.asarray(data.open_shard(p)) for p in data.list_shards(data, 'val')])
+    tokens = np.concatenate([np.asarray(data_files.open_shard(p)) for p in data_files.list_shards(data, 'val')])
     tokens = tokens[: EVAL_TOKENS + 1].astype(np.int64)
     n = (len(tokens) - 1) // block_size
     return np.stack([tokens[i * block_size : i * block_size + block_size + 1] for i in range(n)])
@@ -82,7 +82,7 @@ def score(forward, data, block_size, batch=16):
     import torch
 
     loss = mean_loss(forward, torch.from_numpy(val_sequences(data, block_size)), batch)
-    return loss, ledger.bits_per_byte(loss, data.load_meta(data)['bytes_per_token'])
+    return loss, ledger.bits_per_byte(loss, data_files.load_meta(data)['bytes_per_token'])
 
 
 # -----------------------------------------------------------------------------------------------------
@@ -144,10 +144,10 @@ def export_for_nanogpt(data, nanogpt):
     for split in ('train', 'val'):
         path = os.path.join(folder, f'{split}.bin')
         if not os.path.exists(path):
-            tokens = np.concatenate([np.asarray(data.open_shard(p)) for p in data.list_shards(data, split)])
+            tokens = np.concatenate([np.asarray(data_files.open_shard(p)) for p in data_files.list_shards(data, split)])
             tokens.astype(np.uint16).tofile(path)
     with open(os.path.join(folder, 'meta.pkl'), 'wb') as f:
-        pickle.dump({'vocab_size': data.load_meta(data)['vocab_size']}, f)
+        pickle.dump({'vocab_size': data_files.load_meta(data)['vocab_size']}, f)
     return name
 
 
@@ -264,7 +264,7 @@ def main(argv):
                 tokens=steps * point_config(point)[1].batch_tokens,
                 seconds=round(elapsed, 1),
                 val_loss=round(val_loss, 4),
-                val_bpb=round(ledger.bits_per_byte(val_loss, data.load_meta(data)['bytes_per_token']), 4),
+                val_bpb=round(ledger.bits_per_byte(val_loss, data_files.load_meta(data)['bytes_per_token']), 4),
                 **point,
             )
             rows.append(row)
