@@ -35,7 +35,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repo's modules
 
 import checkpoint  # noqa: E402
-import data  # noqa: E402
+import data as data_files  # noqa: E402 (the module; `data` names a data folder below)
 import ledger  # noqa: E402
 import objectives  # noqa: E402
 import prepare  # noqa: E402
@@ -134,9 +134,9 @@ def infilling_accuracy(model, encoding, fim_ids, examples):
 
 def val_bits_per_byte(model, data, block_size, val_tokens, bytes_per_token):
     """Plain next-token loss over the first val_tokens of the val split, in bits per byte (and nats)."""
-    shard = np.concatenate([np.asarray(data.open_shard(p), dtype=np.int64) for p in data.list_shards(data, 'val')])[
-        : val_tokens + 1
-    ]
+    shard = np.concatenate(
+        [np.asarray(data_files.open_shard(p), dtype=np.int64) for p in data_files.list_shards(data, 'val')]
+    )[: val_tokens + 1]
     n = (len(shard) - 1) // block_size
     rows = np.stack([shard[k * block_size : (k + 1) * block_size + 1] for k in range(n)])  # each with its next token
     loss = sweep.mean_loss(lambda x, y: model(x, y)[1], torch.from_numpy(rows))
@@ -166,8 +166,8 @@ def main(argv):
     parser.add_argument('--examples', type=int, default=300, help='held-out infilling examples')
     parser.add_argument('overrides', nargs='*', help='--key=value for train.py, after a --')
     args = parser.parse_args(argv)
-    meta = data.load_meta(args.data)
-    encoding = data.load_tokenizer(args.data)
+    meta = data_files.load_meta(args.data)
+    encoding = data_files.load_tokenizer(args.data)
     fim_ids = objectives.special_ids(meta, args.data, objectives.FIM_TOKENS, 'objectives_bench.py')
     results = []
     for seed in [int(s) for s in args.seeds.split(',')]:
@@ -196,7 +196,7 @@ def main(argv):
             with open(os.path.join(out_dir, 'summary.json')) as f:
                 summary = json.load(f)
             step_ms = 1000 * train_cfg.micro_batch * model_cfg.block_size / summary['tokens_per_s_measured']
-            stream = data.open_data(model_cfg, train_cfg)[0]
+            stream = data_files.open_data(model_cfg, train_cfg)[0]
             host_ms = transform_ms(objective, stream, train_cfg.micro_batch)
             results.append(
                 {

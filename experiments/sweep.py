@@ -31,6 +31,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repo's modules
 
+import data as data_files  # noqa: E402 (the module; `data` names a data folder below)
 import ledger  # noqa: E402
 import prepare  # noqa: E402
 from config import ConfigError, cli, load_config  # noqa: E402
