@@ -306,7 +306,8 @@ def test_the_loss_is_normalised_by_every_carrying_target_of_the_step(pystdlib_da
         int((data.micro_batch_arrays(stream, 0, m, one, 2, objective)[1] != IGNORE_INDEX).sum()) for m in range(4)
     ]
     assert len(set(counts)) > 1, counts  # else a mean of micro-batch means would be the same thing
-    script = tmp_path / 'gradients.py'
+    (tmp_path / 'script').mkdir()  # not beside config.py: the script's folder comes first on sys.path
+    script = tmp_path / 'script' / 'gradients.py'
     script.write_text(GRADIENTS)
     gradients = {}
     for name, processes, micro_batch in (('4 micro-steps', 1, 2), ('2 x 2', 2, 2), ('one 4x micro-batch', 1, 8)):
