@@ -348,8 +348,8 @@ def test_nan_loss_rolls_back_and_the_run_completes(pystdlib_data, tmp_path, monk
     config = write_config(tmp_path, pystdlib_data)
     forward, calls = train.GPT.forward, [0]
 
-    def nan_once(self, idx, targets=None):
-        logits, loss = forward(self, idx, targets)
+    def nan_once(self, idx, targets=None, reduction='mean'):
+        logits, loss = forward(self, idx, targets, reduction)
         calls[0] += 1
         return logits, loss * float('nan') if calls[0] == 2 * 6 + 1 else loss  # step 7, first micro-step
 
@@ -369,8 +369,8 @@ def test_too_many_spikes_stop_the_run_with_one_line(pystdlib_data, tmp_path, mon
     config = write_config(tmp_path, pystdlib_data)
     forward, calls = train.GPT.forward, [0]
 
-    def nan_from_step_7(self, idx, targets=None):
-        logits, loss = forward(self, idx, targets)
+    def nan_from_step_7(self, idx, targets=None, reduction='mean'):
+        logits, loss = forward(self, idx, targets, reduction)
         calls[0] += 1
         return logits, loss * float('nan') if calls[0] > 2 * 6 else loss
 
