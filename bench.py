@@ -32,7 +32,7 @@ import guard
 import ledger
 import live
 import train
-from config import ConfigError, cli, load_config, sharded
+from config import ConfigError, cli, load_config
 from model import GPT
 
 DEFAULT_CASES = [
@@ -74,28 +74,8 @@ def build(case_args, cluster, tiny):
     train_cfg = dataclasses.replace(train_cfg, batch_tokens=micro_step_tokens, batch_ramp_tokens=0)
     prediction = ledger.predict(model_cfg, train_cfg, n_gpu=cluster.world_size, device=device)
     dtype = prediction['dtype']
-    autocast = (
-        torch.autocast(cluster.device.type, dtype=torch.bfloat16)
-        if dtype == 'bfloat16' and not sharded(train_cfg.parallel, cluster.world_size)
-        else contextlib.nullcontext()
-    )
-    model, raw_model = train.build_model(model_cfg, train_cfg, cluster, dtype)
-    optimizer = train.build_optimizer(model, train_cfg, cluster)
     stream = data.SyntheticStream(model_cfg.vocab_size, model_cfg.block_size, train_cfg.seed, split=0)
-    run = train.Run(
-        model_cfg,
-        train_cfg,
-        cluster,
-        autocast,
-        stream,
-        model,
-        raw_model,
-        optimizer,
-        params=[p for p in model.parameters() if p.requires_grad],
-        micro_step_tokens=micro_step_tokens,
-        total_steps=10**9,
-        stop_step=10**9,
-    )
+    run = train.build_run(model_cfg, train_cfg, cluster, dtype, stream, total_steps=10**9, stop_step=10**9)
     return run, prediction, live.sdpa_backend(model_cfg, cluster.device, dtype)
 
 
@@ -261,25 +241,8 @@ def plain_loop_tokens_per_s(model_cfg, train_cfg, dtype, steps, warmup=3):
 
 def train_loop_tokens_per_s(model_cfg, train_cfg, dtype, steps, warmup=3):
     cluster = guard.setup_cluster()
-    T = model_cfg.block_size
     stream, _, _ = data.open_data(model_cfg, train_cfg)
-    autocast = torch.autocast('cpu', dtype=torch.bfloat16) if dtype == 'bfloat16' else contextlib.nullcontext()
-    model, raw_model = train.build_model(model_cfg, train_cfg, cluster, dtype)
-    optimizer = train.build_optimizer(model, train_cfg, cluster)
-    run = train.Run(
-        model_cfg,
-        train_cfg,
-        cluster,
-        autocast,
-        stream,
-        model,
-        raw_model,
-        optimizer,
-        params=list(model.parameters()),
-        micro_step_tokens=train_cfg.micro_batch * T,
-        total_steps=warmup + steps,
-        stop_step=warmup + steps,
-    )
+    run = train.build_run(model_cfg, train_cfg, cluster, dtype, stream, warmup + steps, warmup + steps)
     for step in range(warmup + steps):
         if step == warmup:
             start = time.perf_counter()

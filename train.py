@@ -306,6 +306,33 @@ class Run:
     argv: list = dataclasses.field(default_factory=list)  # train.py's arguments, for the commands it prints
 
 
+def build_run(model_cfg, train, cluster, dtype, stream, total_steps, stop_step, **fields):
+    """The model, its parallel wrapper, AdamW and the autocast for the compute dtype, as a Run: setup's, and
+    bench.py's for timing train_step. Other Run fields (val, meta, ...) come as keywords."""
+    # autocast: bf16 matmuls, fp32 weights and reductions. FSDP2 gets the same from its MixedPrecisionPolicy.
+    bf16 = dtype == 'bfloat16' and not sharded(train.parallel, cluster.world_size)
+    autocast = torch.autocast(cluster.device.type, dtype=torch.bfloat16) if bf16 else contextlib.nullcontext()
+    model, raw_model = build_model(model_cfg, train, cluster, dtype)
+    optimizer = build_optimizer(model, train, cluster)
+    params = [p for p in model.parameters() if p.requires_grad]
+    micro_step_tokens = train.micro_batch * model_cfg.block_size * cluster.world_size
+    return Run(
+        model_cfg,
+        train,
+        cluster,
+        autocast,
+        stream,
+        model,
+        raw_model,
+        optimizer,
+        params,
+        micro_step_tokens,
+        total_steps,
+        stop_step,
+        **fields,
+    )
+
+
 def setup(argv, held=None):
     """-> a Run, or None when there is nothing to do. `held` (an ExitStack) keeps, for the run, rank 0's lock on
     out_dir (one writer per folder: a second run there is one line naming the first) and the translation of a full
@@ -355,54 +382,21 @@ def setup(argv, held=None):
     # The ledger for this exact run (this device, this world size, the model as it will be built), printed short.
     prediction, dtype = live.predict(config_path, model_cfg, train, cluster, force, cooldown)
     held.enter_context(files.disk_errors(train.out_dir, needed_bytes=prediction['data']['checkpoint_bytes']))
-    # autocast: bf16 matmuls, fp32 weights and reductions. FSDP2 gets the same from its MixedPrecisionPolicy.
-    autocast = (
-        torch.autocast(cluster.device.type, dtype=torch.bfloat16)
-        if dtype == 'bfloat16' and not sharded(train.parallel, cluster.world_size)
-        else contextlib.nullcontext()
-    )
-
-    model, raw_model = build_model(model_cfg, train, cluster, dtype)
-    built = sum(p.numel() for p in raw_model.parameters())  # DTensor.numel() is the full size: sharding-proof
+    fields = dict(val=val, meta=meta, last_checkpoint=resume_from, cooldown=cooldown, objective=objective)
+    run = build_run(model_cfg, train, cluster, dtype, stream, total_steps, stop_step, argv=list(argv), **fields)
+    built = sum(p.numel() for p in run.raw_model.parameters())  # DTensor.numel() is the full size: sharding-proof
     if built != prediction['params']['total']:
         raise TrainingStopped(
             f"the ledger counts {prediction['params']['total']:,} parameters but the built model "
             f"has {built:,}: ledger.count_params and model.py disagree (run tests/test_model.py)"
         )
-    optimizer = build_optimizer(model, train, cluster)
-    run = Run(
-        model_cfg,
-        train,
-        cluster,
-        autocast,
-        stream,
-        model,
-        raw_model,
-        optimizer,
-        params=[p for p in model.parameters() if p.requires_grad],
-        micro_step_tokens=micro_step_tokens,
-        total_steps=total_steps,
-        stop_step=stop_step,
-        val=val,
-        meta=meta,
-        last_checkpoint=resume_from,
-        metrics=live.Metrics(
-            cluster,
-            train,
-            prediction,
-            built,
-            append=bool(resume_from),
-            bytes_per_token=meta.get('bytes_per_token') if meta else None,
-        ),
-        cooldown=cooldown,
-        argv=list(argv),
-        objective=objective,
-    )
+    bytes_per_token = meta.get('bytes_per_token') if meta else None
+    run.metrics = live.Metrics(cluster, train, prediction, built, bool(resume_from), bytes_per_token)
     if cluster.is_master and locking:
         live.record_code(train.out_dir)
     start_from = resume_from or train.cooldown_from  # a cooldown starts from the other run's checkpoint
     if start_from:
-        saved = checkpoint.load(start_from, model, optimizer)
+        saved = checkpoint.load(start_from, run.model, run.optimizer)
         run.state = RunState(**saved['run'])
         log(
             cluster,
