@@ -288,7 +288,7 @@ def report_sections(p):
             + f"): {'fits' if memory['fits'] else 'DOES NOT FIT'}, headroom {_gib(memory['headroom'])}"
             + (
                 "; glibc's malloc keeps freed blocks for reuse, so the peak RSS runs up to ~1.35x this (measured, "
-                "README)"
+                "docs/ledger.md)"
                 if device['kind'] == 'cpu'
                 else ''
             ),
