@@ -36,6 +36,10 @@ if not (os.environ.get('PYTORCH_ALLOC_CONF') or os.environ.get('PYTORCH_CUDA_ALL
 import numpy as np  # noqa: E402 (after the allocator's settings)
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
+from torch.distributed.device_mesh import init_device_mesh  # noqa: E402
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard  # noqa: E402
+from torch.distributed.tensor import DTensor  # noqa: E402
+from torch.nn.parallel import DistributedDataParallel  # noqa: E402
 
 import checkpoint  # noqa: E402
 import data  # noqa: E402
@@ -137,8 +141,6 @@ def build_model(model_cfg, train, cluster, dtype):
             model.compile()  # in place: the state dict keeps its names (no `_orig_mod.` prefix)
         return model, model
     if not sharded(train.parallel, cluster.world_size):  # ddp, zero1
-        from torch.nn.parallel import DistributedDataParallel
-
         if train.compile:
             model.compile()
         device_ids = [cluster.local_rank] if cluster.device.type == 'cuda' else None
@@ -152,9 +154,6 @@ def build_model(model_cfg, train, cluster, dtype):
     # with both its users). ZeRO-3 ('fsdp') frees each block's gathered weights after its forward and gathers them
     # again for backward; ZeRO-2 ('zero2') keeps them from forward to backward, so only gradients and optimizer
     # states stay sharded (the book's 2P + 14P/N).
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-
     mesh = init_device_mesh(cluster.device.type, (cluster.world_size,))
     mp_policy = MixedPrecisionPolicy()  # fp32 everywhere
     if dtype == 'bfloat16':  # bf16 weights for the matmuls, gradients reduced in fp32
@@ -187,7 +186,7 @@ def build_optimizer(model, train, cluster):
     ]
     options = adamw_options(train, cluster.world_size)
     if train.parallel == 'zero1' and cluster.world_size > 1:
-        from torch.distributed.optim import ZeroRedundancyOptimizer
+        from torch.distributed.optim import ZeroRedundancyOptimizer  # here: its import warns 67 times (jit.script)
 
         return ZeroRedundancyOptimizer(groups, optimizer_class=torch.optim.AdamW, **options)
     return torch.optim.AdamW(groups, **options)
@@ -197,8 +196,6 @@ def clip_gradients(params, max_norm):
     """Scale all gradients so their global L2 norm is at most max_norm (the book: 1.0; 0: no clipping). Under FSDP
     the gradients are DTensor shards: the norm of the shards is a partial sum that full_tensor() reduces over the
     ranks (as torchtitan does). Returns the norm before clipping, on the device (reading it would sync)."""
-    from torch.distributed.tensor import DTensor
-
     norm = torch.nn.utils.get_total_norm([p.grad for p in params])
     if isinstance(norm, DTensor):
         norm = norm.full_tensor()
@@ -243,15 +240,8 @@ def evaluate_hellaswag(run):
         accuracy, stderr, items = hellaswag.hellaswag_accuracy(
             run.raw_model, run.tokenizer, run.hellaswag, cluster.device, run.autocast, cluster.rank, cluster.world_size
         )
-    run.metrics.record(
-        {
-            'step': state.step,
-            'tokens': state.tokens_seen,
-            'hellaswag': accuracy,
-            'hellaswag_stderr': stderr,
-            'hellaswag_items': items,
-        }
-    )
+    entry = {'hellaswag': accuracy, 'hellaswag_stderr': stderr, 'hellaswag_items': items}
+    run.metrics.record({'step': state.step, 'tokens': state.tokens_seen, **entry})
     log(cluster, f"step {state.step}: HellaSwag {accuracy:.2%} +- {stderr:.2%} over {items:,} items (chance: 25%)")
 
 
@@ -432,19 +422,11 @@ def setup(argv, held=None):
 
 
 def save_checkpoint(run):
-    train_state = {
-        'run': dataclasses.asdict(run.state),
-        'model_config': dataclasses.asdict(run.model_cfg),
-        'train_config': dataclasses.asdict(run.train),
-    }
+    saved = {'run': run.state, 'model_config': run.model_cfg, 'train_config': run.train}
+    train_state = {key: dataclasses.asdict(value) for key, value in saved.items()}
+    keep = dict(keep=run.train.keep_ckpts, kept_steps=run.train.keep_steps)
     run.last_checkpoint = checkpoint.save(
-        run.train.out_dir,
-        run.state.step,
-        run.model,
-        run.optimizer,
-        train_state,
-        keep=run.train.keep_ckpts,
-        kept_steps=run.train.keep_steps,
+        run.train.out_dir, run.state.step, run.model, run.optimizer, train_state, **keep
     )
 
 
