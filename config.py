@@ -393,7 +393,12 @@ def _parse_value(key, text):
             return tuple(float(part) for part in text.split(',') if part)
         return text
     except ValueError:
-        raise ConfigError(f"--{key}={text}: expected a value of type {type(default).__name__}") from None
+        kind = (
+            'whole numbers, comma-separated (1000,2000)'
+            if isinstance(default, tuple)
+            else f'a value of type {type(default).__name__}'
+        )
+        raise ConfigError(f"--{key}={text}: expected {kind}") from None
 
 
 def _typed(key, value, where):

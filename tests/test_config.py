@@ -127,3 +127,8 @@ def test_family_rules(overrides, message):
         load_config(None, overrides)
     assert message in str(error.value)
     assert load_config(None, ['--arch=gpt2', '--n_embd=36', '--n_head=4'])[0].head_dim == 9  # learned positions: odd ok
+
+
+def test_a_list_key_that_is_not_numbers_is_one_line_saying_what_it_takes():
+    with pytest.raises(ConfigError, match=r'^--keep_steps=abc: expected whole numbers, comma-separated \(1000,2000\)$'):
+        load_config(None, ['--keep_steps=abc'])
