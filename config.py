@@ -369,9 +369,36 @@ RULES = {
 assert set(RULES) <= set(DEFAULTS)
 
 
+# nanoGPT's config names (its train.py globals) that differ from ours, with what to write instead: a nanoGPT user
+# types them first, and a spelling hint would answer --learning_rate with 'ul2_r_rate'.
+NANOGPT_NAMES = {
+    'learning_rate': "use 'lr'",
+    'min_lr': "use 'min_lr_ratio' (the floor as a fraction of lr: nanoGPT's 6e-5 of 6e-4 is 0.1)",
+    'batch_size': "use 'micro_batch' (sequences per forward/backward)",
+    'gradient_accumulation_steps': "use 'batch_tokens' (the global batch in tokens; the accumulation follows from it)",
+    'max_iters': "use 'max_steps' (or 'train_tokens', which sets the steps the schedule spans)",
+    'lr_decay_iters': "use 'train_tokens' (the schedule spans the run's tokens)",
+    'warmup_iters': "use 'warmup_frac' (warmup as a fraction of the steps)",
+    'decay_lr': "use 'schedule' ('cosine' or 'wsd')",
+    'eval_iters': "use 'eval_tokens' (the val tokens scored per eval)",
+    'eval_interval': "use 'eval_every'",
+    'log_interval': "use 'log_every'",
+    'always_save_checkpoint': "use 'ckpt_every'",
+    'eval_only': "not a key here: eval.py scores a checkpoint (HellaSwag), sample.py writes from one",
+    'init_from': "use the flag --resume (continue a run) or --cooldown_from=CKPT (start from a checkpoint)",
+    'dataset': "use 'data' (a folder made by prepare.py)",
+    'device': "not a key here: train.py takes the GPU of its rank under torchrun, else the CPU",
+    'backend': "not a key here: NCCL on GPUs, gloo on the CPU",
+    'dropout': "not a key here: ledgergpt pretrains without dropout",
+    'wandb_log': "not a key here: out_dir/metrics.jsonl and report.md hold the curves (plot.py draws them)",
+}
+
+
 def _unknown_key_error(key, where):
     close = difflib.get_close_matches(key, list(DEFAULTS), n=1, cutoff=0.5)
     hint = f"did you mean '{close[0]}'?" if close else "the keys are ModelConfig's and TrainConfig's in config.py"
+    if key in NANOGPT_NAMES:
+        hint = f"nanoGPT's '{key}': {NANOGPT_NAMES[key]}"
     return ConfigError(f"unknown config key '{key}' in {where}: {hint}")
 
 

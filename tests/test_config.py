@@ -132,3 +132,33 @@ def test_family_rules(overrides, message):
 def test_a_list_key_that_is_not_numbers_is_one_line_saying_what_it_takes():
     with pytest.raises(ConfigError, match=r'^--keep_steps=abc: expected whole numbers, comma-separated \(1000,2000\)$'):
         load_config(None, ['--keep_steps=abc'])
+
+
+# -----------------------------------------------------------------------------------------------------
+# nanoGPT's names: its users type them first; the hint maps each to ours, not to the nearest spelling
+
+
+@pytest.mark.parametrize(
+    'name, ours',
+    [
+        ('learning_rate', "use 'lr'"),
+        ('batch_size', "use 'micro_batch'"),
+        ('gradient_accumulation_steps', "use 'batch_tokens'"),
+        ('max_iters', "use 'max_steps'"),
+        ('lr_decay_iters', "use 'train_tokens'"),
+        ('eval_iters', "use 'eval_tokens'"),
+        ('init_from', 'use the flag --resume'),
+        ('warmup_iters', "use 'warmup_frac'"),
+        ('min_lr', "use 'min_lr_ratio'"),
+    ],
+)
+def test_nanogpt_names_are_mapped_to_ours(tmp_path, name, ours):
+    with pytest.raises(ConfigError) as flag:
+        load_config(None, [f'--{name}=1'])
+    assert str(flag.value).startswith(f"unknown config key '{name}' in the command line: nanoGPT's '{name}': {ours}")
+    config_file = tmp_path / 'nanogpt_style.py'
+    config_file.write_text(f'{name} = 1\n')  # a nanoGPT config file: the same hint, naming the file
+    with pytest.raises(ConfigError, match=f"in {config_file}: nanoGPT's '{name}': {ours}"):
+        load_config(str(config_file))
+    with pytest.raises(ConfigError, match="did you mean 'n_layer'"):  # a typo of ours still gets the spelling hint
+        load_config(None, ['--n_layr=2'])
