@@ -309,6 +309,21 @@ def load(path, model, optimizer):
 # The weights alone, in one process, for sample.py (and any tool that reads a trained model).
 
 
+def device_of(name):
+    """A tool's --device value as a torch.device this machine has; one ConfigError line otherwise (a CUDA device
+    on a torch built without CUDA, or past the GPUs there are, fails deep inside the first tensor moved there)."""
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise ConfigError(f"--device={name}: not a device name (cpu, cuda, cuda:1, ...)") from None
+    if device.type == 'cuda':
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if (device.index or 0) >= count:
+            why = 'this torch is built without CUDA' if torch.version.cuda is None else f'{count} CUDA device(s) here'
+            raise ConfigError(f"--device={name}: {why}; use --device=cpu")
+    return device
+
+
 def load_model(path, device):
     """-> (GPT in eval mode on `device`, the saved train config dict) from a checkpoint folder or out_dir."""
     import torch.distributed.checkpoint as dcp

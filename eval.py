@@ -250,7 +250,7 @@ def main(argv):
     if args.limit < 0 or args.batch < 1:
         raise ConfigError(f"--limit must be 0 or more and --batch 1 or more, got {args.limit} and {args.batch}")
     try:
-        rank, world_size, device = join_ranks(torch.device(args.device))
+        rank, world_size, device = join_ranks(checkpoint.device_of(args.device))
         path = checkpoint.find(args.checkpoint)
         model, train_config = checkpoint.load_model(path, device)
         if train_config['data'] == 'synthetic':

@@ -156,8 +156,8 @@ def read_lock(path):
 @contextlib.contextmanager
 def folder_lock(folder, command):
     """Hold `folder`/.lock for the block (the folder is created if needed); a UserError naming the other process if
-    another live process holds it. Yields the lock file's path."""
-    os.makedirs(folder, exist_ok=True)
+    another live process holds it; a folder that cannot be made or written (a file of that name, a read-only
+    filesystem) is one UserError line too. Yields the lock file's path."""
     path = os.path.join(folder, LOCK_NAME)
     me = {
         'pid': os.getpid(),
@@ -166,8 +166,16 @@ def folder_lock(folder, command):
         'since': time.strftime('%Y-%m-%d %H:%M:%S'),
     }
     mine = f'{path}.{me["pid"]}'
-    with open(mine, 'w') as f:
-        json.dump(me, f)
+    with disk_errors(folder):  # read-only or full: one line
+        try:
+            os.makedirs(folder, exist_ok=True)
+        except (FileExistsError, NotADirectoryError) as e:  # the folder's name, or a parent's, is a file
+            raise UserError(
+                f"cannot make the folder {folder}: {e.filename or folder} is a file, not a folder; choose another "
+                f"folder"
+            ) from None
+        with open(mine, 'w') as f:
+            json.dump(me, f)
     try:
         for _ in range(3):  # another process may take over a stale lock at the same moment: look again
             try:

@@ -74,8 +74,8 @@ def main(argv):
     infill = args.prefix is not None or args.suffix is not None
     if infill and args.prompt:
         raise ConfigError("--prompt continues a text, --prefix/--suffix fill in the middle: give one or the other")
+    device = checkpoint.device_of(args.device)
     path = checkpoint.find(args.checkpoint)
-    device = torch.device(args.device)
     model, train_config = checkpoint.load_model(path, device)
     if train_config['data'] == 'synthetic':
         raise ConfigError(f"{path} was trained on synthetic tokens: there is no text to sample")

@@ -231,6 +231,31 @@ def test_a_second_run_in_the_same_out_dir_is_one_line_naming_the_first(pystdlib_
     assert train.main([config, f'--out_dir={out}', '--resume', '--max_steps=3']) == 0
 
 
+def test_an_out_dir_that_cannot_be_a_folder_is_one_line(pystdlib_data, tmp_path, capsys, monkeypatch):
+    config = write_config(tmp_path, pystdlib_data, train_tokens=4 * 256)
+    (tmp_path / 'a_file').write_text('not a folder')
+    for out_dir, culprit in ((tmp_path / 'a_file', tmp_path / 'a_file'), (tmp_path / 'a_file' / 'out', None)):
+        capsys.readouterr()
+        assert train.main([config, f'--out_dir={out_dir}']) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f'error: cannot make the folder {out_dir}: ') and err.count('\n') == 1, err
+        assert f'{culprit or out_dir} is a file, not a folder; choose another folder' in err
+    real_makedirs = os.makedirs
+
+    def read_only(name, *args, **kwargs):  # what a read-only filesystem answers (root writes anywhere else)
+        if str(name).startswith(str(tmp_path / 'ro')):
+            raise OSError(30, 'Read-only file system', str(name))
+        return real_makedirs(name, *args, **kwargs)
+
+    monkeypatch.setattr(os, 'makedirs', read_only)
+    capsys.readouterr()
+    assert train.main([config, f'--out_dir={tmp_path / "ro" / "out"}']) == 2
+    assert capsys.readouterr().err == (
+        f"error: cannot write {tmp_path / 'ro' / 'out'} (read-only filesystem): {tmp_path / 'ro' / 'out'} must be "
+        f"on a writable filesystem and writable by this user; choose another folder\n"
+    )
+
+
 def test_a_token_id_past_the_models_vocab_is_one_line_before_anything_is_written(pystdlib_data, tmp_path, capsys):
     """A hand-made or foreign shard (no max_token_id in its meta.json): read once, caught before the model."""
     import json

@@ -72,3 +72,18 @@ def test_bad_path_is_one_line(tmp_path, capsys):
     assert sample.main([str(tmp_path)]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith('error: no checkpoint in') and '\n' not in err
+
+
+def test_a_device_this_machine_lacks_is_one_line(tmp_path, capsys):
+    import eval as hellaswag
+
+    if torch.cuda.is_available():  # a GPU past the last one
+        name, why = f'cuda:{torch.cuda.device_count()}', f'{torch.cuda.device_count()} CUDA device(s) here'
+    else:  # a torch built without CUDA (or with it, on a machine without a GPU)
+        name = 'cuda'
+        why = 'this torch is built without CUDA' if torch.version.cuda is None else '0 CUDA device(s) here'
+    for main, args in ((sample.main, [str(tmp_path)]), (hellaswag.main, [str(tmp_path), 'hellaswag'])):
+        assert main([*args, f'--device={name}']) == 2
+        assert capsys.readouterr().err == f"error: --device={name}: {why}; use --device=cpu\n"
+    assert sample.main([str(tmp_path), '--device=gpu']) == 2
+    assert capsys.readouterr().err == "error: --device=gpu: not a device name (cpu, cuda, cuda:1, ...)\n"
