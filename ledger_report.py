@@ -499,7 +499,8 @@ def format_comparison(summary):
             '',
             f"val loss {s['val_loss']:.4f} nats per token"
             + (
-                f" = {s['val_bpb']:.4f} bits per byte (at {s['bytes_per_token']:.3f} text bytes per token, meta.json)"
+                f" = {s['val_bpb']:.4f} bits per byte (at {s['val_bytes_per_token']:.4f} text bytes per token: those of the "
+                "val targets scored)"
                 if s['val_bpb'] is not None
                 else ''
             ),
