@@ -525,3 +525,18 @@ def validate(model, train):
         raise ConfigError(
             f"batch_ramp_start ({train.batch_ramp_start:,}) must be at most batch_tokens ({train.batch_tokens:,})"
         )
+
+
+def tokens_per_micro_step(model, train, world_size):
+    """Tokens one micro-step covers on all processes, micro_batch x block_size x world_size; ConfigError if the
+    global batch is not a whole number of them. The one check of a plan's batch: train.py makes it with its world
+    size, the ledger with n_gpu, so the ledger never prints a plan that train.py refuses."""
+    tokens = train.micro_batch * model.block_size * world_size
+    if train.batch_tokens % tokens:
+        raise ConfigError(
+            f"batch_tokens ({train.batch_tokens:,}) is not a multiple of micro_batch x block_size x processes "
+            f"= {train.micro_batch} x {model.block_size} x {world_size} = {tokens:,} "
+            f"({train.batch_tokens / tokens:.4g} accumulation steps): change batch_tokens, micro_batch or the "
+            f"number of processes (n_gpu in the ledger)"
+        )
+    return tokens

@@ -173,14 +173,6 @@ def check_exportable(c, n_vocab):
 # order, its BPE picks the same pairs as tiktoken's, so the ids are the same; test_export.py checks them.
 
 
-def byte_alphabet():
-    """GPT-2's byte -> character map: printable Latin-1 bytes stand for themselves, the other 68 (controls, space,
-    ...) for chr(256), chr(257), ... in byte order, so that a space is 'Ġ' and a newline 'Ċ'."""
-    printable = [*range(ord('!'), ord('~') + 1), *range(ord('¡'), ord('¬') + 1), *range(ord('®'), ord('ÿ') + 1)]
-    others = [b for b in range(256) if b not in printable]
-    return {**{b: chr(b) for b in printable}, **{b: chr(256 + i) for i, b in enumerate(others)}}
-
-
 def bpe_parts(ranks, token, below_rank):
     """token's bytes merged by BPE using only the tokens of rank < below_rank: the lowest-ranked adjacent pair
     first, as tiktoken does."""
@@ -218,7 +210,7 @@ def hf_tokenizer(encoding):
     from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
 
     ranks, pattern, special = encoding._mergeable_ranks, encoding._pat_str, encoding._special_tokens
-    alphabet = byte_alphabet()
+    alphabet = data.byte_alphabet()
 
     def spell(token):
         return ''.join(alphabet[b] for b in token)

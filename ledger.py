@@ -21,7 +21,7 @@ import sys
 import time
 from dataclasses import dataclass
 
-from config import DEFAULTS, R_DENOISERS, X_DENOISERS, ConfigError, sharded
+from config import DEFAULTS, R_DENOISERS, X_DENOISERS, ConfigError, sharded, tokens_per_micro_step
 from files import save_json
 
 MIB = 2**20
@@ -714,6 +714,7 @@ def predict(model, train, n_gpu=None, device=None):
     """Every sum of the ledger for (ModelConfig, TrainConfig) on n_gpu devices (default: train.n_gpu) of `device`
     (default: the one the config's `gpu` names, measured for 'auto' / 'cpu')."""
     n_gpu = n_gpu or train.n_gpu
+    micro_step_tokens = tokens_per_micro_step(model, train, n_gpu)  # train.py's check: no plan it would refuse
     device = device or device_spec(train.gpu, train.dtype)
     params = count_params(model)
     compiled_blocks = compile_mode(train, n_gpu) == 'blocks'  # train.py's build_model
@@ -737,7 +738,7 @@ def predict(model, train, n_gpu=None, device=None):
         'compiled_blocks': compiled_blocks,
         'tokens': tokens,
         'steps': math.ceil(tokens / train.batch_tokens),
-        'grad_accum': train.batch_tokens / (train.micro_batch * model.block_size * n_gpu),
+        'grad_accum': train.batch_tokens // micro_step_tokens,
         'total_flops': tokens * flops['hardware'],
         'model_flops': tokens * flops['matmul'],
         'book_flops': tokens * flops['book'],
@@ -768,6 +769,7 @@ def predict(model, train, n_gpu=None, device=None):
 # b bytes per token is L / ln 2 bits per token, L / (ln 2 * b) bits per byte: GPT-2's tokens on FineWeb-Edu are
 # ~4.5 bytes, our 8192-token BPE on Python source ~3.8, so per-token losses of two tokenizers (or two codebases)
 # compare only once divided by their own bytes per token. The CPU default's 5.52 nats at 3.84 bytes: 2.07 bits.
+# Exact only with the bytes of the very targets scored (data.target_bytes): a folder's mean is ~1% off its val.
 
 
 def bits_per_byte(loss_nats, bytes_per_token):
@@ -784,7 +786,8 @@ def bits_per_byte(loss_nats, bytes_per_token):
 
 def summarize(prediction, measured):
     """measured: device, torch, params, and whichever of tokens_per_s, mfu, peak_memory_bytes, peak_reserved_bytes,
-    days, val_loss, step, tokens_seen the run has so far (None or missing: not yet)."""
+    days, val_loss, val_bytes_per_token (of the val targets scored), step, tokens_seen the run has so far (None or
+    missing: not yet)."""
     p, memory = prediction, prediction['memory']
     on_cpu = p['gpu']['kind'] == 'cpu'
     return {
@@ -811,7 +814,8 @@ def summarize(prediction, measured):
         'days_projected': measured.get('days'),
         'val_loss': measured.get('val_loss'),
         'bytes_per_token': measured.get('bytes_per_token'),
-        'val_bpb': bits_per_byte(measured['val_loss'], measured.get('bytes_per_token'))
+        'val_bytes_per_token': measured.get('val_bytes_per_token'),
+        'val_bpb': bits_per_byte(measured['val_loss'], measured.get('val_bytes_per_token'))
         if measured.get('val_loss') is not None
         else None,
     }

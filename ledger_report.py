@@ -99,6 +99,7 @@ def report_sections(p):
     model = ModelConfig(**m)
     family, bias, tied, recompute = model.family, model.biases, model.tie_embeddings, t['recompute']
     norm_bias, k = bias and family.norm == 'layernorm', family.mlp_matrices  # LayerNorm's bias; H x H' matrices
+    mha = model.kv_heads == model.n_head  # else GQA: k and v are kv_width = n_kv_head x head_dim wide
     book_p = '8P' if recompute else '6P'
     fsdp2 = sharded(t['parallel'], p['n_gpu'])  # FSDP2 shards every tensor's rows
     bf16 = p['dtype'] == 'bfloat16'
@@ -122,9 +123,14 @@ def report_sections(p):
         (
             'per layer',
             f"{params['per_layer']:,}",
-            f"4H^2 + {k}HH' + 2H"
-            + (f" (+ {5 + 2 * norm_bias}H + {'' if k == 2 else k - 1}H' biases)" if bias else '')
-            + ' when MHA',
+            (f"4H^2 + {k}HH' + 2H" if mha else f"2H^2 + 2H*kv_width + {k}HH' + 2H")
+            + (
+                f" (+ {(5 if mha else 3) + 2 * norm_bias}H{'' if mha else ' + 2kv_width'}"
+                f" + {'' if k == 2 else k - 1}H' biases)"
+                if bias
+                else ''
+            )
+            + ('' if mha else f", kv_width = {model.kv_heads} kv heads x {model.head_dim}"),
         ),
         ('total P', f"{params['total']:,}", si(params['total'])),
         (
@@ -499,7 +505,8 @@ def format_comparison(summary):
             '',
             f"val loss {s['val_loss']:.4f} nats per token"
             + (
-                f" = {s['val_bpb']:.4f} bits per byte (at {s['bytes_per_token']:.3f} text bytes per token, meta.json)"
+                f" = {s['val_bpb']:.4f} bits per byte (at {s['val_bytes_per_token']:.4f} text bytes per token: those of the "
+                "val targets scored)"
                 if s['val_bpb'] is not None
                 else ''
             ),
@@ -655,8 +662,8 @@ def book_examples():
         ),
         (
             'Ledger 4',
-            'LLaMA-7B total per GPU, GB',
-            "16P/2 + the book's 6.20 + 3.91 + ~6",
+            'LLaMA-7B total per GPU, GiB',
+            "16P/2 + the book's 6.20 + 3.91 + ~6 (its GB are GiB, as its 50.20 is)",
             '~66',
             66,
             total_7b,
@@ -665,8 +672,8 @@ def book_examples():
         ),
         (
             'Ledger 4',
-            'LLaMA-7B spare on an 80 GB card, GB',
-            '80 - total',
+            'LLaMA-7B spare on an 80 GB card, GiB',
+            'A800: 81,920 MiB = 80 GiB, - total',
             '~14',
             14,
             a800.memory_bytes / GIB - total_7b,

@@ -160,7 +160,9 @@ class Metrics:
 
     def __init__(self, cluster, train, prediction, params_built, append, bytes_per_token=None):
         self.cluster, self.prediction, self.out_dir = cluster, prediction, train.out_dir
-        self.bytes_per_token = bytes_per_token  # the data's (meta.json): losses in bits per byte too
+        # the data's (meta.json): the train loss in bits per byte too, at the folder's mean bytes per token (the
+        # val loss's are exact: evaluate counts the bytes of the targets it scores)
+        self.bytes_per_token = bytes_per_token
         # MFU counts the model's matmul FLOPs, 6 N_matmul + 12 L H T per token (PaLM's convention, no recompute)
         self.flops_per_token = prediction['flops_per_token']['matmul']
         self.peak_flops = prediction['gpu']['peak_flops']
@@ -269,7 +271,7 @@ class Metrics:
             self.measured.update(tokens_per_s=run_speed, mfu=self.mfu(run_speed), days=self.days(run_speed))
         self.interval_tokens, self.interval_seconds, self.warmup = 0, 0.0, False
 
-    def write_summary(self, step, tokens_seen, val_loss=None):
+    def write_summary(self, step, tokens_seen, val_loss=None, val_bytes_per_token=None):
         """summary.json and report.md, from the same numbers (ledger.summarize), and the loss curve (plot.py's
         loss.png, shown in report.md; a run without matplotlib goes on without it)."""
         if not self.cluster.is_master:
@@ -277,7 +279,7 @@ class Metrics:
         self.measured['peak_memory_bytes'], self.measured['peak_reserved_bytes'] = peak_memory(self.cluster)
         self.measured.update(step=step, tokens_seen=tokens_seen)
         if val_loss is not None:
-            self.measured['val_loss'] = val_loss
+            self.measured.update(val_loss=val_loss, val_bytes_per_token=val_bytes_per_token)
         summary = ledger.summarize(self.prediction, self.measured)
         files.save_json(os.path.join(self.out_dir, 'summary.json'), summary)
         picture = plot.draw_run(self.out_dir)

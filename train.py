@@ -49,7 +49,7 @@ import guard  # noqa: E402
 import ledger  # noqa: E402
 import live  # noqa: E402
 import objectives  # noqa: E402
-from config import IGNORE_INDEX, ConfigError, cli, load_config, sharded  # noqa: E402
+from config import IGNORE_INDEX, ConfigError, cli, load_config, sharded, tokens_per_micro_step  # noqa: E402
 from guard import RunState, TrainingStopped, log  # noqa: E402
 from model import GPT  # noqa: E402
 
@@ -58,18 +58,7 @@ from model import GPT  # noqa: E402
 # One micro-step is a forward/backward of micro_batch sequences of block_size tokens on every rank, so it covers
 # micro_batch x block_size x world_size tokens; gradient accumulation repeats it until batch_tokens, the global
 # batch, is reached. The global batch is fixed by the config: more ranks means fewer micro-steps, not a bigger batch.
-
-
-def tokens_per_micro_step(model_cfg, train, world_size):
-    """Tokens one micro-step covers on all ranks; ConfigError if the global batch is not a whole number of them."""
-    tokens = train.micro_batch * model_cfg.block_size * world_size
-    if train.batch_tokens % tokens:
-        raise ConfigError(
-            f"batch_tokens ({train.batch_tokens:,}) is not a multiple of micro_batch x block_size x world size "
-            f"= {train.micro_batch} x {model_cfg.block_size} x {world_size} = {tokens:,}: change batch_tokens, "
-            f"micro_batch or the number of processes"
-        )
-    return tokens
+# config.tokens_per_micro_step checks that it is a whole number of them, for train.py and the ledger alike.
 
 
 def batch_tokens_at(tokens_seen, train, micro_step_tokens):
@@ -210,7 +199,8 @@ def clip_gradients(params, max_norm):
 
 @torch.no_grad()
 def evaluate(run):
-    """Mean loss over the fixed val sequences. Rank r takes the r-th of world_size equal slices (all ranks run
+    """-> (mean loss over the fixed val sequences, UTF-8 bytes per token of the targets scored: bits per byte's
+    exact denominator, None on synthetic data). Rank r takes the r-th of world_size equal slices (all ranks run
     the same number of forwards, which FSDP's collectives need); the sums are reduced over the ranks."""
     val, cluster, micro_batch = run.val, run.cluster, run.train.micro_batch
     run.model.eval()
@@ -218,7 +208,7 @@ def evaluate(run):
     if per_rank >= micro_batch:  # whole micro-batches only: one more shape would mean one more compile
         per_rank -= per_rank % micro_batch
     mine = val[cluster.rank * per_rank : (cluster.rank + 1) * per_rank] if per_rank else val[:1]
-    totals = torch.zeros(2, device=cluster.device, dtype=torch.float64)
+    totals = torch.zeros(3, device=cluster.device, dtype=torch.float64)  # loss x rows, rows, text bytes
     for i in range(0, len(mine), micro_batch):
         chunk = mine[i : i + micro_batch]
         x = data.to_device(np.ascontiguousarray(chunk[:, :-1]), cluster.device)
@@ -227,10 +217,12 @@ def evaluate(run):
             _, loss = run.model(x, y)
         totals[0] += loss.double() * len(chunk)
         totals[1] += len(chunk)
+        totals[2] += data.target_bytes(run.train.data, chunk[:, 1:]) if run.meta else 0  # host-side, from the array
     run.model.train()
     if cluster.world_size > 1:
         dist.all_reduce(totals)
-    return (totals[0] / totals[1]).item()
+    loss_rows, rows, text_bytes = totals.tolist()
+    return loss_rows / rows, text_bytes / (rows * run.model_cfg.block_size) if run.meta else None
 
 
 def evaluate_hellaswag(run):
@@ -539,15 +531,15 @@ def loop(run):
             if 'hellaswag' in due:
                 evaluate_hellaswag(run)
             if 'eval' in due:
-                val_loss = evaluate(run)
-                val_bpb = ledger.bits_per_byte(val_loss, run.metrics.bytes_per_token)
+                val_loss, val_bytes_per_token = evaluate(run)
+                val_bpb = ledger.bits_per_byte(val_loss, val_bytes_per_token)
                 run.metrics.record({'step': step, 'tokens': tokens, 'val_loss': val_loss, 'val_bpb': val_bpb})
                 log(
                     run.cluster,
                     f"step {step}: val loss {val_loss:.4f}"
                     + (f", {val_bpb:.4f} bits per byte" if val_bpb is not None else ''),
                 )
-                run.metrics.write_summary(step, tokens, val_loss)
+                run.metrics.write_summary(step, tokens, val_loss, val_bytes_per_token)
             if 'checkpoint' in due:
                 save_checkpoint(run)
             if 'sample' in due:

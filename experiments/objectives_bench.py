@@ -132,14 +132,16 @@ def infilling_accuracy(model, encoding, fim_ids, examples):
     return fim_hits / len(examples), l2r_hits / len(examples)
 
 
-def val_bits_per_byte(model, data, block_size, val_tokens, bytes_per_token):
-    """Plain next-token loss over the first val_tokens of the val split, in bits per byte (and nats)."""
+def val_bits_per_byte(model, data, block_size, val_tokens):
+    """Plain next-token loss over the first val_tokens of the val split, in bits per byte (of the targets' own
+    text, data.target_bytes) and nats."""
     shard = np.concatenate(
         [np.asarray(data_files.open_shard(p), dtype=np.int64) for p in data_files.list_shards(data, 'val')]
     )[: val_tokens + 1]
     n = (len(shard) - 1) // block_size
     rows = np.stack([shard[k * block_size : (k + 1) * block_size + 1] for k in range(n)])  # each with its next token
     loss = sweep.mean_loss(lambda x, y: model(x, y)[1], torch.from_numpy(rows))
+    bytes_per_token = data_files.target_bytes(data, rows[:, 1:]) / rows[:, 1:].size
     return ledger.bits_per_byte(loss, bytes_per_token), loss, n * block_size
 
 
@@ -188,9 +190,7 @@ def main(argv):
             model_cfg, train_cfg = load_config(args.config, flags[1:])
             objective = objectives.build(train_cfg, meta)
             model, _ = checkpoint.load_model(out_dir, torch.device('cpu'))
-            bpb, loss, counted = val_bits_per_byte(
-                model, args.data, model_cfg.block_size, args.val_tokens, meta['bytes_per_token']
-            )
+            bpb, loss, counted = val_bits_per_byte(model, args.data, model_cfg.block_size, args.val_tokens)
             examples = infilling_examples(encoding, model_cfg.block_size, args.examples, seed=0)
             fim_match, l2r_match = infilling_accuracy(model, encoding, fim_ids, examples)
             with open(os.path.join(out_dir, 'summary.json')) as f:

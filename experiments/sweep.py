@@ -83,7 +83,13 @@ def score(forward, data, block_size, batch=16):
     import torch
 
     loss = mean_loss(forward, torch.from_numpy(val_sequences(data, block_size)), batch)
-    return loss, ledger.bits_per_byte(loss, data_files.load_meta(data)['bytes_per_token'])
+    return loss, ledger.bits_per_byte(loss, val_bytes_per_token(data, block_size))
+
+
+def val_bytes_per_token(data, block_size):
+    """UTF-8 bytes per target token of the fixed val sequences: exact bits per byte's denominator."""
+    targets = val_sequences(data, block_size)[:, 1:]
+    return data_files.target_bytes(data, targets) / targets.size
 
 
 # -----------------------------------------------------------------------------------------------------
@@ -265,7 +271,9 @@ def main(argv):
                 tokens=steps * point_config(point)[1].batch_tokens,
                 seconds=round(elapsed, 1),
                 val_loss=round(val_loss, 4),
-                val_bpb=round(ledger.bits_per_byte(val_loss, data_files.load_meta(data)['bytes_per_token']), 4),
+                val_bpb=round(
+                    ledger.bits_per_byte(val_loss, val_bytes_per_token(data, point_config(point)[0].block_size)), 4
+                ),
                 **point,
             )
             rows.append(row)

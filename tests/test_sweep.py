@@ -37,7 +37,7 @@ def test_calibration_then_a_budgeted_run_scored_on_the_fixed_val_set(pystdlib_da
     assert checkpoint.step_of(checkpoint.find(str(tmp_path / 'run'))) == 10
     again, bits = sweep.score(lambda x, y: model(x, y)[1], pystdlib_data, 32)
     assert val_loss == again and 0 < val_loss < np.log(512)  # it learned something in 10 steps
-    assert bits == pytest.approx(val_loss / np.log(2) / data.load_meta(pystdlib_data)['bytes_per_token'])
+    assert bits == pytest.approx(val_loss / np.log(2) / sweep.val_bytes_per_token(pystdlib_data, 32))
     val_tokens = data.load_meta(pystdlib_data)['val_tokens']
     assert len(sweep.val_sequences(pystdlib_data, 32)) == (min(sweep.EVAL_TOKENS + 1, val_tokens) - 1) // 32
 

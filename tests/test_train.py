@@ -111,11 +111,16 @@ def test_loss_falls_and_outputs_are_written(pystdlib_data, tmp_path, capsys):
     # dtype 'auto' takes whichever of fp32 and bf16 this CPU's probe found faster, and says which
     assert re.search(r'precision: (float32|bfloat16) compute \(the faster on this CPU, measured\)', out), out
     assert 'sample after 60 steps' in out and 'attention: SDPA runs flash attention' in out
-    # bits per byte beside every loss, from the data's own bytes per token
+    # bits per byte beside every loss: the train loss's at the data's mean bytes per token, the val loss's at the
+    # bytes of the val targets scored (eval_tokens 1024 = 32 sequences of 32, 4 at a time: all of them), exact
     bytes_per_token = data.load_meta(pystdlib_data)['bytes_per_token']
     assert all(e['bpb'] == pytest.approx(e['loss'] / math.log(2) / bytes_per_token) for e in entries if 'loss' in e)
+    scored = data.open_data(*load_config(config))[1][:, 1:]
+    enc = data.load_tokenizer(pystdlib_data)
+    val_bytes_per_token = len(enc.decode_bytes([t for t in scored.ravel().tolist() if t != enc.eot_token])) / 1024
+    assert scored.size == 1024 and val_bytes_per_token != pytest.approx(bytes_per_token, abs=1e-3)
     assert [e['val_bpb'] for e in entries if 'val_bpb' in e] == pytest.approx(
-        [v / math.log(2) / bytes_per_token for v in val]
+        [v / math.log(2) / val_bytes_per_token for v in val], rel=1e-12
     )
     prediction = json.loads((tmp_path / 'out' / 'ledger.json').read_text())
     assert prediction['params']['total'] == ledger.count_params(load_config(config)[0])['total']
@@ -123,7 +128,7 @@ def test_loss_falls_and_outputs_are_written(pystdlib_data, tmp_path, capsys):
     # predicted and measured are both about this CPU: summary.json holds both, report.md renders it
     summary = json.loads((tmp_path / 'out' / 'summary.json').read_text())
     assert summary['step'] == 60 and summary['val_loss'] == val[-1]
-    assert summary['val_bpb'] == pytest.approx(val[-1] / math.log(2) / bytes_per_token)
+    assert summary['val_bpb'] == pytest.approx(val[-1] / math.log(2) / val_bytes_per_token, rel=1e-12)
     assert summary['params_predicted'] == summary['params_built'] == prediction['params']['total']
     assert summary['tokens_per_s_predicted'] == prediction['tokens_per_s'] and summary['tokens_per_s_measured'] > 0
     assert summary['mfu_measured'] == pytest.approx(
