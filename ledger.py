@@ -814,6 +814,7 @@ def summarize(prediction, measured):
         'val_bpb': bits_per_byte(measured['val_loss'], measured.get('bytes_per_token'))
         if measured.get('val_loss') is not None
         else None,
+        'val_sources': measured.get('val_sources'),  # a mixture's: {source: {weight, loss, bpb}} (live.py)
     }
 
 

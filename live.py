@@ -269,6 +269,31 @@ class Metrics:
             self.measured.update(tokens_per_s=run_speed, mfu=self.mfu(run_speed), days=self.days(run_speed))
         self.interval_tokens, self.interval_seconds, self.warmup = 0, 0.0, False
 
+    def record_sources(self, step, tokens_seen, losses, sources):
+        """A mixture's eval: each source's val loss and bits per byte (at its own bytes per token) into metrics.jsonl
+        ('val_sources'), the log and summary.json. Returns the weighted total sum_s w_s L_s: the loss per token of
+        the mixture as the schedule draws it (in bits per byte at the mixture's bytes per token, data.open_mixture)."""
+        scored = {
+            name: {
+                'weight': sources[name]['weight'],
+                'loss': loss,
+                'bpb': ledger.bits_per_byte(loss, sources[name]['bytes_per_token']),
+            }
+            for name, loss in losses.items()
+        }
+        self.record({'step': step, 'tokens': tokens_seen, 'val_sources': scored})
+        self.measured['val_sources'] = scored
+        if self.cluster.is_master:
+            print(
+                f"step {step}: val per source: "
+                + '; '.join(
+                    f"{name} ({s['weight']:.1%}) {s['loss']:.4f}" + (f", {s['bpb']:.4f} bpb" if s['bpb'] else '')
+                    for name, s in scored.items()
+                ),
+                flush=True,
+            )
+        return sum(s['weight'] * s['loss'] for s in scored.values())
+
     def write_summary(self, step, tokens_seen, val_loss=None):
         """summary.json and report.md, from the same numbers (ledger.summarize), and the loss curve (plot.py's
         loss.png, shown in report.md; a run without matplotlib goes on without it)."""

@@ -209,10 +209,11 @@ def clip_gradients(params, max_norm):
 
 
 @torch.no_grad()
-def evaluate(run):
-    """Mean loss over the fixed val sequences. Rank r takes the r-th of world_size equal slices (all ranks run
-    the same number of forwards, which FSDP's collectives need); the sums are reduced over the ranks."""
-    val, cluster, micro_batch = run.val, run.cluster, run.train.micro_batch
+def evaluate(run, val=None):
+    """Mean loss over the fixed val sequences (run.val, or a mixture source's `val`). Rank r takes the r-th of
+    world_size equal slices (all ranks run the same number of forwards, which FSDP's collectives need); the sums are
+    reduced over the ranks."""
+    val, cluster, micro_batch = run.val if val is None else val, run.cluster, run.train.micro_batch
     run.model.eval()
     per_rank = len(val) // cluster.world_size
     if per_rank >= micro_batch:  # whole micro-batches only: one more shape would mean one more compile
@@ -285,7 +286,7 @@ class Run:
     total_steps: int  # the steps the schedule spans (train_tokens)
     stop_step: int  # where this run stops (max_steps, or where a cooldown ends)
     state: RunState = dataclasses.field(default_factory=RunState)
-    val: np.ndarray = None  # the fixed val sequences, (n, block_size + 1)
+    val: np.ndarray = None  # the fixed val sequences, (n, block_size + 1); a mixture's: {source: sequences}
     meta: dict = None  # the data folder's meta.json (None for synthetic data)
     metrics: live.Metrics = None
     last_checkpoint: str = None  # the rollback target
@@ -539,7 +540,11 @@ def loop(run):
             if 'hellaswag' in due:
                 evaluate_hellaswag(run)
             if 'eval' in due:
-                val_loss = evaluate(run)
+                if isinstance(run.val, dict):  # a mixture: each source's val set alone, then their weighted total
+                    losses = {name: evaluate(run, val) for name, val in run.val.items()}
+                    val_loss = run.metrics.record_sources(step, tokens, losses, run.meta['sources'])
+                else:
+                    val_loss = evaluate(run)
                 val_bpb = ledger.bits_per_byte(val_loss, run.metrics.bytes_per_token)
                 run.metrics.record({'step': step, 'tokens': tokens, 'val_loss': val_loss, 'val_bpb': val_bpb})
                 log(
