@@ -7,6 +7,7 @@ own documentation (pydoc_data), tokenized with the pystdlib fixture's tokenizer.
 """
 
 import json
+import math
 import os
 import shutil
 import subprocess
@@ -17,6 +18,8 @@ import pytest
 from test_train import TINY, read_metrics, run, step_losses
 
 import data
+import ledger
+import ledger_report
 import mixture
 import prepare
 from config import ConfigError, DataError, load_config
@@ -131,7 +134,7 @@ def test_folders_with_another_tokenizer_are_one_line(pystdlib_data, prose_data, 
 
 
 def write_mixture_config(tmp_path, code, prose, **overrides):
-    keys = dict(TINY, eval_every=6, dtype='float32', **overrides)
+    keys = dict(TINY, train_tokens=8 * 256, eval_every=4, dtype='float32', **overrides)
     path = tmp_path / 'config.py'
     path.write_text(''.join(f'{k} = {v!r}\n' for k, v in keys.items()) + f'data = {{{code!r}: 0.7, {prose!r}: 0.3}}\n')
     return str(path)
@@ -150,7 +153,7 @@ def test_a_mixture_trains_and_scores_each_source(mixture_run):
     entries = read_metrics(out)
     scored = [e for e in entries if 'val_sources' in e]
     totals = [e for e in entries if 'val_loss' in e]
-    assert [e['step'] for e in scored] == [e['step'] for e in totals] == [6, 12]
+    assert [e['step'] for e in scored] == [e['step'] for e in totals] == [4, 8]
     for by_source, total in zip(scored, totals):
         sources = by_source['val_sources']
         assert [s['weight'] for s in sources.values()] == [0.7, 0.3]
@@ -164,10 +167,10 @@ def test_a_mixture_trains_and_scores_each_source(mixture_run):
 def test_a_mixture_resumes_bit_exactly(mixture_run, tmp_path):
     config, full = mixture_run
     expected = step_losses(read_metrics(full))
-    assert run(config, tmp_path / 'out', '--max_steps=5') == 0
+    assert run(config, tmp_path / 'out', '--max_steps=3') == 0
     assert run(config, tmp_path / 'out', '--resume') == 0
     losses = step_losses(read_metrics(tmp_path / 'out'))
-    assert [losses[s] for s in range(5, 13)] == [expected[s] for s in range(5, 13)]  # exactly equal
+    assert [losses[s] for s in range(3, 9)] == [expected[s] for s in range(3, 9)]  # exactly equal
 
 
 def test_two_processes_read_the_mixture_like_one(mixture_run, tmp_path):
@@ -180,3 +183,45 @@ def test_two_processes_read_the_mixture_like_one(mixture_run, tmp_path):
     reference, losses = step_losses(read_metrics(full)), step_losses(read_metrics(tmp_path / 'out'))
     assert sorted(losses) == sorted(reference)
     assert max(abs(losses[s] - reference[s]) for s in losses) < 1e-5  # fp32: only the order of the sums differs
+
+
+# -----------------------------------------------------------------------------------------------------
+# The ledger for a mixture.
+
+
+def test_the_ledger_counts_what_the_run_drew_from_each_source(mixture_run, pystdlib_data, prose_data):
+    config, out = mixture_run
+    sources = json.loads((out / 'ledger.json').read_text())['mixture']['sources']
+    model_cfg, cfg = load_config(config)
+    stream, _, _ = data.open_data(model_cfg, cfg)
+    position = 8 * 256 // 32  # 8 steps of 8 sequences
+    drawn = [0, 0]
+    for k in range(position):  # which stream each sequence the run read came from, found by its tokens
+        sequence = stream.sequence(k)
+        matches = [s for s in (0, 1) if np.array_equal(sequence, stream.streams[s].sequence(drawn[s]))]
+        assert len(matches) >= 1
+        drawn[matches[0]] += 1
+    assert [s['sequences'] for s in sources] == drawn and sum(drawn) == position
+    for source, folder in zip(sources, (pystdlib_data, prose_data)):
+        meta = data.load_meta(folder)
+        assert source['tokens'] == source['sequences'] * 32
+        assert source['epochs'] == source['tokens'] / meta['train_tokens']
+        assert source['shard_bytes'] == (meta['train_tokens'] + meta['val_tokens']) * 2  # uint16
+        assert not source['repeats_too_often']
+
+
+def test_the_ledger_warns_past_four_epochs_and_plans_unmade_folders(pystdlib_data, prose_data, tmp_path, capsys):
+    prose_tokens = data.load_meta(prose_data)['train_tokens']
+    # 5 epochs of the prose at 30%: tokens = 5 x its train tokens / 0.3
+    train_tokens = math.ceil(5 * prose_tokens / 0.3 / 256) * 256
+    spec = f'--data={pystdlib_data}:0.7,{prose_data}:0.3,{tmp_path / "unmade"}:0.001'
+    flags = [spec, '--vocab_size=512', '--block_size=32', '--batch_tokens=256', f'--train_tokens={train_tokens}']
+    assert ledger_report.main([*flags, '--gpu=H100']) == 0
+    text = capsys.readouterr().out
+    prose_line = next(line for line in text.splitlines() if line.strip().startswith(os.path.basename(prose_data)))
+    assert 'REPEATS past 4 epochs' in prose_line and 'Muennighoff' in prose_line
+    assert 'not prepared yet' in next(line for line in text.splitlines() if line.strip().startswith('unmade'))
+    prediction = ledger.predict(*load_config(None, [*flags, '--gpu=H100']))
+    prose = prediction['mixture']['sources'][1]
+    assert prose['repeats_too_often'] and 4.9 < prose['epochs'] < 5.1
+    assert sum(source['weight'] for source in prediction['mixture']['sources']) == pytest.approx(1)
