@@ -164,6 +164,7 @@ class TrainConfig:
     # run and data
     out_dir: str = free('out')
     data: str = exact('data/pystdlib')  # a folder made by prepare.py, or 'synthetic' (random tokens, for benchmarks)
+    # or a weighted mixture of folders: {'data/web': 0.6, 'data/code': 0.4} (--data=data/web:0.6,data/code:0.4)
     seed: int = exact(1337)
     train_tokens: int = exact(26_000_000_000)  # tokens the run is planned to see (sets the number of steps)
     max_steps: int = free(0)  # stop after this many steps (0: run to train_tokens); the schedule spans train_tokens
@@ -321,7 +322,7 @@ RULES = {
     'norm_eps': POSITIVE,
     'rope_theta': POSITIVE,
     'out_dir': (bool, 'a folder name'),
-    'data': (bool, "a folder made by prepare.py, or 'synthetic'"),
+    'data': (bool, "a folder made by prepare.py, a weighted mixture of them, or 'synthetic'"),
     'seed': POSITIVE_OR_0,
     'train_tokens': POSITIVE,
     'max_steps': POSITIVE_OR_0,
@@ -454,10 +455,71 @@ def _typed(key, value, where):
             return tuple(int(v) for v in value)
         expected = 'a list of whole numbers'
     else:
+        if key == 'data' and isinstance(value, dict):  # a weighted mixture: kept as its text (data_sources)
+            return mixture_text(value.items(), where)
         if isinstance(value, str):
-            return value
+            return value if key != 'data' or not is_mixture(value) else mixture_text(data_sources(value), where)
         expected = 'a string'
     raise ConfigError(f"{key} = {value!r} in {where}: expected {expected}")
+
+
+# -----------------------------------------------------------------------------------------------------
+# The data key: one folder, or a weighted mixture of folders (mixture.py's schedule, data.py's MixtureStream). A
+# config file writes a mixture as a dict {'data/web': 0.6, 'data/code': 0.4}, the command line as
+# --data=data/web:0.6,data/code:0.4; either is kept as that text with the weights normalised to sum to 1, so a
+# resumed run compares one string and every tool reads one form.
+
+
+MIXTURE_UNITS = 1000  # mixture weights are kept to multiples of 1/1000 (mixture.py)
+
+
+def is_mixture(data):
+    return ',' in data or _weight(data.rpartition(':')[2]) is not None
+
+
+def _weight(text):
+    try:
+        weight = float(text)
+    except ValueError:
+        return None
+    return weight if math.isfinite(weight) else None
+
+
+def data_sources(data):
+    """The data key's (folder, weight) pairs: [(data, 1.0)] for one folder."""
+    if not is_mixture(data):
+        return [(data, 1.0)]
+    sources = []
+    for part in data.split(','):
+        folder, _, text = part.rpartition(':')
+        if not folder or _weight(text) is None:
+            raise ConfigError(
+                f"data={data}: cannot read '{part}' as FOLDER:WEIGHT (a mixture is written "
+                f"data/web:0.6,data/code:0.4, or as a dict in a config file)"
+            )
+        sources.append((folder, _weight(text)))
+    return sources
+
+
+def mixture_text(sources, where):
+    """(folder, weight) pairs -> 'folder:weight,...' with the weights normalised to sum to 1, after checking them."""
+    sources = list(sources)
+    for folder, weight in sources:
+        if not isinstance(folder, str) or not folder or ',' in folder:
+            raise ConfigError(f"data: {folder!r} in {where} is not a folder name (a string without commas)")
+        if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not 0 < weight < math.inf:
+            raise ConfigError(f"data: {folder}'s weight in {where} must be a positive number, got {weight!r}")
+    folders = [folder for folder, _ in sources]
+    if not sources or len(set(folders)) < len(folders):
+        raise ConfigError(f"data in {where}: a mixture names each folder once, at least one, got {folders}")
+    total = sum(weight for _, weight in sources)
+    for folder, weight in sources:
+        if round(weight / total * MIXTURE_UNITS) == 0:
+            raise ConfigError(
+                f"data: {folder}'s weight {weight / total:.2g} in {where} rounds to 0 (mixture weights are kept to "
+                f"1/{MIXTURE_UNITS}): raise it or drop the folder"
+            )
+    return ','.join(f'{folder}:{weight / total:.6g}' for folder, weight in sources)
 
 
 def load_config(path=None, overrides=()):

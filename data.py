@@ -22,6 +22,7 @@ numpy and the standard library at import; tiktoken, tokenizers and torch inside 
 """
 
 import base64
+import dataclasses
 import glob
 import json
 import math
@@ -29,7 +30,8 @@ import os
 
 import numpy as np
 
-from config import EOT, SPECIAL_TOKENS, DataError
+import mixture
+from config import EOT, SPECIAL_TOKENS, DataError, data_sources, is_mixture
 from files import atomic_write
 
 # -----------------------------------------------------------------------------------------------------
@@ -201,7 +203,8 @@ def check_token_ids(data_dir, meta, vocab_size):
 
 def load_tokenizer(data_dir):
     """The data folder's tokenizer as a tiktoken.Encoding (an HFEncoding for neox), from its tokenizer.json (no
-    download, no cache)."""
+    download, no cache). A mixture's data key reads its first folder's (all share one: open_mixture)."""
+    data_dir = tokenizer_folder(data_dir)
     path = os.path.join(data_dir, 'tokenizer.json')
     if not os.path.exists(path):
         raise DataError(f"no tokenizer.json in {data_dir}: make the folder with prepare.py")
@@ -402,6 +405,8 @@ def padded_vocab(vocab_size):
 def open_data(model_cfg, train):
     """-> (train stream, val sequences (n, T+1), meta or None). Missing data, or data whose vocabulary does not
     match the model, is one DataError line that names the prepare command."""
+    if is_mixture(train.data):  # several folders with weights: the Mixtures section below
+        return open_mixture(model_cfg, train)
     if train.data == 'synthetic':
         val = SyntheticStream(model_cfg.vocab_size, model_cfg.block_size, train.seed, split=1)
         n_val = max(1, train.eval_tokens // model_cfg.block_size)
@@ -444,6 +449,75 @@ def open_data(model_cfg, train):
         )
     val = np.stack([tokens[i * T : i * T + T + 1] for i in range(n_val)])
     return stream, val, meta
+
+
+# -----------------------------------------------------------------------------------------------------
+# Mixtures: `data` names several folders with weights (config.data_sources). mixture.py's Schedule says which
+# source each global sequence comes from and which of that source's own sequences it is, so the mixture is, like one
+# folder, a pure function of (seed, position). Each source keeps its own stream (its seed, epochs and shards) and its
+# own val set, scored separately (train.py's eval, live.Metrics.record_sources). The folders share one tokenizer.
+
+
+class MixtureStream:
+    """Several ShardStreams interleaved by a mixture.Schedule: global sequence k is sequence j of source s, where
+    (s, j) = schedule.locate(k)."""
+
+    def __init__(self, streams, schedule):
+        self.streams, self.schedule = streams, schedule
+
+    def sequence(self, k):
+        source, j = self.schedule.locate(k)
+        return self.streams[source].sequence(j)
+
+    def batch(self, first, count):
+        return np.stack([self.sequence(k) for k in range(first, first + count)]).astype(np.int64)
+
+
+def tokenizer_folder(data):
+    """The folder whose tokenizer.json a run reads: `data`, or a mixture's first folder (they share one)."""
+    return data_sources(data)[0][0]
+
+
+def open_mixture(model_cfg, train):
+    """open_data for a mixture: -> (MixtureStream, {source name: val sequences}, meta). Each folder is opened and
+    checked as one (open_data), its val set the first eval_tokens / sources of its val split; the folders must hold
+    the same tokenizer.json. meta is the first folder's, with the mixture's train_tokens (summed), its bytes per
+    token (the weighted mean: the loss per token of the mixture divided by it is bits per mixture byte) and
+    'sources' {name: {folder, weight, bytes_per_token, train_tokens}}."""
+    schedule = mixture.Schedule(train.data, train.seed)
+    per_source = dataclasses.replace(train, eval_tokens=max(1, train.eval_tokens // len(schedule.folders)))
+    streams, vals, metas, tokenizers = [], {}, [], []
+    for name, folder in zip(schedule.names, schedule.folders):
+        stream, val, meta = open_data(model_cfg, dataclasses.replace(per_source, data=folder))
+        streams.append(stream)
+        vals[name] = val
+        metas.append(meta)
+        with open(os.path.join(folder, 'tokenizer.json'), 'rb') as f:  # load_tokenizer read it: valid JSON
+            tokenizers.append(json.loads(f.read()))
+    for folder, tokenizer in zip(schedule.folders[1:], tokenizers[1:]):
+        if tokenizer != tokenizers[0]:
+            raise DataError(
+                f"the mixture's folders must share one tokenizer, but {folder}/tokenizer.json differs from "
+                f"{schedule.folders[0]}/tokenizer.json: copy the latter into a new folder and prepare it there "
+                f"(prepare.py keeps a tokenizer.json that is already the one asked for)"
+            )
+    bytes_per_token = [m.get('bytes_per_token') for m in metas]
+    sources = {
+        name: dict(folder=folder, weight=weight, bytes_per_token=b, train_tokens=m['train_tokens'])
+        for name, folder, weight, b, m in zip(
+            schedule.names, schedule.folders, schedule.weights, bytes_per_token, metas
+        )
+    }
+    meta = dict(
+        metas[0],
+        train_tokens=sum(m['train_tokens'] for m in metas),
+        bytes_per_token=sum(w * b for w, b in zip(schedule.weights, bytes_per_token)) if all(bytes_per_token) else None,
+        sources=sources,
+    )
+    return MixtureStream(streams, schedule), vals, meta
+
+
+# -----------------------------------------------------------------------------------------------------
 
 
 def micro_batch_arrays(stream, position, micro_step, cluster, micro_batch, objective):

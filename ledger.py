@@ -21,7 +21,8 @@ import sys
 import time
 from dataclasses import dataclass
 
-from config import DEFAULTS, R_DENOISERS, X_DENOISERS, ConfigError, sharded, tokens_per_micro_step
+import mixture
+from config import DEFAULTS, R_DENOISERS, X_DENOISERS, ConfigError, is_mixture, sharded, tokens_per_micro_step
 from files import save_json
 
 MIB = 2**20
@@ -707,6 +708,58 @@ def data_ledger(n_params, vocab_size, train_tokens, dataset_tokens=0, trained_fr
 
 
 # -----------------------------------------------------------------------------------------------------
+# A mixture of data folders (mixture.py): GPT-3's table (Brown et al. 2020, Table 2.2: each dataset's tokens, its
+# weight in the mix and the epochs elapsed over the run). The sequences each source gives are counted exactly with
+# the schedule the run reads by; its tokens are those sequences x block_size (the targets trained on). Epochs are
+# those tokens over the folder's train tokens (its meta.json, once prepare.py has made it). Muennighoff et al. 2023
+# (Scaling Data-Constrained Language Models): up to ~4 epochs, repeated tokens are worth about as much as new ones;
+# beyond that their value decays fast (about 40 epochs, nearly none): the ledger warns past 4.
+
+REPEAT_EPOCHS = 4  # Muennighoff et al. 2023: repetition past ~4 epochs buys much less than new data
+
+
+def folder_meta(folder):
+    """A data folder's meta.json as a dict, or None before prepare.py has finished there (the ledger runs before)."""
+    try:
+        with open(os.path.join(folder, 'meta.json')) as f:
+            meta = json.load(f)
+        return meta if isinstance(meta.get('train_tokens'), int) else None
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def mixture_ledger(data, seed, sequences, block_size, vocab_size):
+    """Per source of a mixture: weight, sequences and tokens drawn over the run's `sequences` (global positions
+    0 .. sequences - 1; predict passes the planned steps x batch_tokens / block_size, which a batch ramp lowers by
+    less than a step), the folder's train tokens, epochs, a repeat warning past REPEAT_EPOCHS, and the bytes its
+    shards take (train + val tokens x token bytes; the tokens drawn while the folder is not made yet)."""
+    schedule = mixture.Schedule(data, seed)
+    rows = []
+    for name, folder, weight, drawn in zip(
+        schedule.names, schedule.folders, schedule.weights, schedule.drawn(sequences)
+    ):
+        meta = folder_meta(folder)
+        tokens = drawn * block_size
+        dataset = meta['train_tokens'] if meta else None
+        epochs = tokens / dataset if dataset else None
+        stored = meta['train_tokens'] + meta.get('val_tokens', 0) if meta else tokens
+        rows.append(
+            {
+                'name': name,
+                'folder': folder,
+                'weight': weight,
+                'sequences': drawn,
+                'tokens': tokens,
+                'dataset_tokens': dataset,
+                'epochs': epochs,
+                'repeats_too_often': epochs is not None and epochs > REPEAT_EPOCHS,
+                'shard_bytes': stored * token_bytes(vocab_size),
+            }
+        )
+    return {'period': schedule.period, 'sources': rows}
+
+
+# -----------------------------------------------------------------------------------------------------
 # The whole ledger for a config, as one JSON-able dict (train.py writes it to out_dir/ledger.json).
 
 
@@ -761,6 +814,15 @@ def predict(model, train, n_gpu=None, device=None):
             train.dataset_tokens,
             loss_fraction(train.objective, (train.ul2_s_rate, train.ul2_r_rate, train.ul2_x_rate)),
         ),
+        'mixture': mixture_ledger(
+            train.data,
+            train.seed,
+            math.ceil(tokens / train.batch_tokens) * train.batch_tokens // model.block_size,
+            model.block_size,
+            model.vocab_size,
+        )
+        if is_mixture(train.data)
+        else None,
     }
 
 
@@ -818,6 +880,7 @@ def summarize(prediction, measured):
         'val_bpb': bits_per_byte(measured['val_loss'], measured.get('val_bytes_per_token'))
         if measured.get('val_loss') is not None
         else None,
+        'val_sources': measured.get('val_sources'),  # a mixture's: {source: {weight, loss, bpb}} (live.py)
     }
 
 

@@ -377,12 +377,40 @@ def report_sections(p):
         ),
         ('Data and tokens (the planning note)', tokens),
         (
+            'The mixture: each source as GPT-3 tabled its datasets (Brown et al. 2020, Table 2.2); weights kept '
+            'to 1/1000',
+            mixture_rows(p.get('mixture')),  # no rows, no section: one folder
+        ),
+        (
             'Expected loss L = E + A/N^alpha + B/D^beta: THEIR fits on their data (MassiveText) and tokenizer, '
             'not ours',
             loss,
         ),
     ]
     return [(title, [row for row in rows if row]) for title, rows in sections]
+
+
+def mixture_rows(mix):
+    """One row per source of a mixture (ledger.mixture_ledger): weight, tokens drawn, epochs, shards; none without."""
+    rows = []
+    for source in (mix or {}).get('sources', ()):
+        if source['epochs'] is None:
+            epochs = f"{source['folder']} not prepared yet: epochs unknown"
+        else:
+            epochs = f"{source['epochs']:.3g} epochs of its {si(source['dataset_tokens'])}" + (
+                f"; REPEATS past {ledger.REPEAT_EPOCHS} epochs, where repeated tokens are worth much less than new "
+                f"ones (Muennighoff et al. 2023): add data or lower its weight"
+                if source['repeats_too_often']
+                else ''
+            )
+        rows.append(
+            (
+                f"{source['name']} ({source['weight']:.1%})",
+                si(source['tokens']) + ' tokens',
+                f"{epochs}; shards {_gb(source['shard_bytes'])}",
+            )
+        )
+    return rows
 
 
 def _row(label, value, note=''):
@@ -393,7 +421,7 @@ def format_report(prediction):
     """The whole ledger as text: parameters, compute, time and money, memory, data, expected loss."""
     lines = report_header(prediction)
     for title, rows in report_sections(prediction):
-        lines += ['', title] + [_row(*row) for row in rows]
+        lines += ['', title] + [_row(*row) for row in rows] if rows else []
     return '\n'.join(lines)
 
 
@@ -447,6 +475,7 @@ def format_short(prediction, full):
             f"{data['chinchilla_multiple']:.2g} x Chinchilla (20){epochs}",
         ),
     ]
+    lines += [_row(*row) for row in mixture_rows(p.get('mixture'))]  # a mixture: each source's tokens and epochs
     if data['loss_fraction'] < 1:
         lines.append(
             _row(

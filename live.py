@@ -271,6 +271,31 @@ class Metrics:
             self.measured.update(tokens_per_s=run_speed, mfu=self.mfu(run_speed), days=self.days(run_speed))
         self.interval_tokens, self.interval_seconds, self.warmup = 0, 0.0, False
 
+    def record_sources(self, step, tokens_seen, results, sources):
+        """A mixture's eval: each source's val loss and bits per byte (at the exact bytes of its own scored targets)
+        into metrics.jsonl ('val_sources'), the log and summary.json. results: {source: (loss, bytes per token)}.
+        Returns the weighted totals (sum_s w_s L_s, sum_s w_s B_s): the loss per token of the mixture as the schedule
+        draws it, and its bytes per token, whose ratio is the mixture's bits per byte."""
+        scored = {
+            name: {'weight': sources[name]['weight'], 'loss': loss, 'bpb': ledger.bits_per_byte(loss, text_bytes)}
+            for name, (loss, text_bytes) in results.items()
+        }
+        self.record({'step': step, 'tokens': tokens_seen, 'val_sources': scored})
+        self.measured['val_sources'] = scored
+        if self.cluster.is_master:
+            print(
+                f"step {step}: val per source: "
+                + '; '.join(
+                    f"{name} ({s['weight']:.1%}) {s['loss']:.4f}" + (f", {s['bpb']:.4f} bpb" if s['bpb'] else '')
+                    for name, s in scored.items()
+                ),
+                flush=True,
+            )
+        weights = [sources[name]['weight'] for name in results]
+        loss = sum(w * loss for w, (loss, _) in zip(weights, results.values()))
+        per_token = [b for _, b in results.values()]
+        return loss, None if None in per_token else sum(w * b for w, b in zip(weights, per_token))
+
     def write_summary(self, step, tokens_seen, val_loss=None, val_bytes_per_token=None):
         """summary.json and report.md, from the same numbers (ledger.summarize), and the loss curve (plot.py's
         loss.png, shown in report.md; a run without matplotlib goes on without it)."""

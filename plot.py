@@ -5,13 +5,13 @@ plot.py: the loss curve of one run, or of several overlaid, as a PNG.
     python plot.py out/run_a out/run_b --out compare.png  # two runs, one colour each, one legend
     python plot.py out/pystdlib_overtrain --branches      # -> branches.png: the run, its cooldowns, cosine runs
 
-Against tokens seen: the train loss of every logged step, faint, and its centered moving average, solid; the val
-loss, dots on a dashed line; each rollback of the spike guard, a long-dashed vertical line at its step; a dotted
-vertical line at 20 x P tokens, Chinchilla's compute-optimal point (Hoffmann et al. 2022; P from the run's
-ledger.json), or only a legend entry when that lies far past the run; HellaSwag accuracy, when metrics.jsonl has
-'hellaswag' entries, on a second axis. Steps logged again after a rollback or a resume replace the ones they
-repeat. With --branches: a wsd run, its cooldown branches and cosine runs of the same lengths (overtrain.py), and
-Hoffmann et al.'s fitted loss for its P (on their data: its own axis).
+Against tokens seen: the train loss of every logged step, faint, and its centered moving average, solid; the val loss,
+dots on a dashed line; a mixture's val loss of each source, markers on a dotted line; each rollback of the spike guard,
+a long-dashed vertical line at its step; a dotted vertical line at 20 x P tokens, Chinchilla's compute-optimal point
+(Hoffmann et al. 2022; P from the run's ledger.json), or only a legend entry when that lies far past the run; HellaSwag
+accuracy, when metrics.jsonl has 'hellaswag' entries, on a second axis. Steps logged again after a rollback or a resume
+replace the ones they repeat. With --branches: a wsd run, its cooldown branches and cosine runs of the same lengths
+(overtrain.py), and Hoffmann et al.'s fitted loss for its P (on their data: its own axis).
 
 train.py redraws out_dir/loss.png with draw_run(out_dir), which never raises. Needs matplotlib (pip install
 matplotlib), imported only here, drawing through its Agg backend (to a file; no display needed).
@@ -34,6 +34,7 @@ SMOOTHING = 0.02  # the moving average spans 2% of the logged steps (101 of 5,00
 FAR_PAST_RUN = 1.5  # a Chinchilla point past 1.5 x the run's tokens is named, not drawn (it would squash the curve)
 FIGURE_INCHES, DPI = (10, 6), 100  # 1000 x 600 pixels
 FEW = 50  # logged steps below which each is marked with a dot
+MIXTURE_MARKERS = 'v^<>dpPX'  # one per source of a mixture, on a dotted line
 STEEP_START = 0.05  # the y-axis starts above the smoothed loss at 5% of a long run's tokens (below)
 
 
@@ -43,7 +44,8 @@ STEEP_START = 0.05  # the y-axis starts above the smoothed loss at 5% of a long 
 
 def read_run(run_dir):
     """{'name', 'train': (tokens, losses), 'val': (tokens, losses), 'rollbacks': (tokens, losses),
-    'hellaswag': (tokens, accuracies, standard errors), 'chinchilla': 20 x P tokens or None}, as numpy arrays."""
+    'hellaswag': (tokens, accuracies, standard errors), 'chinchilla': 20 x P tokens or None, 'sources': a
+    mixture's {source: (tokens, val losses)}}, as numpy arrays."""
     path = os.path.join(run_dir, 'metrics.jsonl')
     if not os.path.isfile(path):
         raise ConfigError(f"no metrics.jsonl in {run_dir}: give the out_dir of a train.py run")
@@ -62,7 +64,7 @@ def read_run(run_dir):
         elif 'loss' in entry:
             since = entry['step']  # a step logged again (after a rollback or a resume) replaces what followed it
         else:
-            if 'val_loss' in entry or 'hellaswag' in entry:
+            if 'val_loss' in entry or 'hellaswag' in entry or 'val_sources' in entry:
                 evals.append(entry)
             continue
         train = {step: e for step, e in train.items() if step < since}
@@ -79,6 +81,8 @@ def read_run(run_dir):
 
     val = [e for e in evals if 'val_loss' in e]
     scored = [e for e in evals if 'hellaswag' in e]
+    mixed = [e for e in evals if 'val_sources' in e]  # a mixture's evals: each source's val loss
+    names = list(mixed[-1]['val_sources']) if mixed else []
     return {
         'name': os.path.basename(os.path.normpath(run_dir)),
         'train': (tokens, np.array([train[s]['loss'] for s in sorted(train)])),
@@ -90,6 +94,10 @@ def read_run(run_dir):
             np.array([e.get('hellaswag_stderr', 0.0) for e in scored]),
         ),
         'chinchilla': chinchilla_tokens(run_dir),
+        'sources': {
+            name: (tokens_at(mixed), np.array([e['val_sources'].get(name, {}).get('loss', np.nan) for e in mixed]))
+            for name in names
+        },
     }
 
 
@@ -150,6 +158,9 @@ def figure(run_dirs):
             label=f'{name} train (moving average)',
         )  # a short run's few points, one of them alone, show
         ax.plot(*run['val'], color=color, linestyle='--', marker='o', markersize=4, label=f'{name} val')
+        for k, (source, curve) in enumerate(run['sources'].items()):  # a mixture: each source's val loss
+            marker = MIXTURE_MARKERS[k % len(MIXTURE_MARKERS)]
+            ax.plot(*curve, color=color, linestyle=':', marker=marker, markersize=4, label=f'{name} val {source}')
         for k, x in enumerate(run['rollbacks'][0]):  # a line, not a point: a spike's loss may be off the axis, or NaN
             ax.axvline(
                 x,

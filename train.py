@@ -198,11 +198,13 @@ def clip_gradients(params, max_norm):
 
 
 @torch.no_grad()
-def evaluate(run):
-    """-> (mean loss over the fixed val sequences, UTF-8 bytes per token of the targets scored: bits per byte's
-    exact denominator, None on synthetic data). Rank r takes the r-th of world_size equal slices (all ranks run
-    the same number of forwards, which FSDP's collectives need); the sums are reduced over the ranks."""
-    val, cluster, micro_batch = run.val, run.cluster, run.train.micro_batch
+def evaluate(run, val=None, data_dir=None):
+    """-> (mean loss over the fixed val sequences (run.val, or a mixture source's `val` from `data_dir`), UTF-8 bytes
+    per token of the targets scored: bits per byte's exact denominator, None on synthetic data). Rank r takes the
+    r-th of world_size equal slices (all ranks run the same number of forwards, which FSDP's collectives need); the
+    sums are reduced over the ranks."""
+    val, cluster, micro_batch = run.val if val is None else val, run.cluster, run.train.micro_batch
+    data_dir = run.train.data if data_dir is None else data_dir
     run.model.eval()
     per_rank = len(val) // cluster.world_size
     if per_rank >= micro_batch:  # whole micro-batches only: one more shape would mean one more compile
@@ -217,7 +219,7 @@ def evaluate(run):
             _, loss = run.model(x, y)
         totals[0] += loss.double() * len(chunk)
         totals[1] += len(chunk)
-        totals[2] += data.target_bytes(run.train.data, chunk[:, 1:]) if run.meta else 0  # host-side, from the array
+        totals[2] += data.target_bytes(data_dir, chunk[:, 1:]) if run.meta else 0  # host-side, from the array
     run.model.train()
     if cluster.world_size > 1:
         dist.all_reduce(totals)
@@ -277,7 +279,7 @@ class Run:
     total_steps: int  # the steps the schedule spans (train_tokens)
     stop_step: int  # where this run stops (max_steps, or where a cooldown ends)
     state: RunState = dataclasses.field(default_factory=RunState)
-    val: np.ndarray = None  # the fixed val sequences, (n, block_size + 1)
+    val: np.ndarray = None  # the fixed val sequences, (n, block_size + 1); a mixture's: {source: sequences}
     meta: dict = None  # the data folder's meta.json (None for synthetic data)
     metrics: live.Metrics = None
     last_checkpoint: str = None  # the rollback target
@@ -531,7 +533,12 @@ def loop(run):
             if 'hellaswag' in due:
                 evaluate_hellaswag(run)
             if 'eval' in due:
-                val_loss, val_bytes_per_token = evaluate(run)
+                if isinstance(run.val, dict):  # a mixture: each source's val set alone, then their weighted total
+                    sources = run.meta['sources']
+                    scored = {name: evaluate(run, val, sources[name]['folder']) for name, val in run.val.items()}
+                    val_loss, val_bytes_per_token = run.metrics.record_sources(step, tokens, scored, sources)
+                else:
+                    val_loss, val_bytes_per_token = evaluate(run)
                 val_bpb = ledger.bits_per_byte(val_loss, val_bytes_per_token)
                 run.metrics.record({'step': step, 'tokens': tokens, 'val_loss': val_loss, 'val_bpb': val_bpb})
                 log(

@@ -1,0 +1,67 @@
+"""
+mixture.py: a weighted mixture of data folders, the arithmetic of it: which source each global sequence comes from
+and how many each source has given after n sequences. Standard library only: the ledger counts per-source tokens
+and epochs with the very schedule data.py's MixtureStream reads by.
+
+    data = {'data/web': 0.6, 'data/code': 0.4}        # in a config file
+    --data=data/web:0.6,data/code:0.4                 # on the command line (config.py keeps it in this form)
+
+The weights are kept to 1/1000 (units of 0.1%, reduced by their common divisor: 60/15/10/5/5/5 is a period of 20).
+Over one period the sources are interleaved by smooth weighted round-robin (nginx's upstream balancer): each
+position, every source's credit grows by its units and the source with the most credit is taken and pays back the
+period. So every window of n consecutive sequences holds each source within a couple of sequences of n x weight
+(tests/test_mixture.py measures the worst window), unlike iid draws, whose counts wander by sqrt(n x w). The
+seed turns the pattern's phase. Source s's j-th turn reads sequence j of that source's own seeded stream, so the
+sequence at global position k is a pure function of (seed, k): resume and any world size work as for one folder.
+"""
+
+import math
+
+from config import MIXTURE_UNITS, data_sources
+
+GOLDEN = 0x9E3779B97F4A7C15  # 2^64 / golden ratio: Knuth's multiplicative hash, the seed -> the pattern's phase
+
+
+def source_names(folders):
+    """A short name per folder for logs and metrics: its last path component, or the whole path where two share
+    one."""
+    names = [folder.rstrip('/').split('/')[-1] or folder for folder in folders]
+    return [name if names.count(name) == 1 else folder for name, folder in zip(names, folders)]
+
+
+class Schedule:
+    """The mixture's schedule for `data` (config.py's mixture text) and `seed`: source(k) and drawn(n)."""
+
+    def __init__(self, data, seed):
+        sources = data_sources(data)
+        self.folders = [folder for folder, _ in sources]
+        self.names = source_names(self.folders)
+        units = [round(weight * MIXTURE_UNITS) for _, weight in sources]  # none is 0: config.mixture_text checks
+        divisor = math.gcd(*units)
+        self.units = [unit // divisor for unit in units]
+        self.period = sum(self.units)
+        self.weights = [unit / self.period for unit in self.units]  # the weights the schedule draws by, exactly
+        self.pattern, credit = [], [0] * len(self.units)
+        for _ in range(self.period):  # smooth weighted round-robin: ties go to the first source
+            credit = [c + u for c, u in zip(credit, self.units)]
+            chosen = credit.index(max(credit))
+            credit[chosen] -= self.period
+            self.pattern.append(chosen)
+        self.before = [[0] * len(self.units)]  # before[i][s]: source s's turns in pattern[:i]
+        for chosen in self.pattern:
+            self.before.append([c + (s == chosen) for s, c in enumerate(self.before[-1])])
+        self.offset = (seed * GOLDEN) % 2**64 % self.period
+
+    def _turns(self, m):
+        """Each source's turns in positions [0, m) of the unshifted pattern (whole periods, then a part)."""
+        periods, rest = divmod(m, self.period)
+        return [periods * unit + part for unit, part in zip(self.units, self.before[rest])]
+
+    def drawn(self, n):
+        """Sequences each source gives to global positions 0 .. n-1."""
+        return [b - a for a, b in zip(self._turns(self.offset), self._turns(self.offset + n))]
+
+    def locate(self, k):
+        """(source, j): global sequence k is sequence j of source `source`'s own stream."""
+        source = self.pattern[(k + self.offset) % self.period]
+        return source, self.drawn(k)[source]
