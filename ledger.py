@@ -637,6 +637,9 @@ def memory_per_gpu(model, train, n_gpu=None, micro_batch=None, device=None, rank
         'graph': {'model': 'compiled whole', 'blocks': 'compiled block by block', None: 'eager'}[compiled],
         'overhead': device.overhead_bytes,
         'book_active_model_states': states['book_active'],  # MoE: the book's 16 x active parameters
+        'routing_buffers': activation_bytes(  # MoE: of the activations, the dispatched copies (eager)
+            model, micro_batch, train.recompute, dtype_bytes, residual_bytes=residual_bytes
+        ).get('routing_buffers', 0),
     }
     memory['allocated'] = memory['model_states'] + memory['activations'] + memory['logits']
     memory['total'] = memory['allocated'] + memory['overhead']
