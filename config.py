@@ -118,6 +118,13 @@ class ModelConfig:
     bias: bool = False  # biases in Linear layers and norms (gpt2 has them; llama has none)
     norm_eps: float = 1e-5
     rope_theta: float = 10000.0
+    # --- mixture of experts (DeepSeekMoE, model.py's MoE; llama family). n_experts = 0: every FFN dense ---
+    n_experts: int = 0  # routed experts in each MoE layer
+    top_k: int = 0  # routed experts each token visits (1..n_experts)
+    expert_hidden: int = 0  # each expert's SwiGLU width (routed and shared experts alike)
+    n_shared_experts: int = 0  # experts every token visits, fused into one SwiGLU of n_shared x expert_hidden
+    n_dense_layers: int = 0  # the first layers keep the dense FFN (DeepSeek-V3: 3 of 61)
+    route_scale: float = 1.0  # the routed scaling factor on the normalised gates (DeepSeek-V3: 2.5)
 
     @property
     def family(self):
@@ -142,6 +149,11 @@ class ModelConfig:
             return self.ffn_hidden
         multiple = self.family.ffn_multiple
         return multiple * math.ceil(self.family.ffn_ratio * self.n_embd / multiple)  # exact: a Fraction
+
+    @property
+    def moe_layers(self):
+        """The layers whose FFN is a mixture of experts: all but the first n_dense_layers (none without experts)."""
+        return self.n_layer - self.n_dense_layers if self.n_experts else 0
 
 
 # TrainConfig's keys are marked by what their change does to a resumed run. exact(): it breaks the exact
@@ -228,6 +240,10 @@ class TrainConfig:
     # would read ordinary noise as spikes
     spike_min_std: float = free(0.02)
     max_rollbacks: int = free(5)
+    # --- mixture of experts: load balancing (model.py's MoE; DeepSeek-V3, arXiv:2412.19437, section 2.1.2) ---
+    # after each optimizer step every router bias moves by this much against its expert's load error (gamma: 0.001)
+    router_bias_speed: float = exact(0.001)
+    aux_loss_coef: float = exact(0.0)  # the sequence-wise balance loss's alpha (0: off; DeepSeek-V3: 0.0001)
     # the ledger's assumptions for time, money and memory
     # the device the ledger plans for: a name in ledger.py's table ('H200', 'H100', ...), 'cpu', or 'auto' (this
     # machine's GPU, else its CPU, measured by a short GEMM probe)
@@ -321,6 +337,14 @@ RULES = {
     'ffn_hidden': (POSITIVE_OR_0[0], 'positive (or 0 for the default)'),
     'norm_eps': POSITIVE,
     'rope_theta': POSITIVE,
+    'n_experts': POSITIVE_OR_0,
+    'top_k': POSITIVE_OR_0,
+    'expert_hidden': POSITIVE_OR_0,
+    'n_shared_experts': POSITIVE_OR_0,
+    'n_dense_layers': POSITIVE_OR_0,
+    'route_scale': POSITIVE,
+    'router_bias_speed': POSITIVE_OR_0,
+    'aux_loss_coef': POSITIVE_OR_0,
     'out_dir': (bool, 'a folder name'),
     'data': (bool, "a folder made by prepare.py, a weighted mixture of them, or 'synthetic'"),
     'seed': POSITIVE_OR_0,
@@ -583,6 +607,7 @@ def validate(model, train):
         raise ConfigError(f"RoPE needs an even head size, got n_embd/n_head = {model.head_dim}")
     if model.bias and not model.family.bias:
         raise ConfigError(f"bias = True: the {model.arch} family has no biases (FAMILIES in config.py)")
+    validate_moe(model)
     if train.batch_ramp_tokens and train.batch_ramp_start > train.batch_tokens:
         raise ConfigError(
             f"batch_ramp_start ({train.batch_ramp_start:,}) must be at most batch_tokens ({train.batch_tokens:,})"
@@ -602,3 +627,29 @@ def tokens_per_micro_step(model, train, world_size):
             f"number of processes (n_gpu in the ledger)"
         )
     return tokens
+
+
+# -----------------------------------------------------------------------------------------------------
+# Mixture of experts: the keys that go together.
+
+
+def validate_moe(model):
+    """n_experts > 0 needs the rest of an MoE layer's shape; n_experts = 0 leaves the MoE keys at their defaults."""
+    moe_keys = ('top_k', 'expert_hidden', 'n_shared_experts', 'n_dense_layers')
+    if not model.n_experts:
+        for key in moe_keys + ('route_scale',):
+            if getattr(model, key) != DEFAULTS[key]:
+                raise ConfigError(f"{key} = {getattr(model, key)!r} is for a mixture of experts: set n_experts too")
+        return
+    if model.family.mlp != 'swiglu':
+        raise ConfigError(
+            f"n_experts = {model.n_experts}: the experts are SwiGLU FFNs (arch 'llama'), not {model.arch}"
+        )
+    if not 1 <= model.top_k <= model.n_experts:
+        raise ConfigError(f"top_k must be in 1..n_experts ({model.n_experts}), got {model.top_k}")
+    if not model.expert_hidden:
+        raise ConfigError(f"n_experts = {model.n_experts} needs expert_hidden, each expert's width (e.g. H'/top_k)")
+    if model.n_dense_layers >= model.n_layer:
+        raise ConfigError(
+            f"n_dense_layers ({model.n_dense_layers}) must be below n_layer ({model.n_layer}): no layer has experts"
+        )

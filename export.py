@@ -154,6 +154,10 @@ assert {family.hf_class for family in FAMILIES.values()} <= set(LAYOUTS)
 
 def check_exportable(c, n_vocab):
     hf_class = c.family.hf_class
+    if c.n_experts:  # no tested HF layout for model.py's MoE (DeepseekV3's differs: grouped routing, MLA)
+        raise ConfigError(
+            f"a mixture-of-experts model (n_experts={c.n_experts}) has no Hugging Face export: sample it with sample.py"
+        )
     if c.kv_heads != c.n_head and not LAYOUTS[hf_class][2]:
         raise ConfigError(
             f"a {c.arch} model with n_kv_head={c.n_kv_head} (grouped-query attention) has no Hugging "

@@ -233,18 +233,24 @@ def count_params(model):
     ffn_biases = (k - 1) * F + H if bias else 0  # the H'-wide outputs and down's H
     norm = 2 * H if bias and family.norm == 'layernorm' else H  # LayerNorm: weight (+ bias); RMSNorm: weight only
     per_layer = attention_weights + attention_biases + ffn_weights + ffn_biases + 2 * norm
+    moe, M = moe_params(model), model.moe_layers  # MoE layers replace the dense FFN (none: all zero)
     counts = {
         'embedding': V * H,
         'position': T * H if family.positions == 'learned' else 0,  # a learned table (gpt2); RoPE has none
         'attention': L * (attention_weights + attention_biases),
-        'ffn': L * (ffn_weights + ffn_biases),
+        'ffn': (L - M) * (ffn_weights + ffn_biases) + M * moe['layer'],
         'norms': (2 * L + 1) * norm,  # two per block and the final one
         'output': 0 if model.tie_embeddings else V * H,  # lm_head; tied: shares the embedding's tensor
         'per_layer': per_layer,
-        'blocks_matmul': L * (attention_weights + ffn_weights),
+        'blocks_matmul_total': L * attention_weights + (L - M) * ffn_weights + M * moe['layer'],
     }
-    counts['matmul'] = counts['blocks_matmul'] + V * H
     counts['total'] = sum(counts[k] for k in ('embedding', 'position', 'attention', 'ffn', 'norms', 'output'))
+    # what one token's forward uses: every weight but the experts it does not visit (dense: all of them)
+    counts['active'] = counts['total'] - M * moe['idle']
+    counts['blocks_matmul'] = counts['blocks_matmul_total'] - M * moe['idle']  # the FLOPs count these
+    counts['matmul'] = counts['blocks_matmul'] + V * H
+    counts['matmul_total'] = counts['blocks_matmul_total'] + V * H
+    counts['moe_layer'], counts['moe_layer_active'] = moe['layer'], moe['layer'] - moe['idle']
     return counts
 
 
@@ -272,6 +278,13 @@ def parameter_shapes(model):
             + linear(f'{block}.attn.o_proj', H, H)
             + norm(f'{block}.mlp_norm')
         )
+        if i >= model.n_layer - model.moe_layers:  # an MoE layer: router, experts, shared experts (SwiGLU)
+            E, S = model.expert_hidden, model.n_shared_experts * model.expert_hidden
+            shapes += [(f'{block}.mlp.router.weight', (model.n_experts, H))]
+            for name, width in [(f'experts.{j}', E) for j in range(model.n_experts)] + ([('shared', S)] if S else []):
+                shapes += linear(f'{block}.mlp.{name}.gate_up_proj', H, 2 * width)
+                shapes += linear(f'{block}.mlp.{name}.down_proj', width, H)
+            continue
         if family.mlp == 'swiglu':
             shapes += linear(f'{block}.mlp.gate_up_proj', H, 2 * F)  # gate and up, fused
         else:
@@ -313,13 +326,17 @@ def flops_per_token(model, recompute=False, compiled_blocks=False):
     L, H, T = model.n_layer, model.n_embd, model.block_size
     attention = 12 * L * H * T
     matmul = 6 * params['matmul'] + attention
-    rerun_matmul = params['blocks_matmul'] - (0 if compiled_blocks else L * H * model.ffn_width)  # no down_proj
+    # an MoE layer's last saved tensors are the routed experts' outputs: the rerun skips only the shared experts'
+    # down_proj (H x n_shared * expert_hidden), which runs last (Ledger MoE)
+    M, shared = model.moe_layers, model.n_shared_experts * model.expert_hidden
+    skipped = 0 if compiled_blocks else (L - M) * H * model.ffn_width + M * H * shared  # down_proj
+    rerun_matmul = params['blocks_matmul'] - skipped
     matmul_recompute = matmul + 2 * rerun_matmul + attention // 3  # + the blocks' forward again (2N, 4LHT)
     return {
-        'book': (8 if recompute else 6) * params['total'],
+        'book': (8 if recompute else 6) * params['active'],  # P: the active parameters (dense: all of them)
         'matmul': matmul,  # model FLOPs: what MFU counts (PaLM)
         'matmul_causal': 6 * params['matmul'] + attention // 2,  # only the unmasked half of QK^T and AV
-        'nanogpt': 6 * (params['total'] - params['position']) + attention,
+        'nanogpt': 6 * (params['active'] - params['position']) + attention,
         'hardware': matmul_recompute if recompute else matmul,  # what the GPU executes
         'attention': attention,
         'attention_share': attention / (6 * params['blocks_matmul']),
@@ -418,12 +435,17 @@ def held_model_states(model, parallel, n_gpu, dtype='bfloat16', rank=0):
         states.update(weights=4 * padded, grads=4 * padded, optimizer=8 * real + 4 * n_tensors)
         compute_bytes = 2 if dtype == 'bfloat16' else 4
         whole = {name: -(-shape[0] // n_gpu) * n_gpu * math.prod(shape[1:]) for name, shape in parameter_shapes(model)}
-        block = sum(v for k, v in whole.items() if k.startswith('blocks.0.'))
+        blocks = sorted(
+            (sum(v for k, v in whole.items() if k.startswith(f'blocks.{i}.')) for i in range(model.n_layer)),
+            reverse=True,  # MoE: the largest blocks first (the dense ones are smaller)
+        )
         root = sum(v for k, v in whole.items() if not k.startswith('blocks.'))
-        gathered_blocks = model.n_layer if parallel == 'zero2' else min(2, model.n_layer)
-        states['gathered'] = compute_bytes * (root + gathered_blocks * block) + compute_bytes * block
+        gathered = sum(blocks) if parallel == 'zero2' else sum(blocks[:2])  # all blocks, or two at a time
+        states['gathered'] = compute_bytes * (root + gathered) + compute_bytes * blocks[0]
     states['total'] = states['weights'] + states['grads'] + states['optimizer'] + states['gathered']
     states['book'] = model_state_bytes(n_params, parallel, n_gpu)['total']
+    # MoE: the book's "16 x active parameters"; every expert's states are held all the same (Ledger MoE)
+    states['book_active'] = model_state_bytes(count_params(model)['active'], parallel, n_gpu)['total']
     return states
 
 
@@ -482,6 +504,9 @@ def activation_bytes(
     family = model.family
     rotated = a * (n_head + n_kv_head) * d if family.positions == 'rope' else 0
     stats = NORM_STATS[family.norm]
+    M = model.moe_layers
+    if M:  # the routing's host read breaks the compiled graph: counted as eager (an approximation, Ledger MoE)
+        compiled = None
     if compiled and attention == 'flash':
         middle = a * H if compiled == 'blocks' else r * H  # o_proj's output, or the residual after attention
         layer = (
@@ -506,17 +531,32 @@ def activation_bytes(
         head = norm + a * H
     autocast = a < r  # weights in fp32, matmuls in bf16: each Linear keeps a bf16 copy of its weight
     params = count_params(model)
-    block_weights = 2 * params['blocks_matmul'] // L if autocast else 0
+    block_weights = 2 * params['blocks_matmul_total'] // L if autocast else 0
     positions = 8 * T if family.positions == 'learned' and not compiled else 0  # the position ids, int64
     parts = {'token_ids': tokens * 16 + positions, 'head': tokens * head}
+    # (bytes a token saves, bf16 weight copies) of each kind of layer: dense, and MoE (Ledger MoE below)
+    kinds = [(L - M, layer, block_weights)]
+    if M:
+        dense_ffn_weights = family.mlp_matrices * H * F
+        attention_weights = H * (n_head + 2 * n_kv_head) * d + H * H  # qkv_proj and o_proj
+        moe_saved = moe_activation_bytes(model, a, autocast)
+        kinds = [
+            (L - M, layer, 2 * (attention_weights + dense_ffn_weights) if autocast else 0),
+            (M, layer - ffn + moe_saved['total'], 2 * (attention_weights + params['moe_layer']) if autocast else 0),
+        ]
+    kinds = [kind for kind in kinds if kind[0]]
     if recompute:
         parts['block_inputs'] = tokens * L * r * H
-        parts['recomputed_block'] = tokens * (layer - r * H) + block_weights
+        parts['recomputed_block'] = max(tokens * (saved - r * H) + weights for _, saved, weights in kinds)
         parts['bf16_weights'] = 2 * model.vocab_size * H if autocast else 0  # lm_head only: blocks are re-run
     else:
-        parts['blocks'] = tokens * L * layer
-        parts['bf16_weights'] = L * block_weights + (2 * model.vocab_size * H if autocast else 0)
+        parts['blocks'] = sum(n * tokens * saved for n, saved, _ in kinds)
+        parts['bf16_weights'] = sum(n * weights for n, _, weights in kinds) + (
+            2 * model.vocab_size * H if autocast else 0
+        )
     parts['total'] = sum(parts.values())
+    if M:  # of which (not added again): the dispatched copies of the tokens and the experts' outputs
+        parts['routing_buffers'] = (1 if recompute else M) * tokens * moe_saved['dispatched']
     return parts
 
 
@@ -597,6 +637,10 @@ def memory_per_gpu(model, train, n_gpu=None, micro_batch=None, device=None, rank
         'logits_eager': logits_bytes(model, micro_batch, dtype_bytes)['total'],
         'graph': {'model': 'compiled whole', 'blocks': 'compiled block by block', None: 'eager'}[compiled],
         'overhead': device.overhead_bytes,
+        'book_active_model_states': states['book_active'],  # MoE: the book's 16 x active parameters
+        'routing_buffers': activation_bytes(  # MoE: of the activations, the dispatched copies (eager)
+            model, micro_batch, train.recompute, dtype_bytes, residual_bytes=residual_bytes
+        ).get('routing_buffers', 0),
     }
     memory['allocated'] = memory['model_states'] + memory['activations'] + memory['logits']
     memory['total'] = memory['allocated'] + memory['overhead']
@@ -630,6 +674,51 @@ def gpus_for_model_states(n_params, gpu_memory_bytes):
     nodes), which leaves room for activations: 13B -> 3 (floor), 4 recommended; 30B -> 8; 65B -> 16 (80 GB)."""
     floor = math.ceil(16 * n_params / gpu_memory_bytes)
     return floor, 2 ** math.ceil(math.log2(floor))
+
+
+# -----------------------------------------------------------------------------------------------------
+# Ledger MoE: a mixture of experts (model.py's MoE, the DeepSeekMoE shape). The book's accounting is for dense
+# models; for MoE it says "16P becomes 16 x active parameters + routing and communication overhead". Half of that
+# holds. What scales with the ACTIVE parameters (the weights one token's forward uses: all but the n - k routed
+# experts it does not visit): the FLOPs (6 x active matmul weights, the router included), hence days and cost, and
+# the activations (a token is dispatched to k experts). What scales with the TOTAL: the model states. Every
+# expert's fp32 weight, gradient and AdamW moments are held whether or not a token visits it (each expert's
+# gradient exists after every step: a dropless loop calls each expert, an empty slice giving zeros), so DDP holds
+# 16 x total, ZeRO/FSDP shard the total. The ledger prints the book's 16 x active beside it; test_moe.py counts
+# the bytes each rank holds. Per MoE layer, H the width, E an expert's width, n routed experts, k per token, s
+# shared: router n*H + (n + s) * 3HE, of which a token uses n*H + (k + s) * 3HE.
+
+
+def moe_params(model):
+    """One MoE layer's FFN parameters: 'layer' all of them, 'idle' the routed experts a token does not visit,
+    'router' the router's. All 0 for a dense model."""
+    if not model.n_experts:
+        return {'layer': 0, 'idle': 0, 'router': 0}
+    n, k, H = model.n_experts, model.top_k, model.n_embd
+    expert = 3 * H * model.expert_hidden  # a SwiGLU: gate, up, down
+    return {'layer': n * H + (n + model.n_shared_experts) * expert, 'idle': (n - k) * expert, 'router': n * H}
+
+
+def moe_activation_bytes(model, a, autocast):
+    """Bytes an MoE layer's FFN saves for backward per token (eager; model.py's MoE.forward), in place of the dense
+    FFN's a*H + 4a*H'. a: activation bytes (2 under bf16 autocast, 4 in fp32); k routed experts per token:
+      inputs:      the FFN input a*H, read by the router and the shared experts (under autocast each Linear keeps
+                   its own bf16 copy: the shared experts' a*H more)
+      router:      the fp32 sigmoid affinities 4n; the chosen experts' ids (int64) 8k; the chosen affinities and
+                   their sum 4k + 4, and the gates 4k
+      dispatched:  the routing buffers: each token copied once per chosen expert a*k*H, and the experts' outputs
+                   back in token order a*k*H, with the two gathers' ids 8k each
+      experts:     k SwiGLUs of width E a token: 4a*E each (gate|up, silu(gate), the product); shared 4a*s*E"""
+    n, k, H, E = model.n_experts, model.top_k, model.n_embd, model.expert_hidden
+    shared = model.n_shared_experts * E
+    parts = {
+        'inputs': a * H * (2 if autocast and shared else 1),
+        'router': 4 * n + 8 * k + 4 * k + 4 + 4 * k,
+        'dispatched': 2 * a * k * H + 16 * k,
+        'experts': 4 * a * k * E + 4 * a * shared,
+    }
+    parts['total'] = sum(parts.values())
+    return parts
 
 
 # -----------------------------------------------------------------------------------------------------

@@ -113,7 +113,15 @@ def report_sections(p):
             f"{params['attention']:,}",
             'L*(2H^2 + 2H*kv_width' + (' + biases)' if bias else ')') + ': q, o and GQA-sized k, v',
         ),
-        (f"ffn ({MLP_NAMES[family.mlp]})", f"{params['ffn']:,}", f"L*({k}HH' + biases)" if bias else f"L*{k}HH'"),
+        (
+            f"ffn ({MLP_NAMES[family.mlp]})",
+            f"{params['ffn']:,}",
+            'the dense layers and every expert: Ledger MoE'
+            if model.n_experts
+            else f"L*({k}HH' + biases)"
+            if bias
+            else f"L*{k}HH'",
+        ),
         (
             f"norms ({NORM_NAMES[family.norm]})",
             f"{params['norms']:,}",
@@ -136,7 +144,8 @@ def report_sections(p):
         (
             'in matmuls N_matmul',
             f"{params['matmul']:,}",
-            f"{params['matmul'] / params['total']:.1%} of P: Linear weights incl. the output projection",
+            f"{params['matmul'] / params['total']:.1%} of P: Linear weights incl. the output projection"
+            + (', those a token uses (MoE)' if model.n_experts else ''),
         ),
     ]
     nanogpt_extra = flops['nanogpt'] / flops['matmul'] - 1
@@ -375,6 +384,7 @@ def report_sections(p):
             f"{'full recomputation' if recompute else 'no recomputation'}, flash attention)",
             states,
         ),
+        moe_section(p),  # None for a dense model
         ('Data and tokens (the planning note)', tokens),
         (
             'The mixture: each source as GPT-3 tabled its datasets (Brown et al. 2020, Table 2.2); weights kept '
@@ -387,7 +397,64 @@ def report_sections(p):
             loss,
         ),
     ]
-    return [(title, [row for row in rows if row]) for title, rows in sections]
+    return [(title, [row for row in rows if row]) for title, rows in sections if title]
+
+
+# -----------------------------------------------------------------------------------------------------
+# Ledger MoE (ledger.py's section of that name): what scales with the active parameters and what with the total.
+
+
+def moe_section(p):
+    """(title, rows) for a mixture of experts; (None, []) for a dense model."""
+    model = ModelConfig(**p['model'])
+    if not model.n_experts:
+        return None, []
+    params, flops, memory, t = p['params'], p['flops_per_token'], p['memory'], p['train']
+    n, k, s, E = model.n_experts, model.top_k, model.n_shared_experts, model.expert_hidden
+    attention = flops['attention']
+    all_active = (6 * params['matmul_total'] + attention) / flops['matmul']  # were every expert used by every token
+    book, held = memory['book_active_model_states'], memory['model_states']
+    rows = [
+        (
+            'layers with experts',
+            f"{model.moe_layers} of {model.n_layer}",
+            f"{n} routed experts of {E}, {k} per token, {s} shared; the first {model.n_dense_layers} dense; "
+            f"sigmoid router, gates x {model.route_scale:g} (DeepSeek-V3)",
+        ),
+        ('MoE layer FFN', f"{params['moe_layer']:,}", f"router {n}H + ({n} + {s}) x 3HE: every expert"),
+        ('  used by a token', f"{params['moe_layer_active']:,}", f"router {n}H + ({k} + {s}) x 3HE"),
+        ('total P', f"{params['total']:,}", f"{si(params['total'])}: what model.py builds"),
+        (
+            'active P per token',
+            f"{params['active']:,}",
+            f"{si(params['active'])}, {params['active'] / params['total']:.1%} of P: all but the {n - k} routed "
+            f"experts a token skips",
+        ),
+        (
+            'FLOPs per token',
+            _sci(flops['matmul']),
+            f"6 x active N_matmul + 12LHT (router included); every expert on every token: {all_active:.2f}x",
+        ),
+        (
+            'routing buffers',
+            _gib(memory['routing_buffers']),
+            f"of the activations (counted eager: the routing breaks a compiled graph): each token copied to its "
+            f"{k} experts, and their {k} outputs",
+        ),
+        (
+            'model states, held',
+            _gib(held),
+            f"from the TOTAL P ({BOOK_STATES[t['parallel']]} of it, as held): every expert's weight, gradient "
+            f"and AdamW moments exist whether a token visits it or not",
+        ),
+        (
+            "  book: 16 x active",
+            _gib(book),
+            f"the book's '16 x active parameters' ({BOOK_STATES[t['parallel']]}): {held / book:.2f}x too low; "
+            f"compute, days and cost do scale with the active parameters",
+        ),
+    ]
+    return 'Ledger MoE: a mixture of experts (total parameters for memory, active ones for compute)', rows
 
 
 def mixture_rows(mix):
@@ -435,6 +502,9 @@ def format_short(prediction, full):
     lines = [
         f"ledger (the whole bill: {full}):",
         _row('parameters', f"{p['params']['total']:,}", f"{shape}; {p['params']['matmul']:,} in matmuls"),
+        _row('active per token', f"{p['params']['active']:,}", 'MoE: the FLOPs count these, memory the total')
+        if model.n_experts
+        else None,
         _row(
             'FLOPs per token',
             _sci(p['flops_per_token']['hardware']),
@@ -475,6 +545,7 @@ def format_short(prediction, full):
             f"{data['chinchilla_multiple']:.2g} x Chinchilla (20){epochs}",
         ),
     ]
+    lines = [line for line in lines if line]
     lines += [_row(*row) for row in mixture_rows(p.get('mixture'))]  # a mixture: each source's tokens and epochs
     if data['loss_fraction'] < 1:
         lines.append(
@@ -534,8 +605,8 @@ def format_comparison(summary):
             '',
             f"val loss {s['val_loss']:.4f} nats per token"
             + (
-                f" = {s['val_bpb']:.4f} bits per byte (at {s['val_bytes_per_token']:.4f} text bytes per token: those of the "
-                "val targets scored)"
+                f" = {s['val_bpb']:.4f} bits per byte (at {s['val_bytes_per_token']:.4f} text bytes per token: "
+                "those of the val targets scored)"
                 if s['val_bpb'] is not None
                 else ''
             ),

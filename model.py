@@ -18,6 +18,7 @@ Memory: ledger.activation_bytes counts, tensor by tensor, what this file's eager
 import math
 
 import torch
+import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
@@ -91,11 +92,11 @@ class GeluMLP(nn.Module):
 
 
 class SwiGLU(nn.Module):
-    def __init__(self, config):
+    def __init__(self, config, width=None):  # width: an expert's (MoE below); else the config's FFN width
         super().__init__()
-        self.width = config.ffn_width
-        self.gate_up_proj = nn.Linear(config.n_embd, 2 * config.ffn_width, bias=config.biases)  # gate and up, fused
-        self.down_proj = nn.Linear(config.ffn_width, config.n_embd, bias=config.biases)  # residual projection
+        self.width = width or config.ffn_width
+        self.gate_up_proj = nn.Linear(config.n_embd, 2 * self.width, bias=config.biases)  # gate and up, fused
+        self.down_proj = nn.Linear(self.width, config.n_embd, bias=config.biases)  # residual projection
 
     def forward(self, x):
         gate, up = self.gate_up_proj(x).split(self.width, dim=-1)
@@ -103,6 +104,58 @@ class SwiGLU(nn.Module):
 
 
 MLPS = {'gelu': GeluMLP, 'swiglu': SwiGLU}
+
+
+# -----------------------------------------------------------------------------------------------------
+# Mixture of experts, the DeepSeekMoE shape (Dai et al. 2024) routed as DeepSeek-V3 does (arXiv:2412.19437, sec.
+# 2.1.2; its reference code, deepseek-ai/DeepSeek-V3 inference/model.py, Gate and MoE): n_experts small SwiGLUs,
+# top_k of them per token, and n_shared_experts every token visits (fused: one SwiGLU n_shared x expert_hidden
+# wide). Affinity s = sigmoid(u . e_i); the top_k of s + b pick the experts, where the bias b steers the choice but
+# never the weight; the gates are the chosen s normalised to sum 1, times route_scale. Dropless: each expert gets
+# exactly the tokens that chose it, so a token costs the matmuls of top_k experts whatever the balance (the
+# ledger's FLOPs are exact). The experts run in a loop over slices of the tokens sorted by expert; the slice sizes
+# are read back to the host once per layer (as DeepSeek's reference code does; torch._grouped_mm would avoid it).
+# Balance: b moves outside the gradient once per step (GPT.update_router_bias), and optionally the sequence-wise
+# balance loss alpha * sum_i f_i P_i (the paper's eq. 17-20) joins the loss.
+
+
+class MoE(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.n_experts, self.top_k, self.route_scale = config.n_experts, config.top_k, config.route_scale
+        self.router = nn.Linear(config.n_embd, config.n_experts, bias=False)  # the experts' centroids e_i
+        self.experts = nn.ModuleList(SwiGLU(config, config.expert_hidden) for _ in range(config.n_experts))
+        shared = config.n_shared_experts * config.expert_hidden
+        self.shared = SwiGLU(config, shared) if shared else None
+        self.register_buffer('router_bias', torch.zeros(config.n_experts))  # b: in checkpoints, not trained
+        self.register_buffer('load', torch.zeros(config.n_experts), persistent=False)  # tokens per expert, this step
+        self.aux_loss_coef, self.aux_loss = 0.0, None  # alpha (train.py sets it) and this forward's balance loss
+
+    def forward(self, x):
+        B, T, H = x.shape
+        x = x.reshape(B * T, H)
+        scores = self.router(x).float().sigmoid()  # (tokens, n_experts) affinities, fp32
+        chosen = torch.topk(scores + self.router_bias, self.top_k, dim=-1).indices  # the bias only picks
+        gates = scores.gather(1, chosen)
+        gates = gates / gates.sum(-1, keepdim=True) * self.route_scale  # (tokens, top_k)
+        counts = torch.bincount(chosen.flatten(), minlength=self.n_experts)
+        if self.training and torch.is_grad_enabled():  # a training forward counts towards the bias update
+            self.load += counts
+            if self.aux_loss_coef:  # f_i: the share of the sequence's picks on expert i, x n_experts / top_k
+                picked = torch.zeros_like(scores).scatter_(1, chosen, 1.0).view(B, T, -1)
+                share = picked.mean(1) * (self.n_experts / self.top_k)
+                affinity = (scores / scores.sum(-1, keepdim=True)).view(B, T, -1).mean(1)  # P_i
+                self.aux_loss = self.aux_loss_coef * (share * affinity).sum(-1).mean()
+        # Dispatch: the (token, choice) pairs sorted by expert, each token copied once per chosen expert; the
+        # outputs go back to (token, choice) order, and each token sums its top_k outputs weighed by its gates.
+        order = chosen.flatten().argsort(stable=True)
+        chunks = x[order // self.top_k].split(counts.tolist())  # the one host read: the slice sizes
+        y = torch.cat([expert(chunk) for expert, chunk in zip(self.experts, chunks)])  # an empty slice costs 0
+        y = y[order.argsort()].view(B * T, self.top_k, H)
+        out = (y * gates.unsqueeze(-1)).sum(1).to(x.dtype)
+        if self.shared is not None:
+            out = out + self.shared(x)
+        return out.view(B, T, H)
 
 
 def make_norm(config):
@@ -113,12 +166,12 @@ def make_norm(config):
 
 
 class Block(nn.Module):
-    def __init__(self, config):
+    def __init__(self, config, moe=False):
         super().__init__()
         self.attn_norm = make_norm(config)
         self.attn = Attention(config)
         self.mlp_norm = make_norm(config)
-        self.mlp = MLPS[config.family.mlp](config)
+        self.mlp = MoE(config) if moe else MLPS[config.family.mlp](config)
 
     def forward(self, x, cos, sin):
         x = x + self.attn(self.attn_norm(x), cos, sin)
@@ -138,7 +191,10 @@ class GPT(nn.Module):
         self.learned_positions = config.family.positions == 'learned'  # else RoPE, in the attention
         if self.learned_positions:
             self.pos_emb = nn.Embedding(config.block_size, config.n_embd)
-        self.blocks = nn.ModuleList(Block(config) for _ in range(config.n_layer))
+        self.blocks = nn.ModuleList(
+            Block(config, i >= config.n_layer - config.moe_layers) for i in range(config.n_layer)
+        )
+        self.moe = [block.mlp for block in self.blocks if isinstance(block.mlp, MoE)]  # a plain list: no new names
         self.norm_f = make_norm(config)
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
         self.tie_weights()
@@ -178,9 +234,12 @@ class GPT(nn.Module):
                     nn.init.zeros_(module.bias)
             elif isinstance(module, (nn.LayerNorm, nn.RMSNorm)):
                 module.reset_parameters()
-        for block in self.blocks:
-            nn.init.normal_(block.attn.o_proj.weight, mean=0.0, std=residual_std)
-            nn.init.normal_(block.mlp.down_proj.weight, mean=0.0, std=residual_std)
+            elif isinstance(module, MoE):
+                module.router_bias.zero_()
+                module.load.zero_()
+        for name, param in self.named_parameters():  # each block's o_proj, then its FFN's (an MoE: every expert's)
+            if name.endswith(('o_proj.weight', 'down_proj.weight')):
+                nn.init.normal_(param, mean=0.0, std=residual_std)
         if not self.learned_positions:
             cos, sin = rope_tables(c.head_dim, c.block_size, c.rope_theta, device=self.rope_cos.device)
             self.rope_cos.copy_(cos)
@@ -213,9 +272,47 @@ class GPT(nn.Module):
         logits = self.lm_head(self.norm_f(x))
         if targets is None:
             return logits, None
-        return None, F.cross_entropy(
+        loss = F.cross_entropy(
             logits.float().view(B * T, -1), targets.reshape(B * T), ignore_index=IGNORE_INDEX, reduction=reduction
         )
+        if self.moe and self.moe[0].aux_loss is not None and self.training and torch.is_grad_enabled():
+            # the MoE balance loss, weighed per target as the loss is (a sum: x the targets that carry loss)
+            balance = sum(layer.aux_loss for layer in self.moe)
+            loss = loss + (balance * (targets != IGNORE_INDEX).sum() if reduction == 'sum' else balance)
+            for layer in self.moe:
+                layer.aux_loss = None
+        return None, loss
+
+    # --- mixture of experts: the balance kept outside the gradient, and its signals ---
+
+    @torch.no_grad()
+    def update_router_bias(self, speed):
+        """DeepSeek-V3's auxiliary-loss-free balancing, after each optimizer step: every expert's routing bias
+        moves by `speed` (gamma) against the sign of its load error, up when it got fewer tokens than the layer's
+        mean, down when more. The loads are summed over the ranks first, so every rank's biases stay equal. The
+        step's load is kept for router_stats. A few device ops, no host read; nothing for a dense model."""
+        if not self.moe:
+            return
+        counts = [layer.load for layer in self.moe]
+        load = torch.stack(counts)  # (MoE layers, n_experts)
+        if dist.is_initialized():
+            dist.all_reduce(load)
+        error = (load.mean(-1, keepdim=True) - load).sign().unbind(0)
+        torch._foreach_add_([layer.router_bias for layer in self.moe], error, alpha=speed)
+        torch._foreach_zero_(counts)
+        self.expert_load = load
+
+    def router_stats(self):
+        """The last step's routing, read back (log steps only): per MoE layer, each expert's share of the routed
+        tokens x n_experts (1: an even load), the coefficient of variation of the load, and the router biases."""
+        load = self.expert_load.double()
+        share = load / load.sum(-1, keepdim=True).clamp(min=1) * load.shape[-1]
+        bias = torch.stack([layer.router_bias for layer in self.moe])
+        return {
+            'expert_load': share.tolist(),
+            'expert_load_cv': (load.std(-1, correction=0) / load.mean(-1).clamp(min=1e-9)).tolist(),
+            'router_bias': bias.tolist(),
+        }
 
     @torch.no_grad()
     def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None):

@@ -125,6 +125,8 @@ def build_model(model_cfg, train, cluster, dtype):
     model.to_empty(device=cluster.device)
     model.init_weights()
     model.recompute = train.recompute  # activation checkpointing per block: one extra forward, 8P FLOPs
+    for layer in model.moe:  # MoE: the sequence-wise balance loss's coefficient (0: off)
+        layer.aux_loss_coef = train.aux_loss_coef
     if cluster.world_size == 1:
         if train.compile:
             model.compile()  # in place: the state dict keeps its names (no `_orig_mod.` prefix)
@@ -472,6 +474,7 @@ def train_step(run):
         loss_sum += loss.detach()
     grad_norm = clip_gradients(run.params, train.grad_clip)
     run.optimizer.step()
+    run.raw_model.update_router_bias(train.router_bias_speed)  # MoE: the balance, outside the gradient
     run.optimizer.zero_grad(set_to_none=True)
     state.position += accumulation * cluster.world_size * train.micro_batch
     state.tokens_seen += batch_tokens
@@ -530,6 +533,8 @@ def loop(run):
                 run.metrics.log_step(
                     pending[-1], run.stop_step if run.cooldown else run.total_steps, tokens, loss, grad_norm
                 )
+                if run.raw_model.moe:  # MoE: each expert's load, its CV and the router biases
+                    run.metrics.record({'step': step, 'tokens': tokens, **run.raw_model.router_stats()})
             if 'hellaswag' in due:
                 evaluate_hellaswag(run)
             if 'eval' in due:

@@ -4,7 +4,9 @@ test_memory.py: the memory ledger against the memory a run really holds, on the 
 1. Model states, exact: after the first optimizer step of train.py's own loop, the bytes of the parameters, their
    gradients (DDP's buckets included: the .grad tensors are views of them) and AdamW's states, each storage
    counted once, equal ledger.held_model_states on every rank, for one process and for each parallel mode with 2
-   gloo processes (a vocab of 515 and GQA, so that FSDP2 pads and ZeRO-1's greedy partition is uneven).
+   gloo processes (a vocab of 515 and GQA, so that FSDP2 pads and ZeRO-1's greedy partition is uneven). Its second
+   layer is a mixture of experts (odd widths: padded too), whose states scale with the total parameters, not the
+   active ones (the book's '16 x active'), so the same count proves Ledger MoE.
 2. Peak memory: a run's peak resident memory (ru_maxrss, what summary.json reports) is within 15% of the ledger's
    prediction for this CPU (the live tensors plus the runtime's resident memory, measured before the model's
    tensors exist), for the CPU default config and for each parallel mode. glibc's malloc normally keeps freed
@@ -69,6 +71,12 @@ TINY = dict(
     n_embd=64,
     vocab_size=515,
     block_size=32,
+    # the second layer a mixture of experts: every expert's states are held whether a token visits it or not
+    n_experts=4,
+    top_k=2,
+    expert_hidden=37,
+    n_shared_experts=1,
+    n_dense_layers=1,
     micro_batch=2,
     batch_tokens=256,
     train_tokens=2560,
@@ -106,7 +114,10 @@ def test_model_states_are_exact_on_every_rank(mode, processes, tmp_path):
     for rank in ranks:
         assert rank['counted'] == rank['ledger'], rank
         assert rank['counted']['weights'] > 0 and rank['counted']['optimizer'] > 0
-    one_process = ledger.held_model_states(ModelConfig(**{k: v for k, v in TINY.items() if k in MODEL_KEYS}), 'ddp', 1)
+    model = ModelConfig(**{k: v for k, v in TINY.items() if k in MODEL_KEYS})
+    one_process = ledger.held_model_states(model, 'ddp', 1)
+    params = ledger.count_params(model)
+    assert one_process['weights'] == 4 * params['total'] > 4 * params['active']  # the total, not the active
     sharded = (
         {
             'ddp': set(),
