@@ -202,6 +202,9 @@ class TrainConfig:
     cooldowns: tuple = free(())
     cooldown_from: str = exact('')  # the checkpoint folder a cooldown starts from ('': a run of its own)
     cooldown_tokens: int = exact(0)  # a cooldown's tokens, over which the LR falls from the peak to the floor
+    # start from a published model (pretrained.py): a Hugging Face model folder or Hub repo id; the model keys come
+    # from its config.json. A resumed run reads its weights from its own checkpoints
+    init_from: str = exact('')
     # what the model learns to predict (objectives.py): 'clm' next-token prediction at every position; 'prefix_lm'
     # loss on the part after a random cut; 'fim' fill-in-the-middle (Bavarian et al. 2022); 'ul2' UL2's mixture of
     # denoisers (Tay et al. 2022). fim and ul2 need a data folder with the special tokens (prepare.py reserves them)
@@ -546,10 +549,10 @@ def mixture_text(sources, where):
     return ','.join(f'{folder}:{weight / total:.6g}' for folder, weight in sources)
 
 
-def load_config(path=None, overrides=()):
-    """Read a config file (plain Python assignments) and `--key=value` overrides into (ModelConfig, TrainConfig).
-
-    The file runs in a fresh namespace, never in our globals; names starting with '_' and modules are ignored."""
+def read_values(path=None, overrides=()):
+    """The keys a config file (plain Python assignments) and `--key=value` overrides set, typed: (values, where
+    each was set). The file runs in a fresh namespace, never in our globals; names starting with '_' and modules
+    are ignored."""
     values, where = {}, {}
     if path:
         if not os.path.isfile(path):
@@ -576,6 +579,12 @@ def load_config(path=None, overrides=()):
         values[key], where[key] = _parse_value(key, text), 'the command line'
     for key, value in values.items():
         values[key] = _typed(key, value, where[key])
+    return values, where
+
+
+def load_config(path=None, overrides=()):
+    """Read a config file and `--key=value` overrides (read_values) into (ModelConfig, TrainConfig), checked."""
+    values, _ = read_values(path, overrides)
     family = FAMILIES.get(values.get('arch', DEFAULTS['arch']))  # an unknown arch: validate names the known ones
     for key in ('bias', 'tie_embeddings'):  # the family's own, unless the config says otherwise
         if family and key not in values:

@@ -49,7 +49,8 @@ import guard  # noqa: E402
 import ledger  # noqa: E402
 import live  # noqa: E402
 import objectives  # noqa: E402
-from config import IGNORE_INDEX, ConfigError, cli, load_config, sharded, tokens_per_micro_step  # noqa: E402
+import pretrained  # noqa: E402
+from config import IGNORE_INDEX, ConfigError, cli, sharded, tokens_per_micro_step  # noqa: E402
 from guard import RunState, TrainingStopped, log  # noqa: E402
 from model import GPT  # noqa: E402
 
@@ -124,6 +125,8 @@ def build_model(model_cfg, train, cluster, dtype):
         model = GPT(model_cfg)
     model.to_empty(device=cluster.device)
     model.init_weights()
+    if train.init_from:  # a published model's weights (pretrained.py); a resumed run's checkpoint replaces them
+        pretrained.load_weights(model, train.init_from)
     model.recompute = train.recompute  # activation checkpointing per block: one extra forward, 8P FLOPs
     for layer in model.moe:  # MoE: the sequence-wise balance loss's coefficient (0: off)
         layer.aux_loss_coef = train.aux_loss_coef
@@ -326,7 +329,7 @@ def setup(argv, held=None):
     locking = held is not None
     held = held or contextlib.ExitStack()  # a tool's own, never closed: so no lock goes into it
     config_path, overrides, resume, force, allowed_changes = guard.parse_args(argv)
-    model_cfg, train = load_config(config_path, overrides)
+    model_cfg, train = pretrained.load_config(config_path, overrides)  # init_from: the model's from its config.json
     cluster = guard.setup_cluster()
     micro_step_tokens = tokens_per_micro_step(model_cfg, train, cluster.world_size)
     cooldown, start = None, guard.cooldown_start(train)  # a cooldown: its checkpoint's step and tokens, checked

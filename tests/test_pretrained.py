@@ -1,0 +1,236 @@
+"""
+test_pretrained.py: init_from (pretrained.py). Random small models written by transformers' own save_pretrained
+(GPT-2 tied; Llama with GQA untied, and tied) become our model exactly: the same logits in fp32, the same greedy
+tokens; the config comes from config.json, and a contradicting key or a field model.py does not implement is one
+line. Export then import gives the same tensors byte for byte; import then export loads in transformers with the
+same logits. A fine-tune of a few steps from an imported model trains, checkpoints and resumes bit-exactly.
+"""
+
+import json
+import shutil
+
+import pytest
+import torch
+from test_export import TINY as EXPORT_TINY
+from test_export import VARIANTS as EXPORT_VARIANTS
+from test_export import save_run
+from test_train import read_metrics, step_losses
+from transformers import AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
+
+import data
+import export
+import pretrained
+import train
+from config import ConfigError
+from model import GPT
+
+VOCAB = 512  # the pystdlib fixture's: the imported models export with its tokenizer
+HF_MODELS = {
+    'gpt2, tied': lambda: GPT2LMHeadModel(
+        GPT2Config(n_embd=64, n_layer=2, n_head=4, vocab_size=VOCAB, n_positions=64, layer_norm_epsilon=1e-5)
+    ),
+    'llama, GQA, untied': lambda: LlamaForCausalLM(
+        LlamaConfig(
+            hidden_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            intermediate_size=96,
+            vocab_size=VOCAB,
+            max_position_embeddings=64,
+            rope_theta=500.0,
+            rms_norm_eps=1e-5,
+            tie_word_embeddings=False,
+        )
+    ),
+    'llama, tied, multi-head': lambda: LlamaForCausalLM(
+        LlamaConfig(
+            hidden_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            intermediate_size=128,
+            vocab_size=VOCAB,
+            max_position_embeddings=64,
+            tie_word_embeddings=True,
+        )
+    ),
+}
+
+
+def save_hf(folder, name, seed=0):
+    """A transformers model of HF_MODELS with every tensor distinct (norms and biases moved off 1 and 0), saved by
+    save_pretrained in fp32; -> the model, in eval mode."""
+    torch.manual_seed(seed)
+    model = HF_MODELS[name]().eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    model.save_pretrained(folder)
+    return model
+
+
+def imported(folder, *overrides):
+    model_cfg, _ = pretrained.load_config(None, [f'--init_from={folder}', *overrides])
+    return pretrained.load_weights(GPT(model_cfg), str(folder)).eval()
+
+
+@pytest.fixture(params=list(HF_MODELS), scope='module')
+def hf_folder(request, tmp_path_factory):
+    folder = tmp_path_factory.mktemp('hf') / 'model'
+    return save_hf(folder, request.param), folder
+
+
+def test_imported_model_computes_what_transformers_does(hf_folder):
+    hf, folder = hf_folder
+    ours = imported(folder)
+    c, hc = ours.config, hf.config
+    assert (c.vocab_size, c.block_size, c.n_layer) == (VOCAB, 64, 2)
+    assert c.tie_embeddings == hc.tie_word_embeddings
+    assert (ours.lm_head.weight is ours.tok_emb.weight) == c.tie_embeddings
+    if c.arch == 'llama':
+        assert (c.kv_heads, c.ffn_width, c.norm_eps) == (hc.num_key_value_heads, hc.intermediate_size, hc.rms_norm_eps)
+        assert c.rope_theta == hc.rope_parameters['rope_theta']
+    idx = torch.randint(0, VOCAB, (2, 64), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        ours_logits, hf_logits = ours(idx)[0], hf(idx).logits
+    assert (ours_logits - hf_logits).abs().max() < 1e-4
+    prompt = idx[:1, :5]
+    hf_tokens = hf.generate(prompt, max_new_tokens=12, do_sample=False, eos_token_id=None, pad_token_id=0)
+    assert torch.equal(ours.generate(prompt, 12, temperature=0), hf_tokens)
+
+
+def test_shorter_block_size_is_allowed_and_a_contradicting_key_is_one_line(hf_folder):
+    hf, folder = hf_folder
+    ours = imported(folder, '--block_size=16')
+    idx = torch.randint(0, VOCAB, (1, 16), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        assert (ours(idx)[0] - hf(idx).logits).abs().max() < 1e-4
+    for flag, key in (('--n_layer=3', 'n_layer'), ('--block_size=128', 'block_size'), ('--vocab_size=640', 'vocab')):
+        with pytest.raises(ConfigError, match=f"{key}.* contradicts init_from's config.json"):
+            pretrained.load_config(None, [f'--init_from={folder}', flag])
+
+
+# Each unsupported field, as it would be in a Hub config.json: (class, field, value).
+UNSUPPORTED = [
+    ('llama, GQA, untied', 'rope_scaling', {'rope_type': 'llama3', 'factor': 8.0}),
+    ('llama, GQA, untied', 'rope_parameters', {'rope_type': 'yarn', 'rope_theta': 1e4, 'factor': 4.0}),
+    ('llama, GQA, untied', 'attention_bias', True),
+    ('llama, GQA, untied', 'mlp_bias', True),
+    ('llama, GQA, untied', 'sliding_window', 4096),
+    ('llama, GQA, untied', 'hidden_act', 'gelu'),
+    ('llama, GQA, untied', 'head_dim', 32),
+    ('llama, GQA, untied', 'architectures', ['MistralForCausalLM']),
+    ('gpt2, tied', 'activation_function', 'relu'),
+    ('gpt2, tied', 'scale_attn_by_inverse_layer_idx', True),
+]
+
+
+@pytest.mark.parametrize('name, field, value', UNSUPPORTED, ids=[f for _, f, _ in UNSUPPORTED])
+def test_an_unsupported_field_is_one_line_naming_it(tmp_path, name, field, value):
+    folder = tmp_path / 'model'
+    model = HF_MODELS[name]()
+    model.config.save_pretrained(folder)  # config.json only: refused before any weight is read
+    config = dict(json.loads((folder / 'config.json').read_text()), architectures=[type(model).__name__])
+    config[field] = value
+    (folder / 'config.json').write_text(json.dumps(config))
+    with pytest.raises(ConfigError) as error:
+        pretrained.load_config(None, [f'--init_from={folder}'])
+    message = str(error.value)
+    assert '\n' not in message and field in message.split(':')[1] and 'init_from cannot start' in message
+
+
+def test_a_model_saved_with_biases_is_refused(tmp_path):
+    """Not an edited file: transformers' own Llama with attention and MLP biases, as save_pretrained writes it."""
+    config = HF_MODELS['llama, GQA, untied']().config
+    config.attention_bias = config.mlp_bias = True
+    LlamaForCausalLM(config).save_pretrained(tmp_path / 'model')
+    with pytest.raises(ConfigError, match=r"attention_bias = True is not implemented by model.py"):
+        pretrained.load_config(None, [f'--init_from={tmp_path / "model"}'])
+
+
+def test_missing_or_extra_weights_are_one_line(hf_folder, tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    _, folder = hf_folder
+    copy = tmp_path / 'model'
+    shutil.copytree(folder, copy)
+    tensors = load_file(copy / 'model.safetensors')
+    name = next(n for n in tensors if 'layers.1.' in n or '.h.1.' in n)
+    save_file({k: v for k, v in tensors.items() if k != name}, copy / 'model.safetensors')
+    with pytest.raises(ConfigError, match=f'the weights lack {name}'):
+        imported(copy)
+    save_file({**tensors, 'model.extra.weight': torch.zeros(2)}, copy / 'model.safetensors')
+    with pytest.raises(ConfigError, match='tensor model.extra.weight is not part of'):
+        imported(copy)
+    (copy / 'model.safetensors').unlink()
+    with pytest.raises(ConfigError, match='has no model.safetensors'):
+        imported(copy)
+
+
+# -----------------------------------------------------------------------------------------------------
+# Round trip.
+
+
+@pytest.mark.parametrize('variant', list(EXPORT_VARIANTS))
+def test_export_then_import_gives_the_same_tensors_byte_for_byte(variant, pystdlib_data, tmp_path):
+    ours = save_run(tmp_path / 'run', dict(EXPORT_TINY, **EXPORT_VARIANTS[variant]), pystdlib_data)
+    assert export.main([str(tmp_path / 'run'), str(tmp_path / 'hf'), '--dtype', 'float32']) == 0
+    back = imported(tmp_path / 'hf')
+    assert back.config.tie_embeddings == ours.config.tie_embeddings and back.config.kv_heads == ours.config.kv_heads
+    mine, theirs = ours.state_dict(), back.state_dict()
+    for name, tensor in theirs.items():
+        if name in mine:
+            assert mine[name].dtype == tensor.dtype and torch.equal(mine[name], tensor), name
+        else:  # gpt2 without biases: GPT2LMHeadModel has them, as zeros
+            assert name.endswith('.bias') and not tensor.any(), name
+    assert set(mine) <= set(theirs)
+
+
+def test_import_then_export_loads_in_transformers_with_the_same_logits(hf_folder, pystdlib_data, tmp_path):
+    hf, folder = hf_folder
+    ours = imported(folder)
+    out = tmp_path / 'exported'
+    out.mkdir()
+    export.write_folder(str(out), ours, data.load_tokenizer(pystdlib_data), 'float32')
+    again = AutoModelForCausalLM.from_pretrained(out).eval()
+    assert type(again) is type(hf)
+    idx = torch.randint(0, VOCAB, (2, 64), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        assert (again(idx).logits - hf(idx).logits).abs().max() < 1e-4
+
+
+# -----------------------------------------------------------------------------------------------------
+# Fine-tuning: a few steps from an imported model train, checkpoint and resume bit-exactly.
+
+FINETUNE = dict(
+    data='synthetic',
+    block_size=32,
+    micro_batch=4,
+    batch_tokens=256,
+    train_tokens=8 * 256,
+    lr=1e-3,
+    compile=False,
+    log_every=1,
+    eval_every=1000,
+    eval_tokens=256,
+    ckpt_every=4,
+    gpu='cpu',
+)
+
+
+def test_finetune_trains_checkpoints_and_resumes_bit_exactly(tmp_path):
+    hf = save_hf(tmp_path / 'hf', 'llama, GQA, untied')
+    config = tmp_path / 'finetune.py'
+    config.write_text(''.join(f'{k} = {v!r}\n' for k, v in dict(FINETUNE, init_from=str(tmp_path / 'hf')).items()))
+    run = train.setup([str(config), f'--out_dir={tmp_path / "probe"}'])  # step 0: the imported weights, exactly
+    hf_tensors = export.LAYOUTS['LlamaForCausalLM'][0](run.raw_model)
+    assert all(torch.equal(t, hf.state_dict()[n]) for n, t in hf_tensors.items())
+    assert run.model_cfg.n_kv_head == 2 and run.model_cfg.block_size == 32
+    del run
+    assert train.main([str(config), f'--out_dir={tmp_path / "full"}']) == 0
+    expected = step_losses(read_metrics(tmp_path / 'full'))
+    assert expected[8] < expected[1]  # it learns (the synthetic stream's unigram, at least)
+    assert train.main([str(config), f'--out_dir={tmp_path / "out"}', '--max_steps=4']) == 0
+    assert train.main([str(config), f'--out_dir={tmp_path / "out"}', '--resume']) == 0
+    losses = step_losses(read_metrics(tmp_path / 'out'))
+    assert [losses[s] for s in range(5, 9)] == [expected[s] for s in range(5, 9)]  # exactly equal
