@@ -413,7 +413,6 @@ NANOGPT_NAMES = {
     'log_interval': "use 'log_every'",
     'always_save_checkpoint': "use 'ckpt_every'",
     'eval_only': "not a key here: eval.py scores a checkpoint (HellaSwag), sample.py writes from one",
-    'init_from': "use the flag --resume (continue a run) or --cooldown_from=CKPT (start from a checkpoint)",
     'dataset': "use 'data' (a folder made by prepare.py)",
     'device': "not a key here: train.py takes the GPU of its rank under torchrun, else the CPU",
     'backend': "not a key here: NCCL on GPUs, gloo on the CPU",
