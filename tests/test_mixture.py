@@ -215,7 +215,14 @@ def test_the_ledger_warns_past_four_epochs_and_plans_unmade_folders(pystdlib_dat
     # 5 epochs of the prose at 30%: tokens = 5 x its train tokens / 0.3
     train_tokens = math.ceil(5 * prose_tokens / 0.3 / 256) * 256
     spec = f'--data={pystdlib_data}:0.7,{prose_data}:0.3,{tmp_path / "unmade"}:0.001'
-    flags = [spec, '--vocab_size=512', '--block_size=32', '--batch_tokens=256', f'--train_tokens={train_tokens}']
+    flags = [
+        spec,
+        '--vocab_size=512',
+        '--block_size=32',
+        '--batch_tokens=256',
+        '--micro_batch=8',
+        f'--train_tokens={train_tokens}',
+    ]
     assert ledger_report.main([*flags, '--gpu=H100']) == 0
     text = capsys.readouterr().out
     prose_line = next(line for line in text.splitlines() if line.strip().startswith(os.path.basename(prose_data)))
