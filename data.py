@@ -182,17 +182,25 @@ def check_token_ids(data_dir, meta, vocab_size):
         return largest
     largest = -1
     for path in list_shards(data_dir, 'val') + list_shards(data_dir, 'train'):
-        shard_max = int(open_shard(path).max())
+        shard = open_shard(path)
+        shard_max = int(shard.max())
         if shard_max >= vocab_size:
-            raise DataError(
-                f"{path}: token id {shard_max:,} is outside the model's vocab of {vocab_size:,} "
-                f"(ids 0..{vocab_size - 1:,}), though meta.json says {meta['tokenizer']} "
-                f"({meta['vocab_size']:,} tokens): the shard was made with another tokenizer, or is "
-                f"damaged; remake the folder ({prepare_command(data_dir)}), or raise vocab_size if the "
-                f"data is right"
-            )
+            raise id_past_vocab(shard, 0, vocab_size, meta)
         largest = max(largest, shard_max)
     return largest
+
+
+def id_past_vocab(tokens, start, vocab_size, meta):
+    """The DataError for tokens read from a shard (an np.memmap's slice from `start`) that hold an id at or above
+    vocab_size: it names the shard, the first such id and its position in the shard."""
+    index = int(np.argmax(np.asarray(tokens) >= vocab_size))
+    path = tokens.filename
+    return DataError(
+        f"{path}: token id {int(tokens[index]):,} at position {start + index:,} is outside the model's vocab of "
+        f"{vocab_size:,} (ids 0..{vocab_size - 1:,}), though meta.json says {meta['tokenizer']} "
+        f"({meta['vocab_size']:,} tokens): the shard was made with another tokenizer, or is damaged; remake the "
+        f"folder ({prepare_command(os.path.dirname(path))}), or raise vocab_size if the data is right"
+    )
 
 
 # -----------------------------------------------------------------------------------------------------
@@ -340,10 +348,15 @@ class ShardStream:
     A shard of n tokens holds (n - 1) // T sequences starting at multiples of T; neighbours share one token (the
     last target of one is the first input of the next, as in llm.c), so no token is wasted. Epoch e visits the
     shards in a seeded permutation and each shard's sequences in their own seeded permutation (llm.c's
-    shuffle); the permutations are O(shard) memory, never O(dataset), even for 100B tokens."""
+    shuffle); the permutations are O(shard) memory, never O(dataset), even for 100B tokens.
 
-    def __init__(self, shards, block_size, seed):
+    vocab_size and meta: every batch read is checked for ids past the model's vocab (a damaged or foreign shard
+    would index past the embedding: a traceback far from its cause, on a GPU a device-side assert). A max over the
+    batch on the host, before it goes to the device: no sync, nothing that grows with the model."""
+
+    def __init__(self, shards, block_size, seed, vocab_size=None, meta=None):
         self.shards, self.block_size, self.seed = shards, block_size, seed
+        self.vocab_size, self.meta = vocab_size, meta
         self.counts = np.array([(len(s) - 1) // block_size for s in shards], dtype=np.int64)
         self.per_epoch = int(self.counts.sum())
         self._epoch_plans, self._permutations = {}, {}
@@ -365,18 +378,27 @@ class ShardStream:
             )
         return self._permutations[key]
 
-    def sequence(self, k):
+    def locate(self, k):
+        """(shard index, first token) of sequence k of the stream."""
         epoch, index = divmod(k, self.per_epoch)
         order, ends = self._epoch_plan(epoch)
         j = int(np.searchsorted(ends, index, side='right'))  # the j-th shard of this epoch holds it
         shard = int(order[j])
         local = index - (int(ends[j - 1]) if j else 0)
-        start = int(self._permutation(epoch, shard)[local]) * self.block_size
+        return shard, int(self._permutation(epoch, shard)[local]) * self.block_size
+
+    def sequence(self, k):
+        shard, start = self.locate(k)
         return self.shards[shard][start : start + self.block_size + 1]
 
     def batch(self, first, count):
         """Sequences first .. first+count-1 of the stream, as an int64 array (count, block_size + 1)."""
-        return np.stack([self.sequence(k) for k in range(first, first + count)]).astype(np.int64)
+        sequences = np.stack([self.sequence(k) for k in range(first, first + count)]).astype(np.int64)
+        if self.vocab_size is not None and sequences.max() >= self.vocab_size:
+            k = first + int(np.argmax((sequences >= self.vocab_size).any(axis=1)))
+            shard, start = self.locate(k)
+            raise id_past_vocab(self.sequence(k), start, self.vocab_size, self.meta)
+        return sequences
 
 
 class SyntheticStream:
@@ -426,7 +448,9 @@ def open_data(model_cfg, train):
             f"from `{prepare_command(train.data)}`)"
         )
     check_token_ids(train.data, meta, model_cfg.vocab_size)  # an id past the embedding is one line here
-    stream = ShardStream([open_shard(p) for p in train_paths], model_cfg.block_size, train.seed)
+    stream = ShardStream(
+        [open_shard(p) for p in train_paths], model_cfg.block_size, train.seed, model_cfg.vocab_size, meta
+    )
     if stream.per_epoch == 0:
         raise DataError(
             f"the train shards in {train.data} hold fewer than block_size + 1 = "
@@ -435,8 +459,10 @@ def open_data(model_cfg, train):
     # The val set is fixed: the first eval_tokens of the val split, cut into consecutive sequences.
     needed, parts = train.eval_tokens + 1, []
     for path in val_paths:
-        shard = open_shard(path)
-        parts.append(np.asarray(shard[: needed - sum(len(p) for p in parts)], dtype=np.int64))
+        shard = open_shard(path)[: needed - sum(len(p) for p in parts)]
+        if shard.max() >= model_cfg.vocab_size:  # the val set is read once: checked once
+            raise id_past_vocab(shard, 0, model_cfg.vocab_size, meta)
+        parts.append(np.asarray(shard, dtype=np.int64))
         if sum(len(p) for p in parts) >= needed:
             break
     tokens = np.concatenate(parts)

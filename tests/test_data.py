@@ -137,14 +137,32 @@ def test_check_token_ids(tmp_path):
     assert data.check_token_ids(out, dict(meta, max_token_id=300), 512) == 300  # meta.json's value, no reading
     with pytest.raises(
         DataError,
-        match=r'x_train_000001\.bin: token id 511 is outside the model\'s vocab of '
+        match=r'x_train_000001\.bin: token id 511 at position 1 is outside the model\'s vocab of '
         r'500 \(ids 0\.\.499\), though meta.json says bpe:512',
     ):
         data.check_token_ids(out, meta, 500)
     with pytest.raises(DataError, match=r'x_train_000001\.bin: token id 511'):  # a cached max too large
         data.check_token_ids(out, dict(meta, max_token_id=511), 300)
-    with pytest.raises(DataError, match=r'x_val_000000\.bin: token id 9 .* vocab of 8'):  # the first shard
+    with pytest.raises(DataError, match=r'x_val_000000\.bin: token id 9 at position 1 .* vocab of 8'):  # the first
         data.check_token_ids(out, meta, 8)
+
+
+def test_the_stream_checks_the_ids_it_reads(tmp_path):
+    # meta.json's max_token_id may vouch for a shard damaged since: each batch read is checked on the host
+    tokens = np.arange(1000, dtype=np.uint16) % 500
+    tokens[613] = 40_000
+    path = os.path.join(str(tmp_path), 'x_train_000001.bin')
+    data.write_shard(path, tokens)
+    meta = {'tokenizer': 'bpe:512', 'vocab_size': 512}
+    stream = data.ShardStream([data.open_shard(path)], 16, seed=3, vocab_size=512, meta=meta)
+    bad = next(k for k in range(stream.per_epoch) if stream.locate(k)[1] <= 613 <= stream.locate(k)[1] + 16)
+    assert stream.batch(bad + 1, 3).max() < 512  # batches without it go through
+    with pytest.raises(DataError) as error:
+        stream.batch(bad - 1 if bad else bad, 4)
+    assert str(error.value).startswith(
+        f"{path}: token id 40,000 at position 613 is outside the model's vocab of 512 (ids 0..511), though "
+        f"meta.json says bpe:512 (512 tokens)"
+    )
 
 
 # -----------------------------------------------------------------------------------------------------

@@ -276,9 +276,45 @@ def test_a_token_id_past_the_models_vocab_is_one_line_before_anything_is_written
     assert train.main([config, f'--out_dir={tmp_path / "out"}']) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith(
-        f"error: {folder / 'mine_train_000001.bin'}: token id 600 is outside the model's vocab of 512"
+        f"error: {folder / 'mine_train_000001.bin'}: token id 600 at position 1,234 is outside the model's vocab of 512"
     )
     assert not os.path.exists(tmp_path / 'out' / 'ckpt')
+
+
+@pytest.mark.parametrize('split', ['train', 'val'])
+def test_a_damaged_shard_under_a_trusted_meta_is_one_line_naming_shard_and_position(
+    pystdlib_data, tmp_path, capsys, split
+):
+    """meta.json's max_token_id vouches for the shards, but one was damaged since: the ids read are checked (a max
+    per batch on the host), so the embedding never sees it."""
+    import json
+    import shutil
+
+    import numpy as np
+
+    folder = tmp_path / 'data'
+    shutil.copytree(pystdlib_data, folder)
+    meta = json.loads((folder / 'meta.json').read_text())
+    assert meta['max_token_id'] < 512  # trusted: the check before training reads no shard
+    paths = data.list_shards(str(folder), split)
+    if split == 'train':  # in a sequence of the third step (8 sequences a step): the run gets there
+        stream = data.ShardStream([data.open_shard(p) for p in paths], 32, seed=TINY.get('seed', 1337))
+        shard, start = stream.locate(2 * 8 + 3)
+        path, position = paths[shard], start + 5
+    else:  # the fixed val set: the first tokens of the split
+        path, position = paths[0], 777
+    tokens = np.array(data.open_shard(path))
+    tokens[position] = 40_000  # a flipped byte
+    data.write_shard(path, tokens)
+    config = write_config(tmp_path, str(folder), train_tokens=8 * 256, eval_tokens=1024)
+    capsys.readouterr()
+    assert train.main([config, f'--out_dir={tmp_path / "out"}']) == 2
+    err = capsys.readouterr().err
+    assert err.count('\n') == 1 and err.startswith(
+        f"error: {os.path.abspath(path)}: token id 40,000 at position {position:,} is outside the model's vocab of 512 "
+        f"(ids 0..511), though meta.json says bpe:512 (512 tokens)"
+    ), err
+    assert not os.path.exists(tmp_path / 'out' / '.lock')  # the lock released on the way out
 
 
 # -----------------------------------------------------------------------------------------------------
