@@ -179,6 +179,7 @@ class Metrics:
             'bytes_per_token': bytes_per_token,
         }
         self.run_tokens, self.run_seconds = 0, 0.0  # over the intervals after the first
+        self.probe_flagged = False
         self.interval_tokens, self.interval_seconds, self.started, self.warmup = 0, 0.0, None, True
         self.metrics_path = os.path.join(train.out_dir, 'metrics.jsonl')
         if cluster.is_master:
@@ -269,7 +270,23 @@ class Metrics:
             self.run_seconds += self.interval_seconds
             run_speed = self.run_tokens / self.run_seconds
             self.measured.update(tokens_per_s=run_speed, mfu=self.mfu(run_speed), days=self.days(run_speed))
+            self.check_probe(self.mfu(run_speed))
         self.interval_tokens, self.interval_seconds, self.warmup = 0, 0.0, False
+
+    def check_probe(self, mfu):
+        """A run faster than its prediction by ledger.REPROBE_FACTOR or more, on a peak the probe measured: that
+        probe read low (the machine was busy), so it is flagged and the next run probes again (once per run)."""
+        probe_key, assumed = self.prediction['gpu'].get('probe_key'), self.prediction['mfu']
+        if self.probe_flagged or not probe_key or mfu < ledger.REPROBE_FACTOR * assumed or not self.cluster.is_master:
+            return
+        reason = f"a run measured MFU {mfu:.1%} against the {assumed:.1%} its prediction assumed"
+        self.probe_flagged = ledger.flag_reprobe(probe_key, reason)
+        if self.probe_flagged:
+            log(
+                self.cluster,
+                f"{reason}: this device's peak ({self.prediction['gpu']['peak_source'].split(' (cache')[0]}) "
+                f"looks measured while the machine was busy; the next run probes it again and keeps the better",
+            )
 
     def write_summary(self, step, tokens_seen, val_loss=None, val_bytes_per_token=None):
         """summary.json and report.md, from the same numbers (ledger.summarize), and the loss curve (plot.py's
