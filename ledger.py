@@ -846,6 +846,7 @@ def summarize(prediction, measured):
         'tokens_per_s_predicted': p['tokens_per_s'],
         'tokens_per_s_measured': measured.get('tokens_per_s'),
         'mfu_assumed': p['mfu_assumed'],
+        'mfu_source': p.get('mfu_source'),  # a CPU run's: measured, not assumed (live.step_probe)
         'mfu_predicted': p['mfu'],
         'mfu_measured': measured.get('mfu'),
         'memory_kind': 'peak resident memory (ru_maxrss)' if on_cpu else 'peak allocated (max_memory_allocated)',

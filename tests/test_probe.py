@@ -7,13 +7,16 @@ says when the peak was measured.
 
 import json
 import re
+import time
 
 import pytest
+import torch
 
 import guard
 import ledger
 import ledger_report
 import live
+import train
 from config import ModelConfig, TrainConfig
 
 
@@ -80,3 +83,67 @@ def test_a_run_far_faster_than_predicted_flags_its_probe(probes, tmp_path, capsy
     named = live.Metrics(guard.setup_cluster(), train, h200, 0, append=False)
     named.check_probe(100 * h200['mfu'])
     assert not named.probe_flagged
+
+
+# -----------------------------------------------------------------------------------------------------
+# A one-process CPU run is predicted from its model's own micro-steps (live.step_probe), then from what a run of
+# the config reached on this machine (live.learn_speed).
+
+CPU_RUN = dict(
+    arch='llama',
+    n_layer=2,
+    n_head=4,
+    n_embd=128,
+    vocab_size=512,
+    block_size=64,
+    micro_batch=8,
+    batch_tokens=1024,  # 2 accumulation steps
+    train_tokens=100 * 1024,
+    data='synthetic',
+    dtype='float32',
+    compile=False,
+    mfu=0.05,  # the config's assumption: far off on purpose
+    log_every=1000,
+    eval_every=1000,
+    ckpt_every=1000,
+    sample_tokens=0,
+)
+
+
+def timed_steps(run, steps, clock):
+    for _ in range(2):  # warm-up
+        train.train_step(run)
+    started = clock()
+    for _ in range(steps):
+        train.train_step(run)
+    return steps * run.train.batch_tokens / (clock() - started)
+
+
+def test_the_cpu_prediction_holds_on_this_cpu(tmp_path, monkeypatch, capsys):
+    """The predicted tokens/s of a one-process CPU run, against the run's own train_step, within 0.5x-2x. Both are
+    timed in CPU time of one thread (torch.set_num_threads(1), time.thread_time): other processes' load on the
+    machine stretches wall time, not the CPU time of this thread, so the band holds on a busy machine too."""
+    monkeypatch.setenv('XDG_CACHE_HOME', str(tmp_path / 'cache'))
+    monkeypatch.setattr(live, 'PROBE_CLOCK', time.thread_time)
+    config = tmp_path / 'config.py'
+    config.write_text(''.join(f'{k} = {v!r}\n' for k, v in CPU_RUN.items()))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        run = train.setup([str(config), f'--out_dir={tmp_path / "out"}'])
+        prediction = run.metrics.prediction
+        assert prediction['mfu_source'].startswith("measured on this CPU at this model's shapes, eager (best of 1")
+        assert prediction['mfu_source'].endswith('the config says 5%') and prediction['mfu_assumed'] != 0.05
+        assert f"MFU, {prediction['mfu_source']}" in capsys.readouterr().out
+        measured = timed_steps(run, 6, time.thread_time)
+        ratio = measured / prediction['tokens_per_s']
+        print(f'measured / predicted tokens/s on this CPU: {ratio:.3f}')
+        assert 0.5 < ratio < 2, ratio
+        # the run's speed is learned: the next run of this config here is predicted from it, and says so
+        run.metrics.measured['tokens_per_s'] = measured
+        run.metrics.check_probe(run.metrics.mfu(measured))
+        again = train.setup([str(config), f'--out_dir={tmp_path / "again"}']).metrics.prediction
+        assert again['mfu_source'].startswith('reached by a run of this config on this machine, ')
+        assert again['tokens_per_s'] == pytest.approx(measured, rel=1e-9)
+    finally:
+        torch.set_num_threads(threads)
