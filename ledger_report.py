@@ -519,7 +519,7 @@ def format_short(prediction, full):
         _row(
             'throughput',
             f"{p['tokens_per_s']:,.0f} tok/s",
-            f"at an assumed {p['mfu_assumed']:.0%} MFU; "
+            f"at {p['mfu_assumed']:.0%} MFU, {p.get('mfu_source', 'assumed')}; "
             f"{p['step_seconds']:.3g} s per step of {p['train']['batch_tokens']:,} tokens",
         ),
         _row(
@@ -588,8 +588,13 @@ def format_comparison(summary):
         ('days for the planned tokens', s['days_predicted'], s['days_projected'], lambda x: f'{x:.3g}'),
     ]
     lines = [
-        f"Predicted by ledger.py for {s['predicted_for']} (peak: {s['peak_source']}) at an assumed "
-        f"{s['mfu_assumed']:.0%} MFU; measured on {s['device'] or 'an unnamed device'}"
+        f"Predicted by ledger.py for {s['predicted_for']} (peak: {s['peak_source']}) at "
+        + (
+            f"{s['mfu_assumed']:.0%} MFU ({s['mfu_source']})"
+            if s.get('mfu_source')
+            else f"an assumed {s['mfu_assumed']:.0%} MFU"
+        )
+        + f"; measured on {s['device'] or 'an unnamed device'}"
         + (f", torch {s['torch']}" if s['torch'] else '')
         + (f", step {s['step']:,}" if s['step'] else '')
         + '.',

@@ -8,6 +8,7 @@ eval and rollback), summary.json and report.md (with plot.py's loss.png), code.j
 the uncommitted changes of the checkout train.py ran from).
 """
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -50,6 +51,84 @@ def live_device(cluster, model_cfg, train):
     return device
 
 
+# -----------------------------------------------------------------------------------------------------
+# The CPU's MFU, measured at the model's own shapes. A CPU's GEMM peak (2048-square matmuls) says little about what
+# a small model reaches: the same 4 x 256 Llama runs at ~18% of the peak on a Xeon with AMX, whose 2 TFLOP/s need
+# big matrices, and at ~58% on a 2-core AMD EPYC without AMX. So a one-process CPU run is predicted from its own
+# micro-steps: the model, built fresh, forward and backward at micro_batch x block_size in the run's dtype, eager,
+# plus one AdamW step per batch, the fastest of each kept (load only slows a step), cached per machine like the
+# GEMM probe. Eager: a compiled run is faster (inductor, ~1.2-1.7x on the CPUs measured), so once a run of the config
+# has measured its speed, the next is predicted from that (learn_speed).
+
+PROBE_CLOCK = time.perf_counter  # what the step probe times with (a test that must ignore other processes' load
+# sets time.thread_time with one thread: every CPU kernel, autograd's included, then runs in the calling thread)
+
+
+def step_probe(model_cfg, train, dtype, device, seconds=0.5):
+    """-> (the cache entry: tokens_per_s of this model's training step on this CPU, measured (its date), probes,
+    and once a run has learned it, reached and reached_at; the entry's key)."""
+    key = (
+        f"{device.name} | step | {json.dumps(dataclasses.asdict(model_cfg), sort_keys=True)} | "
+        f"micro_batch {train.micro_batch} | "
+        f"accumulation {train.batch_tokens // (train.micro_batch * model_cfg.block_size)} | recompute "
+        f"{train.recompute} | compile {train.compile} | {dtype} | torch {torch.__version__}"
+    )
+    cache = ledger.read_probes()
+    if key not in cache or cache[key].get('reprobe'):
+        best = _time_steps(model_cfg, train, dtype, seconds)
+        old = cache.get(key, {})
+        if best >= old.get('tokens_per_s', 0):
+            cache[key] = {'tokens_per_s': best, 'measured': time.strftime('%Y-%m-%d %H:%M:%S')}
+        cache[key]['probes'] = old.get('probes', 0) + 1
+        cache[key].pop('reprobe', None)
+        try:
+            os.makedirs(os.path.dirname(ledger.cache_path()), exist_ok=True)
+            files.save_json(ledger.cache_path(), cache)
+        except OSError:
+            pass
+    return cache[key], key
+
+
+def learn_speed(key, tokens_per_s):
+    """A run's measured tokens/s into its step probe's cache entry, the best kept: the next run of this config on
+    this machine is predicted from what this one reached (compile included), not from the eager probe."""
+    cache = ledger.read_probes()
+    if key in cache and tokens_per_s > cache[key].get('reached', 0):
+        cache[key].update(reached=tokens_per_s, reached_at=time.strftime('%Y-%m-%d %H:%M:%S'))
+        try:
+            files.save_json(ledger.cache_path(), cache)
+        except OSError:
+            pass
+
+
+def _time_steps(model_cfg, train, dtype, seconds):
+    torch.manual_seed(0)
+    with torch.device('meta'):
+        model = GPT(model_cfg)
+    model.to_empty(device='cpu')
+    model.init_weights()
+    model.recompute = train.recompute
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
+    autocast = torch.autocast('cpu', dtype=torch.bfloat16) if dtype == 'bfloat16' else contextlib.nullcontext()
+    # A compiled run holds less than an eager step (fewer saved activations, 4 bytes a logit, not 12): a quarter of
+    # the micro-batch keeps the probe's peak memory under the run's (the widths, what a CPU's GEMMs feel, are kept).
+    rows = max(1, train.micro_batch // 4) if train.compile else train.micro_batch
+    x, y = (torch.randint(model_cfg.vocab_size, (rows, model_cfg.block_size)) for _ in range(2))
+    micro, update, started = [], [], PROBE_CLOCK()
+    while len(micro) < 3 or PROBE_CLOCK() - started < seconds:  # the first of each warms up
+        begin = PROBE_CLOCK()
+        with autocast:
+            _, loss = model(x, y, reduction='sum')
+        loss.backward()
+        middle = PROBE_CLOCK()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        micro.append(middle - begin)
+        update.append(PROBE_CLOCK() - middle)
+    micro_steps = train.batch_tokens / (rows * model_cfg.block_size)  # the probe's micro-steps in a batch
+    return train.batch_tokens / (micro_steps * min(micro[1:]) + min(update[1:]))
+
+
 def predict(config_path, model_cfg, train, cluster, force, cooldown):
     """The ledger's prediction for this run, on the device it is on, printed short: -> (prediction, compute dtype).
     A run the ledger says does not fit stops here (one line) unless forced. Also says which attention kernel SDPA
@@ -64,6 +143,18 @@ def predict(config_path, model_cfg, train, cluster, force, cooldown):
         )
     billed = dataclasses.replace(train, train_tokens=train.cooldown_tokens, max_steps=0) if cooldown else train
     prediction = ledger.predict(model_cfg, billed, n_gpu=cluster.world_size, device=device)
+    if device.kind == 'cpu' and cluster.world_size == 1:  # the MFU this model reaches here, measured (above)
+        probe, key = step_probe(model_cfg, train, dtype, device)
+        tokens_per_s = probe.get('reached') or probe['tokens_per_s']
+        mfu = tokens_per_s * prediction['flops_per_token']['hardware'] / device.peak_flops
+        prediction = ledger.predict(model_cfg, dataclasses.replace(billed, mfu=mfu), 1, device)
+        prediction['mfu_source'] = (
+            f"reached by a run of this config on this machine, {probe['reached_at']}"
+            if probe.get('reached')
+            else f"measured on this CPU at this model's shapes, eager (best of {probe['probes']} step probe(s), "
+            f"{probe['measured']})"
+        ) + f"; the config says {train.mfu:.0%}"
+        prediction['mfu_probe_key'] = key
     log(
         cluster,
         ledger_report.format_short(
@@ -179,6 +270,7 @@ class Metrics:
             'bytes_per_token': bytes_per_token,
         }
         self.run_tokens, self.run_seconds = 0, 0.0  # over the intervals after the first
+        self.probe_flagged = False
         self.interval_tokens, self.interval_seconds, self.started, self.warmup = 0, 0.0, None, True
         self.metrics_path = os.path.join(train.out_dir, 'metrics.jsonl')
         if cluster.is_master:
@@ -269,6 +361,7 @@ class Metrics:
             self.run_seconds += self.interval_seconds
             run_speed = self.run_tokens / self.run_seconds
             self.measured.update(tokens_per_s=run_speed, mfu=self.mfu(run_speed), days=self.days(run_speed))
+            self.check_probe(self.mfu(run_speed))
         self.interval_tokens, self.interval_seconds, self.warmup = 0, 0.0, False
 
     def record_sources(self, step, tokens_seen, results, sources):
@@ -295,6 +388,24 @@ class Metrics:
         loss = sum(w * loss for w, (loss, _) in zip(weights, results.values()))
         per_token = [b for _, b in results.values()]
         return loss, None if None in per_token else sum(w * b for w, b in zip(weights, per_token))
+
+    def check_probe(self, mfu):
+        """A run faster than its prediction by ledger.REPROBE_FACTOR or more, on a peak the probe measured: that
+        probe read low (the machine was busy), so it is flagged and the next run probes again (once per run). A CPU
+        run predicted from its step probe instead records the speed it reached (learn_speed)."""
+        probe_key, assumed = self.prediction['gpu'].get('probe_key'), self.prediction['mfu']
+        if self.prediction.get('mfu_probe_key'):  # a CPU predicted from its step probe: learn what the run reached
+            return learn_speed(self.prediction['mfu_probe_key'], self.measured['tokens_per_s'])
+        if self.probe_flagged or not probe_key or mfu < ledger.REPROBE_FACTOR * assumed or not self.cluster.is_master:
+            return
+        reason = f"a run measured MFU {mfu:.1%} against the {assumed:.1%} its prediction assumed"
+        self.probe_flagged = ledger.flag_reprobe(probe_key, reason)
+        if self.probe_flagged:
+            log(
+                self.cluster,
+                f"{reason}: this device's peak ({self.prediction['gpu']['peak_source'].split(' (cache')[0]}) "
+                f"looks measured while the machine was busy; the next run probes it again and keeps the better",
+            )
 
     def write_summary(self, step, tokens_seen, val_loss=None, val_bytes_per_token=None):
         """summary.json and report.md, from the same numbers (ledger.summarize), and the loss curve (plot.py's

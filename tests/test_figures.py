@@ -4,6 +4,7 @@ same line; `ledger.py --book` sums in one unit and labels its rows by the formul
 figures are what `python ledger.py CONFIG` prints today.
 """
 
+import os
 import re
 
 import pytest
@@ -12,6 +13,13 @@ import ledger
 import ledger_report
 import train
 from config import load_config
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def read(path):
+    with open(os.path.join(ROOT, path)) as f:
+        return f.read()
 
 
 @pytest.mark.parametrize(
@@ -74,3 +82,75 @@ def test_the_per_layer_row_shows_the_formula_of_its_number(config, n_kv_head, ca
     if model.biases:
         assert ("(+ 5H + 2kv_width + H' biases)" if n_kv_head else "(+ 7H + H' biases)") in formula
     assert int(count.replace(',', '')) == weights + biases == ledger.count_params(model)['per_layer']
+
+
+# -----------------------------------------------------------------------------------------------------
+# The README's and docs' ledger figures: each is what the ledger computes today, at the precision it is written in.
+
+
+def ledger_output(config, capsys):
+    assert ledger_report.main([os.path.join(ROOT, config)]) == 0
+    return capsys.readouterr().out.splitlines()
+
+
+def shown(value, text):
+    """value written as `text` is: the same number of decimals (thousands separators ignored)."""
+    text = text.replace(',', '')
+    decimals = len(text.split('.')[1]) if '.' in text else 0
+    return f'{value:.{decimals}f}' == text
+
+
+def test_docs_ledger_excerpt_is_the_ledgers_output(capsys):
+    """docs/ledger.md shows `python ledger.py configs/h200_1b3.py`, lines elided by '...': each shown line is in the
+    output, in order."""
+    doc = read('docs/ledger.md').splitlines()
+    start = doc.index('    $ python ledger.py configs/h200_1b3.py') + 1
+    end = next(i for i in range(start, len(doc)) if doc[i] and not doc[i].startswith('    '))
+    shown_lines = [line[4:] for line in doc[start:end] if line.strip() not in ('...', '')]
+    output = ledger_output('configs/h200_1b3.py', capsys)
+    positions = [output.index(line) for line in shown_lines]  # ValueError: a line the ledger no longer prints
+    assert positions == sorted(positions) and len(shown_lines) > 15
+
+
+def test_the_config_tables_figures_are_the_ledgers():
+    """docs/running.md's table of configs: params, days, the book's days, cost, memory per device of each config
+    the ledger plans (not the CPU ones, measured; not the over-training plan, experiments/overtrain.py's)."""
+    rows = re.findall(r'^\| `(configs/\w+\.py)` \| [^|]+ \| ([^|]+) \| ([^|]+) \|$', read('docs/running.md'), re.M)
+    checked = 0
+    for config, params, bill in rows:
+        if 'pystdlib' in config or 'overtrain' in config:
+            continue
+        p = ledger.predict(*load_config(os.path.join(ROOT, config)))
+        number, unit = re.fullmatch(r'([\d.]+)([KMB])', params.strip()).groups()
+        assert shown(p['params']['total'] / {'K': 1e3, 'M': 1e6, 'B': 1e9}[unit], number), config
+        figures = {
+            r'^([\d.]+) days': p['days'],
+            r'book 6ND: ([\d.]+)': p['days_book'],
+            r'\$([\d,]+)': p['cost_usd'],
+            r'([\d.]+) of \d+ GiB': p['memory']['total'] / 2**30,
+            r'[\d.]+ of (\d+) GiB': p['memory']['gpu_memory'] / 2**30,
+            r'^([\d.]+) GiB per GPU': p['memory']['total'] / 2**30,
+        }
+        found = [(pattern, m.group(1)) for pattern in figures for m in [re.search(pattern, bill.strip())] if m]
+        assert found, (config, bill)
+        for pattern, text in found:
+            assert shown(figures[pattern], text), (config, pattern, text, figures[pattern])
+        checked += 1
+    assert checked == 6
+
+
+def test_the_readme_bill_of_the_real_run_is_the_ledgers():
+    p = ledger.predict(*load_config(os.path.join(ROOT, 'configs/h200_1b3.py')))
+    days, cost = re.search(r'~([\d.]+) days and ~\$(\d+) on one H200', read('README.md')).groups()
+    assert shown(p['days'], days) and cost == f"{round(p['cost_usd'], -1):.0f}"
+    days, cost, memory, gpu = re.search(
+        r'configs/h200_1b3.py +# the bill first: ~([\d.]+) days, ~\$(\d+), (\d+) of (\d+) GiB', read('docs/running.md')
+    ).groups()
+    assert shown(p['days'], days) and cost == f"{round(p['cost_usd'], -1):.0f}"
+    assert shown(p['memory']['total'] / 2**30, memory) and shown(p['memory']['gpu_memory'] / 2**30, gpu)
+    # the configs' own comments about what fits
+    p8 = ledger.predict(*load_config(os.path.join(ROOT, 'configs/h100x8_1b3.py')))
+    largest = re.search(r"the ledger's largest that fits is (\d+)", read('configs/h100x8_1b3.py')).group(1)
+    assert int(largest) == p8['max_micro_batch']
+    days = re.search(r'the bill first: ~([\d.]+) days on 8 GPUs', read('configs/h100x8_1b3.py')).group(1)
+    assert shown(p8['days'], days)

@@ -1,0 +1,149 @@
+"""
+test_probe.py: the device probe remembers the best it has seen, not a busy moment. A fake GEMM probe plays a busy
+machine, then a quiet one: the cache keeps the first until a run flags it, then keeps the better of the two (and a
+later busier probe never lowers it); a run whose measured MFU is far above its prediction's flags it; the ledger
+says when the peak was measured.
+"""
+
+import json
+import re
+import time
+
+import pytest
+import torch
+
+import guard
+import ledger
+import ledger_report
+import live
+import train
+from config import ModelConfig, TrainConfig
+
+
+@pytest.fixture
+def probes(tmp_path, monkeypatch):
+    """A cache of its own, and a GEMM probe that answers the FLOP/s it is given (each call recorded)."""
+    monkeypatch.setenv('XDG_CACHE_HOME', str(tmp_path / 'cache'))
+    answers, calls = [], []
+
+    def fake_gemm_flops(n, device, dtype, seconds):
+        calls.append(n)
+        return answers.pop(0)
+
+    monkeypatch.setattr(ledger, 'gemm_flops', fake_gemm_flops)
+    return answers, calls
+
+
+def cached(device):
+    return ledger.read_probes()[device.probe_key]
+
+
+def test_the_best_probe_is_kept_and_a_flagged_one_is_measured_again(probes):
+    answers, calls = probes
+    answers += [40e9]  # measured while the machine was busy
+    busy = ledger.measure_device('cpu', 'float32')
+    assert busy.peak_flops == 40e9 and calls == [2048] and busy.probe_key in ledger.read_probes()
+    date = re.search(r'peak measured at (\S+ \S+)', busy.peak_source).group(1)
+    assert date == cached(busy)['measured'] and 'the best of 1 probe(s)' in busy.peak_source
+    answers += [400e9]
+    assert ledger.measure_device('cpu', 'float32').peak_flops == 40e9 and len(calls) == 1  # cached: no probe
+    assert ledger.flag_reprobe(busy.probe_key, 'a test') and cached(busy)['reprobe'] == 'a test'
+    quiet = ledger.measure_device('cpu', 'float32')  # flagged: probed again, the better kept
+    assert quiet.peak_flops == 400e9 and len(calls) == 2 and 'reprobe' not in cached(quiet)
+    assert 'the best of 2 probe(s)' in quiet.peak_source
+    first_quiet = cached(quiet)['measured']
+    answers += [100e9]  # busy again: load only lowers a probe, so the best stays
+    ledger.flag_reprobe(busy.probe_key, 'again')
+    again = ledger.measure_device('cpu', 'float32')
+    assert again.peak_flops == 400e9 and len(calls) == 3 and cached(again)['measured'] == first_quiet
+    assert 'the best of 3 probe(s)' in again.peak_source and not ledger.flag_reprobe('no such probe', 'x')
+
+
+def test_a_run_far_faster_than_predicted_flags_its_probe(probes, tmp_path, capsys):
+    answers, calls = probes
+    answers += [40e9]
+    device = ledger.measure_device('cpu', 'float32')
+    model = ModelConfig(n_layer=2, n_head=2, n_embd=64, vocab_size=512, block_size=32)
+    train = TrainConfig(batch_tokens=256, micro_batch=8, train_tokens=2560, out_dir=str(tmp_path / 'out'))
+    prediction = json.loads(json.dumps(ledger.predict(model, train, 1, device)))  # as train.py holds it
+    # the ledger says when the peak was measured
+    assert f"peak measured at {cached(device)['measured']}" in ledger_report.format_short(prediction, 'x')
+    metrics = live.Metrics(guard.setup_cluster(), train, prediction, 0, append=False)
+    assumed = prediction['mfu']
+    metrics.check_probe(1.4 * assumed)  # within the margin: a probe is not a prophecy
+    assert 'reprobe' not in cached(device) and not metrics.probe_flagged
+    metrics.check_probe(3 * assumed)
+    assert metrics.probe_flagged and cached(device)['reprobe'].startswith(f'a run measured MFU {3 * assumed:.1%}')
+    assert 'the next run probes it again and keeps the better' in capsys.readouterr().out
+    answers += [120e9]
+    assert ledger.measure_device('cpu', 'float32').peak_flops == 120e9 and len(calls) == 2
+    # a peak from a datasheet has no probe to flag
+    h200 = json.loads(json.dumps(ledger.predict(model, train, 1, ledger.GPUS['H200'])))
+    assert h200['gpu']['probe_key'] == ''
+    named = live.Metrics(guard.setup_cluster(), train, h200, 0, append=False)
+    named.check_probe(100 * h200['mfu'])
+    assert not named.probe_flagged
+
+
+# -----------------------------------------------------------------------------------------------------
+# A one-process CPU run is predicted from its model's own micro-steps (live.step_probe), then from what a run of
+# the config reached on this machine (live.learn_speed).
+
+CPU_RUN = dict(
+    arch='llama',
+    n_layer=2,
+    n_head=4,
+    n_embd=128,
+    vocab_size=512,
+    block_size=64,
+    micro_batch=8,
+    batch_tokens=1024,  # 2 accumulation steps
+    train_tokens=100 * 1024,
+    data='synthetic',
+    dtype='float32',
+    compile=False,
+    mfu=0.05,  # the config's assumption: far off on purpose
+    log_every=1000,
+    eval_every=1000,
+    ckpt_every=1000,
+    sample_tokens=0,
+)
+
+
+def timed_steps(run, steps, clock):
+    for _ in range(2):  # warm-up
+        train.train_step(run)
+    started = clock()
+    for _ in range(steps):
+        train.train_step(run)
+    return steps * run.train.batch_tokens / (clock() - started)
+
+
+def test_the_cpu_prediction_holds_on_this_cpu(tmp_path, monkeypatch, capsys):
+    """The predicted tokens/s of a one-process CPU run, against the run's own train_step, within 0.5x-2x. Both are
+    timed in CPU time of one thread (torch.set_num_threads(1), time.thread_time): other processes' load on the
+    machine stretches wall time, not the CPU time of this thread, so the band holds on a busy machine too."""
+    monkeypatch.setenv('XDG_CACHE_HOME', str(tmp_path / 'cache'))
+    monkeypatch.setattr(live, 'PROBE_CLOCK', time.thread_time)
+    config = tmp_path / 'config.py'
+    config.write_text(''.join(f'{k} = {v!r}\n' for k, v in CPU_RUN.items()))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        run = train.setup([str(config), f'--out_dir={tmp_path / "out"}'])
+        prediction = run.metrics.prediction
+        assert prediction['mfu_source'].startswith("measured on this CPU at this model's shapes, eager (best of 1")
+        assert prediction['mfu_source'].endswith('the config says 5%') and prediction['mfu_assumed'] != 0.05
+        assert f"MFU, {prediction['mfu_source']}" in capsys.readouterr().out
+        measured = timed_steps(run, 6, time.thread_time)
+        ratio = measured / prediction['tokens_per_s']
+        print(f'measured / predicted tokens/s on this CPU: {ratio:.3f}')
+        assert 0.5 < ratio < 2, ratio
+        # the run's speed is learned: the next run of this config here is predicted from it, and says so
+        run.metrics.measured['tokens_per_s'] = measured
+        run.metrics.check_probe(run.metrics.mfu(measured))
+        again = train.setup([str(config), f'--out_dir={tmp_path / "again"}']).metrics.prediction
+        assert again['mfu_source'].startswith('reached by a run of this config on this machine, ')
+        assert again['tokens_per_s'] == pytest.approx(measured, rel=1e-9)
+    finally:
+        torch.set_num_threads(threads)
