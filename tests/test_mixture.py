@@ -242,3 +242,13 @@ def test_the_miniatures_table_is_each_sources_last_eval(mixture_run):
     for cell, name, planned in zip(cells[2:4], names, epochs):
         assert cell == f"{last[name]['bpb']:.3f} ({planned:.2g})"
     assert cells[4] == f'{total:.3f}'
+
+
+def test_the_tools_read_a_mixture_runs_tokenizer(mixture_run, capsys):
+    import sample
+
+    _, out = mixture_run
+    for flags in (['--prompt', 'def main():'], ['--prefix', 'def f(x):\n    return ', '--suffix', '\n']):
+        capsys.readouterr()
+        assert sample.main([str(out), *flags, '--tokens=4', '--device=cpu']) == 0
+        assert capsys.readouterr().out.strip()
