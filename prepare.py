@@ -530,8 +530,9 @@ def parquet_batches(path, start_row=0, batch_docs=1024, column='text'):
         schema = parquet.schema_arrow
         if column not in schema.names:
             raise DataError(f"{path}: no '{column}' column (it has {', '.join(schema.names)}): name it with --column")
-        if not pa.types.is_string(schema.field(column).type) and not pa.types.is_large_string(
-            schema.field(column).type
+        kind = schema.field(column).type
+        if not any(
+            getattr(pa.types, f'is_{t}', lambda _: False)(kind) for t in ('string', 'large_string', 'string_view')
         ):
             raise DataError(f"{path}: the '{column}' column holds {schema.field(column).type}, not text: --column")
         first_group, row = 0, 0  # the first row group to read, and its first row

@@ -5,10 +5,10 @@ ship inside Python as pydoc_data.topics: data/pydoc_prose, tokenized with the st
 mixture's folders must be). The CPU default model (configs/pystdlib_cpu.py) trains at a few weightings for the
 same tokens; each source's val set is scored on its own. The table it prints (markdown) is the README's.
 
-    python experiments/mixture_miniature.py                            # code shares 0.9, 0.5, 0.1; 1M tokens each
+    python experiments/mixture_miniature.py                            # code shares 0.9, 0.5, 0.1; 0.5M tokens each
     python experiments/mixture_miniature.py --code=0.5 --tokens=2e6    # one weighting, longer
 
-The prose is small (~0.1M tokens): at a 90% prose share it is repeated for many epochs, which the ledger
+The prose is small (~0.1M tokens): at a 90% prose share it is repeated for several epochs, which the ledger
 (`python ledger.py configs/pystdlib_cpu.py --data=...`) flags past 4 (Muennighoff et al. 2023).
 """
 
@@ -66,6 +66,7 @@ def train(code_share, tokens, code=CODE, prose=PROSE):
         f'--ckpt_every={steps}',
         '--sample_tokens=0',
         '--dtype=bfloat16',  # pinned: 'auto' measures which is faster at start-up, and a busy machine may choose fp32
+        '--compile=False',  # a short run: compiling would cost more than it saves
     ]
     print('$ ' + ' '.join(command), flush=True)
     subprocess.run(command, cwd=ROOT, check=True)
@@ -123,7 +124,7 @@ def main(argv):
     parser.add_argument(
         '--code', default='0.9,0.5,0.1', help="the code's shares, comma-separated (default 0.9,0.5,0.1)"
     )
-    parser.add_argument('--tokens', type=float, default=1_048_576, help='tokens per run (default 1,048,576)')
+    parser.add_argument('--tokens', type=float, default=524_288, help='tokens per run (default 524,288)')
     args = parser.parse_args(argv)
     shares = [float(part) for part in args.code.split(',')]
     os.chdir(ROOT)

@@ -1036,6 +1036,8 @@ def test_hub_any_parquet_dataset_its_config_column_and_split(tmp_path, capsys, m
     monkeypatch.setenv('HF_TOKEN', 'hf_secret')
     code, err = run_main(argv + ['--column', 'text'], capsys)
     assert code == 2 and re.fullmatch(r"error: .*train-00000-of-00002.parquet: no 'text' column .*--column\n", err)
+    code, err = run_main(argv + ['--column', 'score'], capsys)
+    assert code == 2 and "the 'score' column holds double, not text" in err
     shutil.rmtree(out)
     code, err = run_main(argv + ['--column', 'content'], capsys)
     assert code == 0 and err == ''
