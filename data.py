@@ -106,7 +106,8 @@ def open_shard(path):
 # -----------------------------------------------------------------------------------------------------
 # The folder: its shards by split, the command that makes it, its meta.json, and a check of its token ids.
 
-SOURCES = ('pystdlib', 'fineweb_edu', 'files')  # prepare.py's sources, which name the shards
+SOURCES = ('pystdlib', 'fineweb_edu', 'files', 'hub')  # prepare.py's sources, which name the shards
+ARGUMENTS = {'files': ' PATH...', 'hub': ' REPO --config NAME --column TEXT'}  # what a source's command names
 
 
 def list_shards(data_dir, split):
@@ -124,7 +125,7 @@ def prepare_command(data_dir):
     """The command that makes a data folder, as far as the folder tells: the source is in its shards' names."""
     names = [os.path.basename(p) for p in glob.glob(os.path.join(glob.escape(data_dir), '*.bin'))]
     source = next((s for s in SOURCES if any(n.startswith(s + '_') for n in names)), 'pystdlib')
-    return f"python prepare.py {source}{' PATH...' if source == 'files' else ''} --out {data_dir}"
+    return f"python prepare.py {source}{ARGUMENTS.get(source, '')} --out {data_dir}"
 
 
 # meta.json's keys that train.py and sample.py rely on, with their types; load_meta checks them all

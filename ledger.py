@@ -21,7 +21,6 @@ import sys
 import time
 from dataclasses import dataclass
 
-import mixture
 from config import DEFAULTS, R_DENOISERS, X_DENOISERS, ConfigError, is_mixture, sharded, tokens_per_micro_step
 from files import save_json
 
@@ -866,6 +865,8 @@ def mixture_ledger(data, seed, sequences, block_size, vocab_size):
     0 .. sequences - 1; predict passes the planned steps x batch_tokens / block_size, which a batch ramp lowers by
     less than a step), the folder's train tokens, epochs, a repeat warning past REPEAT_EPOCHS, and the bytes its
     shards take (train + val tokens x token bytes; the tokens drawn while the folder is not made yet)."""
+    import mixture  # the schedule the run reads by (standard library too); here, so a one-folder ledger needs none
+
     schedule = mixture.Schedule(data, seed)
     rows = []
     for name, folder, weight, drawn in zip(

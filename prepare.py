@@ -4,6 +4,7 @@ prepare.py: text -> tokenizer -> token shards that train.py reads.
     python prepare.py pystdlib                       # the running Python's standard library, our own BPE (seconds)
     python prepare.py fineweb_edu --tokens 26e9      # FineWeb-Edu sample-100BT, GPT-2 tokens (resumable)
     python prepare.py fineweb_edu --tokenizer neox   # ... in GPT-NeoX-20B's tokens (its tokenizer.json from the Hub)
+    python prepare.py hub HuggingFaceTB/finemath --config finemath-3plus --column text   # any parquet dataset
     python prepare.py files a.txt b.jsonl c.parquet  # your own text
     python prepare.py bench                          # tokens/s of the pipeline against raw tiktoken
 
@@ -513,8 +514,8 @@ def prepare_pystdlib(
 # them (whole files, then whole parquet row groups) and carries on, writing exactly the same shards.
 
 
-def parquet_batches(path, start_row=0, batch_docs=1024):
-    """Yield (first row, data, offsets) batches of a parquet file's `text` column from `start_row` on, in the
+def parquet_batches(path, start_row=0, batch_docs=1024, column='text'):
+    """Yield (first row, data, offsets) batches of a parquet file's text `column` from `start_row` on, in the
     batch layout above: the UTF-8 bytes (a memoryview of Arrow's buffer, not copied) and int64 offsets. No
     Python object per document, and only the row groups from `start_row` on are read. Record batches of
     `batch_docs` rows (pyarrow's iter_batches, one thread) hold one batch of decoded text at a time, not a
@@ -526,15 +527,21 @@ def parquet_batches(path, start_row=0, batch_docs=1024):
 
     try:
         parquet = pq.ParquetFile(path)
-        if 'text' not in parquet.schema_arrow.names:
-            raise DataError(f"{path}: no 'text' column (it has {', '.join(parquet.schema_arrow.names)})")
+        schema = parquet.schema_arrow
+        if column not in schema.names:
+            raise DataError(f"{path}: no '{column}' column (it has {', '.join(schema.names)}): name it with --column")
+        kind = schema.field(column).type
+        if not any(
+            getattr(pa.types, f'is_{t}', lambda _: False)(kind) for t in ('string', 'large_string', 'string_view')
+        ):
+            raise DataError(f"{path}: the '{column}' column holds {schema.field(column).type}, not text: --column")
         first_group, row = 0, 0  # the first row group to read, and its first row
         group_rows = [parquet.metadata.row_group(group).num_rows for group in range(parquet.num_row_groups)]
         while first_group < len(group_rows) and row + group_rows[first_group] <= start_row:
             row += group_rows[first_group]
             first_group += 1
         groups = range(first_group, len(group_rows))
-        for batch in parquet.iter_batches(batch_docs, row_groups=groups, columns=['text'], use_threads=False):
+        for batch in parquet.iter_batches(batch_docs, row_groups=groups, columns=[column], use_threads=False):
             column = batch.column(0)
             if row + len(column) <= start_row:  # the first row group's rows before start_row
                 row += len(column)
@@ -568,12 +575,12 @@ def not_utf8(path, error, where=''):
     )
 
 
-def read_documents(path, start_row=0):
-    """Yield (row, text) of one local file from `start_row` on: .parquet (its `text` column), .jsonl (the
+def read_documents(path, start_row=0, column='text'):
+    """Yield (row, text) of one local file from `start_row` on: .parquet (its text `column`), .jsonl (the
     "text" field of each non-blank line) or .txt (one document). Text that is not UTF-8, or has NUL bytes (a
     binary file), is one DataError naming the file."""
     if path.endswith('.parquet'):
-        for first_row, data, offsets in parquet_batches(path, start_row):
+        for first_row, data, offsets in parquet_batches(path, start_row, column=column):
             yield from enumerate(unpack_texts(data, offsets), first_row)
     elif path.endswith('.jsonl'):
         with open(path, 'rb') as f:
@@ -606,7 +613,7 @@ def read_documents(path, start_row=0):
         yield 0, text
 
 
-def document_batches(paths, fetch, position, batch_docs, wait_for_file=None):
+def document_batches(paths, fetch, position, batch_docs, wait_for_file=None, column='text'):
     """Yield (file index, first row, data, offsets) batches of `batch_docs` documents from `position` =
     (file, row) on; batches never span two files. A parquet batch is Arrow's bytes (copied once, to pickle);
     other files' texts are packed. `fetch(i)` returns file i's local path
@@ -618,7 +625,7 @@ def document_batches(paths, fetch, position, batch_docs, wait_for_file=None):
             return
         path, first_row = fetch(file_index), start_row if file_index == start_file else 0
         if path.endswith('.parquet'):
-            for row, data, offsets in parquet_batches(path, first_row, batch_docs):
+            for row, data, offsets in parquet_batches(path, first_row, batch_docs, column):
                 yield file_index, row, bytes(data[offsets[0] : offsets[-1]]), offsets - offsets[0]
             continue
         texts = []
@@ -676,10 +683,12 @@ def tokenize_stream(
     max_tokens,
     done_with_files=None,
     batch_docs=256,
+    column='text',
 ):
     """Tokenize the documents of `paths` in order into shards, carrying on from `state` (start_progress); returns
     the meta fields for the counts. `max_tokens` = 0 reads everything. `done_with_files(n)` is called whenever
-    files 0..n-1 are no longer needed, not even by a rerun (every shard that holds their tokens is written)."""
+    files 0..n-1 are no longer needed, not even by a rerun (every shard that holds their tokens is written).
+    `column`: the text column of parquet files."""
     import threading
 
     progress_path = os.path.join(out_dir, 'progress.json')
@@ -715,7 +724,8 @@ def tokenize_stream(
         return not stop.is_set()
 
     def feed():
-        for batch in document_batches(paths, fetch, (state['file'], state['row']), batch_docs, wait_for_file):
+        position = (state['file'], state['row'])
+        for batch in document_batches(paths, fetch, position, batch_docs, wait_for_file, column):
             slots.acquire()
             if stop.is_set():
                 return
@@ -820,7 +830,7 @@ def default_val_tokens(shard_tokens, expected_tokens):
     return max(1, min(shard_tokens, expected_tokens // 10)) if expected_tokens else shard_tokens
 
 
-def disk_plan(out_dir, files, paths, tokens, shard_tokens, vocab_size, keep_downloads):
+def disk_plan(out_dir, files, paths, tokens, shard_tokens, vocab_size, keep_downloads, prefix='fineweb_edu'):
     """Print what the run will download and write, and refuse with one line if the free space cannot hold it. With
     --tokens the files read are those whose sizes add up to 3-4 bytes per token (all of them without); the shards
     are counted whole (--tokens, or the listing at 3 bytes per token); the parquet as what is on disk at once: all
@@ -842,7 +852,7 @@ def disk_plan(out_dir, files, paths, tokens, shard_tokens, vocab_size, keep_down
     here = sum(size_of(p) + size_of(p + '.partial') for p in paths)
     planned_tokens = tokens or sum(sizes) // PARQUET_BYTES_PER_TOKEN[0]
     shard_bytes = planned_tokens * ledger.token_bytes(vocab_size) + HEADER_BYTES * (planned_tokens // shard_tokens + 2)
-    shards_here = sum(size_of(p) for p in glob.glob(os.path.join(glob.escape(out_dir), 'fineweb_edu_*.bin')))
+    shards_here = sum(size_of(p) for p in glob.glob(os.path.join(glob.escape(out_dir), f'{prefix}_*.bin')))
     at_once = (
         sum(sizes[:high])
         if keep_downloads
@@ -867,10 +877,10 @@ def disk_plan(out_dir, files, paths, tokens, shard_tokens, vocab_size, keep_down
         )
 
 
-def fineweb_manifest(hub, out_dir, sample, revision):
-    """files.json: the commit the revision resolved to, and the size and sha256 of every file, listed on the first
-    run and pinned for the reruns (a manifest from an older prepare.py, without sha256, is listed again at its
-    commit)."""
+def hub_manifest(hub, out_dir, repo, folder, revision, split=''):
+    """files.json: the commit the revision resolved to, and the size and sha256 of every parquet file of `folder` in the
+    dataset `repo` (those named `split`* where a split is given), listed on the first run and pinned for the reruns
+    (a manifest from an older prepare.py, without sha256, is listed again at its commit)."""
     path = os.path.join(out_dir, 'files.json')
     manifest = None
     if os.path.exists(path):
@@ -884,8 +894,14 @@ def fineweb_manifest(hub, out_dir, sample, revision):
                 f"{path} is damaged: the shards made so far came from the files it listed, so delete "
                 f"the folder and rerun"
             ) from None
-    sha, files = hub.files(FINEWEB_EDU, manifest['revision'] if manifest else revision, f'sample/{sample}', '.parquet')
-    manifest = {'repo': FINEWEB_EDU, 'revision': sha, 'files': files}
+    sha, files = hub.files(repo, manifest['revision'] if manifest else revision, folder, '.parquet')
+    chosen = [f for f in files if os.path.basename(f['path']).startswith(split)]
+    if not chosen:
+        raise DataError(
+            f"none of the {len(files)} parquet files in {repo}/{folder} is named {split}*: check --split "
+            f"(the first is {os.path.basename(files[0]['path'])})"
+        )
+    manifest = {'repo': repo, 'revision': sha, 'files': chosen}
     save_json(path, manifest)
     return manifest
 
@@ -908,7 +924,7 @@ def prepare_fineweb_edu(
     (endpoint, time-outs, retry budget)."""
     if sample not in ('10BT', '100BT', '350BT'):
         raise DataError(f"unknown sample '{sample}': use 10BT, 100BT or 350BT")
-    vocab_size = parse_tokenizer(tokenizer)
+    parse_tokenizer(tokenizer)
     val_tokens = val_tokens or default_val_tokens(shard_tokens, tokens)
     request = {
         'source': 'fineweb_edu',
@@ -920,70 +936,157 @@ def prepare_fineweb_edu(
         'special_tokens': special,
     }
     with writing(out_dir, 'prepare.py fineweb_edu'):
-        meta = complete_meta(out_dir, dict(request, tokens=tokens), carry_on_keys=('tokens',))
-        if meta is not None:
-            return meta
-        state = start_progress(out_dir, request)
-        hub = Hub(network)
-        manifest = fineweb_manifest(hub, out_dir, sample, revision)
-        files, sha = manifest['files'], manifest['revision']
-        os.makedirs(os.path.join(out_dir, 'downloads'), exist_ok=True)
-        paths = [os.path.join(out_dir, 'downloads', os.path.basename(f['path'])) for f in files]
-        say(
-            f"fineweb_edu: sample/{sample} at {sha} from {hub.endpoint}: {len(files)} parquet files, "
-            f"{human_bytes(sum(f['size'] for f in files))}"
-        )
-        disk_plan(out_dir, files, paths, tokens, shard_tokens, vocab_size, keep_downloads)
-        verified = set()
-
-        def fetch(index):  # file `index`, downloaded (or found on disk) and verified, once per run
-            if index not in verified:
-                if not os.path.exists(paths[index]):
-                    say(f"fineweb_edu: downloading {files[index]['path']} ({human_bytes(files[index]['size'])})")
-                download(hub, hub.url('datasets', FINEWEB_EDU, sha, files[index]['path']), paths[index], files[index])
-                verified.add(index)
-            return paths[index]
-
-        def done_with_files(n):
-            if not keep_downloads:
-                for path in paths[:n]:
-                    remove_quietly(path)
-
-        make_tokenizer(
+        return parquet_from_hub(
             out_dir,
-            tokenizer,
-            lambda: bpe_sample(
-                (text for i in range(len(paths)) for _, text in read_documents(fetch(i))),
-                val_tokens,
-                bpe_sample_chars,
-                tokens,
-            ),
-            network,
-            special,
-        )
-        counts = tokenize_stream(
-            out_dir,
+            request,
+            FINEWEB_EDU,
+            f'sample/{sample}',
             'fineweb_edu',
-            paths,
-            fetch,
-            state,
-            workers or default_workers(),
-            val_tokens,
-            shard_tokens,
+            f'fineweb_edu/sample/{sample}',
             tokens,
-            done_with_files,
+            network,
+            keep_downloads,
+            workers,
+            bpe_sample_chars,
         )
-        return finish_meta(
+
+
+def parquet_from_hub(
+    out_dir,
+    request,
+    repo,
+    folder,
+    prefix,
+    source,
+    tokens,
+    network,
+    keep_downloads,
+    workers,
+    bpe_sample_chars,
+    column='text',
+    split='',
+):
+    """The body of fineweb_edu and hub, inside the folder's lock: the parquet files of `folder` in a dataset repo
+    (those named `split`* where split is given) -> the request's tokenizer -> shards named `prefix`; meta.json's
+    source is `source`. Returns the meta dict."""
+    tokenizer, shard_tokens, val_tokens = request['tokenizer'], request['shard_tokens'], request['val_tokens']
+    meta = complete_meta(out_dir, dict(request, tokens=tokens), carry_on_keys=('tokens',))
+    if meta is not None:
+        return meta
+    state = start_progress(out_dir, request)
+    hub = Hub(network)
+    manifest = hub_manifest(hub, out_dir, repo, folder, request['revision'], split)
+    files, sha = manifest['files'], manifest['revision']
+    os.makedirs(os.path.join(out_dir, 'downloads'), exist_ok=True)
+    paths = [os.path.join(out_dir, 'downloads', os.path.basename(f['path'])) for f in files]
+    say(
+        f"{prefix}: {repo}/{folder} at {sha} from {hub.endpoint}: {len(files)} parquet files, "
+        f"{human_bytes(sum(f['size'] for f in files))}"
+    )
+    disk_plan(out_dir, files, paths, tokens, shard_tokens, parse_tokenizer(tokenizer), keep_downloads, prefix)
+    verified = set()
+
+    def fetch(index):  # file `index`, downloaded (or found on disk) and verified, once per run
+        if index not in verified:
+            if not os.path.exists(paths[index]):
+                say(f"{prefix}: downloading {files[index]['path']} ({human_bytes(files[index]['size'])})")
+            download(hub, hub.url('datasets', repo, sha, files[index]['path']), paths[index], files[index])
+            verified.add(index)
+        return paths[index]
+
+    def done_with_files(n):
+        if not keep_downloads:
+            for path in paths[:n]:
+                remove_quietly(path)
+
+    make_tokenizer(
+        out_dir,
+        tokenizer,
+        lambda: bpe_sample(
+            (text for i in range(len(paths)) for _, text in read_documents(fetch(i), column=column)),
+            val_tokens,
+            bpe_sample_chars,
+            tokens,
+        ),
+        network,
+        request['special_tokens'],
+    )
+    counts = tokenize_stream(
+        out_dir,
+        prefix,
+        paths,
+        fetch,
+        state,
+        workers or default_workers(),
+        val_tokens,
+        shard_tokens,
+        tokens,
+        done_with_files,
+        column=column,
+    )
+    return finish_meta(
+        out_dir, dataset_meta(out_dir, source, sha, tokenizer, shard_tokens, dict(request, tokens=tokens), counts)
+    )
+
+
+# -----------------------------------------------------------------------------------------------------
+# Source 4: hub, any parquet dataset on the Hub (FineMath, a StarCoder-style code set, Cosmopedia, ...) through the
+# same verified downloads, manifest and disk plan as fineweb_edu. --config names the subset: the folder of the repo
+# its parquet files are in, as the Hub's datasets lay their configs out (HuggingFaceTB/finemath: finemath-3plus;
+# HuggingFaceTB/cosmopedia: data/stories); --column the text column; --split keeps the files whose names start with
+# it (train-00000-of-00064.parquet). A gated dataset is one line saying how to pass HF_TOKEN (downloads.Hub).
+
+
+def prepare_hub(
+    repo,
+    out_dir='data/hub',
+    config='',
+    column='text',
+    split='',
+    tokens=0,
+    tokenizer='gpt2',
+    workers=0,
+    shard_tokens=100_000_000,
+    val_tokens=0,
+    revision='main',
+    bpe_sample_chars=1_000_000_000,
+    keep_downloads=False,
+    network=None,
+    special=True,
+):
+    """Build (or carry on, or find complete) a data folder from a parquet dataset on the Hub; returns its meta."""
+    if repo.count('/') != 1 or not all(repo.split('/')):
+        raise DataError(f"hub: '{repo}' is not a dataset repo: name it OWNER/NAME (e.g. HuggingFaceTB/finemath)")
+    parse_tokenizer(tokenizer)
+    val_tokens = val_tokens or default_val_tokens(shard_tokens, tokens)
+    request = {
+        'source': 'hub',
+        'repo': repo,
+        'config': config,
+        'column': column,
+        'split': split,
+        'tokenizer': tokenizer,
+        'shard_tokens': shard_tokens,
+        'val_tokens': val_tokens,
+        'revision': revision,
+        'special_tokens': special,
+    }
+    source = '/'.join(part for part in (repo, config) if part)
+    with writing(out_dir, 'prepare.py hub'):
+        return parquet_from_hub(
             out_dir,
-            dataset_meta(
-                out_dir,
-                f'fineweb_edu/sample/{sample}',
-                sha,
-                tokenizer,
-                shard_tokens,
-                dict(request, tokens=tokens),
-                counts,
-            ),
+            request,
+            repo,
+            config,
+            'hub',
+            source,
+            tokens,
+            network,
+            keep_downloads,
+            workers,
+            bpe_sample_chars,
+            column,
+            split,
         )
 
 
@@ -1200,6 +1303,52 @@ def main(argv):
     sub.add_argument('--max-files', type=int, default=0, help='an evenly spread subset of the files (0: all)')
 
     defaults = Network()
+
+    def hub_options(sub):  # fineweb_edu's and hub's: what to take, and how to talk to the Hub
+        sub.add_argument(
+            '--tokens',
+            type=number,
+            default=0,
+            help='stop after this many tokens, val included (e.g. 26e9; default: the whole sample)',
+        )
+        sub.add_argument(
+            '--val-tokens',
+            type=number,
+            default=0,
+            help='tokens in the val shard (default: 10%% of --tokens, at most one shard)',
+        )
+        sub.add_argument('--endpoint', default='', help=f'Hub base URL (default: $HF_ENDPOINT, else {HUB_ENDPOINT})')
+        sub.add_argument('--revision', default='main', help='dataset revision (branch, tag or commit; default main)')
+        sub.add_argument(
+            '--bpe-sample-chars',
+            type=number,
+            default=1_000_000_000,
+            help='characters the bpe:V tokenizer trains on (default 1e9)',
+        )
+        sub.add_argument(
+            '--keep-downloads',
+            action='store_true',
+            help='keep the parquet files (by default each is deleted once its tokens are in shards)',
+        )
+        sub.add_argument(
+            '--connect-timeout',
+            type=float,
+            default=defaults.connect_timeout_s,
+            help=f'seconds to open a connection (default {defaults.connect_timeout_s:g})',
+        )
+        sub.add_argument(
+            '--read-timeout',
+            type=float,
+            default=defaults.read_timeout_s,
+            help=f'seconds of silence from a server before retrying (default {defaults.read_timeout_s:g})',
+        )
+        sub.add_argument(
+            '--retry-budget',
+            type=float,
+            default=defaults.retry_budget_s,
+            help=f'seconds one request may keep failing before giving up (default {defaults.retry_budget_s:g})',
+        )
+
     sub = sources.add_parser(
         'fineweb_edu',
         help='a FineWeb-Edu sample from the Hugging Face Hub (resumable)',
@@ -1208,49 +1357,23 @@ def main(argv):
     )
     common(sub, 'data/fineweb_edu', 'gpt2')
     sub.add_argument('--sample', default='100BT', help='10BT, 100BT or 350BT (default 100BT)')
-    sub.add_argument(
-        '--tokens',
-        type=number,
-        default=0,
-        help='stop after this many tokens, val included (e.g. 26e9; default: the whole sample)',
+    hub_options(sub)
+
+    sub = sources.add_parser(
+        'hub',
+        help='any parquet dataset on the Hugging Face Hub (resumable), e.g. hub HuggingFaceTB/finemath --config '
+        'finemath-3plus',
+        epilog='environment: HF_ENDPOINT (a Hub mirror; --endpoint overrides it), HF_TOKEN '
+        '(a read token, sent to that host only; a gated dataset needs it)',
     )
+    sub.add_argument('repo', metavar='REPO', help='the dataset repo, OWNER/NAME')
+    common(sub, 'data/hub', 'gpt2')
     sub.add_argument(
-        '--val-tokens',
-        type=number,
-        default=0,
-        help='tokens in the val shard (default: 10%% of --tokens, at most one shard)',
+        '--config', default='', help="the subset: the repo's folder of its parquet files (default: the top)"
     )
-    sub.add_argument('--endpoint', default='', help=f'Hub base URL (default: $HF_ENDPOINT, else {HUB_ENDPOINT})')
-    sub.add_argument('--revision', default='main', help='dataset revision (branch, tag or commit; default main)')
-    sub.add_argument(
-        '--bpe-sample-chars',
-        type=number,
-        default=1_000_000_000,
-        help='characters the bpe:V tokenizer trains on (default 1e9)',
-    )
-    sub.add_argument(
-        '--keep-downloads',
-        action='store_true',
-        help='keep the parquet files (by default each is deleted once its tokens are in shards)',
-    )
-    sub.add_argument(
-        '--connect-timeout',
-        type=float,
-        default=defaults.connect_timeout_s,
-        help=f'seconds to open a connection (default {defaults.connect_timeout_s:g})',
-    )
-    sub.add_argument(
-        '--read-timeout',
-        type=float,
-        default=defaults.read_timeout_s,
-        help=f'seconds of silence from a server before retrying (default {defaults.read_timeout_s:g})',
-    )
-    sub.add_argument(
-        '--retry-budget',
-        type=float,
-        default=defaults.retry_budget_s,
-        help=f'seconds one request may keep failing before giving up (default {defaults.retry_budget_s:g})',
-    )
+    sub.add_argument('--column', default='text', help='the text column (default text)')
+    sub.add_argument('--split', default='', help='only the parquet files named SPLIT* (e.g. train; default: all)')
+    hub_options(sub)
 
     sub = sources.add_parser('files', help='your own .txt, .jsonl ("text" field) or .parquet ("text" column) files')
     sub.add_argument('paths', nargs='+', metavar='PATH')
@@ -1283,6 +1406,25 @@ def main(argv):
         prepare_fineweb_edu(
             args.out,
             args.sample,
+            args.tokens,
+            args.tokenizer,
+            args.workers,
+            args.shard_tokens,
+            args.val_tokens,
+            args.revision,
+            args.bpe_sample_chars,
+            args.keep_downloads,
+            network,
+            args.special,
+        )
+    elif args.source == 'hub':
+        network = Network(args.endpoint, args.connect_timeout, args.read_timeout, args.retry_budget)
+        prepare_hub(
+            args.repo,
+            args.out,
+            args.config,
+            args.column,
+            args.split,
             args.tokens,
             args.tokenizer,
             args.workers,

@@ -83,7 +83,7 @@ def main(argv):
     eot_id = tokenizer.eot_token
     if infill:
         ids = objectives.special_ids(
-            data.load_meta(train_config['data']),
+            data.load_meta(data.tokenizer_folder(train_config['data'])),  # a mixture's folders share the tokenizer
             train_config['data'],
             objectives.FIM_TOKENS,
             'sample.py --prefix/--suffix (fill in the middle)',

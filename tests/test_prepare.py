@@ -8,6 +8,7 @@ import json
 import os
 import random
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -244,6 +245,7 @@ class FakeHub(http.server.ThreadingHTTPServer):
     def __init__(self, files, host='127.0.0.1'):
         super().__init__((host, 0), FakeHubHandler)
         self.files = files  # repo path -> bytes of the dataset (in LFS)
+        self.repo = REPO  # the dataset repo it serves
         self.model_files = {}  # repo path -> bytes of the model repo NEOX (kept in git, not LFS)
         self.log = []  # {'path', 'range', 'if_range', 'auth'} of every file request
         self.api_auth = []  # Authorization header of every API request
@@ -301,7 +303,7 @@ class FakeHubHandler(http.server.BaseHTTPRequestHandler):
             return
         if self.path.startswith('/api/'):
             hub.api_auth.append(self.headers.get('Authorization'))
-        if self.path.startswith((f'/api/datasets/{REPO}/revision/', f'/api/models/{NEOX}/revision/')):
+        if self.path.startswith((f'/api/datasets/{hub.repo}/revision/', f'/api/models/{NEOX}/revision/')):
             revision = self.path.rsplit('/', 1)[1]
             return self.send_json({'sha': SHA}) if revision in ('main', SHA) else self.send_error(404)
         if self.path == f'/api/models/{NEOX}/tree/{SHA}':  # a file kept in git has its blob id as oid
@@ -311,7 +313,7 @@ class FakeHubHandler(http.server.BaseHTTPRequestHandler):
                     for p, b in sorted(hub.model_files.items())
                 ]
             )
-        match = re.fullmatch(f'/api/datasets/{REPO}/tree/{SHA}/(sample/[^?]+)(?:\\?page=(\\d+))?', self.path)
+        match = re.fullmatch(f'/api/datasets/{hub.repo}/tree/{SHA}/([^?]+)(?:\\?page=(\\d+))?', self.path)
         if match:  # two entries per page, to exercise the Link header; LFS files carry size and sha256
             folder, page = match.group(1), int(match.group(2) or 0)
             entries = [
@@ -330,10 +332,11 @@ class FakeHubHandler(http.server.BaseHTTPRequestHandler):
                 self.send_error(404)
                 return
             more = (page + 1) * 2 < len(entries)
-            link = [('Link', f'<{hub.url}/api/datasets/{REPO}/tree/{SHA}/{folder}?page={page + 1}>; rel="next"')]
+            link = [('Link', f'<{hub.url}/api/datasets/{hub.repo}/tree/{SHA}/{folder}?page={page + 1}>; rel="next"')]
             return self.send_json(entries[page * 2 : page * 2 + 2], link if more else ())
         prefix = next(
-            (p for p in (f'/datasets/{REPO}/resolve/{SHA}/', f'/{NEOX}/resolve/{SHA}/') if self.path.startswith(p)), ''
+            (p for p in (f'/datasets/{hub.repo}/resolve/{SHA}/', f'/{NEOX}/resolve/{SHA}/') if self.path.startswith(p)),
+            '',
         )
         path, store = self.path[len(prefix) :], hub.model_files if prefix.startswith(f'/{NEOX}') else hub.files
         if not prefix or path not in store:
@@ -1000,3 +1003,60 @@ def test_neox_tokenizer_from_the_hub(hub, tmp_path, monkeypatch, capsys):
     spec = json.load(open(out / 'tokenizer.json'))
     assert spec['name'] == 'neox' and spec['source'] == f'{NEOX}@{SHA}'
     assert spec['tokenizers'] == json.loads(hub.model_files['tokenizer.json']) and os.listdir(out / 'downloads') == []
+
+
+# -----------------------------------------------------------------------------------------------------
+# hub: any parquet dataset on the Hub, its subset (--config), text column, split; a gated one
+
+
+def test_hub_any_parquet_dataset_its_config_column_and_split(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(downloads, 'DOWNLOAD_CHUNK_BYTES', 1024)
+    docs = [make_documents(60, seed=10 + s) for s in range(3)]
+
+    def content(texts):  # the text in a column called 'content', as code datasets name it
+        sink = pa.BufferOutputStream()
+        pq.write_table(pa.table({'content': texts, 'score': [1.0] * len(texts)}), sink, row_group_size=25)
+        return sink.getvalue().to_pybytes()
+
+    hub_files = {
+        'finemath-3plus/train-00000-of-00002.parquet': content(docs[0]),
+        'finemath-3plus/train-00001-of-00002.parquet': content(docs[1]),
+        'finemath-3plus/test-00000-of-00001.parquet': content(docs[2]),  # another split: left out
+        'finemath-4plus/train-00000-of-00001.parquet': content(docs[2]),  # another subset: never listed
+    }
+    server = serve(hub_files)
+    server.repo, server.token = 'HuggingFaceTB/finemath', 'hf_secret'  # gated
+    monkeypatch.delenv('HF_TOKEN', raising=False)
+    out = tmp_path / 'math'
+    argv = ['hub', 'HuggingFaceTB/finemath', '--config', 'finemath-3plus', '--out', str(out), '--endpoint', server.url]
+    argv += ['--tokenizer', 'bpe:300', '--shard-tokens', '3000', '--val-tokens', '2000', '--bpe-sample-chars', '20000']
+    argv += ['--workers', '2', '--split', 'train']
+    code, err = run_main(argv, capsys)
+    assert code == 2 and re.fullmatch(r'error: .*HTTP 401: the dataset is gated .* HF_TOKEN=hf_\.\.\. .*\n', err), err
+    monkeypatch.setenv('HF_TOKEN', 'hf_secret')
+    code, err = run_main(argv + ['--column', 'text'], capsys)
+    assert code == 2 and re.fullmatch(r"error: .*train-00000-of-00002.parquet: no 'text' column .*--column\n", err)
+    code, err = run_main(argv + ['--column', 'score'], capsys)
+    assert code == 2 and "the 'score' column holds double, not text" in err
+    shutil.rmtree(out)
+    code, err = run_main(argv + ['--column', 'content'], capsys)
+    assert code == 0 and err == ''
+    enc, meta = data.load_tokenizer(str(out)), data.load_meta(str(out))
+    documents = [enc.decode(d.tolist()) for d in split_documents(all_tokens(str(out)), enc.eot_token)]
+    assert documents == docs[0] + docs[1]  # the train split of the subset, in order
+    assert meta['source'] == 'HuggingFaceTB/finemath/finemath-3plus' and meta['revision'] == SHA
+    assert meta['request']['column'] == 'content' and meta['val_tokens'] == 2000
+    manifest = json.load(open(out / 'files.json'))
+    expected = [p for p in sorted(hub_files) if p.startswith('finemath-3plus/train')]
+    assert manifest['files'] == [
+        {'path': p, 'size': len(hub_files[p]), 'sha256': sha256(hub_files[p])} for p in expected
+    ]
+    assert os.listdir(out / 'downloads') == []  # each deleted once tokenized
+    assert {r['path'] for r in server.log} == set(expected)  # nothing else downloaded
+    assert data.prepare_command(str(out)).startswith('python prepare.py hub REPO')
+    code, err = run_main(argv[:-2] + ['--split', 'validation', '--out', str(tmp_path / 'none')], capsys)
+    assert (
+        code == 2 and 'none of the 3 parquet files in HuggingFaceTB/finemath/finemath-3plus is named validation*' in err
+    )
+    server.shutdown()
+    server.server_close()
