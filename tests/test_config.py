@@ -48,6 +48,8 @@ BREAK_A_CONTINUATION = {
     'ul2_s_rate',
     'ul2_r_rate',
     'ul2_x_rate',
+    'router_bias_speed',  # MoE balancing: a change moves the routing
+    'aux_loss_coef',
 }
 
 
