@@ -429,3 +429,19 @@ class Metrics:
                 else '\n(no loss.png: `pip install matplotlib`, then `python plot.py RUN_DIR` draws it)\n'
             ),
         )
+
+
+# -----------------------------------------------------------------------------------------------------
+# Mixture of experts: the routing's signals for metrics.jsonl, at log steps only (they read the device).
+
+
+def router_stats(model):
+    """The last step's routing (GPT.update_router_bias keeps it): per MoE layer, each expert's share of the routed
+    tokens x n_experts (1: an even load; a run with recompute counts each token twice, the shares stay), the load's
+    coefficient of variation, and the router biases."""
+    load = model.expert_load.double()
+    return {
+        'expert_load': (load / load.sum(-1, keepdim=True).clamp(min=1) * load.shape[-1]).tolist(),
+        'expert_load_cv': (load.std(-1, correction=0) / load.mean(-1).clamp(min=1e-9)).tolist(),
+        'router_bias': torch.stack([layer.router_bias for layer in model.moe]).tolist(),
+    }

@@ -6,6 +6,7 @@ model.py: GPT-2 and Llama in one file. `arch` names a family in config.FAMILIES,
 
 Both are pre-norm decoder stacks, x = x + attn(norm(x)); x = x + mlp(norm(x)); logits = lm_head(norm_f(x)), with
 grouped-query attention when n_kv_head < n_head; `bias` and `tie_embeddings` can change a family's biases and tying.
+With n_experts > 0 (llama) the blocks after the first n_dense_layers get a mixture of experts as their FFN (MoE).
 The parameter layout (tok_emb, pos_emb, blocks[i].{attn_norm, attn, mlp_norm, mlp}, norm_f, lm_head) is what
 ledger.count_params counts and what train.py shards per block; test_model.py holds the two against each other.
 
@@ -107,16 +108,12 @@ MLPS = {'gelu': GeluMLP, 'swiglu': SwiGLU}
 
 
 # -----------------------------------------------------------------------------------------------------
-# Mixture of experts, the DeepSeekMoE shape (Dai et al. 2024) routed as DeepSeek-V3 does (arXiv:2412.19437, sec.
-# 2.1.2; its reference code, deepseek-ai/DeepSeek-V3 inference/model.py, Gate and MoE): n_experts small SwiGLUs,
-# top_k of them per token, and n_shared_experts every token visits (fused: one SwiGLU n_shared x expert_hidden
-# wide). Affinity s = sigmoid(u . e_i); the top_k of s + b pick the experts, where the bias b steers the choice but
-# never the weight; the gates are the chosen s normalised to sum 1, times route_scale. Dropless: each expert gets
-# exactly the tokens that chose it, so a token costs the matmuls of top_k experts whatever the balance (the
-# ledger's FLOPs are exact). The experts run in a loop over slices of the tokens sorted by expert; the slice sizes
-# are read back to the host once per layer (as DeepSeek's reference code does; torch._grouped_mm would avoid it).
-# Balance: b moves outside the gradient once per step (GPT.update_router_bias), and optionally the sequence-wise
-# balance loss alpha * sum_i f_i P_i (the paper's eq. 17-20) joins the loss.
+# Mixture of experts: DeepSeekMoE's shape (n_experts small SwiGLUs, top_k per token, n_shared_experts every token
+# visits, fused into one) routed as DeepSeek-V3 does (arXiv:2412.19437, sec. 2.1.2; its inference/model.py Gate):
+# affinities s = sigmoid(u . e_i), the top_k of s + b pick, the bias b never weighs; gates = the chosen s summing
+# to 1, x route_scale. Dropless (a loop over experts; the slice sizes read back once per layer, as DeepSeek's code
+# does), so a token costs exactly top_k experts' matmuls. b moves outside the gradient (GPT.update_router_bias);
+# optionally the sequence-wise balance loss alpha * sum_i f_i P_i (eq. 17-20) joins the loss.
 
 
 class MoE(nn.Module):
@@ -276,43 +273,22 @@ class GPT(nn.Module):
             logits.float().view(B * T, -1), targets.reshape(B * T), ignore_index=IGNORE_INDEX, reduction=reduction
         )
         if self.moe and self.moe[0].aux_loss is not None and self.training and torch.is_grad_enabled():
-            # the MoE balance loss, weighed per target as the loss is (a sum: x the targets that carry loss)
-            balance = sum(layer.aux_loss for layer in self.moe)
+            balance = sum(layer.aux_loss for layer in self.moe)  # MoE's balance loss, weighed per target as the loss
             loss = loss + (balance * (targets != IGNORE_INDEX).sum() if reduction == 'sum' else balance)
-            for layer in self.moe:
-                layer.aux_loss = None
         return None, loss
-
-    # --- mixture of experts: the balance kept outside the gradient, and its signals ---
 
     @torch.no_grad()
     def update_router_bias(self, speed):
-        """DeepSeek-V3's auxiliary-loss-free balancing, after each optimizer step: every expert's routing bias
-        moves by `speed` (gamma) against the sign of its load error, up when it got fewer tokens than the layer's
-        mean, down when more. The loads are summed over the ranks first, so every rank's biases stay equal. The
-        step's load is kept for router_stats. A few device ops, no host read; nothing for a dense model."""
-        if not self.moe:
-            return
-        counts = [layer.load for layer in self.moe]
-        load = torch.stack(counts)  # (MoE layers, n_experts)
-        if dist.is_initialized():
-            dist.all_reduce(load)
-        error = (load.mean(-1, keepdim=True) - load).sign().unbind(0)
-        torch._foreach_add_([layer.router_bias for layer in self.moe], error, alpha=speed)
-        torch._foreach_zero_(counts)
-        self.expert_load = load
-
-    def router_stats(self):
-        """The last step's routing, read back (log steps only): per MoE layer, each expert's share of the routed
-        tokens x n_experts (1: an even load), the coefficient of variation of the load, and the router biases."""
-        load = self.expert_load.double()
-        share = load / load.sum(-1, keepdim=True).clamp(min=1) * load.shape[-1]
-        bias = torch.stack([layer.router_bias for layer in self.moe])
-        return {
-            'expert_load': share.tolist(),
-            'expert_load_cv': (load.std(-1, correction=0) / load.mean(-1).clamp(min=1e-9)).tolist(),
-            'router_bias': bias.tolist(),
-        }
+        """MoE, after each optimizer step (DeepSeek-V3's auxiliary-loss-free balance): each router bias moves by
+        speed (gamma) against the sign of its expert's load error, over the ranks' summed loads (equal biases on
+        every rank). The step's load stays in expert_load for the metrics. No host read."""
+        if self.moe:
+            self.expert_load = torch.stack([layer.load for layer in self.moe])  # (MoE layers, n_experts)
+            if dist.is_initialized():
+                dist.all_reduce(self.expert_load)
+            error = (self.expert_load.mean(-1, keepdim=True) - self.expert_load).sign()
+            torch._foreach_add_([layer.router_bias for layer in self.moe], error.unbind(0), alpha=speed)
+            torch._foreach_zero_([layer.load for layer in self.moe])
 
     @torch.no_grad()
     def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None):

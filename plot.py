@@ -13,6 +13,9 @@ accuracy, when metrics.jsonl has 'hellaswag' entries, on a second axis. Steps lo
 replace the ones they repeat. With --branches: a wsd run, its cooldown branches and cosine runs of the same lengths
 (overtrain.py), and Hoffmann et al.'s fitted loss for its P (on their data: its own axis).
 
+A mixture of experts (metrics.jsonl has 'expert_load' entries) gets moe.png beside loss.png: each MoE layer's load
+CV against tokens, and the last logged load of every expert.
+
 train.py redraws out_dir/loss.png with draw_run(out_dir), which never raises. Needs matplotlib (pip install
 matplotlib), imported only here, drawing through its Agg backend (to a file; no display needed).
 """
@@ -322,6 +325,44 @@ def branch_figure(main_dir):
     return fig
 
 
+# -----------------------------------------------------------------------------------------------------
+# Mixture of experts: the experts' load (train.py records it at log steps: live.router_stats).
+
+
+def read_load(run_dir):
+    """-> (tokens (steps,), load CV (steps, MoE layers), the last logged load shares (MoE layers, n_experts)) from
+    metrics.jsonl's 'expert_load' entries, or None when the run has none (a dense model)."""
+    with open(os.path.join(run_dir, 'metrics.jsonl')) as f:
+        entries = [json.loads(line) for line in f if '"expert_load"' in line and line.endswith('\n')]
+    if not entries:
+        return None
+    by_step = {e['step']: e for e in entries}  # a step logged again after a rollback or resume replaces the first
+    steps = sorted(by_step)
+    cv = np.array([by_step[s]['expert_load_cv'] for s in steps])
+    return np.array([by_step[s]['tokens'] for s in steps], dtype=float), cv, np.array(by_step[steps[-1]]['expert_load'])
+
+
+def load_figure(run_dir):
+    """Left: each MoE layer's coefficient of variation of the tokens per expert (0: even) against tokens; right:
+    the last logged share of the routed tokens per expert and layer (x n_experts: 1 is an even share)."""
+    tokens, cv, shares = read_load(run_dir)
+    fig = blank_figure()
+    ax, grid = fig.subplots(1, 2, width_ratios=(3, 2))
+    for layer in range(cv.shape[1]):
+        ax.plot(tokens, cv[:, layer], marker='.' if len(tokens) < FEW else None, label=f'MoE layer {layer + 1}')
+    ax.set_xlabel('tokens seen')
+    ax.set_ylabel('load CV (std / mean of tokens per expert)')
+    ax.xaxis.set_major_formatter(lambda x, _: ledger_report.si(x))
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize='small')
+    image = grid.imshow(shares, aspect='auto', cmap='viridis', vmin=0)
+    fig.colorbar(image, ax=grid, label='share of routed tokens x n_experts (1: even)')
+    grid.set_xlabel('expert')
+    grid.set_ylabel('MoE layer (from 0)')
+    fig.suptitle(f"expert load of {os.path.basename(os.path.normpath(run_dir))}")
+    return fig
+
+
 def draw(run_dirs, out, branches=False):
     """Write the runs' figure (branches: run_dirs[0]'s branch_figure) to `out` as a PNG (a temporary file renamed
     when complete); -> out."""
@@ -338,7 +379,11 @@ def draw_run(out_dir):
     """Redraw out_dir/loss.png; -> its path, or None when it cannot be drawn (matplotlib missing, no metrics yet),
     the reason printed once on stderr. Never raises: a training run does not stop for a picture."""
     try:
-        return draw([out_dir], os.path.join(out_dir, 'loss.png'))
+        path = draw([out_dir], os.path.join(out_dir, 'loss.png'))
+        if read_load(out_dir) is not None:  # a mixture of experts: its load beside the loss
+            with atomic_write(os.path.join(out_dir, 'moe.png'), 'wb') as f:
+                load_figure(out_dir).savefig(f, format='png')
+        return path
     except Exception as e:  # noqa: BLE001 (whatever it is, the run goes on)
         reason = str(e) if isinstance(e, UserError) else f'{type(e).__name__}: {e}'
         if reason not in NOT_DRAWN:

@@ -537,7 +537,7 @@ def loop(run):
                     pending[-1], run.stop_step if run.cooldown else run.total_steps, tokens, loss, grad_norm
                 )
                 if run.raw_model.moe:  # MoE: each expert's load, its CV and the router biases
-                    run.metrics.record({'step': step, 'tokens': tokens, **run.raw_model.router_stats()})
+                    run.metrics.record({'step': step, 'tokens': tokens, **live.router_stats(run.raw_model)})
             if 'hellaswag' in due:
                 evaluate_hellaswag(run)
             if 'eval' in due:

@@ -50,8 +50,8 @@ BREAK_A_CONTINUATION = {
     'ul2_r_rate',
     'ul2_x_rate',
     'init_from',
+    'router_bias_speed',  # MoE balancing: a change moves the routing
     'aux_loss_coef',
-    'router_bias_speed',
 }
 
 

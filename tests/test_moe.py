@@ -24,6 +24,8 @@ from torch.utils.flop_counter import FlopCounterMode
 import export
 import ledger
 import ledger_report
+import live
+import plot
 import train
 from config import ConfigError, load_config
 from model import GPT, ModelConfig
@@ -143,14 +145,14 @@ def test_bias_update_evens_out_a_skewed_router():
     def cv_of_a_step():
         layer(x)  # a training forward (grad enabled) counts its tokens
         model.update_router_bias(0.01)
-        return model.router_stats()['expert_load_cv'][0]
+        return live.router_stats(model)['expert_load_cv'][0]
 
     before = cv_of_a_step()
     cvs = [cv_of_a_step() for _ in range(300)]
     assert before > 1.5  # every token on one expert: CV sqrt(3)
     # a sign update of fixed size ends in a small cycle around the even load (here 128 tokens over 4 experts)
     assert max(cvs[-20:]) < before / 5, cvs[-20:]
-    bias = model.router_stats()['router_bias'][0]
+    bias = live.router_stats(model)['router_bias'][0]
     assert bias[0] == min(bias) and bias[0] < 0  # the favoured expert's bias fell
     assert all(layer.load == 0)  # the counts start again each step
 
@@ -201,6 +203,9 @@ def test_train_logs_the_load_at_log_steps(tmp_path):
         for share, cv in zip(entry['expert_load'], entry['expert_load_cv']):
             assert len(share) == 8 and sum(share) == pytest.approx(8)  # shares x n_experts: mean 1
             assert cv == pytest.approx(torch.tensor(share).std(correction=0).item(), rel=1e-6)
+    tokens, cv, shares = plot.read_load(tmp_path / 'out')  # and moe.png beside loss.png: the load on a plot
+    assert tokens.tolist() == [e['tokens'] for e in loads] and cv.tolist() == [e['expert_load_cv'] for e in loads]
+    assert shares.tolist() == loads[-1]['expert_load'] and (tmp_path / 'out' / 'moe.png').stat().st_size > 0
     # each bias moved by +-0.01 per step (the sign of its load error), 4 steps: a multiple of 0.01, at most 0.04
     for bias in loads[-1]['router_bias'][0]:
         assert abs(bias) <= 0.04 + 1e-6 and round(bias / 0.01) == pytest.approx(bias / 0.01, abs=1e-3)
