@@ -365,4 +365,8 @@ def test_ledger_bills_a_finetune_from_the_model_config(capsys, monkeypatch):
     assert params == 1_100_048_384 and re.search(r'total P +1,100,048,384 ', report)
     assert 'from: configs/tinyllama_1b (LlamaForCausalLM), pretrained on unknown tokens' in report
     assert 'ledger: llama, 22 layers, H=2048, 32 heads (GQA, 4 kv heads), H\'=5632, V=32000, T=2048, untied' in report
-    assert 'fits, headroom' in report  # full fine-tuning of 1.1B on one H200
+    # the README's figures: full fine-tuning of 1.1B on 2B tokens, one H200
+    assert re.search(r'time for this run +10\.3 h', report) and re.search(r'cost +\$36 ', report)
+    assert re.search(r'total +73\.16 GiB +of 140\.40 GiB \(nvidia-smi total\): fits', report)
+    readme = open('README.md').read()
+    assert '1,100,048,384 parameters: ~10.3 h, ~$36, 73.16 GiB of 140.40' in readme
