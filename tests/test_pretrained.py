@@ -267,11 +267,11 @@ def llama_tokenizer(folder, texts):
 
 @pytest.fixture(scope='module')
 def text_file(tmp_path_factory):
-    """~200 KB of Python sources as one .jsonl of documents."""
+    """~100 KB of Python sources as one .jsonl of documents."""
     import prepare
 
     path = tmp_path_factory.mktemp('text') / 'docs.jsonl'
-    documents = [text for _, text in prepare.pystdlib_files(max_files=40)]
+    documents = [text for _, text in prepare.pystdlib_files(max_files=20)]
     path.write_text(''.join(json.dumps({'text': text}) + '\n' for text in documents))
     return path, documents
 
