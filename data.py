@@ -227,14 +227,14 @@ def load_tokenizer(data_dir):
             return tiktoken.Encoding(
                 spec['name'], pat_str=spec['pattern'], mergeable_ranks=ranks, special_tokens=spec['special_tokens']
             )
-        name, hub_file = spec['name'], json.dumps(spec['tokenizers'])  # neox: the Hub's file, kept whole
-        reserved = spec.get('special_tokens', ())
+        name, hub_file = spec['name'], json.dumps(spec['tokenizers'])  # neox, a model's: the Hub's file, kept whole
+        reserved, start = spec.get('special_tokens', ()), spec.get('document_start', EOT)
     except (ValueError, KeyError, TypeError) as e:
         raise DataError(
             f"{path} is damaged ({type(e).__name__}: {e}): delete the folder and rerun {prepare_command(data_dir)}"
         ) from None
     try:
-        return HFEncoding(name, hub_file, reserved)
+        return HFEncoding(name, hub_file, reserved, start)
     except ImportError:
         raise DataError(
             f"{path} is {name}'s tokenizer, which needs the tokenizers package: pip install tokenizers "
@@ -245,9 +245,10 @@ def load_tokenizer(data_dir):
 class HFEncoding:
     """A `tokenizers` tokenizer behind the part of tiktoken.Encoding this project uses (name, n_vocab, eot_token,
     encode_ordinary, encode, encode_to_numpy, decode). As with tiktoken, '<|endoftext|>' written in a text is
-    plain text, unless encode() is given allowed_special (sample.py's prompts)."""
+    plain text, unless encode() is given allowed_special (sample.py's prompts). eot_token is the token every
+    document starts with: '<|endoftext|>', or a model's own document start (a Llama's BOS: prepare.py)."""
 
-    def __init__(self, name, spec_text, reserved=()):
+    def __init__(self, name, spec_text, reserved=(), document_start=EOT):
         from tokenizers import AddedToken, Tokenizer
 
         self.name = name
@@ -264,7 +265,7 @@ class HFEncoding:
                 f"{first} on: remake the folder with --no-special-tokens"
             )
         self.n_vocab = self.plain.get_vocab_size(with_added_tokens=True)
-        self.eot_token = self.plain.token_to_id(EOT)
+        self.eot_token = self.plain.token_to_id(document_start)
 
     def encode_ordinary(self, text):
         return self.plain.encode(text, add_special_tokens=False).ids

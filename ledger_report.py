@@ -9,7 +9,8 @@ which `python ledger.py` runs (main). Standard library only, like ledger.py; it 
 import json
 
 import ledger
-from config import ConfigError, ModelConfig, cli, load_config, sharded
+import pretrained
+from config import ConfigError, ModelConfig, cli, sharded
 from ledger import (
     BOOK_STATES,
     CHINCHILLA_FITS,
@@ -82,7 +83,7 @@ def report_header(p):
         f"plan: {si(p['tokens'])} tokens on {p['n_gpu']} x {p['gpu']['name']}, batch {t['batch_tokens']:,} tokens "
         f"= {t['micro_batch']} x {model.block_size} x {p['n_gpu']} device(s) x {p['grad_accum']:.4g} accumulation, "
         f"{p['steps']:,} steps",
-    ]
+    ] + ([pretrained.describe(t['init_from'])] if t.get('init_from') else [])
 
 
 def report_sections(p):
@@ -945,7 +946,7 @@ def main(argv):
     if not args:
         raise ConfigError(f'no config given ({USAGE})')
     path = None if args[0].startswith('--') else args[0]
-    model, train = load_config(path, args[1:] if path else args)
+    model, train = pretrained.load_config(path, args[1:] if path else args)  # init_from: the model's config.json
     prediction = predict(model, train)
     print(json.dumps(prediction, indent=2) if as_json else format_report(prediction))
     return 0

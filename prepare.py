@@ -87,12 +87,20 @@ NAMED_TOKENIZERS = {
 
 
 def parse_tokenizer(name):
-    """'gpt2', 'neox' or 'bpe:V' -> its vocab size, or a DataError naming what is allowed."""
+    """'gpt2', 'neox', 'bpe:V' or a model's (a Hugging Face model folder or Hub repo id: pretrained.py) -> its vocab
+    size, or a DataError naming what is allowed."""
     if name in NAMED_TOKENIZERS:
         return NAMED_TOKENIZERS[name]
     if name.startswith('bpe:') and name[4:].isdigit() and int(name[4:]) > 256:
         return int(name[4:])
-    raise DataError(f"unknown tokenizer '{name}': use gpt2, neox or bpe:V with V > 256 (e.g. bpe:8192)")
+    if is_model(name):
+        from tokenizers import Tokenizer
+
+        return Tokenizer.from_str(model_tokenizer(name)[1].decode()).get_vocab_size(with_added_tokens=True)
+    raise DataError(
+        f"unknown tokenizer '{name}': use gpt2, neox, bpe:V with V > 256 (e.g. bpe:8192), or a model's: a "
+        f"Hugging Face model folder or Hub repo id"
+    )
 
 
 def make_tokenizer(out_dir, tokenizer, bpe_texts, network=None, special=True):
@@ -101,6 +109,7 @@ def make_tokenizer(out_dir, tokenizer, bpe_texts, network=None, special=True):
     made with) and made again if not. GPT-2's comes from tiktoken, NeoX's from the Hub (through `network`); bpe:V is
     trained on bpe_texts(), called only then (it may download)."""
     path = os.path.join(out_dir, 'tokenizer.json')
+    special = special and not is_model(tokenizer)  # a model's tokenizer: its ids exactly, no reserved ones
     if os.path.exists(path):
         try:
             with open(path, 'rb') as f:
@@ -118,6 +127,8 @@ def make_tokenizer(out_dir, tokenizer, bpe_texts, network=None, special=True):
         make_gpt2_tokenizer(out_dir, special)
     elif tokenizer == 'neox':
         make_neox_tokenizer(out_dir, network, special)
+    elif is_model(tokenizer):
+        make_model_tokenizer(out_dir, tokenizer, network)
     else:
         train_bpe_tokenizer(out_dir, parse_tokenizer(tokenizer), bpe_texts(), special)
 
@@ -212,6 +223,68 @@ def make_neox_tokenizer(out_dir, network=None, special=True):
         },
     )
     os.remove(path)
+
+
+# A published model's own tokenizer (--tokenizer MODEL_FOLDER or a Hub repo id, as init_from takes): its
+# tokenizer.json through the `tokenizers` library, like NeoX's, its ids exactly (no reserved tokens: the model has no
+# rows for them), and its document start: the token it puts before a text (Llama's BOS '<s>', Llama 3's
+# '<|begin_of_text|>') when it adds one, else its end-of-text (GPT-2's '<|endoftext|>', which separated GPT-2's
+# documents). The sha256 of the model's file is kept, so train.py can tell that a data folder was made with it.
+
+
+def is_model(name):
+    import pretrained
+
+    return name not in NAMED_TOKENIZERS and (os.path.isdir(name) or pretrained.is_repo_id(name))
+
+
+def model_tokenizer(name, network=None):
+    """(the model folder, its tokenizer.json's bytes)."""
+    import pretrained
+
+    folder = pretrained.folder(name, network)
+    path = os.path.join(folder, 'tokenizer.json')
+    if not os.path.isfile(path):
+        raise DataError(f"{folder} has no tokenizer.json (a fast tokenizer): --tokenizer {name} needs one")
+    with open(path, 'rb') as f:
+        return folder, f.read()
+
+
+def document_start(tokenizer, folder):
+    """The token a document starts with: the one the tokenizer adds before a text, else its eos_token."""
+    plain = tokenizer.encode('a', add_special_tokens=False).ids
+    added = tokenizer.encode('a', add_special_tokens=True).ids
+    if len(added) > len(plain) and added[len(added) - len(plain) :] == plain:
+        return tokenizer.id_to_token(added[0])
+    import pretrained
+
+    path = os.path.join(folder, 'tokenizer_config.json')
+    eos = pretrained.read_json(path).get('eos_token') if os.path.isfile(path) else None
+    eos = eos.get('content') if isinstance(eos, dict) else eos or EOT
+    if tokenizer.token_to_id(eos) is None:
+        raise DataError(f"{folder}: its tokenizer adds no BOS and has no eos_token {eos!r} to start documents with")
+    return eos
+
+
+def make_model_tokenizer(out_dir, name, network=None):
+    import hashlib
+
+    from tokenizers import Tokenizer
+
+    folder, text = model_tokenizer(name, network)
+    start = document_start(Tokenizer.from_str(text.decode()), folder)
+    save_json(
+        os.path.join(out_dir, 'tokenizer.json'),
+        {
+            'name': name,
+            'source': folder,
+            'sha256': hashlib.sha256(text).hexdigest(),
+            'tokenizers': json.loads(text),
+            'special_tokens': [],
+            'document_start': start,
+        },
+    )
+    say(f"tokenizer: {name}'s own ({folder}), each document starting with {start!r}")
 
 
 # -----------------------------------------------------------------------------------------------------
@@ -1282,7 +1355,8 @@ def main(argv):
         sub.add_argument(
             '--tokenizer',
             default=tokenizer,
-            help=f'gpt2, neox (GPT-NeoX-20B, from the Hub) or bpe:V, our own (default {tokenizer})',
+            help=f'gpt2, neox (GPT-NeoX-20B, from the Hub), bpe:V, our own, or a model folder or Hub repo id: the '
+            f'model\'s own, for init_from (default {tokenizer})',
         )
         sub.add_argument('--workers', type=int, default=0, help='tokenizer processes (default: all cores)')
         sub.add_argument(

@@ -25,8 +25,10 @@ Standard library at import (`python ledger.py` plans a fine-tune before torch is
 and export.py are imported where the weights are read.
 """
 
+import hashlib
 import json
 import os
+import re
 
 import config
 from config import FAMILIES, ConfigError, DataError
@@ -66,6 +68,7 @@ HUB_FILES = (
     'tokenizer.json',
     'tokenizer_config.json',
     'special_tokens_map.json',
+    'README.md',  # the model card: the tokens it was pretrained on, for the ledger (card_tokens)
 )
 
 
@@ -218,7 +221,52 @@ def load_config(path=None, overrides=()):
             )
     if 'block_size' in given:
         ours.pop('block_size')
+    check_tokenizer(train, model_dir)
     return config.load_config(path, [*overrides, *(f'--{key}={value}' for key, value in ours.items())])
+
+
+def check_tokenizer(train, model_dir):
+    """A data folder tokenized with anything but the model's own tokenizer (prepare.py --tokenizer MODEL) is one
+    line: its ids would name other tokens to the model. Checked by the sha256 of the model's tokenizer.json, which
+    prepare.py keeps in the folder's (a model folder without one cannot be checked)."""
+    ours, theirs = os.path.join(model_dir, 'tokenizer.json'), os.path.join(train.data, 'tokenizer.json')
+    if train.data == 'synthetic' or not (os.path.isfile(ours) and os.path.isfile(theirs)):
+        return  # no data there yet: open_data says how to make it
+    with open(ours, 'rb') as f:
+        sha = hashlib.sha256(f.read()).hexdigest()
+    spec = read_json(theirs)
+    if spec.get('sha256') != sha:
+        raise DataError(
+            f"{train.data} was tokenized with {spec.get('name')!r}, not with init_from's own tokenizer "
+            f"({ours}): make the data with `python prepare.py files PATH... --out {train.data} --tokenizer "
+            f"{train.init_from}` (or fineweb_edu, pystdlib)"
+        )
+
+
+def card_tokens(model_dir):
+    """The tokens the model was pretrained on as its card (README.md) states them ('trained on 2 trillion tokens',
+    '3T tokens'), or None where it does not say. The first such phrase counts: a card's summary comes first."""
+    path = os.path.join(model_dir, 'README.md')
+    if not os.path.isfile(path):
+        return None
+    with open(path, encoding='utf-8', errors='replace') as f:
+        found = re.search(r'(\d+(?:\.\d+)?)\s*(trillion|billion|T|B)\s+tokens', f.read(), re.IGNORECASE)
+    if not found:
+        return None
+    return round(float(found[1]) * (1e12 if found[2].lower() in ('t', 'trillion') else 1e9))
+
+
+def describe(init_from):
+    """The ledger's line for a run that starts from a checkpoint."""
+    model_dir = folder(init_from)
+    hf_class, _ = model_values(model_dir)
+    tokens = card_tokens(model_dir)
+    seen = f"{tokens / 1e9:,.4g}B tokens (its card)" if tokens else 'unknown tokens (no count in a model card)'
+    return (
+        f"from: {init_from} ({hf_class}), pretrained on {seen}; full fine-tuning: every weight trains, so the "
+        f"memory is a pretraining run's (weights, gradients, AdamW states, activations); the data and loss "
+        f"sums below count this run's tokens only"
+    )
 
 
 # -----------------------------------------------------------------------------------------------------

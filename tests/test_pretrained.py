@@ -7,13 +7,17 @@ same logits. A fine-tune of a few steps from an imported model trains, checkpoin
 """
 
 import json
+import os
+import re
 import shutil
 
+import numpy as np
 import pytest
 import torch
 from test_export import TINY as EXPORT_TINY
 from test_export import VARIANTS as EXPORT_VARIANTS
 from test_export import save_run
+from test_prepare import NEOX, hub  # noqa: F401 (hub: the fake Hub fixture)
 from test_train import read_metrics, step_losses
 from transformers import AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
 
@@ -234,3 +238,135 @@ def test_finetune_trains_checkpoints_and_resumes_bit_exactly(tmp_path):
     assert train.main([str(config), f'--out_dir={tmp_path / "out"}', '--resume']) == 0
     losses = step_losses(read_metrics(tmp_path / 'out'))
     assert [losses[s] for s in range(5, 9)] == [expected[s] for s in range(5, 9)]  # exactly equal
+
+
+# -----------------------------------------------------------------------------------------------------
+# The model's tokenizer: prepare.py --tokenizer MODEL_FOLDER gives transformers' ids, each document starting with the
+# model's own document start (a Llama's BOS, GPT-2's end-of-text); train.py refuses data made with another one.
+
+
+def llama_tokenizer(folder, texts):
+    """A Llama-style tokenizer as a Hub model folder holds one: SentencePiece-like BPE ('▁' for spaces), BOS '<s>'
+    added before every text by its post-processor, eos '</s>'."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+
+    tokenizer = Tokenizer(models.BPE(unk_token='<unk>'))
+    tokenizer.pre_tokenizer = pre_tokenizers.Metaspace(prepend_scheme='first')
+    tokenizer.decoder = decoders.Metaspace(prepend_scheme='first')
+    special = ['<unk>', '<s>', '</s>']
+    tokenizer.train_from_iterator(texts, trainers.BpeTrainer(vocab_size=VOCAB, special_tokens=special))
+    tokenizer.post_processor = processors.TemplateProcessing(
+        single='<s> $A', pair='<s> $A <s> $B', special_tokens=[('<s>', 1)]
+    )
+    tokenizer.save(str(folder / 'tokenizer.json'))
+    (folder / 'tokenizer_config.json').write_text(
+        json.dumps({'tokenizer_class': 'PreTrainedTokenizerFast', 'bos_token': '<s>', 'eos_token': '</s>'})
+    )
+    assert tokenizer.get_vocab_size() == VOCAB
+
+
+@pytest.fixture(scope='module')
+def text_file(tmp_path_factory):
+    """~100 KB of Python sources as one .jsonl of documents."""
+    import prepare
+
+    path = tmp_path_factory.mktemp('text') / 'docs.jsonl'
+    documents = [text for _, text in prepare.pystdlib_files(max_files=20)]
+    path.write_text(''.join(json.dumps({'text': text}) + '\n' for text in documents))
+    return path, documents
+
+
+@pytest.fixture(params=['gpt2, tied', 'llama, GQA, untied'], scope='module')
+def model_with_tokenizer(request, tmp_path_factory, text_file, pystdlib_data):
+    """(HF model folder with its own tokenizer, its prepared data folder, the texts)."""
+    import prepare
+
+    tmp = tmp_path_factory.mktemp('tok')
+    folder = tmp / 'model'
+    save_hf(folder, request.param)
+    if request.param.startswith('gpt2'):  # GPT-2's kind: byte-level BPE, no BOS, documents split by <|endoftext|>
+        encoding = data.load_tokenizer(pystdlib_data)
+        export.hf_tokenizer(encoding).save(str(folder / 'tokenizer.json'))
+        (folder / 'tokenizer_config.json').write_text(json.dumps(export.tokenizer_config('<|endoftext|>', 64)))
+    else:
+        llama_tokenizer(folder, text_file[1])
+    prepare.prepare_files([str(text_file[0])], str(tmp / 'data'), tokenizer=str(folder), workers=1, val_tokens=2000)
+    return folder, str(tmp / 'data'), text_file[1]
+
+
+def test_model_tokenizer_gives_transformers_ids_and_its_document_start(model_with_tokenizer):
+    from transformers import AutoTokenizer
+
+    folder, data_dir, texts = model_with_tokenizer
+    hf = AutoTokenizer.from_pretrained(folder)
+    ours, meta = data.load_tokenizer(data_dir), data.load_meta(data_dir)
+    llama = (folder / 'config.json').read_text().count('LlamaForCausalLM') > 0
+    start = hf.convert_tokens_to_ids('<s>' if llama else '<|endoftext|>')
+    assert meta['eot_id'] == ours.eot_token == start and meta['vocab_size'] == VOCAB == ours.n_vocab
+    for text in texts[:5] + [TEXT_SAMPLE]:
+        expected = hf(text)['input_ids']  # a Llama tokenizer adds its BOS itself; GPT-2's adds nothing
+        assert [start] * (not llama) + expected == [start] + ours.encode_ordinary(text)
+    tokens = np.concatenate([np.asarray(data.open_shard(p)) for p in data.list_shards(data_dir, 'val')])
+    first = ([start] * (not llama) + hf(texts[0])['input_ids'])[: len(tokens)]  # the val shard: the first document
+    assert tokens[0] == start and tokens[: len(first)].tolist() == first
+
+
+TEXT_SAMPLE = "def f(x):\n\treturn x ** 2  # 12345\r\n\n    don't héllo wörld 日本語 🤖 end"
+
+
+def test_finetune_on_the_model_tokens_and_refuse_other_data(model_with_tokenizer, pystdlib_data, tmp_path, capsys):
+    folder, data_dir, _ = model_with_tokenizer
+    keys = dict(FINETUNE, data=data_dir, init_from=str(folder), train_tokens=2 * 256, sample_tokens=8)
+    config = tmp_path / 'finetune.py'
+    config.write_text(''.join(f'{k} = {v!r}\n' for k, v in keys.items()))
+    assert train.main([str(config), f'--out_dir={tmp_path / "out"}']) == 0
+    assert 'sample after 2 steps' in capsys.readouterr().out
+    assert train.main([str(config), f'--out_dir={tmp_path / "other"}', f'--data={pystdlib_data}']) == 2
+    error = capsys.readouterr().err.strip()
+    assert '\n' not in error and "not with init_from's own tokenizer" in error and f'--tokenizer {folder}' in error
+
+
+# -----------------------------------------------------------------------------------------------------
+# A Hub repo id: only the files a run needs, through downloads.py (verified against the listing), into the cache.
+
+
+def test_hub_repo_id_downloads_only_what_is_needed_into_the_cache(hub, tmp_path, monkeypatch):  # noqa: F811
+    hf = save_hf(tmp_path / 'hf', 'gpt2, tied')
+    (tmp_path / 'hf' / 'README.md').write_text('A test model, pretrained on 1.5 trillion tokens of nothing.\n')
+    hub.model_files.update({p.name: p.read_bytes() for p in (tmp_path / 'hf').iterdir()})
+    hub.model_files.update({'pytorch_model.bin': b'not wanted', 'flax_model.msgpack': b'not wanted'})
+    hub.corrupt['model.safetensors'] = 1  # one damaged answer: verified against the listing, fetched again
+    monkeypatch.setenv('HF_ENDPOINT', hub.url)
+    monkeypatch.setenv('XDG_CACHE_HOME', str(tmp_path / 'cache'))
+    ours = imported(NEOX)
+    wanted = ['README.md', 'config.json', 'generation_config.json', 'model.safetensors']
+    assert sorted({r['path'] for r in hub.log}) == wanted and len(hub.log) == len(wanted) + 1
+    idx = torch.randint(0, VOCAB, (1, 64), generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        assert (ours(idx)[0] - hf(idx).logits).abs().max() < 1e-4
+    hub.log.clear()
+    assert pretrained.folder(NEOX).startswith(str(tmp_path / 'cache')) and hub.log == []  # the cache, no network
+    assert '1,500B tokens (its card)' in pretrained.describe(NEOX)
+
+
+# -----------------------------------------------------------------------------------------------------
+# The ledger of a fine-tune: `python ledger.py configs/h200_finetune_1b.py`, from TinyLlama's config.json.
+
+
+def test_ledger_bills_a_finetune_from_the_model_config(capsys, monkeypatch):
+    import ledger_report
+
+    monkeypatch.chdir(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repo's root: init_from
+    assert ledger_report.main(['configs/h200_finetune_1b.py']) == 0
+    report = capsys.readouterr().out
+    with torch.device('meta'):  # transformers' own count of the 1.1B model configs/tinyllama_1b describes
+        tiny_llama = AutoModelForCausalLM.from_config(LlamaConfig.from_pretrained('configs/tinyllama_1b'))
+    params = sum(p.numel() for p in tiny_llama.parameters())
+    assert params == 1_100_048_384 and re.search(r'total P +1,100,048,384 ', report)
+    assert 'from: configs/tinyllama_1b (LlamaForCausalLM), pretrained on unknown tokens' in report
+    assert 'ledger: llama, 22 layers, H=2048, 32 heads (GQA, 4 kv heads), H\'=5632, V=32000, T=2048, untied' in report
+    # the README's figures: full fine-tuning of 1.1B on 2B tokens, one H200
+    assert re.search(r'time for this run +10\.3 h', report) and re.search(r'cost +\$36 ', report)
+    assert re.search(r'total +73\.16 GiB +of 140\.40 GiB \(nvidia-smi total\): fits', report)
+    readme = open('README.md').read()
+    assert '1,100,048,384 parameters: ~10.3 h, ~$36, 73.16 GiB of 140.40' in readme

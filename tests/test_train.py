@@ -177,8 +177,11 @@ def test_chinchilla_point_is_logged(tmp_path, capsys):
 # -----------------------------------------------------------------------------------------------------
 # Every shipped config starts: its own arch, tying, bias, recompute and parallel mode, sizes shrunk, synthetic data.
 
-CONFIG_FILES = sorted(os.path.join('configs', name) for name in os.listdir(os.path.join(ROOT, 'configs')))
+CONFIG_FILES = sorted(
+    os.path.join('configs', name) for name in os.listdir(os.path.join(ROOT, 'configs')) if name.endswith('.py')
+)
 SHRUNK = [
+    '--init_from=',  # a fine-tune's config trains its shrunk model from scratch here (test_pretrained.py: init_from)
     '--data=synthetic',
     '--n_layer=2',
     '--n_embd=64',
