@@ -700,8 +700,8 @@ def collectives(model, parallel, n_gpu, accumulation, dtype='bfloat16'):
         return []
     shapes = parameter_shapes(model)
     items = [
-        ('loss normaliser (targets carrying loss)', 'all_reduce', 'int64', 1, 1, 'step'),
-        ('stop flag (guard.Stop, host, gloo)', 'all_reduce', 'int64', 1, 1, 'step'),
+        ('loss normaliser', 'all_reduce', 'int64', 1, 1, 'step'),
+        ('stop flag (host, gloo)', 'all_reduce', 'int64', 1, 1, 'step'),
     ]
     if not sharded(parallel, n_gpu):  # ddp, zero1: DDP's buckets, on the last micro-step's backward
         items += [
@@ -731,7 +731,7 @@ def collectives(model, parallel, n_gpu, accumulation, dtype='bfloat16'):
         items += [
             ('gradients, each block', 'reduce_scatter', 'float32', block, A * L, 'backward'),
             ('gradients, root unit', 'reduce_scatter', 'float32', root, A, 'backward'),
-            ('gradient norm (DTensor partial norms)', 'all_reduce', 'float32', len(shapes), 1, 'update'),
+            ('gradient norm (DTensor)', 'all_reduce', 'float32', len(shapes), 1, 'update'),
         ]
     result = []
     for what, op, kind, elements, calls, phase in items:
