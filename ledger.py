@@ -1174,6 +1174,27 @@ def summarize(prediction, measured):
         'val_bpb': bits_per_byte(measured['val_loss'], measured.get('bytes_per_token'))
         if measured.get('val_loss') is not None
         else None,
+        **comm_summary(p),
+    }
+
+
+def comm_summary(prediction):
+    """summary.json's communication keys (Ledger 5): the bytes of a step (exact), the seconds the ledger predicts
+    from its link table, and the seconds at the all-reduce bus bandwidth the run's own probe measured
+    (live.collective_probe); on gloo (the CPU) the seconds are not meaningful and say so."""
+    comm = prediction['comm']
+    probe = comm.get('probe')
+    meaningful = bool(probe and probe['meaningful'])
+    return {
+        'comm_bytes_per_step': comm['bytes'],
+        'comm_bus_bytes_per_step': comm['bus_bytes'],
+        'comm_seconds_predicted': comm['seconds'],
+        'comm_busbw_measured': probe['busbw'] if probe else None,
+        'comm_seconds_measured': comm['bus_bytes'] / probe['busbw'] if meaningful else None,
+        'comm_exposed_fraction_predicted': comm['exposed_fraction'],
+        'comm_seconds_note': None
+        if meaningful or not probe
+        else f"{probe['backend']} on the CPU: the seconds are not meaningful (the bytes are exact)",
     }
 
 

@@ -277,3 +277,28 @@ def test_a_70b_plan_is_told_where_to_go(capsys):
     assert ledger_report.main(LLAMA3_70B) == 0
     out = capsys.readouterr().out
     assert 'needs tensor or pipeline parallelism' in out and 'Megatron-LM' in out
+
+
+def test_the_readme_and_book_figures_are_the_ledgers():
+    """README's two-node bill line and BOOK.md's worked communication figures, recomputed."""
+    with open(os.path.join(ROOT, 'README.md')) as f:
+        (line,) = [line for line in f if line.strip().startswith('python ledger.py configs/h100x8_1b3.py --n_gpu=16')]
+    two = ledger.predict(*load_config(os.path.join(ROOT, 'configs/h100x8_1b3.py'), ['--n_gpu=16', '--nodes=2']))
+    comm = two['comm']
+    assert (
+        f"# {two['days']:.3g} days, ${two['cost_usd']:,.0f}; communication {comm['bytes'] / 1e9:.1f} GB a step, "
+        f"{comm['seconds'] * 1e3:.1f} ms, {comm['exposed_fraction']:.1%} exposed" in line
+    )
+    with open(os.path.join(ROOT, 'BOOK.md')) as f:
+        book = f.read()
+    one = ledger.predict(*load_config(os.path.join(ROOT, 'configs/h100x8_1b3.py')))
+    comm = one['comm']
+    compute_step = one['step_seconds'] - comm['exposed_seconds']
+    assert (
+        f"**{comm['bytes'] / 1e9:.1f} GB** a step ({comm['bus_bytes'] / 1e9:.1f} GB of bus bytes), "
+        f"~{comm['seconds'] * 1e3:.0f} ms at 370 GB/s\n  against a {compute_step:.2f} s step: all but "
+        f"~{comm['exposed_seconds'] * 1e3:.0f} ms hides" in book
+    )
+    big = ledger.predict(*load_config(None, LLAMA3_70B))['parallelism']
+    (reason,) = [r for r in big['reasons'] if 'fully sharded' in r]
+    assert f"one sequence needs {reason.split(': ')[1].split(' of ')[0]} GiB a GPU" in book.replace('\n  ', ' ')
