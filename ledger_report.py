@@ -578,6 +578,23 @@ def format_short(prediction, full):
             f"{data['chinchilla_multiple']:.2g} x Chinchilla (20){epochs}",
         ),
     ]
+    comm = p['comm']
+    if comm['collectives']:  # Ledger 5: more than one process
+        lines.append(
+            _row(
+                'communication per step',
+                _bytes(comm['bytes']),
+                f"{comm['accumulation']} micro-steps, {p['train']['parallel']}; "
+                + (
+                    f"ESTIMATE {_ms(comm['seconds'])} at {comm['topology']['busbw'] / 1e9:,.0f} GB/s, "
+                    f"{comm['exposed_fraction']:.1%} of a step exposed; {p['parallelism']['verdict']}"
+                    if comm['seconds'] is not None
+                    else 'gloo on the CPU: seconds not meaningful'
+                    if p['gpu']['kind'] == 'cpu'
+                    else 'seconds not estimated (no link figures for this device)'
+                ),
+            )
+        )
     if data['loss_fraction'] < 1:
         lines.append(
             _row(

@@ -302,3 +302,16 @@ def test_the_readme_and_book_figures_are_the_ledgers():
     big = ledger.predict(*load_config(None, LLAMA3_70B))['parallelism']
     (reason,) = [r for r in big['reasons'] if 'fully sharded' in r]
     assert f"one sequence needs {reason.split(': ')[1].split(' of ')[0]} GiB a GPU" in book.replace('\n  ', ' ')
+
+
+def test_train_pys_short_ledger_has_a_communication_line():
+    short = ledger_report.format_short(ledger.predict(*load_config(os.path.join(ROOT, 'configs/h100x8_1b3.py'))), '')
+    assert 'communication per step' in short and 'ESTIMATE' in short and 'exposed' in short
+    cpu = ledger.Device('a CPU', 1e11, 64 * ledger.GIB, kind='cpu', dtype='float32')
+    model, train = load_config(os.path.join(ROOT, 'configs/pystdlib_cpu.py'), ['--n_gpu=2'])
+    p = ledger.predict(model, train, device=cpu)
+    assert p['comm']['bytes'] > 0 and p['comm']['seconds'] is None and p['days'] == p['days_compute']
+    assert 'gloo on the CPU: seconds not meaningful' in ledger_report.format_short(p, '')
+    assert 'not meaningful' in ledger_report.format_report(p)
+    one = ledger_report.format_short(ledger.predict(model, train, n_gpu=1, device=cpu), '')
+    assert 'communication' not in one
