@@ -120,25 +120,45 @@ def ledger_calls(items, on_gloo=True):
     return calls
 
 
-@pytest.fixture(scope='module', params=[2, 4], ids=['2 processes', '4 processes'])
-def counted(request, tmp_path_factory):
-    """Every rank's collectives of a step, for every mode, accumulation and dtype: one torchrun per world size."""
-    tmp = tmp_path_factory.mktemp(f'comm{request.param}')
+@pytest.fixture(scope='module')
+def launched(tmp_path_factory):
+    """Every rank's collectives of a step, for every mode, accumulation and dtype: one torchrun per world size, the
+    two at once (each spends much of its time starting and stopping processes)."""
+    tmp = tmp_path_factory.mktemp('comm')
     config = tmp / 'tiny.py'
     config.write_text(''.join(f'{k} = {v!r}\n' for k, v in TINY.items()))
     script = tmp / 'count.py'
     script.write_text(COUNT)
-    result = subprocess.run(
-        [sys.executable, '-m', 'torch.distributed.run', '--standalone', f'--nproc_per_node={request.param}']
-        + [str(script), str(config), str(tmp)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        env=dict(os.environ, PYTHONPATH=ROOT, TORCH_FR_BUFFER_SIZE='100000'),
-    )
-    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
-    ranks = [json.loads((tmp / f'rank{rank}.json').read_text()) for rank in range(request.param)]
-    return request.param, ranks
+    runs = {}
+    for world_size in (2, 4):
+        (tmp / str(world_size)).mkdir()
+        runs[world_size] = subprocess.Popen(
+            [sys.executable, '-m', 'torch.distributed.run', '--standalone', f'--nproc_per_node={world_size}']
+            + [str(script), str(config), str(tmp / str(world_size))],
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env=dict(os.environ, PYTHONPATH=ROOT, TORCH_FR_BUFFER_SIZE='100000'),
+        )
+    counted = {}
+    try:
+        for world_size, process in runs.items():
+            output, _ = process.communicate(timeout=900)
+            assert process.returncode == 0, output[-5000:]
+            counted[world_size] = [
+                json.loads((tmp / str(world_size) / f'rank{rank}.json').read_text()) for rank in range(world_size)
+            ]
+    finally:
+        for process in runs.values():  # the other one, when one failed
+            if process.poll() is None:
+                process.kill()
+    return counted
+
+
+@pytest.fixture(params=[2, 4], ids=['2 processes', '4 processes'])
+def counted(request, launched):
+    return request.param, launched[request.param]
 
 
 def test_every_collective_of_a_step_is_the_ledgers_on_every_rank(counted):
@@ -203,6 +223,8 @@ def test_bus_bytes_are_nccl_tests_factors():
     root, block = ledger.fsdp_unit_elements(model, 8)
     assert gathers == pytest.approx(4 * 2 * (root + model.n_layer * block) * 7 / 8)
     assert ledger.BUS_FACTORS['broadcast'](8) == 1.0
+    assert set(ledger.LINKS) == set(ledger.GPUS)  # every GPU of the table has its links, with their sources
+    assert all(link.busbw_gbps <= link.line_gbps for link in ledger.LINKS.values())
 
 
 def test_seconds_hide_and_the_days_count_what_does_not():
