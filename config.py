@@ -253,6 +253,11 @@ class TrainConfig:
     gpu: str = free('auto')
     n_gpu: int = free(1)  # devices the ledger plans for (train.py uses the real world size)
     mfu: float = free(0.40)  # assumed model FLOPs utilisation (the seed's 40%)
+    # the ledger's topology for communication (Ledger 5): the nodes the n_gpu devices span (0: 8 per node), and the
+    # bus bandwidths NCCL reaches inside a node (per GPU) and between nodes (per node), GB/s (0: ledger.py's table)
+    nodes: int = free(0)
+    intra_node_busbw: float = free(0.0)
+    inter_node_busbw: float = free(0.0)
     usd_per_gpu_hour: float = free(3.5)
 
 
@@ -392,6 +397,9 @@ RULES = {
     'gpu': (bool, "a name in ledger.py's GPU table, 'cpu' or 'auto'"),
     'n_gpu': POSITIVE,
     'mfu': (lambda v: 0 < v <= 1, 'in (0, 1]'),
+    'nodes': (POSITIVE_OR_0[0], 'positive (or 0: 8 devices per node)'),
+    'intra_node_busbw': (POSITIVE_OR_0[0], "positive GB/s (or 0: ledger.py's table)"),
+    'inter_node_busbw': (POSITIVE_OR_0[0], "positive GB/s per node (or 0: ledger.py's table)"),
     'usd_per_gpu_hour': POSITIVE_OR_0,
 }
 assert set(RULES) <= set(DEFAULTS)

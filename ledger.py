@@ -460,6 +460,16 @@ def fsdp_rows(rows, n_gpu, rank):
     return chunk, max(0, min(chunk, rows - rank * chunk))
 
 
+def fsdp_unit_elements(model, n_gpu):
+    """-> (root, blocks): elements FSDP2 gathers whole for its root unit (embeddings, final norm, lm_head) and for
+    each block, largest first (an MoE's blocks outweigh its dense ones), each tensor's rows padded to a multiple of
+    n_gpu (what an all-gather returns and a reduce-scatter takes in)."""
+    whole = {name: -(-shape[0] // n_gpu) * n_gpu * math.prod(shape[1:]) for name, shape in parameter_shapes(model)}
+    blocks = [sum(v for k, v in whole.items() if k.startswith(f'blocks.{i}.')) for i in range(model.n_layer)]
+    root = sum(v for k, v in whole.items() if not k.startswith('blocks.'))
+    return root, sorted(blocks, reverse=True)
+
+
 def held_model_states(model, parallel, n_gpu, dtype='bfloat16', rank=0):
     """Bytes of weights, gradients, AdamW states and FSDP2's gathered weights on `rank`, as train.py holds them;
     dtype is the compute dtype ('bfloat16' or 'float32'). 'book' is the book's figure for the same strategy."""
@@ -477,12 +487,7 @@ def held_model_states(model, parallel, n_gpu, dtype='bfloat16', rank=0):
             real += rows_real * math.prod(shape[1:])
         states.update(weights=4 * padded, grads=4 * padded, optimizer=8 * real + 4 * n_tensors)
         compute_bytes = 2 if dtype == 'bfloat16' else 4
-        whole = {name: -(-shape[0] // n_gpu) * n_gpu * math.prod(shape[1:]) for name, shape in parameter_shapes(model)}
-        blocks = sorted(
-            (sum(v for k, v in whole.items() if k.startswith(f'blocks.{i}.')) for i in range(model.n_layer)),
-            reverse=True,  # MoE: the largest blocks first (the dense ones are smaller)
-        )
-        root = sum(v for k, v in whole.items() if not k.startswith('blocks.'))
+        root, blocks = fsdp_unit_elements(model, n_gpu)
         gathered = sum(blocks) if parallel == 'zero2' else sum(blocks[:2])  # all blocks, or two at a time
         states['gathered'] = compute_bytes * (root + gathered) + compute_bytes * blocks[0]
     states['total'] = states['weights'] + states['grads'] + states['optimizer'] + states['gathered']
@@ -720,6 +725,355 @@ def gpus_for_model_states(n_params, gpu_memory_bytes):
 
 
 # -----------------------------------------------------------------------------------------------------
+# Ledger 5: communication, the bytes each parallel mode moves per optimizer step, as train.py's code moves them
+# (test_communication.py counts every collective on every rank under gloo, through torch's flight recorder, and
+# holds the list to this one, call by call). Per step, with A micro-steps (gradient accumulation) on N ranks:
+#   every mode:  the loss normaliser, an int64 all-reduce (the loss-carrying targets of the step), and the stop
+#                flag, an int64 all-reduce on a gloo group (guard.Stop, on the host): 8 bytes each.
+#   ddp:         one all-reduce of the fp32 gradients (4P bytes) on the last micro-step only (no_sync on the
+#                others), in DDP's buckets: the gradients in the order backward makes them (taken as the reverse of
+#                the parameters' order), a bucket closed once it holds 1 MiB (the first) or 25 MiB (DDP's default
+#                caps; buckets rebuilt after the first step, which sends all of it as one bucket).
+#   zero1:       that all-reduce, then ZeroRedundancyOptimizer broadcasts each updated fp32 tensor from the rank
+#                that owns it (zero1_partition): 4P bytes more, all after the optimizer step.
+#   zero2, fsdp: FSDP2, every micro-step: an all-gather of each unit (the root: embeddings, final norm, lm_head;
+#                each block) in the compute dtype (bf16 under the mixed-precision policy, else fp32) in forward,
+#                and a reduce-scatter of each unit's gradients in fp32 (reduce_dtype) in backward. fsdp reshards
+#                after forward (reshard_after_forward=True, passed to the root too, so the root reshards as well)
+#                and all-gathers every unit again in backward; zero2 keeps them. Then the gradient norm: one fp32
+#                all-reduce of a partial norm per parameter tensor (DTensor). Each tensor's rows are padded to a
+#                multiple of N (fsdp_unit_elements).
+# Sizes are NCCL-tests' S (doc/PERFORMANCE.md): the all-reduce's and broadcast's buffer, the all-gather's output,
+# the reduce-scatter's input, which are the "algorithm bytes"; the bus bytes are what a ring moves through each
+# rank's link, S x 2(N-1)/N for an all-reduce, S x (N-1)/N for an all-gather or a reduce-scatter, S for a
+# broadcast, and time = bus bytes / bus bandwidth (busbw, the figure nccl-tests prints). Per step, LLaMA-7B-like
+# P on N=8 under ddp: 4P x 2(7/8) = 7P bytes through each GPU's link; zero2 with bf16: A x (2P + 4P) x 7/8.
+
+DDP_FIRST_BUCKET_BYTES = 2**20  # torch.distributed._DEFAULT_FIRST_BUCKET_BYTES
+DDP_BUCKET_BYTES = 25 * 2**20  # DistributedDataParallel's bucket_cap_mb default, 25 MiB
+DTYPE_BYTES = {'float32': 4, 'bfloat16': 2, 'int64': 8}
+
+
+BUS_FACTORS = {  # NCCL-tests' doc/PERFORMANCE.md: bus bytes = algorithm bytes x this, on N ranks
+    'all_reduce': lambda n: 2 * (n - 1) / n,
+    'all_gather': lambda n: (n - 1) / n,
+    'reduce_scatter': lambda n: (n - 1) / n,
+    'broadcast': lambda n: 1.0,
+}
+
+
+def ddp_buckets(model, first_bytes=DDP_FIRST_BUCKET_BYTES, cap_bytes=DDP_BUCKET_BYTES, element_bytes=4):
+    """Elements of each DDP bucket, in the order they are all-reduced (the C++ reducer's
+    compute_bucket_assignment_by_size over the gradients in backward's order, taken as the reverse of the
+    parameters': a bucket closes once it holds at least its cap, 1 MiB for the first, then 25 MiB)."""
+    buckets, current, limit = [], 0, first_bytes
+    for _, shape in reversed(parameter_shapes(model)):
+        current += math.prod(shape)
+        if current * element_bytes >= limit:
+            buckets.append(current)
+            current, limit = 0, cap_bytes
+    return buckets + ([current] if current else [])
+
+
+def collectives(model, parallel, n_gpu, accumulation, dtype='bfloat16'):
+    """Every collective of one optimizer step of train.py on every rank (the same list on each), as dicts: what,
+    op ('all_reduce', 'all_gather', 'reduce_scatter', 'broadcast'), dtype, elements (NCCL-tests' S), calls per
+    step, phase ('step': before the micro-steps or after the update, nothing to hide under; 'forward' and
+    'backward': inside a micro-step; 'update': after backward, before the next step) and bytes, bus_bytes per
+    step. One process: none. dtype: the compute dtype."""
+    if n_gpu == 1:
+        return []
+    shapes = parameter_shapes(model)
+    items = [
+        ('loss normaliser', 'all_reduce', 'int64', 1, 1, 'step'),
+        ('stop flag (host, gloo)', 'all_reduce', 'int64', 1, 1, 'step'),
+    ]
+    if model.n_experts:  # MoE: the step's tokens per expert, summed over ranks for the router bias (model.py)
+        items.append(('MoE expert loads', 'all_reduce', 'float32', model.moe_layers * model.n_experts, 1, 'update'))
+    if not sharded(parallel, n_gpu):  # ddp, zero1: DDP's buckets, on the last micro-step's backward
+        items += [
+            (f'gradients, DDP bucket {i + 1}', 'all_reduce', 'float32', n, 1, 'backward')
+            for i, n in enumerate(ddp_buckets(model))
+        ]
+        if parallel == 'zero1':  # each tensor from its owner, after the update
+            sizes = sorted({math.prod(s) for _, s in shapes}, reverse=True)
+            counts = [sum(math.prod(s) == n for _, s in shapes) for n in sizes]
+            items += [
+                ('updated weights, ZeRO-1 broadcast', 'broadcast', 'float32', n, count, 'update')
+                for n, count in zip(sizes, counts)
+            ]
+    else:
+        gathered = dtype if dtype in ('bfloat16', 'float32') else 'float32'  # MixedPrecisionPolicy's param_dtype
+        root, blocks = fsdp_unit_elements(model, n_gpu)
+        A = accumulation
+        # blocks of one size (a dense model) are one row; an MoE's dense and expert blocks a row per size
+        sizes = sorted(set(blocks), reverse=True)
+        each = ['each block' if len(sizes) == 1 else f'each block of {n:,}' for n in sizes]
+        per_size = [(name, n, A * blocks.count(n)) for name, n in zip(each, sizes)]
+        items += [('weights, root unit', 'all_gather', gathered, root, A, 'forward')]
+        items += [(f'weights, {name}', 'all_gather', gathered, n, calls, 'forward') for name, n, calls in per_size]
+        if parallel == 'fsdp':  # resharded after forward: gathered again in backward
+            items += [('weights again, root unit', 'all_gather', gathered, root, A, 'backward')]
+            items += [
+                (f'weights again, {name}', 'all_gather', gathered, n, calls, 'backward') for name, n, calls in per_size
+            ]
+        items += [
+            (f'gradients, {name}', 'reduce_scatter', 'float32', n, calls, 'backward') for name, n, calls in per_size
+        ]
+        items += [
+            ('gradients, root unit', 'reduce_scatter', 'float32', root, A, 'backward'),
+            ('gradient norm (DTensor)', 'all_reduce', 'float32', len(shapes), 1, 'update'),
+        ]
+    result = []
+    for what, op, kind, elements, calls, phase in items:
+        size = elements * DTYPE_BYTES[kind] * calls
+        result.append(
+            dict(
+                what=what,
+                op=op,
+                dtype=kind,
+                elements=elements,
+                calls=calls,
+                phase=phase,
+                bytes=size,
+                bus_bytes=size * BUS_FACTORS[op](n_gpu),
+            )
+        )
+    return result
+
+
+# Ledger 5b: seconds, an ESTIMATE until measured. A collective takes its bus bytes / the bus bandwidth NCCL
+# reaches on the slowest link it crosses (the latency of the few-byte ones, tens of microseconds, is left out).
+# Inside a node that is the GPUs' fabric; across nodes NCCL runs one ring per NIC (rail-optimised: a NIC per GPU,
+# as DGX/HGX nodes have), so the node's NICs add up: 8 x 200 Gb/s HDR gave 192 GB/s of all-reduce busbw across
+# two DGX A100 (NVIDIA, nccl#812), 8 x 24 GB/s. A collective over several nodes goes at the slower of the two.
+# Where nothing is published the bus bandwidth is the line rate x 370/450, NCCL's efficiency on NVLink4.
+
+
+@dataclass(frozen=True)
+class Links:
+    fabric: str  # what joins the GPUs inside a node
+    line_gbps: float  # its line rate per GPU and direction, GB/s (the datasheet's bidirectional figure / 2)
+    busbw_gbps: float  # the bus bandwidth NCCL reaches on it (nccl-tests' busbw), GB/s
+    busbw_source: str
+    nic: str  # the usual NIC between nodes, one per GPU
+    nic_busbw_gbps: float  # what NCCL reaches through one of them, GB/s
+    nic_source: str
+
+
+NVLINK4_EFFICIENCY = 370 / 450
+_NVLINK4 = 'NVIDIA (nccl-tests#212): NVLink4 line rate 450 GB/s, NCCL ~370 busbw (~480 for all-reduce with NVLS)'
+_NDR = ('InfiniBand NDR 400 Gb/s', 48.0, 'NVIDIA (nccl-tests#267): 48-49 GB/s per ConnectX-7 at NDR')
+_HDR = ('InfiniBand HDR 200 Gb/s', 24.0, 'NVIDIA (nccl#412): 24 GB/s per HDR NIC; x8 = 192 GB/s (nccl#812)')
+_PCIE5 = Links(
+    'PCIe Gen5 x16, 128 GB/s bidirectional (NVLink bridges join pairs at most)',
+    64,
+    64 * NVLINK4_EFFICIENCY,
+    'ESTIMATE: line rate x 370/450',
+    *_NDR,
+)
+LINKS = {  # keyed like GPUS; fabric figures from the vendors' datasheets
+    'H200': Links('NVLink4 + NVSwitch, 900 GB/s bidirectional', 450, 370, _NVLINK4, *_NDR),
+    'H200-NVL': _PCIE5,
+    'H100': Links('NVLink4 + NVSwitch, 900 GB/s bidirectional', 450, 370, _NVLINK4, *_NDR),
+    'H100-PCIe': _PCIE5,
+    'H100-NVL': _PCIE5,
+    'A100': Links(
+        'NVLink3 + NVSwitch, 600 GB/s bidirectional',
+        300,
+        232,
+        'measured: all_reduce_perf on 8 x A100, 232.5 GB/s (nccl-tests#175)',
+        *_HDR,
+    ),
+    'A800': Links('NVLink3, 400 GB/s bidirectional', 200, 160, 'NVIDIA (nccl#412): ~160 GB/s intra-node', *_HDR),
+    'MI300X': Links(
+        'Infinity Fabric, 7 x 128 GB/s bidirectional',
+        448,
+        448 * NVLINK4_EFFICIENCY,
+        'ESTIMATE: line rate x 370/450 (RCCL)',
+        *_NDR,
+    ),
+    'B200': Links(
+        'NVLink5 + NVSwitch, 1.8 TB/s bidirectional',
+        900,
+        900 * NVLINK4_EFFICIENCY,
+        'ESTIMATE: line rate x 370/450',
+        *_NDR,
+    ),
+}
+GPUS_PER_NODE = 8  # an HGX/DGX board: the node count when `nodes` is 0
+COMM_EXPOSED_LIMIT = 0.10  # the ledger's line: communication "hides" while at most this share of a step waits on it
+
+
+def device_links(device):
+    """The LINKS entry for a Device from the GPU table (named, or measured and recognised), else None."""
+    for key, gpu in GPUS.items():
+        if device.kind == 'gpu' and (device.name == gpu.name or f'({key})' in device.peak_source):
+            return LINKS[key]
+    return None
+
+
+def topology(train, n_gpu, device):
+    """-> dict: nodes, gpus_per_node, the intra- and inter-node bus bandwidths (bytes/s; None when unknown: a CPU or
+    a GPU not in the table, unless the config gives them), the bandwidth a collective over all ranks gets, and
+    which link sets it, with sources."""
+    nodes = train.nodes or math.ceil(n_gpu / GPUS_PER_NODE)
+    if nodes > n_gpu:
+        raise ConfigError(f"nodes ({nodes}) must be at most n_gpu ({n_gpu}): each node holds at least one device")
+    per_node = math.ceil(n_gpu / nodes)
+    links = device_links(device)
+    intra, intra_source = (
+        (train.intra_node_busbw * 1e9, 'intra_node_busbw (config)')
+        if train.intra_node_busbw
+        else (links.busbw_gbps * 1e9, links.busbw_source)
+        if links
+        else (None, 'unknown: not a GPU of the table (set intra_node_busbw, GB/s)')
+    )
+    inter, inter_source = (
+        (train.inter_node_busbw * 1e9, 'inter_node_busbw (config), per node')
+        if train.inter_node_busbw
+        else (per_node * links.nic_busbw_gbps * 1e9, f'{per_node} x {links.nic} per node: {links.nic_source}')
+        if links
+        else (None, 'unknown (set inter_node_busbw, GB/s per node)')
+    )
+    if nodes == 1:
+        busbw, link = intra, 'intra-node'
+    else:  # one ring crosses both: the slower sets the pace
+        busbw = None if intra is None or inter is None else min(intra, inter)
+        link = 'inter-node' if busbw is None or inter < intra else 'intra-node'
+    return dict(
+        nodes=nodes,
+        gpus_per_node=per_node,
+        fabric=links.fabric if links else None,
+        intra_busbw=intra,
+        intra_source=intra_source,
+        inter_busbw=inter if nodes > 1 else None,
+        inter_source=inter_source if nodes > 1 else None,
+        busbw=busbw,
+        link=link,
+    )
+
+
+def communication(model, train, n_gpu, device, compute_step_seconds):
+    """Ledger 5 for a plan: the collectives of a step, their bytes, and (ESTIMATE) their seconds, how many of them
+    hide under backward / forward compute, the exposed rest, and the bound. compute_step_seconds: the step's
+    compute alone (Ledger 3)."""
+    dtype = run_dtype(train, device)
+    accumulation = max(1, math.ceil(train.batch_tokens / (train.micro_batch * model.block_size * n_gpu)))
+    items = collectives(model, train.parallel, n_gpu, accumulation, dtype)
+    comm = dict(
+        collectives=items,
+        accumulation=accumulation,
+        bytes=sum(i['bytes'] for i in items),
+        bus_bytes=sum(i['bus_bytes'] for i in items),
+        topology=topology(train, n_gpu, device),
+        seconds=None,
+        exposed_seconds=None,
+        exposed_fraction=None,
+        bound='compute',
+    )
+    if train.parallel == 'zero1' and n_gpu > 1:  # each rank broadcasts the tensors it owns
+        comm['broadcast_bytes_by_rank'] = [4 * elements for elements, _ in zero1_partition(model, n_gpu)]
+    busbw = comm['topology']['busbw']
+    if not items or busbw is None:
+        return comm
+    # the windows communication can hide under: a micro-step's forward (2 of the book's 6P, 2 of 8P with recompute)
+    # and backward; FSDP2 hides in every micro-step, DDP only in the last one's backward (no_sync before)
+    forward_share = 2 / (8 if train.recompute else 6)
+    micro = compute_step_seconds / accumulation
+    windows = accumulation if sharded(train.parallel, n_gpu) else 1
+    seconds = {phase: 0.0 for phase in ('step', 'update', 'forward', 'backward', 'edge')}
+    last_bucket = max((i for i, item in enumerate(items) if 'DDP bucket' in item['what']), default=None)
+    for i, item in enumerate(items):
+        item['seconds'] = item['bus_bytes'] / busbw
+        # nothing to hide under: the first all-gather of forward and of fsdp's backward (the root unit), the last
+        # reduce-scatter (the root's), DDP's last bucket (the first layers' gradients, ready as backward ends)
+        edge = 'root unit' in item['what'] or i == last_bucket
+        seconds['edge' if edge else item['phase']] += item['seconds']
+    exposed = (
+        seconds['step']
+        + seconds['update']
+        + seconds['edge']
+        + max(0.0, seconds['forward'] - windows * micro * forward_share)
+        + max(0.0, seconds['backward'] - windows * micro * (1 - forward_share))
+    )
+    comm.update(
+        seconds=sum(seconds.values()),
+        exposed_seconds=exposed,
+        exposed_fraction=exposed / (compute_step_seconds + exposed),
+    )
+    if comm['exposed_fraction'] > COMM_EXPOSED_LIMIT:
+        comm['bound'] = comm['topology']['link']
+    return comm
+
+
+# Ledger 5c: the book's rule as a verdict. "Up to ~30B on fewer than 16 GPUs, data parallelism + ZeRO suffices;
+# 70B-class runs on hundreds of GPUs need full 3D parallelism." Data parallelism (with ZeRO/FSDP) is enough while
+# (1) every GPU gets at least one sequence of the global batch, (2) the model states and one micro-batch's
+# activations fit, sharded as far as FSDP goes, and (3) the communication hides: at most COMM_EXPOSED_LIMIT of a
+# step waits on it. The plan as written first; if it fails, the four modes with and without recomputation at the
+# largest micro-batch that fits; if none passes, the run needs tensor or pipeline parallelism, which this trainer
+# does not do. A pipeline of p stages over m micro-batches idles (p-1)/(m+p-1) of each step (GPipe, Huang et al.
+# 2019): a figure to plan with.
+
+ELSEWHERE = 'torchtitan (PyTorch: tensor, pipeline and context parallelism on FSDP2) or Megatron-LM (NVIDIA)'
+
+
+def pipeline_bubble(stages, micro_batches):
+    return (stages - 1) / (micro_batches + stages - 1)
+
+
+def _plan_check(model, train, n_gpu, device):
+    """-> (fits, exposed fraction or None, memory total, memory of the device) for one plan."""
+    memory = memory_per_gpu(model, train, n_gpu, device=device)
+    hardware = flops_per_token(model, train.recompute, compile_mode(train, n_gpu) == 'blocks')['hardware']
+    compute_step = train.batch_tokens * hardware / (n_gpu * device.peak_flops * train.mfu)
+    exposed = communication(model, train, n_gpu, device, compute_step)['exposed_fraction']
+    return memory['fits'], exposed, memory['total'], memory['gpu_memory']
+
+
+def parallelism_verdict(model, train, n_gpu, device, fits, exposed_fraction):
+    """-> dict: enough (bool), verdict (one line), reasons, and a suggestion (the flags of a plan that passes)."""
+    sequences = train.batch_tokens // model.block_size
+    reasons = []
+    if sequences < n_gpu:
+        reasons.append(f'the global batch has {sequences} sequences for {n_gpu} GPUs: data parallelism needs one a GPU')
+    hides = exposed_fraction is None or exposed_fraction <= COMM_EXPOSED_LIMIT
+    if not reasons and fits and hides:
+        return dict(enough=True, verdict='data parallelism is enough', reasons=[], suggestion=None)
+    if not fits:
+        reasons.append('the plan does not fit in memory')
+    if not hides:
+        reasons.append(f'{exposed_fraction:.0%} of a step waits on communication (limit {COMM_EXPOSED_LIMIT:.0%})')
+    best = None
+    if sequences >= n_gpu:
+        for parallel in ('ddp', 'zero1', 'zero2', 'fsdp'):
+            for recompute in (False, True):
+                trial = dataclasses.replace(train, parallel=parallel, recompute=recompute)
+                micro_batch = min(max_micro_batch(model, trial, n_gpu, device), sequences // n_gpu)
+                if not micro_batch:
+                    continue
+                trial = dataclasses.replace(trial, micro_batch=micro_batch)
+                ok, exposed, _, _ = _plan_check(model, trial, n_gpu, device)
+                if ok and (exposed is None or exposed <= COMM_EXPOSED_LIMIT):
+                    best = best or f'--parallel={parallel} --recompute={recompute} --micro_batch={micro_batch}'
+    if best:
+        return dict(enough=True, verdict=f'data parallelism is enough with {best}', reasons=reasons, suggestion=best)
+    if sequences >= n_gpu:
+        trial = dataclasses.replace(train, parallel='fsdp', recompute=True, micro_batch=1)
+        ok, exposed, total, memory = _plan_check(model, trial, n_gpu, device)
+        reasons.append(
+            f'fully sharded (fsdp, recompute, micro-batch 1): {total / GIB:,.1f} of {memory / GIB:,.1f} GiB per GPU'
+            + (f', {exposed:.0%} of a step exposed communication' if exposed is not None else '')
+        )
+    return dict(
+        enough=False,
+        verdict=f'needs tensor or pipeline parallelism, which this trainer does not do: see {ELSEWHERE}',
+        reasons=reasons,
+        suggestion=None,
+    )
+
+
 # Ledger MoE: a mixture of experts (model.py's MoE, the DeepSeekMoE shape). The book's accounting is for dense
 # models; for MoE it says "16P becomes 16 x active parameters + routing and communication overhead". Half of that
 # holds. What scales with the ACTIVE parameters (the weights one token's forward uses: all but the n - k routed
@@ -911,9 +1265,13 @@ def predict(model, train, n_gpu=None, device=None):
     # sets tokens_per_s and days); MFU proper (PaLM, what train.py measures) counts only the model's FLOPs
     # ('matmul'), so with recompute the predicted MFU is lower by matmul / hardware (LLaMA-7B: 1 / 1.33).
     hardware_flops_per_s = n_gpu * device.peak_flops * train.mfu
-    tokens_per_s = hardware_flops_per_s / flops['hardware']
-    days = tokens * flops['hardware'] / hardware_flops_per_s / SECONDS_PER_DAY
+    compute_tokens_per_s = hardware_flops_per_s / flops['hardware']
+    compute_days = tokens * flops['hardware'] / hardware_flops_per_s / SECONDS_PER_DAY
     memory = memory_per_gpu(model, train, n_gpu, device=device)
+    # Ledger 5: a step is its compute plus the communication that does not hide under it (ESTIMATE)
+    comm = communication(model, train, n_gpu, device, train.batch_tokens / compute_tokens_per_s)
+    slowdown = 1 + (comm['exposed_seconds'] or 0) / (train.batch_tokens / compute_tokens_per_s)
+    tokens_per_s, days = compute_tokens_per_s / slowdown, compute_days * slowdown
     return {
         'model': dataclasses.asdict(model),
         'train': dataclasses.asdict(train),
@@ -930,10 +1288,14 @@ def predict(model, train, n_gpu=None, device=None):
         'model_flops': tokens * flops['matmul'],
         'book_flops': tokens * flops['book'],
         'mfu_assumed': train.mfu,
-        'mfu': train.mfu * flops['matmul'] / flops['hardware'],
+        'mfu': train.mfu * flops['matmul'] / flops['hardware'] / slowdown,
         'tokens_per_s': tokens_per_s,
         'step_seconds': train.batch_tokens / tokens_per_s,
         'days': days,
+        'days_compute': compute_days,
+        'tokens_per_s_compute': compute_tokens_per_s,
+        'comm': comm,
+        'parallelism': parallelism_verdict(model, train, n_gpu, device, memory['fits'], comm['exposed_fraction']),
         'days_book': train_days(tokens * flops['book'], n_gpu, device.peak_flops, train.mfu),
         'gpu_hours': days * 24 * n_gpu,
         'cost_usd': days * 24 * n_gpu * train.usd_per_gpu_hour,
@@ -1016,6 +1378,27 @@ def summarize(prediction, measured):
         if measured.get('val_loss') is not None
         else None,
         'val_sources': measured.get('val_sources'),  # a mixture's: {source: {weight, loss, bpb}} (live.py)
+        **comm_summary(p),
+    }
+
+
+def comm_summary(prediction):
+    """summary.json's communication keys (Ledger 5): the bytes of a step (exact), the seconds the ledger predicts
+    from its link table, and the seconds at the all-reduce bus bandwidth the run's own probe measured
+    (live.collective_probe); on gloo (the CPU) the seconds are not meaningful and say so."""
+    comm = prediction['comm']
+    probe = comm.get('probe')
+    meaningful = bool(probe and probe['meaningful'])
+    return {
+        'comm_bytes_per_step': comm['bytes'],
+        'comm_bus_bytes_per_step': comm['bus_bytes'],
+        'comm_seconds_predicted': comm['seconds'],
+        'comm_busbw_measured': probe['busbw'] if probe else None,
+        'comm_seconds_measured': comm['bus_bytes'] / probe['busbw'] if meaningful else None,
+        'comm_exposed_fraction_predicted': comm['exposed_fraction'],
+        'comm_seconds_note': None
+        if meaningful or not probe
+        else f"{probe['backend']} on the CPU: the seconds are not meaningful (the bytes are exact)",
     }
 
 

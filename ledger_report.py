@@ -386,6 +386,7 @@ def report_sections(p):
             states,
         ),
         moe_section(p),  # None for a dense model
+        communication_section(p) if p['n_gpu'] > 1 else None,
         ('Data and tokens (the planning note)', tokens),
         (
             'The mixture: each source as GPT-3 tabled its datasets (Brown et al. 2020, Table 2.2); weights kept '
@@ -398,7 +399,7 @@ def report_sections(p):
             loss,
         ),
     ]
-    return [(title, [row for row in rows if row]) for title, rows in sections if title]
+    return [(title, [row for row in rows if row]) for title, rows in filter(None, sections) if title]
 
 
 # -----------------------------------------------------------------------------------------------------
@@ -481,6 +482,142 @@ def mixture_rows(mix):
     return rows
 
 
+# -----------------------------------------------------------------------------------------------------
+# Ledger 5, printed: the collectives of a step (DDP's buckets and ZeRO-1's broadcasts as one row each), their bytes
+# and bus bytes, the seconds and what hides (ESTIMATES, labelled), the bound and the verdict.
+
+
+def _bytes(n_bytes):
+    return _gb(n_bytes) if n_bytes >= 1e8 else f'{n_bytes / 1e6:,.3g} MB' if n_bytes >= 1e5 else f'{n_bytes:,.0f} B'
+
+
+def _ms(seconds):
+    return f'{seconds * 1e3:,.3g} ms' if seconds < 1 else f'{seconds:,.3g} s'
+
+
+def communication_section(p):
+    """-> (title, rows) of Ledger 5 for a prediction on more than one device."""
+    comm, t, n = p['comm'], p['train'], p['n_gpu']
+    topo, verdict = comm['topology'], p['parallelism']
+    groups = {}
+    for item in comm['collectives']:
+        name = item['what'].split(', DDP bucket')[0] + (', DDP buckets' if 'DDP bucket' in item['what'] else '')
+        group = groups.setdefault(name, dict(item, count=0, bytes=0, bus_bytes=0, seconds=0.0, calls=0))
+        for key in ('bytes', 'bus_bytes', 'calls'):
+            group[key] += item[key]
+        group['seconds'] += item.get('seconds') or 0.0
+        group['count'] += 1
+    timed = comm['seconds'] is not None
+    rows = [
+        (
+            'topology',
+            f"{topo['nodes']} x {topo['gpus_per_node']} GPUs",
+            f"{topo['nodes']} node(s); inside a node {topo['fabric'] or 'an unknown fabric'}, busbw "
+            + (f"{topo['intra_busbw'] / 1e9:,.0f} GB/s" if topo['intra_busbw'] else '?')
+            + f" ({topo['intra_source']})"
+            + (
+                f"; between nodes {topo['inter_busbw'] / 1e9:,.0f} GB/s per node ({topo['inter_source']})"
+                if topo['inter_busbw']
+                else ''
+            ),
+        )
+    ]
+    for name, g in groups.items():
+        sizes = (
+            f"{g['count']} buckets (caps 1 MiB, then 25 MiB; the first {g['elements']:,} elements)"
+            if g['count'] > 1 and 'DDP' in name
+            else f"{g['calls']} tensors"
+            if g['op'] == 'broadcast'
+            else f"{g['calls']} x {g['elements']:,} elements"
+        )
+        rows.append(
+            (
+                name,
+                _bytes(g['bytes']),
+                f"{g['op']} {g['dtype']}, {sizes}; {g['phase']}; bus {_bytes(g['bus_bytes'])}"
+                + (f", {_ms(g['seconds'])}" if timed and g['bytes'] >= 1e6 else ''),
+            )
+        )
+    factors = '2(N-1)/N all-reduce, (N-1)/N all-gather and reduce-scatter, 1 broadcast'
+    rows += [
+        (
+            'per step, per GPU',
+            _gb(comm['bytes']),
+            f"algorithm bytes (NCCL-tests' S: the buffer, the gathered output, the scattered input); bus bytes "
+            f"{_gb(comm['bus_bytes'])} ({factors}, N={n}); {comm['accumulation']} micro-steps",
+        )
+    ]
+    if not timed:
+        rows.append(
+            (
+                'time',
+                'not estimated',
+                'gloo on a CPU: seconds are not meaningful'
+                if p['gpu']['kind'] == 'cpu'
+                else 'this GPU has no link figures: set intra_node_busbw (and inter_node_busbw), GB/s',
+            )
+        )
+    else:
+        share = comm['exposed_fraction']
+        rows += [
+            (
+                'time per step, ESTIMATE',
+                _ms(comm['seconds']),
+                f"bus bytes / {topo['busbw'] / 1e9:,.0f} GB/s busbw ({topo['link']} sets it); latency left out",
+            ),
+            (
+                'exposed per step, ESTIMATE',
+                _ms(comm['exposed_seconds']),
+                f"{share:.1%} of a step: "
+                + (
+                    "FSDP2 hides gathers under forward and reduce-scatters under backward, every micro-step, "
+                    "all but the root unit's"
+                    if sharded(t['parallel'], n)
+                    else "DDP hides its buckets under the last micro-step's backward, all but the last"
+                    + ('; ZeRO-1 broadcasts after the update' if t['parallel'] == 'zero1' else '')
+                )
+                + f"; step {p['step_seconds']:.3g} s",
+            ),
+            (
+                'bound, ESTIMATE',
+                comm['bound'],
+                f"compute while at most {ledger.COMM_EXPOSED_LIMIT:.0%} of a step waits on communication, else "
+                f"the slowest link",
+            ),
+            (
+                'days with communication',
+                _days(p['days']),
+                f"compute {_days(p['days_compute'])} + exposed communication (Ledger 3 counts both)",
+            ),
+        ]
+    sequences = t['batch_tokens'] // p['model']['block_size']
+    rows.append(
+        (
+            'data parallelism stops at',
+            f'{sequences:,} GPUs',
+            f"one sequence of the global batch each: there this plan's compute takes "
+            f"{_days(p['days_compute'] * n / sequences)} days",
+        )
+    )
+    rows.append(('verdict', 'DP is enough' if verdict['enough'] else 'needs TP/PP', verdict['verdict']))
+    rows += [('', '', reason) for reason in verdict['reasons']]
+    if not verdict['enough']:
+        bubble = ledger.pipeline_bubble(4, comm['accumulation'])
+        rows.append(
+            (
+                'pipeline bubble (p-1)/(m+p-1)',
+                f'{bubble:.0%}',
+                f"for planning: p = 4 stages over m = {comm['accumulation']} micro-batches idle this share "
+                "(GPipe, Huang et al. 2019)",
+            )
+        )
+    title = (
+        f"Ledger 5: communication per optimizer step ({t['parallel']}, N={n}, as train.py's collectives; "
+        'bytes exact, seconds an ESTIMATE)'
+    )
+    return title, rows
+
+
 def _row(label, value, note=''):
     return f'  {label:<34} {value:>18}   {note}'.rstrip()
 
@@ -548,6 +685,23 @@ def format_short(prediction, full):
     ]
     lines = [line for line in lines if line]
     lines += [_row(*row) for row in mixture_rows(p.get('mixture'))]  # a mixture: each source's tokens and epochs
+    comm = p['comm']
+    if comm['collectives']:  # Ledger 5: more than one process
+        lines.append(
+            _row(
+                'communication per step',
+                _bytes(comm['bytes']),
+                f"{comm['accumulation']} micro-steps, {p['train']['parallel']}; "
+                + (
+                    f"ESTIMATE {_ms(comm['seconds'])} at {comm['topology']['busbw'] / 1e9:,.0f} GB/s, "
+                    f"{comm['exposed_fraction']:.1%} of a step exposed; {p['parallelism']['verdict']}"
+                    if comm['seconds'] is not None
+                    else 'gloo on the CPU: seconds not meaningful'
+                    if p['gpu']['kind'] == 'cpu'
+                    else 'seconds not estimated (no link figures for this device)'
+                ),
+            )
+        )
     if data['loss_fraction'] < 1:
         lines.append(
             _row(

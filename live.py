@@ -142,6 +142,8 @@ def predict(config_path, model_cfg, train, cluster, force, cooldown):
             f"this run is on {device.name}: the live ledger predicts for it",
         )
     billed = dataclasses.replace(train, train_tokens=train.cooldown_tokens, max_steps=0) if cooldown else train
+    # the nodes this run really spans (torchrun's LOCAL_WORLD_SIZE processes a node)
+    billed = dataclasses.replace(billed, nodes=-(-cluster.world_size // int(os.environ.get('LOCAL_WORLD_SIZE', 1))))
     prediction = ledger.predict(model_cfg, billed, n_gpu=cluster.world_size, device=device)
     if device.kind == 'cpu' and cluster.world_size == 1:  # the MFU this model reaches here, measured (above)
         probe, key = step_probe(model_cfg, train, dtype, device)
@@ -155,6 +157,8 @@ def predict(config_path, model_cfg, train, cluster, force, cooldown):
             f"{probe['measured']})"
         ) + f"; the config says {train.mfu:.0%}"
         prediction['mfu_probe_key'] = key
+    if cluster.world_size > 1:
+        prediction['comm']['probe'] = collective_probe(cluster)
     log(
         cluster,
         ledger_report.format_short(
@@ -192,6 +196,33 @@ def predict(config_path, model_cfg, train, cluster, force, cooldown):
             f"count every position; the val loss is plain next-token prediction on every position",
         )
     return prediction, dtype
+
+
+def collective_probe(cluster, iterations=20):
+    """The all-reduce bus bandwidth this run's process group reaches, measured beside the GEMM probe: a fixed
+    number of all-reduces (the same on every rank) of 256 MiB of fp32 on GPUs, timed after two for warm-up; busbw =
+    bytes x 2(N-1)/N / seconds, as NCCL-tests computes it. Well under a second on a GPU node. On the CPU (gloo) a
+    4 MiB buffer, three times: the bytes are what matters there, the seconds are not meaningful."""
+    on_gpu = cluster.device.type == 'cuda'
+    buffer = torch.ones((256 if on_gpu else 4) * 2**20 // 4, device=cluster.device)
+    iterations = iterations if on_gpu else 3
+    for i in range(2 + iterations):
+        if i == 2:  # after the warm-up, with the device idle
+            if on_gpu:
+                torch.cuda.synchronize(cluster.device)
+            started = time.perf_counter()
+        dist.all_reduce(buffer)
+    if on_gpu:
+        torch.cuda.synchronize(cluster.device)
+    seconds = (time.perf_counter() - started) / iterations
+    size, n = buffer.numel() * 4, cluster.world_size
+    return {
+        'bytes': size,
+        'seconds': seconds,
+        'busbw': size * 2 * (n - 1) / n / seconds,
+        'backend': dist.get_backend(),
+        'meaningful': on_gpu,
+    }
 
 
 SDPA_BACKENDS = {0: 'math', 1: 'flash attention', 2: 'memory-efficient attention', 3: 'cuDNN attention'}

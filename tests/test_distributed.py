@@ -16,6 +16,7 @@ import torch
 
 import data
 import guard
+import ledger
 import objectives
 import train
 from config import IGNORE_INDEX, load_config
@@ -124,6 +125,20 @@ def test_resume_on_the_same_world_size_is_exact(mode, two_process_runs):
     full, resumed = runs(two_process_runs[mode])
     assert sorted(resumed) == list(range(7, STEPS + 1))
     assert [resumed[s] for s in resumed] == [full[s] for s in resumed]
+
+
+@pytest.mark.parametrize('mode', MODES)
+def test_summary_holds_the_communication_of_a_step(mode, single, two_process_runs):
+    """summary.json has Ledger 5's bytes of a step (test_communication.py counts them on the wire), the all-reduce
+    bandwidth of the run's own probe, and on gloo no seconds: they are not meaningful on a CPU."""
+    config, _, _ = single
+    summary = json.loads((two_process_runs[mode] / 'summary.json').read_text())
+    model_cfg, _ = load_config(config)
+    items = ledger.collectives(model_cfg, mode, 2, 2, 'float32')  # 512 tokens = 4 x 32 x 2 processes x 2
+    assert summary['comm_bytes_per_step'] == sum(item['bytes'] for item in items) > 0
+    assert summary['comm_bus_bytes_per_step'] == sum(item['bus_bytes'] for item in items)
+    assert summary['comm_busbw_measured'] > 0 and summary['comm_seconds_measured'] is None
+    assert summary['comm_seconds_predicted'] is None and 'not meaningful' in summary['comm_seconds_note']
 
 
 def test_fsdp_and_zero1_checkpoints_resume_on_one_process(single, two_process_runs, tmp_path):
