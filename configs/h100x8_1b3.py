@@ -1,7 +1,7 @@
 # The seed's 1.3B run on one 8 x H100 80GB node: the model, data and recipe of configs/h200_1b3.py (same keys,
 # written out: a config is a flat file), with the global batch spread over 8 GPUs.
 #   torchrun --standalone --nproc_per_node=8 train.py configs/h100x8_1b3.py
-#   python ledger.py configs/h100x8_1b3.py       # the bill first: ~0.81 days on 8 GPUs at 40% MFU
+#   python ledger.py configs/h100x8_1b3.py  # the bill first: ~0.82 days on 8 GPUs at 40% MFU, with communication
 # 524,288 tokens per step = 8 GPUs x 8 sequences x 2048 tokens x 4 accumulation steps.
 arch = 'llama'
 n_layer = 22

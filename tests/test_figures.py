@@ -121,8 +121,13 @@ def test_the_config_tables_figures_are_the_ledgers():
         if 'pystdlib' in config or 'overtrain' in config:
             continue
         p = ledger.predict(*load_config(os.path.join(ROOT, config)))
-        number, unit = re.fullmatch(r'([\d.]+)([KMB])', params.strip()).groups()
-        assert shown(p['params']['total'] / {'K': 1e3, 'M': 1e6, 'B': 1e9}[unit], number), config
+        # "1.34B", or an MoE's "1.05B (0.25B active)"
+        number, unit, active, active_unit = re.fullmatch(
+            r'([\d.]+)([KMB])(?: \(([\d.]+)([KMB]) active\))?', params.strip()
+        ).groups()
+        scale = {'K': 1e3, 'M': 1e6, 'B': 1e9, None: None}
+        assert shown(p['params']['total'] / scale[unit], number), config
+        assert active is None or shown(p['params']['active'] / scale[active_unit], active), config
         figures = {
             r'^([\d.]+) days': p['days'],
             r'book 6ND: ([\d.]+)': p['days_book'],
@@ -130,13 +135,17 @@ def test_the_config_tables_figures_are_the_ledgers():
             r'([\d.]+) of \d+ GiB': p['memory']['total'] / 2**30,
             r'[\d.]+ of (\d+) GiB': p['memory']['gpu_memory'] / 2**30,
             r'^([\d.]+) GiB per GPU': p['memory']['total'] / 2**30,
+            r'\(([\d.]+) of compute': p['days_compute'],
+            r'([\d.]+)% of a step waits on communication': 100 * (p['comm']['exposed_fraction'] or 0),
+            r'model states ([\d.]+) GiB from the total': p['memory']['model_states'] / 2**30,
+            r"the book's 16 x active: ([\d.]+)": p['memory'].get('book_active_model_states', 0) / 2**30,
         }
         found = [(pattern, m.group(1)) for pattern in figures for m in [re.search(pattern, bill.strip())] if m]
         assert found, (config, bill)
         for pattern, text in found:
             assert shown(figures[pattern], text), (config, pattern, text, figures[pattern])
         checked += 1
-    assert checked == 6
+    assert checked == 7
 
 
 def test_the_readme_bill_of_the_real_run_is_the_ledgers():
