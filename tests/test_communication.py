@@ -15,6 +15,7 @@ test_communication.py: Ledger 5 against what train.py's processes really send, a
 """
 
 import collections
+import dataclasses
 import json
 import os
 import subprocess
@@ -67,26 +68,33 @@ cluster = guard.setup_cluster()
 guard.join_process_group(cluster)
 stop = guard.Stop(cluster)
 counted = {}
-for mode in ('ddp', 'zero1', 'zero2', 'fsdp'):
-    for accumulation in (1, 3):
-        for dtype in (('float32', 'bfloat16') if mode in ('zero2', 'fsdp') and accumulation == 1 else ('float32',)):
-            batch = accumulation * cluster.world_size * 16
-            model_cfg, train_cfg = load_config(config, [f'--parallel={mode}', f'--batch_tokens={batch}'])
-            stream = data.SyntheticStream(model_cfg.vocab_size, model_cfg.block_size, train_cfg.seed, split=0)
-            run = train.build_run(model_cfg, train_cfg, cluster, dtype, stream, 10**6, 10**6)
-            for step in range(3):  # DDP sends all in one bucket at step 1 and rebuilds its buckets at step 2
-                before = max((e['record_id'] for e in recorded()), default=-1)
-                del python_reduce_scatters[:]
-                train.train_step(run)
-                stop.agreed()  # the loop's one collective besides the step's
-            entries = [e for e in recorded() if e['record_id'] > before]
-            counted[f'{mode} {accumulation} {dtype}'] = {
-                'collectives': [
-                    [e['profiling_name'], e['input_dtypes'], e['input_sizes'], e['output_sizes']] for e in entries
-                ],
-                'reduce_scatters': list(python_reduce_scatters),
-            }
-            del run
+MOE = ['--n_experts=4', '--top_k=2', '--expert_hidden=32', '--n_shared_experts=1', '--n_dense_layers=1']
+cases = [
+    (mode, accumulation, dtype, [])
+    for mode in ('ddp', 'zero1', 'zero2', 'fsdp')
+    for accumulation in (1, 3)
+    for dtype in (('float32', 'bfloat16') if mode in ('zero2', 'fsdp') and accumulation == 1 else ('float32',))
+]
+cases += [(mode, 1, 'float32', MOE) for mode in ('ddp', 'fsdp')]  # an MoE second layer: its block is the larger
+for mode, accumulation, dtype, moe in cases:
+    batch = accumulation * cluster.world_size * 16
+    flags = [f'--parallel={mode}', f'--batch_tokens={batch}', *moe]
+    model_cfg, train_cfg = load_config(config, flags)
+    stream = data.SyntheticStream(model_cfg.vocab_size, model_cfg.block_size, train_cfg.seed, split=0)
+    run = train.build_run(model_cfg, train_cfg, cluster, dtype, stream, 10**6, 10**6)
+    for step in range(3):  # DDP sends all in one bucket at step 1 and rebuilds its buckets at step 2
+        before = max((e['record_id'] for e in recorded()), default=-1)
+        del python_reduce_scatters[:]
+        train.train_step(run)
+        stop.agreed()  # the loop's one collective besides the step's
+    entries = [e for e in recorded() if e['record_id'] > before]
+    counted[f'{mode} {accumulation} {dtype}' + (' moe' if moe else '')] = {
+        'collectives': [
+            [e['profiling_name'], e['input_dtypes'], e['input_sizes'], e['output_sizes']] for e in entries
+        ],
+        'reduce_scatters': list(python_reduce_scatters),
+    }
+    del run
 stop.restore()
 with open(os.path.join(out, f'rank{cluster.rank}.json'), 'w') as f:
     json.dump(counted, f)
@@ -165,11 +173,15 @@ def test_every_collective_of_a_step_is_the_ledgers_on_every_rank(counted):
     world_size, ranks = counted
     model = ModelConfig(**{k: v for k, v in TINY.items() if k in ModelConfig.__dataclass_fields__})
     assert len(ledger.ddp_buckets(model)) == 2  # the test model does exercise the bucketing
+    moe = dataclasses.replace(
+        model, n_experts=4, top_k=2, expert_hidden=32, n_shared_experts=1, n_dense_layers=1
+    )  # the script's MOE flags
+    assert len(set(ledger.fsdp_unit_elements(moe, world_size)[1])) == 2  # FSDP2's blocks of two sizes
     for rank in ranks:
-        assert len(rank) == 10
+        assert len(rank) == 12
         for key, seen in rank.items():
-            mode, accumulation, dtype = key.split()
-            items = ledger.collectives(model, mode, world_size, int(accumulation), dtype)
+            mode, accumulation, dtype, *experts = key.split()
+            items = ledger.collectives(moe if experts else model, mode, world_size, int(accumulation), dtype)
             assert as_calls(seen['collectives']) == ledger_calls(items), (world_size, key)
             # and FSDP2's reduce-scatters were asked for as such, with the ledger's dtype and size
             asked = collections.Counter((dtype, n) for dtype, n in seen['reduce_scatters'])
@@ -220,8 +232,9 @@ def test_bus_bytes_are_nccl_tests_factors():
     assert sum(i['bus_bytes'] for i in gradients) == pytest.approx(4 * P * 2 * 7 / 8)
     sharded = ledger.collectives(model, 'zero2', 8, 4, 'bfloat16')
     gathers = sum(i['bus_bytes'] for i in sharded if i['op'] == 'all_gather')
-    root, block = ledger.fsdp_unit_elements(model, 8)
-    assert gathers == pytest.approx(4 * 2 * (root + model.n_layer * block) * 7 / 8)
+    root, blocks = ledger.fsdp_unit_elements(model, 8)
+    assert len(blocks) == model.n_layer and len(set(blocks)) == 1  # a dense model's blocks are alike
+    assert gathers == pytest.approx(4 * 2 * (root + sum(blocks)) * 7 / 8)
     assert ledger.BUS_FACTORS['broadcast'](8) == 1.0
     assert set(ledger.LINKS) == set(ledger.GPUS)  # every GPU of the table has its links, with their sources
     assert all(link.busbw_gbps <= link.line_gbps for link in ledger.LINKS.values())
