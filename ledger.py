@@ -1,9 +1,11 @@
 """
-ledger.py: the book's four sums (parameters, FLOPs, days, memory, plus data and cost) for a config.
+ledger.py: the book's four sums (parameters, FLOPs, days, memory, plus data and cost) for a config, and a fifth:
+the communication of a multi-GPU run (Ledger 5: the bytes of each collective, their seconds, the verdict).
 
     python ledger.py configs/h200_1b3.py                   # the bill for the config's device
     python ledger.py configs/h200_1b3.py --gpu=H100 --n_gpu=8 --parallel=zero2
     python ledger.py configs/pystdlib_cpu.py --gpu=auto    # this machine (a GPU by its name, or the CPU, measured)
+    python ledger.py configs/h100x8_1b3.py --n_gpu=16 --nodes=2 --inter_node_busbw=100   # two nodes, thinner links
     python ledger.py --book                                # every worked example of BOOK.md, recomputed
 
 Each formula below carries its name, its source and a worked number; BOOK.md lists them all. This file is the
@@ -1040,7 +1042,8 @@ def parallelism_verdict(model, train, n_gpu, device, fits, exposed_fraction):
         reasons.append(f'the global batch has {sequences} sequences for {n_gpu} GPUs: data parallelism needs one a GPU')
     hides = exposed_fraction is None or exposed_fraction <= COMM_EXPOSED_LIMIT
     if not reasons and fits and hides:
-        return dict(enough=True, verdict='data parallelism is enough', reasons=[], suggestion=None)
+        verdict = 'data parallelism is enough' if n_gpu > 1 else 'one device: nothing to spread'
+        return dict(enough=True, verdict=verdict, reasons=[], suggestion=None)
     if not fits:
         reasons.append('the plan does not fit in memory')
     if not hides:

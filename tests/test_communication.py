@@ -350,3 +350,17 @@ def test_train_pys_short_ledger_has_a_communication_line():
     assert 'not meaningful' in ledger_report.format_report(p)
     one = ledger_report.format_short(ledger.predict(model, train, n_gpu=1, device=cpu), '')
     assert 'communication' not in one
+
+
+@pytest.mark.parametrize(
+    'flags,message',
+    [
+        (['--nodes=9'], 'nodes (9) must be at most n_gpu (8)'),
+        (['--nodes=-1'], 'nodes must be positive (or 0: 8 devices per node)'),
+        (['--inter_node_busbw=-5'], 'inter_node_busbw must be positive GB/s per node'),
+    ],
+)
+def test_a_bad_topology_is_one_line(flags, message, capsys):
+    assert ledger_report.main(['configs/h100x8_1b3.py', *flags]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith('error: ') and err.count('\n') == 1 and message in err
