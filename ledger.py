@@ -570,6 +570,8 @@ def activation_bytes(
             + family.mlp_matrices * a * F
         )
         head = (0 if recompute else r * H) + stats + a * H + 8  # + the final norm; 8: the logits' max and log-sum
+        if compiled == 'blocks':  # the root (final norm, lm_head, loss) runs eager around the compiled blocks
+            head = r * H + stats + (r * H if family.norm == 'rmsnorm' and not fused_norm else 0) + a * H
     else:
         norm = r * H + stats + (r * H if family.norm == 'rmsnorm' and not fused_norm else 0)
         ffn = a * H + FFN_SAVED[family.mlp] * a * F
@@ -675,7 +677,8 @@ def memory_per_gpu(model, train, n_gpu=None, micro_batch=None, device=None, rank
             fused_norm=device.kind != 'cpu',
             compiled=compiled,
         )['total'],
-        'logits': logits_bytes(model, micro_batch, dtype_bytes, compiled=bool(compiled))['total'],
+        # under FSDP2 only the blocks are compiled: the loss is eager's, 12 bytes a logit (test_memory.py measures it)
+        'logits': logits_bytes(model, micro_batch, dtype_bytes, compiled=compiled == 'model')['total'],
         'activations_eager': activation_bytes(
             model,
             micro_batch,

@@ -292,8 +292,9 @@ def report_sections(p):
             _gib(memory['logits']),
             f"B*T*V x {2 * (2 if bf16 else 4)} bytes: the logits "
             f"and their gradient (fused); eager: {_gib(memory['logits_eager'])}"
-            if compiled
-            else "B*T*V x 12 bytes: fp32 log-softmax, its gradient, the logits' gradient",
+            if compiled and memory['graph'] == 'compiled whole'
+            else "B*T*V x 12 bytes: fp32 log-softmax, its gradient, the logits' gradient"
+            + (' (the loss runs eager around the compiled blocks)' if compiled else ''),
         ),
         ('runtime overhead', _gib(memory['overhead']), device['overhead_source']),
         (

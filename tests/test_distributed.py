@@ -290,8 +290,9 @@ def test_bad_parallel_and_indivisible_batch_are_one_line(single, tmp_path, capsy
     assert result.returncode != 0
     errors = [line for line in result.stderr.splitlines() if line.startswith('error:')]
     assert errors == [
-        "error: batch_tokens (384) is not a multiple of micro_batch x block_size x world size = "
-        "4 x 32 x 2 = 256: change batch_tokens, micro_batch or the number of processes"
+        "error: batch_tokens (384) is not a multiple of micro_batch x block_size x processes = "
+        "4 x 32 x 2 = 256 (1.5 accumulation steps): change batch_tokens, micro_batch or the number of processes "
+        "(n_gpu in the ledger)"
     ]
 
 

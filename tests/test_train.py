@@ -473,7 +473,7 @@ def test_cli_config_typo_is_one_line(pystdlib_data, tmp_path):
     [
         (['--data=/nonexistent/pystdlib'], 'python prepare.py pystdlib'),
         (['--vocab_size=1024'], 'vocab mismatch'),
-        (['--batch_tokens=200'], 'batch_tokens (200) is not a multiple of micro_batch x block_size x world size'),
+        (['--batch_tokens=200'], 'batch_tokens (200) is not a multiple of micro_batch x block_size x processes'),
         (['--resume'], 'no complete checkpoint'),
         (['--parallel=zero4'], "parallel must be one of"),
         (['--block_size=32', 'extra.py'], "unexpected argument 'extra.py'"),
