@@ -33,11 +33,16 @@ import sysconfig
 import time
 import zlib
 
-import numpy as np
+import config  # standard library only: first, so that Ctrl-C or SIGTERM during the slower imports is one line
 
-import ledger
-from config import EOT, SPECIAL_TOKENS, DataError, cli
-from data import (
+if __name__ == '__main__':
+    config.quiet_stops()
+
+import numpy as np  # noqa: E402
+
+import ledger  # noqa: E402
+from config import EOT, SPECIAL_TOKENS, DataError, cli  # noqa: E402
+from data import (  # noqa: E402
     HEADER_BYTES,
     list_shards,
     load_meta,
@@ -47,8 +52,8 @@ from data import (
     token_dtype,
     write_shard,
 )
-from downloads import HUB_ENDPOINT, Hub, Network, Progress, download, say, size_of
-from files import disk_errors, folder_lock, free_bytes, human_bytes, remove_quietly, save_json
+from downloads import HUB_ENDPOINT, Hub, Network, Progress, download, say, size_of  # noqa: E402
+from files import disk_errors, folder_lock, free_bytes, human_bytes, remove_quietly, save_json  # noqa: E402
 
 # -----------------------------------------------------------------------------------------------------
 # Tokenizers. gpt2 and bpe:V end up as tokenizer.json: the byte sequence of every rank (base64, list index = rank),

@@ -23,6 +23,11 @@ import os
 import shlex
 import sys
 
+import config  # standard library only: first, so that Ctrl-C or SIGTERM during the slow imports is one line
+
+if __name__ == '__main__':
+    config.quiet_stops()
+
 # The CUDA caching allocator reads its settings once, so they are set before torch is imported. Expandable segments
 # let freed blocks grow and merge instead of fragmenting: at h200_1b3's 86 of 141 GiB, with multi-GB loss buffers
 # of changing shapes, fragmentation is what turns a fit into an out-of-memory (nanochat and torchtitan set it too).
