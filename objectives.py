@@ -3,14 +3,15 @@ objectives.py: what the model learns to predict. The book's pretraining tasks (B
 
     clm        next-token prediction at every position: the default, and exactly train.py's (x, y) = (s[:-1], s[1:])
     prefix_lm  each document fragment cut at a uniform point: the first part is given, only the second carries loss
-               (attention stays causal)
+               (attention stays causal); the end-of-text token that ends the document before it carries loss too
     fim        fill-in-the-middle (Bavarian et al. 2022, "Efficient Training of Language Models to Fill in the
                Middle"): fim_rate of the fragments become <pre> prefix <suf> suffix <mid> middle (PSM), or in SPM
                order <pre> <suf> suffix <mid> prefix middle; every position carries loss, as in the paper
     ul2        UL2's mixture of denoisers (Tay et al. 2022): each fragment gets S (prefix LM), R (15% of the tokens
                masked in spans of mean 3) or X (long spans of 64, or 50% masked), with a mode token at its start;
                a masked span is one sentinel in the input, and the targets (sentinel, span, sentinel, span ...)
-               follow the input in the same sequence; only they carry loss
+               follow the input in the same sequence; only they carry loss (and the end-of-text token, as in
+               prefix_lm)
 
 The transform runs on the host per micro-batch, on the train stream's packed sequences (block_size + 1 tokens,
 every document led by the end-of-text token): `objective(sequences, first_index) -> (inputs, targets)`, each
@@ -152,7 +153,11 @@ def transform_sequence(objective, sequence, rng):
         if room == 0:
             used = start
             break
-        tokens, mask, taken = fragment_fn(objective, sequence[start:end], int(sequence[start] == eot), room, rng)
+        lead = int(sequence[start] == eot)
+        tokens, mask, taken = fragment_fn(objective, sequence[start:end], lead, room, rng)
+        # the end-of-text token ends the document before it: a target under every objective, as under clm, or the
+        # model never learns where a document ends (its own fragment's transform leaves it given)
+        mask[:lead] = True
         pieces.append(tokens)
         masks.append(mask)
         room -= len(tokens)
