@@ -253,7 +253,8 @@ class TrainConfig:
     cooldown_from: str = exact('')  # the checkpoint folder a cooldown starts from ('': a run of its own)
     cooldown_tokens: int = exact(0)  # a cooldown's tokens, over which the LR falls from the peak to the floor
     # what the model learns to predict (objectives.py): 'clm' next-token prediction at every position; 'prefix_lm'
-    # loss on the part after a random cut; 'fim' fill-in-the-middle (Bavarian et al. 2022); 'ul2' UL2's mixture of
+    # loss on the part after a random cut; 'fim' context-level fill-in-the-middle (Bavarian et al. 2022, split at
+    # tokens); 'ul2' UL2's mixture of
     # denoisers (Tay et al. 2022). fim and ul2 need a data folder with the special tokens (prepare.py reserves them)
     objective: str = exact('clm')
     fim_rate: float = exact(0.5)  # fim: the share of documents rearranged (the paper's 0.5; "FIM for free" to 0.9)

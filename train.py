@@ -376,6 +376,8 @@ def setup(argv, held=None):
 
     # The ledger for this exact run (this device, this world size, the model as it will be built), printed short.
     prediction, dtype = live.predict(config_path, model_cfg, train, cluster, force, cooldown)
+    if cluster.is_master and (line := objectives.describe(objective, stream)):  # fim's kind; ul2's real spans
+        log(cluster, line)
     held.enter_context(files.disk_errors(train.out_dir, needed_bytes=prediction['data']['checkpoint_bytes']))
     fields = dict(val=val, meta=meta, last_checkpoint=resume_from, cooldown=cooldown, objective=objective)
     run = build_run(model_cfg, train, cluster, dtype, stream, total_steps, stop_step, argv=list(argv), **fields)

@@ -530,3 +530,29 @@ def test_sample_fills_in_the_middle(pystdlib_data, fim_run, capsys, monkeypatch)
         )
         and '\n' not in err
     )
+
+
+class Stream:
+    """A train stream of the given sequences (ShardStream's batch API)."""
+
+    def __init__(self, sequences):
+        self.sequences = np.stack(sequences)
+
+    def batch(self, first, count):
+        return self.sequences[first : first + count]
+
+
+def test_the_log_names_context_level_fim_and_ul2s_real_spans():
+    rng = np.random.default_rng(10)
+    stream = Stream([one_document(rng, 255, n=257) for _ in range(64)])  # one 255-token document a sequence
+    assert objectives.describe(make('fim'), stream).startswith('fim: context-level FIM (Bavarian et al. 2022')
+    assert objectives.describe(objectives.CLM, stream) is None
+    line = objectives.describe(make('ul2', ul2_rates=(0.0, 0.0, 1.0)), stream)
+    # the document fills the sequence: X keeps the longest piece that fits with its head and sentinels (bisected as
+    # the transform does), where span 64 at 15% is one span of all the masked tokens
+    length = max(n for n in range(256) if 2 + n + 2 * objectives.span_counts(n, 64, 0.15)[1] <= 257)
+    masked, spans = objectives.span_counts(length, 64, 0.15)
+    assert spans == 1 and masked == 38
+    assert line.startswith('ul2 at block_size 256: mean span length and share masked as drawn on the first 64 ')
+    assert f'X (span 64, 15%): {masked:.1f}, {masked / length:.0%} masked' in line
+    assert 'X (span 3, 50%): 3.0' in line and 'R (' not in line  # no R fragment drawn at these rates
