@@ -14,7 +14,9 @@ import difflib
 import functools
 import math
 import os
+import signal
 import sys
+import threading
 from dataclasses import dataclass
 from fractions import Fraction
 
@@ -33,19 +35,80 @@ class DataError(UserError, ValueError):
     """Bad or missing data: the message is one line that says what is wrong and what to do."""
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where the process is (as Ctrl-C raises KeyboardInterrupt), so that the blocks around it
+    unwind: a folder's lock is released, a temporary file removed. A training loop handles it itself (guard.Stop)."""
+
+
+def _stop_line(interrupt):
+    """(the one line, the exit code) for Ctrl-C or SIGTERM."""
+    name, code = ('SIGTERM', 128 + signal.SIGTERM) if isinstance(interrupt, Terminated) else ('Ctrl-C', 130)
+    return f'interrupted ({name}): what was complete is kept; rerun the same command to carry on', code
+
+
+_COMMAND_PID = os.getpid()  # a forked worker inherits the handler below, and this number
+
+
+def _terminate(signum, frame):
+    if os.getpid() != _COMMAND_PID:  # a forked worker (a multiprocessing pool's, stopped with SIGTERM): as by default
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGTERM)
+    raise Terminated()
+
+
+def _stdout_gone():
+    """Whether stdout is a pipe whose reader has left (`| head`), as opposed to a broken socket elsewhere."""
+    import select
+
+    poller = select.poll()
+    poller.register(sys.stdout.fileno(), select.POLLOUT)
+    return any(event & select.POLLERR for _, event in poller.poll(0))
+
+
+def quiet_stops():
+    """For a command's `if __name__ == '__main__'` start, before its slow imports (torch takes seconds): Ctrl-C or
+    SIGTERM while they run is one line and exit 130 or 143 too, not a traceback or a silent exit."""
+    signal.signal(signal.SIGTERM, _terminate)
+    python_hook = sys.excepthook
+
+    def one_line(kind, value, traceback):
+        if not issubclass(kind, KeyboardInterrupt):
+            return python_hook(kind, value, traceback)
+        message, code = _stop_line(value)
+        print(message, file=sys.stderr, flush=True)
+        os._exit(code)  # outside main(), nothing is left to unwind
+
+    sys.excepthook = one_line
+
+
 def cli(function):
     """The one error wrapper of every command's main(argv): a UserError becomes one 'error: ...' line on stderr
-    (from rank 0 only under torchrun: every rank reaches the same verdict) and its exit code; Ctrl-C is one line
-    and exit 130, not a traceback (what was written completely stays; a rerun of the same command carries on)."""
+    (from rank 0 only under torchrun: every rank reaches the same verdict) and its exit code; Ctrl-C and SIGTERM
+    are one line and exit 130 or 143, not a traceback (what was written completely stays; a rerun of the same
+    command carries on); a reader of stdout that leaves early (`| head`) ends the command quietly."""
 
     @functools.wraps(function)
     def main(argv=None):
+        in_charge = threading.current_thread() is threading.main_thread()
+        previous = signal.getsignal(signal.SIGTERM) if in_charge else None
+        if previous == signal.SIG_DFL:  # SIGTERM unwinds like Ctrl-C (a handler someone else set is kept)
+            signal.signal(signal.SIGTERM, _terminate)
         try:
-            return function(sys.argv[1:] if argv is None else list(argv))
+            code = function(sys.argv[1:] if argv is None else list(argv))
+            sys.stdout.flush()  # here, where a closed pipe is caught, not at exit
+            return code
         except UserError as e:
             message, code = f'error: {e}', e.exit_code
-        except KeyboardInterrupt:
-            message, code = 'interrupted (Ctrl-C): what was complete is kept; rerun the same command to carry on', 130
+        except KeyboardInterrupt as e:
+            message, code = _stop_line(e)
+        except BrokenPipeError:  # `| head` read what it wanted: no traceback, and none from the flush at exit
+            if not _stdout_gone():
+                raise
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            return 128 + signal.SIGPIPE  # what a command killed by SIGPIPE exits with
+        finally:
+            if previous == signal.SIG_DFL:
+                signal.signal(signal.SIGTERM, previous)
         if int(os.environ.get('RANK', 0)) == 0:
             print(message, file=sys.stderr, flush=True)
         return code
@@ -206,7 +269,8 @@ class TrainConfig:
     # from its config.json. A resumed run reads its weights from its own checkpoints
     init_from: str = exact('')
     # what the model learns to predict (objectives.py): 'clm' next-token prediction at every position; 'prefix_lm'
-    # loss on the part after a random cut; 'fim' fill-in-the-middle (Bavarian et al. 2022); 'ul2' UL2's mixture of
+    # loss on the part after a random cut; 'fim' context-level fill-in-the-middle (Bavarian et al. 2022, split at
+    # tokens); 'ul2' UL2's mixture of
     # denoisers (Tay et al. 2022). fim and ul2 need a data folder with the special tokens (prepare.py reserves them)
     objective: str = exact('clm')
     fim_rate: float = exact(0.5)  # fim: the share of documents rearranged (the paper's 0.5; "FIM for free" to 0.9)

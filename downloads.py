@@ -52,6 +52,7 @@ class Progress:
         self.format_meter, self.desc, self.total, self.unit = tqdm.format_meter, desc, total, unit
         self.initial = self.n = initial
         self.started = self.reported = time.monotonic()
+        self.waited = 0.0  # seconds spent waiting between tries (a Retry-After): not download time
         self.bar = (
             tqdm(
                 desc=desc,
@@ -77,7 +78,7 @@ class Progress:
                 self.format_meter(
                     self.n,
                     self.total,
-                    self.reported - self.started,
+                    self.reported - self.started - self.waited,
                     ncols=0,
                     prefix=self.desc,
                     unit=self.unit,
@@ -85,6 +86,12 @@ class Progress:
                     initial=self.initial,
                 )
             )
+
+    def waited_for(self, seconds):
+        """A wait between tries is over: the rate leaves it out (a 60 s Retry-After is not a slow download)."""
+        self.waited += seconds
+        if self.bar is not None:
+            self.bar.unpause()  # tqdm's clock restarts from its last print: the wait is not in its rate
 
     def __enter__(self):
         return self
@@ -139,6 +146,7 @@ class Retries:
     def __init__(self, what, network):
         self.what, self.network = what, network
         self.tries, self.first_failure = 0, None
+        self.after_wait = None  # called with the seconds waited (a download's Progress.waited_for)
 
     def progress(self):
         self.tries, self.first_failure = 0, None
@@ -174,6 +182,8 @@ class Retries:
             f"(retry budget {budget:g} s)"
         )
         time.sleep(wait)
+        if self.after_wait is not None:
+            self.after_wait(wait)
 
 
 def retry_after_s(response):
@@ -301,6 +311,11 @@ class Hub:
             ) from None
 
 
+class ListingMismatch(DataError):
+    """Every download of a file disagreed with the hash its listing gives: the file is damaged on the way, or the
+    listing is wrong (prepare.py then lists the files again, once)."""
+
+
 def file_digest(path, listed):
     """(kind, actual, expected) of the check a listing entry allows: the sha256 of a file in LFS, or git's blob id
     of a file kept in git (sha1 of b'blob <size>\\0' + its bytes); (None, None, None) if it gives neither, and then
@@ -338,6 +353,7 @@ def download(hub, url, dest, listed, starts_with=b'PAR1'):
     for attempt in range(1, HASH_ATTEMPTS + 1):
         started = time.monotonic()
         with Progress(name, size, unit='B', initial=min(size, size_of(partial)), leave=False) as progress:
+            retries.after_wait = progress.waited_for
             while size_of(partial) != size:
                 fetch_rest(hub, url, partial, etag_path, size, starts_with, retries, progress)
         kind, actual, expected = file_digest(partial, listed)
@@ -357,7 +373,7 @@ def download(hub, url, dest, listed, starts_with=b'PAR1'):
                 f"({attempt + 1} of {HASH_ATTEMPTS})"
             )
             time.sleep(hub.network.backoff_s * 2**attempt)
-    raise DataError(
+    raise ListingMismatch(
         f"{name}: {kind} {actual} after {HASH_ATTEMPTS} downloads, but the listing says {expected}: the "
         f"data is damaged on the way (a proxy or mirror?): check --endpoint or HF_ENDPOINT and rerun"
     )

@@ -3,14 +3,16 @@ objectives.py: what the model learns to predict. The book's pretraining tasks (B
 
     clm        next-token prediction at every position: the default, and exactly train.py's (x, y) = (s[:-1], s[1:])
     prefix_lm  each document fragment cut at a uniform point: the first part is given, only the second carries loss
-               (attention stays causal)
-    fim        fill-in-the-middle (Bavarian et al. 2022, "Efficient Training of Language Models to Fill in the
-               Middle"): fim_rate of the fragments become <pre> prefix <suf> suffix <mid> middle (PSM), or in SPM
-               order <pre> <suf> suffix <mid> prefix middle; every position carries loss, as in the paper
+               (attention stays causal); the end-of-text token that ends the document before it carries loss too
+    fim        context-level fill-in-the-middle (Bavarian et al. 2022, "Efficient Training of Language Models to
+               Fill in the Middle", appendix B.1): fim_rate of the fragments become <pre> prefix <suf> suffix
+               <mid> middle (PSM), or in SPM order <pre> <suf> suffix <mid> prefix middle; every position carries
+               loss, as in the paper; split at tokens, not the paper's characters (_fim says why)
     ul2        UL2's mixture of denoisers (Tay et al. 2022): each fragment gets S (prefix LM), R (15% of the tokens
                masked in spans of mean 3) or X (long spans of 64, or 50% masked), with a mode token at its start;
                a masked span is one sentinel in the input, and the targets (sentinel, span, sentinel, span ...)
-               follow the input in the same sequence; only they carry loss
+               follow the input in the same sequence; only they carry loss (and the end-of-text token, as in
+               prefix_lm)
 
 The transform runs on the host per micro-batch, on the train stream's packed sequences (block_size + 1 tokens,
 every document led by the end-of-text token): `objective(sequences, first_index) -> (inputs, targets)`, each
@@ -67,6 +69,7 @@ class Objective:
     fim_rate: float = DEFAULTS['fim_rate']
     fim_spm_rate: float = DEFAULTS['fim_spm_rate']
     ul2_rates: tuple = (DEFAULTS['ul2_s_rate'], DEFAULTS['ul2_r_rate'], DEFAULTS['ul2_x_rate'])  # S, R, X
+    record: list = None  # a list: UL2's R and X fragments append (mode, mean, rate, length, span lengths) to it
 
     def __post_init__(self):
         self.sentinels = np.array([self.ids[name] for name in SENTINELS if name in self.ids], dtype=np.int64)
@@ -152,7 +155,11 @@ def transform_sequence(objective, sequence, rng):
         if room == 0:
             used = start
             break
-        tokens, mask, taken = fragment_fn(objective, sequence[start:end], int(sequence[start] == eot), room, rng)
+        lead = int(sequence[start] == eot)
+        tokens, mask, taken = fragment_fn(objective, sequence[start:end], lead, room, rng)
+        # the end-of-text token ends the document before it: a target under every objective, as under clm, or the
+        # model never learns where a document ends (its own fragment's transform leaves it given)
+        mask[:lead] = True
         pieces.append(tokens)
         masks.append(mask)
         room -= len(tokens)
@@ -189,9 +196,12 @@ def _prefix_lm(objective, fragment, lead, room, rng):
 
 
 def _fim(objective, fragment, lead, room, rng):
-    """PSM or SPM with probability fim_rate, split at two points drawn uniformly over the document's tokens (the
-    paper draws them over characters; token-level keeps the transform on token ids: an infill then starts and ends
-    on a token boundary of the whole document's tokenization). Every position carries loss, the sentinels too."""
+    """PSM or SPM with probability fim_rate, split at two points drawn uniformly over the fragment's tokens. The
+    paper draws them over characters; here the transform stays on the shards' token ids, because splitting at
+    characters means decoding and re-encoding every fragment on the host at every step (a tokenizer in the hot
+    loop) and changes its token count, which the packing into block_size + 1 positions is built on. So a middle
+    starts and ends on a token boundary of the whole document's tokenization (sample.py says what that means for
+    a prompt). Every position carries loss, the sentinels too."""
     if rng.random() >= objective.fim_rate or room < lead + 3:
         return _as_given(fragment, room, True)
     pre, suf, mid = (objective.ids[name] for name in FIM_TOKENS)
@@ -250,6 +260,8 @@ def _ul2(objective, fragment, lead, room, rng):
     keep[span_starts] = True
     inputs = corrupted[keep]  # each span collapsed to its sentinel
     span_lengths = runs[1::2]
+    if objective.record is not None:
+        objective.record.append((mode, mean, rate, length, span_lengths))
     targets = np.insert(doc[is_masked], np.cumsum(span_lengths) - span_lengths, sentinel)  # sentinel, span, ...
     tokens = np.concatenate((head, inputs, targets)).astype(fragment.dtype, copy=False)
     mask = np.zeros(len(tokens), dtype=bool)
@@ -273,3 +285,36 @@ def _composition(total, parts, rng):
 
 
 FRAGMENT_FUNCTIONS = {'prefix_lm': _prefix_lm, 'fim': _fim, 'ul2': _ul2}
+
+
+# -----------------------------------------------------------------------------------------------------
+# What a run's log says of its objective (train.py prints it at start-up).
+
+FIM_LINE = (
+    "fim: context-level FIM (Bavarian et al. 2022, appendix B.1): each document fragment of a packed sequence is "
+    "rearranged on its own, split at tokens, not the paper's characters (objectives._fim says why)"
+)
+
+
+def describe(objective, stream, count=64):
+    """The start-up line for fim (what kind of FIM it is) and ul2 (the spans its R and X denoisers really get on
+    the run's first `count` sequences: a fragment shorter than a setting needs gets fewer, shorter spans, e.g. X's
+    span 64 at 15% on a 256-token fragment is one span of ~38); None for the others."""
+    if objective.name == 'fim':
+        return FIM_LINE
+    if objective.name != 'ul2':
+        return None
+    seen = []
+    dataclasses.replace(objective, record=seen)(stream.batch(0, count), 0)
+    settings = []
+    for mode, denoisers in ((1, R_DENOISERS), (2, X_DENOISERS)):
+        for mean, rate in denoisers:
+            got = [(length, spans) for m, mu, r, length, spans in seen if (m, mu, r) == (mode, mean, rate)]
+            if got:
+                spans = np.concatenate([s for _, s in got])
+                masked = spans.sum() / sum(length for length, _ in got)
+                settings.append(f"{'RX'[mode - 1]} (span {mean}, {rate:.0%}): {spans.mean():.1f}, {masked:.0%} masked")
+    block = stream.batch(0, 1).shape[1] - 1
+    return f"ul2 at block_size {block}: mean span length and share masked as drawn on the first {count} sequences: " + (
+        '; '.join(settings) or 'no R or X fragment drawn'
+    )

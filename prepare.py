@@ -34,11 +34,16 @@ import sysconfig
 import time
 import zlib
 
-import numpy as np
+import config  # standard library only: first, so that Ctrl-C or SIGTERM during the slower imports is one line
 
-import ledger
-from config import EOT, SPECIAL_TOKENS, DataError, cli
-from data import (
+if __name__ == '__main__':
+    config.quiet_stops()
+
+import numpy as np  # noqa: E402
+
+import ledger  # noqa: E402
+from config import EOT, SPECIAL_TOKENS, DataError, cli  # noqa: E402
+from data import (  # noqa: E402
     HEADER_BYTES,
     list_shards,
     load_meta,
@@ -48,8 +53,8 @@ from data import (
     token_dtype,
     write_shard,
 )
-from downloads import HUB_ENDPOINT, Hub, Network, Progress, download, say, size_of
-from files import disk_errors, folder_lock, free_bytes, human_bytes, remove_quietly, save_json
+from downloads import HUB_ENDPOINT, Hub, ListingMismatch, Network, Progress, download, say, size_of  # noqa: E402
+from files import disk_errors, folder_lock, free_bytes, human_bytes, remove_quietly, save_json  # noqa: E402
 
 # -----------------------------------------------------------------------------------------------------
 # Tokenizers. gpt2 and bpe:V end up as tokenizer.json: the byte sequence of every rank (base64, list index = rank),
@@ -950,17 +955,36 @@ def disk_plan(out_dir, files, paths, tokens, shard_tokens, vocab_size, keep_down
         )
 
 
-def hub_manifest(hub, out_dir, repo, folder, revision, split=''):
+def check_val_tokens(val_tokens, tokens, files):
+    """An impossible --val-tokens, refused from the listing before anything is downloaded: with --tokens, a val shard
+    that leaves the train split nothing; without, one larger than the files could hold even at one token per byte
+    of parquet (FineWeb-Edu's is ~0.3: text compresses 2-4x there, and a byte-level BPE token is at least a byte)."""
+    parquet = sum(f['size'] for f in files)
+    if tokens and val_tokens >= tokens:
+        raise DataError(
+            f"--val-tokens {val_tokens:,} is all of --tokens {tokens:,}: nothing would be left to train on; lower "
+            f"--val-tokens (the default is 10% of --tokens)"
+        )
+    if not tokens and val_tokens > parquet:
+        raise DataError(
+            f"--val-tokens {val_tokens:,} is more than the {len(files)} listed files can hold ({human_bytes(parquet)} "
+            f"of parquet, ~{parquet // PARQUET_BYTES_PER_TOKEN[1]:,}-{parquet // PARQUET_BYTES_PER_TOKEN[0]:,} "
+            f"GPT-2 tokens): lower --val-tokens"
+        )
+
+
+def hub_manifest(hub, out_dir, repo, folder, revision, split='', relist=False):
     """files.json: the commit the revision resolved to, and the size and sha256 of every parquet file of `folder` in the
     dataset `repo` (those named `split`* where a split is given), listed on the first run and pinned for the reruns
-    (a manifest from an older prepare.py, without sha256, is listed again at its commit)."""
+    (a manifest from an older prepare.py, without sha256, is listed again at its commit). relist: list the files
+    again at the pinned commit and pin that (a listing that was wrong once)."""
     path = os.path.join(out_dir, 'files.json')
     manifest = None
     if os.path.exists(path):
         try:
             with open(path, 'rb') as f:
                 manifest = json.loads(f.read())
-            if all('sha256' in f for f in manifest['files']):
+            if all('sha256' in f for f in manifest['files']) and not relist:
                 return manifest
         except (ValueError, KeyError, TypeError):
             raise DataError(
@@ -1056,14 +1080,30 @@ def parquet_from_hub(
         f"{prefix}: {repo}/{folder} at {sha} from {hub.endpoint}: {len(files)} parquet files, "
         f"{human_bytes(sum(f['size'] for f in files))}"
     )
+    check_val_tokens(val_tokens, tokens, files)
     disk_plan(out_dir, files, paths, tokens, shard_tokens, parse_tokenizer(tokenizer), keep_downloads, prefix)
-    verified = set()
+    verified, relisted = set(), []
 
     def fetch(index):  # file `index`, downloaded (or found on disk) and verified, once per run
         if index not in verified:
             if not os.path.exists(paths[index]):
                 say(f"{prefix}: downloading {files[index]['path']} ({human_bytes(files[index]['size'])})")
-            download(hub, hub.url('datasets', repo, sha, files[index]['path']), paths[index], files[index])
+            url = hub.url('datasets', repo, sha, files[index]['path'])
+            try:
+                download(hub, url, paths[index], files[index])
+            except ListingMismatch as e:  # every download disagreed with files.json: is files.json wrong?
+                if relisted:
+                    raise
+                relisted.append(index)  # once per run: list the files again at the pinned commit
+                fresh = hub_manifest(hub, out_dir, repo, folder, request['revision'], split, relist=True)['files']
+                if fresh[index] == files[index]:
+                    raise DataError(f"{e} (the Hub lists it so again today)") from None
+                say(
+                    f"{prefix}: files.json pinned {files[index]['path']} as sha256 {files[index]['sha256']}, "
+                    f"the Hub lists {fresh[index]['sha256']}: files.json listed again at {sha}"
+                )
+                files[:] = fresh
+                download(hub, url, paths[index], files[index])
             verified.add(index)
         return paths[index]
 

@@ -23,6 +23,11 @@ import os
 import shlex
 import sys
 
+import config  # standard library only: first, so that Ctrl-C or SIGTERM during the slow imports is one line
+
+if __name__ == '__main__':
+    config.quiet_stops()
+
 # The CUDA caching allocator reads its settings once, so they are set before torch is imported. Expandable segments
 # let freed blocks grow and merge instead of fragmenting: at h200_1b3's 86 of 141 GiB, with multi-GB loss buffers
 # of changing shapes, fragmentation is what turns a fit into an out-of-memory (nanochat and torchtitan set it too).
@@ -370,6 +375,8 @@ def setup(argv, held=None):
 
     # The ledger for this exact run (this device, this world size, the model as it will be built), printed short.
     prediction, dtype = live.predict(config_path, model_cfg, train, cluster, force, cooldown)
+    if cluster.is_master and (line := objectives.describe(objective, stream)):  # fim's kind; ul2's real spans
+        log(cluster, line)
     held.enter_context(files.disk_errors(train.out_dir, needed_bytes=prediction['data']['checkpoint_bytes']))
     fields = dict(val=val, meta=meta, last_checkpoint=resume_from, cooldown=cooldown, objective=objective)
     run = build_run(model_cfg, train, cluster, dtype, stream, total_steps, stop_step, argv=list(argv), **fields)

@@ -9,6 +9,10 @@ curves, the Chinchilla point, Hoffmann et al.'s fitted loss beside them).
     python experiments/overtrain.py configs/pystdlib_overtrain.py            # the miniature: minutes on a CPU
     python experiments/overtrain.py configs/h200_1b3_overtrain.py --plan     # the real one: runs, commands, bill
 
+--lrs=1e-3,3e-3,1e-2 runs the whole experiment at each peak LR (folders OUT_DIR_lr0.001, ...) and compares each
+schedule at its best LR for each length, as Hägele et al. do: a single LR tuned for neither favours one of them.
+The miniature's sweep: `--lrs=1e-3,3e-3,1e-2` (three times the minutes).
+
 --plan prints the runs, the command of each and the ledger's bill (tokens, days, cost), and runs nothing. Stopped,
 the same command carries on: a complete run is found complete, an interrupted one resumes. Overrides (--key=value)
 go to every run.
@@ -29,7 +33,7 @@ import plot  # noqa: E402
 import train  # noqa: E402
 from config import ConfigError, UserError, cli, load_config  # noqa: E402
 
-USAGE = 'usage: python experiments/overtrain.py CONFIG [--key=value ...] [--plan]'
+USAGE = 'usage: python experiments/overtrain.py CONFIG [--key=value ...] [--lrs=LR,LR,...] [--plan]'
 
 
 # -----------------------------------------------------------------------------------------------------
@@ -239,13 +243,76 @@ def results(runs, chinchilla):
     return rows
 
 
+def at_best_lr(sweep, chinchilla):
+    """A row per length: each schedule at the best peak LR of the sweep ({lr: runs}) for that length, as Hägele et
+    al. compare them (one peak LR, tuned for neither, would favour whichever it happens to suit)."""
+    rows = [
+        '| tokens | x Chinchilla | wsd + cooldown: best val bpb | at lr | cosine: best val bpb | at lr '
+        '| wsd - cosine |',
+        '| ---: | ---: | ---: | ---: | ---: | ---: | ---: |',
+    ]
+    lengths = sorted({run.length for runs in sweep.values() for run in runs})
+    for length in lengths:
+        best = []
+        for is_cosine in (False, True):
+            scores = [
+                (final_val_bpb(run.out_dir), lr)
+                for lr, runs in sweep.items()
+                for run in runs
+                if run.length == length and (run.schedule == 'cosine') == is_cosine
+            ]
+            best.append(min(((bpb, lr) for bpb, lr in scores if bpb is not None), default=(None, None)))
+        (wsd, wsd_lr), (cosine, cosine_lr) = best
+        cells = [f'{v:.4f} | {lr:g}' if v is not None else '- | -' for v, lr in best]
+        difference = f'{wsd - cosine:+.4f}' if wsd is not None and cosine is not None else '-'
+        rows.append(f"| {ledger_report.si(length)} | {length / chinchilla:.2f} | {' | '.join(cells)} | {difference} |")
+    return rows
+
+
+def parse_lrs(argv):
+    """--lrs=1e-3,3e-3,1e-2: the peak LRs of the sweep (every run of the experiment at each), or () for none."""
+    given = [a.split('=', 1)[1] for a in argv if a.startswith('--lrs=')]
+    try:
+        lrs = tuple(float(v) for v in ','.join(given).split(',') if v)
+    except ValueError:
+        raise ConfigError(f"--lrs={','.join(given)}: expected peak LRs, comma-separated (1e-3,3e-3,1e-2)") from None
+    if any(lr <= 0 for lr in lrs):
+        raise ConfigError(f"--lrs: every LR must be positive, got {lrs}")
+    return lrs
+
+
 @cli
 def main(argv):
     config_path = argv[0] if argv and not argv[0].startswith('--') else None
     if config_path is None:
         raise ConfigError(f"no config given: {USAGE}")
-    planning = '--plan' in argv
-    overrides = [a for a in argv[1:] if a != '--plan']
+    lrs = parse_lrs(argv[1:])
+    overrides = [a for a in argv[1:] if a != '--plan' and not a.startswith('--lrs=')]
+    if not lrs:
+        return experiment(config_path, overrides, '--plan' in argv)
+    # the sweep: the whole experiment at each peak LR, in folders named for it; then each schedule at its best
+    base = load_config(config_path, overrides)[1].out_dir
+    sweep = {}
+    for lr in lrs:
+        swept = [*overrides, f'--lr={lr:g}', f'--out_dir={os.path.normpath(base)}_lr{lr:g}']
+        print(f"\n== peak lr {lr:g}", flush=True)
+        code = experiment(config_path, swept, '--plan' in argv)
+        if code:
+            return code
+        sweep[lr] = plan(*load_config(config_path, swept))
+    if '--plan' not in argv:
+        params = ledger.count_params(load_config(config_path, overrides)[0])['total']
+        chinchilla = ledger.CHINCHILLA_TOKENS_PER_PARAM * params
+        print(
+            '\neach schedule at its best peak LR, final val loss in bits per byte:\n'
+            + '\n'.join(at_best_lr(sweep, chinchilla))
+        )
+    return 0
+
+
+def experiment(config_path, overrides, planning):
+    """The experiment at one peak LR: the plan, its bill and commands; then (unless planning) the runs and the
+    table of their final val losses."""
     model_cfg, train_cfg = load_config(config_path, overrides)
     runs = plan(model_cfg, train_cfg)
     rows, prediction = bill(model_cfg, train_cfg, runs)

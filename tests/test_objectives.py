@@ -131,10 +131,11 @@ def test_prefix_lm_loss_is_the_fragment_after_its_cut():
     sequences = [packed(rng) for _ in range(300)]
     for tokens, mask, _ in transformed('prefix_lm', sequences):
         for start, end in fragments(tokens):
-            carries = mask[start:end]
-            cut = int(np.argmax(carries)) if carries.any() else end - start
+            lead = int(tokens[start] == EOT)  # it ends the document before: a target (test_the_end_of_text_...)
+            carries = mask[start + lead : end]
+            cut = int(np.argmax(carries)) if carries.any() else end - start - lead
             assert not carries[:cut].any() and carries[cut:].all()  # given, then predicted: one cut
-            assert (cut >= 1) and (end - start < 2 or cut < end - start)  # at least a token on each side
+            assert (cut + lead >= 1) and (end - start < 2 or cut < end - start - lead)  # a token on each side
 
 
 def test_fim_carries_loss_everywhere_and_ul2_exactly_on_its_targets():
@@ -147,17 +148,34 @@ def test_fim_carries_loss_everywhere_and_ul2_exactly_on_its_targets():
             lead = int(tokens[start] == EOT)
             carries, body = mask[start:end], tokens[start + lead : end]
             if not len(body) or body[0] not in MODES:  # leftovers or padding: given
-                assert not carries.any()
+                assert not carries[lead:].any()
                 continue
-            assert not carries[: lead + 1].any()  # the end-of-text and mode tokens are given
+            assert carries[:lead].all() and not carries[lead]  # the end-of-text token is a target, the mode given
+            carries = carries[lead:]
             if body[0] == MODES[0]:  # S: a prefix LM after the mode token
-                cut = int(np.argmax(carries)) if carries.any() else end - start
+                cut = int(np.argmax(carries)) if carries.any() else end - start - lead
                 assert not carries[:cut].any() and carries[cut:].all()
             else:  # R, X: the targets start at the second half's first sentinel and run to the end
                 sentinels = np.flatnonzero(np.isin(body, SENTINELS))
                 assert len(sentinels) % 2 == 0 and len(sentinels) >= 2
-                first = lead + sentinels[len(sentinels) // 2]
-                assert carries.tolist() == [i >= first for i in range(end - start)]
+                first = sentinels[len(sentinels) // 2]
+                assert carries.tolist() == [i >= first for i in range(end - start - lead)]
+
+
+@pytest.mark.parametrize('name', ['prefix_lm', 'fim', 'ul2'])
+def test_the_end_of_text_token_carries_loss_as_under_clm(name):
+    """Each document's end (the end-of-text token that starts the next) is a target under every objective: the
+    model learns where a document ends. UL2's padding (end-of-text tokens past what was used) carries none."""
+    rng = np.random.default_rng(9)
+    sequences = np.stack([packed(rng) for _ in range(300)])
+    ends, carried = 0, 0
+    for sequence, (tokens, mask, used) in zip(sequences, transformed(name, sequences)):
+        ends += int((sequence[1:used] == EOT).sum())  # position 0 is no target (nothing predicts it)
+        carried += int((mask[1:] & (tokens[1:] == EOT)).sum())
+    assert carried == ends and ends > 1000
+    _, targets = make(name)(sequences, 0)  # and through the batch API: as many end-of-text targets as under clm
+    _, clm_targets = objectives.CLM(sequences, 0)
+    assert (targets == EOT).sum() == carried <= (clm_targets == EOT).sum()
 
 
 @pytest.mark.parametrize('name', ['prefix_lm', 'fim', 'ul2'])
@@ -512,3 +530,29 @@ def test_sample_fills_in_the_middle(pystdlib_data, fim_run, capsys, monkeypatch)
         )
         and '\n' not in err
     )
+
+
+class Stream:
+    """A train stream of the given sequences (ShardStream's batch API)."""
+
+    def __init__(self, sequences):
+        self.sequences = np.stack(sequences)
+
+    def batch(self, first, count):
+        return self.sequences[first : first + count]
+
+
+def test_the_log_names_context_level_fim_and_ul2s_real_spans():
+    rng = np.random.default_rng(10)
+    stream = Stream([one_document(rng, 255, n=257) for _ in range(64)])  # one 255-token document a sequence
+    assert objectives.describe(make('fim'), stream).startswith('fim: context-level FIM (Bavarian et al. 2022')
+    assert objectives.describe(objectives.CLM, stream) is None
+    line = objectives.describe(make('ul2', ul2_rates=(0.0, 0.0, 1.0)), stream)
+    # the document fills the sequence: X keeps the longest piece that fits with its head and sentinels (bisected as
+    # the transform does), where span 64 at 15% is one span of all the masked tokens
+    length = max(n for n in range(256) if 2 + n + 2 * objectives.span_counts(n, 64, 0.15)[1] <= 257)
+    masked, spans = objectives.span_counts(length, 64, 0.15)
+    assert spans == 1 and masked == 38
+    assert line.startswith('ul2 at block_size 256: mean span length and share masked as drawn on the first 64 ')
+    assert f'X (span 64, 15%): {masked:.1f}, {masked / length:.0%} masked' in line
+    assert 'X (span 3, 50%): 3.0' in line and 'R (' not in line  # no R fragment drawn at these rates

@@ -371,3 +371,42 @@ def test_the_branch_picture(tmp_path, capsys):
     assert capsys.readouterr().out.strip() == os.path.join(main, 'branches.png')
     assert plot.main([main, main, '--branches']) == 2
     assert '--branches draws one run' in capsys.readouterr().err
+
+
+# -----------------------------------------------------------------------------------------------------
+# The LR sweep: each schedule compared at its own best peak LR
+
+
+def test_an_lr_sweep_runs_the_experiment_at_each_lr(pystdlib_data, tmp_path, capsys):
+    config_path = write_config(tmp_path, pystdlib_data, out_dir=str(tmp_path / 'x'), **MAIN)
+    assert overtrain.main([config_path, '--lrs=1e-3,3e-3', '--plan']) == 0
+    commands = [line.split(' ', 3)[3] for line in capsys.readouterr().out.splitlines() if line.startswith('python ')]
+    for lr in ('0.001', '0.003'):
+        main = f'{tmp_path / "x"}_lr{lr}'
+        assert f'--lr={lr} --out_dir={main} --keep_steps=12' in commands
+        assert f'--lr={lr} --out_dir={main} --schedule=cosine --train_tokens=3840 --out_dir={main}_cosine_3.84K' in (
+            commands
+        )
+    assert len(commands) == 8 and not os.path.exists(tmp_path / 'x_lr0.001')  # planned, nothing run
+    assert overtrain.main([config_path, '--lrs=3e-3,x', '--plan']) == 2
+    assert 'expected peak LRs, comma-separated' in capsys.readouterr().err
+
+
+def test_each_schedule_is_compared_at_its_best_lr(pystdlib_data, tmp_path):
+    config_path = write_config(tmp_path, pystdlib_data, out_dir=str(tmp_path / 'x'), **MAIN)
+    sweep = {lr: overtrain.plan(*load_config(config_path, [f'--out_dir={tmp_path}/x_lr{lr:g}'])) for lr in (1e-3, 3e-3)}
+    # final val bpb as the runs would write them: wsd does best at 3e-3, cosine at 1e-3 (the short one) and 3e-3
+    scores = {1e-3: {'wsd': 2.30, 'cooldown': 2.50, 'cosine': [2.45, 2.31]}, 3e-3: {'wsd': 2.20, 'cooldown': 2.40}}
+    scores[3e-3]['cosine'] = [2.48, 2.25]
+    for lr, runs in sweep.items():
+        cosine = iter(scores[lr]['cosine'])
+        for run in runs:
+            bpb = next(cosine) if run.schedule == 'cosine' else scores[lr][run.schedule]
+            os.makedirs(run.out_dir, exist_ok=True)
+            with open(os.path.join(run.out_dir, 'summary.json'), 'w') as f:
+                json.dump({'val_bpb': bpb}, f)
+    rows = overtrain.at_best_lr(sweep, chinchilla=3840)
+    assert rows[2:] == [
+        '| 3.84K | 1.00 | 2.4000 | 0.003 | 2.4500 | 0.001 | -0.0500 |',
+        '| 6.14K | 1.60 | 2.2000 | 0.003 | 2.2500 | 0.003 | -0.0500 |',
+    ]

@@ -1060,3 +1060,48 @@ def test_hub_any_parquet_dataset_its_config_column_and_split(tmp_path, capsys, m
     )
     server.shutdown()
     server.server_close()
+
+
+# A listing pinned wrong, an impossible val shard, and the rate of a download that waited
+
+
+def test_fineweb_wrong_sha256_pinned_in_files_json_is_listed_again(hub, reference, tmp_path, capsys):
+    out = tmp_path / 'fw'
+    out.mkdir()
+    network = downloads.Network(hub.url, backoff_s=0.001)
+    sha, listed = downloads.Hub(network).files(REPO, 'main', 'sample/10BT', '.parquet')
+    pinned = [dict(f, sha256='0' * 64) if f['path'] == LAST else f for f in listed]  # a listing wrong once
+    (out / 'files.json').write_text(json.dumps({'repo': REPO, 'revision': sha, 'files': pinned}))
+    fineweb(hub, out)
+    assert (
+        f"fineweb_edu: files.json pinned {LAST} as sha256 {'0' * 64}, the Hub lists {sha256(hub.files[LAST])}: "
+        f"files.json listed again at {SHA}" in capsys.readouterr().out
+    )
+    assert json.loads((out / 'files.json').read_text())['files'] == listed
+    assert shard_bytes(out) == shard_bytes(reference)
+
+
+def test_fineweb_impossible_val_tokens_is_refused_from_the_listing(hub, tmp_path):
+    with pytest.raises(DataError, match=r'--val-tokens 5,000 is all of --tokens 5,000: nothing would be left'):
+        fineweb(hub, tmp_path / 'a', tokens=5000, val_tokens=5000)
+    parquet = sum(len(b) for b in FINEWEB_FILES.values())
+    with pytest.raises(DataError, match=f'--val-tokens {parquet + 1:,} is more than the 3 listed files can hold'):
+        fineweb(hub, tmp_path / 'b', val_tokens=parquet + 1)
+    assert hub.log == []  # refused before any file was downloaded
+
+
+def test_a_wait_between_tries_is_not_download_time(monkeypatch, capsys):
+    now = [0.0]
+    monkeypatch.setattr(downloads.time, 'monotonic', lambda: now[0])
+    monkeypatch.setattr(downloads.time, 'sleep', lambda s: now.__setitem__(0, now[0] + s))
+    monkeypatch.setattr(downloads, 'PROGRESS_EVERY_S', 0)
+    retries = downloads.Retries('x.parquet', downloads.Network('http://127.0.0.1:9'))
+    with downloads.Progress('x.parquet', 4000, unit='B') as progress:
+        retries.after_wait = progress.waited_for  # as download() wires them
+        now[0] += 1
+        progress.update(1000)  # 1,000 bytes in 1 s
+        retries.wait('rate-limited by the Hub (HTTP 429)', retry_after=60)  # the server asks for a minute
+        now[0] += 1
+        progress.update(1000)
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith('x.parquet:')]
+    assert lines[-1].endswith('1.00kB/s]'), lines  # 2,000 bytes in 2 s of downloading, not in 62 s

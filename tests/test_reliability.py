@@ -107,6 +107,69 @@ def test_the_same_signal_twice_exits_at_once(pystdlib_data, tmp_path):
     assert checkpoint.latest(tmp_path / 'out') is not None  # step 0 at least: what was complete stays
 
 
+# A slow import of numpy (the first slow import of train.py and prepare.py): it says so on stdout, so a signal
+# lands inside it; the script then runs as `python SCRIPT ARGS` would
+SLOW_IMPORTS = """
+import builtins, runpy, sys, time
+real_import = builtins.__import__
+def slow_import(name, *args, **kwargs):
+    if name == 'numpy' and 'numpy' not in sys.modules:
+        print('importing numpy', flush=True)
+        time.sleep(120)
+    return real_import(name, *args, **kwargs)
+builtins.__import__ = slow_import
+sys.argv = sys.argv[1:]
+runpy.run_path(sys.argv[0], run_name='__main__')
+"""
+
+# train.py with a start-up that takes a while after out_dir is locked (building the run)
+SLOW_START = """
+import sys, time, train
+build_run = train.build_run
+def slow_build_run(*args, **kwargs):
+    print('building the run', flush=True)
+    time.sleep(120)
+    return build_run(*args, **kwargs)
+train.build_run = slow_build_run
+sys.exit(train.main(sys.argv[1:]))
+"""
+
+
+@pytest.mark.parametrize(
+    'script, signum, line',
+    [
+        ('prepare.py', signal.SIGINT, 'interrupted (Ctrl-C)'),
+        ('prepare.py', signal.SIGTERM, 'interrupted (SIGTERM)'),
+        ('train.py', signal.SIGTERM, 'interrupted (SIGTERM)'),
+    ],
+)
+def test_a_signal_during_the_imports_is_one_line(tmp_path, script, signum, line):
+    args = ['pystdlib', '--out', str(tmp_path / 'data')] if script == 'prepare.py' else ['configs/pystdlib_cpu.py']
+    code, err = start_and_signal([sys.executable, '-c', SLOW_IMPORTS, script, *args], [signum], after='importing')
+    assert code == 128 + signum and err == f"{line}: what was complete is kept; rerun the same command to carry on\n"
+
+
+def test_sigterm_during_the_start_up_is_one_line_and_releases_the_lock(pystdlib_data, tmp_path):
+    config = write_config(tmp_path, pystdlib_data, train_tokens=8 * 256)
+    command = [sys.executable, '-c', SLOW_START, config, f'--out_dir={tmp_path / "out"}']
+    code, err = start_and_signal(command, [signal.SIGTERM], after='building the run')
+    assert (
+        code == 143 and err == "interrupted (SIGTERM): what was complete is kept; rerun the same command to carry on\n"
+    )
+    assert '.lock' not in os.listdir(tmp_path / 'out')  # released on the way out
+
+
+@pytest.mark.parametrize('script', ['export.py', 'eval.py', 'sample.py'])
+def test_a_reader_that_leaves_early_ends_the_command_quietly(script):
+    # `python export.py ... | head`: head has gone when the command writes; no BrokenPipeError traceback
+    process = subprocess.Popen(
+        [sys.executable, script, '--help'], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    process.stdout.close()  # long before the command's imports are done
+    err = process.stderr.read().decode()
+    assert process.wait(timeout=120) == 128 + signal.SIGPIPE and err == '', err
+
+
 # -----------------------------------------------------------------------------------------------------
 # Damaged checkpoints: one line naming the damage and the checkpoint to use instead.
 

@@ -69,3 +69,25 @@ def test_the_readme_says_how_long_each_file_is():
             assert abs(real - count) <= 0.05 * real, f"README says {name} has {count} lines; it has {real}"
             checked += 1
     assert checked >= 20
+
+
+def third_party_imports(name):
+    """The packages outside the repo and the standard library that `name` imports anywhere (inside functions too)."""
+    with open(os.path.join(ROOT, f'{name}.py')) as f:
+        tree = ast.parse(f.read())
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found |= {alias.name.split('.')[0] for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            found.add(node.module.split('.')[0])
+    return found - set(MODULES) - set(sys.stdlib_module_names)
+
+
+def test_command_1_installs_what_its_report_shows():
+    """Command 1 is `pip install -r requirements.txt && python prepare.py pystdlib && python train.py ...`, and its
+    report.md shows the loss curve that plot.py draws: everything plot.py imports is in requirements.txt."""
+    with open(os.path.join(ROOT, 'requirements.txt')) as f:
+        listed = {re.split(r'[<>=~ #\[]', line.strip())[0].lower() for line in f if line.strip()[:1].isalpha()}
+    assert 'matplotlib' in third_party_imports('plot')
+    assert third_party_imports('plot') <= listed, third_party_imports('plot') - listed

@@ -30,9 +30,8 @@ TINY = dict(
 def test_calibration_then_a_budgeted_run_scored_on_the_fixed_val_set(pystdlib_data, tmp_path):
     first, per_step = sweep.run_ours(TINY, pystdlib_data, str(tmp_path / 'calibration'))
     assert first > 0 and 0 < per_step < first  # start-up and the first step cost more than a step after
-    steps = sweep.steps_for(first + 10 * per_step, (first, per_step))
-    assert steps == 10
-    elapsed, val_loss = sweep.run_ours(TINY, pystdlib_data, str(tmp_path / 'run'), steps)
+    elapsed, val_loss, trained = sweep.run_ours(TINY, pystdlib_data, str(tmp_path / 'run'), 10)
+    assert 0 < trained < elapsed  # the steps' own times: start-up, eval and the checkpoint are not training
     model, _ = checkpoint.load_model(str(tmp_path / 'run'), torch.device('cpu'))
     assert checkpoint.step_of(checkpoint.find(str(tmp_path / 'run'))) == 10
     again, bits = sweep.score(lambda x, y: model(x, y)[1], pystdlib_data, 32)
@@ -51,3 +50,27 @@ def test_our_tokens_in_nanogpts_format(pystdlib_data, tmp_path):
         assert (theirs == ours).all()
     with open(folder / 'meta.pkl', 'rb') as f:
         assert pickle.load(f) == {'vocab_size': 512}
+
+
+def test_each_trainer_gets_the_same_training_seconds():
+    """A trainer whose calibration overestimates its step time (slow early steps: nanoGPT's, 110 steps in 300 s
+    where 130 fit) is run again with its steps rescaled, until its measured training seconds meet the budget."""
+    runs = []
+
+    def trainer(point, data, out_dir, steps=None, per_step=1.0, real_per_step=0.8):
+        if steps is None:
+            return 5.0, per_step  # calibration: start-up, and the time per step it saw
+        runs.append((out_dir, steps))
+        return steps * real_per_step + 5.0, 2.0, steps * real_per_step  # wall, val loss, training seconds
+
+    assert sweep.budgeted_run(trainer, {}, 'data', 'out/0_nanoGPT', 300) == (375, 305.0, 2.0, 300.0)
+    assert runs == [('out/0_nanoGPT', 300), ('out/0_nanoGPT_rescaled', 375)]
+    runs.clear()  # a calibration that was right: one run
+    steps, _, _, trained = sweep.budgeted_run(
+        lambda point, data, out_dir, steps=None: (5.0, 1.0) if steps is None else (steps + 5.0, 2.0, steps * 1.02),
+        {},
+        '',
+        'o',
+        300,
+    )
+    assert (steps, trained) == (300, 306.0)
