@@ -21,6 +21,7 @@ import data
 import ledger
 import ledger_report
 import mixture
+import plot
 import prepare
 from config import ConfigError, DataError, load_config
 
@@ -162,6 +163,10 @@ def test_a_mixture_trains_and_scores_each_source(mixture_run):
     summary = json.loads((out / 'summary.json').read_text())
     assert summary['val_sources'] == scored[-1]['val_sources']
     assert summary['val_loss'] == totals[-1]['val_loss']
+    curves = plot.read_run(str(out))['sources']  # loss.png draws each source's val loss
+    for name, (tokens, losses) in curves.items():
+        assert list(tokens) == [4 * 256, 8 * 256] and list(losses) == [e['val_sources'][name]['loss'] for e in scored]
+    assert list(curves) == list(scored[-1]['val_sources']) and (out / 'loss.png').exists()
 
 
 def test_a_mixture_resumes_bit_exactly(mixture_run, tmp_path):
