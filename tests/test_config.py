@@ -43,6 +43,7 @@ BREAK_A_CONTINUATION = {
     'dtype',
     'cooldown_from',
     'cooldown_tokens',
+    'init_from',  # a resumed run's weights are its own, but from another model they are another run
     'objective',
     'fim_rate',
     'fim_spm_rate',
