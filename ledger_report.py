@@ -280,7 +280,9 @@ def report_sections(p):
             'activations',
             _gib(memory['activations']),
             (
-                'what the compiled graph saves (min-cut partitioner)'
+                'counted eager: the MoE routing breaks the compiled graph'
+                if compiled and model.n_experts
+                else 'what the compiled graph saves (min-cut partitioner)'
                 if compiled
                 else 'what autograd saves for backward, eager mode'
             )

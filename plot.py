@@ -358,7 +358,7 @@ def load_figure(run_dir):
     image = grid.imshow(shares, aspect='auto', cmap='viridis', vmin=0)
     fig.colorbar(image, ax=grid, label='share of routed tokens x n_experts (1: even)')
     grid.set_xlabel('expert')
-    grid.set_ylabel('MoE layer (from 0)')
+    grid.set_yticks(range(len(shares)), [f'MoE layer {i + 1}' for i in range(len(shares))])
     fig.suptitle(f"expert load of {os.path.basename(os.path.normpath(run_dir))}")
     return fig
 

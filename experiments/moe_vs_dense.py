@@ -4,6 +4,7 @@ same wall-clock, compared on val bits per byte, tokens/s and memory.
 
     python experiments/moe_vs_dense.py                 # 3 minutes each, on data/pystdlib
     python experiments/moe_vs_dense.py --minutes=1     # a quick look
+    python experiments/moe_vs_dense.py --small         # the pair at 128 wide on a 512-token BPE: ~20x the steps
 
 The two: configs/pystdlib_cpu.py (4 layers x 256, dense SwiGLU of 768) and the same model with the MoE keys of
 configs/pystdlib_moe.py (the last three FFNs 8 routed experts of 192, 3 per token, + 1 shared: a token uses 768 of
@@ -11,6 +12,8 @@ FFN width, as in the dense model, plus a router). Both eager (the MoE's routing 
 dtype train.py picks for this CPU. sweep.py's protocol: a short calibration run measures the time to the first step
 and per step, each model then trains for the steps that fit the budget (its LR schedule spanning them), and both
 are scored by sweep.score on the same fixed val sequences. Memory is the run's peak resident memory (summary.json).
+--small shrinks both alike (SMALL: width 128, T 128, a 512-token BPE, experts of 128 so that 3 + 1 of them are the
+dense H' of 512), for a machine too slow or too busy to take the full pair far in a few minutes.
 """
 
 import json
@@ -27,14 +30,18 @@ from config import ConfigError, cli, load_config  # noqa: E402
 
 ROOT = sweep.ROOT
 MOE_KEYS = ('n_experts', 'top_k', 'expert_hidden', 'n_shared_experts', 'n_dense_layers', 'route_scale')
+SMALL = dict(vocab_size=512, n_embd=128, n_head=2, block_size=128, batch_tokens=4096, micro_batch=16)
 
 
-def points():
+def points(small=False):
     """{name: overrides of configs/pystdlib_cpu.py}: the dense model and configs/pystdlib_moe.py's experts."""
     moe, moe_train = load_config(os.path.join(ROOT, 'configs/pystdlib_moe.py'))
     experts = {key: getattr(moe, key) for key in MOE_KEYS}
     experts.update(router_bias_speed=moe_train.router_bias_speed, aux_loss_coef=moe_train.aux_loss_coef)
-    return {'dense': {'compile': False}, 'moe': {'compile': False, **experts}}
+    shrink = SMALL if small else {}
+    if small:  # (top_k + shared) x expert_hidden = the dense H' at width 128 (512)
+        experts['expert_hidden'] = 512 // (experts['top_k'] + experts['n_shared_experts'])
+    return {'dense': {'compile': False, **shrink}, 'moe': {'compile': False, **shrink, **experts}}
 
 
 def measured(out_dir):
@@ -50,9 +57,11 @@ def measured(out_dir):
 
 @cli
 def main(argv):
+    small = '--small' in argv
+    argv = [a for a in argv if a != '--small']
     options = dict(a[2:].split('=', 1) for a in argv if a.startswith('--') and '=' in a)
     if set(options) - {'minutes', 'out'} or len(options) != len(argv):
-        raise ConfigError('usage: python experiments/moe_vs_dense.py [--minutes=3] [--out=FOLDER]')
+        raise ConfigError('usage: python experiments/moe_vs_dense.py [--minutes=3] [--small] [--out=FOLDER]')
     seconds = 60 * float(options.get('minutes', 3))
     out = os.path.abspath(options.get('out', os.path.join(ROOT, 'out', 'moe_vs_dense')))
     import torch
@@ -62,9 +71,9 @@ def main(argv):
         f"{torch.__version__}, {time.strftime('%Y-%m-%d %H:%M')}",
         flush=True,
     )
-    data = sweep.data_folder(8192)
+    data = sweep.data_folder(512 if small else 8192)
     rows = []
-    for name, point in points().items():
+    for name, point in points(small).items():
         folder = os.path.join(out, name)
         steps = sweep.steps_for(seconds, sweep.run_ours(point, data, folder + '_calibration'))
         elapsed, val_loss = sweep.run_ours(point, data, folder, steps)

@@ -15,17 +15,20 @@ Model-state bytes per rank under DDP, ZeRO-1/2 and FSDP2 with an MoE layer: test
 import json
 import os
 
+import moe_vs_dense
 import pytest
 import torch
 from test_model import batch, measured_activation_bytes, predicted_activation_bytes, saved_bytes
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
+import checkpoint
 import export
 import ledger
 import ledger_report
 import live
 import plot
+import sweep
 import train
 from config import ConfigError, load_config
 from model import GPT, ModelConfig
@@ -206,6 +209,8 @@ def test_train_logs_the_load_at_log_steps(tmp_path):
     tokens, cv, shares = plot.read_load(tmp_path / 'out')  # and moe.png beside loss.png: the load on a plot
     assert tokens.tolist() == [e['tokens'] for e in loads] and cv.tolist() == [e['expert_load_cv'] for e in loads]
     assert shares.tolist() == loads[-1]['expert_load'] and (tmp_path / 'out' / 'moe.png').stat().st_size > 0
+    saved, _ = checkpoint.load_model(str(tmp_path / 'out'), torch.device('cpu'))  # the biases are in checkpoints
+    assert torch.stack([layer.router_bias for layer in saved.moe]).tolist() == loads[-1]['router_bias']
     # each bias moved by +-0.01 per step (the sign of its load error), 4 steps: a multiple of 0.01, at most 0.04
     for bias in loads[-1]['router_bias'][0]:
         assert abs(bias) <= 0.04 + 1e-6 and round(bias / 0.01) == pytest.approx(bias / 0.01, abs=1e-3)
@@ -250,3 +255,35 @@ def test_ledger_prints_total_beside_active(path):
     assert memory['book_active_model_states'] == 16 * params['active']  # one process: the book's 16 x active
     assert memory['model_states'] > memory['book_active_model_states']  # held: ~16 x the total
     assert 'book: 16 x active' in text
+
+
+# -----------------------------------------------------------------------------------------------------
+# The CPU comparison (experiments/moe_vs_dense.py) and its table in the README.
+
+
+@pytest.mark.parametrize('small', [False, True], ids=['pystdlib_moe', 'small'])
+def test_the_comparison_pairs_the_same_active_ffn_width(small):
+    points = moe_vs_dense.points(small)
+    dense, _ = sweep.point_config(points['dense'])
+    experts, _ = sweep.point_config(points['moe'])
+    assert experts.n_experts and not dense.n_experts
+    assert (experts.top_k + experts.n_shared_experts) * experts.expert_hidden == dense.ffn_width
+    dense_params, moe_params = ledger.count_params(dense), ledger.count_params(experts)
+    router = experts.moe_layers * experts.n_experts * experts.n_embd  # the only active weights the dense model lacks
+    assert moe_params['active'] == dense_params['total'] + router
+    assert moe_params['total'] > dense_params['total']
+
+
+def test_readme_table_counts_are_the_ledgers():
+    with open(os.path.join(ROOT, 'README.md')) as f:
+        rows = [line for line in f if line.startswith(('| dense |', '| moe |'))]
+    assert len(rows) == 2
+    for row, name in zip(rows, ('dense', 'moe'), strict=True):
+        model, _ = sweep.point_config(moe_vs_dense.points(small=True)[name])  # the README's run: --small
+        params = ledger.count_params(model)
+        cells = [cell.strip() for cell in row.split('|')[1:-1]]
+        assert cells[1:4] == [
+            f"{params['total'] / 1e6:.2f}M",
+            f"{params['active'] / 1e6:.2f}M",
+            f"{ledger.flops_per_token(model)['matmul']:.3g}",
+        ]
