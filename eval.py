@@ -1,9 +1,11 @@
 """
-eval.py: a checkpoint's HellaSwag accuracy, beside the published figures of GPT-2 and GPT-3 at the nearest sizes.
+eval.py: a checkpoint's HellaSwag, ARC-Easy, ARC-Challenge and MMLU (0- and 5-shot) accuracies, beside chance and
+the published figures of comparable models.
 
     python eval.py out/pystdlib_cpu hellaswag                      # the run's latest checkpoint
-    torchrun --nproc_per_node=8 eval.py out/h100x8_1b3 hellaswag   # each rank scores a slice of the items
-    python eval.py out/pystdlib_cpu hellaswag --limit 500          # the first 500 items (a quick look on a CPU)
+    torchrun --nproc_per_node=8 eval.py out/h100x8_1b3 all         # the five tasks, each rank a slice of each
+    python eval.py out/pystdlib_cpu all --limit 500                # the first 500 items of each (a quick look on a CPU)
+    python eval.py out/pystdlib_cpu mmlu_5shot                     # one of arc_easy, arc_challenge, mmlu, mmlu_5shot
 
 HellaSwag (Zellers et al. 2019) gives a context and four endings, one of them right; its validation set has
 10,042 items. We score it as llm.c does (dev/data/hellaswag.py), so the GPT-2 figures it measured that way compare
@@ -17,7 +19,9 @@ git blob id of the published file; HELLASWAG_URL (or --url) points elsewhere, a 
 server announces is checked).
 
 train.py can score during training: items = hellaswag_items(world_size=...) once, then hellaswag_accuracy(model,
-encoding, items, device, autocast, rank, world_size) at each evaluation.
+encoding, items, device, autocast, rank, world_size) at each evaluation; ARC and MMLU likewise through
+tasks_for_training and score_tasks (the keys eval_tasks, eval_tasks_every, eval_tasks_items). ARC and MMLU are
+scored as lm-evaluation-harness scores them (their section below).
 """
 
 import argparse

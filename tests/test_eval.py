@@ -592,7 +592,7 @@ def test_bad_task_files_are_one_line(trained, tmp_path, capsys, monkeypatch):
     assert 'HTTP 404' in errors[2]
 
 
-def test_torchrun_slices_the_suite_over_ranks(trained, task_items):
+def test_torchrun_slices_the_suite_over_ranks(trained, task_items, capsys):
     """Two gloo processes, each scoring its slice of every task, print what one process prints."""
     import os
     import subprocess
@@ -600,20 +600,19 @@ def test_torchrun_slices_the_suite_over_ranks(trained, task_items):
 
     run, cache = trained[0], task_items[0]
     pathlib.Path(hellaswag.hellaswag_path(cache)).write_bytes(GOOD)
-    root = str(pathlib.Path(__file__).resolve().parent.parent)
-    outputs = []
-    for launcher in ([], ['-m', 'torch.distributed.run', '--standalone', '--nproc_per_node=2']):
-        result = subprocess.run(
-            [sys.executable, *launcher, 'eval.py', run, 'all', '--cache', cache, '--device', 'cpu'],
-            cwd=root,
-            capture_output=True,
-            text=True,
-            env=dict(os.environ, OMP_NUM_THREADS='1'),
-        )
-        assert result.returncode == 0, result.stderr[-3000:]
-        outputs.append(result.stdout)
-    assert 'on 2 x cpu' in outputs[1] and outputs[1].count('(standard error') == 5
-    assert numbers(outputs[0]) == numbers(outputs[1])
+    assert hellaswag.main([run, 'all', '--cache', cache, '--device', 'cpu']) == 0
+    one = capsys.readouterr().out
+    result = subprocess.run(
+        [sys.executable, '-m', 'torch.distributed.run', '--standalone', '--nproc_per_node=2']
+        + ['eval.py', run, 'all', '--cache', cache, '--device', 'cpu'],
+        cwd=str(pathlib.Path(__file__).resolve().parent.parent),
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, OMP_NUM_THREADS='1'),
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert 'on 2 x cpu' in result.stdout and result.stdout.count('(standard error') == 5
+    assert numbers(one) == numbers(result.stdout)
 
 
 def test_training_scores_the_tasks_into_metrics_and_the_plot(pystdlib_data, tmp_path, monkeypatch):
