@@ -263,11 +263,13 @@ def sharded(parallel, world_size):
     return world_size > 1 and parallel in FSDP_MODES
 
 
+EVAL_TASKS = ('arc_easy', 'arc_challenge', 'mmlu', 'mmlu_5shot')  # eval.py's Hub tasks, the names eval_tasks takes
+
+
 # -----------------------------------------------------------------------------------------------------
 # The objectives' vocabulary (objectives.py transforms sequences with it; prepare.py reserves the tokens; the ledger
 # does the loss share's arithmetic from it): names, special tokens, UL2's denoisers, the ignored target.
 
-EVAL_TASKS = ('arc_easy', 'arc_challenge', 'mmlu', 'mmlu_5shot')  # eval.py's Hub tasks (the key 'eval_tasks')
 OBJECTIVES = ('clm', 'prefix_lm', 'fim', 'ul2')  # what objectives.py makes of a sequence (the key 'objective')
 EOT = '<|endoftext|>'  # every document starts with it (the shard format's rule)
 
