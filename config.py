@@ -296,6 +296,11 @@ class TrainConfig:
     eval_tokens: int = free(1_048_576)
     hellaswag_every: int = free(0)  # score HellaSwag (eval.py) every this many steps and at the end (0: never)
     hellaswag_items: int = free(0)  # score only the first this many of its 10,042 items (0: all of them)
+    # ARC and MMLU (eval.py), comma-separated names from EVAL_TASKS, scored every eval_tasks_every steps and at the
+    # end (0: never), each on its first eval_tasks_items items (0: all of them)
+    eval_tasks: str = free('arc_easy,arc_challenge,mmlu')
+    eval_tasks_every: int = free(0)
+    eval_tasks_items: int = free(0)
     sample_every: int = free(0)  # 0: no samples during training
     sample_tokens: int = free(0)  # tokens per text sample, at sample_every steps and at the end of a run (0: none)
     ckpt_every: int = free(1000)
@@ -345,6 +350,9 @@ FSDP_MODES = ('zero2', 'fsdp')  # the modes built on FSDP2's fully_shard
 def sharded(parallel, world_size):
     """Whether FSDP2 shards the run: a mode built on it, over more than one process."""
     return world_size > 1 and parallel in FSDP_MODES
+
+
+EVAL_TASKS = ('arc_easy', 'arc_challenge', 'mmlu', 'mmlu_5shot')  # eval.py's Hub tasks, the names eval_tasks takes
 
 
 # -----------------------------------------------------------------------------------------------------
@@ -451,6 +459,12 @@ RULES = {
     'sample_every': POSITIVE_OR_0,
     'hellaswag_every': POSITIVE_OR_0,
     'hellaswag_items': POSITIVE_OR_0,
+    'eval_tasks': (
+        lambda v: all(task in EVAL_TASKS for task in v.split(',') if task),
+        'comma-separated names among ' + ', '.join(EVAL_TASKS),
+    ),
+    'eval_tasks_every': POSITIVE_OR_0,
+    'eval_tasks_items': POSITIVE_OR_0,
     'sample_tokens': POSITIVE_OR_0,
     'ckpt_every': POSITIVE,
     'keep_ckpts': POSITIVE,

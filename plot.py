@@ -9,12 +9,14 @@ Against tokens seen: the train loss of every logged step, faint, and its centere
 dots on a dashed line; a mixture's val loss of each source, markers on a dotted line; each rollback of the spike guard,
 a long-dashed vertical line at its step; a dotted vertical line at 20 x P tokens, Chinchilla's compute-optimal point
 (Hoffmann et al. 2022; P from the run's ledger.json), or only a legend entry when that lies far past the run; HellaSwag
-accuracy, when metrics.jsonl has 'hellaswag' entries, on a second axis. Steps logged again after a rollback or a resume
-replace the ones they repeat. With --branches: a wsd run, its cooldown branches and cosine runs of the same lengths
-(overtrain.py), and Hoffmann et al.'s fitted loss for its P (on their data: its own axis).
+accuracy, and ARC's and MMLU's when metrics.jsonl has them (train.py's hellaswag_every and eval_tasks_every), on a
+second axis. Steps logged again after a rollback or a resume replace the ones they repeat. With --branches: a wsd run,
+its cooldown branches and cosine runs of the same lengths (overtrain.py), and Hoffmann et al.'s fitted loss for its P
+(on their data: its own axis).
 
 A mixture of experts (metrics.jsonl has 'expert_load' entries) gets moe.png beside loss.png: each MoE layer's load
 CV against tokens, and the last logged load of every expert.
+
 
 train.py redraws out_dir/loss.png with draw_run(out_dir), which never raises. Needs matplotlib (pip install
 matplotlib), imported only here, drawing through its Agg backend (to a file; no display needed).
@@ -30,7 +32,7 @@ import numpy as np
 
 import ledger
 import ledger_report
-from config import ConfigError, UserError, cli
+from config import EVAL_TASKS, ConfigError, UserError, cli
 from files import atomic_write
 
 SMOOTHING = 0.02  # the moving average spans 2% of the logged steps (101 of 5,000), and at least 5
@@ -39,6 +41,15 @@ FIGURE_INCHES, DPI = (10, 6), 100  # 1000 x 600 pixels
 FEW = 50  # logged steps below which each is marked with a dot
 MIXTURE_MARKERS = 'v^<>dpPX'  # one per source of a mixture, on a dotted line
 STEEP_START = 0.05  # the y-axis starts above the smoothed loss at 5% of a long run's tokens (below)
+# the scores train.py logs, under these names, with what each is (eval.py: ARC's figure is acc_norm, MMLU's acc)
+SCORES = {
+    'hellaswag': 'HellaSwag',
+    'arc_easy': 'ARC-Easy acc_norm',
+    'arc_challenge': 'ARC-Challenge acc_norm',
+    'mmlu': 'MMLU acc',
+    'mmlu_5shot': 'MMLU 5-shot acc',
+}
+assert set(SCORES) == {'hellaswag', *EVAL_TASKS}
 
 
 # -----------------------------------------------------------------------------------------------------
@@ -47,8 +58,9 @@ STEEP_START = 0.05  # the y-axis starts above the smoothed loss at 5% of a long 
 
 def read_run(run_dir):
     """{'name', 'train': (tokens, losses), 'val': (tokens, losses), 'rollbacks': (tokens, losses),
-    'hellaswag': (tokens, accuracies, standard errors), 'chinchilla': 20 x P tokens or None, 'sources': a
-    mixture's {source: (tokens, val losses)}}, as numpy arrays."""
+    'hellaswag': (tokens, accuracies, standard errors), 'scores': {name in SCORES: (tokens, accuracies, standard
+    errors)} of those it has, 'chinchilla': 20 x P tokens or None, 'sources': a mixture's {source: (tokens, val
+    losses)}}, as numpy arrays."""
     path = os.path.join(run_dir, 'metrics.jsonl')
     if not os.path.isfile(path):
         raise ConfigError(f"no metrics.jsonl in {run_dir}: give the out_dir of a train.py run")
@@ -67,7 +79,7 @@ def read_run(run_dir):
         elif 'loss' in entry:
             since = entry['step']  # a step logged again (after a rollback or a resume) replaces what followed it
         else:
-            if 'val_loss' in entry or 'hellaswag' in entry or 'val_sources' in entry:
+            if 'val_loss' in entry or 'val_sources' in entry or any(name in entry for name in SCORES):
                 evals.append(entry)
             continue
         train = {step: e for step, e in train.items() if step < since}
@@ -83,19 +95,25 @@ def read_run(run_dir):
         return np.array([e['tokens'] if 'tokens' in e else np.interp(e['step'], steps, tokens) for e in chosen])
 
     val = [e for e in evals if 'val_loss' in e]
-    scored = [e for e in evals if 'hellaswag' in e]
     mixed = [e for e in evals if 'val_sources' in e]  # a mixture's evals: each source's val loss
     names = list(mixed[-1]['val_sources']) if mixed else []
+
+    def score(name):
+        scored = [e for e in evals if name in e]
+        return (
+            tokens_at(scored),
+            np.array([e[name] for e in scored]),
+            np.array([e.get(f'{name}_stderr', 0.0) for e in scored]),
+        )
+
+    scores = {name: score(name) for name in SCORES}
     return {
         'name': os.path.basename(os.path.normpath(run_dir)),
         'train': (tokens, np.array([train[s]['loss'] for s in sorted(train)])),
         'val': (tokens_at(val), np.array([e['val_loss'] for e in val])),
         'rollbacks': (tokens_at(rollbacks), np.array([e['loss'] for e in rollbacks])),
-        'hellaswag': (
-            tokens_at(scored),
-            np.array([e['hellaswag'] for e in scored]),
-            np.array([e.get('hellaswag_stderr', 0.0) for e in scored]),
-        ),
+        'hellaswag': scores['hellaswag'],
+        'scores': {name: values for name, values in scores.items() if len(values[0])},
         'chinchilla': chinchilla_tokens(run_dir),
         'sources': {
             name: (tokens_at(mixed), np.array([e['val_sources'].get(name, {}).get('loss', np.nan) for e in mixed]))
@@ -142,11 +160,12 @@ def blank_figure():
 
 
 def figure(run_dirs):
-    """A matplotlib Figure of the runs (its first axes the losses, a second one HellaSwag if any run has it)."""
+    """A matplotlib Figure of the runs (its first axes the losses, a second one the scores if any run has them)."""
     fig = blank_figure()
     runs = [read_run(run_dir) for run_dir in run_dirs]
     ax = fig.add_subplot()
-    scores = fig.add_subplot(sharex=ax, frame_on=False) if any(len(r['hellaswag'][0]) for r in runs) else None
+    scored = sorted({name for run in runs for name in run['scores']}, key=list(SCORES).index)
+    scores = fig.add_subplot(sharex=ax, frame_on=False) if scored else None
     axis_tokens = max(run['train'][0][-1] for run in runs)  # where the x-axis ends
     for i, run in enumerate(runs):
         color, name = f'C{i}', run['name']
@@ -191,26 +210,27 @@ def figure(run_dirs):
                 label=f'{name}: 20 x P = {ledger_report.si(chinchilla)} tokens '
                 f'(Chinchilla), {chinchilla / tokens[-1]:,.0f} x its tokens',
             )
-        if scores is not None and len(run['hellaswag'][0]):
-            x, accuracy, stderr = run['hellaswag']
+        for task, (x, accuracy, stderr) in run['scores'].items():
             scores.errorbar(
                 x,
                 100 * accuracy,
                 yerr=100 * stderr,
                 color=color,
                 linestyle='-.',
-                marker='s',
+                marker='sovD^'[list(SCORES).index(task)],  # one marker per task, one colour per run
                 markersize=4,
                 capsize=3,
-                label=f'{name} HellaSwag',
+                label=f'{name} {SCORES[task]}',
             )
     loss_axis(ax, runs)
     handles, labels = ax.get_legend_handles_labels()
     if scores is not None:
         scores.yaxis.tick_right()
         scores.yaxis.set_label_position('right')
-        scores.set_ylabel('HellaSwag accuracy (%)')
-        scores.axhline(25, color='gray', linewidth=0.8, linestyle=':', label='HellaSwag chance (25%)')
+        only_hellaswag = scored == ['hellaswag']
+        scores.set_ylabel('HellaSwag accuracy (%)' if only_hellaswag else 'accuracy (%)')
+        chance = 'HellaSwag chance (25%)' if only_hellaswag else 'chance with 4 choices (25%)'
+        scores.axhline(25, color='gray', linewidth=0.8, linestyle=':', label=chance)
         more_handles, more_labels = scores.get_legend_handles_labels()
         handles, labels = handles + more_handles, labels + more_labels
     fig.legend(handles, labels, loc='outside lower center', ncols=2, fontsize='small', frameon=False)

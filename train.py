@@ -249,6 +249,15 @@ def evaluate_hellaswag(run):
     log(cluster, f"step {state.step}: HellaSwag {accuracy:.2%} +- {stderr:.2%} over {items:,} items (chance: 25%)")
 
 
+def evaluate_tasks(run):
+    """ARC and MMLU (eval.py's eval_tasks), into metrics.jsonl and the log. Eager, as HellaSwag."""
+    cluster, state = run.cluster, run.state
+    with torch.compiler.set_stance('force_eager'):
+        entry, line = hellaswag.score_tasks(run.raw_model, run.tokenizer, run.eval_tasks, run.autocast, cluster)
+    run.metrics.record({'step': state.step, 'tokens': state.tokens_seen, **entry})
+    log(cluster, f"step {state.step}: {line}")
+
+
 @torch.no_grad()
 def sample_text(run):
     """A short text from the end-of-text token (a document start), temperature 0.8, top-k 200 (nanoGPT's
@@ -295,6 +304,7 @@ class Run:
     last_checkpoint: str = None  # the rollback target
     tokenizer: object = None  # for text samples and HellaSwag, when the run makes them
     hellaswag: list = None  # HellaSwag's items (eval.py), when hellaswag_every is set
+    eval_tasks: dict = None  # {task: its items} (eval.py), when eval_tasks_every is set
     objective: objectives.Objective = dataclasses.field(default_factory=lambda: objectives.CLM)  # inputs, targets
     cooldown: tuple = None  # (first step, steps) of the LR's decay when the run cools down another's checkpoint
     argv: list = dataclasses.field(default_factory=list)  # train.py's arguments, for the commands it prints
@@ -410,12 +420,14 @@ def setup(argv, held=None):
         )
     if not resume_from:  # something to roll back to in this run's own folder: step 0, or where the cooldown starts
         save_checkpoint(run)
-    if (train.sample_tokens or train.hellaswag_every) and meta:
+    if (train.sample_tokens or train.hellaswag_every or train.eval_tasks_every) and meta:
         run.tokenizer = data.load_tokenizer(train.data)
     if train.hellaswag_every:
         if run.tokenizer is None:
             raise ConfigError('hellaswag_every needs text: a data folder made by prepare.py, not synthetic tokens')
         run.hellaswag = hellaswag.hellaswag_items(world_size=cluster.world_size)[: train.hellaswag_items or None]
+    if train.eval_tasks_every:
+        run.eval_tasks = hellaswag.tasks_for_training(run.tokenizer, train.eval_tasks, train.eval_tasks_items, cluster)
     log(
         cluster,
         f"training: {total_steps:,} steps planned for {train.train_tokens:,} tokens, this run stops at "
@@ -498,7 +510,7 @@ def train_step(run):
 
 
 def due_after(run, stopping):
-    """What the step just done calls for: a set of 'log', 'eval', 'hellaswag', 'checkpoint', 'sample'. After a
+    """What the step just done calls for: a set of 'log', 'eval', 'hellaswag', 'tasks', 'checkpoint', 'sample'. After a
     signal: log it and checkpoint it, nothing else."""
     step, train, done = run.state.step, run.train, run.state.step == run.stop_step
     if stopping:
@@ -508,6 +520,7 @@ def due_after(run, stopping):
         ('eval', train.eval_every),
         ('checkpoint', train.ckpt_every),
         ('hellaswag', train.hellaswag_every),
+        ('tasks', train.eval_tasks_every),
     )
     due = {what for what, n in every if n and (step % n == 0 or done)}
     if step in train.keep_steps:
@@ -547,6 +560,8 @@ def loop(run):
                     run.metrics.record({'step': step, 'tokens': tokens, **live.router_stats(run.raw_model)})
             if 'hellaswag' in due:
                 evaluate_hellaswag(run)
+            if 'tasks' in due:
+                evaluate_tasks(run)
             if 'eval' in due:
                 if isinstance(run.val, dict):  # a mixture: each source's val set alone, then their weighted total
                     sources = run.meta['sources']

@@ -469,6 +469,9 @@ BAD = {  # a value each rule must refuse
     'usd_per_gpu_hour': -1.0,
     'hellaswag_every': -1,
     'hellaswag_items': -1,
+    'eval_tasks': 'arc_easy,hellaswag',  # HellaSwag has a key of its own (hellaswag_every)
+    'eval_tasks_every': -1,
+    'eval_tasks_items': -1,
     'objective': 'mlm',
     'fim_rate': 1.5,
     'fim_spm_rate': -0.5,
