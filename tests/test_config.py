@@ -50,7 +50,6 @@ BREAK_A_CONTINUATION = {
     'ul2_s_rate',
     'ul2_r_rate',
     'ul2_x_rate',
-    'init_from',
     'router_bias_speed',  # MoE balancing: a change moves the routing
     'aux_loss_coef',
 }
