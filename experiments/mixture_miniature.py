@@ -2,8 +2,9 @@
 mixture_miniature.py: the data-mixture experiment in miniature, on the CPU and on local text only. Two sources: Python's
 standard library (code: data/pystdlib) and the English prose of Python's own documentation (the pydoc topics that
 ship inside Python as pydoc_data.topics: data/pydoc_prose, tokenized with the stdlib folder's tokenizer, as a
-mixture's folders must be). The CPU default model (configs/pystdlib_cpu.py) trains at a few weightings for the
-same tokens; each source's val set is scored on its own. The table it prints (markdown) is the README's.
+mixture's folders must be). The CPU default's recipe (configs/pystdlib_cpu.py) at 2 layers x 128 trains at a few
+weightings for the same tokens; each source's val set is scored on its own. The markdown table it prints is the
+README's.
 
     python experiments/mixture_miniature.py                            # code shares 0.9, 0.5, 0.1; 0.5M tokens each
     python experiments/mixture_miniature.py --code=0.5 --tokens=2e6    # one weighting, longer
@@ -26,6 +27,7 @@ from config import cli  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CODE, PROSE = os.path.join('data', 'pystdlib'), os.path.join('data', 'pydoc_prose')
+SHAPE = ['--n_layer=2', '--n_embd=128', '--n_head=2']  # the CPU default's recipe, a quarter of its FLOPs per token
 PROSE_VAL_TOKENS = 16_384  # the first topics (alphabetically), held out; eval_tokens gives each source 8,192
 
 
@@ -65,7 +67,8 @@ def train(code_share, tokens, code=CODE, prose=PROSE):
         '--eval_tokens=16384',
         f'--ckpt_every={steps}',
         '--sample_tokens=0',
-        '--dtype=bfloat16',  # pinned: 'auto' measures which is faster at start-up, and a busy machine may choose fp32
+        *SHAPE,
+        '--dtype=float32',  # pinned, not 'auto' (a start-up measurement): every weighting computes alike
         '--compile=False',  # a short run: compiling would cost more than it saves
     ]
     print('$ ' + ' '.join(command), flush=True)
@@ -102,7 +105,7 @@ def table(out_dirs):
         '| weights ('
         + ' / '.join(names)
         + ') | tokens | '
-        + ' | '.join(f'{name} val bits/byte (epochs)' for name in names)
+        + ' | '.join(f'{name} val bits/byte (epochs planned)' for name in names)
         + ' | mixture val bits/byte |',
         '| --- | ---: |' + ' ---: |' * (len(names) + 1),
     ]
