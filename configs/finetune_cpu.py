@@ -3,7 +3,7 @@
 #   python prepare.py files notes.txt --out data/finetune_cpu --tokenizer hf/pystdlib_cpu   # the model's tokenizer
 #   python train.py configs/finetune_cpu.py                                                  # or --init_from=REPO_ID
 #   python sample.py out/finetune_cpu
-init_from = 'hf/pystdlib_cpu'  # what `python export.py out/pystdlib_cpu hf/pystdlib_cpu` writes
+init_from = './hf/pystdlib_cpu'  # export.py's folder (README); './': a folder here, where 'owner/name' is a Hub id
 block_size = 256
 
 out_dir = 'out/finetune_cpu'
