@@ -75,8 +75,9 @@ def main(argv):
     rows = []
     for name, point in points(small).items():
         folder = os.path.join(out, name)
-        steps = sweep.steps_for(seconds, sweep.run_ours(point, data, folder + '_calibration'))
-        elapsed, val_loss = sweep.run_ours(point, data, folder, steps)
+        _, per_step = sweep.run_ours(point, data, folder + '_calibration')  # a short run: seconds per step
+        steps = max(1, int(seconds / per_step))
+        elapsed, val_loss, trained = sweep.run_ours(point, data, folder, steps)
         tokens_per_s, peak_bytes, load_cv = measured(folder)
         model, _ = sweep.point_config(point)
         params = ledger.count_params(model)
@@ -88,10 +89,11 @@ def main(argv):
             steps=steps,
             tokens=steps * sweep.point_config(point)[1].batch_tokens,
             seconds=round(elapsed, 1),
+            train_seconds=round(trained, 1),
             tokens_per_s=round(tokens_per_s),
             peak_mib=round(peak_bytes / 2**20),
             val_loss=round(val_loss, 4),
-            val_bpb=round(ledger.bits_per_byte(val_loss, sweep.data_files.load_meta(data)['bytes_per_token']), 4),
+            val_bpb=round(ledger.bits_per_byte(val_loss, sweep.val_bytes_per_token(data, model.block_size)), 4),
             load_cv=[round(cv, 3) for cv in load_cv] if load_cv else None,
         )
         rows.append(row)
