@@ -31,6 +31,7 @@ import os
 import signal
 import sys
 import sysconfig
+import threading
 import time
 import zlib
 
@@ -306,6 +307,18 @@ _worker_encoding = None
 _worker_dtype = None
 
 
+def worker_pool(workers, data_dir):
+    """A multiprocessing.Pool of tokenizer workers, forked with SIGTERM at its default: Pool.terminate stops them with
+    SIGTERM, and cli's handler (which raises, to unwind the command) would never run in a worker blocked in C."""
+    in_charge = threading.current_thread() is threading.main_thread()
+    handler = signal.signal(signal.SIGTERM, signal.SIG_DFL) if in_charge else None
+    try:
+        return multiprocessing.Pool(workers, initializer=init_worker, initargs=(data_dir,))
+    finally:
+        if in_charge:
+            signal.signal(signal.SIGTERM, handler)
+
+
 def init_worker(data_dir):
     global _worker_encoding, _worker_dtype
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole process group: the main process
@@ -518,7 +531,7 @@ def pystdlib_files(max_files=0):
 def tokenize_all(out_dir, texts, workers, batch_docs=64):
     """Tokenize a list of documents with the pool; returns (tokens, text bytes)."""
     batches = [(0, i, *pack_texts(texts[i : i + batch_docs])) for i in range(0, len(texts), batch_docs)]
-    with multiprocessing.Pool(workers, initializer=init_worker, initargs=(out_dir,)) as pool:
+    with worker_pool(workers, out_dir) as pool:
         results = pool.map(tokenize_batch, batches)
     tokens = np.concatenate([r[2] for r in results]) if results else np.zeros(0, np.uint16)
     return tokens, int(sum(r[4].sum() for r in results))
@@ -812,7 +825,7 @@ def tokenize_stream(
     started, started_offset, skip = time.time(), stream_offset, state['skip']
     done = False
     with (
-        multiprocessing.Pool(workers, initializer=init_worker, initargs=(out_dir,)) as pool,
+        worker_pool(workers, out_dir) as pool,
         Progress(prefix, max_tokens or None, initial=stream_offset) as progress,
     ):
         try:
@@ -1338,7 +1351,7 @@ def bench(workers=0, megabytes=100, tokenizer='bpe:8192', rounds=3):
         raw, pipeline = [], []  # (tokens/s, CPU seconds) per round
         for _ in range(rounds):
             started, cpu_started = time.time(), cpu_seconds()  # both sides start their pool from scratch
-            with multiprocessing.Pool(workers, initializer=init_worker, initargs=(tmp,)) as pool:
+            with worker_pool(workers, tmp) as pool:
                 raw_tokens = sum(pool.imap(count_tokens, batches))
                 raw_rate = raw_tokens / (time.time() - started)
             raw.append((raw_rate, cpu_seconds() - cpu_started))

@@ -20,6 +20,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+import config
 import data
 import downloads
 import files
@@ -1105,3 +1106,15 @@ def test_a_wait_between_tries_is_not_download_time(monkeypatch, capsys):
         progress.update(1000)
     lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith('x.parquet:')]
     assert lines[-1].endswith('1.00kB/s]'), lines  # 2,000 bytes in 2 s of downloading, not in 62 s
+
+
+def test_pool_workers_die_on_the_sigterm_pool_terminate_sends(pystdlib_data):
+    """cli's SIGTERM handler raises, to unwind a command; a forked tokenizer worker must not inherit it: one blocked in
+    C never runs a Python handler, and Pool.terminate's SIGTERM would then wait on it for ever."""
+    previous = signal.signal(signal.SIGTERM, config._terminate)  # as cli sets it while a command runs
+    try:
+        with prepare.worker_pool(1, pystdlib_data) as pool:
+            assert pool.apply(signal.getsignal, (signal.SIGTERM,)) == signal.SIG_DFL
+        assert signal.getsignal(signal.SIGTERM) is config._terminate  # the command's own handler is back
+    finally:
+        signal.signal(signal.SIGTERM, previous)
