@@ -479,6 +479,17 @@ BAD = {  # a value each rule must refuse
     'ul2_s_rate': 2.0,
     'ul2_r_rate': -1.0,
     'ul2_x_rate': 1.1,
+    'n_experts': -1,
+    'top_k': -2,
+    'expert_hidden': -64,
+    'n_shared_experts': -1,
+    'n_dense_layers': -1,
+    'route_scale': 0.0,
+    'router_bias_speed': -0.001,
+    'aux_loss_coef': -0.01,
+    'nodes': -2,
+    'intra_node_busbw': -370.0,
+    'inter_node_busbw': -48.0,
 }
 
 
