@@ -300,6 +300,13 @@ def report_sections(p):
         ),
         ('runtime overhead', _gib(memory['overhead']), device['overhead_source']),
         (
+            'torch.compile on the CPU',
+            _gib(memory['compile_host']),
+            "ESTIMATE: inductor's modules, graphs and generated kernels, resident (measured, ledger.py)",
+        )
+        if memory['compile_host']
+        else None,
+        (
             'total',
             _gib(memory['total']),
             f"of {_gib(memory['gpu_memory'])} ({device['memory_source']}"
@@ -678,7 +685,8 @@ def format_short(prediction, full):
             _gib(memory['total']),
             f"of {_gib(memory['gpu_memory'])}: "
             f"{'fits' if memory['fits'] else 'DOES NOT FIT'} (states {_gib(memory['model_states'])}, activations "
-            f"{_gib(memory['activations'])}, loss {_gib(memory['logits'])}, runtime {_gib(memory['overhead'])})",
+            f"{_gib(memory['activations'])}, loss {_gib(memory['logits'])}, runtime {_gib(memory['overhead'])}"
+            + (f", compile {_gib(memory['compile_host'])})" if memory['compile_host'] else ')'),
         ),
         _row(
             'tokens per parameter',
