@@ -144,12 +144,12 @@ def cpu_name():
 def measure_device(name='auto', dtype='auto', seconds=1.0):
     """The device at hand as a Device. 'auto': the current CUDA GPU if there is one, else the CPU; 'cpu': the CPU.
     A GPU in the table keeps its datasheet peak, with the memory torch sees; any other device gets a GEMM probe:
-    square matmuls (2048 on a CPU, 8192 on a GPU) repeated for `seconds`, the best FLOP/s kept, cached per machine,
-    dtype, thread count and torch version (cache_path), probed again when a run flagged it (flag_reprobe), the best
-    probe seen kept (with its date: the ledger says when the peak was measured). dtype 'auto' is bf16 on a GPU; on
-    a CPU both fp32 and bf16 are probed and the faster is the run's (bf16 matmuls run 6x fp32 on a Xeon with AMX,
-    measured here, and slower than fp32 on chips without bf16 units). On the CPU the runtime overhead is measured
-    too: this process's resident memory once torch and its thread pools are up."""
+    square matmuls (up to 2048 on a CPU, 8192 on a GPU: gemm_flops) repeated for `seconds`, the best FLOP/s kept,
+    cached per machine, dtype, thread count and torch version (cache_path), probed again when a run flagged it
+    (flag_reprobe), the best probe seen kept (with its date: the ledger says when the peak was measured). dtype
+    'auto' is bf16 on a GPU; on a CPU both fp32 and bf16 are probed and the faster is the run's (bf16 matmuls run 6x
+    fp32 on a Xeon with AMX, measured here, and ~200x slower than fp32 on an AVX2-only EPYC). On the CPU the runtime
+    overhead is measured too: this process's resident memory once torch and its thread pools are up."""
     import torch  # measuring the device needs it; nothing else in this file does
 
     on_gpu = name == 'auto' and torch.cuda.is_available()
@@ -174,8 +174,7 @@ def measure_device(name='auto', dtype='auto', seconds=1.0):
     path = cache_path()
     cache = read_probes(path)
     if key not in cache or cache[key].get('reprobe'):
-        n = 8192 if on_gpu else 2048
-        best = gemm_flops(n, device, dtype, seconds)
+        best, n = gemm_flops(8192 if on_gpu else 2048, device, dtype, seconds)
         old = cache.get(key, {})
         if best >= old.get('peak_flops', 0):  # load only lowers a probe: the best seen is the device's
             cache[key] = {
@@ -215,19 +214,32 @@ def measure_device(name='auto', dtype='auto', seconds=1.0):
     )
 
 
-def gemm_flops(n, device, dtype, seconds):
-    """The best FLOP/s of n x n x n matmuls in `dtype` on `device`, repeated for `seconds` (the first call warms up)."""
+def gemm_flops(n_max, device, dtype, seconds):
+    """-> (the best FLOP/s of square matmuls in `dtype` on `device`, their size n). n doubles from 256 while one
+    matmul takes under 0.1 s, up to n_max: a dtype the device only emulates (bf16 on a CPU without bf16 or AVX-512
+    units runs at ~0.3 GFLOP/s, a minute for one 2048-square matmul) is measured in seconds, not minutes. Then
+    matmuls of that size repeat for `seconds` (the first call at each size warms up)."""
     import torch
 
-    a, b = (torch.randn(n, n, device=device, dtype=getattr(torch, dtype)) for _ in range(2))
-    out, best, start = torch.mm(a, b), 0.0, time.perf_counter()
-    while time.perf_counter() - start < seconds:
+    def timed(n, a, b, out):
         begin = time.perf_counter()
         torch.mm(a, b, out=out)
         if device.type == 'cuda':
             torch.cuda.synchronize(device)
-        best = max(best, 2 * n**3 / (time.perf_counter() - begin))
-    return best  # a, b and out are freed here, before the runtime's own footprint is read
+        return time.perf_counter() - begin
+
+    n = min(256, n_max)
+    while True:
+        a, b = (torch.randn(n, n, device=device, dtype=getattr(torch, dtype)) for _ in range(2))
+        out = torch.mm(a, b)
+        took = timed(n, a, b, out)
+        if n >= n_max or took > 0.1:
+            break
+        n *= 2
+    best, start = 2 * n**3 / took, time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        best = max(best, 2 * n**3 / timed(n, a, b, out))
+    return best, n  # a, b and out are freed here, before the runtime's own footprint is read
 
 
 def read_probes(path=None):

@@ -28,7 +28,7 @@ def probes(tmp_path, monkeypatch):
 
     def fake_gemm_flops(n, device, dtype, seconds):
         calls.append(n)
-        return answers.pop(0)
+        return answers.pop(0), n
 
     monkeypatch.setattr(ledger, 'gemm_flops', fake_gemm_flops)
     return answers, calls
@@ -147,3 +147,23 @@ def test_the_cpu_prediction_holds_on_this_cpu(tmp_path, monkeypatch, capsys):
         assert again['tokens_per_s'] == pytest.approx(measured, rel=1e-9)
     finally:
         torch.set_num_threads(threads)
+
+
+def test_a_slow_dtype_is_probed_at_a_small_size(monkeypatch):
+    """The probe's matmuls grow from 256 only while one takes under 0.1 s: a dtype the CPU emulates (bf16 without
+    bf16 units: a minute per 2048-square matmul) stops at the first slow size instead of running 2048s for minutes."""
+    mm, sizes = torch.mm, []
+
+    def slow_from_512(a, b, **kwargs):  # plays an emulated dtype: a 512-square matmul takes 0.2 s
+        sizes.append(a.shape[0])
+        if a.shape[0] >= 512:
+            time.sleep(0.2)
+        return mm(a, b, **kwargs)
+
+    monkeypatch.setattr(torch, 'mm', slow_from_512)
+    flops, n = ledger.gemm_flops(2048, torch.device('cpu'), 'float32', seconds=0.3)
+    assert n == 512 and max(sizes) == 512 and sizes[:4] == [256, 256, 512, 512]
+    assert flops <= 2 * 512**3 / 0.2
+    sizes.clear()
+    monkeypatch.setattr(torch, 'mm', mm)
+    assert ledger.gemm_flops(256, torch.device('cpu'), 'float32', seconds=0.0)[1] == 256  # n_max caps it
