@@ -274,7 +274,9 @@ def write_folder(folder, model, encoding, dtype):
     """Write the export's FILES into `folder` (which exists and is empty)."""
     from safetensors.torch import save_file
 
-    c, eot_id, eot = model.config, encoding.eot_token, EOT
+    c, eot_id = model.config, encoding.eot_token
+    # the token every document starts with, by its own name: '<|endoftext|>', or a Hub tokenizer's (a Llama's '<s>')
+    eot = encoding.plain.id_to_token(eot_id) if isinstance(encoding, data.HFEncoding) else EOT
     hf_class = c.family.hf_class
     to_tensors, to_config, _ = LAYOUTS[hf_class]
     tensors = {name: t.to(DTYPES[dtype]).contiguous() for name, t in to_tensors(model).items()}

@@ -315,12 +315,19 @@ TEXT_SAMPLE = "def f(x):\n\treturn x ** 2  # 12345\r\n\n    don't héllo wörld 
 
 
 def test_finetune_on_the_model_tokens_and_refuse_other_data(model_with_tokenizer, pystdlib_data, tmp_path, capsys):
+    from transformers import AutoTokenizer
+
     folder, data_dir, _ = model_with_tokenizer
     keys = dict(FINETUNE, data=data_dir, init_from=str(folder), train_tokens=2 * 256, sample_tokens=8)
     config = tmp_path / 'finetune.py'
     config.write_text(''.join(f'{k} = {v!r}\n' for k, v in keys.items()))
     assert train.main([str(config), f'--out_dir={tmp_path / "out"}']) == 0
     assert 'sample after 2 steps' in capsys.readouterr().out
+    # exported, the document start keeps its own name and id ('<s>' for the Llama tokenizer), no token added
+    assert export.main([str(tmp_path / 'out'), str(tmp_path / 'hf'), '--dtype', 'float32']) == 0
+    exported, start = AutoTokenizer.from_pretrained(tmp_path / 'hf'), data.load_meta(data_dir)['eot_id']
+    assert len(exported) == VOCAB and exported.bos_token_id == exported.eos_token_id == start
+    assert json.loads((tmp_path / 'hf' / 'config.json').read_text())['eos_token_id'] == start
     assert train.main([str(config), f'--out_dir={tmp_path / "other"}', f'--data={pystdlib_data}']) == 2
     error = capsys.readouterr().err.strip()
     assert '\n' not in error and "not with init_from's own tokenizer" in error and f'--tokenizer {folder}' in error
