@@ -467,7 +467,7 @@ class Metrics:
 
 
 def router_stats(model):
-    """The last step's routing (GPT.update_router_bias keeps it): per MoE layer, each expert's share of the routed
+    """The last step's routing (moe.update_router_bias keeps it): per MoE layer, each expert's share of the routed
     tokens x n_experts (1: an even load; a run with recompute counts each token twice, the shares stay), the load's
     coefficient of variation, and the router biases."""
     load = model.expert_load.double()

@@ -53,6 +53,7 @@ import files  # noqa: E402
 import guard  # noqa: E402
 import ledger  # noqa: E402
 import live  # noqa: E402
+import moe  # noqa: E402
 import objectives  # noqa: E402
 import pretrained  # noqa: E402
 from config import IGNORE_INDEX, ConfigError, cli, sharded, tokens_per_micro_step  # noqa: E402
@@ -496,7 +497,7 @@ def train_step(run):
         loss_sum += loss.detach()
     grad_norm = clip_gradients(run.params, train.grad_clip)
     run.optimizer.step()
-    run.raw_model.update_router_bias(train.router_bias_speed)  # MoE: the balance, outside the gradient
+    moe.update_router_bias(run.raw_model, train.router_bias_speed)  # MoE: the balance, outside the gradient
     run.optimizer.zero_grad(set_to_none=True)
     state.position += accumulation * cluster.world_size * train.micro_batch
     state.tokens_seen += batch_tokens
