@@ -48,7 +48,7 @@ from torch.nn.parallel import DistributedDataParallel  # noqa: E402
 
 import checkpoint  # noqa: E402
 import data  # noqa: E402
-import eval as hellaswag  # noqa: E402 (eval.py: HellaSwag accuracy; the module named for its job, not the builtin)
+import eval as evals  # noqa: E402 (eval.py: HellaSwag, ARC, MMLU; a name of our own, not the builtin)
 import files  # noqa: E402
 import guard  # noqa: E402
 import ledger  # noqa: E402
@@ -56,6 +56,7 @@ import live  # noqa: E402
 import moe  # noqa: E402
 import objectives  # noqa: E402
 import pretrained  # noqa: E402
+import sample  # noqa: E402
 from config import IGNORE_INDEX, ConfigError, cli, sharded, tokens_per_micro_step  # noqa: E402
 from guard import RunState, TrainingStopped, log  # noqa: E402
 from model import GPT  # noqa: E402
@@ -205,7 +206,8 @@ def clip_gradients(params, max_norm):
 
 
 # -----------------------------------------------------------------------------------------------------
-# 3. Eval and samples.
+# 3. Eval and samples. Here the val loss, the run's own measure; HellaSwag, ARC and MMLU are eval.py's (its section
+# "During training"), the text samples sample.py's sample_text.
 
 
 @torch.no_grad()
@@ -236,45 +238,6 @@ def evaluate(run, val=None, data_dir=None):
         dist.all_reduce(totals)
     loss_rows, rows, text_bytes = totals.tolist()
     return loss_rows / rows, text_bytes / (rows * run.model_cfg.block_size) if run.meta else None
-
-
-def evaluate_hellaswag(run):
-    """HellaSwag accuracy (eval.py), into metrics.jsonl and the log. Eager: rows of every length, no recompiles."""
-    cluster, state = run.cluster, run.state
-    with torch.compiler.set_stance('force_eager'):
-        accuracy, stderr, items = hellaswag.hellaswag_accuracy(
-            run.raw_model, run.tokenizer, run.hellaswag, cluster.device, run.autocast, cluster.rank, cluster.world_size
-        )
-    entry = {'hellaswag': accuracy, 'hellaswag_stderr': stderr, 'hellaswag_items': items}
-    run.metrics.record({'step': state.step, 'tokens': state.tokens_seen, **entry})
-    log(cluster, f"step {state.step}: HellaSwag {accuracy:.2%} +- {stderr:.2%} over {items:,} items (chance: 25%)")
-
-
-def evaluate_tasks(run):
-    """ARC and MMLU (eval.py's eval_tasks), into metrics.jsonl and the log. Eager, as HellaSwag."""
-    cluster, state = run.cluster, run.state
-    with torch.compiler.set_stance('force_eager'):
-        entry, line = hellaswag.score_tasks(run.raw_model, run.tokenizer, run.eval_tasks, run.autocast, cluster)
-    run.metrics.record({'step': state.step, 'tokens': state.tokens_seen, **entry})
-    log(cluster, f"step {state.step}: {line}")
-
-
-@torch.no_grad()
-def sample_text(run):
-    """A short text from the end-of-text token (a document start), temperature 0.8, top-k 200 (nanoGPT's
-    defaults). Under FSDP every rank must run the forwards (they gather weights together). Eager mode: generation
-    changes the sequence length every token, which would recompile a compiled model each time."""
-    cluster, train = run.cluster, run.train
-    if not (sharded(train.parallel, cluster.world_size) or cluster.is_master):
-        return None
-    devices = [cluster.device] if cluster.device.type == 'cuda' else []
-    with torch.random.fork_rng(devices=devices), torch.compiler.set_stance('force_eager'), run.autocast:
-        torch.manual_seed(train.seed + run.state.step)  # the same on every rank, so FSDP ranks stay in step
-        start = torch.full((1, 1), run.meta['eot_id'], dtype=torch.long, device=cluster.device)
-        run.raw_model.eval()
-        tokens = run.raw_model.generate(start, train.sample_tokens, temperature=0.8, top_k=200)
-        run.raw_model.train()
-    return run.tokenizer.decode(tokens[0, 1:].tolist())
 
 
 # -----------------------------------------------------------------------------------------------------
@@ -423,12 +386,7 @@ def setup(argv, held=None):
         save_checkpoint(run)
     if (train.sample_tokens or train.hellaswag_every or train.eval_tasks_every) and meta:
         run.tokenizer = data.load_tokenizer(train.data)
-    if train.hellaswag_every:
-        if run.tokenizer is None:
-            raise ConfigError('hellaswag_every needs text: a data folder made by prepare.py, not synthetic tokens')
-        run.hellaswag = hellaswag.hellaswag_items(world_size=cluster.world_size)[: train.hellaswag_items or None]
-    if train.eval_tasks_every:
-        run.eval_tasks = hellaswag.tasks_for_training(run.tokenizer, train.eval_tasks, train.eval_tasks_items, cluster)
+    evals.items_for_training(run)  # HellaSwag's, ARC's and MMLU's, when the run scores them
     log(
         cluster,
         f"training: {total_steps:,} steps planned for {train.train_tokens:,} tokens, this run stops at "
@@ -560,9 +518,9 @@ def loop(run):
                 if run.raw_model.moe:  # MoE: each expert's load, its CV and the router biases
                     run.metrics.record({'step': step, 'tokens': tokens, **live.router_stats(run.raw_model)})
             if 'hellaswag' in due:
-                evaluate_hellaswag(run)
+                evals.evaluate_hellaswag(run)
             if 'tasks' in due:
-                evaluate_tasks(run)
+                evals.evaluate_tasks(run)
             if 'eval' in due:
                 if isinstance(run.val, dict):  # a mixture: each source's val set alone, then their weighted total
                     sources = run.meta['sources']
@@ -581,7 +539,7 @@ def loop(run):
             if 'checkpoint' in due:
                 save_checkpoint(run)
             if 'sample' in due:
-                log(run.cluster, f"step {step} sample:\n{sample_text(run)}")
+                log(run.cluster, f"step {step} sample:\n{sample.sample_text(run)}")
             pending = []
             if stopping:
                 run.metrics.write_summary(run.state.step, run.state.tokens_seen)
@@ -589,7 +547,7 @@ def loop(run):
             run.metrics.start_clock()
         run.metrics.stop_clock()
         if run.tokenizer is not None:
-            log(run.cluster, f"sample after {run.state.step} steps:\n{sample_text(run)}")
+            log(run.cluster, f"sample after {run.state.step} steps:\n{sample.sample_text(run)}")
         log(
             run.cluster,
             f"done: {run.state.step} steps, {run.state.tokens_seen:,} tokens; {run.train.out_dir}/"
