@@ -181,11 +181,8 @@ class GPT(nn.Module):
                 nn.init.normal_(module.weight, mean=0.0, std=std)
                 if getattr(module, 'bias', None) is not None:
                     nn.init.zeros_(module.bias)
-            elif isinstance(module, (nn.LayerNorm, nn.RMSNorm)):
+            elif isinstance(module, (nn.LayerNorm, nn.RMSNorm, MoE)):  # an MoE's: its router bias and load
                 module.reset_parameters()
-            elif isinstance(module, MoE):
-                module.router_bias.zero_()
-                module.load.zero_()
         for name, param in self.named_parameters():  # each block's o_proj, then its FFN's (an MoE: every expert's)
             if name.endswith(('o_proj.weight', 'down_proj.weight')):
                 nn.init.normal_(param, mean=0.0, std=residual_std)

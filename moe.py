@@ -28,6 +28,10 @@ class MoE(nn.Module):
         self.register_buffer('load', torch.zeros(config.n_experts), persistent=False)  # tokens per expert, this step
         self.aux_loss_coef, self.aux_loss = 0.0, None  # alpha (train.py sets it) and this forward's balance loss
 
+    def reset_parameters(self):  # GPT.init_weights: the bias and the load start at 0 (the Linears it inits itself)
+        self.router_bias.zero_()
+        self.load.zero_()
+
     def forward(self, x):
         B, T, H = x.shape
         x = x.reshape(B * T, H)
