@@ -51,14 +51,13 @@ import data  # noqa: E402
 import eval as evals  # noqa: E402 (eval.py: HellaSwag, ARC, MMLU; a name of our own, not the builtin)
 import files  # noqa: E402
 import guard  # noqa: E402
-import ledger  # noqa: E402
 import live  # noqa: E402
 import moe  # noqa: E402
 import objectives  # noqa: E402
 import pretrained  # noqa: E402
 import sample  # noqa: E402
-from config import IGNORE_INDEX, ConfigError, cli, sharded, tokens_per_micro_step  # noqa: E402
-from guard import RunState, TrainingStopped, log  # noqa: E402
+from config import IGNORE_INDEX, cli, sharded, tokens_per_micro_step  # noqa: E402
+from guard import RunState, log  # noqa: E402
 from model import GPT  # noqa: E402
 
 # -----------------------------------------------------------------------------------------------------
@@ -327,21 +326,7 @@ def setup(argv, held=None):
     resume_from = guard.check_out_dir(train, resume, stop_step, cluster)
     if resume_from == 'done':
         return None
-    if resume_from:
-        guard.check_resumable(resume_from, model_cfg, train, allowed_changes, cluster)
-    elif cooldown:  # continues another run: the same checks, and its own keys differ
-        guard.check_resumable(
-            train.cooldown_from,
-            model_cfg,
-            train,
-            allowed_changes | {'cooldown_from', 'cooldown_tokens'},
-            cluster,
-            action='cooldown',
-        )
-    elif allowed_changes:
-        raise ConfigError(
-            '--allow_change goes with --resume or --cooldown_from: it names the keys a continued run may change'
-        )
+    guard.check_continuation(resume_from, cooldown, model_cfg, train, allowed_changes, cluster)
     guard.join_process_group(cluster)
     torch.manual_seed(train.seed)
     if cluster.device.type == 'cuda':
@@ -354,12 +339,7 @@ def setup(argv, held=None):
     held.enter_context(files.disk_errors(train.out_dir, needed_bytes=prediction['data']['checkpoint_bytes']))
     fields = dict(val=val, meta=meta, last_checkpoint=resume_from, cooldown=cooldown, objective=objective)
     run = build_run(model_cfg, train, cluster, dtype, stream, total_steps, stop_step, argv=list(argv), **fields)
-    built = sum(p.numel() for p in run.raw_model.parameters())  # DTensor.numel() is the full size: sharding-proof
-    if built != prediction['params']['total']:
-        raise TrainingStopped(
-            f"the ledger counts {prediction['params']['total']:,} parameters but the built model "
-            f"has {built:,}: ledger.count_params and model.py disagree (run tests/test_model.py)"
-        )
+    built = live.params_built(run.raw_model, prediction)  # the ledger's count, or the run stops here
     bytes_per_token = meta.get('bytes_per_token') if meta else None
     run.metrics = live.Metrics(cluster, train, prediction, built, bool(resume_from), bytes_per_token)
     if cluster.is_master and locking:
@@ -376,12 +356,7 @@ def setup(argv, held=None):
             f"stream continues where it stopped)",
         )
     if cooldown and not resume_from:
-        log(
-            cluster,
-            f"cooldown: the LR falls linearly from {train.lr:.3g} to {train.lr * train.min_lr_ratio:.3g} over "
-            f"steps {cooldown[0] + 1:,} to {end_step:,} ({train.cooldown_tokens:,} tokens; the ledger above "
-            f"bills these), to {run.state.tokens_seen + train.cooldown_tokens:,} tokens seen",
-        )
+        guard.log_cooldown(run, end_step)
     if not resume_from:  # something to roll back to in this run's own folder: step 0, or where the cooldown starts
         save_checkpoint(run)
     if (train.sample_tokens or train.hellaswag_every or train.eval_tasks_every) and meta:
@@ -528,14 +503,7 @@ def loop(run):
                     val_loss, val_bytes_per_token = run.metrics.record_sources(step, tokens, scored, sources)
                 else:
                     val_loss, val_bytes_per_token = evaluate(run)
-                val_bpb = ledger.bits_per_byte(val_loss, val_bytes_per_token)
-                run.metrics.record({'step': step, 'tokens': tokens, 'val_loss': val_loss, 'val_bpb': val_bpb})
-                log(
-                    run.cluster,
-                    f"step {step}: val loss {val_loss:.4f}"
-                    + (f", {val_bpb:.4f} bits per byte" if val_bpb is not None else ''),
-                )
-                run.metrics.write_summary(step, tokens, val_loss, val_bytes_per_token)
+                run.metrics.log_val(step, tokens, val_loss, val_bytes_per_token)  # metrics, log, summary
             if 'checkpoint' in due:
                 save_checkpoint(run)
             if 'sample' in due:
