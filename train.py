@@ -11,7 +11,8 @@ finishes the step, writes a checkpoint and prints the command that resumes.
 
 In the order a run happens: 1. the batch and the LR schedule, 2. model, parallelism, optimizer, 3. eval and samples,
 4. setup, 5. the step, 6. the loop. Around it: data.py (shards, the seeded stream), guard.py (processes, resume
-checks, the clean stop, the spike guard), live.py (the live ledger), checkpoint.py.
+checks, the clean stop, the spike guard), live.py (the live ledger), checkpoint.py; and a line of hook each for
+eval.py (HellaSwag, ARC, MMLU), sample.py (text samples) and moe.py (the router-bias update).
 """
 
 import contextlib
