@@ -181,7 +181,7 @@ class ModelConfig:
     bias: bool = False  # biases in Linear layers and norms (gpt2 has them; llama has none)
     norm_eps: float = 1e-5
     rope_theta: float = 10000.0
-    # --- mixture of experts (DeepSeekMoE, model.py's MoE; llama family). n_experts = 0: every FFN dense ---
+    # --- mixture of experts (DeepSeekMoE, moe.py's MoE; llama family). n_experts = 0: every FFN dense ---
     n_experts: int = 0  # routed experts in each MoE layer
     top_k: int = 0  # routed experts each token visits (1..n_experts)
     expert_hidden: int = 0  # each expert's SwiGLU width (routed and shared experts alike)
@@ -312,7 +312,7 @@ class TrainConfig:
     # would read ordinary noise as spikes
     spike_min_std: float = free(0.02)
     max_rollbacks: int = free(5)
-    # --- mixture of experts: load balancing (model.py's MoE; DeepSeek-V3, arXiv:2412.19437, section 2.1.2) ---
+    # --- mixture of experts: load balancing (moe.py's MoE; DeepSeek-V3, arXiv:2412.19437, section 2.1.2) ---
     # after each optimizer step every router bias moves by this much against its expert's load error (gamma: 0.001)
     router_bias_speed: float = exact(0.001)
     aux_loss_coef: float = exact(0.0)  # the sequence-wise balance loss's alpha (0: off; DeepSeek-V3: 0.0001)

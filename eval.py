@@ -18,10 +18,10 @@ rowanz/hellaswag on GitHub, the URL llm.c uses, through downloads.py's resumable
 git blob id of the published file; HELLASWAG_URL (or --url) points elsewhere, a mirror (there only the size the
 server announces is checked).
 
-train.py can score during training: items = hellaswag_items(world_size=...) once, then hellaswag_accuracy(model,
-encoding, items, device, autocast, rank, world_size) at each evaluation; ARC and MMLU likewise through
-tasks_for_training and score_tasks (the keys eval_tasks, eval_tasks_every, eval_tasks_items). ARC and MMLU are
-scored as lm-evaluation-harness scores them (their section below).
+train.py scores during training through the section "During training": items_for_training(run) once, then
+evaluate_hellaswag(run) (hellaswag_accuracy) and evaluate_tasks(run) (score_tasks: the keys eval_tasks,
+eval_tasks_every, eval_tasks_items) at their steps. ARC and MMLU are scored as lm-evaluation-harness scores them
+(their section below).
 """
 
 import argparse
@@ -43,6 +43,7 @@ import data
 import downloads
 import ledger
 from config import EVAL_TASKS, ConfigError, DataError, UserError, cli
+from guard import log
 
 HELLASWAG_URL = 'https://raw.githubusercontent.com/rowanz/hellaswag/master/data/hellaswag_val.jsonl'
 HELLASWAG_GIT_SHA1 = '0f5ee25d72216f12317d5d8a7b92deafa423d81e'  # git's blob id of that file (never changed since 2019)
@@ -530,6 +531,44 @@ def score_tasks(model, encoding, tasks, autocast, cluster):
             f"(chance {score['chance']:.0%})"
         )
     return entry, f"over {', '.join(f'{len(items):,}' for items in tasks.values())} items: " + '; '.join(parts)
+
+
+# -----------------------------------------------------------------------------------------------------
+# During training: train.py's hooks. Its setup calls items_for_training once; its loop calls evaluate_hellaswag
+# and evaluate_tasks at the steps hellaswag_every and eval_tasks_every name, each into metrics.jsonl and the log.
+
+
+def items_for_training(run):
+    """run.hellaswag and run.eval_tasks: the items that hellaswag_every and eval_tasks_every score (the first
+    hellaswag_items and eval_tasks_items of them; 0: all), downloaded in setup, before the first step."""
+    train, cluster = run.train, run.cluster
+    if train.hellaswag_every:
+        if run.tokenizer is None:
+            raise ConfigError('hellaswag_every needs text: a data folder made by prepare.py, not synthetic tokens')
+        run.hellaswag = hellaswag_items(world_size=cluster.world_size)[: train.hellaswag_items or None]
+    if train.eval_tasks_every:
+        run.eval_tasks = tasks_for_training(run.tokenizer, train.eval_tasks, train.eval_tasks_items, cluster)
+
+
+def evaluate_hellaswag(run):
+    """HellaSwag accuracy, into metrics.jsonl and the log. Eager: rows of every length, no recompiles."""
+    cluster, state = run.cluster, run.state
+    with torch.compiler.set_stance('force_eager'):
+        accuracy, stderr, items = hellaswag_accuracy(
+            run.raw_model, run.tokenizer, run.hellaswag, cluster.device, run.autocast, cluster.rank, cluster.world_size
+        )
+    entry = {'hellaswag': accuracy, 'hellaswag_stderr': stderr, 'hellaswag_items': items}
+    run.metrics.record({'step': state.step, 'tokens': state.tokens_seen, **entry})
+    log(cluster, f"step {state.step}: HellaSwag {accuracy:.2%} +- {stderr:.2%} over {items:,} items (chance: 25%)")
+
+
+def evaluate_tasks(run):
+    """ARC and MMLU (the key eval_tasks), into metrics.jsonl and the log. Eager, as HellaSwag."""
+    cluster, state = run.cluster, run.state
+    with torch.compiler.set_stance('force_eager'):
+        entry, line = score_tasks(run.raw_model, run.tokenizer, run.eval_tasks, run.autocast, cluster)
+    run.metrics.record({'step': state.step, 'tokens': state.tokens_seen, **entry})
+    log(cluster, f"step {state.step}: {line}")
 
 
 # -----------------------------------------------------------------------------------------------------

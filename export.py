@@ -154,7 +154,7 @@ assert {family.hf_class for family in FAMILIES.values()} <= set(LAYOUTS)
 
 def check_exportable(c, n_vocab):
     hf_class = c.family.hf_class
-    if c.n_experts:  # no tested HF layout for model.py's MoE (DeepseekV3's differs: grouped routing, MLA)
+    if c.n_experts:  # no tested HF layout for moe.py's MoE (DeepseekV3's differs: grouped routing, MLA)
         raise ConfigError(
             f"a mixture-of-experts model (n_experts={c.n_experts}) has no Hugging Face export: sample it with sample.py"
         )

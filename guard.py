@@ -183,6 +183,17 @@ def cooldown_start(train):
     return checkpoint.read_state(checkpoint.verified(train.cooldown_from))['run']
 
 
+def log_cooldown(run, end_step):
+    """A cooldown's first line after its checkpoint is loaded: the LR's decay, from where to where."""
+    train, first = run.train, run.cooldown[0] + 1
+    log(
+        run.cluster,
+        f"cooldown: the LR falls linearly from {train.lr:.3g} to {train.lr * train.min_lr_ratio:.3g} over "
+        f"steps {first:,} to {end_step:,} ({train.cooldown_tokens:,} tokens; the ledger above "
+        f"bills these), to {run.state.tokens_seen + train.cooldown_tokens:,} tokens seen",
+    )
+
+
 def check_resumable(path, model_cfg, train, allowed, cluster, action='resume'):
     """A checkpoint continues only the model it was written for, in its own parallel mode's format; a change to
     a CONTINUATION_KEYS key needs --allow_change=KEY (then it is logged, old and new). A key the checkpoint does not
@@ -212,6 +223,26 @@ def check_resumable(path, model_cfg, train, allowed, cluster, action='resume'):
         )
     for key, (old, new) in changes.items():
         log(cluster, f"{action}: {key} changed from {old!r} to {new!r}")
+
+
+def check_continuation(resume_from, cooldown, model_cfg, train, allowed, cluster):
+    """setup's checks, before the model: a resumed run continues its own checkpoint, a cooldown another run's (the
+    same checks, and its own keys differ); --allow_change goes only with one of the two."""
+    if resume_from:
+        check_resumable(resume_from, model_cfg, train, allowed, cluster)
+    elif cooldown:  # continues another run: the same checks, and its own keys differ
+        check_resumable(
+            train.cooldown_from,
+            model_cfg,
+            train,
+            allowed | {'cooldown_from', 'cooldown_tokens'},
+            cluster,
+            action='cooldown',
+        )
+    elif allowed:
+        raise ConfigError(
+            '--allow_change goes with --resume or --cooldown_from: it names the keys a continued run may change'
+        )
 
 
 # -----------------------------------------------------------------------------------------------------

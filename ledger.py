@@ -811,7 +811,7 @@ def collectives(model, parallel, n_gpu, accumulation, dtype='bfloat16'):
         ('loss normaliser', 'all_reduce', 'int64', 1, 1, 'step'),
         ('stop flag (host, gloo)', 'all_reduce', 'int64', 1, 1, 'step'),
     ]
-    if model.n_experts:  # MoE: the step's tokens per expert, summed over ranks for the router bias (model.py)
+    if model.n_experts:  # MoE: the step's tokens per expert, summed over ranks for the router bias (moe.py)
         items.append(('MoE expert loads', 'all_reduce', 'float32', model.moe_layers * model.n_experts, 1, 'update'))
     if not sharded(parallel, n_gpu):  # ddp, zero1: DDP's buckets, on the last micro-step's backward
         items += [
@@ -1098,7 +1098,7 @@ def parallelism_verdict(model, train, n_gpu, device, fits, exposed_fraction):
     )
 
 
-# Ledger MoE: a mixture of experts (model.py's MoE, the DeepSeekMoE shape). The book's accounting is for dense
+# Ledger MoE: a mixture of experts (moe.py's MoE, the DeepSeekMoE shape). The book's accounting is for dense
 # models; for MoE it says "16P becomes 16 x active parameters + routing and communication overhead". Half of that
 # holds. What scales with the ACTIVE parameters (the weights one token's forward uses: all but the n - k routed
 # experts it does not visit): the FLOPs (6 x active matmul weights, the router included), hence days and cost, and
@@ -1121,7 +1121,7 @@ def moe_params(model):
 
 
 def moe_activation_bytes(model, a, autocast):
-    """Bytes an MoE layer's FFN saves for backward per token (eager; model.py's MoE.forward), in place of the dense
+    """Bytes an MoE layer's FFN saves for backward per token (eager; moe.py's MoE.forward), in place of the dense
     FFN's a*H + 4a*H'. a: activation bytes (2 under bf16 autocast, 4 in fp32); k routed experts per token:
       inputs:      the FFN input a*H, read by the router and the shared experts (under autocast each Linear keeps
                    its own bf16 copy: the shared experts' a*H more)

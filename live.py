@@ -24,7 +24,7 @@ import ledger
 import ledger_report
 import plot
 from config import IGNORE_INDEX, ConfigError
-from guard import log
+from guard import TrainingStopped, log
 from model import GPT
 
 
@@ -196,6 +196,17 @@ def predict(config_path, model_cfg, train, cluster, force, cooldown):
             f"count every position; the val loss is plain next-token prediction on every position",
         )
     return prediction, dtype
+
+
+def params_built(model, prediction):
+    """The built model's parameter count, which must be the one the ledger predicted: else the run stops here."""
+    built = sum(p.numel() for p in model.parameters())  # DTensor.numel() is the full size: sharding-proof
+    if built != prediction['params']['total']:
+        raise TrainingStopped(
+            f"the ledger counts {prediction['params']['total']:,} parameters but the built model "
+            f"has {built:,}: ledger.count_params and model.py disagree (run tests/test_model.py)"
+        )
+    return built
 
 
 def collective_probe(cluster, iterations=20):
@@ -395,6 +406,16 @@ class Metrics:
             self.check_probe(self.mfu(run_speed))
         self.interval_tokens, self.interval_seconds, self.warmup = 0, 0.0, False
 
+    def log_val(self, step, tokens_seen, val_loss, val_bytes_per_token):
+        """An eval step's val loss and bits per byte: into metrics.jsonl, the log and summary.json."""
+        val_bpb = ledger.bits_per_byte(val_loss, val_bytes_per_token)
+        self.record({'step': step, 'tokens': tokens_seen, 'val_loss': val_loss, 'val_bpb': val_bpb})
+        log(
+            self.cluster,
+            f"step {step}: val loss {val_loss:.4f}" + (f", {val_bpb:.4f} bits per byte" if val_bpb is not None else ''),
+        )
+        self.write_summary(step, tokens_seen, val_loss, val_bytes_per_token)
+
     def record_sources(self, step, tokens_seen, results, sources):
         """A mixture's eval: each source's val loss and bits per byte (at the exact bytes of its own scored targets)
         into metrics.jsonl ('val_sources'), the log and summary.json. results: {source: (loss, bytes per token)}.
@@ -467,7 +488,7 @@ class Metrics:
 
 
 def router_stats(model):
-    """The last step's routing (GPT.update_router_bias keeps it): per MoE layer, each expert's share of the routed
+    """The last step's routing (moe.update_router_bias keeps it): per MoE layer, each expert's share of the routed
     tokens x n_experts (1: an even load; a run with recompute counts each token twice, the shares stay), the load's
     coefficient of variation, and the router biases."""
     load = model.expert_load.double()

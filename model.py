@@ -6,7 +6,7 @@ model.py: GPT-2 and Llama in one file. `arch` names a family in config.FAMILIES,
 
 Both are pre-norm decoder stacks, x = x + attn(norm(x)); x = x + mlp(norm(x)); logits = lm_head(norm_f(x)), with
 grouped-query attention when n_kv_head < n_head; `bias` and `tie_embeddings` can change a family's biases and tying.
-With n_experts > 0 (llama) the blocks after the first n_dense_layers get a mixture of experts as their FFN (MoE).
+With n_experts > 0 (llama) the blocks after the first n_dense_layers get a mixture of experts as their FFN (moe.py).
 The parameter layout (tok_emb, pos_emb, blocks[i].{attn_norm, attn, mlp_norm, mlp}, norm_f, lm_head) is what
 ledger.count_params counts and what train.py shards per block; test_model.py holds the two against each other.
 
@@ -19,12 +19,12 @@ Memory: ledger.activation_bytes counts, tensor by tensor, what this file's eager
 import math
 
 import torch
-import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 from config import IGNORE_INDEX, ModelConfig  # re-exported: `from model import ModelConfig` works
+from moe import MoE
 
 __all__ = ['ModelConfig', 'GPT', 'Block', 'IGNORE_INDEX']
 
@@ -93,7 +93,7 @@ class GeluMLP(nn.Module):
 
 
 class SwiGLU(nn.Module):
-    def __init__(self, config, width=None):  # width: an expert's (MoE below); else the config's FFN width
+    def __init__(self, config, width=None):  # width: an expert's (moe.py); else the config's FFN width
         super().__init__()
         self.width = width or config.ffn_width
         self.gate_up_proj = nn.Linear(config.n_embd, 2 * self.width, bias=config.biases)  # gate and up, fused
@@ -105,54 +105,6 @@ class SwiGLU(nn.Module):
 
 
 MLPS = {'gelu': GeluMLP, 'swiglu': SwiGLU}
-
-
-# -----------------------------------------------------------------------------------------------------
-# Mixture of experts: DeepSeekMoE's shape (n_experts small SwiGLUs, top_k per token, n_shared_experts every token
-# visits, fused into one) routed as DeepSeek-V3 does (arXiv:2412.19437, sec. 2.1.2; its inference/model.py Gate):
-# affinities s = sigmoid(u . e_i), the top_k of s + b pick, the bias b never weighs; gates = the chosen s summing
-# to 1, x route_scale. Dropless (a loop over experts; the slice sizes read back once per layer, as DeepSeek's code
-# does), so a token costs exactly top_k experts' matmuls. b moves outside the gradient (GPT.update_router_bias);
-# optionally the sequence-wise balance loss alpha * sum_i f_i P_i (eq. 17-20) joins the loss.
-
-
-class MoE(nn.Module):
-    def __init__(self, config):
-        super().__init__()
-        self.n_experts, self.top_k, self.route_scale = config.n_experts, config.top_k, config.route_scale
-        self.router = nn.Linear(config.n_embd, config.n_experts, bias=False)  # the experts' centroids e_i
-        self.experts = nn.ModuleList(SwiGLU(config, config.expert_hidden) for _ in range(config.n_experts))
-        shared = config.n_shared_experts * config.expert_hidden
-        self.shared = SwiGLU(config, shared) if shared else None
-        self.register_buffer('router_bias', torch.zeros(config.n_experts))  # b: in checkpoints, not trained
-        self.register_buffer('load', torch.zeros(config.n_experts), persistent=False)  # tokens per expert, this step
-        self.aux_loss_coef, self.aux_loss = 0.0, None  # alpha (train.py sets it) and this forward's balance loss
-
-    def forward(self, x):
-        B, T, H = x.shape
-        x = x.reshape(B * T, H)
-        scores = self.router(x).float().sigmoid()  # (tokens, n_experts) affinities, fp32
-        chosen = torch.topk(scores + self.router_bias, self.top_k, dim=-1).indices  # the bias only picks
-        gates = scores.gather(1, chosen)
-        gates = gates / gates.sum(-1, keepdim=True) * self.route_scale  # (tokens, top_k)
-        counts = torch.bincount(chosen.flatten(), minlength=self.n_experts)
-        if self.training and torch.is_grad_enabled():  # a training forward counts towards the bias update
-            self.load += counts
-            if self.aux_loss_coef:  # f_i: the share of the sequence's picks on expert i, x n_experts / top_k
-                picked = torch.zeros_like(scores).scatter_(1, chosen, 1.0).view(B, T, -1)
-                share = picked.mean(1) * (self.n_experts / self.top_k)
-                affinity = (scores / scores.sum(-1, keepdim=True)).view(B, T, -1).mean(1)  # P_i
-                self.aux_loss = self.aux_loss_coef * (share * affinity).sum(-1).mean()
-        # Dispatch: the (token, choice) pairs sorted by expert, each token copied once per chosen expert; the
-        # outputs go back to (token, choice) order, and each token sums its top_k outputs weighed by its gates.
-        order = chosen.flatten().argsort(stable=True)
-        chunks = x[order // self.top_k].split(counts.tolist())  # the one host read: the slice sizes
-        y = torch.cat([expert(chunk) for expert, chunk in zip(self.experts, chunks)])  # an empty slice costs 0
-        y = y[order.argsort()].view(B * T, self.top_k, H)
-        out = (y * gates.unsqueeze(-1)).sum(1).to(x.dtype)
-        if self.shared is not None:
-            out = out + self.shared(x)
-        return out.view(B, T, H)
 
 
 def make_norm(config):
@@ -168,7 +120,7 @@ class Block(nn.Module):
         self.attn_norm = make_norm(config)
         self.attn = Attention(config)
         self.mlp_norm = make_norm(config)
-        self.mlp = MoE(config) if moe else MLPS[config.family.mlp](config)
+        self.mlp = MoE(config, SwiGLU) if moe else MLPS[config.family.mlp](config)
 
     def forward(self, x, cos, sin):
         x = x + self.attn(self.attn_norm(x), cos, sin)
@@ -229,11 +181,8 @@ class GPT(nn.Module):
                 nn.init.normal_(module.weight, mean=0.0, std=std)
                 if getattr(module, 'bias', None) is not None:
                     nn.init.zeros_(module.bias)
-            elif isinstance(module, (nn.LayerNorm, nn.RMSNorm)):
+            elif isinstance(module, (nn.LayerNorm, nn.RMSNorm, MoE)):  # an MoE's: its router bias and load
                 module.reset_parameters()
-            elif isinstance(module, MoE):
-                module.router_bias.zero_()
-                module.load.zero_()
         for name, param in self.named_parameters():  # each block's o_proj, then its FFN's (an MoE: every expert's)
             if name.endswith(('o_proj.weight', 'down_proj.weight')):
                 nn.init.normal_(param, mean=0.0, std=residual_std)
@@ -276,19 +225,6 @@ class GPT(nn.Module):
             balance = sum(layer.aux_loss for layer in self.moe)  # MoE's balance loss, weighed per target as the loss
             loss = loss + (balance * (targets != IGNORE_INDEX).sum() if reduction == 'sum' else balance)
         return None, loss
-
-    @torch.no_grad()
-    def update_router_bias(self, speed):
-        """MoE, after each optimizer step (DeepSeek-V3's auxiliary-loss-free balance): each router bias moves by
-        speed (gamma) against the sign of its expert's load error, over the ranks' summed loads (equal biases on
-        every rank). The step's load stays in expert_load for the metrics. No host read."""
-        if self.moe:
-            self.expert_load = torch.stack([layer.load for layer in self.moe])  # (MoE layers, n_experts)
-            if dist.is_initialized():
-                dist.all_reduce(self.expert_load)
-            error = (self.expert_load.mean(-1, keepdim=True) - self.expert_load).sign()
-            torch._foreach_add_([layer.router_bias for layer in self.moe], error.unbind(0), alpha=speed)
-            torch._foreach_zero_([layer.load for layer in self.moe])
 
     @torch.no_grad()
     def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None):

@@ -14,6 +14,8 @@ whatever parallel mode and world size wrote them (checkpoint.load_model).
 <|fim_prefix|> prefix <|fim_suffix|> suffix <|fim_middle|>, and the middle it writes ends at the end-of-text token
 (or after --tokens), printed alone. The model split documents at token boundaries in training, so a prefix or
 suffix that ends or starts inside what would be one token (half a word) is harder for it than one that does not.
+
+train.py's samples during training (sample_every, sample_tokens) come from sample_text(run).
 """
 
 import argparse
@@ -25,7 +27,7 @@ import torch
 import checkpoint
 import data
 import objectives
-from config import ConfigError, cli
+from config import ConfigError, cli, sharded
 
 
 def fim_prompt(eot_id, ids, prefix, suffix):
@@ -47,6 +49,24 @@ def generate_until(model, idx, max_new_tokens, stop_id, temperature, top_k):
             break
     rows = idx[:, start:].tolist()
     return [row[: row.index(stop_id)] if stop_id in row else row for row in rows]
+
+
+@torch.no_grad()
+def sample_text(run):
+    """train.py's samples: a short text from the end-of-text token (a document start), temperature 0.8, top-k 200
+    (nanoGPT's defaults). Under FSDP every rank must run the forwards (they gather weights together). Eager mode:
+    generation changes the sequence length every token, which would recompile a compiled model each time."""
+    cluster, train = run.cluster, run.train
+    if not (sharded(train.parallel, cluster.world_size) or cluster.is_master):
+        return None
+    devices = [cluster.device] if cluster.device.type == 'cuda' else []
+    with torch.random.fork_rng(devices=devices), torch.compiler.set_stance('force_eager'), run.autocast:
+        torch.manual_seed(train.seed + run.state.step)  # the same on every rank, so FSDP ranks stay in step
+        start = torch.full((1, 1), run.meta['eot_id'], dtype=torch.long, device=cluster.device)
+        run.raw_model.eval()
+        tokens = run.raw_model.generate(start, train.sample_tokens, temperature=0.8, top_k=200)
+        run.raw_model.train()
+    return run.tokenizer.decode(tokens[0, 1:].tolist())
 
 
 @cli

@@ -11,7 +11,8 @@ finishes the step, writes a checkpoint and prints the command that resumes.
 
 In the order a run happens: 1. the batch and the LR schedule, 2. model, parallelism, optimizer, 3. eval and samples,
 4. setup, 5. the step, 6. the loop. Around it: data.py (shards, the seeded stream), guard.py (processes, resume
-checks, the clean stop, the spike guard), live.py (the live ledger), checkpoint.py.
+checks, the clean stop, the spike guard), live.py (the live ledger), checkpoint.py; and a line of hook each for
+eval.py (HellaSwag, ARC, MMLU), sample.py (text samples) and moe.py (the router-bias update).
 """
 
 import contextlib
@@ -48,15 +49,16 @@ from torch.nn.parallel import DistributedDataParallel  # noqa: E402
 
 import checkpoint  # noqa: E402
 import data  # noqa: E402
-import eval as hellaswag  # noqa: E402 (eval.py: HellaSwag accuracy; the module named for its job, not the builtin)
+import eval as evals  # noqa: E402 (eval.py: HellaSwag, ARC, MMLU; a name of our own, not the builtin)
 import files  # noqa: E402
 import guard  # noqa: E402
-import ledger  # noqa: E402
 import live  # noqa: E402
+import moe  # noqa: E402
 import objectives  # noqa: E402
 import pretrained  # noqa: E402
-from config import IGNORE_INDEX, ConfigError, cli, sharded, tokens_per_micro_step  # noqa: E402
-from guard import RunState, TrainingStopped, log  # noqa: E402
+import sample  # noqa: E402
+from config import IGNORE_INDEX, cli, sharded, tokens_per_micro_step  # noqa: E402
+from guard import RunState, log  # noqa: E402
 from model import GPT  # noqa: E402
 
 # -----------------------------------------------------------------------------------------------------
@@ -204,7 +206,8 @@ def clip_gradients(params, max_norm):
 
 
 # -----------------------------------------------------------------------------------------------------
-# 3. Eval and samples.
+# 3. Eval and samples. Here the val loss, the run's own measure; HellaSwag, ARC and MMLU are eval.py's (its section
+# "During training"), the text samples sample.py's sample_text.
 
 
 @torch.no_grad()
@@ -235,45 +238,6 @@ def evaluate(run, val=None, data_dir=None):
         dist.all_reduce(totals)
     loss_rows, rows, text_bytes = totals.tolist()
     return loss_rows / rows, text_bytes / (rows * run.model_cfg.block_size) if run.meta else None
-
-
-def evaluate_hellaswag(run):
-    """HellaSwag accuracy (eval.py), into metrics.jsonl and the log. Eager: rows of every length, no recompiles."""
-    cluster, state = run.cluster, run.state
-    with torch.compiler.set_stance('force_eager'):
-        accuracy, stderr, items = hellaswag.hellaswag_accuracy(
-            run.raw_model, run.tokenizer, run.hellaswag, cluster.device, run.autocast, cluster.rank, cluster.world_size
-        )
-    entry = {'hellaswag': accuracy, 'hellaswag_stderr': stderr, 'hellaswag_items': items}
-    run.metrics.record({'step': state.step, 'tokens': state.tokens_seen, **entry})
-    log(cluster, f"step {state.step}: HellaSwag {accuracy:.2%} +- {stderr:.2%} over {items:,} items (chance: 25%)")
-
-
-def evaluate_tasks(run):
-    """ARC and MMLU (eval.py's eval_tasks), into metrics.jsonl and the log. Eager, as HellaSwag."""
-    cluster, state = run.cluster, run.state
-    with torch.compiler.set_stance('force_eager'):
-        entry, line = hellaswag.score_tasks(run.raw_model, run.tokenizer, run.eval_tasks, run.autocast, cluster)
-    run.metrics.record({'step': state.step, 'tokens': state.tokens_seen, **entry})
-    log(cluster, f"step {state.step}: {line}")
-
-
-@torch.no_grad()
-def sample_text(run):
-    """A short text from the end-of-text token (a document start), temperature 0.8, top-k 200 (nanoGPT's
-    defaults). Under FSDP every rank must run the forwards (they gather weights together). Eager mode: generation
-    changes the sequence length every token, which would recompile a compiled model each time."""
-    cluster, train = run.cluster, run.train
-    if not (sharded(train.parallel, cluster.world_size) or cluster.is_master):
-        return None
-    devices = [cluster.device] if cluster.device.type == 'cuda' else []
-    with torch.random.fork_rng(devices=devices), torch.compiler.set_stance('force_eager'), run.autocast:
-        torch.manual_seed(train.seed + run.state.step)  # the same on every rank, so FSDP ranks stay in step
-        start = torch.full((1, 1), run.meta['eot_id'], dtype=torch.long, device=cluster.device)
-        run.raw_model.eval()
-        tokens = run.raw_model.generate(start, train.sample_tokens, temperature=0.8, top_k=200)
-        run.raw_model.train()
-    return run.tokenizer.decode(tokens[0, 1:].tolist())
 
 
 # -----------------------------------------------------------------------------------------------------
@@ -363,21 +327,7 @@ def setup(argv, held=None):
     resume_from = guard.check_out_dir(train, resume, stop_step, cluster)
     if resume_from == 'done':
         return None
-    if resume_from:
-        guard.check_resumable(resume_from, model_cfg, train, allowed_changes, cluster)
-    elif cooldown:  # continues another run: the same checks, and its own keys differ
-        guard.check_resumable(
-            train.cooldown_from,
-            model_cfg,
-            train,
-            allowed_changes | {'cooldown_from', 'cooldown_tokens'},
-            cluster,
-            action='cooldown',
-        )
-    elif allowed_changes:
-        raise ConfigError(
-            '--allow_change goes with --resume or --cooldown_from: it names the keys a continued run may change'
-        )
+    guard.check_continuation(resume_from, cooldown, model_cfg, train, allowed_changes, cluster)
     guard.join_process_group(cluster)
     torch.manual_seed(train.seed)
     if cluster.device.type == 'cuda':
@@ -390,12 +340,7 @@ def setup(argv, held=None):
     held.enter_context(files.disk_errors(train.out_dir, needed_bytes=prediction['data']['checkpoint_bytes']))
     fields = dict(val=val, meta=meta, last_checkpoint=resume_from, cooldown=cooldown, objective=objective)
     run = build_run(model_cfg, train, cluster, dtype, stream, total_steps, stop_step, argv=list(argv), **fields)
-    built = sum(p.numel() for p in run.raw_model.parameters())  # DTensor.numel() is the full size: sharding-proof
-    if built != prediction['params']['total']:
-        raise TrainingStopped(
-            f"the ledger counts {prediction['params']['total']:,} parameters but the built model "
-            f"has {built:,}: ledger.count_params and model.py disagree (run tests/test_model.py)"
-        )
+    built = live.params_built(run.raw_model, prediction)  # the ledger's count, or the run stops here
     bytes_per_token = meta.get('bytes_per_token') if meta else None
     run.metrics = live.Metrics(cluster, train, prediction, built, bool(resume_from), bytes_per_token)
     if cluster.is_master and locking:
@@ -412,22 +357,12 @@ def setup(argv, held=None):
             f"stream continues where it stopped)",
         )
     if cooldown and not resume_from:
-        log(
-            cluster,
-            f"cooldown: the LR falls linearly from {train.lr:.3g} to {train.lr * train.min_lr_ratio:.3g} over "
-            f"steps {cooldown[0] + 1:,} to {end_step:,} ({train.cooldown_tokens:,} tokens; the ledger above "
-            f"bills these), to {run.state.tokens_seen + train.cooldown_tokens:,} tokens seen",
-        )
+        guard.log_cooldown(run, end_step)
     if not resume_from:  # something to roll back to in this run's own folder: step 0, or where the cooldown starts
         save_checkpoint(run)
     if (train.sample_tokens or train.hellaswag_every or train.eval_tasks_every) and meta:
         run.tokenizer = data.load_tokenizer(train.data)
-    if train.hellaswag_every:
-        if run.tokenizer is None:
-            raise ConfigError('hellaswag_every needs text: a data folder made by prepare.py, not synthetic tokens')
-        run.hellaswag = hellaswag.hellaswag_items(world_size=cluster.world_size)[: train.hellaswag_items or None]
-    if train.eval_tasks_every:
-        run.eval_tasks = hellaswag.tasks_for_training(run.tokenizer, train.eval_tasks, train.eval_tasks_items, cluster)
+    evals.items_for_training(run)  # HellaSwag's, ARC's and MMLU's, when the run scores them
     log(
         cluster,
         f"training: {total_steps:,} steps planned for {train.train_tokens:,} tokens, this run stops at "
@@ -496,7 +431,7 @@ def train_step(run):
         loss_sum += loss.detach()
     grad_norm = clip_gradients(run.params, train.grad_clip)
     run.optimizer.step()
-    run.raw_model.update_router_bias(train.router_bias_speed)  # MoE: the balance, outside the gradient
+    moe.update_router_bias(run.raw_model, train.router_bias_speed)  # MoE: the balance, outside the gradient
     run.optimizer.zero_grad(set_to_none=True)
     state.position += accumulation * cluster.world_size * train.micro_batch
     state.tokens_seen += batch_tokens
@@ -559,9 +494,9 @@ def loop(run):
                 if run.raw_model.moe:  # MoE: each expert's load, its CV and the router biases
                     run.metrics.record({'step': step, 'tokens': tokens, **live.router_stats(run.raw_model)})
             if 'hellaswag' in due:
-                evaluate_hellaswag(run)
+                evals.evaluate_hellaswag(run)
             if 'tasks' in due:
-                evaluate_tasks(run)
+                evals.evaluate_tasks(run)
             if 'eval' in due:
                 if isinstance(run.val, dict):  # a mixture: each source's val set alone, then their weighted total
                     sources = run.meta['sources']
@@ -569,18 +504,11 @@ def loop(run):
                     val_loss, val_bytes_per_token = run.metrics.record_sources(step, tokens, scored, sources)
                 else:
                     val_loss, val_bytes_per_token = evaluate(run)
-                val_bpb = ledger.bits_per_byte(val_loss, val_bytes_per_token)
-                run.metrics.record({'step': step, 'tokens': tokens, 'val_loss': val_loss, 'val_bpb': val_bpb})
-                log(
-                    run.cluster,
-                    f"step {step}: val loss {val_loss:.4f}"
-                    + (f", {val_bpb:.4f} bits per byte" if val_bpb is not None else ''),
-                )
-                run.metrics.write_summary(step, tokens, val_loss, val_bytes_per_token)
+                run.metrics.log_val(step, tokens, val_loss, val_bytes_per_token)  # metrics, log, summary
             if 'checkpoint' in due:
                 save_checkpoint(run)
             if 'sample' in due:
-                log(run.cluster, f"step {step} sample:\n{sample_text(run)}")
+                log(run.cluster, f"step {step} sample:\n{sample.sample_text(run)}")
             pending = []
             if stopping:
                 run.metrics.write_summary(run.state.step, run.state.tokens_seen)
@@ -588,7 +516,7 @@ def loop(run):
             run.metrics.start_clock()
         run.metrics.stop_clock()
         if run.tokenizer is not None:
-            log(run.cluster, f"sample after {run.state.step} steps:\n{sample_text(run)}")
+            log(run.cluster, f"sample after {run.state.step} steps:\n{sample.sample_text(run)}")
         log(
             run.cluster,
             f"done: {run.state.step} steps, {run.state.tokens_seen:,} tokens; {run.train.out_dir}/"

@@ -1,5 +1,5 @@
 """
-test_moe.py: the mixture of experts (model.py's MoE, ledger.py's Ledger MoE) against the ledger, on the CPU.
+test_moe.py: the mixture of experts (moe.py's MoE, ledger.py's Ledger MoE) against the ledger, on the CPU.
 
 1. Parameters: the total = sum(p.numel()), tensor by tensor; the active ones = the tensors a forward of one token
    gives a gradient to (all but the n - k routed experts it skips, in every MoE layer).
@@ -32,6 +32,7 @@ import sweep
 import train
 from config import ConfigError, load_config
 from model import GPT, ModelConfig
+from moe import update_router_bias
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -147,7 +148,7 @@ def test_bias_update_evens_out_a_skewed_router():
 
     def cv_of_a_step():
         layer(x)  # a training forward (grad enabled) counts its tokens
-        model.update_router_bias(0.01)
+        update_router_bias(model, 0.01)
         return live.router_stats(model)['expert_load_cv'][0]
 
     before = cv_of_a_step()
