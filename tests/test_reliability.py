@@ -63,7 +63,15 @@ def losses(out_dir):
 
 def start_and_signal(command, signals, after='step      2/'):
     """Start train.py, wait for a line of stdout starting with `after`, send `signals`; -> (returncode, stderr)."""
-    process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    process = subprocess.Popen(
+        command,
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        # Ctrl-C as at a terminal: a suite started in the background (`pytest &`) hands its children SIGINT ignored
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
     for line in process.stdout:
         if line.startswith(after):
             break
