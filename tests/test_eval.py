@@ -616,29 +616,39 @@ def test_torchrun_slices_the_suite_over_ranks(trained, task_items, capsys):
 
 
 def test_training_scores_the_tasks_into_metrics_and_the_plot(pystdlib_data, tmp_path, monkeypatch):
-    """eval_tasks_every: train.py scores the named tasks at those steps and at the end, on their first
-    eval_tasks_items items, into metrics.jsonl (each task's headline figure under its name, as 'hellaswag'), and
-    plot.py draws them on the scores' axis."""
+    """eval_tasks_every and hellaswag_every: train.py scores the named tasks at those steps and at the end, on their
+    first eval_tasks_items (hellaswag_items) items, into metrics.jsonl (each task's headline figure under its name,
+    as 'hellaswag'), and plot.py draws them on the scores' axis."""
     import plot
 
     config = tmp_path / 'tiny.py'
     config.write_text(''.join(f'{k} = {v!r}\n' for k, v in dict(TINY, data=pystdlib_data).items()))
-    with http_server(fake_hub()) as (url, _):
+    with http_server({**fake_hub(), '/hellaswag_val.jsonl': GOOD}) as (url, _):
         monkeypatch.setenv('HF_ENDPOINT', url)
+        monkeypatch.setenv('HELLASWAG_URL', url + '/hellaswag_val.jsonl')
+        monkeypatch.setenv('XDG_CACHE_HOME', str(tmp_path / 'cache'))  # HellaSwag's file: downloaded here
         flags = ['--max_steps=3', '--dtype=float32', '--eval_tasks=arc_challenge,mmlu_5shot', '--eval_tasks_every=2']
-        assert train.main([str(config), f'--out_dir={tmp_path / "run"}', *flags, '--eval_tasks_items=3']) == 0
+        flags += ['--eval_tasks_items=3', '--hellaswag_every=2', '--hellaswag_items=4']
+        assert train.main([str(config), f'--out_dir={tmp_path / "run"}', *flags]) == 0
     with open(tmp_path / 'run' / 'metrics.jsonl') as f:
-        scored = [e for e in map(json.loads, f) if 'arc_challenge' in e]
+        entries = list(map(json.loads, f))
+    scored = [e for e in entries if 'arc_challenge' in e]
     assert [e['step'] for e in scored] == [2, 3] and all(e['mmlu_5shot_items'] == 3 for e in scored)
+    model, _ = checkpoint.load_model(str(tmp_path / 'run'), torch.device('cpu'))  # the step-3 model: its score
+    accuracy, _, _ = hellaswag.hellaswag_accuracy(model, data.load_tokenizer(pystdlib_data), ITEMS[:4], 'cpu')
+    swag = [e for e in entries if 'hellaswag' in e]
+    assert [(e['step'], e['hellaswag_items']) for e in swag] == [(2, 4), (3, 4)] and swag[-1]['hellaswag'] == accuracy
     last = scored[-1]
     assert last['arc_challenge'] == last['arc_challenge_acc_norm'] and last['mmlu_5shot'] == last['mmlu_5shot_acc']
     assert last['arc_challenge_stderr'] == pytest.approx(
         math.sqrt(last['arc_challenge'] * (1 - last['arc_challenge']) / 3)
     )
     run = plot.read_run(str(tmp_path / 'run'))
-    assert sorted(run['scores']) == ['arc_challenge', 'mmlu_5shot'] and list(run['scores']['mmlu_5shot'][0]) == [
+    assert sorted(run['scores']) == ['arc_challenge', 'hellaswag', 'mmlu_5shot'] and list(
+        run['scores']['mmlu_5shot'][0]
+    ) == [
         2 * 512,
         3 * 512,
     ]
     labels = [container.get_label() for container in plot.figure([str(tmp_path / 'run')]).axes[1].containers]
-    assert labels == ['run ARC-Challenge acc_norm', 'run MMLU 5-shot acc']
+    assert labels == ['run HellaSwag', 'run ARC-Challenge acc_norm', 'run MMLU 5-shot acc']
