@@ -762,8 +762,8 @@ def gpus_for_model_states(n_params, gpu_memory_bytes):
 #   zero2, fsdp: FSDP2, every micro-step: an all-gather of each unit (the root: embeddings, final norm, lm_head;
 #                each block) in the compute dtype (bf16 under the mixed-precision policy, else fp32) in forward,
 #                and a reduce-scatter of each unit's gradients in fp32 (reduce_dtype) in backward. fsdp reshards
-#                after forward (reshard_after_forward=True, passed to the root too, so the root reshards as well)
-#                and all-gathers every unit again in backward; zero2 keeps them. Then the gradient norm: one fp32
+#                each block after forward and all-gathers it again in backward; zero2 keeps them; both keep the
+#                root (reshard_after_forward=False: backward starts with it). Then the gradient norm: one fp32
 #                all-reduce of a partial norm per parameter tensor (DTensor). Each tensor's rows are padded to a
 #                multiple of N (fsdp_unit_elements).
 # Sizes are NCCL-tests' S (doc/PERFORMANCE.md): the all-reduce's and broadcast's buffer, the all-gather's output,
@@ -835,8 +835,7 @@ def collectives(model, parallel, n_gpu, accumulation, dtype='bfloat16'):
         per_size = [(name, n, A * blocks.count(n)) for name, n in zip(each, sizes)]
         items += [('weights, root unit', 'all_gather', gathered, root, A, 'forward')]
         items += [(f'weights, {name}', 'all_gather', gathered, n, calls, 'forward') for name, n, calls in per_size]
-        if parallel == 'fsdp':  # resharded after forward: gathered again in backward
-            items += [('weights again, root unit', 'all_gather', gathered, root, A, 'backward')]
+        if parallel == 'fsdp':  # the blocks resharded after forward: gathered again in backward
             items += [
                 (f'weights again, {name}', 'all_gather', gathered, n, calls, 'backward') for name, n, calls in per_size
             ]
@@ -1009,7 +1008,7 @@ def communication(model, train, n_gpu, device, compute_step_seconds):
     last_bucket = max((i for i, item in enumerate(items) if 'DDP bucket' in item['what']), default=None)
     for i, item in enumerate(items):
         item['seconds'] = item['bus_bytes'] / busbw
-        # nothing to hide under: the first all-gather of forward and of fsdp's backward (the root unit), the last
+        # nothing to hide under: the first all-gather of forward (the root unit), the last
         # reduce-scatter (the root's), DDP's last bucket (the first layers' gradients, ready as backward ends)
         edge = 'root unit' in item['what'] or i == last_bucket
         seconds['edge' if edge else item['phase']] += item['seconds']

@@ -1016,9 +1016,25 @@ def hub_manifest(hub, out_dir, repo, folder, revision, split='', relist=False):
     return manifest
 
 
-def prepare_fineweb_edu(
-    out_dir='data/fineweb_edu',
-    sample='100BT',
+def prepare_fineweb_edu(out_dir='data/fineweb_edu', sample='100BT', **options):
+    """Build (or carry on, or find complete) a FineWeb-Edu data folder; returns its meta dict. options: those of
+    parquet_from_hub (tokens, tokenizer, workers, ..., network: a Network, the endpoint, time-outs, retry budget)."""
+    if sample not in ('10BT', '100BT', '350BT'):
+        raise DataError(f"unknown sample '{sample}': use 10BT, 100BT or 350BT")
+    head = {'source': 'fineweb_edu', 'sample': sample}
+    folder = f'sample/{sample}'
+    return parquet_from_hub(out_dir, head, FINEWEB_EDU, folder, 'fineweb_edu', f'fineweb_edu/{folder}', **options)
+
+
+def parquet_from_hub(
+    out_dir,
+    head,
+    repo,
+    folder,
+    prefix,
+    source,
+    column='text',
+    split='',
     tokens=0,
     tokenizer='gpt2',
     workers=0,
@@ -1030,129 +1046,87 @@ def prepare_fineweb_edu(
     network=None,
     special=True,
 ):
-    """Build (or carry on, or find complete) a FineWeb-Edu data folder; returns its meta dict. `network`: a Network
-    (endpoint, time-outs, retry budget)."""
-    if sample not in ('10BT', '100BT', '350BT'):
-        raise DataError(f"unknown sample '{sample}': use 10BT, 100BT or 350BT")
+    """The body of fineweb_edu and hub, inside the folder's lock (`prepare.py PREFIX`): the parquet files of `folder`
+    in a dataset repo (those named `split`* where split is given) -> the tokenizer -> shards named `prefix`;
+    meta.json's source is `source`, its request `head` (what names the source) and the options. Returns the meta."""
     parse_tokenizer(tokenizer)
     val_tokens = val_tokens or default_val_tokens(shard_tokens, tokens)
-    request = {
-        'source': 'fineweb_edu',
-        'sample': sample,
-        'tokenizer': tokenizer,
-        'shard_tokens': shard_tokens,
-        'val_tokens': val_tokens,
-        'revision': revision,
-        'special_tokens': special,
-    }
-    with writing(out_dir, 'prepare.py fineweb_edu'):
-        return parquet_from_hub(
-            out_dir,
-            request,
-            FINEWEB_EDU,
-            f'sample/{sample}',
-            'fineweb_edu',
-            f'fineweb_edu/sample/{sample}',
-            tokens,
-            network,
-            keep_downloads,
-            workers,
-            bpe_sample_chars,
+    request = dict(head, tokenizer=tokenizer, shard_tokens=shard_tokens, val_tokens=val_tokens, revision=revision)
+    request['special_tokens'] = special
+    with writing(out_dir, f'prepare.py {prefix}'):
+        meta = complete_meta(out_dir, dict(request, tokens=tokens), carry_on_keys=('tokens',))
+        if meta is not None:
+            return meta
+        state = start_progress(out_dir, request)
+        hub = Hub(network)
+        manifest = hub_manifest(hub, out_dir, repo, folder, request['revision'], split)
+        files, sha = manifest['files'], manifest['revision']
+        os.makedirs(os.path.join(out_dir, 'downloads'), exist_ok=True)
+        paths = [os.path.join(out_dir, 'downloads', os.path.basename(f['path'])) for f in files]
+        say(
+            f"{prefix}: {repo}/{folder} at {sha} from {hub.endpoint}: {len(files)} parquet files, "
+            f"{human_bytes(sum(f['size'] for f in files))}"
         )
+        check_val_tokens(val_tokens, tokens, files)
+        disk_plan(out_dir, files, paths, tokens, shard_tokens, parse_tokenizer(tokenizer), keep_downloads, prefix)
+        verified, relisted = set(), []
 
+        def fetch(index):  # file `index`, downloaded (or found on disk) and verified, once per run
+            if index not in verified:
+                if not os.path.exists(paths[index]):
+                    say(f"{prefix}: downloading {files[index]['path']} ({human_bytes(files[index]['size'])})")
+                url = hub.url('datasets', repo, sha, files[index]['path'])
+                try:
+                    download(hub, url, paths[index], files[index])
+                except ListingMismatch as e:  # every download disagreed with files.json: is files.json wrong?
+                    if relisted:
+                        raise
+                    relisted.append(index)  # once per run: list the files again at the pinned commit
+                    fresh = hub_manifest(hub, out_dir, repo, folder, request['revision'], split, relist=True)['files']
+                    if fresh[index] == files[index]:
+                        raise DataError(f"{e} (the Hub lists it so again today)") from None
+                    say(
+                        f"{prefix}: files.json pinned {files[index]['path']} as sha256 {files[index]['sha256']}, "
+                        f"the Hub lists {fresh[index]['sha256']}: files.json listed again at {sha}"
+                    )
+                    files[:] = fresh
+                    download(hub, url, paths[index], files[index])
+                verified.add(index)
+            return paths[index]
 
-def parquet_from_hub(
-    out_dir,
-    request,
-    repo,
-    folder,
-    prefix,
-    source,
-    tokens,
-    network,
-    keep_downloads,
-    workers,
-    bpe_sample_chars,
-    column='text',
-    split='',
-):
-    """The body of fineweb_edu and hub, inside the folder's lock: the parquet files of `folder` in a dataset repo
-    (those named `split`* where split is given) -> the request's tokenizer -> shards named `prefix`; meta.json's
-    source is `source`. Returns the meta dict."""
-    tokenizer, shard_tokens, val_tokens = request['tokenizer'], request['shard_tokens'], request['val_tokens']
-    meta = complete_meta(out_dir, dict(request, tokens=tokens), carry_on_keys=('tokens',))
-    if meta is not None:
-        return meta
-    state = start_progress(out_dir, request)
-    hub = Hub(network)
-    manifest = hub_manifest(hub, out_dir, repo, folder, request['revision'], split)
-    files, sha = manifest['files'], manifest['revision']
-    os.makedirs(os.path.join(out_dir, 'downloads'), exist_ok=True)
-    paths = [os.path.join(out_dir, 'downloads', os.path.basename(f['path'])) for f in files]
-    say(
-        f"{prefix}: {repo}/{folder} at {sha} from {hub.endpoint}: {len(files)} parquet files, "
-        f"{human_bytes(sum(f['size'] for f in files))}"
-    )
-    check_val_tokens(val_tokens, tokens, files)
-    disk_plan(out_dir, files, paths, tokens, shard_tokens, parse_tokenizer(tokenizer), keep_downloads, prefix)
-    verified, relisted = set(), []
+        def done_with_files(n):
+            if not keep_downloads:
+                for path in paths[:n]:
+                    remove_quietly(path)
 
-    def fetch(index):  # file `index`, downloaded (or found on disk) and verified, once per run
-        if index not in verified:
-            if not os.path.exists(paths[index]):
-                say(f"{prefix}: downloading {files[index]['path']} ({human_bytes(files[index]['size'])})")
-            url = hub.url('datasets', repo, sha, files[index]['path'])
-            try:
-                download(hub, url, paths[index], files[index])
-            except ListingMismatch as e:  # every download disagreed with files.json: is files.json wrong?
-                if relisted:
-                    raise
-                relisted.append(index)  # once per run: list the files again at the pinned commit
-                fresh = hub_manifest(hub, out_dir, repo, folder, request['revision'], split, relist=True)['files']
-                if fresh[index] == files[index]:
-                    raise DataError(f"{e} (the Hub lists it so again today)") from None
-                say(
-                    f"{prefix}: files.json pinned {files[index]['path']} as sha256 {files[index]['sha256']}, "
-                    f"the Hub lists {fresh[index]['sha256']}: files.json listed again at {sha}"
-                )
-                files[:] = fresh
-                download(hub, url, paths[index], files[index])
-            verified.add(index)
-        return paths[index]
-
-    def done_with_files(n):
-        if not keep_downloads:
-            for path in paths[:n]:
-                remove_quietly(path)
-
-    make_tokenizer(
-        out_dir,
-        tokenizer,
-        lambda: bpe_sample(
-            (text for i in range(len(paths)) for _, text in read_documents(fetch(i), column=column)),
+        make_tokenizer(
+            out_dir,
+            tokenizer,
+            lambda: bpe_sample(
+                (text for i in range(len(paths)) for _, text in read_documents(fetch(i), column=column)),
+                val_tokens,
+                bpe_sample_chars,
+                tokens,
+            ),
+            network,
+            request['special_tokens'],
+        )
+        counts = tokenize_stream(
+            out_dir,
+            prefix,
+            paths,
+            fetch,
+            state,
+            workers or default_workers(),
             val_tokens,
-            bpe_sample_chars,
+            shard_tokens,
             tokens,
-        ),
-        network,
-        request['special_tokens'],
-    )
-    counts = tokenize_stream(
-        out_dir,
-        prefix,
-        paths,
-        fetch,
-        state,
-        workers or default_workers(),
-        val_tokens,
-        shard_tokens,
-        tokens,
-        done_with_files,
-        column=column,
-    )
-    return finish_meta(
-        out_dir, dataset_meta(out_dir, source, sha, tokenizer, shard_tokens, dict(request, tokens=tokens), counts)
-    )
+            done_with_files,
+            column=column,
+        )
+        return finish_meta(
+            out_dir, dataset_meta(out_dir, source, sha, tokenizer, shard_tokens, dict(request, tokens=tokens), counts)
+        )
 
 
 # -----------------------------------------------------------------------------------------------------
@@ -1163,57 +1137,14 @@ def parquet_from_hub(
 # it (train-00000-of-00064.parquet). A gated dataset is one line saying how to pass HF_TOKEN (downloads.Hub).
 
 
-def prepare_hub(
-    repo,
-    out_dir='data/hub',
-    config='',
-    column='text',
-    split='',
-    tokens=0,
-    tokenizer='gpt2',
-    workers=0,
-    shard_tokens=100_000_000,
-    val_tokens=0,
-    revision='main',
-    bpe_sample_chars=1_000_000_000,
-    keep_downloads=False,
-    network=None,
-    special=True,
-):
-    """Build (or carry on, or find complete) a data folder from a parquet dataset on the Hub; returns its meta."""
+def prepare_hub(repo, out_dir='data/hub', config='', column='text', split='', **options):
+    """Build (or carry on, or find complete) a data folder from a parquet dataset on the Hub; returns its meta.
+    options: those of parquet_from_hub."""
     if repo.count('/') != 1 or not all(repo.split('/')):
         raise DataError(f"hub: '{repo}' is not a dataset repo: name it OWNER/NAME (e.g. HuggingFaceTB/finemath)")
-    parse_tokenizer(tokenizer)
-    val_tokens = val_tokens or default_val_tokens(shard_tokens, tokens)
-    request = {
-        'source': 'hub',
-        'repo': repo,
-        'config': config,
-        'column': column,
-        'split': split,
-        'tokenizer': tokenizer,
-        'shard_tokens': shard_tokens,
-        'val_tokens': val_tokens,
-        'revision': revision,
-        'special_tokens': special,
-    }
+    head = {'source': 'hub', 'repo': repo, 'config': config, 'column': column, 'split': split}
     source = '/'.join(part for part in (repo, config) if part)
-    with writing(out_dir, 'prepare.py hub'):
-        return parquet_from_hub(
-            out_dir,
-            request,
-            repo,
-            config,
-            'hub',
-            source,
-            tokens,
-            network,
-            keep_downloads,
-            workers,
-            bpe_sample_chars,
-            column,
-            split,
-        )
+    return parquet_from_hub(out_dir, head, repo, config, 'hub', source, column, split, **options)
 
 
 # -----------------------------------------------------------------------------------------------------
@@ -1528,41 +1459,23 @@ def main(argv):
     args = parser.parse_args(argv)
     if args.source == 'pystdlib':
         prepare_pystdlib(args.out, args.tokenizer, args.workers, args.shard_tokens, args.max_files, args.special)
-    elif args.source == 'fineweb_edu':
-        network = Network(args.endpoint, args.connect_timeout, args.read_timeout, args.retry_budget)
-        prepare_fineweb_edu(
-            args.out,
-            args.sample,
-            args.tokens,
-            args.tokenizer,
-            args.workers,
-            args.shard_tokens,
-            args.val_tokens,
-            args.revision,
-            args.bpe_sample_chars,
-            args.keep_downloads,
-            network,
-            args.special,
+    elif args.source in ('fineweb_edu', 'hub'):
+        options = dict(
+            tokens=args.tokens,
+            tokenizer=args.tokenizer,
+            workers=args.workers,
+            shard_tokens=args.shard_tokens,
+            val_tokens=args.val_tokens,
+            revision=args.revision,
+            bpe_sample_chars=args.bpe_sample_chars,
+            keep_downloads=args.keep_downloads,
+            network=Network(args.endpoint, args.connect_timeout, args.read_timeout, args.retry_budget),
+            special=args.special,
         )
-    elif args.source == 'hub':
-        network = Network(args.endpoint, args.connect_timeout, args.read_timeout, args.retry_budget)
-        prepare_hub(
-            args.repo,
-            args.out,
-            args.config,
-            args.column,
-            args.split,
-            args.tokens,
-            args.tokenizer,
-            args.workers,
-            args.shard_tokens,
-            args.val_tokens,
-            args.revision,
-            args.bpe_sample_chars,
-            args.keep_downloads,
-            network,
-            args.special,
-        )
+        if args.source == 'fineweb_edu':
+            prepare_fineweb_edu(args.out, args.sample, **options)
+        else:
+            prepare_hub(args.repo, args.out, args.config, args.column, args.split, **options)
     elif args.source == 'files':
         prepare_files(
             args.paths,

@@ -154,7 +154,7 @@ def build_model(model_cfg, train, cluster, dtype):
     # FSDP2: shard each block, then the root (embeddings, final norm, lm_head: a tied weight stays in this one unit
     # with both its users). ZeRO-3 ('fsdp') frees each block's gathered weights after its forward and gathers them
     # again for backward; ZeRO-2 ('zero2') keeps them from forward to backward, so only gradients and optimizer
-    # states stay sharded (the book's 2P + 14P/N).
+    # states stay sharded (the book's 2P + 14P/N). The root is kept either way: backward starts with its lm_head.
     mesh = init_device_mesh(cluster.device.type, (cluster.world_size,))
     mp_policy = MixedPrecisionPolicy()  # fp32 everywhere
     if dtype == 'bfloat16':  # bf16 weights for the matmuls, gradients reduced in fp32
@@ -164,7 +164,7 @@ def build_model(model_cfg, train, cluster, dtype):
         if train.compile:
             block.compile()  # per block, in place, as torchtune does under FSDP2: the blocks share one graph
         fully_shard(block, mesh=mesh, mp_policy=mp_policy, reshard_after_forward=reshard)
-    fully_shard(model, mesh=mesh, mp_policy=mp_policy, reshard_after_forward=reshard)
+    fully_shard(model, mesh=mesh, mp_policy=mp_policy, reshard_after_forward=False)
     return model, model
 
 

@@ -197,8 +197,8 @@ def test_every_collective_of_a_step_is_the_ledgers_on_every_rank(counted):
 
 def test_the_modes_differ_as_the_ledger_says(counted):
     """What the counts show, in words: ddp and zero1 all-reduce once a step whatever the accumulation (no_sync),
-    zero1 adds 4P of broadcasts, FSDP2 communicates every micro-step, fsdp gathers twice what zero2 does, and bf16
-    halves the gathers only."""
+    zero1 adds 4P of broadcasts, FSDP2 communicates every micro-step, fsdp gathers the blocks again (not the root,
+    which stays gathered for backward), and bf16 halves the gathers only."""
     world_size, (rank, *_) = counted
     model = ModelConfig(**{k: v for k, v in TINY.items() if k in ModelConfig.__dataclass_fields__})
     P = ledger.count_params(model)['total']
@@ -213,7 +213,8 @@ def test_the_modes_differ_as_the_ledger_says(counted):
     assert volume('ddp 1 float32') == volume('ddp 3 float32') == 4 * P
     assert volume('zero1 3 float32', 'broadcast') == 4 * P
     assert volume('zero2 3 float32', smallest=100) == 3 * volume('zero2 1 float32', smallest=100)  # not the norm
-    assert volume('fsdp 1 float32', 'all_gather') == 2 * volume('zero2 1 float32', 'all_gather')
+    _, blocks = ledger.fsdp_unit_elements(model, world_size)  # fsdp gathers each block again, the root once
+    assert volume('fsdp 1 float32', 'all_gather') == volume('zero2 1 float32', 'all_gather') + 4 * sum(blocks)
     assert volume('fsdp 1 bfloat16', 'all_gather') * 2 == volume('fsdp 1 float32', 'all_gather')
     assert volume('fsdp 1 bfloat16', 'all_reduce') == volume('fsdp 1 float32', 'all_reduce')  # fp32 reductions
     assert volume('zero2 1 float32', 'all_gather') > 4 * P  # the padded rows
@@ -235,6 +236,9 @@ def test_bus_bytes_are_nccl_tests_factors():
     root, blocks = ledger.fsdp_unit_elements(model, 8)
     assert len(blocks) == model.n_layer and len(set(blocks)) == 1  # a dense model's blocks are alike
     assert gathers == pytest.approx(4 * 2 * (root + sum(blocks)) * 7 / 8)
+    sharded = ledger.collectives(model, 'fsdp', 8, 4, 'bfloat16')  # the blocks gathered again in backward, not the root
+    gathers = sum(i['bus_bytes'] for i in sharded if i['op'] == 'all_gather')
+    assert gathers == pytest.approx(4 * 2 * (root + 2 * sum(blocks)) * 7 / 8)
     assert ledger.BUS_FACTORS['broadcast'](8) == 1.0
     assert set(ledger.LINKS) == set(ledger.GPUS)  # every GPU of the table has its links, with their sources
     assert all(link.busbw_gbps <= link.line_gbps for link in ledger.LINKS.values())
