@@ -444,13 +444,17 @@ class Metrics:
     def check_probe(self, mfu):
         """A run faster than its prediction by ledger.REPROBE_FACTOR or more, on a peak the probe measured: that
         probe read low (the machine was busy), so it is flagged and the next run probes again (once per run). A CPU
-        run predicted from its step probe instead records the speed it reached (learn_speed)."""
+        run predicted from its step probe records the speed it reached (learn_speed), and flags the peak only when
+        its MFU passes 100%."""
         probe_key, assumed = self.prediction['gpu'].get('probe_key'), self.prediction['mfu']
-        if self.prediction.get('mfu_probe_key'):  # a CPU predicted from its step probe: learn what the run reached
-            return learn_speed(self.prediction['mfu_probe_key'], self.measured['tokens_per_s'])
-        if self.probe_flagged or not probe_key or mfu < ledger.REPROBE_FACTOR * assumed or not self.cluster.is_master:
-            return
         reason = f"a run measured MFU {mfu:.1%} against the {assumed:.1%} its prediction assumed"
+        limit = ledger.REPROBE_FACTOR * assumed
+        if self.prediction.get('mfu_probe_key'):  # a CPU predicted from its step probe: learn what the run reached
+            learn_speed(self.prediction['mfu_probe_key'], self.measured['tokens_per_s'])
+            # the GEMM peak then only divides the MFU shown: above 100%, it read low
+            reason, limit = f"a run measured MFU {mfu:.1%}, above 100% of the peak", 1.0
+        if self.probe_flagged or not probe_key or mfu < limit or not self.cluster.is_master:
+            return
         self.probe_flagged = ledger.flag_reprobe(probe_key, reason)
         if self.probe_flagged:
             log(

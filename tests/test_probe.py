@@ -77,6 +77,15 @@ def test_a_run_far_faster_than_predicted_flags_its_probe(probes, tmp_path, capsy
     assert 'the next run probes it again and keeps the better' in capsys.readouterr().out
     answers += [120e9]
     assert ledger.measure_device('cpu', 'float32').peak_flops == 120e9 and len(calls) == 2
+    # predicted from a step probe (the CPU), the peak only divides the MFU shown: flagged once that passes 100%
+    assert 'reprobe' not in cached(device)  # the probe above cleared it
+    stepped = dict(prediction, mfu_probe_key='no such step probe')
+    learned = live.Metrics(guard.setup_cluster(), train, stepped, 0, append=False)
+    learned.measured['tokens_per_s'] = 1.0
+    learned.check_probe(0.99)
+    assert not learned.probe_flagged and 'reprobe' not in cached(device)
+    learned.check_probe(1.5)
+    assert learned.probe_flagged and cached(device)['reprobe'] == 'a run measured MFU 150.0%, above 100% of the peak'
     # a peak from a datasheet has no probe to flag
     h200 = json.loads(json.dumps(ledger.predict(model, train, 1, ledger.GPUS['H200'])))
     assert h200['gpu']['probe_key'] == ''
