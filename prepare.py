@@ -248,7 +248,7 @@ def model_tokenizer(name, network=None):
     """(the model folder, its tokenizer.json's bytes)."""
     import pretrained
 
-    folder = pretrained.folder(name, network)
+    folder = pretrained.folder(name, network, weights=False)
     path = os.path.join(folder, 'tokenizer.json')
     if not os.path.isfile(path):
         raise DataError(f"{folder} has no tokenizer.json (a fast tokenizer): --tokenizer {name} needs one")

@@ -45,10 +45,11 @@ def is_repo_id(name):
     return not os.path.exists(name) and name.count('/') == 1 and not name.startswith(('.', '/'))
 
 
-def folder(init_from, network=None):
-    """The local folder of `init_from`: itself, or a Hub repo id's cached copy (downloaded once, verified)."""
+def folder(init_from, network=None, weights=True):
+    """The local folder of `init_from`: itself, or a Hub repo id's cached copy (downloaded once, verified; without
+    its weights where weights=False: the ledger and a tokenizer need only the small files)."""
     if is_repo_id(init_from):
-        return fetch(init_from, network)
+        return fetch(init_from, network, weights)
     if not os.path.isfile(os.path.join(init_from, 'config.json')):
         raise ConfigError(
             f"init_from = {init_from!r}: no config.json there; give a Hugging Face model folder (what "
@@ -77,27 +78,33 @@ def cache_dir(repo):
     return os.path.join(root, 'ledgergpt', 'models', repo.replace('/', '--'))
 
 
-def fetch(repo, network=None):
-    """The cached folder of a Hub model repo (its main branch), downloaded once: the files of HUB_FILES it has and
-    its *.safetensors, each verified against the listing."""
+def fetch(repo, network=None, weights=True):
+    """The cached folder of a Hub model repo (its main branch), downloaded once: the files of HUB_FILES it has and,
+    unless weights=False, its *.safetensors, each verified against the listing. A marker written last says what is
+    there: COMPLETE (everything) or FILES (all but the weights, whose commit the weights are then fetched at)."""
     from downloads import Hub, download, say
     from files import write_text_atomic
 
-    complete = os.path.join(cache_dir(repo), 'COMPLETE')
-    if os.path.isfile(complete):
-        with open(complete) as f:
-            return os.path.join(cache_dir(repo), f.read().strip())
+    markers = {name: os.path.join(cache_dir(repo), name) for name in ('COMPLETE', 'FILES')}
+    pinned = {}
+    for name, path in markers.items():
+        if os.path.isfile(path):
+            with open(path) as f:
+                pinned[name] = f.read().strip()
+    if 'COMPLETE' in pinned or ('FILES' in pinned and not weights):
+        return os.path.join(cache_dir(repo), pinned.get('COMPLETE') or pinned['FILES'])
     hub = Hub(network)
-    sha, listed = hub.files(repo, 'main', '', '', kind='models')
-    wanted = [f for f in listed if f['path'] in HUB_FILES or f['path'].endswith('.safetensors')]
+    sha, listed = hub.files(repo, pinned.get('FILES', 'main'), '', '', kind='models')
+    wanted = [f for f in listed if f['path'] in HUB_FILES or (weights and f['path'].endswith('.safetensors'))]
     if not any(f['path'] == 'config.json' for f in wanted):
         raise DataError(f"{repo} has no config.json at {sha}: not a transformers model repo")
     model_dir = os.path.join(cache_dir(repo), sha)
     os.makedirs(model_dir, exist_ok=True)
-    say(f"init_from {repo}@{sha[:12]}: {len(wanted)} files into {model_dir}")
+    what = 'files' if weights else 'files (not the weights: the first run fetches them)'
+    say(f"init_from {repo}@{sha[:12]}: {len(wanted)} {what} into {model_dir}")
     for entry in wanted:
         download(hub, hub.url('models', repo, sha, entry['path']), os.path.join(model_dir, entry['path']), entry, b'')
-    write_text_atomic(complete, sha + '\n')
+    write_text_atomic(markers['COMPLETE' if weights else 'FILES'], sha + '\n')
     return model_dir
 
 
@@ -209,7 +216,7 @@ def load_config(path=None, overrides=()):
     model_cfg, train = config.load_config(path, overrides)
     if not train.init_from:
         return model_cfg, train
-    model_dir = folder(train.init_from)
+    model_dir = folder(train.init_from, weights=False)
     hf_class, ours = model_values(model_dir)
     given, where = config.read_values(path, overrides)
     for key, value in given.items():
@@ -258,7 +265,7 @@ def card_tokens(model_dir):
 
 def describe(init_from):
     """The ledger's line for a run that starts from a checkpoint."""
-    model_dir = folder(init_from)
+    model_dir = folder(init_from, weights=False)
     hf_class, _ = model_values(model_dir)
     tokens = card_tokens(model_dir)
     seen = f"{tokens / 1e9:,.4g}B tokens (its card)" if tokens else 'unknown tokens (no count in a model card)'

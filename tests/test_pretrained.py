@@ -345,7 +345,10 @@ def test_hub_repo_id_downloads_only_what_is_needed_into_the_cache(hub, tmp_path,
     hub.corrupt['model.safetensors'] = 1  # one damaged answer: verified against the listing, fetched again
     monkeypatch.setenv('HF_ENDPOINT', hub.url)
     monkeypatch.setenv('XDG_CACHE_HOME', str(tmp_path / 'cache'))
-    ours = imported(NEOX)
+    # the ledger's line and the config: the small files only, no weights
+    assert '1,500B tokens (its card)' in pretrained.describe(NEOX)
+    assert sorted({r['path'] for r in hub.log}) == ['README.md', 'config.json', 'generation_config.json']
+    ours = imported(NEOX)  # the weights now, at the same commit; the small files are not fetched again
     wanted = ['README.md', 'config.json', 'generation_config.json', 'model.safetensors']
     assert sorted({r['path'] for r in hub.log}) == wanted and len(hub.log) == len(wanted) + 1
     idx = torch.randint(0, VOCAB, (1, 64), generator=torch.Generator().manual_seed(4))
