@@ -23,6 +23,7 @@ import sys
 
 import pytest
 
+import helpers
 import ledger
 import ledger_report
 from config import ModelConfig, load_config
@@ -134,7 +135,7 @@ def launched(tmp_path_factory):
     two at once (each spends much of its time starting and stopping processes)."""
     tmp = tmp_path_factory.mktemp('comm')
     config = tmp / 'tiny.py'
-    config.write_text(''.join(f'{k} = {v!r}\n' for k, v in TINY.items()))
+    helpers.write_config(config, TINY)
     script = tmp / 'count.py'
     script.write_text(COUNT)
     runs = {}

@@ -16,6 +16,7 @@ import torch
 
 import data
 import guard
+import helpers
 import ledger
 import objectives
 import train
@@ -49,9 +50,7 @@ MODES = ['ddp', 'zero1', 'zero2', 'fsdp']
 
 
 def write_config(tmp_path, data):
-    path = tmp_path / 'config.py'
-    path.write_text(''.join(f'{k} = {v!r}\n' for k, v in dict(CONFIG, data=data).items()))
-    return str(path)
+    return helpers.write_config(tmp_path / 'config.py', dict(CONFIG, data=data))
 
 
 def torchrun(config, out_dir, *flags):

@@ -22,6 +22,7 @@ import checkpoint
 import data
 import downloads
 import eval as hellaswag  # `eval` is also a builtin: a name of our own keeps the two apart
+import helpers
 import train
 from config import DataError
 
@@ -141,7 +142,7 @@ def trained(tmp_path_factory, pystdlib_data):
     """(run folder, model, encoding): a tiny Llama trained for 20 steps by train.py on the pystdlib fixture."""
     tmp = tmp_path_factory.mktemp('hellaswag_run')
     config = tmp / 'tiny.py'
-    config.write_text(''.join(f'{k} = {v!r}\n' for k, v in dict(TINY, data=pystdlib_data).items()))
+    helpers.write_config(config, dict(TINY, data=pystdlib_data))
     assert train.main([str(config), f'--out_dir={tmp / "run"}']) == 0
     model, _ = checkpoint.load_model(str(tmp / 'run'), torch.device('cpu'))
     return str(tmp / 'run'), model, data.load_tokenizer(pystdlib_data)
@@ -622,7 +623,7 @@ def test_training_scores_the_tasks_into_metrics_and_the_plot(pystdlib_data, tmp_
     import plot
 
     config = tmp_path / 'tiny.py'
-    config.write_text(''.join(f'{k} = {v!r}\n' for k, v in dict(TINY, data=pystdlib_data).items()))
+    helpers.write_config(config, dict(TINY, data=pystdlib_data))
     with http_server({**fake_hub(), '/hellaswag_val.jsonl': GOOD}) as (url, _):
         monkeypatch.setenv('HF_ENDPOINT', url)
         monkeypatch.setenv('HELLASWAG_URL', url + '/hellaswag_val.jsonl')

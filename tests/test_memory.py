@@ -22,6 +22,7 @@ import sys
 
 import pytest
 
+import helpers
 import ledger
 from config import ModelConfig
 
@@ -98,7 +99,7 @@ def python_or_torchrun(processes):
 @pytest.mark.parametrize('mode,processes', [('ddp', 1)] + [(mode, 2) for mode in MODES], ids=['one-process'] + MODES)
 def test_model_states_are_exact_on_every_rank(mode, processes, tmp_path):
     config = tmp_path / 'tiny.py'
-    config.write_text(''.join(f'{k} = {v!r}\n' for k, v in TINY.items()))
+    helpers.write_config(config, TINY)
     script = tmp_path / 'count_states.py'
     script.write_text(COUNT_STATES)
     result = subprocess.run(

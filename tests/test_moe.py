@@ -24,6 +24,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 import checkpoint
 import export
+import helpers
 import ledger
 import ledger_report
 import live
@@ -197,7 +198,7 @@ def test_train_logs_the_load_at_log_steps(tmp_path):
         router_bias_speed=0.01,
         aux_loss_coef=0.001,
     )
-    config.write_text(''.join(f'{k} = {v!r}\n' for k, v in keys.items()))
+    helpers.write_config(config, keys)
     assert train.main([str(config), f'--out_dir={tmp_path / "out"}']) == 0
     entries = [json.loads(line) for line in (tmp_path / 'out' / 'metrics.jsonl').read_text().splitlines()]
     loads = [e for e in entries if 'expert_load' in e]

@@ -23,6 +23,7 @@ from transformers import AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel, Llam
 
 import data
 import export
+import helpers
 import pretrained
 import train
 from config import ConfigError
@@ -225,7 +226,7 @@ FINETUNE = dict(
 def test_finetune_trains_checkpoints_and_resumes_bit_exactly(tmp_path):
     hf = save_hf(tmp_path / 'hf', 'llama, GQA, untied')
     config = tmp_path / 'finetune.py'
-    config.write_text(''.join(f'{k} = {v!r}\n' for k, v in dict(FINETUNE, init_from=str(tmp_path / 'hf')).items()))
+    helpers.write_config(config, dict(FINETUNE, init_from=str(tmp_path / 'hf')))
     run = train.setup([str(config), f'--out_dir={tmp_path / "probe"}'])  # step 0: the imported weights, exactly
     hf_tensors = export.LAYOUTS['LlamaForCausalLM'][0](run.raw_model)
     assert all(torch.equal(t, hf.state_dict()[n]) for n, t in hf_tensors.items())
@@ -320,7 +321,7 @@ def test_finetune_on_the_model_tokens_and_refuse_other_data(model_with_tokenizer
     folder, data_dir, _ = model_with_tokenizer
     keys = dict(FINETUNE, data=data_dir, init_from=str(folder), train_tokens=2 * 256, sample_tokens=8)
     config = tmp_path / 'finetune.py'
-    config.write_text(''.join(f'{k} = {v!r}\n' for k, v in keys.items()))
+    helpers.write_config(config, keys)
     assert train.main([str(config), f'--out_dir={tmp_path / "out"}']) == 0
     assert 'sample after 2 steps' in capsys.readouterr().out
     # exported, the document start keeps its own name and id ('<s>' for the Llama tokenizer), no token added

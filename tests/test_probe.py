@@ -13,6 +13,7 @@ import pytest
 import torch
 
 import guard
+import helpers
 import ledger
 import ledger_report
 import live
@@ -135,7 +136,7 @@ def test_the_cpu_prediction_holds_on_this_cpu(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv('XDG_CACHE_HOME', str(tmp_path / 'cache'))
     monkeypatch.setattr(live, 'PROBE_CLOCK', time.thread_time)
     config = tmp_path / 'config.py'
-    config.write_text(''.join(f'{k} = {v!r}\n' for k, v in CPU_RUN.items()))
+    helpers.write_config(config, CPU_RUN)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:

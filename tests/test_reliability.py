@@ -19,6 +19,7 @@ import torch
 import checkpoint
 import config
 import data
+import helpers
 import sample
 import train
 from config import ConfigError, load_config
@@ -44,9 +45,7 @@ TINY = dict(
 
 
 def write_config(tmp_path, data, **overrides):
-    path = tmp_path / 'config.py'
-    path.write_text(''.join(f'{k} = {v!r}\n' for k, v in dict(TINY, data=data, **overrides).items()))
-    return str(path)
+    return helpers.write_config(tmp_path / 'config.py', dict(TINY, data=data, **overrides))
 
 
 def losses(out_dir):

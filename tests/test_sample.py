@@ -8,6 +8,7 @@ import torch
 
 import checkpoint
 import data
+import helpers
 import sample
 import train
 
@@ -32,7 +33,7 @@ TINY = dict(
 
 def train_tiny(tmp_path, data, parallel):
     config = tmp_path / 'tiny.py'
-    config.write_text(''.join(f'{k} = {v!r}\n' for k, v in dict(TINY, data=data).items()))
+    helpers.write_config(config, dict(TINY, data=data))
     out_dir = str(tmp_path / parallel)
     assert train.main([str(config), f'--out_dir={out_dir}', f'--parallel={parallel}']) == 0
     return out_dir

@@ -19,6 +19,7 @@ import torch
 import checkpoint
 import data
 import guard
+import helpers
 import ledger
 import ledger_report
 import live
@@ -53,10 +54,7 @@ SEQUENCES_PER_STEP = 256 // 32
 
 
 def write_config(tmp_path, data, **overrides):
-    keys = dict(TINY, data=data, **overrides)
-    path = tmp_path / 'config.py'
-    path.write_text(''.join(f'{k} = {v!r}\n' for k, v in keys.items()))
-    return str(path)
+    return helpers.write_config(tmp_path / 'config.py', dict(TINY, data=data, **overrides))
 
 
 def run(config, out_dir, *flags):
