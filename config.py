@@ -586,7 +586,8 @@ MIXTURE_UNITS = 1000  # mixture weights are kept to multiples of 1/1000 (mixture
 
 
 def is_mixture(data):
-    return ',' in data or _weight(data.rpartition(':')[2]) is not None
+    """'a:0.6,b:0.4' or 'a:1' is a mixture; a folder that exists is a folder, whatever its name ('runs:2')."""
+    return not os.path.isdir(data) and (',' in data or _weight(data.rpartition(':')[2]) is not None)
 
 
 def _weight(text):

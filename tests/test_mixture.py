@@ -72,6 +72,8 @@ def test_the_data_key_reads_a_dict_or_the_command_line_form(tmp_path):
     _, from_cli = load_config(None, ['--data=data/web:0.75,data/code:0.25'])
     assert from_file.data == from_cli.data == 'data/web:0.75,data/code:0.25'
     assert load_config(None, ['--data=data/pystdlib'])[1].data == 'data/pystdlib'  # one folder stays a folder
+    (tmp_path / 'web:2').mkdir()  # a folder whose name reads as FOLDER:WEIGHT is still that folder
+    assert load_config(None, [f'--data={tmp_path}/web:2'])[1].data == f'{tmp_path}/web:2'
     for bad, says in (
         ('--data=a:0.5,b', "cannot read 'b' as FOLDER:WEIGHT"),
         ('--data=a:0,b:1', "a's weight in the command line must be a positive number"),
