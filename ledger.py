@@ -221,7 +221,7 @@ def gemm_flops(n_max, device, dtype, seconds):
     matmuls of that size repeat for `seconds` (the first call at each size warms up)."""
     import torch
 
-    def timed(n, a, b, out):
+    def timed(a, b, out):
         begin = time.perf_counter()
         torch.mm(a, b, out=out)
         if device.type == 'cuda':
@@ -232,13 +232,13 @@ def gemm_flops(n_max, device, dtype, seconds):
     while True:
         a, b = (torch.randn(n, n, device=device, dtype=getattr(torch, dtype)) for _ in range(2))
         out = torch.mm(a, b)
-        took = timed(n, a, b, out)
+        took = timed(a, b, out)
         if n >= n_max or took > 0.1:
             break
         n *= 2
     best, start = 2 * n**3 / took, time.perf_counter()
     while time.perf_counter() - start < seconds:
-        best = max(best, 2 * n**3 / timed(n, a, b, out))
+        best = max(best, 2 * n**3 / timed(a, b, out))
     return best, n  # a, b and out are freed here, before the runtime's own footprint is read
 
 
