@@ -28,9 +28,9 @@ import numpy as np
 import torch
 
 import data
-import guard
 import ledger
-import live
+import live_ledger
+import processes
 import train
 from config import ConfigError, cli, load_config
 from model import GPT
@@ -51,7 +51,9 @@ TINY = [
     '--micro_batch=2',
     '--compile=False',
 ]
-TINY_MAX_MICRO_BATCH = 8  # --tiny: a tiny model "fits" thousands of sequences in RAM; 8 keep it quick
+TINY_MAX_MICRO_BATCH = (
+    8  # --tiny: a tiny model "fits" thousands of sequences in RAM; 8 keep it quick
+)
 COMPILE_SECONDS = 90  # a budget for torch.compile's warm-up of one case on a GPU (measured on the CPU: ~60 s tiny)
 
 
@@ -64,19 +66,27 @@ def build(case_args, cluster, tiny):
     path, overrides = case_args[0], [a for a in case_args[1:] if a != '--micro_batch=max']
     overrides += ['--data=synthetic', '--gpu=auto'] + (TINY if tiny else [])
     model_cfg, train_cfg = load_config(path, overrides)
-    device = live.live_device(cluster, model_cfg, train_cfg)
+    device = live_ledger.live_device(cluster, model_cfg, train_cfg)
     if '--micro_batch=max' in case_args:
         best = ledger.max_micro_batch(model_cfg, train_cfg, cluster.world_size, device)
         if best == 0:
-            raise ConfigError(f"{' '.join(case_args)}: the ledger says not even one sequence fits on {device.name}")
-        train_cfg = dataclasses.replace(train_cfg, micro_batch=min(best, TINY_MAX_MICRO_BATCH) if tiny else best)
+            raise ConfigError(
+                f"{' '.join(case_args)}: the ledger says not even one sequence fits on {device.name}"
+            )
+        train_cfg = dataclasses.replace(
+            train_cfg, micro_batch=min(best, TINY_MAX_MICRO_BATCH) if tiny else best
+        )
     micro_step_tokens = train_cfg.micro_batch * model_cfg.block_size * cluster.world_size
     train_cfg = dataclasses.replace(train_cfg, batch_tokens=micro_step_tokens, batch_ramp_tokens=0)
     prediction = ledger.predict(model_cfg, train_cfg, n_gpu=cluster.world_size, device=device)
     dtype = prediction['dtype']
-    stream = data.SyntheticStream(model_cfg.vocab_size, model_cfg.block_size, train_cfg.seed, split=0)
-    run = train.build_run(model_cfg, train_cfg, cluster, dtype, stream, total_steps=10**9, stop_step=10**9)
-    return run, prediction, live.sdpa_backend(model_cfg, cluster.device, dtype)
+    stream = data.SyntheticStream(
+        model_cfg.vocab_size, model_cfg.block_size, train_cfg.seed, split=0
+    )
+    run = train.build_run(
+        model_cfg, train_cfg, cluster, dtype, stream, total_steps=10**9, stop_step=10**9
+    )
+    return run, prediction, live_ledger.sdpa_backend(model_cfg, cluster.device, dtype)
 
 
 def synchronize(cluster):
@@ -99,7 +109,9 @@ def bench_case(case, cluster, steps, warmup, seconds, tiny):
     start = time.perf_counter()
     for _ in range(steps):
         result = train.train_step(run)
-    loss = guard.reduce_mean(result.loss.detach().clone(), cluster).item()  # also waits for the last step
+    loss = processes.reduce_mean(
+        result.loss.detach().clone(), cluster
+    ).item()  # also waits for the last step
     synchronize(cluster)
     elapsed = time.perf_counter() - start
     tokens_per_s = steps * run.micro_step_tokens / elapsed
@@ -112,7 +124,7 @@ def bench_case(case, cluster, steps, warmup, seconds, tiny):
         )
         peak_predicted = memory['allocated']
     else:  # the CPU: the process's peak resident memory, against the ledger's total (runtime included)
-        peak, reserved, retries = live.peak_memory(cluster)[0], None, None
+        peak, reserved, retries = live_ledger.peak_memory(cluster)[0], None, None
         peak_predicted = memory['total']
     peak_flops = cluster.world_size * prediction['gpu']['peak_flops']
     mfu = prediction['flops_per_token']['matmul'] * tokens_per_s / peak_flops
@@ -152,8 +164,8 @@ def release(cluster):
 
 
 def run_device_script(cases, steps, warmup, budget_s, tiny):
-    cluster = guard.setup_cluster()
-    guard.join_process_group(cluster)
+    cluster = processes.setup_cluster()
+    processes.join_process_group(cluster)
     out = os.environ.get('OUT')
     results = []
     deadline = time.perf_counter() + budget_s
@@ -221,7 +233,11 @@ def plain_loop_tokens_per_s(model_cfg, train_cfg, dtype, steps, warmup=3):
     if train_cfg.compile:
         model.compile()
     optimizer = torch.optim.AdamW(model.parameters(), **train.adamw_options(train_cfg, 1))
-    autocast = torch.autocast('cpu', dtype=torch.bfloat16) if dtype == 'bfloat16' else contextlib.nullcontext()
+    autocast = (
+        torch.autocast('cpu', dtype=torch.bfloat16)
+        if dtype == 'bfloat16'
+        else contextlib.nullcontext()
+    )
     tokens = data.open_shard(data.list_shards(train_cfg.data, 'train')[0])
     rng = np.random.default_rng(train_cfg.seed)
     for step in range(warmup + steps):
@@ -229,7 +245,9 @@ def plain_loop_tokens_per_s(model_cfg, train_cfg, dtype, steps, warmup=3):
             start = time.perf_counter()
         for _ in range(accumulation):
             starts = rng.integers(0, len(tokens) - T - 1, B)
-            sequences = torch.from_numpy(np.stack([tokens[s : s + T + 1] for s in starts]).astype(np.int64))
+            sequences = torch.from_numpy(
+                np.stack([tokens[s : s + T + 1] for s in starts]).astype(np.int64)
+            )
             with autocast:
                 _, loss = model(sequences[:, :-1], sequences[:, 1:])
             (loss / accumulation).backward()
@@ -240,9 +258,11 @@ def plain_loop_tokens_per_s(model_cfg, train_cfg, dtype, steps, warmup=3):
 
 
 def train_loop_tokens_per_s(model_cfg, train_cfg, dtype, steps, warmup=3):
-    cluster = guard.setup_cluster()
+    cluster = processes.setup_cluster()
     stream, _, _ = data.open_data(model_cfg, train_cfg)
-    run = train.build_run(model_cfg, train_cfg, cluster, dtype, stream, warmup + steps, warmup + steps)
+    run = train.build_run(
+        model_cfg, train_cfg, cluster, dtype, stream, warmup + steps, warmup + steps
+    )
     for step in range(warmup + steps):
         if step == warmup:
             start = time.perf_counter()
@@ -255,8 +275,12 @@ def run_loop_bench(config_path, overrides, steps, rounds):
     dtype = ledger.run_dtype(train_cfg, ledger.measure_device('cpu', train_cfg.dtype))
     best = {'train.py': 0.0, 'plain loop': 0.0}
     for _ in range(rounds):
-        best['train.py'] = max(best['train.py'], train_loop_tokens_per_s(model_cfg, train_cfg, dtype, steps))
-        best['plain loop'] = max(best['plain loop'], plain_loop_tokens_per_s(model_cfg, train_cfg, dtype, steps))
+        best['train.py'] = max(
+            best['train.py'], train_loop_tokens_per_s(model_cfg, train_cfg, dtype, steps)
+        )
+        best['plain loop'] = max(
+            best['plain loop'], plain_loop_tokens_per_s(model_cfg, train_cfg, dtype, steps)
+        )
     print(
         f"{config_path}, {steps} steps x {rounds} alternating rounds, best of each, {dtype}, compile "
         f"{train_cfg.compile}, torch {torch.__version__}, {torch.get_num_threads()} threads:"
@@ -287,7 +311,9 @@ def main(argv):
     if argv and argv[0] == 'loop':
         steps, rounds = option(argv, 'steps', 20), option(argv, 'rounds', 2)
         if len(argv) < 2:
-            raise ConfigError('usage: python bench.py loop CONFIG [--key=value ...] [--steps=N] [--rounds=N]')
+            raise ConfigError(
+                'usage: python bench.py loop CONFIG [--key=value ...] [--steps=N] [--rounds=N]'
+            )
         run_loop_bench(argv[1], argv[2:], steps, rounds)
         return 0
     steps, warmup = option(argv, 'steps', 30), option(argv, 'warmup', 5)

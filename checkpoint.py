@@ -38,7 +38,9 @@ from model import GPT
 STATE_FILE = 'train_state.pt'
 GATHERED_OPTIMIZER = 'optimizer.pt'  # zero1 only: see above
 MANIFEST = 'manifest.json'
-HASHED_BYTES = 64 * 2**20  # files up to this size get a sha256 (train_state.pt, DCP's metadata, small shards);
+HASHED_BYTES = (
+    64 * 2**20
+)  # files up to this size get a sha256 (train_state.pt, DCP's metadata, small shards);
 # hashing a 1.3B run's 16 GB of shards at each save and load would cost a minute
 
 
@@ -71,7 +73,10 @@ def write_manifest(folder):
     entries = {}
     for name in sorted(os.listdir(folder)):
         size = os.path.getsize(os.path.join(folder, name))
-        entries[name] = {'bytes': size, 'sha256': _sha256(os.path.join(folder, name)) if size <= HASHED_BYTES else None}
+        entries[name] = {
+            'bytes': size,
+            'sha256': _sha256(os.path.join(folder, name)) if size <= HASHED_BYTES else None,
+        }
     save_json(os.path.join(folder, MANIFEST), entries)
 
 
@@ -103,7 +108,9 @@ def verified(path):
     if problem is None:
         return path
     out_dir = os.path.dirname(os.path.dirname(os.path.abspath(path)))
-    earlier = [c for c in complete_checkpoints(out_dir) if c < os.path.abspath(path) and damage(c) is None]
+    earlier = [
+        c for c in complete_checkpoints(out_dir) if c < os.path.abspath(path) and damage(c) is None
+    ]
     advice = (
         f'resume from the newest complete one before it: --resume={earlier[-1]}'
         if earlier
@@ -117,24 +124,36 @@ def latest(out_dir):
     folder, or None when the run has none. A LATEST that names no complete checkpoint is a ConfigError."""
     pointer = os.path.join(root(out_dir), 'LATEST')
     found = complete_checkpoints(out_dir)
-    if not os.path.isfile(pointer):  # killed between the rename and the pointer: the newest complete one
+    if not os.path.isfile(
+        pointer
+    ):  # killed between the rename and the pointer: the newest complete one
         return found[-1] if found else None
     with open(pointer, errors='replace') as f:
         name = f.read().strip()
     path = os.path.join(root(out_dir), name)
     if not (name.startswith('step_') and os.path.isdir(path)):
-        newest = f'--resume={found[-1]}' if found else 'no complete checkpoint is left: start without --resume'
-        raise ConfigError(f"{pointer} names {name[:40]!r}, which is not a checkpoint folder there: {newest}")
+        newest = (
+            f'--resume={found[-1]}'
+            if found
+            else 'no complete checkpoint is left: start without --resume'
+        )
+        raise ConfigError(
+            f"{pointer} names {name[:40]!r}, which is not a checkpoint folder there: {newest}"
+        )
     return path
 
 
 def find(path):
     """A checkpoint folder itself, or a run's out_dir -> its latest checkpoint, verified; ConfigError if neither."""
-    if os.path.isfile(os.path.join(path, MANIFEST)) or os.path.isfile(os.path.join(path, STATE_FILE)):
+    if os.path.isfile(os.path.join(path, MANIFEST)) or os.path.isfile(
+        os.path.join(path, STATE_FILE)
+    ):
         return verified(path)
     found = latest(path)
     if found is None:
-        raise ConfigError(f"no checkpoint in {path}: give a run's out_dir (with ckpt/LATEST) or a ckpt/step_* folder")
+        raise ConfigError(
+            f"no checkpoint in {path}: give a run's out_dir (with ckpt/LATEST) or a ckpt/step_* folder"
+        )
     return verified(found)
 
 
@@ -162,7 +181,9 @@ def _barrier():
 
 @contextlib.contextmanager
 def _quiet_single_process_dcp():
-    with warnings.catch_warnings():  # DCP in one process warns that it assumes one process: that is the intent
+    with (
+        warnings.catch_warnings()
+    ):  # DCP in one process warns that it assumes one process: that is the intent
         warnings.filterwarnings('ignore', message='torch.distributed is disabled')
         yield
 
@@ -194,7 +215,11 @@ def _dcp_state(model, optimizer=None):
 
 def rng_states():
     """Every rank's RNG states (python, numpy, torch, cuda), gathered to all ranks."""
-    state = {'python': random.getstate(), 'numpy': np.random.get_state(), 'torch': torch.get_rng_state()}
+    state = {
+        'python': random.getstate(),
+        'numpy': np.random.get_state(),
+        'torch': torch.get_rng_state(),
+    }
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         state['cuda'] = torch.cuda.get_rng_state()
     rank, world = _rank_and_world()
@@ -265,15 +290,22 @@ def _write(tmp, step, model, optimizer, train_state, rank, world):
     # the optimizer gathered in optimizer.pt, on any world size, so that one process and many read each other's.
     gathered, with_optimizer = train_state['train_config']['parallel'] == 'zero1', step > 0
     with _quiet_single_process_dcp():
-        dcp.save(_dcp_state(model, optimizer if with_optimizer and not gathered else None), checkpoint_id=tmp)
+        dcp.save(
+            _dcp_state(model, optimizer if with_optimizer and not gathered else None),
+            checkpoint_id=tmp,
+        )
     if gathered and with_optimizer:
         if hasattr(optimizer, 'consolidate_state_dict'):
-            optimizer.consolidate_state_dict(to=0)  # ZeRO-1: every rank sends its part of the states to rank 0
+            optimizer.consolidate_state_dict(
+                to=0
+            )  # ZeRO-1: every rank sends its part of the states to rank 0
         if rank == 0:
             torch.save(optimizer.state_dict(), os.path.join(tmp, GATHERED_OPTIMIZER))
     rngs = rng_states()
     if rank == 0:
-        torch.save(dict(train_state, step=step, rng=rngs, world_size=world), os.path.join(tmp, STATE_FILE))
+        torch.save(
+            dict(train_state, step=step, rng=rngs, world_size=world), os.path.join(tmp, STATE_FILE)
+        )
         write_manifest(tmp)
 
 
@@ -290,7 +322,9 @@ def load(path, model, optimizer):
     with _quiet_single_process_dcp():
         dcp.load(state, checkpoint_id=path)
     if sharded:
-        set_state_dict(model, optimizer, model_state_dict=state['model'], optim_state_dict=state['optimizer'])
+        set_state_dict(
+            model, optimizer, model_state_dict=state['model'], optim_state_dict=state['optimizer']
+        )
     else:
         set_model_state_dict(model, state['model'])
         if os.path.isfile(gathered):
@@ -319,7 +353,11 @@ def device_of(name):
     if device.type == 'cuda':
         count = torch.cuda.device_count() if torch.cuda.is_available() else 0
         if (device.index or 0) >= count:
-            why = 'this torch is built without CUDA' if torch.version.cuda is None else f'{count} CUDA device(s) here'
+            why = (
+                'this torch is built without CUDA'
+                if torch.version.cuda is None
+                else f'{count} CUDA device(s) here'
+            )
             raise ConfigError(f"--device={name}: {why}; use --device=cpu")
     return device
 

@@ -37,20 +37,28 @@ class DataError(UserError, ValueError):
 
 class Terminated(KeyboardInterrupt):
     """SIGTERM, raised where the process is (as Ctrl-C raises KeyboardInterrupt), so that the blocks around it
-    unwind: a folder's lock is released, a temporary file removed. A training loop handles it itself (guard.Stop)."""
+    unwind: a folder's lock is released, a temporary file removed. A training loop handles it itself
+    (continuation.Stop)."""
 
 
 def _stop_line(interrupt):
     """(the one line, the exit code) for Ctrl-C or SIGTERM."""
-    name, code = ('SIGTERM', 128 + signal.SIGTERM) if isinstance(interrupt, Terminated) else ('Ctrl-C', 130)
-    return f'interrupted ({name}): what was complete is kept; rerun the same command to carry on', code
+    name, code = (
+        ('SIGTERM', 128 + signal.SIGTERM) if isinstance(interrupt, Terminated) else ('Ctrl-C', 130)
+    )
+    return (
+        f'interrupted ({name}): what was complete is kept; rerun the same command to carry on',
+        code,
+    )
 
 
 _COMMAND_PID = os.getpid()  # a forked worker inherits the handler below, and this number
 
 
 def _terminate(signum, frame):
-    if os.getpid() != _COMMAND_PID:  # a forked worker (a multiprocessing pool's, stopped with SIGTERM): as by default
+    if (
+        os.getpid() != _COMMAND_PID
+    ):  # a forked worker (a multiprocessing pool's, stopped with SIGTERM): as by default
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         os.kill(os.getpid(), signal.SIGTERM)
     raise Terminated()
@@ -91,7 +99,9 @@ def cli(function):
     def main(argv=None):
         in_charge = threading.current_thread() is threading.main_thread()
         previous = signal.getsignal(signal.SIGTERM) if in_charge else None
-        if previous == signal.SIG_DFL:  # SIGTERM unwinds like Ctrl-C (a handler someone else set is kept)
+        if (
+            previous == signal.SIG_DFL
+        ):  # SIGTERM unwinds like Ctrl-C (a handler someone else set is kept)
             signal.signal(signal.SIGTERM, _terminate)
         try:
             code = function(sys.argv[1:] if argv is None else list(argv))
@@ -101,7 +111,9 @@ def cli(function):
             message, code = f'error: {e}', e.exit_code
         except KeyboardInterrupt as e:
             message, code = _stop_line(e)
-        except BrokenPipeError:  # `| head` read what it wanted: no traceback, and none from the flush at exit
+        except (
+            BrokenPipeError
+        ):  # `| head` read what it wanted: no traceback, and none from the flush at exit
             if not _stdout_gone():
                 raise
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
@@ -128,14 +140,18 @@ NORMS, MLPS, POSITIONS = ('layernorm', 'rmsnorm'), ('gelu', 'swiglu'), ('learned
 class Family:
     norm: str  # 'layernorm' (weight, and a bias if the model has biases) or 'rmsnorm' (weight only)
     mlp: str  # 'gelu' (up H -> H', GELU, down H' -> H) or 'swiglu' (down(silu(gate(x)) * up(x)))
-    positions: str  # 'learned' (a block_size x H table added to the embedding) or 'rope' (q, k rotated)
+    positions: (
+        str  # 'learned' (a block_size x H table added to the embedding) or 'rope' (q, k rotated)
+    )
     # the default FFN width H' (ffn_hidden = 0): ffn_ratio x H, rounded up to a multiple of ffn_multiple
     ffn_ratio: Fraction
     ffn_multiple: int
     # the family has biases (Linear layers, norms): a config file gets them unless it says bias = False; a family
     # without them refuses bias = True
     bias: bool
-    tie_embeddings: bool  # the family's published tying: the default of a config file that names the family
+    tie_embeddings: (
+        bool  # the family's published tying: the default of a config file that names the family
+    )
     hf_class: str  # the Hugging Face class export.py writes the model as
 
     def __post_init__(self):
@@ -150,12 +166,26 @@ class Family:
 FAMILIES = {
     # GPT-2 (Radford et al. 2019): LayerNorm, a 4H GELU MLP, learned positions, biases, tied embeddings
     'gpt2': Family(
-        'layernorm', 'gelu', 'learned', Fraction(4), 1, bias=True, tie_embeddings=True, hf_class='GPT2LMHeadModel'
+        'layernorm',
+        'gelu',
+        'learned',
+        Fraction(4),
+        1,
+        bias=True,
+        tie_embeddings=True,
+        hf_class='GPT2LMHeadModel',
     ),
     # LLaMA (Touvron et al. 2023): RMSNorm, SwiGLU at 2/3 of 4H rounded up to 256 (so its three matrices cost
     # what GPT-2's two do; 4096 -> 11008), RoPE, no biases, untied
     'llama': Family(
-        'rmsnorm', 'swiglu', 'rope', Fraction(8, 3), 256, bias=False, tie_embeddings=False, hf_class='LlamaForCausalLM'
+        'rmsnorm',
+        'swiglu',
+        'rope',
+        Fraction(8, 3),
+        256,
+        bias=False,
+        tie_embeddings=False,
+        hf_class='LlamaForCausalLM',
     ),
 }
 
@@ -172,12 +202,16 @@ class ModelConfig:
     n_head: int = 12
     n_kv_head: int = 0  # key/value heads for GQA; 0 means n_head (plain multi-head attention)
     n_embd: int = 768
-    ffn_hidden: int = 0  # FFN width H'; 0 means the family's default (gpt2: 4H; llama: 8H/3 rounded up to 256)
+    ffn_hidden: int = (
+        0  # FFN width H'; 0 means the family's default (gpt2: 4H; llama: 8H/3 rounded up to 256)
+    )
     vocab_size: int = 50304  # padded to a multiple of 128 in the configs, for speed
     block_size: int = 1024  # context length T (training sequence length)
     # The next two default to the family's in a config file (load_config); these defaults are llama's, the default
     # family, which a ModelConfig built in code gets whatever its arch
-    tie_embeddings: bool = False  # share the input embedding with the output projection (GPT-2 does)
+    tie_embeddings: bool = (
+        False  # share the input embedding with the output projection (GPT-2 does)
+    )
     bias: bool = False  # biases in Linear layers and norms (gpt2 has them; llama has none)
     norm_eps: float = 1e-5
     rope_theta: float = 10000.0
@@ -185,7 +219,9 @@ class ModelConfig:
     n_experts: int = 0  # routed experts in each MoE layer
     top_k: int = 0  # routed experts each token visits (1..n_experts)
     expert_hidden: int = 0  # each expert's SwiGLU width (routed and shared experts alike)
-    n_shared_experts: int = 0  # experts every token visits, fused into one SwiGLU of n_shared x expert_hidden
+    n_shared_experts: int = (
+        0  # experts every token visits, fused into one SwiGLU of n_shared x expert_hidden
+    )
     n_dense_layers: int = 0  # the first layers keep the dense FFN (DeepSeek-V3: 3 of 61)
     route_scale: float = 1.0  # the routed scaling factor on the normalised gates (DeepSeek-V3: 2.5)
 
@@ -211,7 +247,9 @@ class ModelConfig:
         if self.ffn_hidden:
             return self.ffn_hidden
         multiple = self.family.ffn_multiple
-        return multiple * math.ceil(self.family.ffn_ratio * self.n_embd / multiple)  # exact: a Fraction
+        return multiple * math.ceil(
+            self.family.ffn_ratio * self.n_embd / multiple
+        )  # exact: a Fraction
 
     @property
     def moe_layers(self):
@@ -238,12 +276,20 @@ def free(default):
 class TrainConfig:
     # run and data
     out_dir: str = free('out')
-    data: str = exact('data/pystdlib')  # a folder made by prepare.py, or 'synthetic' (random tokens, for benchmarks)
+    data: str = exact(
+        'data/pystdlib'
+    )  # a folder made by prepare.py, or 'synthetic' (random tokens, for benchmarks)
     # or a weighted mixture of folders: {'data/web': 0.6, 'data/code': 0.4} (--data=data/web:0.6,data/code:0.4)
     seed: int = exact(1337)
-    train_tokens: int = exact(26_000_000_000)  # tokens the run is planned to see (sets the number of steps)
-    max_steps: int = free(0)  # stop after this many steps (0: run to train_tokens); the schedule spans train_tokens
-    dataset_tokens: int = free(0)  # tokens available in the dataset, for the ledger's "is it enough" (0: unknown)
+    train_tokens: int = exact(
+        26_000_000_000
+    )  # tokens the run is planned to see (sets the number of steps)
+    max_steps: int = free(
+        0
+    )  # stop after this many steps (0: run to train_tokens); the schedule spans train_tokens
+    dataset_tokens: int = free(
+        0
+    )  # tokens available in the dataset, for the ledger's "is it enough" (0: unknown)
     # batch: global batch in tokens, reached by micro_batch sequences x grad accumulation x world size
     batch_tokens: int = exact(524_288)
     micro_batch: int = free(16)  # sequences per GPU per forward/backward
@@ -263,8 +309,12 @@ class TrainConfig:
     # experiments/overtrain.py: the lengths in tokens of a wsd run's branches, e.g. (26e9, 52e9); train.py does not
     # read it
     cooldowns: tuple = free(())
-    cooldown_from: str = exact('')  # the checkpoint folder a cooldown starts from ('': a run of its own)
-    cooldown_tokens: int = exact(0)  # a cooldown's tokens, over which the LR falls from the peak to the floor
+    cooldown_from: str = exact(
+        ''
+    )  # the checkpoint folder a cooldown starts from ('': a run of its own)
+    cooldown_tokens: int = exact(
+        0
+    )  # a cooldown's tokens, over which the LR falls from the peak to the floor
     # start from a published model (pretrained.py): a Hugging Face model folder or Hub repo id; the model keys come
     # from its config.json. A resumed run reads its weights from its own checkpoints
     init_from: str = exact('')
@@ -273,8 +323,12 @@ class TrainConfig:
     # tokens); 'ul2' UL2's mixture of
     # denoisers (Tay et al. 2022). fim and ul2 need a data folder with the special tokens (prepare.py reserves them)
     objective: str = exact('clm')
-    fim_rate: float = exact(0.5)  # fim: the share of documents rearranged (the paper's 0.5; "FIM for free" to 0.9)
-    fim_spm_rate: float = exact(0.5)  # fim: the share of those in SPM order, the rest PSM (the paper's joint training)
+    fim_rate: float = exact(
+        0.5
+    )  # fim: the share of documents rearranged (the paper's 0.5; "FIM for free" to 0.9)
+    fim_spm_rate: float = exact(
+        0.5
+    )  # fim: the share of those in SPM order, the rest PSM (the paper's joint training)
     # ul2: the shares of documents given the S (prefix LM), R (short spans, 15%) and X (long spans or 50%)
     # denoisers; they sum to 1. Half S, as U-PaLM's UL2R mixture
     ul2_s_rate: float = exact(0.5)
@@ -286,27 +340,41 @@ class TrainConfig:
     eps: float = exact(1e-8)
     grad_clip: float = exact(1.0)  # clip the global gradient norm to this (0: no clipping)
     # precision, speed, memory, parallelism
-    dtype: str = exact('auto')  # 'auto' (bf16 on CUDA; on a CPU the faster, measured), 'bfloat16' or 'float32'
+    dtype: str = exact(
+        'auto'
+    )  # 'auto' (bf16 on CUDA; on a CPU the faster, measured), 'bfloat16' or 'float32'
     compile: bool = free(True)
     recompute: bool = free(False)  # activation recomputation per block (the ledger switches to 8P)
-    parallel: str = free('ddp')  # 'ddp', 'zero1', 'zero2' or 'fsdp' (ZeRO-3); a checkpoint resumes in its own mode
+    parallel: str = free(
+        'ddp'
+    )  # 'ddp', 'zero1', 'zero2' or 'fsdp' (ZeRO-3); a checkpoint resumes in its own mode
     # logging, eval, checkpoints, spike guard
     log_every: int = free(10)
     eval_every: int = free(250)
     eval_tokens: int = free(1_048_576)
-    hellaswag_every: int = free(0)  # score HellaSwag (eval.py) every this many steps and at the end (0: never)
-    hellaswag_items: int = free(0)  # score only the first this many of its 10,042 items (0: all of them)
-    # ARC and MMLU (eval.py), comma-separated names from EVAL_TASKS, scored every eval_tasks_every steps and at the
+    hellaswag_every: int = free(
+        0
+    )  # score HellaSwag (evals.py) every this many steps and at the end (0: never)
+    hellaswag_items: int = free(
+        0
+    )  # score only the first this many of its 10,042 items (0: all of them)
+    # ARC and MMLU (evals.py), comma-separated names from EVAL_TASKS, scored every eval_tasks_every steps and at the
     # end (0: never), each on its first eval_tasks_items items (0: all of them)
     eval_tasks: str = free('arc_easy,arc_challenge,mmlu')
     eval_tasks_every: int = free(0)
     eval_tasks_items: int = free(0)
     sample_every: int = free(0)  # 0: no samples during training
-    sample_tokens: int = free(0)  # tokens per text sample, at sample_every steps and at the end of a run (0: none)
+    sample_tokens: int = free(
+        0
+    )  # tokens per text sample, at sample_every steps and at the end of a run (0: none)
     ckpt_every: int = free(1000)
     keep_ckpts: int = free(3)
-    keep_steps: tuple = free(())  # steps whose checkpoints are written and never pruned, e.g. (1000, 2000)
-    spike_factor: float = free(3.0)  # a loss above mean + spike_factor * std of the recent window is a spike
+    keep_steps: tuple = free(
+        ()
+    )  # steps whose checkpoints are written and never pruned, e.g. (1000, 2000)
+    spike_factor: float = free(
+        3.0
+    )  # a loss above mean + spike_factor * std of the recent window is a spike
     spike_window: int = free(50)
     # a floor on that std, as a fraction of the mean: late in a run the loss is so steady (std ~0.01) that 3 std
     # would read ordinary noise as spikes
@@ -315,7 +383,9 @@ class TrainConfig:
     # --- mixture of experts: load balancing (moe.py's MoE; DeepSeek-V3, arXiv:2412.19437, section 2.1.2) ---
     # after each optimizer step every router bias moves by this much against its expert's load error (gamma: 0.001)
     router_bias_speed: float = exact(0.001)
-    aux_loss_coef: float = exact(0.0)  # the sequence-wise balance loss's alpha (0: off; DeepSeek-V3: 0.0001)
+    aux_loss_coef: float = exact(
+        0.0
+    )  # the sequence-wise balance loss's alpha (0: off; DeepSeek-V3: 0.0001)
     # the ledger's assumptions for time, money and memory
     # the device the ledger plans for: a name in ledger.py's table ('H200', 'H100', ...), 'cpu', or 'auto' (this
     # machine's GPU, else its CPU, measured by a short GEMM probe)
@@ -333,7 +403,9 @@ class TrainConfig:
 CONFIG_CLASSES = (ModelConfig, TrainConfig)
 DEFAULTS = {f.name: f.default for cls in CONFIG_CLASSES for f in dataclasses.fields(cls)}
 # The keys whose change breaks an exact continuation on resume (train.py's --allow_change), from their marks
-CONTINUATION_KEYS = tuple(f.name for f in dataclasses.fields(TrainConfig) if f.metadata['resume'] == 'exact')
+CONTINUATION_KEYS = tuple(
+    f.name for f in dataclasses.fields(TrainConfig) if f.metadata['resume'] == 'exact'
+)
 
 
 # -----------------------------------------------------------------------------------------------------
@@ -352,14 +424,24 @@ def sharded(parallel, world_size):
     return world_size > 1 and parallel in FSDP_MODES
 
 
-EVAL_TASKS = ('arc_easy', 'arc_challenge', 'mmlu', 'mmlu_5shot')  # eval.py's Hub tasks, the names eval_tasks takes
+EVAL_TASKS = (
+    'arc_easy',
+    'arc_challenge',
+    'mmlu',
+    'mmlu_5shot',
+)  # evals.py's Hub tasks, the names eval_tasks takes
 
 
 # -----------------------------------------------------------------------------------------------------
 # The objectives' vocabulary (objectives.py transforms sequences with it; prepare.py reserves the tokens; the ledger
 # does the loss share's arithmetic from it): names, special tokens, UL2's denoisers, the ignored target.
 
-OBJECTIVES = ('clm', 'prefix_lm', 'fim', 'ul2')  # what objectives.py makes of a sequence (the key 'objective')
+OBJECTIVES = (
+    'clm',
+    'prefix_lm',
+    'fim',
+    'ul2',
+)  # what objectives.py makes of a sequence (the key 'objective')
 EOT = '<|endoftext|>'  # every document starts with it (the shard format's rule)
 
 # The special tokens of the other pretraining objectives, reserved by default in every new data folder:
@@ -380,7 +462,12 @@ SPECIAL_TOKENS = (
 FIM_TOKENS = ('<|fim_prefix|>', '<|fim_suffix|>', '<|fim_middle|>')
 UL2_MODES = ('<|ul2_s|>', '<|ul2_r|>', '<|ul2_x|>')
 SENTINELS = tuple(name for name in SPECIAL_TOKENS if name.startswith('<|sentinel_'))
-NEEDS = {'clm': (), 'prefix_lm': (), 'fim': FIM_TOKENS, 'ul2': UL2_MODES + SENTINELS}  # the tokens each one uses
+NEEDS = {
+    'clm': (),
+    'prefix_lm': (),
+    'fim': FIM_TOKENS,
+    'ul2': UL2_MODES + SENTINELS,
+}  # the tokens each one uses
 
 # UL2's denoisers (Tay et al. 2022, section 3.1.2), as (mean span length mu, share of tokens masked r). R is T5's
 # span corruption (the book: ~15% in spans of 3-5); X the extreme ones (the book: spans over 12 tokens or ~50%
@@ -498,7 +585,7 @@ NANOGPT_NAMES = {
     'eval_interval': "use 'eval_every'",
     'log_interval': "use 'log_every'",
     'always_save_checkpoint': "use 'ckpt_every'",
-    'eval_only': "not a key here: eval.py scores a checkpoint (HellaSwag), sample.py writes from one",
+    'eval_only': "not a key here: evals.py scores a checkpoint (HellaSwag), sample.py writes from one",
     'dataset': "use 'data' (a folder made by prepare.py)",
     'device': "not a key here: train.py takes the GPU of its rank under torchrun, else the CPU",
     'backend': "not a key here: NCCL on GPUs, gloo on the CPU",
@@ -509,7 +596,11 @@ NANOGPT_NAMES = {
 
 def _unknown_key_error(key, where):
     close = difflib.get_close_matches(key, list(DEFAULTS), n=1, cutoff=0.5)
-    hint = f"did you mean '{close[0]}'?" if close else "the keys are ModelConfig's and TrainConfig's in config.py"
+    hint = (
+        f"did you mean '{close[0]}'?"
+        if close
+        else "the keys are ModelConfig's and TrainConfig's in config.py"
+    )
     if key in NANOGPT_NAMES:
         hint = f"nanoGPT's '{key}': {NANOGPT_NAMES[key]}"
     return ConfigError(f"unknown config key '{key}' in {where}: {hint}")
@@ -526,10 +617,14 @@ def _parse_value(key, text):
                 return False
             raise ValueError
         if isinstance(default, int):
-            return int(text) if text.lstrip('+-').isdigit() else float(text)  # 26e9: checked whole below
+            return (
+                int(text) if text.lstrip('+-').isdigit() else float(text)
+            )  # 26e9: checked whole below
         if isinstance(default, float):
             return float(text)
-        if isinstance(default, tuple):  # numbers, comma-separated: --cooldowns=26e9,52e9 (empty: none)
+        if isinstance(
+            default, tuple
+        ):  # numbers, comma-separated: --cooldowns=26e9,52e9 (empty: none)
             return tuple(float(part) for part in text.split(',') if part)
         return text
     except ValueError:
@@ -562,15 +657,25 @@ def _typed(key, value, where):
         expected = 'a finite number'
     elif isinstance(default, tuple):  # whole numbers: token counts
         if isinstance(value, (tuple, list)) and all(
-            isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v == int(v) for v in value
+            isinstance(v, (int, float))
+            and not isinstance(v, bool)
+            and math.isfinite(v)
+            and v == int(v)
+            for v in value
         ):
             return tuple(int(v) for v in value)
         expected = 'a list of whole numbers'
     else:
-        if key == 'data' and isinstance(value, dict):  # a weighted mixture: kept as its text (data_sources)
+        if key == 'data' and isinstance(
+            value, dict
+        ):  # a weighted mixture: kept as its text (data_sources)
             return mixture_text(value.items(), where)
         if isinstance(value, str):
-            return value if key != 'data' or not is_mixture(value) else mixture_text(data_sources(value), where)
+            return (
+                value
+                if key != 'data' or not is_mixture(value)
+                else mixture_text(data_sources(value), where)
+            )
         expected = 'a string'
     raise ConfigError(f"{key} = {value!r} in {where}: expected {expected}")
 
@@ -619,12 +724,22 @@ def mixture_text(sources, where):
     sources = list(sources)
     for folder, weight in sources:
         if not isinstance(folder, str) or not folder or ',' in folder:
-            raise ConfigError(f"data: {folder!r} in {where} is not a folder name (a string without commas)")
-        if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not 0 < weight < math.inf:
-            raise ConfigError(f"data: {folder}'s weight in {where} must be a positive number, got {weight!r}")
+            raise ConfigError(
+                f"data: {folder!r} in {where} is not a folder name (a string without commas)"
+            )
+        if (
+            isinstance(weight, bool)
+            or not isinstance(weight, (int, float))
+            or not 0 < weight < math.inf
+        ):
+            raise ConfigError(
+                f"data: {folder}'s weight in {where} must be a positive number, got {weight!r}"
+            )
     folders = [folder for folder, _ in sources]
     if not sources or len(set(folders)) < len(folders):
-        raise ConfigError(f"data in {where}: a mixture names each folder once, at least one, got {folders}")
+        raise ConfigError(
+            f"data in {where}: a mixture names each folder once, at least one, got {folders}"
+        )
     total = sum(weight for _, weight in sources)
     for folder, weight in sources:
         if round(weight / total * MIXTURE_UNITS) == 0:
@@ -671,7 +786,9 @@ def read_values(path=None, overrides=()):
 def load_config(path=None, overrides=()):
     """Read a config file and `--key=value` overrides (read_values) into (ModelConfig, TrainConfig), checked."""
     values, _ = read_values(path, overrides)
-    family = FAMILIES.get(values.get('arch', DEFAULTS['arch']))  # an unknown arch: validate names the known ones
+    family = FAMILIES.get(
+        values.get('arch', DEFAULTS['arch'])
+    )  # an unknown arch: validate names the known ones
     for key in ('bias', 'tie_embeddings'):  # the family's own, unless the config says otherwise
         if family and key not in values:
             values[key] = getattr(family, key)
@@ -697,11 +814,15 @@ def validate(model, train):
     if model.n_embd % model.n_head:
         raise ConfigError(f"n_embd ({model.n_embd}) must be divisible by n_head ({model.n_head})")
     if model.n_head % model.kv_heads:
-        raise ConfigError(f"n_head ({model.n_head}) must be divisible by n_kv_head ({model.kv_heads})")
+        raise ConfigError(
+            f"n_head ({model.n_head}) must be divisible by n_kv_head ({model.kv_heads})"
+        )
     if model.family.positions == 'rope' and model.head_dim % 2:
         raise ConfigError(f"RoPE needs an even head size, got n_embd/n_head = {model.head_dim}")
     if model.bias and not model.family.bias:
-        raise ConfigError(f"bias = True: the {model.arch} family has no biases (FAMILIES in config.py)")
+        raise ConfigError(
+            f"bias = True: the {model.arch} family has no biases (FAMILIES in config.py)"
+        )
     validate_moe(model)
     if train.batch_ramp_tokens and train.batch_ramp_start > train.batch_tokens:
         raise ConfigError(
@@ -734,7 +855,9 @@ def validate_moe(model):
     if not model.n_experts:
         for key in moe_keys + ('route_scale',):
             if getattr(model, key) != DEFAULTS[key]:
-                raise ConfigError(f"{key} = {getattr(model, key)!r} is for a mixture of experts: set n_experts too")
+                raise ConfigError(
+                    f"{key} = {getattr(model, key)!r} is for a mixture of experts: set n_experts too"
+                )
         return
     if model.family.mlp != 'swiglu':
         raise ConfigError(
@@ -743,7 +866,9 @@ def validate_moe(model):
     if not 1 <= model.top_k <= model.n_experts:
         raise ConfigError(f"top_k must be in 1..n_experts ({model.n_experts}), got {model.top_k}")
     if not model.expert_hidden:
-        raise ConfigError(f"n_experts = {model.n_experts} needs expert_hidden, each expert's width (e.g. H'/top_k)")
+        raise ConfigError(
+            f"n_experts = {model.n_experts} needs expert_hidden, each expert's width (e.g. H'/top_k)"
+        )
     if model.n_dense_layers >= model.n_layer:
         raise ConfigError(
             f"n_dense_layers ({model.n_dense_layers}) must be below n_layer ({model.n_layer}): no layer has experts"

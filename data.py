@@ -1,6 +1,6 @@
 """
 data.py: a prepared data folder, read: its token shards, meta.json and tokenizer, and the seeded stream of
-training sequences cut from them. train.py, sample.py, eval.py and export.py read data through this file alone;
+training sequences cut from them. train.py, sample.py, evals.py and export.py read data through this file alone;
 prepare.py makes the folders (and writes their shards with write_shard).
 
 The shard format is llm.c's: a 1024-byte header of 256 little-endian int32 ([0] magic, [1] version, [2] the token
@@ -62,14 +62,18 @@ def write_shard(path, tokens):
     tokens = np.asarray(tokens)
     if tokens.dtype not in (np.uint16, np.uint32):
         if tokens.size and (tokens.min() < 0 or tokens.max() >= 2**32):
-            raise DataError(f"{path}: token ids must lie in [0, 2^32), got {tokens.min()}..{tokens.max()}")
+            raise DataError(
+                f"{path}: token ids must lie in [0, 2^32), got {tokens.min()}..{tokens.max()}"
+            )
         tokens = tokens.astype(token_dtype(int(tokens.max()) + 1 if tokens.size else 0))
     magic, version = WRITTEN_FORMATS[tokens.dtype.itemsize]
     header = np.zeros(HEADER_INTS, dtype='<i4')
     header[0], header[1], header[2] = magic, version, len(tokens)
     with atomic_write(path, 'wb') as f:
         f.write(header.tobytes())
-        f.write(np.ascontiguousarray(tokens, dtype=SHARD_FORMATS[magic, version]).data)  # no copy, unlike .tobytes()
+        f.write(
+            np.ascontiguousarray(tokens, dtype=SHARD_FORMATS[magic, version]).data
+        )  # no copy, unlike .tobytes()
     return int(tokens.max()) if tokens.size else -1
 
 
@@ -80,7 +84,9 @@ def open_shard(path):
     except OSError:
         raise DataError(f"{path}: no such shard") from None
     if size < HEADER_BYTES:
-        raise DataError(f"{path}: {size} bytes, shorter than the {HEADER_BYTES}-byte shard header (truncated file?)")
+        raise DataError(
+            f"{path}: {size} bytes, shorter than the {HEADER_BYTES}-byte shard header (truncated file?)"
+        )
     header = np.fromfile(path, dtype='<i4', count=HEADER_INTS)
     magic, version, n_tokens = int(header[0]), int(header[1]), int(header[2])
     if magic not in {m for m, _ in SHARD_FORMATS}:
@@ -107,7 +113,10 @@ def open_shard(path):
 # The folder: its shards by split, the command that makes it, its meta.json, and a check of its token ids.
 
 SOURCES = ('pystdlib', 'fineweb_edu', 'files', 'hub')  # prepare.py's sources, which name the shards
-ARGUMENTS = {'files': ' PATH...', 'hub': ' REPO --config NAME --column TEXT'}  # what a source's command names
+ARGUMENTS = {
+    'files': ' PATH...',
+    'hub': ' REPO --config NAME --column TEXT',
+}  # what a source's command names
 
 
 def list_shards(data_dir, split):
@@ -162,7 +171,9 @@ def load_meta(data_dir):
         raise DataError(f"{path} is not valid JSON ({e}): {remake}") from None
     if not isinstance(meta, dict):
         raise DataError(f"{path} holds a JSON {type(meta).__name__}, not an object: {remake}")
-    optional = {key: kind for key, kind in (('max_token_id', int), ('special_tokens', dict)) if key in meta}
+    optional = {
+        key: kind for key, kind in (('max_token_id', int), ('special_tokens', dict)) if key in meta
+    }
     for key, kind in dict(META_KEYS, **optional).items():
         if key not in meta:
             raise DataError(f"{path} has no '{key}': {remake}")
@@ -225,9 +236,15 @@ def load_tokenizer(data_dir):
 
             ranks = {base64.b64decode(token): rank for rank, token in enumerate(spec['ranks'])}
             return tiktoken.Encoding(
-                spec['name'], pat_str=spec['pattern'], mergeable_ranks=ranks, special_tokens=spec['special_tokens']
+                spec['name'],
+                pat_str=spec['pattern'],
+                mergeable_ranks=ranks,
+                special_tokens=spec['special_tokens'],
             )
-        name, hub_file = spec['name'], json.dumps(spec['tokenizers'])  # neox, a model's: the Hub's file, kept whole
+        name, hub_file = (
+            spec['name'],
+            json.dumps(spec['tokenizers']),
+        )  # neox, a model's: the Hub's file, kept whole
         reserved, start = spec.get('special_tokens', ()), spec.get('document_start', EOT)
     except (ValueError, KeyError, TypeError) as e:
         raise DataError(
@@ -252,12 +269,21 @@ class HFEncoding:
         from tokenizers import AddedToken, Tokenizer
 
         self.name = name
-        self.special = Tokenizer.from_str(spec_text)  # special tokens written in a text are special tokens
+        self.special = Tokenizer.from_str(
+            spec_text
+        )  # special tokens written in a text are special tokens
         self.plain = Tokenizer.from_str(spec_text)
-        self.plain.encode_special_tokens = True  # ... and here they are text (the added runs of spaces stay)
+        self.plain.encode_special_tokens = (
+            True  # ... and here they are text (the added runs of spaces stay)
+        )
         first = self.plain.get_vocab_size(with_added_tokens=True)
-        for tokenizer in (self.special, self.plain):  # the reserved tokens (SPECIAL_TOKENS) after the Hub's ids
-            tokenizer.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in reserved])
+        for tokenizer in (
+            self.special,
+            self.plain,
+        ):  # the reserved tokens (SPECIAL_TOKENS) after the Hub's ids
+            tokenizer.add_special_tokens(
+                [AddedToken(t, special=True, normalized=False) for t in reserved]
+            )
         self.reserved = {t: self.plain.token_to_id(t) for t in reserved}
         if list(self.reserved.values()) != list(range(first, first + len(reserved))):
             raise DataError(
@@ -271,7 +297,11 @@ class HFEncoding:
         return self.plain.encode(text, add_special_tokens=False).ids
 
     def encode(self, text, allowed_special=(), disallowed_special=()):
-        return (self.special if allowed_special else self.plain).encode(text, add_special_tokens=False).ids
+        return (
+            (self.special if allowed_special else self.plain)
+            .encode(text, add_special_tokens=False)
+            .ids
+        )
 
     def encode_to_numpy(self, text, disallowed_special=()):
         return np.array(self.encode_ordinary(text), dtype=np.uint32)
@@ -283,7 +313,11 @@ class HFEncoding:
 def byte_alphabet():
     """GPT-2's byte -> character map: printable Latin-1 bytes stand for themselves, the other 68 (controls, space,
     ...) for chr(256), chr(257), ... in byte order, so that a space is 'Ġ' and a newline 'Ċ'."""
-    printable = [*range(ord('!'), ord('~') + 1), *range(ord('¡'), ord('¬') + 1), *range(ord('®'), ord('ÿ') + 1)]
+    printable = [
+        *range(ord('!'), ord('~') + 1),
+        *range(ord('¡'), ord('¬') + 1),
+        *range(ord('®'), ord('ÿ') + 1),
+    ]
     others = [b for b in range(256) if b not in printable]
     return {**{b: chr(b) for b in printable}, **{b: chr(256 + i) for i, b in enumerate(others)}}
 
@@ -292,7 +326,11 @@ def reserved_ids(encoding):
     """{name: id} of the special tokens (SPECIAL_TOKENS) a loaded tokenizer holds besides the end-of-text token."""
     if isinstance(encoding, HFEncoding):
         return dict(encoding.reserved)
-    return {name: encoding.encode_single_token(name) for name in SPECIAL_TOKENS if name in encoding.special_tokens_set}
+    return {
+        name: encoding.encode_single_token(name)
+        for name in SPECIAL_TOKENS
+        if name in encoding.special_tokens_set
+    }
 
 
 # -----------------------------------------------------------------------------------------------------
@@ -313,9 +351,13 @@ def token_byte_lengths(encoding):
         added = encoding.plain.get_added_tokens_decoder()
         for token_id in range(encoding.n_vocab):
             if token_id in added:
-                lengths[token_id] = 0 if added[token_id].special else len(added[token_id].content.encode())
+                lengths[token_id] = (
+                    0 if added[token_id].special else len(added[token_id].content.encode())
+                )
             elif (text := encoding.plain.id_to_token(token_id)) is not None:
-                lengths[token_id] = len(text) if all(c in from_char for c in text) else len(text.encode())
+                lengths[token_id] = (
+                    len(text) if all(c in from_char for c in text) else len(text.encode())
+                )
         return lengths
     special = {encoding.encode_single_token(name) for name in encoding.special_tokens_set}
     for token_id in range(encoding.n_vocab):
@@ -375,9 +417,9 @@ class ShardStream:
         if key not in self._permutations:
             if len(self._permutations) >= 4:
                 self._permutations.clear()
-            self._permutations[key] = np.random.default_rng([self.seed, epoch, shard + 1]).permutation(
-                int(self.counts[shard])
-            )
+            self._permutations[key] = np.random.default_rng(
+                [self.seed, epoch, shard + 1]
+            ).permutation(int(self.counts[shard]))
         return self._permutations[key]
 
     def locate(self, k):
@@ -395,7 +437,9 @@ class ShardStream:
 
     def batch(self, first, count):
         """Sequences first .. first+count-1 of the stream, as an int64 array (count, block_size + 1)."""
-        sequences = np.stack([self.sequence(k) for k in range(first, first + count)]).astype(np.int64)
+        sequences = np.stack([self.sequence(k) for k in range(first, first + count)]).astype(
+            np.int64
+        )
         if self.vocab_size is not None and sequences.max() >= self.vocab_size:
             k = first + int(np.argmax((sequences >= self.vocab_size).any(axis=1)))
             shard, start = self.locate(k)
@@ -408,7 +452,12 @@ class SyntheticStream:
     any slice of the stream is reproducible. For benchmarks without a dataset (the loss stays near ln V)."""
 
     def __init__(self, vocab_size, block_size, seed, split):
-        self.vocab_size, self.block_size, self.seed, self.split = vocab_size, block_size, seed, split
+        self.vocab_size, self.block_size, self.seed, self.split = (
+            vocab_size,
+            block_size,
+            seed,
+            split,
+        )
 
     def batch(self, first, count):
         return np.stack(
@@ -436,7 +485,9 @@ def open_data(model_cfg, train):
         n_val = max(1, train.eval_tokens // model_cfg.block_size)
         stream = SyntheticStream(model_cfg.vocab_size, model_cfg.block_size, train.seed, split=0)
         return stream, val.batch(0, n_val), None
-    train_paths = list_shards(train.data, 'train')  # DataError naming `python prepare.py ...` when none
+    train_paths = list_shards(
+        train.data, 'train'
+    )  # DataError naming `python prepare.py ...` when none
     val_paths = list_shards(train.data, 'val')
     meta = load_meta(train.data)
     data_vocab = meta['vocab_size']
@@ -449,9 +500,15 @@ def open_data(model_cfg, train):
             f"another folder with a tokenizer of the model's size (--tokenizer gpt2, neox or bpe:V; this one came "
             f"from `{prepare_command(train.data)}`)"
         )
-    check_token_ids(train.data, meta, model_cfg.vocab_size)  # an id past the embedding is one line here
+    check_token_ids(
+        train.data, meta, model_cfg.vocab_size
+    )  # an id past the embedding is one line here
     stream = ShardStream(
-        [open_shard(p) for p in train_paths], model_cfg.block_size, train.seed, model_cfg.vocab_size, meta
+        [open_shard(p) for p in train_paths],
+        model_cfg.block_size,
+        train.seed,
+        model_cfg.vocab_size,
+        meta,
     )
     if stream.per_epoch == 0:
         raise DataError(
@@ -483,7 +540,7 @@ def open_data(model_cfg, train):
 # Mixtures: `data` names several folders with weights (config.data_sources). mixture.py's Schedule says which
 # source each global sequence comes from and which of that source's own sequences it is, so the mixture is, like one
 # folder, a pure function of (seed, position). Each source keeps its own stream (its seed, epochs and shards) and its
-# own val set, scored separately (train.py's eval, live.Metrics.record_sources). The folders share one tokenizer.
+# own val set, scored separately (train.py's eval, live_ledger.Metrics.record_sources). The folders share one tokenizer.
 
 
 class MixtureStream:
@@ -513,14 +570,18 @@ def open_mixture(model_cfg, train):
     token (the weighted mean: the loss per token of the mixture divided by it is bits per mixture byte) and
     'sources' {name: {folder, weight, bytes_per_token, train_tokens}}."""
     schedule = mixture.Schedule(train.data, train.seed)
-    per_source = dataclasses.replace(train, eval_tokens=max(1, train.eval_tokens // len(schedule.folders)))
+    per_source = dataclasses.replace(
+        train, eval_tokens=max(1, train.eval_tokens // len(schedule.folders))
+    )
     streams, vals, metas, tokenizers = [], {}, [], []
     for name, folder in zip(schedule.names, schedule.folders):
         stream, val, meta = open_data(model_cfg, dataclasses.replace(per_source, data=folder))
         streams.append(stream)
         vals[name] = val
         metas.append(meta)
-        with open(os.path.join(folder, 'tokenizer.json'), 'rb') as f:  # load_tokenizer read it: valid JSON
+        with open(
+            os.path.join(folder, 'tokenizer.json'), 'rb'
+        ) as f:  # load_tokenizer read it: valid JSON
             tokenizers.append(json.loads(f.read()))
     for folder, tokenizer in zip(schedule.folders[1:], tokenizers[1:]):
         if tokenizer != tokenizers[0]:
@@ -539,7 +600,9 @@ def open_mixture(model_cfg, train):
     meta = dict(
         metas[0],
         train_tokens=sum(m['train_tokens'] for m in metas),
-        bytes_per_token=sum(w * b for w, b in zip(schedule.weights, bytes_per_token)) if all(bytes_per_token) else None,
+        bytes_per_token=sum(w * b for w, b in zip(schedule.weights, bytes_per_token))
+        if all(bytes_per_token)
+        else None,
         sources=sources,
     )
     return MixtureStream(streams, schedule), vals, meta
@@ -565,6 +628,8 @@ def to_device(array, device):
     import torch
 
     tensor = torch.from_numpy(array)
-    if device.type == 'cuda':  # pinned host memory lets the copy run asynchronously with the GPU's work
+    if (
+        device.type == 'cuda'
+    ):  # pinned host memory lets the copy run asynchronously with the GPU's work
         return tensor.pin_memory().to(device, non_blocking=True)
     return tensor

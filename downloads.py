@@ -1,6 +1,6 @@
 """
 downloads.py: files over HTTP, verified and resumable: FineWeb-Edu's parquet and NeoX's tokenizer.json from the
-Hugging Face Hub (prepare.py), HellaSwag's jsonl from GitHub (eval.py).
+Hugging Face Hub (prepare.py), HellaSwag's jsonl from GitHub (evals.py).
 
     hub = Hub(Network())
     sha, listed = hub.files('HuggingFaceFW/fineweb-edu', 'main', 'sample/10BT', '.parquet')
@@ -119,7 +119,9 @@ HUB_ENDPOINT = 'https://huggingface.co'
 HTTP_ATTEMPTS = 10  # tries per request (a download's count starts again whenever bytes arrive)
 MAX_BACKOFF_S = 30.0  # the doubling wait between tries stops growing here
 HASH_ATTEMPTS = 3  # downloads of one file whose sha256 disagrees with the listing, before giving up
-DOWNLOAD_CHUNK_BYTES = 1 << 20  # written to .partial chunk by chunk: a drop loses at most the chunk in flight
+DOWNLOAD_CHUNK_BYTES = (
+    1 << 20
+)  # written to .partial chunk by chunk: a drop loses at most the chunk in flight
 
 
 @dataclasses.dataclass
@@ -130,7 +132,9 @@ class Network:
     endpoint: str = ''  # '' -> $HF_ENDPOINT, else https://huggingface.co
     connect_timeout_s: float = 10.0  # to open a connection
     read_timeout_s: float = 30.0  # of silence in the middle of an answer (a stalled server)
-    retry_budget_s: float = 90.0  # how long one request may keep failing, waits included, before we give up
+    retry_budget_s: float = (
+        90.0  # how long one request may keep failing, waits included, before we give up
+    )
     backoff_s: float = 1.0  # the first wait between tries; doubled after each, up to MAX_BACKOFF_S
 
     @property
@@ -210,7 +214,9 @@ def network_problem(error, network):
 
     if isinstance(error, requests.ConnectTimeout):
         return f"no connection within {network.connect_timeout_s:g} s (connect time-out)"
-    if isinstance(error, requests.ReadTimeout) or 'timed out' in str(error):  # mid-body it is a ConnectionError
+    if isinstance(error, requests.ReadTimeout) or 'timed out' in str(
+        error
+    ):  # mid-body it is a ConnectionError
         return f"no data for {network.read_timeout_s:g} s (read time-out)"
     known = next((words for text, words in NETWORK_PROBLEMS.items() if text in str(error)), None)
     return known or f"connection lost ({type(error).__name__})"
@@ -233,7 +239,9 @@ class Hub:
         import requests
 
         retries = retries or Retries(url, self.network)
-        headers = dict(headers or {}, **({'Authorization': f'Bearer {self.token}'} if self.token else {}))
+        headers = dict(
+            headers or {}, **({'Authorization': f'Bearer {self.token}'} if self.token else {})
+        )
         timeout = (self.network.connect_timeout_s, self.network.read_timeout_s)
         while True:
             try:
@@ -248,11 +256,16 @@ class Hub:
             if status in (401, 403):
                 raise DataError(self.refused(url, status))
             if status == 404:
-                raise DataError(f"{url}: not found (HTTP 404): check --sample, --revision and --endpoint")
+                raise DataError(
+                    f"{url}: not found (HTTP 404): check --sample, --revision and --endpoint"
+                )
             if status == 429:
                 retries.wait("rate-limited by the Hub (HTTP 429)", retry_after_s(response))
             elif status >= 500 or status == 408:
-                retries.wait(f"HTTP {status} {response.reason}", retry_after_s(response) if status == 503 else None)
+                retries.wait(
+                    f"HTTP {status} {response.reason}",
+                    retry_after_s(response) if status == 503 else None,
+                )
             else:
                 raise DataError(f"{url}: HTTP {status} {response.reason}")
 
@@ -275,14 +288,21 @@ class Hub:
         in git has its blob id as 'git_sha1' instead. An answer that is not the API's JSON (a captive portal's page
         with status 200) is one DataError line."""
         sha = self.api_json(f"{self.endpoint}/api/{kind}/{repo}/revision/{revision}")[1]['sha']
-        files, url = [], f"{self.endpoint}/api/{kind}/{repo}/tree/{sha}" + (f"/{folder}" if folder else '')
+        files, url = (
+            [],
+            f"{self.endpoint}/api/{kind}/{repo}/tree/{sha}" + (f"/{folder}" if folder else ''),
+        )
         while url:
             response, answer = self.api_json(url)
             for item in answer:
                 if item['type'] == 'file' and item['path'].endswith(extension):
                     lfs = item.get('lfs') or {}
                     files.append(
-                        {'path': item['path'], 'size': lfs.get('size', item['size']), 'sha256': lfs.get('oid')}
+                        {
+                            'path': item['path'],
+                            'size': lfs.get('size', item['size']),
+                            'sha256': lfs.get('oid'),
+                        }
                     )
                     if not lfs:
                         files[-1]['git_sha1'] = item.get('oid')
@@ -323,7 +343,9 @@ def file_digest(path, listed):
     kind = 'sha256' if listed.get('sha256') else 'git sha1' if listed.get('git_sha1') else None
     if kind is None:
         return None, None, None
-    digest = hashlib.sha256() if kind == 'sha256' else hashlib.sha1(b'blob %d\0' % os.path.getsize(path))
+    digest = (
+        hashlib.sha256() if kind == 'sha256' else hashlib.sha1(b'blob %d\0' % os.path.getsize(path))
+    )
     with open(path, 'rb') as f:
         for block in iter(lambda: f.read(1 << 24), b''):
             digest.update(block)
@@ -339,7 +361,9 @@ def download(hub, url, dest, listed, starts_with=b'PAR1'):
     name, size = os.path.basename(dest), listed['size']
     if os.path.exists(dest):
         on_disk = os.path.getsize(dest)
-        kind, actual, expected = file_digest(dest, listed) if on_disk == size else (None, None, None)
+        kind, actual, expected = (
+            file_digest(dest, listed) if on_disk == size else (None, None, None)
+        )
         if on_disk == size and actual == expected:
             return dest
         say(
@@ -352,7 +376,9 @@ def download(hub, url, dest, listed, starts_with=b'PAR1'):
     retries = Retries(listed['path'], hub.network)
     for attempt in range(1, HASH_ATTEMPTS + 1):
         started = time.monotonic()
-        with Progress(name, size, unit='B', initial=min(size, size_of(partial)), leave=False) as progress:
+        with Progress(
+            name, size, unit='B', initial=min(size, size_of(partial)), leave=False
+        ) as progress:
             retries.after_wait = progress.waited_for
             while size_of(partial) != size:
                 fetch_rest(hub, url, partial, etag_path, size, starts_with, retries, progress)
@@ -396,12 +422,16 @@ def fetch_rest(hub, url, partial, etag_path, size, starts_with, retries, progres
     if have and os.path.exists(etag_path):
         with open(etag_path) as f:
             etag = f.read()
-    headers = dict({'Range': f'bytes={have}-'} if have else {}, **({'If-Range': etag} if etag else {}))
+    headers = dict(
+        {'Range': f'bytes={have}-'} if have else {}, **({'If-Range': etag} if etag else {})
+    )
     response = hub.get(url, retries, headers, stream=True)
     with response:
         start = check_answer(response, url, have, size)
         if have and not start:
-            say(f"{url}: the server sent the whole file again (it changed, or ignores ranges): starting over")
+            say(
+                f"{url}: the server sent the whole file again (it changed, or ignores ranges): starting over"
+            )
             progress.update(-have)
         if not start:  # a new body: keep its ETag for If-Range (a weak W/ one cannot be used there)
             new_etag = response.headers.get('ETag', '')
@@ -423,10 +453,18 @@ def fetch_rest(hub, url, partial, etag_path, size, starts_with, retries, progres
                     f.write(chunk)
                     progress.update(len(chunk))
                     retries.progress()
-                if f.tell() == start:  # an answer without a byte of what is missing: a failure like any other
+                if (
+                    f.tell() == start
+                ):  # an answer without a byte of what is missing: a failure like any other
                     retries.wait("the server sent no data")
-        except (requests.ConnectionError, requests.Timeout, requests.exceptions.ChunkedEncodingError) as e:
-            retries.wait(network_problem(e, hub.network))  # dropped half way: the next request asks for the rest
+        except (
+            requests.ConnectionError,
+            requests.Timeout,
+            requests.exceptions.ChunkedEncodingError,
+        ) as e:
+            retries.wait(
+                network_problem(e, hub.network)
+            )  # dropped half way: the next request asks for the rest
 
 
 def size_mismatch(url, sent, size):

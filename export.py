@@ -41,7 +41,10 @@ DTYPES = {'bfloat16': torch.bfloat16, 'float32': torch.float32, 'float16': torch
 def llama_tensors(model):
     c, ours = model.config, model.state_dict()
     q, kv = c.n_head * c.head_dim, c.kv_heads * c.head_dim
-    tensors = {'model.embed_tokens.weight': ours['tok_emb.weight'], 'model.norm.weight': ours['norm_f.weight']}
+    tensors = {
+        'model.embed_tokens.weight': ours['tok_emb.weight'],
+        'model.norm.weight': ours['norm_f.weight'],
+    }
     for i in range(c.n_layer):
         block, layer = f'blocks.{i}.', f'model.layers.{i}.'
         qkv = ours[block + 'attn.qkv_proj.weight']
@@ -154,7 +157,9 @@ assert {family.hf_class for family in FAMILIES.values()} <= set(LAYOUTS)
 
 def check_exportable(c, n_vocab):
     hf_class = c.family.hf_class
-    if c.n_experts:  # no tested HF layout for moe.py's MoE (DeepseekV3's differs: grouped routing, MLA)
+    if (
+        c.n_experts
+    ):  # no tested HF layout for moe.py's MoE (DeepseekV3's differs: grouped routing, MLA)
         raise ConfigError(
             f"a mixture-of-experts model (n_experts={c.n_experts}) has no Hugging Face export: sample it with sample.py"
         )
@@ -225,14 +230,18 @@ def hf_tokenizer(encoding):
     tokenizer = Tokenizer(models.BPE(vocab, merges, ignore_merges=True))
     tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
         [
-            pre_tokenizers.Split(Regex(pattern), behavior='isolated'),  # our regex, pieces kept whole
+            pre_tokenizers.Split(
+                Regex(pattern), behavior='isolated'
+            ),  # our regex, pieces kept whole
             pre_tokenizers.ByteLevel(
                 add_prefix_space=False, use_regex=False
             ),  # bytes -> GPT-2's alphabet, no 2nd split
         ]
     )
     tokenizer.decoder = decoders.ByteLevel()
-    tokenizer.add_special_tokens([AddedToken(text, special=True, normalized=False) for text in special])
+    tokenizer.add_special_tokens(
+        [AddedToken(text, special=True, normalized=False) for text in special]
+    )
     return tokenizer
 
 
@@ -296,7 +305,9 @@ def write_folder(folder, model, encoding, dtype):
     write_json(folder, 'generation_config.json', special_ids)
     hf_tokenizer(encoding).save(os.path.join(folder, 'tokenizer.json'))
     write_json(folder, 'tokenizer_config.json', tokenizer_config(eot, c.block_size))
-    write_json(folder, 'special_tokens_map.json', {'bos_token': eot, 'eos_token': eot, 'pad_token': eot})
+    write_json(
+        folder, 'special_tokens_map.json', {'bos_token': eot, 'eos_token': eot, 'pad_token': eot}
+    )
 
 
 def replace_folder(tmp, out_dir):
@@ -316,13 +327,23 @@ def export(path, out_dir, dtype='bfloat16'):
         import safetensors  # noqa: F401  (both are imported where used; checked here, before any work)
         import tokenizers  # noqa: F401
     except ImportError:
-        raise UserError("export.py needs safetensors and tokenizers: pip install safetensors tokenizers") from None
-    if os.path.exists(out_dir) and os.listdir(out_dir) and not os.path.isfile(os.path.join(out_dir, 'config.json')):
-        raise ConfigError(f"{out_dir} exists and is not an export (no config.json): choose a new folder")
+        raise UserError(
+            "export.py needs safetensors and tokenizers: pip install safetensors tokenizers"
+        ) from None
+    if (
+        os.path.exists(out_dir)
+        and os.listdir(out_dir)
+        and not os.path.isfile(os.path.join(out_dir, 'config.json'))
+    ):
+        raise ConfigError(
+            f"{out_dir} exists and is not an export (no config.json): choose a new folder"
+        )
     path = checkpoint.find(path)
     model, train_config = checkpoint.load_model(path, torch.device('cpu'))
     if train_config['data'] == 'synthetic':
-        raise ConfigError(f"{path} was trained on synthetic tokens: there is no tokenizer to export with it")
+        raise ConfigError(
+            f"{path} was trained on synthetic tokens: there is no tokenizer to export with it"
+        )
     encoding = data.load_tokenizer(train_config['data'])
     check_exportable(model.config, encoding.n_vocab)
     out_dir = os.path.abspath(out_dir)
@@ -341,10 +362,16 @@ def export(path, out_dir, dtype='bfloat16'):
 
 @cli
 def main(argv):
-    parser = argparse.ArgumentParser(description=__doc__.split('\n')[1], formatter_class=argparse.RawTextHelpFormatter)
-    parser.add_argument('checkpoint', help="a run's out_dir (latest checkpoint) or a ckpt/step_* folder")
+    parser = argparse.ArgumentParser(
+        description=__doc__.split('\n')[1], formatter_class=argparse.RawTextHelpFormatter
+    )
+    parser.add_argument(
+        'checkpoint', help="a run's out_dir (latest checkpoint) or a ckpt/step_* folder"
+    )
     parser.add_argument('out_dir', help='the folder to write (an earlier export there is replaced)')
-    parser.add_argument('--dtype', default='bfloat16', choices=list(DTYPES), help='weight dtype (default bfloat16)')
+    parser.add_argument(
+        '--dtype', default='bfloat16', choices=list(DTYPES), help='weight dtype (default bfloat16)'
+    )
     args = parser.parse_args(argv)
     path, model = export(args.checkpoint, args.out_dir, args.dtype)
     params = sum(p.numel() for p in model.parameters())

@@ -88,7 +88,11 @@ def disk_errors(folder, needed_bytes=None):
     try:
         yield
     except OSError as e:
-        if e.errno not in FULL | NOT_WRITABLE or e.errno in NOT_WRITABLE and not on_the_way(e.filename, folder):
+        if (
+            e.errno not in FULL | NOT_WRITABLE
+            or e.errno in NOT_WRITABLE
+            and not on_the_way(e.filename, folder)
+        ):
             raise  # not about space, or a file elsewhere that cannot be read (an input): not ours to explain
         where = e.filename or folder
         if e.errno in FULL:
@@ -169,7 +173,10 @@ def folder_lock(folder, command):
     with disk_errors(folder):  # read-only or full: one line
         try:
             os.makedirs(folder, exist_ok=True)
-        except (FileExistsError, NotADirectoryError) as e:  # the folder's name, or a parent's, is a file
+        except (
+            FileExistsError,
+            NotADirectoryError,
+        ) as e:  # the folder's name, or a parent's, is a file
             raise UserError(
                 f"cannot make the folder {folder}: {e.filename or folder} is a file, not a folder; choose another "
                 f"folder"
@@ -177,7 +184,9 @@ def folder_lock(folder, command):
         with open(mine, 'w') as f:
             json.dump(me, f)
     try:
-        for _ in range(3):  # another process may take over a stale lock at the same moment: look again
+        for _ in range(
+            3
+        ):  # another process may take over a stale lock at the same moment: look again
             try:
                 os.link(mine, path)
                 break
@@ -194,7 +203,9 @@ def folder_lock(folder, command):
                 continue
             raise UserError(lock_message(folder, path, owner))
         else:
-            raise UserError(f"could not take the lock {path}: other processes keep taking it; try again")
+            raise UserError(
+                f"could not take the lock {path}: other processes keep taking it; try again"
+            )
     finally:
         remove_quietly(mine)
     try:
@@ -211,7 +222,9 @@ def take_over(path, stale):
         os.rename(path, aside)
     except FileNotFoundError:
         return
-    if read_lock(aside) != stale:  # not the one we judged stale: put it back (if the name is still free)
+    if (
+        read_lock(aside) != stale
+    ):  # not the one we judged stale: put it back (if the name is still free)
         with contextlib.suppress(FileExistsError):
             os.link(aside, path)
     remove_quietly(aside)
@@ -220,7 +233,9 @@ def take_over(path, stale):
 def lock_message(folder, path, owner):
     if not owner:
         return f"{folder} is locked by {path}, which cannot be read: if no other command uses the folder, delete it"
-    where = 'this host' if owner.get('host') == socket.gethostname() else f"host {owner.get('host')}"
+    where = (
+        'this host' if owner.get('host') == socket.gethostname() else f"host {owner.get('host')}"
+    )
     return (
         f"{folder} is in use by pid {owner.get('pid')} on {where} ({owner.get('command')}, since "
         f"{owner.get('since')}): wait for it to finish or stop it; if it is not running, delete {path}"

@@ -23,7 +23,15 @@ import sys
 import time
 from dataclasses import dataclass
 
-from config import DEFAULTS, R_DENOISERS, X_DENOISERS, ConfigError, is_mixture, sharded, tokens_per_micro_step
+from config import (
+    DEFAULTS,
+    R_DENOISERS,
+    X_DENOISERS,
+    ConfigError,
+    is_mixture,
+    sharded,
+    tokens_per_micro_step,
+)
 from files import save_json
 
 MIB = 2**20
@@ -45,12 +53,17 @@ class Device:
     peak_flops: float  # FLOP/s of dense matmuls in the compute dtype, per device
     memory_bytes: int  # memory of one device (a CPU: the machine's RAM, shared by its processes)
     kind: str = 'gpu'  # 'gpu' or 'cpu'
-    dtype: str = 'bfloat16'  # the compute dtype the peak is for (the one a run with dtype='auto' uses)
+    dtype: str = (
+        'bfloat16'  # the compute dtype the peak is for (the one a run with dtype='auto' uses)
+    )
     peak_source: str = 'vendor datasheet, dense BF16 tensor cores'
     memory_source: str = 'nvidia-smi total'
-    overhead_bytes: int = 2 * GIB  # memory the runtime takes besides the ledger's tensors (see Ledger 4d)
+    overhead_bytes: int = (
+        2 * GIB
+    )  # memory the runtime takes besides the ledger's tensors (see Ledger 4d)
     overhead_source: str = (
-        'ESTIMATE: CUDA context, kernels 0.81 GB and fragmentation 0.5-1 GB (the book), cuBLAS/flash workspaces'
+        'ESTIMATE: CUDA context, kernels 0.81 GB and fragmentation 0.5-1 GB (the book), '
+        'cuBLAS/flash workspaces'
     )
     shared_by: int = 0  # processes sharing this device's memory (0: a CPU's n_gpu, a GPU's 1)
     probe_key: str = ''  # a measured peak: its entry in the probe cache (measure_device), else ''
@@ -58,7 +71,9 @@ class Device:
 
 GPUS = {
     'H200': Device('H200 SXM 141GB', 989e12, 143771 * MIB),  # nvidia-smi: 143771MiB
-    'H200-NVL': Device('H200 NVL 141GB', 835e12, 143771 * MIB),  # same 141 GB HBM3e stack as the SXM part
+    'H200-NVL': Device(
+        'H200 NVL 141GB', 835e12, 143771 * MIB
+    ),  # same 141 GB HBM3e stack as the SXM part
     'H100': Device('H100 SXM 80GB', 989e12, 81559 * MIB),  # nvidia-smi: 81559MiB
     'H100-PCIe': Device('H100 PCIe 80GB', 756e12, 81559 * MIB),
     'H100-NVL': Device('H100 NVL 94GB', 835e12, 95830 * MIB),  # nvidia-smi: 95830MiB
@@ -75,7 +90,9 @@ def gpu_spec(name):
     by_lower = {key.lower(): key for key in GPUS}
     if name.lower() in by_lower:
         return GPUS[by_lower[name.lower()]]
-    close = difflib.get_close_matches(name.lower(), list(by_lower) + list(MEASURED), n=1, cutoff=0.5)
+    close = difflib.get_close_matches(
+        name.lower(), list(by_lower) + list(MEASURED), n=1, cutoff=0.5
+    )
     hint = f"did you mean '{by_lower.get(close[0], close[0])}'? " if close else ''
     raise ConfigError(
         f"unknown gpu '{name}': {hint}known: {', '.join(GPUS)}, or 'auto' / 'cpu' to measure this "
@@ -110,7 +127,9 @@ def resident_bytes():
     except OSError:
         import resource
 
-        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * (1 if sys.platform == 'darwin' else 1024)
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * (
+            1 if sys.platform == 'darwin' else 1024
+        )
 
 
 def machine_memory():
@@ -154,17 +173,26 @@ def measure_device(name='auto', dtype='auto', seconds=1.0):
 
     on_gpu = name == 'auto' and torch.cuda.is_available()
     if dtype == 'auto' and not on_gpu:
-        return max((measure_device('cpu', d, seconds) for d in ('float32', 'bfloat16')), key=lambda d: d.peak_flops)
+        return max(
+            (measure_device('cpu', d, seconds) for d in ('float32', 'bfloat16')),
+            key=lambda d: d.peak_flops,
+        )
     dtype = 'bfloat16' if dtype == 'auto' else dtype
     if on_gpu:
         index = torch.cuda.current_device()
         label, props = torch.cuda.get_device_name(index), torch.cuda.get_device_properties(index)
         known = [key for key in GPUS if key.lower().replace('-', ' ') in label.lower()]
-        memory = dict(memory_bytes=props.total_memory, memory_source='torch.cuda.get_device_properties')
+        memory = dict(
+            memory_bytes=props.total_memory, memory_source='torch.cuda.get_device_properties'
+        )
         if known:
             key = max(known, key=len)  # 'H100 NVL' before 'H100'
             return dataclasses.replace(
-                GPUS[key], name=label, peak_source=f'vendor datasheet ({key}), dense BF16', dtype=dtype, **memory
+                GPUS[key],
+                name=label,
+                peak_source=f'vendor datasheet ({key}), dense BF16',
+                dtype=dtype,
+                **memory,
             )
         device, threads = torch.device('cuda', index), 0
     else:
@@ -176,7 +204,9 @@ def measure_device(name='auto', dtype='auto', seconds=1.0):
     if key not in cache or cache[key].get('reprobe'):
         best, n = gemm_flops(8192 if on_gpu else 2048, device, dtype, seconds)
         old = cache.get(key, {})
-        if best >= old.get('peak_flops', 0):  # load only lowers a probe: the best seen is the device's
+        if best >= old.get(
+            'peak_flops', 0
+        ):  # load only lowers a probe: the best seen is the device's
             cache[key] = {
                 'peak_flops': best,
                 'runtime_bytes': resident_bytes(),
@@ -197,7 +227,13 @@ def measure_device(name='auto', dtype='auto', seconds=1.0):
     )
     if on_gpu:
         return Device(
-            label, probe['peak_flops'], kind='gpu', dtype=dtype, peak_source=peak_source, probe_key=key, **memory
+            label,
+            probe['peak_flops'],
+            kind='gpu',
+            dtype=dtype,
+            peak_source=peak_source,
+            probe_key=key,
+            **memory,
         )
     ram, ram_source = machine_memory()
     return Device(
@@ -284,27 +320,42 @@ def count_params(model):
     F, kv_width = model.ffn_width, model.kv_heads * model.head_dim
     family, bias = model.family, model.biases  # config.FAMILIES: llama has no biases anywhere
     k = family.mlp_matrices  # GELU: up H -> H', down; SwiGLU: gate, up, down
-    attention_weights = H * (H + 2 * kv_width) + H * H  # q, k, v (GQA: k, v are kv_width wide) and output
+    attention_weights = (
+        H * (H + 2 * kv_width) + H * H
+    )  # q, k, v (GQA: k, v are kv_width wide) and output
     attention_biases = (H + 2 * kv_width) + H if bias else 0
     ffn_weights = k * H * F
     ffn_biases = (k - 1) * F + H if bias else 0  # the H'-wide outputs and down's H
-    norm = 2 * H if bias and family.norm == 'layernorm' else H  # LayerNorm: weight (+ bias); RMSNorm: weight only
+    norm = (
+        2 * H if bias and family.norm == 'layernorm' else H
+    )  # LayerNorm: weight (+ bias); RMSNorm: weight only
     per_layer = attention_weights + attention_biases + ffn_weights + ffn_biases + 2 * norm
-    moe, M = moe_params(model), model.moe_layers  # MoE layers replace the dense FFN (none: all zero)
+    moe, M = (
+        moe_params(model),
+        model.moe_layers,
+    )  # MoE layers replace the dense FFN (none: all zero)
     counts = {
         'embedding': V * H,
-        'position': T * H if family.positions == 'learned' else 0,  # a learned table (gpt2); RoPE has none
+        'position': T * H
+        if family.positions == 'learned'
+        else 0,  # a learned table (gpt2); RoPE has none
         'attention': L * (attention_weights + attention_biases),
         'ffn': (L - M) * (ffn_weights + ffn_biases) + M * moe['layer'],
         'norms': (2 * L + 1) * norm,  # two per block and the final one
-        'output': 0 if model.tie_embeddings else V * H,  # lm_head; tied: shares the embedding's tensor
+        'output': 0
+        if model.tie_embeddings
+        else V * H,  # lm_head; tied: shares the embedding's tensor
         'per_layer': per_layer,
         'blocks_matmul_total': L * attention_weights + (L - M) * ffn_weights + M * moe['layer'],
     }
-    counts['total'] = sum(counts[k] for k in ('embedding', 'position', 'attention', 'ffn', 'norms', 'output'))
+    counts['total'] = sum(
+        counts[k] for k in ('embedding', 'position', 'attention', 'ffn', 'norms', 'output')
+    )
     # what one token's forward uses: every weight but the experts it does not visit (dense: all of them)
     counts['active'] = counts['total'] - M * moe['idle']
-    counts['blocks_matmul'] = counts['blocks_matmul_total'] - M * moe['idle']  # the FLOPs count these
+    counts['blocks_matmul'] = (
+        counts['blocks_matmul_total'] - M * moe['idle']
+    )  # the FLOPs count these
     counts['matmul'] = counts['blocks_matmul'] + V * H
     counts['matmul_total'] = counts['blocks_matmul_total'] + V * H
     counts['moe_layer'], counts['moe_layer_active'] = moe['layer'], moe['layer'] - moe['idle']
@@ -321,7 +372,9 @@ def parameter_shapes(model):
     learned, norm_bias = family.positions == 'learned', bias and family.norm == 'layernorm'
 
     def linear(name, fan_in, fan_out):
-        return [(f'{name}.weight', (fan_out, fan_in))] + ([(f'{name}.bias', (fan_out,))] if bias else [])
+        return [(f'{name}.weight', (fan_out, fan_in))] + (
+            [(f'{name}.bias', (fan_out,))] if bias else []
+        )
 
     def norm(name):
         return [(f'{name}.weight', (H,))] + ([(f'{name}.bias', (H,))] if norm_bias else [])
@@ -335,10 +388,14 @@ def parameter_shapes(model):
             + linear(f'{block}.attn.o_proj', H, H)
             + norm(f'{block}.mlp_norm')
         )
-        if i >= model.n_layer - model.moe_layers:  # an MoE layer: router, experts, shared experts (SwiGLU)
+        if (
+            i >= model.n_layer - model.moe_layers
+        ):  # an MoE layer: router, experts, shared experts (SwiGLU)
             E, S = model.expert_hidden, model.n_shared_experts * model.expert_hidden
             shapes += [(f'{block}.mlp.router.weight', (model.n_experts, H))]
-            for name, width in [(f'experts.{j}', E) for j in range(model.n_experts)] + ([('shared', S)] if S else []):
+            for name, width in [(f'experts.{j}', E) for j in range(model.n_experts)] + (
+                [('shared', S)] if S else []
+            ):
                 shapes += linear(f'{block}.mlp.{name}.gate_up_proj', H, 2 * width)
                 shapes += linear(f'{block}.mlp.{name}.down_proj', width, H)
             continue
@@ -388,11 +445,15 @@ def flops_per_token(model, recompute=False, compiled_blocks=False):
     M, shared = model.moe_layers, model.n_shared_experts * model.expert_hidden
     skipped = 0 if compiled_blocks else (L - M) * H * model.ffn_width + M * H * shared  # down_proj
     rerun_matmul = params['blocks_matmul'] - skipped
-    matmul_recompute = matmul + 2 * rerun_matmul + attention // 3  # + the blocks' forward again (2N, 4LHT)
+    matmul_recompute = (
+        matmul + 2 * rerun_matmul + attention // 3
+    )  # + the blocks' forward again (2N, 4LHT)
     return {
-        'book': (8 if recompute else 6) * params['active'],  # P: the active parameters (dense: all of them)
+        'book': (8 if recompute else 6)
+        * params['active'],  # P: the active parameters (dense: all of them)
         'matmul': matmul,  # model FLOPs: what MFU counts (PaLM)
-        'matmul_causal': 6 * params['matmul'] + attention // 2,  # only the unmasked half of QK^T and AV
+        'matmul_causal': 6 * params['matmul']
+        + attention // 2,  # only the unmasked half of QK^T and AV
         'nanogpt': 6 * (params['active'] - params['position']) + attention,
         'hardware': matmul_recompute if recompute else matmul,  # what the GPU executes
         'attention': attention,
@@ -423,14 +484,21 @@ BOOK_STATES = {'ddp': '16P', 'zero1': '4P + 12P/N', 'zero2': '2P + 14P/N', 'fsdp
 
 def model_state_bytes(n_params, parallel='ddp', n_gpu=1):
     """The book's bytes of weights, gradients and optimizer states per GPU, by strategy (BOOK_STATES)."""
-    shards = {'ddp': (1, 1, 1), 'zero1': (1, 1, n_gpu), 'zero2': (1, n_gpu, n_gpu), 'fsdp': (n_gpu, n_gpu, n_gpu)}
+    shards = {
+        'ddp': (1, 1, 1),
+        'zero1': (1, 1, n_gpu),
+        'zero2': (1, n_gpu, n_gpu),
+        'fsdp': (n_gpu, n_gpu, n_gpu),
+    }
     if parallel not in shards:
         raise ConfigError(f"parallel must be one of {', '.join(shards)}, not '{parallel}'")
     weights_over, grads_over, optimizer_over = shards[parallel]
     states = {
         'weights': 2 * n_params / weights_over,  # 16-bit weights
         'grads': 2 * n_params / grads_over,  # 16-bit gradients
-        'optimizer': 12 * n_params / optimizer_over,  # fp32 master weights, Adam momentum and variance
+        'optimizer': 12
+        * n_params
+        / optimizer_over,  # fp32 master weights, Adam momentum and variance
     }
     states['total'] = states['weights'] + states['grads'] + states['optimizer']
     return states
@@ -461,7 +529,9 @@ def zero1_partition(model, n_gpu):
     shapes = [shape for _, shape in parameter_shapes(model)]
     sizes, counts = [0] * n_gpu, [0] * n_gpu
     for group in ([s for s in shapes if len(s) >= 2], [s for s in shapes if len(s) < 2]):
-        for shape in sorted(group, key=math.prod, reverse=True):  # stable: equal sizes keep their order
+        for shape in sorted(
+            group, key=math.prod, reverse=True
+        ):  # stable: equal sizes keep their order
             rank = sizes.index(min(sizes))
             sizes[rank] += math.prod(shape)
             counts[rank] += 1
@@ -478,8 +548,14 @@ def fsdp_unit_elements(model, n_gpu):
     """-> (root, blocks): elements FSDP2 gathers whole for its root unit (embeddings, final norm, lm_head) and for
     each block, largest first (an MoE's blocks outweigh its dense ones), each tensor's rows padded to a multiple of
     n_gpu (what an all-gather returns and a reduce-scatter takes in)."""
-    whole = {name: -(-shape[0] // n_gpu) * n_gpu * math.prod(shape[1:]) for name, shape in parameter_shapes(model)}
-    blocks = [sum(v for k, v in whole.items() if k.startswith(f'blocks.{i}.')) for i in range(model.n_layer)]
+    whole = {
+        name: -(-shape[0] // n_gpu) * n_gpu * math.prod(shape[1:])
+        for name, shape in parameter_shapes(model)
+    }
+    blocks = [
+        sum(v for k, v in whole.items() if k.startswith(f'blocks.{i}.'))
+        for i in range(model.n_layer)
+    ]
     root = sum(v for k, v in whole.items() if not k.startswith('blocks.'))
     return root, sorted(blocks, reverse=True)
 
@@ -489,7 +565,12 @@ def held_model_states(model, parallel, n_gpu, dtype='bfloat16', rank=0):
     dtype is the compute dtype ('bfloat16' or 'float32'). 'book' is the book's figure for the same strategy."""
     shapes = [shape for _, shape in parameter_shapes(model)]
     n_params, n_tensors = sum(map(math.prod, shapes)), len(shapes)
-    states = {'weights': 4 * n_params, 'grads': 4 * n_params, 'optimizer': 8 * n_params + 4 * n_tensors, 'gathered': 0}
+    states = {
+        'weights': 4 * n_params,
+        'grads': 4 * n_params,
+        'optimizer': 8 * n_params + 4 * n_tensors,
+        'gathered': 0,
+    }
     if n_gpu > 1 and parallel == 'zero1':
         elements, tensors = zero1_partition(model, n_gpu)[rank]
         states['optimizer'] = 8 * elements + 4 * tensors
@@ -502,12 +583,16 @@ def held_model_states(model, parallel, n_gpu, dtype='bfloat16', rank=0):
         states.update(weights=4 * padded, grads=4 * padded, optimizer=8 * real + 4 * n_tensors)
         compute_bytes = 2 if dtype == 'bfloat16' else 4
         root, blocks = fsdp_unit_elements(model, n_gpu)
-        gathered = sum(blocks) if parallel == 'zero2' else sum(blocks[:2])  # all blocks, or two at a time
+        gathered = (
+            sum(blocks) if parallel == 'zero2' else sum(blocks[:2])
+        )  # all blocks, or two at a time
         states['gathered'] = compute_bytes * (root + gathered) + compute_bytes * blocks[0]
     states['total'] = states['weights'] + states['grads'] + states['optimizer'] + states['gathered']
     states['book'] = model_state_bytes(n_params, parallel, n_gpu)['total']
     # MoE: the book's "16 x active parameters"; every expert's states are held all the same (Ledger MoE)
-    states['book_active'] = model_state_bytes(count_params(model)['active'], parallel, n_gpu)['total']
+    states['book_active'] = model_state_bytes(count_params(model)['active'], parallel, n_gpu)[
+        'total'
+    ]
     return states
 
 
@@ -546,12 +631,22 @@ def held_model_states(model, parallel, n_gpu, dtype='bfloat16', rank=0):
 #   bf16 weight copies as in eager.
 #   LLaMA-1.3B-like block in bf16 (H 2048, H' 5632): eager 79 KB a token, compiled 70 KB.
 
-NORM_STATS = {'layernorm': 8, 'rmsnorm': 4}  # fp32 bytes a token: LayerNorm's mean and 1/std, RMSNorm's 1/rms
+NORM_STATS = {
+    'layernorm': 8,
+    'rmsnorm': 4,
+}  # fp32 bytes a token: LayerNorm's mean and 1/std, RMSNorm's 1/rms
 FFN_SAVED = {'gelu': 2, 'swiglu': 4}  # H'-wide tensors an eager FFN saves (above)
 
 
 def activation_bytes(
-    model, micro_batch, recompute, dtype_bytes=2, attention='flash', residual_bytes=4, fused_norm=True, compiled=None
+    model,
+    micro_batch,
+    recompute,
+    dtype_bytes=2,
+    attention='flash',
+    residual_bytes=4,
+    fused_norm=True,
+    compiled=None,
 ):
     """Bytes autograd holds for backward at its peak (loss buffers aside: logits_bytes), for one GPU's
     micro-batch of full sequences. attention: 'flash' (flash/cuDNN/efficient and CPU's flash kernel) or 'math'.
@@ -570,7 +665,9 @@ def activation_bytes(
     if M:  # the routing's host read breaks the compiled graph: counted as eager (an approximation, Ledger MoE)
         compiled = None
     if compiled and attention == 'flash':
-        middle = a * H if compiled == 'blocks' else r * H  # o_proj's output, or the residual after attention
+        middle = (
+            a * H if compiled == 'blocks' else r * H
+        )  # o_proj's output, or the residual after attention
         layer = (
             r * H
             + middle
@@ -581,9 +678,18 @@ def activation_bytes(
             + 4 * n_head
             + family.mlp_matrices * a * F
         )
-        head = (0 if recompute else r * H) + stats + a * H + 8  # + the final norm; 8: the logits' max and log-sum
-        if compiled == 'blocks':  # the root (final norm, lm_head, loss) runs eager around the compiled blocks
-            head = r * H + stats + (r * H if family.norm == 'rmsnorm' and not fused_norm else 0) + a * H
+        head = (
+            (0 if recompute else r * H) + stats + a * H + 8
+        )  # + the final norm; 8: the logits' max and log-sum
+        if (
+            compiled == 'blocks'
+        ):  # the root (final norm, lm_head, loss) runs eager around the compiled blocks
+            head = (
+                r * H
+                + stats
+                + (r * H if family.norm == 'rmsnorm' and not fused_norm else 0)
+                + a * H
+            )
     else:
         norm = r * H + stats + (r * H if family.norm == 'rmsnorm' and not fused_norm else 0)
         ffn = a * H + FFN_SAVED[family.mlp] * a * F
@@ -593,10 +699,14 @@ def activation_bytes(
             attn = a * H + 3 * a * H + a * n_head * T + a * H
         layer = 2 * norm + attn + ffn
         head = norm + a * H
-    autocast = a < r  # weights in fp32, matmuls in bf16: each Linear keeps a bf16 copy of its weight
+    autocast = (
+        a < r
+    )  # weights in fp32, matmuls in bf16: each Linear keeps a bf16 copy of its weight
     params = count_params(model)
     block_weights = 2 * params['blocks_matmul_total'] // L if autocast else 0
-    positions = 8 * T if family.positions == 'learned' and not compiled else 0  # the position ids, int64
+    positions = (
+        8 * T if family.positions == 'learned' and not compiled else 0
+    )  # the position ids, int64
     parts = {'token_ids': tokens * 16 + positions, 'head': tokens * head}
     # (bytes a token saves, bf16 weight copies) of each kind of layer: dense, and MoE (Ledger MoE below)
     kinds = [(L - M, layer, block_weights)]
@@ -606,20 +716,30 @@ def activation_bytes(
         moe_saved = moe_activation_bytes(model, a, autocast)
         kinds = [
             (L - M, layer, 2 * (attention_weights + dense_ffn_weights) if autocast else 0),
-            (M, layer - ffn + moe_saved['total'], 2 * (attention_weights + params['moe_layer']) if autocast else 0),
+            (
+                M,
+                layer - ffn + moe_saved['total'],
+                2 * (attention_weights + params['moe_layer']) if autocast else 0,
+            ),
         ]
     kinds = [kind for kind in kinds if kind[0]]
     if recompute:
         parts['block_inputs'] = tokens * L * r * H
-        parts['recomputed_block'] = max(tokens * (saved - r * H) + weights for _, saved, weights in kinds)
-        parts['bf16_weights'] = 2 * model.vocab_size * H if autocast else 0  # lm_head only: blocks are re-run
+        parts['recomputed_block'] = max(
+            tokens * (saved - r * H) + weights for _, saved, weights in kinds
+        )
+        parts['bf16_weights'] = (
+            2 * model.vocab_size * H if autocast else 0
+        )  # lm_head only: blocks are re-run
     else:
         parts['blocks'] = sum(n * tokens * saved for n, saved, _ in kinds)
         parts['bf16_weights'] = sum(n * weights for n, _, weights in kinds) + (
             2 * model.vocab_size * H if autocast else 0
         )
     parts['total'] = sum(parts.values())
-    if M:  # of which (not added again): the dispatched copies of the tokens and the experts' outputs
+    if (
+        M
+    ):  # of which (not added again): the dispatched copies of the tokens and the experts' outputs
         parts['routing_buffers'] = (1 if recompute else M) * tokens * moe_saved['dispatched']
     return parts
 
@@ -638,7 +758,11 @@ def logits_bytes(model, micro_batch, dtype_bytes=2, compiled=False):
     if compiled:
         parts = {'logits': elements * dtype_bytes, 'grad_logits': elements * dtype_bytes}
     else:
-        parts = {'log_softmax': elements * 4, 'grad_log_softmax': elements * 4, 'grad_logits': elements * 4}
+        parts = {
+            'log_softmax': elements * 4,
+            'grad_log_softmax': elements * 4,
+            'grad_logits': elements * 4,
+        }
     parts['total'] = sum(parts.values())
     return parts
 
@@ -677,7 +801,9 @@ def memory_per_gpu(model, train, n_gpu=None, micro_batch=None, device=None, rank
     residual_bytes = 2 if dtype_bytes == 2 and sharded(train.parallel, n_gpu) else 4
     states = held_model_states(model, train.parallel, n_gpu, dtype, rank)
     compiled = compile_mode(train, n_gpu)
-    processes = device.shared_by or (n_gpu if device.kind == 'cpu' else 1)  # sharing one device's memory
+    processes = device.shared_by or (
+        n_gpu if device.kind == 'cpu' else 1
+    )  # sharing one device's memory
     memory = {
         'weights': states['weights'],
         'grads': states['grads'],
@@ -695,7 +821,9 @@ def memory_per_gpu(model, train, n_gpu=None, micro_batch=None, device=None, rank
             compiled=compiled,
         )['total'],
         # under FSDP2 only the blocks are compiled: the loss is eager's, 12 bytes a logit (test_memory.py measures it)
-        'logits': logits_bytes(model, micro_batch, dtype_bytes, compiled=compiled == 'model')['total'],
+        'logits': logits_bytes(model, micro_batch, dtype_bytes, compiled=compiled == 'model')[
+            'total'
+        ],
         'activations_eager': activation_bytes(
             model,
             micro_batch,
@@ -705,7 +833,9 @@ def memory_per_gpu(model, train, n_gpu=None, micro_batch=None, device=None, rank
             fused_norm=device.kind != 'cpu',
         )['total'],
         'logits_eager': logits_bytes(model, micro_batch, dtype_bytes)['total'],
-        'graph': {'model': 'compiled whole', 'blocks': 'compiled block by block', None: 'eager'}[compiled],
+        'graph': {'model': 'compiled whole', 'blocks': 'compiled block by block', None: 'eager'}[
+            compiled
+        ],
         'overhead': device.overhead_bytes,
         'compile_host': COMPILE_HOST_BYTES if compiled and device.kind == 'cpu' else 0,
         'book_active_model_states': states['book_active'],  # MoE: the book's 16 x active parameters
@@ -752,7 +882,7 @@ def gpus_for_model_states(n_params, gpu_memory_bytes):
 # (test_communication.py counts every collective on every rank under gloo, through torch's flight recorder, and
 # holds the list to this one, call by call). Per step, with A micro-steps (gradient accumulation) on N ranks:
 #   every mode:  the loss normaliser, an int64 all-reduce (the loss-carrying targets of the step), and the stop
-#                flag, an int64 all-reduce on a gloo group (guard.Stop, on the host): 8 bytes each.
+#                flag, an int64 all-reduce on a gloo group (continuation.Stop, on the host): 8 bytes each.
 #   ddp:         one all-reduce of the fp32 gradients (4P bytes) on the last micro-step only (no_sync on the
 #                others), in DDP's buckets: the gradients in the order backward makes them (taken as the reverse of
 #                the parameters' order), a bucket closed once it holds 1 MiB (the first) or 25 MiB (DDP's default
@@ -785,7 +915,9 @@ BUS_FACTORS = {  # NCCL-tests' doc/PERFORMANCE.md: bus bytes = algorithm bytes x
 }
 
 
-def ddp_buckets(model, first_bytes=DDP_FIRST_BUCKET_BYTES, cap_bytes=DDP_BUCKET_BYTES, element_bytes=4):
+def ddp_buckets(
+    model, first_bytes=DDP_FIRST_BUCKET_BYTES, cap_bytes=DDP_BUCKET_BYTES, element_bytes=4
+):
     """Elements of each DDP bucket, in the order they are all-reduced (the C++ reducer's
     compute_bucket_assignment_by_size over the gradients in backward's order, taken as the reverse of the
     parameters': a bucket closes once it holds at least its cap, 1 MiB for the first, then 25 MiB)."""
@@ -811,8 +943,19 @@ def collectives(model, parallel, n_gpu, accumulation, dtype='bfloat16'):
         ('loss normaliser', 'all_reduce', 'int64', 1, 1, 'step'),
         ('stop flag (host, gloo)', 'all_reduce', 'int64', 1, 1, 'step'),
     ]
-    if model.n_experts:  # MoE: the step's tokens per expert, summed over ranks for the router bias (moe.py)
-        items.append(('MoE expert loads', 'all_reduce', 'float32', model.moe_layers * model.n_experts, 1, 'update'))
+    if (
+        model.n_experts
+    ):  # MoE: the step's tokens per expert, summed over ranks for the router bias (moe.py)
+        items.append(
+            (
+                'MoE expert loads',
+                'all_reduce',
+                'float32',
+                model.moe_layers * model.n_experts,
+                1,
+                'update',
+            )
+        )
     if not sharded(parallel, n_gpu):  # ddp, zero1: DDP's buckets, on the last micro-step's backward
         items += [
             (f'gradients, DDP bucket {i + 1}', 'all_reduce', 'float32', n, 1, 'backward')
@@ -826,7 +969,9 @@ def collectives(model, parallel, n_gpu, accumulation, dtype='bfloat16'):
                 for n, count in zip(sizes, counts)
             ]
     else:
-        gathered = dtype if dtype in ('bfloat16', 'float32') else 'float32'  # MixedPrecisionPolicy's param_dtype
+        gathered = (
+            dtype if dtype in ('bfloat16', 'float32') else 'float32'
+        )  # MixedPrecisionPolicy's param_dtype
         root, blocks = fsdp_unit_elements(model, n_gpu)
         A = accumulation
         # blocks of one size (a dense model) are one row; an MoE's dense and expert blocks a row per size
@@ -834,13 +979,18 @@ def collectives(model, parallel, n_gpu, accumulation, dtype='bfloat16'):
         each = ['each block' if len(sizes) == 1 else f'each block of {n:,}' for n in sizes]
         per_size = [(name, n, A * blocks.count(n)) for name, n in zip(each, sizes)]
         items += [('weights, root unit', 'all_gather', gathered, root, A, 'forward')]
-        items += [(f'weights, {name}', 'all_gather', gathered, n, calls, 'forward') for name, n, calls in per_size]
+        items += [
+            (f'weights, {name}', 'all_gather', gathered, n, calls, 'forward')
+            for name, n, calls in per_size
+        ]
         if parallel == 'fsdp':  # the blocks resharded after forward: gathered again in backward
             items += [
-                (f'weights again, {name}', 'all_gather', gathered, n, calls, 'backward') for name, n, calls in per_size
+                (f'weights again, {name}', 'all_gather', gathered, n, calls, 'backward')
+                for name, n, calls in per_size
             ]
         items += [
-            (f'gradients, {name}', 'reduce_scatter', 'float32', n, calls, 'backward') for name, n, calls in per_size
+            (f'gradients, {name}', 'reduce_scatter', 'float32', n, calls, 'backward')
+            for name, n, calls in per_size
         ]
         items += [
             ('gradients, root unit', 'reduce_scatter', 'float32', root, A, 'backward'),
@@ -885,8 +1035,16 @@ class Links:
 
 NVLINK4_EFFICIENCY = 370 / 450
 _NVLINK4 = 'NVIDIA (nccl-tests#212): NVLink4 line rate 450 GB/s, NCCL ~370 busbw (~480 for all-reduce with NVLS)'
-_NDR = ('InfiniBand NDR 400 Gb/s', 48.0, 'NVIDIA (nccl-tests#267): 48-49 GB/s per ConnectX-7 at NDR')
-_HDR = ('InfiniBand HDR 200 Gb/s', 24.0, 'NVIDIA (nccl#412): 24 GB/s per HDR NIC; x8 = 192 GB/s (nccl#812)')
+_NDR = (
+    'InfiniBand NDR 400 Gb/s',
+    48.0,
+    'NVIDIA (nccl-tests#267): 48-49 GB/s per ConnectX-7 at NDR',
+)
+_HDR = (
+    'InfiniBand HDR 200 Gb/s',
+    24.0,
+    'NVIDIA (nccl#412): 24 GB/s per HDR NIC; x8 = 192 GB/s (nccl#812)',
+)
 _PCIE5 = Links(
     'PCIe Gen5 x16, 128 GB/s bidirectional (NVLink bridges join pairs at most)',
     64,
@@ -907,7 +1065,13 @@ LINKS = {  # keyed like GPUS; fabric figures from the vendors' datasheets
         'measured: all_reduce_perf on 8 x A100, 232.5 GB/s (nccl-tests#175)',
         *_HDR,
     ),
-    'A800': Links('NVLink3, 400 GB/s bidirectional', 200, 160, 'NVIDIA (nccl#412): ~160 GB/s intra-node', *_HDR),
+    'A800': Links(
+        'NVLink3, 400 GB/s bidirectional',
+        200,
+        160,
+        'NVIDIA (nccl#412): ~160 GB/s intra-node',
+        *_HDR,
+    ),
     'MI300X': Links(
         'Infinity Fabric, 7 x 128 GB/s bidirectional',
         448,
@@ -924,7 +1088,9 @@ LINKS = {  # keyed like GPUS; fabric figures from the vendors' datasheets
     ),
 }
 GPUS_PER_NODE = 8  # an HGX/DGX board: the node count when `nodes` is 0
-COMM_EXPOSED_LIMIT = 0.10  # the ledger's line: communication "hides" while at most this share of a step waits on it
+COMM_EXPOSED_LIMIT = (
+    0.10  # the ledger's line: communication "hides" while at most this share of a step waits on it
+)
 
 
 def device_links(device):
@@ -941,7 +1107,9 @@ def topology(train, n_gpu, device):
     which link sets it, with sources."""
     nodes = train.nodes or math.ceil(n_gpu / GPUS_PER_NODE)
     if nodes > n_gpu:
-        raise ConfigError(f"nodes ({nodes}) must be at most n_gpu ({n_gpu}): each node holds at least one device")
+        raise ConfigError(
+            f"nodes ({nodes}) must be at most n_gpu ({n_gpu}): each node holds at least one device"
+        )
     per_node = math.ceil(n_gpu / nodes)
     links = device_links(device)
     intra, intra_source = (
@@ -954,7 +1122,10 @@ def topology(train, n_gpu, device):
     inter, inter_source = (
         (train.inter_node_busbw * 1e9, 'inter_node_busbw (config), per node')
         if train.inter_node_busbw
-        else (per_node * links.nic_busbw_gbps * 1e9, f'{per_node} x {links.nic} per node: {links.nic_source}')
+        else (
+            per_node * links.nic_busbw_gbps * 1e9,
+            f'{per_node} x {links.nic} per node: {links.nic_source}',
+        )
         if links
         else (None, 'unknown (set inter_node_busbw, GB/s per node)')
     )
@@ -981,7 +1152,9 @@ def communication(model, train, n_gpu, device, compute_step_seconds):
     hide under backward / forward compute, the exposed rest, and the bound. compute_step_seconds: the step's
     compute alone (Ledger 3)."""
     dtype = run_dtype(train, device)
-    accumulation = max(1, math.ceil(train.batch_tokens / (train.micro_batch * model.block_size * n_gpu)))
+    accumulation = max(
+        1, math.ceil(train.batch_tokens / (train.micro_batch * model.block_size * n_gpu))
+    )
     items = collectives(model, train.parallel, n_gpu, accumulation, dtype)
     comm = dict(
         collectives=items,
@@ -995,7 +1168,9 @@ def communication(model, train, n_gpu, device, compute_step_seconds):
         bound='compute',
     )
     if train.parallel == 'zero1' and n_gpu > 1:  # each rank broadcasts the tensors it owns
-        comm['broadcast_bytes_by_rank'] = [4 * elements for elements, _ in zero1_partition(model, n_gpu)]
+        comm['broadcast_bytes_by_rank'] = [
+            4 * elements for elements, _ in zero1_partition(model, n_gpu)
+        ]
     busbw = comm['topology']['busbw']
     if not items or busbw is None:
         return comm
@@ -1005,7 +1180,9 @@ def communication(model, train, n_gpu, device, compute_step_seconds):
     micro = compute_step_seconds / accumulation
     windows = accumulation if sharded(train.parallel, n_gpu) else 1
     seconds = {phase: 0.0 for phase in ('step', 'update', 'forward', 'backward', 'edge')}
-    last_bucket = max((i for i, item in enumerate(items) if 'DDP bucket' in item['what']), default=None)
+    last_bucket = max(
+        (i for i, item in enumerate(items) if 'DDP bucket' in item['what']), default=None
+    )
     for i, item in enumerate(items):
         item['seconds'] = item['bus_bytes'] / busbw
         # nothing to hide under: the first all-gather of forward (the root unit), the last
@@ -1048,7 +1225,9 @@ def pipeline_bubble(stages, micro_batches):
 def _plan_check(model, train, n_gpu, device):
     """-> (fits, exposed fraction or None, memory total, memory of the device) for one plan."""
     memory = memory_per_gpu(model, train, n_gpu, device=device)
-    hardware = flops_per_token(model, train.recompute, compile_mode(train, n_gpu) == 'blocks')['hardware']
+    hardware = flops_per_token(model, train.recompute, compile_mode(train, n_gpu) == 'blocks')[
+        'hardware'
+    ]
     compute_step = train.batch_tokens * hardware / (n_gpu * device.peak_flops * train.mfu)
     exposed = communication(model, train, n_gpu, device, compute_step)['exposed_fraction']
     return memory['fits'], exposed, memory['total'], memory['gpu_memory']
@@ -1059,7 +1238,9 @@ def parallelism_verdict(model, train, n_gpu, device, fits, exposed_fraction):
     sequences = train.batch_tokens // model.block_size
     reasons = []
     if sequences < n_gpu:
-        reasons.append(f'the global batch has {sequences} sequences for {n_gpu} GPUs: data parallelism needs one a GPU')
+        reasons.append(
+            f'the global batch has {sequences} sequences for {n_gpu} GPUs: data parallelism needs one a GPU'
+        )
     hides = exposed_fraction is None or exposed_fraction <= COMM_EXPOSED_LIMIT
     if not reasons and fits and hides:
         verdict = 'data parallelism is enough' if n_gpu > 1 else 'one device: nothing to spread'
@@ -1067,7 +1248,9 @@ def parallelism_verdict(model, train, n_gpu, device, fits, exposed_fraction):
     if not fits:
         reasons.append('the plan does not fit in memory')
     if not hides:
-        reasons.append(f'{exposed_fraction:.0%} of a step waits on communication (limit {COMM_EXPOSED_LIMIT:.0%})')
+        reasons.append(
+            f'{exposed_fraction:.0%} of a step waits on communication (limit {COMM_EXPOSED_LIMIT:.0%})'
+        )
     best = None
     if sequences >= n_gpu:
         for parallel in ('ddp', 'zero1', 'zero2', 'fsdp'):
@@ -1079,9 +1262,17 @@ def parallelism_verdict(model, train, n_gpu, device, fits, exposed_fraction):
                 trial = dataclasses.replace(trial, micro_batch=micro_batch)
                 ok, exposed, _, _ = _plan_check(model, trial, n_gpu, device)
                 if ok and (exposed is None or exposed <= COMM_EXPOSED_LIMIT):
-                    best = best or f'--parallel={parallel} --recompute={recompute} --micro_batch={micro_batch}'
+                    best = (
+                        best
+                        or f'--parallel={parallel} --recompute={recompute} --micro_batch={micro_batch}'
+                    )
     if best:
-        return dict(enough=True, verdict=f'data parallelism is enough with {best}', reasons=reasons, suggestion=best)
+        return dict(
+            enough=True,
+            verdict=f'data parallelism is enough with {best}',
+            reasons=reasons,
+            suggestion=best,
+        )
     if sequences >= n_gpu:
         trial = dataclasses.replace(train, parallel='fsdp', recompute=True, micro_batch=1)
         ok, exposed, total, memory = _plan_check(model, trial, n_gpu, device)
@@ -1116,7 +1307,11 @@ def moe_params(model):
         return {'layer': 0, 'idle': 0, 'router': 0}
     n, k, H = model.n_experts, model.top_k, model.n_embd
     expert = 3 * H * model.expert_hidden  # a SwiGLU: gate, up, down
-    return {'layer': n * H + (n + model.n_shared_experts) * expert, 'idle': (n - k) * expert, 'router': n * H}
+    return {
+        'layer': n * H + (n + model.n_shared_experts) * expert,
+        'idle': (n - k) * expert,
+        'router': n * H,
+    }
 
 
 def moe_activation_bytes(model, a, autocast):
@@ -1152,7 +1347,9 @@ def moe_activation_bytes(model, a, autocast):
 CHINCHILLA_TOKENS_PER_PARAM = 20
 CHINCHILLA_FITS = {
     'hoffmann2022': dict(E=1.69, A=406.4, B=410.7, alpha=0.34, beta=0.28),  # Hoffmann et al. 2022
-    'epoch2024': dict(E=1.8172, A=482.01, B=2085.43, alpha=0.3478, beta=0.3658),  # Besiroglu et al. (Epoch AI) 2024
+    'epoch2024': dict(
+        E=1.8172, A=482.01, B=2085.43, alpha=0.3478, beta=0.3658
+    ),  # Besiroglu et al. (Epoch AI) 2024
 }
 
 
@@ -1211,7 +1408,9 @@ def data_ledger(n_params, vocab_size, train_tokens, dataset_tokens=0, trained_fr
         'parquet_bytes_high': stored_tokens * 4,
         'checkpoint_bytes': 12 * n_params,
         'export_bytes': 2 * n_params,
-        'expected_loss': {fit: chinchilla_loss(n_params, train_tokens, fit) for fit in CHINCHILLA_FITS},
+        'expected_loss': {
+            fit: chinchilla_loss(n_params, train_tokens, fit) for fit in CHINCHILLA_FITS
+        },
     }
     return data
 
@@ -1278,12 +1477,18 @@ def predict(model, train, n_gpu=None, device=None):
     """Every sum of the ledger for (ModelConfig, TrainConfig) on n_gpu devices (default: train.n_gpu) of `device`
     (default: the one the config's `gpu` names, measured for 'auto' / 'cpu')."""
     n_gpu = n_gpu or train.n_gpu
-    micro_step_tokens = tokens_per_micro_step(model, train, n_gpu)  # train.py's check: no plan it would refuse
+    micro_step_tokens = tokens_per_micro_step(
+        model, train, n_gpu
+    )  # train.py's check: no plan it would refuse
     device = device or device_spec(train.gpu, train.dtype)
     params = count_params(model)
     compiled_blocks = compile_mode(train, n_gpu) == 'blocks'  # train.py's build_model
     flops = flops_per_token(model, train.recompute, compiled_blocks)
-    tokens = min(train.train_tokens, train.max_steps * train.batch_tokens) if train.max_steps else train.train_tokens
+    tokens = (
+        min(train.train_tokens, train.max_steps * train.batch_tokens)
+        if train.max_steps
+        else train.train_tokens
+    )
     # train.mfu is the fraction of peak the devices spend on matmul FLOPs, recomputation included ('hardware': it
     # sets tokens_per_s and days); MFU proper (PaLM, what train.py measures) counts only the model's FLOPs
     # ('matmul'), so with recompute the predicted MFU is lower by matmul / hardware (LLaMA-7B: 1 / 1.33).
@@ -1318,7 +1523,9 @@ def predict(model, train, n_gpu=None, device=None):
         'days_compute': compute_days,
         'tokens_per_s_compute': compute_tokens_per_s,
         'comm': comm,
-        'parallelism': parallelism_verdict(model, train, n_gpu, device, memory['fits'], comm['exposed_fraction']),
+        'parallelism': parallelism_verdict(
+            model, train, n_gpu, device, memory['fits'], comm['exposed_fraction']
+        ),
         'days_book': train_days(tokens * flops['book'], n_gpu, device.peak_flops, train.mfu),
         'gpu_hours': days * 24 * n_gpu,
         'cost_usd': days * 24 * n_gpu * train.usd_per_gpu_hour,
@@ -1383,10 +1590,14 @@ def summarize(prediction, measured):
         'tokens_per_s_predicted': p['tokens_per_s'],
         'tokens_per_s_measured': measured.get('tokens_per_s'),
         'mfu_assumed': p['mfu_assumed'],
-        'mfu_source': p.get('mfu_source'),  # a CPU run's: measured, not assumed (live.step_probe)
+        'mfu_source': p.get(
+            'mfu_source'
+        ),  # a CPU run's: measured, not assumed (live_ledger.step_probe)
         'mfu_predicted': p['mfu'],
         'mfu_measured': measured.get('mfu'),
-        'memory_kind': 'peak resident memory (ru_maxrss)' if on_cpu else 'peak allocated (max_memory_allocated)',
+        'memory_kind': 'peak resident memory (ru_maxrss)'
+        if on_cpu
+        else 'peak allocated (max_memory_allocated)',
         'memory_graph': memory['graph'],
         'memory_predicted_bytes': memory['total'] if on_cpu else memory['allocated'],
         'memory_measured_bytes': measured.get('peak_memory_bytes'),
@@ -1400,7 +1611,9 @@ def summarize(prediction, measured):
         'val_bpb': bits_per_byte(measured['val_loss'], measured.get('val_bytes_per_token'))
         if measured.get('val_loss') is not None
         else None,
-        'val_sources': measured.get('val_sources'),  # a mixture's: {source: {weight, loss, bpb}} (live.py)
+        'val_sources': measured.get(
+            'val_sources'
+        ),  # a mixture's: {source: {weight, loss, bpb}} (live_ledger.py)
         **comm_summary(p),
     }
 
@@ -1408,7 +1621,7 @@ def summarize(prediction, measured):
 def comm_summary(prediction):
     """summary.json's communication keys (Ledger 5): the bytes of a step (exact), the seconds the ledger predicts
     from its link table, and the seconds at the all-reduce bus bandwidth the run's own probe measured
-    (live.collective_probe); on gloo (the CPU) the seconds are not meaningful and say so."""
+    (live_ledger.collective_probe); on gloo (the CPU) the seconds are not meaningful and say so."""
     comm = prediction['comm']
     probe = comm.get('probe')
     meaningful = bool(probe and probe['meaningful'])

@@ -57,7 +57,11 @@ def _gb(n_bytes):
 
 
 def _rate(flops_per_s):
-    return f'{flops_per_s / 1e12:,.0f} TFLOP/s' if flops_per_s >= 1e12 else f'{flops_per_s / 1e9:,.0f} GFLOP/s'
+    return (
+        f'{flops_per_s / 1e12:,.0f} TFLOP/s'
+        if flops_per_s >= 1e12
+        else f'{flops_per_s / 1e9:,.0f} GFLOP/s'
+    )
 
 
 def duration(days):
@@ -99,8 +103,13 @@ def report_sections(p):
     )
     model = ModelConfig(**m)
     family, bias, tied, recompute = model.family, model.biases, model.tie_embeddings, t['recompute']
-    norm_bias, k = bias and family.norm == 'layernorm', family.mlp_matrices  # LayerNorm's bias; H x H' matrices
-    mha = model.kv_heads == model.n_head  # else GQA: k and v are kv_width = n_kv_head x head_dim wide
+    norm_bias, k = (
+        bias and family.norm == 'layernorm',
+        family.mlp_matrices,
+    )  # LayerNorm's bias; H x H' matrices
+    mha = (
+        model.kv_heads == model.n_head
+    )  # else GQA: k and v are kv_width = n_kv_head x head_dim wide
     book_p = '8P' if recompute else '6P'
     fsdp2 = sharded(t['parallel'], p['n_gpu'])  # FSDP2 shards every tensor's rows
     bf16 = p['dtype'] == 'bfloat16'
@@ -128,7 +137,11 @@ def report_sections(p):
             f"{params['norms']:,}",
             '(2L + 1)*H' + (' * 2 (weight, bias)' if norm_bias else ''),
         ),
-        ('output projection', f"{params['output']:,}", 'tied: shares the embedding' if tied else 'V*H'),
+        (
+            'output projection',
+            f"{params['output']:,}",
+            'tied: shares the embedding' if tied else 'V*H',
+        ),
         (
             'per layer',
             f"{params['per_layer']:,}",
@@ -155,7 +168,8 @@ def report_sections(p):
         (
             f"book: {book_p}" + (' (recompute)' if recompute else ''),
             _sci(flops['book']),
-            "the book's ledger 2: forward 2P + backward 4P" + (' + one recomputed forward 2P' if recompute else ''),
+            "the book's ledger 2: forward 2P + backward 4P"
+            + (' + one recomputed forward 2P' if recompute else ''),
         ),
         (
             'matmul: 6N_matmul + 12LHT',
@@ -168,7 +182,11 @@ def report_sections(p):
             f"N = all but the position table: norms, biases{'' if tied else ', input embedding'} as matmuls: "
             f"{nanogpt_extra:+.3%}",
         ),
-        ('matmul, causal: 6N_matmul + 6LHT', _sci(flops['matmul_causal']), 'only the unmasked half of attention'),
+        (
+            'matmul, causal: 6N_matmul + 6LHT',
+            _sci(flops['matmul_causal']),
+            'only the unmasked half of attention',
+        ),
         (
             f"executed: +{rerun}+4LHT",
             _sci(flops['hardware']),
@@ -186,7 +204,11 @@ def report_sections(p):
             f"{flops['attention_share']:.1%}",
             f"12LHT / 6N_blocks; the book's T/(6H) = {flops['attention_share_approx']:.1%}",
         ),
-        (f"executed for {si(p['tokens'])} tokens", _sci(p['total_flops']), f"book {book_p}D: {_sci(p['book_flops'])}"),
+        (
+            f"executed for {si(p['tokens'])} tokens",
+            _sci(p['total_flops']),
+            f"book {book_p}D: {_sci(p['book_flops'])}",
+        ),
     ]
     time_and_money = [
         (
@@ -208,10 +230,15 @@ def report_sections(p):
         (
             'time for this run',
             duration(p['days']),
-            'executed FLOPs: the matmul count (with attention)' + (' + the recomputed forward' if recompute else ''),
+            'executed FLOPs: the matmul count (with attention)'
+            + (' + the recomputed forward' if recompute else ''),
         ),
         ('days', _days(p['days']), 'time / 86400 s'),
-        (f"days, book {book_p}D", _days(p['days_book']), "FLOPs by the book's convention (the planning note's table)"),
+        (
+            f"days, book {book_p}D",
+            _days(p['days_book']),
+            "FLOPs by the book's convention (the planning note's table)",
+        ),
         ('GPU-hours', f"{p['gpu_hours']:,.0f}", 'days x 24 x n_gpu'),
         (
             'cost',
@@ -234,7 +261,12 @@ def report_sections(p):
         (
             'fp32 weights',
             _gib(memory['weights']),
-            f"4P{per}" + (', chunks padded to equal rows (FSDP2)' if fsdp2 else ': master weights, updated by AdamW'),
+            f"4P{per}"
+            + (
+                ', chunks padded to equal rows (FSDP2)'
+                if fsdp2
+                else ': master weights, updated by AdamW'
+            ),
         ),
         (
             'fp32 gradients',
@@ -335,7 +367,11 @@ def report_sections(p):
     ]
     stored = 'dataset' if data['dataset_tokens'] else 'training tokens'
     tokens = [
-        ('Chinchilla-optimal tokens', si(data['chinchilla_tokens']), '20 x P (Hoffmann et al. 2022)'),
+        (
+            'Chinchilla-optimal tokens',
+            si(data['chinchilla_tokens']),
+            '20 x P (Hoffmann et al. 2022)',
+        ),
         (
             'this plan',
             f"{data['tokens_per_param']:.3g} tok/param",
@@ -381,12 +417,21 @@ def report_sections(p):
             f"{data['expected_loss'][fit]:.3f} nats",
             ', '.join(f'{k} {v}' for k, v in CHINCHILLA_FITS[fit].items()),
         )
-        for fit, label in (('hoffmann2022', 'Hoffmann et al. 2022'), ('epoch2024', 'Epoch AI 2024 replication'))
+        for fit, label in (
+            ('hoffmann2022', 'Hoffmann et al. 2022'),
+            ('epoch2024', 'Epoch AI 2024 replication'),
+        )
     ]
     mode = f"{t['parallel']}, N={p['n_gpu']}" if p['n_gpu'] > 1 else 'one process'
     sections = [
-        ("Ledger 1: parameters (exact, the way model.py builds them: = sum(p.numel()))", parameters),
-        ('Ledger 2: compute per token, forward + backward (a matmul (n x m)(m x p) is 2nmp FLOPs)', compute),
+        (
+            "Ledger 1: parameters (exact, the way model.py builds them: = sum(p.numel()))",
+            parameters,
+        ),
+        (
+            'Ledger 2: compute per token, forward + backward (a matmul (n x m)(m x p) is 2nmp FLOPs)',
+            compute,
+        ),
         ('Ledger 3: time and money (days = FLOPs / (n_gpu * peak * MFU) / 86400)', time_and_money),
         (
             f"Ledger 4: memory per {'process' if device['kind'] == 'cpu' else 'GPU'} ({mode}, as train.py holds it; "
@@ -409,7 +454,9 @@ def report_sections(p):
             loss,
         ),
     ]
-    return [(title, [row for row in rows if row]) for title, rows in filter(None, sections) if title]
+    return [
+        (title, [row for row in rows if row]) for title, rows in filter(None, sections) if title
+    ]
 
 
 # -----------------------------------------------------------------------------------------------------
@@ -424,7 +471,9 @@ def moe_section(p):
     params, flops, memory, t = p['params'], p['flops_per_token'], p['memory'], p['train']
     n, k, s, E = model.n_experts, model.top_k, model.n_shared_experts, model.expert_hidden
     attention = flops['attention']
-    all_active = (6 * params['matmul_total'] + attention) / flops['matmul']  # were every expert used by every token
+    all_active = (6 * params['matmul_total'] + attention) / flops[
+        'matmul'
+    ]  # were every expert used by every token
     book, held = memory['book_active_model_states'], memory['model_states']
     rows = [
         (
@@ -433,8 +482,16 @@ def moe_section(p):
             f"{n} routed experts of {E}, {k} per token, {s} shared; the first {model.n_dense_layers} dense; "
             f"sigmoid router, gates x {model.route_scale:g} (DeepSeek-V3)",
         ),
-        ('MoE layer FFN', f"{params['moe_layer']:,}", f"router {n}H + ({n} + {s}) x 3HE: every expert"),
-        ('  used by a token', f"{params['moe_layer_active']:,}", f"router {n}H + ({k} + {s}) x 3HE"),
+        (
+            'MoE layer FFN',
+            f"{params['moe_layer']:,}",
+            f"router {n}H + ({n} + {s}) x 3HE: every expert",
+        ),
+        (
+            '  used by a token',
+            f"{params['moe_layer_active']:,}",
+            f"router {n}H + ({k} + {s}) x 3HE",
+        ),
         ('total P', f"{params['total']:,}", f"{si(params['total'])}: what model.py builds"),
         (
             'active P per token',
@@ -466,7 +523,10 @@ def moe_section(p):
             f"compute, days and cost do scale with the active parameters",
         ),
     ]
-    return 'Ledger MoE: a mixture of experts (total parameters for memory, active ones for compute)', rows
+    return (
+        'Ledger MoE: a mixture of experts (total parameters for memory, active ones for compute)',
+        rows,
+    )
 
 
 def mixture_rows(mix):
@@ -498,7 +558,13 @@ def mixture_rows(mix):
 
 
 def _bytes(n_bytes):
-    return _gb(n_bytes) if n_bytes >= 1e8 else f'{n_bytes / 1e6:,.3g} MB' if n_bytes >= 1e5 else f'{n_bytes:,.0f} B'
+    return (
+        _gb(n_bytes)
+        if n_bytes >= 1e8
+        else f'{n_bytes / 1e6:,.3g} MB'
+        if n_bytes >= 1e5
+        else f'{n_bytes:,.0f} B'
+    )
 
 
 def _ms(seconds):
@@ -511,8 +577,12 @@ def communication_section(p):
     topo, verdict = comm['topology'], p['parallelism']
     groups = {}
     for item in comm['collectives']:
-        name = item['what'].split(', DDP bucket')[0] + (', DDP buckets' if 'DDP bucket' in item['what'] else '')
-        group = groups.setdefault(name, dict(item, count=0, bytes=0, bus_bytes=0, seconds=0.0, calls=0))
+        name = item['what'].split(', DDP bucket')[0] + (
+            ', DDP buckets' if 'DDP bucket' in item['what'] else ''
+        )
+        group = groups.setdefault(
+            name, dict(item, count=0, bytes=0, bus_bytes=0, seconds=0.0, calls=0)
+        )
         for key in ('bytes', 'bus_bytes', 'calls'):
             group[key] += item[key]
         group['seconds'] += item.get('seconds') or 0.0
@@ -609,7 +679,9 @@ def communication_section(p):
             f"{_days(p['days_compute'] * n / sequences)} days",
         )
     )
-    rows.append(('verdict', 'DP is enough' if verdict['enough'] else 'needs TP/PP', verdict['verdict']))
+    rows.append(
+        ('verdict', 'DP is enough' if verdict['enough'] else 'needs TP/PP', verdict['verdict'])
+    )
     rows += [('', '', reason) for reason in verdict['reasons']]
     if not verdict['enough']:
         bubble = ledger.pipeline_bubble(4, comm['accumulation'])
@@ -643,14 +715,31 @@ def format_report(prediction):
 def format_short(prediction, full):
     """The few lines train.py prints before step 1: the model, its FLOPs, the device, the predicted speed and time,
     memory against what the device has, and the data against Chinchilla. `full` says where the whole bill is."""
-    p, memory, data, device = prediction, prediction['memory'], prediction['data'], prediction['gpu']
+    p, memory, data, device = (
+        prediction,
+        prediction['memory'],
+        prediction['data'],
+        prediction['gpu'],
+    )
     model = ModelConfig(**p['model'])
     shape = f"{model.arch} {model.n_layer} x {model.n_embd}, V {model.vocab_size:,}, T {model.block_size:,}"
-    epochs = f"; {data['epochs']:.3g} epochs of {si(data['dataset_tokens'])} tokens" if data['dataset_tokens'] else ''
+    epochs = (
+        f"; {data['epochs']:.3g} epochs of {si(data['dataset_tokens'])} tokens"
+        if data['dataset_tokens']
+        else ''
+    )
     lines = [
         f"ledger (the whole bill: {full}):",
-        _row('parameters', f"{p['params']['total']:,}", f"{shape}; {p['params']['matmul']:,} in matmuls"),
-        _row('active per token', f"{p['params']['active']:,}", 'MoE: the FLOPs count these, memory the total')
+        _row(
+            'parameters',
+            f"{p['params']['total']:,}",
+            f"{shape}; {p['params']['matmul']:,} in matmuls",
+        ),
+        _row(
+            'active per token',
+            f"{p['params']['active']:,}",
+            'MoE: the FLOPs count these, memory the total',
+        )
         if model.n_experts
         else None,
         _row(
@@ -695,7 +784,9 @@ def format_short(prediction, full):
         ),
     ]
     lines = [line for line in lines if line]
-    lines += [_row(*row) for row in mixture_rows(p.get('mixture'))]  # a mixture: each source's tokens and epochs
+    lines += [
+        _row(*row) for row in mixture_rows(p.get('mixture'))
+    ]  # a mixture: each source's tokens and epochs
     comm = p['comm']
     if comm['collectives']:  # Ledger 5: more than one process
         lines.append(
@@ -736,7 +827,12 @@ def format_comparison(summary):
             s['tokens_per_s_measured'],
             lambda x: f'{x:,.0f}',
         ),
-        ('MFU (6N_matmul + 12LHT per token)', s['mfu_predicted'], s['mfu_measured'], lambda x: f'{x:.1%}'),
+        (
+            'MFU (6N_matmul + 12LHT per token)',
+            s['mfu_predicted'],
+            s['mfu_measured'],
+            lambda x: f'{x:.1%}',
+        ),
         (
             f"memory per device: {s['memory_kind']}; activations as {s['memory_graph']}",
             s['memory_predicted_bytes'],
@@ -751,7 +847,12 @@ def format_comparison(summary):
         )
         if s['reserved_predicted_bytes'] is not None
         else None,
-        ('days for the planned tokens', s['days_predicted'], s['days_projected'], lambda x: f'{x:.3g}'),
+        (
+            'days for the planned tokens',
+            s['days_predicted'],
+            s['days_projected'],
+            lambda x: f'{x:.3g}',
+        ),
     ]
     lines = [
         f"Predicted by ledger.py for {s['predicted_for']} (peak: {s['peak_source']}) at "
@@ -770,7 +871,9 @@ def format_comparison(summary):
     ]
     for what, predicted, value, fmt in filter(None, rows):
         ratio = f'{value / predicted:.3f}' if value is not None and predicted else '-'
-        lines.append(f"| {what} | {fmt(predicted)} | {'-' if value is None else fmt(value)} | {ratio} |")
+        lines.append(
+            f"| {what} | {fmt(predicted)} | {'-' if value is None else fmt(value)} | {ratio} |"
+        )
     if s['val_loss'] is not None:
         lines += [
             '',
@@ -790,7 +893,13 @@ def format_comparison(summary):
 # book's precision (a format spec; '>' for a bound). test_ledger.py checks every one; `ledger.py --book` prints them.
 
 LLAMA_7B = ModelConfig(
-    arch='llama', n_layer=32, n_head=32, n_embd=4096, ffn_hidden=11008, vocab_size=32000, block_size=2048
+    arch='llama',
+    n_layer=32,
+    n_head=32,
+    n_embd=4096,
+    ffn_hidden=11008,
+    vocab_size=32000,
+    block_size=2048,
 )
 BOOK = 'the book, BOOK.md'
 NOTE = 'the planning note, BOOK.md'
@@ -807,7 +916,9 @@ def book_examples():
 
     flops_65b = 8 * 1.4e12 * 6.5e10
     memory_7b = model_state_bytes(p7b['total'], 'fsdp', 2)['total'] / GIB
-    total_7b = memory_7b + 6.20 + 3.91 + 6  # the book's activations, softmax intermediates, other: taken as given
+    total_7b = (
+        memory_7b + 6.20 + 3.91 + 6
+    )  # the book's activations, softmax intermediates, other: taken as given
     cost_low, cost_high = (seed_days(1.3e9, 26e9) * 24 * usd for usd in (3, 4))
     rows = [  # section, what, formula, book's figure as written, its value, the ledger's value, precision, source
         (
@@ -830,7 +941,16 @@ def book_examples():
             '>',
             BOOK,
         ),
-        ('Ledger 2', 'LLaMA-7B on 1B tokens', '6 x P x C', '4.04e19', 4.04e19, 6 * p7b['total'] * 1e9, '.3g', BOOK),
+        (
+            'Ledger 2',
+            'LLaMA-7B on 1B tokens',
+            '6 x P x C',
+            '4.04e19',
+            4.04e19,
+            6 * p7b['total'] * 1e9,
+            '.3g',
+            BOOK,
+        ),
         (
             'Ledger 3',
             'LLaMA-65B training FLOPs',
@@ -992,7 +1112,16 @@ def book_examples():
             'd',
             BOOK,
         ),
-        ('Ledger 4', '175B: model states alone, TB', '16P', '~2.8', 2.8, 16 * 175e9 / 1e12, '.2g', BOOK),
+        (
+            'Ledger 4',
+            '175B: model states alone, TB',
+            '16P',
+            '~2.8',
+            2.8,
+            16 * 175e9 / 1e12,
+            '.2g',
+            BOOK,
+        ),
         (
             'Data',
             '175B: Chinchilla-optimal tokens, T',
@@ -1013,8 +1142,26 @@ def book_examples():
             '.2g',
             NOTE + '; GPT-3, Brown et al. 2020',
         ),
-        ('Data', '25B tokens are optimal for, B params', 'D / 20', '~1.25', 1.25, 25e9 / 20 / 1e9, '.3g', NOTE),
-        ('Data', '0.76B params: optimal tokens, B', '20 x P', '15.2', 15.2, 20 * 0.76e9 / 1e9, '.3g', NOTE),
+        (
+            'Data',
+            '25B tokens are optimal for, B params',
+            'D / 20',
+            '~1.25',
+            1.25,
+            25e9 / 20 / 1e9,
+            '.3g',
+            NOTE,
+        ),
+        (
+            'Data',
+            '0.76B params: optimal tokens, B',
+            '20 x P',
+            '15.2',
+            15.2,
+            20 * 0.76e9 / 1e9,
+            '.3g',
+            NOTE,
+        ),
         (
             'Data',
             'Llama-3-8B tokens per parameter',
@@ -1035,7 +1182,16 @@ def book_examples():
             'd',
             NOTE,
         ),
-        ('Data', 'bytes per token, vocab 128,256 (Llama 3)', 'uint32 above', '4', 4, token_bytes(128256), 'd', NOTE),
+        (
+            'Data',
+            'bytes per token, vocab 128,256 (Llama 3)',
+            'uint32 above',
+            '4',
+            4,
+            token_bytes(128256),
+            'd',
+            NOTE,
+        ),
         (
             'Data',
             '250B tokens at 2 bytes/token, GB',
@@ -1046,8 +1202,26 @@ def book_examples():
             '.3g',
             NOTE,
         ),
-        ('Data', '25B tokens as parquet, GB', 'D x ~4 bytes/token (3-4)', '~100', 100, 25e9 * 4 / 1e9, '.2g', NOTE),
-        ('Data', '1.3B Adam checkpoint, GB', '12P: fp32 weights + Adam m, v', '~16', 16, 12 * 1.3e9 / 1e9, '.2g', NOTE),
+        (
+            'Data',
+            '25B tokens as parquet, GB',
+            'D x ~4 bytes/token (3-4)',
+            '~100',
+            100,
+            25e9 * 4 / 1e9,
+            '.2g',
+            NOTE,
+        ),
+        (
+            'Data',
+            '1.3B Adam checkpoint, GB',
+            '12P: fp32 weights + Adam m, v',
+            '~16',
+            16,
+            12 * 1.3e9 / 1e9,
+            '.2g',
+            NOTE,
+        ),
     ]
     examples = []
     for section, what, formula, book, book_value, value, precision, source in rows:
@@ -1055,7 +1229,9 @@ def book_examples():
             matches, shown = value > book_value, f'{value:.1%}'
         else:
             whole = precision in ('d', ',d')
-            matches = format(round(value) if whole else value, precision) == format(book_value, precision)
+            matches = format(round(value) if whole else value, precision) == format(
+                book_value, precision
+            )
             shown = format(round(value), precision) if whole else f'{value:.4g}'
         examples.append(
             dict(
@@ -1111,7 +1287,9 @@ def main(argv):
     if not args:
         raise ConfigError(f'no config given ({USAGE})')
     path = None if args[0].startswith('--') else args[0]
-    model, train = pretrained.load_config(path, args[1:] if path else args)  # init_from: the model's config.json
+    model, train = pretrained.load_config(
+        path, args[1:] if path else args
+    )  # init_from: the model's config.json
     prediction = predict(model, train)
     print(json.dumps(prediction, indent=2) if as_json else format_report(prediction))
     return 0

@@ -37,7 +37,9 @@ __all__ = ['ModelConfig', 'GPT', 'Block', 'IGNORE_INDEX']
 
 def rope_tables(head_dim, block_size, theta, device=None):
     """cos and sin of shape (block_size, head_dim // 2), in fp32."""
-    inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32, device=device) / head_dim)
+    inv_freq = 1.0 / theta ** (
+        torch.arange(0, head_dim, 2, dtype=torch.float32, device=device) / head_dim
+    )
     angles = torch.outer(torch.arange(block_size, dtype=torch.float32, device=device), inv_freq)
     return angles.cos(), angles.sin()
 
@@ -62,7 +64,9 @@ class Attention(nn.Module):
         self.use_rope = config.family.positions == 'rope'
         width = (self.n_head + 2 * self.n_kv_head) * self.head_dim
         self.qkv_proj = nn.Linear(config.n_embd, width, bias=config.biases)
-        self.o_proj = nn.Linear(self.n_head * self.head_dim, config.n_embd, bias=config.biases)  # residual projection
+        self.o_proj = nn.Linear(
+            self.n_head * self.head_dim, config.n_embd, bias=config.biases
+        )  # residual projection
 
     def forward(self, x, cos, sin):
         B, T, _ = x.shape
@@ -73,7 +77,9 @@ class Attention(nn.Module):
         # SDPA wants (B, heads, T, head_dim); transposes are free views. enable_gqa lets each group of
         # n_head / n_kv_head query heads read one K/V head without a repeat_interleave copy (torch >= 2.5).
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=self.n_kv_head != self.n_head)
+        y = F.scaled_dot_product_attention(
+            q, k, v, is_causal=True, enable_gqa=self.n_kv_head != self.n_head
+        )
         return self.o_proj(y.transpose(1, 2).reshape(B, T, self.n_head * self.head_dim))
 
 
@@ -86,18 +92,26 @@ class GeluMLP(nn.Module):
     def __init__(self, config):
         super().__init__()
         self.up_proj = nn.Linear(config.n_embd, config.ffn_width, bias=config.biases)
-        self.down_proj = nn.Linear(config.ffn_width, config.n_embd, bias=config.biases)  # residual projection
+        self.down_proj = nn.Linear(
+            config.ffn_width, config.n_embd, bias=config.biases
+        )  # residual projection
 
     def forward(self, x):
         return self.down_proj(F.gelu(self.up_proj(x), approximate='tanh'))
 
 
 class SwiGLU(nn.Module):
-    def __init__(self, config, width=None):  # width: an expert's (moe.py); else the config's FFN width
+    def __init__(
+        self, config, width=None
+    ):  # width: an expert's (moe.py); else the config's FFN width
         super().__init__()
         self.width = width or config.ffn_width
-        self.gate_up_proj = nn.Linear(config.n_embd, 2 * self.width, bias=config.biases)  # gate and up, fused
-        self.down_proj = nn.Linear(self.width, config.n_embd, bias=config.biases)  # residual projection
+        self.gate_up_proj = nn.Linear(
+            config.n_embd, 2 * self.width, bias=config.biases
+        )  # gate and up, fused
+        self.down_proj = nn.Linear(
+            self.width, config.n_embd, bias=config.biases
+        )  # residual projection
 
     def forward(self, x):
         gate, up = self.gate_up_proj(x).split(self.width, dim=-1)
@@ -143,7 +157,9 @@ class GPT(nn.Module):
         self.blocks = nn.ModuleList(
             Block(config, i >= config.n_layer - config.moe_layers) for i in range(config.n_layer)
         )
-        self.moe = [block.mlp for block in self.blocks if isinstance(block.mlp, MoE)]  # a plain list: no new names
+        self.moe = [
+            block.mlp for block in self.blocks if isinstance(block.mlp, MoE)
+        ]  # a plain list: no new names
         self.norm_f = make_norm(config)
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
         self.tie_weights()
@@ -181,13 +197,22 @@ class GPT(nn.Module):
                 nn.init.normal_(module.weight, mean=0.0, std=std)
                 if getattr(module, 'bias', None) is not None:
                     nn.init.zeros_(module.bias)
-            elif isinstance(module, (nn.LayerNorm, nn.RMSNorm, MoE)):  # an MoE's: its router bias and load
+            elif isinstance(
+                module, (nn.LayerNorm, nn.RMSNorm, MoE)
+            ):  # an MoE's: its router bias and load
                 module.reset_parameters()
-        for name, param in self.named_parameters():  # each block's o_proj, then its FFN's (an MoE: every expert's)
+        for (
+            name,
+            param,
+        ) in (
+            self.named_parameters()
+        ):  # each block's o_proj, then its FFN's (an MoE: every expert's)
             if name.endswith(('o_proj.weight', 'down_proj.weight')):
                 nn.init.normal_(param, mean=0.0, std=residual_std)
         if not self.learned_positions:
-            cos, sin = rope_tables(c.head_dim, c.block_size, c.rope_theta, device=self.rope_cos.device)
+            cos, sin = rope_tables(
+                c.head_dim, c.block_size, c.rope_theta, device=self.rope_cos.device
+            )
             self.rope_cos.copy_(cos)
             self.rope_sin.copy_(sin)
 
@@ -200,7 +225,9 @@ class GPT(nn.Module):
         # micro-step (3.3 GB at h200_1b3's 16 x 2048 x 50304 in bf16); compiled, the graph need not write them out.
         B, T = idx.shape
         if T > self.config.block_size:
-            raise ValueError(f"sequence length {T} exceeds block_size {self.config.block_size}: crop the input")
+            raise ValueError(
+                f"sequence length {T} exceeds block_size {self.config.block_size}: crop the input"
+            )
         x = self.tok_emb(idx)
         cos = sin = None
         if self.learned_positions:
@@ -219,11 +246,23 @@ class GPT(nn.Module):
         if targets is None:
             return logits, None
         loss = F.cross_entropy(
-            logits.float().view(B * T, -1), targets.reshape(B * T), ignore_index=IGNORE_INDEX, reduction=reduction
+            logits.float().view(B * T, -1),
+            targets.reshape(B * T),
+            ignore_index=IGNORE_INDEX,
+            reduction=reduction,
         )
-        if self.moe and self.moe[0].aux_loss is not None and self.training and torch.is_grad_enabled():
-            balance = sum(layer.aux_loss for layer in self.moe)  # MoE's balance loss, weighed per target as the loss
-            loss = loss + (balance * (targets != IGNORE_INDEX).sum() if reduction == 'sum' else balance)
+        if (
+            self.moe
+            and self.moe[0].aux_loss is not None
+            and self.training
+            and torch.is_grad_enabled()
+        ):
+            balance = sum(
+                layer.aux_loss for layer in self.moe
+            )  # MoE's balance loss, weighed per target as the loss
+            loss = loss + (
+                balance * (targets != IGNORE_INDEX).sum() if reduction == 'sum' else balance
+            )
         return None, loss
 
     @torch.no_grad()

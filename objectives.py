@@ -65,14 +65,22 @@ class Objective:
     name: str = 'clm'
     seed: int = 0
     eot: int = -1  # the end-of-text token (-1: none, so a sequence is one fragment)
-    ids: dict = dataclasses.field(default_factory=dict)  # the special tokens this objective uses, by name
+    ids: dict = dataclasses.field(
+        default_factory=dict
+    )  # the special tokens this objective uses, by name
     fim_rate: float = DEFAULTS['fim_rate']
     fim_spm_rate: float = DEFAULTS['fim_spm_rate']
-    ul2_rates: tuple = (DEFAULTS['ul2_s_rate'], DEFAULTS['ul2_r_rate'], DEFAULTS['ul2_x_rate'])  # S, R, X
+    ul2_rates: tuple = (
+        DEFAULTS['ul2_s_rate'],
+        DEFAULTS['ul2_r_rate'],
+        DEFAULTS['ul2_x_rate'],
+    )  # S, R, X
     record: list = None  # a list: UL2's R and X fragments append (mode, mean, rate, length, span lengths) to it
 
     def __post_init__(self):
-        self.sentinels = np.array([self.ids[name] for name in SENTINELS if name in self.ids], dtype=np.int64)
+        self.sentinels = np.array(
+            [self.ids[name] for name in SENTINELS if name in self.ids], dtype=np.int64
+        )
 
     def __call__(self, sequences, first_index):
         return transform(self, sequences, first_index)
@@ -120,7 +128,15 @@ def build(train, meta):
     if name == 'clm':
         return CLM
     ids = special_ids(meta, train.data, NEEDS[name], f'objective={name!r}') if NEEDS[name] else {}
-    return Objective(name, train.seed, meta['eot_id'] if meta else -1, ids, train.fim_rate, train.fim_spm_rate, rates)
+    return Objective(
+        name,
+        train.seed,
+        meta['eot_id'] if meta else -1,
+        ids,
+        train.fim_rate,
+        train.fim_spm_rate,
+        rates,
+    )
 
 
 # -----------------------------------------------------------------------------------------------------
@@ -133,7 +149,9 @@ def build(train, meta):
 
 def transform(objective, sequences, first_index):
     """(B, T + 1) sequences, the first at global stream index first_index -> (inputs, targets), (B, T) each."""
-    if objective.name == 'clm':  # exactly what train.py has always done, no copy of the tokens beyond it
+    if (
+        objective.name == 'clm'
+    ):  # exactly what train.py has always done, no copy of the tokens beyond it
         return np.ascontiguousarray(sequences[:, :-1]), np.ascontiguousarray(sequences[:, 1:])
     tokens = np.empty_like(sequences)
     carries = np.empty(sequences.shape, dtype=bool)
@@ -141,7 +159,9 @@ def transform(objective, sequences, first_index):
         rng = np.random.default_rng([objective.seed, STREAM, first_index + row])
         tokens[row], carries[row], _ = transform_sequence(objective, sequence, rng)
     # position t predicts token t + 1: the target is IGNORE_INDEX where token t + 1 carries no loss
-    return np.ascontiguousarray(tokens[:, :-1]), np.where(carries[:, 1:], tokens[:, 1:], IGNORE_INDEX)
+    return np.ascontiguousarray(tokens[:, :-1]), np.where(
+        carries[:, 1:], tokens[:, 1:], IGNORE_INDEX
+    )
 
 
 def transform_sequence(objective, sequence, rng):
@@ -163,7 +183,9 @@ def transform_sequence(objective, sequence, rng):
         pieces.append(tokens)
         masks.append(mask)
         room -= len(tokens)
-        if taken < end - start:  # the fragment did not fit whole: the rest of the sequence is left out
+        if (
+            taken < end - start
+        ):  # the fragment did not fit whole: the rest of the sequence is left out
             used = start + taken
             break
     if room:  # only UL2 leaves a gap: end-of-text tokens that carry no loss
@@ -208,7 +230,9 @@ def _fim(objective, fragment, lead, room, rng):
     doc = fragment[lead : room - 3]  # the three sentinels must fit too
     i, j = np.sort(rng.integers(0, len(doc) + 1, size=2))
     prefix, middle, suffix = doc[:i], doc[i:j], doc[j:]
-    if rng.random() < objective.fim_spm_rate:  # SPM, the paper's variant: prefix and middle stay adjacent
+    if (
+        rng.random() < objective.fim_spm_rate
+    ):  # SPM, the paper's variant: prefix and middle stay adjacent
         parts = (fragment[:lead], [pre, suf], suffix, [mid], prefix, middle)
     else:  # PSM
         parts = (fragment[:lead], [pre], prefix, [suf], suffix, [mid], middle)
@@ -228,12 +252,16 @@ def _ul2(objective, fragment, lead, room, rng):
     draw = rng.random()
     mode = 0 if draw < s_rate else 1 if draw < s_rate + r_rate else 2
     head = np.array([*fragment[:lead], objective.ids[UL2_MODES[mode]]], dtype=fragment.dtype)
-    if mode == 0 or room < len(head) + 4:  # S; or too little room for a span, its two sentinels and a kept token
+    if (
+        mode == 0 or room < len(head) + 4
+    ):  # S; or too little room for a span, its two sentinels and a kept token
         return _s_denoiser(objective, fragment, lead, room, rng)
     denoisers = R_DENOISERS if mode == 1 else X_DENOISERS
     mean, rate = denoisers[rng.integers(len(denoisers))]
 
-    def size(length):  # the packed fragment: head, the input with one sentinel per span, then sentinels and spans
+    def size(
+        length,
+    ):  # the packed fragment: head, the input with one sentinel per span, then sentinels and spans
         return len(head) + length + 2 * span_counts(length, mean, rate)[1]
 
     doc, length = fragment[lead:], len(fragment) - lead
@@ -253,7 +281,9 @@ def _ul2(objective, fragment, lead, room, rng):
     runs[1::2] = _composition(masked, spans, rng)
     is_masked = np.repeat(np.tile([False, True], spans), runs)
     span_starts = (np.cumsum(runs) - runs)[1::2]
-    sentinel = objective.sentinels[np.arange(spans) % len(objective.sentinels)]  # reused in order past 16
+    sentinel = objective.sentinels[
+        np.arange(spans) % len(objective.sentinels)
+    ]  # reused in order past 16
     corrupted = doc.copy()
     corrupted[span_starts] = sentinel
     keep = ~is_masked
@@ -262,7 +292,9 @@ def _ul2(objective, fragment, lead, room, rng):
     span_lengths = runs[1::2]
     if objective.record is not None:
         objective.record.append((mode, mean, rate, length, span_lengths))
-    targets = np.insert(doc[is_masked], np.cumsum(span_lengths) - span_lengths, sentinel)  # sentinel, span, ...
+    targets = np.insert(
+        doc[is_masked], np.cumsum(span_lengths) - span_lengths, sentinel
+    )  # sentinel, span, ...
     tokens = np.concatenate((head, inputs, targets)).astype(fragment.dtype, copy=False)
     mask = np.zeros(len(tokens), dtype=bool)
     mask[len(head) + len(inputs) :] = True
@@ -309,12 +341,19 @@ def describe(objective, stream, count=64):
     settings = []
     for mode, denoisers in ((1, R_DENOISERS), (2, X_DENOISERS)):
         for mean, rate in denoisers:
-            got = [(length, spans) for m, mu, r, length, spans in seen if (m, mu, r) == (mode, mean, rate)]
+            got = [
+                (length, spans)
+                for m, mu, r, length, spans in seen
+                if (m, mu, r) == (mode, mean, rate)
+            ]
             if got:
                 spans = np.concatenate([s for _, s in got])
                 masked = spans.sum() / sum(length for length, _ in got)
-                settings.append(f"{'RX'[mode - 1]} (span {mean}, {rate:.0%}): {spans.mean():.1f}, {masked:.0%} masked")
+                settings.append(
+                    f"{'RX'[mode - 1]} (span {mean}, {rate:.0%}): {spans.mean():.1f}, {masked:.0%} masked"
+                )
     block = stream.batch(0, 1).shape[1] - 1
-    return f"ul2 at block_size {block}: mean span length and share masked as drawn on the first {count} sequences: " + (
-        '; '.join(settings) or 'no R or X fragment drawn'
+    return (
+        f"ul2 at block_size {block}: mean span length and share masked as drawn on the first {count} sequences: "
+        + ('; '.join(settings) or 'no R or X fragment drawn')
     )

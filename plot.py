@@ -41,7 +41,7 @@ FIGURE_INCHES, DPI = (10, 6), 100  # 1000 x 600 pixels
 FEW = 50  # logged steps below which each is marked with a dot
 MIXTURE_MARKERS = 'v^<>dpPX'  # one per source of a mixture, on a dotted line
 STEEP_START = 0.05  # the y-axis starts above the smoothed loss at 5% of a long run's tokens (below)
-# the scores train.py logs, under these names, with what each is (eval.py: ARC's figure is acc_norm, MMLU's acc)
+# the scores train.py logs, under these names, with what each is (evals.py: ARC's figure is acc_norm, MMLU's acc)
 SCORES = {
     'hellaswag': 'HellaSwag',
     'arc_easy': 'ARC-Easy acc_norm',
@@ -75,11 +75,19 @@ def read_run(run_dir):
     for entry in entries:
         if entry.get('event') == 'rollback':
             rollbacks.append(entry)
-            since = entry['to_step'] + 1  # the steps after the checkpoint it went back to are run again
+            since = (
+                entry['to_step'] + 1
+            )  # the steps after the checkpoint it went back to are run again
         elif 'loss' in entry:
-            since = entry['step']  # a step logged again (after a rollback or a resume) replaces what followed it
+            since = entry[
+                'step'
+            ]  # a step logged again (after a rollback or a resume) replaces what followed it
         else:
-            if 'val_loss' in entry or 'val_sources' in entry or any(name in entry for name in SCORES):
+            if (
+                'val_loss' in entry
+                or 'val_sources' in entry
+                or any(name in entry for name in SCORES)
+            ):
                 evals.append(entry)
             continue
         train = {step: e for step, e in train.items() if step < since}
@@ -91,8 +99,12 @@ def read_run(run_dir):
     steps = np.array(sorted(train), dtype=float)
     tokens = np.array([train[s]['tokens'] for s in sorted(train)], dtype=float)
 
-    def tokens_at(chosen):  # eval and rollback entries name a step; its tokens come from the log steps around it
-        return np.array([e['tokens'] if 'tokens' in e else np.interp(e['step'], steps, tokens) for e in chosen])
+    def tokens_at(
+        chosen,
+    ):  # eval and rollback entries name a step; its tokens come from the log steps around it
+        return np.array(
+            [e['tokens'] if 'tokens' in e else np.interp(e['step'], steps, tokens) for e in chosen]
+        )
 
     val = [e for e in evals if 'val_loss' in e]
     mixed = [e for e in evals if 'val_sources' in e]  # a mixture's evals: each source's val loss
@@ -116,7 +128,10 @@ def read_run(run_dir):
         'scores': {name: values for name, values in scores.items() if len(values[0])},
         'chinchilla': chinchilla_tokens(run_dir),
         'sources': {
-            name: (tokens_at(mixed), np.array([e['val_sources'].get(name, {}).get('loss', np.nan) for e in mixed]))
+            name: (
+                tokens_at(mixed),
+                np.array([e['val_sources'].get(name, {}).get('loss', np.nan) for e in mixed]),
+            )
             for name in names
         },
     }
@@ -138,7 +153,9 @@ def smooth(values):
     are averaged over fewer neighbours."""
     n = len(values)
     i = np.arange(n)
-    half = np.minimum(max(2, int(SMOOTHING * n / 2)), np.minimum(i, n - 1 - i))  # points on each side of i
+    half = np.minimum(
+        max(2, int(SMOOTHING * n / 2)), np.minimum(i, n - 1 - i)
+    )  # points on each side of i
     sums = np.concatenate([[0.0], np.cumsum(values)])  # sums[j] = values[0] + ... + values[j - 1]
     return (sums[i + half + 1] - sums[i - half]) / (2 * half + 1)
 
@@ -179,11 +196,24 @@ def figure(run_dirs):
             marker='.' if len(tokens) < FEW else None,
             label=f'{name} train (moving average)',
         )  # a short run's few points, one of them alone, show
-        ax.plot(*run['val'], color=color, linestyle='--', marker='o', markersize=4, label=f'{name} val')
-        for k, (source, curve) in enumerate(run['sources'].items()):  # a mixture: each source's val loss
+        ax.plot(
+            *run['val'], color=color, linestyle='--', marker='o', markersize=4, label=f'{name} val'
+        )
+        for k, (source, curve) in enumerate(
+            run['sources'].items()
+        ):  # a mixture: each source's val loss
             marker = MIXTURE_MARKERS[k % len(MIXTURE_MARKERS)]
-            ax.plot(*curve, color=color, linestyle=':', marker=marker, markersize=4, label=f'{name} val {source}')
-        for k, x in enumerate(run['rollbacks'][0]):  # a line, not a point: a spike's loss may be off the axis, or NaN
+            ax.plot(
+                *curve,
+                color=color,
+                linestyle=':',
+                marker=marker,
+                markersize=4,
+                label=f'{name} val {source}',
+            )
+        for k, x in enumerate(
+            run['rollbacks'][0]
+        ):  # a line, not a point: a spike's loss may be off the axis, or NaN
             ax.axvline(
                 x,
                 color=color,
@@ -201,7 +231,9 @@ def figure(run_dirs):
                 linewidth=1.5,
                 label=f'{name} 20 x P = {ledger_report.si(chinchilla)} tokens (Chinchilla)',
             )
-        elif chinchilla:  # a legend entry without a line: the point is named, the axis not stretched to it
+        elif (
+            chinchilla
+        ):  # a legend entry without a line: the point is named, the axis not stretched to it
             ax.plot(
                 [],
                 [],
@@ -233,7 +265,9 @@ def figure(run_dirs):
         scores.axhline(25, color='gray', linewidth=0.8, linestyle=':', label=chance)
         more_handles, more_labels = scores.get_legend_handles_labels()
         handles, labels = handles + more_handles, labels + more_labels
-    fig.legend(handles, labels, loc='outside lower center', ncols=2, fontsize='small', frameon=False)
+    fig.legend(
+        handles, labels, loc='outside lower center', ncols=2, fontsize='small', frameon=False
+    )
     ax.set_title(f"loss of {', '.join(run['name'] for run in runs)}")
     return fig
 
@@ -247,7 +281,10 @@ def loss_axis(ax, runs):
 
     long_runs = [run['train'] for run in runs if len(run['train'][0]) >= 100]
     if long_runs:
-        top = max(smooth(losses)[np.searchsorted(tokens, STEEP_START * tokens[-1])] for tokens, losses in long_runs)
+        top = max(
+            smooth(losses)[np.searchsorted(tokens, STEEP_START * tokens[-1])]
+            for tokens, losses in long_runs
+        )
         bottom = min(np.min(run['train'][1]) for run in runs)
         ax.set_ylim(bottom - 0.05 * (top - bottom), top + 0.05 * (top - bottom))
     ax.set_xlabel('tokens seen')
@@ -300,8 +337,21 @@ def branch_figure(main_dir):
     ax = fig.add_subplot()
     tokens, losses = main['train']
     ax.plot(tokens, losses, color='C0', alpha=0.3, linewidth=0.8)
-    ax.plot(tokens, smooth(losses), color='C0', linewidth=2, label=f"{main['name']} (wsd) train (moving average)")
-    ax.plot(*main['val'], color='C0', linestyle='--', marker='o', markersize=4, label=f"{main['name']} val")
+    ax.plot(
+        tokens,
+        smooth(losses),
+        color='C0',
+        linewidth=2,
+        label=f"{main['name']} (wsd) train (moving average)",
+    )
+    ax.plot(
+        *main['val'],
+        color='C0',
+        linestyle='--',
+        marker='o',
+        markersize=4,
+        label=f"{main['name']} val",
+    )
     mark_final(ax, main, 'C0', '*', 'wsd')
     for i, run in enumerate(branches + cosines, 1):
         kind = 'cooldown' if i <= len(branches) else 'cosine'
@@ -340,26 +390,36 @@ def branch_figure(main_dir):
     for axes in fig.axes:
         more_handles, more_labels = axes.get_legend_handles_labels()
         handles, labels = handles + more_handles, labels + more_labels
-    fig.legend(handles, labels, loc='outside lower center', ncols=2, fontsize='small', frameon=False)
+    fig.legend(
+        handles, labels, loc='outside lower center', ncols=2, fontsize='small', frameon=False
+    )
     ax.set_title(f"over-training {main['name']}: cooldown branches and cosine runs")
     return fig
 
 
 # -----------------------------------------------------------------------------------------------------
-# Mixture of experts: the experts' load (train.py records it at log steps: live.router_stats).
+# Mixture of experts: the experts' load (train.py records it at log steps: live_ledger.router_stats).
 
 
 def read_load(run_dir):
     """-> (tokens (steps,), load CV (steps, MoE layers), the last logged load shares (MoE layers, n_experts)) from
     metrics.jsonl's 'expert_load' entries, or None when the run has none (a dense model)."""
     with open(os.path.join(run_dir, 'metrics.jsonl')) as f:
-        entries = [json.loads(line) for line in f if '"expert_load"' in line and line.endswith('\n')]
+        entries = [
+            json.loads(line) for line in f if '"expert_load"' in line and line.endswith('\n')
+        ]
     if not entries:
         return None
-    by_step = {e['step']: e for e in entries}  # a step logged again after a rollback or resume replaces the first
+    by_step = {
+        e['step']: e for e in entries
+    }  # a step logged again after a rollback or resume replaces the first
     steps = sorted(by_step)
     cv = np.array([by_step[s]['expert_load_cv'] for s in steps])
-    return np.array([by_step[s]['tokens'] for s in steps], dtype=float), cv, np.array(by_step[steps[-1]]['expert_load'])
+    return (
+        np.array([by_step[s]['tokens'] for s in steps], dtype=float),
+        cv,
+        np.array(by_step[steps[-1]]['expert_load']),
+    )
 
 
 def load_figure(run_dir):
@@ -369,7 +429,12 @@ def load_figure(run_dir):
     fig = blank_figure()
     ax, grid = fig.subplots(1, 2, width_ratios=(3, 2))
     for layer in range(cv.shape[1]):
-        ax.plot(tokens, cv[:, layer], marker='.' if len(tokens) < FEW else None, label=f'MoE layer {layer + 1}')
+        ax.plot(
+            tokens,
+            cv[:, layer],
+            marker='.' if len(tokens) < FEW else None,
+            label=f'MoE layer {layer + 1}',
+        )
     ax.set_xlabel('tokens seen')
     ax.set_ylabel('load CV (std / mean of tokens per expert)')
     ax.xaxis.set_major_formatter(lambda x, _: ledger_report.si(x))
@@ -392,7 +457,9 @@ def draw(run_dirs, out, branches=False):
     return out
 
 
-NOT_DRAWN = set()  # the reasons already said, so that a run evaluated every few minutes says each one once
+NOT_DRAWN = (
+    set()
+)  # the reasons already said, so that a run evaluated every few minutes says each one once
 
 
 def draw_run(out_dir):
@@ -414,8 +481,12 @@ def draw_run(out_dir):
 
 @cli
 def main(argv):
-    parser = argparse.ArgumentParser(description=__doc__.split('\n')[1], formatter_class=argparse.RawTextHelpFormatter)
-    parser.add_argument('run_dirs', nargs='+', metavar='RUN_DIR', help="a train.py out_dir (several: overlaid)")
+    parser = argparse.ArgumentParser(
+        description=__doc__.split('\n')[1], formatter_class=argparse.RawTextHelpFormatter
+    )
+    parser.add_argument(
+        'run_dirs', nargs='+', metavar='RUN_DIR', help="a train.py out_dir (several: overlaid)"
+    )
     parser.add_argument(
         '--out',
         help='the PNG to write (default: RUN_DIR/loss.png for one run, loss.png for several, '
@@ -429,7 +500,9 @@ def main(argv):
     )
     args = parser.parse_args(argv)
     if args.branches and len(args.run_dirs) > 1:
-        raise ConfigError(f"--branches draws one run with its branches, not {len(args.run_dirs)} runs")
+        raise ConfigError(
+            f"--branches draws one run with its branches, not {len(args.run_dirs)} runs"
+        )
     name = 'branches.png' if args.branches else 'loss.png'
     out = args.out or (os.path.join(args.run_dirs[0], name) if len(args.run_dirs) == 1 else name)
     print(draw(args.run_dirs, out, args.branches))

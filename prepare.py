@@ -102,7 +102,9 @@ def parse_tokenizer(name):
     if is_model(name):
         from tokenizers import Tokenizer
 
-        return Tokenizer.from_str(model_tokenizer(name)[1].decode()).get_vocab_size(with_added_tokens=True)
+        return Tokenizer.from_str(model_tokenizer(name)[1].decode()).get_vocab_size(
+            with_added_tokens=True
+        )
     raise DataError(
         f"unknown tokenizer '{name}': use gpt2, neox, bpe:V with V > 256 (e.g. bpe:8192), or a model's: a "
         f"Hugging Face model folder or Hub repo id"
@@ -115,12 +117,17 @@ def make_tokenizer(out_dir, tokenizer, bpe_texts, network=None, special=True):
     made with) and made again if not. GPT-2's comes from tiktoken, NeoX's from the Hub (through `network`); bpe:V is
     trained on bpe_texts(), called only then (it may download)."""
     path = os.path.join(out_dir, 'tokenizer.json')
-    special = special and not is_model(tokenizer)  # a model's tokenizer: its ids exactly, no reserved ones
+    special = special and not is_model(
+        tokenizer
+    )  # a model's tokenizer: its ids exactly, no reserved ones
     if os.path.exists(path):
         try:
             with open(path, 'rb') as f:
                 spec = json.loads(f.read())
-            name, has_special = spec.get('name'), any(n in spec.get('special_tokens', ()) for n in SPECIAL_TOKENS)
+            name, has_special = (
+                spec.get('name'),
+                any(n in spec.get('special_tokens', ()) for n in SPECIAL_TOKENS),
+            )
         except (ValueError, AttributeError):
             name, has_special = 'a damaged file', special
         if name == tokenizer and has_special == special:
@@ -152,7 +159,14 @@ def make_gpt2_tokenizer(data_dir, special=True):
             f"internet so tiktoken caches them, or use our own BPE with --tokenizer bpe:8192"
         ) from None
     eot_id = spec['special_tokens'][EOT]
-    save_tokenizer(data_dir, 'gpt2', spec['pat_str'], spec['mergeable_ranks'], eot_id, reserve(eot_id + 1, special))
+    save_tokenizer(
+        data_dir,
+        'gpt2',
+        spec['pat_str'],
+        spec['mergeable_ranks'],
+        eot_id,
+        reserve(eot_id + 1, special),
+    )
 
 
 def train_bpe_tokenizer(data_dir, vocab_size, texts, special=True):
@@ -185,7 +199,12 @@ def train_bpe_tokenizer(data_dir, vocab_size, texts, special=True):
             f"--bpe-sample-chars)"
         )
     save_tokenizer(
-        data_dir, f'bpe:{vocab_size}', tokenizer.get_pattern(), ranks, vocab_size - 1, reserve(len(ranks), special)
+        data_dir,
+        f'bpe:{vocab_size}',
+        tokenizer.get_pattern(),
+        ranks,
+        vocab_size - 1,
+        reserve(len(ranks), special),
     )
 
 
@@ -208,7 +227,9 @@ def make_neox_tokenizer(out_dir, network=None, special=True):
     sha, files = hub.files(NEOX_REPO, 'main', '', 'tokenizer.json', kind='models')
     listed = next((f for f in files if f['path'] == 'tokenizer.json'), None)
     if listed is None:
-        raise DataError(f"{NEOX_REPO} has no tokenizer.json at {sha}: check --endpoint or HF_ENDPOINT")
+        raise DataError(
+            f"{NEOX_REPO} has no tokenizer.json at {sha}: check --endpoint or HF_ENDPOINT"
+        )
     os.makedirs(os.path.join(out_dir, 'downloads'), exist_ok=True)
     path = download(
         hub,
@@ -251,7 +272,9 @@ def model_tokenizer(name, network=None):
     folder = pretrained.folder(name, network, weights=False)
     path = os.path.join(folder, 'tokenizer.json')
     if not os.path.isfile(path):
-        raise DataError(f"{folder} has no tokenizer.json (a fast tokenizer): --tokenizer {name} needs one")
+        raise DataError(
+            f"{folder} has no tokenizer.json (a fast tokenizer): --tokenizer {name} needs one"
+        )
     with open(path, 'rb') as f:
         return folder, f.read()
 
@@ -268,7 +291,9 @@ def document_start(tokenizer, folder):
     eos = pretrained.read_json(path).get('eos_token') if os.path.isfile(path) else None
     eos = eos.get('content') if isinstance(eos, dict) else eos or EOT
     if tokenizer.token_to_id(eos) is None:
-        raise DataError(f"{folder}: its tokenizer adds no BOS and has no eos_token {eos!r} to start documents with")
+        raise DataError(
+            f"{folder}: its tokenizer adds no BOS and has no eos_token {eos!r} to start documents with"
+        )
     return eos
 
 
@@ -321,8 +346,12 @@ def worker_pool(workers, data_dir):
 
 def init_worker(data_dir):
     global _worker_encoding, _worker_dtype
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole process group: the main process
-    _worker_encoding = load_tokenizer(data_dir)  # answers it (and stops the pool), not a traceback per worker
+    signal.signal(
+        signal.SIGINT, signal.SIG_IGN
+    )  # Ctrl-C reaches the whole process group: the main process
+    _worker_encoding = load_tokenizer(
+        data_dir
+    )  # answers it (and stops the pool), not a traceback per worker
     _worker_dtype = token_dtype(_worker_encoding.n_vocab)
 
 
@@ -352,7 +381,9 @@ def tokenize_batch(batch):
         # encode_to_numpy skips building a Python list of ints; with no special tokens allowed or disallowed it
         # is encode_ordinary: '<|endoftext|>' written in a document stays plain text
         ids = _worker_encoding.encode_to_numpy(text, disallowed_special=())
-        if end + 1 + len(ids) > len(tokens):  # only if normalizing lengthened the text (NFC can, rarely: neox)
+        if end + 1 + len(ids) > len(
+            tokens
+        ):  # only if normalizing lengthened the text (NFC can, rarely: neox)
             tokens = np.resize(tokens, 2 * (end + 1 + len(ids)))
         tokens[end] = _worker_encoding.eot_token
         tokens[end + 1 : end + 1 + len(ids)] = ids
@@ -362,7 +393,9 @@ def tokenize_batch(batch):
 
 
 def default_workers():
-    return max(1, len(os.sched_getaffinity(0)) if hasattr(os, 'sched_getaffinity') else os.cpu_count() or 1)
+    return max(
+        1, len(os.sched_getaffinity(0)) if hasattr(os, 'sched_getaffinity') else os.cpu_count() or 1
+    )
 
 
 # -----------------------------------------------------------------------------------------------------
@@ -393,9 +426,13 @@ def remove_shards(out_dir, prefix, keep=()):
 
 def finish_meta(out_dir, meta):
     """meta.json is written last: its presence says the folder is complete."""
-    meta['bytes_per_token'] = round(meta['text_bytes'] / max(1, meta['train_tokens'] + meta['val_tokens']), 3)
+    meta['bytes_per_token'] = round(
+        meta['text_bytes'] / max(1, meta['train_tokens'] + meta['val_tokens']), 3
+    )
     save_json(os.path.join(out_dir, 'meta.json'), meta)
-    shard_bytes = sum(os.path.getsize(p) for split in ('val', 'train') for p in list_shards(out_dir, split))
+    shard_bytes = sum(
+        os.path.getsize(p) for split in ('val', 'train') for p in list_shards(out_dir, split)
+    )
     say(
         f"done: {out_dir}: {meta['documents']:,} documents, {meta['train_tokens']:,} train + "
         f"{meta['val_tokens']:,} val tokens in {meta['train_shards']} + {meta['val_shards']} shards "
@@ -413,7 +450,9 @@ def request_change(old, new):
     """The settings of `new` that differ from `old`, as a phrase: "tokenizer='gpt2' (this run: 'bpe:400')"."""
     old = dict(REQUEST_BEFORE, **old)
     return ', '.join(
-        f"{key}={old.get(key)!r} (this run: {value!r})" for key, value in new.items() if old.get(key) != value
+        f"{key}={old.get(key)!r} (this run: {value!r})"
+        for key, value in new.items()
+        if old.get(key) != value
     )
 
 
@@ -448,7 +487,9 @@ def complete_meta(out_dir, request, carry_on_keys=()):
             f"{meta['tokenizer']}); delete the folder to rebuild it"
         )
         return meta
-    change = request_change(meta['request'], {k: v for k, v in request.items() if k not in carry_on_keys})
+    change = request_change(
+        meta['request'], {k: v for k, v in request.items() if k not in carry_on_keys}
+    )
     if change:
         raise DataError(
             f"{out_dir} already holds a dataset made with other settings: {change}: delete it or choose another --out"
@@ -469,7 +510,9 @@ def start_progress(out_dir, request):
                 state = json.loads(f.read())
             change = request_change(state['request'], request)
         except (ValueError, KeyError, TypeError, AttributeError):
-            raise DataError(f"{path} is damaged: delete it to start the folder over, and rerun") from None
+            raise DataError(
+                f"{path} is damaged: delete it to start the folder over, and rerun"
+            ) from None
         if not change:
             return state
         if state.get('shards'):
@@ -477,7 +520,9 @@ def start_progress(out_dir, request):
                 f"{out_dir} holds an unfinished dataset made with other settings: {change}: rerun "
                 f"with its settings to finish it, or delete the folder or choose another --out"
             )
-        say(f"{out_dir}: starting over (a run with other settings, {change}, stopped before its first shard)")
+        say(
+            f"{out_dir}: starting over (a run with other settings, {change}, stopped before its first shard)"
+        )
         for name in ('tokenizer.json', 'files.json'):
             remove_quietly(os.path.join(out_dir, name))
     state = {
@@ -509,7 +554,11 @@ def pystdlib_files(max_files=0):
     (used by the tests). Files that are not valid UTF-8 (a few deliberate test cases) are skipped."""
     root = sysconfig.get_paths()['stdlib']
     paths = sorted(glob.glob(os.path.join(glob.escape(root), '**', '*.py'), recursive=True))
-    paths = [p for p in paths if not {'site-packages', 'dist-packages'} & set(os.path.relpath(p, root).split(os.sep))]
+    paths = [
+        p
+        for p in paths
+        if not {'site-packages', 'dist-packages'} & set(os.path.relpath(p, root).split(os.sep))
+    ]
     if max_files and len(paths) > max_files:
         paths = [paths[i * len(paths) // max_files] for i in range(max_files)]
     files = []
@@ -530,7 +579,9 @@ def pystdlib_files(max_files=0):
 
 def tokenize_all(out_dir, texts, workers, batch_docs=64):
     """Tokenize a list of documents with the pool; returns (tokens, text bytes)."""
-    batches = [(0, i, *pack_texts(texts[i : i + batch_docs])) for i in range(0, len(texts), batch_docs)]
+    batches = [
+        (0, i, *pack_texts(texts[i : i + batch_docs])) for i in range(0, len(texts), batch_docs)
+    ]
     with worker_pool(workers, out_dir) as pool:
         results = pool.map(tokenize_batch, batches)
     tokens = np.concatenate([r[2] for r in results]) if results else np.zeros(0, np.uint16)
@@ -538,7 +589,12 @@ def tokenize_all(out_dir, texts, workers, batch_docs=64):
 
 
 def prepare_pystdlib(
-    out_dir='data/pystdlib', tokenizer='bpe:8192', workers=0, shard_tokens=100_000_000, max_files=0, special=True
+    out_dir='data/pystdlib',
+    tokenizer='bpe:8192',
+    workers=0,
+    shard_tokens=100_000_000,
+    max_files=0,
+    special=True,
 ):
     """Build (or find complete) the pystdlib data folder; returns its meta dict."""
     request = {
@@ -557,11 +613,17 @@ def prepare_pystdlib(
         started = time.time()
         files = pystdlib_files(max_files)
         split_of = {
-            path: 'val' if zlib.crc32(path.encode()) % 100 < PYSTDLIB_VAL_PERCENT else 'train' for path, _ in files
+            path: 'val' if zlib.crc32(path.encode()) % 100 < PYSTDLIB_VAL_PERCENT else 'train'
+            for path, _ in files
         }
-        texts = {split: [text for path, text in files if split_of[path] == split] for split in ('val', 'train')}
+        texts = {
+            split: [text for path, text in files if split_of[path] == split]
+            for split in ('val', 'train')
+        }
         if not texts['val'] or not texts['train']:
-            raise DataError(f"{len(files)} stdlib files leave one split empty: use more files (--max-files)")
+            raise DataError(
+                f"{len(files)} stdlib files leave one split empty: use more files (--max-files)"
+            )
         say(
             f"pystdlib: {len(texts['train'])} train + {len(texts['val'])} val files from "
             f"{sysconfig.get_paths()['stdlib']} (Python {sys.version.split()[0]})"
@@ -620,19 +682,28 @@ def parquet_batches(path, start_row=0, batch_docs=1024, column='text'):
         parquet = pq.ParquetFile(path)
         schema = parquet.schema_arrow
         if column not in schema.names:
-            raise DataError(f"{path}: no '{column}' column (it has {', '.join(schema.names)}): name it with --column")
+            raise DataError(
+                f"{path}: no '{column}' column (it has {', '.join(schema.names)}): name it with --column"
+            )
         kind = schema.field(column).type
         if not any(
-            getattr(pa.types, f'is_{t}', lambda _: False)(kind) for t in ('string', 'large_string', 'string_view')
+            getattr(pa.types, f'is_{t}', lambda _: False)(kind)
+            for t in ('string', 'large_string', 'string_view')
         ):
-            raise DataError(f"{path}: the '{column}' column holds {schema.field(column).type}, not text: --column")
+            raise DataError(
+                f"{path}: the '{column}' column holds {schema.field(column).type}, not text: --column"
+            )
         first_group, row = 0, 0  # the first row group to read, and its first row
-        group_rows = [parquet.metadata.row_group(group).num_rows for group in range(parquet.num_row_groups)]
+        group_rows = [
+            parquet.metadata.row_group(group).num_rows for group in range(parquet.num_row_groups)
+        ]
         while first_group < len(group_rows) and row + group_rows[first_group] <= start_row:
             row += group_rows[first_group]
             first_group += 1
         groups = range(first_group, len(group_rows))
-        for batch in parquet.iter_batches(batch_docs, row_groups=groups, columns=[column], use_threads=False):
+        for batch in parquet.iter_batches(
+            batch_docs, row_groups=groups, columns=[column], use_threads=False
+        ):
             column = batch.column(0)
             if row + len(column) <= start_row:  # the first row group's rows before start_row
                 row += len(column)
@@ -644,7 +715,9 @@ def parquet_batches(path, start_row=0, batch_docs=1024, column='text'):
             if column.null_count:
                 column = column.fill_null('')
             _, offsets, data = column.buffers()
-            offsets = np.frombuffer(offsets, dtype=np.int32 if column.type == pa.string() else np.int64)
+            offsets = np.frombuffer(
+                offsets, dtype=np.int32 if column.type == pa.string() else np.int64
+            )
             offsets = offsets[column.offset : column.offset + len(column) + 1].astype(np.int64)
             if len(column):
                 yield row, memoryview(data if data is not None else b''), offsets
@@ -689,14 +762,18 @@ def read_documents(path, start_row=0, column='text'):
                     except (ValueError, KeyError, TypeError):
                         text = None
                     if not isinstance(text, str):
-                        raise DataError(f"{path}:{line_number}: not a JSON object with a \"text\" string")
+                        raise DataError(
+                            f"{path}:{line_number}: not a JSON object with a \"text\" string"
+                        )
                     yield row, text
                 row += 1
     elif start_row == 0:
         with open(path, 'rb') as f:
             raw = f.read()
         if 0 in raw:  # text has no NUL bytes; executables, images and archives are full of them
-            raise DataError(f"{path}: a binary file (NUL bytes at byte {raw.index(0):,}), not text: leave it out")
+            raise DataError(
+                f"{path}: a binary file (NUL bytes at byte {raw.index(0):,}), not text: leave it out"
+            )
         try:
             text = raw.decode('utf-8')
         except UnicodeDecodeError as e:
@@ -753,7 +830,9 @@ def bpe_sample(documents, val_tokens, sample_chars, tokens=0):
     first = next(texts, None)
     if first is None:
         if not seen:
-            raise DataError("there is no text in the input (every document is empty): give files with text")
+            raise DataError(
+                "there is no text in the input (every document is empty): give files with text"
+            )
         raise DataError(
             f"no text left for the BPE to learn from: the text has {seen:,} characters and the first "
             f"{skip:,} are held out for the {val_tokens:,}-token val shard (8 per token): lower "
@@ -789,12 +868,16 @@ def tokenize_stream(
         return val_tokens + index * shard_tokens
 
     shard = state['shards']
-    stream_offset = shard_end(shard - 1) if shard else 0  # stream offset of the first buffered token
+    stream_offset = (
+        shard_end(shard - 1) if shard else 0
+    )  # stream offset of the first buffered token
     if stream_offset >= target:
         stream_offset, shard = 0, 0  # a smaller --tokens than a finished run's: start over
         state.update(shards=0, file=0, row=0, skip=0, documents=0, text_bytes=0, max_token_id=-1)
     written = [shard_path(out_dir, prefix, 'val' if i == 0 else 'train', i) for i in range(shard)]
-    if 'max_token_id' not in state:  # progress.json of an older prepare.py: read the finished shards once
+    if (
+        'max_token_id' not in state
+    ):  # progress.json of an older prepare.py: read the finished shards once
         state['max_token_id'] = max([int(open_shard(p).max()) for p in written], default=-1)
     if shard:
         say(f"{prefix}: carrying on after {shard} complete shards ({stream_offset:,} tokens)")
@@ -829,24 +912,38 @@ def tokenize_stream(
         Progress(prefix, max_tokens or None, initial=stream_offset) as progress,
     ):
         try:
-            for file_index, first_row, tokens, doc_tokens, doc_bytes in pool.imap(tokenize_batch, feed()):
+            for file_index, first_row, tokens, doc_tokens, doc_bytes in pool.imap(
+                tokenize_batch, feed()
+            ):
                 counted = np.ones(len(doc_tokens), dtype=np.int64)
                 if skip:  # the first document was partly written before the stop: drop those tokens
-                    tokens, doc_tokens[0], counted[0], doc_bytes[0], skip = tokens[skip:], doc_tokens[0] - skip, 0, 0, 0
-                doc_starts = stream_offset + buffered + np.concatenate([[0], np.cumsum(doc_tokens)[:-1]])
+                    tokens, doc_tokens[0], counted[0], doc_bytes[0], skip = (
+                        tokens[skip:],
+                        doc_tokens[0] - skip,
+                        0,
+                        0,
+                        0,
+                    )
+                doc_starts = (
+                    stream_offset + buffered + np.concatenate([[0], np.cumsum(doc_tokens)[:-1]])
+                )
                 buffer.append(tokens)
                 buffered += len(tokens)
                 progress.update(min(len(tokens), target - progress.n))
                 while stream_offset + buffered >= min(shard_end(shard), target):
                     end = min(shard_end(shard), target)
                     data = np.concatenate(buffer)
-                    written.append(shard_path(out_dir, prefix, 'val' if shard == 0 else 'train', shard))
+                    written.append(
+                        shard_path(out_dir, prefix, 'val' if shard == 0 else 'train', shard)
+                    )
                     largest = max(largest, write_shard(written[-1], data[: end - stream_offset]))
                     buffer, buffered = [data[end - stream_offset :]], stream_offset + buffered - end
                     stream_offset, shard = end, shard + 1
                     # the document holding stream token `end`, and how many of its tokens are written
                     inside = np.searchsorted(doc_starts, end, side='right') - 1
-                    before = np.searchsorted(doc_starts, end, side='left')  # documents that began before `end`
+                    before = np.searchsorted(
+                        doc_starts, end, side='left'
+                    )  # documents that began before `end`
                     if end == shard_end(shard - 1):
                         state.update(
                             shards=shard,
@@ -911,7 +1008,10 @@ def tokenize_stream(
 # files.
 
 FINEWEB_EDU = 'HuggingFaceFW/fineweb-edu'
-PARQUET_BYTES_PER_TOKEN = (3, 4)  # FineWeb-Edu parquet per GPT-2 token, low and high: the book's ~3-4 (ledger.py's)
+PARQUET_BYTES_PER_TOKEN = (
+    3,
+    4,
+)  # FineWeb-Edu parquet per GPT-2 token, low and high: the book's ~3-4 (ledger.py's)
 
 
 def default_val_tokens(shard_tokens, expected_tokens):
@@ -921,7 +1021,9 @@ def default_val_tokens(shard_tokens, expected_tokens):
     return max(1, min(shard_tokens, expected_tokens // 10)) if expected_tokens else shard_tokens
 
 
-def disk_plan(out_dir, files, paths, tokens, shard_tokens, vocab_size, keep_downloads, prefix='fineweb_edu'):
+def disk_plan(
+    out_dir, files, paths, tokens, shard_tokens, vocab_size, keep_downloads, prefix='fineweb_edu'
+):
     """Print what the run will download and write, and refuse with one line if the free space cannot hold it. With
     --tokens the files read are those whose sizes add up to 3-4 bytes per token (all of them without); the shards
     are counted whole (--tokens, or the listing at 3 bytes per token); the parquet as what is on disk at once: all
@@ -932,7 +1034,11 @@ def disk_plan(out_dir, files, paths, tokens, shard_tokens, vocab_size, keep_down
     def files_for(bytes_per_token):
         return (
             next(
-                (i + 1 for i, total in enumerate(itertools.accumulate(sizes)) if total >= tokens * bytes_per_token),
+                (
+                    i + 1
+                    for i, total in enumerate(itertools.accumulate(sizes))
+                    if total >= tokens * bytes_per_token
+                ),
                 len(files),
             )
             if tokens
@@ -942,17 +1048,27 @@ def disk_plan(out_dir, files, paths, tokens, shard_tokens, vocab_size, keep_down
     low, high = (files_for(b) for b in PARQUET_BYTES_PER_TOKEN)
     here = sum(size_of(p) + size_of(p + '.partial') for p in paths)
     planned_tokens = tokens or sum(sizes) // PARQUET_BYTES_PER_TOKEN[0]
-    shard_bytes = planned_tokens * ledger.token_bytes(vocab_size) + HEADER_BYTES * (planned_tokens // shard_tokens + 2)
-    shards_here = sum(size_of(p) for p in glob.glob(os.path.join(glob.escape(out_dir), f'{prefix}_*.bin')))
+    shard_bytes = planned_tokens * ledger.token_bytes(vocab_size) + HEADER_BYTES * (
+        planned_tokens // shard_tokens + 2
+    )
+    shards_here = sum(
+        size_of(p) for p in glob.glob(os.path.join(glob.escape(out_dir), f'{prefix}_*.bin'))
+    )
     at_once = (
         sum(sizes[:high])
         if keep_downloads
-        else min(sum(sizes[:high]), shard_tokens * PARQUET_BYTES_PER_TOKEN[1] + 2 * max(sizes[:high]))
+        else min(
+            sum(sizes[:high]), shard_tokens * PARQUET_BYTES_PER_TOKEN[1] + 2 * max(sizes[:high])
+        )
     )
     more = max(0, shard_bytes - shards_here) + max(0, at_once - here)
     free = free_bytes(out_dir)
     to_fetch = [human_bytes(max(0, sum(sizes[:n]) - here)) for n in sorted({low, high})]
-    kept = 'kept (--keep-downloads)' if keep_downloads else 'each deleted once tokenized (--keep-downloads keeps them)'
+    kept = (
+        'kept (--keep-downloads)'
+        if keep_downloads
+        else 'each deleted once tokenized (--keep-downloads keeps them)'
+    )
     say(
         f"plan: {' to '.join(map(str, sorted({low, high})))} of {len(files)} parquet files, {' to '.join(to_fetch)} to "
         f"download, {kept}; ~{human_bytes(shard_bytes)} of shards ({planned_tokens:,} tokens x "
@@ -1023,7 +1139,9 @@ def prepare_fineweb_edu(out_dir='data/fineweb_edu', sample='100BT', **options):
         raise DataError(f"unknown sample '{sample}': use 10BT, 100BT or 350BT")
     head = {'source': 'fineweb_edu', 'sample': sample}
     folder = f'sample/{sample}'
-    return parquet_from_hub(out_dir, head, FINEWEB_EDU, folder, 'fineweb_edu', f'fineweb_edu/{folder}', **options)
+    return parquet_from_hub(
+        out_dir, head, FINEWEB_EDU, folder, 'fineweb_edu', f'fineweb_edu/{folder}', **options
+    )
 
 
 def parquet_from_hub(
@@ -1051,7 +1169,13 @@ def parquet_from_hub(
     meta.json's source is `source`, its request `head` (what names the source) and the options. Returns the meta."""
     parse_tokenizer(tokenizer)
     val_tokens = val_tokens or default_val_tokens(shard_tokens, tokens)
-    request = dict(head, tokenizer=tokenizer, shard_tokens=shard_tokens, val_tokens=val_tokens, revision=revision)
+    request = dict(
+        head,
+        tokenizer=tokenizer,
+        shard_tokens=shard_tokens,
+        val_tokens=val_tokens,
+        revision=revision,
+    )
     request['special_tokens'] = special
     with writing(out_dir, f'prepare.py {prefix}'):
         meta = complete_meta(out_dir, dict(request, tokens=tokens), carry_on_keys=('tokens',))
@@ -1068,21 +1192,38 @@ def parquet_from_hub(
             f"{human_bytes(sum(f['size'] for f in files))}"
         )
         check_val_tokens(val_tokens, tokens, files)
-        disk_plan(out_dir, files, paths, tokens, shard_tokens, parse_tokenizer(tokenizer), keep_downloads, prefix)
+        disk_plan(
+            out_dir,
+            files,
+            paths,
+            tokens,
+            shard_tokens,
+            parse_tokenizer(tokenizer),
+            keep_downloads,
+            prefix,
+        )
         verified, relisted = set(), []
 
         def fetch(index):  # file `index`, downloaded (or found on disk) and verified, once per run
             if index not in verified:
                 if not os.path.exists(paths[index]):
-                    say(f"{prefix}: downloading {files[index]['path']} ({human_bytes(files[index]['size'])})")
+                    say(
+                        f"{prefix}: downloading {files[index]['path']} ({human_bytes(files[index]['size'])})"
+                    )
                 url = hub.url('datasets', repo, sha, files[index]['path'])
                 try:
                     download(hub, url, paths[index], files[index])
-                except ListingMismatch as e:  # every download disagreed with files.json: is files.json wrong?
+                except (
+                    ListingMismatch
+                ) as e:  # every download disagreed with files.json: is files.json wrong?
                     if relisted:
                         raise
-                    relisted.append(index)  # once per run: list the files again at the pinned commit
-                    fresh = hub_manifest(hub, out_dir, repo, folder, request['revision'], split, relist=True)['files']
+                    relisted.append(
+                        index
+                    )  # once per run: list the files again at the pinned commit
+                    fresh = hub_manifest(
+                        hub, out_dir, repo, folder, request['revision'], split, relist=True
+                    )['files']
                     if fresh[index] == files[index]:
                         raise DataError(f"{e} (the Hub lists it so again today)") from None
                     say(
@@ -1103,7 +1244,11 @@ def parquet_from_hub(
             out_dir,
             tokenizer,
             lambda: bpe_sample(
-                (text for i in range(len(paths)) for _, text in read_documents(fetch(i), column=column)),
+                (
+                    text
+                    for i in range(len(paths))
+                    for _, text in read_documents(fetch(i), column=column)
+                ),
                 val_tokens,
                 bpe_sample_chars,
                 tokens,
@@ -1125,7 +1270,10 @@ def parquet_from_hub(
             column=column,
         )
         return finish_meta(
-            out_dir, dataset_meta(out_dir, source, sha, tokenizer, shard_tokens, dict(request, tokens=tokens), counts)
+            out_dir,
+            dataset_meta(
+                out_dir, source, sha, tokenizer, shard_tokens, dict(request, tokens=tokens), counts
+            ),
         )
 
 
@@ -1141,7 +1289,9 @@ def prepare_hub(repo, out_dir='data/hub', config='', column='text', split='', **
     """Build (or carry on, or find complete) a data folder from a parquet dataset on the Hub; returns its meta.
     options: those of parquet_from_hub."""
     if repo.count('/') != 1 or not all(repo.split('/')):
-        raise DataError(f"hub: '{repo}' is not a dataset repo: name it OWNER/NAME (e.g. HuggingFaceTB/finemath)")
+        raise DataError(
+            f"hub: '{repo}' is not a dataset repo: name it OWNER/NAME (e.g. HuggingFaceTB/finemath)"
+        )
     head = {'source': 'hub', 'repo': repo, 'config': config, 'column': column, 'split': split}
     source = '/'.join(part for part in (repo, config) if part)
     return parquet_from_hub(out_dir, head, repo, config, 'hub', source, column, split, **options)
@@ -1168,7 +1318,9 @@ def prepare_files(
     """Build (or carry on, or find complete) a data folder from local files; returns its meta dict."""
     for path in paths:
         if os.path.isdir(path):
-            raise DataError(f"{path}: a folder; give the files in it (e.g. {os.path.join(path, '*.txt')})")
+            raise DataError(
+                f"{path}: a folder; give the files in it (e.g. {os.path.join(path, '*.txt')})"
+            )
         if not os.path.isfile(path):
             raise DataError(f"{path}: no such file")
         if not path.endswith(FILE_TYPES):
@@ -1199,7 +1351,10 @@ def prepare_files(
             out_dir,
             tokenizer,
             lambda: bpe_sample(
-                (text for path in paths for _, text in read_documents(path)), val_tokens, bpe_sample_chars, tokens
+                (text for path in paths for _, text in read_documents(path)),
+                val_tokens,
+                bpe_sample_chars,
+                tokens,
             ),
             special=special,
         )
@@ -1215,7 +1370,16 @@ def prepare_files(
             tokens,
         )
         return finish_meta(
-            out_dir, dataset_meta(out_dir, 'files', None, tokenizer, shard_tokens, dict(request, tokens=tokens), counts)
+            out_dir,
+            dataset_meta(
+                out_dir,
+                'files',
+                None,
+                tokenizer,
+                shard_tokens,
+                dict(request, tokens=tokens),
+                counts,
+            ),
         )
 
 
@@ -1250,7 +1414,10 @@ def cpu_seconds():
 
     return sum(
         usage.ru_utime + usage.ru_stime
-        for usage in (resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN))
+        for usage in (
+            resource.getrusage(resource.RUSAGE_SELF),
+            resource.getrusage(resource.RUSAGE_CHILDREN),
+        )
     )
 
 
@@ -1281,7 +1448,10 @@ def bench(workers=0, megabytes=100, tokenizer='bpe:8192', rounds=3):
         batches = [texts[i : i + 256] for i in range(0, len(texts), 256)]
         raw, pipeline = [], []  # (tokens/s, CPU seconds) per round
         for _ in range(rounds):
-            started, cpu_started = time.time(), cpu_seconds()  # both sides start their pool from scratch
+            started, cpu_started = (
+                time.time(),
+                cpu_seconds(),
+            )  # both sides start their pool from scratch
             with worker_pool(workers, tmp) as pool:
                 raw_tokens = sum(pool.imap(count_tokens, batches))
                 raw_rate = raw_tokens / (time.time() - started)
@@ -1289,13 +1459,20 @@ def bench(workers=0, megabytes=100, tokenizer='bpe:8192', rounds=3):
             out = os.path.join(tmp, 'pipeline')
             shutil.rmtree(out, ignore_errors=True)
             os.makedirs(out)
-            shutil.copy(os.path.join(tmp, 'tokenizer.json'), out)  # the same tokenizer, not trained again
+            shutil.copy(
+                os.path.join(tmp, 'tokenizer.json'), out
+            )  # the same tokenizer, not trained again
             started, cpu_started = time.time(), cpu_seconds()
             meta = prepare_files([parquet], out, tokenizer, workers, shard_tokens=100_000_000)
             pipeline_tokens = meta['train_tokens'] + meta['val_tokens']
-            pipeline.append((pipeline_tokens / (time.time() - started), cpu_seconds() - cpu_started))
+            pipeline.append(
+                (pipeline_tokens / (time.time() - started), cpu_seconds() - cpu_started)
+            )
     raw_rate, pipeline_rate = max(r for r, _ in raw), max(r for r, _ in pipeline)
-    raw_cpu, pipeline_cpu = min(c for _, c in raw) / raw_tokens, min(c for _, c in pipeline) / pipeline_tokens
+    raw_cpu, pipeline_cpu = (
+        min(c for _, c in raw) / raw_tokens,
+        min(c for _, c in pipeline) / pipeline_tokens,
+    )
     print(
         f"bench: {size / 1e6:.0f} MB of text (the stdlib sources repeated), {len(texts):,} documents, "
         f"{tokenizer}, {workers} workers, best of {rounds} alternating rounds; tiktoken {tiktoken.__version__}, "
@@ -1342,9 +1519,14 @@ def main(argv):
             help=f'gpt2, neox (GPT-NeoX-20B, from the Hub), bpe:V, our own, or a model folder or Hub repo id: the '
             f'model\'s own, for init_from (default {tokenizer})',
         )
-        sub.add_argument('--workers', type=int, default=0, help='tokenizer processes (default: all cores)')
         sub.add_argument(
-            '--shard-tokens', type=number, default=shard_tokens, help=f'tokens per shard (default {shard_tokens:,})'
+            '--workers', type=int, default=0, help='tokenizer processes (default: all cores)'
+        )
+        sub.add_argument(
+            '--shard-tokens',
+            type=number,
+            default=shard_tokens,
+            help=f'tokens per shard (default {shard_tokens:,})',
         )
         sub.add_argument(
             '--no-special-tokens',
@@ -1356,9 +1538,13 @@ def main(argv):
     # pystdlib: 8,192 tokens is enough for ~30 MB of code (each merge still seen thousands of times), keeps a
     # small CPU model's embedding and output layer cheap (8192 x 256 = 2.1M params each at n_embd 256), is a
     # multiple of 128 (fast matmuls) and fits uint16.
-    sub = sources.add_parser('pystdlib', help="the running Python's standard library sources (no download)")
+    sub = sources.add_parser(
+        'pystdlib', help="the running Python's standard library sources (no download)"
+    )
     common(sub, 'data/pystdlib', 'bpe:8192')
-    sub.add_argument('--max-files', type=int, default=0, help='an evenly spread subset of the files (0: all)')
+    sub.add_argument(
+        '--max-files', type=int, default=0, help='an evenly spread subset of the files (0: all)'
+    )
 
     defaults = Network()
 
@@ -1375,8 +1561,16 @@ def main(argv):
             default=0,
             help='tokens in the val shard (default: 10%% of --tokens, at most one shard)',
         )
-        sub.add_argument('--endpoint', default='', help=f'Hub base URL (default: $HF_ENDPOINT, else {HUB_ENDPOINT})')
-        sub.add_argument('--revision', default='main', help='dataset revision (branch, tag or commit; default main)')
+        sub.add_argument(
+            '--endpoint',
+            default='',
+            help=f'Hub base URL (default: $HF_ENDPOINT, else {HUB_ENDPOINT})',
+        )
+        sub.add_argument(
+            '--revision',
+            default='main',
+            help='dataset revision (branch, tag or commit; default main)',
+        )
         sub.add_argument(
             '--bpe-sample-chars',
             type=number,
@@ -1427,13 +1621,19 @@ def main(argv):
     sub.add_argument('repo', metavar='REPO', help='the dataset repo, OWNER/NAME')
     common(sub, 'data/hub', 'gpt2')
     sub.add_argument(
-        '--config', default='', help="the subset: the repo's folder of its parquet files (default: the top)"
+        '--config',
+        default='',
+        help="the subset: the repo's folder of its parquet files (default: the top)",
     )
     sub.add_argument('--column', default='text', help='the text column (default text)')
-    sub.add_argument('--split', default='', help='only the parquet files named SPLIT* (e.g. train; default: all)')
+    sub.add_argument(
+        '--split', default='', help='only the parquet files named SPLIT* (e.g. train; default: all)'
+    )
     hub_options(sub)
 
-    sub = sources.add_parser('files', help='your own .txt, .jsonl ("text" field) or .parquet ("text" column) files')
+    sub = sources.add_parser(
+        'files', help='your own .txt, .jsonl ("text" field) or .parquet ("text" column) files'
+    )
     sub.add_argument('paths', nargs='+', metavar='PATH')
     common(sub, 'data/files', 'bpe:8192')
     sub.add_argument('--tokens', type=number, default=0, help='stop after this many tokens')
@@ -1450,15 +1650,25 @@ def main(argv):
         help='characters the bpe:V tokenizer trains on (default 1e9)',
     )
 
-    sub = sources.add_parser('bench', help='tokens/s of the pipeline against raw tiktoken (a benchmark, not a test)')
-    sub.add_argument('--workers', type=int, default=0, help='processes for both (default: all cores)')
+    sub = sources.add_parser(
+        'bench', help='tokens/s of the pipeline against raw tiktoken (a benchmark, not a test)'
+    )
+    sub.add_argument(
+        '--workers', type=int, default=0, help='processes for both (default: all cores)'
+    )
     sub.add_argument('--megabytes', type=int, default=100, help='MB of text (default 100)')
-    sub.add_argument('--rounds', type=int, default=3, help='alternating rounds, best of each kept (default 3)')
-    sub.add_argument('--tokenizer', default='bpe:8192', help='bpe:V (trained on the stdlib) or gpt2')
+    sub.add_argument(
+        '--rounds', type=int, default=3, help='alternating rounds, best of each kept (default 3)'
+    )
+    sub.add_argument(
+        '--tokenizer', default='bpe:8192', help='bpe:V (trained on the stdlib) or gpt2'
+    )
 
     args = parser.parse_args(argv)
     if args.source == 'pystdlib':
-        prepare_pystdlib(args.out, args.tokenizer, args.workers, args.shard_tokens, args.max_files, args.special)
+        prepare_pystdlib(
+            args.out, args.tokenizer, args.workers, args.shard_tokens, args.max_files, args.special
+        )
     elif args.source in ('fineweb_edu', 'hub'):
         options = dict(
             tokens=args.tokens,
@@ -1469,7 +1679,9 @@ def main(argv):
             revision=args.revision,
             bpe_sample_chars=args.bpe_sample_chars,
             keep_downloads=args.keep_downloads,
-            network=Network(args.endpoint, args.connect_timeout, args.read_timeout, args.retry_budget),
+            network=Network(
+                args.endpoint, args.connect_timeout, args.read_timeout, args.retry_budget
+            ),
             special=args.special,
         )
         if args.source == 'fineweb_edu':

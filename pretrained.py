@@ -33,7 +33,9 @@ import re
 import config
 from config import FAMILIES, ConfigError, DataError
 
-ARCHS = {family.hf_class: arch for arch, family in FAMILIES.items()}  # Hugging Face class -> our arch
+ARCHS = {
+    family.hf_class: arch for arch, family in FAMILIES.items()
+}  # Hugging Face class -> our arch
 
 
 # -----------------------------------------------------------------------------------------------------
@@ -95,7 +97,11 @@ def fetch(repo, network=None, weights=True):
         return os.path.join(cache_dir(repo), pinned.get('COMPLETE') or pinned['FILES'])
     hub = Hub(network)
     sha, listed = hub.files(repo, pinned.get('FILES', 'main'), '', '', kind='models')
-    wanted = [f for f in listed if f['path'] in HUB_FILES or (weights and f['path'].endswith('.safetensors'))]
+    wanted = [
+        f
+        for f in listed
+        if f['path'] in HUB_FILES or (weights and f['path'].endswith('.safetensors'))
+    ]
     if not any(f['path'] == 'config.json' for f in wanted):
         raise DataError(f"{repo} has no config.json at {sha}: not a transformers model repo")
     model_dir = os.path.join(cache_dir(repo), sha)
@@ -103,7 +109,13 @@ def fetch(repo, network=None, weights=True):
     what = 'files' if weights else 'files (not the weights: the first run fetches them)'
     say(f"init_from {repo}@{sha[:12]}: {len(wanted)} {what} into {model_dir}")
     for entry in wanted:
-        download(hub, hub.url('models', repo, sha, entry['path']), os.path.join(model_dir, entry['path']), entry, b'')
+        download(
+            hub,
+            hub.url('models', repo, sha, entry['path']),
+            os.path.join(model_dir, entry['path']),
+            entry,
+            b'',
+        )
     write_text_atomic(markers['COMPLETE' if weights else 'FILES'], sha + '\n')
     return model_dir
 
@@ -152,7 +164,12 @@ def llama_values(hf, path):
         refuse(path, 'rope_parameters.rope_type', rope['rope_type'], "'default'")
     heads, width = hf['num_attention_heads'], hf['hidden_size']
     if hf.get('head_dim') not in (None, width // heads):
-        refuse(path, 'head_dim', hf['head_dim'], f'hidden_size / num_attention_heads = {width // heads}')
+        refuse(
+            path,
+            'head_dim',
+            hf['head_dim'],
+            f'hidden_size / num_attention_heads = {width // heads}',
+        )
     return dict(
         arch='llama',
         n_layer=hf['num_hidden_layers'],
@@ -171,7 +188,12 @@ def llama_values(hf, path):
 
 def gpt2_values(hf, path):
     if hf.get('activation_function', 'gelu_new') not in GELU_TANH:
-        refuse(path, 'activation_function', hf['activation_function'], ' or '.join(map(repr, GELU_TANH)))
+        refuse(
+            path,
+            'activation_function',
+            hf['activation_function'],
+            ' or '.join(map(repr, GELU_TANH)),
+        )
     width = hf.get('n_embd', 768)
     return dict(
         arch='gpt2',
@@ -229,14 +251,19 @@ def load_config(path=None, overrides=()):
     if 'block_size' in given:
         ours.pop('block_size')
     check_tokenizer(train, model_dir)
-    return config.load_config(path, [*overrides, *(f'--{key}={value}' for key, value in ours.items())])
+    return config.load_config(
+        path, [*overrides, *(f'--{key}={value}' for key, value in ours.items())]
+    )
 
 
 def check_tokenizer(train, model_dir):
     """A data folder tokenized with anything but the model's own tokenizer (prepare.py --tokenizer MODEL) is one
     line: its ids would name other tokens to the model. Checked by the sha256 of the model's tokenizer.json, which
     prepare.py keeps in the folder's (a model folder without one cannot be checked)."""
-    ours, theirs = os.path.join(model_dir, 'tokenizer.json'), os.path.join(train.data, 'tokenizer.json')
+    ours, theirs = (
+        os.path.join(model_dir, 'tokenizer.json'),
+        os.path.join(train.data, 'tokenizer.json'),
+    )
     if train.data == 'synthetic' or not (os.path.isfile(ours) and os.path.isfile(theirs)):
         return  # no data there yet: open_data says how to make it
     with open(ours, 'rb') as f:
@@ -257,7 +284,9 @@ def card_tokens(model_dir):
     if not os.path.isfile(path):
         return None
     with open(path, encoding='utf-8', errors='replace') as f:
-        found = re.search(r'(\d+(?:\.\d+)?)\s*(trillion|billion|T|B)\s+tokens', f.read(), re.IGNORECASE)
+        found = re.search(
+            r'(\d+(?:\.\d+)?)\s*(trillion|billion|T|B)\s+tokens', f.read(), re.IGNORECASE
+        )
     if not found:
         return None
     return round(float(found[1]) * (1e12 if found[2].lower() in ('t', 'trillion') else 1e9))
@@ -268,7 +297,11 @@ def describe(init_from):
     model_dir = folder(init_from, weights=False)
     hf_class, _ = model_values(model_dir)
     tokens = card_tokens(model_dir)
-    seen = f"{tokens / 1e9:,.4g}B tokens (its card)" if tokens else 'unknown tokens (no count in a model card)'
+    seen = (
+        f"{tokens / 1e9:,.4g}B tokens (its card)"
+        if tokens
+        else 'unknown tokens (no count in a model card)'
+    )
     return (
         f"from: {init_from} ({hf_class}), pretrained on {seen}; full fine-tuning: every weight trains, so the "
         f"memory is a pretraining run's (weights, gradients, AdamW states, activations); the data and loss "
@@ -319,7 +352,9 @@ def load_weights(model, init_from):
 
     model_dir, c = folder(init_from), model.config
     hf_class = c.family.hf_class
-    targets = export.LAYOUTS[hf_class][0](model)  # Hugging Face name -> a view of our parameter (see the docstring)
+    targets = export.LAYOUTS[hf_class][0](
+        model
+    )  # Hugging Face name -> a view of our parameter (see the docstring)
     loaded = set()
     with torch.no_grad():
         for path in weight_files(model_dir):
@@ -329,9 +364,13 @@ def load_weights(model, init_from):
                     if name is None or (name == 'lm_head.weight' and c.tie_embeddings):
                         continue
                     if name not in targets:
-                        raise ConfigError(f"{path}: tensor {stored} is not part of a {hf_class} as model.py builds it")
+                        raise ConfigError(
+                            f"{path}: tensor {stored} is not part of a {hf_class} as model.py builds it"
+                        )
                     tensor, target = f.get_tensor(stored), targets[name]
-                    if name == 'transformer.wpe.weight':  # learned positions: the first block_size of them
+                    if (
+                        name == 'transformer.wpe.weight'
+                    ):  # learned positions: the first block_size of them
                         tensor = tensor[: c.block_size]
                     if tensor.shape != target.shape:
                         raise ConfigError(
@@ -342,5 +381,7 @@ def load_weights(model, init_from):
                     loaded.add(name)
     missing = sorted(set(targets) - loaded)
     if missing:
-        raise ConfigError(f"{model_dir}: the weights lack {missing[0]} ({len(missing)} tensor(s) missing)")
+        raise ConfigError(
+            f"{model_dir}: the weights lack {missing[0]} ({len(missing)} tensor(s) missing)"
+        )
     return model

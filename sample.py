@@ -60,8 +60,14 @@ def sample_text(run):
     if not (sharded(train.parallel, cluster.world_size) or cluster.is_master):
         return None
     devices = [cluster.device] if cluster.device.type == 'cuda' else []
-    with torch.random.fork_rng(devices=devices), torch.compiler.set_stance('force_eager'), run.autocast:
-        torch.manual_seed(train.seed + run.state.step)  # the same on every rank, so FSDP ranks stay in step
+    with (
+        torch.random.fork_rng(devices=devices),
+        torch.compiler.set_stance('force_eager'),
+        run.autocast,
+    ):
+        torch.manual_seed(
+            train.seed + run.state.step
+        )  # the same on every rank, so FSDP ranks stay in step
         start = torch.full((1, 1), run.meta['eot_id'], dtype=torch.long, device=cluster.device)
         run.raw_model.eval()
         tokens = run.raw_model.generate(start, train.sample_tokens, temperature=0.8, top_k=200)
@@ -71,14 +77,26 @@ def sample_text(run):
 
 @cli
 def main(argv):
-    parser = argparse.ArgumentParser(description=__doc__.split('\n')[1], formatter_class=argparse.RawTextHelpFormatter)
-    parser.add_argument('checkpoint', help="a run's out_dir (latest checkpoint) or a ckpt/step_* folder")
-    parser.add_argument('--prompt', default='', help='text to continue (default: start a new document)')
-    parser.add_argument('--prefix', default=None, help='fill in the middle (objective=fim): the text before the gap')
-    parser.add_argument('--suffix', default=None, help='fill in the middle (objective=fim): the text after the gap')
+    parser = argparse.ArgumentParser(
+        description=__doc__.split('\n')[1], formatter_class=argparse.RawTextHelpFormatter
+    )
+    parser.add_argument(
+        'checkpoint', help="a run's out_dir (latest checkpoint) or a ckpt/step_* folder"
+    )
+    parser.add_argument(
+        '--prompt', default='', help='text to continue (default: start a new document)'
+    )
+    parser.add_argument(
+        '--prefix', default=None, help='fill in the middle (objective=fim): the text before the gap'
+    )
+    parser.add_argument(
+        '--suffix', default=None, help='fill in the middle (objective=fim): the text after the gap'
+    )
     parser.add_argument('--tokens', type=int, default=200, help='new tokens per sample')
     parser.add_argument('--temperature', type=float, default=0.8, help='0 is greedy')
-    parser.add_argument('--top_k', type=int, default=200, help='sample among the k most likely tokens (0: all)')
+    parser.add_argument(
+        '--top_k', type=int, default=200, help='sample among the k most likely tokens (0: all)'
+    )
     parser.add_argument('--num_samples', type=int, default=1)
     parser.add_argument('--seed', type=int, default=1337)
     parser.add_argument('--device', default='cuda' if torch.cuda.is_available() else 'cpu')
@@ -93,7 +111,9 @@ def main(argv):
             raise ConfigError(f"{name} {value}: must be at least {least}")
     infill = args.prefix is not None or args.suffix is not None
     if infill and args.prompt:
-        raise ConfigError("--prompt continues a text, --prefix/--suffix fill in the middle: give one or the other")
+        raise ConfigError(
+            "--prompt continues a text, --prefix/--suffix fill in the middle: give one or the other"
+        )
     device = checkpoint.device_of(args.device)
     path = checkpoint.find(args.checkpoint)
     model, train_config = checkpoint.load_model(path, device)
@@ -103,13 +123,18 @@ def main(argv):
     eot_id = tokenizer.eot_token
     if infill:
         ids = objectives.special_ids(
-            data.load_meta(data.tokenizer_folder(train_config['data'])),  # a mixture's folders share the tokenizer
+            data.load_meta(
+                data.tokenizer_folder(train_config['data'])
+            ),  # a mixture's folders share the tokenizer
             train_config['data'],
             objectives.FIM_TOKENS,
             'sample.py --prefix/--suffix (fill in the middle)',
         )
         prompt = fim_prompt(
-            eot_id, ids, tokenizer.encode_ordinary(args.prefix or ''), tokenizer.encode_ordinary(args.suffix or '')
+            eot_id,
+            ids,
+            tokenizer.encode_ordinary(args.prefix or ''),
+            tokenizer.encode_ordinary(args.suffix or ''),
         )
         if len(prompt) >= model.config.block_size:
             raise ConfigError(
@@ -121,14 +146,18 @@ def main(argv):
         prompt = [eot_id] + tokenizer.encode(args.prompt, allowed_special='all')
     start = torch.tensor([prompt] * args.num_samples, dtype=torch.long, device=device)
     torch.manual_seed(args.seed)
-    autocast = torch.autocast('cuda', dtype=torch.bfloat16) if device.type == 'cuda' else nullcontext()
+    autocast = (
+        torch.autocast('cuda', dtype=torch.bfloat16) if device.type == 'cuda' else nullcontext()
+    )
     with torch.no_grad(), autocast:
         if infill:
-            rows = generate_until(model, start, args.tokens, eot_id, args.temperature, args.top_k or None)
+            rows = generate_until(
+                model, start, args.tokens, eot_id, args.temperature, args.top_k or None
+            )
         else:
-            rows = model.generate(start, args.tokens, temperature=args.temperature, top_k=args.top_k or None)[
-                :, 1:
-            ].tolist()
+            rows = model.generate(
+                start, args.tokens, temperature=args.temperature, top_k=args.top_k or None
+            )[:, 1:].tolist()
     print(
         f"# {path}: {args.num_samples} {'middle' if infill else 'sample'}(s), {'up to ' * infill}{args.tokens} "
         f"tokens, temperature {args.temperature}, top-k {args.top_k or 'all'}",

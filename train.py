@@ -10,9 +10,9 @@ exact continuation, such as lr), --force (start even when the ledger says the ru
 finishes the step, writes a checkpoint and prints the command that resumes.
 
 In the order a run happens: 1. the batch and the LR schedule, 2. model, parallelism, optimizer, 3. eval and samples,
-4. setup, 5. the step, 6. the loop. Around it: data.py (shards, the seeded stream), guard.py (processes, resume
-checks, the clean stop, the spike guard), live.py (the live ledger), checkpoint.py; and a line of hook each for
-eval.py (HellaSwag, ARC, MMLU), sample.py (text samples) and moe.py (the router-bias update).
+4. setup, 5. the step, 6. the loop. Around it: data.py (shards, the seeded stream), processes.py (ranks and devices),
+continuation.py (resume checks, the clean stop, the spike guard), live_ledger.py (the live ledger), checkpoint.py; and
+a line of hook each for evals.py (HellaSwag, ARC, MMLU), sample.py (text samples) and moe.py (the router-bias update).
 """
 
 import contextlib
@@ -48,18 +48,20 @@ from torch.distributed.tensor import DTensor  # noqa: E402
 from torch.nn.parallel import DistributedDataParallel  # noqa: E402
 
 import checkpoint  # noqa: E402
+import continuation  # noqa: E402
 import data  # noqa: E402
-import eval as evals  # noqa: E402 (eval.py: HellaSwag, ARC, MMLU; a name of our own, not the builtin)
+import evals  # noqa: E402
 import files  # noqa: E402
-import guard  # noqa: E402
-import live  # noqa: E402
+import live_ledger  # noqa: E402
 import moe  # noqa: E402
 import objectives  # noqa: E402
 import pretrained  # noqa: E402
+import processes  # noqa: E402
 import sample  # noqa: E402
 from config import IGNORE_INDEX, cli, sharded, tokens_per_micro_step  # noqa: E402
-from guard import RunState, log  # noqa: E402
+from continuation import RunState  # noqa: E402
 from model import GPT  # noqa: E402
+from processes import log  # noqa: E402
 
 # -----------------------------------------------------------------------------------------------------
 # 1. The batch and the LR schedule (the book's training recipe).
@@ -83,7 +85,9 @@ def batch_tokens_at(tokens_seen, train, micro_step_tokens):
 def planned_steps(train, micro_step_tokens):
     """Optimizer steps to see train_tokens: the length the schedule spans (max_steps may stop the run earlier)."""
     steps, tokens = 0, 0
-    while tokens < min(train.train_tokens, train.batch_ramp_tokens):  # the ramp, step by step (thousands at most)
+    while tokens < min(
+        train.train_tokens, train.batch_ramp_tokens
+    ):  # the ramp, step by step (thousands at most)
         tokens += batch_tokens_at(tokens, train, micro_step_tokens)
         steps += 1
     return steps + max(0, math.ceil((train.train_tokens - tokens) / train.batch_tokens))
@@ -109,8 +113,12 @@ def lr_at(step, total_steps, train, cooldown=None):
     peak, floor = train.lr, train.lr * train.min_lr_ratio
     if step < warmup:
         return peak * (step + 1) / warmup
-    if cooldown or train.schedule == 'wsd':  # a cooldown decays linearly from the peak, whatever the schedule
-        decay_start, decay = cooldown or wsd_decay(total_steps, train)  # the last step reaches the floor
+    if (
+        cooldown or train.schedule == 'wsd'
+    ):  # a cooldown decays linearly from the peak, whatever the schedule
+        decay_start, decay = cooldown or wsd_decay(
+            total_steps, train
+        )  # the last step reaches the floor
         if step < decay_start:
             return peak
         return peak + (floor - peak) * min(1.0, (step - decay_start + 1) / decay)
@@ -132,9 +140,13 @@ def build_model(model_cfg, train, cluster, dtype):
         model = GPT(model_cfg)
     model.to_empty(device=cluster.device)
     model.init_weights()
-    if train.init_from:  # a published model's weights (pretrained.py); a resumed run's checkpoint replaces them
+    if (
+        train.init_from
+    ):  # a published model's weights (pretrained.py); a resumed run's checkpoint replaces them
         pretrained.load_weights(model, train.init_from)
-    model.recompute = train.recompute  # activation checkpointing per block: one extra forward, 8P FLOPs
+    model.recompute = (
+        train.recompute
+    )  # activation checkpointing per block: one extra forward, 8P FLOPs
     for layer in model.moe:  # MoE: the sequence-wise balance loss's coefficient (0: off)
         layer.aux_loss_coef = train.aux_loss_coef
     if cluster.world_size == 1:
@@ -173,7 +185,9 @@ def adamw_options(train, world_size):
     but foreach under ZeRO-1, whose load_state_dict moves the step counts to the CPU, where the fused CUDA kernel
     fails on mixed devices (pytorch #124133): every resume and rollback would crash on a GPU."""
     zero1 = train.parallel == 'zero1' and world_size > 1
-    return dict(lr=train.lr, betas=(train.beta1, train.beta2), eps=train.eps, fused=not zero1, foreach=zero1)
+    return dict(
+        lr=train.lr, betas=(train.beta1, train.beta2), eps=train.eps, fused=not zero1, foreach=zero1
+    )
 
 
 def build_optimizer(model, train, cluster):
@@ -187,7 +201,9 @@ def build_optimizer(model, train, cluster):
     ]
     options = adamw_options(train, cluster.world_size)
     if train.parallel == 'zero1' and cluster.world_size > 1:
-        from torch.distributed.optim import ZeroRedundancyOptimizer  # here: its import warns 67 times (jit.script)
+        from torch.distributed.optim import (
+            ZeroRedundancyOptimizer,
+        )  # here: its import warns 67 times (jit.script)
 
         return ZeroRedundancyOptimizer(groups, optimizer_class=torch.optim.AdamW, **options)
     return torch.optim.AdamW(groups, **options)
@@ -206,7 +222,7 @@ def clip_gradients(params, max_norm):
 
 
 # -----------------------------------------------------------------------------------------------------
-# 3. Eval and samples. Here the val loss, the run's own measure; HellaSwag, ARC and MMLU are eval.py's (its section
+# 3. Eval and samples. Here the val loss, the run's own measure; HellaSwag, ARC and MMLU are evals.py's (its section
 # "During training"), the text samples sample.py's sample_text.
 
 
@@ -220,10 +236,14 @@ def evaluate(run, val=None, data_dir=None):
     data_dir = run.train.data if data_dir is None else data_dir
     run.model.eval()
     per_rank = len(val) // cluster.world_size
-    if per_rank >= micro_batch:  # whole micro-batches only: one more shape would mean one more compile
+    if (
+        per_rank >= micro_batch
+    ):  # whole micro-batches only: one more shape would mean one more compile
         per_rank -= per_rank % micro_batch
     mine = val[cluster.rank * per_rank : (cluster.rank + 1) * per_rank] if per_rank else val[:1]
-    totals = torch.zeros(3, device=cluster.device, dtype=torch.float64)  # loss x rows, rows, text bytes
+    totals = torch.zeros(
+        3, device=cluster.device, dtype=torch.float64
+    )  # loss x rows, rows, text bytes
     for i in range(0, len(mine), micro_batch):
         chunk = mine[i : i + micro_batch]
         x = data.to_device(np.ascontiguousarray(chunk[:, :-1]), cluster.device)
@@ -232,7 +252,9 @@ def evaluate(run, val=None, data_dir=None):
             _, loss = run.model(x, y)
         totals[0] += loss.double() * len(chunk)
         totals[1] += len(chunk)
-        totals[2] += data.target_bytes(data_dir, chunk[:, 1:]) if run.meta else 0  # host-side, from the array
+        totals[2] += (
+            data.target_bytes(data_dir, chunk[:, 1:]) if run.meta else 0
+        )  # host-side, from the array
     run.model.train()
     if cluster.world_size > 1:
         dist.all_reduce(totals)
@@ -251,7 +273,7 @@ class Run:
 
     model_cfg: object
     train: object
-    cluster: guard.Cluster
+    cluster: processes.Cluster
     autocast: object  # bf16 autocast, or a null context (fp32, or FSDP2's own mixed precision)
     stream: object  # the train data: data.ShardStream or data.SyntheticStream
     model: torch.nn.Module  # what the loop calls: DDP, FSDP2 or the model itself
@@ -262,16 +284,24 @@ class Run:
     total_steps: int  # the steps the schedule spans (train_tokens)
     stop_step: int  # where this run stops (max_steps, or where a cooldown ends)
     state: RunState = dataclasses.field(default_factory=RunState)
-    val: np.ndarray = None  # the fixed val sequences, (n, block_size + 1); a mixture's: {source: sequences}
+    val: np.ndarray = (
+        None  # the fixed val sequences, (n, block_size + 1); a mixture's: {source: sequences}
+    )
     meta: dict = None  # the data folder's meta.json (None for synthetic data)
-    metrics: live.Metrics = None
+    metrics: live_ledger.Metrics = None
     last_checkpoint: str = None  # the rollback target
     tokenizer: object = None  # for text samples and HellaSwag, when the run makes them
-    hellaswag: list = None  # HellaSwag's items (eval.py), when hellaswag_every is set
-    eval_tasks: dict = None  # {task: its items} (eval.py), when eval_tasks_every is set
-    objective: objectives.Objective = dataclasses.field(default_factory=lambda: objectives.CLM)  # inputs, targets
-    cooldown: tuple = None  # (first step, steps) of the LR's decay when the run cools down another's checkpoint
-    argv: list = dataclasses.field(default_factory=list)  # train.py's arguments, for the commands it prints
+    hellaswag: list = None  # HellaSwag's items (evals.py), when hellaswag_every is set
+    eval_tasks: dict = None  # {task: its items} (evals.py), when eval_tasks_every is set
+    objective: objectives.Objective = dataclasses.field(
+        default_factory=lambda: objectives.CLM
+    )  # inputs, targets
+    cooldown: tuple = (
+        None  # (first step, steps) of the LR's decay when the run cools down another's checkpoint
+    )
+    argv: list = dataclasses.field(
+        default_factory=list
+    )  # train.py's arguments, for the commands it prints
 
 
 def build_run(model_cfg, train, cluster, dtype, stream, total_steps, stop_step, **fields):
@@ -279,7 +309,11 @@ def build_run(model_cfg, train, cluster, dtype, stream, total_steps, stop_step, 
     bench.py's for timing train_step. Other Run fields (val, meta, ...) come as keywords."""
     # autocast: bf16 matmuls, fp32 weights and reductions. FSDP2 gets the same from its MixedPrecisionPolicy.
     bf16 = dtype == 'bfloat16' and not sharded(train.parallel, cluster.world_size)
-    autocast = torch.autocast(cluster.device.type, dtype=torch.bfloat16) if bf16 else contextlib.nullcontext()
+    autocast = (
+        torch.autocast(cluster.device.type, dtype=torch.bfloat16)
+        if bf16
+        else contextlib.nullcontext()
+    )
     model, raw_model = build_model(model_cfg, train, cluster, dtype)
     optimizer = build_optimizer(model, train, cluster)
     params = [p for p in model.parameters() if p.requires_grad]
@@ -307,45 +341,74 @@ def setup(argv, held=None):
     disk under out_dir into one line; without it (a tool or a test that inspects a run's state), neither."""
     locking = held is not None
     held = held or contextlib.ExitStack()  # a tool's own, never closed: so no lock goes into it
-    config_path, overrides, resume, force, allowed_changes = guard.parse_args(argv)
-    model_cfg, train = pretrained.load_config(config_path, overrides)  # init_from: the model's from its config.json
-    cluster = guard.setup_cluster()
+    config_path, overrides, resume, force, allowed_changes = continuation.parse_args(argv)
+    model_cfg, train = pretrained.load_config(
+        config_path, overrides
+    )  # init_from: the model's from its config.json
+    cluster = processes.setup_cluster()
     micro_step_tokens = tokens_per_micro_step(model_cfg, train, cluster.world_size)
-    cooldown, start = None, guard.cooldown_start(train)  # a cooldown: its checkpoint's step and tokens, checked
+    cooldown, start = (
+        None,
+        continuation.cooldown_start(train),
+    )  # a cooldown: its checkpoint's step and tokens, checked
     if start:  # the LR falls from the peak to the floor over cooldown_tokens from there (Hägele et al. 2024)
         end = dataclasses.replace(train, train_tokens=start['tokens_seen'] + train.cooldown_tokens)
         cooldown = start['step'], planned_steps(end, micro_step_tokens) - start['step']
-    if cluster.is_master and locking:  # under torchrun, a rank that stops here takes the others down with it
+    if (
+        cluster.is_master and locking
+    ):  # under torchrun, a rank that stops here takes the others down with it
         held.enter_context(files.folder_lock(train.out_dir, shlex.join(['train.py'] + list(argv))))
     total_steps = planned_steps(train, micro_step_tokens)
     end_step = sum(cooldown) if cooldown else total_steps
     stop_step = min(end_step, train.max_steps) if train.max_steps else end_step
     stream, val, meta = data.open_data(model_cfg, train)
-    objective = objectives.build(train, meta)  # its keys, and the data folder's special tokens, checked here
-    if meta and not train.dataset_tokens:  # the ledger's "is the dataset big enough" uses the real count
+    objective = objectives.build(
+        train, meta
+    )  # its keys, and the data folder's special tokens, checked here
+    if (
+        meta and not train.dataset_tokens
+    ):  # the ledger's "is the dataset big enough" uses the real count
         train = dataclasses.replace(train, dataset_tokens=meta['train_tokens'])
-    resume_from = guard.check_out_dir(train, resume, stop_step, cluster)
+    resume_from = continuation.check_out_dir(train, resume, stop_step, cluster)
     if resume_from == 'done':
         return None
-    guard.check_continuation(resume_from, cooldown, model_cfg, train, allowed_changes, cluster)
-    guard.join_process_group(cluster)
+    continuation.check_continuation(
+        resume_from, cooldown, model_cfg, train, allowed_changes, cluster
+    )
+    processes.join_process_group(cluster)
     torch.manual_seed(train.seed)
     if cluster.device.type == 'cuda':
-        torch.set_float32_matmul_precision('high')  # fp32 matmuls (outside bf16 autocast) may use TF32
+        torch.set_float32_matmul_precision(
+            'high'
+        )  # fp32 matmuls (outside bf16 autocast) may use TF32
 
     # The ledger for this exact run (this device, this world size, the model as it will be built), printed short.
-    prediction, dtype = live.predict(config_path, model_cfg, train, cluster, force, cooldown)
-    if cluster.is_master and (line := objectives.describe(objective, stream)):  # fim's kind; ul2's real spans
+    prediction, dtype = live_ledger.predict(config_path, model_cfg, train, cluster, force, cooldown)
+    if cluster.is_master and (
+        line := objectives.describe(objective, stream)
+    ):  # fim's kind; ul2's real spans
         log(cluster, line)
-    held.enter_context(files.disk_errors(train.out_dir, needed_bytes=prediction['data']['checkpoint_bytes']))
-    fields = dict(val=val, meta=meta, last_checkpoint=resume_from, cooldown=cooldown, objective=objective)
-    run = build_run(model_cfg, train, cluster, dtype, stream, total_steps, stop_step, argv=list(argv), **fields)
-    built = live.params_built(run.raw_model, prediction)  # the ledger's count, or the run stops here
+    held.enter_context(
+        files.disk_errors(train.out_dir, needed_bytes=prediction['data']['checkpoint_bytes'])
+    )
+    fields = dict(
+        val=val, meta=meta, last_checkpoint=resume_from, cooldown=cooldown, objective=objective
+    )
+    run = build_run(
+        model_cfg, train, cluster, dtype, stream, total_steps, stop_step, argv=list(argv), **fields
+    )
+    built = live_ledger.params_built(
+        run.raw_model, prediction
+    )  # the ledger's count, or the run stops here
     bytes_per_token = meta.get('bytes_per_token') if meta else None
-    run.metrics = live.Metrics(cluster, train, prediction, built, bool(resume_from), bytes_per_token)
+    run.metrics = live_ledger.Metrics(
+        cluster, train, prediction, built, bool(resume_from), bytes_per_token
+    )
     if cluster.is_master and locking:
-        live.record_code(train.out_dir)
-    start_from = resume_from or train.cooldown_from  # a cooldown starts from the other run's checkpoint
+        live_ledger.record_code(train.out_dir)
+    start_from = (
+        resume_from or train.cooldown_from
+    )  # a cooldown starts from the other run's checkpoint
     if start_from:
         saved = checkpoint.load(start_from, run.model, run.optimizer)
         run.state = RunState(**saved['run'])
@@ -357,8 +420,10 @@ def setup(argv, held=None):
             f"stream continues where it stopped)",
         )
     if cooldown and not resume_from:
-        guard.log_cooldown(run, end_step)
-    if not resume_from:  # something to roll back to in this run's own folder: step 0, or where the cooldown starts
+        continuation.log_cooldown(run, end_step)
+    if (
+        not resume_from
+    ):  # something to roll back to in this run's own folder: step 0, or where the cooldown starts
         save_checkpoint(run)
     if (train.sample_tokens or train.hellaswag_every or train.eval_tasks_every) and meta:
         run.tokenizer = data.load_tokenizer(train.data)
@@ -391,7 +456,9 @@ def save_checkpoint(run):
 @dataclasses.dataclass
 class StepResult:
     step: int
-    loss: torch.Tensor  # the step's mean loss (this rank's share x world size: the ranks' mean is the mean)
+    loss: (
+        torch.Tensor
+    )  # the step's mean loss (this rank's share x world size: the ranks' mean is the mean)
     grad_norm: torch.Tensor
     position: int  # the data position after this step
     lr: float
@@ -406,14 +473,18 @@ def train_step(run):
     batch_tokens = batch_tokens_at(state.tokens_seen, train, run.micro_step_tokens)
     accumulation = batch_tokens // run.micro_step_tokens
     batches = [
-        data.micro_batch_arrays(run.stream, state.position, micro_step, cluster, train.micro_batch, run.objective)
+        data.micro_batch_arrays(
+            run.stream, state.position, micro_step, cluster, train.micro_batch, run.objective
+        )
         for micro_step in range(accumulation)
     ]
     # The loss is the mean over every target that carries loss in the step, on all ranks together (torchtitan's
     # normalisation): under prefix_lm or ul2 the micro-batches carry different counts, and a mean of per-micro-batch
     # means would weigh a target by its micro-batch. Counted on the host, summed over ranks on the device (no sync);
     # DDP and FSDP average the gradients over the ranks, so each rank's sum is scaled by world size / count.
-    carrying = data.to_device(np.array(sum(int((y != IGNORE_INDEX).sum()) for _, y in batches)), cluster.device)
+    carrying = data.to_device(
+        np.array(sum(int((y != IGNORE_INDEX).sum()) for _, y in batches)), cluster.device
+    )
     if cluster.world_size > 1:
         dist.all_reduce(carrying)
     scale = cluster.world_size / carrying.float()
@@ -423,15 +494,23 @@ def train_step(run):
         # DDP all-reduces gradients on every backward unless told not to: only the last micro-step syncs.
         # (FSDP2 reduce-scatters every micro-step and accumulates sharded gradients, keeping its memory low.)
         last = micro_step == accumulation - 1
-        with run.model.no_sync() if hasattr(run.model, 'no_sync') and not last else contextlib.nullcontext():
+        with (
+            run.model.no_sync()
+            if hasattr(run.model, 'no_sync') and not last
+            else contextlib.nullcontext()
+        ):
             with run.autocast:
-                _, loss = run.model(x, y, reduction='sum')  # no logits back: none stay alive into the next forward
+                _, loss = run.model(
+                    x, y, reduction='sum'
+                )  # no logits back: none stay alive into the next forward
             loss = loss * scale
             loss.backward()
         loss_sum += loss.detach()
     grad_norm = clip_gradients(run.params, train.grad_clip)
     run.optimizer.step()
-    moe.update_router_bias(run.raw_model, train.router_bias_speed)  # MoE: the balance, outside the gradient
+    moe.update_router_bias(
+        run.raw_model, train.router_bias_speed
+    )  # MoE: the balance, outside the gradient
     run.optimizer.zero_grad(set_to_none=True)
     state.position += accumulation * cluster.world_size * train.micro_batch
     state.tokens_seen += batch_tokens
@@ -449,7 +528,9 @@ def due_after(run, stopping):
     signal: log it and checkpoint it, nothing else."""
     step, train, done = run.state.step, run.train, run.state.step == run.stop_step
     if stopping:
-        return {'log'} | ({'checkpoint'} if checkpoint.step_of(run.last_checkpoint) != step else set())
+        return {'log'} | (
+            {'checkpoint'} if checkpoint.step_of(run.last_checkpoint) != step else set()
+        )
     every = (
         ('log', train.log_every),
         ('eval', train.eval_every),
@@ -466,7 +547,9 @@ def due_after(run, stopping):
 
 
 def loop(run):
-    stop = guard.Stop(run.cluster)  # from here SIGINT and SIGTERM end the run with a checkpoint
+    stop = continuation.Stop(
+        run.cluster
+    )  # from here SIGINT and SIGTERM end the run with a checkpoint
     try:
         gc.collect()
         gc.freeze()  # the start-up objects will live all run: keep the collector from scanning them again
@@ -481,30 +564,49 @@ def loop(run):
                 continue  # the hot path: nothing read back from the device
             run.metrics.stop_clock()
             values = torch.stack([torch.stack((r.loss, r.grad_norm.float())) for r in pending])
-            values = guard.reduce_mean(values, run.cluster).tolist()  # [(loss, grad norm)] of the pending steps
-            spike = guard.find_spike(pending, values, run.state.loss_window, run.train)
+            values = processes.reduce_mean(
+                values, run.cluster
+            ).tolist()  # [(loss, grad norm)] of the pending steps
+            spike = continuation.find_spike(pending, values, run.state.loss_window, run.train)
             step, tokens, (loss, grad_norm) = run.state.step, run.state.tokens_seen, values[-1]
             if spike:
-                guard.roll_back(run, spike)  # to the last checkpoint, the data that led into the spike skipped
+                continuation.roll_back(
+                    run, spike
+                )  # to the last checkpoint, the data that led into the spike skipped
                 due = set()
             if 'log' in due:
                 run.metrics.log_step(
-                    pending[-1], run.stop_step if run.cooldown else run.total_steps, tokens, loss, grad_norm
+                    pending[-1],
+                    run.stop_step if run.cooldown else run.total_steps,
+                    tokens,
+                    loss,
+                    grad_norm,
                 )
                 if run.raw_model.moe:  # MoE: each expert's load, its CV and the router biases
-                    run.metrics.record({'step': step, 'tokens': tokens, **live.router_stats(run.raw_model)})
+                    run.metrics.record(
+                        {'step': step, 'tokens': tokens, **live_ledger.router_stats(run.raw_model)}
+                    )
             if 'hellaswag' in due:
                 evals.evaluate_hellaswag(run)
             if 'tasks' in due:
                 evals.evaluate_tasks(run)
             if 'eval' in due:
-                if isinstance(run.val, dict):  # a mixture: each source's val set alone, then their weighted total
+                if isinstance(
+                    run.val, dict
+                ):  # a mixture: each source's val set alone, then their weighted total
                     sources = run.meta['sources']
-                    scored = {name: evaluate(run, val, sources[name]['folder']) for name, val in run.val.items()}
-                    val_loss, val_bytes_per_token = run.metrics.record_sources(step, tokens, scored, sources)
+                    scored = {
+                        name: evaluate(run, val, sources[name]['folder'])
+                        for name, val in run.val.items()
+                    }
+                    val_loss, val_bytes_per_token = run.metrics.record_sources(
+                        step, tokens, scored, sources
+                    )
                 else:
                     val_loss, val_bytes_per_token = evaluate(run)
-                run.metrics.log_val(step, tokens, val_loss, val_bytes_per_token)  # metrics, log, summary
+                run.metrics.log_val(
+                    step, tokens, val_loss, val_bytes_per_token
+                )  # metrics, log, summary
             if 'checkpoint' in due:
                 save_checkpoint(run)
             if 'sample' in due:
@@ -522,7 +624,9 @@ def loop(run):
             f"done: {run.state.step} steps, {run.state.tokens_seen:,} tokens; {run.train.out_dir}/"
             f"report.md has the predicted-vs-measured table",
         )
-        guard.barrier(run.cluster)  # no rank tears the process group down while another still talks to it (gloo)
+        processes.barrier(
+            run.cluster
+        )  # no rank tears the process group down while another still talks to it (gloo)
         return 0
     finally:
         stop.restore()
@@ -532,7 +636,9 @@ def loop(run):
 def main(argv):
     run = None
     try:
-        with contextlib.ExitStack() as held:  # rank 0's lock on out_dir; a full disk there as one line
+        with (
+            contextlib.ExitStack() as held
+        ):  # rank 0's lock on out_dir; a full disk there as one line
             run = setup(argv, held)
             return 0 if run is None else loop(run)
     finally:

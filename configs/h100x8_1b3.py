@@ -21,7 +21,9 @@ micro_batch = 8  # the ledger's largest that fits is 16 (compiled ZeRO-2); 8 lea
 lr = 3e-4
 warmup_frac = 0.003
 compile = True
-parallel = 'zero2'  # ZeRO-2 via FSDP2: gradients and AdamW states sharded (2P + 14P/8 bytes, not 16P)
+parallel = (
+    'zero2'  # ZeRO-2 via FSDP2: gradients and AdamW states sharded (2P + 14P/8 bytes, not 16P)
+)
 gpu = 'H100'
 n_gpu = 8
 log_every = 10

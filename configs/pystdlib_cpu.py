@@ -21,7 +21,7 @@ lr = 2e-3  # a small model takes a large LR; cosine to 10% after 16 warmup steps
 warmup_frac = 0.05
 compile = True  # inductor on the CPU: ~30 s to compile, then ~1.7x the eager speed (README)
 # dtype 'auto' (the default): bf16 where this CPU's bf16 matmuls beat fp32 (measured at start-up), else fp32
-mfu = 0.18  # `python ledger.py`'s assumption (a Xeon with AMX, bf16); train.py measures this CPU's (live.py)
+mfu = 0.18  # `python ledger.py`'s assumption (a Xeon with AMX, bf16); train.py measures this CPU's (live_ledger.py)
 log_every = 10
 eval_every = 80
 eval_tokens = 65_536  # 256 val sequences

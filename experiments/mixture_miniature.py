@@ -20,15 +20,23 @@ import shutil
 import subprocess
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repo's modules
+sys.path.insert(
+    0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+)  # the repo's modules
 
 import prepare  # noqa: E402
 from config import cli  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CODE, PROSE = os.path.join('data', 'pystdlib'), os.path.join('data', 'pydoc_prose')
-SHAPE = ['--n_layer=2', '--n_embd=128', '--n_head=2']  # the CPU default's recipe, a quarter of its FLOPs per token
-PROSE_VAL_TOKENS = 16_384  # the first topics (alphabetically), held out; eval_tokens gives each source 8,192
+SHAPE = [
+    '--n_layer=2',
+    '--n_embd=128',
+    '--n_head=2',
+]  # the CPU default's recipe, a quarter of its FLOPs per token
+PROSE_VAL_TOKENS = (
+    16_384  # the first topics (alphabetically), held out; eval_tokens gives each source 8,192
+)
 
 
 def make_folders(code=CODE, prose=PROSE):
@@ -45,7 +53,9 @@ def make_folders(code=CODE, prose=PROSE):
         with open(topics, 'w') as f:
             for name in sorted(pydoc_data.topics.topics):
                 f.write(json.dumps({'text': pydoc_data.topics.topics[name]}) + '\n')
-        prepare.prepare_files([topics], prose, tokenizer=code_meta['tokenizer'], val_tokens=PROSE_VAL_TOKENS)
+        prepare.prepare_files(
+            [topics], prose, tokenizer=code_meta['tokenizer'], val_tokens=PROSE_VAL_TOKENS
+        )
     return code, prose
 
 
@@ -123,11 +133,17 @@ def table(out_dirs):
 
 @cli
 def main(argv):
-    parser = argparse.ArgumentParser(prog="experiments/mixture_miniature.py", description=__doc__.split('\n\n')[0])
-    parser.add_argument(
-        '--code', default='0.9,0.5,0.1', help="the code's shares, comma-separated (default 0.9,0.5,0.1)"
+    parser = argparse.ArgumentParser(
+        prog="experiments/mixture_miniature.py", description=__doc__.split('\n\n')[0]
     )
-    parser.add_argument('--tokens', type=float, default=524_288, help='tokens per run (default 524,288)')
+    parser.add_argument(
+        '--code',
+        default='0.9,0.5,0.1',
+        help="the code's shares, comma-separated (default 0.9,0.5,0.1)",
+    )
+    parser.add_argument(
+        '--tokens', type=float, default=524_288, help='tokens per run (default 524,288)'
+    )
     args = parser.parse_args(argv)
     shares = [float(part) for part in args.code.split(',')]
     os.chdir(ROOT)

@@ -22,22 +22,35 @@ import statistics
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repo's modules
+sys.path.insert(
+    0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+)  # the repo's modules
 
 import ledger  # noqa: E402
 import sweep  # noqa: E402 (experiments/ is on sys.path when this file runs)
 from config import ConfigError, cli, load_config  # noqa: E402
 
 ROOT = sweep.ROOT
-MOE_KEYS = ('n_experts', 'top_k', 'expert_hidden', 'n_shared_experts', 'n_dense_layers', 'route_scale')
-SMALL = dict(vocab_size=512, n_embd=128, n_head=2, block_size=128, batch_tokens=4096, micro_batch=16)
+MOE_KEYS = (
+    'n_experts',
+    'top_k',
+    'expert_hidden',
+    'n_shared_experts',
+    'n_dense_layers',
+    'route_scale',
+)
+SMALL = dict(
+    vocab_size=512, n_embd=128, n_head=2, block_size=128, batch_tokens=4096, micro_batch=16
+)
 
 
 def points(small=False):
     """{name: overrides of configs/pystdlib_cpu.py}: the dense model and configs/pystdlib_moe.py's experts."""
     moe, moe_train = load_config(os.path.join(ROOT, 'configs/pystdlib_moe.py'))
     experts = {key: getattr(moe, key) for key in MOE_KEYS}
-    experts.update(router_bias_speed=moe_train.router_bias_speed, aux_loss_coef=moe_train.aux_loss_coef)
+    experts.update(
+        router_bias_speed=moe_train.router_bias_speed, aux_loss_coef=moe_train.aux_loss_coef
+    )
     shrink = SMALL if small else {}
     if small:  # (top_k + shared) x expert_hidden = the dense H' at width 128 (512)
         experts['expert_hidden'] = 512 // (experts['top_k'] + experts['n_shared_experts'])
@@ -61,7 +74,9 @@ def main(argv):
     argv = [a for a in argv if a != '--small']
     options = dict(a[2:].split('=', 1) for a in argv if a.startswith('--') and '=' in a)
     if set(options) - {'minutes', 'out'} or len(options) != len(argv):
-        raise ConfigError('usage: python experiments/moe_vs_dense.py [--minutes=3] [--small] [--out=FOLDER]')
+        raise ConfigError(
+            'usage: python experiments/moe_vs_dense.py [--minutes=3] [--small] [--out=FOLDER]'
+        )
     seconds = 60 * float(options.get('minutes', 3))
     out = os.path.abspath(options.get('out', os.path.join(ROOT, 'out', 'moe_vs_dense')))
     import torch
@@ -75,7 +90,9 @@ def main(argv):
     rows = []
     for name, point in points(small).items():
         folder = os.path.join(out, name)
-        _, per_step = sweep.run_ours(point, data, folder + '_calibration')  # a short run: seconds per step
+        _, per_step = sweep.run_ours(
+            point, data, folder + '_calibration'
+        )  # a short run: seconds per step
         steps = max(1, int(seconds / per_step))
         elapsed, val_loss, trained = sweep.run_ours(point, data, folder, steps)
         tokens_per_s, peak_bytes, load_cv = measured(folder)
@@ -93,7 +110,9 @@ def main(argv):
             tokens_per_s=round(tokens_per_s),
             peak_mib=round(peak_bytes / 2**20),
             val_loss=round(val_loss, 4),
-            val_bpb=round(ledger.bits_per_byte(val_loss, sweep.val_bytes_per_token(data, model.block_size)), 4),
+            val_bpb=round(
+                ledger.bits_per_byte(val_loss, sweep.val_bytes_per_token(data, model.block_size)), 4
+            ),
             load_cv=[round(cv, 3) for cv in load_cv] if load_cv else None,
         )
         rows.append(row)

@@ -32,7 +32,9 @@ import zlib
 import numpy as np
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repo's modules
+sys.path.insert(
+    0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+)  # the repo's modules
 
 import checkpoint  # noqa: E402
 import data as data_files  # noqa: E402 (the module; `data` names a data folder below)
@@ -44,7 +46,13 @@ import sweep  # noqa: E402
 import train  # noqa: E402
 from config import cli, load_config  # noqa: E402
 
-CASES = {'clm': {}, 'prefix_lm': {}, 'fim_0.5': {'fim_rate': 0.5}, 'fim_0.9': {'fim_rate': 0.9}, 'ul2': {}}
+CASES = {
+    'clm': {},
+    'prefix_lm': {},
+    'fim_0.5': {'fim_rate': 0.5},
+    'fim_0.9': {'fim_rate': 0.9},
+    'ul2': {},
+}
 SIMPLE = (
     ast.Assign,
     ast.AugAssign,
@@ -61,7 +69,9 @@ SIMPLE = (
 
 def objective_flags(case):
     """train.py's flags for a case: --objective=fim --fim_rate=0.9."""
-    return [f"--objective={case.split('_0.')[0]}"] + [f'--{key}={value}' for key, value in CASES[case].items()]
+    return [f"--objective={case.split('_0.')[0]}"] + [
+        f'--{key}={value}' for key, value in CASES[case].items()
+    ]
 
 
 # -----------------------------------------------------------------------------------------------------
@@ -91,7 +101,9 @@ def infilling_examples(encoding, block_size, count, seed):
         except SyntaxError:
             continue
         lines = text.splitlines(keepends=True)
-        for function in (n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))):
+        for function in (
+            n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
+        ):
             statements = [
                 s
                 for s in ast.walk(function)
@@ -112,7 +124,9 @@ def infilling_examples(encoding, block_size, count, seed):
             start = before + len(content) - len(content.lstrip())
             starts, ends = token_spans(encoding, ids)
             touched = np.flatnonzero((ends > start) & (starts < before + len(content)))
-            found.append((ids[: touched[0]], ids[touched[0] : touched[-1] + 1], ids[touched[-1] + 1 :]))
+            found.append(
+                (ids[: touched[0]], ids[touched[0] : touched[-1] + 1], ids[touched[-1] + 1 :])
+            )
     picked = rng.permutation(len(found))[:count]
     return [found[i] for i in sorted(picked)]
 
@@ -124,7 +138,9 @@ def infilling_accuracy(model, encoding, fim_ids, examples):
     for prefix, middle, suffix in examples:
         truth = encoding.decode(middle)
         prompt = torch.tensor([sample.fim_prompt(eot, fim_ids, prefix, suffix)])
-        (tokens,) = sample.generate_until(model, prompt, len(middle) + 8, eot, temperature=0, top_k=None)
+        (tokens,) = sample.generate_until(
+            model, prompt, len(middle) + 8, eot, temperature=0, top_k=None
+        )
         fim_hits += encoding.decode([t for t in tokens if t < encoding.n_vocab]) == truth
         start = torch.tensor([[eot, *prefix]])
         tokens = model.generate(start, len(middle) + 2, temperature=0)[0, start.size(1) :].tolist()
@@ -136,10 +152,15 @@ def val_bits_per_byte(model, data, block_size, val_tokens):
     """Plain next-token loss over the first val_tokens of the val split, in bits per byte (of the targets' own
     text, data.target_bytes) and nats."""
     shard = np.concatenate(
-        [np.asarray(data_files.open_shard(p), dtype=np.int64) for p in data_files.list_shards(data, 'val')]
+        [
+            np.asarray(data_files.open_shard(p), dtype=np.int64)
+            for p in data_files.list_shards(data, 'val')
+        ]
     )[: val_tokens + 1]
     n = (len(shard) - 1) // block_size
-    rows = np.stack([shard[k * block_size : (k + 1) * block_size + 1] for k in range(n)])  # each with its next token
+    rows = np.stack(
+        [shard[k * block_size : (k + 1) * block_size + 1] for k in range(n)]
+    )  # each with its next token
     loss = sweep.mean_loss(lambda x, y: model(x, y)[1], torch.from_numpy(rows))
     bytes_per_token = data_files.target_bytes(data, rows[:, 1:]) / rows[:, 1:].size
     return ledger.bits_per_byte(loss, bytes_per_token), loss, n * block_size
@@ -160,11 +181,17 @@ def transform_ms(objective, stream, micro_batch, repeats=200):
 def main(argv):
     parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0].strip())
     parser.add_argument('--config', default='configs/pystdlib_cpu.py')
-    parser.add_argument('--data', default='data/pystdlib_special', help='a pystdlib folder with the special tokens')
+    parser.add_argument(
+        '--data', default='data/pystdlib_special', help='a pystdlib folder with the special tokens'
+    )
     parser.add_argument('--out', default='out/objectives')
     parser.add_argument('--cases', default=','.join(CASES), help=f"any of {', '.join(CASES)}")
-    parser.add_argument('--seeds', default='1337', help='comma-separated: one run per case and seed')
-    parser.add_argument('--val_tokens', type=int, default=262_144, help='val tokens for the bits per byte')
+    parser.add_argument(
+        '--seeds', default='1337', help='comma-separated: one run per case and seed'
+    )
+    parser.add_argument(
+        '--val_tokens', type=int, default=262_144, help='val tokens for the bits per byte'
+    )
     parser.add_argument('--examples', type=int, default=300, help='held-out infilling examples')
     parser.add_argument('overrides', nargs='*', help='--key=value for train.py, after a --')
     args = parser.parse_args(argv)
@@ -190,12 +217,19 @@ def main(argv):
             model_cfg, train_cfg = load_config(args.config, flags[1:])
             objective = objectives.build(train_cfg, meta)
             model, _ = checkpoint.load_model(out_dir, torch.device('cpu'))
-            bpb, loss, counted = val_bits_per_byte(model, args.data, model_cfg.block_size, args.val_tokens)
+            bpb, loss, counted = val_bits_per_byte(
+                model, args.data, model_cfg.block_size, args.val_tokens
+            )
             examples = infilling_examples(encoding, model_cfg.block_size, args.examples, seed=0)
             fim_match, l2r_match = infilling_accuracy(model, encoding, fim_ids, examples)
             with open(os.path.join(out_dir, 'summary.json')) as f:
                 summary = json.load(f)
-            step_ms = 1000 * train_cfg.micro_batch * model_cfg.block_size / summary['tokens_per_s_measured']
+            step_ms = (
+                1000
+                * train_cfg.micro_batch
+                * model_cfg.block_size
+                / summary['tokens_per_s_measured']
+            )
             stream = data_files.open_data(model_cfg, train_cfg)[0]
             host_ms = transform_ms(objective, stream, train_cfg.micro_batch)
             results.append(
@@ -238,7 +272,10 @@ def table(results, examples):
     for case, rows in by_case.items():
         bpb = [r['val_bpb'] for r in rows]
         spread = f" ± {np.std(bpb, ddof=1):.4f}" if len(rows) > 1 else ''
-        fim, l2r = np.mean([r['fim_exact'] for r in rows]), np.mean([r['l2r_prefix_match'] for r in rows])
+        fim, l2r = (
+            np.mean([r['fim_exact'] for r in rows]),
+            np.mean([r['l2r_prefix_match'] for r in rows]),
+        )
         se = math.sqrt(max(fim * (1 - fim), 1e-12) / (examples * len(rows)))
         lines.append(
             f"| {case} | {rows[0]['loss_fraction']:.2f} | {np.mean(bpb):.4f}{spread} | "

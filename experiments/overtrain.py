@@ -24,7 +24,9 @@ import os
 import shlex
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repo's modules
+sys.path.insert(
+    0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+)  # the repo's modules
 
 import checkpoint  # noqa: E402
 import ledger  # noqa: E402
@@ -54,7 +56,9 @@ USAGE = 'usage: python experiments/overtrain.py CONFIG [--key=value ...] [--lrs=
 def stable_steps(total_steps, train_cfg):
     """wsd: the checkpoints (steps done) a branch may start from: warmup complete, the next step still at the peak.
     h200_1b3_overtrain: steps 572 to 152,587 of 190,735."""
-    return range(train.warmup_steps(total_steps, train_cfg), train.wsd_decay(total_steps, train_cfg)[0])
+    return range(
+        train.warmup_steps(total_steps, train_cfg), train.wsd_decay(total_steps, train_cfg)[0]
+    )
 
 
 def branch_points(train_cfg, micro_step_tokens):
@@ -70,7 +74,9 @@ def branch_points(train_cfg, micro_step_tokens):
     points = {}
     for length in train_cfg.cooldowns:
         start = round((1 - train_cfg.decay_frac) * length)
-        step = train.planned_steps(dataclasses.replace(train_cfg, train_tokens=start), micro_step_tokens)
+        step = train.planned_steps(
+            dataclasses.replace(train_cfg, train_tokens=start), micro_step_tokens
+        )
         if step not in stable:
             raise ConfigError(
                 f"cooldowns: the branch of {length:,} tokens would start at step {step:,} ({start:,} "
@@ -111,8 +117,12 @@ def check_branch_start(path, model_cfg, train_cfg):
             f"a wsd run (a {main['schedule']} run's LR falls at every step)"
         )
     # the main run's schedule as it was written: this config with the checkpoint's own keys (train_tokens, say)
-    main_train = dataclasses.replace(train_cfg, **{k: v for k, v in main.items() if hasattr(train_cfg, k)})
-    total_steps = train.planned_steps(main_train, train.tokens_per_micro_step(model_cfg, main_train, 1))
+    main_train = dataclasses.replace(
+        train_cfg, **{k: v for k, v in main.items() if hasattr(train_cfg, k)}
+    )
+    total_steps = train.planned_steps(
+        main_train, train.tokens_per_micro_step(model_cfg, main_train, 1)
+    )
     stable = stable_steps(total_steps, main_train)
     if step not in stable:
         raise ConfigError(
@@ -202,7 +212,10 @@ def bill(model_cfg, train_cfg, runs):
             f"{run.length / chinchilla:.2f} | {duration(run.tokens * days_per_token)} | "
             f"${run.tokens * cost_per_token:,.0f} |"
         )
-    for what, kinds in (('wsd and its branches', ('wsd', 'cooldown')), ('the cosine runs', ('cosine',))):
+    for what, kinds in (
+        ('wsd and its branches', ('wsd', 'cooldown')),
+        ('the cosine runs', ('cosine',)),
+    ):
         tokens = sum(run.tokens for run in runs if run.schedule in kinds)
         rows.append(
             f"| {what} | | {si(tokens)} | | | {duration(tokens * days_per_token)} | ${tokens * cost_per_token:,.0f} |"
@@ -261,11 +274,15 @@ def at_best_lr(sweep, chinchilla):
                 for run in runs
                 if run.length == length and (run.schedule == 'cosine') == is_cosine
             ]
-            best.append(min(((bpb, lr) for bpb, lr in scores if bpb is not None), default=(None, None)))
+            best.append(
+                min(((bpb, lr) for bpb, lr in scores if bpb is not None), default=(None, None))
+            )
         (wsd, wsd_lr), (cosine, cosine_lr) = best
         cells = [f'{v:.4f} | {lr:g}' if v is not None else '- | -' for v, lr in best]
         difference = f'{wsd - cosine:+.4f}' if wsd is not None and cosine is not None else '-'
-        rows.append(f"| {ledger_report.si(length)} | {length / chinchilla:.2f} | {' | '.join(cells)} | {difference} |")
+        rows.append(
+            f"| {ledger_report.si(length)} | {length / chinchilla:.2f} | {' | '.join(cells)} | {difference} |"
+        )
     return rows
 
 
@@ -275,7 +292,9 @@ def parse_lrs(argv):
     try:
         lrs = tuple(float(v) for v in ','.join(given).split(',') if v)
     except ValueError:
-        raise ConfigError(f"--lrs={','.join(given)}: expected peak LRs, comma-separated (1e-3,3e-3,1e-2)") from None
+        raise ConfigError(
+            f"--lrs={','.join(given)}: expected peak LRs, comma-separated (1e-3,3e-3,1e-2)"
+        ) from None
     if any(lr <= 0 for lr in lrs):
         raise ConfigError(f"--lrs: every LR must be positive, got {lrs}")
     return lrs
@@ -316,11 +335,20 @@ def experiment(config_path, overrides, planning):
     model_cfg, train_cfg = load_config(config_path, overrides)
     runs = plan(model_cfg, train_cfg)
     rows, prediction = bill(model_cfg, train_cfg, runs)
-    launcher = f"torchrun --nproc_per_node={train_cfg.n_gpu}" if prediction['gpu']['kind'] == 'gpu' else 'python'
-    commands = [f"{launcher} {shlex.join(['train.py', config_path, *overrides, *run.flags])}" for run in runs]
+    launcher = (
+        f"torchrun --nproc_per_node={train_cfg.n_gpu}"
+        if prediction['gpu']['kind'] == 'gpu'
+        else 'python'
+    )
+    commands = [
+        f"{launcher} {shlex.join(['train.py', config_path, *overrides, *run.flags])}"
+        for run in runs
+    ]
     print(
         f"the experiment, billed by the ledger for {train_cfg.n_gpu} x {prediction['gpu']['name']} at an assumed "
-        f"{train_cfg.mfu:.0%} MFU:\n" + '\n'.join(rows) + '\n\ncommands, in order (a branch starts from a '
+        f"{train_cfg.mfu:.0%} MFU:\n"
+        + '\n'.join(rows)
+        + '\n\ncommands, in order (a branch starts from a '
         'checkpoint the main run keeps):\n' + '\n'.join(commands),
         flush=True,
     )
@@ -329,13 +357,20 @@ def experiment(config_path, overrides, planning):
     for run in runs:
         if run.start:
             check_branch_start(run.start, model_cfg, train_cfg)
-        resume = ['--resume'] if checkpoint.latest(run.out_dir) else []  # a complete run resumes to its end: at once
+        resume = (
+            ['--resume'] if checkpoint.latest(run.out_dir) else []
+        )  # a complete run resumes to its end: at once
         code = train.main([config_path, *overrides, *run.flags, *resume])
         if code:
             return code
-    print('\nfinal val loss, bits per byte:\n' + '\n'.join(results(runs, prediction['data']['chinchilla_tokens'])))
+    print(
+        '\nfinal val loss, bits per byte:\n'
+        + '\n'.join(results(runs, prediction['data']['chinchilla_tokens']))
+    )
     try:
-        print(f"\n{plot.draw([train_cfg.out_dir], os.path.join(train_cfg.out_dir, 'branches.png'), branches=True)}")
+        print(
+            f"\n{plot.draw([train_cfg.out_dir], os.path.join(train_cfg.out_dir, 'branches.png'), branches=True)}"
+        )
     except UserError as e:  # matplotlib missing: the table stands without the picture
         print(f"\nbranches.png not drawn: {e}")
     return 0

@@ -32,23 +32,63 @@ import time
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repo's modules
+sys.path.insert(
+    0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+)  # the repo's modules
 
 import data as data_files  # noqa: E402 (the module; `data` names a data folder below)
 import ledger  # noqa: E402
 import prepare  # noqa: E402
 from config import ConfigError, cli, load_config  # noqa: E402
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repo's root: train.py, configs/, data/
+ROOT = os.path.dirname(
+    os.path.dirname(os.path.abspath(__file__))
+)  # the repo's root: train.py, configs/, data/
 EVAL_TOKENS = 131_072
 # The grid: overrides of configs/pystdlib_cpu.py, a point each; vocab_size picks the data folder (bpe:V).
 GRID = [
-    dict(vocab_size=8192, n_layer=4, n_embd=256, n_head=4, batch_tokens=8192, micro_batch=16, lr=2e-3),
-    dict(vocab_size=8192, n_layer=4, n_embd=256, n_head=4, batch_tokens=8192, micro_batch=16, lr=4e-3),
-    dict(vocab_size=8192, n_layer=4, n_embd=256, n_head=4, batch_tokens=16384, micro_batch=16, lr=4e-3),
-    dict(vocab_size=8192, n_layer=6, n_embd=384, n_head=6, batch_tokens=16384, micro_batch=16, lr=2e-3),
-    dict(vocab_size=4096, n_layer=6, n_embd=384, n_head=6, batch_tokens=16384, micro_batch=16, lr=2e-3),
-    dict(vocab_size=8192, n_layer=8, n_embd=512, n_head=8, batch_tokens=16384, micro_batch=16, lr=1.5e-3),
+    dict(
+        vocab_size=8192, n_layer=4, n_embd=256, n_head=4, batch_tokens=8192, micro_batch=16, lr=2e-3
+    ),
+    dict(
+        vocab_size=8192, n_layer=4, n_embd=256, n_head=4, batch_tokens=8192, micro_batch=16, lr=4e-3
+    ),
+    dict(
+        vocab_size=8192,
+        n_layer=4,
+        n_embd=256,
+        n_head=4,
+        batch_tokens=16384,
+        micro_batch=16,
+        lr=4e-3,
+    ),
+    dict(
+        vocab_size=8192,
+        n_layer=6,
+        n_embd=384,
+        n_head=6,
+        batch_tokens=16384,
+        micro_batch=16,
+        lr=2e-3,
+    ),
+    dict(
+        vocab_size=4096,
+        n_layer=6,
+        n_embd=384,
+        n_head=6,
+        batch_tokens=16384,
+        micro_batch=16,
+        lr=2e-3,
+    ),
+    dict(
+        vocab_size=8192,
+        n_layer=8,
+        n_embd=512,
+        n_head=8,
+        batch_tokens=16384,
+        micro_batch=16,
+        lr=1.5e-3,
+    ),
 ]
 
 
@@ -62,7 +102,9 @@ def data_folder(vocab):
 
 def val_sequences(data, block_size):
     """The fixed val set both trainers are scored on: the first EVAL_TOKENS of the val split, windows of T + 1."""
-    tokens = np.concatenate([np.asarray(data_files.open_shard(p)) for p in data_files.list_shards(data, 'val')])
+    tokens = np.concatenate(
+        [np.asarray(data_files.open_shard(p)) for p in data_files.list_shards(data, 'val')]
+    )
     tokens = tokens[: EVAL_TOKENS + 1].astype(np.int64)
     n = (len(tokens) - 1) // block_size
     return np.stack([tokens[i * block_size : i * block_size + block_size + 1] for i in range(n)])
@@ -77,7 +119,9 @@ def mean_loss(forward, sequences, batch=16):
     with torch.no_grad():
         for i in range(0, len(sequences), batch):
             chunk = sequences[i : i + batch]
-            total += forward(chunk[:, :-1].contiguous(), chunk[:, 1:].contiguous()).item() * len(chunk)
+            total += forward(chunk[:, :-1].contiguous(), chunk[:, 1:].contiguous()).item() * len(
+                chunk
+            )
     return total / len(sequences)
 
 
@@ -101,7 +145,9 @@ def val_bytes_per_token(data, block_size):
 
 def point_config(point):
     """(ModelConfig, TrainConfig) of a grid point: configs/pystdlib_cpu.py with the point's overrides."""
-    return load_config(os.path.join(ROOT, 'configs/pystdlib_cpu.py'), [f'--{k}={v}' for k, v in point.items()])
+    return load_config(
+        os.path.join(ROOT, 'configs/pystdlib_cpu.py'), [f'--{k}={v}' for k, v in point.items()]
+    )
 
 
 def run_ours(point, data, out_dir, steps=None):
@@ -124,7 +170,10 @@ def run_ours(point, data, out_dir, steps=None):
         ]
     start = time.perf_counter()
     result = subprocess.run(
-        [sys.executable, 'train.py', 'configs/pystdlib_cpu.py', *flags], cwd=ROOT, capture_output=True, text=True
+        [sys.executable, 'train.py', 'configs/pystdlib_cpu.py', *flags],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
     )
     elapsed = time.perf_counter() - start
     if result.returncode:
@@ -156,7 +205,9 @@ def export_for_nanogpt(data, nanogpt):
     for split in ('train', 'val'):
         path = os.path.join(folder, f'{split}.bin')
         if not os.path.exists(path):
-            tokens = np.concatenate([np.asarray(data_files.open_shard(p)) for p in data_files.list_shards(data, split)])
+            tokens = np.concatenate(
+                [np.asarray(data_files.open_shard(p)) for p in data_files.list_shards(data, split)]
+            )
             tokens.astype(np.uint16).tofile(path)
     with open(os.path.join(folder, 'meta.pkl'), 'wb') as f:
         pickle.dump({'vocab_size': data_files.load_meta(data)['vocab_size']}, f)
@@ -205,12 +256,19 @@ def run_nanogpt(point, data, out_dir, steps=None, nanogpt=None):
     )
     elapsed = time.perf_counter() - start
     if result.returncode:
-        raise ConfigError(f"nanoGPT's train.py failed on {point}: {result.stderr.strip().splitlines()[-1]}")
-    times = [float(t) / 1000 for t in re.findall(r'^iter \d+: loss [\d.]+, time ([\d.]+)ms', result.stdout, re.M)]
+        raise ConfigError(
+            f"nanoGPT's train.py failed on {point}: {result.stderr.strip().splitlines()[-1]}"
+        )
+    times = [
+        float(t) / 1000
+        for t in re.findall(r'^iter \d+: loss [\d.]+, time ([\d.]+)ms', result.stdout, re.M)
+    ]
     if steps is None:
         per_step = statistics.fmean(times[2:])  # iter 0 and 1: compile and warm-up
         return elapsed - per_step * (len(times) - 1), per_step
-    scored = score_nanogpt(nanogpt, os.path.join(nanogpt, out_dir, 'ckpt.pt'), data, model_cfg.block_size)
+    scored = score_nanogpt(
+        nanogpt, os.path.join(nanogpt, out_dir, 'ckpt.pt'), data, model_cfg.block_size
+    )
     return elapsed, scored, sum(times)
 
 
@@ -220,7 +278,9 @@ def score_nanogpt(nanogpt, path, data, block_size):
 
     import torch
 
-    spec = importlib.util.spec_from_file_location('nanogpt_model', os.path.join(nanogpt, 'model.py'))  # not ours
+    spec = importlib.util.spec_from_file_location(
+        'nanogpt_model', os.path.join(nanogpt, 'model.py')
+    )  # not ours
     nanogpt_model = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(nanogpt_model)
     saved = torch.load(path, map_location='cpu', weights_only=False)
@@ -259,12 +319,16 @@ def main(argv):
             'usage: python experiments/sweep.py [--minutes=5] [--nanogpt=PATH] [--points=I,J,...] [--out=FOLDER]'
         )
     seconds = 60 * float(options.get('minutes', 5))
-    chosen = [int(i) for i in options['points'].split(',')] if 'points' in options else range(len(GRID))
+    chosen = (
+        [int(i) for i in options['points'].split(',')] if 'points' in options else range(len(GRID))
+    )
     points = [(index, GRID[index]) for index in chosen]
     out = os.path.abspath(options.get('out', os.path.join(ROOT, 'out', 'sweep')))
     nanogpt = os.path.abspath(options['nanogpt']) if 'nanogpt' in options else None
     if nanogpt and not os.path.isfile(os.path.join(nanogpt, 'train.py')):
-        raise ConfigError(f"--nanogpt={nanogpt}: no train.py there (a checkout of github.com/karpathy/nanoGPT)")
+        raise ConfigError(
+            f"--nanogpt={nanogpt}: no train.py there (a checkout of github.com/karpathy/nanoGPT)"
+        )
     import torch
 
     print(
@@ -280,7 +344,9 @@ def main(argv):
             trainers['nanoGPT'] = functools.partial(run_nanogpt, nanogpt=nanogpt)
         for name, train_point in trainers.items():  # alternating: the machine's drift falls on both
             folder = os.path.join(out, f'{index}_{name}')
-            steps, elapsed, val_loss, trained = budgeted_run(train_point, point, data, folder, seconds)
+            steps, elapsed, val_loss, trained = budgeted_run(
+                train_point, point, data, folder, seconds
+            )
             row = dict(
                 point=index,
                 trainer=name,
@@ -290,7 +356,10 @@ def main(argv):
                 train_seconds=round(trained, 1),
                 val_loss=round(val_loss, 4),
                 val_bpb=round(
-                    ledger.bits_per_byte(val_loss, val_bytes_per_token(data, point_config(point)[0].block_size)), 4
+                    ledger.bits_per_byte(
+                        val_loss, val_bytes_per_token(data, point_config(point)[0].block_size)
+                    ),
+                    4,
                 ),
                 **point,
             )

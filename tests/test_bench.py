@@ -10,7 +10,9 @@ import sys
 
 import bench
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repo's root, where train.py is
+ROOT = os.path.dirname(
+    os.path.dirname(os.path.abspath(__file__))
+)  # the repo's root, where train.py is
 
 
 def test_device_script_runs_every_default_case_at_a_tiny_size(tmp_path):
@@ -26,9 +28,17 @@ def test_device_script_runs_every_default_case_at_a_tiny_size(tmp_path):
     lines = [json.loads(line) for line in (out / 'bench.jsonl').read_text().splitlines()]
     assert [line['case'] for line in lines] == bench.DEFAULT_CASES
     for line in lines:
-        assert line['device'].startswith('CPU (') and line['torch'] and line['sdpa'] == 'flash attention'
+        assert (
+            line['device'].startswith('CPU (')
+            and line['torch']
+            and line['sdpa'] == 'flash attention'
+        )
         assert line['steps_timed'] == 2 and line['tokens_per_s'] > 0 and 0 < line['mfu'] < 1
-        assert line['tokens_per_s_predicted'] > 0 and line['peak_bytes'] > 0 and line['peak_bytes_predicted'] > 0
+        assert (
+            line['tokens_per_s_predicted'] > 0
+            and line['peak_bytes'] > 0
+            and line['peak_bytes_predicted'] > 0
+        )
         assert line['compile'] is False and line['loss'] > 0  # tiny: eager, a real loss
     assert [(line['recompute'], line['micro_batch']) for line in lines] == [
         (False, 2),
@@ -40,7 +50,10 @@ def test_device_script_runs_every_default_case_at_a_tiny_size(tmp_path):
 
 def test_a_bad_case_is_one_line(tmp_path):
     result = subprocess.run(
-        [sys.executable, 'bench.py', '--tiny', '--stepz=2'], cwd=ROOT, capture_output=True, text=True
+        [sys.executable, 'bench.py', '--tiny', '--stepz=2'],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
     )
     assert result.returncode == 2 and result.stderr.startswith('error: unknown option --stepz=2')
     assert result.stderr.count('\n') == 1

@@ -18,7 +18,9 @@ import sweep
 
 
 def val_tokens(folder):
-    return np.concatenate([np.asarray(data.open_shard(p), dtype=np.int64) for p in data.list_shards(folder, 'val')])
+    return np.concatenate(
+        [np.asarray(data.open_shard(p), dtype=np.int64) for p in data.list_shards(folder, 'val')]
+    )
 
 
 def test_target_bytes_are_the_decoded_texts_bytes(pystdlib_data):
@@ -43,14 +45,20 @@ def test_neox_token_bytes_through_the_tokenizers_library(pystdlib_data, tmp_path
     a special token: the same bytes per id as tiktoken's, 4 for the run, 0 for the special tokens."""
     enc = data.load_tokenizer(pystdlib_data)
     spec = json.loads(export.hf_tokenizer(enc).to_str())
-    spec['added_tokens'].append(dict(spec['added_tokens'][0], id=512, content='    ', special=False))
+    spec['added_tokens'].append(
+        dict(spec['added_tokens'][0], id=512, content='    ', special=False)
+    )
     folder = tmp_path / 'neox_data'
     folder.mkdir()
     (folder / 'tokenizer.json').write_text(json.dumps({'name': 'neox', 'tokenizers': spec}))
     hf = data.load_tokenizer(str(folder))
     assert isinstance(hf, data.HFEncoding)
     ours, theirs = data.token_byte_lengths(enc), data.token_byte_lengths(hf)
-    assert theirs[:512].tolist() == ours[:512].tolist() and theirs[512] == 4 and ours[enc.eot_token] == 0
+    assert (
+        theirs[:512].tolist() == ours[:512].tolist()
+        and theirs[512] == 4
+        and ours[enc.eot_token] == 0
+    )
     text = 'def f(x):\n    return "café 東京 🐍"  # a comment\n'
     ids = hf.encode_ordinary(text)
     assert 512 in ids and data.target_bytes(str(folder), np.array(ids)) == len(text.encode())
@@ -59,7 +67,9 @@ def test_neox_token_bytes_through_the_tokenizers_library(pystdlib_data, tmp_path
 def test_sweep_scores_in_the_val_targets_own_bytes(pystdlib_data):
     rows = sweep.val_sequences(pystdlib_data, 32)
     enc = data.load_tokenizer(pystdlib_data)
-    text_bytes = len(enc.decode_bytes([t for t in rows[:, 1:].ravel().tolist() if t != enc.eot_token]))
+    text_bytes = len(
+        enc.decode_bytes([t for t in rows[:, 1:].ravel().tolist() if t != enc.eot_token])
+    )
     assert sweep.val_bytes_per_token(pystdlib_data, 32) == text_bytes / rows[:, 1:].size
     torch.manual_seed(0)
 

@@ -1,7 +1,7 @@
 """
 test_communication.py: Ledger 5 against what train.py's processes really send, and its printed verdict.
 
-1. Bytes, exact: 2 and 4 gloo processes run train.py's own step (train.build_run + train_step, then guard.Stop's
+1. Bytes, exact: 2 and 4 gloo processes run train.py's own step (train.build_run + train_step, then continuation.Stop's
    agreement, as the loop does) for every parallel mode with 1 and 3 micro-steps, on a tiny Llama whose DDP
    gradients fill two buckets and whose vocab FSDP2 pads. Torch's flight recorder (TORCH_FR_BUFFER_SIZE) logs
    every collective a process group runs, whoever calls it: DDP's C++ reducer, FSDP2, ZeroRedundancyOptimizer,
@@ -28,7 +28,9 @@ import ledger
 import ledger_report
 from config import ModelConfig, load_config
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repo's root, where train.py is
+ROOT = os.path.dirname(
+    os.path.dirname(os.path.abspath(__file__))
+)  # the repo's root, where train.py is
 MODES = ['ddp', 'zero1', 'zero2', 'fsdp']
 ACCUMULATIONS = [1, 3]
 # 2 x 64 Llama with GQA. V = 3001: DDP's gradients (507,328 fp32) close a first bucket at 1 MiB, so there are two;
@@ -51,7 +53,7 @@ COUNT = '''
 import json, os, pickle, sys
 import torch
 import torch.distributed as dist
-import data, guard, train
+import continuation, data, processes, train
 from config import load_config
 
 def recorded():
@@ -65,9 +67,9 @@ def counting(output, input, *args, **kwargs):
 dist.reduce_scatter_single = counting
 
 config, out = sys.argv[1], sys.argv[2]
-cluster = guard.setup_cluster()
-guard.join_process_group(cluster)
-stop = guard.Stop(cluster)
+cluster = processes.setup_cluster()
+processes.join_process_group(cluster)
+stop = continuation.Stop(cluster)
 counted = {}
 MOE = ['--n_experts=4', '--top_k=2', '--expert_hidden=32', '--n_shared_experts=1', '--n_dense_layers=1']
 cases = [
@@ -142,7 +144,13 @@ def launched(tmp_path_factory):
     for world_size in (2, 4):
         (tmp / str(world_size)).mkdir()
         runs[world_size] = subprocess.Popen(
-            [sys.executable, '-m', 'torch.distributed.run', '--standalone', f'--nproc_per_node={world_size}']
+            [
+                sys.executable,
+                '-m',
+                'torch.distributed.run',
+                '--standalone',
+                f'--nproc_per_node={world_size}',
+            ]
             + [str(script), str(config), str(tmp / str(world_size))],
             cwd=ROOT,
             stdout=subprocess.PIPE,
@@ -156,7 +164,8 @@ def launched(tmp_path_factory):
             output, _ = process.communicate(timeout=900)
             assert process.returncode == 0, output[-5000:]
             counted[world_size] = [
-                json.loads((tmp / str(world_size) / f'rank{rank}.json').read_text()) for rank in range(world_size)
+                json.loads((tmp / str(world_size) / f'rank{rank}.json').read_text())
+                for rank in range(world_size)
             ]
     finally:
         for process in runs.values():  # the other one, when one failed
@@ -177,12 +186,16 @@ def test_every_collective_of_a_step_is_the_ledgers_on_every_rank(counted):
     moe = dataclasses.replace(
         model, n_experts=4, top_k=2, expert_hidden=32, n_shared_experts=1, n_dense_layers=1
     )  # the script's MOE flags
-    assert len(set(ledger.fsdp_unit_elements(moe, world_size)[1])) == 2  # FSDP2's blocks of two sizes
+    assert (
+        len(set(ledger.fsdp_unit_elements(moe, world_size)[1])) == 2
+    )  # FSDP2's blocks of two sizes
     for rank in ranks:
         assert len(rank) == 12
         for key, seen in rank.items():
             mode, accumulation, dtype, *experts = key.split()
-            items = ledger.collectives(moe if experts else model, mode, world_size, int(accumulation), dtype)
+            items = ledger.collectives(
+                moe if experts else model, mode, world_size, int(accumulation), dtype
+            )
             assert as_calls(seen['collectives']) == ledger_calls(items), (world_size, key)
             # and FSDP2's reduce-scatters were asked for as such, with the ledger's dtype and size
             asked = collections.Counter((dtype, n) for dtype, n in seen['reduce_scatters'])
@@ -192,7 +205,10 @@ def test_every_collective_of_a_step_is_the_ledgers_on_every_rank(counted):
                     expected[item['dtype'], item['elements']] += item['calls']
             assert asked == expected, (world_size, key)
             # the bytes the ledger reports are the sum of what was seen
-            seen_bytes = sum(ledger.DTYPE_BYTES[d] * n * k for (_, d, n), k in as_calls(seen['collectives']).items())
+            seen_bytes = sum(
+                ledger.DTYPE_BYTES[d] * n * k
+                for (_, d, n), k in as_calls(seen['collectives']).items()
+            )
             assert seen_bytes == sum(item['bytes'] for item in items), key
 
 
@@ -204,7 +220,9 @@ def test_the_modes_differ_as_the_ledger_says(counted):
     model = ModelConfig(**{k: v for k, v in TINY.items() if k in ModelConfig.__dataclass_fields__})
     P = ledger.count_params(model)['total']
 
-    def volume(key, op=None, smallest=1):  # bytes of the step's collectives, the int64 bookkeeping aside
+    def volume(
+        key, op=None, smallest=1
+    ):  # bytes of the step's collectives, the int64 bookkeeping aside
         return sum(
             ledger.DTYPE_BYTES[d] * n * k
             for (o, d, n), k in as_calls(rank[key]['collectives']).items()
@@ -213,11 +231,19 @@ def test_the_modes_differ_as_the_ledger_says(counted):
 
     assert volume('ddp 1 float32') == volume('ddp 3 float32') == 4 * P
     assert volume('zero1 3 float32', 'broadcast') == 4 * P
-    assert volume('zero2 3 float32', smallest=100) == 3 * volume('zero2 1 float32', smallest=100)  # not the norm
-    _, blocks = ledger.fsdp_unit_elements(model, world_size)  # fsdp gathers each block again, the root once
-    assert volume('fsdp 1 float32', 'all_gather') == volume('zero2 1 float32', 'all_gather') + 4 * sum(blocks)
+    assert volume('zero2 3 float32', smallest=100) == 3 * volume(
+        'zero2 1 float32', smallest=100
+    )  # not the norm
+    _, blocks = ledger.fsdp_unit_elements(
+        model, world_size
+    )  # fsdp gathers each block again, the root once
+    assert volume('fsdp 1 float32', 'all_gather') == volume(
+        'zero2 1 float32', 'all_gather'
+    ) + 4 * sum(blocks)
     assert volume('fsdp 1 bfloat16', 'all_gather') * 2 == volume('fsdp 1 float32', 'all_gather')
-    assert volume('fsdp 1 bfloat16', 'all_reduce') == volume('fsdp 1 float32', 'all_reduce')  # fp32 reductions
+    assert volume('fsdp 1 bfloat16', 'all_reduce') == volume(
+        'fsdp 1 float32', 'all_reduce'
+    )  # fp32 reductions
     assert volume('zero2 1 float32', 'all_gather') > 4 * P  # the padded rows
 
 
@@ -235,13 +261,19 @@ def test_bus_bytes_are_nccl_tests_factors():
     sharded = ledger.collectives(model, 'zero2', 8, 4, 'bfloat16')
     gathers = sum(i['bus_bytes'] for i in sharded if i['op'] == 'all_gather')
     root, blocks = ledger.fsdp_unit_elements(model, 8)
-    assert len(blocks) == model.n_layer and len(set(blocks)) == 1  # a dense model's blocks are alike
+    assert (
+        len(blocks) == model.n_layer and len(set(blocks)) == 1
+    )  # a dense model's blocks are alike
     assert gathers == pytest.approx(4 * 2 * (root + sum(blocks)) * 7 / 8)
-    sharded = ledger.collectives(model, 'fsdp', 8, 4, 'bfloat16')  # the blocks gathered again in backward, not the root
+    sharded = ledger.collectives(
+        model, 'fsdp', 8, 4, 'bfloat16'
+    )  # the blocks gathered again in backward, not the root
     gathers = sum(i['bus_bytes'] for i in sharded if i['op'] == 'all_gather')
     assert gathers == pytest.approx(4 * 2 * (root + 2 * sum(blocks)) * 7 / 8)
     assert ledger.BUS_FACTORS['broadcast'](8) == 1.0
-    assert set(ledger.LINKS) == set(ledger.GPUS)  # every GPU of the table has its links, with their sources
+    assert set(ledger.LINKS) == set(
+        ledger.GPUS
+    )  # every GPU of the table has its links, with their sources
     assert all(link.busbw_gbps <= link.line_gbps for link in ledger.LINKS.values())
 
 
@@ -255,11 +287,17 @@ def test_seconds_hide_and_the_days_count_what_does_not():
     step = train.batch_tokens / p['tokens_per_s_compute']
     assert p['days'] == pytest.approx(p['days_compute'] * (step + comm['exposed_seconds']) / step)
     # a slower fabric: the same bytes take longer and show; the run becomes bound by it
-    slow = ledger.predict(*load_config(os.path.join(ROOT, 'configs/h100x8_1b3.py'), ['--intra_node_busbw=5']))
-    assert slow['comm']['bytes'] == comm['bytes'] and slow['comm']['seconds'] == pytest.approx(comm['seconds'] * 74)
+    slow = ledger.predict(
+        *load_config(os.path.join(ROOT, 'configs/h100x8_1b3.py'), ['--intra_node_busbw=5'])
+    )
+    assert slow['comm']['bytes'] == comm['bytes'] and slow['comm']['seconds'] == pytest.approx(
+        comm['seconds'] * 74
+    )
     assert slow['comm']['bound'] == 'intra-node' and slow['days'] > p['days']
     # two nodes: the NICs are the ring's other link; overridden slow, they bind
-    two = ledger.predict(*load_config(os.path.join(ROOT, 'configs/h100x8_1b3.py'), ['--n_gpu=16', '--nodes=2']))
+    two = ledger.predict(
+        *load_config(os.path.join(ROOT, 'configs/h100x8_1b3.py'), ['--n_gpu=16', '--nodes=2'])
+    )
     assert two['comm']['topology']['inter_busbw'] == 8 * 48e9 and two['comm']['accumulation'] == 2
     ib = ['--n_gpu=16', '--nodes=2', '--inter_node_busbw=10']
     thin = ledger.predict(*load_config(os.path.join(ROOT, 'configs/h100x8_1b3.py'), ib))
@@ -293,13 +331,19 @@ def test_the_verdict_follows_the_books_rule():
     fine = ledger.predict(model, train)['parallelism']
     assert fine['enough'] and fine['verdict'] == 'data parallelism is enough'
     big = ledger.predict(*load_config(None, LLAMA3_70B))['parallelism']
-    assert not big['enough'] and 'tensor or pipeline' in big['verdict'] and 'torchtitan' in big['verdict']
+    assert (
+        not big['enough']
+        and 'tensor or pipeline' in big['verdict']
+        and 'torchtitan' in big['verdict']
+    )
     assert any('fully sharded' in reason for reason in big['reasons'])
     # a plan that fails as written but passes in another mode is told the flags
     flags = ['--parallel=ddp', '--micro_batch=16']  # 16 sequences of 2048 do not fit in 80 GB
     ddp = ledger.predict(*load_config(os.path.join(ROOT, 'configs/h100x8_1b3.py'), flags))
     assert not ddp['fits'] and ddp['parallelism']['enough']
-    assert ddp['parallelism']['suggestion'].startswith('--parallel=ddp --recompute=False --micro_batch=')
+    assert ddp['parallelism']['suggestion'].startswith(
+        '--parallel=ddp --recompute=False --micro_batch='
+    )
     assert ledger.pipeline_bubble(4, 8) == pytest.approx(3 / 11)
 
 
@@ -322,8 +366,14 @@ def test_a_70b_plan_is_told_where_to_go(capsys):
 def test_the_readme_and_book_figures_are_the_ledgers():
     """README's two-node bill line and BOOK.md's worked communication figures, recomputed."""
     with open(os.path.join(ROOT, 'README.md')) as f:
-        (line,) = [line for line in f if line.strip().startswith('python ledger.py configs/h100x8_1b3.py --n_gpu=16')]
-    two = ledger.predict(*load_config(os.path.join(ROOT, 'configs/h100x8_1b3.py'), ['--n_gpu=16', '--nodes=2']))
+        (line,) = [
+            line
+            for line in f
+            if line.strip().startswith('python ledger.py configs/h100x8_1b3.py --n_gpu=16')
+        ]
+    two = ledger.predict(
+        *load_config(os.path.join(ROOT, 'configs/h100x8_1b3.py'), ['--n_gpu=16', '--nodes=2'])
+    )
     comm = two['comm']
     assert (
         f"# {two['days']:.3g} days, ${two['cost_usd']:,.0f}; communication {comm['bytes'] / 1e9:.1f} GB a step, "
@@ -341,16 +391,22 @@ def test_the_readme_and_book_figures_are_the_ledgers():
     )
     big = ledger.predict(*load_config(None, LLAMA3_70B))['parallelism']
     (reason,) = [r for r in big['reasons'] if 'fully sharded' in r]
-    assert f"one sequence needs {reason.split(': ')[1].split(' of ')[0]} GiB a GPU" in book.replace('\n  ', ' ')
+    assert f"one sequence needs {reason.split(': ')[1].split(' of ')[0]} GiB a GPU" in book.replace(
+        '\n  ', ' '
+    )
 
 
 def test_train_pys_short_ledger_has_a_communication_line():
-    short = ledger_report.format_short(ledger.predict(*load_config(os.path.join(ROOT, 'configs/h100x8_1b3.py'))), '')
+    short = ledger_report.format_short(
+        ledger.predict(*load_config(os.path.join(ROOT, 'configs/h100x8_1b3.py'))), ''
+    )
     assert 'communication per step' in short and 'ESTIMATE' in short and 'exposed' in short
     cpu = ledger.Device('a CPU', 1e11, 64 * ledger.GIB, kind='cpu', dtype='float32')
     model, train = load_config(os.path.join(ROOT, 'configs/pystdlib_cpu.py'), ['--n_gpu=2'])
     p = ledger.predict(model, train, device=cpu)
-    assert p['comm']['bytes'] > 0 and p['comm']['seconds'] is None and p['days'] == p['days_compute']
+    assert (
+        p['comm']['bytes'] > 0 and p['comm']['seconds'] is None and p['days'] == p['days_compute']
+    )
     assert 'gloo on the CPU: seconds not meaningful' in ledger_report.format_short(p, '')
     assert 'not meaningful' in ledger_report.format_report(p)
     one = ledger_report.format_short(ledger.predict(model, train, n_gpu=1, device=cpu), '')

@@ -27,7 +27,9 @@ def saved_storages(run):
 
 def test_under_fsdp2_the_loss_is_eager_and_the_ledger_counts_it_so(monkeypatch):
     monkeypatch.setenv('TORCHINDUCTOR_COMPILE_THREADS', '1')
-    config = ModelConfig(arch='llama', n_layer=2, n_head=2, n_embd=32, vocab_size=384, block_size=16)
+    config = ModelConfig(
+        arch='llama', n_layer=2, n_head=2, n_embd=32, vocab_size=384, block_size=16
+    )
     model = GPT(config)
     for block in model.blocks:
         block.compile()  # as train.py's build_model does under FSDP2
@@ -50,7 +52,12 @@ def test_under_fsdp2_the_loss_is_eager_and_the_ledger_counts_it_so(monkeypatch):
         ('ddp', 2, True),
         ('fsdp', 1, True),
     ):
-        train = TrainConfig(parallel=parallel, compile=True, micro_batch=micro_batch, batch_tokens=2 * 16 * n_gpu)
+        train = TrainConfig(
+            parallel=parallel, compile=True, micro_batch=micro_batch, batch_tokens=2 * 16 * n_gpu
+        )
         memory = ledger.memory_per_gpu(config, train, n_gpu, device=device)
         expected = ledger.logits_bytes(config, micro_batch, 2, compiled=compiled_loss)['total']
-        assert memory['logits'] == expected == (4 if compiled_loss else 12) * elements, (parallel, n_gpu)
+        assert memory['logits'] == expected == (4 if compiled_loss else 12) * elements, (
+            parallel,
+            n_gpu,
+        )

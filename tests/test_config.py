@@ -57,15 +57,27 @@ BREAK_A_CONTINUATION = {
 
 def test_every_train_key_is_marked_exact_or_free():
     marks = {f.name: f.metadata.get('resume') for f in dataclasses.fields(TrainConfig)}
-    assert set(marks.values()) == {'exact', 'free'}, {k: v for k, v in marks.items() if v not in ('exact', 'free')}
-    assert len(CONTINUATION_KEYS) == len(set(CONTINUATION_KEYS)) and set(CONTINUATION_KEYS) == BREAK_A_CONTINUATION
+    assert set(marks.values()) == {'exact', 'free'}, {
+        k: v for k, v in marks.items() if v not in ('exact', 'free')
+    }
+    assert (
+        len(CONTINUATION_KEYS) == len(set(CONTINUATION_KEYS))
+        and set(CONTINUATION_KEYS) == BREAK_A_CONTINUATION
+    )
     assert {k for k, v in marks.items() if v == 'exact'} == BREAK_A_CONTINUATION
 
 
 def test_defaults_survive_the_marks():
-    assert DEFAULTS['lr'] == TrainConfig().lr == 6e-4 and DEFAULTS['log_every'] == 10 and DEFAULTS['cooldowns'] == ()
+    assert (
+        DEFAULTS['lr'] == TrainConfig().lr == 6e-4
+        and DEFAULTS['log_every'] == 10
+        and DEFAULTS['cooldowns'] == ()
+    )
     assert DEFAULTS['arch'] == 'llama' and DEFAULTS['tie_embeddings'] is False
-    assert load_config(None, ['--lr=1e-3', '--cooldowns=26e9,52e9'])[1].cooldowns == (26_000_000_000, 52_000_000_000)
+    assert load_config(None, ['--lr=1e-3', '--cooldowns=26e9,52e9'])[1].cooldowns == (
+        26_000_000_000,
+        52_000_000_000,
+    )
 
 
 def test_sharded_means_fsdp2_over_more_than_one_process():
@@ -80,31 +92,27 @@ def test_sharded_means_fsdp2_over_more_than_one_process():
 
 def test_family_rows():
     gpt2, llama = FAMILIES['gpt2'], FAMILIES['llama']
-    assert (gpt2.norm, gpt2.mlp, gpt2.positions, gpt2.bias, gpt2.tie_embeddings, gpt2.mlp_matrices) == (
-        'layernorm',
-        'gelu',
-        'learned',
-        True,
-        True,
-        2,
-    )
-    assert (llama.norm, llama.mlp, llama.positions, llama.bias, llama.tie_embeddings, llama.mlp_matrices) == (
-        'rmsnorm',
-        'swiglu',
-        'rope',
-        False,
-        False,
-        3,
-    )
+    assert (
+        gpt2.norm,
+        gpt2.mlp,
+        gpt2.positions,
+        gpt2.bias,
+        gpt2.tie_embeddings,
+        gpt2.mlp_matrices,
+    ) == ('layernorm', 'gelu', 'learned', True, True, 2)
+    assert (
+        llama.norm,
+        llama.mlp,
+        llama.positions,
+        llama.bias,
+        llama.tie_embeddings,
+        llama.mlp_matrices,
+    ) == ('rmsnorm', 'swiglu', 'rope', False, False, 3)
     # the default FFN widths: 4H; LLaMA's 2/3 of 4H rounded up to 256, exact where 8H/3 is a multiple of 256
     assert [ModelConfig(arch='gpt2', n_embd=H).ffn_width for H in (768, 1600)] == [3072, 6400]
-    assert [ModelConfig(arch='llama', n_embd=H).ffn_width for H in (2048, 4096, 5120, 8192, 96 * 7)] == [
-        5632,
-        11008,
-        13824,
-        22016,
-        1792,
-    ]
+    assert [
+        ModelConfig(arch='llama', n_embd=H).ffn_width for H in (2048, 4096, 5120, 8192, 96 * 7)
+    ] == [5632, 11008, 13824, 22016, 1792]
 
 
 def test_a_config_file_gets_its_familys_biases_and_tying(tmp_path):
@@ -130,11 +138,16 @@ def test_family_rules(overrides, message):
     with pytest.raises(ConfigError) as error:
         load_config(None, overrides)
     assert message in str(error.value)
-    assert load_config(None, ['--arch=gpt2', '--n_embd=36', '--n_head=4'])[0].head_dim == 9  # learned positions: odd ok
+    assert (
+        load_config(None, ['--arch=gpt2', '--n_embd=36', '--n_head=4'])[0].head_dim == 9
+    )  # learned positions: odd ok
 
 
 def test_a_list_key_that_is_not_numbers_is_one_line_saying_what_it_takes():
-    with pytest.raises(ConfigError, match=r'^--keep_steps=abc: expected whole numbers, comma-separated \(1000,2000\)$'):
+    with pytest.raises(
+        ConfigError,
+        match=r'^--keep_steps=abc: expected whole numbers, comma-separated \(1000,2000\)$',
+    ):
         load_config(None, ['--keep_steps=abc'])
 
 
@@ -158,11 +171,17 @@ def test_a_list_key_that_is_not_numbers_is_one_line_saying_what_it_takes():
 def test_nanogpt_names_are_mapped_to_ours(tmp_path, name, ours):
     with pytest.raises(ConfigError) as flag:
         load_config(None, [f'--{name}=1'])
-    assert str(flag.value).startswith(f"unknown config key '{name}' in the command line: nanoGPT's '{name}': {ours}")
+    assert str(flag.value).startswith(
+        f"unknown config key '{name}' in the command line: nanoGPT's '{name}': {ours}"
+    )
     config_file = tmp_path / 'nanogpt_style.py'
     config_file.write_text(f'{name} = 1\n')  # a nanoGPT config file: the same hint, naming the file
     with pytest.raises(ConfigError, match=f"in {config_file}: nanoGPT's '{name}': {ours}"):
         load_config(str(config_file))
-    with pytest.raises(ConfigError, match="did you mean 'n_layer'"):  # a typo of ours still gets the spelling hint
+    with pytest.raises(
+        ConfigError, match="did you mean 'n_layer'"
+    ):  # a typo of ours still gets the spelling hint
         load_config(None, ['--n_layr=2'])
-    assert not set(NANOGPT_NAMES) & set(DEFAULTS)  # a name both projects use (init_from) is ours, never a hint
+    assert not set(NANOGPT_NAMES) & set(
+        DEFAULTS
+    )  # a name both projects use (init_from) is ours, never a hint

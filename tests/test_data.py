@@ -50,14 +50,25 @@ def test_shard_header_fields_and_round_trip(tmp_path):
 def test_dtype_follows_the_ledger_and_uint32_uses_llama3_header(tmp_path):
     import ledger
 
-    for vocab in (50257, 50277, 65535, 65536, 65537, 128256):  # GPT-2, NeoX, the uint16 edge, Llama 3
+    for vocab in (
+        50257,
+        50277,
+        65535,
+        65536,
+        65537,
+        128256,
+    ):  # GPT-2, NeoX, the uint16 edge, Llama 3
         assert data.token_dtype(vocab).itemsize == ledger.token_bytes(vocab)
     assert data.token_dtype(65536) == np.uint16  # ids 0..65,535 all fit
     assert data.token_dtype(65537) == np.uint32
     path = str(tmp_path / 'x_train_000001.bin')
     tokens = np.array([128000, 65536, 3, 128255], dtype=np.uint32)
     assert data.write_shard(path, tokens) == 128255
-    assert np.fromfile(path, dtype='<i4', count=3).tolist() == [20240801, 7, 4]  # llm.c's Llama 3 header
+    assert np.fromfile(path, dtype='<i4', count=3).tolist() == [
+        20240801,
+        7,
+        4,
+    ]  # llm.c's Llama 3 header
     assert os.path.getsize(path) == 1024 + 4 * 4
     assert data.open_shard(path).tolist() == tokens.tolist()
     data.write_shard(path, [1, 70000])  # a plain list with a large id picks uint32 too
@@ -73,7 +84,9 @@ def test_llmc_and_older_shards_read_as_is(tmp_path):
     llama3 = np.array([128000, 9906, 1917, 128001], dtype=np.uint32)
     write_raw_shard(tmp_path / 'llama_val_000000.bin', 20240801, 7, llama3)
     assert data.open_shard(str(tmp_path / 'llama_val_000000.bin')).tolist() == llama3.tolist()
-    write_raw_shard(tmp_path / 'old_val_000000.bin', 20240520, 2, llama3)  # our uint32 shards before llm.c's header
+    write_raw_shard(
+        tmp_path / 'old_val_000000.bin', 20240520, 2, llama3
+    )  # our uint32 shards before llm.c's header
     assert data.open_shard(str(tmp_path / 'old_val_000000.bin')).tolist() == llama3.tolist()
 
 
@@ -82,7 +95,9 @@ def test_truncated_or_bad_magic_shard_is_a_clear_error(tmp_path):
     data.write_shard(path, np.arange(100, dtype=np.uint16))
     with open(path, 'r+b') as f:
         f.truncate(1024 + 150)
-    with pytest.raises(DataError, match=r'x_train_000001\.bin: the header says 100 tokens .* 1174 bytes'):
+    with pytest.raises(
+        DataError, match=r'x_train_000001\.bin: the header says 100 tokens .* 1174 bytes'
+    ):
         data.open_shard(path)
     with open(path, 'r+b') as f:
         f.truncate(500)
@@ -108,7 +123,9 @@ def test_list_shards_and_load_meta_say_how_to_make_them(tmp_path):
 def test_load_meta_checks_every_key(pystdlib_data, tmp_path):
     good = data.load_meta(pystdlib_data)
     path = tmp_path / 'meta.json'
-    data.write_shard(str(tmp_path / 'fineweb_edu_train_000001.bin'), [1, 2])  # the source is in the shard names
+    data.write_shard(
+        str(tmp_path / 'fineweb_edu_train_000001.bin'), [1, 2]
+    )  # the source is in the shard names
     remake = rf'rerun the command that made the folder \(python prepare.py fineweb_edu --out {tmp_path}, same options\)'
     cases = [
         ('{"vocab_size": 512,', r'is not valid JSON \(Expecting'),
@@ -131,19 +148,27 @@ def test_load_meta_checks_every_key(pystdlib_data, tmp_path):
 def test_check_token_ids(tmp_path):
     out = str(tmp_path)
     data.write_shard(os.path.join(out, 'x_val_000000.bin'), np.array([5, 9, 2], dtype=np.uint16))
-    data.write_shard(os.path.join(out, 'x_train_000001.bin'), np.array([7, 511, 3], dtype=np.uint16))
+    data.write_shard(
+        os.path.join(out, 'x_train_000001.bin'), np.array([7, 511, 3], dtype=np.uint16)
+    )
     meta = {'tokenizer': 'bpe:512', 'vocab_size': 512}  # no max_token_id: an llm.c-made folder, say
     assert data.check_token_ids(out, meta, 512) == 511  # read from the shards
-    assert data.check_token_ids(out, dict(meta, max_token_id=300), 512) == 300  # meta.json's value, no reading
+    assert (
+        data.check_token_ids(out, dict(meta, max_token_id=300), 512) == 300
+    )  # meta.json's value, no reading
     with pytest.raises(
         DataError,
         match=r'x_train_000001\.bin: token id 511 at position 1 is outside the model\'s vocab of '
         r'500 \(ids 0\.\.499\), though meta.json says bpe:512',
     ):
         data.check_token_ids(out, meta, 500)
-    with pytest.raises(DataError, match=r'x_train_000001\.bin: token id 511'):  # a cached max too large
+    with pytest.raises(
+        DataError, match=r'x_train_000001\.bin: token id 511'
+    ):  # a cached max too large
         data.check_token_ids(out, dict(meta, max_token_id=511), 300)
-    with pytest.raises(DataError, match=r'x_val_000000\.bin: token id 9 at position 1 .* vocab of 8'):  # the first
+    with pytest.raises(
+        DataError, match=r'x_val_000000\.bin: token id 9 at position 1 .* vocab of 8'
+    ):  # the first
         data.check_token_ids(out, meta, 8)
 
 
@@ -155,7 +180,9 @@ def test_the_stream_checks_the_ids_it_reads(tmp_path):
     data.write_shard(path, tokens)
     meta = {'tokenizer': 'bpe:512', 'vocab_size': 512}
     stream = data.ShardStream([data.open_shard(path)], 16, seed=3, vocab_size=512, meta=meta)
-    bad = next(k for k in range(stream.per_epoch) if stream.locate(k)[1] <= 613 <= stream.locate(k)[1] + 16)
+    bad = next(
+        k for k in range(stream.per_epoch) if stream.locate(k)[1] <= 613 <= stream.locate(k)[1] + 16
+    )
     assert stream.batch(bad + 1, 3).max() < 512  # batches without it go through
     with pytest.raises(DataError) as error:
         stream.batch(bad - 1 if bad else bad, 4)
@@ -179,7 +206,9 @@ def test_encode_decode_round_trip(pystdlib_data):
         '<|endoftext|>',
     ]:
         assert enc.decode(enc.encode_ordinary(doc)) == doc
-    assert enc.eot_token not in enc.encode_ordinary('<|endoftext|>')  # text never turns into the special token
+    assert enc.eot_token not in enc.encode_ordinary(
+        '<|endoftext|>'
+    )  # text never turns into the special token
 
 
 def test_damaged_tokenizer_or_missing_package_is_one_line(tmp_path, monkeypatch):
@@ -205,12 +234,22 @@ def test_damaged_tokenizer_or_missing_package_is_one_line(tmp_path, monkeypatch)
 
 
 def test_open_data_reads_the_folder_the_model_fits(pystdlib_data):
-    model, train = ModelConfig(vocab_size=512, block_size=32), TrainConfig(data=pystdlib_data, seed=1, eval_tokens=1000)
+    model, train = (
+        ModelConfig(vocab_size=512, block_size=32),
+        TrainConfig(data=pystdlib_data, seed=1, eval_tokens=1000),
+    )
     stream, val, meta = data.open_data(model, train)
-    assert meta == data.load_meta(pystdlib_data) and stream.per_epoch == (meta['train_tokens'] - 1) // 32
+    assert (
+        meta == data.load_meta(pystdlib_data)
+        and stream.per_epoch == (meta['train_tokens'] - 1) // 32
+    )
     # the val set: the first eval_tokens of the val split, cut into consecutive sequences of T + 1 tokens
-    first = np.asarray(data.open_shard(data.list_shards(pystdlib_data, 'val')[0])[:1001], dtype=np.int64)
-    assert val.shape == (31, 33) and all((val[i] == first[32 * i : 32 * i + 33]).all() for i in range(31))
+    first = np.asarray(
+        data.open_shard(data.list_shards(pystdlib_data, 'val')[0])[:1001], dtype=np.int64
+    )
+    assert val.shape == (31, 33) and all(
+        (val[i] == first[32 * i : 32 * i + 33]).all() for i in range(31)
+    )
     # a model's vocab is the data's, or padded up to a multiple of 128: another size is one line
     assert data.padded_vocab(512) == 512 and data.padded_vocab(513) == 640
     with pytest.raises(
@@ -222,7 +261,9 @@ def test_open_data_reads_the_folder_the_model_fits(pystdlib_data):
     synthetic = TrainConfig(data='synthetic', seed=1, eval_tokens=64)
     stream, val, meta = data.open_data(model, synthetic)
     assert meta is None and val.shape == (2, 33) and 0 <= val.min() and val.max() < 512
-    assert (stream.batch(4, 3)[1:] == data.open_data(model, synthetic)[0].batch(5, 2)).all()  # any slice, reproduced
+    assert (
+        stream.batch(4, 3)[1:] == data.open_data(model, synthetic)[0].batch(5, 2)
+    ).all()  # any slice, reproduced
 
 
 def test_micro_batches_are_disjoint_rank_slices_of_one_stream(pystdlib_data):
@@ -231,7 +272,9 @@ def test_micro_batches_are_disjoint_rank_slices_of_one_stream(pystdlib_data):
 
     def inputs_and_targets(micro_steps, world_size):  # every micro-step's slices, rank by rank
         slices = [
-            data.micro_batch_arrays(stream, 40, m, SimpleNamespace(rank=r, world_size=world_size), 4, objectives.CLM)
+            data.micro_batch_arrays(
+                stream, 40, m, SimpleNamespace(rank=r, world_size=world_size), 4, objectives.CLM
+            )
             for m in range(micro_steps)
             for r in range(world_size)
         ]
@@ -240,14 +283,16 @@ def test_micro_batches_are_disjoint_rank_slices_of_one_stream(pystdlib_data):
     x, y = inputs_and_targets(4, 1)
     sequences = stream.batch(40, 16)
     assert (x == sequences[:, :-1]).all() and (y == sequences[:, 1:]).all()  # clm: (s[:-1], s[1:])
-    for ranks, single in zip(inputs_and_targets(2, 2), (x, y), strict=True):  # 2 ranks x 2 micro-steps: the same 16
+    for ranks, single in zip(
+        inputs_and_targets(2, 2), (x, y), strict=True
+    ):  # 2 ranks x 2 micro-steps: the same 16
         assert (ranks == single).all()
     tensor = data.to_device(x, torch.device('cpu'))
     assert tensor.dtype == torch.int64 and (tensor.numpy() == x).all()
 
 
 def test_data_imports_neither_prepare_nor_the_training_side():
-    """train.py, sample.py, eval.py and export.py read data without the 1,000 lines that make it."""
+    """train.py, sample.py, evals.py and export.py read data without the 1,000 lines that make it."""
     code = (
         "import sys, data; print(sorted({'prepare', 'downloads', 'ledger', 'objectives', 'train', 'torch', "
         "'tiktoken', 'tokenizers'} & set(sys.modules)))"

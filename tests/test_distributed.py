@@ -15,14 +15,16 @@ import pytest
 import torch
 
 import data
-import guard
 import helpers
 import ledger
 import objectives
+import processes
 import train
 from config import IGNORE_INDEX, load_config
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repo's root, where train.py is
+ROOT = os.path.dirname(
+    os.path.dirname(os.path.abspath(__file__))
+)  # the repo's root, where train.py is
 STEPS = 12
 # micro_batch 4 x 32 tokens: 1 process accumulates 4 micro-steps per 512-token step, 2 processes 2 each
 CONFIG = dict(
@@ -133,11 +135,16 @@ def test_summary_holds_the_communication_of_a_step(mode, single, two_process_run
     config, _, _ = single
     summary = json.loads((two_process_runs[mode] / 'summary.json').read_text())
     model_cfg, _ = load_config(config)
-    items = ledger.collectives(model_cfg, mode, 2, 2, 'float32')  # 512 tokens = 4 x 32 x 2 processes x 2
+    items = ledger.collectives(
+        model_cfg, mode, 2, 2, 'float32'
+    )  # 512 tokens = 4 x 32 x 2 processes x 2
     assert summary['comm_bytes_per_step'] == sum(item['bytes'] for item in items) > 0
     assert summary['comm_bus_bytes_per_step'] == sum(item['bus_bytes'] for item in items)
     assert summary['comm_busbw_measured'] > 0 and summary['comm_seconds_measured'] is None
-    assert summary['comm_seconds_predicted'] is None and 'not meaningful' in summary['comm_seconds_note']
+    assert (
+        summary['comm_seconds_predicted'] is None
+        and 'not meaningful' in summary['comm_seconds_note']
+    )
 
 
 def test_fsdp_and_zero1_checkpoints_resume_on_one_process(single, two_process_runs, tmp_path):
@@ -146,7 +153,9 @@ def test_fsdp_and_zero1_checkpoints_resume_on_one_process(single, two_process_ru
     for mode in ('fsdp', 'zero1'):
         out = tmp_path / mode
         step6 = two_process_runs[mode] / 'ckpt' / 'step_0000006'
-        assert train.main([config, f'--out_dir={out}', f'--parallel={mode}', f'--resume={step6}']) == 0
+        assert (
+            train.main([config, f'--out_dir={out}', f'--parallel={mode}', f'--resume={step6}']) == 0
+        )
         (resumed,) = runs(out)
         assert sorted(resumed) == list(range(7, STEPS + 1))
         assert_close(resumed, reference)
@@ -217,13 +226,22 @@ def test_zero1_rolls_back_a_spike_like_one_process(single, tmp_path):
     script = tmp_path / 'spike.py'
     script.write_text(SPIKE)
     outs = {}
-    for processes in (1, 2):
-        outs[processes] = tmp_path / f'out{processes}'
+    for n_proc in (1, 2):
+        outs[n_proc] = tmp_path / f'out{n_proc}'
         launcher = [sys.executable] + (
-            ['-m', 'torch.distributed.run', '--standalone', '--nproc_per_node=2'] if processes == 2 else []
+            ['-m', 'torch.distributed.run', '--standalone', '--nproc_per_node=2']
+            if n_proc == 2
+            else []
         )
         result = subprocess.run(
-            launcher + [str(script), config, f'--out_dir={outs[processes]}', '--parallel=zero1', '--spike_window=5'],
+            launcher
+            + [
+                str(script),
+                config,
+                f'--out_dir={outs[n_proc]}',
+                '--parallel=zero1',
+                '--spike_window=5',
+            ],
             cwd=ROOT,
             capture_output=True,
             text=True,
@@ -231,10 +249,12 @@ def test_zero1_rolls_back_a_spike_like_one_process(single, tmp_path):
         )
         assert result.returncode == 0, result.stderr[-3000:]
     events = {}
-    for processes, out in outs.items():
+    for n_proc, out in outs.items():
         with open(out / 'metrics.jsonl') as f:
-            events[processes] = [e for e in map(json.loads, f) if e.get('event') == 'rollback']
-    assert [(e['step'], e['to_step'], e['skipped']) for e in events[2]] == [(11, 6, [6 * 16, 11 * 16])]
+            events[n_proc] = [e for e in map(json.loads, f) if e.get('event') == 'rollback']
+    assert [(e['step'], e['to_step'], e['skipped']) for e in events[2]] == [
+        (11, 6, [6 * 16, 11 * 16])
+    ]
     assert [(e['step'], e['to_step']) for e in events[1]] == [(11, 6)]
     one, two = runs(outs[1])[-1], runs(outs[2])[-1]
     assert sorted(two) == list(range(7, STEPS + 1))
@@ -247,9 +267,17 @@ def test_a_missing_fsdp_shard_is_one_line(single, two_process_runs, tmp_path, ca
     shutil.copytree(two_process_runs['fsdp'] / 'ckpt' / 'step_0000006', damaged)
     os.remove(damaged / '__1_0.distcp')  # rank 1's shard
     capsys.readouterr()
-    assert train.main([config, f'--out_dir={tmp_path / "out"}', '--parallel=fsdp', f'--resume={damaged}']) == 2
+    assert (
+        train.main(
+            [config, f'--out_dir={tmp_path / "out"}', '--parallel=fsdp', f'--resume={damaged}']
+        )
+        == 2
+    )
     err = capsys.readouterr().err.strip()
-    assert err.startswith(f'error: checkpoint {damaged} is damaged: __1_0.distcp is missing') and '\n' not in err
+    assert (
+        err.startswith(f'error: checkpoint {damaged} is damaged: __1_0.distcp is missing')
+        and '\n' not in err
+    )
 
 
 class IndexStream:
@@ -263,13 +291,21 @@ class IndexStream:
 
 def test_ranks_read_disjoint_slices_of_the_single_process_batch():
     stream, micro_batch, position = IndexStream(), 4, 96
-    one = guard.Cluster(0, 1, 0, torch.device('cpu'))
-    single = [data.micro_batch_arrays(stream, position, m, one, micro_batch, objectives.CLM)[0][:, 0] for m in range(4)]
+    one = processes.Cluster(0, 1, 0, torch.device('cpu'))
+    single = [
+        data.micro_batch_arrays(stream, position, m, one, micro_batch, objectives.CLM)[0][:, 0]
+        for m in range(4)
+    ]
     per_rank = [
         np.concatenate(
             [
                 data.micro_batch_arrays(
-                    stream, position, m, guard.Cluster(r, 2, r, one.device), micro_batch, objectives.CLM
+                    stream,
+                    position,
+                    m,
+                    processes.Cluster(r, 2, r, one.device),
+                    micro_batch,
+                    objectives.CLM,
                 )[0][:, 0]
                 for m in range(2)
             ]
@@ -277,13 +313,18 @@ def test_ranks_read_disjoint_slices_of_the_single_process_batch():
         for r in range(2)
     ]
     assert not set(per_rank[0]) & set(per_rank[1])
-    assert sorted(np.concatenate(per_rank)) == sorted(np.concatenate(single)) == list(range(96, 112))
+    assert (
+        sorted(np.concatenate(per_rank)) == sorted(np.concatenate(single)) == list(range(96, 112))
+    )
 
 
 def test_bad_parallel_and_indivisible_batch_are_one_line(single, tmp_path, capsys):
     config, _, _ = single
     assert train.main([config, f'--out_dir={tmp_path}/a', '--parallel=zero3']) == 2
-    assert capsys.readouterr().err.strip() == "error: parallel must be one of ddp, zero1, zero2, fsdp, not 'zero3'"
+    assert (
+        capsys.readouterr().err.strip()
+        == "error: parallel must be one of ddp, zero1, zero2, fsdp, not 'zero3'"
+    )
     # 384 tokens = 3 micro-steps of 4 x 32: fine for 1 process, impossible to split over 2
     result = torchrun(config, tmp_path / 'b', '--batch_tokens=384')
     assert result.returncode != 0
@@ -316,20 +357,29 @@ def test_the_loss_is_normalised_by_every_carrying_target_of_the_step(pystdlib_da
     model_cfg, train_cfg = load_config(config, flags)
     stream, _, meta = data.open_data(model_cfg, train_cfg)
     objective = objectives.build(train_cfg, meta)
-    one = guard.Cluster(0, 1, 0, torch.device('cpu'))
+    one = processes.Cluster(0, 1, 0, torch.device('cpu'))
     counts = [
-        int((data.micro_batch_arrays(stream, 0, m, one, 2, objective)[1] != IGNORE_INDEX).sum()) for m in range(4)
+        int((data.micro_batch_arrays(stream, 0, m, one, 2, objective)[1] != IGNORE_INDEX).sum())
+        for m in range(4)
     ]
     assert len(set(counts)) > 1, counts  # else a mean of micro-batch means would be the same thing
-    (tmp_path / 'script').mkdir()  # not beside config.py: the script's folder comes first on sys.path
+    (
+        tmp_path / 'script'
+    ).mkdir()  # not beside config.py: the script's folder comes first on sys.path
     script = tmp_path / 'script' / 'gradients.py'
     script.write_text(GRADIENTS)
     gradients = {}
-    for name, processes, micro_batch in (('4 micro-steps', 1, 2), ('2 x 2', 2, 2), ('one 4x micro-batch', 1, 8)):
+    for name, n_proc, micro_batch in (
+        ('4 micro-steps', 1, 2),
+        ('2 x 2', 2, 2),
+        ('one 4x micro-batch', 1, 8),
+    ):
         launcher = [sys.executable] + (
-            ['-m', 'torch.distributed.run', '--standalone', '--nproc_per_node=2'] if processes == 2 else []
+            ['-m', 'torch.distributed.run', '--standalone', '--nproc_per_node=2']
+            if n_proc == 2
+            else []
         )
-        saved = tmp_path / f'{processes}_{micro_batch}.pt'
+        saved = tmp_path / f'{n_proc}_{micro_batch}.pt'
         result = subprocess.run(
             launcher
             + [

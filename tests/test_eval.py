@@ -1,5 +1,5 @@
 """
-test_eval.py: eval.py downloads a HellaSwag jsonl once from a local HTTP server (resuming a dropped connection),
+test_eval.py: evals.py downloads a HellaSwag jsonl once from a local HTTP server (resuming a dropped connection),
 scores each item by the mean loss of its endings exactly as an independent computation does, batched or not, on
 one rank or sliced over several, and prints accuracy with its standard error beside the published figures. A
 truncated, corrupted or damaged file is one line.
@@ -14,6 +14,7 @@ import pathlib
 import re
 import threading
 
+import eval as hellaswag  # `eval` is also a builtin: a name of our own keeps the two apart
 import pytest
 import torch
 import torch.nn.functional as F
@@ -21,7 +22,6 @@ import torch.nn.functional as F
 import checkpoint
 import data
 import downloads
-import eval as hellaswag  # `eval` is also a builtin: a name of our own keeps the two apart
 import helpers
 import train
 from config import DataError
@@ -47,7 +47,11 @@ TINY = dict(
 
 # Checked by hand: after 20 steps on Python source, the model finds "x + 1" far likelier (mean loss ~4.8 per
 # token) than three runs of letters it has hardly seen (~7 each): a margin of 2 nats.
-CODE_ITEM = {'ctx': 'def f(x):\n    return', 'endings': ['x + 1', 'ᚠᚢᚦ ᚨᚱᚲ', 'ЖЖЖ ЖЖЖ', 'ḁḃḉ ḋḟḡ'], 'label': 0}
+CODE_ITEM = {
+    'ctx': 'def f(x):\n    return',
+    'endings': ['x + 1', 'ᚠᚢᚦ ᚨᚱᚲ', 'ЖЖЖ ЖЖЖ', 'ḁḃḉ ḋḟḡ'],
+    'label': 0,
+}
 ITEMS = [
     CODE_ITEM,
     {
@@ -71,7 +75,11 @@ ITEMS = [
         ],
     },
     {'ctx': 'import os\nimport', 'endings': ['sys', 'ᚠᚢᚦᚨᚱᚲ', 'ЖЖЖЖЖЖ', 'ḁḃḉḋḟḡ'], 'label': 0},
-    {'ctx': 'for i in range(10):\n   ', 'endings': ['ḁḃḉ ḋḟḡ', 'ЖЖЖ ЖЖЖ', 'print(i)', 'ᚠᚢᚦ ᚨᚱᚲ'], 'label': 2},
+    {
+        'ctx': 'for i in range(10):\n   ',
+        'endings': ['ḁḃḉ ḋḟḡ', 'ЖЖЖ ЖЖЖ', 'print(i)', 'ᚠᚢᚦ ᚨᚱᚲ'],
+        'label': 2,
+    },
 ]
 
 
@@ -101,7 +109,7 @@ GOOD = jsonl(ITEMS)
 @contextlib.contextmanager
 def http_server(files, drop_download=False):
     """Serve {path: bytes} on 127.0.0.1, answering Range requests with 206 as GitHub does; yields (base URL, the
-    (path, Range header) of every request). drop_download: the second request (eval.py's first is a look at the
+    (path, Range header) of every request). drop_download: the second request (evals.py's first is a look at the
     size) sends half of the file, then closes the connection."""
     seen = []
 
@@ -118,8 +126,12 @@ def http_server(files, drop_download=False):
                 self.send_header('Content-Range', f'bytes {start}-{len(body) - 1}/{len(body)}')
             self.send_header('Content-Length', str(len(body) - start))
             self.end_headers()
-            part = body[start:] if not (drop_download and len(seen) == 2) else body[: len(body) // 2]
-            with contextlib.suppress(BrokenPipeError, ConnectionResetError):  # the size look closes early
+            part = (
+                body[start:] if not (drop_download and len(seen) == 2) else body[: len(body) // 2]
+            )
+            with contextlib.suppress(
+                BrokenPipeError, ConnectionResetError
+            ):  # the size look closes early
                 self.wfile.write(part)
 
         def log_message(self, *args):
@@ -155,7 +167,9 @@ def independent_losses(model, encoding, item):
     for ending in item['endings']:
         ids = torch.tensor([context + encoding.encode_ordinary(' ' + ending)])
         logits, _ = model(ids)
-        losses.append(F.cross_entropy(logits[0, len(context) - 1 : -1], ids[0, len(context) :]).item())
+        losses.append(
+            F.cross_entropy(logits[0, len(context) - 1 : -1], ids[0, len(context) :]).item()
+        )
     return losses
 
 
@@ -166,14 +180,27 @@ def test_the_right_ending_wins_by_mean_loss(trained):
     code = expected[0]
     assert code.index(min(code)) == CODE_ITEM['label'] and min(code[1:]) - code[0] > 1.0, code
     # all 5 items in one batch of 20 rows of different lengths, padded: the same losses as one ending at a time
-    rows, starts = zip(*(hellaswag.render(encoding, item, model.config.block_size) for item in ITEMS), strict=True)
-    batched = hellaswag.ending_losses(model, sum(rows, []), sum(starts, []), 'cpu', contextlib.nullcontext())
+    rows, starts = zip(
+        *(hellaswag.render(encoding, item, model.config.block_size) for item in ITEMS), strict=True
+    )
+    batched = hellaswag.ending_losses(
+        model, sum(rows, []), sum(starts, []), 'cpu', contextlib.nullcontext()
+    )
     torch.testing.assert_close(batched, torch.tensor(sum(expected, [])), rtol=0, atol=1e-4)
     assert hellaswag.hellaswag_accuracy(model, encoding, [CODE_ITEM], 'cpu') == (1.0, 0.0, 1)
-    right = sum(losses.index(min(losses)) == item['label'] for losses, item in zip(expected, ITEMS, strict=True))
+    right = sum(
+        losses.index(min(losses)) == item['label']
+        for losses, item in zip(expected, ITEMS, strict=True)
+    )
     for batch_items in (1, 2, 8):
-        accuracy, stderr, n = hellaswag.hellaswag_accuracy(model, encoding, ITEMS, 'cpu', batch_items=batch_items)
-        assert n == 5 and accuracy == right / 5 and stderr == pytest.approx(math.sqrt(accuracy * (1 - accuracy) / 5))
+        accuracy, stderr, n = hellaswag.hellaswag_accuracy(
+            model, encoding, ITEMS, 'cpu', batch_items=batch_items
+        )
+        assert (
+            n == 5
+            and accuracy == right / 5
+            and stderr == pytest.approx(math.sqrt(accuracy * (1 - accuracy) / 5))
+        )
     assert model.training is False  # as it was: load_model gives it in eval mode
 
 
@@ -185,11 +212,15 @@ def test_ranks_score_disjoint_slices(trained):
     accuracy, _, n = hellaswag.hellaswag_accuracy(model, encoding, ITEMS, 'cpu')
     for world_size in (2, 3):  # 3, 2 | 2, 2, 1 (+ 1 uncounted copy)
         parts = [
-            hellaswag.hellaswag_accuracy(model, encoding, ITEMS, 'cpu', rank=rank, world_size=world_size)
+            hellaswag.hellaswag_accuracy(
+                model, encoding, ITEMS, 'cpu', rank=rank, world_size=world_size
+            )
             for rank in range(world_size)
         ]
         counted = [part_n for _, _, part_n in parts]
-        assert sum(counted) == n and sum(a * part_n for a, _, part_n in parts) == pytest.approx(accuracy * n)
+        assert sum(counted) == n and sum(a * part_n for a, _, part_n in parts) == pytest.approx(
+            accuracy * n
+        )
         assert counted[0] == math.ceil(n / world_size)
 
 
@@ -209,14 +240,21 @@ def test_command_downloads_once_and_reports(trained, tmp_path, capsys, monkeypat
         monkeypatch.setenv('HELLASWAG_URL', url + '/hellaswag_val.jsonl')
         for _ in range(2):
             assert hellaswag.main([run, 'hellaswag', '--cache', str(tmp_path), '--batch', '3']) == 0
-        assert seen == [('/hellaswag_val.jsonl', None)] * 2  # the size, then the file; the second run reads the cache
+        assert (
+            seen == [('/hellaswag_val.jsonl', None)] * 2
+        )  # the size, then the file; the second run reads the cache
     out = capsys.readouterr().out
     assert (tmp_path / 'hellaswag_val.jsonl').read_bytes() == GOOD
     accuracy, stderr, n = hellaswag.hellaswag_accuracy(model, encoding, ITEMS, 'cpu')
-    assert out.count('HellaSwag validation, 5 items') == 2 and f'{accuracy:.2%} ± {stderr:.2%}' in out
+    assert (
+        out.count('HellaSwag validation, 5 items') == 2 and f'{accuracy:.2%} ± {stderr:.2%}' in out
+    )
     assert 'not the whole validation set' in out and 'chance (1 in 4)' in out
     # a tiny model: the nearest published sizes are the smallest ones
-    assert 'GPT-2 124M                          29.4%' in out and 'GPT-3 Small 125M                    33.7%' in out
+    assert (
+        'GPT-2 124M                          29.4%' in out
+        and 'GPT-3 Small 125M                    33.7%' in out
+    )
 
 
 def test_a_dropped_download_resumes(tmp_path):
@@ -225,17 +263,30 @@ def test_a_dropped_download_resumes(tmp_path):
     big = jsonl(ITEMS * (2 * downloads.DOWNLOAD_CHUNK_BYTES // len(GOOD) + 1))
     with http_server({'/h.jsonl': big}, drop_download=True) as (url, seen):
         path = hellaswag.download_hellaswag(url + '/h.jsonl', str(tmp_path), network=FAST)
-    assert pathlib.Path(path).read_bytes() == big and len(hellaswag.load_items(path)) == len(big.splitlines())
-    assert seen == [('/h.jsonl', None)] * 2 + [('/h.jsonl', f'bytes={downloads.DOWNLOAD_CHUNK_BYTES}-')]
+    assert pathlib.Path(path).read_bytes() == big and len(hellaswag.load_items(path)) == len(
+        big.splitlines()
+    )
+    assert seen == [('/h.jsonl', None)] * 2 + [
+        ('/h.jsonl', f'bytes={downloads.DOWNLOAD_CHUNK_BYTES}-')
+    ]
 
 
 def test_the_published_file_is_checked_by_its_blob_id(tmp_path, monkeypatch):
     """For the published URL the download must be the very file (git's blob id): a corrupted one of the right size
     is downloaded again, then refused in one line."""
     with http_server({'/good': GOOD, '/bad': GOOD.replace(b'roof', b'ROOF')}) as (url, seen):
-        monkeypatch.setattr(hellaswag, 'HELLASWAG_GIT_SHA1', hashlib.sha1(b'blob %d\0' % len(GOOD) + GOOD).hexdigest())
+        monkeypatch.setattr(
+            hellaswag,
+            'HELLASWAG_GIT_SHA1',
+            hashlib.sha1(b'blob %d\0' % len(GOOD) + GOOD).hexdigest(),
+        )
         monkeypatch.setattr(hellaswag, 'HELLASWAG_URL', url + '/good')
-        assert pathlib.Path(hellaswag.download_hellaswag(url + '/good', str(tmp_path / 'a'), FAST)).read_bytes() == GOOD
+        assert (
+            pathlib.Path(
+                hellaswag.download_hellaswag(url + '/good', str(tmp_path / 'a'), FAST)
+            ).read_bytes()
+            == GOOD
+        )
         monkeypatch.setattr(hellaswag, 'HELLASWAG_URL', url + '/bad')
         with pytest.raises(DataError) as error:
             hellaswag.download_hellaswag(url + '/bad', str(tmp_path / 'b'), FAST)
@@ -246,11 +297,28 @@ def test_the_published_file_is_checked_by_its_blob_id(tmp_path, monkeypatch):
 
 def test_truncated_or_damaged_files_are_one_line(trained, tmp_path, capsys):
     run = trained[0]
-    truncated = GOOD[: len(GOOD) - 40]  # the server sends all it has, but the file itself was cut mid-line
+    truncated = GOOD[
+        : len(GOOD) - 40
+    ]  # the server sends all it has, but the file itself was cut mid-line
     with http_server({'/cut.jsonl': truncated, '/page': b'<html>login</html>'}) as (url, _):
-        assert hellaswag.main([run, 'hellaswag', '--url', url + '/cut.jsonl', '--cache', str(tmp_path / 'cut')]) == 2
-        assert hellaswag.main([run, 'hellaswag', '--url', url + '/page', '--cache', str(tmp_path / 'page')]) == 2
-        assert hellaswag.main([run, 'hellaswag', '--url', url + '/none', '--cache', str(tmp_path / 'none')]) == 2
+        assert (
+            hellaswag.main(
+                [run, 'hellaswag', '--url', url + '/cut.jsonl', '--cache', str(tmp_path / 'cut')]
+            )
+            == 2
+        )
+        assert (
+            hellaswag.main(
+                [run, 'hellaswag', '--url', url + '/page', '--cache', str(tmp_path / 'page')]
+            )
+            == 2
+        )
+        assert (
+            hellaswag.main(
+                [run, 'hellaswag', '--url', url + '/none', '--cache', str(tmp_path / 'none')]
+            )
+            == 2
+        )
     damaged = tmp_path / 'damaged'
     damaged.mkdir()
     (damaged / 'hellaswag_val.jsonl').write_bytes(GOOD.replace(b'"label": 3', b'"label": 7'))
@@ -288,7 +356,10 @@ ARC_ROWS = [  # made up, in ai2_arc's shape: labels A-D, 1-4 or A-E; 3 to 5 choi
     {
         'id': 'Made_3',
         'question': 'What does the code print?\nfor i in range(3):\n    print(i)',
-        'choices': {'text': ['0 1 2', 'ḁḃḉ ḋḟḡ', 'ЖЖЖ ЖЖЖ', 'ᚠᚢᚦ ᚨᚱᚲ', '1 2 3'], 'label': ['A', 'B', 'C', 'D', 'E']},
+        'choices': {
+            'text': ['0 1 2', 'ḁḃḉ ḋḟḡ', 'ЖЖЖ ЖЖЖ', 'ᚠᚢᚦ ᚨᚱᚲ', '1 2 3'],
+            'label': ['A', 'B', 'C', 'D', 'E'],
+        },
         'answerKey': 'A',
     },
     {
@@ -304,13 +375,24 @@ def mmlu_row(subject, i, answer):
     return {
         'question': f'  {subject.replace("_", " ").title()} question {i}: which import gives the {i}th module?  ',
         'subject': subject,
-        'choices': [f'import os{i}', 'ЖЖЖ', f'from sys import argv as a{i}', '' if i == 7 else 'ḁḃḉ'],
+        'choices': [
+            f'import os{i}',
+            'ЖЖЖ',
+            f'from sys import argv as a{i}',
+            '' if i == 7 else 'ḁḃḉ',
+        ],
         'answer': answer,
     }
 
 
-MMLU_DEV = [mmlu_row(s, i, i % 4) for s in ('computer_security', 'machine_learning') for i in range(5)]
-MMLU_TEST = [mmlu_row(s, i, (i + 1) % 4) for s in ('computer_security', 'machine_learning') for i in range(5, 8)]
+MMLU_DEV = [
+    mmlu_row(s, i, i % 4) for s in ('computer_security', 'machine_learning') for i in range(5)
+]
+MMLU_TEST = [
+    mmlu_row(s, i, (i + 1) % 4)
+    for s in ('computer_security', 'machine_learning')
+    for i in range(5, 8)
+]
 
 
 def arc_parquet(rows):
@@ -322,7 +404,10 @@ def arc_parquet(rows):
         [
             ('id', pa.string()),
             ('question', pa.string()),
-            ('choices', pa.struct([('text', pa.list_(pa.string())), ('label', pa.list_(pa.string()))])),
+            (
+                'choices',
+                pa.struct([('text', pa.list_(pa.string())), ('label', pa.list_(pa.string()))]),
+            ),
             ('answerKey', pa.string()),
         ]
     )
@@ -351,7 +436,9 @@ def mmlu_parquet(rows):
 
 REPO_FILES = {  # as the two repos lay them out: one folder per config, {split}-00000-of-00001.parquet
     'allenai/ai2_arc': {
-        f'ARC-{level}/{split}-00000-of-00001.parquet': arc_parquet(ARC_ROWS if split == 'test' else ARC_ROWS[:1])
+        f'ARC-{level}/{split}-00000-of-00001.parquet': arc_parquet(
+            ARC_ROWS if split == 'test' else ARC_ROWS[:1]
+        )
         for level in ('Easy', 'Challenge')
         for split in ('train', 'validation', 'test')
     },
@@ -378,7 +465,11 @@ def fake_hub(repo_files=REPO_FILES):
                     'path': path,
                     'size': 134,
                     'oid': 'git-sha1',
-                    'lfs': {'oid': hashlib.sha256(body).hexdigest(), 'size': len(body), 'pointerSize': 134},
+                    'lfs': {
+                        'oid': hashlib.sha256(body).hexdigest(),
+                        'size': len(body),
+                        'pointerSize': 134,
+                    },
                 }
                 for path, body in sorted(files.items())
                 if path.startswith(folder + '/')
@@ -395,7 +486,9 @@ def test_task_files_come_from_the_hub_once(tmp_path, monkeypatch):
     with http_server(fake_hub()) as (url, seen):
         monkeypatch.setenv('HF_ENDPOINT', url)
         items = {task: hellaswag.task_items(task, str(tmp_path)) for task in hellaswag.HUB_TASKS}
-        downloads_made = sorted(path.rsplit('/', 2)[-2] + '/' + path.rsplit('/', 1)[-1] for path, _ in seen)
+        downloads_made = sorted(
+            path.rsplit('/', 2)[-2] + '/' + path.rsplit('/', 1)[-1] for path, _ in seen
+        )
         seen.clear()
         again = {task: hellaswag.task_items(task, str(tmp_path)) for task in hellaswag.HUB_TASKS}
         assert seen == [] and again == items
@@ -406,21 +499,26 @@ def test_task_files_come_from_the_hub_once(tmp_path, monkeypatch):
         'all/dev-00000-of-00001.parquet',
         'all/test-00000-of-00001.parquet',
     ]
-    assert (tmp_path / 'cais--mmlu' / 'all' / 'dev.parquet').read_bytes() == REPO_FILES['cais/mmlu'][
-        'all/dev-00000-of-00001.parquet'
-    ]
+    assert (tmp_path / 'cais--mmlu' / 'all' / 'dev.parquet').read_bytes() == REPO_FILES[
+        'cais/mmlu'
+    ]['all/dev-00000-of-00001.parquet']
     arc = items['arc_easy']
-    assert [item['label'] for item in arc] == [0, 0, 0, 1] and [len(item['choices']) for item in arc] == [4, 3, 5, 4]
+    assert [item['label'] for item in arc] == [0, 0, 0, 1] and [
+        len(item['choices']) for item in arc
+    ] == [4, 3, 5, 4]
     assert arc[2]['context'] == f"Question: {ARC_ROWS[2]['question']}\nAnswer:"
     zero, five = items['mmlu'], items['mmlu_5shot']
-    assert len(zero) == len(five) == 6 and [item['label'] for item in zero] == [r['answer'] for r in MMLU_TEST]
+    assert len(zero) == len(five) == 6 and [item['label'] for item in zero] == [
+        r['answer'] for r in MMLU_TEST
+    ]
     first = MMLU_TEST[0]
     assert zero[0]['context'] == (
         "The following are questions (with answers) about computer security.\n\n"
         f"Question: {first['question'].strip()}\nAnswer:"
     )
     shots = ''.join(
-        f"Question: {row['question'].strip()}\nAnswer: {row['choices'][row['answer']]}\n\n" for row in MMLU_DEV[5:]
+        f"Question: {row['question'].strip()}\nAnswer: {row['choices'][row['answer']]}\n\n"
+        for row in MMLU_DEV[5:]
     )  # the machine_learning dev rows, in the file's order, before a machine_learning question
     assert five[3]['context'] == (
         "The following are questions (with answers) about machine learning.\n\n"
@@ -433,7 +531,10 @@ def test_predictions_follow_the_harness_rules():
     """acc: the highest log-likelihood; acc_norm: the highest per character of the choice (not per token); the
     first of equals wins (numpy's argmax); an empty choice never wins acc_norm (the harness divides by zero)."""
     item = {'choices': ['a', 'bbbb', 'cc', '']}
-    assert hellaswag.predictions(item, [-2.0, -4.0, -3.0, -0.5]) == (3, 1)  # -2/1, -4/4 = -1, -3/2: 'bbbb'
+    assert hellaswag.predictions(item, [-2.0, -4.0, -3.0, -0.5]) == (
+        3,
+        1,
+    )  # -2/1, -4/4 = -1, -3/2: 'bbbb'
     assert hellaswag.predictions({'choices': ['ab', 'cd']}, [-1.0, -1.0]) == (0, 0)
 
 
@@ -448,7 +549,9 @@ def task_items(tmp_path_factory):
             path.parent.mkdir(parents=True, exist_ok=True)
             if body:  # ARC has no dev split
                 path.write_bytes(body)
-    return str(cache), {task: hellaswag.task_items(task, str(cache)) for task in hellaswag.HUB_TASKS}
+    return str(cache), {
+        task: hellaswag.task_items(task, str(cache)) for task in hellaswag.HUB_TASKS
+    }
 
 
 def harness_loglikelihoods(hf, tokenizer, context, choices, max_length):
@@ -460,7 +563,11 @@ def harness_loglikelihoods(hf, tokenizer, context, choices, max_length):
     scores = []
     for choice in choices:
         continuation, spaces = ' ' + choice, len(context) - len(context.rstrip())
-        ctx, continuation = (context[:-spaces], context[-spaces:] + continuation) if spaces else (context, continuation)
+        ctx, continuation = (
+            (context[:-spaces], context[-spaces:] + continuation)
+            if spaces
+            else (context, continuation)
+        )
         whole = tokenizer(ctx + continuation, add_special_tokens=False).input_ids
         context_enc = tokenizer(ctx, add_special_tokens=False).input_ids
         continuation_enc = whole[len(context_enc) :]
@@ -472,7 +579,7 @@ def harness_loglikelihoods(hf, tokenizer, context, choices, max_length):
 
 @torch.no_grad()
 def test_choices_agree_with_a_reference_scorer(trained, task_items, tmp_path):
-    """The harness's rules, run through transformers on export.py's folder, choose what eval.py chooses, item by
+    """The harness's rules, run through transformers on export.py's folder, choose what evals.py chooses, item by
     item, for acc and acc_norm, on every task (MMLU 5-shot's rows are cut to the context, as the harness cuts)."""
     import numpy as np
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -489,14 +596,21 @@ def test_choices_agree_with_a_reference_scorer(trained, task_items, tmp_path):
     for task, items in task_items[1].items():
         ours = hellaswag.choice_logprobs(model, encoding, items, 'cpu', batch_items=3)
         for item, scores in zip(items, ours, strict=True):
-            reference = harness_loglikelihoods(hf, tokenizer, item['context'], item['choices'], max_length)
+            reference = harness_loglikelihoods(
+                hf, tokenizer, item['context'], item['choices'], max_length
+            )
             lengths = np.array([float(len(choice)) for choice in item['choices']])
             with np.errstate(divide='ignore'):
-                expected = (int(np.argmax(reference)), int(np.argmax(np.array(reference) / lengths)))
+                expected = (
+                    int(np.argmax(reference)),
+                    int(np.argmax(np.array(reference) / lengths)),
+                )
             assert hellaswag.predictions(item, scores) == expected, (task, item['context'])
             np.testing.assert_allclose(scores, reference, rtol=0, atol=2e-3)
             cut += len(tokenizer(item['context']).input_ids) > block_size
-    assert cut >= 6  # every 5-shot context is longer than the model's 64 tokens: the cut was compared too
+    assert (
+        cut >= 6
+    )  # every 5-shot context is longer than the model's 64 tokens: the cut was compared too
 
 
 @torch.no_grad()
@@ -505,30 +619,46 @@ def test_task_scores_count_right_on_any_number_of_ranks(trained, task_items):
     for task, items in task_items[1].items():
         chosen = [
             hellaswag.predictions(item, scores)
-            for item, scores in zip(items, hellaswag.choice_logprobs(model, encoding, items, 'cpu'), strict=True)
+            for item, scores in zip(
+                items, hellaswag.choice_logprobs(model, encoding, items, 'cpu'), strict=True
+            )
         ]
         score = hellaswag.task_accuracy(model, encoding, items, 'cpu', batch_items=2)
         n = len(items)
         acc = sum(pred == item['label'] for (pred, _), item in zip(chosen, items, strict=True)) / n
-        acc_norm = sum(pred == item['label'] for (_, pred), item in zip(chosen, items, strict=True)) / n
+        acc_norm = (
+            sum(pred == item['label'] for (_, pred), item in zip(chosen, items, strict=True)) / n
+        )
         assert (
-            score['items'] == n and score['acc'] == pytest.approx(acc) and score['acc_norm'] == pytest.approx(acc_norm)
+            score['items'] == n
+            and score['acc'] == pytest.approx(acc)
+            and score['acc_norm'] == pytest.approx(acc_norm)
         )
         assert score['acc_stderr'] == pytest.approx(math.sqrt(acc * (1 - acc) / n))
         assert score['chance'] == pytest.approx(sum(1 / len(item['choices']) for item in items) / n)
-        if task.startswith('mmlu'):  # two subjects of 3 items: the macro average is the micro one here
+        if task.startswith(
+            'mmlu'
+        ):  # two subjects of 3 items: the macro average is the micro one here
             right = [pred == item['label'] for (pred, _), item in zip(chosen, items, strict=True)]
-            assert score['acc_macro'] == pytest.approx((sum(right[:3]) / 3 + sum(right[3:]) / 3) / 2)
+            assert score['acc_macro'] == pytest.approx(
+                (sum(right[:3]) / 3 + sum(right[3:]) / 3) / 2
+            )
         else:
-            assert 'acc_macro' not in score and score['chance'] == pytest.approx((1 / 4 + 1 / 3 + 1 / 5 + 1 / 4) / 4)
+            assert 'acc_macro' not in score and score['chance'] == pytest.approx(
+                (1 / 4 + 1 / 3 + 1 / 5 + 1 / 4) / 4
+            )
         for world_size in (2, 3):  # ARC's 4 items over 3 ranks: 2, 2 and none
             parts = [
-                hellaswag.task_accuracy(model, encoding, items, 'cpu', rank=rank, world_size=world_size)
+                hellaswag.task_accuracy(
+                    model, encoding, items, 'cpu', rank=rank, world_size=world_size
+                )
                 for rank in range(world_size)
             ]
             assert sum(part['items'] for part in parts) == n
             assert sum(part['acc'] * part['items'] for part in parts) == pytest.approx(acc * n)
-            assert sum(part['acc_norm'] * part['items'] for part in parts) == pytest.approx(acc_norm * n)
+            assert sum(part['acc_norm'] * part['items'] for part in parts) == pytest.approx(
+                acc_norm * n
+            )
 
 
 def numbers(text):
@@ -537,7 +667,7 @@ def numbers(text):
 
 
 def test_all_runs_the_suite_against_the_hub(trained, task_items, tmp_path, capsys, monkeypatch):
-    """`eval.py RUN all`: HellaSwag from its URL, ARC and MMLU from the (fake) Hub, each downloaded once; every
+    """`evals.py RUN all`: HellaSwag from its URL, ARC and MMLU from the (fake) Hub, each downloaded once; every
     task's report holds what task_accuracy computes, the chance, and the published figures with their sources."""
     run, model, encoding = trained
     served = dict(fake_hub(), **{'/hellaswag_val.jsonl': GOOD})
@@ -550,7 +680,9 @@ def test_all_runs_the_suite_against_the_hub(trained, task_items, tmp_path, capsy
         assert len(seen) == first  # the second run reads the cache only
     out = capsys.readouterr().out
     said = re.compile(r'\S+: [\d.]+ \w*B in \d+ s')  # downloads.py's line for each file downloaded
-    assert [line for line in numbers(downloaded) if not said.match(line)] == numbers(out)  # batched or not
+    assert [line for line in numbers(downloaded) if not said.match(line)] == numbers(
+        out
+    )  # batched or not
     assert 'HellaSwag validation, 5 items' in out
     path = checkpoint.find(run)
     for task, items in task_items[1].items():
@@ -567,23 +699,37 @@ def test_all_runs_the_suite_against_the_hub(trained, task_items, tmp_path, capsy
         f"{'GPT-3 Small 125M':<34}  43.6%   (GPT-3 zero-shot, unconditional norm. (Brown et al. 2020, Table H.1))"
         in out
     )
-    assert f"{'GPT-3 Small 2.7B':<34}  25.9%   (GPT-3 5-shot, letter answers (Hendrycks et al. 2021, Table 1))" in out
-    assert f"{'FineWeb-Edu 1.71B, 350B tokens':<34}  37.0%" in out and 'over its subjects (macro)' in out
+    assert (
+        f"{'GPT-3 Small 2.7B':<34}  25.9%   (GPT-3 5-shot, letter answers (Hendrycks et al. 2021, Table 1))"
+        in out
+    )
+    assert (
+        f"{'FineWeb-Edu 1.71B, 350B tokens':<34}  37.0%" in out
+        and 'over its subjects (macro)' in out
+    )
 
 
 def test_bad_task_files_are_one_line(trained, tmp_path, capsys, monkeypatch):
     run = trained[0]
-    bad_answer = [dict(ARC_ROWS[0]), dict(ARC_ROWS[1], answerKey='E')]  # 'E' is not among its labels 1-3
+    bad_answer = [
+        dict(ARC_ROWS[0]),
+        dict(ARC_ROWS[1], answerKey='E'),
+    ]  # 'E' is not among its labels 1-3
     cases = {
         'answer': arc_parquet(bad_answer),
         'damaged': REPO_FILES['allenai/ai2_arc']['ARC-Easy/test-00000-of-00001.parquet'][:-100],
     }
     for name, body in cases.items():
-        path = pathlib.Path(hellaswag.hub_task_path('allenai/ai2_arc', 'ARC-Easy', 'test', str(tmp_path / name)))
+        path = pathlib.Path(
+            hellaswag.hub_task_path('allenai/ai2_arc', 'ARC-Easy', 'test', str(tmp_path / name))
+        )
         path.parent.mkdir(parents=True)
         path.write_bytes(body)
         assert hellaswag.main([run, 'arc_easy', '--cache', str(tmp_path / name)]) == 2
-    with http_server(fake_hub({'cais/mmlu': {'other/test-00000-of-00001.parquet': b'PAR1'}})) as (url, _):
+    with http_server(fake_hub({'cais/mmlu': {'other/test-00000-of-00001.parquet': b'PAR1'}})) as (
+        url,
+        _,
+    ):
         monkeypatch.setenv('HF_ENDPOINT', url)  # the Hub has no folder 'all' in cais/mmlu
         assert hellaswag.main([run, 'mmlu', '--cache', str(tmp_path / 'none')]) == 2
     errors = capsys.readouterr().err.strip().split('\n')
@@ -605,7 +751,7 @@ def test_torchrun_slices_the_suite_over_ranks(trained, task_items, capsys):
     one = capsys.readouterr().out
     result = subprocess.run(
         [sys.executable, '-m', 'torch.distributed.run', '--standalone', '--nproc_per_node=2']
-        + ['eval.py', run, 'all', '--cache', cache, '--device', 'cpu'],
+        + ['evals.py', run, 'all', '--cache', cache, '--device', 'cpu'],
         cwd=str(pathlib.Path(__file__).resolve().parent.parent),
         capture_output=True,
         text=True,
@@ -627,29 +773,45 @@ def test_training_scores_the_tasks_into_metrics_and_the_plot(pystdlib_data, tmp_
     with http_server({**fake_hub(), '/hellaswag_val.jsonl': GOOD}) as (url, _):
         monkeypatch.setenv('HF_ENDPOINT', url)
         monkeypatch.setenv('HELLASWAG_URL', url + '/hellaswag_val.jsonl')
-        monkeypatch.setenv('XDG_CACHE_HOME', str(tmp_path / 'cache'))  # HellaSwag's file: downloaded here
-        flags = ['--max_steps=3', '--dtype=float32', '--eval_tasks=arc_challenge,mmlu_5shot', '--eval_tasks_every=2']
+        monkeypatch.setenv(
+            'XDG_CACHE_HOME', str(tmp_path / 'cache')
+        )  # HellaSwag's file: downloaded here
+        flags = [
+            '--max_steps=3',
+            '--dtype=float32',
+            '--eval_tasks=arc_challenge,mmlu_5shot',
+            '--eval_tasks_every=2',
+        ]
         flags += ['--eval_tasks_items=3', '--hellaswag_every=2', '--hellaswag_items=4']
         assert train.main([str(config), f'--out_dir={tmp_path / "run"}', *flags]) == 0
     with open(tmp_path / 'run' / 'metrics.jsonl') as f:
         entries = list(map(json.loads, f))
     scored = [e for e in entries if 'arc_challenge' in e]
     assert [e['step'] for e in scored] == [2, 3] and all(e['mmlu_5shot_items'] == 3 for e in scored)
-    model, _ = checkpoint.load_model(str(tmp_path / 'run'), torch.device('cpu'))  # the step-3 model: its score
-    accuracy, _, _ = hellaswag.hellaswag_accuracy(model, data.load_tokenizer(pystdlib_data), ITEMS[:4], 'cpu')
+    model, _ = checkpoint.load_model(
+        str(tmp_path / 'run'), torch.device('cpu')
+    )  # the step-3 model: its score
+    accuracy, _, _ = hellaswag.hellaswag_accuracy(
+        model, data.load_tokenizer(pystdlib_data), ITEMS[:4], 'cpu'
+    )
     swag = [e for e in entries if 'hellaswag' in e]
-    assert [(e['step'], e['hellaswag_items']) for e in swag] == [(2, 4), (3, 4)] and swag[-1]['hellaswag'] == accuracy
+    assert [(e['step'], e['hellaswag_items']) for e in swag] == [(2, 4), (3, 4)] and swag[-1][
+        'hellaswag'
+    ] == accuracy
     last = scored[-1]
-    assert last['arc_challenge'] == last['arc_challenge_acc_norm'] and last['mmlu_5shot'] == last['mmlu_5shot_acc']
+    assert (
+        last['arc_challenge'] == last['arc_challenge_acc_norm']
+        and last['mmlu_5shot'] == last['mmlu_5shot_acc']
+    )
     assert last['arc_challenge_stderr'] == pytest.approx(
         math.sqrt(last['arc_challenge'] * (1 - last['arc_challenge']) / 3)
     )
     run = plot.read_run(str(tmp_path / 'run'))
     assert sorted(run['scores']) == ['arc_challenge', 'hellaswag', 'mmlu_5shot'] and list(
         run['scores']['mmlu_5shot'][0]
-    ) == [
-        2 * 512,
-        3 * 512,
+    ) == [2 * 512, 3 * 512]
+    labels = [
+        container.get_label()
+        for container in plot.figure([str(tmp_path / 'run')]).axes[1].containers
     ]
-    labels = [container.get_label() for container in plot.figure([str(tmp_path / 'run')]).axes[1].containers]
     assert labels == ['run HellaSwag', 'run ARC-Challenge acc_norm', 'run MMLU 5-shot acc']

@@ -71,7 +71,9 @@ def test_same_logits_in_fp32(exported):
     expected = 'LlamaForCausalLM' if ours.config.arch == 'llama' else 'GPT2LMHeadModel'
     assert type(hf).__name__ == expected and hf.dtype == torch.float32
     assert hf.config.vocab_size == ours.config.vocab_size  # padded rows kept
-    tied = hf.get_output_embeddings().weight.data_ptr() == hf.get_input_embeddings().weight.data_ptr()
+    tied = (
+        hf.get_output_embeddings().weight.data_ptr() == hf.get_input_embeddings().weight.data_ptr()
+    )
     assert tied == ours.config.tie_embeddings
     generator = torch.Generator().manual_seed(1)
     idx = torch.randint(0, ours.config.vocab_size, (2, ours.config.block_size), generator=generator)
@@ -84,12 +86,19 @@ def test_same_logits_in_fp32(exported):
 
 def test_same_greedy_tokens(exported):
     ours, hf, tokenizer, _ = exported
-    prompt = torch.tensor([[tokenizer.eos_token_id] + tokenizer('def main(argv):', add_special_tokens=False).input_ids])
+    prompt = torch.tensor(
+        [
+            [tokenizer.eos_token_id]
+            + tokenizer('def main(argv):', add_special_tokens=False).input_ids
+        ]
+    )
     expected = ours.generate(prompt, 12, temperature=0)
     # min_new_tokens: ours never stops at end-of-text; HF would (it is eos)
     got = hf.generate(prompt, max_new_tokens=12, min_new_tokens=12, do_sample=False)
     assert got.tolist() == expected.tolist()
-    assert len(set(expected[0, prompt.shape[1] :].tolist())) > 1  # the random model does not repeat one token
+    assert (
+        len(set(expected[0, prompt.shape[1] :].tolist())) > 1
+    )  # the random model does not repeat one token
 
 
 def test_tokenizer_gives_our_ids(exported, pystdlib_data):
@@ -100,9 +109,20 @@ def test_tokenizer_gives_our_ids(exported, pystdlib_data):
     assert tokenizer.decode(ids) == TEXT == encoding.decode(ids)
     eot = encoding.eot_token
     assert ids.count(eot) == 1 and tokenizer.convert_tokens_to_ids('<|endoftext|>') == eot
-    assert (tokenizer.bos_token_id, tokenizer.eos_token_id, tokenizer.pad_token_id) == (eot, eot, eot)
-    assert (hf.config.bos_token_id, hf.config.eos_token_id, hf.config.pad_token_id) == (eot, eot, eot)
-    assert hf.generation_config.eos_token_id == eot and len(tokenizer) == encoding.n_vocab <= hf.config.vocab_size
+    assert (tokenizer.bos_token_id, tokenizer.eos_token_id, tokenizer.pad_token_id) == (
+        eot,
+        eot,
+        eot,
+    )
+    assert (hf.config.bos_token_id, hf.config.eos_token_id, hf.config.pad_token_id) == (
+        eot,
+        eot,
+        eot,
+    )
+    assert (
+        hf.generation_config.eos_token_id == eot
+        and len(tokenizer) == encoding.n_vocab <= hf.config.vocab_size
+    )
     assert not [name for name in os.listdir(folder.parent) if '.tmp' in name or '.old' in name]
 
 
@@ -112,7 +132,10 @@ def test_gpt2_regex_converts_too():
     for text in (b'th', b'the', b' the', b'in', b' in', b'  ', b'er', b' t', b'ing', b' th'):
         ranks.setdefault(text, len(ranks))
     encoding = tiktoken.Encoding(
-        'small', pat_str=r50k_pat_str, mergeable_ranks=ranks, special_tokens={'<|endoftext|>': len(ranks)}
+        'small',
+        pat_str=r50k_pat_str,
+        mergeable_ranks=ranks,
+        special_tokens={'<|endoftext|>': len(ranks)},
     )
     tokenizer = export.hf_tokenizer(encoding)
     for text in (TEXT, 'the thing   in the  string\n\n  they\'re ' * 3):
@@ -138,10 +161,17 @@ def test_neox_tokenizer_is_written_as_it_is(tmp_path, pystdlib_data):
     )
     folder = tmp_path / 'neox_data'
     folder.mkdir()
-    (folder / 'tokenizer.json').write_text(json.dumps({'name': 'neox', 'source': 'a stand-in', 'tokenizers': spec}))
-    save_run(tmp_path / 'run', dict(TINY, arch='gpt2', tie_embeddings=True, vocab_size=640), str(folder))
+    (folder / 'tokenizer.json').write_text(
+        json.dumps({'name': 'neox', 'source': 'a stand-in', 'tokenizers': spec})
+    )
+    save_run(
+        tmp_path / 'run', dict(TINY, arch='gpt2', tie_embeddings=True, vocab_size=640), str(folder)
+    )
     assert export.main([str(tmp_path / 'run'), str(tmp_path / 'hf')]) == 0
-    encoding, tokenizer = data.load_tokenizer(str(folder)), AutoTokenizer.from_pretrained(tmp_path / 'hf')
+    encoding, tokenizer = (
+        data.load_tokenizer(str(folder)),
+        AutoTokenizer.from_pretrained(tmp_path / 'hf'),
+    )
     text = TEXT + ' cafe\u0301 = café'  # a decomposed é: NFC makes it the composed one
     ids = encoding.encode(text, allowed_special='all')
     assert tokenizer(text).input_ids == ids and ids.count(512) == 1  # TEXT's one run of 4 spaces
@@ -156,7 +186,9 @@ def test_bfloat16_by_default(tmp_path, pystdlib_data):
     assert {t.dtype for t in tensors.values()} == {torch.bfloat16}
     assert torch.equal(tensors['model.embed_tokens.weight'], ours.tok_emb.weight.to(torch.bfloat16))
     qkv = ours.blocks[1].attn.qkv_proj.weight
-    assert torch.equal(tensors['model.layers.1.self_attn.v_proj.weight'], qkv[-64:].to(torch.bfloat16))
+    assert torch.equal(
+        tensors['model.layers.1.self_attn.v_proj.weight'], qkv[-64:].to(torch.bfloat16)
+    )
     config = json.loads((tmp_path / 'hf' / 'config.json').read_text())
     assert config['torch_dtype'] == 'bfloat16' and config['max_position_embeddings'] == 32
     assert AutoModelForCausalLM.from_pretrained(tmp_path / 'hf').dtype == torch.bfloat16
@@ -169,7 +201,11 @@ def test_trained_run_generates_what_sample_prints(tmp_path, pystdlib_data, capsy
     assert (
         train.main(
             [
-                os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'configs', 'pystdlib_cpu.py'),
+                os.path.join(
+                    os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                    'configs',
+                    'pystdlib_cpu.py',
+                ),
                 f'--data={pystdlib_data}',
                 '--vocab_size=512',
                 f'--out_dir={out}',
@@ -190,7 +226,9 @@ def test_trained_run_generates_what_sample_prints(tmp_path, pystdlib_data, capsy
     model = AutoModelForCausalLM.from_pretrained(tmp_path / 'hf')
     tokenizer = AutoTokenizer.from_pretrained(tmp_path / 'hf')
     prompt = [tokenizer.bos_token_id] + tokenizer('import ', add_special_tokens=False).input_ids
-    tokens = model.generate(torch.tensor([prompt]), max_new_tokens=16, min_new_tokens=16, do_sample=False)
+    tokens = model.generate(
+        torch.tensor([prompt]), max_new_tokens=16, min_new_tokens=16, do_sample=False
+    )
     assert text.startswith('import ') and text == tokenizer.decode(tokens[0, 1:])
 
 

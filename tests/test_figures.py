@@ -26,7 +26,11 @@ def read(path):
     'overrides',
     [
         ['--batch_tokens=1000'],
-        ['--n_kv_head=4', '--block_size=2048', '--micro_batch=6'],  # 42.67 accumulation steps on one process
+        [
+            '--n_kv_head=4',
+            '--block_size=2048',
+            '--micro_batch=6',
+        ],  # 42.67 accumulation steps on one process
     ],
 )
 def test_the_ledger_and_train_refuse_the_same_plans_with_one_line(overrides, tmp_path, capsys):
@@ -56,7 +60,9 @@ def test_book_sums_memory_in_one_unit():
     total = rows['LLaMA-7B total per GPU, GiB']
     assert total['value'] == pytest.approx(states + 6.20 + 3.91 + 6) and total['matches']
     spare = rows['LLaMA-7B spare on an 80 GB card, GiB']
-    assert spare['value'] == pytest.approx(ledger.GPUS['A800'].memory_bytes / 2**30 - total['value'])
+    assert spare['value'] == pytest.approx(
+        ledger.GPUS['A800'].memory_bytes / 2**30 - total['value']
+    )
     assert ledger.GPUS['A800'].memory_bytes == 80 * 2**30 and spare['matches']
     assert not [what for what in rows if what.startswith('LLaMA-7B') and what.endswith(', GB')]
 
@@ -65,7 +71,11 @@ def test_book_sums_memory_in_one_unit():
 @pytest.mark.parametrize('config', ['configs/gpt2_124m.py', 'configs/llama_7b.py'])
 def test_the_per_layer_row_shows_the_formula_of_its_number(config, n_kv_head, capsys):
     assert ledger_report.main([config, f'--n_kv_head={n_kv_head}']) == 0
-    row = next(line for line in capsys.readouterr().out.splitlines() if line.strip().startswith('per layer'))
+    row = next(
+        line
+        for line in capsys.readouterr().out.splitlines()
+        if line.strip().startswith('per layer')
+    )
     count, formula = re.match(r'\s*per layer\s+([\d,]+)\s+(.*)', row).groups()
     model = load_config(config, [f'--n_kv_head={n_kv_head}'])[0]
     H, F, k = model.n_embd, model.ffn_width, model.family.mlp_matrices
@@ -78,10 +88,14 @@ def test_the_per_layer_row_shows_the_formula_of_its_number(config, n_kv_head, ca
     else:
         assert formula.startswith(f"4H^2 + {k}HH' + 2H") and 'kv_width' not in formula
     weights = 2 * H * H + 2 * H * kv_width + k * H * F + 2 * H  # the formula, evaluated
-    biases = 5 * H + 2 * kv_width + F if model.biases else 0  # gpt2: q, k, v, o, up, down, two LayerNorms' biases
+    biases = (
+        5 * H + 2 * kv_width + F if model.biases else 0
+    )  # gpt2: q, k, v, o, up, down, two LayerNorms' biases
     if model.biases:
         assert ("(+ 5H + 2kv_width + H' biases)" if n_kv_head else "(+ 7H + H' biases)") in formula
-    assert int(count.replace(',', '')) == weights + biases == ledger.count_params(model)['per_layer']
+    assert (
+        int(count.replace(',', '')) == weights + biases == ledger.count_params(model)['per_layer']
+    )
 
 
 # -----------------------------------------------------------------------------------------------------
@@ -108,14 +122,18 @@ def test_docs_ledger_excerpt_is_the_ledgers_output(capsys):
     end = next(i for i in range(start, len(doc)) if doc[i] and not doc[i].startswith('    '))
     shown_lines = [line[4:] for line in doc[start:end] if line.strip() not in ('...', '')]
     output = ledger_output('configs/h200_1b3.py', capsys)
-    positions = [output.index(line) for line in shown_lines]  # ValueError: a line the ledger no longer prints
+    positions = [
+        output.index(line) for line in shown_lines
+    ]  # ValueError: a line the ledger no longer prints
     assert positions == sorted(positions) and len(shown_lines) > 15
 
 
 def test_the_config_tables_figures_are_the_ledgers():
     """docs/running.md's table of configs: params, days, the book's days, cost, memory per device of each config
     the ledger plans (not the CPU ones, measured; not the over-training plan, experiments/overtrain.py's)."""
-    rows = re.findall(r'^\| `(configs/\w+\.py)` \| [^|]+ \| ([^|]+) \| ([^|]+) \|$', read('docs/running.md'), re.M)
+    rows = re.findall(
+        r'^\| `(configs/\w+\.py)` \| [^|]+ \| ([^|]+) \| ([^|]+) \|$', read('docs/running.md'), re.M
+    )
     checked = 0
     for config, params, bill in rows:
         if 'pystdlib' in config or 'overtrain' in config:
@@ -136,11 +154,18 @@ def test_the_config_tables_figures_are_the_ledgers():
             r'[\d.]+ of (\d+) GiB': p['memory']['gpu_memory'] / 2**30,
             r'^([\d.]+) GiB per GPU': p['memory']['total'] / 2**30,
             r'\(([\d.]+) of compute': p['days_compute'],
-            r'([\d.]+)% of a step waits on communication': 100 * (p['comm']['exposed_fraction'] or 0),
+            r'([\d.]+)% of a step waits on communication': 100
+            * (p['comm']['exposed_fraction'] or 0),
             r'model states ([\d.]+) GiB from the total': p['memory']['model_states'] / 2**30,
-            r"the book's 16 x active: ([\d.]+)": p['memory'].get('book_active_model_states', 0) / 2**30,
+            r"the book's 16 x active: ([\d.]+)": p['memory'].get('book_active_model_states', 0)
+            / 2**30,
         }
-        found = [(pattern, m.group(1)) for pattern in figures for m in [re.search(pattern, bill.strip())] if m]
+        found = [
+            (pattern, m.group(1))
+            for pattern in figures
+            for m in [re.search(pattern, bill.strip())]
+            if m
+        ]
         assert found, (config, bill)
         for pattern, text in found:
             assert shown(figures[pattern], text), (config, pattern, text, figures[pattern])
@@ -153,13 +178,20 @@ def test_the_readme_bill_of_the_real_run_is_the_ledgers():
     days, cost = re.search(r'~([\d.]+) days and ~\$(\d+) on one H200', read('README.md')).groups()
     assert shown(p['days'], days) and cost == f"{round(p['cost_usd'], -1):.0f}"
     days, cost, memory, gpu = re.search(
-        r'configs/h200_1b3.py +# the bill first: ~([\d.]+) days, ~\$(\d+), (\d+) of (\d+) GiB', read('docs/running.md')
+        r'configs/h200_1b3.py +# the bill first: ~([\d.]+) days, ~\$(\d+), (\d+) of (\d+) GiB',
+        read('docs/running.md'),
     ).groups()
     assert shown(p['days'], days) and cost == f"{round(p['cost_usd'], -1):.0f}"
-    assert shown(p['memory']['total'] / 2**30, memory) and shown(p['memory']['gpu_memory'] / 2**30, gpu)
+    assert shown(p['memory']['total'] / 2**30, memory) and shown(
+        p['memory']['gpu_memory'] / 2**30, gpu
+    )
     # the configs' own comments about what fits
     p8 = ledger.predict(*load_config(os.path.join(ROOT, 'configs/h100x8_1b3.py')))
-    largest = re.search(r"the ledger's largest that fits is (\d+)", read('configs/h100x8_1b3.py')).group(1)
+    largest = re.search(
+        r"the ledger's largest that fits is (\d+)", read('configs/h100x8_1b3.py')
+    ).group(1)
     assert int(largest) == p8['max_micro_batch']
-    days = re.search(r'the bill first: ~([\d.]+) days on 8 GPUs', read('configs/h100x8_1b3.py')).group(1)
+    days = re.search(
+        r'the bill first: ~([\d.]+) days on 8 GPUs', read('configs/h100x8_1b3.py')
+    ).group(1)
     assert shown(p8['days'], days)

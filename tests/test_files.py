@@ -27,8 +27,12 @@ def test_write_text_atomic_uses_a_file_of_this_process_and_cleans_up(tmp_path, m
     monkeypatch.setattr(os, 'replace', replace_then_fail)
     with pytest.raises(OSError):
         files.write_text_atomic(path, 'new text')
-    assert renames == [f'{path}.tmp{os.getpid()}']  # two processes writing one file never share a temporary name
-    assert os.listdir(tmp_path) == ['a.json'] and json.load(open(path)) == {'x': 1}  # the old file, untouched
+    assert renames == [
+        f'{path}.tmp{os.getpid()}'
+    ]  # two processes writing one file never share a temporary name
+    assert os.listdir(tmp_path) == ['a.json'] and json.load(open(path)) == {
+        'x': 1
+    }  # the old file, untouched
     monkeypatch.setattr(os, 'replace', real_replace)
 
 
@@ -55,12 +59,16 @@ def through_disk_errors(folder, error, **kwargs):
 def test_disk_errors_turn_a_full_disk_into_one_line(tmp_path, monkeypatch):
     monkeypatch.setattr(files, 'free_bytes', lambda folder: 1_234_567)
     folder = str(tmp_path)
-    error = through_disk_errors(folder, OSError(errno.ENOSPC, 'No space left on device', f'{folder}/x.bin'))
+    error = through_disk_errors(
+        folder, OSError(errno.ENOSPC, 'No space left on device', f'{folder}/x.bin')
+    )
     assert type(error) is UserError and str(error) == (
         f"disk full writing {folder}/x.bin: 1.2 MB free on the filesystem of {folder}: free some space or choose "
         f"another folder, then rerun (what was complete is kept)"
     )
-    error = through_disk_errors(folder, OSError(errno.EDQUOT, 'Disk quota exceeded'), needed_bytes=2e9)
+    error = through_disk_errors(
+        folder, OSError(errno.EDQUOT, 'Disk quota exceeded'), needed_bytes=2e9
+    )
     assert str(error).startswith(
         f"disk full writing {folder}: 1.2 MB free on the filesystem of {folder}, about 2.0 GB needed: "
     )
@@ -70,19 +78,27 @@ def test_disk_errors_turn_a_full_disk_into_one_line(tmp_path, monkeypatch):
         'PytorchStreamWriter failed writing file data/0: file write failed',
     ):
         error = through_disk_errors(folder, RuntimeError(message))
-        assert type(error) is UserError and str(error).startswith(f"disk full writing {folder}: 1.2 MB free")
+        assert type(error) is UserError and str(error).startswith(
+            f"disk full writing {folder}: 1.2 MB free"
+        )
 
 
 def test_disk_errors_read_only_and_what_is_not_theirs(tmp_path):
     folder = str(tmp_path / 'out')
-    error = through_disk_errors(folder, OSError(errno.EROFS, 'Read-only file system', f'{folder}/ckpt.pt'))
+    error = through_disk_errors(
+        folder, OSError(errno.EROFS, 'Read-only file system', f'{folder}/ckpt.pt')
+    )
     assert type(error) is UserError and str(error) == (
         f"cannot write {folder}/ckpt.pt (read-only filesystem): {folder} must be on a writable filesystem and "
         f"writable by this user; choose another folder"
     )
     for path in (folder, str(tmp_path)):  # the folder, or a parent it is made in
-        error = through_disk_errors(folder, PermissionError(errno.EACCES, 'Permission denied', path))
-        assert type(error) is UserError and str(error).startswith(f"cannot write {path} (permission denied): ")
+        error = through_disk_errors(
+            folder, PermissionError(errno.EACCES, 'Permission denied', path)
+        )
+        assert type(error) is UserError and str(error).startswith(
+            f"cannot write {path} (permission denied): "
+        )
     # errors that are not about writing the folder go through unchanged
     for error in (
         FileNotFoundError(errno.ENOENT, 'No such file or directory', f'{folder}/x'),
@@ -102,7 +118,9 @@ def dead_pid():
 def test_folder_lock(tmp_path):
     folder = str(tmp_path / 'new' / 'out')
     with files.folder_lock(folder, 'prepare.py pystdlib') as path:
-        assert path == os.path.join(folder, '.lock') and os.listdir(folder) == ['.lock']  # the folder is made too
+        assert path == os.path.join(folder, '.lock') and os.listdir(folder) == [
+            '.lock'
+        ]  # the folder is made too
         owner = json.load(open(path))
         assert (owner['pid'], owner['host'], owner['command']) == (
             os.getpid(),
@@ -127,13 +145,22 @@ def test_folder_lock(tmp_path):
 def test_folder_lock_stale_foreign_and_unreadable(tmp_path):
     folder = str(tmp_path)
     path = os.path.join(folder, '.lock')
-    stale = {'pid': dead_pid(), 'host': socket.gethostname(), 'command': 'prepare.py fineweb_edu', 'since': '-'}
+    stale = {
+        'pid': dead_pid(),
+        'host': socket.gethostname(),
+        'command': 'prepare.py fineweb_edu',
+        'since': '-',
+    }
     json.dump(stale, open(path, 'w'))
     with files.folder_lock(folder, 'prepare.py pystdlib'):  # its owner is gone: taken over
         assert json.load(open(path))['pid'] == os.getpid()
     assert os.listdir(folder) == []
-    json.dump(dict(stale, host='gpu-node-7'), open(path, 'w'))  # a process on another host: we cannot tell
-    with pytest.raises(UserError, match=r'is in use by pid \d+ on host gpu-node-7 \(prepare.py fineweb_edu'):
+    json.dump(
+        dict(stale, host='gpu-node-7'), open(path, 'w')
+    )  # a process on another host: we cannot tell
+    with pytest.raises(
+        UserError, match=r'is in use by pid \d+ on host gpu-node-7 \(prepare.py fineweb_edu'
+    ):
         with files.folder_lock(folder, 'prepare.py pystdlib'):
             pass
     open(path, 'w').write('{"pid": 12')
@@ -150,5 +177,7 @@ def test_folder_lock_keeps_a_lock_that_was_replaced(tmp_path):
     folder = str(tmp_path)
     with files.folder_lock(folder, 'a') as path:
         other = {'pid': 1, 'host': 'elsewhere', 'command': 'b', 'since': '-'}
-        json.dump(other, open(path, 'w'))  # e.g. the user deleted ours and another command took the folder
+        json.dump(
+            other, open(path, 'w')
+        )  # e.g. the user deleted ours and another command took the folder
     assert json.load(open(path)) == other

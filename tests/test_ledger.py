@@ -16,8 +16,15 @@ import ledger_report
 from config import OBJECTIVES, ModelConfig, TrainConfig, load_config
 from ledger import GIB
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repo's root, where train.py is
-CONFIGS = ['configs/llama_7b.py', 'configs/gpt2_124m.py', 'configs/gpt2_760m.py', 'configs/h200_1b3.py']
+ROOT = os.path.dirname(
+    os.path.dirname(os.path.abspath(__file__))
+)  # the repo's root, where train.py is
+CONFIGS = [
+    'configs/llama_7b.py',
+    'configs/gpt2_124m.py',
+    'configs/gpt2_760m.py',
+    'configs/h200_1b3.py',
+]
 
 
 def llama(**overrides):
@@ -26,7 +33,10 @@ def llama(**overrides):
 
 def gpt2(**overrides):  # OpenAI's GPT-2: V = 50257, learned positions, biases, tied embeddings
     return ModelConfig(
-        **{**dict(arch='gpt2', vocab_size=50257, block_size=1024, bias=True, tie_embeddings=True), **overrides}
+        **{
+            **dict(arch='gpt2', vocab_size=50257, block_size=1024, bias=True, tie_embeddings=True),
+            **overrides,
+        }
     )
 
 
@@ -34,7 +44,11 @@ def run_cli(*args, isolated=False):
     """python ledger.py ARGS in a subprocess; isolated: -S -E, no site-packages (proves stdlib only)."""
     flags = ['-S', '-E'] if isolated else []
     return subprocess.run(
-        [sys.executable, *flags, 'ledger.py', *args], cwd=ROOT, capture_output=True, text=True, timeout=60
+        [sys.executable, *flags, 'ledger.py', *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
 
 
@@ -42,11 +56,23 @@ def run_cli(*args, isolated=False):
 # Ledger 1: parameters
 
 PUBLISHED = [  # (name, config, published sum(p.numel()) of the released model)
-    ('LLaMA-7B', llama(n_layer=32, n_head=32, n_embd=4096), 6_738_415_616),  # book; ffn 8H/3 -> 11008
+    (
+        'LLaMA-7B',
+        llama(n_layer=32, n_head=32, n_embd=4096),
+        6_738_415_616,
+    ),  # book; ffn 8H/3 -> 11008
     ('LLaMA-13B', llama(n_layer=40, n_head=40, n_embd=5120), 13_015_864_320),  # also Llama-2-13B
     ('LLaMA-65B', llama(n_layer=80, n_head=64, n_embd=8192), 65_285_660_672),
-    ('TinyLlama-1.1B', llama(n_layer=22, n_head=32, n_kv_head=4, n_embd=2048), 1_100_048_384),  # GQA
-    ('Mistral-7B', llama(n_layer=32, n_head=32, n_kv_head=8, n_embd=4096, ffn_hidden=14336), 7_241_732_096),
+    (
+        'TinyLlama-1.1B',
+        llama(n_layer=22, n_head=32, n_kv_head=4, n_embd=2048),
+        1_100_048_384,
+    ),  # GQA
+    (
+        'Mistral-7B',
+        llama(n_layer=32, n_head=32, n_kv_head=8, n_embd=4096, ffn_hidden=14336),
+        7_241_732_096,
+    ),
     (
         'Llama-3-8B',
         llama(n_layer=32, n_head=32, n_kv_head=8, n_embd=4096, ffn_hidden=14336, vocab_size=128256),
@@ -64,10 +90,14 @@ def test_published_parameter_counts_exact(name, config, published):
     assert ledger.count_params(config)['total'] == published
 
 
-@pytest.mark.parametrize('L,H,F,V', [(32, 4096, 11008, 32000), (3, 64, 176, 1000), (22, 2048, 5632, 50304)])
+@pytest.mark.parametrize(
+    'L,H,F,V', [(32, 4096, 11008, 32000), (3, 64, 176, 1000), (22, 2048, 5632, 50304)]
+)
 def test_book_formula_for_llama(L, H, F, V):
     """P = 2VH + H + L(4H^2 + 3HH' + 2H) for multi-head attention and untied embeddings."""
-    params = ledger.count_params(llama(n_layer=L, n_head=H // 64, n_embd=H, ffn_hidden=F, vocab_size=V))
+    params = ledger.count_params(
+        llama(n_layer=L, n_head=H // 64, n_embd=H, ffn_hidden=F, vocab_size=V)
+    )
     assert params['total'] == 2 * V * H + H + L * (4 * H * H + 3 * H * F + 2 * H)
     assert params['per_layer'] == 4 * H * H + 3 * H * F + 2 * H
 
@@ -99,7 +129,12 @@ def test_breakdown_sums_to_total(config):
 
 
 def test_llama_default_ffn_width_is_llamas_rule():
-    assert [llama(n_embd=H).ffn_width for H in (4096, 5120, 6656, 8192)] == [11008, 13824, 17920, 22016]
+    assert [llama(n_embd=H).ffn_width for H in (4096, 5120, 6656, 8192)] == [
+        11008,
+        13824,
+        17920,
+        22016,
+    ]
     assert gpt2(n_embd=768).ffn_width == 3072
 
 
@@ -120,7 +155,11 @@ def test_flops_conventions():
     # recompute reruns each block's forward but not down_proj (H x 11008) nor lm_head; a compiled block reruns whole
     F, V = 11008, 32000
     recompute = ledger.flops_per_token(config, recompute=True)['hardware']
-    assert recompute == 8 * params['matmul'] - 2 * V * H - 2 * L * H * F + 16 * L * H * T == 54_003_761_152
+    assert (
+        recompute
+        == 8 * params['matmul'] - 2 * V * H - 2 * L * H * F + 16 * L * H * T
+        == 54_003_761_152
+    )
     compiled = ledger.flops_per_token(config, recompute=True, compiled_blocks=True)['hardware']
     assert compiled == 8 * params['matmul'] - 2 * V * H + 16 * L * H * T
     assert flops['attention_share_approx'] == T / (6 * H)
@@ -198,15 +237,27 @@ def test_gpu_table():
 @pytest.mark.parametrize('n_gpu', [1, 2, 8, 64])
 def test_zero_formulas(n_gpu):
     P, N = 7e9, n_gpu
-    expected = {'ddp': 16 * P, 'zero1': 4 * P + 12 * P / N, 'zero2': 2 * P + 14 * P / N, 'fsdp': 16 * P / N}
+    expected = {
+        'ddp': 16 * P,
+        'zero1': 4 * P + 12 * P / N,
+        'zero2': 2 * P + 14 * P / N,
+        'fsdp': 16 * P / N,
+    }
     for parallel, total in expected.items():
         states = ledger.model_state_bytes(P, parallel, n_gpu)
         assert states['total'] == pytest.approx(total, rel=1e-12)
-        assert states['weights'] + states['grads'] + states['optimizer'] == pytest.approx(total, rel=1e-12)
+        assert states['weights'] + states['grads'] + states['optimizer'] == pytest.approx(
+            total, rel=1e-12
+        )
 
 
 def test_book_memory_example_llama_7b_two_a800():
-    states = ledger.model_state_bytes(ledger.count_params(ledger_report.LLAMA_7B)['total'], 'fsdp', 2)['total'] / GIB
+    states = (
+        ledger.model_state_bytes(ledger.count_params(ledger_report.LLAMA_7B)['total'], 'fsdp', 2)[
+            'total'
+        ]
+        / GIB
+    )
     assert f'{states:.3g}' == '50.2'  # the book's 50.20 (50.205, truncated)
     total = states + 6.20 + 3.91 + 6  # the book's activations, softmax intermediates, other
     assert round(total) == 66
@@ -236,13 +287,20 @@ def test_compiled_runs_hold_less_than_eager_and_the_published_nanochat_point():
         tie_embeddings=False,
         bias=False,
     )
-    assert ledger.count_params(model)['total'] == 563_662_080  # nanochat d20's 561M, plus our position table
+    assert (
+        ledger.count_params(model)['total'] == 563_662_080
+    )  # nanochat d20's 561M, plus our position table
 
     def memory(micro_batch, compile_model, parallel='zero1'):
         return ledger.memory_per_gpu(
             model,
             TrainConfig(
-                gpu='H100', n_gpu=8, parallel=parallel, dtype='bfloat16', compile=compile_model, micro_batch=micro_batch
+                gpu='H100',
+                n_gpu=8,
+                parallel=parallel,
+                dtype='bfloat16',
+                compile=compile_model,
+                micro_batch=micro_batch,
             ),
         )
 
@@ -254,13 +312,18 @@ def test_compiled_runs_hold_less_than_eager_and_the_published_nanochat_point():
     assert thirty_two['logits'] * 3 == thirty_two['logits_eager'] == 32 * 2048 * 65536 * 12
     assert thirty_two['graph'] == 'compiled whole'
     blocks = memory(32, True, 'zero2')
-    assert blocks['graph'] == 'compiled block by block' and blocks['logits'] == blocks['logits_eager']
+    assert (
+        blocks['graph'] == 'compiled block by block' and blocks['logits'] == blocks['logits_eager']
+    )
 
 
 @pytest.mark.parametrize('params,floor,recommended', [(13e9, 3, 4), (30e9, 6, 8), (65e9, 13, 16)])
 def test_rule_of_thumb_gpus(params, floor, recommended):
     assert 16 * 13e9 / 1e9 == 208
-    assert ledger.gpus_for_model_states(params, ledger.gpu_spec('A800').memory_bytes) == (floor, recommended)
+    assert ledger.gpus_for_model_states(params, ledger.gpu_spec('A800').memory_bytes) == (
+        floor,
+        recommended,
+    )
 
 
 def test_175b_model_states():
@@ -275,7 +338,10 @@ def test_activations_structure():
         parts = ledger.activation_bytes(config, 2, recompute)
         assert sum(v for k, v in parts.items() if k != 'total') == parts['total']
     for b in (1, 4):
-        assert ledger.activation_bytes(config, b, True)['total'] < ledger.activation_bytes(config, b, False)['total']
+        assert (
+            ledger.activation_bytes(config, b, True)['total']
+            < ledger.activation_bytes(config, b, False)['total']
+        )
         assert (
             ledger.activation_bytes(config, b, False, attention='math')['total']
             > ledger.activation_bytes(config, b, False, attention='flash')['total']
@@ -288,8 +354,12 @@ def test_logits_buffers():
         one, three = (ledger.logits_bytes(config, b, dtype_bytes=dtype_bytes) for b in (1, 3))
         assert three['total'] == 3 * one['total']
         assert one['total'] == sum(v for k, v in one.items() if k != 'total')
-        assert one['total'] % (config.block_size * config.vocab_size) == 0  # B x T x V elements per buffer
-    assert ledger.logits_bytes(config, 1, 2)['total'] > ledger.logits_bytes(config, 1, 4)['total'] / 2
+        assert (
+            one['total'] % (config.block_size * config.vocab_size) == 0
+        )  # B x T x V elements per buffer
+    assert (
+        ledger.logits_bytes(config, 1, 2)['total'] > ledger.logits_bytes(config, 1, 4)['total'] / 2
+    )
 
 
 def test_memory_total_and_largest_micro_batch():
@@ -302,7 +372,9 @@ def test_memory_total_and_largest_micro_batch():
     assert best >= train.micro_batch
     assert ledger.memory_per_gpu(model, train, micro_batch=best)['fits']
     assert not ledger.memory_per_gpu(model, train, micro_batch=best + 1)['fits']
-    seven_b, ddp_one_gpu = load_config(os.path.join(ROOT, 'configs/llama_7b.py'), ['--parallel=ddp', '--n_gpu=1'])
+    seven_b, ddp_one_gpu = load_config(
+        os.path.join(ROOT, 'configs/llama_7b.py'), ['--parallel=ddp', '--n_gpu=1']
+    )
     assert ledger.max_micro_batch(seven_b, ddp_one_gpu) == 0  # 16P = 108 GB: not on one 80 GB card
 
 
@@ -314,7 +386,11 @@ def test_data_figures():
     assert 20 * 175e9 == 3.5e12 and round(300e9 / 175e9, 1) == 1.7
     assert 25e9 / 20 == 1.25e9 and 20 * 0.76e9 == pytest.approx(15.2e9)
     assert round(15e12 / 8e9, -2) == 1900
-    assert ledger.token_bytes(50257) == 2 and ledger.token_bytes(65536) == 2 and ledger.token_bytes(128256) == 4
+    assert (
+        ledger.token_bytes(50257) == 2
+        and ledger.token_bytes(65536) == 2
+        and ledger.token_bytes(128256) == 4
+    )
     data = ledger.data_ledger(1.3e9, 50304, 26e9, dataset_tokens=100e9)
     assert data['chinchilla_tokens'] == 26e9 and data['chinchilla_multiple'] == pytest.approx(1.0)
     assert data['enough_data'] and data['epochs'] == pytest.approx(0.26)
@@ -327,7 +403,9 @@ def test_data_figures():
 
 def test_chinchilla_loss_fits():
     # Chinchilla itself (70B, 1.4T tokens): Hoffmann's fit predicts ~1.94 nats on MassiveText
-    assert ledger.chinchilla_loss(70e9, 1.4e12) == pytest.approx(1.69 + 406.4 / 70e9**0.34 + 410.7 / 1.4e12**0.28)
+    assert ledger.chinchilla_loss(70e9, 1.4e12) == pytest.approx(
+        1.69 + 406.4 / 70e9**0.34 + 410.7 / 1.4e12**0.28
+    )
     assert round(ledger.chinchilla_loss(70e9, 1.4e12), 2) == 1.94
     assert ledger.chinchilla_loss(70e9, 1.4e12, 'epoch2024') == pytest.approx(
         1.8172 + 482.01 / 70e9**0.3478 + 2085.43 / 1.4e12**0.3658
@@ -417,20 +495,30 @@ def test_predict_is_json_and_consistent():
 
 
 def test_predict_recompute_and_n_gpu():
-    model, train = load_config(None, ['--recompute=1', '--n_gpu=4', '--parallel=fsdp', '--gpu=H200'])
+    model, train = load_config(
+        None, ['--recompute=1', '--n_gpu=4', '--parallel=fsdp', '--gpu=H200']
+    )
     p = ledger.predict(model, train)
-    assert p['n_gpu'] == 4 and p['mfu'] < p['mfu_assumed'] == 0.40  # recomputation is work MFU does not count
+    assert (
+        p['n_gpu'] == 4 and p['mfu'] < p['mfu_assumed'] == 0.40
+    )  # recomputation is work MFU does not count
     # compute halves on twice the GPUs; days also count the communication that does not hide (Ledger 5)
-    assert ledger.predict(model, train, n_gpu=8)['days_compute'] == pytest.approx(p['days_compute'] / 2)
+    assert ledger.predict(model, train, n_gpu=8)['days_compute'] == pytest.approx(
+        p['days_compute'] / 2
+    )
     assert p['days'] > p['days_compute']
     # train.py compiles each block on its own under FSDP (whole rerun); a single GPU compiles the whole model
     flops = p['flops_per_token']
-    assert p['compiled_blocks'] and flops == ledger.flops_per_token(model, True, compiled_blocks=True)
+    assert p['compiled_blocks'] and flops == ledger.flops_per_token(
+        model, True, compiled_blocks=True
+    )
     assert p['tokens_per_s_compute'] == pytest.approx(4 * 989e12 * 0.40 / flops['hardware'])
     slowdown = p['tokens_per_s_compute'] / p['tokens_per_s']
     assert p['mfu'] == pytest.approx(0.40 * flops['matmul'] / flops['hardware'] / slowdown)
     single = ledger.predict(model, train, n_gpu=1)
-    assert not single['compiled_blocks'] and single['flops_per_token']['hardware'] < flops['hardware']
+    assert (
+        not single['compiled_blocks'] and single['flops_per_token']['hardware'] < flops['hardware']
+    )
 
 
 def test_format_report_reads_like_the_book():
@@ -473,8 +561,13 @@ def test_summary_and_comparison_with_missing_measurements():
     )
     assert json.loads(json.dumps(summary)) == summary
     assert summary['params_predicted'] == summary['params_built'] == p['params']['total']
-    assert summary['tokens_per_s_predicted'] == p['tokens_per_s'] and summary['tokens_per_s_measured'] is None
-    assert summary['memory_predicted_bytes'] == p['memory']['allocated']  # a GPU: the allocator's peak
+    assert (
+        summary['tokens_per_s_predicted'] == p['tokens_per_s']
+        and summary['tokens_per_s_measured'] is None
+    )
+    assert (
+        summary['memory_predicted_bytes'] == p['memory']['allocated']
+    )  # a GPU: the allocator's peak
     assert summary['reserved_predicted_bytes'] == p['memory']['total']
     table = ledger_report.format_comparison(summary)
     heading, lines = table.split('\n\n')[0], table.split('\n\n')[1].splitlines()
@@ -482,7 +575,9 @@ def test_summary_and_comparison_with_missing_measurements():
         'Predicted by ledger.py for 1 x H200 SXM 141GB (peak: vendor datasheet, dense BF16 tensor '
         'cores) at an assumed 40% MFU; measured on 1 x NVIDIA H200, torch 2.11.0.'
     )
-    assert lines[0].startswith('| quantity | predicted | measured |') and lines[1].startswith('| --- |')
+    assert lines[0].startswith('| quantity | predicted | measured |') and lines[1].startswith(
+        '| --- |'
+    )
     assert len(lines) == 2 + 6 and all(line.count('|') == 5 for line in lines)
     assert '| 1.000 |' in table and '| 0.500 |' in table
     assert sum(line.endswith('| - | - |') for line in lines) == 4
@@ -503,7 +598,10 @@ def test_configs_load_and_fit(path):
 
 
 def test_config_shapes():
-    sizes = {path: ledger.count_params(load_config(os.path.join(ROOT, path))[0])['total'] for path in CONFIGS}
+    sizes = {
+        path: ledger.count_params(load_config(os.path.join(ROOT, path))[0])['total']
+        for path in CONFIGS
+    }
     assert sizes['configs/llama_7b.py'] == 6_738_415_616
     assert 740e6 < sizes['configs/gpt2_760m.py'] < 780e6
     model, _ = load_config(os.path.join(ROOT, 'configs/gpt2_124m.py'), ['--vocab_size=50257'])
@@ -536,7 +634,11 @@ runpy.run_path('ledger.py', run_name='__main__')
 
 @pytest.mark.parametrize(
     'args',
-    [['--book']] + [['configs/h200_1b3.py', '--gpu=H200', f'--objective={objective}'] for objective in OBJECTIVES],
+    [['--book']]
+    + [
+        ['configs/h200_1b3.py', '--gpu=H200', f'--objective={objective}']
+        for objective in OBJECTIVES
+    ],
     ids=['book'] + list(OBJECTIVES),
 )
 def test_cli_without_numpy_or_torch(args):
@@ -563,7 +665,9 @@ def test_the_ledger_imports_neither_its_report_nor_the_heavy_modules():
     """ledger_report imports ledger, never the reverse; nor does the ledger reach objectives.py (numpy) or torch."""
     heavy = ('ledger_report', 'objectives', 'model', 'numpy', 'torch')
     code = f'import sys, ledger; print([m for m in {heavy!r} if m in sys.modules])'
-    result = subprocess.run([sys.executable, '-c', code], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        [sys.executable, '-c', code], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
     assert result.returncode == 0 and result.stdout.strip() == '[]', result.stdout + result.stderr
 
 
@@ -575,7 +679,15 @@ def test_cli_json_and_overrides(capsys):
     per_layer = base['params']['per_layer']
     assert base['params']['total'] - smaller['params']['total'] == 11 * per_layer
     assert smaller['gpu']['peak_flops'] == 2250e12 and smaller['model']['n_layer'] == 11
-    for key in ('params', 'flops_per_token', 'total_flops', 'days', 'cost_usd', 'memory_per_gpu_bytes', 'fits'):
+    for key in (
+        'params',
+        'flops_per_token',
+        'total_flops',
+        'days',
+        'cost_usd',
+        'memory_per_gpu_bytes',
+        'fits',
+    ):
         assert key in base
 
 
@@ -583,7 +695,10 @@ def test_cli_json_and_overrides(capsys):
     'args,message',
     [
         (['configs/h200_1b3.py', '--n_layr=4'], "did you mean 'n_layer'"),
-        (['configs/h200_1b3.py', '--n_embd=1000'], 'n_embd (1000) must be divisible by n_head (16)'),
+        (
+            ['configs/h200_1b3.py', '--n_embd=1000'],
+            'n_embd (1000) must be divisible by n_head (16)',
+        ),
         (['configs/h200_1b3.py', '--n_kv_head=5'], 'must be divisible by n_kv_head'),
         (['configs/h200_1b3.py', '--n_layer=0'], 'n_layer must be positive'),
         (['configs/h200_1b3.py', '--vocab_size=-3'], 'vocab_size must be positive'),
@@ -599,7 +714,11 @@ def test_cli_bad_input_is_one_line(args, message, capsys):
     assert ledger_report.main(args) == 2
     captured = capsys.readouterr()
     assert captured.out == ''
-    assert captured.err.startswith('error: ') and captured.err.count('\n') == 1 and message in captured.err
+    assert (
+        captured.err.startswith('error: ')
+        and captured.err.count('\n') == 1
+        and message in captured.err
+    )
 
 
 def test_cli_bad_input_in_a_subprocess(tmp_path):

@@ -26,7 +26,9 @@ import helpers
 import ledger
 from config import ModelConfig
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repo's root, where train.py is
+ROOT = os.path.dirname(
+    os.path.dirname(os.path.abspath(__file__))
+)  # the repo's root, where train.py is
 MODES = ['ddp', 'zero1', 'zero2', 'fsdp']
 MODEL_KEYS = set(ModelConfig.__dataclass_fields__)
 
@@ -93,10 +95,18 @@ TINY = dict(
 def python_or_torchrun(processes):
     if processes == 1:
         return [sys.executable]
-    return [sys.executable, '-m', 'torch.distributed.run', '--standalone', f'--nproc_per_node={processes}']
+    return [
+        sys.executable,
+        '-m',
+        'torch.distributed.run',
+        '--standalone',
+        f'--nproc_per_node={processes}',
+    ]
 
 
-@pytest.mark.parametrize('mode,processes', [('ddp', 1)] + [(mode, 2) for mode in MODES], ids=['one-process'] + MODES)
+@pytest.mark.parametrize(
+    'mode,processes', [('ddp', 1)] + [(mode, 2) for mode in MODES], ids=['one-process'] + MODES
+)
 def test_model_states_are_exact_on_every_rank(mode, processes, tmp_path):
     config = tmp_path / 'tiny.py'
     helpers.write_config(config, TINY)
@@ -111,7 +121,10 @@ def test_model_states_are_exact_on_every_rank(mode, processes, tmp_path):
         env=dict(os.environ, PYTHONPATH=ROOT),
     )
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
-    ranks = [json.loads((tmp_path / 'out' / f'states_rank{rank}.json').read_text()) for rank in range(processes)]
+    ranks = [
+        json.loads((tmp_path / 'out' / f'states_rank{rank}.json').read_text())
+        for rank in range(processes)
+    ]
     assert sorted(r['rank'] for r in ranks) == list(range(processes))
     for rank in ranks:
         assert rank['counted'] == rank['ledger'], rank
@@ -119,7 +132,9 @@ def test_model_states_are_exact_on_every_rank(mode, processes, tmp_path):
     model = ModelConfig(**{k: v for k, v in TINY.items() if k in MODEL_KEYS})
     one_process = ledger.held_model_states(model, 'ddp', 1)
     params = ledger.count_params(model)
-    assert one_process['weights'] == 4 * params['total'] > 4 * params['active']  # the total, not the active
+    assert (
+        one_process['weights'] == 4 * params['total'] > 4 * params['active']
+    )  # the total, not the active
     sharded = (
         {
             'ddp': set(),
@@ -130,9 +145,15 @@ def test_model_states_are_exact_on_every_rank(mode, processes, tmp_path):
         if processes > 1
         else set()
     )
-    for part in ('weights', 'grads', 'optimizer'):  # a sharded part: about half of one process's on each rank
+    for part in (
+        'weights',
+        'grads',
+        'optimizer',
+    ):  # a sharded part: about half of one process's on each rank
         share = [rank['counted'][part] / one_process[part] for rank in ranks]
-        assert all(0.45 < s < 0.55 for s in share) if part in sharded else share == [1.0] * processes, (part, share)
+        assert (
+            all(0.45 < s < 0.55 for s in share) if part in sharded else share == [1.0] * processes
+        ), (part, share)
 
 
 def peak_memory_run(tmp_path, processes, *flags):
@@ -148,7 +169,11 @@ def peak_memory_run(tmp_path, processes, *flags):
         *flags,
     ]
     result = subprocess.run(
-        command, cwd=ROOT, capture_output=True, text=True, env=dict(os.environ, MALLOC_MMAP_THRESHOLD_='65536')
+        command,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, MALLOC_MMAP_THRESHOLD_='65536'),
     )
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
     summary = json.loads((out / 'summary.json').read_text())
@@ -156,7 +181,9 @@ def peak_memory_run(tmp_path, processes, *flags):
 
 
 def test_cpu_default_peak_memory_within_15_percent(tmp_path):
-    predicted, measured = peak_memory_run(tmp_path, 1)  # its own shape and batch: 16 x 256 tokens, V 8192
+    predicted, measured = peak_memory_run(
+        tmp_path, 1
+    )  # its own shape and batch: 16 x 256 tokens, V 8192
     assert measured == pytest.approx(predicted, rel=0.15), (predicted, measured)
 
 
@@ -165,7 +192,13 @@ def test_compiled_peak_memory_of_each_mode_within_15_percent(mode, tmp_path):
     # compiled, as every config runs: the whole model under DDP and ZeRO-1, block by block under ZeRO-2 and FSDP2
     # (the loss eager), plus torch.compile's host memory; fp32, what each mode itself holds
     predicted, measured = peak_memory_run(
-        tmp_path, 2, f'--parallel={mode}', '--micro_batch=4', '--batch_tokens=4096', '--compile=True', '--dtype=float32'
+        tmp_path,
+        2,
+        f'--parallel={mode}',
+        '--micro_batch=4',
+        '--batch_tokens=4096',
+        '--compile=True',
+        '--dtype=float32',
     )
     assert measured == pytest.approx(predicted, rel=0.15), (predicted, measured)
 
@@ -173,6 +206,12 @@ def test_compiled_peak_memory_of_each_mode_within_15_percent(mode, tmp_path):
 def test_eager_peak_memory_of_fsdp_within_15_percent(tmp_path):
     # eager: the gathered weights and gradients of FSDP2's units, without compile's share
     predicted, measured = peak_memory_run(
-        tmp_path, 2, '--parallel=fsdp', '--micro_batch=4', '--batch_tokens=4096', '--compile=False', '--dtype=float32'
+        tmp_path,
+        2,
+        '--parallel=fsdp',
+        '--micro_batch=4',
+        '--batch_tokens=4096',
+        '--compile=False',
+        '--dtype=float32',
     )
     assert measured == pytest.approx(predicted, rel=0.15), (predicted, measured)

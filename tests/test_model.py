@@ -28,7 +28,16 @@ def one_thread():
 
 
 LLAMA = dict(arch='llama', n_layer=2, n_head=4, n_embd=64, vocab_size=256, block_size=32)
-GPT2 = dict(arch='gpt2', n_layer=2, n_head=4, n_embd=64, vocab_size=256, block_size=32, tie_embeddings=True, bias=True)
+GPT2 = dict(
+    arch='gpt2',
+    n_layer=2,
+    n_head=4,
+    n_embd=64,
+    vocab_size=256,
+    block_size=32,
+    tie_embeddings=True,
+    bias=True,
+)
 
 
 def tiny(**overrides):
@@ -57,14 +66,18 @@ PARAM_CONFIGS = [
     tiny(arch='gpt2', bias=False),  # gpt2, no bias
     tiny(arch='gpt2', tie_embeddings=False),  # gpt2, untied
     tiny(arch='gpt2', n_kv_head=2, bias=True),  # gpt2 with GQA
-    tiny(arch='gpt2', n_layer=12, n_head=12, n_embd=768, vocab_size=50304, block_size=1024),  # GPT-2 124M shape
+    tiny(
+        arch='gpt2', n_layer=12, n_head=12, n_embd=768, vocab_size=50304, block_size=1024
+    ),  # GPT-2 124M shape
 ]
 
 
 @pytest.mark.parametrize(
     'config',
     PARAM_CONFIGS,
-    ids=lambda c: f'{c.arch}-kv{c.kv_heads}-tie{c.tie_embeddings}-bias{c.bias}-L{c.n_layer}-H{c.n_embd}',
+    ids=lambda c: (
+        f'{c.arch}-kv{c.kv_heads}-tie{c.tie_embeddings}-bias{c.bias}-L{c.n_layer}-H{c.n_embd}'
+    ),
 )
 def test_param_count_matches_ledger(config):
     with torch.device('meta'):
@@ -75,13 +88,17 @@ def test_param_count_matches_ledger(config):
 @pytest.mark.parametrize(
     'config',
     PARAM_CONFIGS,
-    ids=lambda c: f'{c.arch}-kv{c.kv_heads}-tie{c.tie_embeddings}-bias{c.bias}-L{c.n_layer}-H{c.n_embd}',
+    ids=lambda c: (
+        f'{c.arch}-kv{c.kv_heads}-tie{c.tie_embeddings}-bias{c.bias}-L{c.n_layer}-H{c.n_embd}'
+    ),
 )
 def test_parameter_shapes_are_the_models_tensors_in_order(config):
     """The ledger's tensor list (what ZeRO-1 and FSDP2 shard, Ledger 4a') is named_parameters(), name for name."""
     with torch.device('meta'):
         model = GPT(config)
-    assert ledger.parameter_shapes(config) == [(name, tuple(p.shape)) for name, p in model.named_parameters()]
+    assert ledger.parameter_shapes(config) == [
+        (name, tuple(p.shape)) for name, p in model.named_parameters()
+    ]
 
 
 @pytest.mark.parametrize('arch', list(FAMILIES))
@@ -96,10 +113,18 @@ def test_the_model_is_what_its_family_row_says(arch, bias):
     assert all(type(m) is norms[family.norm] for m in (model.norm_f, model.blocks[0].attn_norm))
     assert isinstance(model.blocks[0].mlp, MLPS[family.mlp])
     ffn_matrices = [p for p in model.blocks[0].mlp.parameters() if p.dim() == 2]
-    assert sum(p.numel() for p in ffn_matrices) == family.mlp_matrices * config.n_embd * config.ffn_width
-    assert config.ffn_width == math.ceil(family.ffn_ratio * config.n_embd / family.ffn_multiple) * family.ffn_multiple
+    assert (
+        sum(p.numel() for p in ffn_matrices)
+        == family.mlp_matrices * config.n_embd * config.ffn_width
+    )
+    assert (
+        config.ffn_width
+        == math.ceil(family.ffn_ratio * config.n_embd / family.ffn_multiple) * family.ffn_multiple
+    )
     assert hasattr(model, 'pos_emb') == (family.positions == 'learned')
-    assert hasattr(model, 'rope_cos') == model.blocks[0].attn.use_rope == (family.positions == 'rope')
+    assert (
+        hasattr(model, 'rope_cos') == model.blocks[0].attn.use_rope == (family.positions == 'rope')
+    )
     has_biases = any(name.endswith('.bias') for name, _ in model.named_parameters())
     assert has_biases == (bias and family.bias) == config.biases
     assert (model.lm_head.weight is model.tok_emb.weight) == config.tie_embeddings
@@ -107,7 +132,9 @@ def test_the_model_is_what_its_family_row_says(arch, bias):
 
 def test_llama_7b_on_meta_device_matches_ledger_and_paper():
     config, _ = load_config(
-        os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'configs/llama_7b.py')
+        os.path.join(
+            os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'configs/llama_7b.py'
+        )
     )
     with torch.device('meta'):
         model = GPT(config)
@@ -129,7 +156,10 @@ def test_meta_construction_then_init_weights_is_complete_and_deterministic():
     real_model.init_weights()
     for (name, a), (_, b) in zip(meta_model.state_dict().items(), real_model.state_dict().items()):
         assert torch.equal(a, b), name
-    for name in ('rope_cos', 'rope_sin'):  # non-persistent buffers: not in state_dict, rebuilt by init_weights
+    for name in (
+        'rope_cos',
+        'rope_sin',
+    ):  # non-persistent buffers: not in state_dict, rebuilt by init_weights
         assert torch.equal(getattr(meta_model, name), getattr(real_model, name))
 
 
@@ -139,7 +169,9 @@ def test_init_scales_residual_projections():
     residual_std = 0.02 / math.sqrt(2 * config.n_layer)
     assert model.blocks[0].attn.qkv_proj.weight.std().item() == pytest.approx(0.02, rel=0.05)
     assert model.blocks[3].attn.o_proj.weight.std().item() == pytest.approx(residual_std, rel=0.05)
-    assert model.blocks[7].mlp.down_proj.weight.std().item() == pytest.approx(residual_std, rel=0.05)
+    assert model.blocks[7].mlp.down_proj.weight.std().item() == pytest.approx(
+        residual_std, rel=0.05
+    )
     assert torch.equal(model.norm_f.weight, torch.ones(config.n_embd))
 
 
@@ -194,7 +226,9 @@ def test_recompute_of_a_compiled_block_reruns_it_whole():
     def counting_compiler(graph, example_inputs):
         def run(*args):
             with FlopCounterMode(display=False) as counter:
-                out = torch.fx.Interpreter(graph).run(*args)  # not graph(...): no module hooks inside autograd
+                out = torch.fx.Interpreter(graph).run(
+                    *args
+                )  # not graph(...): no module hooks inside autograd
             counted.append(counter.get_total_flops())
             return out
 
@@ -215,7 +249,10 @@ def test_recompute_of_a_compiled_block_reruns_it_whole():
         block_flops[recompute] = sum(counted)
     torch._dynamo.reset()
     flops = ledger.flops_per_token(config, recompute=True, compiled_blocks=True)
-    assert block_flops[True] - block_flops[False] == (flops['hardware'] - flops['matmul']) * idx.numel()
+    assert (
+        block_flops[True] - block_flops[False]
+        == (flops['hardware'] - flops['matmul']) * idx.numel()
+    )
 
 
 # -----------------------------------------------------------------------------------------------------
@@ -251,16 +288,26 @@ def measured_activation_bytes(model, micro_batch, recompute, autocast=False):
         if recompute:
             x = torch.randn(micro_batch, config.block_size, config.n_embd, requires_grad=True)
             cos, sin = (model.rope_cos, model.rope_sin) if config.arch == 'llama' else (None, None)
-            total += saved_bytes(lambda: model.blocks[0](x, cos, sin), exclude=state + [x])  # x is already held
+            total += saved_bytes(
+                lambda: model.blocks[0](x, cos, sin), exclude=state + [x]
+            )  # x is already held
     return total
 
 
 def predicted_activation_bytes(config, micro_batch, recompute, attention, dtype_bytes=4):
     """The ledger's activations (CPU kernels: composite RMSNorm) plus what the loss saves: the fp32 log-softmax."""
     activations = ledger.activation_bytes(
-        config, micro_batch, recompute, dtype_bytes=dtype_bytes, attention=attention, residual_bytes=4, fused_norm=False
+        config,
+        micro_batch,
+        recompute,
+        dtype_bytes=dtype_bytes,
+        attention=attention,
+        residual_bytes=4,
+        fused_norm=False,
     )
-    return activations['total'] + ledger.logits_bytes(config, micro_batch, dtype_bytes)['log_softmax']
+    return (
+        activations['total'] + ledger.logits_bytes(config, micro_batch, dtype_bytes)['log_softmax']
+    )
 
 
 @pytest.mark.parametrize('recompute', [False, True], ids=['stored', 'recompute'])
@@ -278,23 +325,31 @@ def test_activation_bytes_match_saved_tensors(config, recompute):
 
 
 @pytest.mark.parametrize('recompute', [False, True], ids=['stored', 'recompute'])
-@pytest.mark.parametrize('config', [tiny(n_kv_head=2), tiny(arch='gpt2')], ids=['llama-gqa', 'gpt2'])
+@pytest.mark.parametrize(
+    'config', [tiny(n_kv_head=2), tiny(arch='gpt2')], ids=['llama-gqa', 'gpt2']
+)
 def test_activation_bytes_under_bf16_autocast(config, recompute):
     """As on a GPU: bf16 matmul outputs, fp32 residual stream and norms, bf16 weight copies, fp32 loss."""
     model = GPT(config)
     for micro_batch in (1, 3):
         measured = measured_activation_bytes(model, micro_batch, recompute, autocast=True)
-        predicted = predicted_activation_bytes(config, micro_batch, recompute, attention='flash', dtype_bytes=2)
+        predicted = predicted_activation_bytes(
+            config, micro_batch, recompute, attention='flash', dtype_bytes=2
+        )
         assert predicted == pytest.approx(measured, rel=0.10), (micro_batch, predicted, measured)
 
 
-@pytest.mark.parametrize('config', [tiny(n_kv_head=2), tiny(arch='gpt2')], ids=['llama-gqa', 'gpt2'])
+@pytest.mark.parametrize(
+    'config', [tiny(n_kv_head=2), tiny(arch='gpt2')], ids=['llama-gqa', 'gpt2']
+)
 def test_activation_bytes_math_attention_keeps_the_score_matrix(config):
     model = GPT(config)
     for micro_batch in (1, 3):
         with sdpa_kernel(SDPBackend.MATH):
             measured = measured_activation_bytes(model, micro_batch, recompute=False)
-        predicted = predicted_activation_bytes(config, micro_batch, recompute=False, attention='math')
+        predicted = predicted_activation_bytes(
+            config, micro_batch, recompute=False, attention='math'
+        )
         assert predicted == pytest.approx(measured, rel=0.10), (micro_batch, predicted, measured)
     flash = ledger.activation_bytes(config, 1, False, attention='flash')['total']
     assert ledger.activation_bytes(config, 1, False, attention='math')['total'] > flash
@@ -365,7 +420,10 @@ def compiled_saved_bytes(module, inputs, held, autocast=False):
         value = base.meta.get('val')
         if not isinstance(value, torch.Tensor):
             continue
-        if base.op == 'placeholder' and (tuple(int(d) for d in value.shape), value.dtype) in held_shapes:
+        if (
+            base.op == 'placeholder'
+            and (tuple(int(d) for d in value.shape), value.dtype) in held_shapes
+        ):
             continue  # a parameter or buffer
         if value.dtype == torch.uint8:
             continue  # checkpoint()'s saved CPU RNG state, 5 KB of host memory per block: not the device's
@@ -375,7 +433,9 @@ def compiled_saved_bytes(module, inputs, held, autocast=False):
 
 @pytest.mark.parametrize('autocast', [False, True], ids=['fp32', 'bf16'])
 @pytest.mark.parametrize('recompute', [False, True], ids=['stored', 'recompute'])
-@pytest.mark.parametrize('config', [tiny(n_kv_head=2), tiny(arch='gpt2')], ids=['llama-gqa', 'gpt2'])
+@pytest.mark.parametrize(
+    'config', [tiny(n_kv_head=2), tiny(arch='gpt2')], ids=['llama-gqa', 'gpt2']
+)
 def test_compiled_model_saves_what_the_ledger_says(config, recompute, autocast):
     model = GPT(config)
     model.recompute = recompute
@@ -383,14 +443,20 @@ def test_compiled_model_saves_what_the_ledger_says(config, recompute, autocast):
     a = 2 if autocast else 4
     for micro_batch in (1, 3):
         measured = compiled_saved_bytes(model, batch(config, micro_batch), held, autocast)
-        parts = ledger.activation_bytes(config, micro_batch, recompute, dtype_bytes=a, compiled='model')
-        saved = parts['total'] - parts.get('recomputed_block', 0)  # that one is rebuilt in the backward
+        parts = ledger.activation_bytes(
+            config, micro_batch, recompute, dtype_bytes=a, compiled='model'
+        )
+        saved = parts['total'] - parts.get(
+            'recomputed_block', 0
+        )  # that one is rebuilt in the backward
         predicted = saved + ledger.logits_bytes(config, micro_batch, a, compiled=True)['logits']
         assert predicted == pytest.approx(measured, rel=0.10), (micro_batch, predicted, measured)
 
 
 @pytest.mark.parametrize('autocast', [False, True], ids=['fp32', 'bf16'])
-@pytest.mark.parametrize('config', [tiny(n_kv_head=2), tiny(arch='gpt2')], ids=['llama-gqa', 'gpt2'])
+@pytest.mark.parametrize(
+    'config', [tiny(n_kv_head=2), tiny(arch='gpt2')], ids=['llama-gqa', 'gpt2']
+)
 def test_a_block_compiled_alone_saves_what_the_ledger_says(config, autocast):
     """Under FSDP2 train.py compiles each block on its own: it keeps o_proj's output instead of the residual."""
     model = GPT(config)
@@ -402,8 +468,14 @@ def test_a_block_compiled_alone_saves_what_the_ledger_says(config, autocast):
         x = torch.randn(micro_batch, config.block_size, config.n_embd, requires_grad=True)
         measured = compiled_saved_bytes(block, (x, cos, sin), held, autocast)
         one_layer = ModelConfig(**{**config.__dict__, 'n_layer': 1})
-        parts = ledger.activation_bytes(one_layer, micro_batch, False, dtype_bytes=a, compiled='blocks')
-        predicted = parts['blocks'] + parts['bf16_weights'] - (2 * config.vocab_size * config.n_embd if autocast else 0)
+        parts = ledger.activation_bytes(
+            one_layer, micro_batch, False, dtype_bytes=a, compiled='blocks'
+        )
+        predicted = (
+            parts['blocks']
+            + parts['bf16_weights']
+            - (2 * config.vocab_size * config.n_embd if autocast else 0)
+        )
         assert predicted == pytest.approx(measured, rel=0.10), (micro_batch, predicted, measured)
 
 
@@ -430,7 +502,9 @@ def reference_attention(attn, x, cos, sin):
     rotation of the (i, i + d/2) pairs, masked softmax(q k^T / sqrt(d)) v."""
     B, T, _ = x.shape
     n_head, n_kv_head, head_dim = attn.n_head, attn.n_kv_head, attn.head_dim
-    q, k, v = (x @ attn.qkv_proj.weight.T).split([n_head * head_dim, n_kv_head * head_dim, n_kv_head * head_dim], -1)
+    q, k, v = (x @ attn.qkv_proj.weight.T).split(
+        [n_head * head_dim, n_kv_head * head_dim, n_kv_head * head_dim], -1
+    )
     q, k, v = (t.view(B, T, -1, head_dim).transpose(1, 2) for t in (q, k, v))
     if attn.use_rope:
         rotation = torch.polar(torch.ones_like(cos), torch.atan2(sin, cos))  # e^(i t theta)
@@ -440,7 +514,10 @@ def reference_attention(attn, x, cos, sin):
             return torch.cat((pairs.real, pairs.imag), dim=-1)
 
         q, k = rotate(q), rotate(k)
-    k, v = k.repeat_interleave(n_head // n_kv_head, dim=1), v.repeat_interleave(n_head // n_kv_head, dim=1)
+    k, v = (
+        k.repeat_interleave(n_head // n_kv_head, dim=1),
+        v.repeat_interleave(n_head // n_kv_head, dim=1),
+    )
     scores = q @ k.transpose(-1, -2) / math.sqrt(head_dim)
     scores = scores.masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), float('-inf'))
     y = (scores.softmax(-1) @ v).transpose(1, 2).reshape(B, T, n_head * head_dim)
@@ -454,8 +531,12 @@ def test_attention_matches_reference_and_gqa_with_all_heads_is_multi_head(n_kv_h
     attn = model.blocks[0].attn
     x = torch.randn(2, config.block_size, config.n_embd)
     cos, sin = model.rope_cos, model.rope_sin
-    torch.testing.assert_close(attn(x, cos, sin), reference_attention(attn, x, cos, sin), atol=1e-5, rtol=1e-4)
-    if n_kv_head == config.n_head:  # n_kv_head = n_head is the same model as n_kv_head = 0 (plain multi-head)
+    torch.testing.assert_close(
+        attn(x, cos, sin), reference_attention(attn, x, cos, sin), atol=1e-5, rtol=1e-4
+    )
+    if (
+        n_kv_head == config.n_head
+    ):  # n_kv_head = n_head is the same model as n_kv_head = 0 (plain multi-head)
         torch.manual_seed(0)
         plain = GPT(tiny(n_kv_head=0))
         torch.manual_seed(0)
@@ -491,13 +572,17 @@ def test_summed_loss_is_the_mean_times_the_targets_that_carry_loss():
     targets[0, :20] = IGNORE_INDEX
     _, mean = model(idx, targets)
     _, total = model(idx, targets, reduction='sum')
-    assert total.item() == pytest.approx(mean.item() * (targets != IGNORE_INDEX).sum().item(), rel=1e-5)
+    assert total.item() == pytest.approx(
+        mean.item() * (targets != IGNORE_INDEX).sum().item(), rel=1e-5
+    )
 
 
 @pytest.mark.parametrize('arch', ['llama', 'gpt2'])
 def test_tiny_model_overfits_one_batch(arch):
     torch.manual_seed(0)
-    config = tiny(arch=arch, n_layer=2, n_embd=32, n_head=2, ffn_hidden=64, vocab_size=64, block_size=16)
+    config = tiny(
+        arch=arch, n_layer=2, n_embd=32, n_head=2, ffn_hidden=64, vocab_size=64, block_size=16
+    )
     model = GPT(config)
     idx, targets = batch(config, micro_batch=4)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.0)
@@ -533,7 +618,9 @@ def test_forward_is_one_graph_for_torch_compile(arch, recompute):
     model.recompute = recompute
     torch._dynamo.reset()
     explanation = torch._dynamo.explain(model)(*batch(config, micro_batch=2))
-    assert explanation.graph_count == 1 and explanation.graph_break_count == 0, explanation.break_reasons
+    assert explanation.graph_count == 1 and explanation.graph_break_count == 0, (
+        explanation.break_reasons
+    )
 
 
 @pytest.mark.parametrize('arch', ['llama', 'gpt2'])
@@ -541,7 +628,9 @@ def test_generate(arch):
     config = tiny(arch=arch, block_size=16)
     model = GPT(config).eval()
     prompt = torch.randint(0, config.vocab_size, (2, 5))
-    out = model.generate(prompt, max_new_tokens=20, temperature=0.8, top_k=10)  # runs past block_size: crops
+    out = model.generate(
+        prompt, max_new_tokens=20, temperature=0.8, top_k=10
+    )  # runs past block_size: crops
     assert out.shape == (2, 25) and torch.equal(out[:, :5], prompt)
     assert 0 <= out.min() and out.max() < config.vocab_size
     greedy = model.generate(prompt, max_new_tokens=8, top_k=1)

@@ -27,7 +27,7 @@ import export
 import helpers
 import ledger
 import ledger_report
-import live
+import live_ledger
 import plot
 import sweep
 import train
@@ -47,7 +47,15 @@ def one_thread():
 
 
 MOE = dict(
-    arch='llama', n_layer=3, n_head=4, n_embd=64, vocab_size=256, block_size=32, n_experts=8, top_k=2, expert_hidden=32
+    arch='llama',
+    n_layer=3,
+    n_head=4,
+    n_embd=64,
+    vocab_size=256,
+    block_size=32,
+    n_experts=8,
+    top_k=2,
+    expert_hidden=32,
 )
 
 
@@ -58,7 +66,14 @@ def moe(**overrides):
 CONFIGS = [
     moe(),  # every layer MoE, no shared expert
     moe(n_shared_experts=1, n_dense_layers=1),  # DeepSeekMoE: a dense first layer, a shared expert
-    moe(n_shared_experts=2, n_kv_head=2, tie_embeddings=True, top_k=3, expert_hidden=24, route_scale=2.5),
+    moe(
+        n_shared_experts=2,
+        n_kv_head=2,
+        tie_embeddings=True,
+        top_k=3,
+        expert_hidden=24,
+        route_scale=2.5,
+    ),
 ]
 IDS = ['routed', 'shared-dense1', 'shared2-gqa-tied']
 
@@ -71,7 +86,9 @@ def built(config, seed=0):
 @pytest.mark.parametrize('config', CONFIGS, ids=IDS)
 def test_total_params_are_the_models_tensors(config):
     model = built(config)
-    assert [(n, tuple(p.shape)) for n, p in model.named_parameters()] == ledger.parameter_shapes(config)
+    assert [(n, tuple(p.shape)) for n, p in model.named_parameters()] == ledger.parameter_shapes(
+        config
+    )
     counts = ledger.count_params(config)
     assert sum(p.numel() for p in model.parameters()) == counts['total']
     assert counts['active'] < counts['total']
@@ -82,9 +99,13 @@ def test_active_params_are_what_one_token_touches(config):
     model = built(config)
     idx = torch.randint(0, config.vocab_size, (1, 1))
     model(idx, idx)[1].backward()
-    touched = sum(p.numel() for p in model.parameters() if p.grad is not None and p.grad.abs().sum() > 0)
+    touched = sum(
+        p.numel() for p in model.parameters() if p.grad is not None and p.grad.abs().sum() > 0
+    )
     assert touched == ledger.count_params(config)['active']
-    for layer in model.moe:  # exactly top_k routed experts per MoE layer got a gradient; the rest hold zeros
+    for layer in (
+        model.moe
+    ):  # exactly top_k routed experts per MoE layer got a gradient; the rest hold zeros
         visited = [e for e in layer.experts if e.down_proj.weight.grad.abs().sum() > 0]
         assert len(visited) == config.top_k
 
@@ -109,10 +130,14 @@ def test_activations_match_saved_tensors(config, autocast):
     model = built(config)
     for micro_batch in (1, 3):
         measured = measured_activation_bytes(model, micro_batch, recompute=False, autocast=autocast)
-        predicted = predicted_activation_bytes(config, micro_batch, False, 'flash', dtype_bytes=2 if autocast else 4)
+        predicted = predicted_activation_bytes(
+            config, micro_batch, False, 'flash', dtype_bytes=2 if autocast else 4
+        )
         assert predicted == pytest.approx(measured, rel=0.10), (micro_batch, predicted, measured)
     routing = ledger.activation_bytes(config, 1, False, dtype_bytes=4)['routing_buffers']
-    assert routing == config.moe_layers * config.block_size * (2 * 4 * config.top_k * config.n_embd + 16 * config.top_k)
+    assert routing == config.moe_layers * config.block_size * (
+        2 * 4 * config.top_k * config.n_embd + 16 * config.top_k
+    )
 
 
 def test_recompute_activations_hold_the_largest_block_rerun():
@@ -150,14 +175,14 @@ def test_bias_update_evens_out_a_skewed_router():
     def cv_of_a_step():
         layer(x)  # a training forward (grad enabled) counts its tokens
         update_router_bias(model, 0.01)
-        return live.router_stats(model)['expert_load_cv'][0]
+        return live_ledger.router_stats(model)['expert_load_cv'][0]
 
     before = cv_of_a_step()
     cvs = [cv_of_a_step() for _ in range(300)]
     assert before > 1.5  # every token on one expert: CV sqrt(3)
     # a sign update of fixed size ends in a small cycle around the even load (here 128 tokens over 4 experts)
     assert max(cvs[-20:]) < before / 5, cvs[-20:]
-    bias = live.router_stats(model)['router_bias'][0]
+    bias = live_ledger.router_stats(model)['router_bias'][0]
     assert bias[0] == min(bias) and bias[0] < 0  # the favoured expert's bias fell
     assert all(layer.load == 0)  # the counts start again each step
 
@@ -176,7 +201,9 @@ def test_balance_loss_is_weighed_per_target_like_the_loss():
     assert summed.item() == pytest.approx(mean.item() * 59, rel=1e-5)
     model.eval()
     with torch.no_grad():
-        assert model(idx, targets)[1].item() == pytest.approx(plain.item(), rel=1e-6)  # eval: the loss alone
+        assert model(idx, targets)[1].item() == pytest.approx(
+            plain.item(), rel=1e-6
+        )  # eval: the loss alone
 
 
 def test_train_logs_the_load_at_log_steps(tmp_path):
@@ -200,22 +227,42 @@ def test_train_logs_the_load_at_log_steps(tmp_path):
     )
     helpers.write_config(config, keys)
     assert train.main([str(config), f'--out_dir={tmp_path / "out"}']) == 0
-    entries = [json.loads(line) for line in (tmp_path / 'out' / 'metrics.jsonl').read_text().splitlines()]
+    entries = [
+        json.loads(line) for line in (tmp_path / 'out' / 'metrics.jsonl').read_text().splitlines()
+    ]
     loads = [e for e in entries if 'expert_load' in e]
     assert [e['step'] for e in loads] == [2, 4]
     for entry in loads:
-        assert len(entry['expert_load']) == len(entry['router_bias']) == len(entry['expert_load_cv']) == 2
+        assert (
+            len(entry['expert_load'])
+            == len(entry['router_bias'])
+            == len(entry['expert_load_cv'])
+            == 2
+        )
         for share, cv in zip(entry['expert_load'], entry['expert_load_cv']):
             assert len(share) == 8 and sum(share) == pytest.approx(8)  # shares x n_experts: mean 1
             assert cv == pytest.approx(torch.tensor(share).std(correction=0).item(), rel=1e-6)
-    tokens, cv, shares = plot.read_load(tmp_path / 'out')  # and moe.png beside loss.png: the load on a plot
-    assert tokens.tolist() == [e['tokens'] for e in loads] and cv.tolist() == [e['expert_load_cv'] for e in loads]
-    assert shares.tolist() == loads[-1]['expert_load'] and (tmp_path / 'out' / 'moe.png').stat().st_size > 0
-    saved, _ = checkpoint.load_model(str(tmp_path / 'out'), torch.device('cpu'))  # the biases are in checkpoints
-    assert torch.stack([layer.router_bias for layer in saved.moe]).tolist() == loads[-1]['router_bias']
+    tokens, cv, shares = plot.read_load(
+        tmp_path / 'out'
+    )  # and moe.png beside loss.png: the load on a plot
+    assert tokens.tolist() == [e['tokens'] for e in loads] and cv.tolist() == [
+        e['expert_load_cv'] for e in loads
+    ]
+    assert (
+        shares.tolist() == loads[-1]['expert_load']
+        and (tmp_path / 'out' / 'moe.png').stat().st_size > 0
+    )
+    saved, _ = checkpoint.load_model(
+        str(tmp_path / 'out'), torch.device('cpu')
+    )  # the biases are in checkpoints
+    assert (
+        torch.stack([layer.router_bias for layer in saved.moe]).tolist() == loads[-1]['router_bias']
+    )
     # each bias moved by +-0.01 per step (the sign of its load error), 4 steps: a multiple of 0.01, at most 0.04
     for bias in loads[-1]['router_bias'][0]:
-        assert abs(bias) <= 0.04 + 1e-6 and round(bias / 0.01) == pytest.approx(bias / 0.01, abs=1e-3)
+        assert abs(bias) <= 0.04 + 1e-6 and round(bias / 0.01) == pytest.approx(
+            bias / 0.01, abs=1e-3
+        )
 
 
 # -----------------------------------------------------------------------------------------------------
@@ -225,10 +272,22 @@ def test_train_logs_the_load_at_log_steps(tmp_path):
 @pytest.mark.parametrize(
     'overrides,words',
     [
-        (['--n_experts=4', '--top_k=5', '--expert_hidden=8'], 'top_k must be in 1..n_experts (4), got 5'),
+        (
+            ['--n_experts=4', '--top_k=5', '--expert_hidden=8'],
+            'top_k must be in 1..n_experts (4), got 5',
+        ),
         (['--n_experts=4', '--top_k=2'], 'needs expert_hidden'),
         (['--arch=gpt2', '--n_experts=4', '--top_k=2', '--expert_hidden=8'], 'SwiGLU'),
-        (['--n_experts=4', '--top_k=2', '--expert_hidden=8', '--n_layer=2', '--n_dense_layers=2'], 'n_dense_layers'),
+        (
+            [
+                '--n_experts=4',
+                '--top_k=2',
+                '--expert_hidden=8',
+                '--n_layer=2',
+                '--n_dense_layers=2',
+            ],
+            'n_dense_layers',
+        ),
         (['--top_k=2'], 'top_k = 2 is for a mixture of experts: set n_experts too'),
         (['--n_experts=-1'], 'n_experts must be positive (or 0)'),
     ],
@@ -251,10 +310,12 @@ def test_ledger_prints_total_beside_active(path):
     text = ledger_report.format_report(prediction)
     params, memory = prediction['params'], prediction['memory']
     assert f"{params['total']:,}" in text and f"{params['active']:,}" in text
-    assert prediction['flops_per_token']['matmul'] == 6 * params['matmul'] + 12 * model.n_layer * model.n_embd * (
-        model.block_size
-    )
-    assert memory['book_active_model_states'] == 16 * params['active']  # one process: the book's 16 x active
+    assert prediction['flops_per_token']['matmul'] == 6 * params[
+        'matmul'
+    ] + 12 * model.n_layer * model.n_embd * (model.block_size)
+    assert (
+        memory['book_active_model_states'] == 16 * params['active']
+    )  # one process: the book's 16 x active
     assert memory['model_states'] > memory['book_active_model_states']  # held: ~16 x the total
     assert 'book: 16 x active' in text
 
@@ -271,7 +332,9 @@ def test_the_comparison_pairs_the_same_active_ffn_width(small):
     assert experts.n_experts and not dense.n_experts
     assert (experts.top_k + experts.n_shared_experts) * experts.expert_hidden == dense.ffn_width
     dense_params, moe_params = ledger.count_params(dense), ledger.count_params(experts)
-    router = experts.moe_layers * experts.n_experts * experts.n_embd  # the only active weights the dense model lacks
+    router = (
+        experts.moe_layers * experts.n_experts * experts.n_embd
+    )  # the only active weights the dense model lacks
     assert moe_params['active'] == dense_params['total'] + router
     assert moe_params['total'] > dense_params['total']
 
@@ -281,7 +344,9 @@ def test_readme_table_counts_are_the_ledgers():
         rows = [line for line in f if line.startswith(('| dense |', '| moe |'))]
     assert len(rows) == 2
     for row, name in zip(rows, ('dense', 'moe'), strict=True):
-        model, _ = sweep.point_config(moe_vs_dense.points(small=True)[name])  # the README's run: --small
+        model, _ = sweep.point_config(
+            moe_vs_dense.points(small=True)[name]
+        )  # the README's run: --small
         params = ledger.count_params(model)
         cells = [cell.strip() for cell in row.split('|')[1:-1]]
         assert cells[1:4] == [

@@ -24,7 +24,7 @@ import prepare
 import sample
 from config import EOT as END_OF_TEXT
 from config import IGNORE_INDEX, ConfigError, DataError, TrainConfig, load_config
-from guard import Cluster
+from processes import Cluster
 
 # Synthetic packed sequences: text tokens 0..199, the end-of-text token 255, the special tokens from 256 on.
 EOT = 255
@@ -35,7 +35,9 @@ SENTINELS = [IDS[name] for name in objectives.SENTINELS]
 
 
 def make(name, seed=7, **rates):
-    return objectives.Objective(name, seed, EOT, {n: IDS[n] for n in objectives.NEEDS[name]}, **rates)
+    return objectives.Objective(
+        name, seed, EOT, {n: IDS[n] for n in objectives.NEEDS[name]}, **rates
+    )
 
 
 def packed(rng, n=257, mean_doc=60):
@@ -77,12 +79,16 @@ def restore(name, tokens, mask):
                 body = body[1:s] + body[k + 1 :] + body[s + 1 : k]
         elif name == 'ul2' and body[:1] and body[0] in MODES:
             body, carries = body[1:], carries[1:]
-            if MODES.index(tokens[start + lead]) > 0:  # R or X: input with sentinels, then sentinel, span, ...
+            if (
+                MODES.index(tokens[start + lead]) > 0
+            ):  # R or X: input with sentinels, then sentinel, span, ...
                 first = int(np.argmax(carries))
                 inputs, targets = body[:first], body[first:]
                 cuts = [i for i, t in enumerate(targets) if t in SENTINELS] + [len(targets)]
                 spans = iter(targets[a + 1 : b] for a, b in zip(cuts, cuts[1:]))
-                body = [t for token in inputs for t in (next(spans) if token in SENTINELS else [token])]
+                body = [
+                    t for token in inputs for t in (next(spans) if token in SENTINELS else [token])
+                ]
         out += body
     return np.array(out)
 
@@ -91,7 +97,9 @@ def transformed(name, sequences, **rates):
     """transform_sequence on each sequence with its own generator, as transform() does: [(tokens, mask, used)]."""
     objective = make(name, **rates)
     return [
-        objectives.transform_sequence(objective, s, np.random.default_rng([7, objectives.STREAM, k]))
+        objectives.transform_sequence(
+            objective, s, np.random.default_rng([7, objectives.STREAM, k])
+        )
         for k, s in enumerate(sequences)
     ]
 
@@ -114,12 +122,18 @@ def test_each_transform_is_invertible(name):
     for sequence, (tokens, mask, used) in zip(sequences, transformed(name, sequences)):
         assert tokens.shape == mask.shape == sequence.shape
         restored = restore(name, tokens, mask)
-        assert restored[:used].tolist() == sequence[:used].tolist()  # the source, up to what was used ...
+        assert (
+            restored[:used].tolist() == sequence[:used].tolist()
+        )  # the source, up to what was used ...
         assert (restored[used:] == EOT).all()  # ... then only padding
         added = np.isin(tokens, [PRE, SUF, MID] + MODES + SENTINELS).sum()
-        assert len(tokens) == len(restored) + added  # every position is a source token, a special one or padding
+        assert (
+            len(tokens) == len(restored) + added
+        )  # every position is a source token, a special one or padding
         if name == 'prefix_lm':
-            assert used == len(sequence) and tokens.tolist() == sequence.tolist()  # only the loss changes
+            assert (
+                used == len(sequence) and tokens.tolist() == sequence.tolist()
+            )  # only the loss changes
         if name == 'fim':  # 3 sentinels a FIM fragment push as many tokens out; FIM never pads
             assert used == len(sequence) - 3 * (tokens == PRE).sum() and len(restored) == used
         if name == 'ul2':  # UL2 pads only a gap too short for another sentinel pair or mode token
@@ -131,11 +145,15 @@ def test_prefix_lm_loss_is_the_fragment_after_its_cut():
     sequences = [packed(rng) for _ in range(300)]
     for tokens, mask, _ in transformed('prefix_lm', sequences):
         for start, end in fragments(tokens):
-            lead = int(tokens[start] == EOT)  # it ends the document before: a target (test_the_end_of_text_...)
+            lead = int(
+                tokens[start] == EOT
+            )  # it ends the document before: a target (test_the_end_of_text_...)
             carries = mask[start + lead : end]
             cut = int(np.argmax(carries)) if carries.any() else end - start - lead
             assert not carries[:cut].any() and carries[cut:].all()  # given, then predicted: one cut
-            assert (cut + lead >= 1) and (end - start < 2 or cut < end - start - lead)  # a token on each side
+            assert (cut + lead >= 1) and (
+                end - start < 2 or cut < end - start - lead
+            )  # a token on each side
 
 
 def test_fim_carries_loss_everywhere_and_ul2_exactly_on_its_targets():
@@ -150,7 +168,9 @@ def test_fim_carries_loss_everywhere_and_ul2_exactly_on_its_targets():
             if not len(body) or body[0] not in MODES:  # leftovers or padding: given
                 assert not carries[lead:].any()
                 continue
-            assert carries[:lead].all() and not carries[lead]  # the end-of-text token is a target, the mode given
+            assert (
+                carries[:lead].all() and not carries[lead]
+            )  # the end-of-text token is a target, the mode given
             carries = carries[lead:]
             if body[0] == MODES[0]:  # S: a prefix LM after the mode token
                 cut = int(np.argmax(carries)) if carries.any() else end - start - lead
@@ -170,10 +190,14 @@ def test_the_end_of_text_token_carries_loss_as_under_clm(name):
     sequences = np.stack([packed(rng) for _ in range(300)])
     ends, carried = 0, 0
     for sequence, (tokens, mask, used) in zip(sequences, transformed(name, sequences)):
-        ends += int((sequence[1:used] == EOT).sum())  # position 0 is no target (nothing predicts it)
+        ends += int(
+            (sequence[1:used] == EOT).sum()
+        )  # position 0 is no target (nothing predicts it)
         carried += int((mask[1:] & (tokens[1:] == EOT)).sum())
     assert carried == ends and ends > 1000
-    _, targets = make(name)(sequences, 0)  # and through the batch API: as many end-of-text targets as under clm
+    _, targets = make(name)(
+        sequences, 0
+    )  # and through the batch API: as many end-of-text targets as under clm
     _, clm_targets = objectives.CLM(sequences, 0)
     assert (targets == EOT).sum() == carried <= (clm_targets == EOT).sum()
 
@@ -190,7 +214,11 @@ def test_targets_are_the_next_tokens_or_ignored(name):
         )
         assert inputs[row].tolist() == tokens[:-1].tolist()
         assert targets[row].tolist() == np.where(mask[1:], tokens[1:], IGNORE_INDEX).tolist()
-    assert inputs.shape == targets.shape == (16, 256) and inputs.flags.c_contiguous and targets.flags.c_contiguous
+    assert (
+        inputs.shape == targets.shape == (16, 256)
+        and inputs.flags.c_contiguous
+        and targets.flags.c_contiguous
+    )
 
 
 # -----------------------------------------------------------------------------------------------------
@@ -215,7 +243,10 @@ def test_fim_rate_spm_rate_and_the_papers_split(rate):
     assert within(is_spm, 0.5, sd=0.5)
     # the two cut points uniform over the document's 253 tokens that fit: each piece 1/3 on average, and the
     # middle's share |U1 - U2| has standard deviation sqrt(1/18); 1/253 allows for the discrete ends
-    middle = [(len(f) - 1 - f.tolist().index(MID)) / 253 if not spm else None for f, spm in zip(fim, is_spm)]
+    middle = [
+        (len(f) - 1 - f.tolist().index(MID)) / 253 if not spm else None
+        for f, spm in zip(fim, is_spm)
+    ]
     middle = [m for m in middle if m is not None]
     assert within(middle, 1 / 3, sd=math.sqrt(1 / 18), extra=1 / 253)
     prefix = [(f.tolist().index(SUF) - 2) / 253 for f, spm in zip(fim, is_spm) if not spm]
@@ -235,7 +266,9 @@ def test_prefix_lm_cut_is_uniform():
 def test_ul2_mixture_and_its_denoisers():
     rng = np.random.default_rng(7)
     n, doc = 4000, 150
-    results = transformed('ul2', [one_document(rng, doc) for _ in range(n)], ul2_rates=(0.5, 0.25, 0.25))
+    results = transformed(
+        'ul2', [one_document(rng, doc) for _ in range(n)], ul2_rates=(0.5, 0.25, 0.25)
+    )
     modes, x_settings = [], []
     for tokens, mask, _ in results:
         mode = MODES.index(tokens[1])
@@ -244,7 +277,9 @@ def test_ul2_mixture_and_its_denoisers():
         targets = tokens[1:end][mask[1:end]]
         spans = np.isin(targets, SENTINELS).sum()
         masked = len(targets) - spans
-        if mode == 1:  # R: T5's 15% in spans of mean 3, exactly by its arithmetic: 22 tokens in 7 spans
+        if (
+            mode == 1
+        ):  # R: T5's 15% in spans of mean 3, exactly by its arithmetic: 22 tokens in 7 spans
             assert (masked, spans) == (round(doc * 0.15), round(round(doc * 0.15) / 3)) == (22, 7)
         if mode == 2:  # X: the book's "spans over 12 tokens or ~50% masked"
             assert masked / spans > 12 or masked / doc >= 0.5 - 1 / doc
@@ -299,13 +334,20 @@ def test_deterministic_in_index_and_seed_and_different_across_them(name):
 
 
 def test_clm_is_exactly_todays_batch(pystdlib_data):
-    stream = data.ShardStream([data.open_shard(p) for p in data.list_shards(pystdlib_data, 'train')], 32, seed=1337)
+    stream = data.ShardStream(
+        [data.open_shard(p) for p in data.list_shards(pystdlib_data, 'train')], 32, seed=1337
+    )
     for rank, world in [(0, 1), (1, 2)]:
         cluster = Cluster(rank, world, rank, torch.device('cpu'))
         x, y = data.micro_batch_arrays(stream, 40, 1, cluster, 4, objectives.CLM)
         first = 40 + (1 * world + rank) * 4
         cx, cy = objectives.Objective()(stream.batch(first, 4), first)
-        assert np.array_equal(x, cx) and np.array_equal(y, cy) and x.dtype == cx.dtype and y.dtype == cy.dtype
+        assert (
+            np.array_equal(x, cx)
+            and np.array_equal(y, cy)
+            and x.dtype == cx.dtype
+            and y.dtype == cy.dtype
+        )
         assert cx.flags.c_contiguous and cy.flags.c_contiguous and (cy != IGNORE_INDEX).all()
 
 
@@ -327,7 +369,9 @@ def test_special_tokens_are_reserved_in_our_bpe(pystdlib_data):
         assert enc.decode([token]) == name and enc.encode(name, allowed_special='all') == [token]
         assert token not in enc.encode_ordinary(name)  # text that spells one stays text
     shards = data.list_shards(pystdlib_data, 'val') + data.list_shards(pystdlib_data, 'train')
-    assert not any(np.isin(data.open_shard(p), list(meta['special_tokens'].values())).any() for p in shards)
+    assert not any(
+        np.isin(data.open_shard(p), list(meta['special_tokens'].values())).any() for p in shards
+    )
     objective = objectives.build(keys(pystdlib_data, objective='ul2'), meta)
     assert objective.eot == 511 and objective.sentinels.tolist() == list(range(495, 511))
 
@@ -335,25 +379,45 @@ def test_special_tokens_are_reserved_in_our_bpe(pystdlib_data):
 def test_gpt2_reserves_them_in_the_padding(tmp_path, monkeypatch):
     from tiktoken_ext import openai_public
 
-    ranks = {bytes([i]): i for i in range(256)}  # GPT-2's layout in small: ranks, then <|endoftext|>
+    ranks = {
+        bytes([i]): i for i in range(256)
+    }  # GPT-2's layout in small: ranks, then <|endoftext|>
     monkeypatch.setattr(
         openai_public,
         'gpt2',
-        lambda: {'pat_str': r'\S+|\s+', 'mergeable_ranks': ranks, 'special_tokens': {END_OF_TEXT: 256}},
+        lambda: {
+            'pat_str': r'\S+|\s+',
+            'mergeable_ranks': ranks,
+            'special_tokens': {END_OF_TEXT: 256},
+        },
     )
     prepare.make_gpt2_tokenizer(str(tmp_path))
     enc = data.load_tokenizer(str(tmp_path))
-    assert data.reserved_ids(enc) == prepare.reserve(257) and enc.n_vocab == 257 + 22  # 50,279 for GPT-2
+    assert (
+        data.reserved_ids(enc) == prepare.reserve(257) and enc.n_vocab == 257 + 22
+    )  # 50,279 for GPT-2
     assert prepare.tokenizer_meta(enc)['special_tokens']['<|fim_prefix|>'] == 257
 
 
 def test_a_folder_without_special_tokens(tmp_path, capsys):
     out = str(tmp_path / 'plain')
-    argv = ['pystdlib', '--out', out, '--max-files', '150', '--tokenizer', 'bpe:300', '--workers', '1']
+    argv = [
+        'pystdlib',
+        '--out',
+        out,
+        '--max-files',
+        '150',
+        '--tokenizer',
+        'bpe:300',
+        '--workers',
+        '1',
+    ]
     assert prepare.main(argv + ['--no-special-tokens']) == 0
     meta = data.load_meta(out)
     assert meta['special_tokens'] == {} and meta['vocab_size'] == 300 and meta['eot_id'] == 299
-    assert objectives.build(keys(out, objective='prefix_lm'), meta).name == 'prefix_lm'  # needs none
+    assert (
+        objectives.build(keys(out, objective='prefix_lm'), meta).name == 'prefix_lm'
+    )  # needs none
     with pytest.raises(DataError) as error:
         objectives.build(keys(out, objective='fim'), meta)
     assert str(error.value) == (
@@ -361,7 +425,9 @@ def test_a_folder_without_special_tokens(tmp_path, capsys):
         f"without the special tokens; make a folder with them by rerunning `python prepare.py pystdlib --out "
         f"{out}` with another --out (new folders reserve them unless --no-special-tokens)"
     )
-    with pytest.raises(DataError, match=r"has no <\|ul2_s\|> token \(and others\), which objective='ul2' needs"):
+    with pytest.raises(
+        DataError, match=r"has no <\|ul2_s\|> token \(and others\), which objective='ul2' needs"
+    ):
         objectives.build(keys(out, objective='ul2'), meta)
     # the folder stays what it is: a rerun with the default is refused in one line, as any other change
     capsys.readouterr()
@@ -375,7 +441,10 @@ def test_a_folder_without_special_tokens(tmp_path, capsys):
     old = json.loads(meta_path.read_text())
     del old['request']['special_tokens'], old['special_tokens']
     meta_path.write_text(json.dumps(old))
-    assert prepare.main(argv + ['--no-special-tokens']) == 0 and 'already complete' in capsys.readouterr().out
+    assert (
+        prepare.main(argv + ['--no-special-tokens']) == 0
+        and 'already complete' in capsys.readouterr().out
+    )
     with pytest.raises(DataError, match=r"has no <\|fim_prefix\|> token"):
         objectives.build(keys(out, objective='fim'), data.load_meta(out))
 
@@ -400,7 +469,9 @@ def test_bad_keys_are_one_line(pystdlib_data):
         r"prepare.py; data='synthetic' has none$",
     ):
         objectives.build(keys('synthetic', objective='fim'), None)
-    assert objectives.build(keys('synthetic', objective='prefix_lm'), None).eot == -1  # one fragment a sequence
+    assert (
+        objectives.build(keys('synthetic', objective='prefix_lm'), None).eot == -1
+    )  # one fragment a sequence
 
 
 # -----------------------------------------------------------------------------------------------------
@@ -431,13 +502,17 @@ def test_a_run_says_which_tokens_carry_loss(pystdlib_data, tmp_path, capsys):
     ) in out
     assert (
         ledger_report._row(
-            'tokens that carry loss', '256', '50%: objective prefix_lm; tokens/s and MFU count every position'
+            'tokens that carry loss',
+            '256',
+            '50%: objective prefix_lm; tokens/s and MFU count every position',
         )
         in out
     )
     prediction = json.loads((tmp_path / 'out' / 'ledger.json').read_text())
     assert prediction['data']['loss_tokens'] == 256 and prediction['data']['loss_fraction'] == 0.5
-    assert prediction['flops_per_token'] == ledger.predict(*load_config(config))['flops_per_token']  # unchanged
+    assert (
+        prediction['flops_per_token'] == ledger.predict(*load_config(config))['flops_per_token']
+    )  # unchanged
 
 
 @pytest.mark.parametrize(
@@ -452,7 +527,9 @@ def test_a_run_says_which_tokens_carry_loss(pystdlib_data, tmp_path, capsys):
         (['--fim_rate=1.5'], "fim_rate must be in [0, 1]"),
     ],
 )
-def test_bad_objective_keys_through_train_py_are_one_line(pystdlib_data, tmp_path, capsys, flags, message):
+def test_bad_objective_keys_through_train_py_are_one_line(
+    pystdlib_data, tmp_path, capsys, flags, message
+):
     config = write_config(tmp_path, pystdlib_data, train_tokens=2 * 256)
     capsys.readouterr()
     assert run(config, tmp_path / 'out', *flags) == 2
@@ -464,7 +541,9 @@ def test_bad_objective_keys_through_train_py_are_one_line(pystdlib_data, tmp_pat
 @pytest.fixture(scope='module')
 def fim_run(pystdlib_data, tmp_path_factory):
     tmp = tmp_path_factory.mktemp('fim')
-    config = write_config(tmp, pystdlib_data, train_tokens=STEPS * 256, ckpt_every=3, objective='fim')
+    config = write_config(
+        tmp, pystdlib_data, train_tokens=STEPS * 256, ckpt_every=3, objective='fim'
+    )
     assert run(config, tmp / 'out') == 0
     return config, tmp / 'out'
 
@@ -474,7 +553,9 @@ def test_each_objective_resumes_bit_exactly(name, pystdlib_data, fim_run, tmp_pa
     if name == 'fim':
         config, full = fim_run
     else:
-        config = write_config(tmp_path, pystdlib_data, train_tokens=STEPS * 256, ckpt_every=3, objective=name)
+        config = write_config(
+            tmp_path, pystdlib_data, train_tokens=STEPS * 256, ckpt_every=3, objective=name
+        )
         full = tmp_path / 'full'
         assert run(config, full) == 0
     made = recording(monkeypatch)
@@ -482,13 +563,20 @@ def test_each_objective_resumes_bit_exactly(name, pystdlib_data, fim_run, tmp_pa
     assert run(config, tmp_path / 'out', f'--max_steps={STEPS // 2}') == 0
     assert run(config, tmp_path / 'out', '--resume') == 0
     losses = step_losses(read_metrics(tmp_path / 'out'))
-    assert sorted(expected) == list(range(1, STEPS + 1)) and all(math.isfinite(v) for v in expected.values())
-    assert [losses[s] for s in range(1, STEPS + 1)] == [expected[s] for s in range(1, STEPS + 1)]  # exactly
+    assert sorted(expected) == list(range(1, STEPS + 1)) and all(
+        math.isfinite(v) for v in expected.values()
+    )
+    assert [losses[s] for s in range(1, STEPS + 1)] == [
+        expected[s] for s in range(1, STEPS + 1)
+    ]  # exactly
     # and the runs trained on the objective: FIM's sentinels in the inputs, or part of the targets ignored
     inputs, targets = (np.concatenate(arrays) for arrays in zip(*made))
     carrying = (targets != IGNORE_INDEX).mean()
     if name == 'fim':
-        assert carrying == 1 and (inputs == data.load_meta(pystdlib_data)['special_tokens']['<|fim_prefix|>']).any()
+        assert (
+            carrying == 1
+            and (inputs == data.load_meta(pystdlib_data)['special_tokens']['<|fim_prefix|>']).any()
+        )
     else:
         assert 0.2 < carrying < 0.8
 
@@ -497,7 +585,22 @@ def test_sample_fills_in_the_middle(pystdlib_data, fim_run, capsys, monkeypatch)
     _, out = fim_run
     prefix, suffix = 'def f(x):\n    ', '\n    return y\n'
     capsys.readouterr()
-    assert sample.main([str(out), '--prefix', prefix, '--suffix', suffix, '--temperature', '0', '--tokens', '12']) == 0
+    assert (
+        sample.main(
+            [
+                str(out),
+                '--prefix',
+                prefix,
+                '--suffix',
+                suffix,
+                '--temperature',
+                '0',
+                '--tokens',
+                '12',
+            ]
+        )
+        == 0
+    )
     middle = capsys.readouterr().out.split('\n' + '-' * 80)[0]
     # greedy: the model's own argmax after the PSM prompt, token by token, up to the end-of-text token
     model, _ = checkpoint.load_model(checkpoint.find(str(out)), torch.device('cpu'))
@@ -544,8 +647,12 @@ class Stream:
 
 def test_the_log_names_context_level_fim_and_ul2s_real_spans():
     rng = np.random.default_rng(10)
-    stream = Stream([one_document(rng, 255, n=257) for _ in range(64)])  # one 255-token document a sequence
-    assert objectives.describe(make('fim'), stream).startswith('fim: context-level FIM (Bavarian et al. 2022')
+    stream = Stream(
+        [one_document(rng, 255, n=257) for _ in range(64)]
+    )  # one 255-token document a sequence
+    assert objectives.describe(make('fim'), stream).startswith(
+        'fim: context-level FIM (Bavarian et al. 2022'
+    )
     assert objectives.describe(objectives.CLM, stream) is None
     line = objectives.describe(make('ul2', ul2_rates=(0.0, 0.0, 1.0)), stream)
     # the document fills the sequence: X keeps the longest piece that fits with its head and sentinels (bisected as
@@ -553,6 +660,10 @@ def test_the_log_names_context_level_fim_and_ul2s_real_spans():
     length = max(n for n in range(256) if 2 + n + 2 * objectives.span_counts(n, 64, 0.15)[1] <= 257)
     masked, spans = objectives.span_counts(length, 64, 0.15)
     assert spans == 1 and masked == 38
-    assert line.startswith('ul2 at block_size 256: mean span length and share masked as drawn on the first 64 ')
+    assert line.startswith(
+        'ul2 at block_size 256: mean span length and share masked as drawn on the first 64 '
+    )
     assert f'X (span 64, 15%): {masked:.1f}, {masked / length:.0%} masked' in line
-    assert 'X (span 3, 50%): 3.0' in line and 'R (' not in line  # no R fragment drawn at these rates
+    assert (
+        'X (span 3, 50%): 3.0' in line and 'R (' not in line
+    )  # no R fragment drawn at these rates

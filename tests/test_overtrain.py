@@ -20,11 +20,12 @@ from test_train import read_metrics, step_losses, write_config
 
 import checkpoint
 import config
-import guard
+import continuation
 import ledger
 import ledger_report
 import overtrain
 import plot
+import processes
 import train
 from config import ConfigError, load_config
 
@@ -93,13 +94,25 @@ def test_the_main_run_keeps_the_start_of_its_branch(main_run):
         f'--out_dir={main}_cooldown_3.84K',
     ]
     # keep_ckpts = 1 pruned steps 0, 4, 8, 16 and 20; step 12 stays, complete
-    assert sorted(os.listdir(os.path.join(main, 'ckpt'))) == ['LATEST', 'step_0000012', 'step_0000024']
+    assert sorted(os.listdir(os.path.join(main, 'ckpt'))) == [
+        'LATEST',
+        'step_0000012',
+        'step_0000024',
+    ]
     assert checkpoint.damage(kept) is None
     state = checkpoint.read_state(kept)['run']
-    assert (state['step'], state['tokens_seen'], state['position']) == (12, 12 * STEP_TOKENS, 12 * 8)
-    overtrain.check_branch_start(kept, *load_config(config_path))  # in the stable phase: a branch may start there
+    assert (state['step'], state['tokens_seen'], state['position']) == (
+        12,
+        12 * STEP_TOKENS,
+        12 * 8,
+    )
+    overtrain.check_branch_start(
+        kept, *load_config(config_path)
+    )  # in the stable phase: a branch may start there
     lrs = {e['step']: e['lr'] for e in read_metrics(main) if 'lr' in e}
-    assert lrs[12] == lrs[13] == lrs[19] == PEAK and lrs[24] == pytest.approx(FLOOR)  # the main run: stable at 13
+    assert lrs[12] == lrs[13] == lrs[19] == PEAK and lrs[24] == pytest.approx(
+        FLOOR
+    )  # the main run: stable at 13
 
 
 def test_a_branch_continues_the_main_run_and_decays_to_the_floor(main_run, branch):
@@ -109,18 +122,29 @@ def test_a_branch_continues_the_main_run_and_decays_to_the_floor(main_run, branc
     entries = read_metrics(out_dir)
     steps = [e for e in entries if 'lr' in e]
     assert [e['step'] for e in steps] == [13, 14, 15]
-    assert [e['lr'] for e in steps] == pytest.approx([PEAK + (FLOOR - PEAK) * k / 3 for k in (1, 2, 3)])
-    assert steps[-1]['lr'] == pytest.approx(FLOOR) and [e['tokens'] for e in steps] == [3328, 3584, 3840]
+    assert [e['lr'] for e in steps] == pytest.approx(
+        [PEAK + (FLOOR - PEAK) * k / 3 for k in (1, 2, 3)]
+    )
+    assert steps[-1]['lr'] == pytest.approx(FLOOR) and [e['tokens'] for e in steps] == [
+        3328,
+        3584,
+        3840,
+    ]
     # step 13's loss is measured before its update, on the weights of step 12 and the data after position 96:
     # the main run's own step 13, to the bit, if the branch took both over
     assert steps[0]['loss'] == step_losses(read_metrics(main))[13]
-    assert steps[1]['loss'] != step_losses(read_metrics(main))[14]  # from there a lower LR: another run
+    assert (
+        steps[1]['loss'] != step_losses(read_metrics(main))[14]
+    )  # from there a lower LR: another run
     end = checkpoint.read_state(checkpoint.latest(out_dir))['run']
     assert (end['step'], end['tokens_seen'], end['position']) == (15, 15 * STEP_TOKENS, 15 * 8)
     assert sorted(os.listdir(os.path.join(out_dir, 'ckpt'))) == ['LATEST', 'step_0000015']
     summary = json.loads(open(os.path.join(out_dir, 'summary.json')).read())
     assert summary['step'] == 15 and summary['val_bpb'] > 0
-    assert f"cooling down from {main}/ckpt/step_0000012: step 12, 3,072 tokens, data position 96" in printed
+    assert (
+        f"cooling down from {main}/ckpt/step_0000012: step 12, 3,072 tokens, data position 96"
+        in printed
+    )
     assert 'steps 13 to 15 (768 tokens' in printed and 'cooldown: out_dir changed' in printed
 
 
@@ -137,8 +161,12 @@ def test_a_branch_resumes_bit_exactly(main_run, branch, tmp_path, capsys):
     assert train.main(flags) == 2  # its folder holds a branch now: the same rule as any run's
     assert 'already holds checkpoints: pass --resume' in capsys.readouterr().err
     assert train.main(flags + ['--resume']) == 0
-    assert step_losses(read_metrics(tmp_path / 'b')) == step_losses(read_metrics(branch[0]))  # exactly equal
-    assert train.main(flags + ['--resume', '--cooldown_tokens=1024']) == 2  # its own decay may not change silently
+    assert step_losses(read_metrics(tmp_path / 'b')) == step_losses(
+        read_metrics(branch[0])
+    )  # exactly equal
+    assert (
+        train.main(flags + ['--resume', '--cooldown_tokens=1024']) == 2
+    )  # its own decay may not change silently
     assert 'with a changed cooldown_tokens 768 -> 1024' in capsys.readouterr().err
 
 
@@ -164,20 +192,37 @@ def other_checkpoints(pystdlib_data, tmp_path_factory):
 @pytest.mark.parametrize(
     'flags, message',
     [
-        (['--cooldown_from={tmp}/nothing', '--cooldown_tokens=768'], 'nothing is not a checkpoint folder'),
+        (
+            ['--cooldown_from={tmp}/nothing', '--cooldown_tokens=768'],
+            'nothing is not a checkpoint folder',
+        ),
         (['--cooldown_from={main}', '--cooldown_tokens=768'], 'main is not a checkpoint folder'),
-        (['--cooldown_from={kept}', '--cooldown_tokens=0'], 'cooldown_tokens must be positive for a cooldown, got 0'),
-        (['--cooldown_from={kept}', '--cooldown_tokens=-5'], 'cooldown_tokens must be positive for a cooldown, got -5'),
+        (
+            ['--cooldown_from={kept}', '--cooldown_tokens=0'],
+            'cooldown_tokens must be positive for a cooldown, got 0',
+        ),
+        (
+            ['--cooldown_from={kept}', '--cooldown_tokens=-5'],
+            'cooldown_tokens must be positive for a cooldown, got -5',
+        ),
         (['--cooldown_tokens=768'], 'cooldown_tokens goes with --cooldown_from'),
-        (['--cooldown_from={kept}', '--cooldown_tokens=768', '--n_layer=3'], 'was written for another model (n_layer'),
-        (['--cooldown_from={kept}', '--cooldown_tokens=768', '--lr=0.001'], 'with a changed lr 0.003 -> 0.001'),
+        (
+            ['--cooldown_from={kept}', '--cooldown_tokens=768', '--n_layer=3'],
+            'was written for another model (n_layer',
+        ),
+        (
+            ['--cooldown_from={kept}', '--cooldown_tokens=768', '--lr=0.001'],
+            'with a changed lr 0.003 -> 0.001',
+        ),
     ],
 )
 def test_a_bad_cooldown_is_one_line(main_run, tmp_path, capsys, flags, message):
     """train.py's own checks: any cooldown, of this experiment or not."""
     config_path, main, _ = main_run
     places = dict(tmp=tmp_path, main=main, kept=f'{main}/ckpt/step_0000012')
-    args = [config_path, f'--out_dir={tmp_path / "out"}'] + [flag.format(**places) for flag in flags]
+    args = [config_path, f'--out_dir={tmp_path / "out"}'] + [
+        flag.format(**places) for flag in flags
+    ]
     capsys.readouterr()
     assert train.main(args) == 2
     err = capsys.readouterr().err.strip().splitlines()
@@ -187,14 +232,20 @@ def test_a_bad_cooldown_is_one_line(main_run, tmp_path, capsys, flags, message):
 @pytest.mark.parametrize(
     'start, message',
     [
-        ('{tmp}/nothing', 'nothing is not a complete checkpoint: the main run keeps one at each branch'),
+        (
+            '{tmp}/nothing',
+            'nothing is not a complete checkpoint: the main run keeps one at each branch',
+        ),
         ('{cosine}', 'was written by a cosine run: a branch starts from'),
         (
             '{warmup}',
             'is step 1 of a wsd run that holds the peak LR from step 2 to 18: at step 1 it is still warming up',
         ),
         ('{main}/ckpt/step_0000024', 'at step 24 it is already decaying'),
-        ('{main}_cooldown_3.84K/ckpt/step_0000015', "is a cooldown branch's checkpoint, already decaying"),
+        (
+            '{main}_cooldown_3.84K/ckpt/step_0000015',
+            "is a cooldown branch's checkpoint, already decaying",
+        ),
     ],
 )
 def test_a_branch_starts_in_the_stable_phase_of_a_wsd_run(
@@ -229,12 +280,18 @@ def test_a_plan_without_stable_branch_points_is_one_line(main_run, capsys, flags
 
 
 def test_the_schedule_of_a_branch():
-    cfg = config.TrainConfig(lr=1e-3, warmup_frac=0.01, schedule='wsd', decay_frac=0.2, min_lr_ratio=0.1)
+    cfg = config.TrainConfig(
+        lr=1e-3, warmup_frac=0.01, schedule='wsd', decay_frac=0.2, min_lr_ratio=0.1
+    )
     total = 1000  # 10 warmup steps, the peak to step 799; a branch of 100 steps from step 400
     assert list(overtrain.stable_steps(total, cfg)) == list(range(10, 800))
     lrs = [train.lr_at(step, total, cfg, cooldown=(400, 100)) for step in range(398, 500)]
-    assert lrs[:2] == [1e-3, 1e-3] and lrs[2] == pytest.approx(1e-3 - 9e-4 / 100)  # the first step decays
-    assert lrs[51] == pytest.approx(5.5e-4) and lrs[-1] == pytest.approx(1e-4)  # half-way; the floor
+    assert lrs[:2] == [1e-3, 1e-3] and lrs[2] == pytest.approx(
+        1e-3 - 9e-4 / 100
+    )  # the first step decays
+    assert lrs[51] == pytest.approx(5.5e-4) and lrs[-1] == pytest.approx(
+        1e-4
+    )  # half-way; the floor
     assert all(np.diff(lrs[1:]) < 0)  # falling at every step
 
 
@@ -243,7 +300,9 @@ def test_the_overtrain_config_branches_at_one_and_two_chinchillas():
     step_tokens = train.tokens_per_micro_step(model_cfg, train_cfg, 1)
     total = train.planned_steps(train_cfg, step_tokens)  # ceil(100e9 / 524,288)
     assert total == 190_735 and overtrain.stable_steps(total, train_cfg) == range(572, 152_588)
-    points = overtrain.branch_points(train_cfg, step_tokens)  # ceil(0.8 x 26e9 / 524,288) and ceil(0.8 x 52e9 / ...)
+    points = overtrain.branch_points(
+        train_cfg, step_tokens
+    )  # ceil(0.8 x 26e9 / 524,288) and ceil(0.8 x 52e9 / ...)
     assert points == {39_673: 26_000_000_000, 79_346: 52_000_000_000}
     runs = overtrain.plan(model_cfg, train_cfg)
     assert [(r.schedule, r.length, r.tokens) for r in runs] == [
@@ -254,7 +313,9 @@ def test_the_overtrain_config_branches_at_one_and_two_chinchillas():
         ('cosine', 52e9, 52e9),
         ('cosine', 100e9, 100e9),
     ]
-    assert runs[0].flags == ['--keep_steps=39673,79346']  # the branches' starts outlive keep_ckpts = 3
+    assert runs[0].flags == [
+        '--keep_steps=39673,79346'
+    ]  # the branches' starts outlive keep_ckpts = 3
     assert runs[1].out_dir == 'out/h200_1b3_overtrain_cooldown_26B' and runs[1].flags == [
         '--cooldown_from=out/h200_1b3_overtrain/ckpt/step_0039673',
         '--cooldown_tokens=5199922176',
@@ -271,12 +332,20 @@ def test_the_overtrain_config_branches_at_one_and_two_chinchillas():
 
 
 def test_cooldowns_and_keep_steps_read_as_whole_numbers(tmp_path):
-    assert load_config(None, ['--cooldowns=26e9,52e9'])[1].cooldowns == (26_000_000_000, 52_000_000_000)
+    assert load_config(None, ['--cooldowns=26e9,52e9'])[1].cooldowns == (
+        26_000_000_000,
+        52_000_000_000,
+    )
     assert load_config(None, ['--cooldowns='])[1].cooldowns == ()
     assert load_config(None, ['--keep_steps=39673,79346'])[1].keep_steps == (39_673, 79_346)
     (tmp_path / 'list.py').write_text('cooldowns = [1e3, 2000]\n')
     assert load_config(str(tmp_path / 'list.py'))[1].cooldowns == (1000, 2000)
-    for bad in ('cooldowns = (1.5,)', "cooldowns = '26e9'", 'cooldowns = (True,)', 'keep_steps = (12.5,)'):
+    for bad in (
+        'cooldowns = (1.5,)',
+        "cooldowns = '26e9'",
+        'cooldowns = (True,)',
+        'keep_steps = (12.5,)',
+    ):
         (tmp_path / 'bad.py').write_text(bad + '\n')
         with pytest.raises(ConfigError, match='expected a list of whole numbers'):
             load_config(str(tmp_path / 'bad.py'))
@@ -294,8 +363,12 @@ def test_a_checkpoint_older_than_the_experiments_keys_still_resumes(main_run, mo
 
     monkeypatch.setattr(checkpoint, 'read_state', from_before)
     model_cfg, train_cfg = load_config(config_path, ['--cooldowns='])
-    guard.check_resumable(checkpoint.latest(main), model_cfg, train_cfg, set(), guard.setup_cluster())
-    assert 'changed' not in capsys.readouterr().out  # each missing key had its default: nothing changed
+    continuation.check_resumable(
+        checkpoint.latest(main), model_cfg, train_cfg, set(), processes.setup_cluster()
+    )
+    assert (
+        'changed' not in capsys.readouterr().out
+    )  # each missing key had its default: nothing changed
 
 
 # -----------------------------------------------------------------------------------------------------
@@ -303,19 +376,32 @@ def test_a_checkpoint_older_than_the_experiments_keys_still_resumes(main_run, mo
 
 
 def test_overtrain_runs_the_experiment_and_tabulates_it(pystdlib_data, tmp_path, capsys):
-    config_path = write_config(tmp_path, pystdlib_data, out_dir=str(tmp_path / 'x'), eval_every=6, **MAIN)
+    config_path = write_config(
+        tmp_path, pystdlib_data, out_dir=str(tmp_path / 'x'), eval_every=6, **MAIN
+    )
     assert overtrain.main([config_path]) == 0
     out = capsys.readouterr().out
-    folders = [str(tmp_path / name) for name in ('x', 'x_cooldown_3.84K', 'x_cosine_3.84K', 'x_cosine_6.14K')]
-    assert [line.split(' ', 3)[3] for line in out.splitlines() if line.startswith('python train.py ')] == [
+    folders = [
+        str(tmp_path / name)
+        for name in ('x', 'x_cooldown_3.84K', 'x_cosine_3.84K', 'x_cosine_6.14K')
+    ]
+    assert [
+        line.split(' ', 3)[3] for line in out.splitlines() if line.startswith('python train.py ')
+    ] == [
         '--keep_steps=12',
         f'--cooldown_from={folders[0]}/ckpt/step_0000012 --cooldown_tokens=768 --out_dir={folders[1]}',
         f'--schedule=cosine --train_tokens=3840 --out_dir={folders[2]}',
         f'--schedule=cosine --train_tokens=6144 --out_dir={folders[3]}',
     ]
     assert sorted(os.listdir(tmp_path / 'x' / 'ckpt')) == ['LATEST', 'step_0000012', 'step_0000024']
-    bpb = {folder: json.loads(open(os.path.join(folder, 'summary.json')).read())['val_bpb'] for folder in folders}
-    chinchilla = ledger.CHINCHILLA_TOKENS_PER_PARAM * ledger.count_params(load_config(config_path)[0])['total']
+    bpb = {
+        folder: json.loads(open(os.path.join(folder, 'summary.json')).read())['val_bpb']
+        for folder in folders
+    }
+    chinchilla = (
+        ledger.CHINCHILLA_TOKENS_PER_PARAM
+        * ledger.count_params(load_config(config_path)[0])['total']
+    )
     table = out.split('final val loss, bits per byte:\n')[1].splitlines()
     pairs = [(folders[1], folders[2], 3840), (folders[0], folders[3], 6144)]
     for row, (wsd, cosine, length) in zip(table[2:4], pairs, strict=True):
@@ -324,7 +410,9 @@ def test_overtrain_runs_the_experiment_and_tabulates_it(pystdlib_data, tmp_path,
             f"{bpb[cosine]:.4f} | {bpb[wsd] - bpb[cosine]:+.4f} |"
         )
     assert os.path.isfile(tmp_path / 'x' / 'branches.png')
-    assert [e['lr'] for e in read_metrics(folders[2]) if 'lr' in e][-1] == pytest.approx(FLOOR)  # cosine, 15 steps
+    assert [e['lr'] for e in read_metrics(folders[2]) if 'lr' in e][-1] == pytest.approx(
+        FLOOR
+    )  # cosine, 15 steps
     # the same command again: every run is complete, nothing is trained or logged again
     metrics = [open(os.path.join(folder, 'metrics.jsonl')).read() for folder in folders]
     assert overtrain.main([config_path]) == 0
@@ -339,7 +427,10 @@ def test_overtrain_needs_a_wsd_run_with_branches(tmp_path, capsys):
 def write_metrics(folder, first, last, val, params=1000):
     """A run's metrics.jsonl: steps first..last of 1,000 tokens, a loss of 3 + 5 e^(-step / 30), and its final val."""
     os.makedirs(folder)
-    lines = [{'step': s, 'tokens': 1000 * s, 'loss': 3 + 5 * np.exp(-s / 30)} for s in range(first, last + 1)]
+    lines = [
+        {'step': s, 'tokens': 1000 * s, 'loss': 3 + 5 * np.exp(-s / 30)}
+        for s in range(first, last + 1)
+    ]
     lines.append({'step': last, 'tokens': 1000 * last, 'val_loss': val})
     with open(os.path.join(folder, 'metrics.jsonl'), 'w') as f:
         f.write(''.join(json.dumps(line) + '\n' for line in lines))
@@ -380,12 +471,17 @@ def test_the_branch_picture(tmp_path, capsys):
 def test_an_lr_sweep_runs_the_experiment_at_each_lr(pystdlib_data, tmp_path, capsys):
     config_path = write_config(tmp_path, pystdlib_data, out_dir=str(tmp_path / 'x'), **MAIN)
     assert overtrain.main([config_path, '--lrs=1e-3,3e-3', '--plan']) == 0
-    commands = [line.split(' ', 3)[3] for line in capsys.readouterr().out.splitlines() if line.startswith('python ')]
+    commands = [
+        line.split(' ', 3)[3]
+        for line in capsys.readouterr().out.splitlines()
+        if line.startswith('python ')
+    ]
     for lr in ('0.001', '0.003'):
         main = f'{tmp_path / "x"}_lr{lr}'
         assert f'--lr={lr} --out_dir={main} --keep_steps=12' in commands
-        assert f'--lr={lr} --out_dir={main} --schedule=cosine --train_tokens=3840 --out_dir={main}_cosine_3.84K' in (
-            commands
+        assert (
+            f'--lr={lr} --out_dir={main} --schedule=cosine --train_tokens=3840 --out_dir={main}_cosine_3.84K'
+            in (commands)
         )
     assert len(commands) == 8 and not os.path.exists(tmp_path / 'x_lr0.001')  # planned, nothing run
     assert overtrain.main([config_path, '--lrs=3e-3,x', '--plan']) == 2
@@ -394,9 +490,15 @@ def test_an_lr_sweep_runs_the_experiment_at_each_lr(pystdlib_data, tmp_path, cap
 
 def test_each_schedule_is_compared_at_its_best_lr(pystdlib_data, tmp_path):
     config_path = write_config(tmp_path, pystdlib_data, out_dir=str(tmp_path / 'x'), **MAIN)
-    sweep = {lr: overtrain.plan(*load_config(config_path, [f'--out_dir={tmp_path}/x_lr{lr:g}'])) for lr in (1e-3, 3e-3)}
+    sweep = {
+        lr: overtrain.plan(*load_config(config_path, [f'--out_dir={tmp_path}/x_lr{lr:g}']))
+        for lr in (1e-3, 3e-3)
+    }
     # final val bpb as the runs would write them: wsd does best at 3e-3, cosine at 1e-3 (the short one) and 3e-3
-    scores = {1e-3: {'wsd': 2.30, 'cooldown': 2.50, 'cosine': [2.45, 2.31]}, 3e-3: {'wsd': 2.20, 'cooldown': 2.40}}
+    scores = {
+        1e-3: {'wsd': 2.30, 'cooldown': 2.50, 'cosine': [2.45, 2.31]},
+        3e-3: {'wsd': 2.20, 'cooldown': 2.40},
+    }
     scores[3e-3]['cosine'] = [2.48, 2.25]
     for lr, runs in sweep.items():
         cosine = iter(scores[lr]['cosine'])

@@ -45,16 +45,26 @@ def test_pystdlib_end_to_end(pystdlib_data):
     assert meta['eot_id'] == enc.eot_token == 511 and meta['dtype'] == 'uint16'
     assert meta['source'] == 'pystdlib' and meta['revision'].startswith('python 3.')
     val, train = data.list_shards(pystdlib_data, 'val'), data.list_shards(pystdlib_data, 'train')
-    assert [os.path.basename(p) for p in val + train] == ['pystdlib_val_000000.bin', 'pystdlib_train_000001.bin']
+    assert [os.path.basename(p) for p in val + train] == [
+        'pystdlib_val_000000.bin',
+        'pystdlib_train_000001.bin',
+    ]
     assert meta['val_tokens'] == len(data.open_shard(val[0])) > 10_000
     assert meta['train_tokens'] == len(data.open_shard(train[0])) > 10 * meta['val_tokens']
-    assert meta['max_token_id'] == max(int(data.open_shard(p).max()) for p in val + train) == 511  # eot
+    assert (
+        meta['max_token_id'] == max(int(data.open_shard(p).max()) for p in val + train) == 511
+    )  # eot
     # the shards hold exactly the split's files, in order, each led by the end-of-text token
     files = prepare.pystdlib_files(max_files=150)
     documents = []
     for path in val + train:
-        documents += [enc.decode(doc.tolist()) for doc in split_documents(np.array(data.open_shard(path)), 511)]
-    is_val = [prepare.zlib.crc32(name.encode()) % 100 < prepare.PYSTDLIB_VAL_PERCENT for name, _ in files]
+        documents += [
+            enc.decode(doc.tolist())
+            for doc in split_documents(np.array(data.open_shard(path)), 511)
+        ]
+    is_val = [
+        prepare.zlib.crc32(name.encode()) % 100 < prepare.PYSTDLIB_VAL_PERCENT for name, _ in files
+    ]
     expected = [text for (_, text), v in zip(files, is_val, strict=True) if v] + [
         text for (_, text), v in zip(files, is_val, strict=True) if not v
     ]
@@ -75,10 +85,12 @@ def test_pystdlib_is_identical_across_runs(pystdlib_data, tmp_path, capsys):
         match="already holds a dataset made with other settings: tokenizer='bpe:512' \\(this run: 'bpe:300'\\)",
     ):
         prepare.prepare_pystdlib(str(tmp_path), tokenizer='bpe:300', workers=1, max_files=150)
-    (tmp_path / 'meta.json').write_text('{"vocab_size": ')  # damaged: the rerun makes the folder again
-    assert prepare.prepare_pystdlib(str(tmp_path), tokenizer='bpe:512', workers=1, max_files=150) == data.load_meta(
-        pystdlib_data
-    )
+    (tmp_path / 'meta.json').write_text(
+        '{"vocab_size": '
+    )  # damaged: the rerun makes the folder again
+    assert prepare.prepare_pystdlib(
+        str(tmp_path), tokenizer='bpe:512', workers=1, max_files=150
+    ) == data.load_meta(pystdlib_data)
     assert 'meta.json is damaged: finishing the folder again' in capsys.readouterr().out
 
 
@@ -115,14 +127,19 @@ WORDS = (
 def make_documents(n, seed, min_words=20, max_words=200):
     rng = random.Random(seed)
     return [
-        ' '.join(rng.choice(WORDS) for _ in range(rng.randint(min_words, max_words))) + f' #{seed}-{i}'
+        ' '.join(rng.choice(WORDS) for _ in range(rng.randint(min_words, max_words)))
+        + f' #{seed}-{i}'
         for i in range(n)
     ]
 
 
 def all_tokens(data_dir):
     return np.concatenate(
-        [np.array(data.open_shard(p)) for split in ('val', 'train') for p in data.list_shards(data_dir, split)]
+        [
+            np.array(data.open_shard(p))
+            for split in ('val', 'train')
+            for p in data.list_shards(data_dir, split)
+        ]
     )
 
 
@@ -138,7 +155,11 @@ def test_files_txt_jsonl_parquet(tmp_path):
     with open(tmp_path / 'b.jsonl', 'w') as f:
         for doc in docs[1:30]:
             f.write(json.dumps({'text': doc, 'id': 7}) + '\n\n')
-    pq.write_table(pa.table({'text': docs[30:], 'score': list(range(30))}), tmp_path / 'c.parquet', row_group_size=7)
+    pq.write_table(
+        pa.table({'text': docs[30:], 'score': list(range(30))}),
+        tmp_path / 'c.parquet',
+        row_group_size=7,
+    )
     out = str(tmp_path / 'data')
     meta = prepare.prepare_files(
         [str(tmp_path / n) for n in ('a.txt', 'b.jsonl', 'c.parquet')],
@@ -151,8 +172,14 @@ def test_files_txt_jsonl_parquet(tmp_path):
     enc = data.load_tokenizer(out)
     tokens = all_tokens(out)
     assert [enc.decode(d.tolist()) for d in split_documents(tokens, enc.eot_token)] == docs
-    assert meta['documents'] == 60 and meta['val_tokens'] == 1000 and meta['max_token_id'] == tokens.max()
-    assert meta['train_tokens'] == len(tokens) - 1000 and meta['train_shards'] == len(data.list_shards(out, 'train'))
+    assert (
+        meta['documents'] == 60
+        and meta['val_tokens'] == 1000
+        and meta['max_token_id'] == tokens.max()
+    )
+    assert meta['train_tokens'] == len(tokens) - 1000 and meta['train_shards'] == len(
+        data.list_shards(out, 'train')
+    )
     sizes = [len(data.open_shard(p)) for p in data.list_shards(out, 'train')]
     assert sizes[:-1] == [1500] * (meta['train_shards'] - 1)
     assert meta == data.load_meta(out)
@@ -161,22 +188,33 @@ def test_files_txt_jsonl_parquet(tmp_path):
 def test_parquet_batches_from_any_row(tmp_path):
     # the batches hand Arrow's bytes and offsets to the workers: every start row (inside a row group, at its
     # edges, past the end) and batch size must give exactly the documents from that row on, nulls as ''
-    docs = [doc if i % 7 else None for i, doc in enumerate(make_documents(40, seed=3, min_words=1, max_words=5))]
+    docs = [
+        doc if i % 7 else None
+        for i, doc in enumerate(make_documents(40, seed=3, min_words=1, max_words=5))
+    ]
     docs[5] = 'non-ASCII: é 我 🙂'
     path = str(tmp_path / 'a.parquet')
     for text_type in (pa.string(), pa.large_string(), pa.string_view()):
-        pq.write_table(pa.table({'id': list(range(40)), 'text': pa.array(docs, text_type)}), path, row_group_size=13)
+        pq.write_table(
+            pa.table({'id': list(range(40)), 'text': pa.array(docs, text_type)}),
+            path,
+            row_group_size=13,
+        )
         expected = list(enumerate(doc or '' for doc in docs))
         for start in (0, 1, 12, 13, 14, 39, 40, 50):
             assert list(prepare.read_documents(path, start)) == expected[start:]
             for batch_docs in (1, 5, 64):
-                batches = list(prepare.document_batches([path], [path].__getitem__, (0, start), batch_docs))
+                batches = list(
+                    prepare.document_batches([path], [path].__getitem__, (0, start), batch_docs)
+                )
                 got = [
                     (first_row + i, text)
                     for _, first_row, packed, offsets in batches
                     for i, text in enumerate(prepare.unpack_texts(packed, offsets))
                 ]
-                assert got == expected[start:] and all(len(offsets) <= batch_docs + 1 for *_, offsets in batches)
+                assert got == expected[start:] and all(
+                    len(offsets) <= batch_docs + 1 for *_, offsets in batches
+                )
 
 
 def run_main(argv, capsys):
@@ -210,15 +248,22 @@ def test_files_bad_input_is_one_line_and_exit_2(tmp_path, capsys):
         ('b.jsonl', r'b\.jsonl:2: not UTF-8 text \(byte 0xe9 at byte 13 of the line\)'),
         ('c.jsonl', r'c\.jsonl:1: not a JSON object with a "text" string'),
         ('d.jsonl', r'd\.jsonl:1: not a JSON object with a "text" string'),
-        ('bad.parquet', r'bad\.parquet: not a readable parquet file \(.*\): if it is a download, delete it'),
+        (
+            'bad.parquet',
+            r'bad\.parquet: not a readable parquet file \(.*\): if it is a download, delete it',
+        ),
         ('empty.txt', r'the input is empty \(.*empty\.txt: 0 bytes\): give files with text'),
         ('blank.jsonl', r'there is no text in the input \(every document is empty\)'),
     ]
     for i, (name, message) in enumerate(cases):
-        code, err = run_main(['files', str(tmp_path / name), '--out', f'{out}{i}', '--workers', '1'], capsys)
+        code, err = run_main(
+            ['files', str(tmp_path / name), '--out', f'{out}{i}', '--workers', '1'], capsys
+        )
         assert code == 2 and re.fullmatch(f'error: .*{message}.*\n', err), (name, err)
     # too large a val part for the text: the line says how large it may be
-    code, err = run_main(['files', str(good), '--out', out, '--val-tokens', '1e6', '--tokenizer', 'bpe:300'], capsys)
+    code, err = run_main(
+        ['files', str(good), '--out', out, '--val-tokens', '1e6', '--tokenizer', 'bpe:300'], capsys
+    )
     assert code == 2 and re.fullmatch(
         r"error: no text left for the BPE to learn from: the text has [\d,]+ characters "
         r"and the first 8,000,000 are held out .* lower --val-tokens \(about [\d,]+ "
@@ -227,7 +272,10 @@ def test_files_bad_input_is_one_line_and_exit_2(tmp_path, capsys):
     ), err
     assert sorted(os.listdir(out)) == ['progress.json']  # the refused run wrote nothing else
     capsys.readouterr()
-    assert prepare.main(['files', str(good), '--out', out, '--tokenizer', 'bpe:300', '--workers', '1']) == 0
+    assert (
+        prepare.main(['files', str(good), '--out', out, '--tokenizer', 'bpe:300', '--workers', '1'])
+        == 0
+    )
     assert 'starting over (a run with other settings, val_tokens=1000000' in capsys.readouterr().out
 
 
@@ -304,18 +352,28 @@ class FakeHubHandler(http.server.BaseHTTPRequestHandler):
             return
         if self.path.startswith('/api/'):
             hub.api_auth.append(self.headers.get('Authorization'))
-        if self.path.startswith((f'/api/datasets/{hub.repo}/revision/', f'/api/models/{NEOX}/revision/')):
+        if self.path.startswith(
+            (f'/api/datasets/{hub.repo}/revision/', f'/api/models/{NEOX}/revision/')
+        ):
             revision = self.path.rsplit('/', 1)[1]
-            return self.send_json({'sha': SHA}) if revision in ('main', SHA) else self.send_error(404)
-        if self.path == f'/api/models/{NEOX}/tree/{SHA}':  # a file kept in git has its blob id as oid
+            return (
+                self.send_json({'sha': SHA}) if revision in ('main', SHA) else self.send_error(404)
+            )
+        if (
+            self.path == f'/api/models/{NEOX}/tree/{SHA}'
+        ):  # a file kept in git has its blob id as oid
             return self.send_json(
                 [
                     {'type': 'file', 'path': p, 'size': len(b), 'oid': git_blob_id(b)}
                     for p, b in sorted(hub.model_files.items())
                 ]
             )
-        match = re.fullmatch(f'/api/datasets/{hub.repo}/tree/{SHA}/([^?]+)(?:\\?page=(\\d+))?', self.path)
-        if match:  # two entries per page, to exercise the Link header; LFS files carry size and sha256
+        match = re.fullmatch(
+            f'/api/datasets/{hub.repo}/tree/{SHA}/([^?]+)(?:\\?page=(\\d+))?', self.path
+        )
+        if (
+            match
+        ):  # two entries per page, to exercise the Link header; LFS files carry size and sha256
             folder, page = match.group(1), int(match.group(2) or 0)
             entries = [
                 {
@@ -328,18 +386,32 @@ class FakeHubHandler(http.server.BaseHTTPRequestHandler):
                 for p, b in sorted(hub.files.items())
                 if p.startswith(folder + '/')
             ]
-            entries += [{'type': 'file', 'path': folder + '/README.md', 'size': 1, 'oid': 'git-sha1'}]
+            entries += [
+                {'type': 'file', 'path': folder + '/README.md', 'size': 1, 'oid': 'git-sha1'}
+            ]
             if len(entries) == 1:  # the Hub answers 404 for a folder that does not exist
                 self.send_error(404)
                 return
             more = (page + 1) * 2 < len(entries)
-            link = [('Link', f'<{hub.url}/api/datasets/{hub.repo}/tree/{SHA}/{folder}?page={page + 1}>; rel="next"')]
+            link = [
+                (
+                    'Link',
+                    f'<{hub.url}/api/datasets/{hub.repo}/tree/{SHA}/{folder}?page={page + 1}>; rel="next"',
+                )
+            ]
             return self.send_json(entries[page * 2 : page * 2 + 2], link if more else ())
         prefix = next(
-            (p for p in (f'/datasets/{hub.repo}/resolve/{SHA}/', f'/{NEOX}/resolve/{SHA}/') if self.path.startswith(p)),
+            (
+                p
+                for p in (f'/datasets/{hub.repo}/resolve/{SHA}/', f'/{NEOX}/resolve/{SHA}/')
+                if self.path.startswith(p)
+            ),
             '',
         )
-        path, store = self.path[len(prefix) :], hub.model_files if prefix.startswith(f'/{NEOX}') else hub.files
+        path, store = (
+            self.path[len(prefix) :],
+            hub.model_files if prefix.startswith(f'/{NEOX}') else hub.files,
+        )
         if not prefix or path not in store:
             self.send_error(404)
             return
@@ -353,7 +425,9 @@ class FakeHubHandler(http.server.BaseHTTPRequestHandler):
         )
         time.sleep(hub.silent.get(path, 0))
         if hub.fail.get(path):
-            status, headers = (lambda s: s if isinstance(s, tuple) else (s, {}))(hub.fail[path].pop(0))
+            status, headers = (lambda s: s if isinstance(s, tuple) else (s, {}))(
+                hub.fail[path].pop(0)
+            )
             self.send_response(status)
             for key, value in headers.items():
                 self.send_header(key, value)
@@ -369,11 +443,17 @@ class FakeHubHandler(http.server.BaseHTTPRequestHandler):
         body, content_type = hub.body.get(path, (store[path], 'application/octet-stream'))
         if hub.corrupt.get(path):
             hub.corrupt[path] -= 1
-            body = body[: len(body) // 2] + bytes([body[len(body) // 2] ^ 1]) + body[len(body) // 2 + 1 :]
+            body = (
+                body[: len(body) // 2]
+                + bytes([body[len(body) // 2] ^ 1])
+                + body[len(body) // 2 + 1 :]
+            )
         etags = hub.etag.get(path, [f'"{sha256(store[path])}"'])
         etag = etags.pop(0) if len(etags) > 1 else etags[0]
         start = 0
-        if self.headers.get('Range') and self.headers.get('If-Range', etag) == etag:  # If-Range: only if unchanged
+        if (
+            self.headers.get('Range') and self.headers.get('If-Range', etag) == etag
+        ):  # If-Range: only if unchanged
             start = int(re.fullmatch(r'bytes=(\d+)-', self.headers['Range']).group(1))
             self.send_response(206)
             self.send_header('Content-Range', f'bytes {start}-{len(body) - 1}/{len(body)}')
@@ -400,19 +480,25 @@ class FakeHubHandler(http.server.BaseHTTPRequestHandler):
 def parquet_bytes(docs, row_group_size=25):
     sink = pa.BufferOutputStream()
     pq.write_table(
-        pa.table({'text': docs, 'id': [str(i) for i in range(len(docs))]}), sink, row_group_size=row_group_size
+        pa.table({'text': docs, 'id': [str(i) for i in range(len(docs))]}),
+        sink,
+        row_group_size=row_group_size,
     )
     return sink.getvalue().to_pybytes()
 
 
 FINEWEB_DOCS = [make_documents(80, seed=s) for s in range(3)]
-FINEWEB_FILES = {f'sample/10BT/{i:03d}_00000.parquet': parquet_bytes(docs) for i, docs in enumerate(FINEWEB_DOCS)}
+FINEWEB_FILES = {
+    f'sample/10BT/{i:03d}_00000.parquet': parquet_bytes(docs) for i, docs in enumerate(FINEWEB_DOCS)
+}
 LAST = 'sample/10BT/002_00000.parquet'
 
 
 def serve(files, host='127.0.0.1'):
     server = FakeHub(dict(files), host)
-    threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True).start()  # a quick shutdown()
+    threading.Thread(
+        target=server.serve_forever, args=(0.05,), daemon=True
+    ).start()  # a quick shutdown()
     return server
 
 
@@ -459,19 +545,34 @@ def test_fineweb_end_to_end(reference):
     enc = data.load_tokenizer(str(out))
     tokens = all_tokens(str(out))
     meta = data.load_meta(str(out))
-    assert [enc.decode(d.tolist()) for d in split_documents(tokens, enc.eot_token)] == sum(FINEWEB_DOCS, [])
+    assert [enc.decode(d.tolist()) for d in split_documents(tokens, enc.eot_token)] == sum(
+        FINEWEB_DOCS, []
+    )
     assert meta['revision'] == SHA and meta['source'] == 'fineweb_edu/sample/10BT'
-    assert meta['documents'] == 240 and meta['val_tokens'] == 2000 and meta['train_tokens'] == len(tokens) - 2000
+    assert (
+        meta['documents'] == 240
+        and meta['val_tokens'] == 2000
+        and meta['train_tokens'] == len(tokens) - 2000
+    )
     assert meta['max_token_id'] == tokens.max() == 299
     assert len(data.open_shard(data.list_shards(str(out), 'val')[0])) == 2000
     train_sizes = [len(data.open_shard(p)) for p in data.list_shards(str(out), 'train')]
     assert train_sizes[:-1] == [3000] * (len(train_sizes) - 1) and 0 < train_sizes[-1] <= 3000
-    for path, body in FINEWEB_FILES.items():  # --keep-downloads: byte-identical, renamed from .partial
+    for (
+        path,
+        body,
+    ) in FINEWEB_FILES.items():  # --keep-downloads: byte-identical, renamed from .partial
         assert (out / 'downloads' / os.path.basename(path)).read_bytes() == body
-    assert sorted(os.listdir(out / 'downloads')) == ['000_00000.parquet', '001_00000.parquet', '002_00000.parquet']
+    assert sorted(os.listdir(out / 'downloads')) == [
+        '000_00000.parquet',
+        '001_00000.parquet',
+        '002_00000.parquet',
+    ]
     manifest = json.load(open(out / 'files.json'))
     assert manifest['revision'] == SHA
-    assert manifest['files'] == [{'path': p, 'size': len(b), 'sha256': sha256(b)} for p, b in FINEWEB_FILES.items()]
+    assert manifest['files'] == [
+        {'path': p, 'size': len(b), 'sha256': sha256(b)} for p, b in FINEWEB_FILES.items()
+    ]
 
 
 def test_fineweb_deletes_each_download_once_tokenized(hub, reference, tmp_path, capsys):
@@ -480,7 +581,10 @@ def test_fineweb_deletes_each_download_once_tokenized(hub, reference, tmp_path, 
     assert os.listdir(tmp_path / 'fw' / 'downloads') == []
     out = capsys.readouterr().out
     total = sum(len(b) for b in FINEWEB_FILES.values())
-    assert f"plan: 3 of 3 parquet files, {files.human_bytes(total)} to download, each deleted once tokenized" in out
+    assert (
+        f"plan: 3 of 3 parquet files, {files.human_bytes(total)} to download, each deleted once tokenized"
+        in out
+    )
 
 
 def test_fineweb_stops_at_tokens_without_extra_downloads(hub, tmp_path):
@@ -488,9 +592,13 @@ def test_fineweb_stops_at_tokens_without_extra_downloads(hub, tmp_path):
     # a small sample with our own BPE and the default val part (10% of --tokens): the BPE sample and the shards
     # read file 0 only (it alone holds ~22K tokens)
     meta = fineweb(hub, out, tokens=5000, val_tokens=0)
-    assert meta['val_tokens'] == 500 and meta['val_tokens'] + meta['train_tokens'] == 5000 == len(all_tokens(str(out)))
+    assert meta['val_tokens'] == 500 and meta['val_tokens'] + meta['train_tokens'] == 5000 == len(
+        all_tokens(str(out))
+    )
     assert {r['path'] for r in hub.log} == {'sample/10BT/000_00000.parquet'}
-    meta = fineweb(hub, out, tokens=30_000, val_tokens=500)  # a larger --tokens carries on into the next file
+    meta = fineweb(
+        hub, out, tokens=30_000, val_tokens=500
+    )  # a larger --tokens carries on into the next file
     tokens = all_tokens(str(out))
     assert meta['val_tokens'] + meta['train_tokens'] == 30_000 == len(tokens)
     enc = data.load_tokenizer(str(out))
@@ -518,7 +626,8 @@ def test_fineweb_changed_etag_restarts_the_file(hub, reference, tmp_path, capsys
     fineweb(hub, tmp_path / 'fw')
     assert [r['if_range'] for r in hub.log if r['path'] == path] == [None, '"first"']
     assert (
-        'the server sent the whole file again (it changed, or ignores ranges): starting over' in capsys.readouterr().out
+        'the server sent the whole file again (it changed, or ignores ranges): starting over'
+        in capsys.readouterr().out
     )
     assert shard_bytes(tmp_path / 'fw') == shard_bytes(reference)
 
@@ -546,22 +655,31 @@ def test_fineweb_flipped_byte_is_downloaded_again(hub, reference, tmp_path, caps
 def test_fineweb_always_damaged_file_is_one_line(hub, tmp_path):
     hub.corrupt[LAST] = 99
     body = hub.files[LAST]
-    flipped = body[: len(body) // 2] + bytes([body[len(body) // 2] ^ 1]) + body[len(body) // 2 + 1 :]
+    flipped = (
+        body[: len(body) // 2] + bytes([body[len(body) // 2] ^ 1]) + body[len(body) // 2 + 1 :]
+    )
     with pytest.raises(
         DataError,
         match=f'002_00000.parquet: sha256 {sha256(flipped)} after 3 downloads, but the listing says {sha256(body)}',
     ):
         fineweb(hub, tmp_path / 'fw')
-    assert not [n for n in os.listdir(tmp_path / 'fw' / 'downloads') if n.startswith('002')]  # nothing damaged kept
+    assert not [
+        n for n in os.listdir(tmp_path / 'fw' / 'downloads') if n.startswith('002')
+    ]  # nothing damaged kept
 
 
 def test_fineweb_damaged_file_on_disk_is_downloaded_again(hub, reference, tmp_path, capsys):
     out = tmp_path / 'fw'
     os.makedirs(out / 'downloads')
-    (out / 'downloads' / '000_00000.parquet').write_bytes(b'PAR1' + bytes(100))  # e.g. from an older, damaged run
+    (out / 'downloads' / '000_00000.parquet').write_bytes(
+        b'PAR1' + bytes(100)
+    )  # e.g. from an older, damaged run
     fineweb(hub, out)
     size = len(hub.files['sample/10BT/000_00000.parquet'])
-    assert f'000_00000.parquet does not match the listing (104 bytes, not {size:,})' in capsys.readouterr().out
+    assert (
+        f'000_00000.parquet does not match the listing (104 bytes, not {size:,})'
+        in capsys.readouterr().out
+    )
     assert shard_bytes(out) == shard_bytes(reference)
 
 
@@ -594,7 +712,10 @@ def test_fineweb_html_page_is_named(hub, tmp_path):
         r"charset=utf-8: '<!DOCTYPE html> <html><body>Please sign in",
     ):
         fineweb(hub, tmp_path / 'fw')
-    hub.body[LAST] = (b'{"error": "Access denied"}' + bytes(len(hub.files[LAST]) - 26), 'application/json')
+    hub.body[LAST] = (
+        b'{"error": "Access denied"}' + bytes(len(hub.files[LAST]) - 26),
+        'application/json',
+    )
     with pytest.raises(
         DataError,
         match=r"002_00000.parquet: the server sent something else than the file "
@@ -606,7 +727,9 @@ def test_fineweb_html_page_is_named(hub, tmp_path):
 def test_fineweb_rate_limit_waits_as_asked(hub, reference, tmp_path, capsys):
     hub.fail[LAST] = [(429, {'Retry-After': '1'})]
     fineweb(hub, tmp_path / 'fw')
-    assert 'rate-limited by the Hub (HTTP 429): try 2 of at most 10 in 1 s' in capsys.readouterr().out
+    assert (
+        'rate-limited by the Hub (HTTP 429): try 2 of at most 10 in 1 s' in capsys.readouterr().out
+    )
     assert shard_bytes(tmp_path / 'fw') == shard_bytes(reference)
     hub.fail[LAST] = [(429, {'Retry-After': '3600'})]
     with pytest.raises(
@@ -618,7 +741,9 @@ def test_fineweb_rate_limit_waits_as_asked(hub, reference, tmp_path, capsys):
 
 
 def test_fineweb_stalled_server(hub, reference, tmp_path, capsys):
-    hub.stall[LAST] = [2]  # once: silence longer than the read time-out (0.3 s) half way, then a resumed download
+    hub.stall[LAST] = [
+        2
+    ]  # once: silence longer than the read time-out (0.3 s) half way, then a resumed download
     fineweb(hub, tmp_path / 'fw')
     assert (
         'sample/10BT/002_00000.parquet: no data for 0.3 s (read time-out): try 2 of at most 10 in 0.001 s'
@@ -635,13 +760,17 @@ def test_fineweb_stalled_server(hub, reference, tmp_path, capsys):
         fineweb(
             hub,
             tmp_path / 'fw2',
-            network=downloads.Network(hub.url, read_timeout_s=0.2, retry_budget_s=1, backoff_s=0.01),
+            network=downloads.Network(
+                hub.url, read_timeout_s=0.2, retry_budget_s=1, backoff_s=0.01
+            ),
         )
 
 
 def test_fineweb_gated_dataset_and_token(hub, reference, tmp_path, capsys, monkeypatch):
     hub.token = 'hf_secret'
-    cdn = serve(FINEWEB_FILES, host='localhost')  # another host: the token must not follow the redirect there
+    cdn = serve(
+        FINEWEB_FILES, host='localhost'
+    )  # another host: the token must not follow the redirect there
     hub.redirect = cdn.url
     monkeypatch.delenv('HF_TOKEN', raising=False)
     monkeypatch.setenv('HF_ENDPOINT', hub.url)  # the Hub's own variable: no --endpoint needed
@@ -670,12 +799,18 @@ def test_fineweb_gated_dataset_and_token(hub, reference, tmp_path, capsys, monke
     ), err
     monkeypatch.setenv('HF_TOKEN', 'hf_wrong')
     code, err = run_main(argv, capsys)
-    assert code == 2 and 'HTTP 401 with the token in HF_TOKEN: it has no access to this dataset' in err
+    assert (
+        code == 2 and 'HTTP 401 with the token in HF_TOKEN: it has no access to this dataset' in err
+    )
     monkeypatch.setenv('HF_TOKEN', 'hf_secret')
     code, err = run_main(argv, capsys)
     assert code == 0 and err == ''
-    assert set(hub.api_auth) == {'Bearer hf_secret'} and {r['auth'] for r in hub.log} == {'Bearer hf_secret'}
-    assert len(cdn.log) == 3 and {r['auth'] for r in cdn.log} == {None}  # the CDN never saw the token
+    assert set(hub.api_auth) == {'Bearer hf_secret'} and {r['auth'] for r in hub.log} == {
+        'Bearer hf_secret'
+    }
+    assert len(cdn.log) == 3 and {r['auth'] for r in cdn.log} == {
+        None
+    }  # the CDN never saw the token
     assert shard_bytes(tmp_path / 'fw') == shard_bytes(reference)
     cdn.shutdown()
     cdn.server_close()
@@ -695,10 +830,14 @@ def test_fineweb_disk_plan_refuses_what_cannot_fit(hub, tmp_path, monkeypatch):
 
 def test_disk_plan_of_the_26b_token_run(tmp_path, monkeypatch, capsys):
     # sample/100BT-like files of 2.15 GB; 26.1e9 GPT-2 tokens at 3-4 bytes of parquet per token
-    files = [{'path': f'sample/100BT/{i:03d}_00000.parquet', 'size': 2_150_000_000} for i in range(140)]
+    files = [
+        {'path': f'sample/100BT/{i:03d}_00000.parquet', 'size': 2_150_000_000} for i in range(140)
+    ]
     paths = [str(tmp_path / f"{i:03d}_00000.parquet") for i in range(140)]
     monkeypatch.setattr(prepare, 'free_bytes', lambda folder: 100_000_000_000)
-    prepare.disk_plan(str(tmp_path), files, paths, int(26.1e9), 100_000_000, 50257, keep_downloads=False)
+    prepare.disk_plan(
+        str(tmp_path), files, paths, int(26.1e9), 100_000_000, 50257, keep_downloads=False
+    )
     assert capsys.readouterr().out == (
         f"plan: 37 to 49 of 140 parquet files, 79.5 GB to 105.3 GB to download, each deleted once tokenized "
         f"(--keep-downloads keeps them); ~52.2 GB of shards (26,100,000,000 tokens x 2 bytes); at most ~56.9 GB more "
@@ -709,17 +848,30 @@ def test_disk_plan_of_the_26b_token_run(tmp_path, monkeypatch, capsys):
         match=r'needs up to about 157.6 GB more \(~52.2 GB of shards, ~105.3 GB '
         r'of parquet at once\) and 100.0 GB is free: .*, or drop --keep-downl',
     ):
-        prepare.disk_plan(str(tmp_path), files, paths, int(26.1e9), 100_000_000, 50257, keep_downloads=True)
+        prepare.disk_plan(
+            str(tmp_path), files, paths, int(26.1e9), 100_000_000, 50257, keep_downloads=True
+        )
 
 
 def test_fineweb_404_is_a_clear_error(hub, tmp_path, capsys):
-    with pytest.raises(DataError, match=r'tree/.*/sample/350BT: not found \(HTTP 404\): check --sample'):
+    with pytest.raises(
+        DataError, match=r'tree/.*/sample/350BT: not found \(HTTP 404\): check --sample'
+    ):
         fineweb(hub, tmp_path / 'fw', sample='350BT')
     hub.fail['sample/10BT/000_00000.parquet'] = [404]
     with pytest.raises(DataError, match=r'resolve/.*/000_00000.parquet: not found \(HTTP 404\)'):
         fineweb(hub, tmp_path / 'fw1')
     code, err = run_main(
-        ['fineweb_edu', '--out', str(tmp_path / 'fw2'), '--endpoint', hub.url, '--revision', 'nope'], capsys
+        [
+            'fineweb_edu',
+            '--out',
+            str(tmp_path / 'fw2'),
+            '--endpoint',
+            hub.url,
+            '--revision',
+            'nope',
+        ],
+        capsys,
     )
     assert code == 2 and err.startswith('error: ') and 'revision/nope: not found (HTTP 404)' in err
     assert err.count('\n') == 1
@@ -749,7 +901,10 @@ def test_fineweb_rerun_skips_finished_work(hub, reference, tmp_path, capsys):
     assert {r['path'] for r in hub.log} == {LAST}
     assert all(os.stat(p).st_mtime_ns == t for p, t in finished.items())
     assert shard_bytes(out) == shard_bytes(reference)
-    assert json.load(open(out / 'meta.json'))['documents'] == json.load(open(reference / 'meta.json'))['documents']
+    assert (
+        json.load(open(out / 'meta.json'))['documents']
+        == json.load(open(reference / 'meta.json'))['documents']
+    )
     hub.log.clear()
     fineweb(hub, out)  # a finished folder: a no-op that says so
     assert 'already complete' in capsys.readouterr().out and hub.log == []
@@ -775,16 +930,25 @@ def test_fineweb_interrupted_run_and_another_tokenizer(hub, tmp_path, capsys):
         fineweb(hub, out, tokenizer='bpe:400')
     meta = fineweb(hub, out, tokenizer='bpe:300')
     assert 'starting over (a run with other settings' in capsys.readouterr().out
-    assert meta['tokenizer'] == 'bpe:300' and meta['vocab_size'] == data.load_tokenizer(str(out)).n_vocab == 300
+    assert (
+        meta['tokenizer'] == 'bpe:300'
+        and meta['vocab_size'] == data.load_tokenizer(str(out)).n_vocab == 300
+    )
 
 
 def test_progress_is_plain_lines_in_a_log(hub, tmp_path, capsys, monkeypatch):
-    monkeypatch.setattr(downloads, 'PROGRESS_EVERY_S', 0)  # a line at every update (stdout here is not a terminal)
+    monkeypatch.setattr(
+        downloads, 'PROGRESS_EVERY_S', 0
+    )  # a line at every update (stdout here is not a terminal)
     fineweb(hub, tmp_path / 'fw', tokens=10_000)
     out = capsys.readouterr().out
     assert '\r' not in out
-    assert re.search(r'^000_00000.parquet: +\d+% [\d.]+k?/[\d.]+k \[.*B/s\]$', out, re.M)  # bytes and their rate
-    assert re.search(r'^fineweb_edu: +\d+% [\d.]+k?/10.0k \[\d\d:\d\d<\d\d:\d\d, .* tokens/s\]$', out, re.M)  # ETA
+    assert re.search(
+        r'^000_00000.parquet: +\d+% [\d.]+k?/[\d.]+k \[.*B/s\]$', out, re.M
+    )  # bytes and their rate
+    assert re.search(
+        r'^fineweb_edu: +\d+% [\d.]+k?/10.0k \[\d\d:\d\d<\d\d:\d\d, .* tokens/s\]$', out, re.M
+    )  # ETA
 
 
 # -----------------------------------------------------------------------------------------------------
@@ -809,7 +973,9 @@ def test_second_prepare_into_one_folder_is_refused(tmp_path, capsys):
     )
     try:
         assert holder.stdout.readline() == 'locked\n'
-        code, err = run_main(['pystdlib', '--out', out, '--max-files', '150', '--tokenizer', 'bpe:300'], capsys)
+        code, err = run_main(
+            ['pystdlib', '--out', out, '--max-files', '150', '--tokenizer', 'bpe:300'], capsys
+        )
         assert code == 2 and re.fullmatch(
             f'error: {out} is in use by pid {holder.pid} on this host \\(prepare.py '
             f'pystdlib, since .*\\): wait for it to finish .*delete {out}/.lock\n',
@@ -820,7 +986,10 @@ def test_second_prepare_into_one_folder_is_refused(tmp_path, capsys):
         holder.wait()
     # killed outright, it left its lock behind: a stale lock (its pid is gone), taken over
     assert os.path.exists(os.path.join(out, '.lock'))
-    assert prepare.main(['pystdlib', '--out', out, '--max-files', '150', '--tokenizer', 'bpe:300']) == 0
+    assert (
+        prepare.main(['pystdlib', '--out', out, '--max-files', '150', '--tokenizer', 'bpe:300'])
+        == 0
+    )
     assert not os.path.exists(os.path.join(out, '.lock'))
 
 
@@ -833,7 +1002,9 @@ def test_full_disk_is_one_line_and_loses_nothing(tmp_path, capsys, monkeypatch):
     out = str(tmp_path / 'data')
     real_fsync, calls = os.fsync, []
 
-    def fsync_then_full(fd):  # the 6th flushed write finds the disk full (a shard's or progress.json's)
+    def fsync_then_full(
+        fd,
+    ):  # the 6th flushed write finds the disk full (a shard's or progress.json's)
         calls.append(fd)
         if len(calls) == 6:
             raise OSError(28, 'No space left on device')
@@ -869,7 +1040,9 @@ def test_full_disk_is_one_line_and_loses_nothing(tmp_path, capsys, monkeypatch):
     left = os.listdir(out)
     assert not [n for n in left if '.tmp' in n] and '.lock' not in left and 'meta.json' not in left
     monkeypatch.setattr(os, 'fsync', real_fsync)
-    prepare.prepare_files([str(tmp_path / 'a.jsonl')], out, **args)  # space again: the rerun carries on
+    prepare.prepare_files(
+        [str(tmp_path / 'a.jsonl')], out, **args
+    )  # space again: the rerun carries on
     assert shard_bytes(out) == shard_bytes(reference)
 
 
@@ -889,7 +1062,9 @@ def test_read_only_folder_is_one_line(tmp_path, capsys, monkeypatch):
 def test_ctrl_c_is_one_line_and_leaves_no_debris(tmp_path):
     # Ctrl-C reaches the whole process group, tokenizing workers included: one line and exit 130, no traceback
     line = json.dumps({'text': ' '.join(make_documents(1, seed=7, min_words=200))}) + '\n'
-    (tmp_path / 'big.jsonl').write_text(line * 100_000)  # ~125 MB: tokenizing takes far longer than the 0.5 s below
+    (tmp_path / 'big.jsonl').write_text(
+        line * 100_000
+    )  # ~125 MB: tokenizing takes far longer than the 0.5 s below
     out = tmp_path / 'data'
     run = subprocess.Popen(
         [
@@ -922,7 +1097,10 @@ def test_ctrl_c_is_one_line_and_leaves_no_debris(tmp_path):
     assert run.returncode == 130 and err == (
         'interrupted (Ctrl-C): what was complete is kept; rerun the same command to carry on\n'
     ), err
-    assert not [n for n in os.listdir(out) if '.tmp' in n or n == '.lock'] and (out / 'progress.json').exists()
+    assert (
+        not [n for n in os.listdir(out) if '.tmp' in n or n == '.lock']
+        and (out / 'progress.json').exists()
+    )
 
 
 # -----------------------------------------------------------------------------------------------------
@@ -933,7 +1111,16 @@ def neox_format_tokenizer(texts):
     """A small tokenizer.json in GPT-NeoX-20B's format, trained here: byte-level BPE without a prefix space, NFC,
     <|endoftext|> = 0 and <|padding|> = 1, then the runs of 24 down to 2 spaces as added tokens after the BPE's
     ids (the real file: 50,254 + 23 = 50,277)."""
-    from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+    from tokenizers import (
+        AddedToken,
+        Tokenizer,
+        decoders,
+        models,
+        normalizers,
+        pre_tokenizers,
+        processors,
+        trainers,
+    )
 
     tokenizer = Tokenizer(models.BPE())
     tokenizer.normalizer = normalizers.NFC()
@@ -965,13 +1152,21 @@ def test_neox_tokenizer_from_the_hub(hub, tmp_path, monkeypatch, capsys):
     ]
     hub.model_files['tokenizer.json'] = neox_format_tokenizer(docs)
     reference = Tokenizer.from_str(hub.model_files['tokenizer.json'].decode())
-    reference.encode_special_tokens = True  # '<|endoftext|>' in a document is text, as everywhere in prepare.py
+    reference.encode_special_tokens = (
+        True  # '<|endoftext|>' in a document is text, as everywhere in prepare.py
+    )
     (tmp_path / 'a.jsonl').write_text(''.join(json.dumps({'text': doc}) + '\n' for doc in docs))
     out = tmp_path / 'data'
-    os.makedirs(out / 'downloads')  # a damaged copy of the right size from an earlier run: checked, fetched again
-    (out / 'downloads' / 'gpt-neox-20b-tokenizer.json').write_bytes(bytes(len(hub.model_files['tokenizer.json'])))
+    os.makedirs(
+        out / 'downloads'
+    )  # a damaged copy of the right size from an earlier run: checked, fetched again
+    (out / 'downloads' / 'gpt-neox-20b-tokenizer.json').write_bytes(
+        bytes(len(hub.model_files['tokenizer.json']))
+    )
     monkeypatch.setenv('HF_ENDPOINT', hub.url)
-    meta = prepare.prepare_files([str(tmp_path / 'a.jsonl')], str(out), tokenizer='neox', workers=2, shard_tokens=2000)
+    meta = prepare.prepare_files(
+        [str(tmp_path / 'a.jsonl')], str(out), tokenizer='neox', workers=2, shard_tokens=2000
+    )
     assert re.search(
         r'gpt-neox-20b-tokenizer.json does not match the listing \(git sha1 [0-9a-f]{40}, not '
         f'{git_blob_id(hub.model_files["tokenizer.json"])}\\)',
@@ -979,8 +1174,15 @@ def test_neox_tokenizer_from_the_hub(hub, tmp_path, monkeypatch, capsys):
     )
     enc = data.load_tokenizer(str(out))
     # NeoX's ids, then the objectives' special tokens (by default) in the model's padding after them
-    assert meta['tokenizer'] == 'neox' and meta['vocab_size'] == enc.n_vocab == reference.get_vocab_size() + 22
-    assert meta['special_tokens'] == prepare.reserve(reference.get_vocab_size()) == data.reserved_ids(enc)
+    assert (
+        meta['tokenizer'] == 'neox'
+        and meta['vocab_size'] == enc.n_vocab == reference.get_vocab_size() + 22
+    )
+    assert (
+        meta['special_tokens']
+        == prepare.reserve(reference.get_vocab_size())
+        == data.reserved_ids(enc)
+    )
     assert enc.decode([meta['special_tokens']['<|fim_middle|>']]) == '<|fim_middle|>'
     assert meta['special_tokens']['<|fim_middle|>'] not in enc.encode_ordinary('<|fim_middle|>')
     assert meta['eot_id'] == enc.eot_token == 0 and meta['dtype'] == 'uint16'
@@ -998,12 +1200,17 @@ def test_neox_tokenizer_from_the_hub(hub, tmp_path, monkeypatch, capsys):
     for doc in docs:
         assert enc.decode(enc.encode_ordinary(doc)) == unicodedata.normalize('NFC', doc)
     assert unicodedata.normalize('NFC', docs[-2]) != docs[-2]
-    assert 0 not in enc.encode_ordinary(docs[-1]) and enc.encode('<|endoftext|>', allowed_special='all') == [0]
+    assert 0 not in enc.encode_ordinary(docs[-1]) and enc.encode(
+        '<|endoftext|>', allowed_special='all'
+    ) == [0]
     # fetched once through HF_ENDPOINT, kept in the folder with its commit, the download removed
     assert [r['path'] for r in hub.log] == ['tokenizer.json']
     spec = json.load(open(out / 'tokenizer.json'))
     assert spec['name'] == 'neox' and spec['source'] == f'{NEOX}@{SHA}'
-    assert spec['tokenizers'] == json.loads(hub.model_files['tokenizer.json']) and os.listdir(out / 'downloads') == []
+    assert (
+        spec['tokenizers'] == json.loads(hub.model_files['tokenizer.json'])
+        and os.listdir(out / 'downloads') == []
+    )
 
 
 # -----------------------------------------------------------------------------------------------------
@@ -1016,34 +1223,62 @@ def test_hub_any_parquet_dataset_its_config_column_and_split(tmp_path, capsys, m
 
     def content(texts):  # the text in a column called 'content', as code datasets name it
         sink = pa.BufferOutputStream()
-        pq.write_table(pa.table({'content': texts, 'score': [1.0] * len(texts)}), sink, row_group_size=25)
+        pq.write_table(
+            pa.table({'content': texts, 'score': [1.0] * len(texts)}), sink, row_group_size=25
+        )
         return sink.getvalue().to_pybytes()
 
     hub_files = {
         'finemath-3plus/train-00000-of-00002.parquet': content(docs[0]),
         'finemath-3plus/train-00001-of-00002.parquet': content(docs[1]),
         'finemath-3plus/test-00000-of-00001.parquet': content(docs[2]),  # another split: left out
-        'finemath-4plus/train-00000-of-00001.parquet': content(docs[2]),  # another subset: never listed
+        'finemath-4plus/train-00000-of-00001.parquet': content(
+            docs[2]
+        ),  # another subset: never listed
     }
     server = serve(hub_files)
     server.repo, server.token = 'HuggingFaceTB/finemath', 'hf_secret'  # gated
     monkeypatch.delenv('HF_TOKEN', raising=False)
     out = tmp_path / 'math'
-    argv = ['hub', 'HuggingFaceTB/finemath', '--config', 'finemath-3plus', '--out', str(out), '--endpoint', server.url]
-    argv += ['--tokenizer', 'bpe:300', '--shard-tokens', '3000', '--val-tokens', '2000', '--bpe-sample-chars', '20000']
+    argv = [
+        'hub',
+        'HuggingFaceTB/finemath',
+        '--config',
+        'finemath-3plus',
+        '--out',
+        str(out),
+        '--endpoint',
+        server.url,
+    ]
+    argv += [
+        '--tokenizer',
+        'bpe:300',
+        '--shard-tokens',
+        '3000',
+        '--val-tokens',
+        '2000',
+        '--bpe-sample-chars',
+        '20000',
+    ]
     argv += ['--workers', '2', '--split', 'train']
     code, err = run_main(argv, capsys)
-    assert code == 2 and re.fullmatch(r'error: .*HTTP 401: the dataset is gated .* HF_TOKEN=hf_\.\.\. .*\n', err), err
+    assert code == 2 and re.fullmatch(
+        r'error: .*HTTP 401: the dataset is gated .* HF_TOKEN=hf_\.\.\. .*\n', err
+    ), err
     monkeypatch.setenv('HF_TOKEN', 'hf_secret')
     code, err = run_main(argv + ['--column', 'text'], capsys)
-    assert code == 2 and re.fullmatch(r"error: .*train-00000-of-00002.parquet: no 'text' column .*--column\n", err)
+    assert code == 2 and re.fullmatch(
+        r"error: .*train-00000-of-00002.parquet: no 'text' column .*--column\n", err
+    )
     code, err = run_main(argv + ['--column', 'score'], capsys)
     assert code == 2 and "the 'score' column holds double, not text" in err
     shutil.rmtree(out)
     code, err = run_main(argv + ['--column', 'content'], capsys)
     assert code == 0 and err == ''
     enc, meta = data.load_tokenizer(str(out)), data.load_meta(str(out))
-    documents = [enc.decode(d.tolist()) for d in split_documents(all_tokens(str(out)), enc.eot_token)]
+    documents = [
+        enc.decode(d.tolist()) for d in split_documents(all_tokens(str(out)), enc.eot_token)
+    ]
     assert documents == docs[0] + docs[1]  # the train split of the subset, in order
     assert meta['source'] == 'HuggingFaceTB/finemath/finemath-3plus' and meta['revision'] == SHA
     assert meta['request']['column'] == 'content' and meta['val_tokens'] == 2000
@@ -1055,9 +1290,13 @@ def test_hub_any_parquet_dataset_its_config_column_and_split(tmp_path, capsys, m
     assert os.listdir(out / 'downloads') == []  # each deleted once tokenized
     assert {r['path'] for r in server.log} == set(expected)  # nothing else downloaded
     assert data.prepare_command(str(out)).startswith('python prepare.py hub REPO')
-    code, err = run_main(argv[:-2] + ['--split', 'validation', '--out', str(tmp_path / 'none')], capsys)
+    code, err = run_main(
+        argv[:-2] + ['--split', 'validation', '--out', str(tmp_path / 'none')], capsys
+    )
     assert (
-        code == 2 and 'none of the 3 parquet files in HuggingFaceTB/finemath/finemath-3plus is named validation*' in err
+        code == 2
+        and 'none of the 3 parquet files in HuggingFaceTB/finemath/finemath-3plus is named validation*'
+        in err
     )
     server.shutdown()
     server.server_close()
@@ -1066,12 +1305,16 @@ def test_hub_any_parquet_dataset_its_config_column_and_split(tmp_path, capsys, m
 # A listing pinned wrong, an impossible val shard, and the rate of a download that waited
 
 
-def test_fineweb_wrong_sha256_pinned_in_files_json_is_listed_again(hub, reference, tmp_path, capsys):
+def test_fineweb_wrong_sha256_pinned_in_files_json_is_listed_again(
+    hub, reference, tmp_path, capsys
+):
     out = tmp_path / 'fw'
     out.mkdir()
     network = downloads.Network(hub.url, backoff_s=0.001)
     sha, listed = downloads.Hub(network).files(REPO, 'main', 'sample/10BT', '.parquet')
-    pinned = [dict(f, sha256='0' * 64) if f['path'] == LAST else f for f in listed]  # a listing wrong once
+    pinned = [
+        dict(f, sha256='0' * 64) if f['path'] == LAST else f for f in listed
+    ]  # a listing wrong once
     (out / 'files.json').write_text(json.dumps({'repo': REPO, 'revision': sha, 'files': pinned}))
     fineweb(hub, out)
     assert (
@@ -1083,10 +1326,14 @@ def test_fineweb_wrong_sha256_pinned_in_files_json_is_listed_again(hub, referenc
 
 
 def test_fineweb_impossible_val_tokens_is_refused_from_the_listing(hub, tmp_path):
-    with pytest.raises(DataError, match=r'--val-tokens 5,000 is all of --tokens 5,000: nothing would be left'):
+    with pytest.raises(
+        DataError, match=r'--val-tokens 5,000 is all of --tokens 5,000: nothing would be left'
+    ):
         fineweb(hub, tmp_path / 'a', tokens=5000, val_tokens=5000)
     parquet = sum(len(b) for b in FINEWEB_FILES.values())
-    with pytest.raises(DataError, match=f'--val-tokens {parquet + 1:,} is more than the 3 listed files can hold'):
+    with pytest.raises(
+        DataError, match=f'--val-tokens {parquet + 1:,} is more than the 3 listed files can hold'
+    ):
         fineweb(hub, tmp_path / 'b', val_tokens=parquet + 1)
     assert hub.log == []  # refused before any file was downloaded
 
@@ -1101,7 +1348,9 @@ def test_a_wait_between_tries_is_not_download_time(monkeypatch, capsys):
         retries.after_wait = progress.waited_for  # as download() wires them
         now[0] += 1
         progress.update(1000)  # 1,000 bytes in 1 s
-        retries.wait('rate-limited by the Hub (HTTP 429)', retry_after=60)  # the server asks for a minute
+        retries.wait(
+            'rate-limited by the Hub (HTTP 429)', retry_after=60
+        )  # the server asks for a minute
         now[0] += 1
         progress.update(1000)
     lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith('x.parquet:')]
@@ -1111,10 +1360,14 @@ def test_a_wait_between_tries_is_not_download_time(monkeypatch, capsys):
 def test_pool_workers_die_on_the_sigterm_pool_terminate_sends(pystdlib_data):
     """cli's SIGTERM handler raises, to unwind a command; a forked tokenizer worker must not inherit it: one blocked in
     C never runs a Python handler, and Pool.terminate's SIGTERM would then wait on it for ever."""
-    previous = signal.signal(signal.SIGTERM, config._terminate)  # as cli sets it while a command runs
+    previous = signal.signal(
+        signal.SIGTERM, config._terminate
+    )  # as cli sets it while a command runs
     try:
         with prepare.worker_pool(1, pystdlib_data) as pool:
             assert pool.apply(signal.getsignal, (signal.SIGTERM,)) == signal.SIG_DFL
-        assert signal.getsignal(signal.SIGTERM) is config._terminate  # the command's own handler is back
+        assert (
+            signal.getsignal(signal.SIGTERM) is config._terminate
+        )  # the command's own handler is back
     finally:
         signal.signal(signal.SIGTERM, previous)

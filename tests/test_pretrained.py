@@ -19,7 +19,13 @@ from test_export import VARIANTS as EXPORT_VARIANTS
 from test_export import save_run
 from test_prepare import NEOX, hub  # noqa: F401 (hub: the fake Hub fixture)
 from test_train import read_metrics, step_losses
-from transformers import AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
+from transformers import (
+    AutoModelForCausalLM,
+    GPT2Config,
+    GPT2LMHeadModel,
+    LlamaConfig,
+    LlamaForCausalLM,
+)
 
 import data
 import export
@@ -32,7 +38,14 @@ from model import GPT
 VOCAB = 512  # the pystdlib fixture's: the imported models export with its tokenizer
 HF_MODELS = {
     'gpt2, tied': lambda: GPT2LMHeadModel(
-        GPT2Config(n_embd=64, n_layer=2, n_head=4, vocab_size=VOCAB, n_positions=64, layer_norm_epsilon=1e-5)
+        GPT2Config(
+            n_embd=64,
+            n_layer=2,
+            n_head=4,
+            vocab_size=VOCAB,
+            n_positions=64,
+            layer_norm_epsilon=1e-5,
+        )
     ),
     'llama, GQA, untied': lambda: LlamaForCausalLM(
         LlamaConfig(
@@ -93,14 +106,20 @@ def test_imported_model_computes_what_transformers_does(hf_folder):
     assert c.tie_embeddings == hc.tie_word_embeddings
     assert (ours.lm_head.weight is ours.tok_emb.weight) == c.tie_embeddings
     if c.arch == 'llama':
-        assert (c.kv_heads, c.ffn_width, c.norm_eps) == (hc.num_key_value_heads, hc.intermediate_size, hc.rms_norm_eps)
+        assert (c.kv_heads, c.ffn_width, c.norm_eps) == (
+            hc.num_key_value_heads,
+            hc.intermediate_size,
+            hc.rms_norm_eps,
+        )
         assert c.rope_theta == hc.rope_parameters['rope_theta']
     idx = torch.randint(0, VOCAB, (2, 64), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         ours_logits, hf_logits = ours(idx)[0], hf(idx).logits
     assert (ours_logits - hf_logits).abs().max() < 1e-4
     prompt = idx[:1, :5]
-    hf_tokens = hf.generate(prompt, max_new_tokens=12, do_sample=False, eos_token_id=None, pad_token_id=0)
+    hf_tokens = hf.generate(
+        prompt, max_new_tokens=12, do_sample=False, eos_token_id=None, pad_token_id=0
+    )
     assert torch.equal(ours.generate(prompt, 12, temperature=0), hf_tokens)
 
 
@@ -110,7 +129,11 @@ def test_shorter_block_size_is_allowed_and_a_contradicting_key_is_one_line(hf_fo
     idx = torch.randint(0, VOCAB, (1, 16), generator=torch.Generator().manual_seed(2))
     with torch.no_grad():
         assert (ours(idx)[0] - hf(idx).logits).abs().max() < 1e-4
-    for flag, key in (('--n_layer=3', 'n_layer'), ('--block_size=128', 'block_size'), ('--vocab_size=640', 'vocab')):
+    for flag, key in (
+        ('--n_layer=3', 'n_layer'),
+        ('--block_size=128', 'block_size'),
+        ('--vocab_size=640', 'vocab'),
+    ):
         with pytest.raises(ConfigError, match=f"{key}.* contradicts init_from's config.json"):
             pretrained.load_config(None, [f'--init_from={folder}', flag])
 
@@ -118,7 +141,11 @@ def test_shorter_block_size_is_allowed_and_a_contradicting_key_is_one_line(hf_fo
 # Each unsupported field, as it would be in a Hub config.json: (class, field, value).
 UNSUPPORTED = [
     ('llama, GQA, untied', 'rope_scaling', {'rope_type': 'llama3', 'factor': 8.0}),
-    ('llama, GQA, untied', 'rope_parameters', {'rope_type': 'yarn', 'rope_theta': 1e4, 'factor': 4.0}),
+    (
+        'llama, GQA, untied',
+        'rope_parameters',
+        {'rope_type': 'yarn', 'rope_theta': 1e4, 'factor': 4.0},
+    ),
     ('llama, GQA, untied', 'attention_bias', True),
     ('llama, GQA, untied', 'mlp_bias', True),
     ('llama, GQA, untied', 'sliding_window', 4096),
@@ -135,13 +162,19 @@ def test_an_unsupported_field_is_one_line_naming_it(tmp_path, name, field, value
     folder = tmp_path / 'model'
     model = HF_MODELS[name]()
     model.config.save_pretrained(folder)  # config.json only: refused before any weight is read
-    config = dict(json.loads((folder / 'config.json').read_text()), architectures=[type(model).__name__])
+    config = dict(
+        json.loads((folder / 'config.json').read_text()), architectures=[type(model).__name__]
+    )
     config[field] = value
     (folder / 'config.json').write_text(json.dumps(config))
     with pytest.raises(ConfigError) as error:
         pretrained.load_config(None, [f'--init_from={folder}'])
     message = str(error.value)
-    assert '\n' not in message and field in message.split(':')[1] and 'init_from cannot start' in message
+    assert (
+        '\n' not in message
+        and field in message.split(':')[1]
+        and 'init_from cannot start' in message
+    )
 
 
 def test_a_model_saved_with_biases_is_refused(tmp_path):
@@ -181,7 +214,10 @@ def test_export_then_import_gives_the_same_tensors_byte_for_byte(variant, pystdl
     ours = save_run(tmp_path / 'run', dict(EXPORT_TINY, **EXPORT_VARIANTS[variant]), pystdlib_data)
     assert export.main([str(tmp_path / 'run'), str(tmp_path / 'hf'), '--dtype', 'float32']) == 0
     back = imported(tmp_path / 'hf')
-    assert back.config.tie_embeddings == ours.config.tie_embeddings and back.config.kv_heads == ours.config.kv_heads
+    assert (
+        back.config.tie_embeddings == ours.config.tie_embeddings
+        and back.config.kv_heads == ours.config.kv_heads
+    )
     mine, theirs = ours.state_dict(), back.state_dict()
     for name, tensor in theirs.items():
         if name in mine:
@@ -191,7 +227,9 @@ def test_export_then_import_gives_the_same_tensors_byte_for_byte(variant, pystdl
     assert set(mine) <= set(theirs)
 
 
-def test_import_then_export_loads_in_transformers_with_the_same_logits(hf_folder, pystdlib_data, tmp_path):
+def test_import_then_export_loads_in_transformers_with_the_same_logits(
+    hf_folder, pystdlib_data, tmp_path
+):
     hf, folder = hf_folder
     ours = imported(folder)
     out = tmp_path / 'exported'
@@ -227,7 +265,9 @@ def test_finetune_trains_checkpoints_and_resumes_bit_exactly(tmp_path):
     hf = save_hf(tmp_path / 'hf', 'llama, GQA, untied')
     config = tmp_path / 'finetune.py'
     helpers.write_config(config, dict(FINETUNE, init_from=str(tmp_path / 'hf')))
-    run = train.setup([str(config), f'--out_dir={tmp_path / "probe"}'])  # step 0: the imported weights, exactly
+    run = train.setup(
+        [str(config), f'--out_dir={tmp_path / "probe"}']
+    )  # step 0: the imported weights, exactly
     hf_tensors = export.LAYOUTS['LlamaForCausalLM'][0](run.raw_model)
     assert all(torch.equal(t, hf.state_dict()[n]) for n, t in hf_tensors.items())
     assert run.model_cfg.n_kv_head == 2 and run.model_cfg.block_size == 32
@@ -255,13 +295,17 @@ def llama_tokenizer(folder, texts):
     tokenizer.pre_tokenizer = pre_tokenizers.Metaspace(prepend_scheme='first')
     tokenizer.decoder = decoders.Metaspace(prepend_scheme='first')
     special = ['<unk>', '<s>', '</s>']
-    tokenizer.train_from_iterator(texts, trainers.BpeTrainer(vocab_size=VOCAB, special_tokens=special))
+    tokenizer.train_from_iterator(
+        texts, trainers.BpeTrainer(vocab_size=VOCAB, special_tokens=special)
+    )
     tokenizer.post_processor = processors.TemplateProcessing(
         single='<s> $A', pair='<s> $A <s> $B', special_tokens=[('<s>', 1)]
     )
     tokenizer.save(str(folder / 'tokenizer.json'))
     (folder / 'tokenizer_config.json').write_text(
-        json.dumps({'tokenizer_class': 'PreTrainedTokenizerFast', 'bos_token': '<s>', 'eos_token': '</s>'})
+        json.dumps(
+            {'tokenizer_class': 'PreTrainedTokenizerFast', 'bos_token': '<s>', 'eos_token': '</s>'}
+        )
     )
     assert tokenizer.get_vocab_size() == VOCAB
 
@@ -285,13 +329,19 @@ def model_with_tokenizer(request, tmp_path_factory, text_file, pystdlib_data):
     tmp = tmp_path_factory.mktemp('tok')
     folder = tmp / 'model'
     save_hf(folder, request.param)
-    if request.param.startswith('gpt2'):  # GPT-2's kind: byte-level BPE, no BOS, documents split by <|endoftext|>
+    if request.param.startswith(
+        'gpt2'
+    ):  # GPT-2's kind: byte-level BPE, no BOS, documents split by <|endoftext|>
         encoding = data.load_tokenizer(pystdlib_data)
         export.hf_tokenizer(encoding).save(str(folder / 'tokenizer.json'))
-        (folder / 'tokenizer_config.json').write_text(json.dumps(export.tokenizer_config('<|endoftext|>', 64)))
+        (folder / 'tokenizer_config.json').write_text(
+            json.dumps(export.tokenizer_config('<|endoftext|>', 64))
+        )
     else:
         llama_tokenizer(folder, text_file[1])
-    prepare.prepare_files([str(text_file[0])], str(tmp / 'data'), tokenizer=str(folder), workers=1, val_tokens=2000)
+    prepare.prepare_files(
+        [str(text_file[0])], str(tmp / 'data'), tokenizer=str(folder), workers=1, val_tokens=2000
+    )
     return folder, str(tmp / 'data'), text_file[1]
 
 
@@ -305,33 +355,52 @@ def test_model_tokenizer_gives_transformers_ids_and_its_document_start(model_wit
     start = hf.convert_tokens_to_ids('<s>' if llama else '<|endoftext|>')
     assert meta['eot_id'] == ours.eot_token == start and meta['vocab_size'] == VOCAB == ours.n_vocab
     for text in texts[:5] + [TEXT_SAMPLE]:
-        expected = hf(text)['input_ids']  # a Llama tokenizer adds its BOS itself; GPT-2's adds nothing
+        expected = hf(text)[
+            'input_ids'
+        ]  # a Llama tokenizer adds its BOS itself; GPT-2's adds nothing
         assert [start] * (not llama) + expected == [start] + ours.encode_ordinary(text)
-    tokens = np.concatenate([np.asarray(data.open_shard(p)) for p in data.list_shards(data_dir, 'val')])
-    first = ([start] * (not llama) + hf(texts[0])['input_ids'])[: len(tokens)]  # the val shard: the first document
+    tokens = np.concatenate(
+        [np.asarray(data.open_shard(p)) for p in data.list_shards(data_dir, 'val')]
+    )
+    first = ([start] * (not llama) + hf(texts[0])['input_ids'])[
+        : len(tokens)
+    ]  # the val shard: the first document
     assert tokens[0] == start and tokens[: len(first)].tolist() == first
 
 
 TEXT_SAMPLE = "def f(x):\n\treturn x ** 2  # 12345\r\n\n    don't héllo wörld 日本語 🤖 end"
 
 
-def test_finetune_on_the_model_tokens_and_refuse_other_data(model_with_tokenizer, pystdlib_data, tmp_path, capsys):
+def test_finetune_on_the_model_tokens_and_refuse_other_data(
+    model_with_tokenizer, pystdlib_data, tmp_path, capsys
+):
     from transformers import AutoTokenizer
 
     folder, data_dir, _ = model_with_tokenizer
-    keys = dict(FINETUNE, data=data_dir, init_from=str(folder), train_tokens=2 * 256, sample_tokens=8)
+    keys = dict(
+        FINETUNE, data=data_dir, init_from=str(folder), train_tokens=2 * 256, sample_tokens=8
+    )
     config = tmp_path / 'finetune.py'
     helpers.write_config(config, keys)
     assert train.main([str(config), f'--out_dir={tmp_path / "out"}']) == 0
     assert 'sample after 2 steps' in capsys.readouterr().out
     # exported, the document start keeps its own name and id ('<s>' for the Llama tokenizer), no token added
     assert export.main([str(tmp_path / 'out'), str(tmp_path / 'hf'), '--dtype', 'float32']) == 0
-    exported, start = AutoTokenizer.from_pretrained(tmp_path / 'hf'), data.load_meta(data_dir)['eot_id']
+    exported, start = (
+        AutoTokenizer.from_pretrained(tmp_path / 'hf'),
+        data.load_meta(data_dir)['eot_id'],
+    )
     assert len(exported) == VOCAB and exported.bos_token_id == exported.eos_token_id == start
     assert json.loads((tmp_path / 'hf' / 'config.json').read_text())['eos_token_id'] == start
-    assert train.main([str(config), f'--out_dir={tmp_path / "other"}', f'--data={pystdlib_data}']) == 2
+    assert (
+        train.main([str(config), f'--out_dir={tmp_path / "other"}', f'--data={pystdlib_data}']) == 2
+    )
     error = capsys.readouterr().err.strip()
-    assert '\n' not in error and "not with init_from's own tokenizer" in error and f'--tokenizer {folder}' in error
+    assert (
+        '\n' not in error
+        and "not with init_from's own tokenizer" in error
+        and f'--tokenizer {folder}' in error
+    )
 
 
 # -----------------------------------------------------------------------------------------------------
@@ -340,23 +409,37 @@ def test_finetune_on_the_model_tokens_and_refuse_other_data(model_with_tokenizer
 
 def test_hub_repo_id_downloads_only_what_is_needed_into_the_cache(hub, tmp_path, monkeypatch):  # noqa: F811
     hf = save_hf(tmp_path / 'hf', 'gpt2, tied')
-    (tmp_path / 'hf' / 'README.md').write_text('A test model, pretrained on 1.5 trillion tokens of nothing.\n')
+    (tmp_path / 'hf' / 'README.md').write_text(
+        'A test model, pretrained on 1.5 trillion tokens of nothing.\n'
+    )
     hub.model_files.update({p.name: p.read_bytes() for p in (tmp_path / 'hf').iterdir()})
-    hub.model_files.update({'pytorch_model.bin': b'not wanted', 'flax_model.msgpack': b'not wanted'})
-    hub.corrupt['model.safetensors'] = 1  # one damaged answer: verified against the listing, fetched again
+    hub.model_files.update(
+        {'pytorch_model.bin': b'not wanted', 'flax_model.msgpack': b'not wanted'}
+    )
+    hub.corrupt['model.safetensors'] = (
+        1  # one damaged answer: verified against the listing, fetched again
+    )
     monkeypatch.setenv('HF_ENDPOINT', hub.url)
     monkeypatch.setenv('XDG_CACHE_HOME', str(tmp_path / 'cache'))
     # the ledger's line and the config: the small files only, no weights
     assert '1,500B tokens (its card)' in pretrained.describe(NEOX)
-    assert sorted({r['path'] for r in hub.log}) == ['README.md', 'config.json', 'generation_config.json']
-    ours = imported(NEOX)  # the weights now, at the same commit; the small files are not fetched again
+    assert sorted({r['path'] for r in hub.log}) == [
+        'README.md',
+        'config.json',
+        'generation_config.json',
+    ]
+    ours = imported(
+        NEOX
+    )  # the weights now, at the same commit; the small files are not fetched again
     wanted = ['README.md', 'config.json', 'generation_config.json', 'model.safetensors']
     assert sorted({r['path'] for r in hub.log}) == wanted and len(hub.log) == len(wanted) + 1
     idx = torch.randint(0, VOCAB, (1, 64), generator=torch.Generator().manual_seed(4))
     with torch.no_grad():
         assert (ours(idx)[0] - hf(idx).logits).abs().max() < 1e-4
     hub.log.clear()
-    assert pretrained.folder(NEOX).startswith(str(tmp_path / 'cache')) and hub.log == []  # the cache, no network
+    assert (
+        pretrained.folder(NEOX).startswith(str(tmp_path / 'cache')) and hub.log == []
+    )  # the cache, no network
     assert '1,500B tokens (its card)' in pretrained.describe(NEOX)
 
 
@@ -367,15 +450,24 @@ def test_hub_repo_id_downloads_only_what_is_needed_into_the_cache(hub, tmp_path,
 def test_ledger_bills_a_finetune_from_the_model_config(capsys, monkeypatch):
     import ledger_report
 
-    monkeypatch.chdir(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repo's root: init_from
+    monkeypatch.chdir(
+        os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    )  # the repo's root: init_from
     assert ledger_report.main(['configs/h200_finetune_1b.py']) == 0
     report = capsys.readouterr().out
-    with torch.device('meta'):  # transformers' own count of the 1.1B model configs/tinyllama_1b describes
-        tiny_llama = AutoModelForCausalLM.from_config(LlamaConfig.from_pretrained('configs/tinyllama_1b'))
+    with torch.device(
+        'meta'
+    ):  # transformers' own count of the 1.1B model configs/tinyllama_1b describes
+        tiny_llama = AutoModelForCausalLM.from_config(
+            LlamaConfig.from_pretrained('configs/tinyllama_1b')
+        )
     params = sum(p.numel() for p in tiny_llama.parameters())
     assert params == 1_100_048_384 and re.search(r'total P +1,100,048,384 ', report)
     assert 'from: configs/tinyllama_1b (LlamaForCausalLM), pretrained on unknown tokens' in report
-    assert 'ledger: llama, 22 layers, H=2048, 32 heads (GQA, 4 kv heads), H\'=5632, V=32000, T=2048, untied' in report
+    assert (
+        'ledger: llama, 22 layers, H=2048, 32 heads (GQA, 4 kv heads), H\'=5632, V=32000, T=2048, untied'
+        in report
+    )
     # the README's figures: full fine-tuning of 1.1B on 2B tokens, one H200
     assert re.search(r'time for this run +10\.3 h', report) and re.search(r'cost +\$36 ', report)
     assert re.search(r'total +73\.16 GiB +of 140\.40 GiB \(nvidia-smi total\): fits', report)

@@ -12,11 +12,11 @@ import time
 import pytest
 import torch
 
-import guard
 import helpers
 import ledger
 import ledger_report
-import live
+import live_ledger
+import processes
 import train
 from config import ModelConfig, TrainConfig
 
@@ -47,7 +47,9 @@ def test_the_best_probe_is_kept_and_a_flagged_one_is_measured_again(probes):
     date = re.search(r'peak measured at (\S+ \S+)', busy.peak_source).group(1)
     assert date == cached(busy)['measured'] and 'the best of 1 probe(s)' in busy.peak_source
     answers += [400e9]
-    assert ledger.measure_device('cpu', 'float32').peak_flops == 40e9 and len(calls) == 1  # cached: no probe
+    assert (
+        ledger.measure_device('cpu', 'float32').peak_flops == 40e9 and len(calls) == 1
+    )  # cached: no probe
     assert ledger.flag_reprobe(busy.probe_key, 'a test') and cached(busy)['reprobe'] == 'a test'
     quiet = ledger.measure_device('cpu', 'float32')  # flagged: probed again, the better kept
     assert quiet.peak_flops == 400e9 and len(calls) == 2 and 'reprobe' not in cached(quiet)
@@ -56,8 +58,12 @@ def test_the_best_probe_is_kept_and_a_flagged_one_is_measured_again(probes):
     answers += [100e9]  # busy again: load only lowers a probe, so the best stays
     ledger.flag_reprobe(busy.probe_key, 'again')
     again = ledger.measure_device('cpu', 'float32')
-    assert again.peak_flops == 400e9 and len(calls) == 3 and cached(again)['measured'] == first_quiet
-    assert 'the best of 3 probe(s)' in again.peak_source and not ledger.flag_reprobe('no such probe', 'x')
+    assert (
+        again.peak_flops == 400e9 and len(calls) == 3 and cached(again)['measured'] == first_quiet
+    )
+    assert 'the best of 3 probe(s)' in again.peak_source and not ledger.flag_reprobe(
+        'no such probe', 'x'
+    )
 
 
 def test_a_run_far_faster_than_predicted_flags_its_probe(probes, tmp_path, capsys):
@@ -65,39 +71,50 @@ def test_a_run_far_faster_than_predicted_flags_its_probe(probes, tmp_path, capsy
     answers += [40e9]
     device = ledger.measure_device('cpu', 'float32')
     model = ModelConfig(n_layer=2, n_head=2, n_embd=64, vocab_size=512, block_size=32)
-    train = TrainConfig(batch_tokens=256, micro_batch=8, train_tokens=2560, out_dir=str(tmp_path / 'out'))
-    prediction = json.loads(json.dumps(ledger.predict(model, train, 1, device)))  # as train.py holds it
+    train = TrainConfig(
+        batch_tokens=256, micro_batch=8, train_tokens=2560, out_dir=str(tmp_path / 'out')
+    )
+    prediction = json.loads(
+        json.dumps(ledger.predict(model, train, 1, device))
+    )  # as train.py holds it
     # the ledger says when the peak was measured
-    assert f"peak measured at {cached(device)['measured']}" in ledger_report.format_short(prediction, 'x')
-    metrics = live.Metrics(guard.setup_cluster(), train, prediction, 0, append=False)
+    assert f"peak measured at {cached(device)['measured']}" in ledger_report.format_short(
+        prediction, 'x'
+    )
+    metrics = live_ledger.Metrics(processes.setup_cluster(), train, prediction, 0, append=False)
     assumed = prediction['mfu']
     metrics.check_probe(1.4 * assumed)  # within the margin: a probe is not a prophecy
     assert 'reprobe' not in cached(device) and not metrics.probe_flagged
     metrics.check_probe(3 * assumed)
-    assert metrics.probe_flagged and cached(device)['reprobe'].startswith(f'a run measured MFU {3 * assumed:.1%}')
+    assert metrics.probe_flagged and cached(device)['reprobe'].startswith(
+        f'a run measured MFU {3 * assumed:.1%}'
+    )
     assert 'the next run probes it again and keeps the better' in capsys.readouterr().out
     answers += [120e9]
     assert ledger.measure_device('cpu', 'float32').peak_flops == 120e9 and len(calls) == 2
     # predicted from a step probe (the CPU), the peak only divides the MFU shown: flagged once that passes 100%
     assert 'reprobe' not in cached(device)  # the probe above cleared it
     stepped = dict(prediction, mfu_probe_key='no such step probe')
-    learned = live.Metrics(guard.setup_cluster(), train, stepped, 0, append=False)
+    learned = live_ledger.Metrics(processes.setup_cluster(), train, stepped, 0, append=False)
     learned.measured['tokens_per_s'] = 1.0
     learned.check_probe(0.99)
     assert not learned.probe_flagged and 'reprobe' not in cached(device)
     learned.check_probe(1.5)
-    assert learned.probe_flagged and cached(device)['reprobe'] == 'a run measured MFU 150.0%, above 100% of the peak'
+    assert (
+        learned.probe_flagged
+        and cached(device)['reprobe'] == 'a run measured MFU 150.0%, above 100% of the peak'
+    )
     # a peak from a datasheet has no probe to flag
     h200 = json.loads(json.dumps(ledger.predict(model, train, 1, ledger.GPUS['H200'])))
     assert h200['gpu']['probe_key'] == ''
-    named = live.Metrics(guard.setup_cluster(), train, h200, 0, append=False)
+    named = live_ledger.Metrics(processes.setup_cluster(), train, h200, 0, append=False)
     named.check_probe(100 * h200['mfu'])
     assert not named.probe_flagged
 
 
 # -----------------------------------------------------------------------------------------------------
-# A one-process CPU run is predicted from its model's own micro-steps (live.step_probe), then from what a run of
-# the config reached on this machine (live.learn_speed).
+# A one-process CPU run is predicted from its model's own micro-steps (live_ledger.step_probe), then from what a run of
+# the config reached on this machine (live_ledger.learn_speed).
 
 CPU_RUN = dict(
     arch='llama',
@@ -134,7 +151,7 @@ def test_the_cpu_prediction_holds_on_this_cpu(tmp_path, monkeypatch, capsys):
     timed in CPU time of one thread (torch.set_num_threads(1), time.thread_time): other processes' load on the
     machine stretches wall time, not the CPU time of this thread, so the band holds on a busy machine too."""
     monkeypatch.setenv('XDG_CACHE_HOME', str(tmp_path / 'cache'))
-    monkeypatch.setattr(live, 'PROBE_CLOCK', time.thread_time)
+    monkeypatch.setattr(live_ledger, 'PROBE_CLOCK', time.thread_time)
     config = tmp_path / 'config.py'
     helpers.write_config(config, CPU_RUN)
     threads = torch.get_num_threads()
@@ -142,8 +159,13 @@ def test_the_cpu_prediction_holds_on_this_cpu(tmp_path, monkeypatch, capsys):
     try:
         run = train.setup([str(config), f'--out_dir={tmp_path / "out"}'])
         prediction = run.metrics.prediction
-        assert prediction['mfu_source'].startswith("measured on this CPU at this model's shapes, eager (best of 1")
-        assert prediction['mfu_source'].endswith('the config says 5%') and prediction['mfu_assumed'] != 0.05
+        assert prediction['mfu_source'].startswith(
+            "measured on this CPU at this model's shapes, eager (best of 1"
+        )
+        assert (
+            prediction['mfu_source'].endswith('the config says 5%')
+            and prediction['mfu_assumed'] != 0.05
+        )
         assert f"MFU, {prediction['mfu_source']}" in capsys.readouterr().out
         measured = timed_steps(run, 6, time.thread_time)
         ratio = measured / prediction['tokens_per_s']
@@ -176,4 +198,6 @@ def test_a_slow_dtype_is_probed_at_a_small_size(monkeypatch):
     assert flops <= 2 * 512**3 / 0.2
     sizes.clear()
     monkeypatch.setattr(torch, 'mm', mm)
-    assert ledger.gemm_flops(256, torch.device('cpu'), 'float32', seconds=0.0)[1] == 256  # n_max caps it
+    assert (
+        ledger.gemm_flops(256, torch.device('cpu'), 'float32', seconds=0.0)[1] == 256
+    )  # n_max caps it

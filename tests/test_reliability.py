@@ -24,7 +24,9 @@ import sample
 import train
 from config import ConfigError, load_config
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repo's root, where train.py is
+ROOT = os.path.dirname(
+    os.path.dirname(os.path.abspath(__file__))
+)  # the repo's root, where train.py is
 TINY = dict(
     arch='llama',
     n_layer=2,
@@ -53,7 +55,9 @@ def losses(out_dir):
     import json
 
     with open(os.path.join(out_dir, 'metrics.jsonl')) as f:
-        return {e['step']: e['loss'] for e in map(json.loads, f) if 'loss' in e and 'event' not in e}
+        return {
+            e['step']: e['loss'] for e in map(json.loads, f) if 'loss' in e and 'event' not in e
+        }
 
 
 # -----------------------------------------------------------------------------------------------------
@@ -81,26 +85,34 @@ def start_and_signal(command, signals, after='step      2/'):
     return process.returncode, err
 
 
-def test_sigterm_writes_a_checkpoint_and_the_resume_command_continues_bit_exactly(pystdlib_data, tmp_path):
+def test_sigterm_writes_a_checkpoint_and_the_resume_command_continues_bit_exactly(
+    pystdlib_data, tmp_path
+):
     config = write_config(tmp_path, pystdlib_data, train_tokens=1000 * 256, ckpt_every=1000)
     code, err = start_and_signal(
         [sys.executable, 'train.py', config, f'--out_dir={tmp_path / "out"}'], [signal.SIGTERM]
     )
     assert code == 128 + signal.SIGTERM, err
     last = err.strip().splitlines()[-1]
-    assert last.startswith('stopped by SIGTERM after step ') and 'resume with: python train.py' in last, err
+    assert (
+        last.startswith('stopped by SIGTERM after step ') and 'resume with: python train.py' in last
+    ), err
     stopped = int(last.split('after step ')[1].split(':')[0])
     assert checkpoint.latest(tmp_path / 'out').endswith(f'step_{stopped:07d}')
     resume = shlex.split(last.split('resume with: ')[1])
     assert resume[:2] == ['python', 'train.py'] and resume[-1] == '--resume'
     assert (
         subprocess.run(
-            [sys.executable] + resume[1:] + [f'--max_steps={stopped + 3}'], cwd=ROOT, capture_output=True
+            [sys.executable] + resume[1:] + [f'--max_steps={stopped + 3}'],
+            cwd=ROOT,
+            capture_output=True,
         ).returncode
         == 0
     )
     # the same steps in one uninterrupted run
-    assert train.main([config, f'--out_dir={tmp_path / "whole"}', f'--max_steps={stopped + 3}']) == 0
+    assert (
+        train.main([config, f'--out_dir={tmp_path / "whole"}', f'--max_steps={stopped + 3}']) == 0
+    )
     whole, resumed = losses(tmp_path / 'whole'), losses(tmp_path / 'out')
     assert [resumed[s] for s in range(1, stopped + 4)] == [whole[s] for s in range(1, stopped + 4)]
 
@@ -108,10 +120,13 @@ def test_sigterm_writes_a_checkpoint_and_the_resume_command_continues_bit_exactl
 def test_the_same_signal_twice_exits_at_once(pystdlib_data, tmp_path):
     config = write_config(tmp_path, pystdlib_data, train_tokens=1000 * 256, ckpt_every=1000)
     code, err = start_and_signal(
-        [sys.executable, 'train.py', config, f'--out_dir={tmp_path / "out"}'], [signal.SIGINT, signal.SIGINT]
+        [sys.executable, 'train.py', config, f'--out_dir={tmp_path / "out"}'],
+        [signal.SIGINT, signal.SIGINT],
     )
     assert code == 128 + signal.SIGINT and 'SIGINT again: exiting now' in err, err
-    assert checkpoint.latest(tmp_path / 'out') is not None  # step 0 at least: what was complete stays
+    assert (
+        checkpoint.latest(tmp_path / 'out') is not None
+    )  # step 0 at least: what was complete stays
 
 
 # A slow import of numpy (the first slow import of train.py and prepare.py): it says so on stdout, so a signal
@@ -151,9 +166,18 @@ sys.exit(train.main(sys.argv[1:]))
     ],
 )
 def test_a_signal_during_the_imports_is_one_line(tmp_path, script, signum, line):
-    args = ['pystdlib', '--out', str(tmp_path / 'data')] if script == 'prepare.py' else ['configs/pystdlib_cpu.py']
-    code, err = start_and_signal([sys.executable, '-c', SLOW_IMPORTS, script, *args], [signum], after='importing')
-    assert code == 128 + signum and err == f"{line}: what was complete is kept; rerun the same command to carry on\n"
+    args = (
+        ['pystdlib', '--out', str(tmp_path / 'data')]
+        if script == 'prepare.py'
+        else ['configs/pystdlib_cpu.py']
+    )
+    code, err = start_and_signal(
+        [sys.executable, '-c', SLOW_IMPORTS, script, *args], [signum], after='importing'
+    )
+    assert (
+        code == 128 + signum
+        and err == f"{line}: what was complete is kept; rerun the same command to carry on\n"
+    )
 
 
 def test_sigterm_during_the_start_up_is_one_line_and_releases_the_lock(pystdlib_data, tmp_path):
@@ -161,7 +185,9 @@ def test_sigterm_during_the_start_up_is_one_line_and_releases_the_lock(pystdlib_
     command = [sys.executable, '-c', SLOW_START, config, f'--out_dir={tmp_path / "out"}']
     code, err = start_and_signal(command, [signal.SIGTERM], after='building the run')
     assert (
-        code == 143 and err == "interrupted (SIGTERM): what was complete is kept; rerun the same command to carry on\n"
+        code == 143
+        and err
+        == "interrupted (SIGTERM): what was complete is kept; rerun the same command to carry on\n"
     )
     assert '.lock' not in os.listdir(tmp_path / 'out')  # released on the way out
 
@@ -171,7 +197,10 @@ def test_a_reader_that_leaves_early_ends_the_command_quietly():
     # quietly with 141, as a command killed by SIGPIPE does, not with a BrokenPipeError traceback. ledger.py's
     # report is the command here: standard library only, it writes pages without a checkpoint or a probe
     process = subprocess.Popen(
-        [sys.executable, 'ledger.py', 'configs/h200_1b3.py'], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+        [sys.executable, 'ledger.py', 'configs/h200_1b3.py'],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
     )
     process.stdout.close()  # long before the command writes
     err = process.stderr.read().decode()
@@ -202,11 +231,19 @@ def resume_error(config, out_dir, capsys, *flags):
     'damage,message',
     [
         (lambda folder: os.remove(folder / 'train_state.pt'), 'train_state.pt is missing'),
-        (lambda folder: os.truncate(folder / '__0_0.distcp', 1000), '__0_0.distcp has 1,000 bytes, the manifest says'),
-        (lambda folder: flip_a_byte(folder / 'train_state.pt'), "train_state.pt differs from the manifest's sha256"),
+        (
+            lambda folder: os.truncate(folder / '__0_0.distcp', 1000),
+            '__0_0.distcp has 1,000 bytes, the manifest says',
+        ),
+        (
+            lambda folder: flip_a_byte(folder / 'train_state.pt'),
+            "train_state.pt differs from the manifest's sha256",
+        ),
     ],
 )
-def test_a_damaged_latest_checkpoint_names_the_damage_and_an_earlier_one(eight_steps, capsys, damage, message):
+def test_a_damaged_latest_checkpoint_names_the_damage_and_an_earlier_one(
+    eight_steps, capsys, damage, message
+):
     config, out = eight_steps
     damage(out / 'ckpt' / 'step_0000008')
     err = resume_error(config, out, capsys)
@@ -215,7 +252,9 @@ def test_a_damaged_latest_checkpoint_names_the_damage_and_an_earlier_one(eight_s
     assert err.endswith(advice)
     assert sample.main([str(out / 'ckpt' / 'step_0000008')]) == 2  # sample.py checks it too
     assert message in capsys.readouterr().err
-    assert train.main([config, f'--out_dir={out}', advice, '--max_steps=10']) == 0  # the advice works
+    assert (
+        train.main([config, f'--out_dir={out}', advice, '--max_steps=10']) == 0
+    )  # the advice works
 
 
 def flip_a_byte(path):
@@ -249,7 +288,9 @@ def test_a_full_disk_during_a_checkpoint_is_one_line_and_loses_nothing(
     config = write_config(tmp_path, pystdlib_data, train_tokens=12 * 256, ckpt_every=4)
     save = torch.save
 
-    def full_at_step_8(obj, path, *args, **kwargs):  # DCP's writer and train_state.pt both go through torch.save
+    def full_at_step_8(
+        obj, path, *args, **kwargs
+    ):  # DCP's writer and train_state.pt both go through torch.save
         if 'tmp_step_0000008' in str(path):
             if isinstance(failure, OSError):
                 raise OSError(failure.errno, failure.strerror, str(path))
@@ -260,14 +301,24 @@ def test_a_full_disk_during_a_checkpoint_is_one_line_and_loses_nothing(
     capsys.readouterr()
     assert train.main([config, f'--out_dir={tmp_path / "out"}']) == 2
     err = capsys.readouterr().err.strip()
-    assert err.startswith('error: disk full writing ') and 'free on the filesystem of' in err and '\n' not in err
+    assert (
+        err.startswith('error: disk full writing ')
+        and 'free on the filesystem of' in err
+        and '\n' not in err
+    )
     assert 'about 2.4 MB needed' in err  # the ledger's checkpoint size: 12 bytes per parameter
-    assert sorted(os.listdir(tmp_path / 'out' / 'ckpt')) == ['LATEST', 'step_0000000', 'step_0000004']
+    assert sorted(os.listdir(tmp_path / 'out' / 'ckpt')) == [
+        'LATEST',
+        'step_0000000',
+        'step_0000004',
+    ]
     assert not os.path.exists(tmp_path / 'out' / '.lock')  # released on the way out
     monkeypatch.setattr(torch, 'save', save)
     assert train.main([config, f'--out_dir={tmp_path / "whole"}']) == 0
     assert train.main([config, f'--out_dir={tmp_path / "out"}', '--resume']) == 0
-    assert losses(tmp_path / 'out') == losses(tmp_path / 'whole')  # the good state resumed bit-exactly
+    assert losses(tmp_path / 'out') == losses(
+        tmp_path / 'whole'
+    )  # the good state resumed bit-exactly
 
 
 def test_a_second_run_in_the_same_out_dir_is_one_line_naming_the_first(pystdlib_data, tmp_path):
@@ -291,29 +342,41 @@ def test_a_second_run_in_the_same_out_dir_is_one_line_naming_the_first(pystdlib_
             text=True,
         )
         assert second.returncode == 2 and second.stderr.count('\n') == 1, second.stderr
-        assert second.stderr.startswith(f'error: {out} is in use by pid {first.pid} on this host (train.py ')
+        assert second.stderr.startswith(
+            f'error: {out} is in use by pid {first.pid} on this host (train.py '
+        )
     finally:
         first.send_signal(signal.SIGTERM)
         first.communicate(timeout=120)
     # a lock left by a process that is gone (killed outright) is stale: the next run takes it over
     (out / '.lock').write_text(
-        '{"pid": 999999999, "host": "%s", "command": "train.py", "since": "then"}' % socket.gethostname()
+        '{"pid": 999999999, "host": "%s", "command": "train.py", "since": "then"}'
+        % socket.gethostname()
     )
     assert train.main([config, f'--out_dir={out}', '--resume', '--max_steps=3']) == 0
 
 
-def test_an_out_dir_that_cannot_be_a_folder_is_one_line(pystdlib_data, tmp_path, capsys, monkeypatch):
+def test_an_out_dir_that_cannot_be_a_folder_is_one_line(
+    pystdlib_data, tmp_path, capsys, monkeypatch
+):
     config = write_config(tmp_path, pystdlib_data, train_tokens=4 * 256)
     (tmp_path / 'a_file').write_text('not a folder')
-    for out_dir, culprit in ((tmp_path / 'a_file', tmp_path / 'a_file'), (tmp_path / 'a_file' / 'out', None)):
+    for out_dir, culprit in (
+        (tmp_path / 'a_file', tmp_path / 'a_file'),
+        (tmp_path / 'a_file' / 'out', None),
+    ):
         capsys.readouterr()
         assert train.main([config, f'--out_dir={out_dir}']) == 2
         err = capsys.readouterr().err
-        assert err.startswith(f'error: cannot make the folder {out_dir}: ') and err.count('\n') == 1, err
+        assert (
+            err.startswith(f'error: cannot make the folder {out_dir}: ') and err.count('\n') == 1
+        ), err
         assert f'{culprit or out_dir} is a file, not a folder; choose another folder' in err
     real_makedirs = os.makedirs
 
-    def read_only(name, *args, **kwargs):  # what a read-only filesystem answers (root writes anywhere else)
+    def read_only(
+        name, *args, **kwargs
+    ):  # what a read-only filesystem answers (root writes anywhere else)
         if str(name).startswith(str(tmp_path / 'ro')):
             raise OSError(30, 'Read-only file system', str(name))
         return real_makedirs(name, *args, **kwargs)
@@ -327,7 +390,9 @@ def test_an_out_dir_that_cannot_be_a_folder_is_one_line(pystdlib_data, tmp_path,
     )
 
 
-def test_a_token_id_past_the_models_vocab_is_one_line_before_anything_is_written(pystdlib_data, tmp_path, capsys):
+def test_a_token_id_past_the_models_vocab_is_one_line_before_anything_is_written(
+    pystdlib_data, tmp_path, capsys
+):
     """A hand-made or foreign shard (no max_token_id in its meta.json): read once, caught before the model."""
     import json
 
@@ -369,7 +434,9 @@ def test_a_damaged_shard_under_a_trusted_meta_is_one_line_naming_shard_and_posit
     assert meta['max_token_id'] < 512  # trusted: the check before training reads no shard
     paths = data.list_shards(str(folder), split)
     if split == 'train':  # in a sequence of the third step (8 sequences a step): the run gets there
-        stream = data.ShardStream([data.open_shard(p) for p in paths], 32, seed=TINY.get('seed', 1337))
+        stream = data.ShardStream(
+            [data.open_shard(p) for p in paths], 32, seed=TINY.get('seed', 1337)
+        )
         shard, start = stream.locate(2 * 8 + 3)
         path, position = paths[shard], start + 5
     else:  # the fixed val set: the first tokens of the split
@@ -395,7 +462,10 @@ def test_a_damaged_shard_under_a_trusted_meta_is_one_line_naming_shard_and_posit
 def test_resume_refuses_changes_that_break_continuation_unless_allowed(eight_steps, capsys):
     config, out = eight_steps
     err = resume_error(config, out, capsys, '--lr=0.001', '--seed=7')
-    assert "with a changed seed 1337 -> 7, lr 0.003 -> 0.001" in err and "--allow_change=seed,lr" in err
+    assert (
+        "with a changed seed 1337 -> 7, lr 0.003 -> 0.001" in err
+        and "--allow_change=seed,lr" in err
+    )
     capsys.readouterr()
     assert (
         train.main(
@@ -418,7 +488,9 @@ def test_resume_refuses_changes_that_break_continuation_unless_allowed(eight_ste
 
 def test_allow_change_names_only_keys_that_need_it(eight_steps, capsys):
     config, out = eight_steps
-    assert 'only these keys need it' in resume_error(config, out, capsys, '--allow_change=log_every')
+    assert 'only these keys need it' in resume_error(
+        config, out, capsys, '--allow_change=log_every'
+    )
     capsys.readouterr()
     assert train.main([config, f'--out_dir={out}/new', '--allow_change=lr']) == 2
     assert '--allow_change goes with --resume' in capsys.readouterr().err
@@ -515,7 +587,10 @@ def test_a_bad_value_is_one_line_naming_key_value_and_what_is_allowed(key, tmp_p
             else:
                 load_config(None, [f'--{key}={BAD[key]}'])
         message = str(caught.value)
-        assert message.startswith(f'{key} must be {config.RULES[key][1]}') and repr(BAD[key]) in message
+        assert (
+            message.startswith(f'{key} must be {config.RULES[key][1]}')
+            and repr(BAD[key]) in message
+        )
         assert '\n' not in message
 
 

@@ -51,7 +51,8 @@ def test_both_checkpoint_formats_give_the_trained_weights(tmp_path, pystdlib_dat
     for name, tensor in ddp_model.state_dict().items():
         assert torch.equal(tensor, run.raw_model.state_dict()[name]), name
     assert not torch.equal(
-        ddp_model.tok_emb.weight, train.build_model(run.model_cfg, run.train, run.cluster, 'float32')[1].tok_emb.weight
+        ddp_model.tok_emb.weight,
+        train.build_model(run.model_cfg, run.train, run.cluster, 'float32')[1].tok_emb.weight,
     )  # trained, not as initialised
     # one process trains the same way in both modes, so the weights agree to float rounding
     for (name, a), b in zip(ddp_model.state_dict().items(), fsdp_model.state_dict().values()):
@@ -79,12 +80,25 @@ def test_a_device_this_machine_lacks_is_one_line(tmp_path, capsys):
     import eval as hellaswag
 
     if torch.cuda.is_available():  # a GPU past the last one
-        name, why = f'cuda:{torch.cuda.device_count()}', f'{torch.cuda.device_count()} CUDA device(s) here'
+        name, why = (
+            f'cuda:{torch.cuda.device_count()}',
+            f'{torch.cuda.device_count()} CUDA device(s) here',
+        )
     else:  # a torch built without CUDA (or with it, on a machine without a GPU)
         name = 'cuda'
-        why = 'this torch is built without CUDA' if torch.version.cuda is None else '0 CUDA device(s) here'
-    for main, args in ((sample.main, [str(tmp_path)]), (hellaswag.main, [str(tmp_path), 'hellaswag'])):
+        why = (
+            'this torch is built without CUDA'
+            if torch.version.cuda is None
+            else '0 CUDA device(s) here'
+        )
+    for main, args in (
+        (sample.main, [str(tmp_path)]),
+        (hellaswag.main, [str(tmp_path), 'hellaswag']),
+    ):
         assert main([*args, f'--device={name}']) == 2
         assert capsys.readouterr().err == f"error: --device={name}: {why}; use --device=cpu\n"
     assert sample.main([str(tmp_path), '--device=gpu']) == 2
-    assert capsys.readouterr().err == "error: --device=gpu: not a device name (cpu, cuda, cuda:1, ...)\n"
+    assert (
+        capsys.readouterr().err
+        == "error: --device=gpu: not a device name (cpu, cuda, cuda:1, ...)\n"
+    )

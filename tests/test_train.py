@@ -18,15 +18,17 @@ import torch
 
 import checkpoint
 import data
-import guard
 import helpers
 import ledger
 import ledger_report
-import live
+import live_ledger
+import processes
 import train
 from config import TrainConfig, load_config
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repo's root, where train.py is
+ROOT = os.path.dirname(
+    os.path.dirname(os.path.abspath(__file__))
+)  # the repo's root, where train.py is
 
 # 8 sequences of 32 tokens per step: micro_batch 4 x 2 accumulation steps; 12 steps planned.
 TINY = dict(
@@ -103,19 +105,31 @@ def test_loss_falls_and_outputs_are_written(pystdlib_data, tmp_path, capsys):
     assert losses[0] > 5.5 and losses[-1] < losses[0] - 1.0, losses  # ln 512 = 6.24 at the start
     assert len(val) == 2 and val[-1] < val[0]
     assert all(
-        0 < e['mfu'] < 1 and e['tokens_per_s'] > 0 and e['peak_memory_bytes'] > 0 for e in entries if 'loss' in e
+        0 < e['mfu'] < 1 and e['tokens_per_s'] > 0 and e['peak_memory_bytes'] > 0
+        for e in entries
+        if 'loss' in e
     )  # MFU against the CPU's measured GEMM peak
-    assert 'ledger (the whole bill: ' in out and 'Ledger 1' not in out  # a short ledger; the rest in ledger.md
+    assert (
+        'ledger (the whole bill: ' in out and 'Ledger 1' not in out
+    )  # a short ledger; the rest in ledger.md
     # dtype 'auto' takes whichever of fp32 and bf16 this CPU's probe found faster, and says which
-    assert re.search(r'precision: (float32|bfloat16) compute \(the faster on this CPU, measured\)', out), out
+    assert re.search(
+        r'precision: (float32|bfloat16) compute \(the faster on this CPU, measured\)', out
+    ), out
     assert 'sample after 60 steps' in out and 'attention: SDPA runs flash attention' in out
     # bits per byte beside every loss: the train loss's at the data's mean bytes per token, the val loss's at the
     # bytes of the val targets scored (eval_tokens 1024 = 32 sequences of 32, 4 at a time: all of them), exact
     bytes_per_token = data.load_meta(pystdlib_data)['bytes_per_token']
-    assert all(e['bpb'] == pytest.approx(e['loss'] / math.log(2) / bytes_per_token) for e in entries if 'loss' in e)
+    assert all(
+        e['bpb'] == pytest.approx(e['loss'] / math.log(2) / bytes_per_token)
+        for e in entries
+        if 'loss' in e
+    )
     scored = data.open_data(*load_config(config))[1][:, 1:]
     enc = data.load_tokenizer(pystdlib_data)
-    val_bytes_per_token = len(enc.decode_bytes([t for t in scored.ravel().tolist() if t != enc.eot_token])) / 1024
+    val_bytes_per_token = (
+        len(enc.decode_bytes([t for t in scored.ravel().tolist() if t != enc.eot_token])) / 1024
+    )
     assert scored.size == 1024 and val_bytes_per_token != pytest.approx(bytes_per_token, abs=1e-3)
     assert [e['val_bpb'] for e in entries if 'val_bpb' in e] == pytest.approx(
         [v / math.log(2) / val_bytes_per_token for v in val], rel=1e-12
@@ -126,20 +140,37 @@ def test_loss_falls_and_outputs_are_written(pystdlib_data, tmp_path, capsys):
     # predicted and measured are both about this CPU: summary.json holds both, report.md renders it
     summary = json.loads((tmp_path / 'out' / 'summary.json').read_text())
     assert summary['step'] == 60 and summary['val_loss'] == val[-1]
-    assert summary['val_bpb'] == pytest.approx(val[-1] / math.log(2) / val_bytes_per_token, rel=1e-12)
-    assert summary['params_predicted'] == summary['params_built'] == prediction['params']['total']
-    assert summary['tokens_per_s_predicted'] == prediction['tokens_per_s'] and summary['tokens_per_s_measured'] > 0
-    assert summary['mfu_measured'] == pytest.approx(
-        prediction['flops_per_token']['matmul'] * summary['tokens_per_s_measured'] / prediction['gpu']['peak_flops']
+    assert summary['val_bpb'] == pytest.approx(
+        val[-1] / math.log(2) / val_bytes_per_token, rel=1e-12
     )
-    assert summary['days_projected'] == pytest.approx(60 * 512 / summary['tokens_per_s_measured'] / 86400)
-    assert summary['memory_predicted_bytes'] == prediction['memory']['total'] and summary['memory_measured_bytes'] > 0
+    assert summary['params_predicted'] == summary['params_built'] == prediction['params']['total']
+    assert (
+        summary['tokens_per_s_predicted'] == prediction['tokens_per_s']
+        and summary['tokens_per_s_measured'] > 0
+    )
+    assert summary['mfu_measured'] == pytest.approx(
+        prediction['flops_per_token']['matmul']
+        * summary['tokens_per_s_measured']
+        / prediction['gpu']['peak_flops']
+    )
+    assert summary['days_projected'] == pytest.approx(
+        60 * 512 / summary['tokens_per_s_measured'] / 86400
+    )
+    assert (
+        summary['memory_predicted_bytes'] == prediction['memory']['total']
+        and summary['memory_measured_bytes'] > 0
+    )
     report = (tmp_path / 'out' / 'report.md').read_text()
     assert (
-        report == ledger_report.format_comparison(summary) + '\n\n![train and val loss against tokens seen](loss.png)\n'
+        report
+        == ledger_report.format_comparison(summary)
+        + '\n\n![train and val loss against tokens seen](loss.png)\n'
     )
     assert (tmp_path / 'out' / 'loss.png').read_bytes().startswith(b'\x89PNG')
-    assert report.startswith('Predicted by ledger.py for 1 x CPU (') and 'measured on 1 x the CPU' in report
+    assert (
+        report.startswith('Predicted by ledger.py for 1 x CPU (')
+        and 'measured on 1 x the CPU' in report
+    )
     assert '| quantity | predicted | measured |' in report and 'parameters' in report
     assert (tmp_path / 'out' / 'ledger.md').read_text().startswith('ledger: llama, 2 layers')
     assert 'Ledger 1' in (tmp_path / 'out' / 'ledger.md').read_text() and 'bits per byte' in report
@@ -150,7 +181,9 @@ def test_synthetic_data_trains_without_a_dataset(tmp_path):
     config = write_config(tmp_path, 'synthetic', train_tokens=4 * 256)
     assert run(config, tmp_path / 'out') == 0
     losses = step_losses(read_metrics(tmp_path / 'out'))
-    assert sorted(losses) == [1, 2, 3, 4] and all(abs(v - math.log(512)) < 0.3 for v in losses.values())
+    assert sorted(losses) == [1, 2, 3, 4] and all(
+        abs(v - math.log(512)) < 0.3 for v in losses.values()
+    )
 
 
 def test_chinchilla_point_is_logged(tmp_path, capsys):
@@ -169,14 +202,19 @@ def test_chinchilla_point_is_logged(tmp_path, capsys):
     )
     assert run(config, tmp_path / 'out') == 0
     assert ledger.count_params(load_config(config)[0])['total'] == 920
-    assert "step 3: 24,576 tokens seen passes the Chinchilla point 20 x P = 18,400" in capsys.readouterr().out
+    assert (
+        "step 3: 24,576 tokens seen passes the Chinchilla point 20 x P = 18,400"
+        in capsys.readouterr().out
+    )
 
 
 # -----------------------------------------------------------------------------------------------------
 # Every shipped config starts: its own arch, tying, bias, recompute and parallel mode, sizes shrunk, synthetic data.
 
 CONFIG_FILES = sorted(
-    os.path.join('configs', name) for name in os.listdir(os.path.join(ROOT, 'configs')) if name.endswith('.py')
+    os.path.join('configs', name)
+    for name in os.listdir(os.path.join(ROOT, 'configs'))
+    if name.endswith('.py')
 )
 SHRUNK = [
     '--init_from=',  # a fine-tune's config trains its shrunk model from scratch here (test_pretrained.py: init_from)
@@ -207,7 +245,11 @@ def test_every_config_trains_two_steps(path, tmp_path):
     summary = json.loads((tmp_path / 'out' / 'summary.json').read_text())
     assert summary['step'] == 2 and summary['params_built'] == summary['params_predicted']
     built = json.loads((tmp_path / 'out' / 'ledger.json').read_text())['model']
-    assert (built['arch'], built['tie_embeddings'], built['bias']) == (own.arch, own.tie_embeddings, own.bias)
+    assert (built['arch'], built['tie_embeddings'], built['bias']) == (
+        own.arch,
+        own.tie_embeddings,
+        own.bias,
+    )
 
 
 def test_tied_run_resumes_bit_exactly_and_stays_tied(pystdlib_data, tmp_path):
@@ -218,7 +260,10 @@ def test_tied_run_resumes_bit_exactly_and_stays_tied(pystdlib_data, tmp_path):
     resumed = train.setup([config, f'--out_dir={tmp_path / "out"}', '--resume'])
     model = resumed.raw_model
     assert model.lm_head.weight is model.tok_emb.weight and resumed.state.step == 6
-    assert sum(p.numel() for p in model.parameters()) == ledger.count_params(resumed.model_cfg)['total']
+    assert (
+        sum(p.numel() for p in model.parameters())
+        == ledger.count_params(resumed.model_cfg)['total']
+    )
     assert run(config, tmp_path / 'out', '--resume') == 0
     losses = step_losses(read_metrics(tmp_path / 'out'))
     assert [losses[s] for s in range(7, 13)] == [expected[s] for s in range(7, 13)]  # exactly equal
@@ -235,7 +280,9 @@ def test_resume_continues_bit_exactly(reference, tmp_path):
     assert run(config, tmp_path / 'out', '--resume') == 0
     resumed = [e for e in read_metrics(tmp_path / 'out') if 'loss' in e][6:]
     assert [e['step'] for e in resumed] == list(range(7, 13))
-    assert [e['loss'] for e in resumed] == [expected[s] for s in range(7, 13)]  # exactly equal, not close
+    assert [e['loss'] for e in resumed] == [
+        expected[s] for s in range(7, 13)
+    ]  # exactly equal, not close
 
 
 def test_kill_while_writing_a_checkpoint_keeps_the_previous_one(reference, tmp_path):
@@ -252,22 +299,36 @@ def test_kill_while_writing_a_checkpoint_keeps_the_previous_one(reference, tmp_p
         "torch.save = save_then_die\n"
         f"sys.exit(train.main([{config!r}, '--out_dir={out}']))\n"
     )
-    killed = subprocess.run([sys.executable, '-c', script], cwd=ROOT, capture_output=True, text=True)
+    killed = subprocess.run(
+        [sys.executable, '-c', script], cwd=ROOT, capture_output=True, text=True
+    )
     assert killed.returncode == -9, killed.stderr
-    assert sorted(os.listdir(out / 'ckpt')) == ['LATEST', 'step_0000000', 'step_0000004', 'tmp_step_0000008']
+    assert sorted(os.listdir(out / 'ckpt')) == [
+        'LATEST',
+        'step_0000000',
+        'step_0000004',
+        'tmp_step_0000008',
+    ]
     assert (out / 'ckpt' / 'LATEST').read_text().strip() == 'step_0000004'
     assert run(config, out, '--resume') == 0
     resumed = [e for e in read_metrics(out) if 'loss' in e]
     assert [e['step'] for e in resumed[-8:]] == list(range(5, 13))
     assert [e['loss'] for e in resumed[-8:]] == [expected[s] for s in range(5, 13)]
-    assert sorted(os.listdir(out / 'ckpt')) == ['LATEST', 'step_0000004', 'step_0000008', 'step_0000012']
+    assert sorted(os.listdir(out / 'ckpt')) == [
+        'LATEST',
+        'step_0000004',
+        'step_0000008',
+        'step_0000012',
+    ]
 
 
 def test_checkpoint_state_dict_has_no_compile_prefix(pystdlib_data, tmp_path):
     model_cfg, train_cfg = load_config(write_config(tmp_path, pystdlib_data, compile=True))
-    cluster = guard.Cluster(0, 1, 0, torch.device('cpu'))
+    cluster = processes.Cluster(0, 1, 0, torch.device('cpu'))
     _, raw_model = train.build_model(model_cfg, train_cfg, cluster, torch.float32)
-    assert not any('_orig_mod' in key for key in raw_model.state_dict())  # compiled in place, names unchanged
+    assert not any(
+        '_orig_mod' in key for key in raw_model.state_dict()
+    )  # compiled in place, names unchanged
 
 
 # -----------------------------------------------------------------------------------------------------
@@ -286,7 +347,9 @@ def test_adamw_is_fused_except_under_zero1(tmp_path):
         options = train.adamw_options(TrainConfig(parallel=parallel), world_size)
         assert (options['fused'], options['foreach']) == (fused, not fused), (parallel, world_size)
     run_state = train.setup([write_config(tmp_path, 'synthetic'), f'--out_dir={tmp_path / "out"}'])
-    assert run_state.optimizer.defaults['fused'] is True  # the one-process CPU run uses the fused kernel too
+    assert (
+        run_state.optimizer.defaults['fused'] is True
+    )  # the one-process CPU run uses the fused kernel too
 
 
 def test_rope_tables_reach_each_block_in_its_dtype_also_when_recomputed():
@@ -294,7 +357,9 @@ def test_rope_tables_reach_each_block_in_its_dtype_also_when_recomputed():
     checkpoint()'s recompute alike (older torch skips FSDP2's input cast in the recompute)."""
     from model import GPT, ModelConfig
 
-    model = GPT(ModelConfig(n_layer=2, n_head=2, n_embd=32, vocab_size=64, block_size=16)).to(torch.bfloat16)
+    model = GPT(ModelConfig(n_layer=2, n_head=2, n_embd=32, vocab_size=64, block_size=16)).to(
+        torch.bfloat16
+    )
     model.recompute = True
     seen = []
     model.blocks[0].register_forward_pre_hook(
@@ -333,7 +398,10 @@ def test_compiled_model_trains_like_eager_on_the_cpu(pystdlib_data, tmp_path):
 def test_corrupted_batch_rolls_back_and_skips_its_window(pystdlib_data, tmp_path, monkeypatch):
     config = write_config(tmp_path, pystdlib_data)
     batch = data.ShardStream.batch
-    bad_first, bad_end = 11 * SEQUENCES_PER_STEP, 12 * SEQUENCES_PER_STEP  # the sequences of step 12
+    bad_first, bad_end = (
+        11 * SEQUENCES_PER_STEP,
+        12 * SEQUENCES_PER_STEP,
+    )  # the sequences of step 12
 
     def corrupted(self, first, count):
         if bad_first <= first < bad_end:  # garbage data: uniformly random tokens
@@ -345,7 +413,9 @@ def test_corrupted_batch_rolls_back_and_skips_its_window(pystdlib_data, tmp_path
     entries = read_metrics(tmp_path / 'out')
     rollbacks = [e for e in entries if e.get('event') == 'rollback']
     # back to the step-8 checkpoint; skipped: what steps 9-12 read, so the garbage is never seen again
-    assert [(e['step'], e['to_step'], e['skipped']) for e in rollbacks] == [(12, 8, [8 * SEQUENCES_PER_STEP, bad_end])]
+    assert [(e['step'], e['to_step'], e['skipped']) for e in rollbacks] == [
+        (12, 8, [8 * SEQUENCES_PER_STEP, bad_end])
+    ]
     assert rollbacks[0]['loss'] > math.log(512)
     assert max(step_losses(entries)) == 16
 
@@ -357,7 +427,9 @@ def test_nan_loss_rolls_back_and_the_run_completes(pystdlib_data, tmp_path, monk
     def nan_once(self, idx, targets=None, reduction='mean'):
         logits, loss = forward(self, idx, targets, reduction)
         calls[0] += 1
-        return logits, loss * float('nan') if calls[0] == 2 * 6 + 1 else loss  # step 7, first micro-step
+        return logits, loss * float('nan') if calls[
+            0
+        ] == 2 * 6 + 1 else loss  # step 7, first micro-step
 
     monkeypatch.setattr(train.GPT, 'forward', nan_once)
     assert run(config, tmp_path / 'out') == 0
@@ -383,7 +455,9 @@ def test_too_many_spikes_stop_the_run_with_one_line(pystdlib_data, tmp_path, mon
     monkeypatch.setattr(train.GPT, 'forward', nan_from_step_7)
     assert run(config, tmp_path / 'out') == 1
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith('error: loss spike') and 'after 3 rollbacks' in err[0]
+    assert (
+        len(err) == 1 and err[0].startswith('error: loss spike') and 'after 3 rollbacks' in err[0]
+    )
     assert len([e for e in read_metrics(tmp_path / 'out') if e.get('event') == 'rollback']) == 3
 
 
@@ -396,13 +470,17 @@ def test_lr_schedule_endpoints():
     total = 1000  # 10 warmup steps
     assert train.lr_at(0, total, cfg) == pytest.approx(1e-4)  # warmup starts at lr / warmup
     assert train.lr_at(9, total, cfg) == pytest.approx(1e-3)  # the peak, on the last warmup step
-    assert train.lr_at(total - 1, total, cfg) == pytest.approx(1e-4)  # 10% of the peak on the last step
+    assert train.lr_at(total - 1, total, cfg) == pytest.approx(
+        1e-4
+    )  # 10% of the peak on the last step
     middle = 9 + (total - 10) // 2 + 1  # half-way through the decay: the mean
     assert train.lr_at(middle, total, cfg) == pytest.approx(5.5e-4, rel=1e-2)
     lrs = [train.lr_at(s, total, cfg) for s in range(total)]
     assert all(a >= b for a, b in zip(lrs[9:], lrs[10:]))  # cosine decays monotonically
     wsd = TrainConfig(lr=1e-3, warmup_frac=0.01, schedule='wsd', decay_frac=0.2)
-    assert train.lr_at(9, total, wsd) == train.lr_at(799, total, wsd) == pytest.approx(1e-3)  # stable
+    assert (
+        train.lr_at(9, total, wsd) == train.lr_at(799, total, wsd) == pytest.approx(1e-3)
+    )  # stable
     assert train.lr_at(899, total, wsd) == pytest.approx(5.5e-4)  # half-way down the linear decay
     assert train.lr_at(total - 1, total, wsd) == pytest.approx(1e-4)
 
@@ -410,10 +488,15 @@ def test_lr_schedule_endpoints():
 def test_batch_ramp():
     step_tokens = 8 * 1024  # one micro-step
     cfg = TrainConfig(
-        batch_tokens=524_288, batch_ramp_start=32_768, batch_ramp_tokens=10_000_000, train_tokens=20_000_000
+        batch_tokens=524_288,
+        batch_ramp_start=32_768,
+        batch_ramp_tokens=10_000_000,
+        train_tokens=20_000_000,
     )
     assert train.batch_tokens_at(0, cfg, step_tokens) == 32_768
-    assert train.batch_tokens_at(5_000_000, cfg, step_tokens) == 278_528 // step_tokens * step_tokens
+    assert (
+        train.batch_tokens_at(5_000_000, cfg, step_tokens) == 278_528 // step_tokens * step_tokens
+    )
     assert train.batch_tokens_at(10_000_000, cfg, step_tokens) == 524_288
     seen, steps, batches = 0, 0, []
     while seen < cfg.train_tokens:
@@ -427,7 +510,9 @@ def test_batch_ramp():
 
 def test_batch_ramp_in_a_run(pystdlib_data, tmp_path):
     # micro-steps of 1 x 32 tokens; the batch grows 64 -> 256 over the first 1024 tokens, rounded down to 32
-    config = write_config(tmp_path, pystdlib_data, micro_batch=1, batch_ramp_start=64, batch_ramp_tokens=1024)
+    config = write_config(
+        tmp_path, pystdlib_data, micro_batch=1, batch_ramp_start=64, batch_ramp_tokens=1024
+    )
     assert run(config, tmp_path / 'out') == 0
     batches = [e['batch_tokens'] for e in read_metrics(tmp_path / 'out') if 'loss' in e]
     assert batches == [64, 64, 64, 96, 96, 128, 160, 160, 192] + [256] * 8
@@ -435,14 +520,18 @@ def test_batch_ramp_in_a_run(pystdlib_data, tmp_path):
 
 def test_shard_stream_is_a_seeded_permutation_of_whole_sequences(tmp_path):
     T = 10
-    data.write_shard(str(tmp_path / 'a_train_000.bin'), np.arange(0, 51, dtype=np.uint16))  # 5 sequences
+    data.write_shard(
+        str(tmp_path / 'a_train_000.bin'), np.arange(0, 51, dtype=np.uint16)
+    )  # 5 sequences
     data.write_shard(str(tmp_path / 'a_train_001.bin'), np.arange(100, 131, dtype=np.uint16))  # 3
     shards = [data.open_shard(str(tmp_path / f'a_train_00{i}.bin')) for i in range(2)]
     stream = data.ShardStream(shards, T, seed=1)
     epoch = stream.batch(0, 8)
     starts = sorted(int(s[0]) for s in epoch)
     assert starts == [0, 10, 20, 30, 40, 100, 110, 120]  # each sequence once per epoch
-    assert all((s == np.arange(s[0], s[0] + T + 1)).all() for s in epoch)  # T + 1 consecutive tokens
+    assert all(
+        (s == np.arange(s[0], s[0] + T + 1)).all() for s in epoch
+    )  # T + 1 consecutive tokens
     assert (stream.batch(3, 4) == epoch[3:7]).all()  # random access = replay
     assert (data.ShardStream(shards, T, seed=1).batch(0, 16) == stream.batch(0, 16)).all()
     assert sorted(int(s[0]) for s in stream.batch(8, 8)) == starts  # epoch 2: the same set again,
@@ -463,7 +552,10 @@ def test_cli_config_typo_is_one_line(pystdlib_data, tmp_path):
         text=True,
     )
     assert result.returncode == 2
-    assert result.stderr.strip() == "error: unknown config key 'lrr' in the command line: did you mean 'lr'?"
+    assert (
+        result.stderr.strip()
+        == "error: unknown config key 'lrr' in the command line: did you mean 'lr'?"
+    )
 
 
 @pytest.mark.parametrize(
@@ -471,7 +563,10 @@ def test_cli_config_typo_is_one_line(pystdlib_data, tmp_path):
     [
         (['--data=/nonexistent/pystdlib'], 'python prepare.py pystdlib'),
         (['--vocab_size=1024'], 'vocab mismatch'),
-        (['--batch_tokens=200'], 'batch_tokens (200) is not a multiple of micro_batch x block_size x processes'),
+        (
+            ['--batch_tokens=200'],
+            'batch_tokens (200) is not a multiple of micro_batch x block_size x processes',
+        ),
         (['--resume'], 'no complete checkpoint'),
         (['--parallel=zero4'], "parallel must be one of"),
         (['--block_size=32', 'extra.py'], "unexpected argument 'extra.py'"),
@@ -511,7 +606,9 @@ def test_memory_check_refuses_unless_forced(pystdlib_data, tmp_path, monkeypatch
 # Checkpoints outlive the code; a run records its code.
 
 
-def test_a_checkpoint_older_than_a_model_key_resumes_with_its_default(reference, tmp_path, monkeypatch, capsys):
+def test_a_checkpoint_older_than_a_model_key_resumes_with_its_default(
+    reference, tmp_path, monkeypatch, capsys
+):
     """A model key added after a checkpoint was written takes its default on resume (rope_theta stands in for the
     new key: the checkpoint below does not hold it); a value other than the default is another model."""
     config, losses = reference
@@ -556,7 +653,7 @@ def test_a_run_records_its_code(reference, tmp_path):
     git(fork, 'commit', '-qm', 'a fork')
     (fork / 'model.py').write_text('window = 256\n')
     (fork / 'new.py').write_text('')
-    recorded = live.record_code(str(tmp_path / 'fork_out'), source=str(fork))
+    recorded = live_ledger.record_code(str(tmp_path / 'fork_out'), source=str(fork))
     assert recorded == {
         'commit': git(fork, 'rev-parse', 'HEAD').strip(),
         'dirty': True,
@@ -564,5 +661,5 @@ def test_a_run_records_its_code(reference, tmp_path):
         'untracked': ['new.py'],
     }
     assert '-window = 0\n+window = 256' in (tmp_path / 'fork_out' / 'code.diff').read_text()
-    assert live.record_code(str(tmp_path / 'none'), source=str(tmp_path / 'out')) is None
+    assert live_ledger.record_code(str(tmp_path / 'none'), source=str(tmp_path / 'out')) is None
     assert not (tmp_path / 'none').exists()

@@ -1,11 +1,11 @@
 """
-eval.py: a checkpoint's HellaSwag, ARC-Easy, ARC-Challenge and MMLU (0- and 5-shot) accuracies, beside chance and
+evals.py: a checkpoint's HellaSwag, ARC-Easy, ARC-Challenge and MMLU (0- and 5-shot) accuracies, beside chance and
 the published figures of comparable models.
 
-    python eval.py out/pystdlib_cpu hellaswag                      # the run's latest checkpoint
-    torchrun --nproc_per_node=8 eval.py out/h100x8_1b3 all         # the five tasks, each rank a slice of each
-    python eval.py out/pystdlib_cpu all --limit 500                # the first 500 items of each (a quick look on a CPU)
-    python eval.py out/pystdlib_cpu mmlu_5shot                     # one of arc_easy, arc_challenge, mmlu, mmlu_5shot
+    python evals.py out/pystdlib_cpu hellaswag               # the run's latest checkpoint
+    torchrun --nproc_per_node=8 evals.py out/h100x8_1b3 all  # the five tasks, each rank a slice of each
+    python evals.py out/pystdlib_cpu all --limit 500         # the first 500 items of each (a quick look on a CPU)
+    python evals.py out/pystdlib_cpu mmlu_5shot              # one of arc_easy, arc_challenge, mmlu, mmlu_5shot
 
 HellaSwag (Zellers et al. 2019) gives a context and four endings, one of them right; its validation set has
 10,042 items. We score it as llm.c does (dev/data/hellaswag.py), so the GPT-2 figures it measured that way compare
@@ -43,7 +43,7 @@ import data
 import downloads
 import ledger
 from config import EVAL_TASKS, ConfigError, DataError, UserError, cli
-from guard import log
+from processes import log
 
 HELLASWAG_URL = 'https://raw.githubusercontent.com/rowanz/hellaswag/master/data/hellaswag_val.jsonl'
 HELLASWAG_GIT_SHA1 = '0f5ee25d72216f12317d5d8a7b92deafa423d81e'  # git's blob id of that file (never changed since 2019)
@@ -77,7 +77,9 @@ GPT3 = [
 
 
 def cache_folder():
-    return os.path.dirname(ledger.cache_path())  # $XDG_CACHE_HOME/ledgergpt, beside the ledger's device probes
+    return os.path.dirname(
+        ledger.cache_path()
+    )  # $XDG_CACHE_HOME/ledgergpt, beside the ledger's device probes
 
 
 def hellaswag_path(folder=None):
@@ -100,7 +102,9 @@ def download_hellaswag(url=None, folder=None, network=None):
     with hub.get(url, stream=True) as response:
         size = response.headers.get('Content-Length')
     if size is None:
-        raise DataError(f"{url}: the server does not say the file's size (no Content-Length): use another URL")
+        raise DataError(
+            f"{url}: the server does not say the file's size (no Content-Length): use another URL"
+        )
     listed = {'path': 'hellaswag_val.jsonl', 'size': int(size)}
     if url == HELLASWAG_URL:
         listed['git_sha1'] = HELLASWAG_GIT_SHA1
@@ -168,10 +172,14 @@ def render(encoding, item, block_size):
     context = encoding.encode_ordinary(item['ctx'])
     rows, starts = [], []
     for ending in item['endings']:
-        row = context + encoding.encode_ordinary(' ' + ending)  # ' ': the ending continues the sentence
+        row = context + encoding.encode_ordinary(
+            ' ' + ending
+        )  # ' ': the ending continues the sentence
         cut = max(0, len(row) - block_size)
         rows.append(row[cut:])
-        starts.append(max(1, len(context) - cut))  # the first token has nothing before it to be predicted from
+        starts.append(
+            max(1, len(context) - cut)
+        )  # the first token has nothing before it to be predicted from
     return rows, starts
 
 
@@ -190,13 +198,17 @@ def ending_losses(model, rows, starts, device, autocast, reduction='mean'):
     inputs, targets, scored = inputs.to(device), targets.to(device), scored.to(device)
     with autocast:
         logits, _ = model(inputs)
-    losses = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), reduction='none').view_as(scored)
+    losses = F.cross_entropy(
+        logits.float().flatten(0, 1), targets.flatten(), reduction='none'
+    ).view_as(scored)
     summed = (losses * scored).sum(1)
     return summed / scored.sum(1) if reduction == 'mean' else summed
 
 
 @torch.no_grad()
-def hellaswag_accuracy(model, encoding, items, device, autocast=None, rank=0, world_size=1, batch_items=8):
+def hellaswag_accuracy(
+    model, encoding, items, device, autocast=None, rank=0, world_size=1, batch_items=8
+):
     """-> (accuracy, its standard error sqrt(p (1 - p) / n), n items) over `items`, the model in eval mode meanwhile.
     Rank r scores the r-th of world_size slices and the counts are all-reduced, so every rank returns the same.
     Every rank runs the same number of forwards (FSDP's collectives need it): a shorter slice is topped up with
@@ -214,7 +226,9 @@ def hellaswag_accuracy(model, encoding, items, device, autocast=None, rank=0, wo
     for first in range(0, per_rank, batch_items):
         batch = mine[first : first + batch_items]
         rows, starts = zip(*(render(encoding, item, block_size) for item in batch), strict=True)
-        losses = ending_losses(model, sum(rows, []), sum(starts, []), device, autocast).view(len(batch), 4)
+        losses = ending_losses(model, sum(rows, []), sum(starts, []), device, autocast).view(
+            len(batch), 4
+        )
         right = losses.argmin(dim=1).cpu() == torch.tensor([item['label'] for item in batch])
         correct += int(right[: max(0, counted - first)].sum())
     model.train(was_training)
@@ -254,18 +268,32 @@ class HubTask:
     title: str  # how the report names it
     harness: str  # lm-evaluation-harness's task of the same protocol
     shots: int = 0  # examples from the dev split before each question (MMLU)
-    headline: str = 'acc_norm'  # the figure published comparisons use: train.py logs it under the task's name
+    headline: str = (
+        'acc_norm'  # the figure published comparisons use: train.py logs it under the task's name
+    )
 
 
 HUB_TASKS = {
     'arc_easy': HubTask('allenai/ai2_arc', 'ARC-Easy', 2376, 'ARC-Easy test', 'arc_easy'),
-    'arc_challenge': HubTask('allenai/ai2_arc', 'ARC-Challenge', 1172, 'ARC-Challenge test', 'arc_challenge'),
-    'mmlu': HubTask('cais/mmlu', 'all', 14042, 'MMLU test, 0-shot', 'mmlu_continuation', headline='acc'),
+    'arc_challenge': HubTask(
+        'allenai/ai2_arc', 'ARC-Challenge', 1172, 'ARC-Challenge test', 'arc_challenge'
+    ),
+    'mmlu': HubTask(
+        'cais/mmlu', 'all', 14042, 'MMLU test, 0-shot', 'mmlu_continuation', headline='acc'
+    ),
     'mmlu_5shot': HubTask(
-        'cais/mmlu', 'all', 14042, 'MMLU test, 5-shot', 'mmlu_continuation, num_fewshot=5', shots=5, headline='acc'
+        'cais/mmlu',
+        'all',
+        14042,
+        'MMLU test, 5-shot',
+        'mmlu_continuation, num_fewshot=5',
+        shots=5,
+        headline='acc',
     ),
 }
-assert tuple(HUB_TASKS) == EVAL_TASKS  # config.py validates train.py's eval_tasks against its own copy of the names
+assert (
+    tuple(HUB_TASKS) == EVAL_TASKS
+)  # config.py validates train.py's eval_tasks against its own copy of the names
 TASKS = ('hellaswag', *HUB_TASKS)
 
 # Published zero-shot figures, (parameters, accuracy, name), and what each one is: none is our protocol exactly.
@@ -286,7 +314,7 @@ PUBLISHED = {
                 (13e9, 0.638, 'GPT-3 13B'),
                 (175e9, 0.688, 'GPT-3 175B'),
             ],
-        ),
+        )
     ],
     'arc_challenge': [
         (
@@ -301,7 +329,7 @@ PUBLISHED = {
                 (13e9, 0.437, 'GPT-3 13B'),
                 (175e9, 0.514, 'GPT-3 175B'),
             ],
-        ),
+        )
     ],
     # Hendrycks et al. 2021 (ICLR), Table 1: GPT-3 few-shot (5 dev examples), the letter formulation (the choices
     # shown as A-D, the answer a letter), where the smaller GPT-3 models score near chance; sizes as that paper gives.
@@ -314,7 +342,7 @@ PUBLISHED = {
                 (13e9, 0.260, 'GPT-3 Large 13B'),
                 (175e9, 0.439, 'GPT-3 X-Large 175B'),
             ],
-        ),
+        )
     ],
 }
 # The FineWeb paper (Penedo et al. 2024, sections 3.1 and 4): 1.71B Llama-style models (GPT-2 tokenizer) trained on
@@ -325,7 +353,9 @@ FINEWEB_SOURCE = "Penedo et al. 2024, section 4: lighteval's cloze, benchmarks c
 
 
 def hub_task_path(repo, folder, split, cache=None):
-    return os.path.join(cache or cache_folder(), repo.replace('/', '--'), folder, f'{split}.parquet')
+    return os.path.join(
+        cache or cache_folder(), repo.replace('/', '--'), folder, f'{split}.parquet'
+    )
 
 
 def download_hub_split(repo, folder, split, cache=None, network=None):
@@ -371,8 +401,12 @@ def arc_items(path):
                 raise ValueError('not a question with 2 or more labelled choices')
             label = labels.index(row['answerKey'])
         except (KeyError, TypeError, ValueError) as e:
-            raise DataError(f"{path}, row {number}: not an ARC item ({type(e).__name__}: {e})") from None
-        items.append({'context': f"Question: {row['question']}\nAnswer:", 'choices': texts, 'label': label})
+            raise DataError(
+                f"{path}, row {number}: not an ARC item ({type(e).__name__}: {e})"
+            ) from None
+        items.append(
+            {'context': f"Question: {row['question']}\nAnswer:", 'choices': texts, 'label': label}
+        )
     return items
 
 
@@ -391,7 +425,9 @@ def mmlu_items(test_path, dev_path, shots):
                 and len(row['choices']) >= 2
                 and row['answer'] in range(len(row['choices']))
             ):
-                raise DataError(f"{path}, row {number}: not an MMLU item (a question, subject, choices and answer)")
+                raise DataError(
+                    f"{path}, row {number}: not an MMLU item (a question, subject, choices and answer)"
+                )
         return rows
 
     def question(row):
@@ -404,13 +440,22 @@ def mmlu_items(test_path, dev_path, shots):
     for row in checked(test_path):
         subject, shown = row['subject'], examples[row['subject']][:shots]
         if len(shown) < shots:
-            raise DataError(f"{dev_path} has {len(shown)} {subject} examples, fewer than the {shots} shots asked for")
+            raise DataError(
+                f"{dev_path} has {len(shown)} {subject} examples, fewer than the {shots} shots asked for"
+            )
         context = (
             f"The following are questions (with answers) about {subject.replace('_', ' ')}.\n\n"
             + ''.join(f"{question(e)} {e['choices'][e['answer']]}\n\n" for e in shown)
             + question(row)
         )
-        items.append({'context': context, 'choices': row['choices'], 'label': row['answer'], 'subject': subject})
+        items.append(
+            {
+                'context': context,
+                'choices': row['choices'],
+                'label': row['answer'],
+                'subject': subject,
+            }
+        )
     return items
 
 
@@ -420,7 +465,8 @@ def task_items(task, cache=None, world_size=1):
     splits = ['test'] + (['dev'] if spec.shots else [])
     paths = [hub_task_path(spec.repo, spec.folder, split, cache) for split in splits]
     downloaded_once_per_machine(
-        lambda: [download_hub_split(spec.repo, spec.folder, split, cache) for split in splits], world_size
+        lambda: [download_hub_split(spec.repo, spec.folder, split, cache) for split in splits],
+        world_size,
     )
     if spec.repo == 'allenai/ai2_arc':
         return arc_items(paths[0])
@@ -449,8 +495,12 @@ def choice_logprobs(model, encoding, items, device, autocast=None, batch_items=8
     scores = []
     for first in range(0, len(items), batch_items):
         batch = items[first : first + batch_items]
-        rows, starts = zip(*(render_choices(encoding, item, block_size) for item in batch), strict=True)
-        losses = ending_losses(model, sum(rows, []), sum(starts, []), device, autocast, reduction='sum')
+        rows, starts = zip(
+            *(render_choices(encoding, item, block_size) for item in batch), strict=True
+        )
+        losses = ending_losses(
+            model, sum(rows, []), sum(starts, []), device, autocast, reduction='sum'
+        )
         flat = (-losses).tolist()
         for item in batch:
             scores.append(flat[: len(item['choices'])])
@@ -462,12 +512,17 @@ def predictions(item, logprobs):
     """(acc's choice, acc_norm's choice): the first highest log-likelihood (as numpy's argmax), and the first highest
     per character of the choice's text (an empty choice is never chosen: the harness divides by 0, -inf)."""
     choices = range(len(logprobs))
-    per_char = [lp / len(text) if text else -math.inf for lp, text in zip(logprobs, item['choices'], strict=True)]
+    per_char = [
+        lp / len(text) if text else -math.inf
+        for lp, text in zip(logprobs, item['choices'], strict=True)
+    ]
     return max(choices, key=logprobs.__getitem__), max(choices, key=per_char.__getitem__)
 
 
 @torch.no_grad()
-def task_accuracy(model, encoding, items, device, autocast=None, rank=0, world_size=1, batch_items=8):
+def task_accuracy(
+    model, encoding, items, device, autocast=None, rank=0, world_size=1, batch_items=8
+):
     """{'items', 'acc', 'acc_stderr', 'acc_norm', 'acc_norm_stderr', 'chance'} over `items`, plus the macro averages
     'acc_macro' and 'acc_norm_macro' over the subjects when they have several (MMLU). Sliced over ranks as
     hellaswag_accuracy is (the same number of forwards on every rank, the counts all-reduced per subject)."""
@@ -476,7 +531,9 @@ def task_accuracy(model, encoding, items, device, autocast=None, rank=0, world_s
     counted = len(mine)
     mine = mine + [items[0]] * (per_rank - counted)
     subjects = sorted({item.get('subject', '') for item in items})
-    totals = torch.zeros(len(subjects), 4, dtype=torch.float64)  # per subject: items, right, right by norm, chance
+    totals = torch.zeros(
+        len(subjects), 4, dtype=torch.float64
+    )  # per subject: items, right, right by norm, chance
     was_training = model.training
     model.eval()
     logprobs = choice_logprobs(model, encoding, mine, device, autocast, batch_items)
@@ -484,7 +541,9 @@ def task_accuracy(model, encoding, items, device, autocast=None, rank=0, world_s
     for item, scores in zip(mine[:counted], logprobs[:counted], strict=True):
         pred, pred_norm = predictions(item, scores)
         row = totals[subjects.index(item.get('subject', ''))]
-        row += torch.tensor([1.0, pred == item['label'], pred_norm == item['label'], 1 / len(item['choices'])])
+        row += torch.tensor(
+            [1.0, pred == item['label'], pred_norm == item['label'], 1 / len(item['choices'])]
+        )
     if world_size > 1 and dist.is_initialized():
         totals = totals.to(device)
         dist.all_reduce(totals)
@@ -516,21 +575,33 @@ def metrics_entry(task, score):
 def tasks_for_training(tokenizer, names, limit, cluster):
     """train.py's eval_tasks: {task: its first `limit` items (0: all)}, downloaded before the first step."""
     if tokenizer is None:
-        raise ConfigError('eval_tasks_every needs text: a data folder made by prepare.py, not synthetic tokens')
-    return {task: task_items(task, world_size=cluster.world_size)[: limit or None] for task in names.split(',') if task}
+        raise ConfigError(
+            'eval_tasks_every needs text: a data folder made by prepare.py, not synthetic tokens'
+        )
+    return {
+        task: task_items(task, world_size=cluster.world_size)[: limit or None]
+        for task in names.split(',')
+        if task
+    }
 
 
 def score_tasks(model, encoding, tasks, autocast, cluster):
     """(metrics.jsonl entry, log line) of the tasks {task: items} scored during training."""
     entry, parts = {}, []
     for task, items in tasks.items():
-        score = task_accuracy(model, encoding, items, cluster.device, autocast, cluster.rank, cluster.world_size)
+        score = task_accuracy(
+            model, encoding, items, cluster.device, autocast, cluster.rank, cluster.world_size
+        )
         entry.update(metrics_entry(task, score))
         parts.append(
             f"{task} acc {score['acc']:.2%}, acc_norm {score['acc_norm']:.2%} +- {score['acc_norm_stderr']:.2%} "
             f"(chance {score['chance']:.0%})"
         )
-    return entry, f"over {', '.join(f'{len(items):,}' for items in tasks.values())} items: " + '; '.join(parts)
+    return (
+        entry,
+        f"over {', '.join(f'{len(items):,}' for items in tasks.values())} items: "
+        + '; '.join(parts),
+    )
 
 
 # -----------------------------------------------------------------------------------------------------
@@ -544,10 +615,16 @@ def items_for_training(run):
     train, cluster = run.train, run.cluster
     if train.hellaswag_every:
         if run.tokenizer is None:
-            raise ConfigError('hellaswag_every needs text: a data folder made by prepare.py, not synthetic tokens')
-        run.hellaswag = hellaswag_items(world_size=cluster.world_size)[: train.hellaswag_items or None]
+            raise ConfigError(
+                'hellaswag_every needs text: a data folder made by prepare.py, not synthetic tokens'
+            )
+        run.hellaswag = hellaswag_items(world_size=cluster.world_size)[
+            : train.hellaswag_items or None
+        ]
     if train.eval_tasks_every:
-        run.eval_tasks = tasks_for_training(run.tokenizer, train.eval_tasks, train.eval_tasks_items, cluster)
+        run.eval_tasks = tasks_for_training(
+            run.tokenizer, train.eval_tasks, train.eval_tasks_items, cluster
+        )
 
 
 def evaluate_hellaswag(run):
@@ -555,18 +632,29 @@ def evaluate_hellaswag(run):
     cluster, state = run.cluster, run.state
     with torch.compiler.set_stance('force_eager'):
         accuracy, stderr, items = hellaswag_accuracy(
-            run.raw_model, run.tokenizer, run.hellaswag, cluster.device, run.autocast, cluster.rank, cluster.world_size
+            run.raw_model,
+            run.tokenizer,
+            run.hellaswag,
+            cluster.device,
+            run.autocast,
+            cluster.rank,
+            cluster.world_size,
         )
     entry = {'hellaswag': accuracy, 'hellaswag_stderr': stderr, 'hellaswag_items': items}
     run.metrics.record({'step': state.step, 'tokens': state.tokens_seen, **entry})
-    log(cluster, f"step {state.step}: HellaSwag {accuracy:.2%} +- {stderr:.2%} over {items:,} items (chance: 25%)")
+    log(
+        cluster,
+        f"step {state.step}: HellaSwag {accuracy:.2%} +- {stderr:.2%} over {items:,} items (chance: 25%)",
+    )
 
 
 def evaluate_tasks(run):
     """ARC and MMLU (the key eval_tasks), into metrics.jsonl and the log. Eager, as HellaSwag."""
     cluster, state = run.cluster, run.state
     with torch.compiler.set_stance('force_eager'):
-        entry, line = score_tasks(run.raw_model, run.tokenizer, run.eval_tasks, run.autocast, cluster)
+        entry, line = score_tasks(
+            run.raw_model, run.tokenizer, run.eval_tasks, run.autocast, cluster
+        )
     run.metrics.record({'step': state.step, 'tokens': state.tokens_seen, **entry})
     log(cluster, f"step {state.step}: {line}")
 
@@ -600,7 +688,9 @@ def report_hellaswag(accuracy, stderr, n, seconds, params, path, world_size, dev
         print(
             f"  not the whole validation set ({HELLASWAG_ITEMS:,} items): a figure of its own, not the published kind"
         )
-    print(f"  {f'this model, {params:,} parameters':<34} {accuracy:6.1%}\n  {'chance (1 in 4)':<34} {0.25:6.1%}")
+    print(
+        f"  {f'this model, {params:,} parameters':<34} {accuracy:6.1%}\n  {'chance (1 in 4)':<34} {0.25:6.1%}"
+    )
     for figures, source in (
         (GPT2, "OpenAI's checkpoint, llm.c's scoring"),
         (GPT3, 'Brown et al. 2020, Table H.1, zero-shot'),
@@ -617,7 +707,9 @@ def report_task(task, score, seconds, params, path, world_size, device):
         f"{score['acc_norm_stderr']:.2%} (standard errors), {n / seconds:,.0f} items/s on {world_size} x {device}"
     )
     if n != spec.items:
-        print(f"  not the whole test split ({spec.items:,} items): a figure of its own, not the published kind")
+        print(
+            f"  not the whole test split ({spec.items:,} items): a figure of its own, not the published kind"
+        )
     if 'acc_macro' in score:
         print(
             f"  acc and acc_norm are over all its items (micro, as the harness's mmlu group); over its subjects "
@@ -632,26 +724,42 @@ def report_task(task, score, seconds, params, path, world_size, device):
         print(f"  {name:<34} {published:6.1%}   ({source})")
     for dataset, published in zip(('FineWeb', 'FineWeb-Edu'), FINEWEB.get(task, ()), strict=False):
         unsplit = '; its ARC is Easy and Challenge together' if task.startswith('arc') else ''
-        print(f"  {f'{dataset} 1.71B, 350B tokens':<34} {published:6.1%}   ({FINEWEB_SOURCE}{unsplit})")
+        print(
+            f"  {f'{dataset} 1.71B, 350B tokens':<34} {published:6.1%}   ({FINEWEB_SOURCE}{unsplit})"
+        )
 
 
 @cli
 def main(argv):
-    parser = argparse.ArgumentParser(description=__doc__.split('\n')[1], formatter_class=argparse.RawTextHelpFormatter)
-    parser.add_argument('checkpoint', help="a run's out_dir (latest checkpoint) or a ckpt/step_* folder")
-    parser.add_argument('task', choices=[*TASKS, 'all'], help='one task, or all: ' + ', '.join(TASKS))
+    parser = argparse.ArgumentParser(
+        description=__doc__.split('\n')[1], formatter_class=argparse.RawTextHelpFormatter
+    )
+    parser.add_argument(
+        'checkpoint', help="a run's out_dir (latest checkpoint) or a ckpt/step_* folder"
+    )
+    parser.add_argument(
+        'task', choices=[*TASKS, 'all'], help='one task, or all: ' + ', '.join(TASKS)
+    )
     parser.add_argument(
         '--url',
         help='where hellaswag_val.jsonl is downloaded from (default: $HELLASWAG_URL, else '
         "rowanz/hellaswag's file on GitHub); ARC and MMLU come from the Hub ($HF_ENDPOINT, else huggingface.co)",
     )
-    parser.add_argument('--cache', default=cache_folder(), help='the folder they are kept in (default: %(default)s)')
-    parser.add_argument('--limit', type=int, default=0, help='score only the first N items of each task (0: all)')
-    parser.add_argument('--batch', type=int, default=8, help='items per forward (one row per choice)')
+    parser.add_argument(
+        '--cache', default=cache_folder(), help='the folder they are kept in (default: %(default)s)'
+    )
+    parser.add_argument(
+        '--limit', type=int, default=0, help='score only the first N items of each task (0: all)'
+    )
+    parser.add_argument(
+        '--batch', type=int, default=8, help='items per forward (one row per choice)'
+    )
     parser.add_argument('--device', default='cuda' if torch.cuda.is_available() else 'cpu')
     args = parser.parse_args(argv)
     if args.limit < 0 or args.batch < 1:
-        raise ConfigError(f"--limit must be 0 or more and --batch 1 or more, got {args.limit} and {args.batch}")
+        raise ConfigError(
+            f"--limit must be 0 or more and --batch 1 or more, got {args.limit} and {args.batch}"
+        )
     tasks = TASKS if args.task == 'all' else (args.task,)
     results = {}
     try:
@@ -659,18 +767,28 @@ def main(argv):
         path = checkpoint.find(args.checkpoint)
         model, train_config = checkpoint.load_model(path, device)
         if train_config['data'] == 'synthetic':
-            raise ConfigError(f"{path} was trained on synthetic tokens: it has no tokenizer to read the questions with")
+            raise ConfigError(
+                f"{path} was trained on synthetic tokens: it has no tokenizer to read the questions with"
+            )
         encoding = data.load_tokenizer(train_config['data'])
-        autocast = torch.autocast('cuda', dtype=torch.bfloat16) if device.type == 'cuda' else contextlib.nullcontext()
+        autocast = (
+            torch.autocast('cuda', dtype=torch.bfloat16)
+            if device.type == 'cuda'
+            else contextlib.nullcontext()
+        )
         for task in tasks:
             if task == 'hellaswag':
                 items = hellaswag_items(args.url, args.cache, world_size)[: args.limit or None]
                 started = time.perf_counter()
-                score = hellaswag_accuracy(model, encoding, items, device, autocast, rank, world_size, args.batch)
+                score = hellaswag_accuracy(
+                    model, encoding, items, device, autocast, rank, world_size, args.batch
+                )
             else:
                 items = task_items(task, args.cache, world_size)[: args.limit or None]
                 started = time.perf_counter()
-                score = task_accuracy(model, encoding, items, device, autocast, rank, world_size, args.batch)
+                score = task_accuracy(
+                    model, encoding, items, device, autocast, rank, world_size, args.batch
+                )
             results[task] = score, time.perf_counter() - started
     finally:
         if dist.is_initialized():

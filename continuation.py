@@ -1,7 +1,7 @@
 """
-guard.py: the run's guard rails, so that train.py's loop reads as the training it is.
+continuation.py: stopping and carrying on, so that train.py's loop reads as the training it is (the processes are
+processes.py's).
 
-- processes: one per GPU under torchrun (RANK, WORLD_SIZE, LOCAL_RANK), else rank 0 of 1 on the CPU or a GPU;
 - the command line: train.py's own flags (--resume, --allow_change, --force), and the command that resumes a run;
 - resume checks: a checkpoint continues only its own model and parallel mode, and a key that breaks an exact
   continuation (config.CONTINUATION_KEYS) changes only when the user says so;
@@ -23,6 +23,7 @@ import torch.distributed as dist
 
 import checkpoint
 from config import CONTINUATION_KEYS, DEFAULTS, ConfigError, UserError
+from processes import barrier, log
 
 USAGE = "usage: python train.py CONFIG [--key=value ...] [--resume[=CKPT_DIR]] [--allow_change=KEY,...] [--force]"
 
@@ -62,61 +63,6 @@ def parse_args(argv):
     return config_path, overrides, resume, force, allowed
 
 
-# -----------------------------------------------------------------------------------------------------
-# Processes. torchrun sets RANK, WORLD_SIZE and LOCAL_RANK (one process per GPU, any number of nodes); a plain
-# `python train.py` is rank 0 of 1. CUDA when present (NCCL between GPUs), else the CPU (gloo).
-
-
-@dataclasses.dataclass
-class Cluster:
-    rank: int
-    world_size: int
-    local_rank: int
-    device: torch.device
-
-    @property
-    def is_master(self):
-        return self.rank == 0
-
-
-def setup_cluster():
-    rank, world_size = int(os.environ.get('RANK', 0)), int(os.environ.get('WORLD_SIZE', 1))
-    local_rank = int(os.environ.get('LOCAL_RANK', 0))
-    if torch.cuda.is_available():
-        device = torch.device('cuda', local_rank)
-        torch.cuda.set_device(device)
-    else:
-        device = torch.device('cpu')
-    return Cluster(rank, world_size, local_rank, device)
-
-
-def join_process_group(cluster):
-    """After the input checks, so that a bad config is one line from every rank, not a rendezvous timeout."""
-    if cluster.world_size > 1 and not dist.is_initialized():
-        if cluster.device.type == 'cuda':  # NCCL bound to this rank's GPU
-            dist.init_process_group('nccl', device_id=cluster.device)
-        else:
-            dist.init_process_group('gloo')
-
-
-def log(cluster, message):
-    if cluster.is_master:
-        print(message, flush=True)
-
-
-def barrier(cluster):
-    if cluster.world_size > 1:
-        dist.barrier()
-
-
-def reduce_mean(values, cluster):
-    """Mean over ranks of a tensor (gloo has no AVG, so SUM then divide)."""
-    if cluster.world_size > 1:
-        dist.all_reduce(values)
-        values /= cluster.world_size
-    return values
-
-
 def train_command(argv, cluster, drop, *flags):
     """The command that runs train.py again, on this world size: argv less the flags named in drop (--key and
     --key=...), plus flags. With drop {'--resume'} and the flag --resume, the command that continues this run."""
@@ -138,7 +84,9 @@ def check_out_dir(train, resume, stop_step, cluster):
     """-> the checkpoint to resume from (None: start), or 'done' when out_dir already holds this run, complete.
     Checkpoints already in out_dir are continued only when asked, never overwritten silently."""
     if resume:
-        path = checkpoint.find(resume) if isinstance(resume, str) else checkpoint.latest(train.out_dir)
+        path = (
+            checkpoint.find(resume) if isinstance(resume, str) else checkpoint.latest(train.out_dir)
+        )
         if path is None:
             raise ConfigError(
                 f"--resume: no complete checkpoint at {checkpoint.root(train.out_dir)}: run without --resume to start"
@@ -147,7 +95,9 @@ def check_out_dir(train, resume, stop_step, cluster):
     found = checkpoint.latest(train.out_dir)
     if found:
         finished = checkpoint.step_of(found)
-        if finished >= stop_step:  # like a rerun of prepare.py on a complete folder: nothing left to do
+        if (
+            finished >= stop_step
+        ):  # like a rerun of prepare.py on a complete folder: nothing left to do
             log(
                 cluster,
                 f"{train.out_dir}: this run is complete (checkpoint at step {finished:,}, planned "
@@ -168,7 +118,9 @@ def cooldown_start(train):
     state (step, tokens_seen, ...), or None for a run of its own."""
     if not train.cooldown_from:
         if train.cooldown_tokens:
-            raise ConfigError('cooldown_tokens goes with --cooldown_from: the checkpoint whose LR it decays')
+            raise ConfigError(
+                'cooldown_tokens goes with --cooldown_from: the checkpoint whose LR it decays'
+            )
         return None
     if train.cooldown_tokens <= 0:
         raise ConfigError(
@@ -200,7 +152,9 @@ def check_resumable(path, model_cfg, train, allowed, cluster, action='resume'):
     hold (it is older than the key) had its default, for the model's keys as for the run's: checkpoints outlive the
     code that wrote them. action: what the log lines call the continuation."""
     saved = checkpoint.read_state(path)
-    model_then = {k: saved['model_config'].get(k, DEFAULTS[k]) for k in dataclasses.asdict(model_cfg)}
+    model_then = {
+        k: saved['model_config'].get(k, DEFAULTS[k]) for k in dataclasses.asdict(model_cfg)
+    }
     changed = [k for k, v in dataclasses.asdict(model_cfg).items() if model_then[k] != v]
     if changed:
         raise ConfigError(
@@ -213,7 +167,11 @@ def check_resumable(path, model_cfg, train, allowed, cluster, action='resume'):
             f"--parallel={saved['train_config']['parallel']}"
         )
     then = {k: saved['train_config'].get(k, DEFAULTS[k]) for k in DEFAULTS if hasattr(train, k)}
-    changes = {k: (then[k], v) for k, v in dataclasses.asdict(train).items() if k != 'dataset_tokens' and then[k] != v}
+    changes = {
+        k: (then[k], v)
+        for k, v in dataclasses.asdict(train).items()
+        if k != 'dataset_tokens' and then[k] != v
+    }
     refused = [k for k in changes if k in CONTINUATION_KEYS and k not in allowed]
     if refused:
         listed = ', '.join(f'{k} {changes[k][0]!r} -> {changes[k][1]!r}' for k in refused)
@@ -259,7 +217,11 @@ class Stop:
     def __init__(self, cluster):
         self.signal, self.group, self.world_size = None, None, cluster.world_size
         if cluster.world_size > 1:  # every rank creates the group at the same point (a collective)
-            self.group = dist.new_group(backend='gloo') if cluster.device.type == 'cuda' else dist.group.WORLD
+            self.group = (
+                dist.new_group(backend='gloo')
+                if cluster.device.type == 'cuda'
+                else dist.group.WORLD
+            )
         self.previous = {s: signal.signal(s, self.receive) for s in (signal.SIGINT, signal.SIGTERM)}
 
     def receive(self, signum, frame):
@@ -318,8 +280,12 @@ class RunState:
     tokens_seen: int = 0  # tokens trained on (skipped data not counted)
     position: int = 0  # sequences of the train stream consumed, by all ranks together
     rollbacks: int = 0
-    loss_window: list = dataclasses.field(default_factory=list)  # recent good losses, for the spike guard
-    skipped: list = dataclasses.field(default_factory=list)  # [first, end) sequence ranges skipped after spikes
+    loss_window: list = dataclasses.field(
+        default_factory=list
+    )  # recent good losses, for the spike guard
+    skipped: list = dataclasses.field(
+        default_factory=list
+    )  # [first, end) sequence ranges skipped after spikes
 
 
 def find_spike(pending, values, window, train):

@@ -1,5 +1,5 @@
 """
-live.py: the live ledger. Before step 1 the prediction for the device this run is on (a GPU by its name, else a
+live_ledger.py: the live ledger. Before step 1 the prediction for the device this run is on (a GPU by its name, else a
 GEMM probe); on log steps the measurements beside it (tokens/s, MFU, days, peak memory); at each eval and at the
 end summary.json and report.md, predicted and measured side by side. Also the record of the code that ran.
 
@@ -24,8 +24,9 @@ import ledger
 import ledger_report
 import plot
 from config import IGNORE_INDEX, ConfigError
-from guard import TrainingStopped, log
+from continuation import TrainingStopped
 from model import GPT
+from processes import log
 
 
 def live_device(cluster, model_cfg, train):
@@ -36,7 +37,9 @@ def live_device(cluster, model_cfg, train):
     if cluster.is_master:
         device = ledger.measure_device('auto', train.dtype)
         if device.kind == 'cpu':
-            with torch.device('meta'):  # what building the model loads besides its tensors (meta kernels import
+            with torch.device(
+                'meta'
+            ):  # what building the model loads besides its tensors (meta kernels import
                 GPT(model_cfg)  # sympy and torch's symbolic shapes: ~75 MB) belongs to the runtime
             device = dataclasses.replace(
                 device,
@@ -60,7 +63,9 @@ def live_device(cluster, model_cfg, train):
 # GEMM probe. Eager: a compiled run is faster (inductor, ~1.2-1.7x on the CPUs measured), so once a run of the config
 # has measured its speed, the next is predicted from that (learn_speed).
 
-PROBE_CLOCK = time.perf_counter  # what the step probe times with (a test that must ignore other processes' load
+PROBE_CLOCK = (
+    time.perf_counter
+)  # what the step probe times with (a test that must ignore other processes' load
 # sets time.thread_time with one thread: every CPU kernel, autograd's included, then runs in the calling thread)
 
 
@@ -109,7 +114,11 @@ def _time_steps(model_cfg, train, dtype, seconds):
     model.init_weights()
     model.recompute = train.recompute
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
-    autocast = torch.autocast('cpu', dtype=torch.bfloat16) if dtype == 'bfloat16' else contextlib.nullcontext()
+    autocast = (
+        torch.autocast('cpu', dtype=torch.bfloat16)
+        if dtype == 'bfloat16'
+        else contextlib.nullcontext()
+    )
     # A compiled run holds less than an eager step (fewer saved activations, 4 bytes a logit, not 12): a quarter of
     # the micro-batch keeps the probe's peak memory under the run's (the widths, what a CPU's GEMMs feel, are kept).
     rows = max(1, train.micro_batch // 4) if train.compile else train.micro_batch
@@ -125,7 +134,9 @@ def _time_steps(model_cfg, train, dtype, seconds):
         optimizer.zero_grad(set_to_none=True)
         micro.append(middle - begin)
         update.append(PROBE_CLOCK() - middle)
-    micro_steps = train.batch_tokens / (rows * model_cfg.block_size)  # the probe's micro-steps in a batch
+    micro_steps = train.batch_tokens / (
+        rows * model_cfg.block_size
+    )  # the probe's micro-steps in a batch
     return train.batch_tokens / (micro_steps * min(micro[1:]) + min(update[1:]))
 
 
@@ -134,18 +145,28 @@ def predict(config_path, model_cfg, train, cluster, force, cooldown):
     A run the ledger says does not fit stops here (one line) unless forced. Also says which attention kernel SDPA
     runs, the precision, and under another objective the share of positions that carry loss."""
     device = live_device(cluster, model_cfg, train)
-    dtype = ledger.run_dtype(train, device)  # 'auto': bf16 on a GPU, on a CPU whichever its probe found faster
+    dtype = ledger.run_dtype(
+        train, device
+    )  # 'auto': bf16 on a GPU, on a CPU whichever its probe found faster
     if train.gpu.lower() not in ('auto', device.name.lower()):
         log(
             cluster,
             f"the config plans for gpu={train.gpu} (`python ledger.py {config_path}` prints that bill); "
             f"this run is on {device.name}: the live ledger predicts for it",
         )
-    billed = dataclasses.replace(train, train_tokens=train.cooldown_tokens, max_steps=0) if cooldown else train
+    billed = (
+        dataclasses.replace(train, train_tokens=train.cooldown_tokens, max_steps=0)
+        if cooldown
+        else train
+    )
     # the nodes this run really spans (torchrun's LOCAL_WORLD_SIZE processes a node)
-    billed = dataclasses.replace(billed, nodes=-(-cluster.world_size // int(os.environ.get('LOCAL_WORLD_SIZE', 1))))
+    billed = dataclasses.replace(
+        billed, nodes=-(-cluster.world_size // int(os.environ.get('LOCAL_WORLD_SIZE', 1)))
+    )
     prediction = ledger.predict(model_cfg, billed, n_gpu=cluster.world_size, device=device)
-    if device.kind == 'cpu' and cluster.world_size == 1:  # the MFU this model reaches here, measured (above)
+    if (
+        device.kind == 'cpu' and cluster.world_size == 1
+    ):  # the MFU this model reaches here, measured (above)
         probe, key = step_probe(model_cfg, train, dtype, device)
         tokens_per_s = probe.get('reached') or probe['tokens_per_s']
         mfu = tokens_per_s * prediction['flops_per_token']['hardware'] / device.peak_flops
@@ -162,7 +183,8 @@ def predict(config_path, model_cfg, train, cluster, force, cooldown):
     log(
         cluster,
         ledger_report.format_short(
-            prediction, f"{os.path.join(train.out_dir, 'ledger.md')}, or python ledger.py {config_path}"
+            prediction,
+            f"{os.path.join(train.out_dir, 'ledger.md')}, or python ledger.py {config_path}",
         ),
     )
     memory = prediction['memory']
@@ -185,7 +207,11 @@ def predict(config_path, model_cfg, train, cluster, force, cooldown):
     log(
         cluster,
         f"precision: {dtype} compute"
-        + (' (the faster on this CPU, measured)' if train.dtype == 'auto' and cluster.device.type == 'cpu' else '')
+        + (
+            ' (the faster on this CPU, measured)'
+            if train.dtype == 'auto' and cluster.device.type == 'cpu'
+            else ''
+        )
         + ", fp32 weights, gradients and AdamW states",
     )
     if train.objective != 'clm':
@@ -200,7 +226,9 @@ def predict(config_path, model_cfg, train, cluster, force, cooldown):
 
 def params_built(model, prediction):
     """The built model's parameter count, which must be the one the ledger predicted: else the run stops here."""
-    built = sum(p.numel() for p in model.parameters())  # DTensor.numel() is the full size: sharding-proof
+    built = sum(
+        p.numel() for p in model.parameters()
+    )  # DTensor.numel() is the full size: sharding-proof
     if built != prediction['params']['total']:
         raise TrainingStopped(
             f"the ledger counts {prediction['params']['total']:,} parameters but the built model "
@@ -236,7 +264,12 @@ def collective_probe(cluster, iterations=20):
     }
 
 
-SDPA_BACKENDS = {0: 'math', 1: 'flash attention', 2: 'memory-efficient attention', 3: 'cuDNN attention'}
+SDPA_BACKENDS = {
+    0: 'math',
+    1: 'flash attention',
+    2: 'memory-efficient attention',
+    3: 'cuDNN attention',
+}
 
 
 def sdpa_backend(model_cfg, device, dtype):
@@ -245,10 +278,14 @@ def sdpa_backend(model_cfg, device, dtype):
     backward, as the ledger assumes; math materialises the T x T scores of every head."""
     head_dim, T = model_cfg.head_dim, model_cfg.block_size
     q, k, v = (
-        torch.empty(1, heads, T, head_dim, device=device, dtype=getattr(torch, dtype), requires_grad=True)
+        torch.empty(
+            1, heads, T, head_dim, device=device, dtype=getattr(torch, dtype), requires_grad=True
+        )
         for heads in (model_cfg.n_head, model_cfg.kv_heads, model_cfg.kv_heads)
     )
-    choice = torch._fused_sdp_choice(q, k, v, is_causal=True, enable_gqa=model_cfg.kv_heads != model_cfg.n_head)
+    choice = torch._fused_sdp_choice(
+        q, k, v, is_causal=True, enable_gqa=model_cfg.kv_heads != model_cfg.n_head
+    )
     return SDPA_BACKENDS.get(choice, f'backend {choice}')
 
 
@@ -256,7 +293,9 @@ def peak_memory(cluster):
     """-> (peak, peak reserved) bytes: the CUDA caching allocator's, or on the CPU the process's peak resident
     memory (and None)."""
     if cluster.device.type == 'cuda':
-        return torch.cuda.max_memory_allocated(cluster.device), torch.cuda.max_memory_reserved(cluster.device)
+        return torch.cuda.max_memory_allocated(cluster.device), torch.cuda.max_memory_reserved(
+            cluster.device
+        )
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, None  # kilobytes on Linux
 
 
@@ -267,7 +306,9 @@ def record_code(out_dir, source=os.path.dirname(os.path.abspath(__file__))):
     A resumed run writes them again: what ran last is what the folder says."""
 
     def git(*args):
-        return subprocess.run(['git', '-C', source, *args], capture_output=True, text=True, check=True).stdout
+        return subprocess.run(
+            ['git', '-C', source, *args], capture_output=True, text=True, check=True
+        ).stdout
 
     try:
         commit = git('rev-parse', 'HEAD').strip()
@@ -277,7 +318,12 @@ def record_code(out_dir, source=os.path.dirname(os.path.abspath(__file__))):
         return None
     os.makedirs(out_dir, exist_ok=True)
     files.write_text_atomic(os.path.join(out_dir, 'code.diff'), diff)
-    record = {'commit': commit, 'dirty': bool(diff or untracked), 'diff': 'code.diff', 'untracked': untracked}
+    record = {
+        'commit': commit,
+        'dirty': bool(diff or untracked),
+        'diff': 'code.diff',
+        'untracked': untracked,
+    }
     files.save_json(os.path.join(out_dir, 'code.json'), record)
     return record
 
@@ -319,7 +365,8 @@ class Metrics:
             os.makedirs(train.out_dir, exist_ok=True)
             files.save_json(os.path.join(train.out_dir, 'ledger.json'), prediction)
             files.write_text_atomic(
-                os.path.join(train.out_dir, 'ledger.md'), ledger_report.format_report(prediction) + '\n'
+                os.path.join(train.out_dir, 'ledger.md'),
+                ledger_report.format_report(prediction) + '\n',
             )
             if not append:
                 open(self.metrics_path, 'w').close()
@@ -356,7 +403,9 @@ class Metrics:
         return self.flops_per_token * tokens_per_s / (self.cluster.world_size * self.peak_flops)
 
     def days(self, tokens_per_s):
-        return self.prediction['tokens'] / tokens_per_s / ledger.SECONDS_PER_DAY  # the planned tokens at this speed
+        return (
+            self.prediction['tokens'] / tokens_per_s / ledger.SECONDS_PER_DAY
+        )  # the planned tokens at this speed
 
     def record(self, entry):
         """Append one JSON line (on log, eval and rollback steps only: opening the file each time is free)."""
@@ -402,7 +451,9 @@ class Metrics:
             self.run_tokens += self.interval_tokens
             self.run_seconds += self.interval_seconds
             run_speed = self.run_tokens / self.run_seconds
-            self.measured.update(tokens_per_s=run_speed, mfu=self.mfu(run_speed), days=self.days(run_speed))
+            self.measured.update(
+                tokens_per_s=run_speed, mfu=self.mfu(run_speed), days=self.days(run_speed)
+            )
             self.check_probe(self.mfu(run_speed))
         self.interval_tokens, self.interval_seconds, self.warmup = 0, 0.0, False
 
@@ -412,7 +463,8 @@ class Metrics:
         self.record({'step': step, 'tokens': tokens_seen, 'val_loss': val_loss, 'val_bpb': val_bpb})
         log(
             self.cluster,
-            f"step {step}: val loss {val_loss:.4f}" + (f", {val_bpb:.4f} bits per byte" if val_bpb is not None else ''),
+            f"step {step}: val loss {val_loss:.4f}"
+            + (f", {val_bpb:.4f} bits per byte" if val_bpb is not None else ''),
         )
         self.write_summary(step, tokens_seen, val_loss, val_bytes_per_token)
 
@@ -422,7 +474,11 @@ class Metrics:
         Returns the weighted totals (sum_s w_s L_s, sum_s w_s B_s): the loss per token of the mixture as the schedule
         draws it, and its bytes per token, whose ratio is the mixture's bits per byte."""
         scored = {
-            name: {'weight': sources[name]['weight'], 'loss': loss, 'bpb': ledger.bits_per_byte(loss, text_bytes)}
+            name: {
+                'weight': sources[name]['weight'],
+                'loss': loss,
+                'bpb': ledger.bits_per_byte(loss, text_bytes),
+            }
             for name, (loss, text_bytes) in results.items()
         }
         self.record({'step': step, 'tokens': tokens_seen, 'val_sources': scored})
@@ -431,7 +487,8 @@ class Metrics:
             print(
                 f"step {step}: val per source: "
                 + '; '.join(
-                    f"{name} ({s['weight']:.1%}) {s['loss']:.4f}" + (f", {s['bpb']:.4f} bpb" if s['bpb'] else '')
+                    f"{name} ({s['weight']:.1%}) {s['loss']:.4f}"
+                    + (f", {s['bpb']:.4f} bpb" if s['bpb'] else '')
                     for name, s in scored.items()
                 ),
                 flush=True,
@@ -449,7 +506,9 @@ class Metrics:
         probe_key, assumed = self.prediction['gpu'].get('probe_key'), self.prediction['mfu']
         reason = f"a run measured MFU {mfu:.1%} against the {assumed:.1%} its prediction assumed"
         limit = ledger.REPROBE_FACTOR * assumed
-        if self.prediction.get('mfu_probe_key'):  # a CPU predicted from its step probe: learn what the run reached
+        if self.prediction.get(
+            'mfu_probe_key'
+        ):  # a CPU predicted from its step probe: learn what the run reached
             learn_speed(self.prediction['mfu_probe_key'], self.measured['tokens_per_s'])
             # the GEMM peak then only divides the MFU shown: above 100%, it read low
             reason, limit = f"a run measured MFU {mfu:.1%}, above 100% of the peak", 1.0
@@ -468,7 +527,9 @@ class Metrics:
         loss.png, shown in report.md; a run without matplotlib goes on without it)."""
         if not self.cluster.is_master:
             return
-        self.measured['peak_memory_bytes'], self.measured['peak_reserved_bytes'] = peak_memory(self.cluster)
+        self.measured['peak_memory_bytes'], self.measured['peak_reserved_bytes'] = peak_memory(
+            self.cluster
+        )
         self.measured.update(step=step, tokens_seen=tokens_seen)
         if val_loss is not None:
             self.measured.update(val_loss=val_loss, val_bytes_per_token=val_bytes_per_token)
