@@ -129,23 +129,220 @@ def cli(function):
 
 
 # -----------------------------------------------------------------------------------------------------
-# The model families: what each one is, read by model.py (what it builds), the ledger (what it counts) and
-# export.py (what Hugging Face calls it), so that none of them branches on a family's name. A new family is a row
-# here, plus its modules in model.py where it has a part the others lack, and its layout in export.py.
+# Parts. A model is a stack of blocks built from parts, and a run trains it with an optimizer. Each part is one
+# row of PARTS, and the row is everything the other files know of it: its tensors (names and shapes as model.py
+# builds them, from which the ledger counts its parameters and its matmul FLOPs, 2 per weight forward and 4
+# backward), what it saves for backward per token (Ledger 4b, eager and compiled), its name and formula in the
+# bill, and its Hugging Face export (the classes that hold it; none: export.py refuses in one line). An
+# optimizer's row says its state bytes per parameter and its step's FLOPs. model.py builds a block from the rows'
+# names (its classes by the same names); ledger.py, ledger_report.py and export.py read the rows and name no part.
+# A fork that adds a part adds a row here, a class in model.py and a test. A family (FAMILIES, below) is a named
+# choice of rows; a model key (norm, mlp, positions, qk_norm) takes a part into any family.
+# Shapes are (out, in) as nn.Linear holds them; H is n_embd, H' the FFN width, d the head size, a and r the bytes
+# of an activation and of the residual stream (Ledger 4b).
 
-NORMS, MLPS, POSITIONS = ('layernorm', 'rmsnorm'), ('gelu', 'swiglu'), ('learned', 'rope')
+
+@dataclass(frozen=True)
+class Part:
+    label: str  # its name in the bill
+    formula: str  # its parameters as the bill prints them
+    shapes: object  # (ModelConfig) -> [(name, shape)] of its tensors inside its module, in model.py's order
+    saved: (
+        object  # (ModelConfig, a, r, compiled) -> bytes it saves for backward per token (Ledger 4b)
+    )
+    hf: tuple = ()  # the Hugging Face classes that hold it (export.py); () is "not exportable"
+    hf_act: str = ''  # an MLP's activation as Hugging Face names it (config.json's hidden_act)
+    # an FFN's default width H' (ffn_hidden = 0): ffn_ratio x H, rounded up to a multiple of ffn_multiple
+    ffn_ratio: Fraction = Fraction(0)
+    ffn_multiple: int = 1
+
+
+def linear(name, fan_in, fan_out, bias):
+    """An nn.Linear's tensors: weight (out, in), and its bias when the model has biases."""
+    return [(f'{name}.weight', (fan_out, fan_in))] + (
+        [(f'{name}.bias', (fan_out,))] if bias else []
+    )
+
+
+def layernorm_shapes(c):
+    return [('weight', (c.n_embd,))] + ([('bias', (c.n_embd,))] if c.biases else [])
+
+
+def norm_saved(stats, composite):
+    """A norm's saved bytes a token: eager, its input r*H and its fp32 statistics (`stats` bytes), and where torch
+    runs it as several ops (composite: RMSNorm on the CPU) x/rms too; compiled, the statistics and its output a*H
+    (the next matmul's input: the partitioner keeps that and recomputes the normalisation)."""
+
+    def saved(c, a, r, compiled, fused=True):
+        if compiled:
+            return stats + a * c.n_embd
+        return r * c.n_embd + stats + (r * c.n_embd if composite and not fused else 0)
+
+    return saved
+
+
+def mlp_saved(eager, compiled):
+    """An FFN's saved bytes a token: eager its input a*H and `eager` H'-wide tensors; compiled `compiled` of them
+    (the input is the norm's output, counted there)."""
+    return lambda c, a, r, is_compiled: (
+        compiled * a * c.ffn_width if is_compiled else a * c.n_embd + eager * a * c.ffn_width
+    )
+
+
+def qk_norm_saved(learned):
+    """QK-norm's saved bytes a token, measured on the CPU (test_parts.py, exact): each head's fp32 1/rms,
+    4 x (n_head + n_kv_head); under autocast (a < r) the norm runs in fp32 and keeps its fp32 copy of q and k
+    (4 x heads x d); a learned gain keeps the normalised q and k it multiplies (in the norm's dtype); without RoPE
+    (which rotates them into new tensors, counted by its row) attention keeps the normalised q and k (a bytes).
+    Compiled: counted as eager (not measured)."""
+
+    def saved(c, a, r, compiled):
+        heads = c.n_head + c.kv_heads
+        autocast, width = a < r, heads * c.head_dim
+        norm_bytes = 4 if autocast else a
+        return (
+            4 * heads
+            + (4 * width if autocast else 0)
+            + (norm_bytes * width if learned else 0)
+            + (0 if c.part_name('positions') == 'rope' else a * width)
+        )
+
+    return saved
+
+
+def nothing_saved(c, a, r, compiled):
+    return 0
+
+
+PARTS = {
+    'norm': {
+        # LayerNorm (Ba et al. 2016): weight, and a bias when the model has biases; fp32 mean and 1/std
+        'layernorm': Part(
+            'LayerNorm',
+            'H (+ H bias)',
+            layernorm_shapes,
+            norm_saved(8, False),
+            ('GPT2LMHeadModel',),
+        ),
+        # RMSNorm (Zhang and Sennrich 2019): weight only; fp32 1/rms
+        'rmsnorm': Part(
+            'RMSNorm',
+            'H',
+            lambda c: [('weight', (c.n_embd,))],
+            norm_saved(4, True),
+            ('LlamaForCausalLM', 'Qwen3ForCausalLM'),
+        ),
+    },
+    'mlp': {
+        # GPT-2: up (H -> 4H), GELU (tanh approximation), down: one saved H'-tensor each side of the GELU
+        'gelu': Part(
+            'GELU MLP',
+            "2HH'",
+            lambda c: (
+                linear('up_proj', c.n_embd, c.ffn_width, c.biases)
+                + linear('down_proj', c.ffn_width, c.n_embd, c.biases)
+            ),
+            mlp_saved(2, 2),
+            ('GPT2LMHeadModel',),
+            'gelu_new',
+            Fraction(4),
+        ),
+        # Llama (Shazeer 2020): down(silu(gate(x)) * up(x)), gate and up fused; H' = 8H/3 rounded up to 256, so
+        # that three matrices cost what GPT-2's two do (4096 -> 11008)
+        'swiglu': Part(
+            'SwiGLU',
+            "3HH'",
+            lambda c: (
+                linear('gate_up_proj', c.n_embd, 2 * c.ffn_width, c.biases)
+                + linear('down_proj', c.ffn_width, c.n_embd, c.biases)
+            ),
+            mlp_saved(4, 3),
+            ('LlamaForCausalLM', 'Qwen3ForCausalLM'),
+            'silu',
+            Fraction(8, 3),
+            256,
+        ),
+        # ReLU squared (So et al. 2021, Primer; modded-nanogpt, nanochat): down(relu(up(x))^2), 4H wide
+        'relu2': Part(
+            'ReLU² MLP',
+            "2HH'",
+            lambda c: (
+                linear('up_proj', c.n_embd, c.ffn_width, c.biases)
+                + linear('down_proj', c.ffn_width, c.n_embd, c.biases)
+            ),
+            mlp_saved(2, 2),
+            ('GPT2LMHeadModel',),
+            'relu2',
+            Fraction(4),
+        ),
+    },
+    'positions': {
+        # GPT-2: a block_size x H table added to the embedding (its position ids saved: 8 bytes each, eager)
+        'learned': Part(
+            'learned positions',
+            'T*H',
+            lambda c: [('weight', (c.block_size, c.n_embd))],
+            nothing_saved,
+            ('GPT2LMHeadModel',),
+        ),
+        # RoPE (Su et al. 2021): q and k rotated in each block; no parameters, the rotated q and k saved
+        'rope': Part(
+            'RoPE',
+            'none',
+            lambda c: [],
+            lambda c, a, r, compiled: a * (c.n_head + c.kv_heads) * c.head_dim,
+            ('LlamaForCausalLM', 'Qwen3ForCausalLM'),
+        ),
+    },
+    'qk_norm': {  # an RMSNorm of each head of q and k, before RoPE (Dehghani et al. 2023; OLMo 2, Qwen3, nanochat)
+        'none': Part('no QK-norm', 'none', lambda c: [], nothing_saved, ('*',)),
+        # nanochat's: no parameters (exported with gains of 1)
+        'weightless': Part(
+            'QK-norm (weightless)',
+            'none',
+            lambda c: [],
+            qk_norm_saved(False),
+            ('Qwen3ForCausalLM',),
+        ),
+        # a learned gain per head dimension, one for q and one for k (Qwen3's q_norm, k_norm)
+        'learned': Part(
+            'QK-norm (learned gains)',
+            '2d',
+            lambda c: [('q_norm.weight', (c.head_dim,)), ('k_norm.weight', (c.head_dim,))],
+            qk_norm_saved(True),
+            ('Qwen3ForCausalLM',),
+        ),
+    },
+}
+PART_KEYS = tuple(PARTS)  # the model keys that name a part: norm, mlp, positions, qk_norm
+
+
+@dataclass(frozen=True)
+class Optimizer:
+    label: str  # its name in the bill
+    state_bytes: int  # bytes of state per parameter (fp32 buffers)
+    tensor_bytes: int  # bytes of state per parameter tensor (a step count)
+    formula: str  # the state as the bill prints it
+    step_flops: object  # (shapes) -> matmul FLOPs of one step: 0 for an elementwise update
+
+
+OPTIMIZERS = {
+    # AdamW (Loshchilov and Hutter 2019): exp_avg and exp_avg_sq in fp32, and a 4-byte step count per tensor;
+    # its update is elementwise, ~10 FLOPs a parameter, no matmul (MFU does not count it)
+    'adamw': Optimizer('AdamW exp_avg, exp_avg_sq', 8, 4, '8P', lambda shapes: 0)
+}
+
+
+# -----------------------------------------------------------------------------------------------------
+# The model families: named choices of parts, with the family's biases, tying and Hugging Face class. A new family
+# is a row here (plus, where it has a part the others lack, that part's row, class and export).
 
 
 @dataclass(frozen=True)
 class Family:
-    norm: str  # 'layernorm' (weight, and a bias if the model has biases) or 'rmsnorm' (weight only)
-    mlp: str  # 'gelu' (up H -> H', GELU, down H' -> H) or 'swiglu' (down(silu(gate(x)) * up(x)))
-    positions: (
-        str  # 'learned' (a block_size x H table added to the embedding) or 'rope' (q, k rotated)
-    )
-    # the default FFN width H' (ffn_hidden = 0): ffn_ratio x H, rounded up to a multiple of ffn_multiple
-    ffn_ratio: Fraction
-    ffn_multiple: int
+    norm: str  # a row of PARTS['norm']
+    mlp: str  # a row of PARTS['mlp']
+    positions: str  # a row of PARTS['positions']
     # the family has biases (Linear layers, norms): a config file gets them unless it says bias = False; a family
     # without them refuses bias = True
     bias: bool
@@ -155,38 +352,16 @@ class Family:
     hf_class: str  # the Hugging Face class export.py writes the model as
 
     def __post_init__(self):
-        assert self.norm in NORMS and self.mlp in MLPS and self.positions in POSITIONS, self
-
-    @property
-    def mlp_matrices(self):
-        """H x H' matrices in the FFN: GELU's up and down; SwiGLU's gate, up and down."""
-        return 3 if self.mlp == 'swiglu' else 2
+        assert all(getattr(self, kind) in PARTS[kind] for kind in ('norm', 'mlp', 'positions')), (
+            self
+        )
 
 
 FAMILIES = {
     # GPT-2 (Radford et al. 2019): LayerNorm, a 4H GELU MLP, learned positions, biases, tied embeddings
-    'gpt2': Family(
-        'layernorm',
-        'gelu',
-        'learned',
-        Fraction(4),
-        1,
-        bias=True,
-        tie_embeddings=True,
-        hf_class='GPT2LMHeadModel',
-    ),
-    # LLaMA (Touvron et al. 2023): RMSNorm, SwiGLU at 2/3 of 4H rounded up to 256 (so its three matrices cost
-    # what GPT-2's two do; 4096 -> 11008), RoPE, no biases, untied
-    'llama': Family(
-        'rmsnorm',
-        'swiglu',
-        'rope',
-        Fraction(8, 3),
-        256,
-        bias=False,
-        tie_embeddings=False,
-        hf_class='LlamaForCausalLM',
-    ),
+    'gpt2': Family('layernorm', 'gelu', 'learned', True, True, 'GPT2LMHeadModel'),
+    # LLaMA (Touvron et al. 2023): RMSNorm, SwiGLU, RoPE, no biases, untied
+    'llama': Family('rmsnorm', 'swiglu', 'rope', False, False, 'LlamaForCausalLM'),
 }
 
 
@@ -215,6 +390,13 @@ class ModelConfig:
     bias: bool = False  # biases in Linear layers and norms (gpt2 has them; llama has none)
     norm_eps: float = 1e-5
     rope_theta: float = 10000.0
+    # parts (PARTS above) in place of the family's: '' is the family's own
+    norm: str = ''  # 'layernorm' or 'rmsnorm'
+    mlp: str = ''  # 'gelu', 'swiglu' or 'relu2'
+    positions: str = ''  # 'learned' or 'rope'
+    qk_norm: str = (
+        'none'  # 'none', 'weightless' (nanochat) or 'learned' (a gain per head dimension: Qwen3)
+    )
     # --- mixture of experts (DeepSeekMoE, moe.py's MoE; llama family). n_experts = 0: every FFN dense ---
     n_experts: int = 0  # routed experts in each MoE layer
     top_k: int = 0  # routed experts each token visits (1..n_experts)
@@ -228,6 +410,13 @@ class ModelConfig:
     @property
     def family(self):
         return FAMILIES[self.arch]
+
+    def part_name(self, kind):
+        """The row of PARTS[kind] this model uses: its key, or the family's."""
+        return getattr(self, kind) or getattr(self.family, kind)
+
+    def part(self, kind):
+        return PARTS[kind][self.part_name(kind)]
 
     @property
     def biases(self):
@@ -246,10 +435,16 @@ class ModelConfig:
     def ffn_width(self):
         if self.ffn_hidden:
             return self.ffn_hidden
-        multiple = self.family.ffn_multiple
-        return multiple * math.ceil(
-            self.family.ffn_ratio * self.n_embd / multiple
-        )  # exact: a Fraction
+        mlp = self.part('mlp')  # exact: a Fraction
+        return mlp.ffn_multiple * math.ceil(mlp.ffn_ratio * self.n_embd / mlp.ffn_multiple)
+
+    @property
+    def ffn_matrices(self):
+        """H x H' matrices in the FFN, from its row: GELU's and ReLU²'s up and down; SwiGLU's gate, up, down."""
+        weights = [
+            math.prod(shape) for _, shape in self.part('mlp').shapes(self) if len(shape) == 2
+        ]
+        return sum(weights) // (self.n_embd * self.ffn_width)
 
     @property
     def moe_layers(self):
@@ -485,6 +680,13 @@ IGNORE_INDEX = -1
 # type. Shapes that involve two keys (n_embd divisible by n_head, ...) are checked after.
 
 
+def _part_rule(kind):
+    names = tuple(PARTS[kind])
+    if kind == 'qk_norm':
+        return _one_of(*names)
+    return lambda v: v in ('', *names), f"one of {', '.join(names)} (or '' for the family's)"
+
+
 def _one_of(*choices):
     return lambda v: v in choices, 'one of ' + ', '.join(choices)
 
@@ -495,6 +697,7 @@ FRACTION = (lambda v: 0 <= v < 1, 'in [0, 1)')
 UNIT = (lambda v: 0 <= v <= 1, 'in [0, 1]')
 RULES = {
     'arch': _one_of(*FAMILIES),
+    **{kind: _part_rule(kind) for kind in PARTS},
     'n_layer': POSITIVE,
     'n_head': POSITIVE,
     'n_embd': POSITIVE,
@@ -817,7 +1020,7 @@ def validate(model, train):
         raise ConfigError(
             f"n_head ({model.n_head}) must be divisible by n_kv_head ({model.kv_heads})"
         )
-    if model.family.positions == 'rope' and model.head_dim % 2:
+    if model.part_name('positions') == 'rope' and model.head_dim % 2:
         raise ConfigError(f"RoPE needs an even head size, got n_embd/n_head = {model.head_dim}")
     if model.bias and not model.family.bias:
         raise ConfigError(
@@ -859,9 +1062,10 @@ def validate_moe(model):
                     f"{key} = {getattr(model, key)!r} is for a mixture of experts: set n_experts too"
                 )
         return
-    if model.family.mlp != 'swiglu':
+    if model.part_name('mlp') != 'swiglu':
         raise ConfigError(
-            f"n_experts = {model.n_experts}: the experts are SwiGLU FFNs (arch 'llama'), not {model.arch}"
+            f"n_experts = {model.n_experts}: the experts are SwiGLU FFNs, not {model.part_name('mlp')} "
+            f"(arch 'llama', or mlp = 'swiglu')"
         )
     if not 1 <= model.top_k <= model.n_experts:
         raise ConfigError(f"top_k must be in 1..n_experts ({model.n_experts}), got {model.top_k}")

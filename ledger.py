@@ -29,6 +29,7 @@ from config import (
     X_DENOISERS,
     ConfigError,
     is_mixture,
+    linear,
     sharded,
     tokens_per_micro_step,
 )
@@ -308,104 +309,103 @@ def flag_reprobe(probe_key, reason):
 
 
 # -----------------------------------------------------------------------------------------------------
-# Ledger 1: parameters, exact, counted the way model.py builds the model (== sum(p.numel())).
-# Llama with n_kv_head = n_head, untied: the book's P = 2VH + H + L(4H^2 + 3HH' + 2H); LLaMA-7B -> 6,738,415,616.
+# Ledger 1: parameters, exact, counted the way model.py builds the model (== sum(p.numel())), from the rows of
+# config.PARTS: parameter_shapes lists every tensor, count_params sums them by part. Llama with n_kv_head = n_head,
+# untied: the book's P = 2VH + H + L(4H^2 + 3HH' + 2H); LLaMA-7B -> 6,738,415,616 (book_params).
 
 
-def count_params(model):
-    """Parameter counts by part. 'matmul' is what takes part in matrix multiplies: every Linear weight including
-    the output projection (counted even when tied: the lookup is free, the projection is not); it excludes the
-    embedding lookups, norms and biases. 'blocks_matmul' is the part of it inside the transformer blocks."""
-    H, L, V, T = model.n_embd, model.n_layer, model.vocab_size, model.block_size
-    F, kv_width = model.ffn_width, model.kv_heads * model.head_dim
-    family, bias = model.family, model.biases  # config.FAMILIES: llama has no biases anywhere
-    k = family.mlp_matrices  # GELU: up H -> H', down; SwiGLU: gate, up, down
-    attention_weights = (
-        H * (H + 2 * kv_width) + H * H
-    )  # q, k, v (GQA: k, v are kv_width wide) and output
-    attention_biases = (H + 2 * kv_width) + H if bias else 0
-    ffn_weights = k * H * F
-    ffn_biases = (k - 1) * F + H if bias else 0  # the H'-wide outputs and down's H
-    norm = (
-        2 * H if bias and family.norm == 'layernorm' else H
-    )  # LayerNorm: weight (+ bias); RMSNorm: weight only
-    per_layer = attention_weights + attention_biases + ffn_weights + ffn_biases + 2 * norm
-    moe, M = (
-        moe_params(model),
-        model.moe_layers,
-    )  # MoE layers replace the dense FFN (none: all zero)
-    counts = {
-        'embedding': V * H,
-        'position': T * H
-        if family.positions == 'learned'
-        else 0,  # a learned table (gpt2); RoPE has none
-        'attention': L * (attention_weights + attention_biases),
-        'ffn': (L - M) * (ffn_weights + ffn_biases) + M * moe['layer'],
-        'norms': (2 * L + 1) * norm,  # two per block and the final one
-        'output': 0
-        if model.tie_embeddings
-        else V * H,  # lm_head; tied: shares the embedding's tensor
-        'per_layer': per_layer,
-        'blocks_matmul_total': L * attention_weights + (L - M) * ffn_weights + M * moe['layer'],
-    }
-    counts['total'] = sum(
-        counts[k] for k in ('embedding', 'position', 'attention', 'ffn', 'norms', 'output')
+def block_shapes(model, i):
+    """(name, shape) of block i's tensors, as model.Block registers them: its norms, attention (with its QK-norm
+    row's tensors), and FFN (the MLP row's, or an MoE's router, experts and shared experts)."""
+    H, block = model.n_embd, f'blocks.{i}'
+    norm, bias = model.part('norm').shapes(model), model.biases
+    qkv_width = (model.n_head + 2 * model.kv_heads) * model.head_dim
+    shapes = [(f'{block}.attn_norm.{n}', s) for n, s in norm]
+    shapes += linear(f'{block}.attn.qkv_proj', H, qkv_width, bias) + linear(
+        f'{block}.attn.o_proj', H, H, bias
     )
-    # what one token's forward uses: every weight but the experts it does not visit (dense: all of them)
-    counts['active'] = counts['total'] - M * moe['idle']
-    counts['blocks_matmul'] = (
-        counts['blocks_matmul_total'] - M * moe['idle']
-    )  # the FLOPs count these
-    counts['matmul'] = counts['blocks_matmul'] + V * H
-    counts['matmul_total'] = counts['blocks_matmul_total'] + V * H
-    counts['moe_layer'], counts['moe_layer_active'] = moe['layer'], moe['layer'] - moe['idle']
-    return counts
+    shapes += [(f'{block}.attn.qk_norm.{n}', s) for n, s in model.part('qk_norm').shapes(model)]
+    shapes += [(f'{block}.mlp_norm.{n}', s) for n, s in norm]
+    if i < model.n_layer - model.moe_layers:
+        return shapes + [(f'{block}.mlp.{n}', s) for n, s in model.part('mlp').shapes(model)]
+    E, S = model.expert_hidden, model.n_shared_experts * model.expert_hidden  # MoE: SwiGLU experts
+    shapes += [(f'{block}.mlp.router.weight', (model.n_experts, H))]
+    for name, width in [(f'experts.{j}', E) for j in range(model.n_experts)] + (
+        [('shared', S)] if S else []
+    ):
+        shapes += linear(f'{block}.mlp.{name}.gate_up_proj', H, 2 * width, bias)
+        shapes += linear(f'{block}.mlp.{name}.down_proj', width, H, bias)
+    return shapes
 
 
 def parameter_shapes(model):
     """(name, shape) of every parameter tensor, in the order model.py registers them (= model.named_parameters();
     a tied output projection is the embedding's own tensor, listed once). The exact sharding of Ledger 4 needs the
     tensors, not just their sum: ZeRO-1 hands out whole tensors, FSDP2 splits each one's first dimension."""
-    H, V, T, F = model.n_embd, model.vocab_size, model.block_size, model.ffn_width
-    qkv_width = (model.n_head + 2 * model.kv_heads) * model.head_dim
-    family, bias = model.family, model.biases
-    learned, norm_bias = family.positions == 'learned', bias and family.norm == 'layernorm'
-
-    def linear(name, fan_in, fan_out):
-        return [(f'{name}.weight', (fan_out, fan_in))] + (
-            [(f'{name}.bias', (fan_out,))] if bias else []
-        )
-
-    def norm(name):
-        return [(f'{name}.weight', (H,))] + ([(f'{name}.bias', (H,))] if norm_bias else [])
-
-    shapes = [('tok_emb.weight', (V, H))] + ([('pos_emb.weight', (T, H))] if learned else [])
+    H, V = model.n_embd, model.vocab_size
+    positions = [(f'pos_emb.{n}', s) for n, s in model.part('positions').shapes(model)]
+    shapes = [('tok_emb.weight', (V, H))] + positions
     for i in range(model.n_layer):
-        block = f'blocks.{i}'
-        shapes += (
-            norm(f'{block}.attn_norm')
-            + linear(f'{block}.attn.qkv_proj', H, qkv_width)
-            + linear(f'{block}.attn.o_proj', H, H)
-            + norm(f'{block}.mlp_norm')
-        )
-        if (
-            i >= model.n_layer - model.moe_layers
-        ):  # an MoE layer: router, experts, shared experts (SwiGLU)
-            E, S = model.expert_hidden, model.n_shared_experts * model.expert_hidden
-            shapes += [(f'{block}.mlp.router.weight', (model.n_experts, H))]
-            for name, width in [(f'experts.{j}', E) for j in range(model.n_experts)] + (
-                [('shared', S)] if S else []
-            ):
-                shapes += linear(f'{block}.mlp.{name}.gate_up_proj', H, 2 * width)
-                shapes += linear(f'{block}.mlp.{name}.down_proj', width, H)
-            continue
-        if family.mlp == 'swiglu':
-            shapes += linear(f'{block}.mlp.gate_up_proj', H, 2 * F)  # gate and up, fused
-        else:
-            shapes += linear(f'{block}.mlp.up_proj', H, F)
-        shapes += linear(f'{block}.mlp.down_proj', F, H)
-    shapes += norm('norm_f') + ([] if model.tie_embeddings else [('lm_head.weight', (V, H))])
-    return shapes
+        shapes += block_shapes(model, i)
+    shapes += [(f'norm_f.{n}', s) for n, s in model.part('norm').shapes(model)]
+    return shapes + ([] if model.tie_embeddings else [('lm_head.weight', (V, H))])
+
+
+def _part_of(name):
+    """The bill's group of a parameter tensor: embedding, position, attention (with QK-norm's gains), ffn, norms
+    (the blocks' two and the final one), output."""
+    top = name.split('.')[0]
+    if top != 'blocks':
+        return {
+            'tok_emb': 'embedding',
+            'pos_emb': 'position',
+            'lm_head': 'output',
+            'norm_f': 'norms',
+        }[top]
+    return {'attn': 'attention', 'mlp': 'ffn', 'attn_norm': 'norms', 'mlp_norm': 'norms'}[
+        name.split('.')[2]
+    ]
+
+
+def count_params(model):
+    """Parameter counts by part, the sums of parameter_shapes. 'matmul' is what takes part in matrix multiplies:
+    every Linear weight including the output projection (counted even when tied: the lookup is free, the
+    projection is not); it excludes the embedding lookups, norms and biases. 'blocks_matmul' is the part of it
+    inside the transformer blocks; 'active' (and the 'blocks_matmul' FLOPs count) leave out the routed experts a
+    token does not visit (Ledger MoE)."""
+    counts = dict.fromkeys(('embedding', 'position', 'attention', 'ffn', 'norms', 'output'), 0)
+    blocks_matmul = 0
+    for name, shape in parameter_shapes(model):
+        counts[_part_of(name)] += math.prod(shape)
+        if name.startswith('blocks.') and len(shape) == 2:
+            blocks_matmul += math.prod(shape)
+    moe, M = moe_params(model), model.moe_layers
+    counts['per_layer'] = sum(math.prod(s) for _, s in block_shapes(model, 0))
+    counts['blocks_matmul_total'] = blocks_matmul
+    counts['total'] = sum(
+        counts[k] for k in ('embedding', 'position', 'attention', 'ffn', 'norms', 'output')
+    )
+    # what one token's forward uses: every weight but the experts it does not visit (dense: all of them)
+    counts['active'] = counts['total'] - M * moe['idle']
+    counts['blocks_matmul'] = blocks_matmul - M * moe['idle']  # the FLOPs count these
+    counts['matmul'] = counts['blocks_matmul'] + model.vocab_size * model.n_embd
+    counts['matmul_total'] = blocks_matmul + model.vocab_size * model.n_embd
+    counts['moe_layer'], counts['moe_layer_active'] = moe['layer'], moe['layer'] - moe['idle']
+    counts['ffn_matmul'] = sum(
+        math.prod(s) for _, s in model.part('mlp').shapes(model) if len(s) == 2
+    )
+    counts['ffn_last_matmul'] = [
+        math.prod(s) for _, s in model.part('mlp').shapes(model) if len(s) == 2
+    ][-1]
+    return counts
+
+
+def book_params(model):
+    """The book's closed form for a Llama (RMSNorm, SwiGLU, no biases, untied): 2VH + H + L(4H^2 + 3HH' + 2H),
+    with GQA's k and v narrower: 4H^2 becomes 2H^2 + 2H*kv_width. test_parts.py holds it equal to count_params."""
+    H, V, L, F = model.n_embd, model.vocab_size, model.n_layer, model.ffn_width
+    kv_width = model.kv_heads * model.head_dim
+    return 2 * V * H + H + L * (2 * H * H + 2 * H * kv_width + 3 * H * F + 2 * H)
 
 
 # -----------------------------------------------------------------------------------------------------
@@ -443,7 +443,9 @@ def flops_per_token(model, recompute=False, compiled_blocks=False):
     # an MoE layer's last saved tensors are the routed experts' outputs: the rerun skips only the shared experts'
     # down_proj (H x n_shared * expert_hidden), which runs last (Ledger MoE)
     M, shared = model.moe_layers, model.n_shared_experts * model.expert_hidden
-    skipped = 0 if compiled_blocks else (L - M) * H * model.ffn_width + M * H * shared  # down_proj
+    skipped = (
+        0 if compiled_blocks else (L - M) * params['ffn_last_matmul'] + M * H * shared
+    )  # down_proj
     rerun_matmul = params['blocks_matmul'] - skipped
     matmul_recompute = (
         matmul + 2 * rerun_matmul + attention // 3
@@ -631,12 +633,6 @@ def held_model_states(model, parallel, n_gpu, dtype='bfloat16', rank=0):
 #   bf16 weight copies as in eager.
 #   LLaMA-1.3B-like block in bf16 (H 2048, H' 5632): eager 79 KB a token, compiled 70 KB.
 
-NORM_STATS = {
-    'layernorm': 8,
-    'rmsnorm': 4,
-}  # fp32 bytes a token: LayerNorm's mean and 1/std, RMSNorm's 1/rms
-FFN_SAVED = {'gelu': 2, 'swiglu': 4}  # H'-wide tensors an eager FFN saves (above)
-
 
 def activation_bytes(
     model,
@@ -649,93 +645,72 @@ def activation_bytes(
     compiled=None,
 ):
     """Bytes autograd holds for backward at its peak (loss buffers aside: logits_bytes), for one GPU's
-    micro-batch of full sequences. attention: 'flash' (flash/cuDNN/efficient and CPU's flash kernel) or 'math'.
-    compiled: None (eager), 'model' (the whole model compiled: one process, DDP, ZeRO-1) or 'blocks' (each block
-    compiled alone: train.py under FSDP2), as Ledger 4b' below counts it (flash attention only)."""
+    micro-batch of full sequences, from the parts' rows (config.PARTS: each part's saved bytes a token).
+    attention: 'flash' (flash/cuDNN/efficient and CPU's flash kernel) or 'math'. compiled: None (eager), 'model'
+    (the whole model compiled: one process, DDP, ZeRO-1) or 'blocks' (each block compiled alone: train.py under
+    FSDP2), as Ledger 4b' counts it (flash attention only)."""
     if attention not in ('flash', 'math'):
         raise ConfigError(f"attention must be 'flash' or 'math', not '{attention}'")
     a, r = dtype_bytes, residual_bytes
-    H, L, F, T = model.n_embd, model.n_layer, model.ffn_width, model.block_size
-    n_head, n_kv_head, d = model.n_head, model.kv_heads, model.head_dim
-    tokens = micro_batch * T
-    family = model.family
-    rotated = a * (n_head + n_kv_head) * d if family.positions == 'rope' else 0
-    stats = NORM_STATS[family.norm]
-    M = model.moe_layers
+    H, L, T, tokens = model.n_embd, model.n_layer, model.block_size, micro_batch * model.block_size
+    n_head, d, M = model.n_head, model.head_dim, model.moe_layers
+    norm, mlp, positions = model.part('norm'), model.part('mlp'), model.part('positions')
     if M:  # the routing's host read breaks the compiled graph: counted as eager (an approximation, Ledger MoE)
         compiled = None
+    rope_qk = positions.saved(model, a, r, compiled) + model.part('qk_norm').saved(
+        model, a, r, compiled
+    )
+    qkv = a * (n_head + 2 * model.kv_heads) * d  # the fused output, kept whole (v is a view of it)
+    ffn = mlp.saved(model, a, r, False)  # eager, an MoE layer replaces it
     if compiled and attention == 'flash':
         middle = (
             a * H if compiled == 'blocks' else r * H
         )  # o_proj's output, or the residual after attention
+        attn = qkv + rope_qk + 4 * n_head + a * H  # + the flash kernel's log-sum-exp and output
         layer = (
-            r * H
-            + middle
-            + 2 * stats
-            + 3 * a * H
-            + a * (n_head + 2 * n_kv_head) * d
-            + rotated
-            + 4 * n_head
-            + family.mlp_matrices * a * F
+            r * H + middle + 2 * norm.saved(model, a, r, True) + attn + mlp.saved(model, a, r, True)
         )
         head = (
-            (0 if recompute else r * H) + stats + a * H + 8
-        )  # + the final norm; 8: the logits' max and log-sum
+            (0 if recompute else r * H) + norm.saved(model, a, r, True) + 8
+        )  # 8: the logits' max, log-sum
         if (
             compiled == 'blocks'
         ):  # the root (final norm, lm_head, loss) runs eager around the compiled blocks
-            head = (
-                r * H
-                + stats
-                + (r * H if family.norm == 'rmsnorm' and not fused_norm else 0)
-                + a * H
-            )
+            head = norm.saved(model, a, r, False, fused_norm) + a * H
     else:
-        norm = r * H + stats + (r * H if family.norm == 'rmsnorm' and not fused_norm else 0)
-        ffn = a * H + FFN_SAVED[family.mlp] * a * F
+        eager_norm = norm.saved(model, a, r, False, fused_norm)
         if attention == 'flash':
-            attn = a * H + a * (n_head + 2 * n_kv_head) * d + rotated + 4 * n_head + a * H
-        else:
+            attn = a * H + qkv + rope_qk + 4 * n_head + a * H  # input, ..., o_proj's input
+        else:  # the math kernel: q, k, v expanded to every head, and the softmax probabilities
             attn = a * H + 3 * a * H + a * n_head * T + a * H
-        layer = 2 * norm + attn + ffn
-        head = norm + a * H
+        layer = 2 * eager_norm + attn + ffn
+        head = eager_norm + a * H
     autocast = (
         a < r
     )  # weights in fp32, matmuls in bf16: each Linear keeps a bf16 copy of its weight
     params = count_params(model)
-    block_weights = 2 * params['blocks_matmul_total'] // L if autocast else 0
-    positions = (
-        8 * T if family.positions == 'learned' and not compiled else 0
-    )  # the position ids, int64
-    parts = {'token_ids': tokens * 16 + positions, 'head': tokens * head}
-    # (bytes a token saves, bf16 weight copies) of each kind of layer: dense, and MoE (Ledger MoE below)
-    kinds = [(L - M, layer, block_weights)]
+    position_ids = (
+        8 * T if positions.shapes(model) and not compiled else 0
+    )  # a learned table's ids, int64
+    parts = {'token_ids': tokens * 16 + position_ids, 'head': tokens * head}
+    # (layers, bytes a token saves, bf16 weight copies) of each kind of layer: dense, and MoE (Ledger MoE below)
+    attention_weights = H * (n_head + 2 * model.kv_heads) * d + H * H  # qkv_proj and o_proj
+    kinds = [(L - M, layer, 2 * (attention_weights + params['ffn_matmul']) if autocast else 0)]
     if M:
-        dense_ffn_weights = family.mlp_matrices * H * F
-        attention_weights = H * (n_head + 2 * n_kv_head) * d + H * H  # qkv_proj and o_proj
         moe_saved = moe_activation_bytes(model, a, autocast)
-        kinds = [
-            (L - M, layer, 2 * (attention_weights + dense_ffn_weights) if autocast else 0),
-            (
-                M,
-                layer - ffn + moe_saved['total'],
-                2 * (attention_weights + params['moe_layer']) if autocast else 0,
-            ),
-        ]
+        moe_weights = 2 * (attention_weights + params['moe_layer']) if autocast else 0
+        kinds.append((M, layer - ffn + moe_saved['total'], moe_weights))
     kinds = [kind for kind in kinds if kind[0]]
-    if recompute:
+    lm_head_copy = 2 * model.vocab_size * H if autocast else 0
+    if recompute:  # lm_head's copy only: the blocks' are made again as each is rerun
         parts['block_inputs'] = tokens * L * r * H
         parts['recomputed_block'] = max(
             tokens * (saved - r * H) + weights for _, saved, weights in kinds
         )
-        parts['bf16_weights'] = (
-            2 * model.vocab_size * H if autocast else 0
-        )  # lm_head only: blocks are re-run
+        parts['bf16_weights'] = lm_head_copy
     else:
         parts['blocks'] = sum(n * tokens * saved for n, saved, _ in kinds)
-        parts['bf16_weights'] = sum(n * weights for n, _, weights in kinds) + (
-            2 * model.vocab_size * H if autocast else 0
-        )
+        parts['bf16_weights'] = sum(n * weights for n, _, weights in kinds) + lm_head_copy
     parts['total'] = sum(parts.values())
     if (
         M

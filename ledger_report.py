@@ -72,10 +72,6 @@ def duration(days):
     return f'{seconds:.3g} s'
 
 
-NORM_NAMES = {'layernorm': 'LayerNorm', 'rmsnorm': 'RMSNorm'}
-MLP_NAMES = {'gelu': 'GELU MLP', 'swiglu': 'SwiGLU'}
-
-
 def report_header(p):
     m, t = p['model'], p['train']
     model = ModelConfig(**m)
@@ -90,6 +86,66 @@ def report_header(p):
     ] + ([pretrained.describe(t['init_from'])] if t.get('init_from') else [])
 
 
+def parameter_rows(model, params):
+    """Ledger 1's rows, each part named and its formula given by its row of config.PARTS."""
+    bias, tied, k = model.biases, model.tie_embeddings, model.ffn_matrices  # k: H x H' matrices
+    norm, mlp, qk_norm = model.part('norm'), model.part('mlp'), model.part('qk_norm')
+    norm_bias = len(norm.shapes(model)) == 2  # LayerNorm with the model's biases
+    mha = (
+        model.kv_heads == model.n_head
+    )  # else GQA: k and v are kv_width = n_kv_head x head_dim wide
+    qk = '' if qk_norm.formula == 'none' else f" + {qk_norm.formula} ({qk_norm.label})"
+    per_layer = (f"4H^2 + {k}HH' + 2H" if mha else f"2H^2 + 2H*kv_width + {k}HH' + 2H") + qk
+    if bias:
+        per_layer += f" (+ {(5 if mha else 3) + 2 * norm_bias}H{'' if mha else ' + 2kv_width'}"
+        per_layer += f" + {'' if k == 2 else k - 1}H' biases)"
+    if not mha:
+        per_layer += f", kv_width = {model.kv_heads} kv heads x {model.head_dim}"
+    position = model.part('positions')
+    rows = [
+        ('token embedding', f"{params['embedding']:,}", 'V*H'),
+        ('position embedding', f"{params['position']:,}", f'{position.formula} ({position.label})')
+        if params['position']
+        else None,
+        (
+            'attention' + (f' ({qk_norm.label})' if qk else ''),
+            f"{params['attention']:,}",
+            'L*(2H^2 + 2H*kv_width'
+            + (' + biases' if bias else '')
+            + (f' + {qk_norm.formula}' if qk else '')
+            + '): q, o and GQA-sized k, v',
+        ),
+        (
+            f"ffn ({mlp.label})",
+            f"{params['ffn']:,}",
+            'the dense layers and every expert: Ledger MoE'
+            if model.n_experts
+            else f"L*({mlp.formula} + biases)"
+            if bias
+            else f"L*{mlp.formula}",
+        ),
+        (
+            f"norms ({norm.label})",
+            f"{params['norms']:,}",
+            '(2L + 1)*H' + (' * 2 (weight, bias)' if norm_bias else ''),
+        ),
+        (
+            'output projection',
+            f"{params['output']:,}",
+            'tied: shares the embedding' if tied else 'V*H',
+        ),
+        ('per layer', f"{params['per_layer']:,}", per_layer),
+        ('total P', f"{params['total']:,}", si(params['total'])),
+        (
+            'in matmuls N_matmul',
+            f"{params['matmul']:,}",
+            f"{params['matmul'] / params['total']:.1%} of P: Linear weights incl. the output projection"
+            + (', those a token uses (MoE)' if model.n_experts else ''),
+        ),
+    ]
+    return [row for row in rows if row]
+
+
 def report_sections(p):
     """-> [(title, [(label, value, note), ...]), ...] for a prediction."""
     m, t, params, flops, memory, data, device = (
@@ -102,66 +158,11 @@ def report_sections(p):
         p['gpu'],
     )
     model = ModelConfig(**m)
-    family, bias, tied, recompute = model.family, model.biases, model.tie_embeddings, t['recompute']
-    norm_bias, k = (
-        bias and family.norm == 'layernorm',
-        family.mlp_matrices,
-    )  # LayerNorm's bias; H x H' matrices
-    mha = (
-        model.kv_heads == model.n_head
-    )  # else GQA: k and v are kv_width = n_kv_head x head_dim wide
+    recompute, tied = t['recompute'], model.tie_embeddings
     book_p = '8P' if recompute else '6P'
     fsdp2 = sharded(t['parallel'], p['n_gpu'])  # FSDP2 shards every tensor's rows
     bf16 = p['dtype'] == 'bfloat16'
-    parameters = [
-        ('token embedding', f"{params['embedding']:,}", 'V*H'),
-        ('position embedding', f"{params['position']:,}", 'T*H (learned positions)')
-        if family.positions == 'learned'
-        else None,
-        (
-            'attention',
-            f"{params['attention']:,}",
-            'L*(2H^2 + 2H*kv_width' + (' + biases)' if bias else ')') + ': q, o and GQA-sized k, v',
-        ),
-        (
-            f"ffn ({MLP_NAMES[family.mlp]})",
-            f"{params['ffn']:,}",
-            'the dense layers and every expert: Ledger MoE'
-            if model.n_experts
-            else f"L*({k}HH' + biases)"
-            if bias
-            else f"L*{k}HH'",
-        ),
-        (
-            f"norms ({NORM_NAMES[family.norm]})",
-            f"{params['norms']:,}",
-            '(2L + 1)*H' + (' * 2 (weight, bias)' if norm_bias else ''),
-        ),
-        (
-            'output projection',
-            f"{params['output']:,}",
-            'tied: shares the embedding' if tied else 'V*H',
-        ),
-        (
-            'per layer',
-            f"{params['per_layer']:,}",
-            (f"4H^2 + {k}HH' + 2H" if mha else f"2H^2 + 2H*kv_width + {k}HH' + 2H")
-            + (
-                f" (+ {(5 if mha else 3) + 2 * norm_bias}H{'' if mha else ' + 2kv_width'}"
-                f" + {'' if k == 2 else k - 1}H' biases)"
-                if bias
-                else ''
-            )
-            + ('' if mha else f", kv_width = {model.kv_heads} kv heads x {model.head_dim}"),
-        ),
-        ('total P', f"{params['total']:,}", si(params['total'])),
-        (
-            'in matmuls N_matmul',
-            f"{params['matmul']:,}",
-            f"{params['matmul'] / params['total']:.1%} of P: Linear weights incl. the output projection"
-            + (', those a token uses (MoE)' if model.n_experts else ''),
-        ),
-    ]
+    parameters = parameter_rows(model, params)
     nanogpt_extra = flops['nanogpt'] / flops['matmul'] - 1
     rerun = '2N_blocks' if p['compiled_blocks'] else "2(N_blocks-LHH')"
     compute = [

@@ -98,7 +98,7 @@ def test_family_rows():
         gpt2.positions,
         gpt2.bias,
         gpt2.tie_embeddings,
-        gpt2.mlp_matrices,
+        ModelConfig(arch='gpt2').ffn_matrices,
     ) == ('layernorm', 'gelu', 'learned', True, True, 2)
     assert (
         llama.norm,
@@ -106,7 +106,7 @@ def test_family_rows():
         llama.positions,
         llama.bias,
         llama.tie_embeddings,
-        llama.mlp_matrices,
+        ModelConfig(arch='llama').ffn_matrices,
     ) == ('rmsnorm', 'swiglu', 'rope', False, False, 3)
     # the default FFN widths: 4H; LLaMA's 2/3 of 4H rounded up to 256, exact where 8H/3 is a multiple of 256
     assert [ModelConfig(arch='gpt2', n_embd=H).ffn_width for H in (768, 1600)] == [3072, 6400]

@@ -78,7 +78,7 @@ def test_the_per_layer_row_shows_the_formula_of_its_number(config, n_kv_head, ca
     )
     count, formula = re.match(r'\s*per layer\s+([\d,]+)\s+(.*)', row).groups()
     model = load_config(config, [f'--n_kv_head={n_kv_head}'])[0]
-    H, F, k = model.n_embd, model.ffn_width, model.family.mlp_matrices
+    H, F, k = model.n_embd, model.ffn_width, model.ffn_matrices
     kv_width = model.kv_heads * model.head_dim
     if n_kv_head:
         assert (

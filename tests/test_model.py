@@ -111,15 +111,16 @@ def test_the_model_is_what_its_family_row_says(arch, bias):
         model = GPT(config)
     norms = {'layernorm': torch.nn.LayerNorm, 'rmsnorm': torch.nn.RMSNorm}
     assert all(type(m) is norms[family.norm] for m in (model.norm_f, model.blocks[0].attn_norm))
-    assert isinstance(model.blocks[0].mlp, MLPS[family.mlp])
+    assert type(model.blocks[0].mlp) is MLPS[family.mlp]
     ffn_matrices = [p for p in model.blocks[0].mlp.parameters() if p.dim() == 2]
     assert (
         sum(p.numel() for p in ffn_matrices)
-        == family.mlp_matrices * config.n_embd * config.ffn_width
+        == config.ffn_matrices * config.n_embd * config.ffn_width
     )
+    mlp = config.part('mlp')
     assert (
         config.ffn_width
-        == math.ceil(family.ffn_ratio * config.n_embd / family.ffn_multiple) * family.ffn_multiple
+        == math.ceil(mlp.ffn_ratio * config.n_embd / mlp.ffn_multiple) * mlp.ffn_multiple
     )
     assert hasattr(model, 'pos_emb') == (family.positions == 'learned')
     assert (

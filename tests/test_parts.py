@@ -1,0 +1,136 @@
+"""
+test_parts.py: every row of config.PARTS against the modules model.py builds from it, and the ledger's figures
+for a part proven as the others are: its tensors against named_parameters(), its FLOPs against FlopCounterMode,
+its saved bytes against the tensors autograd keeps (with minus without, exact to the byte), and its export.
+QK-norm (weightless and learned) and the ReLU² MLP are parts any family takes by a key.
+"""
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from test_model import batch, measured_activation_bytes, predicted_activation_bytes, tiny
+from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.utils.flop_counter import FlopCounterMode
+
+import ledger
+from config import FAMILIES, PARTS, ConfigError, ModelConfig
+from model import GPT
+
+NEW_PARTS = [dict(qk_norm='weightless'), dict(qk_norm='learned'), dict(mlp='relu2')]
+BASES = [dict(), dict(n_kv_head=2), dict(arch='gpt2')]
+
+
+@pytest.fixture(autouse=True, scope='module')
+def one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def every_part():
+    """A config for every row of every kind, in the family that does not have it by default as well."""
+    for kind, rows in PARTS.items():
+        for name in rows:
+            for arch in FAMILIES:
+                yield tiny(arch=arch, **{kind: name})
+
+
+@pytest.mark.parametrize('config', list(every_part()), ids=str)
+def test_each_rows_tensors_are_the_models(config):
+    with torch.device('meta'):
+        model = GPT(config)
+    assert ledger.parameter_shapes(config) == [
+        (n, tuple(p.shape)) for n, p in model.named_parameters()
+    ]
+    assert sum(p.numel() for p in model.parameters()) == ledger.count_params(config)['total']
+
+
+def test_the_books_closed_form_is_the_sum_of_the_rows():
+    for config in (tiny(), tiny(n_kv_head=2), tiny(n_layer=3, ffn_hidden=100, vocab_size=300)):
+        assert ledger.count_params(config)['total'] == ledger.book_params(config)
+    llama_7b = ModelConfig(n_layer=32, n_head=32, n_embd=4096, ffn_hidden=11008, vocab_size=32000)
+    assert ledger.book_params(llama_7b) == ledger.count_params(llama_7b)['total'] == 6_738_415_616
+
+
+def counted_flops(config, recompute=False):
+    torch.manual_seed(0)
+    model = GPT(config)
+    model.recompute = recompute
+    idx, targets = batch(config, 2)
+    with FlopCounterMode(display=False) as counter, sdpa_kernel(SDPBackend.MATH):
+        model(idx, targets)[1].backward()
+    return counter.get_total_flops()
+
+
+@pytest.mark.parametrize('recompute', [False, True], ids=['stored', 'recompute'])
+@pytest.mark.parametrize('part', NEW_PARTS, ids=str)
+@pytest.mark.parametrize('base', BASES, ids=str)
+def test_a_parts_flops_with_minus_without_are_the_ledgers(base, part, recompute):
+    """The math kernel counts QK^T and AV as matmuls; the ledger's attention term is the same 12LHT."""
+    tokens = 2 * tiny(**base).block_size
+    counted, predicted = [], []
+    for config in (tiny(**base), tiny(**base, **part)):
+        counted.append(counted_flops(config, recompute))
+        predicted.append(tokens * ledger.flops_per_token(config, recompute)['hardware'])
+    assert counted == predicted
+    assert counted[1] - counted[0] == predicted[1] - predicted[0]
+
+
+@pytest.mark.parametrize('autocast', [False, True], ids=['fp32', 'bf16'])
+@pytest.mark.parametrize('recompute', [False, True], ids=['stored', 'recompute'])
+@pytest.mark.parametrize('part', NEW_PARTS, ids=str)
+@pytest.mark.parametrize('base', BASES, ids=str)
+def test_a_parts_saved_bytes_with_minus_without_are_the_ledgers(base, part, recompute, autocast):
+    measured, predicted = [], []
+    for config in (tiny(**base), tiny(**base, **part)):
+        torch.manual_seed(0)
+        model = GPT(config)
+        measured.append(measured_activation_bytes(model, 3, recompute, autocast))
+        predicted.append(
+            predicted_activation_bytes(config, 3, recompute, 'flash', 2 if autocast else 4)
+        )
+    assert measured[1] - measured[0] == predicted[1] - predicted[0]
+
+
+def test_qk_norm_gives_each_head_of_q_and_k_unit_rms_before_rope():
+    for qk_norm in ('weightless', 'learned'):
+        config = tiny(qk_norm=qk_norm, n_kv_head=2)
+        model = GPT(config)
+        attn, T = model.blocks[0].attn, config.block_size
+        seen = {}
+
+        def keep(module, args, out, seen=seen):
+            seen.update(q=out[0], k=out[1])
+
+        attn.qk_norm.register_forward_hook(keep)
+        attn(torch.randn(2, T, config.n_embd) * 7, model.rope_cos[:T], model.rope_sin[:T])
+        for t in seen.values():  # gains start at 1, so both forms start at rms 1 per head
+            assert torch.allclose(t.pow(2).mean(-1).sqrt(), torch.ones(()), atol=1e-3)
+    learned = GPT(tiny(qk_norm='learned')).blocks[0].attn.qk_norm
+    assert [p.shape for p in learned.parameters()] == [(16,), (16,)]
+
+
+def test_relu2_is_relu_squared():
+    config = tiny(mlp='relu2')
+    mlp = GPT(config).blocks[0].mlp
+    x = torch.randn(3, config.n_embd)
+    expected = F.linear(F.relu(F.linear(x, mlp.up_proj.weight)) ** 2, mlp.down_proj.weight)
+    assert torch.allclose(mlp(x), expected, atol=1e-6)
+    assert config.ffn_width == 4 * config.n_embd
+
+
+def test_a_part_key_is_checked_in_one_line():
+    from config import load_config
+
+    with pytest.raises(
+        ConfigError, match="qk_norm must be one of none, weightless, learned, not 'rms'"
+    ):
+        load_config(None, ['--qk_norm=rms'])
+    with pytest.raises(ConfigError, match="mlp must be one of gelu, swiglu, relu2"):
+        load_config(None, ['--mlp=relu3'])
+    assert math.isclose(
+        load_config(None, ['--mlp=relu2', '--n_embd=64', '--n_head=4'])[0].ffn_width, 256
+    )
