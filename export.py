@@ -26,7 +26,7 @@ import torch
 
 import checkpoint
 import data
-from config import EOT, FAMILIES, ConfigError, UserError, cli
+from config import EOT, FAMILIES, PART_KEYS, ConfigError, UserError, cli
 from files import disk_errors
 
 DTYPES = {'bfloat16': torch.bfloat16, 'float32': torch.float32, 'float16': torch.float16}
@@ -64,6 +64,17 @@ def llama_tensors(model):
         )
     if not c.tie_embeddings:  # tied: HF ties lm_head to the embedding itself (tie_word_embeddings)
         tensors['lm_head.weight'] = ours['lm_head.weight']
+    return tensors
+
+
+def qwen3_tensors(model):
+    """Qwen3 is Llama with an RMSNorm of each head of q and k before RoPE (q_norm, k_norm: a gain per head
+    dimension): QK-norm's learned gains, or gains of 1 for the weightless form, which computes the same."""
+    c, ours, tensors = model.config, model.state_dict(), llama_tensors(model)
+    for i in range(c.n_layer):
+        for name in ('q_norm', 'k_norm'):
+            gain = ours.get(f'blocks.{i}.attn.qk_norm.{name}.weight', torch.ones(c.head_dim))
+            tensors[f'model.layers.{i}.self_attn.{name}.weight'] = gain
     return tensors
 
 
@@ -120,12 +131,21 @@ def llama_config(c):
         'num_attention_heads': c.n_head,
         'num_key_value_heads': c.kv_heads,
         'head_dim': c.head_dim,
-        'hidden_act': 'silu',
+        'hidden_act': c.part('mlp').hf_act,
         'max_position_embeddings': c.block_size,
         'rms_norm_eps': c.norm_eps,
         'rope_theta': c.rope_theta,
         'attention_bias': False,
         'mlp_bias': False,
+    }
+
+
+def qwen3_config(c):
+    return {
+        **llama_config(c),
+        'model_type': 'qwen3',
+        'use_sliding_window': False,
+        'sliding_window': None,
     }
 
 
@@ -139,7 +159,7 @@ def gpt2_config(c):
         'n_head': c.n_head,
         'n_positions': c.block_size,
         'n_ctx': c.block_size,
-        'activation_function': 'gelu_new',  # HF's name for the tanh approximation, what GPT-2 and model.py use
+        'activation_function': c.part('mlp').hf_act,  # GELU: 'gelu_new', the tanh approximation
         'layer_norm_epsilon': c.norm_eps,
         'resid_pdrop': 0.0,
         'embd_pdrop': 0.0,
@@ -147,22 +167,45 @@ def gpt2_config(c):
     }
 
 
-# A family's Hugging Face class -> (its weights, its config.json, whether it has grouped-query attention).
+# A Hugging Face class -> (its weights, its config.json, whether it has grouped-query attention).
 LAYOUTS = {
     'LlamaForCausalLM': (llama_tensors, llama_config, True),
-    'GPT2LMHeadModel': (gpt2_tensors, gpt2_config, False),
-}  # one key/value head per query head
+    'Qwen3ForCausalLM': (qwen3_tensors, qwen3_config, True),
+    'GPT2LMHeadModel': (gpt2_tensors, gpt2_config, False),  # one key/value head per query head
+}
 assert {family.hf_class for family in FAMILIES.values()} <= set(LAYOUTS)
 
 
+def hf_class_of(c):
+    """The Hugging Face class that holds every part of the model (config.PARTS' rows say which do): the family's
+    own when it can, else the first that can (a Llama with QK-norm is a Qwen3); ConfigError when none can."""
+    parts = [(kind, c.part(kind)) for kind in PART_KEYS]
+    holds = [
+        name for name in LAYOUTS if all(name in part.hf or '*' in part.hf for _, part in parts)
+    ]
+    if c.family.hf_class in holds:
+        return c.family.hf_class
+    if holds:
+        return holds[0]
+    kind, lacking = next(
+        (k, p) for k, p in parts if c.family.hf_class not in p.hf and '*' not in p.hf
+    )
+    where = ', '.join(lacking.hf) or 'none'
+    raise ConfigError(
+        f"a {c.arch} model with {kind} = {c.part_name(kind)!r} ({lacking.label}) has no Hugging Face export: "
+        f"the classes that hold it are {where}, and none holds the rest of this model (config.PARTS)"
+    )
+
+
 def check_exportable(c, n_vocab):
-    hf_class = c.family.hf_class
     if (
         c.n_experts
     ):  # no tested HF layout for moe.py's MoE (DeepseekV3's differs: grouped routing, MLA)
         raise ConfigError(
-            f"a mixture-of-experts model (n_experts={c.n_experts}) has no Hugging Face export: sample it with sample.py"
+            f"a mixture-of-experts model (n_experts={c.n_experts}) has no Hugging Face export: sample it "
+            f"with sample.py"
         )
+    hf_class = hf_class_of(c)
     if c.kv_heads != c.n_head and not LAYOUTS[hf_class][2]:
         raise ConfigError(
             f"a {c.arch} model with n_kv_head={c.n_kv_head} (grouped-query attention) has no Hugging "
@@ -173,6 +216,22 @@ def check_exportable(c, n_vocab):
             f"the model has vocab_size={c.vocab_size} but its tokenizer {n_vocab} tokens: this "
             f"checkpoint was not trained on that data folder's tokens"
         )
+    return hf_class
+
+
+def hf_tensors(model, hf_class):
+    """Our weights under their Hugging Face names (views of ours: pretrained.py copies into them), every one of
+    them: a tensor of ours that the layout does not name is one line (a part added to model.py without its export
+    in export.py), never a silent drop."""
+    tensors = LAYOUTS[hf_class][0](model)
+    exported = {t.untyped_storage().data_ptr() for t in tensors.values()}
+    for name, param in model.named_parameters():
+        if param.untyped_storage().data_ptr() not in exported:
+            raise ConfigError(
+                f"{name} has no {hf_class} name in export.py: add it to the layout, or mark its part's row in "
+                f"config.PARTS as not exportable (hf=())"
+            )
+    return tensors
 
 
 # -----------------------------------------------------------------------------------------------------
@@ -286,9 +345,11 @@ def write_folder(folder, model, encoding, dtype):
     c, eot_id = model.config, encoding.eot_token
     # the token every document starts with, by its own name: '<|endoftext|>', or a Hub tokenizer's (a Llama's '<s>')
     eot = encoding.plain.id_to_token(eot_id) if isinstance(encoding, data.HFEncoding) else EOT
-    hf_class = c.family.hf_class
-    to_tensors, to_config, _ = LAYOUTS[hf_class]
-    tensors = {name: t.to(DTYPES[dtype]).contiguous() for name, t in to_tensors(model).items()}
+    hf_class = hf_class_of(c)
+    to_config = LAYOUTS[hf_class][1]
+    tensors = {
+        name: t.to(DTYPES[dtype]).contiguous() for name, t in hf_tensors(model, hf_class).items()
+    }
     save_file(tensors, os.path.join(folder, 'model.safetensors'), metadata={'format': 'pt'})
     special_ids = {'bos_token_id': eot_id, 'eos_token_id': eot_id, 'pad_token_id': eot_id}
     write_json(
@@ -376,7 +437,7 @@ def main(argv):
     path, model = export(args.checkpoint, args.out_dir, args.dtype)
     params = sum(p.numel() for p in model.parameters())
     print(
-        f"{args.out_dir}: {model.config.family.hf_class}, {params:,} parameters in {args.dtype}, from {path}\n"
+        f"{args.out_dir}: {hf_class_of(model.config)}, {params:,} parameters in {args.dtype}, from {path}\n"
         f"  from transformers import AutoModelForCausalLM, AutoTokenizer\n"
         f"  model = AutoModelForCausalLM.from_pretrained('{args.out_dir}')\n"
         f"  tokenizer = AutoTokenizer.from_pretrained('{args.out_dir}')"

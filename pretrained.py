@@ -351,10 +351,8 @@ def load_weights(model, init_from):
     import export
 
     model_dir, c = folder(init_from), model.config
-    hf_class = c.family.hf_class
-    targets = export.LAYOUTS[hf_class][0](
-        model
-    )  # Hugging Face name -> a view of our parameter (see the docstring)
+    hf_class = c.family.hf_class  # Hugging Face name -> a view of our parameter (see the docstring)
+    targets = export.hf_tensors(model, hf_class)
     loaded = set()
     with torch.no_grad():
         for path in weight_files(model_dir):

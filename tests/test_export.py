@@ -32,6 +32,12 @@ VARIANTS = {  # on the 512-token pystdlib fixture
     'llama, tied, multi-head': dict(arch='llama', tie_embeddings=True),
     'gpt2, tied, biases': dict(arch='gpt2', tie_embeddings=True, bias=True),
     'gpt2, untied, no biases (zeros in HF)': dict(arch='gpt2', bias=False, ffn_hidden=96),
+    # parts: the Hugging Face class that holds them (config.PARTS)
+    'llama, learned QK-norm, GQA (a Qwen3)': dict(arch='llama', qk_norm='learned', n_kv_head=2),
+    'llama, weightless QK-norm (a Qwen3 with gains of 1)': dict(arch='llama', qk_norm='weightless'),
+    'gpt2, ReLU² MLP (activation relu2)': dict(
+        arch='gpt2', mlp='relu2', tie_embeddings=True, bias=True
+    ),
 }
 TEXT = (
     "def f(x):\n\treturn x ** 2  # 12345 6789\r\n\r\n    don't I'LL we've\n"
@@ -68,7 +74,9 @@ def exported(request, tmp_path_factory, pystdlib_data):
 
 def test_same_logits_in_fp32(exported):
     ours, hf, _, folder = exported
-    expected = 'LlamaForCausalLM' if ours.config.arch == 'llama' else 'GPT2LMHeadModel'
+    expected = {'gpt2': 'GPT2LMHeadModel', 'llama': 'LlamaForCausalLM'}[ours.config.arch]
+    if ours.config.qk_norm != 'none':
+        expected = 'Qwen3ForCausalLM'
     assert type(hf).__name__ == expected and hf.dtype == torch.float32
     assert hf.config.vocab_size == ours.config.vocab_size  # padded rows kept
     tied = (

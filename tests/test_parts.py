@@ -134,3 +134,28 @@ def test_a_part_key_is_checked_in_one_line():
     assert math.isclose(
         load_config(None, ['--mlp=relu2', '--n_embd=64', '--n_head=4'])[0].ffn_width, 256
     )
+
+
+def test_a_part_without_a_hugging_face_class_is_refused_in_one_line():
+    import export
+
+    assert export.hf_class_of(tiny(qk_norm='learned')) == 'Qwen3ForCausalLM'
+    assert export.hf_class_of(tiny(arch='gpt2', mlp='relu2')) == 'GPT2LMHeadModel'
+    with pytest.raises(
+        ConfigError, match=r"mlp = 'relu2' \(ReLU² MLP\) has no Hugging Face export"
+    ):
+        export.hf_class_of(tiny(mlp='relu2'))
+    with pytest.raises(
+        ConfigError, match=r"qk_norm = 'weightless' .* classes that hold it are Qwen3"
+    ):
+        export.hf_class_of(tiny(arch='gpt2', qk_norm='weightless'))
+
+
+def test_a_tensor_the_layout_does_not_name_is_never_dropped():
+    """A fork that adds a tensor to a part and not to export.py's layout gets one line, not a silent export."""
+    import export
+
+    model = GPT(tiny())
+    model.blocks[1].attn.register_parameter('extra', torch.nn.Parameter(torch.zeros(3)))
+    with pytest.raises(ConfigError, match=r'blocks\.1\.attn\.extra has no LlamaForCausalLM name'):
+        export.hf_tensors(model, 'LlamaForCausalLM')
