@@ -529,6 +529,9 @@ class TrainConfig:
     ul2_s_rate: float = exact(0.5)
     ul2_r_rate: float = exact(0.25)
     ul2_x_rate: float = exact(0.25)
+    optimizer: str = exact(
+        'adamw'
+    )  # a row of OPTIMIZERS: what it holds per parameter, what its step costs
     weight_decay: float = exact(0.1)
     beta1: float = exact(0.9)
     beta2: float = exact(0.95)
@@ -736,6 +739,7 @@ RULES = {
     'ul2_x_rate': UNIT,
     'warmup_frac': FRACTION,
     'decay_frac': (lambda v: 0 < v <= 1, 'in (0, 1]'),
+    'optimizer': _one_of(*OPTIMIZERS),
     'weight_decay': POSITIVE_OR_0,
     'beta1': FRACTION,
     'beta2': FRACTION,

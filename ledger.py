@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 from config import (
     DEFAULTS,
+    OPTIMIZERS,
     R_DENOISERS,
     X_DENOISERS,
     ConfigError,
@@ -562,27 +563,34 @@ def fsdp_unit_elements(model, n_gpu):
     return root, sorted(blocks, reverse=True)
 
 
-def held_model_states(model, parallel, n_gpu, dtype='bfloat16', rank=0):
-    """Bytes of weights, gradients, AdamW states and FSDP2's gathered weights on `rank`, as train.py holds them;
-    dtype is the compute dtype ('bfloat16' or 'float32'). 'book' is the book's figure for the same strategy."""
+def held_model_states(model, parallel, n_gpu, dtype='bfloat16', rank=0, optimizer='adamw'):
+    """Bytes of weights, gradients, the optimizer's states (its row in config.OPTIMIZERS) and FSDP2's gathered
+    weights on `rank`, as train.py holds them; dtype is the compute dtype ('bfloat16' or 'float32'). 'book' is
+    the book's figure for the same strategy."""
     shapes = [shape for _, shape in parameter_shapes(model)]
     n_params, n_tensors = sum(map(math.prod, shapes)), len(shapes)
+    row = OPTIMIZERS[optimizer]
+
+    def optimizer_bytes(elements, tensors):
+        return row.state_bytes * elements + row.tensor_bytes * tensors
+
     states = {
         'weights': 4 * n_params,
         'grads': 4 * n_params,
-        'optimizer': 8 * n_params + 4 * n_tensors,
+        'optimizer': optimizer_bytes(n_params, n_tensors),
         'gathered': 0,
     }
     if n_gpu > 1 and parallel == 'zero1':
-        elements, tensors = zero1_partition(model, n_gpu)[rank]
-        states['optimizer'] = 8 * elements + 4 * tensors
+        states['optimizer'] = optimizer_bytes(*zero1_partition(model, n_gpu)[rank])
     elif sharded(parallel, n_gpu):
         padded = real = 0
         for shape in shapes:
             rows_padded, rows_real = fsdp_rows(shape[0], n_gpu, rank)
             padded += rows_padded * math.prod(shape[1:])
             real += rows_real * math.prod(shape[1:])
-        states.update(weights=4 * padded, grads=4 * padded, optimizer=8 * real + 4 * n_tensors)
+        states.update(
+            weights=4 * padded, grads=4 * padded, optimizer=optimizer_bytes(real, n_tensors)
+        )
         compute_bytes = 2 if dtype == 'bfloat16' else 4
         root, blocks = fsdp_unit_elements(model, n_gpu)
         gathered = (
@@ -774,7 +782,7 @@ def memory_per_gpu(model, train, n_gpu=None, micro_batch=None, device=None, rank
     dtype_bytes = 2 if dtype == 'bfloat16' else 4
     # the residual stream: fp32 under autocast; bf16 where FSDP2 casts the weights (train.py: zero2/fsdp, N > 1)
     residual_bytes = 2 if dtype_bytes == 2 and sharded(train.parallel, n_gpu) else 4
-    states = held_model_states(model, train.parallel, n_gpu, dtype, rank)
+    states = held_model_states(model, train.parallel, n_gpu, dtype, rank, train.optimizer)
     compiled = compile_mode(train, n_gpu)
     processes = device.shared_by or (
         n_gpu if device.kind == 'cpu' else 1
@@ -1556,6 +1564,9 @@ def summarize(prediction, measured):
     return {
         'device': measured.get('device'),
         'torch': measured.get('torch'),
+        'ledger_unverified': p.get(
+            'ledger_unverified'
+        ),  # --force past a parameter count the rows do not give
         'predicted_for': f"{p['n_gpu']} x {p['gpu']['name']}",
         'peak_source': p['gpu']['peak_source'],
         'step': measured.get('step'),

@@ -10,7 +10,7 @@ import json
 
 import ledger
 import pretrained
-from config import ConfigError, ModelConfig, cli, sharded
+from config import OPTIMIZERS, ConfigError, ModelConfig, cli, sharded
 from ledger import (
     BOOK_STATES,
     CHINCHILLA_FITS,
@@ -256,6 +256,7 @@ def report_sections(p):
         else None,
     ]
     per = '/N' if fsdp2 else ''
+    optimizer = OPTIMIZERS[t.get('optimizer', 'adamw')]
     compiled = memory['graph'] != 'eager'
     processes = device['shared_by'] or (p['n_gpu'] if device['kind'] == 'cpu' else 1)
     states = [
@@ -266,7 +267,7 @@ def report_sections(p):
             + (
                 ', chunks padded to equal rows (FSDP2)'
                 if fsdp2
-                else ': master weights, updated by AdamW'
+                else f": master weights, updated by {optimizer.label.split()[0]}"
             ),
         ),
         (
@@ -282,9 +283,9 @@ def report_sections(p):
             ),
         ),
         (
-            'AdamW exp_avg, exp_avg_sq',
+            optimizer.label,
             _gib(memory['optimizer']),
-            '8P'
+            optimizer.formula
             + (
                 "/N, each rank's rows"
                 if fsdp2
@@ -292,7 +293,11 @@ def report_sections(p):
                 if p['n_gpu'] > 1 and t['parallel'] == 'zero1'
                 else ''
             )
-            + ' + a 4-byte step count per tensor',
+            + (
+                f' + a {optimizer.tensor_bytes}-byte step count per tensor'
+                if optimizer.tensor_bytes
+                else ''
+            ),
         ),
         (
             f"gathered {'bf16' if bf16 else 'fp32'} weights",
@@ -870,6 +875,8 @@ def format_comparison(summary):
         '| quantity | predicted | measured | measured / predicted |',
         '| --- | ---: | ---: | ---: |',
     ]
+    if s.get('ledger_unverified'):
+        lines[1:1] = ['', f"LEDGER UNVERIFIED (--force): {s['ledger_unverified']}"]
     for what, predicted, value, fmt in filter(None, rows):
         ratio = f'{value / predicted:.3f}' if value is not None and predicted else '-'
         lines.append(

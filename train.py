@@ -398,8 +398,8 @@ def setup(argv, held=None):
         model_cfg, train, cluster, dtype, stream, total_steps, stop_step, argv=list(argv), **fields
     )
     built = live_ledger.params_built(
-        run.raw_model, prediction
-    )  # the ledger's count, or the run stops here
+        run.raw_model, prediction, force, cluster
+    )  # the ledger's, or stop
     bytes_per_token = meta.get('bytes_per_token') if meta else None
     run.metrics = live_ledger.Metrics(
         cluster, train, prediction, built, bool(resume_from), bytes_per_token

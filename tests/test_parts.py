@@ -159,3 +159,55 @@ def test_a_tensor_the_layout_does_not_name_is_never_dropped():
     model.blocks[1].attn.register_parameter('extra', torch.nn.Parameter(torch.zeros(3)))
     with pytest.raises(ConfigError, match=r'blocks\.1\.attn\.extra has no LlamaForCausalLM name'):
         export.hf_tensors(model, 'LlamaForCausalLM')
+
+
+def test_a_fork_without_its_row_stops_in_one_line_or_runs_unverified_with_force(
+    tmp_path, pystdlib_data, monkeypatch, capsys
+):
+    """A part added to model.py but not to its row: the run stops before step 1 naming the tensor, and with
+    --force it trains, summary.json and report.md marking the ledger unverified."""
+    import json
+
+    import helpers
+    import model
+    import train
+
+    build, attend = model.Attention.__init__, model.Attention.forward
+
+    def with_a_gain(self, config):  # a fork's new tensor, its row not written
+        build(self, config)
+        self.gain = torch.nn.Parameter(torch.ones(config.n_head))
+
+    monkeypatch.setattr(model.Attention, '__init__', with_a_gain)
+    monkeypatch.setattr(
+        model.Attention, 'forward', lambda self, *a: attend(self, *a) * self.gain.mean()
+    )
+    config = helpers.write_config(
+        tmp_path / 'config.py',
+        dict(
+            n_layer=2,
+            n_head=2,
+            n_embd=64,
+            vocab_size=512,
+            block_size=32,
+            micro_batch=4,
+            batch_tokens=128,
+            max_steps=2,
+            train_tokens=256,
+            compile=False,
+            dtype='float32',
+            eval_tokens=256,
+            data=pystdlib_data,
+        ),
+    )
+    assert train.main([config, f'--out_dir={tmp_path / "a"}']) == 1
+    line = capsys.readouterr().err.strip()
+    assert (
+        line.startswith('error: the ledger counts')
+        and 'blocks.0.attn.gain is (2,) in model.py' in line
+    )
+    assert '--force' in line and len(line.splitlines()) == 1
+    assert train.main([config, f'--out_dir={tmp_path / "b"}', '--force']) == 0
+    summary = json.loads((tmp_path / 'b' / 'summary.json').read_text())
+    assert 'blocks.0.attn.gain' in summary['ledger_unverified']
+    assert 'LEDGER UNVERIFIED (--force)' in (tmp_path / 'b' / 'report.md').read_text()
