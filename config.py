@@ -20,6 +20,10 @@ import threading
 from dataclasses import dataclass
 from fractions import Fraction
 
+# Units shared by the ledger and its printed text.
+MIB, GIB = 2**20, 2**30
+SECONDS_PER_DAY = 86400
+
 
 class UserError(Exception):
     """Bad input or a state the user can fix: one line on stderr ('error: ...'), no traceback, exit_code."""

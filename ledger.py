@@ -25,20 +25,21 @@ from dataclasses import dataclass
 
 from config import (
     DEFAULTS,
+    GIB,
+    MIB,
     OPTIMIZERS,
     R_DENOISERS,
+    SECONDS_PER_DAY,
     X_DENOISERS,
     ConfigError,
+    ModelConfig,
+    cli,
     is_mixture,
     linear,
     sharded,
     tokens_per_micro_step,
 )
 from files import save_json
-
-MIB = 2**20
-GIB = 2**30
-
 
 # -----------------------------------------------------------------------------------------------------
 # Devices. A GPU is known by its name: dense BF16 tensor-core peak (no 2:4 sparsity) from the vendor datasheets
@@ -469,8 +470,6 @@ def flops_per_token(model, recompute=False, compiled_blocks=False):
 # Ledger 3: time and money. days = total FLOPs / (n_gpu * peak * MFU) / 86400. The book's LLaMA-65B check:
 # 8CP = 8 * 1.4e12 * 6.5e10 = 7.28e23 FLOPs on 2048 A100 at an effective 2e14 FLOP/s -> 20.6 days (paper: 21).
 
-SECONDS_PER_DAY = 86400
-
 
 def train_days(total_flops, n_gpu, peak_flops, mfu):
     return total_flops / (n_gpu * peak_flops * mfu) / SECONDS_PER_DAY
@@ -794,6 +793,7 @@ def memory_per_gpu(model, train, n_gpu=None, micro_batch=None, device=None, rank
         'gathered': states['gathered'],
         'model_states': states['total'],
         'book_model_states': states['book'],
+        'book_formula': BOOK_STATES[train.parallel],
         'activations': activation_bytes(
             model,
             micro_batch,
@@ -1072,7 +1072,7 @@ LINKS = {  # keyed like GPUS; fabric figures from the vendors' datasheets
 }
 GPUS_PER_NODE = 8  # an HGX/DGX board: the node count when `nodes` is 0
 COMM_EXPOSED_LIMIT = (
-    0.10  # the ledger's line: communication "hides" while at most this share of a step waits on it
+    0.10  # the ledger's line: communication "hides" while at most this share of a step waits
 )
 
 
@@ -1148,6 +1148,7 @@ def communication(model, train, n_gpu, device, compute_step_seconds):
         seconds=None,
         exposed_seconds=None,
         exposed_fraction=None,
+        exposed_limit=COMM_EXPOSED_LIMIT,
         bound='compute',
     )
     if train.parallel == 'zero1' and n_gpu > 1:  # each rank broadcasts the tensors it owns
@@ -1265,6 +1266,9 @@ def parallelism_verdict(model, train, n_gpu, device, fits, exposed_fraction):
         )
     return dict(
         enough=False,
+        bubble=pipeline_bubble(
+            4, max(1, train.batch_tokens // (train.micro_batch * model.block_size * n_gpu))
+        ),
         verdict=f'needs tensor or pipeline parallelism, which this trainer does not do: see {ELSEWHERE}',
         reasons=reasons,
         suggestion=None,
@@ -1394,6 +1398,7 @@ def data_ledger(n_params, vocab_size, train_tokens, dataset_tokens=0, trained_fr
         'expected_loss': {
             fit: chinchilla_loss(n_params, train_tokens, fit) for fit in CHINCHILLA_FITS
         },
+        'fits': CHINCHILLA_FITS,
     }
     return data
 
@@ -1449,7 +1454,7 @@ def mixture_ledger(data, seed, sequences, block_size, vocab_size):
                 'shard_bytes': stored * token_bytes(vocab_size),
             }
         )
-    return {'period': schedule.period, 'sources': rows}
+    return {'period': schedule.period, 'sources': rows, 'repeat_epochs': REPEAT_EPOCHS}
 
 
 # -----------------------------------------------------------------------------------------------------
@@ -1533,6 +1538,132 @@ def predict(model, train, n_gpu=None, device=None):
         if is_mixture(train.data)
         else None,
     }
+
+
+# -----------------------------------------------------------------------------------------------------
+# The book's worked examples (BOOK.md), recomputed: the book's figure beside the ledger's, compared at the book's
+# precision (a format spec; '>' for a bound). test_ledger.py checks every one; `ledger.py --book` prints them.
+
+LLAMA_7B = ModelConfig(
+    arch='llama',
+    n_layer=32,
+    n_head=32,
+    n_embd=4096,
+    ffn_hidden=11008,
+    vocab_size=32000,
+    block_size=2048,
+)
+BOOK, NOTE = 'the book, BOOK.md', 'the planning note, BOOK.md'
+H200, A800, A100 = GPUS['H200'], GPUS['A800'], GPUS['A100']
+
+
+def seed_days(params, tokens):
+    """The planning note's sum: 6ND on one H200 at MFU 0.40."""
+    return train_days(6 * params * tokens, 1, H200.peak_flops, 0.40)
+
+
+def book_totals():
+    """LLaMA-7B on 2 x A800 (ZeRO-3): model states, and the total with the book's activation, softmax and other
+    figures taken as given (its GB are GiB, as its 50.20 is)."""
+    states = model_state_bytes(count_params(LLAMA_7B)['total'], 'fsdp', 2)['total'] / GIB
+    return states, states + 6.20 + 3.91 + 6
+
+
+# section, what, formula, the book's figure as written, its value, the ledger's (a function), precision, source
+# fmt: off
+BOOK_EXAMPLES = [
+    ('Ledger 1', 'LLaMA-7B parameters', "2VH + H + L(4H^2 + 3HH' + 2H), V 32000, L 32, H 4096, H' 11008",
+     '6,738,415,616', 6738415616, lambda: count_params(LLAMA_7B)['total'], ',d', BOOK + '; LLaMA, Touvron et al. 2023'),
+    ('Ledger 1', 'LLaMA-7B: share of params in linear layers', 'N_matmul / P (book: > 95%)', '> 95%', 0.95,
+     lambda: count_params(LLAMA_7B)['matmul'] / count_params(LLAMA_7B)['total'], '>', BOOK),
+    ('Ledger 2', 'LLaMA-7B on 1B tokens', '6 x P x C', '4.04e19', 4.04e19,
+     lambda: 6 * count_params(LLAMA_7B)['total'] * 1e9, '.3g', BOOK),
+    ('Ledger 3', 'LLaMA-65B training FLOPs', '8CP, C 1.4e12, P 6.5e10 (recompute)', '7.28e23', 7.28e23,
+     lambda: 8 * 1.4e12 * 6.5e10, '.3g', BOOK),
+    ('Ledger 3', 'LLaMA-65B seconds', '8CP / (2048 x 2e14 effective)', '1.78e6', 1.78e6,
+     lambda: 8 * 1.4e12 * 6.5e10 / (2048 * 2e14), '.3g', BOOK),
+    ('Ledger 3', 'LLaMA-65B days (paper: 21)', 'seconds / 86400', '20.6', 20.6,
+     lambda: train_days(8 * 1.4e12 * 6.5e10, 2048, A100.peak_flops, 2e14 / A100.peak_flops), '.3g',
+     BOOK + '; LLaMA, Touvron et al. 2023: 21 days'),
+    ('Ledger 3', 'one H200: 0.76B params, 25B tokens', '6ND / (989e12 x 0.40) / 86400', '~3.3', 3.3,
+     lambda: seed_days(0.76e9, 25e9), '.2g', NOTE),
+    ('Ledger 3', 'one H200: 1.3B params, 26B tokens', '6ND / (989e12 x 0.40) / 86400', '5.93 (~6)', 5.93,
+     lambda: seed_days(1.3e9, 26e9), '.3g', NOTE),
+    ('Ledger 3', 'one H200: 1.3B params, 50B tokens', '6ND / (989e12 x 0.40) / 86400', '11.4 (~11)', 11.4,
+     lambda: seed_days(1.3e9, 50e9), '.3g', NOTE),
+    ('Ledger 3', 'one H200: 7B params, 140B tokens', '6ND / (989e12 x 0.40) / 86400', '~172', 172,
+     lambda: seed_days(7e9, 140e9), '.3g', NOTE),
+    ('Ledger 3', 'one H200: 13B params, 260B tokens', '6ND / (989e12 x 0.40) / 86400', '593 (~590)', 593,
+     lambda: seed_days(13e9, 260e9), '.3g', NOTE),
+    ('Ledger 3', 'cost of the 1.3B/26B run, USD',
+     f'days x 24 x $3.5/H200-hour ($3-4: {seed_days(1.3e9, 26e9) * 72:.0f}-{seed_days(1.3e9, 26e9) * 96:.0f})',
+     '~$500', 500, lambda: seed_days(1.3e9, 26e9) * 24 * 3.5, '.1g', NOTE),
+    ('Ledger 4', 'LLaMA-7B model states per GPU, GiB', '16P/2 (ZeRO-3 on 2 x A800-80G); 50.205, the book truncates',
+     '50.20', 50.20, lambda: book_totals()[0], '.3g', BOOK),
+    ('Ledger 4', 'LLaMA-7B total per GPU, GiB', "16P/2 + the book's 6.20 + 3.91 + ~6 (its GB are GiB, as its 50.20 is)",
+     '~66', 66, lambda: book_totals()[1], '.2g', BOOK),
+    ('Ledger 4', 'LLaMA-7B spare on an 80 GB card, GiB', 'A800: 81,920 MiB = 80 GiB, - total', '~14', 14,
+     lambda: A800.memory_bytes / GIB - book_totals()[1], '.2g', BOOK),
+    ('Ledger 4', '13B: model states, GB', '16P', '208', 208, lambda: 16 * 13e9 / 1e9, '.3g', BOOK),
+    ('Ledger 4', '13B: fewest 80 GB GPUs', 'ceil(16P / 80 GB)', '3', 3,
+     lambda: gpus_for_model_states(13e9, A800.memory_bytes)[0], 'd', BOOK),
+    ('Ledger 4', '13B: recommended GPUs', 'rounded up to a power of two', '4', 4,
+     lambda: gpus_for_model_states(13e9, A800.memory_bytes)[1], 'd', BOOK),
+    ('Ledger 4', '30B: recommended GPUs', 'ceil(16P / 80 GB) = 6, to a power of two', '8', 8,
+     lambda: gpus_for_model_states(30e9, A800.memory_bytes)[1], 'd', BOOK),
+    ('Ledger 4', '65B: recommended GPUs', 'ceil(16P / 80 GB) = 13, to a power of two', '16', 16,
+     lambda: gpus_for_model_states(65e9, A800.memory_bytes)[1], 'd', BOOK),
+    ('Ledger 4', '175B: model states alone, TB', '16P', '~2.8', 2.8, lambda: 16 * 175e9 / 1e12, '.2g', BOOK),
+    ('Data', '175B: Chinchilla-optimal tokens, T', '20 x P', '3.5', 3.5, lambda: 20 * 175e9 / 1e12, '.2g',
+     NOTE + '; Chinchilla, Hoffmann et al. 2022'),
+    ('Data', 'GPT-3 tokens per parameter', '300B / 175B', '~1.7', 1.7, lambda: 300e9 / 175e9, '.2g',
+     NOTE + '; GPT-3, Brown et al. 2020'),
+    ('Data', '25B tokens are optimal for, B params', 'D / 20', '~1.25', 1.25, lambda: 25e9 / 20 / 1e9, '.3g', NOTE),
+    ('Data', '0.76B params: optimal tokens, B', '20 x P', '15.2', 15.2, lambda: 20 * 0.76e9 / 1e9, '.3g', NOTE),
+    ('Data', 'Llama-3-8B tokens per parameter', '15T / 8B (~95x Chinchilla from the rounded 1,900)', '~1,900', 1900,
+     lambda: 15e12 / 8e9, '.2g', NOTE + '; Llama 3, Meta 2024'),
+    ('Data', 'bytes per token, vocab 50,257 (GPT-2)', 'uint16 while vocab <= 65,536', '2', 2,
+     lambda: token_bytes(50257), 'd', NOTE),
+    ('Data', 'bytes per token, vocab 128,256 (Llama 3)', 'uint32 above', '4', 4, lambda: token_bytes(128256), 'd',
+     NOTE),
+    ('Data', '250B tokens at 2 bytes/token, GB', 'D x 2', '500', 500, lambda: 250e9 * token_bytes(50257) / 1e9, '.3g',
+     NOTE),
+    ('Data', '25B tokens as parquet, GB', 'D x ~4 bytes/token (3-4)', '~100', 100, lambda: 25e9 * 4 / 1e9, '.2g', NOTE),
+    ('Data', '1.3B Adam checkpoint, GB', '12P: fp32 weights + Adam m, v', '~16', 16, lambda: 12 * 1.3e9 / 1e9, '.2g',
+     NOTE),
+]
+# fmt: on
+
+
+def book_examples():
+    """BOOK_EXAMPLES computed: dicts of section, what, formula, book (as written), book_value, value (the
+    ledger's), precision (the format spec the two agree at), source, shown, matches."""
+    examples = []
+    for section, what, formula, book, book_value, compute, precision, source in BOOK_EXAMPLES:
+        value = compute()
+        if precision == '>':
+            matches, shown = value > book_value, f'{value:.1%}'
+        else:
+            whole = precision in ('d', ',d')
+            matches = format(round(value) if whole else value, precision) == format(
+                book_value, precision
+            )
+            shown = format(round(value), precision) if whole else f'{value:.4g}'
+        examples.append(
+            dict(
+                section=section,
+                what=what,
+                formula=formula,
+                book=book,
+                book_value=book_value,
+                value=value,
+                precision=precision,
+                source=source,
+                shown=shown,
+                matches=matches,
+            )
+        )
+    return examples
 
 
 # -----------------------------------------------------------------------------------------------------
@@ -1624,7 +1755,36 @@ def comm_summary(prediction):
     }
 
 
-if __name__ == '__main__':
-    import ledger_report  # the printed ledger and the command line: it imports this file, never the reverse
+# -----------------------------------------------------------------------------------------------------
+# The command line: python ledger.py CONFIG [--key=value ...] [--json] | python ledger.py --book. The text is
+# ledger_report.py's (it never imports this file: it renders the prediction's numbers).
 
-    sys.exit(ledger_report.main())
+USAGE = 'usage: python ledger.py CONFIG [--key=value ...] [--json]   or   python ledger.py --book'
+
+
+@cli
+def main(argv):
+    import ledger_report
+    import pretrained  # a config with init_from takes its model's shape from its config.json
+
+    if argv and argv[0] in ('-h', '--help'):
+        print(__doc__.strip() + '\n\n' + USAGE)
+        return 0
+    if '--book' in argv:
+        if argv != ['--book']:
+            raise ConfigError('--book takes no other arguments')
+        print(ledger_report.format_book(book_examples()))
+        return 0
+    as_json = '--json' in argv
+    args = [a for a in argv if a != '--json']
+    if not args:
+        raise ConfigError(f'no config given ({USAGE})')
+    path = None if args[0].startswith('--') else args[0]
+    model, train = pretrained.load_config(path, args[1:] if path else args)
+    prediction = predict(model, train)
+    print(json.dumps(prediction, indent=2) if as_json else ledger_report.format_report(prediction))
+    return 0
+
+
+if __name__ == '__main__':
+    sys.exit(main())

@@ -6,24 +6,8 @@ few lines train.py shows before step 1 (format_short), report.md's predicted-aga
 which `python ledger.py` runs (main). Standard library only, like ledger.py; it imports ledger, never the reverse.
 """
 
-import json
-
-import ledger
 import pretrained
-from config import OPTIMIZERS, ConfigError, ModelConfig, cli, sharded
-from ledger import (
-    BOOK_STATES,
-    CHINCHILLA_FITS,
-    GIB,
-    GPUS,
-    SECONDS_PER_DAY,
-    count_params,
-    gpus_for_model_states,
-    model_state_bytes,
-    predict,
-    token_bytes,
-    train_days,
-)
+from config import GIB, OPTIMIZERS, SECONDS_PER_DAY, ModelConfig, sharded
 
 # -----------------------------------------------------------------------------------------------------
 # The printed ledger: sections of rows (label, value, where it comes from), each value formatted from the
@@ -311,7 +295,7 @@ def report_sections(p):
         (
             'model states',
             _gib(memory['model_states']),
-            f"the book's accounting, {BOOK_STATES[t['parallel']]} with "
+            f"the book's accounting, {memory['book_formula']} with "
             f"16-bit weights and grads: {_gib(memory['book_model_states'])}",
         ),
         (
@@ -421,7 +405,7 @@ def report_sections(p):
         (
             label,
             f"{data['expected_loss'][fit]:.3f} nats",
-            ', '.join(f'{k} {v}' for k, v in CHINCHILLA_FITS[fit].items()),
+            ', '.join(f'{k} {v}' for k, v in data['fits'][fit].items()),
         )
         for fit, label in (
             ('hoffmann2022', 'Hoffmann et al. 2022'),
@@ -474,7 +458,7 @@ def moe_section(p):
     model = ModelConfig(**p['model'])
     if not model.n_experts:
         return None, []
-    params, flops, memory, t = p['params'], p['flops_per_token'], p['memory'], p['train']
+    params, flops, memory = p['params'], p['flops_per_token'], p['memory']
     n, k, s, E = model.n_experts, model.top_k, model.n_shared_experts, model.expert_hidden
     attention = flops['attention']
     all_active = (6 * params['matmul_total'] + attention) / flops[
@@ -519,13 +503,13 @@ def moe_section(p):
         (
             'model states, held',
             _gib(held),
-            f"from the TOTAL P ({BOOK_STATES[t['parallel']]} of it, as held): every expert's weight, gradient "
+            f"from the TOTAL P ({memory['book_formula']} of it, as held): every expert's weight, gradient "
             f"and AdamW moments exist whether a token visits it or not",
         ),
         (
             "  book: 16 x active",
             _gib(book),
-            f"the book's '16 x active parameters' ({BOOK_STATES[t['parallel']]}): {held / book:.2f}x too low; "
+            f"the book's '16 x active parameters' ({memory['book_formula']}): {held / book:.2f}x too low; "
             f"compute, days and cost do scale with the active parameters",
         ),
     ]
@@ -543,7 +527,7 @@ def mixture_rows(mix):
             epochs = f"{source['folder']} not prepared yet: epochs unknown"
         else:
             epochs = f"{source['epochs']:.3g} epochs of its {si(source['dataset_tokens'])}" + (
-                f"; REPEATS past {ledger.REPEAT_EPOCHS} epochs, where repeated tokens are worth much less than new "
+                f"; REPEATS past {mix['repeat_epochs']} epochs, where repeated tokens are worth much less than new "
                 f"ones (Muennighoff et al. 2023): add data or lower its weight"
                 if source['repeats_too_often']
                 else ''
@@ -667,7 +651,7 @@ def communication_section(p):
             (
                 'bound, ESTIMATE',
                 comm['bound'],
-                f"compute while at most {ledger.COMM_EXPOSED_LIMIT:.0%} of a step waits on communication, else "
+                f"compute while at most {comm['exposed_limit']:.0%} of a step waits on communication, else "
                 f"the slowest link",
             ),
             (
@@ -690,7 +674,7 @@ def communication_section(p):
     )
     rows += [('', '', reason) for reason in verdict['reasons']]
     if not verdict['enough']:
-        bubble = ledger.pipeline_bubble(4, comm['accumulation'])
+        bubble = verdict['bubble']
         rows.append(
             (
                 'pipeline bubble (p-1)/(m+p-1)',
@@ -896,374 +880,13 @@ def format_comparison(summary):
     return '\n'.join(lines)
 
 
-# -----------------------------------------------------------------------------------------------------
-# The book's worked examples (BOOK.md), recomputed: the book's figure beside the ledger's, compared at the
-# book's precision (a format spec; '>' for a bound). test_ledger.py checks every one; `ledger.py --book` prints them.
-
-LLAMA_7B = ModelConfig(
-    arch='llama',
-    n_layer=32,
-    n_head=32,
-    n_embd=4096,
-    ffn_hidden=11008,
-    vocab_size=32000,
-    block_size=2048,
-)
-BOOK = 'the book, BOOK.md'
-NOTE = 'the planning note, BOOK.md'
-
-
-def book_examples():
-    """A list of dicts: section, what, formula, book (as written), book_value, value (the ledger's), precision
-    (the format spec the two agree at), source, shown, matches."""
-    h200, a800 = GPUS['H200'], GPUS['A800']
-    p7b = count_params(LLAMA_7B)
-
-    def seed_days(params, tokens):  # the planning note: 6ND on one H200 at MFU 0.40
-        return train_days(6 * params * tokens, 1, h200.peak_flops, 0.40)
-
-    flops_65b = 8 * 1.4e12 * 6.5e10
-    memory_7b = model_state_bytes(p7b['total'], 'fsdp', 2)['total'] / GIB
-    total_7b = (
-        memory_7b + 6.20 + 3.91 + 6
-    )  # the book's activations, softmax intermediates, other: taken as given
-    cost_low, cost_high = (seed_days(1.3e9, 26e9) * 24 * usd for usd in (3, 4))
-    rows = [  # section, what, formula, book's figure as written, its value, the ledger's value, precision, source
-        (
-            'Ledger 1',
-            'LLaMA-7B parameters',
-            "2VH + H + L(4H^2 + 3HH' + 2H), V 32000, L 32, H 4096, H' 11008",
-            '6,738,415,616',
-            6738415616,
-            p7b['total'],
-            ',d',
-            BOOK + '; LLaMA, Touvron et al. 2023',
-        ),
-        (
-            'Ledger 1',
-            'LLaMA-7B: share of params in linear layers',
-            'N_matmul / P (book: > 95%)',
-            '> 95%',
-            0.95,
-            p7b['matmul'] / p7b['total'],
-            '>',
-            BOOK,
-        ),
-        (
-            'Ledger 2',
-            'LLaMA-7B on 1B tokens',
-            '6 x P x C',
-            '4.04e19',
-            4.04e19,
-            6 * p7b['total'] * 1e9,
-            '.3g',
-            BOOK,
-        ),
-        (
-            'Ledger 3',
-            'LLaMA-65B training FLOPs',
-            '8CP, C 1.4e12, P 6.5e10 (recompute)',
-            '7.28e23',
-            7.28e23,
-            flops_65b,
-            '.3g',
-            BOOK,
-        ),
-        (
-            'Ledger 3',
-            'LLaMA-65B seconds',
-            '8CP / (2048 x 2e14 effective)',
-            '1.78e6',
-            1.78e6,
-            flops_65b / (2048 * 2e14),
-            '.3g',
-            BOOK,
-        ),
-        (
-            'Ledger 3',
-            'LLaMA-65B days (paper: 21)',
-            'seconds / 86400',
-            '20.6',
-            20.6,
-            train_days(flops_65b, 2048, GPUS['A100'].peak_flops, 2e14 / GPUS['A100'].peak_flops),
-            '.3g',
-            BOOK + '; LLaMA, Touvron et al. 2023: 21 days',
-        ),
-        (
-            'Ledger 3',
-            'one H200: 0.76B params, 25B tokens',
-            '6ND / (989e12 x 0.40) / 86400',
-            '~3.3',
-            3.3,
-            seed_days(0.76e9, 25e9),
-            '.2g',
-            NOTE,
-        ),
-        (
-            'Ledger 3',
-            'one H200: 1.3B params, 26B tokens',
-            '6ND / (989e12 x 0.40) / 86400',
-            '5.93 (~6)',
-            5.93,
-            seed_days(1.3e9, 26e9),
-            '.3g',
-            NOTE,
-        ),
-        (
-            'Ledger 3',
-            'one H200: 1.3B params, 50B tokens',
-            '6ND / (989e12 x 0.40) / 86400',
-            '11.4 (~11)',
-            11.4,
-            seed_days(1.3e9, 50e9),
-            '.3g',
-            NOTE,
-        ),
-        (
-            'Ledger 3',
-            'one H200: 7B params, 140B tokens',
-            '6ND / (989e12 x 0.40) / 86400',
-            '~172',
-            172,
-            seed_days(7e9, 140e9),
-            '.3g',
-            NOTE,
-        ),
-        (
-            'Ledger 3',
-            'one H200: 13B params, 260B tokens',
-            '6ND / (989e12 x 0.40) / 86400',
-            '593 (~590)',
-            593,
-            seed_days(13e9, 260e9),
-            '.3g',
-            NOTE,
-        ),
-        (
-            'Ledger 3',
-            'cost of the 1.3B/26B run, USD',
-            f'days x 24 x $3.5/H200-hour ($3-4: {cost_low:.0f}-{cost_high:.0f})',
-            '~$500',
-            500,
-            seed_days(1.3e9, 26e9) * 24 * 3.5,
-            '.1g',
-            NOTE,
-        ),
-        (
-            'Ledger 4',
-            'LLaMA-7B model states per GPU, GiB',
-            '16P/2 (ZeRO-3 on 2 x A800-80G); 50.205, the book truncates',
-            '50.20',
-            50.20,
-            memory_7b,
-            '.3g',
-            BOOK,
-        ),
-        (
-            'Ledger 4',
-            'LLaMA-7B total per GPU, GiB',
-            "16P/2 + the book's 6.20 + 3.91 + ~6 (its GB are GiB, as its 50.20 is)",
-            '~66',
-            66,
-            total_7b,
-            '.2g',
-            BOOK,
-        ),
-        (
-            'Ledger 4',
-            'LLaMA-7B spare on an 80 GB card, GiB',
-            'A800: 81,920 MiB = 80 GiB, - total',
-            '~14',
-            14,
-            a800.memory_bytes / GIB - total_7b,
-            '.2g',
-            BOOK,
-        ),
-        ('Ledger 4', '13B: model states, GB', '16P', '208', 208, 16 * 13e9 / 1e9, '.3g', BOOK),
-        (
-            'Ledger 4',
-            '13B: fewest 80 GB GPUs',
-            'ceil(16P / 80 GB)',
-            '3',
-            3,
-            gpus_for_model_states(13e9, a800.memory_bytes)[0],
-            'd',
-            BOOK,
-        ),
-        (
-            'Ledger 4',
-            '13B: recommended GPUs',
-            'rounded up to a power of two',
-            '4',
-            4,
-            gpus_for_model_states(13e9, a800.memory_bytes)[1],
-            'd',
-            BOOK,
-        ),
-        (
-            'Ledger 4',
-            '30B: recommended GPUs',
-            'ceil(16P / 80 GB) = 6, to a power of two',
-            '8',
-            8,
-            gpus_for_model_states(30e9, a800.memory_bytes)[1],
-            'd',
-            BOOK,
-        ),
-        (
-            'Ledger 4',
-            '65B: recommended GPUs',
-            'ceil(16P / 80 GB) = 13, to a power of two',
-            '16',
-            16,
-            gpus_for_model_states(65e9, a800.memory_bytes)[1],
-            'd',
-            BOOK,
-        ),
-        (
-            'Ledger 4',
-            '175B: model states alone, TB',
-            '16P',
-            '~2.8',
-            2.8,
-            16 * 175e9 / 1e12,
-            '.2g',
-            BOOK,
-        ),
-        (
-            'Data',
-            '175B: Chinchilla-optimal tokens, T',
-            '20 x P',
-            '3.5',
-            3.5,
-            20 * 175e9 / 1e12,
-            '.2g',
-            NOTE + '; Chinchilla, Hoffmann et al. 2022',
-        ),
-        (
-            'Data',
-            'GPT-3 tokens per parameter',
-            '300B / 175B',
-            '~1.7',
-            1.7,
-            300e9 / 175e9,
-            '.2g',
-            NOTE + '; GPT-3, Brown et al. 2020',
-        ),
-        (
-            'Data',
-            '25B tokens are optimal for, B params',
-            'D / 20',
-            '~1.25',
-            1.25,
-            25e9 / 20 / 1e9,
-            '.3g',
-            NOTE,
-        ),
-        (
-            'Data',
-            '0.76B params: optimal tokens, B',
-            '20 x P',
-            '15.2',
-            15.2,
-            20 * 0.76e9 / 1e9,
-            '.3g',
-            NOTE,
-        ),
-        (
-            'Data',
-            'Llama-3-8B tokens per parameter',
-            '15T / 8B (~95x Chinchilla from the rounded 1,900)',
-            '~1,900',
-            1900,
-            15e12 / 8e9,
-            '.2g',
-            NOTE + '; Llama 3, Meta 2024',
-        ),
-        (
-            'Data',
-            'bytes per token, vocab 50,257 (GPT-2)',
-            'uint16 while vocab <= 65,536',
-            '2',
-            2,
-            token_bytes(50257),
-            'd',
-            NOTE,
-        ),
-        (
-            'Data',
-            'bytes per token, vocab 128,256 (Llama 3)',
-            'uint32 above',
-            '4',
-            4,
-            token_bytes(128256),
-            'd',
-            NOTE,
-        ),
-        (
-            'Data',
-            '250B tokens at 2 bytes/token, GB',
-            'D x 2',
-            '500',
-            500,
-            250e9 * token_bytes(50257) / 1e9,
-            '.3g',
-            NOTE,
-        ),
-        (
-            'Data',
-            '25B tokens as parquet, GB',
-            'D x ~4 bytes/token (3-4)',
-            '~100',
-            100,
-            25e9 * 4 / 1e9,
-            '.2g',
-            NOTE,
-        ),
-        (
-            'Data',
-            '1.3B Adam checkpoint, GB',
-            '12P: fp32 weights + Adam m, v',
-            '~16',
-            16,
-            12 * 1.3e9 / 1e9,
-            '.2g',
-            NOTE,
-        ),
-    ]
-    examples = []
-    for section, what, formula, book, book_value, value, precision, source in rows:
-        if precision == '>':
-            matches, shown = value > book_value, f'{value:.1%}'
-        else:
-            whole = precision in ('d', ',d')
-            matches = format(round(value) if whole else value, precision) == format(
-                book_value, precision
-            )
-            shown = format(round(value), precision) if whole else f'{value:.4g}'
-        examples.append(
-            dict(
-                section=section,
-                what=what,
-                formula=formula,
-                book=book,
-                book_value=book_value,
-                value=value,
-                precision=precision,
-                source=source,
-                shown=shown,
-                matches=matches,
-            )
-        )
-    return examples
-
-
-def format_book():
+def format_book(examples):
+    """ledger.book_examples() as the table `python ledger.py --book` prints."""
     lines = [
         "BOOK.md's worked examples, recomputed by the ledger (book's figure | ledger's | agree at the book's precision)"
     ]
     section = None
-    for example in book_examples():
+    for example in examples:
         if example['section'] != section:
             section = example['section']
             lines += ['', section]
@@ -1272,32 +895,3 @@ def format_book():
             f"{'ok' if example['matches'] else 'DIFFERS'}   {example['formula']}   [{example['source']}]"
         )
     return '\n'.join(lines)
-
-
-# -----------------------------------------------------------------------------------------------------
-# CLI: python ledger.py CONFIG [--key=value ...] [--json] | python ledger.py --book
-
-USAGE = 'usage: python ledger.py CONFIG [--key=value ...] [--json]   or   python ledger.py --book'
-
-
-@cli
-def main(argv):
-    if argv and argv[0] in ('-h', '--help'):
-        print(ledger.__doc__.strip() + '\n\n' + USAGE)
-        return 0
-    if '--book' in argv:
-        if argv != ['--book']:
-            raise ConfigError('--book takes no other arguments')
-        print(format_book())
-        return 0
-    as_json = '--json' in argv
-    args = [a for a in argv if a != '--json']
-    if not args:
-        raise ConfigError(f'no config given ({USAGE})')
-    path = None if args[0].startswith('--') else args[0]
-    model, train = pretrained.load_config(
-        path, args[1:] if path else args
-    )  # init_from: the model's config.json
-    prediction = predict(model, train)
-    print(json.dumps(prediction, indent=2) if as_json else format_report(prediction))
-    return 0

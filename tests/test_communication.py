@@ -349,7 +349,7 @@ def test_the_verdict_follows_the_books_rule():
 
 @pytest.mark.parametrize('extra', [[], ['--nodes=2'], ['--n_gpu=16', '--nodes=2']])
 def test_the_printed_ledger_has_the_communication_section(extra, capsys):
-    assert ledger_report.main(['configs/h100x8_1b3.py', *extra]) == 0
+    assert ledger.main(['configs/h100x8_1b3.py', *extra]) == 0
     out = capsys.readouterr().out
     assert 'Ledger 5: communication' in out and 'ESTIMATE' in out
     assert 'all_gather' in out and 'reduce_scatter' in out and 'data parallelism is enough' in out
@@ -358,7 +358,7 @@ def test_the_printed_ledger_has_the_communication_section(extra, capsys):
 
 
 def test_a_70b_plan_is_told_where_to_go(capsys):
-    assert ledger_report.main(LLAMA3_70B) == 0
+    assert ledger.main(LLAMA3_70B) == 0
     out = capsys.readouterr().out
     assert 'needs tensor or pipeline parallelism' in out and 'Megatron-LM' in out
 
@@ -422,6 +422,6 @@ def test_train_pys_short_ledger_has_a_communication_line():
     ],
 )
 def test_a_bad_topology_is_one_line(flags, message, capsys):
-    assert ledger_report.main(['configs/h100x8_1b3.py', *flags]) == 2
+    assert ledger.main(['configs/h100x8_1b3.py', *flags]) == 2
     err = capsys.readouterr().err
     assert err.startswith('error: ') and err.count('\n') == 1 and message in err

@@ -52,6 +52,7 @@ BREAK_A_CONTINUATION = {
     'ul2_x_rate',
     'router_bias_speed',  # MoE balancing: a change moves the routing
     'aux_loss_coef',
+    'optimizer',  # another optimizer's states and steps
 }
 
 

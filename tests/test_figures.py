@@ -10,7 +10,6 @@ import re
 import pytest
 
 import ledger
-import ledger_report
 import train
 from config import load_config
 
@@ -35,7 +34,7 @@ def read(path):
 )
 def test_the_ledger_and_train_refuse_the_same_plans_with_one_line(overrides, tmp_path, capsys):
     config = 'configs/gpt2_124m.py'
-    assert ledger_report.main([config, *overrides]) == 2
+    assert ledger.main([config, *overrides]) == 2
     ledger_says = capsys.readouterr().err
     assert train.main([config, *overrides, f'--out_dir={tmp_path / "out"}']) == 2
     train_says = capsys.readouterr().err
@@ -47,16 +46,16 @@ def test_the_ledger_and_train_refuse_the_same_plans_with_one_line(overrides, tmp
     assert not (tmp_path / 'out').exists()  # refused before anything was written
     # the ledger plans for n_gpu processes: 4 of them make 10.67 accumulation steps of the second plan
     if len(overrides) == 3:
-        assert ledger_report.main([config, *overrides, '--n_gpu=4']) == 2
+        assert ledger.main([config, *overrides, '--n_gpu=4']) == 2
         assert '= 6 x 2048 x 4 = 49,152 (10.67 accumulation steps)' in capsys.readouterr().err
 
 
 def test_book_sums_memory_in_one_unit():
     """LLaMA-7B on 2 x A800-80G (the book): its 50.20 'GB' of model states are GiB (16P/2 = 50.205 x 2^30 bytes),
     and so are the figures added to them and the card's 80 'GB' (81,920 MiB): the sum and the spare are in GiB."""
-    rows = {row['what']: row for row in ledger_report.book_examples()}
+    rows = {row['what']: row for row in ledger.book_examples()}
     states = rows['LLaMA-7B model states per GPU, GiB']['value']
-    assert states == 16 * ledger.count_params(ledger_report.LLAMA_7B)['total'] / 2 / 2**30
+    assert states == 16 * ledger.count_params(ledger.LLAMA_7B)['total'] / 2 / 2**30
     total = rows['LLaMA-7B total per GPU, GiB']
     assert total['value'] == pytest.approx(states + 6.20 + 3.91 + 6) and total['matches']
     spare = rows['LLaMA-7B spare on an 80 GB card, GiB']
@@ -70,7 +69,7 @@ def test_book_sums_memory_in_one_unit():
 @pytest.mark.parametrize('n_kv_head', [0, 4])  # MHA (0: n_head) and GQA
 @pytest.mark.parametrize('config', ['configs/gpt2_124m.py', 'configs/llama_7b.py'])
 def test_the_per_layer_row_shows_the_formula_of_its_number(config, n_kv_head, capsys):
-    assert ledger_report.main([config, f'--n_kv_head={n_kv_head}']) == 0
+    assert ledger.main([config, f'--n_kv_head={n_kv_head}']) == 0
     row = next(
         line
         for line in capsys.readouterr().out.splitlines()
@@ -103,7 +102,7 @@ def test_the_per_layer_row_shows_the_formula_of_its_number(config, n_kv_head, ca
 
 
 def ledger_output(config, capsys):
-    assert ledger_report.main([os.path.join(ROOT, config)]) == 0
+    assert ledger.main([os.path.join(ROOT, config)]) == 0
     return capsys.readouterr().out.splitlines()
 
 

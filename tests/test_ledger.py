@@ -173,7 +173,7 @@ def test_attention_share_is_t_over_6h_for_a_12h2_block():
 
 
 def test_llama_7b_on_1b_tokens():
-    flops = ledger.flops_per_token(ledger_report.LLAMA_7B)['book'] * 1e9
+    flops = ledger.flops_per_token(ledger.LLAMA_7B)['book'] * 1e9
     assert f'{flops:.3g}' == '4.04e+19'
 
 
@@ -253,9 +253,7 @@ def test_zero_formulas(n_gpu):
 
 def test_book_memory_example_llama_7b_two_a800():
     states = (
-        ledger.model_state_bytes(ledger.count_params(ledger_report.LLAMA_7B)['total'], 'fsdp', 2)[
-            'total'
-        ]
+        ledger.model_state_bytes(ledger.count_params(ledger.LLAMA_7B)['total'], 'fsdp', 2)['total']
         / GIB
     )
     assert f'{states:.3g}' == '50.2'  # the book's 50.20 (50.205, truncated)
@@ -417,7 +415,7 @@ def test_chinchilla_loss_fits():
 
 
 def test_every_book_example_matches():
-    examples = ledger_report.book_examples()
+    examples = ledger.book_examples()
     assert len(examples) >= 30
     assert [e['what'] for e in examples if not e['matches']] == []
 
@@ -426,7 +424,7 @@ def test_book_md_lists_every_worked_example():
     """BOOK.md, the repo's own digest of its sources, has a row for each example, with the text's figure."""
     with open(os.path.join(ROOT, 'BOOK.md')) as f:
         rows = [line for line in f if line.startswith('| ')]
-    for example in ledger_report.book_examples():
+    for example in ledger.book_examples():
         row = [r for r in rows if f"| {example['what']} |" in r]
         assert len(row) == 1 and f"| {example['book']} |" in row[0], example['what']
 
@@ -672,9 +670,9 @@ def test_the_ledger_imports_neither_its_report_nor_the_heavy_modules():
 
 
 def test_cli_json_and_overrides(capsys):
-    assert ledger_report.main(['configs/h200_1b3.py', '--json']) == 0
+    assert ledger.main(['configs/h200_1b3.py', '--json']) == 0
     base = json.loads(capsys.readouterr().out)
-    assert ledger_report.main(['configs/h200_1b3.py', '--n_layer=11', '--gpu=B200', '--json']) == 0
+    assert ledger.main(['configs/h200_1b3.py', '--n_layer=11', '--gpu=B200', '--json']) == 0
     smaller = json.loads(capsys.readouterr().out)
     per_layer = base['params']['per_layer']
     assert base['params']['total'] - smaller['params']['total'] == 11 * per_layer
@@ -711,7 +709,7 @@ def test_cli_json_and_overrides(capsys):
     ],
 )
 def test_cli_bad_input_is_one_line(args, message, capsys):
-    assert ledger_report.main(args) == 2
+    assert ledger.main(args) == 2
     captured = capsys.readouterr()
     assert captured.out == ''
     assert (

@@ -19,7 +19,6 @@ from test_train import TINY, read_metrics, run, step_losses
 
 import data
 import ledger
-import ledger_report
 import mixture
 import plot
 import prepare
@@ -295,7 +294,7 @@ def test_the_ledger_warns_past_four_epochs_and_plans_unmade_folders(
         '--micro_batch=8',
         f'--train_tokens={train_tokens}',
     ]
-    assert ledger_report.main([*flags, '--gpu=H100']) == 0
+    assert ledger.main([*flags, '--gpu=H100']) == 0
     text = capsys.readouterr().out
     prose_line = next(
         line for line in text.splitlines() if line.strip().startswith(os.path.basename(prose_data))

@@ -30,6 +30,7 @@ from transformers import (
 import data
 import export
 import helpers
+import ledger
 import pretrained
 import train
 from config import ConfigError
@@ -448,12 +449,11 @@ def test_hub_repo_id_downloads_only_what_is_needed_into_the_cache(hub, tmp_path,
 
 
 def test_ledger_bills_a_finetune_from_the_model_config(capsys, monkeypatch):
-    import ledger_report
 
     monkeypatch.chdir(
         os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     )  # the repo's root: init_from
-    assert ledger_report.main(['configs/h200_finetune_1b.py']) == 0
+    assert ledger.main(['configs/h200_finetune_1b.py']) == 0
     report = capsys.readouterr().out
     with torch.device(
         'meta'
