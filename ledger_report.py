@@ -130,23 +130,11 @@ def parameter_rows(model, params):
     return [row for row in rows if row]
 
 
-def report_sections(p):
-    """-> [(title, [(label, value, note), ...]), ...] for a prediction."""
-    m, t, params, flops, memory, data, device = (
-        p['model'],
-        p['train'],
-        p['params'],
-        p['flops_per_token'],
-        p['memory'],
-        p['data'],
-        p['gpu'],
-    )
-    model = ModelConfig(**m)
+def compute_rows(p):
+    """Ledger 2's rows: the FLOPs a token by each convention."""
+    t, flops, model = p['train'], p['flops_per_token'], ModelConfig(**p['model'])
     recompute, tied = t['recompute'], model.tie_embeddings
     book_p = '8P' if recompute else '6P'
-    fsdp2 = sharded(t['parallel'], p['n_gpu'])  # FSDP2 shards every tensor's rows
-    bf16 = p['dtype'] == 'bfloat16'
-    parameters = parameter_rows(model, params)
     nanogpt_extra = flops['nanogpt'] / flops['matmul'] - 1
     rerun = '2N_blocks' if p['compiled_blocks'] else "2(N_blocks-LHH')"
     compute = [
@@ -195,6 +183,14 @@ def report_sections(p):
             f"book {book_p}D: {_sci(p['book_flops'])}",
         ),
     ]
+    return [row for row in compute if row]
+
+
+def time_rows(p):
+    """Ledger 3's rows: the device, the speed, the days and the cost."""
+    t, device = p['train'], p['gpu']
+    recompute = t['recompute']
+    book_p = '8P' if recompute else '6P'
     time_and_money = [
         (
             'device',
@@ -239,10 +235,15 @@ def report_sections(p):
         if recompute
         else None,
     ]
-    per = '/N' if fsdp2 else ''
+    return [row for row in time_and_money if row]
+
+
+def state_rows(p):
+    """Ledger 4's model states: weights, gradients, the optimizer's states, FSDP2's gathered weights."""
+    t, memory = p['train'], p['memory']
+    fsdp2 = sharded(t['parallel'], p['n_gpu'])  # FSDP2 shards every tensor's rows
+    per, bf16 = '/N' if fsdp2 else '', p['dtype'] == 'bfloat16'
     optimizer = OPTIMIZERS[t.get('optimizer', 'adamw')]
-    compiled = memory['graph'] != 'eager'
-    processes = device['shared_by'] or (p['n_gpu'] if device['kind'] == 'cpu' else 1)
     states = [
         (
             'fp32 weights',
@@ -298,6 +299,17 @@ def report_sections(p):
             f"the book's accounting, {memory['book_formula']} with "
             f"16-bit weights and grads: {_gib(memory['book_model_states'])}",
         ),
+    ]
+    return [row for row in states if row]
+
+
+def memory_rows(p):
+    """Ledger 4's rows: what each process holds, as train.py holds it."""
+    t, memory, device, model = p['train'], p['memory'], p['gpu'], ModelConfig(**p['model'])
+    recompute, bf16 = t['recompute'], p['dtype'] == 'bfloat16'
+    compiled = memory['graph'] != 'eager'
+    processes = device['shared_by'] or (p['n_gpu'] if device['kind'] == 'cpu' else 1)
+    states = state_rows(p) + [
         (
             'activations',
             _gib(memory['activations']),
@@ -355,6 +367,12 @@ def report_sections(p):
             ),
         ),
     ]
+    return [row for row in states if row]
+
+
+def data_rows(p):
+    """The planning note's rows: tokens against Chinchilla, the dataset, the bytes it takes."""
+    t, data = p['train'], p['data']
     stored = 'dataset' if data['dataset_tokens'] else 'training tokens'
     tokens = [
         (
@@ -401,6 +419,12 @@ def report_sections(p):
             '12P: fp32 weights + Adam m, v; bf16 export 2P = ' + _gb(data['export_bytes']),
         ),
     ]
+    return [row for row in tokens if row]
+
+
+def loss_rows(p):
+    """The published loss fits' predictions for this plan (their data, not ours)."""
+    data = p['data']
     loss = [
         (
             label,
@@ -412,27 +436,34 @@ def report_sections(p):
             ('epoch2024', 'Epoch AI 2024 replication'),
         )
     ]
+    return [row for row in loss if row]
+
+
+def report_sections(p):
+    """-> [(title, [(label, value, note), ...]), ...] for a prediction, in the book's order."""
+    t, memory, device, model = p['train'], p['memory'], p['gpu'], ModelConfig(**p['model'])
+    recompute, bf16 = t['recompute'], p['dtype'] == 'bfloat16'
     mode = f"{t['parallel']}, N={p['n_gpu']}" if p['n_gpu'] > 1 else 'one process'
     sections = [
         (
             "Ledger 1: parameters (exact, the way model.py builds them: = sum(p.numel()))",
-            parameters,
+            parameter_rows(ModelConfig(**p['model']), p['params']),
         ),
         (
             'Ledger 2: compute per token, forward + backward (a matmul (n x m)(m x p) is 2nmp FLOPs)',
-            compute,
+            compute_rows(p),
         ),
-        ('Ledger 3: time and money (days = FLOPs / (n_gpu * peak * MFU) / 86400)', time_and_money),
+        ('Ledger 3: time and money (days = FLOPs / (n_gpu * peak * MFU) / 86400)', time_rows(p)),
         (
             f"Ledger 4: memory per {'process' if device['kind'] == 'cpu' else 'GPU'} ({mode}, as train.py holds it; "
             f"micro-batch {t['micro_batch']} x {model.block_size}, {'bf16' if bf16 else 'fp32'} compute, "
             f"{memory['graph']}, "
             f"{'full recomputation' if recompute else 'no recomputation'}, flash attention)",
-            states,
+            memory_rows(p),
         ),
         moe_section(p),  # None for a dense model
         communication_section(p) if p['n_gpu'] > 1 else None,
-        ('Data and tokens (the planning note)', tokens),
+        ('Data and tokens (the planning note)', data_rows(p)),
         (
             'The mixture: each source as GPT-3 tabled its datasets (Brown et al. 2020, Table 2.2); weights kept '
             'to 1/1000',
@@ -441,7 +472,7 @@ def report_sections(p):
         (
             'Expected loss L = E + A/N^alpha + B/D^beta: THEIR fits on their data (MassiveText) and tokenizer, '
             'not ours',
-            loss,
+            loss_rows(p),
         ),
     ]
     return [
@@ -561,10 +592,91 @@ def _ms(seconds):
     return f'{seconds * 1e3:,.3g} ms' if seconds < 1 else f'{seconds:,.3g} s'
 
 
+def comm_time_rows(p):
+    """Ledger 5's seconds (an ESTIMATE from the link table), what hides, the bound; or why there are none."""
+    comm, t, n, topo = p['comm'], p['train'], p['n_gpu'], p['comm']['topology']
+    rows = []
+    timed = comm['seconds'] is not None
+    if not timed:
+        rows.append(
+            (
+                'time',
+                'not estimated',
+                'gloo on a CPU: seconds are not meaningful'
+                if p['gpu']['kind'] == 'cpu'
+                else 'this GPU has no link figures: set intra_node_busbw (and inter_node_busbw), GB/s',
+            )
+        )
+    else:
+        share = comm['exposed_fraction']
+        rows += [
+            (
+                'time per step, ESTIMATE',
+                _ms(comm['seconds']),
+                f"bus bytes / {topo['busbw'] / 1e9:,.0f} GB/s busbw ({topo['link']} sets it); latency left out",
+            ),
+            (
+                'exposed per step, ESTIMATE',
+                _ms(comm['exposed_seconds']),
+                f"{share:.1%} of a step: "
+                + (
+                    "FSDP2 hides gathers under forward and reduce-scatters under backward, every micro-step, "
+                    "all but the root unit's"
+                    if sharded(t['parallel'], n)
+                    else "DDP hides its buckets under the last micro-step's backward, all but the last"
+                    + ('; ZeRO-1 broadcasts after the update' if t['parallel'] == 'zero1' else '')
+                )
+                + f"; step {p['step_seconds']:.3g} s",
+            ),
+            (
+                'bound, ESTIMATE',
+                comm['bound'],
+                f"compute while at most {comm['exposed_limit']:.0%} of a step waits on communication, else "
+                f"the slowest link",
+            ),
+            (
+                'days with communication',
+                _days(p['days']),
+                f"compute {_days(p['days_compute'])} + exposed communication (Ledger 3 counts both)",
+            ),
+        ]
+    return rows
+
+
+def verdict_rows(p):
+    """Ledger 5c: where data parallelism stops, the verdict and its reasons, and a pipeline's bubble."""
+    comm, t, n, verdict = p['comm'], p['train'], p['n_gpu'], p['parallelism']
+    rows = []
+    sequences = t['batch_tokens'] // p['model']['block_size']
+    rows.append(
+        (
+            'data parallelism stops at',
+            f'{sequences:,} GPUs',
+            f"one sequence of the global batch each: there this plan's compute takes "
+            f"{_days(p['days_compute'] * n / sequences)} days",
+        )
+    )
+    rows.append(
+        ('verdict', 'DP is enough' if verdict['enough'] else 'needs TP/PP', verdict['verdict'])
+    )
+    rows += [('', '', reason) for reason in verdict['reasons']]
+    if not verdict['enough']:
+        bubble = verdict['bubble']
+        rows.append(
+            (
+                'pipeline bubble (p-1)/(m+p-1)',
+                f'{bubble:.0%}',
+                f"for planning: p = 4 stages over m = {comm['accumulation']} micro-batches idle this share "
+                "(GPipe, Huang et al. 2019)",
+            )
+        )
+    return rows
+
+
 def communication_section(p):
     """-> (title, rows) of Ledger 5 for a prediction on more than one device."""
     comm, t, n = p['comm'], p['train'], p['n_gpu']
-    topo, verdict = comm['topology'], p['parallelism']
+    topo = comm['topology']
     groups = {}
     for item in comm['collectives']:
         name = item['what'].split(', DDP bucket')[0] + (
@@ -617,72 +729,7 @@ def communication_section(p):
             f"{_gb(comm['bus_bytes'])} ({factors}, N={n}); {comm['accumulation']} micro-steps",
         )
     ]
-    if not timed:
-        rows.append(
-            (
-                'time',
-                'not estimated',
-                'gloo on a CPU: seconds are not meaningful'
-                if p['gpu']['kind'] == 'cpu'
-                else 'this GPU has no link figures: set intra_node_busbw (and inter_node_busbw), GB/s',
-            )
-        )
-    else:
-        share = comm['exposed_fraction']
-        rows += [
-            (
-                'time per step, ESTIMATE',
-                _ms(comm['seconds']),
-                f"bus bytes / {topo['busbw'] / 1e9:,.0f} GB/s busbw ({topo['link']} sets it); latency left out",
-            ),
-            (
-                'exposed per step, ESTIMATE',
-                _ms(comm['exposed_seconds']),
-                f"{share:.1%} of a step: "
-                + (
-                    "FSDP2 hides gathers under forward and reduce-scatters under backward, every micro-step, "
-                    "all but the root unit's"
-                    if sharded(t['parallel'], n)
-                    else "DDP hides its buckets under the last micro-step's backward, all but the last"
-                    + ('; ZeRO-1 broadcasts after the update' if t['parallel'] == 'zero1' else '')
-                )
-                + f"; step {p['step_seconds']:.3g} s",
-            ),
-            (
-                'bound, ESTIMATE',
-                comm['bound'],
-                f"compute while at most {comm['exposed_limit']:.0%} of a step waits on communication, else "
-                f"the slowest link",
-            ),
-            (
-                'days with communication',
-                _days(p['days']),
-                f"compute {_days(p['days_compute'])} + exposed communication (Ledger 3 counts both)",
-            ),
-        ]
-    sequences = t['batch_tokens'] // p['model']['block_size']
-    rows.append(
-        (
-            'data parallelism stops at',
-            f'{sequences:,} GPUs',
-            f"one sequence of the global batch each: there this plan's compute takes "
-            f"{_days(p['days_compute'] * n / sequences)} days",
-        )
-    )
-    rows.append(
-        ('verdict', 'DP is enough' if verdict['enough'] else 'needs TP/PP', verdict['verdict'])
-    )
-    rows += [('', '', reason) for reason in verdict['reasons']]
-    if not verdict['enough']:
-        bubble = verdict['bubble']
-        rows.append(
-            (
-                'pipeline bubble (p-1)/(m+p-1)',
-                f'{bubble:.0%}',
-                f"for planning: p = 4 stages over m = {comm['accumulation']} micro-batches idle this share "
-                "(GPipe, Huang et al. 2019)",
-            )
-        )
+    rows += comm_time_rows(p) + verdict_rows(p)
     title = (
         f"Ledger 5: communication per optimizer step ({t['parallel']}, N={n}, as train.py's collectives; "
         'bytes exact, seconds an ESTIMATE)'
@@ -773,37 +820,35 @@ def format_short(prediction, full):
             f"{data['chinchilla_multiple']:.2g} x Chinchilla (20){epochs}",
         ),
     ]
-    lines = [line for line in lines if line]
-    lines += [
-        _row(*row) for row in mixture_rows(p.get('mixture'))
-    ]  # a mixture: each source's tokens and epochs
-    comm = p['comm']
+    lines = [line for line in lines if line] + [_row(*row) for row in short_extra_rows(p)]
+    return '\n'.join(lines)
+
+
+def short_extra_rows(p):
+    """format_short's rows for what only some runs have: a mixture's sources, communication, a partial loss."""
+    comm, data = p['comm'], p['data']
+    rows = mixture_rows(p.get('mixture'))  # a mixture: each source's tokens and epochs
     if comm['collectives']:  # Ledger 5: more than one process
-        lines.append(
-            _row(
-                'communication per step',
-                _bytes(comm['bytes']),
-                f"{comm['accumulation']} micro-steps, {p['train']['parallel']}; "
-                + (
-                    f"ESTIMATE {_ms(comm['seconds'])} at {comm['topology']['busbw'] / 1e9:,.0f} GB/s, "
-                    f"{comm['exposed_fraction']:.1%} of a step exposed; {p['parallelism']['verdict']}"
-                    if comm['seconds'] is not None
-                    else 'gloo on the CPU: seconds not meaningful'
-                    if p['gpu']['kind'] == 'cpu'
-                    else 'seconds not estimated (no link figures for this device)'
-                ),
-            )
+        seconds = (
+            f"ESTIMATE {_ms(comm['seconds'])} at {comm['topology']['busbw'] / 1e9:,.0f} GB/s, "
+            f"{comm['exposed_fraction']:.1%} of a step exposed; {p['parallelism']['verdict']}"
+            if comm['seconds'] is not None
+            else 'gloo on the CPU: seconds not meaningful'
+            if p['gpu']['kind'] == 'cpu'
+            else 'seconds not estimated (no link figures for this device)'
         )
+        where = f"{comm['accumulation']} micro-steps, {p['train']['parallel']}; "
+        rows.append(('communication per step', _bytes(comm['bytes']), where + seconds))
     if data['loss_fraction'] < 1:
-        lines.append(
-            _row(
+        rows.append(
+            (
                 'tokens that carry loss',
                 si(data['loss_tokens']),
-                f"{data['loss_fraction']:.0%}: objective {p['train']['objective']}; tokens/s and MFU count "
-                f"every position",
+                f"{data['loss_fraction']:.0%}: objective {p['train']['objective']}; tokens/s and MFU "
+                f"count every position",
             )
         )
-    return '\n'.join(lines)
+    return rows
 
 
 def format_comparison(summary):
