@@ -159,6 +159,11 @@ class Part:
     # an FFN's default width H' (ffn_hidden = 0): ffn_ratio x H, rounded up to a multiple of ffn_multiple
     ffn_ratio: Fraction = Fraction(0)
     ffn_multiple: int = 1
+    # attention's keys a query attends to, for its FLOPs (12 x L x H x keys, PaLM's convention): (ModelConfig) ->
+    # {'model': counted by MFU, 'kernel': what the kernel computes, 'causal': the unmasked mean}, and their
+    # symbol in the bill's formulas
+    keys: object = None
+    keys_symbol: str = ''
 
 
 def linear(name, fan_in, fan_out, bias):
@@ -219,6 +224,27 @@ def nothing_saved(c, a, r, compiled):
 
 
 PARTS = {
+    'attention': {
+        # causal self-attention over the whole context: a query attends to T keys (non-causal count, as PaLM and
+        # nanoGPT count it: the masked half is counted as done), T/2 unmasked on average; q, k, v fused, k and v
+        # n_kv_head heads wide (GQA), then o_proj
+        'causal': Part(
+            'causal self-attention',
+            '2H^2 + 2H*kv_width',
+            lambda c: (
+                linear('qkv_proj', c.n_embd, (c.n_head + 2 * c.kv_heads) * c.head_dim, c.biases)
+                + linear('o_proj', c.n_embd, c.n_embd, c.biases)
+            ),
+            nothing_saved,  # its saved bytes depend on the kernel: ledger.activation_bytes
+            ('*',),
+            keys=lambda c: {
+                'model': c.block_size,
+                'kernel': c.block_size,
+                'causal': c.block_size / 2,
+            },
+            keys_symbol='T',
+        )
+    },
     'norm': {
         # LayerNorm (Ba et al. 2016): weight, and a bias when the model has biases; fp32 mean and 1/std
         'layernorm': Part(
@@ -318,7 +344,9 @@ PARTS = {
         ),
     },
 }
-PART_KEYS = tuple(PARTS)  # the model keys that name a part: norm, mlp, positions, qk_norm
+PART_KEYS = tuple(
+    PARTS
+)  # the model keys that name a part: attention, norm, mlp, positions, qk_norm
 
 
 @dataclass(frozen=True)
@@ -395,6 +423,7 @@ class ModelConfig:
     norm_eps: float = 1e-5
     rope_theta: float = 10000.0
     # parts (PARTS above) in place of the family's: '' is the family's own
+    attention: str = 'causal'  # the attention's row (one today: the slot a fork's attention takes)
     norm: str = ''  # 'layernorm' or 'rmsnorm'
     mlp: str = ''  # 'gelu', 'swiglu' or 'relu2'
     positions: str = ''  # 'learned' or 'rope'
@@ -689,7 +718,7 @@ IGNORE_INDEX = -1
 
 def _part_rule(kind):
     names = tuple(PARTS[kind])
-    if kind == 'qk_norm':
+    if kind in ('attention', 'qk_norm'):  # not a family's: every family takes any
         return _one_of(*names)
     return lambda v: v in ('', *names), f"one of {', '.join(names)} (or '' for the family's)"
 

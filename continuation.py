@@ -135,6 +135,17 @@ def cooldown_start(train):
     return checkpoint.read_state(checkpoint.verified(train.cooldown_from))['run']
 
 
+def carried_on(run, start_from, world_size, resumed):
+    """The line a run prints once it has loaded the checkpoint it carries on from."""
+    state = run.state
+    return (
+        f"{'resumed' if resumed else 'cooling down'} from {start_from}: step {state.step}, "
+        f"{state.tokens_seen:,} tokens, data position {state.position:,} sequences (written by "
+        f"{world_size} process(es), read by {run.cluster.world_size}: the position is global, the "
+        f"stream continues where it stopped)"
+    )
+
+
 def log_cooldown(run, end_step):
     """A cooldown's first line after its checkpoint is loaded: the LR's decay, from where to where."""
     train, first = run.train, run.cooldown[0] + 1

@@ -439,30 +439,29 @@ def flops_per_token(model, recompute=False, compiled_blocks=False):
     """Training FLOPs per token (forward + backward) under the conventions above. compiled_blocks: each block
     is torch.compile'd on its own, so the recompute reruns the whole block (see above)."""
     params = count_params(model)
-    L, H, T = model.n_layer, model.n_embd, model.block_size
-    attention = 12 * L * H * T
+    L, H = model.n_layer, model.n_embd
+    keys = model.part('attention').keys(model)  # keys a query attends to (config.PARTS)
+    attention = 12 * L * H * keys['model']
+    kernel = 12 * L * H * keys['kernel']  # what the kernel computes, masked keys included
     matmul = 6 * params['matmul'] + attention
+    executed = 6 * params['matmul'] + kernel
     # an MoE layer's last saved tensors are the routed experts' outputs: the rerun skips only the shared experts'
-    # down_proj (H x n_shared * expert_hidden), which runs last (Ledger MoE)
+    # down_proj (H x n_shared * expert_hidden), which runs last (Ledger MoE); a dense block its FFN's last matmul
     M, shared = model.moe_layers, model.n_shared_experts * model.expert_hidden
-    skipped = (
-        0 if compiled_blocks else (L - M) * params['ffn_last_matmul'] + M * H * shared
-    )  # down_proj
+    skipped = 0 if compiled_blocks else (L - M) * params['ffn_last_matmul'] + M * H * shared
     rerun_matmul = params['blocks_matmul'] - skipped
-    matmul_recompute = (
-        matmul + 2 * rerun_matmul + attention // 3
-    )  # + the blocks' forward again (2N, 4LHT)
+    executed_recompute = executed + 2 * rerun_matmul + kernel // 3  # + the blocks' forward again
     return {
-        'book': (8 if recompute else 6)
-        * params['active'],  # P: the active parameters (dense: all of them)
+        'book': (8 if recompute else 6) * params['active'],  # P: the active parameters (dense: all)
         'matmul': matmul,  # model FLOPs: what MFU counts (PaLM)
         'matmul_causal': 6 * params['matmul']
-        + attention // 2,  # only the unmasked half of QK^T and AV
+        + round(12 * L * H * keys['causal']),  # the unmasked keys
         'nanogpt': 6 * (params['active'] - params['position']) + attention,
-        'hardware': matmul_recompute if recompute else matmul,  # what the GPU executes
+        'hardware': executed_recompute if recompute else executed,  # what the GPU executes
         'attention': attention,
         'attention_share': attention / (6 * params['blocks_matmul']),
-        'attention_share_approx': T / (6 * H),
+        'attention_share_approx': keys['model'] / (6 * H),
+        'keys_symbol': model.part('attention').keys_symbol,
     }
 
 

@@ -133,7 +133,7 @@ def parameter_rows(model, params):
 def compute_rows(p):
     """Ledger 2's rows: the FLOPs a token by each convention."""
     t, flops, model = p['train'], p['flops_per_token'], ModelConfig(**p['model'])
-    recompute, tied = t['recompute'], model.tie_embeddings
+    recompute, tied, k = t['recompute'], model.tie_embeddings, flops['keys_symbol']
     book_p = '8P' if recompute else '6P'
     nanogpt_extra = flops['nanogpt'] / flops['matmul'] - 1
     rerun = '2N_blocks' if p['compiled_blocks'] else "2(N_blocks-LHH')"
@@ -145,23 +145,23 @@ def compute_rows(p):
             + (' + one recomputed forward 2P' if recompute else ''),
         ),
         (
-            'matmul: 6N_matmul + 12LHT',
+            f'matmul: 6N_matmul + 12LH{k}',
             _sci(flops['matmul']),
             'PaLM (Chowdhery et al. 2022, app. B), non-causal attention, no embedding lookup; MFU uses this',
         ),
         (
-            "nanoGPT's estimate_mfu: 6N + 12LHT",
+            f"nanoGPT's estimate_mfu: 6N + 12LH{k}",
             _sci(flops['nanogpt']),
             f"N = all but the position table: norms, biases{'' if tied else ', input embedding'} as matmuls: "
             f"{nanogpt_extra:+.3%}",
         ),
         (
-            'matmul, causal: 6N_matmul + 6LHT',
+            f'matmul, causal: 6N_matmul + 6LH{k}',
             _sci(flops['matmul_causal']),
             'only the unmasked half of attention',
         ),
         (
-            f"executed: +{rerun}+4LHT",
+            f"executed: +{rerun}+4LH{k}",
             _sci(flops['hardware']),
             'matmul + the blocks rerun in backward: '
             + (
@@ -175,7 +175,7 @@ def compute_rows(p):
         (
             'attention share of block matmuls',
             f"{flops['attention_share']:.1%}",
-            f"12LHT / 6N_blocks; the book's T/(6H) = {flops['attention_share_approx']:.1%}",
+            f"12LH{k} / 6N_blocks; the book's {k}/(6H) = {flops['attention_share_approx']:.1%}",
         ),
         (
             f"executed for {si(p['tokens'])} tokens",
@@ -523,7 +523,8 @@ def moe_section(p):
         (
             'FLOPs per token',
             _sci(flops['matmul']),
-            f"6 x active N_matmul + 12LHT (router included); every expert on every token: {all_active:.2f}x",
+            f"6 x active N_matmul + 12LH{flops['keys_symbol']} (router included); every expert on every "
+            f"token: {all_active:.2f}x",
         ),
         (
             'routing buffers',
@@ -782,7 +783,8 @@ def format_short(prediction, full):
         _row(
             'FLOPs per token',
             _sci(p['flops_per_token']['hardware']),
-            f"6N_matmul + 12LHT{' + the recomputed forward' if p['train']['recompute'] else ''}; "
+            f"6N_matmul + 12LH{p['flops_per_token']['keys_symbol']}"
+            f"{' + the recomputed forward' if p['train']['recompute'] else ''}; "
             f"{_sci(p['total_flops'])} for {si(p['tokens'])} tokens",
         ),
         _row(
@@ -863,7 +865,7 @@ def format_comparison(summary):
             lambda x: f'{x:,.0f}',
         ),
         (
-            'MFU (6N_matmul + 12LHT per token)',
+            f"MFU (6N_matmul + 12LH{s.get('keys_symbol', 'T')} per token)",
             s['mfu_predicted'],
             s['mfu_measured'],
             lambda x: f'{x:.1%}',

@@ -224,6 +224,19 @@ def predict(config_path, model_cfg, train, cluster, force, cooldown):
     return prediction, dtype
 
 
+def plan_line(run):
+    """The line a run prints before step 1: the steps planned and where this one stops, the global batch as
+    micro-batch x sequence x processes x accumulation, the parallel mode."""
+    train, cluster = run.train, run.cluster
+    return (
+        f"training: {run.total_steps:,} steps planned for {train.train_tokens:,} tokens, this run stops at "
+        f"step {run.stop_step:,}; global batch {train.batch_tokens:,} tokens = {train.micro_batch} sequences x "
+        f"{run.model_cfg.block_size} tokens x {cluster.world_size} process(es) x "
+        f"{train.batch_tokens // run.micro_step_tokens} accumulation steps; "
+        f"parallel={train.parallel if cluster.world_size > 1 else 'none (1 process)'}"
+    )
+
+
 def params_built(model, prediction, force=False, cluster=None):
     """The built model's parameter count, which must be the one the ledger predicted: else the run stops here with
     the first tensor that differs from the parts' rows, or with --force goes on, the ledger marked unverified

@@ -1,7 +1,8 @@
 """
-processes.py: the processes of a run. torchrun sets RANK, WORLD_SIZE and LOCAL_RANK (one process per GPU, any number
-of nodes); a plain `python train.py` is rank 0 of 1. CUDA when present (NCCL between GPUs), else the CPU (gloo).
-Also the few collectives every tool shares: a line from rank 0, a barrier, a mean over ranks.
+processes.py: the processes of a run and how the model is spread over them. torchrun sets RANK, WORLD_SIZE and
+LOCAL_RANK (one process per GPU, any number of nodes); a plain `python train.py` is rank 0 of 1. CUDA when present
+(NCCL between GPUs), else the CPU (gloo). Also the few collectives every tool shares (a line from rank 0, a
+barrier, a mean over ranks), and parallelize: DDP, ZeRO-1's DDP, or FSDP2 for ZeRO-2 and ZeRO-3.
 """
 
 import dataclasses
@@ -59,3 +60,47 @@ def reduce_mean(values, cluster):
         dist.all_reduce(values)
         values /= cluster.world_size
     return values
+
+
+# -----------------------------------------------------------------------------------------------------
+# The model over the processes (train.py's build_model calls this once the model is built and initialised).
+
+
+def parallelize(model, train, cluster, dtype):
+    """-> the module the loop calls: the model itself (one process), DDP (ddp, zero1) or the FSDP2 root itself
+    (zero2, fsdp), compiled as train.compile says. dtype: the compute dtype."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    from torch.nn.parallel import DistributedDataParallel
+
+    from config import sharded
+
+    if cluster.world_size == 1 or not sharded(train.parallel, cluster.world_size):
+        if train.compile:
+            model.compile()  # in place: the state dict keeps its names (no `_orig_mod.` prefix)
+        if cluster.world_size == 1:
+            return model
+        device_ids = [cluster.local_rank] if cluster.device.type == 'cuda' else None
+        # broadcast_buffers=False: the only buffers are the RoPE tables, constants every rank computes itself.
+        # gradient_as_bucket_view=True: the .grad tensors are views of DDP's all-reduce buckets, so the gradients
+        # take 4P bytes once, not twice (the ledger's model states count them so).
+        return DistributedDataParallel(
+            model, device_ids=device_ids, broadcast_buffers=False, gradient_as_bucket_view=True
+        )
+    # FSDP2: shard each block, then the root (embeddings, final norm, lm_head: a tied weight stays in this one
+    # unit with both its users). ZeRO-3 ('fsdp') frees each block's gathered weights after its forward and
+    # gathers them again for backward; ZeRO-2 ('zero2') keeps them from forward to backward, so only gradients
+    # and optimizer states stay sharded (the book's 2P + 14P/N). The root is kept either way: backward starts
+    # with its lm_head.
+    mesh = init_device_mesh(cluster.device.type, (cluster.world_size,))
+    mp_policy = MixedPrecisionPolicy()  # fp32 everywhere
+    if dtype == 'bfloat16':  # bf16 weights for the matmuls, gradients reduced in fp32
+        mp_policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    for block in model.blocks:
+        if train.compile:
+            block.compile()  # per block, in place, as torchtune does under FSDP2: the blocks share one graph
+        fully_shard(
+            block, mesh=mesh, mp_policy=mp_policy, reshard_after_forward=train.parallel == 'fsdp'
+        )
+    fully_shard(model, mesh=mesh, mp_policy=mp_policy, reshard_after_forward=False)
+    return model

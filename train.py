@@ -1,18 +1,20 @@
 """
 train.py: pretrain a GPT-2 or Llama model from a config file, on one CPU or on many GPUs.
 
-    python train.py configs/pystdlib_cpu.py                            # a small Llama on the CPU, minutes
-    torchrun --nproc_per_node=1 train.py configs/h200_1b3.py           # the book's 1.3B run on one H200
-    python train.py CONFIG --max_steps=100 --lr=3e-4 --resume          # overrides, then continue from ckpt/LATEST
+    python train.py configs/pystdlib_cpu.py                    # a small Llama on the CPU, minutes
+    torchrun --nproc_per_node=1 train.py configs/h200_1b3.py   # the book's 1.3B run on one H200
+    python train.py CONFIG --max_steps=100 --lr=3e-4 --resume  # overrides; on from ckpt/LATEST
 
-Flags besides --key=value: --resume[=CKPT_DIR], --allow_change=KEY,... (a resumed run may change keys that break an
-exact continuation, such as lr), --force (start even when the ledger says the run does not fit). Ctrl-C or SIGTERM
-finishes the step, writes a checkpoint and prints the command that resumes.
+Flags besides --key=value: --resume[=CKPT_DIR], --allow_change=KEY,... (a resumed run may change
+keys that break an exact continuation, such as lr), --force (start even when the ledger says the run
+does not fit, or counts other parameters than the model has). Ctrl-C or SIGTERM finishes the step,
+writes a checkpoint and prints the command that resumes.
 
-In the order a run happens: 1. the batch and the LR schedule, 2. model, parallelism, optimizer, 3. eval and samples,
-4. setup, 5. the step, 6. the loop. Around it: data.py (shards, the seeded stream), processes.py (ranks and devices),
-continuation.py (resume checks, the clean stop, the spike guard), live_ledger.py (the live ledger), checkpoint.py; and
-a line of hook each for evals.py (HellaSwag, ARC, MMLU), sample.py (text samples) and moe.py (the router-bias update).
+In the order a run happens: 1. the batch and the LR schedule, 2. model and optimizer, 3. eval,
+4. setup, 5. the step, 6. the loop. Around it: data.py (shards, the seeded stream), processes.py
+(ranks, devices, DDP and FSDP2), continuation.py (resume checks, the clean stop, the spike guard),
+live_ledger.py (the live ledger), checkpoint.py; and a line of hook each for evals.py (HellaSwag,
+ARC, MMLU), sample.py (text samples) and moe.py (the router-bias update).
 """
 
 import contextlib
@@ -24,28 +26,25 @@ import os
 import shlex
 import sys
 
-import config  # standard library only: first, so that Ctrl-C or SIGTERM during the slow imports is one line
+import config  # standard library only: first, so Ctrl-C or SIGTERM during the imports is one line
 
 if __name__ == '__main__':
     config.quiet_stops()
 
-# The CUDA caching allocator reads its settings once, so they are set before torch is imported. Expandable segments
-# let freed blocks grow and merge instead of fragmenting: at h200_1b3's 86 of 141 GiB, with multi-GB loss buffers
-# of changing shapes, fragmentation is what turns a fit into an out-of-memory (nanochat and torchtitan set it too).
-# torch 2.10 renamed the variable; 2.9 still ignored the new name for this setting (pytorch #183387).
+# The CUDA caching allocator reads its settings once, so they are set before torch is imported.
+# Expandable segments let freed blocks grow and merge instead of fragmenting: at h200_1b3's 86 of
+# 141 GiB, with multi-GB loss buffers of changing shapes, fragmentation is what turns a fit into an
+# out-of-memory (nanochat and torchtitan set it too). torch 2.10 renamed the variable; 2.9 still
+# ignored the new name for this setting (pytorch #183387).
 if not (os.environ.get('PYTORCH_ALLOC_CONF') or os.environ.get('PYTORCH_CUDA_ALLOC_CONF')):
-    torch_release = tuple(int(part) for part in importlib.metadata.version('torch').split('.')[:2])
-    os.environ['PYTORCH_ALLOC_CONF' if torch_release >= (2, 10) else 'PYTORCH_CUDA_ALLOC_CONF'] = (
-        'expandable_segments:True'
-    )
+    release = tuple(int(part) for part in importlib.metadata.version('torch').split('.')[:2])
+    name = 'PYTORCH_ALLOC_CONF' if release >= (2, 10) else 'PYTORCH_CUDA_ALLOC_CONF'
+    os.environ[name] = 'expandable_segments:True'
 
 import numpy as np  # noqa: E402 (after the allocator's settings)
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
-from torch.distributed.device_mesh import init_device_mesh  # noqa: E402
-from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard  # noqa: E402
 from torch.distributed.tensor import DTensor  # noqa: E402
-from torch.nn.parallel import DistributedDataParallel  # noqa: E402
 
 import checkpoint  # noqa: E402
 import continuation  # noqa: E402
@@ -63,18 +62,20 @@ from continuation import RunState  # noqa: E402
 from model import GPT  # noqa: E402
 from processes import log  # noqa: E402
 
-# -----------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # 1. The batch and the LR schedule (the book's training recipe).
-# One micro-step is a forward/backward of micro_batch sequences of block_size tokens on every rank, so it covers
-# micro_batch x block_size x world_size tokens; gradient accumulation repeats it until batch_tokens, the global
-# batch, is reached. The global batch is fixed by the config: more ranks means fewer micro-steps, not a bigger batch.
-# config.tokens_per_micro_step checks that it is a whole number of them, for train.py and the ledger alike.
+# One micro-step is a forward/backward of micro_batch sequences of block_size tokens on every rank,
+# so it covers micro_batch x block_size x world_size tokens; gradient accumulation repeats it until
+# batch_tokens, the global batch, is reached. The global batch is fixed by the config: more ranks
+# means fewer micro-steps, not a bigger batch. config.tokens_per_micro_step checks that it is a
+# whole number of them, for train.py and the ledger alike.
 
 
 def batch_tokens_at(tokens_seen, train, micro_step_tokens):
-    """The global batch for the next step. GPT-3 style ramp: linear in tokens seen from batch_ramp_start to
-    batch_tokens over the first batch_ramp_tokens, rounded down to whole micro-steps (GPT-3 went 32K -> 3.2M
-    tokens over its first 4-12B tokens). A small early batch is enough while the gradient is large and coherent."""
+    """The global batch for the next step. GPT-3 style ramp: linear in tokens seen from
+    batch_ramp_start to batch_tokens over the first batch_ramp_tokens, rounded down to whole
+    micro-steps (GPT-3 went 32K -> 3.2M tokens over its first 4-12B tokens). A small early batch
+    is enough while the gradient is large and coherent."""
     if train.batch_ramp_tokens <= 0 or tokens_seen >= train.batch_ramp_tokens:
         return train.batch_tokens
     start, full = train.batch_ramp_start, train.batch_tokens
@@ -83,11 +84,10 @@ def batch_tokens_at(tokens_seen, train, micro_step_tokens):
 
 
 def planned_steps(train, micro_step_tokens):
-    """Optimizer steps to see train_tokens: the length the schedule spans (max_steps may stop the run earlier)."""
+    """Optimizer steps to see train_tokens: the length the schedule spans (max_steps may stop the
+    run earlier). The ramp is walked step by step (thousands of steps at most)."""
     steps, tokens = 0, 0
-    while tokens < min(
-        train.train_tokens, train.batch_ramp_tokens
-    ):  # the ramp, step by step (thousands at most)
+    while tokens < min(train.train_tokens, train.batch_ramp_tokens):
         tokens += batch_tokens_at(tokens, train, micro_step_tokens)
         steps += 1
     return steps + max(0, math.ceil((train.train_tokens - tokens) / train.batch_tokens))
@@ -104,21 +104,18 @@ def wsd_decay(total_steps, train):
 
 
 def lr_at(step, total_steps, train, cooldown=None):
-    """LR for 0-based step `step` of `total_steps`. Linear warmup over warmup_frac of the steps (the book: 0.1-0.5%)
-    from lr/warmup to the peak at step warmup-1; then either cosine decay (GPT-3, LLaMA) or warmup-stable-decay
-    (constant, then a linear decay over the last decay_frac of the steps), both ending at min_lr_ratio x peak (10%)
-    on the last step. cooldown: (first step, steps) of a wsd decay of its own in place of the run's (a run that
-    starts from another's checkpoint with cooldown_tokens)."""
+    """LR for 0-based step `step` of `total_steps`. Linear warmup over warmup_frac of the steps
+    (the book: 0.1-0.5%) from lr/warmup to the peak at step warmup-1; then cosine decay (GPT-3,
+    LLaMA) or warmup-stable-decay (constant, then a linear decay over the last decay_frac of the
+    steps), both ending at min_lr_ratio x peak (10%) on the last step. cooldown: (first step,
+    steps) of a linear decay from the peak of its own, whatever the schedule (a run that starts
+    from another's checkpoint with cooldown_tokens)."""
     warmup = warmup_steps(total_steps, train)
     peak, floor = train.lr, train.lr * train.min_lr_ratio
     if step < warmup:
         return peak * (step + 1) / warmup
-    if (
-        cooldown or train.schedule == 'wsd'
-    ):  # a cooldown decays linearly from the peak, whatever the schedule
-        decay_start, decay = cooldown or wsd_decay(
-            total_steps, train
-        )  # the last step reaches the floor
+    if cooldown or train.schedule == 'wsd':
+        decay_start, decay = cooldown or wsd_decay(total_steps, train)  # the last step: the floor
         if step < decay_start:
             return peak
         return peak + (floor - peak) * min(1.0, (step - decay_start + 1) / decay)
@@ -126,74 +123,41 @@ def lr_at(step, total_steps, train, cooldown=None):
     return floor + (peak - floor) * 0.5 * (1 + math.cos(math.pi * progress))
 
 
-# -----------------------------------------------------------------------------------------------------
-# 2. Model, parallelism, optimizer.
-# The model is built on the meta device (no memory, no init) then materialised on the device and initialised
-# from the seed: the same weights on every rank, whatever the world size, which is what makes 2 ranks train like
-# 1 (it needs the full fp32 model on each device for a moment: fine up to ~30B on 80 GB GPUs).
+# --------------------------------------------------------------------------------------------------
+# 2. Model and optimizer. The model is built on the meta device (no memory, no init) then
+# materialised on the device and initialised from the seed: the same weights on every rank, whatever
+# the world size, which is what makes 2 ranks train like 1 (it needs the full fp32 model on each
+# device for a moment: fine up to ~30B on 80 GB GPUs). processes.parallelize spreads it.
 
 
 def build_model(model_cfg, train, cluster, dtype):
-    """-> (model to call, raw GPT). Under FSDP the raw GPT is the sharded root itself. dtype: the compute dtype."""
+    """-> (model to call, raw GPT). Under FSDP the raw GPT is the sharded root itself."""
     torch.manual_seed(train.seed)
     with torch.device('meta'):
         model = GPT(model_cfg)
     model.to_empty(device=cluster.device)
     model.init_weights()
-    if (
-        train.init_from
-    ):  # a published model's weights (pretrained.py); a resumed run's checkpoint replaces them
+    if train.init_from:  # a published model's weights; a resumed run's checkpoint replaces them
         pretrained.load_weights(model, train.init_from)
-    model.recompute = (
-        train.recompute
-    )  # activation checkpointing per block: one extra forward, 8P FLOPs
+    model.recompute = train.recompute  # activation checkpointing per block: one extra forward
     for layer in model.moe:  # MoE: the sequence-wise balance loss's coefficient (0: off)
         layer.aux_loss_coef = train.aux_loss_coef
-    if cluster.world_size == 1:
-        if train.compile:
-            model.compile()  # in place: the state dict keeps its names (no `_orig_mod.` prefix)
-        return model, model
-    if not sharded(train.parallel, cluster.world_size):  # ddp, zero1
-        if train.compile:
-            model.compile()
-        device_ids = [cluster.local_rank] if cluster.device.type == 'cuda' else None
-        # broadcast_buffers=False: the only buffers are the RoPE tables, constants that every rank computes itself.
-        # gradient_as_bucket_view=True: the .grad tensors are views of DDP's all-reduce buckets, so the gradients
-        # take 4P bytes once, not twice (the ledger's model states count them so).
-        return DistributedDataParallel(
-            model, device_ids=device_ids, broadcast_buffers=False, gradient_as_bucket_view=True
-        ), model
-    # FSDP2: shard each block, then the root (embeddings, final norm, lm_head: a tied weight stays in this one unit
-    # with both its users). ZeRO-3 ('fsdp') frees each block's gathered weights after its forward and gathers them
-    # again for backward; ZeRO-2 ('zero2') keeps them from forward to backward, so only gradients and optimizer
-    # states stay sharded (the book's 2P + 14P/N). The root is kept either way: backward starts with its lm_head.
-    mesh = init_device_mesh(cluster.device.type, (cluster.world_size,))
-    mp_policy = MixedPrecisionPolicy()  # fp32 everywhere
-    if dtype == 'bfloat16':  # bf16 weights for the matmuls, gradients reduced in fp32
-        mp_policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-    reshard = train.parallel == 'fsdp'
-    for block in model.blocks:
-        if train.compile:
-            block.compile()  # per block, in place, as torchtune does under FSDP2: the blocks share one graph
-        fully_shard(block, mesh=mesh, mp_policy=mp_policy, reshard_after_forward=reshard)
-    fully_shard(model, mesh=mesh, mp_policy=mp_policy, reshard_after_forward=False)
-    return model, model
+    return processes.parallelize(model, train, cluster, dtype), model
 
 
 def adamw_options(train, world_size):
-    """The book's betas 0.9/0.95 and eps 1e-8; the fused kernel (5x the per-tensor loop on a 2-core CPU, measured),
-    but foreach under ZeRO-1, whose load_state_dict moves the step counts to the CPU, where the fused CUDA kernel
-    fails on mixed devices (pytorch #124133): every resume and rollback would crash on a GPU."""
+    """The book's betas 0.9/0.95 and eps 1e-8; the fused kernel (5x the per-tensor loop on a 2-core
+    CPU, measured), but foreach under ZeRO-1, whose load_state_dict moves the step counts to the
+    CPU, where the fused CUDA kernel fails on mixed devices (pytorch #124133)."""
     zero1 = train.parallel == 'zero1' and world_size > 1
-    return dict(
-        lr=train.lr, betas=(train.beta1, train.beta2), eps=train.eps, fused=not zero1, foreach=zero1
-    )
+    betas = (train.beta1, train.beta2)
+    return dict(lr=train.lr, betas=betas, eps=train.eps, fused=not zero1, foreach=zero1)
 
 
 def build_optimizer(model, train, cluster):
-    """AdamW with weight decay only on matrices (Linear weights and the embedding): decaying gains and biases pulls
-    them to zero for no benefit. ZeRO-1 shards the AdamW states over the ranks (ledger.zero1_partition follows its
-    assignment)."""
+    """AdamW with weight decay only on matrices (Linear weights and the embedding): decaying gains
+    and biases pulls them to zero for no benefit. ZeRO-1 shards the AdamW states over the ranks
+    (ledger.zero1_partition follows its assignment)."""
     params = [p for p in model.parameters() if p.requires_grad]
     groups = [
         {'params': [p for p in params if p.dim() >= 2], 'weight_decay': train.weight_decay},
@@ -201,18 +165,17 @@ def build_optimizer(model, train, cluster):
     ]
     options = adamw_options(train, cluster.world_size)
     if train.parallel == 'zero1' and cluster.world_size > 1:
-        from torch.distributed.optim import (
-            ZeroRedundancyOptimizer,
-        )  # here: its import warns 67 times (jit.script)
+        from torch.distributed.optim import ZeroRedundancyOptimizer  # its import warns 67 times
 
         return ZeroRedundancyOptimizer(groups, optimizer_class=torch.optim.AdamW, **options)
     return torch.optim.AdamW(groups, **options)
 
 
 def clip_gradients(params, max_norm):
-    """Scale all gradients so their global L2 norm is at most max_norm (the book: 1.0; 0: no clipping). Under FSDP
-    the gradients are DTensor shards: the norm of the shards is a partial sum that full_tensor() reduces over the
-    ranks (as torchtitan does). Returns the norm before clipping, on the device (reading it would sync)."""
+    """Scale all gradients so their global L2 norm is at most max_norm (the book: 1.0; 0: no
+    clipping). Under FSDP the gradients are DTensor shards: the norm of the shards is a partial
+    sum that full_tensor() reduces over the ranks (as torchtitan does). -> the norm before
+    clipping, on the device (reading it would sync)."""
     norm = torch.nn.utils.get_total_norm([p.grad for p in params])
     if isinstance(norm, DTensor):
         norm = norm.full_tensor()
@@ -221,29 +184,26 @@ def clip_gradients(params, max_norm):
     return norm
 
 
-# -----------------------------------------------------------------------------------------------------
-# 3. Eval and samples. Here the val loss, the run's own measure; HellaSwag, ARC and MMLU are evals.py's (its section
-# "During training"), the text samples sample.py's sample_text.
+# --------------------------------------------------------------------------------------------------
+# 3. Eval: the val loss, the run's own measure (HellaSwag, ARC and MMLU are evals.py's, its section
+# "During training"; the text samples sample.py's sample_text).
 
 
 @torch.no_grad()
 def evaluate(run, val=None, data_dir=None):
-    """-> (mean loss over the fixed val sequences (run.val, or a mixture source's `val` from `data_dir`), UTF-8 bytes
-    per token of the targets scored: bits per byte's exact denominator, None on synthetic data). Rank r takes the
-    r-th of world_size equal slices (all ranks run the same number of forwards, which FSDP's collectives need); the
-    sums are reduced over the ranks."""
+    """-> (mean loss over the fixed val sequences (run.val, or a mixture source's `val` from
+    `data_dir`), UTF-8 bytes per token of the targets scored: bits per byte's exact denominator,
+    None on synthetic data). Rank r takes the r-th of world_size equal slices (all ranks run the
+    same number of forwards, which FSDP's collectives need); the sums are reduced over the ranks.
+    Whole micro-batches only: one more shape would mean one more compile."""
     val, cluster, micro_batch = run.val if val is None else val, run.cluster, run.train.micro_batch
     data_dir = run.train.data if data_dir is None else data_dir
     run.model.eval()
     per_rank = len(val) // cluster.world_size
-    if (
-        per_rank >= micro_batch
-    ):  # whole micro-batches only: one more shape would mean one more compile
+    if per_rank >= micro_batch:
         per_rank -= per_rank % micro_batch
     mine = val[cluster.rank * per_rank : (cluster.rank + 1) * per_rank] if per_rank else val[:1]
-    totals = torch.zeros(
-        3, device=cluster.device, dtype=torch.float64
-    )  # loss x rows, rows, text bytes
+    totals = torch.zeros(3, device=cluster.device, dtype=torch.float64)  # loss x rows, rows, bytes
     for i in range(0, len(mine), micro_batch):
         chunk = mine[i : i + micro_batch]
         x = data.to_device(np.ascontiguousarray(chunk[:, :-1]), cluster.device)
@@ -252,9 +212,7 @@ def evaluate(run, val=None, data_dir=None):
             _, loss = run.model(x, y)
         totals[0] += loss.double() * len(chunk)
         totals[1] += len(chunk)
-        totals[2] += (
-            data.target_bytes(data_dir, chunk[:, 1:]) if run.meta else 0
-        )  # host-side, from the array
+        totals[2] += data.target_bytes(data_dir, chunk[:, 1:]) if run.meta else 0  # on the host
     run.model.train()
     if cluster.world_size > 1:
         dist.all_reduce(totals)
@@ -262,14 +220,14 @@ def evaluate(run, val=None, data_dir=None):
     return loss_rows / rows, text_bytes / (rows * run.model_cfg.block_size) if run.meta else None
 
 
-# -----------------------------------------------------------------------------------------------------
-# 4. Setup: config, processes, data, the live ledger, model, optimizer, resume. Every input check comes before the
-# process group and the model, so bad input costs a second.
+# --------------------------------------------------------------------------------------------------
+# 4. Setup: config, processes, data, the live ledger, model, optimizer, resume. Every input check
+# comes before the process group and the model, so bad input costs a second.
 
 
 @dataclasses.dataclass
 class Run:
-    """What the loop works with. bench.py builds one too (synthetic data, no outputs) and times train_step."""
+    """What the loop works with. bench.py builds one too (synthetic data, no outputs)."""
 
     model_cfg: object
     train: object
@@ -284,90 +242,60 @@ class Run:
     total_steps: int  # the steps the schedule spans (train_tokens)
     stop_step: int  # where this run stops (max_steps, or where a cooldown ends)
     state: RunState = dataclasses.field(default_factory=RunState)
-    val: np.ndarray = (
-        None  # the fixed val sequences, (n, block_size + 1); a mixture's: {source: sequences}
-    )
+    val: np.ndarray = None  # the val sequences, (n, block_size + 1); a mixture's: {source: them}
     meta: dict = None  # the data folder's meta.json (None for synthetic data)
     metrics: live_ledger.Metrics = None
     last_checkpoint: str = None  # the rollback target
     tokenizer: object = None  # for text samples and HellaSwag, when the run makes them
     hellaswag: list = None  # HellaSwag's items (evals.py), when hellaswag_every is set
     eval_tasks: dict = None  # {task: its items} (evals.py), when eval_tasks_every is set
-    objective: objectives.Objective = dataclasses.field(
-        default_factory=lambda: objectives.CLM
-    )  # inputs, targets
-    cooldown: tuple = (
-        None  # (first step, steps) of the LR's decay when the run cools down another's checkpoint
-    )
-    argv: list = dataclasses.field(
-        default_factory=list
-    )  # train.py's arguments, for the commands it prints
+    objective: objectives.Objective = dataclasses.field(default_factory=lambda: objectives.CLM)
+    cooldown: tuple = None  # (first step, steps) of the LR's decay when cooling down another run
+    argv: list = dataclasses.field(default_factory=list)  # for the commands it prints
 
 
 def build_run(model_cfg, train, cluster, dtype, stream, total_steps, stop_step, **fields):
-    """The model, its parallel wrapper, AdamW and the autocast for the compute dtype, as a Run: setup's, and
-    bench.py's for timing train_step. Other Run fields (val, meta, ...) come as keywords."""
-    # autocast: bf16 matmuls, fp32 weights and reductions. FSDP2 gets the same from its MixedPrecisionPolicy.
+    """The model, its parallel wrapper, AdamW and the autocast for the compute dtype, as a Run:
+    setup's, and bench.py's for timing train_step. Other Run fields (val, meta, ...) as keywords.
+    Autocast: bf16 matmuls, fp32 weights and reductions (FSDP2 gets the same from its policy)."""
     bf16 = dtype == 'bfloat16' and not sharded(train.parallel, cluster.world_size)
-    autocast = (
-        torch.autocast(cluster.device.type, dtype=torch.bfloat16)
-        if bf16
-        else contextlib.nullcontext()
-    )
+    autocast = contextlib.nullcontext()
+    if bf16:
+        autocast = torch.autocast(cluster.device.type, dtype=torch.bfloat16)
     model, raw_model = build_model(model_cfg, train, cluster, dtype)
     optimizer = build_optimizer(model, train, cluster)
     params = [p for p in model.parameters() if p.requires_grad]
     micro_step_tokens = train.micro_batch * model_cfg.block_size * cluster.world_size
-    return Run(
-        model_cfg,
-        train,
-        cluster,
-        autocast,
-        stream,
-        model,
-        raw_model,
-        optimizer,
-        params,
-        micro_step_tokens,
-        total_steps,
-        stop_step,
-        **fields,
-    )
+    parts = (model_cfg, train, cluster, autocast, stream, model)
+    steps = (micro_step_tokens, total_steps, stop_step)
+    return Run(*parts, raw_model, optimizer, params, *steps, **fields)
 
 
 def setup(argv, held=None):
-    """-> a Run, or None when there is nothing to do. `held` (an ExitStack) keeps, for the run, rank 0's lock on
-    out_dir (one writer per folder: a second run there is one line naming the first) and the translation of a full
-    disk under out_dir into one line; without it (a tool or a test that inspects a run's state), neither."""
+    """-> a Run, or None when there is nothing to do. `held` (an ExitStack) keeps, for the run,
+    rank 0's lock on out_dir (one writer per folder: a second run there is one line naming the
+    first) and the translation of a full disk under out_dir into one line; without it (a tool or a
+    test that inspects a run's state), neither."""
     locking = held is not None
     held = held or contextlib.ExitStack()  # a tool's own, never closed: so no lock goes into it
     config_path, overrides, resume, force, allowed_changes = continuation.parse_args(argv)
-    model_cfg, train = pretrained.load_config(
-        config_path, overrides
-    )  # init_from: the model's from its config.json
+    model_cfg, train = pretrained.load_config(config_path, overrides)  # init_from: its config.json
     cluster = processes.setup_cluster()
     micro_step_tokens = tokens_per_micro_step(model_cfg, train, cluster.world_size)
-    cooldown, start = (
-        None,
-        continuation.cooldown_start(train),
-    )  # a cooldown: its checkpoint's step and tokens, checked
-    if start:  # the LR falls from the peak to the floor over cooldown_tokens from there (Hägele et al. 2024)
+    cooldown, start = None, continuation.cooldown_start(train)  # its checkpoint's step and tokens
+    if start:  # the LR falls from the peak to the floor over cooldown_tokens (Hägele et al. 2024)
         end = dataclasses.replace(train, train_tokens=start['tokens_seen'] + train.cooldown_tokens)
         cooldown = start['step'], planned_steps(end, micro_step_tokens) - start['step']
-    if (
-        cluster.is_master and locking
-    ):  # under torchrun, a rank that stops here takes the others down with it
-        held.enter_context(files.folder_lock(train.out_dir, shlex.join(['train.py'] + list(argv))))
+    if cluster.is_master and locking:  # under torchrun, a rank that stops here stops them all
+        held.enter_context(files.folder_lock(train.out_dir, shlex.join(['train.py', *argv])))
     total_steps = planned_steps(train, micro_step_tokens)
     end_step = sum(cooldown) if cooldown else total_steps
     stop_step = min(end_step, train.max_steps) if train.max_steps else end_step
     stream, val, meta = data.open_data(model_cfg, train)
-    objective = objectives.build(
-        train, meta
-    )  # its keys, and the data folder's special tokens, checked here
+    objective = objectives.build(train, meta)  # its keys and the folder's special tokens checked
     if (
         meta and not train.dataset_tokens
-    ):  # the ledger's "is the dataset big enough" uses the real count
+    ):  # the ledger's "is the dataset big enough": the real count
         train = dataclasses.replace(train, dataset_tokens=meta['train_tokens'])
     resume_from = continuation.check_out_dir(train, resume, stop_step, cluster)
     if resume_from == 'done':
@@ -378,64 +306,37 @@ def setup(argv, held=None):
     processes.join_process_group(cluster)
     torch.manual_seed(train.seed)
     if cluster.device.type == 'cuda':
-        torch.set_float32_matmul_precision(
-            'high'
-        )  # fp32 matmuls (outside bf16 autocast) may use TF32
+        torch.set_float32_matmul_precision('high')  # fp32 matmuls (outside autocast) may use TF32
 
-    # The ledger for this exact run (this device, this world size, the model as it will be built), printed short.
+    # The ledger for this exact run (this device, world size and model), printed short.
     prediction, dtype = live_ledger.predict(config_path, model_cfg, train, cluster, force, cooldown)
-    if cluster.is_master and (
-        line := objectives.describe(objective, stream)
-    ):  # fim's kind; ul2's real spans
+    if cluster.is_master and (line := objectives.describe(objective, stream)):  # fim, ul2's spans
         log(cluster, line)
-    held.enter_context(
-        files.disk_errors(train.out_dir, needed_bytes=prediction['data']['checkpoint_bytes'])
-    )
-    fields = dict(
-        val=val, meta=meta, last_checkpoint=resume_from, cooldown=cooldown, objective=objective
-    )
-    run = build_run(
-        model_cfg, train, cluster, dtype, stream, total_steps, stop_step, argv=list(argv), **fields
-    )
-    built = live_ledger.params_built(
-        run.raw_model, prediction, force, cluster
-    )  # the ledger's, or stop
+    needed = prediction['data']['checkpoint_bytes']
+    held.enter_context(files.disk_errors(train.out_dir, needed_bytes=needed))
+    fields = dict(val=val, meta=meta, last_checkpoint=resume_from, cooldown=cooldown)
+    fields.update(objective=objective, argv=list(argv))
+    run = build_run(model_cfg, train, cluster, dtype, stream, total_steps, stop_step, **fields)
+    built = live_ledger.params_built(run.raw_model, prediction, force, cluster)  # or it stops here
     bytes_per_token = meta.get('bytes_per_token') if meta else None
     run.metrics = live_ledger.Metrics(
         cluster, train, prediction, built, bool(resume_from), bytes_per_token
     )
     if cluster.is_master and locking:
         live_ledger.record_code(train.out_dir)
-    start_from = (
-        resume_from or train.cooldown_from
-    )  # a cooldown starts from the other run's checkpoint
+    start_from = resume_from or train.cooldown_from  # a cooldown starts from another's checkpoint
     if start_from:
         saved = checkpoint.load(start_from, run.model, run.optimizer)
         run.state = RunState(**saved['run'])
-        log(
-            cluster,
-            f"{'resumed' if resume_from else 'cooling down'} from {start_from}: step {run.state.step}, "
-            f"{run.state.tokens_seen:,} tokens, data position {run.state.position:,} sequences (written by "
-            f"{saved['world_size']} process(es), read by {cluster.world_size}: the position is global, the "
-            f"stream continues where it stopped)",
-        )
+        log(cluster, continuation.carried_on(run, start_from, saved['world_size'], resume_from))
     if cooldown and not resume_from:
         continuation.log_cooldown(run, end_step)
-    if (
-        not resume_from
-    ):  # something to roll back to in this run's own folder: step 0, or where the cooldown starts
+    if not resume_from:  # something to roll back to in this run's own folder
         save_checkpoint(run)
     if (train.sample_tokens or train.hellaswag_every or train.eval_tasks_every) and meta:
         run.tokenizer = data.load_tokenizer(train.data)
     evals.items_for_training(run)  # HellaSwag's, ARC's and MMLU's, when the run scores them
-    log(
-        cluster,
-        f"training: {total_steps:,} steps planned for {train.train_tokens:,} tokens, this run stops at "
-        f"step {stop_step:,}; global batch {train.batch_tokens:,} tokens = {train.micro_batch} sequences x "
-        f"{model_cfg.block_size} tokens x {cluster.world_size} process(es) x "
-        f"{train.batch_tokens // micro_step_tokens} accumulation steps; "
-        f"parallel={train.parallel if cluster.world_size > 1 else 'none (1 process)'}",
-    )
+    log(cluster, live_ledger.plan_line(run))
     return run
 
 
@@ -448,17 +349,15 @@ def save_checkpoint(run):
     )
 
 
-# -----------------------------------------------------------------------------------------------------
-# 5. The step: accumulate gradients over micro-steps, clip, update. Nothing is read back from the device: the loss
-# and the gradient norm stay there until the loop next needs them.
+# --------------------------------------------------------------------------------------------------
+# 5. The step: accumulate gradients over micro-steps, clip, update. Nothing is read back from the
+# device: the loss and the gradient norm stay there until the loop next needs them.
 
 
 @dataclasses.dataclass
 class StepResult:
     step: int
-    loss: (
-        torch.Tensor
-    )  # the step's mean loss (this rank's share x world size: the ranks' mean is the mean)
+    loss: torch.Tensor  # the step's mean loss (this rank's share x world size: the ranks' mean)
     grad_norm: torch.Tensor
     position: int  # the data position after this step
     lr: float
@@ -472,45 +371,37 @@ def train_step(run):
         group['lr'] = lr
     batch_tokens = batch_tokens_at(state.tokens_seen, train, run.micro_step_tokens)
     accumulation = batch_tokens // run.micro_step_tokens
+    rows, objective = train.micro_batch, run.objective
     batches = [
-        data.micro_batch_arrays(
-            run.stream, state.position, micro_step, cluster, train.micro_batch, run.objective
-        )
-        for micro_step in range(accumulation)
+        data.micro_batch_arrays(run.stream, state.position, i, cluster, rows, objective)
+        for i in range(accumulation)
     ]
-    # The loss is the mean over every target that carries loss in the step, on all ranks together (torchtitan's
-    # normalisation): under prefix_lm or ul2 the micro-batches carry different counts, and a mean of per-micro-batch
-    # means would weigh a target by its micro-batch. Counted on the host, summed over ranks on the device (no sync);
-    # DDP and FSDP average the gradients over the ranks, so each rank's sum is scaled by world size / count.
-    carrying = data.to_device(
-        np.array(sum(int((y != IGNORE_INDEX).sum()) for _, y in batches)), cluster.device
-    )
+    # The loss is the mean over every target that carries loss in the step, on all ranks together
+    # (torchtitan's normalisation): under prefix_lm or ul2 the micro-batches carry different counts,
+    # and a mean of per-micro-batch means would weigh a target by its micro-batch. Counted on the
+    # host, summed over ranks on the device (no sync); DDP and FSDP average the gradients over the
+    # ranks, so each rank's sum is scaled by world size / count.
+    carrying = sum(int((y != IGNORE_INDEX).sum()) for _, y in batches)
+    carrying = data.to_device(np.array(carrying), cluster.device)
     if cluster.world_size > 1:
         dist.all_reduce(carrying)
     scale = cluster.world_size / carrying.float()
     loss_sum = torch.zeros((), device=cluster.device)
     for micro_step, (x, y) in enumerate(batches):
         x, y = data.to_device(x, cluster.device), data.to_device(y, cluster.device)
-        # DDP all-reduces gradients on every backward unless told not to: only the last micro-step syncs.
-        # (FSDP2 reduce-scatters every micro-step and accumulates sharded gradients, keeping its memory low.)
+        # DDP all-reduces gradients on every backward unless told not to: only the last micro-step
+        # syncs. (FSDP2 reduce-scatters every micro-step and accumulates sharded gradients.)
         last = micro_step == accumulation - 1
-        with (
-            run.model.no_sync()
-            if hasattr(run.model, 'no_sync') and not last
-            else contextlib.nullcontext()
-        ):
+        syncs = not hasattr(run.model, 'no_sync') or last
+        with contextlib.nullcontext() if syncs else run.model.no_sync():
             with run.autocast:
-                _, loss = run.model(
-                    x, y, reduction='sum'
-                )  # no logits back: none stay alive into the next forward
+                _, loss = run.model(x, y, reduction='sum')  # no logits back: none stay alive
             loss = loss * scale
             loss.backward()
         loss_sum += loss.detach()
     grad_norm = clip_gradients(run.params, train.grad_clip)
     run.optimizer.step()
-    moe.update_router_bias(
-        run.raw_model, train.router_bias_speed
-    )  # MoE: the balance, outside the gradient
+    moe.update_router_bias(run.raw_model, train.router_bias_speed)  # MoE: outside the gradient
     run.optimizer.zero_grad(set_to_none=True)
     state.position += accumulation * cluster.world_size * train.micro_batch
     state.tokens_seen += batch_tokens
@@ -518,19 +409,19 @@ def train_step(run):
     return StepResult(state.step, loss_sum, grad_norm, state.position, lr, batch_tokens)
 
 
-# -----------------------------------------------------------------------------------------------------
-# 6. The loop: the step, then what it calls for. Only log, eval, checkpoint and sample steps read the losses back
-# from the device (the one host-device sync), guard them against spikes and act; the other steps go straight on.
+# --------------------------------------------------------------------------------------------------
+# 6. The loop: the step, then what it calls for. Only log, eval, checkpoint and sample steps read
+# the losses back from the device (the one host-device sync), guard them against spikes and act;
+# the other steps go straight on.
 
 
 def due_after(run, stopping):
-    """What the step just done calls for: a set of 'log', 'eval', 'hellaswag', 'tasks', 'checkpoint', 'sample'. After a
-    signal: log it and checkpoint it, nothing else."""
+    """What the step just done calls for: a set of 'log', 'eval', 'hellaswag', 'tasks',
+    'checkpoint', 'sample'. After a signal: log it and checkpoint it, nothing else."""
     step, train, done = run.state.step, run.train, run.state.step == run.stop_step
     if stopping:
-        return {'log'} | (
-            {'checkpoint'} if checkpoint.step_of(run.last_checkpoint) != step else set()
-        )
+        saved = checkpoint.step_of(run.last_checkpoint) == step
+        return {'log'} | (set() if saved else {'checkpoint'})
     every = (
         ('log', train.log_every),
         ('eval', train.eval_every),
@@ -546,13 +437,25 @@ def due_after(run, stopping):
     return due
 
 
+def eval_step(run, step, tokens):
+    """The val loss (a mixture's: each source's val set alone, then their weighted total) into
+    metrics.jsonl, the log and summary.json."""
+    if isinstance(run.val, dict):
+        sources = run.meta['sources']
+        scored = {
+            name: evaluate(run, val, sources[name]['folder']) for name, val in run.val.items()
+        }
+        val_loss, val_bytes_per_token = run.metrics.record_sources(step, tokens, scored, sources)
+    else:
+        val_loss, val_bytes_per_token = evaluate(run)
+    run.metrics.log_val(step, tokens, val_loss, val_bytes_per_token)
+
+
 def loop(run):
-    stop = continuation.Stop(
-        run.cluster
-    )  # from here SIGINT and SIGTERM end the run with a checkpoint
+    stop = continuation.Stop(run.cluster)  # from here SIGINT and SIGTERM end with a checkpoint
     try:
         gc.collect()
-        gc.freeze()  # the start-up objects will live all run: keep the collector from scanning them again
+        gc.freeze()  # the start-up objects live all run: keep the collector from scanning them
         pending = []  # the steps not read back yet: their losses and norms are still on the device
         run.metrics.start_clock()
         while run.state.step < run.stop_step:
@@ -564,49 +467,24 @@ def loop(run):
                 continue  # the hot path: nothing read back from the device
             run.metrics.stop_clock()
             values = torch.stack([torch.stack((r.loss, r.grad_norm.float())) for r in pending])
-            values = processes.reduce_mean(
-                values, run.cluster
-            ).tolist()  # [(loss, grad norm)] of the pending steps
+            values = processes.reduce_mean(values, run.cluster).tolist()  # [(loss, grad norm)]
             spike = continuation.find_spike(pending, values, run.state.loss_window, run.train)
             step, tokens, (loss, grad_norm) = run.state.step, run.state.tokens_seen, values[-1]
-            if spike:
-                continuation.roll_back(
-                    run, spike
-                )  # to the last checkpoint, the data that led into the spike skipped
+            if spike:  # back to the last checkpoint, the data that led into the spike skipped
+                continuation.roll_back(run, spike)
                 due = set()
             if 'log' in due:
-                run.metrics.log_step(
-                    pending[-1],
-                    run.stop_step if run.cooldown else run.total_steps,
-                    tokens,
-                    loss,
-                    grad_norm,
-                )
+                steps = run.stop_step if run.cooldown else run.total_steps
+                run.metrics.log_step(pending[-1], steps, tokens, loss, grad_norm)
                 if run.raw_model.moe:  # MoE: each expert's load, its CV and the router biases
-                    run.metrics.record(
-                        {'step': step, 'tokens': tokens, **live_ledger.router_stats(run.raw_model)}
-                    )
+                    moe_stats = live_ledger.router_stats(run.raw_model)
+                    run.metrics.record({'step': step, 'tokens': tokens, **moe_stats})
             if 'hellaswag' in due:
                 evals.evaluate_hellaswag(run)
             if 'tasks' in due:
                 evals.evaluate_tasks(run)
             if 'eval' in due:
-                if isinstance(
-                    run.val, dict
-                ):  # a mixture: each source's val set alone, then their weighted total
-                    sources = run.meta['sources']
-                    scored = {
-                        name: evaluate(run, val, sources[name]['folder'])
-                        for name, val in run.val.items()
-                    }
-                    val_loss, val_bytes_per_token = run.metrics.record_sources(
-                        step, tokens, scored, sources
-                    )
-                else:
-                    val_loss, val_bytes_per_token = evaluate(run)
-                run.metrics.log_val(
-                    step, tokens, val_loss, val_bytes_per_token
-                )  # metrics, log, summary
+                eval_step(run, step, tokens)
             if 'checkpoint' in due:
                 save_checkpoint(run)
             if 'sample' in due:
@@ -621,12 +499,10 @@ def loop(run):
             log(run.cluster, f"sample after {run.state.step} steps:\n{sample.sample_text(run)}")
         log(
             run.cluster,
-            f"done: {run.state.step} steps, {run.state.tokens_seen:,} tokens; {run.train.out_dir}/"
-            f"report.md has the predicted-vs-measured table",
+            f"done: {run.state.step} steps, {run.state.tokens_seen:,} tokens; "
+            f"{run.train.out_dir}/report.md has the predicted-vs-measured table",
         )
-        processes.barrier(
-            run.cluster
-        )  # no rank tears the process group down while another still talks to it (gloo)
+        processes.barrier(run.cluster)  # no rank tears the group down while another talks (gloo)
         return 0
     finally:
         stop.restore()
@@ -636,14 +512,13 @@ def loop(run):
 def main(argv):
     run = None
     try:
-        with (
-            contextlib.ExitStack() as held
-        ):  # rank 0's lock on out_dir; a full disk there as one line
+        with contextlib.ExitStack() as held:  # rank 0's lock on out_dir; a full disk as one line
             run = setup(argv, held)
             return 0 if run is None else loop(run)
     finally:
-        # The model, its DDP reducer and the optimizer go first, while the process group and the interpreter are
-        # whole: gloo work left to the interpreter's teardown can abort the process (pytorch/pytorch#179291).
+        # The model, its DDP reducer and the optimizer go first, while the process group and the
+        # interpreter are whole: gloo work left to the interpreter's teardown can abort the
+        # process (pytorch/pytorch#179291).
         del run
         gc.unfreeze()
         gc.collect()

@@ -14,7 +14,6 @@ import pathlib
 import re
 import threading
 
-import eval as hellaswag  # `eval` is also a builtin: a name of our own keeps the two apart
 import pytest
 import torch
 import torch.nn.functional as F
@@ -22,6 +21,7 @@ import torch.nn.functional as F
 import checkpoint
 import data
 import downloads
+import evals as hellaswag
 import helpers
 import train
 from config import DataError

@@ -62,6 +62,15 @@ def test_no_import_circle():
         visit(name)
 
 
+def test_the_core_keeps_to_100_columns():
+    """model.py and train.py, the two files read first, have no line over 100 characters (torchtitan's rule); the
+    formatter wraps code at 100 everywhere, and elsewhere a string or a comment may run to 120."""
+    for name in ('model.py', 'train.py'):
+        with open(os.path.join(ROOT, name)) as f:
+            long = [i for i, line in enumerate(f, 1) if len(line.rstrip('\n')) > 100]
+        assert not long, f"{name}: lines over 100 characters: {long}"
+
+
 def third_party_imports(name):
     """The packages outside the repo and the standard library that `name` imports anywhere (inside functions too)."""
     with open(os.path.join(ROOT, f'{name}.py')) as f:
