@@ -411,28 +411,9 @@ def book_params(model):
 
 
 # -----------------------------------------------------------------------------------------------------
-# Ledger 2: compute. A matmul (n x m) @ (m x p) costs 2nmp FLOPs, so a weight used once per token costs 2 FLOPs
-# per parameter forward and 4 backward (gradients for the input and for the weight): the book's 6P per token,
-# 8P with activation recomputation (one extra forward). Two conventions, both reported:
-#   book:   6P (8P with recompute), every parameter as if it were a matmul weight; ignores attention
-#   matmul: 6 * N_matmul + 12 * L * H * T (PaLM, Chowdhery et al. 2022, appendix B): the Linear weights (output
-#           projection included, input embedding lookup not) plus attention's QK^T and AV, 2 * 2 * T * H FLOPs per
-#           token per layer forward, x3 for forward+backward, counted non-causal (the masked half is counted as
-#           done, as PaLM does). MFU uses this one.
-#   nanogpt: nanoGPT's estimate_mfu, 6N + 12LHT with N = every parameter but the position table: it also counts
-#           the norms, the biases and an untied input embedding as matmul weights (GPT-2 124M, tied: +0.085%).
-# Attention's share of the linear layers in the blocks is 12LHT / (6 * 12LH^2) = T/(6H) when the block holds
-# 12H^2 matmul parameters (GPT-2's 4H MLP, or SwiGLU at 8H/3): negligible while T << H.
-# hardware: what the GPU executes, matmul convention. Without recompute it is 'matmul'. With recompute
-# (torch.utils.checkpoint per block, use_reentrant=False) backward reruns each block's forward, but not all of
-# the book's extra 2P: lm_head is never rerun (it is outside the blocks), and non-reentrant checkpoint stops the
-# rerun as soon as every tensor backward needs is back: down_proj's input is the last one, so down_proj's own
-# matmul (H' x H) is skipped. Eager: 6N_matmul + 12LHT + 2(N_blocks - LHH') + 4LHT, FlopCounterMode's count
-# exactly (test_model.py). A block compiled on its own (train.py: FSDP/ZeRO-2 with compile) is one autograd
-# node that saves only after its whole graph ran, so the rerun includes down_proj: + 2LHH'. A whole compiled
-# model (1 GPU, DDP, ZeRO-1) traces the checkpoints and its partitioner skips down_proj in all blocks but one
-# (+ 2HH', within 1/L of eager; measured, not counted here). LLaMA-7B: matmul 4.29e10, eager 5.40e10 (1.26x),
-# compiled blocks 5.69e10 (1.33x); the book's 8P 5.39e10; 8N_matmul + 16LHT would say 5.72e10.
+# Ledger 2: compute, the FLOPs a token forward + backward by each convention: the book's 6P (8P with recompute),
+# PaLM's 6N_matmul + 12LHT (what MFU counts), nanoGPT's 6N + 12LHT, and what recomputation really reruns
+# (FlopCounterMode's count, exactly). Derived term by term in BOOK.md, 'Derivations: Ledger 2'.
 
 
 def flops_per_token(model, recompute=False, compiled_blocks=False):
@@ -507,21 +488,9 @@ def model_state_bytes(n_params, parallel='ddp', n_gpu=1):
 
 # -----------------------------------------------------------------------------------------------------
 # Ledger 4a': model states as train.py holds them, exact to the byte on each rank (test_memory.py counts every
-# tensor after the first optimizer step). PyTorch's mixed precision keeps fp32 weights and fp32 gradients, not the
-# book's 16-bit ones: autocast casts each weight to bf16 inside the forward (Ledger 4b counts those copies) and
-# the gradients land in the fp32 weights' dtype. So per parameter: fp32 weight 4 + fp32 gradient 4 + AdamW's
-# exp_avg and exp_avg_sq 4 + 4 = 16 bytes, plus AdamW's step count, a 4-byte tensor per parameter tensor.
-#   one process:  all of it, 16P.
-#   ddp:          the same; DDP's gradient buckets ARE the gradients (gradient_as_bucket_view=True), not a copy.
-#   zero1:        ZeroRedundancyOptimizer gives each rank whole tensors, largest first, to the rank with the
-#                 fewest elements so far (per param group: matrices, then vectors); a rank keeps AdamW states
-#                 for its tensors only: 8P/N give or take a tensor.
-#   zero2, fsdp:  FSDP2 splits every tensor's first dimension into N chunks of ceil(rows/N) rows (torch.chunk) and
-#                 pads the last ones: the sharded fp32 weights and the reduce-scattered gradients take the padded
-#                 chunk on every rank, AdamW's states the rank's real rows: 4P/N + 4P/N + 8P/N, give or take the
-#                 padding. While computing, FSDP2 also holds weights gathered whole in the compute dtype: zero2
-#                 all of them from forward to backward, fsdp the root's (embeddings, final norm, lm_head) and two
-#                 blocks (the one running and the next, prefetched), plus one block's unsharded gradients.
+# tensor after the first optimizer step): fp32 weights and gradients, the optimizer's states (its row in
+# config.OPTIMIZERS), FSDP2's padded shards and gathered weights. Derived term by term in BOOK.md, 'Derivations:
+# Ledger 4a''.
 
 
 def zero1_partition(model, n_gpu):
@@ -605,39 +574,9 @@ def held_model_states(model, parallel, n_gpu, dtype='bfloat16', rank=0, optimize
 
 
 # -----------------------------------------------------------------------------------------------------
-# Ledger 4b: activations, calibrated against model.py: test_model.py records every tensor autograd saves for
-# backward (torch.autograd.graph.saved_tensors_hooks, each storage once) and holds these sums to it, for both
-# families, with and without recomputation, at fp32 and under bf16 autocast. Bytes per token, per layer:
-#   a = activation bytes (matmul and attention outputs: 2 under bf16, 4 in fp32)
-#   r = residual bytes (the residual stream and the norms: 4 under autocast, whose fp32 weights make the
-#       embedding and every residual add fp32; 2 when FSDP2 casts the weights themselves to bf16)
-#   norm:      its input r*H and fp32 statistics (LayerNorm mean and 1/std: 8; RMSNorm 1/rms: 4); CPU's RMSNorm
-#              is composite and also keeps x/rms (r*H more); CUDA's is one fused kernel (fused_norm=True)
-#   attention: input a*H (the norm output, or its bf16 copy), the fused qkv output a*(n_head + 2*n_kv_head)*d
-#              (v is a view of it, so the whole buffer stays), RoPE's rotated q and k a*(n_head + n_kv_head)*d,
-#              the output a*H (o_proj input) and, flash kernel, the fp32 log-sum-exp 4*n_head. The math kernel
-#              instead keeps q, k, v expanded to every head 3*a*H and the softmax probabilities a*n_head*T
-#   ffn:       input a*H; GELU: up a*H' and GELU a*H'; SwiGLU: gate|up 2*a*H', silu(gate) a*H', product a*H'
-#   layer:     2 norms + attention + ffn. Outside the blocks: the token ids (int64, 8 bytes each for the input
-#              and the targets; learned positions also the T position ids), the final norm and lm_head's input a*H.
-# Under autocast every Linear also saves the bf16 copy of its weight (autocast casts each weight once per
-# forward; backward needs it for the input gradient): 2 bytes x the matmul parameters, held until backward.
-# With recomputation (torch.utils.checkpoint per block) only each block's input r*H is kept; in the backward one
-# block at a time is re-run, and its activations (and its bf16 weights) are live again while its gradient is
-# taken. LLaMA-7B, micro-batch 8 x 2048, FSDP bf16, recompute: 32 layers x 16384 tokens x 2 x 4096 = 4 GiB of
-# block inputs + 2.5 GiB for the block being recomputed + 0.25 GiB final norm = 6.7 GiB (the book: 6.20 GB).
-# Ledger 4b': under torch.compile, AOTAutograd's min-cut partitioner (inductor's default) chooses what the forward
-# saves, by bytes: it keeps matmul outputs and recomputes the cheap pointwise ops in backward. test_model.py records
-# the compiled forward graph's saved outputs and holds these sums to them. Per token, per layer:
-#   the block's input r*H; the residual after attention r*H (a block compiled alone keeps o_proj's output a*H
-#   instead, and redoes the add); each norm's statistics (4: RMSNorm's 1/rms; 8: LayerNorm's mean and 1/std) and
-#   its output a*H (the matmul's bf16 input); the qkv output a*(n_head + 2*n_kv_head)*d; RoPE's rotated q and k;
-#   the flash kernel's output a*H and log-sum-exp 4*n_head; the FFN's first matmul output (SwiGLU: gate|up
-#   2*a*H'; GELU: up a*H') and the input of its last (SwiGLU: silu(gate)*up a*H'; GELU: GELU a*H'), so one a*H' per
-#   FFN matrix; silu and the norms' normalisation are recomputed. Outside the blocks: the token ids, the last
-#   residual (not with recompute: it is recomputed), the final norm, and the logits themselves (logits_bytes).
-#   bf16 weight copies as in eager.
-#   LLaMA-1.3B-like block in bf16 (H 2048, H' 5632): eager 79 KB a token, compiled 70 KB.
+# Ledger 4b: activations, what autograd saves for backward a token, each part's bytes from its row in
+# config.PARTS, calibrated against model.py's tensors (test_model.py, test_parts.py), eager and under
+# torch.compile's min-cut partitioner (4b'). Derived term by term in BOOK.md, 'Derivations: Ledger 4b'.
 
 
 def activation_bytes(
@@ -750,16 +689,8 @@ def logits_bytes(model, micro_batch, dtype_bytes=2, compiled=False):
 
 # -----------------------------------------------------------------------------------------------------
 # Ledger 4d: the total per device = model states as held + activations + the loss's buffers + the runtime's own
-# memory, against the device's memory (a CPU's RAM is shared by the processes on it). On a GPU the runtime
-# overhead is an ESTIMATE, not a measurement: the book's PyTorch kernels (0.81 GB) and fragmentation (0.5-1 GB),
-# rounded up to 2 GiB for the CUDA context, cuBLAS/flash workspaces and torch.compile's buffers;
-# torch.cuda.max_memory_allocated sees everything but it ('allocated'), nvidia-smi sees the 'total'. On the CPU it
-# is measured: the resident memory of the process before the model is built, and the total is compared with the
-# process's peak resident memory (ru_maxrss). A compiled CPU run also keeps torch.compile's own host memory
-# (inductor's modules, its FX graphs and the generated C++ kernels), which a GPU run keeps in host RAM, off the device:
-# ESTIMATE 100 MiB, measured on torch 2.13 CPU (2026-12-01, 2-core AMD EPYC, pystdlib_cpu's shape, fp32): a
-# compiled run's resident memory after a step exceeds the eager run's by 92 MiB at 2 layers and 116 at 8 (the whole
-# model compiled), and its peak the ledger's eager-runtime total by 80-105 MiB under DDP, ZeRO-1, ZeRO-2 and FSDP2.
+# memory (an ESTIMATE on a GPU, measured on the CPU, plus torch.compile's host memory there), against the device's
+# memory. Derived term by term in BOOK.md, 'Derivations: Ledger 4d'.
 COMPILE_HOST_BYTES = 100 * MIB
 
 
@@ -861,28 +792,8 @@ def gpus_for_model_states(n_params, gpu_memory_bytes):
 
 # -----------------------------------------------------------------------------------------------------
 # Ledger 5: communication, the bytes each parallel mode moves per optimizer step, as train.py's code moves them
-# (test_communication.py counts every collective on every rank under gloo, through torch's flight recorder, and
-# holds the list to this one, call by call). Per step, with A micro-steps (gradient accumulation) on N ranks:
-#   every mode:  the loss normaliser, an int64 all-reduce (the loss-carrying targets of the step), and the stop
-#                flag, an int64 all-reduce on a gloo group (continuation.Stop, on the host): 8 bytes each.
-#   ddp:         one all-reduce of the fp32 gradients (4P bytes) on the last micro-step only (no_sync on the
-#                others), in DDP's buckets: the gradients in the order backward makes them (taken as the reverse of
-#                the parameters' order), a bucket closed once it holds 1 MiB (the first) or 25 MiB (DDP's default
-#                caps; buckets rebuilt after the first step, which sends all of it as one bucket).
-#   zero1:       that all-reduce, then ZeroRedundancyOptimizer broadcasts each updated fp32 tensor from the rank
-#                that owns it (zero1_partition): 4P bytes more, all after the optimizer step.
-#   zero2, fsdp: FSDP2, every micro-step: an all-gather of each unit (the root: embeddings, final norm, lm_head;
-#                each block) in the compute dtype (bf16 under the mixed-precision policy, else fp32) in forward,
-#                and a reduce-scatter of each unit's gradients in fp32 (reduce_dtype) in backward. fsdp reshards
-#                each block after forward and all-gathers it again in backward; zero2 keeps them; both keep the
-#                root (reshard_after_forward=False: backward starts with it). Then the gradient norm: one fp32
-#                all-reduce of a partial norm per parameter tensor (DTensor). Each tensor's rows are padded to a
-#                multiple of N (fsdp_unit_elements).
-# Sizes are NCCL-tests' S (doc/PERFORMANCE.md): the all-reduce's and broadcast's buffer, the all-gather's output,
-# the reduce-scatter's input, which are the "algorithm bytes"; the bus bytes are what a ring moves through each
-# rank's link, S x 2(N-1)/N for an all-reduce, S x (N-1)/N for an all-gather or a reduce-scatter, S for a
-# broadcast, and time = bus bytes / bus bandwidth (busbw, the figure nccl-tests prints). Per step, LLaMA-7B-like
-# P on N=8 under ddp: 4P x 2(7/8) = 7P bytes through each GPU's link; zero2 with bf16: A x (2P + 4P) x 7/8.
+# (test_communication.py counts every collective on every rank under gloo and holds the list to this one, call by
+# call), in NCCL-tests' algorithm and bus bytes. Derived term by term in BOOK.md, 'Derivations: Ledger 5'.
 
 DDP_FIRST_BUCKET_BYTES = 2**20  # torch.distributed._DEFAULT_FIRST_BUCKET_BYTES
 DDP_BUCKET_BYTES = 25 * 2**20  # DistributedDataParallel's bucket_cap_mb default, 25 MiB
@@ -1189,14 +1100,9 @@ def communication(model, train, n_gpu, device, compute_step_seconds):
     return comm
 
 
-# Ledger 5c: the book's rule as a verdict. "Up to ~30B on fewer than 16 GPUs, data parallelism + ZeRO suffices;
-# 70B-class runs on hundreds of GPUs need full 3D parallelism." Data parallelism (with ZeRO/FSDP) is enough while
-# (1) every GPU gets at least one sequence of the global batch, (2) the model states and one micro-batch's
-# activations fit, sharded as far as FSDP goes, and (3) the communication hides: at most COMM_EXPOSED_LIMIT of a
-# step waits on it. The plan as written first; if it fails, the four modes with and without recomputation at the
-# largest micro-batch that fits; if none passes, the run needs tensor or pipeline parallelism, which this trainer
-# does not do. A pipeline of p stages over m micro-batches idles (p-1)/(m+p-1) of each step (GPipe, Huang et al.
-# 2019): a figure to plan with.
+# Ledger 5c: the book's rule as a verdict: data parallelism with ZeRO/FSDP is enough while every GPU gets a
+# sequence, the plan fits and at most COMM_EXPOSED_LIMIT of a step waits on communication; else tensor or pipeline
+# parallelism. Derived term by term in BOOK.md, 'Derivations: Ledger 5c'.
 
 ELSEWHERE = 'torchtitan (PyTorch: tensor, pipeline and context parallelism on FSDP2) or Megatron-LM (NVIDIA)'
 
@@ -1274,16 +1180,9 @@ def parallelism_verdict(model, train, n_gpu, device, fits, exposed_fraction):
     )
 
 
-# Ledger MoE: a mixture of experts (moe.py's MoE, the DeepSeekMoE shape). The book's accounting is for dense
-# models; for MoE it says "16P becomes 16 x active parameters + routing and communication overhead". Half of that
-# holds. What scales with the ACTIVE parameters (the weights one token's forward uses: all but the n - k routed
-# experts it does not visit): the FLOPs (6 x active matmul weights, the router included), hence days and cost, and
-# the activations (a token is dispatched to k experts). What scales with the TOTAL: the model states. Every
-# expert's fp32 weight, gradient and AdamW moments are held whether or not a token visits it (each expert's
-# gradient exists after every step: a dropless loop calls each expert, an empty slice giving zeros), so DDP holds
-# 16 x total, ZeRO/FSDP shard the total. The ledger prints the book's 16 x active beside it; test_moe.py counts
-# the bytes each rank holds. Per MoE layer, H the width, E an expert's width, n routed experts, k per token, s
-# shared: router n*H + (n + s) * 3HE, of which a token uses n*H + (k + s) * 3HE.
+# Ledger MoE: a mixture of experts: FLOPs, days, cost and activations scale with the ACTIVE parameters, the model
+# states with the TOTAL (every expert's states are held); the book's 16 x active is printed beside them. Derived
+# term by term in BOOK.md, 'Derivations: Ledger MoE'.
 
 
 def moe_params(model):
@@ -1348,14 +1247,9 @@ def token_bytes(vocab_size):
     return 2 if vocab_size <= 2**16 else 4
 
 
-# The share of the positions that carry loss (objectives.py makes the targets; config.py has their vocabulary).
-# Compute is per position whatever the objective: the FLOPs, tokens/s and MFU count every position, but only the
-# targets that are not IGNORE_INDEX carry loss. Expected shares, for fragments far longer than the spans (their
-# boundaries aside): clm and fim 1; prefix_lm 1/2 (a uniform cut); ul2 its mixture of denoisers. S is a prefix LM
-# (1/2); an R or X fragment of m tokens with spans of mean mu masking a share r packs m (1 + 2r/mu) positions (a
-# sentinel per span in the input and another before the span in the targets), of which the targets, the masked
-# tokens and a sentinel per span, are m (r + r/mu): R 0.18; X 0.5, 0.5, 0.15, 0.5. At the default rates (1/2 S,
-# 1/4 R, 1/4 X): 0.40. test_objectives.py holds it to the shares the transforms really mask.
+# The share of the positions that carry loss under each objective (clm and fim 1, prefix_lm 1/2, ul2 its mixture
+# of denoisers: 0.40 at the default rates); compute counts every position. Derived term by term in BOOK.md,
+# 'Derivations: The share of the positions that carry loss'.
 
 UL2_RATES = (DEFAULTS['ul2_s_rate'], DEFAULTS['ul2_r_rate'], DEFAULTS['ul2_x_rate'])
 
