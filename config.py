@@ -219,6 +219,15 @@ def qk_norm_saved(learned):
     return saved
 
 
+def flash_attention_saved(c, a, r, compiled):
+    """Attention's saved bytes a token with a flash kernel (flash/cuDNN/memory-efficient; the CPU's flash):
+    the fused qkv output, kept whole (v is a view of it), the kernel's fp32 log-sum-exp per head and its output
+    a*H (o_proj's input); eager also its input a*H (the norm's output, or its bf16 copy). SDPA's math kernel
+    keeps the T x T probabilities instead (ledger.activation_bytes, attention='math')."""
+    qkv = a * (c.n_head + 2 * c.kv_heads) * c.head_dim
+    return (0 if compiled else a * c.n_embd) + qkv + 4 * c.n_head + a * c.n_embd
+
+
 def nothing_saved(c, a, r, compiled):
     return 0
 
@@ -235,7 +244,7 @@ PARTS = {
                 linear('qkv_proj', c.n_embd, (c.n_head + 2 * c.kv_heads) * c.head_dim, c.biases)
                 + linear('o_proj', c.n_embd, c.n_embd, c.biases)
             ),
-            nothing_saved,  # its saved bytes depend on the kernel: ledger.activation_bytes
+            flash_attention_saved,
             ('*',),
             keys=lambda c: {
                 'model': c.block_size,

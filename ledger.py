@@ -591,55 +591,57 @@ def activation_bytes(
 ):
     """Bytes autograd holds for backward at its peak (loss buffers aside: logits_bytes), for one GPU's
     micro-batch of full sequences, from the parts' rows (config.PARTS: each part's saved bytes a token).
-    attention: 'flash' (flash/cuDNN/efficient and CPU's flash kernel) or 'math'. compiled: None (eager), 'model'
-    (the whole model compiled: one process, DDP, ZeRO-1) or 'blocks' (each block compiled alone: train.py under
-    FSDP2), as Ledger 4b' counts it (flash attention only)."""
+    attention: 'flash' (the attention row's kernel: flash/cuDNN/efficient and CPU's flash) or 'math' (SDPA's
+    math kernel). compiled: None (eager), 'model' (the whole model compiled: one process, DDP, ZeRO-1) or
+    'blocks' (each block compiled alone: train.py under FSDP2), as Ledger 4b' counts it (the row's kernel)."""
     if attention not in ('flash', 'math'):
         raise ConfigError(f"attention must be 'flash' or 'math', not '{attention}'")
-    a, r = dtype_bytes, residual_bytes
-    H, L, T, tokens = model.n_embd, model.n_layer, model.block_size, micro_batch * model.block_size
-    n_head, d, M = model.n_head, model.head_dim, model.moe_layers
-    norm, mlp, positions = model.part('norm'), model.part('mlp'), model.part('positions')
-    if M:  # the routing's host read breaks the compiled graph: counted as eager (an approximation, Ledger MoE)
-        compiled = None
-    rope_qk = positions.saved(model, a, r, compiled) + model.part('qk_norm').saved(
-        model, a, r, compiled
+    a, r, autocast = (
+        dtype_bytes,
+        residual_bytes,
+        dtype_bytes < residual_bytes,
+    )  # autocast: bf16 matmuls
+    H, L, M, T = model.n_embd, model.n_layer, model.moe_layers, model.block_size
+    tokens, norm, mlp, positions = (
+        micro_batch * T,
+        model.part('norm'),
+        model.part('mlp'),
+        model.part('positions'),
     )
-    qkv = a * (n_head + 2 * model.kv_heads) * d  # the fused output, kept whole (v is a view of it)
-    ffn = mlp.saved(model, a, r, False)  # eager, an MoE layer replaces it
-    if compiled and attention == 'flash':
+    if (
+        M or attention == 'math'
+    ):  # the MoE routing's host read breaks the compiled graph: counted eager
+        compiled = None
+    if attention == 'math':  # q, k, v expanded to every head, and the softmax probabilities
+        attn = a * H + 3 * a * H + a * model.n_head * T + a * H
+    else:
+        attn = model.part('attention').saved(model, a, r, compiled)
+        attn += positions.saved(model, a, r, compiled) + model.part('qk_norm').saved(
+            model, a, r, compiled
+        )
+    ffn = mlp.saved(model, a, r, False)  # eager's, which an MoE layer replaces
+    eager_norm = norm.saved(model, a, r, False, fused_norm)
+    layer, head = 2 * eager_norm + attn + ffn, eager_norm + a * H
+    if compiled:
         middle = (
             a * H if compiled == 'blocks' else r * H
-        )  # o_proj's output, or the residual after attention
-        attn = qkv + rope_qk + 4 * n_head + a * H  # + the flash kernel's log-sum-exp and output
+        )  # o_proj's output, or the residual after it
         layer = (
             r * H + middle + 2 * norm.saved(model, a, r, True) + attn + mlp.saved(model, a, r, True)
         )
-        head = (
-            (0 if recompute else r * H) + norm.saved(model, a, r, True) + 8
-        )  # 8: the logits' max, log-sum
         if (
-            compiled == 'blocks'
-        ):  # the root (final norm, lm_head, loss) runs eager around the compiled blocks
-            head = norm.saved(model, a, r, False, fused_norm) + a * H
-    else:
-        eager_norm = norm.saved(model, a, r, False, fused_norm)
-        if attention == 'flash':
-            attn = a * H + qkv + rope_qk + 4 * n_head + a * H  # input, ..., o_proj's input
-        else:  # the math kernel: q, k, v expanded to every head, and the softmax probabilities
-            attn = a * H + 3 * a * H + a * n_head * T + a * H
-        layer = 2 * eager_norm + attn + ffn
-        head = eager_norm + a * H
-    autocast = (
-        a < r
-    )  # weights in fp32, matmuls in bf16: each Linear keeps a bf16 copy of its weight
-    params = count_params(model)
+            compiled == 'model'
+        ):  # + the last residual (recomputed with recompute); 8: the logits' max, sum
+            head = (0 if recompute else r * H) + norm.saved(model, a, r, True) + 8
     position_ids = (
         8 * T if positions.shapes(model) and not compiled else 0
-    )  # a learned table's ids, int64
+    )  # a learned table's, int64
     parts = {'token_ids': tokens * 16 + position_ids, 'head': tokens * head}
-    # (layers, bytes a token saves, bf16 weight copies) of each kind of layer: dense, and MoE (Ledger MoE below)
-    attention_weights = H * (n_head + 2 * model.kv_heads) * d + H * H  # qkv_proj and o_proj
+    # (layers, bytes a token saves, bf16 weight copies) of each kind of layer: dense, and MoE (Ledger MoE)
+    params = count_params(model)
+    attention_weights = sum(
+        math.prod(s) for _, s in model.part('attention').shapes(model) if len(s) == 2
+    )
     kinds = [(L - M, layer, 2 * (attention_weights + params['ffn_matmul']) if autocast else 0)]
     if M:
         moe_saved = moe_activation_bytes(model, a, autocast)

@@ -127,6 +127,9 @@ class Attention(nn.Module):
         return self.o_proj(y.transpose(1, 2).reshape(B, T, self.n_head * self.head_dim))
 
 
+ATTENTIONS = {'causal': Attention}
+
+
 # --------------------------------------------------------------------------------------------------
 # MLPs, by the row's name. GELU (GPT-2): up (H -> 4H), GELU (tanh approximation, as GPT-2 trained),
 # down. SwiGLU (Llama; Shazeer 2020): down(silu(gate(x)) * up(x)), H' ~ 8H/3 so three matrices cost
@@ -171,7 +174,7 @@ class Block(nn.Module):
     def __init__(self, config, moe=False):
         super().__init__()
         self.attn_norm = make_norm(config)
-        self.attn = Attention(config)
+        self.attn = ATTENTIONS[config.attention](config)
         self.mlp_norm = make_norm(config)
         self.mlp = MoE(config, SwiGLU) if moe else MLPS[config.part_name('mlp')](config)
 
