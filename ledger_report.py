@@ -7,7 +7,7 @@ which `python ledger.py` runs (main). Standard library only, like ledger.py; it 
 """
 
 import pretrained
-from config import GIB, OPTIMIZERS, SECONDS_PER_DAY, ModelConfig, sharded
+from config import GIB, OPTIMIZERS, PART_KEYS, SECONDS_PER_DAY, ModelConfig, sharded
 
 # -----------------------------------------------------------------------------------------------------
 # The printed ledger: sections of rows (label, value, where it comes from), each value formatted from the
@@ -64,6 +64,9 @@ def report_header(p):
         f"ledger: {m['arch']}, {model.n_layer} layers, H={model.n_embd}, {model.n_head} heads ({attention}), "
         f"H'={model.ffn_width}, V={model.vocab_size}, T={model.block_size}, "
         f"{'tied' if model.tie_embeddings else 'untied'}{', biases' if model.biases else ''}",
+        'parts: '
+        + ', '.join(model.part(kind).label for kind in PART_KEYS if model.part_name(kind) != 'none')
+        + f", {OPTIMIZERS[t.get('optimizer', 'adamw')].label.split()[0]} (config.PARTS)",
         f"plan: {si(p['tokens'])} tokens on {p['n_gpu']} x {p['gpu']['name']}, batch {t['batch_tokens']:,} tokens "
         f"= {t['micro_batch']} x {model.block_size} x {p['n_gpu']} device(s) x {p['grad_accum']:.4g} accumulation, "
         f"{p['steps']:,} steps",
