@@ -1269,7 +1269,7 @@ def format_book():
 # -----------------------------------------------------------------------------------------------------
 # CLI: python ledger.py CONFIG [--key=value ...] [--json] | python ledger.py --book
 
-USAGE = 'usage: python ledger.py CONFIG [--key=value ...] [--json]   or   python ledger.py --book'
+USAGE = 'usage: python ledger.py CONFIG [--key=value ...] [--fit=FIT] [--json]   or   python ledger.py --book'
 
 
 @cli
@@ -1283,7 +1283,10 @@ def main(argv):
         print(format_book())
         return 0
     as_json = '--json' in argv
-    args = [a for a in argv if a != '--json']
+    fit = [
+        a.split('=', 1)[1] for a in argv if a.startswith('--fit=')
+    ]  # experiments/ladder.py's fit file
+    args = [a for a in argv if a != '--json' and not a.startswith('--fit=')]
     if not args:
         raise ConfigError(f'no config given ({USAGE})')
     path = None if args[0].startswith('--') else args[0]
@@ -1291,5 +1294,16 @@ def main(argv):
         path, args[1:] if path else args
     )  # init_from: the model's config.json
     prediction = predict(model, train)
-    print(json.dumps(prediction, indent=2) if as_json else format_report(prediction))
+    text = format_report(prediction)
+    if fit:  # the loss the plan buys, by a scaling law fitted to our own runs (scaling.py)
+        import scaling
+
+        fitted = scaling.load_fit(fit[-1])
+        title, rows = scaling.bill_section(fitted, prediction)
+        warnings = scaling.warnings(
+            fitted, prediction, train.data, scaling.tokenizer_of(train.data)
+        )
+        prediction['fit'] = {**scaling.check(fitted, prediction), 'warnings': warnings}
+        text += '\n'.join(['', '', title, *(_row(*row) for row in rows), *warnings])
+    print(json.dumps(prediction, indent=2) if as_json else text)
     return 0
