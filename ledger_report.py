@@ -1283,10 +1283,10 @@ def main(argv):
         print(format_book())
         return 0
     as_json = '--json' in argv
-    fit = [
-        a.split('=', 1)[1] for a in argv if a.startswith('--fit=')
-    ]  # experiments/ladder.py's fit file
-    args = [a for a in argv if a != '--json' and not a.startswith('--fit=')]
+    if '--fit' in argv[:-1]:  # --fit FIT, as --fit=FIT: the config's `fit` key
+        at = argv.index('--fit')
+        argv = [*argv[:at], f'--fit={argv[at + 1]}', *argv[at + 2 :]]
+    args = [a for a in argv if a != '--json']
     if not args:
         raise ConfigError(f'no config given ({USAGE})')
     path = None if args[0].startswith('--') else args[0]
@@ -1295,10 +1295,10 @@ def main(argv):
     )  # init_from: the model's config.json
     prediction = predict(model, train)
     text = format_report(prediction)
-    if fit:  # the loss the plan buys, by a scaling law fitted to our own runs (scaling.py)
+    if train.fit:  # the loss the plan buys, by a scaling law fitted to our own runs (scaling.py)
         import scaling
 
-        fitted = scaling.load_fit(fit[-1])
+        fitted = scaling.load_fit(train.fit)
         title, rows = scaling.bill_section(fitted, prediction)
         warnings = scaling.warnings(
             fitted, prediction, train.data, scaling.tokenizer_of(train.data)

@@ -133,7 +133,7 @@ def test_the_bill_prints_the_fit_and_its_warnings(tmp_path, capsys):
         assert f'{loss:.3f} nats' in out
     assert 'data/pystdlib, this plan' not in out  # same data and tokenizer: no such warning
     # the H200 plan: other data, other tokenizer, far past the fit's compute
-    assert ledger_report.main(['configs/h200_1b3.py', f'--fit={path}', '--json']) == 0
+    assert ledger_report.main(['configs/h200_1b3.py', '--fit', path, '--json']) == 0
     checked = json.loads(capsys.readouterr().out)['fit']
     warnings = '\n'.join(checked['warnings'])
     assert 'this plan trains on data/fineweb_edu' in warnings
