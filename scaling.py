@@ -135,8 +135,15 @@ def fit_law(n_params, n_tokens, losses, bootstrap=BOOTSTRAP, seed=0, starts=STAR
         refit = as_law(refit.x)
         samples.append([refit[k] for k in KEYS])
     predicted = np.log([law(fitted, n, d) for n, d in zip(n_params, n_tokens)])
+    names = ('A', 'B', 'E', 'alpha', 'beta')  # theta's order
     return {
         **fitted,
+        # a parameter the fit pushed to a bound is not measured by these runs (E at its floor: they are far from it)
+        'at_bounds': [
+            name
+            for name, value, (low, high) in zip(names, best.x, BOUNDS)
+            if min(value - low, high - value) < 1e-6
+        ],
         'bootstrap': samples,
         'residuals': [float(v) for v in log_l - predicted],
         'huber': float(best.fun),
@@ -186,6 +193,7 @@ def make_fit(fitted, runs, data, tokenizer, recipe, preset):
         **{k: fitted[k] for k in KEYS},
         'bootstrap': fitted['bootstrap'],
         'residuals': fitted['residuals'],
+        'at_bounds': fitted.get('at_bounds', []),
         'N_convention': N_CONVENTION,
         'data': data,
         'tokenizer': tokenizer,
@@ -302,6 +310,10 @@ def format_fit(fit):
         f"N {fit['range']['N'][0]:,} to {fit['range']['N'][1]:,}, D {fit['range']['D'][0]:,} to "
         f"{fit['range']['D'][1]:,}, C {fit['range']['C'][0]:.3g} to {fit['range']['C'][1]:.3g} FLOPs",
     ]
+    if fit.get('at_bounds'):
+        lines.append(
+            f"  {', '.join(fit['at_bounds'])} at the fit's bound: not measured by these runs"
+        )
     top = compute_optimal(fit, fit['range']['C'][1], fit['flops_per_param'])
     lines.append(
         f"  compute-optimal at the grid's largest budget: N {top['N']:,.0f}, D {top['D']:,.0f}, "
@@ -339,25 +351,30 @@ def bill_section(fit, prediction):
     compute = per_param * n_params * tokens
     best = compute_optimal(fit, compute, per_param)
     bpb = (
-        f" = {p['bpb']:.4f} bits per byte [{p['bpb_low']:.4f}, {p['bpb_high']:.4f}] at the fit's "
-        f"{fit['val_bytes_per_token']:.3f} bytes per token"
+        f" = {p['bpb']:.4f} bits per byte [{p['bpb_low']:.4f}, {p['bpb_high']:.4f}] at the "
+        f"{fit['val_bytes_per_token']:.3f} bytes per token of the fit's val targets"
         if p['bpb'] is not None
         else ''
     )
+    grid = sum(not run['held_out'] for run in fit['runs'])
+    bounds = fit.get('at_bounds') or []
     rows = [
         (
             'fit',
-            os.path.basename(os.path.dirname(os.path.abspath(fit['path'])))
-            if fit.get('path')
-            else '-',
-            f"{fit.get('path', '')}: {len(fit['runs'])} runs on {fit['data']} ({fit['tokenizer']}), "
-            f"written {fit.get('written', '?')}",
+            f"{grid} runs",
+            f"{fit.get('path', '')}: on {fit['data']} ({fit['tokenizer']}), "
+            f"{len(fit['runs']) - grid} held out, written {fit.get('written', '?')}",
         ),
         (
             'law',
             f"E {fit['E']:.3f}",
             f"A {fit['A']:.4g}, B {fit['B']:.4g}, alpha {fit['alpha']:.3f}, "
-            f"beta {fit['beta']:.3f}; {fit['N_convention'].split(':')[0]}",
+            f"beta {fit['beta']:.3f}; {fit['N_convention'].split(':')[0]}"
+            + (
+                f"; {', '.join(bounds)} at the fit's bound: not measured by these runs"
+                if bounds
+                else ''
+            ),
         ),
         (
             'predicted final loss',

@@ -47,7 +47,7 @@ def test_fit_recovers_a_known_law_within_one_percent():
     for sample in fitted['bootstrap']:
         for key, value in zip(scaling.KEYS, sample):
             assert value == pytest.approx(HOFFMANN[key], rel=0.01), key
-    assert max(abs(r) for r in fitted['residuals']) < 1e-4
+    assert max(abs(r) for r in fitted['residuals']) < 1e-4 and fitted['at_bounds'] == []
 
 
 def test_compute_optimal_is_the_minimum_along_the_budget():
