@@ -347,9 +347,9 @@ class Metrics:
         self.flops_per_token = prediction['flops_per_token']['matmul']
         self.peak_flops = prediction['gpu']['peak_flops']
         self.chinchilla = prediction['data']['chinchilla_tokens']  # 20 x P
-        self.fit = (
-            scaling.load_fit(train.fit) if train.fit else None
-        )  # its predicted final val loss: summary
+        # a fit's predicted final val loss, in summary.json beside the measured one; not for a cooldown branch (its D
+        # is its start's tokens plus its decay: overtrain.py draws the fit beside the branches instead)
+        self.fit = scaling.load_fit(train.fit) if train.fit and not train.cooldown_from else None
         where = (
             torch.cuda.get_device_name(cluster.device)
             if cluster.device.type == 'cuda'

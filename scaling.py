@@ -186,6 +186,8 @@ def make_fit(fitted, runs, data, tokenizer, recipe, preset):
     ones too, marked: the fit did not see them)."""
     grid = [r for r in runs if not r['held_out']]
     bytes_per_token = [r['val_bytes_per_token'] for r in grid if r['val_bytes_per_token']]
+    # k in C = k N D: the median of the runs' model FLOPs per token per parameter (6 + attention's 12 L H T / N)
+    per_param = sorted(r['flops_per_token'] / r['N'] for r in grid)[len(grid) // 2]
     return {
         'law': 'L(N, D) = E + A / N^alpha + B / D^beta (nats per token)',
         'method': "Hoffmann et al. 2022's approach 3: Huber (delta 1e-3) on log L, L-BFGS-B from a grid of starts; "
@@ -206,7 +208,9 @@ def make_fit(fitted, runs, data, tokenizer, recipe, preset):
         'range': {
             key: [min(r[key] for r in grid), max(r[key] for r in grid)] for key in ('N', 'D', 'C')
         },
-        'flops_per_param': sorted(r['flops_per_token'] / r['N'] for r in grid)[len(grid) // 2],
+        'flops_per_param': per_param,
+        # the split the fit implies at the grid's largest budget (Chinchilla: ~20 tokens per parameter)
+        'compute_optimal': compute_optimal(fitted, max(r['C'] for r in grid), per_param),
         'written': time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime()),
         'runs': runs,
     }
@@ -229,7 +233,7 @@ def load_fit(path):
         ) from None
     except ValueError:
         raise ConfigError(f"fit {path}: not JSON; experiments/ladder.py writes fit files") from None
-    missing = [k for k in (*KEYS, 'bootstrap', 'range', 'runs') if k not in fit]
+    missing = [k for k in (*KEYS, 'bootstrap', 'range', 'runs', 'compute_optimal') if k not in fit]
     if not isinstance(fit, dict) or missing:
         raise ConfigError(
             f"fit {path}: not a fit file (no {', '.join(missing)}); experiments/ladder.py writes them"
@@ -314,7 +318,7 @@ def format_fit(fit):
         lines.append(
             f"  {', '.join(fit['at_bounds'])} at the fit's bound: not measured by these runs"
         )
-    top = compute_optimal(fit, fit['range']['C'][1], fit['flops_per_param'])
+    top = fit['compute_optimal']
     lines.append(
         f"  compute-optimal at the grid's largest budget: N {top['N']:,.0f}, D {top['D']:,.0f}, "
         f"{top['tokens_per_param']:.3g} tokens per parameter (Chinchilla: ~20)"

@@ -6,7 +6,7 @@ to the grid alone (scaling.fit_law: Chinchilla's approach 3, bootstrap intervals
 run's measured loss set beside the fit's prediction.
 
     python prepare.py pystdlib                                  # the default data, ~10 s
-    python experiments/ladder.py --preset=cpu                   # 9 runs, ~30 min on a shared CPU (docs/measured.md)
+    python experiments/ladder.py --preset=cpu                   # 9 runs, ~20 min on a busy 2-core CPU (measured.md)
     python experiments/ladder.py --preset=gpu --plan            # the H200 hour's grid, billed by the ledger
     python ledger.py configs/pystdlib_cpu.py --fit=out/ladder_cpu/fit.json   # the bill with the fitted loss
 
@@ -180,7 +180,7 @@ def record(rung, summary):
     }
 
 
-def bill(rungs, preset):
+def bill(rungs):
     """The grid as a table: the ledger's time for each run on the preset's device at its assumed MFU."""
     rows = [
         '| run | N | N total | D | C, FLOPs | ledger time | done |',
@@ -234,7 +234,7 @@ def main(argv):
     print(
         f"ladder {preset}: {len(rungs) - 1} runs in {len(spec['budgets'])} budgets x {len(spec['shapes'])} "
         f"shapes, and a held-out run at {spec['held_out_factor']}x the largest budget; billed by the ledger:\n"
-        + '\n'.join(bill(rungs, preset)),
+        + '\n'.join(bill(rungs)),
         flush=True,
     )
     if '--plan' in flags:

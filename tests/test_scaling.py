@@ -231,3 +231,17 @@ def test_the_fit_beside_the_branches(tmp_path):
     assert tokens[0] == pytest.approx(plot.STEEP_START * 1e9) and tokens[-1] == 1e9
     assert line.get_ydata() == pytest.approx([scaling.law(fit, 2e6, d) for d in tokens])
     assert 'our fit' in line.get_label()
+
+
+def test_bad_input_is_one_line(tmp_path, capsys):
+    ladder = load_ladder()
+    assert ladder.main(['--preset=tpu']) == 2
+    err = capsys.readouterr().err.strip()
+    assert (
+        err.startswith('error: usage: python experiments/ladder.py --preset=cpu|gpu')
+        and '\n' not in err
+    )
+    assert ladder.main(['--preset=cpu', '--plan', f'--out={tmp_path}']) == 0  # plans, runs nothing
+    assert '| heldout_c2.4e12_L2_H64 |' in capsys.readouterr().out and not os.listdir(tmp_path)
+    assert ledger_report.main(['configs/pystdlib_cpu.py', f'--fit={tmp_path / "none.json"}']) == 2
+    assert 'cannot read it' in capsys.readouterr().err
