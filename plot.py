@@ -458,11 +458,9 @@ def ladder_figure(fit):
             markersize=14 if held_out else 7,
             color=color,
             markeredgecolor='black',
-            label=f"held out: measured {runs[0]['val_loss']:.4f}"
-            if held_out
-            else f'{len(runs)} runs',
+            label=f'{len(runs)} runs' + (', held out: measured' if held_out else ''),
         )
-        for run in runs if held_out else ():
+        for k, run in enumerate(runs if held_out else ()):
             p = scaling.predict(fit, run['N'], run['D'])
             ax.errorbar(
                 run['N'] * 1.04,
@@ -471,7 +469,7 @@ def ladder_figure(fit):
                 color='black',
                 capsize=4,
                 marker='D',
-                label=f"held out: predicted {p['loss']:.4f} [{p['low']:.4f}, {p['high']:.4f}] (95%)",
+                label=None if k else "held out: the fit's predictions, 95% intervals",
             )
     ax.set_xscale('log')
     ax.set_xlabel(

@@ -23,6 +23,7 @@ Standard library only: ledger.py's `--fit` reads the fit file and evaluates the 
 imports numpy and scipy (scipy.optimize's L-BFGS-B), inside it.
 """
 
+import json
 import math
 import os
 import random
@@ -30,7 +31,6 @@ import time
 
 import ledger
 from config import ConfigError
-from files import save_json
 from ledger_report import duration, si
 
 HUBER_DELTA = 1e-3  # Hoffmann et al. 2022, section D.2
@@ -216,14 +216,9 @@ def make_fit(fitted, runs, data, tokenizer, recipe, preset):
     }
 
 
-def save_fit(path, fit):
-    save_json(path, fit)  # a temporary name, renamed: files.py
-
-
 def load_fit(path):
-    """A fit file, checked: one clear line (ConfigError) when it is missing or not one."""
-    import json
-
+    """A fit file (written by files.save_json: whole or not at all), checked: one clear line (ConfigError) when it is
+    missing or not one."""
     try:
         with open(path) as f:
             fit = json.load(f)
@@ -233,8 +228,9 @@ def load_fit(path):
         ) from None
     except ValueError:
         raise ConfigError(f"fit {path}: not JSON; experiments/ladder.py writes fit files") from None
-    missing = [k for k in (*KEYS, 'bootstrap', 'range', 'runs', 'compute_optimal') if k not in fit]
-    if not isinstance(fit, dict) or missing:
+    needed = (*KEYS, 'bootstrap', 'range', 'runs', 'compute_optimal')
+    missing = [k for k in needed if k not in fit] if isinstance(fit, dict) else needed
+    if missing:
         raise ConfigError(
             f"fit {path}: not a fit file (no {', '.join(missing)}); experiments/ladder.py writes them"
         )

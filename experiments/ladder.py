@@ -1,12 +1,12 @@
 """
 ladder.py: a scaling law fitted to your own runs. A grid of small runs on a config's data, tokenizer and recipe
 (Chinchilla's IsoFLOP approach: several compute budgets x several model sizes, each run's schedule spanning its own
-tokens), one held-out run at a few times the grid's largest compute, then L(N, D) = E + A/N^alpha + B/D^beta fitted
+tokens), held-out runs at a few times the grid's largest compute, then L(N, D) = E + A/N^alpha + B/D^beta fitted
 to the grid alone (scaling.fit_law: Chinchilla's approach 3, bootstrap intervals over the runs) and the held-out
-run's measured loss set beside the fit's prediction.
+runs' measured losses set beside the fit's predictions.
 
     python prepare.py pystdlib                                  # the default data, ~10 s
-    python experiments/ladder.py --preset=cpu                   # 9 runs, ~20 min on a busy 2-core CPU (measured.md)
+    python experiments/ladder.py --preset=cpu                   # 12 runs, ~30 min on a busy 2-core CPU (measured.md)
     python experiments/ladder.py --preset=gpu --plan            # the H200 hour's grid, billed by the ledger
     python ledger.py configs/pystdlib_cpu.py --fit=out/ladder_cpu/fit.json   # the bill with the fitted loss
 
@@ -32,6 +32,7 @@ sys.path.insert(
 )  # the repo's modules
 
 import checkpoint  # noqa: E402
+import files  # noqa: E402
 import ledger  # noqa: E402
 import ledger_report  # noqa: E402
 import scaling  # noqa: E402
@@ -41,15 +42,15 @@ USAGE = 'usage: python experiments/ladder.py --preset=cpu|gpu [--plan] [--out=FO
 
 # A preset: the config whose data, tokenizer and recipe (optimizer, LR schedule) every run shares, the overrides
 # every run gets, the shapes, the compute budgets in model FLOPs (the ledger's 6 N_matmul + 12 L H T per token,
-# times D), and the held-out run: a shape of the grid at `held_out_factor` x the largest budget.
+# times D), and the held-out runs: shapes of the grid (their indices) at `held_out_factor` x the largest budget.
 #
 # cpu: four Llama shapes of 2 layers x 32 to 128 wide (head size 32) on data/pystdlib's 8192-token BPE. Their
 # output projection is most of N (8192 x 64 of H=64's 0.66M), so widening is what grows them: N 0.32M-1.57M.
 # Budgets 0.4 and 0.8 TFLOPs: at H=64's 4.3 MFLOPs per token 0.8 TFLOP is 184K tokens, 90 steps of 2,048; D spans
-# 39K-379K. The held-out run, H=64 at 2.4 TFLOPs, is 3x the grid's largest. The 9 runs are 7.2 TFLOPs: ~10 min of
-# training at the ~12 GFLOP/s these shapes reach on one quiet EPYC core (fp32, eager: the compile's ~30 s would
-# outweigh most runs), plus ~15 s of start-up and eval per run; on a busy shared machine three times that
-# (docs/measured.md has the measured time).
+# 39K-379K. Held out: all four shapes at 2.4 TFLOPs, 3x the grid's largest, an IsoFLOP curve the fit never sees
+# (H=64 first). The 12 runs are 14.4 TFLOPs: ~20 min of training at the ~12 GFLOP/s these shapes reach on one quiet
+# EPYC core (fp32, eager: the compile's ~30 s would outweigh most runs), plus ~15 s of start-up and eval per run;
+# slower on a busy machine (docs/measured.md has the measured time).
 #
 # gpu: the H200 hour. configs/h200_1b3.py's recipe on its data (FineWeb-Edu, GPT-2's tokenizer), 12 layers of
 # 384 to 1024 (head size 64): N 104M-309M, the 50304-wide output projection included. Budgets 3e16, 6e16 and
@@ -71,7 +72,7 @@ PRESETS = {
         ),
         shapes=[dict(n_layer=2, n_embd=h, n_head=h // 32) for h in (32, 64, 96, 128)],
         budgets=(4e11, 8e11),
-        held_out_shape=1,
+        held_out_shapes=(1, 0, 2, 3),  # H=64 first: the one check, if the others are cut short
         held_out_factor=3,
     ),
     'gpu': dict(
@@ -87,7 +88,7 @@ PRESETS = {
         ),
         shapes=[dict(n_layer=12, n_embd=h, n_head=h // 64) for h in (384, 512, 768, 1024)],
         budgets=(3e16, 6e16, 1.2e17),
-        held_out_shape=2,
+        held_out_shapes=(2,),
         held_out_factor=3,
     ),
 }
@@ -118,7 +119,10 @@ def plan(preset, out):
     overrides = [f'--{k}={v}' for k, v in spec['overrides'].items()]
     largest = max(spec['budgets'])
     points = [(budget, shape, False) for budget in spec['budgets'] for shape in spec['shapes']]
-    points.append((spec['held_out_factor'] * largest, spec['shapes'][spec['held_out_shape']], True))
+    points += [
+        (spec['held_out_factor'] * largest, spec['shapes'][i], True)
+        for i in spec['held_out_shapes']
+    ]
     rungs = []
     for budget, shape, held_out in points:
         flags = overrides + [f'--{k}={v}' for k, v in shape.items()]
@@ -231,10 +235,11 @@ def main(argv):
     out = options.get('out', os.path.join('out', f'ladder_{preset}'))
     rungs = plan(preset, out)
     spec = PRESETS[preset]
+    held_out = len(spec['held_out_shapes'])
     print(
-        f"ladder {preset}: {len(rungs) - 1} runs in {len(spec['budgets'])} budgets x {len(spec['shapes'])} "
-        f"shapes, and a held-out run at {spec['held_out_factor']}x the largest budget; billed by the ledger:\n"
-        + '\n'.join(bill(rungs)),
+        f"ladder {preset}: {len(rungs) - held_out} runs in {len(spec['budgets'])} budgets x "
+        f"{len(spec['shapes'])} shapes, and {held_out} held out at {spec['held_out_factor']}x the largest "
+        "budget; billed by the ledger:\n" + '\n'.join(bill(rungs)),
         flush=True,
     )
     if '--plan' in flags:
@@ -263,7 +268,7 @@ def report(preset, rungs, out):
         preset=preset,
     )
     path = os.path.join(out, 'fit.json')
-    scaling.save_fit(path, fit)
+    files.save_json(path, fit)
     print('\n' + scaling.format_fit(fit))
     try:
         import plot
