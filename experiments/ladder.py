@@ -6,7 +6,7 @@ to the grid alone (scaling.fit_law: Chinchilla's approach 3, bootstrap intervals
 runs' measured losses set beside the fit's predictions.
 
     python prepare.py pystdlib                                  # the default data, ~10 s
-    python experiments/ladder.py --preset=cpu                   # 12 runs, ~30 min on a busy 2-core CPU (measured.md)
+    python experiments/ladder.py --preset=cpu                   # 12 runs, ~45 min on a busy 2-core CPU (measured.md)
     python experiments/ladder.py --preset=gpu --plan            # the H200 hour's grid, billed by the ledger
     python ledger.py configs/pystdlib_cpu.py --fit=out/ladder_cpu/fit.json   # the bill with the fitted loss
 
@@ -50,7 +50,7 @@ USAGE = 'usage: python experiments/ladder.py --preset=cpu|gpu [--plan] [--out=FO
 # 39K-379K. Held out: all four shapes at 2.4 TFLOPs, 3x the grid's largest, an IsoFLOP curve the fit never sees
 # (H=64 first). The 12 runs are 14.4 TFLOPs: ~20 min of training at the ~12 GFLOP/s these shapes reach on one quiet
 # EPYC core (fp32, eager: the compile's ~30 s would outweigh most runs), plus ~15 s of start-up and eval per run;
-# slower on a busy machine (docs/measured.md has the measured time).
+# ~45 min on a busy one (docs/measured.md).
 #
 # gpu: the H200 hour. configs/h200_1b3.py's recipe on its data (FineWeb-Edu, GPT-2's tokenizer), 12 layers of
 # 384 to 1024 (head size 64): N 104M-309M, the 50304-wide output projection included. Budgets 3e16, 6e16 and
