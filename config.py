@@ -638,6 +638,9 @@ class TrainConfig:
     intra_node_busbw: float = free(0.0)
     inter_node_busbw: float = free(0.0)
     usd_per_gpu_hour: float = free(3.5)
+    # a scaling law fitted to our own runs (experiments/ladder.py's fit.json): `python ledger.py` bills the loss it
+    # predicts, and report.md and summary.json set that beside the measured final val loss ('': none)
+    fit: str = free('')
 
 
 CONFIG_CLASSES = (ModelConfig, TrainConfig)

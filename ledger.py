@@ -1654,7 +1654,7 @@ def comm_summary(prediction):
 # The command line: python ledger.py CONFIG [--key=value ...] [--json] | python ledger.py --book. The text is
 # ledger_report.py's (it never imports this file: it renders the prediction's numbers).
 
-USAGE = 'usage: python ledger.py CONFIG [--key=value ...] [--json]   or   python ledger.py --book'
+USAGE = 'usage: python ledger.py CONFIG [--key=value ...] [--fit=FIT] [--json]   or   python ledger.py --book'
 
 
 @cli
@@ -1671,13 +1671,27 @@ def main(argv):
         print(ledger_report.format_book(book_examples()))
         return 0
     as_json = '--json' in argv
+    if '--fit' in argv[:-1]:  # --fit FIT, as --fit=FIT: the config's `fit` key
+        at = argv.index('--fit')
+        argv = [*argv[:at], f'--fit={argv[at + 1]}', *argv[at + 2 :]]
     args = [a for a in argv if a != '--json']
     if not args:
         raise ConfigError(f'no config given ({USAGE})')
     path = None if args[0].startswith('--') else args[0]
     model, train = pretrained.load_config(path, args[1:] if path else args)
     prediction = predict(model, train)
-    print(json.dumps(prediction, indent=2) if as_json else ledger_report.format_report(prediction))
+    text = ledger_report.format_report(prediction)
+    if train.fit:  # the loss the plan buys, by a scaling law fitted to our own runs (scaling.py)
+        import scaling
+
+        fitted = scaling.load_fit(train.fit)
+        title, rows = scaling.bill_section(fitted, prediction)
+        warnings = scaling.warnings(
+            fitted, prediction, train.data, scaling.tokenizer_of(train.data)
+        )
+        prediction['fit'] = {**scaling.check(fitted, prediction), 'warnings': warnings}
+        text += '\n'.join(['', '', title, *(ledger_report._row(*row) for row in rows), *warnings])
+    print(json.dumps(prediction, indent=2) if as_json else text)
     return 0
 
 

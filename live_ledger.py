@@ -23,6 +23,7 @@ import files
 import ledger
 import ledger_report
 import plot
+import scaling
 from config import IGNORE_INDEX, OPTIMIZERS, ConfigError
 from continuation import TrainingStopped
 from model import GPT
@@ -375,6 +376,9 @@ class Metrics:
         self.flops_per_token = prediction['flops_per_token']['matmul']
         self.peak_flops = prediction['gpu']['peak_flops']
         self.chinchilla = prediction['data']['chinchilla_tokens']  # 20 x P
+        # a fit's predicted final val loss, in summary.json beside the measured one; not for a cooldown branch (its D
+        # is its start's tokens plus its decay: overtrain.py draws the fit beside the branches instead)
+        self.fit = scaling.load_fit(train.fit) if train.fit and not train.cooldown_from else None
         where = (
             torch.cuda.get_device_name(cluster.device)
             if cluster.device.type == 'cuda'
@@ -563,11 +567,14 @@ class Metrics:
         if val_loss is not None:
             self.measured.update(val_loss=val_loss, val_bytes_per_token=val_bytes_per_token)
         summary = ledger.summarize(self.prediction, self.measured)
+        if self.fit:  # the fit's predicted final val loss beside the measured one
+            summary.update(scaling.check(self.fit, self.prediction))
         files.save_json(os.path.join(self.out_dir, 'summary.json'), summary)
         picture = plot.draw_run(self.out_dir)
         files.write_text_atomic(
             os.path.join(self.out_dir, 'report.md'),
             ledger_report.format_comparison(summary)
+            + (f"\n\n{scaling.format_check(summary)}" if self.fit else '')
             + '\n'
             + (
                 '\n![train and val loss against tokens seen](loss.png)\n'

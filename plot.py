@@ -328,9 +328,10 @@ def mark_final(ax, run, color, marker, kind):
         )
 
 
-def branch_figure(main_dir):
+def branch_figure(main_dir, fit=None):
     """A matplotlib Figure of a main run, its branches and cosine runs (its first axes the losses, a second one the
-    published fit's loss when the main run's ledger.json gives P)."""
+    published fit's loss when the main run's ledger.json gives P). fit: a scaling law fitted to our own runs
+    (scaling.load_fit): its predicted final loss at each length for this N, its 95% interval, on the losses' axis."""
     fig = blank_figure()
     main = read_run(main_dir)
     branches, cosines = beside(main_dir, 'cooldown'), beside(main_dir, 'cosine')
@@ -366,6 +367,8 @@ def branch_figure(main_dir):
         mark_final(ax, run, f'C{i}', '*' if kind == 'cooldown' else 'X', kind)
     runs = [main] + branches + cosines
     loss_axis(ax, runs)
+    if fit:
+        fitted_loss(ax, fit, main_dir, max(run['train'][0][-1] for run in runs))
     chinchilla = main['chinchilla']
     if chinchilla:
         ax.axvline(
@@ -395,6 +398,102 @@ def branch_figure(main_dir):
     )
     ax.set_title(f"over-training {main['name']}: cooldown branches and cosine runs")
     return fig
+
+
+def fitted_loss(ax, fit, run_dir, last):
+    """Our fit's L(N, D) for the run's N (its ledger.json, the fit's convention) along the tokens: the loss a run
+    of each length is predicted to end at, its 95% interval shaded."""
+    import scaling
+
+    with open(os.path.join(run_dir, 'ledger.json')) as f:
+        n_params = json.load(f)['params']['matmul']
+    seen = np.linspace(STEEP_START * last, last, 60)
+    predicted = [scaling.predict(fit, n_params, d) for d in seen]
+    ax.plot(
+        seen,
+        [p['loss'] for p in predicted],
+        color='black',
+        linestyle='-.',
+        label=f"our fit ({fit.get('path', '')}, {fit['data']}): predicted final val loss at each length",
+    )
+    ax.fill_between(
+        seen, [p['low'] for p in predicted], [p['high'] for p in predicted], color='gray', alpha=0.2
+    )
+
+
+# -----------------------------------------------------------------------------------------------------
+# The ladder (experiments/ladder.py), as Hoffmann et al. 2022's figure 3 draws it: each compute budget's runs,
+# final val loss against N, and the fitted law along that budget (D = C / (k N), k the grid's FLOPs per token per
+# parameter), its minimum marked; the held-out run with the fit's prediction and its 95% interval.
+
+
+def ladder_figure(fit):
+    import scaling
+
+    fig = blank_figure()
+    ax = fig.add_subplot()
+    grid = [run for run in fit['runs'] if not run['held_out']]
+    low, high = fit['range']['N']
+    sizes = np.geomspace(low / 1.5, high * 1.5, 100)
+    budgets = sorted({run['budget'] for run in fit['runs']})
+    for i, budget in enumerate(budgets):
+        runs = [run for run in fit['runs'] if run['budget'] == budget]
+        held_out = runs[0]['held_out']
+        color = f'C{i}'
+        tokens = budget / (fit['flops_per_param'] * sizes)
+        ax.plot(
+            sizes,
+            scaling.law(fit, sizes, tokens),
+            color=color,
+            linestyle='--' if held_out else '-',
+            label=f"C = {budget:.2g} FLOPs: the fit{' (extrapolated)' if held_out else ''}",
+        )
+        best = scaling.compute_optimal(fit, budget, fit['flops_per_param'])
+        ax.plot(best['N'], best['loss'], marker='|', markersize=16, color=color)
+        ax.plot(
+            [run['N'] for run in runs],
+            [run['val_loss'] for run in runs],
+            linestyle='',
+            marker='*' if held_out else 'o',
+            markersize=14 if held_out else 7,
+            color=color,
+            markeredgecolor='black',
+            label=f'{len(runs)} runs' + (', held out: measured' if held_out else ''),
+        )
+        for k, run in enumerate(runs if held_out else ()):
+            p = scaling.predict(fit, run['N'], run['D'])
+            ax.errorbar(
+                run['N'] * 1.04,
+                p['loss'],
+                yerr=[[p['loss'] - p['low']], [p['high'] - p['loss']]],
+                color='black',
+                capsize=4,
+                marker='D',
+                label=None if k else "held out: the fit's predictions, 95% intervals",
+            )
+    ax.set_xscale('log')
+    ax.set_xlabel(
+        "N (the ledger's matmul parameters: the output projection in, the embedding lookup out)"
+    )
+    ax.set_ylabel('final val loss (nats per token)')
+    ax.xaxis.set_major_formatter(lambda x, _: ledger_report.si(x))
+    ax.grid(alpha=0.3, which='both')
+    ax.legend(fontsize='small')
+    ax.set_title(
+        f"IsoFLOP ladder on {fit['data']} ({fit['tokenizer']}), {len(grid)} runs fitted: L = {fit['E']:.3g} + "
+        f"{fit['A']:.3g}/N^{fit['alpha']:.3g} + {fit['B']:.3g}/D^{fit['beta']:.3g}"
+    )
+    return fig
+
+
+def draw_ladder(fit_path, out):
+    """Write the ladder's figure for a fit file to `out` as a PNG; -> out."""
+    import scaling
+
+    fig = ladder_figure(scaling.load_fit(fit_path))
+    with atomic_write(out, 'wb') as f:
+        fig.savefig(f, format='png')
+    return out
 
 
 # -----------------------------------------------------------------------------------------------------
@@ -448,10 +547,10 @@ def load_figure(run_dir):
     return fig
 
 
-def draw(run_dirs, out, branches=False):
-    """Write the runs' figure (branches: run_dirs[0]'s branch_figure) to `out` as a PNG (a temporary file renamed
-    when complete); -> out."""
-    fig = branch_figure(run_dirs[0]) if branches else figure(run_dirs)
+def draw(run_dirs, out, branches=False, fit=None):
+    """Write the runs' figure (branches: run_dirs[0]'s branch_figure, with a fit's prediction if given) to `out` as a
+    PNG (a temporary file renamed when complete); -> out."""
+    fig = branch_figure(run_dirs[0], fit) if branches else figure(run_dirs)
     with atomic_write(out, 'wb') as f:
         fig.savefig(f, format='png')
     return out

@@ -32,6 +32,7 @@ import checkpoint  # noqa: E402
 import ledger  # noqa: E402
 import ledger_report  # noqa: E402
 import plot  # noqa: E402
+import scaling  # noqa: E402
 import train  # noqa: E402
 from config import ConfigError, UserError, cli, load_config  # noqa: E402
 
@@ -333,6 +334,9 @@ def experiment(config_path, overrides, planning):
     """The experiment at one peak LR: the plan, its bill and commands; then (unless planning) the runs and the
     table of their final val losses."""
     model_cfg, train_cfg = load_config(config_path, overrides)
+    fit = (
+        scaling.load_fit(train_cfg.fit) if train_cfg.fit else None
+    )  # drawn beside the branches (read first)
     runs = plan(model_cfg, train_cfg)
     rows, prediction = bill(model_cfg, train_cfg, runs)
     launcher = (
@@ -369,7 +373,7 @@ def experiment(config_path, overrides, planning):
     )
     try:
         print(
-            f"\n{plot.draw([train_cfg.out_dir], os.path.join(train_cfg.out_dir, 'branches.png'), branches=True)}"
+            f"\n{plot.draw([train_cfg.out_dir], os.path.join(train_cfg.out_dir, 'branches.png'), True, fit)}"
         )
     except UserError as e:  # matplotlib missing: the table stands without the picture
         print(f"\nbranches.png not drawn: {e}")
