@@ -4,6 +4,7 @@ converter read as they read any model.
 
     python export.py out/pystdlib_cpu hf/pystdlib_cpu                  # the run's latest checkpoint, bf16 weights
     python export.py out/h200_1b3/ckpt/step_0049592 hf/1b3 --dtype float32
+    python export.py out/pystdlib_cpu hf/pystdlib_cpu --push you/pystdlib-4x256   # and to the Hub, with a model card
 
 The model becomes its family's Hugging Face class (config.FAMILIES: llama LlamaForCausalLM, gpt2 GPT2LMHeadModel):
 the layers are the same maths, only the names and layouts differ (below). The folder holds config.json,
@@ -19,6 +20,7 @@ Needs safetensors and tokenizers (pip install safetensors tokenizers), imported 
 import argparse
 import json
 import os
+import re
 import shutil
 import sys
 
@@ -26,8 +28,8 @@ import torch
 
 import checkpoint
 import data
-from config import EOT, FAMILIES, ConfigError, UserError, cli
-from files import disk_errors
+import files
+from config import DEFAULTS, EOT, FAMILIES, ConfigError, UserError, cli
 
 DTYPES = {'bfloat16': torch.bfloat16, 'float32': torch.float32, 'float16': torch.float16}
 
@@ -321,8 +323,9 @@ def replace_folder(tmp, out_dir):
     shutil.rmtree(old)
 
 
-def export(path, out_dir, dtype='bfloat16'):
-    """Export the checkpoint at `path` (a run's out_dir or a ckpt/step_* folder) to out_dir; -> (checkpoint, model)."""
+def export(path, out_dir, dtype='bfloat16', card=None):
+    """Export the checkpoint at `path` (a run's out_dir or a ckpt/step_* folder) to out_dir; -> (checkpoint, model).
+    card: a Hub repo id; the folder then also gets README.md, the model card (model_card), and the run's loss.png."""
     try:
         import safetensors  # noqa: F401  (both are imported where used; checked here, before any work)
         import tokenizers  # noqa: F401
@@ -349,15 +352,172 @@ def export(path, out_dir, dtype='bfloat16'):
     out_dir = os.path.abspath(out_dir)
     tmp = f'{out_dir}.tmp{os.getpid()}'
     size = sum(p.numel() for p in model.parameters()) * DTYPES[dtype].itemsize
-    with disk_errors(os.path.dirname(out_dir), needed_bytes=size):
+    with files.disk_errors(os.path.dirname(out_dir), needed_bytes=size):
         os.makedirs(tmp)
         try:
             write_folder(tmp, model, encoding, dtype)
+            if card:
+                run_dir = os.path.dirname(os.path.dirname(path))  # RUN/ckpt/step_*
+                files.write_text_atomic(
+                    os.path.join(tmp, 'README.md'),
+                    model_card(path, model, train_config, dtype, card),
+                )
+                if os.path.exists(os.path.join(run_dir, 'loss.png')):
+                    shutil.copyfile(
+                        os.path.join(run_dir, 'loss.png'), os.path.join(tmp, 'loss.png')
+                    )
             replace_folder(tmp, out_dir)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
     return path, model
+
+
+# -----------------------------------------------------------------------------------------------------
+# The Hub: the folder with a model card made from the run (README.md: what the model is, what it was trained on, the
+# ledger's prediction beside what the run measured, its scores, the command that made it), pushed with
+# huggingface_hub (HfApi.create_repo + upload_folder; HF_TOKEN or a saved `hf auth login`, HF_ENDPOINT for another
+# Hub). The upload is one commit: a push that fails leaves the repo as it was, and the same command again completes
+# it (the large files already uploaded are not sent again: the Hub has them by their sha256).
+
+EVAL_KEYS = (
+    'hellaswag',
+    'arc_easy',
+    'arc_challenge',
+    'mmlu',
+    'mmlu_5shot',
+)  # evals.py's headline scores
+
+
+def train_command(model_config, train_config):
+    """`python train.py --key=value ...` with every key the run set away from config.py's defaults: the command that
+    makes this model again (the config file it came from is folded into it)."""
+    keys = {**model_config, **train_config}
+    changed = {k: v for k, v in keys.items() if k in DEFAULTS and v != DEFAULTS[k]}
+
+    def text(value):
+        return ','.join(str(v) for v in value) if isinstance(value, (list, tuple)) else str(value)
+
+    return 'python train.py ' + ' '.join(f'--{k}={text(v)}' for k, v in changed.items())
+
+
+def model_card(path, model, train_config, dtype, repo_id):
+    """README.md for the Hub, from the checkpoint and its run's folder (summary.json, report.md, metrics.jsonl,
+    code.json, all optional but the checkpoint)."""
+    c, run_dir = model.config, os.path.dirname(os.path.dirname(path))
+    state = checkpoint.read_state(path)
+    params = sum(p.numel() for p in model.parameters())
+
+    def read(name):
+        where = os.path.join(run_dir, name)
+        return open(where).read() if os.path.exists(where) else None
+
+    summary = json.loads(read('summary.json') or '{}')
+    records = [json.loads(line) for line in (read('metrics.jsonl') or '').splitlines() if line]
+    code = json.loads(read('code.json') or '{}')
+    meta = data.load_meta(train_config['data']) if os.path.isdir(train_config['data']) else {}
+    heads = f'{c.n_head} heads' + (
+        f' ({c.kv_heads} key/value heads)' if c.kv_heads != c.n_head else ''
+    )
+    lines = [
+        '---',
+        'library_name: transformers',
+        'pipeline_tag: text-generation',
+        'tags: [ledgergpt, pretrained-from-scratch]',
+        '---',
+        f'# {os.path.basename(run_dir)}',
+        '',
+        f"A {c.arch} model ({c.family.hf_class}) pretrained from scratch by ledgergpt's train.py: {params:,} "
+        f"parameters, {c.n_layer} layers, width {c.n_embd}, {heads}, FFN width {c.ffn_width}, context "
+        f"{c.block_size} tokens, vocab {c.vocab_size:,}, embeddings {'tied' if c.tie_embeddings else 'untied'}; "
+        f"weights in {dtype}.",
+        '',
+        '## Data and tokens',
+        '',
+        f"{os.path.basename(os.path.normpath(train_config['data']))}"
+        + (f" ({meta['source']}, tokenizer {meta['tokenizer']})" if meta else '')
+        + f": {state['run']['tokens_seen']:,} tokens seen in {state['run']['step']:,} steps "
+        f"(planned: {train_config['train_tokens']:,}).",
+    ]
+    report = read('report.md')
+    if report:
+        table = report.split('\n![')[0].split('\n(no loss.png')[0].strip()
+        table = re.sub(
+            r' \(cache: [^)]*\)', '', table
+        )  # this machine's probe cache is no one else's business
+        lines += ['', "## The ledger's prediction and what the run measured", '', table]
+        if os.path.exists(os.path.join(run_dir, 'loss.png')):
+            lines += ['', '![train and val loss against tokens seen](loss.png)']
+    scores = []
+    if summary.get('val_bpb') is not None:
+        scores.append(
+            f"- val loss {summary['val_loss']:.4f} nats per token, {summary['val_bpb']:.4f} bits per byte"
+        )
+    for key in EVAL_KEYS:
+        last = [r for r in records if r.get(key) is not None]
+        if last:
+            r = last[-1]
+            scores.append(
+                f"- {key} {r[key]:.2%} +- {r[key + '_stderr']:.2%} over {r[key + '_items']:,} items "
+                f"(step {r['step']:,})"
+            )
+    if scores:
+        lines += ['', '## Scores', '', *scores]
+    lines += [
+        '',
+        '## How it was made',
+        '',
+        '```',
+        train_command(state['model_config'], train_config),
+        '```',
+    ]
+    if code.get('commit'):
+        lines.append(
+            f"at ledgergpt commit {code['commit']}"
+            + (' with local changes' if code['dirty'] else '')
+        )
+    lines += [
+        '',
+        '## Use',
+        '',
+        'Every training document started with the end-of-text token: start a prompt with it.',
+        '',
+        '```python',
+        'import torch',
+        'from transformers import AutoModelForCausalLM, AutoTokenizer',
+        f"model = AutoModelForCausalLM.from_pretrained('{repo_id}')",
+        f"tokenizer = AutoTokenizer.from_pretrained('{repo_id}')",
+        "ids = [tokenizer.bos_token_id] + tokenizer('def main(', add_special_tokens=False).input_ids",
+        'print(tokenizer.decode(model.generate(torch.tensor([ids]), max_new_tokens=32)[0, 1:]))',
+        '```',
+    ]
+    return '\n'.join(lines) + '\n'
+
+
+def push(folder, repo_id, private=False):
+    """Upload the export folder to the Hub repo repo_id (made if new) in one commit; -> the commit's URL."""
+    try:
+        from huggingface_hub import HfApi
+    except ImportError:
+        raise UserError(
+            'export.py --push needs huggingface_hub: pip install huggingface_hub'
+        ) from None
+    # HF_ENDPOINT and HF_TOKEN are read now, not when huggingface_hub was imported; no token: a saved login
+    api = HfApi(
+        endpoint=os.environ.get('HF_ENDPOINT') or None, token=os.environ.get('HF_TOKEN') or None
+    )
+    try:
+        api.create_repo(repo_id, private=private, exist_ok=True)
+        commit = api.upload_folder(
+            repo_id=repo_id, folder_path=folder, commit_message='ledgergpt export.py'
+        )
+    # any failure, an HTTP status or a network error of whichever HTTP client huggingface_hub has, is one line
+    except Exception as e:
+        raise UserError(
+            f"the push to {repo_id} failed ({type(e).__name__}: {str(e).splitlines()[0]}): the repo is as it was "
+            f"(one commit or none); run the same command again to complete it"
+        ) from None
+    return commit.commit_url
 
 
 @cli
@@ -372,8 +532,16 @@ def main(argv):
     parser.add_argument(
         '--dtype', default='bfloat16', choices=list(DTYPES), help='weight dtype (default bfloat16)'
     )
+    parser.add_argument(
+        '--push',
+        metavar='REPO_ID',
+        help='also upload the folder, with a model card (README.md), to this Hub repo (HF_TOKEN, HF_ENDPOINT)',
+    )
+    parser.add_argument('--private', action='store_true', help='with --push: a new repo is private')
     args = parser.parse_args(argv)
-    path, model = export(args.checkpoint, args.out_dir, args.dtype)
+    path, model = export(args.checkpoint, args.out_dir, args.dtype, card=args.push)
+    if args.push:
+        print(f"pushed to {args.push}: {push(args.out_dir, args.push, args.private)}")
     params = sum(p.numel() for p in model.parameters())
     print(
         f"{args.out_dir}: {model.config.family.hf_class}, {params:,} parameters in {args.dtype}, from {path}\n"

@@ -5,9 +5,14 @@ families, tied and untied, GQA and not, with a padded vocab. A run trained by tr
 the text sample.py prints. Bad input is one line.
 """
 
+import base64
 import dataclasses
+import hashlib
+import http.server
 import json
 import os
+import re
+import threading
 
 import pytest
 import tiktoken
@@ -194,10 +199,10 @@ def test_bfloat16_by_default(tmp_path, pystdlib_data):
     assert AutoModelForCausalLM.from_pretrained(tmp_path / 'hf').dtype == torch.bfloat16
 
 
-def test_trained_run_generates_what_sample_prints(tmp_path, pystdlib_data, capsys):
-    """configs/pystdlib_cpu.py's model (4 x 256 Llama) on the 512-token fixture, trained for 2 steps by train.py,
-    exported in fp32: transformers' greedy text is sample.py's --temperature 0 text."""
-    out = str(tmp_path / 'run')
+@pytest.fixture(scope='module')
+def trained_run(tmp_path_factory, pystdlib_data):
+    """configs/pystdlib_cpu.py's model (4 x 256 Llama) on the 512-token fixture, trained for 2 steps by train.py."""
+    out = str(tmp_path_factory.mktemp('trained') / 'run')
     assert (
         train.main(
             [
@@ -218,6 +223,12 @@ def test_trained_run_generates_what_sample_prints(tmp_path, pystdlib_data, capsy
         )
         == 0
     )
+    return out
+
+
+def test_trained_run_generates_what_sample_prints(trained_run, tmp_path, capsys):
+    """The trained run exported in fp32: transformers' greedy text is sample.py's --temperature 0 text."""
+    out = trained_run
     assert export.main([out, str(tmp_path / 'hf'), '--dtype=float32']) == 0
     printed = capsys.readouterr().out
     assert 'LlamaForCausalLM, ' in printed and 'step_0000002' in printed
@@ -260,3 +271,172 @@ def test_export_replaces_an_earlier_one(tmp_path, pystdlib_data):
         assert torch.equal(tensors['model.norm.weight'], model.norm_f.weight)
     assert sorted(os.listdir(tmp_path)) == ['a', 'b', 'hf']
     assert sorted(os.listdir(tmp_path / 'hf')) == sorted(export.FILES)
+
+
+# -----------------------------------------------------------------------------------------------------
+# --push, against a Hub on 127.0.0.1 that implements what huggingface_hub's own client calls: create a repo,
+# preupload (which files go to LFS), the LFS batch and its basic PUT, the commit (NDJSON), and for the download the
+# revision listing and resolve. hf_xet is switched off (HF_HUB_DISABLE_XET), so large files take the LFS path.
+
+
+def git_blob_id(content):
+    return hashlib.sha1(b'blob %d\0' % len(content) + content).hexdigest()
+
+
+class FakeHub(http.server.ThreadingHTTPServer):
+    daemon_threads = True
+
+    def __init__(self):
+        super().__init__(('127.0.0.1', 0), FakeHubHandler)
+        self.url = f'http://127.0.0.1:{self.server_address[1]}'
+        self.repos, self.lfs, self.files = set(), {}, {}  # repo ids; sha256 -> bytes; path -> bytes
+        self.log = []  # (method, path, Authorization) of every request
+        self.fail_commits = 0  # commits to refuse (500) before one succeeds
+        self.sha = '0' * 40
+
+
+class FakeHubHandler(http.server.BaseHTTPRequestHandler):
+    def log_message(self, *args):
+        pass
+
+    def reply(self, status, body=b'', headers=()):
+        body = json.dumps(body).encode() if isinstance(body, (dict, list)) else body
+        self.send_response(status)
+        for key, value in (('Content-Length', str(len(body))), *headers):
+            self.send_header(key, value)
+        self.end_headers()
+        if self.command != 'HEAD':
+            self.wfile.write(body)
+
+    def handle_request(self):
+        hub, path = self.server, self.path.split('?')[0]
+        hub.log.append((self.command, path, self.headers.get('Authorization')))
+        body = self.rfile.read(int(self.headers.get('Content-Length') or 0))
+        if path == '/api/validate-yaml':  # the model card's metadata block
+            return self.reply(200, {'errors': [], 'warnings': []})
+        if path == '/api/repos/create':
+            request = json.loads(body)
+            hub.repos.add(f"{request['organization']}/{request['name']}")
+            return self.reply(
+                200, {'url': f"{hub.url}/{request['organization']}/{request['name']}"}
+            )
+        if re.fullmatch(r'/api/models/[^/]+/[^/]+/preupload/main', path):
+            return self.reply(
+                200,
+                {
+                    'files': [
+                        {
+                            'path': f['path'],
+                            'uploadMode': 'lfs'
+                            if f['path'].endswith(('.safetensors', '.png'))
+                            else 'regular',
+                            'shouldIgnore': False,
+                        }
+                        for f in json.loads(body)['files']
+                    ]
+                },
+            )
+        if path.endswith(
+            '.git/info/lfs/objects/batch'
+        ):  # an object the Hub has already is not asked for again
+            objects = [
+                {'oid': o['oid'], 'size': o['size']}
+                | (
+                    {}
+                    if o['oid'] in hub.lfs
+                    else {'actions': {'upload': {'href': f"{hub.url}/lfs/{o['oid']}"}}}
+                )
+                for o in json.loads(body)['objects']
+            ]
+            return self.reply(200, {'transfer': 'basic', 'objects': objects})
+        if self.command == 'PUT' and path.startswith('/lfs/'):
+            assert hashlib.sha256(body).hexdigest() == path[5:]
+            hub.lfs[path[5:]] = body
+            return self.reply(200)
+        if re.fullmatch(r'/api/models/[^/]+/[^/]+/commit/main', path):
+            if hub.fail_commits:
+                hub.fail_commits -= 1
+                return self.reply(500, {'error': 'the commit failed'})
+            for line in body.decode().splitlines():
+                item = json.loads(line)
+                value = item['value']
+                if item['key'] == 'file':
+                    hub.files[value['path']] = base64.b64decode(value['content'])
+                elif item['key'] == 'lfsFile':
+                    hub.files[value['path']] = hub.lfs[value['oid']]
+            hub.sha = hashlib.sha1(json.dumps(sorted(hub.files)).encode()).hexdigest()
+            return self.reply(
+                200, {'commitUrl': f'{hub.url}/me/tiny/commit/{hub.sha}', 'commitOid': hub.sha}
+            )
+        if re.fullmatch(r'/api/models/[^/]+/[^/]+(/revision/main)?', path):
+            siblings = [{'rfilename': name} for name in sorted(hub.files)]
+            return self.reply(200, {'id': 'me/tiny', 'sha': hub.sha, 'siblings': siblings})
+        if re.fullmatch(r'/api/models/[^/]+/[^/]+/tree/[^/]+', path):  # the download's listing
+            listing = [
+                {'type': 'file', 'path': name, 'size': len(content), 'oid': git_blob_id(content)}
+                for name, content in sorted(hub.files.items())
+            ]
+            return self.reply(200, listing)
+        resolved = re.fullmatch(r'/[^/]+/[^/]+/resolve/[^/]+/(.+)', path)
+        if resolved and resolved[1] in hub.files:
+            content = hub.files[resolved[1]]
+            etag = f'"{hashlib.sha256(content).hexdigest()}"'
+            return self.reply(200, content, [('ETag', etag), ('X-Repo-Commit', hub.sha)])
+        return self.reply(404, {'error': f'{self.command} {path} is not served here'})
+
+    do_GET = do_POST = do_PUT = do_HEAD = handle_request
+
+
+@pytest.fixture
+def hub(monkeypatch):
+    import huggingface_hub.constants
+
+    server = FakeHub()
+    threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True).start()
+    monkeypatch.setenv('HF_ENDPOINT', server.url)
+    monkeypatch.setenv('HF_TOKEN', 'hf_test')
+    monkeypatch.setattr(huggingface_hub.constants, 'HF_HUB_DISABLE_XET', True)
+    yield server
+    server.shutdown()
+    server.server_close()
+
+
+def test_push_uploads_a_folder_that_transformers_loads(trained_run, hub, tmp_path, capsys):
+    """A push whose commit fails is one line and leaves the repo empty; the same command again completes it without
+    sending the weights again; what the Hub then holds is the folder, card included, and loads in transformers."""
+    argv = [trained_run, str(tmp_path / 'hf'), '--dtype=float32', '--push', 'me/tiny']
+    hub.fail_commits = 1
+    assert export.main(argv) == 2
+    err = capsys.readouterr().err.strip().split('\n')[-1]  # after huggingface_hub's progress bars
+    assert err.startswith('error: the push to me/tiny failed (HfHubHTTPError: ')
+    assert 'run the same command again to complete it' in err and hub.files == {}
+    assert len(hub.lfs) == 2  # it failed at the commit: the weights and loss.png were uploaded
+    assert export.main(argv) == 0
+    assert 'pushed to me/tiny: ' in capsys.readouterr().out
+    puts = [p for method, p, _ in hub.log if method == 'PUT']
+    assert len(puts) == len(set(puts)) == 2  # model.safetensors and loss.png, once each
+    assert all(auth == 'Bearer hf_test' for _, p, auth in hub.log if p.startswith('/api/'))
+    local = {name: (tmp_path / 'hf' / name).read_bytes() for name in os.listdir(tmp_path / 'hf')}
+    assert hub.files == local and set(local) == {*export.FILES, 'README.md', 'loss.png'}
+    card = local['README.md'].decode()
+    model = checkpoint.load_model(trained_run, torch.device('cpu'))[0]
+    params = sum(p.numel() for p in model.parameters())
+    summary = json.loads(open(os.path.join(trained_run, 'summary.json')).read())
+    for words in (
+        f'LlamaForCausalLM) pretrained from scratch by ledgergpt\'s train.py: {params:,} parameters',
+        '| quantity | predicted | measured | measured / predicted |',
+        f"{summary['val_bpb']:.4f} bits per byte",
+        '2,048 tokens seen in 2 steps',
+        'python train.py --n_layer=4 --n_head=4 --n_embd=256',
+        '--max_steps=2',
+        "from_pretrained('me/tiny')",
+    ):
+        assert words in card, words
+    from huggingface_hub import snapshot_download
+
+    folder = snapshot_download('me/tiny', cache_dir=tmp_path / 'cache', endpoint=hub.url)
+    downloaded = AutoModelForCausalLM.from_pretrained(folder)
+    prompt = torch.tensor([[AutoTokenizer.from_pretrained(folder).bos_token_id, 5, 6]])
+    expected = model.generate(prompt, 8, temperature=0)
+    got = downloaded.generate(prompt, max_new_tokens=8, min_new_tokens=8, do_sample=False)
+    assert got.tolist() == expected.tolist()
