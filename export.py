@@ -5,6 +5,7 @@ converter read as they read any model.
     python export.py out/pystdlib_cpu hf/pystdlib_cpu                  # the run's latest checkpoint, bf16 weights
     python export.py out/h200_1b3/ckpt/step_0049592 hf/1b3 --dtype float32
     python export.py out/pystdlib_cpu hf/pystdlib_cpu --push you/pystdlib-4x256   # and to the Hub, with a model card
+    python export.py out/pystdlib_cpu hf/pystdlib_cpu --gguf --dtype float16   # also hf/pystdlib_cpu/model.gguf
 
 The model becomes its family's Hugging Face class (config.FAMILIES: llama LlamaForCausalLM, gpt2 GPT2LMHeadModel):
 the layers are the same maths, only the names and layouts differ (below). The folder holds config.json,
@@ -323,9 +324,10 @@ def replace_folder(tmp, out_dir):
     shutil.rmtree(old)
 
 
-def export(path, out_dir, dtype='bfloat16', card=None):
+def export(path, out_dir, dtype='bfloat16', card=None, gguf=False):
     """Export the checkpoint at `path` (a run's out_dir or a ckpt/step_* folder) to out_dir; -> (checkpoint, model).
-    card: a Hub repo id; the folder then also gets README.md, the model card (model_card), and the run's loss.png."""
+    card: a Hub repo id; the folder then also gets README.md, the model card (model_card), and the run's loss.png.
+    gguf: the folder also gets model.gguf, for llama.cpp (write_gguf)."""
     try:
         import safetensors  # noqa: F401  (both are imported where used; checked here, before any work)
         import tokenizers  # noqa: F401
@@ -333,6 +335,13 @@ def export(path, out_dir, dtype='bfloat16', card=None):
         raise UserError(
             "export.py needs safetensors and tokenizers: pip install safetensors tokenizers"
         ) from None
+    if gguf:
+        try:
+            import gguf as _  # noqa: F401  (llama.cpp's package, imported where used)
+        except ImportError:
+            raise UserError(
+                "export.py --gguf needs llama.cpp's gguf package: pip install gguf"
+            ) from None
     if (
         os.path.exists(out_dir)
         and os.listdir(out_dir)
@@ -356,6 +365,8 @@ def export(path, out_dir, dtype='bfloat16', card=None):
         os.makedirs(tmp)
         try:
             write_folder(tmp, model, encoding, dtype)
+            if gguf:
+                write_gguf(os.path.join(tmp, 'model.gguf'), model, encoding, dtype)
             if card:
                 run_dir = os.path.dirname(os.path.dirname(path))  # RUN/ckpt/step_*
                 files.write_text_atomic(
@@ -371,6 +382,140 @@ def export(path, out_dir, dtype='bfloat16', card=None):
             shutil.rmtree(tmp, ignore_errors=True)
             raise
     return path, model
+
+
+# -----------------------------------------------------------------------------------------------------
+# GGUF, llama.cpp's file, written with llama.cpp's own gguf package from the Hugging Face tensors above (so the
+# layouts stay in one place), renamed by gguf's own map (TensorNameMap: model.layers.0.self_attn.q_proj.weight ->
+# blk.0.attn_q.weight), changed where llama.cpp's convert_hf_to_gguf.py changes them: Llama's q and k rows permuted
+# (llama.cpp's llama rotates adjacent pairs, HF's rotate_half the two halves of a head: a head's row j of 64 goes to
+# 2j for j < 32, to 2(j - 32) + 1 after), GPT-2's Conv1D weights transposed back to (out, in), and a GPT-2's output
+# matrix written even when tied (its loader wants one). 1-D tensors (norms, biases) stay float32, as there.
+# The tokenizer: byte-level BPE ('gpt2' model) with its tokens in GPT-2's printable alphabet, the merges, and the
+# pre-tokenizer llama.cpp knows by name for the regex: GPT-2's is 'gpt2'; our BPE's (GPT-4's cl100k split) is
+# 'llama-bpe', Llama 3's, the same split. The padded rows of the vocab get [PAD<id>] tokens of type UNUSED.
+
+GGUF_ARCHS = {'LlamaForCausalLM': 'LLAMA', 'GPT2LMHeadModel': 'GPT2'}  # gguf.MODEL_ARCH members
+GGUF_TYPES = {
+    'float32': 'F32',
+    'float16': 'F16',
+    'bfloat16': 'BF16',
+}  # gguf.GGMLQuantizationType members
+GGUF_FILE_TYPES = {'float32': 'ALL_F32', 'float16': 'MOSTLY_F16', 'bfloat16': 'MOSTLY_BF16'}
+
+
+def gguf_pre_tokenizer(encoding):
+    """llama.cpp's name for the encoding's regex split, or UserError."""
+    from tiktoken_ext.openai_public import r50k_pat_str
+
+    if isinstance(encoding, data.HFEncoding):
+        raise UserError(
+            "a GGUF file of a Hub tokenizer's data (GPT-NeoX's) is not written by export.py: convert the "
+            "Hugging Face folder with llama.cpp's convert_hf_to_gguf.py"
+        )
+    cl100k = (
+        r"""'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]++[\r\n]*|\s*[\r\n]|"""
+        r"""\s+(?!\S)|\s+"""
+    )
+    names = {r50k_pat_str: 'gpt2', cl100k: 'llama-bpe'}
+    if encoding._pat_str not in names:
+        raise UserError(
+            f"llama.cpp has no pre-tokenizer known to export.py for this tokenizer's regex "
+            f"{encoding._pat_str!r}: no GGUF file (the Hugging Face folder is written)"
+        )
+    return names[encoding._pat_str]
+
+
+def permute_rotary(weight, heads):
+    """HF's rotate_half rows of each head -> llama.cpp's adjacent pairs (convert_hf_to_gguf.py's LlamaModel.permute)."""
+    return (
+        weight.reshape(heads, 2, weight.shape[0] // heads // 2, -1)
+        .transpose(1, 2)
+        .reshape(weight.shape)
+    )
+
+
+def gguf_tensors(model):
+    """{llama.cpp name: tensor} from the Hugging Face tensors (LAYOUTS)."""
+    import gguf
+
+    c = model.config
+    hf_class = c.family.hf_class
+    arch = getattr(gguf.MODEL_ARCH, GGUF_ARCHS[hf_class])
+    names = gguf.get_tensor_name_map(arch, c.n_layer)
+    hf = LAYOUTS[hf_class][0](model)
+    if hf_class == 'GPT2LMHeadModel' and 'lm_head.weight' not in hf:
+        hf['lm_head.weight'] = hf['transformer.wte.weight']
+    tensors = {}
+    for hf_name, tensor in hf.items():
+        if hf_name.endswith(('q_proj.weight', 'k_proj.weight')):
+            tensor = permute_rotary(tensor, c.n_head if 'q_proj' in hf_name else c.kv_heads)
+        if hf_class == 'GPT2LMHeadModel' and tensor.dim() == 2 and '.h.' in hf_name:
+            tensor = tensor.t()  # Conv1D (in, out) -> (out, in)
+        tensors[names.get_name(hf_name, try_suffixes=('.weight', '.bias'))] = tensor
+    return tensors
+
+
+def write_gguf(path, model, encoding, dtype):
+    """model.gguf: the weights in dtype (1-D tensors in float32), the hyperparameters and the tokenizer."""
+    import gguf
+
+    c = model.config
+    pre = gguf_pre_tokenizer(encoding)
+    hf_class = c.family.hf_class
+    arch = gguf.MODEL_ARCH_NAMES[getattr(gguf.MODEL_ARCH, GGUF_ARCHS[hf_class])]
+    writer = gguf.GGUFWriter(path, arch)
+    writer.add_name(os.path.basename(os.path.dirname(path)))
+    writer.add_context_length(c.block_size)
+    writer.add_embedding_length(c.n_embd)
+    writer.add_feed_forward_length(c.ffn_width)
+    writer.add_block_count(c.n_layer)
+    writer.add_head_count(c.n_head)
+    if hf_class == 'LlamaForCausalLM':
+        writer.add_head_count_kv(c.kv_heads)
+        writer.add_rope_freq_base(c.rope_theta)
+        writer.add_layer_norm_rms_eps(c.norm_eps)
+        writer.add_rope_dimension_count(c.head_dim)
+        writer.add_key_length(c.head_dim)
+        writer.add_value_length(c.head_dim)
+        writer.add_vocab_size(c.vocab_size)
+    else:
+        writer.add_layer_norm_eps(c.norm_eps)
+    writer.add_file_type(getattr(gguf.LlamaFileType, GGUF_FILE_TYPES[dtype]))
+    # the tokenizer: every id below vocab_size named, ours first, then the padding
+    alphabet = data.byte_alphabet()
+    tokens = [None] * c.vocab_size
+    types = [gguf.TokenType.UNUSED] * c.vocab_size
+    for token, rank in encoding._mergeable_ranks.items():
+        tokens[rank], types[rank] = ''.join(alphabet[b] for b in token), gguf.TokenType.NORMAL
+    for text, rank in encoding._special_tokens.items():
+        tokens[rank], types[rank] = text, gguf.TokenType.CONTROL
+    tokens = [token if token is not None else f'[PAD{i}]' for i, token in enumerate(tokens)]
+    writer.add_tokenizer_model('gpt2')
+    writer.add_tokenizer_pre(pre)
+    writer.add_token_list(tokens)
+    writer.add_token_types(types)
+    spell = {token: tokens[rank] for token, rank in encoding._mergeable_ranks.items()}
+    writer.add_token_merges(
+        [f'{spell[a]} {spell[b]}' for a, b in bpe_merges(encoding._mergeable_ranks)]
+    )
+    for add in (writer.add_bos_token_id, writer.add_eos_token_id, writer.add_pad_token_id):
+        add(encoding.eot_token)
+    writer.add_add_bos_token(
+        False
+    )  # a prompt starts with end-of-text as its ids say, as sample.py's does
+    for name, tensor in gguf_tensors(model).items():
+        if tensor.dim() == 1 or dtype == 'float32':
+            writer.add_tensor(name, tensor.float().contiguous().numpy())
+        elif dtype == 'float16':
+            writer.add_tensor(name, tensor.half().contiguous().numpy())
+        else:  # numpy has no bfloat16: its bits, typed by the header
+            bits = tensor.to(torch.bfloat16).contiguous().view(torch.int16).numpy()
+            writer.add_tensor(name, bits, raw_dtype=gguf.GGMLQuantizationType.BF16)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
 
 
 # -----------------------------------------------------------------------------------------------------
@@ -538,8 +683,13 @@ def main(argv):
         help='also upload the folder, with a model card (README.md), to this Hub repo (HF_TOKEN, HF_ENDPOINT)',
     )
     parser.add_argument('--private', action='store_true', help='with --push: a new repo is private')
+    parser.add_argument(
+        '--gguf',
+        action='store_true',
+        help="also OUT_DIR/model.gguf for llama.cpp (pip install gguf)",
+    )
     args = parser.parse_args(argv)
-    path, model = export(args.checkpoint, args.out_dir, args.dtype, card=args.push)
+    path, model = export(args.checkpoint, args.out_dir, args.dtype, card=args.push, gguf=args.gguf)
     if args.push:
         print(f"pushed to {args.push}: {push(args.out_dir, args.push, args.private)}")
     params = sum(p.numel() for p in model.parameters())

@@ -14,6 +14,7 @@ import os
 import re
 import threading
 
+import numpy as np
 import pytest
 import tiktoken
 import torch
@@ -26,7 +27,7 @@ import data
 import export
 import sample
 import train
-from config import ModelConfig, TrainConfig
+from config import ModelConfig, TrainConfig, UserError
 from model import GPT
 
 TINY = dict(n_layer=2, n_head=4, n_embd=64, vocab_size=512, block_size=32)
@@ -440,3 +441,145 @@ def test_push_uploads_a_folder_that_transformers_loads(trained_run, hub, tmp_pat
     expected = model.generate(prompt, 8, temperature=0)
     got = downloaded.generate(prompt, max_new_tokens=8, min_new_tokens=8, do_sample=False)
     assert got.tolist() == expected.tolist()
+
+
+# -----------------------------------------------------------------------------------------------------
+# --gguf: model.gguf read back with llama.cpp's own gguf package (GGUFReader), every tensor the checkpoint's under
+# llama.cpp's name and layout, in each dtype; the hyperparameters and the tokenizer as llama.cpp's loader reads them.
+
+
+def gguf_expected(model):
+    """{llama.cpp name: tensor} written out from our own state dict: the layouts convert_hf_to_gguf.py writes."""
+    c, ours = model.config, model.state_dict()
+    hd = c.head_dim
+
+    def rotary_rows(
+        weight, heads
+    ):  # HF's halves of each head -> llama.cpp's adjacent pairs: row 2j <- j
+        order = [h * hd + j // 2 + (j % 2) * (hd // 2) for h in range(heads) for j in range(hd)]
+        return weight[order]
+
+    def zeros_if_none(name, width):
+        return ours.get(name, torch.zeros(width))
+
+    tensors = {
+        'token_embd.weight': ours['tok_emb.weight'],
+        'output_norm.weight': ours['norm_f.weight'],
+    }
+    if c.arch == 'llama':
+        q, kv = c.n_head * hd, c.kv_heads * hd
+        if not c.tie_embeddings:
+            tensors['output.weight'] = ours['lm_head.weight']
+        for i in range(c.n_layer):
+            b, g = f'blocks.{i}.', f'blk.{i}.'
+            qkv, gate_up = ours[b + 'attn.qkv_proj.weight'], ours[b + 'mlp.gate_up_proj.weight']
+            tensors.update(
+                {
+                    g + 'attn_norm.weight': ours[b + 'attn_norm.weight'],
+                    g + 'attn_q.weight': rotary_rows(qkv[:q], c.n_head),
+                    g + 'attn_k.weight': rotary_rows(qkv[q : q + kv], c.kv_heads),
+                    g + 'attn_v.weight': qkv[q + kv :],
+                    g + 'attn_output.weight': ours[b + 'attn.o_proj.weight'],
+                    g + 'ffn_norm.weight': ours[b + 'mlp_norm.weight'],
+                    g + 'ffn_gate.weight': gate_up[: c.ffn_width],
+                    g + 'ffn_up.weight': gate_up[c.ffn_width :],
+                    g + 'ffn_down.weight': ours[b + 'mlp.down_proj.weight'],
+                }
+            )
+        return tensors
+    tensors['position_embd.weight'] = ours['pos_emb.weight']
+    tensors['output_norm.bias'] = zeros_if_none('norm_f.bias', c.n_embd)
+    tensors['output.weight'] = ours['tok_emb.weight' if c.tie_embeddings else 'lm_head.weight']
+    for i in range(c.n_layer):
+        b, g = f'blocks.{i}.', f'blk.{i}.'
+        for ours_name, name in (
+            ('attn_norm', 'attn_norm'),
+            ('attn.qkv_proj', 'attn_qkv'),
+            ('attn.o_proj', 'attn_output'),
+            ('mlp_norm', 'ffn_norm'),
+            ('mlp.up_proj', 'ffn_up'),
+            ('mlp.down_proj', 'ffn_down'),
+        ):
+            weight = ours[b + ours_name + '.weight']
+            tensors[g + name + '.weight'] = weight
+            tensors[g + name + '.bias'] = zeros_if_none(b + ours_name + '.bias', weight.shape[0])
+    return tensors
+
+
+def gguf_tensor(tensor):
+    """A GGUFReader tensor as torch, in its own dtype (bf16 comes back as its bytes)."""
+    data = np.ascontiguousarray(tensor.data)
+    if tensor.tensor_type.name == 'BF16':
+        return torch.from_numpy(data.view(np.int16)).view(torch.bfloat16)
+    return torch.from_numpy(data)
+
+
+@pytest.mark.parametrize(
+    'variant, dtype', zip(VARIANTS, ('float32', 'bfloat16', 'float16', 'float32'))
+)
+def test_gguf_holds_every_tensor_under_llama_cpp_names(variant, dtype, tmp_path, pystdlib_data):
+    from gguf import GGUFReader
+
+    ours = save_run(tmp_path / 'run', dict(TINY, **VARIANTS[variant]), pystdlib_data)
+    assert (
+        export.main([str(tmp_path / 'run'), str(tmp_path / 'hf'), f'--dtype={dtype}', '--gguf'])
+        == 0
+    )
+    reader = GGUFReader(tmp_path / 'hf' / 'model.gguf')
+    expected = gguf_expected(ours)
+    got = {t.name: t for t in reader.tensors}
+    assert set(got) == set(expected)
+    for name, tensor in expected.items():
+        stored = gguf_tensor(got[name])
+        want = tensor.float() if tensor.dim() == 1 else tensor.to(export.DTYPES[dtype])
+        assert stored.dtype == want.dtype and torch.equal(stored, want), name
+
+    def field(key):
+        return reader.fields[key].contents()
+
+    c, arch = ours.config, ours.config.arch
+    encoding = data.load_tokenizer(pystdlib_data)
+    assert field('general.architecture') == arch and field(f'{arch}.block_count') == c.n_layer
+    assert field(f'{arch}.context_length') == 32 and field(f'{arch}.attention.head_count') == 4
+    if arch == 'llama':
+        assert field('llama.attention.head_count_kv') == c.kv_heads
+        assert field('llama.rope.freq_base') == c.rope_theta
+        assert field('llama.rope.dimension_count') == 16
+    tokens = field('tokenizer.ggml.tokens')
+    assert (
+        len(tokens) == c.vocab_size and field('tokenizer.ggml.pre') == 'llama-bpe'
+    )  # our BPE's split
+    assert (
+        tokens[encoding.eot_token]
+        == '<|endoftext|>'
+        == tokens[field('tokenizer.ggml.bos_token_id')]
+    )
+    assert (
+        tokens[encoding.encode_single_token(b' return')] == '\u0120return'
+    )  # GPT-2's alphabet: space is Ġ
+    assert len(field('tokenizer.ggml.merges')) == encoding.n_vocab - 256 - len(
+        encoding._special_tokens
+    )
+    assert tokens[-1] == f'[PAD{c.vocab_size - 1}]' or c.vocab_size == encoding.n_vocab
+
+
+def test_gguf_refuses_moe_and_an_unknown_split_in_one_line(tmp_path, pystdlib_data, capsys):
+    save_run(
+        tmp_path / 'moe',
+        dict(TINY, arch='llama', n_experts=4, top_k=2, expert_hidden=32),
+        pystdlib_data,
+    )
+    assert export.main([str(tmp_path / 'moe'), str(tmp_path / 'hf'), '--gguf']) == 2
+    err = capsys.readouterr().err.strip()
+    assert (
+        'a mixture-of-experts model (n_experts=4) has no Hugging Face export' in err
+        and '\n' not in err
+    )
+    odd = tiktoken.Encoding(
+        'odd',
+        pat_str=r'\S+|\s+',
+        mergeable_ranks={bytes([b]): b for b in range(256)},
+        special_tokens={},
+    )
+    with pytest.raises(UserError, match='llama.cpp has no pre-tokenizer known to export.py'):
+        export.gguf_pre_tokenizer(odd)
