@@ -390,17 +390,13 @@ def export(path, out_dir, dtype='bfloat16', card=None, gguf=False):
 # blk.0.attn_q.weight), changed where llama.cpp's convert_hf_to_gguf.py changes them: Llama's q and k rows permuted
 # (llama.cpp's llama rotates adjacent pairs, HF's rotate_half the two halves of a head: a head's row j of 64 goes to
 # 2j for j < 32, to 2(j - 32) + 1 after), GPT-2's Conv1D weights transposed back to (out, in), and a GPT-2's output
-# matrix written even when tied (its loader wants one). 1-D tensors (norms, biases) stay float32, as there.
+# matrix written even when tied (as the converter does). 1-D tensors (norms, biases) stay float32, as there.
 # The tokenizer: byte-level BPE ('gpt2' model) with its tokens in GPT-2's printable alphabet, the merges, and the
-# pre-tokenizer llama.cpp knows by name for the regex: GPT-2's is 'gpt2'; our BPE's (GPT-4's cl100k split) is
-# 'llama-bpe', Llama 3's, the same split. The padded rows of the vocab get [PAD<id>] tokens of type UNUSED.
+# pre-tokenizer llama.cpp knows by name for the regex (llama-vocab.cpp): GPT-2's is 'gpt-2'; our BPE's (GPT-4's
+# cl100k split) is 'llama-bpe', Llama 3's, the same split, whose whole-word lookup (ignore_merges)
+# tiktoken does too. The padded rows of the vocab get [PAD<id>] tokens of type UNUSED.
 
 GGUF_ARCHS = {'LlamaForCausalLM': 'LLAMA', 'GPT2LMHeadModel': 'GPT2'}  # gguf.MODEL_ARCH members
-GGUF_TYPES = {
-    'float32': 'F32',
-    'float16': 'F16',
-    'bfloat16': 'BF16',
-}  # gguf.GGMLQuantizationType members
 GGUF_FILE_TYPES = {'float32': 'ALL_F32', 'float16': 'MOSTLY_F16', 'bfloat16': 'MOSTLY_BF16'}
 
 
@@ -417,7 +413,7 @@ def gguf_pre_tokenizer(encoding):
         r"""'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]++[\r\n]*|\s*[\r\n]|"""
         r"""\s+(?!\S)|\s+"""
     )
-    names = {r50k_pat_str: 'gpt2', cl100k: 'llama-bpe'}
+    names = {r50k_pat_str: 'gpt-2', cl100k: 'llama-bpe'}
     if encoding._pat_str not in names:
         raise UserError(
             f"llama.cpp has no pre-tokenizer known to export.py for this tokenizer's regex "

@@ -583,3 +583,10 @@ def test_gguf_refuses_moe_and_an_unknown_split_in_one_line(tmp_path, pystdlib_da
     )
     with pytest.raises(UserError, match='llama.cpp has no pre-tokenizer known to export.py'):
         export.gguf_pre_tokenizer(odd)
+    gpt2 = tiktoken.Encoding(
+        'gpt2',
+        pat_str=r50k_pat_str,
+        mergeable_ranks={bytes([b]): b for b in range(256)},
+        special_tokens={},
+    )
+    assert export.gguf_pre_tokenizer(gpt2) == 'gpt-2'  # llama.cpp's name for GPT-2's split
