@@ -87,3 +87,18 @@ def test_a_missing_or_failing_tracker_is_one_line_and_the_run_goes_on(
     ]
     assert board.running == {}
     board.finish(str(tmp_path))
+
+
+def test_a_tracker_that_fails_to_start_is_one_line(tmp_path, monkeypatch, capsys):
+    def refuse(*args):
+        raise PermissionError(13, 'Permission denied', str(tmp_path / 'tensorboard'))
+
+    monkeypatch.setattr(trackers.TensorBoard, '__init__', refuse)
+    train = dataclasses.replace(load_config()[1], out_dir=str(tmp_path), tracker='tensorboard')
+    board = trackers.Trackers(train, PREDICTION, 'the ledger', resume=False)
+    assert board.running == {}
+    assert capsys.readouterr().out == (
+        f"warning: tracker tensorboard did not start (PermissionError: [Errno 13] Permission denied: "
+        f"'{tmp_path / 'tensorboard'}'); the run goes on without it\n"
+    )
+    board.log({'step': 1, 'loss': 3.0})  # nothing to log to, nothing raised
