@@ -620,6 +620,12 @@ class TrainConfig:
     # would read ordinary noise as spikes
     spike_min_std: float = free(0.02)
     max_rollbacks: int = free(5)
+    # trackers (trackers.py): every metrics.jsonl record also to 'tensorboard' (out_dir/tensorboard) and/or 'wandb'
+    # (offline in out_dir/wandb unless WANDB_MODE=online), comma-separated; nanoGPT's wandb_log=True adds 'wandb'
+    tracker: str = free('')
+    wandb_log: bool = free(False)
+    wandb_project: str = free('ledgergpt')
+    wandb_run_name: str = free('')  # '' : the out_dir's name
     # --- mixture of experts: load balancing (moe.py's MoE; DeepSeek-V3, arXiv:2412.19437, section 2.1.2) ---
     # after each optimizer step every router bias moves by this much against its expert's load error (gamma: 0.001)
     router_bias_speed: float = exact(0.001)
@@ -666,6 +672,8 @@ def sharded(parallel, world_size):
     """Whether FSDP2 shards the run: a mode built on it, over more than one process."""
     return world_size > 1 and parallel in FSDP_MODES
 
+
+TRACKERS = ('tensorboard', 'wandb')  # trackers.py's, the names the key tracker takes
 
 EVAL_TASKS = (
     'arc_easy',
@@ -803,6 +811,10 @@ RULES = {
         'comma-separated names among ' + ', '.join(EVAL_TASKS),
     ),
     'eval_tasks_every': POSITIVE_OR_0,
+    'tracker': (
+        lambda v: all(name in TRACKERS for name in v.split(',') if name),
+        'comma-separated names among ' + ', '.join(TRACKERS),
+    ),
     'eval_tasks_items': POSITIVE_OR_0,
     'sample_tokens': POSITIVE_OR_0,
     'ckpt_every': POSITIVE,
@@ -842,7 +854,6 @@ NANOGPT_NAMES = {
     'device': "not a key here: train.py takes the GPU of its rank under torchrun, else the CPU",
     'backend': "not a key here: NCCL on GPUs, gloo on the CPU",
     'dropout': "not a key here: ledgergpt pretrains without dropout",
-    'wandb_log': "not a key here: out_dir/metrics.jsonl and report.md hold the curves (plot.py draws them)",
 }
 
 

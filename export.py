@@ -4,6 +4,8 @@ converter read as they read any model.
 
     python export.py out/pystdlib_cpu hf/pystdlib_cpu                  # the run's latest checkpoint, bf16 weights
     python export.py out/h200_1b3/ckpt/step_0049592 hf/1b3 --dtype float32
+    python export.py out/pystdlib_cpu hf/pystdlib_cpu --push you/pystdlib-4x256   # and to the Hub, with a model card
+    python export.py out/pystdlib_cpu hf/pystdlib_cpu --gguf --dtype float16   # also hf/pystdlib_cpu/model.gguf
 
 The model becomes its family's Hugging Face class (config.FAMILIES: llama LlamaForCausalLM, gpt2 GPT2LMHeadModel):
 the layers are the same maths, only the names and layouts differ (below). The folder holds config.json,
@@ -19,6 +21,7 @@ Needs safetensors and tokenizers (pip install safetensors tokenizers), imported 
 import argparse
 import json
 import os
+import re
 import shutil
 import sys
 
@@ -26,8 +29,8 @@ import torch
 
 import checkpoint
 import data
-from config import EOT, FAMILIES, PART_KEYS, ConfigError, UserError, cli
-from files import disk_errors
+import files
+from config import DEFAULTS, EOT, FAMILIES, PART_KEYS, ConfigError, UserError, cli
 
 DTYPES = {'bfloat16': torch.bfloat16, 'float32': torch.float32, 'float16': torch.float16}
 
@@ -382,8 +385,10 @@ def replace_folder(tmp, out_dir):
     shutil.rmtree(old)
 
 
-def export(path, out_dir, dtype='bfloat16'):
-    """Export the checkpoint at `path` (a run's out_dir or a ckpt/step_* folder) to out_dir; -> (checkpoint, model)."""
+def export(path, out_dir, dtype='bfloat16', card=None, gguf=False):
+    """Export the checkpoint at `path` (a run's out_dir or a ckpt/step_* folder) to out_dir; -> (checkpoint, model).
+    card: a Hub repo id; the folder then also gets README.md, the model card (model_card), and the run's loss.png.
+    gguf: the folder also gets model.gguf, for llama.cpp (write_gguf)."""
     try:
         import safetensors  # noqa: F401  (both are imported where used; checked here, before any work)
         import tokenizers  # noqa: F401
@@ -391,6 +396,13 @@ def export(path, out_dir, dtype='bfloat16'):
         raise UserError(
             "export.py needs safetensors and tokenizers: pip install safetensors tokenizers"
         ) from None
+    if gguf:
+        try:
+            import gguf as _  # noqa: F401  (llama.cpp's package, imported where used)
+        except ImportError:
+            raise UserError(
+                "export.py --gguf needs llama.cpp's gguf package: pip install gguf"
+            ) from None
     if (
         os.path.exists(out_dir)
         and os.listdir(out_dir)
@@ -407,18 +419,328 @@ def export(path, out_dir, dtype='bfloat16'):
         )
     encoding = data.load_tokenizer(train_config['data'])
     check_exportable(model.config, encoding.n_vocab)
+    if gguf:
+        gguf_class(model.config)  # before anything is written
     out_dir = os.path.abspath(out_dir)
     tmp = f'{out_dir}.tmp{os.getpid()}'
     size = sum(p.numel() for p in model.parameters()) * DTYPES[dtype].itemsize
-    with disk_errors(os.path.dirname(out_dir), needed_bytes=size):
+    with files.disk_errors(os.path.dirname(out_dir), needed_bytes=size):
         os.makedirs(tmp)
         try:
             write_folder(tmp, model, encoding, dtype)
+            if gguf:
+                write_gguf(os.path.join(tmp, 'model.gguf'), model, encoding, dtype)
+            if card:
+                run_dir = os.path.dirname(os.path.dirname(path))  # RUN/ckpt/step_*
+                files.write_text_atomic(
+                    os.path.join(tmp, 'README.md'),
+                    model_card(path, model, train_config, dtype, card),
+                )
+                if os.path.exists(os.path.join(run_dir, 'loss.png')):
+                    shutil.copyfile(
+                        os.path.join(run_dir, 'loss.png'), os.path.join(tmp, 'loss.png')
+                    )
             replace_folder(tmp, out_dir)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
     return path, model
+
+
+# -----------------------------------------------------------------------------------------------------
+# GGUF, llama.cpp's file, written with llama.cpp's own gguf package from the Hugging Face tensors above (so the
+# layouts stay in one place), renamed by gguf's own map (TensorNameMap: model.layers.0.self_attn.q_proj.weight ->
+# blk.0.attn_q.weight), changed where llama.cpp's convert_hf_to_gguf.py changes them: Llama's q and k rows permuted
+# (llama.cpp's llama rotates adjacent pairs, HF's rotate_half the two halves of a head: a head's row j of 64 goes to
+# 2j for j < 32, to 2(j - 32) + 1 after), GPT-2's Conv1D weights transposed back to (out, in), and a GPT-2's output
+# matrix written even when tied (as the converter does). 1-D tensors (norms, biases) stay float32, as there.
+# The tokenizer: byte-level BPE ('gpt2' model) with its tokens in GPT-2's printable alphabet, the merges, and the
+# pre-tokenizer llama.cpp knows by name for the regex (llama-vocab.cpp): GPT-2's is 'gpt-2'; our BPE's (GPT-4's
+# cl100k split) is 'llama-bpe', Llama 3's, the same split, whose whole-word lookup (ignore_merges)
+# tiktoken does too. The padded rows of the vocab get [PAD<id>] tokens of type UNUSED.
+
+GGUF_ARCHS = {'LlamaForCausalLM': 'LLAMA', 'GPT2LMHeadModel': 'GPT2'}  # gguf.MODEL_ARCH members
+GGUF_FILE_TYPES = {'float32': 'ALL_F32', 'float16': 'MOSTLY_F16', 'bfloat16': 'MOSTLY_BF16'}
+
+
+def gguf_class(c):
+    """The Hugging Face class whose llama.cpp architecture (GGUF_ARCHS) computes this model: the family's own,
+    with the family's own parts only (llama.cpp's gpt2 has a GELU, its llama no QK-norm); else one line."""
+    hf_class = hf_class_of(c)
+    differs = [
+        kind
+        for kind in ('norm', 'mlp', 'positions')
+        if c.part_name(kind) != getattr(c.family, kind)
+    ]
+    differs += ['qk_norm'] if c.qk_norm != 'none' else []
+    if hf_class not in GGUF_ARCHS or differs:
+        parts = ', '.join(f'{kind} = {c.part_name(kind)!r}' for kind in differs) or hf_class
+        raise ConfigError(
+            f"--gguf: llama.cpp's {GGUF_ARCHS.get(c.family.hf_class, c.arch).lower()} architecture has no "
+            f"{parts}: export the Hugging Face folder alone (without --gguf)"
+        )
+    return hf_class
+
+
+def gguf_pre_tokenizer(encoding):
+    """llama.cpp's name for the encoding's regex split, or UserError."""
+    from tiktoken_ext.openai_public import r50k_pat_str
+
+    if isinstance(encoding, data.HFEncoding):
+        raise UserError(
+            "a GGUF file of a Hub tokenizer's data (GPT-NeoX's) is not written by export.py: convert the "
+            "Hugging Face folder with llama.cpp's convert_hf_to_gguf.py"
+        )
+    cl100k = (
+        r"""'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]++[\r\n]*|\s*[\r\n]|"""
+        r"""\s+(?!\S)|\s+"""
+    )
+    names = {r50k_pat_str: 'gpt-2', cl100k: 'llama-bpe'}
+    if encoding._pat_str not in names:
+        raise UserError(
+            f"llama.cpp has no pre-tokenizer known to export.py for this tokenizer's regex "
+            f"{encoding._pat_str!r}: no GGUF file (the Hugging Face folder is written)"
+        )
+    return names[encoding._pat_str]
+
+
+def permute_rotary(weight, heads):
+    """HF's rotate_half rows of each head -> llama.cpp's adjacent pairs (convert_hf_to_gguf.py's LlamaModel.permute)."""
+    return (
+        weight.reshape(heads, 2, weight.shape[0] // heads // 2, -1)
+        .transpose(1, 2)
+        .reshape(weight.shape)
+    )
+
+
+def gguf_tensors(model):
+    """{llama.cpp name: tensor} from the Hugging Face tensors (LAYOUTS)."""
+    import gguf
+
+    c = model.config
+    hf_class = gguf_class(c)
+    arch = getattr(gguf.MODEL_ARCH, GGUF_ARCHS[hf_class])
+    names = gguf.get_tensor_name_map(arch, c.n_layer)
+    hf = hf_tensors(model, hf_class)
+    if hf_class == 'GPT2LMHeadModel' and 'lm_head.weight' not in hf:
+        hf['lm_head.weight'] = hf['transformer.wte.weight']
+    tensors = {}
+    for hf_name, tensor in hf.items():
+        if hf_name.endswith(('q_proj.weight', 'k_proj.weight')):
+            tensor = permute_rotary(tensor, c.n_head if 'q_proj' in hf_name else c.kv_heads)
+        if hf_class == 'GPT2LMHeadModel' and tensor.dim() == 2 and '.h.' in hf_name:
+            tensor = tensor.t()  # Conv1D (in, out) -> (out, in)
+        tensors[names.get_name(hf_name, try_suffixes=('.weight', '.bias'))] = tensor
+    return tensors
+
+
+def write_gguf(path, model, encoding, dtype):
+    """model.gguf: the weights in dtype (1-D tensors in float32), the hyperparameters and the tokenizer."""
+    import gguf
+
+    c = model.config
+    pre = gguf_pre_tokenizer(encoding)
+    hf_class = gguf_class(c)
+    arch = gguf.MODEL_ARCH_NAMES[getattr(gguf.MODEL_ARCH, GGUF_ARCHS[hf_class])]
+    writer = gguf.GGUFWriter(path, arch)
+    writer.add_name(os.path.basename(os.path.dirname(path)))
+    writer.add_context_length(c.block_size)
+    writer.add_embedding_length(c.n_embd)
+    writer.add_feed_forward_length(c.ffn_width)
+    writer.add_block_count(c.n_layer)
+    writer.add_head_count(c.n_head)
+    if hf_class == 'LlamaForCausalLM':
+        writer.add_head_count_kv(c.kv_heads)
+        writer.add_rope_freq_base(c.rope_theta)
+        writer.add_layer_norm_rms_eps(c.norm_eps)
+        writer.add_rope_dimension_count(c.head_dim)
+        writer.add_key_length(c.head_dim)
+        writer.add_value_length(c.head_dim)
+        writer.add_vocab_size(c.vocab_size)
+    else:
+        writer.add_layer_norm_eps(c.norm_eps)
+    writer.add_file_type(getattr(gguf.LlamaFileType, GGUF_FILE_TYPES[dtype]))
+    # the tokenizer: every id below vocab_size named, ours first, then the padding
+    alphabet = data.byte_alphabet()
+    tokens = [None] * c.vocab_size
+    types = [gguf.TokenType.UNUSED] * c.vocab_size
+    for token, rank in encoding._mergeable_ranks.items():
+        tokens[rank], types[rank] = ''.join(alphabet[b] for b in token), gguf.TokenType.NORMAL
+    for text, rank in encoding._special_tokens.items():
+        tokens[rank], types[rank] = text, gguf.TokenType.CONTROL
+    tokens = [token if token is not None else f'[PAD{i}]' for i, token in enumerate(tokens)]
+    writer.add_tokenizer_model('gpt2')
+    writer.add_tokenizer_pre(pre)
+    writer.add_token_list(tokens)
+    writer.add_token_types(types)
+    spell = {token: tokens[rank] for token, rank in encoding._mergeable_ranks.items()}
+    writer.add_token_merges(
+        [f'{spell[a]} {spell[b]}' for a, b in bpe_merges(encoding._mergeable_ranks)]
+    )
+    for add in (writer.add_bos_token_id, writer.add_eos_token_id, writer.add_pad_token_id):
+        add(encoding.eot_token)
+    writer.add_add_bos_token(
+        False
+    )  # a prompt starts with end-of-text as its ids say, as sample.py's does
+    for name, tensor in gguf_tensors(model).items():
+        if tensor.dim() == 1 or dtype == 'float32':
+            writer.add_tensor(name, tensor.float().contiguous().numpy())
+        elif dtype == 'float16':
+            writer.add_tensor(name, tensor.half().contiguous().numpy())
+        else:  # numpy has no bfloat16: its bits, typed by the header
+            bits = tensor.to(torch.bfloat16).contiguous().view(torch.int16).numpy()
+            writer.add_tensor(name, bits, raw_dtype=gguf.GGMLQuantizationType.BF16)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
+# -----------------------------------------------------------------------------------------------------
+# The Hub: the folder with a model card made from the run (README.md: what the model is, what it was trained on, the
+# ledger's prediction beside what the run measured, its scores, the command that made it), pushed with
+# huggingface_hub (HfApi.create_repo + upload_folder; HF_TOKEN or a saved `hf auth login`, HF_ENDPOINT for another
+# Hub). The upload is one commit: a push that fails leaves the repo as it was, and the same command again completes
+# it (the large files already uploaded are not sent again: the Hub has them by their sha256).
+
+EVAL_KEYS = (
+    'hellaswag',
+    'arc_easy',
+    'arc_challenge',
+    'mmlu',
+    'mmlu_5shot',
+)  # evals.py's headline scores
+
+
+def train_command(model_config, train_config):
+    """`python train.py --key=value ...` with every key the run set away from config.py's defaults: the command that
+    makes this model again (the config file it came from is folded into it)."""
+    keys = {**model_config, **train_config}
+    changed = {k: v for k, v in keys.items() if k in DEFAULTS and v != DEFAULTS[k]}
+
+    def text(value):
+        return ','.join(str(v) for v in value) if isinstance(value, (list, tuple)) else str(value)
+
+    return 'python train.py ' + ' '.join(f'--{k}={text(v)}' for k, v in changed.items())
+
+
+def model_card(path, model, train_config, dtype, repo_id):
+    """README.md for the Hub, from the checkpoint and its run's folder (summary.json, report.md, metrics.jsonl,
+    code.json, all optional but the checkpoint)."""
+    c, run_dir = model.config, os.path.dirname(os.path.dirname(path))
+    state = checkpoint.read_state(path)
+    params = sum(p.numel() for p in model.parameters())
+
+    def read(name):
+        where = os.path.join(run_dir, name)
+        return open(where).read() if os.path.exists(where) else None
+
+    summary = json.loads(read('summary.json') or '{}')
+    records = [json.loads(line) for line in (read('metrics.jsonl') or '').splitlines() if line]
+    code = json.loads(read('code.json') or '{}')
+    meta = data.load_meta(train_config['data']) if os.path.isdir(train_config['data']) else {}
+    heads = f'{c.n_head} heads' + (
+        f' ({c.kv_heads} key/value heads)' if c.kv_heads != c.n_head else ''
+    )
+    lines = [
+        '---',
+        'library_name: transformers',
+        'pipeline_tag: text-generation',
+        'tags: [ledgergpt, pretrained-from-scratch]',
+        '---',
+        f'# {os.path.basename(run_dir)}',
+        '',
+        f"A {c.arch} model ({hf_class_of(c)}) pretrained from scratch by ledgergpt's train.py: {params:,} "
+        f"parameters, {c.n_layer} layers, width {c.n_embd}, {heads}, FFN width {c.ffn_width}, context "
+        f"{c.block_size} tokens, vocab {c.vocab_size:,}, embeddings {'tied' if c.tie_embeddings else 'untied'}; "
+        f"weights in {dtype}.",
+        '',
+        '## Data and tokens',
+        '',
+        f"{os.path.basename(os.path.normpath(train_config['data']))}"
+        + (f" ({meta['source']}, tokenizer {meta['tokenizer']})" if meta else '')
+        + f": {state['run']['tokens_seen']:,} tokens seen in {state['run']['step']:,} steps "
+        f"(planned: {train_config['train_tokens']:,}).",
+    ]
+    report = read('report.md')
+    if report:
+        table = report.split('\n![')[0].split('\n(no loss.png')[0].strip()
+        table = re.sub(
+            r' \(cache: [^)]*\)', '', table
+        )  # this machine's probe cache is no one else's business
+        lines += ['', "## The ledger's prediction and what the run measured", '', table]
+        if os.path.exists(os.path.join(run_dir, 'loss.png')):
+            lines += ['', '![train and val loss against tokens seen](loss.png)']
+    scores = []
+    if summary.get('val_bpb') is not None:
+        scores.append(
+            f"- val loss {summary['val_loss']:.4f} nats per token, {summary['val_bpb']:.4f} bits per byte"
+        )
+    for key in EVAL_KEYS:
+        last = [r for r in records if r.get(key) is not None]
+        if last:
+            r = last[-1]
+            scores.append(
+                f"- {key} {r[key]:.2%} +- {r[key + '_stderr']:.2%} over {r[key + '_items']:,} items "
+                f"(step {r['step']:,})"
+            )
+    if scores:
+        lines += ['', '## Scores', '', *scores]
+    lines += [
+        '',
+        '## How it was made',
+        '',
+        '```',
+        train_command(state['model_config'], train_config),
+        '```',
+    ]
+    if code.get('commit'):
+        lines.append(
+            f"at ledgergpt commit {code['commit']}"
+            + (' with local changes' if code['dirty'] else '')
+        )
+    lines += [
+        '',
+        '## Use',
+        '',
+        'Every training document started with the end-of-text token: start a prompt with it.',
+        '',
+        '```python',
+        'import torch',
+        'from transformers import AutoModelForCausalLM, AutoTokenizer',
+        f"model = AutoModelForCausalLM.from_pretrained('{repo_id}')",
+        f"tokenizer = AutoTokenizer.from_pretrained('{repo_id}')",
+        "ids = [tokenizer.bos_token_id] + tokenizer('def main(', add_special_tokens=False).input_ids",
+        'print(tokenizer.decode(model.generate(torch.tensor([ids]), max_new_tokens=32)[0, 1:]))',
+        '```',
+    ]
+    return '\n'.join(lines) + '\n'
+
+
+def push(folder, repo_id, private=False):
+    """Upload the export folder to the Hub repo repo_id (made if new) in one commit; -> the commit's URL."""
+    try:
+        from huggingface_hub import HfApi
+    except ImportError:
+        raise UserError(
+            'export.py --push needs huggingface_hub: pip install huggingface_hub'
+        ) from None
+    # HF_ENDPOINT and HF_TOKEN are read now, not when huggingface_hub was imported; no token: a saved login
+    api = HfApi(
+        endpoint=os.environ.get('HF_ENDPOINT') or None, token=os.environ.get('HF_TOKEN') or None
+    )
+    try:
+        api.create_repo(repo_id, private=private, exist_ok=True)
+        commit = api.upload_folder(
+            repo_id=repo_id, folder_path=folder, commit_message='ledgergpt export.py'
+        )
+    # any failure, an HTTP status or a network error of whichever HTTP client huggingface_hub has, is one line
+    except Exception as e:
+        raise UserError(
+            f"the push to {repo_id} failed ({type(e).__name__}: {str(e).splitlines()[0]}): the repo is as it was "
+            f"(one commit or none); run the same command again to complete it"
+        ) from None
+    return commit.commit_url
 
 
 @cli
@@ -433,8 +755,21 @@ def main(argv):
     parser.add_argument(
         '--dtype', default='bfloat16', choices=list(DTYPES), help='weight dtype (default bfloat16)'
     )
+    parser.add_argument(
+        '--push',
+        metavar='REPO_ID',
+        help='also upload the folder, with a model card (README.md), to this Hub repo (HF_TOKEN, HF_ENDPOINT)',
+    )
+    parser.add_argument('--private', action='store_true', help='with --push: a new repo is private')
+    parser.add_argument(
+        '--gguf',
+        action='store_true',
+        help="also OUT_DIR/model.gguf for llama.cpp (pip install gguf)",
+    )
     args = parser.parse_args(argv)
-    path, model = export(args.checkpoint, args.out_dir, args.dtype)
+    path, model = export(args.checkpoint, args.out_dir, args.dtype, card=args.push, gguf=args.gguf)
+    if args.push:
+        print(f"pushed to {args.push}: {push(args.out_dir, args.push, args.private)}")
     params = sum(p.numel() for p in model.parameters())
     print(
         f"{args.out_dir}: {hf_class_of(model.config)}, {params:,} parameters in {args.dtype}, from {path}\n"

@@ -5,7 +5,8 @@ end summary.json and report.md, predicted and measured side by side. Also the re
 
 Outputs in out_dir (rank 0): ledger.json and ledger.md (the prediction), metrics.jsonl (one line per log step,
 eval and rollback), summary.json and report.md (with plot.py's loss.png), code.json and code.diff (the commit and
-the uncommitted changes of the checkout train.py ran from).
+the uncommitted changes of the checkout train.py ran from); with the key tracker, every metrics.jsonl record also
+goes to TensorBoard or W&B (trackers.py).
 """
 
 import contextlib
@@ -24,6 +25,7 @@ import ledger
 import ledger_report
 import plot
 import scaling
+import trackers
 from config import IGNORE_INDEX, OPTIMIZERS, ConfigError
 from continuation import TrainingStopped
 from model import GPT
@@ -394,15 +396,15 @@ class Metrics:
         self.probe_flagged = False
         self.interval_tokens, self.interval_seconds, self.started, self.warmup = 0, 0.0, None, True
         self.metrics_path = os.path.join(train.out_dir, 'metrics.jsonl')
+        self.trackers = None  # trackers.py's, on rank 0: every record below goes to them too
         if cluster.is_master:
             os.makedirs(train.out_dir, exist_ok=True)
             files.save_json(os.path.join(train.out_dir, 'ledger.json'), prediction)
-            files.write_text_atomic(
-                os.path.join(train.out_dir, 'ledger.md'),
-                ledger_report.format_report(prediction) + '\n',
-            )
+            report = ledger_report.format_report(prediction)
+            files.write_text_atomic(os.path.join(train.out_dir, 'ledger.md'), report + '\n')
             if not append:
                 open(self.metrics_path, 'w').close()
+            self.trackers = trackers.Trackers(train, prediction, report, resume=append)
 
     def _now(self):
         if self.cluster.device.type == 'cuda':
@@ -445,6 +447,12 @@ class Metrics:
         if self.cluster.is_master:
             with open(self.metrics_path, 'a') as f:
                 f.write(json.dumps(entry) + '\n')
+            self.trackers.log(entry)
+
+    def close(self):
+        """The end of the run (done, stopped or failed): report.md and loss.png to the trackers, which close."""
+        if self.trackers is not None:
+            self.trackers.finish(self.out_dir)
 
     def log_step(self, result, total_steps, tokens_seen, loss, grad_norm):
         tokens_per_s = self.interval_tokens / self.interval_seconds

@@ -506,6 +506,7 @@ def loop(run):
         return 0
     finally:
         stop.restore()
+        run.metrics.close()  # the trackers get report.md and loss.png, and close
 
 
 @cli

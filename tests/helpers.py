@@ -5,3 +5,71 @@ def write_config(path, keys):
     """A config file at `path` as a person writes one, a `key = value` line a key; -> its path as a str."""
     path.write_text(''.join(f'{k} = {v!r}\n' for k, v in keys.items()))
     return str(path)
+
+
+def tensorboard_scalars(folder):
+    """{(step, tag): value} of the scalars in a TensorBoard log dir, read as its dashboard reads them (the plugin
+    EventAccumulator, which drops what a restarted writer's purge step hides), and {tag: plugin} of every tag."""
+    from tensorboard.backend.event_processing.plugin_event_accumulator import EventAccumulator
+    from tensorboard.util import tensor_util
+
+    events = EventAccumulator(str(folder), size_guidance={'tensors': 0})
+    events.Reload()
+    tags = {
+        tag: events.SummaryMetadata(tag).plugin_data.plugin_name for tag in events.Tags()['tensors']
+    }
+    values = {
+        (event.step, tag): tensor_util.make_ndarray(event.tensor_proto).item()
+        for tag, plugin in tags.items()
+        if plugin == 'scalars'
+        for event in events.Tensors(tag)
+    }
+    return values, tags
+
+
+def wandb_offline_runs(folder):
+    """[{'id', 'config', 'rows', 'dir'}] of every offline W&B run under folder (out_dir/wandb), oldest first, read
+    from its .wandb transaction log with wandb's own reader; a row is one wandb.log call, W&B's own '_' keys left
+    out."""
+    import glob
+    import json
+    import os
+
+    from wandb.proto import wandb_internal_pb2
+    from wandb.sdk.internal import datastore
+
+    runs = []
+    for path in sorted(glob.glob(os.path.join(folder, 'offline-run-*', 'run-*.wandb'))):
+        store = datastore.DataStore()
+        store.open_for_scan(path)
+        run = {'dir': os.path.dirname(path), 'rows': []}
+        while (data := store.scan_data()) is not None:
+            record = wandb_internal_pb2.Record()
+            record.ParseFromString(data)
+            kind = record.WhichOneof('record_type')
+            if kind == 'run':
+                run['id'] = record.run.run_id
+                run['config'] = {
+                    item.key: json.loads(item.value_json) for item in record.run.config.update
+                }
+            elif kind == 'history':
+                items = (
+                    (item.key or '/'.join(item.nested_key), item.value_json)
+                    for item in record.history.item
+                )
+                run['rows'].append(
+                    {key: json.loads(value) for key, value in items if not key.startswith('_')}
+                )
+        runs.append(run)
+    return runs
+
+
+def metrics_by_step(entries):
+    """{(step, key): value} of metrics.jsonl's numbers (True/False as 1/0), a later record of a step replacing an
+    earlier one: what a tracker shows of a run that was resumed."""
+    return {
+        (entry['step'], key): int(value) if isinstance(value, bool) else value
+        for entry in entries
+        for key, value in entry.items()
+        if key != 'step' and isinstance(value, (bool, int, float))
+    }

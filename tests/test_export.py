@@ -5,10 +5,16 @@ families, tied and untied, GQA and not, with a padded vocab. A run trained by tr
 the text sample.py prints. Bad input is one line.
 """
 
+import base64
 import dataclasses
+import hashlib
+import http.server
 import json
 import os
+import re
+import threading
 
+import numpy as np
 import pytest
 import tiktoken
 import torch
@@ -21,7 +27,7 @@ import data
 import export
 import sample
 import train
-from config import ModelConfig, TrainConfig
+from config import ModelConfig, TrainConfig, UserError
 from model import GPT
 
 TINY = dict(n_layer=2, n_head=4, n_embd=64, vocab_size=512, block_size=32)
@@ -202,10 +208,10 @@ def test_bfloat16_by_default(tmp_path, pystdlib_data):
     assert AutoModelForCausalLM.from_pretrained(tmp_path / 'hf').dtype == torch.bfloat16
 
 
-def test_trained_run_generates_what_sample_prints(tmp_path, pystdlib_data, capsys):
-    """configs/pystdlib_cpu.py's model (4 x 256 Llama) on the 512-token fixture, trained for 2 steps by train.py,
-    exported in fp32: transformers' greedy text is sample.py's --temperature 0 text."""
-    out = str(tmp_path / 'run')
+@pytest.fixture(scope='module')
+def trained_run(tmp_path_factory, pystdlib_data):
+    """configs/pystdlib_cpu.py's model (4 x 256 Llama) on the 512-token fixture, trained for 2 steps by train.py."""
+    out = str(tmp_path_factory.mktemp('trained') / 'run')
     assert (
         train.main(
             [
@@ -226,6 +232,12 @@ def test_trained_run_generates_what_sample_prints(tmp_path, pystdlib_data, capsy
         )
         == 0
     )
+    return out
+
+
+def test_trained_run_generates_what_sample_prints(trained_run, tmp_path, capsys):
+    """The trained run exported in fp32: transformers' greedy text is sample.py's --temperature 0 text."""
+    out = trained_run
     assert export.main([out, str(tmp_path / 'hf'), '--dtype=float32']) == 0
     printed = capsys.readouterr().out
     assert 'LlamaForCausalLM, ' in printed and 'step_0000002' in printed
@@ -268,3 +280,321 @@ def test_export_replaces_an_earlier_one(tmp_path, pystdlib_data):
         assert torch.equal(tensors['model.norm.weight'], model.norm_f.weight)
     assert sorted(os.listdir(tmp_path)) == ['a', 'b', 'hf']
     assert sorted(os.listdir(tmp_path / 'hf')) == sorted(export.FILES)
+
+
+# -----------------------------------------------------------------------------------------------------
+# --push, against a Hub on 127.0.0.1 that implements what huggingface_hub's own client calls: create a repo,
+# preupload (which files go to LFS), the LFS batch and its basic PUT, the commit (NDJSON), and for the download the
+# revision listing and resolve. hf_xet is switched off (HF_HUB_DISABLE_XET), so large files take the LFS path.
+
+
+def git_blob_id(content):
+    return hashlib.sha1(b'blob %d\0' % len(content) + content).hexdigest()
+
+
+class FakeHub(http.server.ThreadingHTTPServer):
+    daemon_threads = True
+
+    def __init__(self):
+        super().__init__(('127.0.0.1', 0), FakeHubHandler)
+        self.url = f'http://127.0.0.1:{self.server_address[1]}'
+        self.repos, self.lfs, self.files = set(), {}, {}  # repo ids; sha256 -> bytes; path -> bytes
+        self.log = []  # (method, path, Authorization) of every request
+        self.fail_commits = 0  # commits to refuse (500) before one succeeds
+        self.sha = '0' * 40
+
+
+class FakeHubHandler(http.server.BaseHTTPRequestHandler):
+    def log_message(self, *args):
+        pass
+
+    def reply(self, status, body=b'', headers=()):
+        body = json.dumps(body).encode() if isinstance(body, (dict, list)) else body
+        self.send_response(status)
+        for key, value in (('Content-Length', str(len(body))), *headers):
+            self.send_header(key, value)
+        self.end_headers()
+        if self.command != 'HEAD':
+            self.wfile.write(body)
+
+    def handle_request(self):
+        hub, path = self.server, self.path.split('?')[0]
+        hub.log.append((self.command, path, self.headers.get('Authorization')))
+        body = self.rfile.read(int(self.headers.get('Content-Length') or 0))
+        if path == '/api/validate-yaml':  # the model card's metadata block
+            return self.reply(200, {'errors': [], 'warnings': []})
+        if path == '/api/repos/create':
+            request = json.loads(body)
+            hub.repos.add(f"{request['organization']}/{request['name']}")
+            return self.reply(
+                200, {'url': f"{hub.url}/{request['organization']}/{request['name']}"}
+            )
+        if re.fullmatch(r'/api/models/[^/]+/[^/]+/preupload/main', path):
+            return self.reply(
+                200,
+                {
+                    'files': [
+                        {
+                            'path': f['path'],
+                            'uploadMode': 'lfs'
+                            if f['path'].endswith(('.safetensors', '.png'))
+                            else 'regular',
+                            'shouldIgnore': False,
+                        }
+                        for f in json.loads(body)['files']
+                    ]
+                },
+            )
+        if path.endswith(
+            '.git/info/lfs/objects/batch'
+        ):  # an object the Hub has already is not asked for again
+            objects = [
+                {'oid': o['oid'], 'size': o['size']}
+                | (
+                    {}
+                    if o['oid'] in hub.lfs
+                    else {'actions': {'upload': {'href': f"{hub.url}/lfs/{o['oid']}"}}}
+                )
+                for o in json.loads(body)['objects']
+            ]
+            return self.reply(200, {'transfer': 'basic', 'objects': objects})
+        if self.command == 'PUT' and path.startswith('/lfs/'):
+            assert hashlib.sha256(body).hexdigest() == path[5:]
+            hub.lfs[path[5:]] = body
+            return self.reply(200)
+        if re.fullmatch(r'/api/models/[^/]+/[^/]+/commit/main', path):
+            if hub.fail_commits:
+                hub.fail_commits -= 1
+                return self.reply(500, {'error': 'the commit failed'})
+            for line in body.decode().splitlines():
+                item = json.loads(line)
+                value = item['value']
+                if item['key'] == 'file':
+                    hub.files[value['path']] = base64.b64decode(value['content'])
+                elif item['key'] == 'lfsFile':
+                    hub.files[value['path']] = hub.lfs[value['oid']]
+            hub.sha = hashlib.sha1(json.dumps(sorted(hub.files)).encode()).hexdigest()
+            return self.reply(
+                200, {'commitUrl': f'{hub.url}/me/tiny/commit/{hub.sha}', 'commitOid': hub.sha}
+            )
+        if re.fullmatch(r'/api/models/[^/]+/[^/]+(/revision/main)?', path):
+            siblings = [{'rfilename': name} for name in sorted(hub.files)]
+            return self.reply(200, {'id': 'me/tiny', 'sha': hub.sha, 'siblings': siblings})
+        if re.fullmatch(r'/api/models/[^/]+/[^/]+/tree/[^/]+', path):  # the download's listing
+            listing = [
+                {'type': 'file', 'path': name, 'size': len(content), 'oid': git_blob_id(content)}
+                for name, content in sorted(hub.files.items())
+            ]
+            return self.reply(200, listing)
+        resolved = re.fullmatch(r'/[^/]+/[^/]+/resolve/[^/]+/(.+)', path)
+        if resolved and resolved[1] in hub.files:
+            content = hub.files[resolved[1]]
+            etag = f'"{hashlib.sha256(content).hexdigest()}"'
+            return self.reply(200, content, [('ETag', etag), ('X-Repo-Commit', hub.sha)])
+        return self.reply(404, {'error': f'{self.command} {path} is not served here'})
+
+    do_GET = do_POST = do_PUT = do_HEAD = handle_request
+
+
+@pytest.fixture
+def hub(monkeypatch):
+    import huggingface_hub.constants
+
+    server = FakeHub()
+    threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True).start()
+    monkeypatch.setenv('HF_ENDPOINT', server.url)
+    monkeypatch.setenv('HF_TOKEN', 'hf_test')
+    monkeypatch.setattr(huggingface_hub.constants, 'HF_HUB_DISABLE_XET', True)
+    yield server
+    server.shutdown()
+    server.server_close()
+
+
+def test_push_uploads_a_folder_that_transformers_loads(trained_run, hub, tmp_path, capsys):
+    """A push whose commit fails is one line and leaves the repo empty; the same command again completes it without
+    sending the weights again; what the Hub then holds is the folder, card included, and loads in transformers."""
+    argv = [trained_run, str(tmp_path / 'hf'), '--dtype=float32', '--push', 'me/tiny']
+    hub.fail_commits = 1
+    assert export.main(argv) == 2
+    err = capsys.readouterr().err.strip().split('\n')[-1]  # after huggingface_hub's progress bars
+    assert err.startswith('error: the push to me/tiny failed (HfHubHTTPError: ')
+    assert 'run the same command again to complete it' in err and hub.files == {}
+    assert len(hub.lfs) == 2  # it failed at the commit: the weights and loss.png were uploaded
+    assert export.main(argv) == 0
+    assert 'pushed to me/tiny: ' in capsys.readouterr().out
+    puts = [p for method, p, _ in hub.log if method == 'PUT']
+    assert len(puts) == len(set(puts)) == 2  # model.safetensors and loss.png, once each
+    assert all(auth == 'Bearer hf_test' for _, p, auth in hub.log if p.startswith('/api/'))
+    local = {name: (tmp_path / 'hf' / name).read_bytes() for name in os.listdir(tmp_path / 'hf')}
+    assert hub.files == local and set(local) == {*export.FILES, 'README.md', 'loss.png'}
+    card = local['README.md'].decode()
+    model = checkpoint.load_model(trained_run, torch.device('cpu'))[0]
+    params = sum(p.numel() for p in model.parameters())
+    summary = json.loads(open(os.path.join(trained_run, 'summary.json')).read())
+    for words in (
+        f'LlamaForCausalLM) pretrained from scratch by ledgergpt\'s train.py: {params:,} parameters',
+        '| quantity | predicted | measured | measured / predicted |',
+        f"{summary['val_bpb']:.4f} bits per byte",
+        '2,048 tokens seen in 2 steps',
+        'python train.py --n_layer=4 --n_head=4 --n_embd=256',
+        '--max_steps=2',
+        "from_pretrained('me/tiny')",
+    ):
+        assert words in card, words
+    from huggingface_hub import snapshot_download
+
+    folder = snapshot_download('me/tiny', cache_dir=tmp_path / 'cache', endpoint=hub.url)
+    downloaded = AutoModelForCausalLM.from_pretrained(folder)
+    prompt = torch.tensor([[AutoTokenizer.from_pretrained(folder).bos_token_id, 5, 6]])
+    expected = model.generate(prompt, 8, temperature=0)
+    got = downloaded.generate(prompt, max_new_tokens=8, min_new_tokens=8, do_sample=False)
+    assert got.tolist() == expected.tolist()
+
+
+# -----------------------------------------------------------------------------------------------------
+# --gguf: model.gguf read back with llama.cpp's own gguf package (GGUFReader), every tensor the checkpoint's under
+# llama.cpp's name and layout, in each dtype; the hyperparameters and the tokenizer as llama.cpp's loader reads them.
+
+
+def gguf_expected(model):
+    """{llama.cpp name: tensor} written out from our own state dict: the layouts convert_hf_to_gguf.py writes."""
+    c, ours = model.config, model.state_dict()
+    hd = c.head_dim
+
+    def rotary_rows(
+        weight, heads
+    ):  # HF's halves of each head -> llama.cpp's adjacent pairs: row 2j <- j
+        order = [h * hd + j // 2 + (j % 2) * (hd // 2) for h in range(heads) for j in range(hd)]
+        return weight[order]
+
+    def zeros_if_none(name, width):
+        return ours.get(name, torch.zeros(width))
+
+    tensors = {
+        'token_embd.weight': ours['tok_emb.weight'],
+        'output_norm.weight': ours['norm_f.weight'],
+    }
+    if c.arch == 'llama':
+        q, kv = c.n_head * hd, c.kv_heads * hd
+        if not c.tie_embeddings:
+            tensors['output.weight'] = ours['lm_head.weight']
+        for i in range(c.n_layer):
+            b, g = f'blocks.{i}.', f'blk.{i}.'
+            qkv, gate_up = ours[b + 'attn.qkv_proj.weight'], ours[b + 'mlp.gate_up_proj.weight']
+            tensors.update(
+                {
+                    g + 'attn_norm.weight': ours[b + 'attn_norm.weight'],
+                    g + 'attn_q.weight': rotary_rows(qkv[:q], c.n_head),
+                    g + 'attn_k.weight': rotary_rows(qkv[q : q + kv], c.kv_heads),
+                    g + 'attn_v.weight': qkv[q + kv :],
+                    g + 'attn_output.weight': ours[b + 'attn.o_proj.weight'],
+                    g + 'ffn_norm.weight': ours[b + 'mlp_norm.weight'],
+                    g + 'ffn_gate.weight': gate_up[: c.ffn_width],
+                    g + 'ffn_up.weight': gate_up[c.ffn_width :],
+                    g + 'ffn_down.weight': ours[b + 'mlp.down_proj.weight'],
+                }
+            )
+        return tensors
+    tensors['position_embd.weight'] = ours['pos_emb.weight']
+    tensors['output_norm.bias'] = zeros_if_none('norm_f.bias', c.n_embd)
+    tensors['output.weight'] = ours['tok_emb.weight' if c.tie_embeddings else 'lm_head.weight']
+    for i in range(c.n_layer):
+        b, g = f'blocks.{i}.', f'blk.{i}.'
+        for ours_name, name in (
+            ('attn_norm', 'attn_norm'),
+            ('attn.qkv_proj', 'attn_qkv'),
+            ('attn.o_proj', 'attn_output'),
+            ('mlp_norm', 'ffn_norm'),
+            ('mlp.up_proj', 'ffn_up'),
+            ('mlp.down_proj', 'ffn_down'),
+        ):
+            weight = ours[b + ours_name + '.weight']
+            tensors[g + name + '.weight'] = weight
+            tensors[g + name + '.bias'] = zeros_if_none(b + ours_name + '.bias', weight.shape[0])
+    return tensors
+
+
+def gguf_tensor(tensor):
+    """A GGUFReader tensor as torch, in its own dtype (bf16 comes back as its bytes)."""
+    data = np.ascontiguousarray(tensor.data)
+    if tensor.tensor_type.name == 'BF16':
+        return torch.from_numpy(data.view(np.int16)).view(torch.bfloat16)
+    return torch.from_numpy(data)
+
+
+@pytest.mark.parametrize(
+    'variant, dtype', zip(VARIANTS, ('float32', 'bfloat16', 'float16', 'float32'))
+)
+def test_gguf_holds_every_tensor_under_llama_cpp_names(variant, dtype, tmp_path, pystdlib_data):
+    from gguf import GGUFReader
+
+    ours = save_run(tmp_path / 'run', dict(TINY, **VARIANTS[variant]), pystdlib_data)
+    assert (
+        export.main([str(tmp_path / 'run'), str(tmp_path / 'hf'), f'--dtype={dtype}', '--gguf'])
+        == 0
+    )
+    reader = GGUFReader(tmp_path / 'hf' / 'model.gguf')
+    expected = gguf_expected(ours)
+    got = {t.name: t for t in reader.tensors}
+    assert set(got) == set(expected)
+    for name, tensor in expected.items():
+        stored = gguf_tensor(got[name])
+        want = tensor.float() if tensor.dim() == 1 else tensor.to(export.DTYPES[dtype])
+        assert stored.dtype == want.dtype and torch.equal(stored, want), name
+
+    def field(key):
+        return reader.fields[key].contents()
+
+    c, arch = ours.config, ours.config.arch
+    encoding = data.load_tokenizer(pystdlib_data)
+    assert field('general.architecture') == arch and field(f'{arch}.block_count') == c.n_layer
+    assert field(f'{arch}.context_length') == 32 and field(f'{arch}.attention.head_count') == 4
+    if arch == 'llama':
+        assert field('llama.attention.head_count_kv') == c.kv_heads
+        assert field('llama.rope.freq_base') == c.rope_theta
+        assert field('llama.rope.dimension_count') == 16
+    tokens = field('tokenizer.ggml.tokens')
+    assert (
+        len(tokens) == c.vocab_size and field('tokenizer.ggml.pre') == 'llama-bpe'
+    )  # our BPE's split
+    assert (
+        tokens[encoding.eot_token]
+        == '<|endoftext|>'
+        == tokens[field('tokenizer.ggml.bos_token_id')]
+    )
+    assert (
+        tokens[encoding.encode_single_token(b' return')] == '\u0120return'
+    )  # GPT-2's alphabet: space is Ġ
+    assert len(field('tokenizer.ggml.merges')) == encoding.n_vocab - 256 - len(
+        encoding._special_tokens
+    )
+    assert tokens[-1] == f'[PAD{c.vocab_size - 1}]' or c.vocab_size == encoding.n_vocab
+
+
+def test_gguf_refuses_moe_and_an_unknown_split_in_one_line(tmp_path, pystdlib_data, capsys):
+    save_run(
+        tmp_path / 'moe',
+        dict(TINY, arch='llama', n_experts=4, top_k=2, expert_hidden=32),
+        pystdlib_data,
+    )
+    assert export.main([str(tmp_path / 'moe'), str(tmp_path / 'hf'), '--gguf']) == 2
+    err = capsys.readouterr().err.strip()
+    assert (
+        'a mixture-of-experts model (n_experts=4) has no Hugging Face export' in err
+        and '\n' not in err
+    )
+    odd = tiktoken.Encoding(
+        'odd',
+        pat_str=r'\S+|\s+',
+        mergeable_ranks={bytes([b]): b for b in range(256)},
+        special_tokens={},
+    )
+    with pytest.raises(UserError, match='llama.cpp has no pre-tokenizer known to export.py'):
+        export.gguf_pre_tokenizer(odd)
+    gpt2 = tiktoken.Encoding(
+        'gpt2',
+        pat_str=r50k_pat_str,
+        mergeable_ranks={bytes([b]): b for b in range(256)},
+        special_tokens={},
+    )
+    assert export.gguf_pre_tokenizer(gpt2) == 'gpt-2'  # llama.cpp's name for GPT-2's split

@@ -552,6 +552,7 @@ BAD = {  # a value each rule must refuse
     'eval_tasks': 'arc_easy,hellaswag',  # HellaSwag has a key of its own (hellaswag_every)
     'eval_tasks_every': -1,
     'eval_tasks_items': -1,
+    'tracker': 'tensorboard,mlflow',
     'objective': 'mlm',
     'fim_rate': 1.5,
     'fim_spm_rate': -0.5,

@@ -286,8 +286,11 @@ def test_resume_continues_bit_exactly(reference, tmp_path):
 
 
 def test_kill_while_writing_a_checkpoint_keeps_the_previous_one(reference, tmp_path):
+    """Also with both trackers on: the resumed run continues the same TensorBoard log and W&B run, whose values,
+    read back by the libraries' own readers, are metrics.jsonl's."""
     config, expected = reference
     out = tmp_path / 'out'
+    trackers = '--tracker=tensorboard,wandb'
     # A real SIGKILL in the middle of the step-8 checkpoint: after model.pt, before optimizer.pt and the rename.
     script = (
         "import os, signal, sys, torch, train\n"
@@ -297,7 +300,7 @@ def test_kill_while_writing_a_checkpoint_keeps_the_previous_one(reference, tmp_p
         "    if 'tmp_step_0000008' in str(path):\n"
         "        os.kill(os.getpid(), signal.SIGKILL)\n"
         "torch.save = save_then_die\n"
-        f"sys.exit(train.main([{config!r}, '--out_dir={out}']))\n"
+        f"sys.exit(train.main([{config!r}, '--out_dir={out}', '{trackers}']))\n"
     )
     killed = subprocess.run(
         [sys.executable, '-c', script], cwd=ROOT, capture_output=True, text=True
@@ -310,7 +313,8 @@ def test_kill_while_writing_a_checkpoint_keeps_the_previous_one(reference, tmp_p
         'tmp_step_0000008',
     ]
     assert (out / 'ckpt' / 'LATEST').read_text().strip() == 'step_0000004'
-    assert run(config, out, '--resume') == 0
+    assert run(config, out, '--resume', trackers) == 0
+    check_trackers(out)
     resumed = [e for e in read_metrics(out) if 'loss' in e]
     assert [e['step'] for e in resumed[-8:]] == list(range(5, 13))
     assert [e['loss'] for e in resumed[-8:]] == [expected[s] for s in range(5, 13)]
@@ -320,6 +324,34 @@ def test_kill_while_writing_a_checkpoint_keeps_the_previous_one(reference, tmp_p
         'step_0000008',
         'step_0000012',
     ]
+
+
+def check_trackers(out):
+    """A run killed after step 8 and resumed from step 4: TensorBoard's log and the two offline W&B runs (one id)
+    hold metrics.jsonl's numbers, steps 5-8 as the resumed run logged them; config, ledger and report beside."""
+    entries = read_metrics(out)
+    assert [e['step'] for e in entries if 'loss' in e] == [
+        *range(1, 9),
+        *range(5, 13),
+    ]  # 5-8 logged twice
+    expected = helpers.metrics_by_step(entries)
+    scalars, tags = helpers.tensorboard_scalars(out / 'tensorboard')
+    assert scalars == expected  # every value exact (float64), the killed run's steps 5-8 purged
+    assert {
+        tags[t] for t in ('config/text_summary', 'ledger/text_summary', 'report/text_summary')
+    } == {'text'}
+    assert tags['loss.png'] == 'images'
+    # W&B: the killed run's offline folder and the resumed run's, one id (`wandb sync` joins them). The killed
+    # process's last records die with it in W&B's service, which had not written them yet (a SIGTERM stops cleanly)
+    killed, resumed = helpers.wandb_offline_runs(out / 'wandb')
+    run_id = json.loads((out / 'trackers.json').read_text())['wandb_id']
+    assert [r['dir'].rsplit('-', 1)[1] for r in (killed, resumed)] == [run_id, run_id]
+    assert resumed['id'] == run_id
+    assert [row['step'] for row in resumed['rows'] if 'loss' in row] == list(range(5, 13))
+    logged = {(row['step'], k): v for row in resumed['rows'] for k, v in row.items() if k != 'step'}
+    assert logged == {key: value for key, value in expected.items() if key[0] >= 5}
+    assert resumed['config']['n_layer'] == 2 and resumed['config']['ledger']['params']['total'] > 0
+    assert {'report.md', 'loss.png'} <= set(os.listdir(os.path.join(resumed['dir'], 'files')))
 
 
 def test_checkpoint_state_dict_has_no_compile_prefix(pystdlib_data, tmp_path):

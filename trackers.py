@@ -1,0 +1,211 @@
+"""
+trackers.py: a run watched from elsewhere. Every record live_ledger.Metrics writes to metrics.jsonl also goes to
+TensorBoard and/or Weights & Biases (the key tracker = 'tensorboard', 'wandb' or 'tensorboard,wandb'; nanoGPT's
+wandb_log = True adds 'wandb', with its wandb_project and wandb_run_name); the config and the ledger's prediction
+are the run's config, and at the end report.md and loss.png join it.
+
+    python train.py configs/pystdlib_cpu.py --tracker=tensorboard,wandb
+    tensorboard --logdir out/pystdlib_cpu/tensorboard          # the dashboard, on this machine or over ssh -L
+    wandb sync out/pystdlib_cpu/wandb/offline-run-*            # the offline W&B run, uploaded (WANDB_MODE=online:
+                                                               # streamed live instead)
+
+Offline first: TensorBoard's event files in out_dir/tensorboard, W&B in offline mode in out_dir/wandb, so a run
+on a machine without the internet is tracked all the same. Rank 0 only. A resumed run continues the same tracker
+run: W&B's run id is kept in out_dir/trackers.json, and TensorBoard's writer starts at the first step it logs,
+which hides the steps a killed run logged past its last checkpoint (TensorBoard's own purge after a crash). The
+libraries are imported only when asked for; one not installed, or one that fails to start or to log, is one
+warning line and the run goes on without it: a tracker never stops training.
+"""
+
+import json
+import os
+import secrets
+import shutil
+
+import files
+
+
+def scalars(entry, prefix=''):
+    """A metrics.jsonl record -> {name: number}: nested dicts and lists by '/' ({'val_sources': {'web': {'loss': 2.1}}}
+    -> 'val_sources/web/loss'; an MoE's expert_load[1][3] -> 'expert_load/1/3'), True/False as 1/0; None and text
+    are left out. 'step' stays a value: the trackers' x axis."""
+    items = entry.items() if isinstance(entry, dict) else enumerate(entry)
+    flat = {}
+    for key, value in items:
+        name = f'{prefix}{key}'
+        if isinstance(value, (dict, list, tuple)):
+            flat.update(scalars(value, name + '/'))
+        elif isinstance(value, (bool, int, float)):
+            flat[name] = int(value) if isinstance(value, bool) else value
+    return flat
+
+
+def names(train):
+    """The trackers a TrainConfig asks for, in order, each once."""
+    asked = [name for name in train.tracker.split(',') if name]
+    return list(dict.fromkeys(asked + (['wandb'] if train.wandb_log else [])))
+
+
+def warn(name, what, error):
+    print(
+        f"warning: tracker {name} {what} ({type(error).__name__}: {error}); the run goes on without it",
+        flush=True,
+    )
+
+
+class TensorBoard:
+    """Event files in out_dir/tensorboard, every value as a float64 scalar (new-style tensor summaries: what
+    metrics.jsonl holds, exactly; old-style scalars keep float32)."""
+
+    def __init__(self, train, prediction, ledger_text, resume):
+        from torch.utils.tensorboard import SummaryWriter  # needs the tensorboard package
+
+        self.SummaryWriter, self.folder = SummaryWriter, os.path.join(train.out_dir, 'tensorboard')
+        self.writer, self.step = None, 0
+        self.texts = {
+            'config': '```\n'
+            + json.dumps({**prediction['model'], **prediction['train']}, indent=2)
+            + '\n```',
+            'ledger': ledger_text,
+        }
+        print(
+            f"tracker tensorboard: {self.folder} (tensorboard --logdir {self.folder})", flush=True
+        )
+
+    def open(self, step):
+        """A writer whose first event says 'started at step': TensorBoard drops what earlier files logged from that
+        step on (the steps a killed run or a rolled-back one did again)."""
+        if self.writer is not None:
+            self.writer.close()
+        self.writer = self.SummaryWriter(self.folder, purge_step=step)
+
+    def log(self, entry):
+        step = entry['step']
+        if self.writer is None:
+            self.open(step)
+            for tag, text in self.texts.items():
+                self.writer.add_text(tag, text, step)
+        elif (
+            entry.get('event') == 'rollback'
+        ):  # the steps after the checkpoint it went back to are done again
+            self.open(entry['to_step'] + 1)
+        prefix = f"{entry['event']}/" if 'event' in entry else ''
+        for tag, value in scalars(
+            {k: v for k, v in entry.items() if k not in ('step', 'event')}, prefix
+        ).items():
+            self.writer.add_scalar(tag, value, step, new_style=True, double_precision=True)
+        self.writer.flush()  # on the disk now (log steps only): the dashboard is live, a killed run loses nothing
+        self.step = step
+
+    def finish(self, out_dir):
+        if self.writer is None:
+            return
+        report, picture = os.path.join(out_dir, 'report.md'), os.path.join(out_dir, 'loss.png')
+        if os.path.exists(report):
+            with open(report) as f:
+                self.writer.add_text('report', f.read(), self.step)
+        if os.path.exists(picture):
+            import matplotlib.image
+
+            self.writer.add_image(
+                'loss.png', matplotlib.image.imread(picture), self.step, dataformats='HWC'
+            )
+        self.writer.close()
+
+
+class WandB:
+    """A W&B run, offline in out_dir/wandb unless WANDB_MODE says otherwise; its id in out_dir/trackers.json, so a
+    resumed run continues it (resume='allow'). The records are logged as they are, 'step' among the values and the
+    x axis of every chart (define_metric): W&B's own _step counts calls, so a step logged again after a resume is
+    kept, not refused as out of order."""
+
+    def __init__(self, train, prediction, ledger_text, resume):
+        import wandb
+
+        path = os.path.join(train.out_dir, 'trackers.json')
+        saved = {}
+        if resume and os.path.exists(path):
+            with open(path) as f:
+                saved = json.load(f)
+        run_id = saved.get('wandb_id') or secrets.token_hex(4)  # 8 characters, as wandb's own ids
+        mode = os.environ.get('WANDB_MODE', 'offline')
+        self.run = wandb.init(
+            project=train.wandb_project,
+            name=train.wandb_run_name or os.path.basename(os.path.abspath(train.out_dir)),
+            id=run_id,
+            resume='allow'
+            if mode != 'offline'
+            else None,  # offline: `wandb sync` joins the runs of one id
+            dir=train.out_dir,
+            mode=mode,
+            config={**prediction['model'], **prediction['train'], 'ledger': prediction},
+            settings=wandb.Settings(
+                console='off', silent=True
+            ),  # train.py's output is the run's log, untouched
+        )
+        self.run.define_metric('step')
+        self.run.define_metric('*', step_metric='step')
+        files.save_json(path, {**saved, 'wandb_id': run_id})
+        print(
+            f"tracker wandb: {mode} run {run_id} in {self.run.dir.rsplit(os.sep + 'files', 1)[0]}"
+            + (' (wandb sync DIR uploads it)' if mode == 'offline' else ''),
+            flush=True,
+        )
+
+    def log(self, entry):
+        prefix = f"{entry['event']}/" if 'event' in entry else ''
+        self.run.log(
+            {
+                'step': entry['step'],
+                **scalars({k: v for k, v in entry.items() if k not in ('step', 'event')}, prefix),
+            }
+        )
+
+    def finish(self, out_dir):
+        path = os.path.join(out_dir, 'summary.json')
+        if os.path.exists(path):
+            with open(path) as f:
+                self.run.summary['ledger'] = json.load(f)
+        for name in ('report.md', 'loss.png'):  # the run's files folder is uploaded with it
+            if os.path.exists(os.path.join(out_dir, name)):
+                shutil.copyfile(os.path.join(out_dir, name), os.path.join(self.run.dir, name))
+        self.run.finish()
+
+
+KINDS = {
+    'tensorboard': (TensorBoard, 'tensorboard'),
+    'wandb': (WandB, 'wandb'),
+}  # name -> (class, pip package)
+
+
+class Trackers:
+    """The trackers a run asks for, started on rank 0; each call to one that fails is a warning and drops it."""
+
+    def __init__(self, train, prediction, ledger_text, resume):
+        self.running = {}
+        for name in names(train):
+            cls, package = KINDS[name]
+            try:
+                self.running[name] = cls(train, prediction, ledger_text, resume)
+            except ImportError:
+                print(
+                    f"warning: tracker={name} needs {package} (pip install {package}); the run goes on without it",
+                    flush=True,
+                )
+            except Exception as e:  # a tracker never stops the run
+                warn(name, 'did not start', e)
+
+    def call(self, method, *args):
+        for name, tracker in list(self.running.items()):
+            try:
+                getattr(tracker, method)(*args)
+            except Exception as e:
+                warn(name, f'failed to {method}', e)
+                del self.running[name]
+
+    def log(self, entry):
+        self.call('log', entry)
+
+    def finish(self, out_dir):
+        self.call('finish', out_dir)
+        self.running = {}
