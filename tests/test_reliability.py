@@ -400,7 +400,9 @@ def test_a_token_id_past_the_models_vocab_is_one_line_before_anything_is_written
 
     folder = tmp_path / 'data'
     folder.mkdir()
-    meta = data.load_meta(pystdlib_data)
+    meta = dict(
+        data.load_meta(pystdlib_data), train_tokens=2000, val_tokens=2000
+    )  # its shards' counts
     meta.pop('max_token_id', None)
     (folder / 'meta.json').write_text(json.dumps(meta))
     tokens = np.arange(2000, dtype=np.uint16) % 512
