@@ -101,9 +101,10 @@ def damage(path):
     return None
 
 
-def verified(path):
+def verified(path, flag=None):
     """path, once its manifest checks out; else a ConfigError that names the damage and the newest complete
-    checkpoint before it (the one to resume from instead)."""
+    checkpoint before it (the one to use instead). flag: the tool's option that takes a checkpoint (train.py's
+    '--resume'), in which the advice is given; sample.py, evals.py and export.py take a path, and are given one."""
     problem = damage(path)
     if problem is None:
         return path
@@ -111,17 +112,23 @@ def verified(path):
     earlier = [
         c for c in complete_checkpoints(out_dir) if c < os.path.abspath(path) and damage(c) is None
     ]
-    advice = (
-        f'resume from the newest complete one before it: --resume={earlier[-1]}'
-        if earlier
-        else 'there is no complete one before it: start again without --resume'
-    )
+    if earlier:
+        advice = f"use the newest complete one before it: {flag + '=' if flag else ''}{earlier[-1]}"
+    else:  # train.py without --resume would not overwrite it (never silently): it goes out of the way first
+        advice = 'there is no complete one before it' + (
+            f": delete {root(out_dir)} (or set --out_dir to another folder) to start again"
+            if flag
+            else ''
+        )
     raise ConfigError(f"checkpoint {path} is damaged: {problem}; {advice}")
 
 
-def latest(out_dir):
+def latest(out_dir, flag=None):
     """The newest checkpoint of a run: the one LATEST names (validated), or without a LATEST the newest complete
-    folder, or None when the run has none. A LATEST that names no complete checkpoint is a ConfigError."""
+    folder, or None when the run has none. A LATEST that names no checkpoint folder while complete ones are left is
+    a ConfigError naming the newest (in `flag`'s terms, as verified's). With none left (the folders deleted by hand)
+    the run has no checkpoint: None, so that train.py starts (its first save rewrites LATEST) rather than sending
+    the user between --resume and a run without it."""
     pointer = os.path.join(root(out_dir), 'LATEST')
     found = complete_checkpoints(out_dir)
     if not os.path.isfile(
@@ -132,29 +139,28 @@ def latest(out_dir):
         name = f.read().strip()
     path = os.path.join(root(out_dir), name)
     if not (name.startswith('step_') and os.path.isdir(path)):
-        newest = (
-            f'--resume={found[-1]}'
-            if found
-            else 'no complete checkpoint is left: start without --resume'
-        )
+        if not found:
+            return None
+        newest = f'{flag}={found[-1]}' if flag else f'the newest complete checkpoint is {found[-1]}'
         raise ConfigError(
             f"{pointer} names {name[:40]!r}, which is not a checkpoint folder there: {newest}"
         )
     return path
 
 
-def find(path):
-    """A checkpoint folder itself, or a run's out_dir -> its latest checkpoint, verified; ConfigError if neither."""
+def find(path, flag=None):
+    """A checkpoint folder itself, or a run's out_dir -> its latest checkpoint, verified; ConfigError if neither.
+    flag: as verified's."""
     if os.path.isfile(os.path.join(path, MANIFEST)) or os.path.isfile(
         os.path.join(path, STATE_FILE)
     ):
-        return verified(path)
-    found = latest(path)
+        return verified(path, flag)
+    found = latest(path, flag)
     if found is None:
         raise ConfigError(
             f"no checkpoint in {path}: give a run's out_dir (with ckpt/LATEST) or a ckpt/step_* folder"
         )
-    return verified(found)
+    return verified(found, flag)
 
 
 def step_of(path):

@@ -85,14 +85,16 @@ def check_out_dir(train, resume, stop_step, cluster):
     Checkpoints already in out_dir are continued only when asked, never overwritten silently."""
     if resume:
         path = (
-            checkpoint.find(resume) if isinstance(resume, str) else checkpoint.latest(train.out_dir)
+            checkpoint.find(resume, '--resume')
+            if isinstance(resume, str)
+            else checkpoint.latest(train.out_dir, '--resume')
         )
         if path is None:
             raise ConfigError(
                 f"--resume: no complete checkpoint at {checkpoint.root(train.out_dir)}: run without --resume to start"
             )
-        return checkpoint.verified(path)
-    found = checkpoint.latest(train.out_dir)
+        return checkpoint.verified(path, '--resume')
+    found = checkpoint.latest(train.out_dir, '--resume')
     if found:
         finished = checkpoint.step_of(found)
         if (

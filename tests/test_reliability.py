@@ -7,6 +7,7 @@ unless allowed; every config key's bad value is one line naming the key, the val
 
 import os
 import shlex
+import shutil
 import signal
 import socket
 import subprocess
@@ -269,6 +270,49 @@ def test_garbage_in_latest_is_one_line(eight_steps, capsys):
     err = resume_error(config, out, capsys)
     assert 'LATEST names' in err and "which is not a checkpoint folder there" in err
     assert err.endswith(f"--resume={out / 'ckpt' / 'step_0000008'}")
+
+
+def test_latest_naming_a_deleted_folder_sends_no_one_back_and_forth(eight_steps, capsys):
+    """LATEST names a checkpoint deleted by hand. With none left there is nothing to continue: --resume says to run
+    without it, and without it the run starts (its first checkpoint rewrites LATEST). With one left, each tool names
+    it in its own terms: train.py's --resume=, a path for sample.py, evals.py and export.py (they have no --resume)."""
+    config, out = eight_steps
+    newest = out / 'ckpt' / 'step_0000008'
+    shutil.rmtree(newest)
+    capsys.readouterr()
+    assert sample.main([str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.endswith(f"the newest complete checkpoint is {out / 'ckpt' / 'step_0000004'}")
+    assert '--resume' not in err
+    assert resume_error(config, out, capsys).endswith(f"--resume={out / 'ckpt' / 'step_0000004'}")
+    for step in ('step_0000000', 'step_0000004'):
+        shutil.rmtree(out / 'ckpt' / step)
+    assert resume_error(config, out, capsys) == (
+        f"error: --resume: no complete checkpoint at {out / 'ckpt'}: run without --resume to start"
+    )
+    assert train.main([config, f'--out_dir={out}', '--max_steps=4']) == 0  # the advice works
+    assert (out / 'ckpt' / 'LATEST').read_text() == 'step_0000004\n'
+
+
+def test_a_damaged_only_checkpoint_sends_no_one_back_and_forth(eight_steps, capsys):
+    """The one checkpoint left is damaged: train.py's --resume cannot use it, and a run without --resume would not
+    overwrite it, so the advice is to move it out of the way; sample.py's names no option it lacks."""
+    config, out = eight_steps
+    for step in ('step_0000000', 'step_0000004'):
+        shutil.rmtree(out / 'ckpt' / step)
+    newest = out / 'ckpt' / 'step_0000008'
+    os.remove(newest / 'train_state.pt')
+    assert resume_error(config, out, capsys) == (
+        f"error: checkpoint {newest} is damaged: train_state.pt is missing; there is no complete one before it: "
+        f"delete {out / 'ckpt'} (or set --out_dir to another folder) to start again"
+    )
+    capsys.readouterr()
+    assert sample.main([str(out)]) == 2
+    assert capsys.readouterr().err.strip() == (
+        f"error: checkpoint {newest} is damaged: train_state.pt is missing; there is no complete one before it"
+    )
+    shutil.rmtree(out / 'ckpt')
+    assert train.main([config, f'--out_dir={out}', '--max_steps=4']) == 0  # the advice works
 
 
 # -----------------------------------------------------------------------------------------------------
