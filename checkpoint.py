@@ -16,7 +16,8 @@ ZeroRedundancyOptimizer can give its states only whole, gathered on one rank (co
 cannot take as a sharded state: zero1 writes optimizer.pt from rank 0 and every rank reads it and keeps its part.
 
 A process killed mid-write leaves a tmp_ folder that nothing reads, and LATEST still names the previous
-complete checkpoint; the next save removes the leftover.
+complete checkpoint; one killed while pruning leaves an old step_ folder without its manifest (removed first), which
+nothing reads either. The next save removes both leftovers.
 """
 
 import contextlib
@@ -279,10 +280,19 @@ def save(out_dir, step, model, optimizer, train_state, keep, kept_steps=()):
         # checkpoint) stay until this run writes their steps again
         for old in [c for c in complete_checkpoints(out_dir) if c <= final][:-keep]:
             if step_of(old) not in kept_steps:
+                os.remove(
+                    os.path.join(old, MANIFEST)
+                )  # first: killed in what follows, it is no checkpoint
                 shutil.rmtree(old)
-        for leftover in os.listdir(folder):  # tmp_ folders of writes that were killed
-            if leftover.startswith('tmp_'):
-                shutil.rmtree(os.path.join(folder, leftover))
+        # what kills left: tmp_ folders of writes, and step_ folders older than this one that a prune had begun (no
+        # manifest: a write renames its folder only once the manifest is in, so nothing else leaves one so)
+        for leftover in os.listdir(folder):
+            path = os.path.join(folder, leftover)
+            begun = leftover.startswith('step_') and path < final and os.path.isdir(path)
+            if leftover.startswith('tmp_') or (
+                begun and not os.path.isfile(os.path.join(path, MANIFEST))
+            ):
+                shutil.rmtree(path)
     _barrier()
     return final
 

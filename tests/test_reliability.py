@@ -315,6 +315,38 @@ def test_a_damaged_only_checkpoint_sends_no_one_back_and_forth(eight_steps, caps
     assert train.main([config, f'--out_dir={out}', '--max_steps=4']) == 0  # the advice works
 
 
+def test_a_checkpoint_half_deleted_by_a_kill_during_pruning_is_reclaimed(
+    pystdlib_data, tmp_path, monkeypatch
+):
+    """Pruning killed midway leaves step_N/ with some files: its manifest goes first, so the folder never passes for
+    complete, and the next save reclaims it (at 1.3B such a folder is ~16 GB). Complete checkpoints stay."""
+    config = write_config(
+        tmp_path, pystdlib_data, train_tokens=16 * 256, ckpt_every=4, keep_ckpts=3
+    )
+    out = tmp_path / 'out'
+    assert train.main([config, f'--out_dir={out}', '--max_steps=8']) == 0  # checkpoints 0, 4 and 8
+    ckpt = out / 'ckpt'
+    removed, rmtree = [], shutil.rmtree
+
+    def killed_in_step_0(
+        path, *args, **kwargs
+    ):  # a kill during the first prune of the run resumed below
+        if os.path.basename(path) == 'step_0000000' and not removed:
+            removed.append(os.path.exists(os.path.join(path, checkpoint.MANIFEST)))
+            os.remove(os.path.join(path, '.metadata'))
+            raise KeyboardInterrupt
+        return rmtree(path, *args, **kwargs)
+
+    monkeypatch.setattr(shutil, 'rmtree', killed_in_step_0)
+    assert train.main([config, f'--out_dir={out}', '--resume', '--max_steps=12']) == 130
+    half = ckpt / 'step_0000000'
+    assert removed == [False] and half.is_dir() and os.listdir(half)  # files left, no manifest
+    assert checkpoint.complete_checkpoints(out) == [str(ckpt / f'step_{s:07d}') for s in (4, 8, 12)]
+    monkeypatch.setattr(shutil, 'rmtree', rmtree)
+    assert train.main([config, f'--out_dir={out}', '--resume', '--max_steps=16']) == 0
+    assert sorted(os.listdir(ckpt)) == ['LATEST', 'step_0000008', 'step_0000012', 'step_0000016']
+
+
 # -----------------------------------------------------------------------------------------------------
 # A full disk during a checkpoint, and two runs on one folder.
 
