@@ -168,9 +168,42 @@ def step_of(path):
     return int(os.path.basename(path).split('_')[1])
 
 
+# What train_state.pt may hold besides tensors and plain values: numpy arrays, as in checkpoints written before the
+# RNG states were kept as plain lists (numpy's state was np.random.get_state(), its key an array of 624 uint32). An
+# array's reconstruction runs no code of the file's; anything else a pickle names (a function, a class) could.
+_RECONSTRUCT = np.ndarray.__reduce__(np.zeros(1))[
+    0
+]  # numpy._core.multiarray._reconstruct on numpy 2
+ARRAYS = [
+    np.ndarray,
+    np.dtype,
+    type(np.dtype(np.uint32)),  # numpy.dtypes.UInt32DType: the key's dtype
+    _RECONSTRUCT,
+    (_RECONSTRUCT, 'numpy.core.multiarray._reconstruct'),  # its name in files numpy 1 wrote
+]
+
+
 def read_state(path):
-    """train_state.pt: ours, holding python and numpy RNG states (not plain tensors), so a full unpickle."""
-    return torch.load(os.path.join(path, STATE_FILE), weights_only=False)
+    """train_state.pt, read with torch.load(weights_only=True) (tensors, numbers, strings, lists, dicts; numpy arrays
+    in older ones): a checkpoint someone shared runs no code. A file that needs more is one ConfigError line, before
+    anything in it runs."""
+    import pickle
+
+    file = os.path.join(path, STATE_FILE)
+    with torch.serialization.safe_globals(ARRAYS):
+        try:
+            return torch.load(file, weights_only=True)
+        except pickle.UnpicklingError:
+            allowed = {'numpy.ndarray', 'numpy.dtype', 'numpy.core.multiarray._reconstruct'}
+            allowed.add(f'{_RECONSTRUCT.__module__}.{_RECONSTRUCT.__name__}')
+            needs = sorted(
+                set(torch.serialization.get_unsafe_globals_in_checkpoint(file)) - allowed
+            )
+            raise ConfigError(
+                f"{file} holds more than tensors and plain values ({', '.join(needs) or 'unreadable'}), which only "
+                f"running code from the file could read: this project never writes such a file; refused (if you "
+                f"trust it, load it yourself with torch.load(weights_only=False))"
+            ) from None
 
 
 # -----------------------------------------------------------------------------------------------------
@@ -222,9 +255,10 @@ def _dcp_state(model, optimizer=None):
 
 def rng_states():
     """Every rank's RNG states (python, numpy, torch, cuda), gathered to all ranks."""
-    state = {
+    name, key, position, has_gauss, gauss = np.random.get_state()
+    state = {  # tensors and plain values: what read_state's torch.load(weights_only=True) reads
         'python': random.getstate(),
-        'numpy': np.random.get_state(),
+        'numpy': (name, key.tolist(), position, has_gauss, gauss),
         'torch': torch.get_rng_state(),
     }
     if torch.cuda.is_available() and torch.cuda.is_initialized():
@@ -245,7 +279,8 @@ def set_rng_states(states):
         return
     state = states[rank]
     random.setstate(state['python'])
-    np.random.set_state(state['numpy'])
+    name, key, *rest = state['numpy']  # key: a list (an array in checkpoints written before)
+    np.random.set_state((name, np.asarray(key, dtype=np.uint32), *rest))
     torch.set_rng_state(state['torch'])
     if 'cuda' in state and torch.cuda.is_available():
         torch.cuda.set_rng_state(state['cuda'])

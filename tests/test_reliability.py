@@ -347,6 +347,55 @@ def test_a_checkpoint_half_deleted_by_a_kill_during_pruning_is_reclaimed(
     assert sorted(os.listdir(ckpt)) == ['LATEST', 'step_0000008', 'step_0000012', 'step_0000016']
 
 
+class Payload:
+    """What a shared train_state.pt could hold: unpickling it calls a function of the file's choosing."""
+
+    def __reduce__(self):
+        return (print, ('the payload ran',))
+
+
+def test_train_state_needs_no_unpickling_of_code(eight_steps, capsys):
+    """train_state.pt holds tensors and plain values, read with torch.load(weights_only=True): a shared run folder
+    runs no code of its own. A file that needs more is refused in one line by every tool; the RNG states round-trip
+    exactly; a checkpoint written before (numpy's RNG state as an array) still resumes."""
+    import random
+
+    import numpy as np
+
+    config, out = eight_steps
+    newest = out / 'ckpt' / 'step_0000008'
+    saved = torch.load(newest / 'train_state.pt', weights_only=True)
+    assert saved['step'] == 8 and saved['world_size'] == 1
+    # the RNG states, through the file's form, restore every stream exactly
+    torch.save({'rng': checkpoint.rng_states()}, newest.parent / 'rng.pt')
+    drawn = random.random(), np.random.rand(), torch.rand(1).item()
+    checkpoint.set_rng_states(torch.load(newest.parent / 'rng.pt', weights_only=True)['rng'])
+    assert (random.random(), np.random.rand(), torch.rand(1).item()) == drawn
+    os.remove(newest.parent / 'rng.pt')
+    # the form written before: numpy's state as np.random.get_state() gives it, an array among them
+    old = dict(saved, rng=[dict(saved['rng'][0], numpy=np.random.get_state())])
+    torch.save(old, newest / 'train_state.pt')
+    os.remove(newest / checkpoint.MANIFEST)
+    checkpoint.write_manifest(newest)
+    checkpoint.set_rng_states(checkpoint.read_state(str(newest))['rng'])
+    reference = np.random.RandomState()
+    reference.set_state(old['rng'][0]['numpy'])
+    assert np.random.rand() == reference.rand()
+    # a file that needs more than that: refused before anything in it runs, by train.py and the tools alike
+    torch.save(dict(saved, payload=Payload()), newest / 'train_state.pt')
+    os.remove(newest / checkpoint.MANIFEST)
+    checkpoint.write_manifest(newest)
+    expected = (
+        f"error: {newest / 'train_state.pt'} holds more than tensors and plain values (builtins.print), which "
+        f"only running code from the file could read: this project never writes such a file; refused (if you "
+        f"trust it, load it yourself with torch.load(weights_only=False))"
+    )
+    assert resume_error(config, out, capsys) == expected
+    assert sample.main([str(out)]) == 2
+    captured = capsys.readouterr()
+    assert captured.err.strip() == expected and 'the payload ran' not in captured.out
+
+
 # -----------------------------------------------------------------------------------------------------
 # A full disk during a checkpoint, and two runs on one folder.
 
