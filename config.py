@@ -750,6 +750,41 @@ def mixture_text(sources, where):
     return ','.join(f'{folder}:{weight / total:.6g}' for folder, weight in sources)
 
 
+def _run_config(code, namespace, path):
+    """Run a config file's code. An exception it raises is bad input too, one line, no traceback; so are its own
+    sys.exit() (which ended the command silently, rc 0 for sys.exit(0)) and a KeyboardInterrupt it raises itself
+    (read as a Ctrl-C). A real Ctrl-C meanwhile stays one: the SIGINT handler notes that it came."""
+    ended = ": a config file sets keys (`key = value` lines); it may not end the command"
+    signalled, previous = [], None
+
+    def interrupted(signum, frame):
+        signalled.append(signum)
+        raise KeyboardInterrupt
+
+    in_charge = threading.current_thread() is threading.main_thread()
+    if (
+        in_charge and signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    ):  # not an ignored SIGINT
+        previous = signal.signal(signal.SIGINT, interrupted)
+    try:
+        exec(code, namespace)
+    except Exception as e:  # a typo in a config file, say
+        raise ConfigError(f"{path} does not run: {type(e).__name__}: {e}") from None
+    except SystemExit as e:
+        raise ConfigError(
+            f"{path} calls sys.exit({'' if e.code is None else repr(e.code)}){ended}"
+        ) from None
+    except KeyboardInterrupt:
+        if signalled or isinstance(
+            sys.exc_info()[1], Terminated
+        ):  # a Ctrl-C, or SIGTERM: the user's
+            raise
+        raise ConfigError(f"{path} raises KeyboardInterrupt{ended}") from None
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGINT, previous)
+
+
 def read_values(path=None, overrides=()):
     """The keys a config file (plain Python assignments) and `--key=value` overrides set, typed: (values, where
     each was set). The file runs in a fresh namespace, never in our globals; names starting with '_' and modules
@@ -761,10 +796,7 @@ def read_values(path=None, overrides=()):
         namespace = {}
         with open(path) as f:
             source = f.read()
-        try:
-            exec(compile(source, path, 'exec'), namespace)
-        except Exception as e:  # a typo in a config file is bad input too: one line, no traceback
-            raise ConfigError(f"{path} does not run: {type(e).__name__}: {e}") from None
+        _run_config(compile(source, path, 'exec'), namespace, path)
         for key, value in namespace.items():
             if key.startswith('_') or type(value).__name__ == 'module':
                 continue

@@ -561,9 +561,18 @@ def open_data(model_cfg, train):
     T = model_cfg.block_size
     n_val = (len(tokens) - 1) // T
     if n_val == 0:
+        held = meta[
+            'val_tokens'
+        ]  # the split's own size (open_split checked it); eval_tokens may take fewer
+        if held > T:
+            raise DataError(
+                f"eval_tokens = {train.eval_tokens:,} takes {len(tokens):,} tokens of the val split of "
+                f"{train.data} (which holds {held:,}), fewer than block_size + 1 = {T + 1:,}: raise eval_tokens to "
+                f"at least {T:,}"
+            )
         raise DataError(
-            f"the val split of {train.data} holds {len(tokens)} tokens, fewer than block_size + 1 = "
-            f"{T + 1}: prepare more data or lower block_size"
+            f"the val split of {train.data} holds {held:,} tokens, fewer than block_size + 1 = "
+            f"{T + 1:,}: prepare more data or lower block_size"
         )
     val = np.stack([tokens[i * T : i * T + T + 1] for i in range(n_val)])
     return stream, val, meta

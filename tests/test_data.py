@@ -329,6 +329,24 @@ def test_every_shard_meta_json_lists_is_there_with_its_size(pystdlib_data, tmp_p
     assert data.open_data(model, train)[0].per_epoch == stream.per_epoch
 
 
+def test_a_val_set_too_small_names_eval_tokens_or_the_splits_real_size(pystdlib_data):
+    meta = data.load_meta(pystdlib_data)
+    limited = TrainConfig(data=pystdlib_data, seed=1, eval_tokens=100)
+    with pytest.raises(DataError) as e:
+        data.open_data(ModelConfig(vocab_size=512, block_size=256), limited)
+    assert str(e.value) == (
+        f"eval_tokens = 100 takes 101 tokens of the val split of {pystdlib_data} (which holds "
+        f"{meta['val_tokens']:,}), fewer than block_size + 1 = 257: raise eval_tokens to at least 256"
+    )
+    whole = TrainConfig(data=pystdlib_data, seed=1, eval_tokens=10**6)
+    with pytest.raises(DataError) as e:
+        data.open_data(ModelConfig(vocab_size=512, block_size=65536), whole)
+    assert str(e.value) == (
+        f"the val split of {pystdlib_data} holds {meta['val_tokens']:,} tokens, fewer than block_size + 1 = "
+        f"65,537: prepare more data or lower block_size"
+    )
+
+
 def test_micro_batches_are_disjoint_rank_slices_of_one_stream(pystdlib_data):
     train = TrainConfig(data=pystdlib_data, seed=1, eval_tokens=64)
     stream = data.open_data(ModelConfig(vocab_size=512, block_size=32), train)[0]
