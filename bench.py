@@ -32,7 +32,7 @@ import ledger
 import live_ledger
 import processes
 import train
-from config import ConfigError, cli, load_config
+from config import ConfigError, load_config
 from model import GPT
 
 DEFAULT_CASES = [
@@ -306,7 +306,7 @@ def option(argv, name, default, kind=int):
     return default
 
 
-@cli
+@processes.cli
 def main(argv):
     if argv and argv[0] == 'loop':
         steps, rounds = option(argv, 'steps', 20), option(argv, 'rounds', 2)

@@ -89,11 +89,15 @@ def quiet_stops():
     sys.excepthook = one_line
 
 
-def cli(function):
+def cli(function=None, *, reports=None):
     """The one error wrapper of every command's main(argv): a UserError becomes one 'error: ...' line on stderr
-    (from rank 0 only under torchrun: every rank reaches the same verdict) and its exit code; Ctrl-C and SIGTERM
-    are one line and exit 130 or 143, not a traceback (what was written completely stays; a rerun of the same
-    command carries on); a reader of stdout that leaves early (`| head`) ends the command quietly."""
+    and its exit code; Ctrl-C and SIGTERM are one line and exit 130 or 143, not a traceback (what was written
+    completely stays; a rerun of the same command carries on); a reader of stdout that leaves early (`| head`) ends
+    the command quietly. Under torchrun the lines come from rank 0, or with `reports` (processes.cli's: whether
+    this rank is the job's first to fail) from the first rank that fails, its rank named: a rank's own error
+    (its copy of the data) is then shown, and a verdict every rank reaches is still one line."""
+    if function is None:  # @cli(reports=...)
+        return functools.partial(cli, reports=reports)
 
     @functools.wraps(function)
     def main(argv=None):
@@ -108,6 +112,11 @@ def cli(function):
             sys.stdout.flush()  # here, where a closed pipe is caught, not at exit
             return code
         except UserError as e:
+            rank, world = int(os.environ.get('RANK', 0)), int(os.environ.get('WORLD_SIZE', 1))
+            if reports is not None and world > 1:
+                if not reports():
+                    return e.exit_code
+                return _say(f'error: rank {rank} of {world}: {e}', e.exit_code)
             message, code = f'error: {e}', e.exit_code
         except KeyboardInterrupt as e:
             message, code = _stop_line(e)
@@ -122,10 +131,15 @@ def cli(function):
             if previous == signal.SIG_DFL:
                 signal.signal(signal.SIGTERM, previous)
         if int(os.environ.get('RANK', 0)) == 0:
-            print(message, file=sys.stderr, flush=True)
+            _say(message, code)
         return code
 
     return main
+
+
+def _say(message, code):
+    print(message, file=sys.stderr, flush=True)
+    return code
 
 
 # -----------------------------------------------------------------------------------------------------

@@ -42,7 +42,8 @@ import checkpoint
 import data
 import downloads
 import ledger
-from config import EVAL_TASKS, ConfigError, DataError, UserError, cli
+import processes
+from config import EVAL_TASKS, ConfigError, DataError, UserError
 from processes import log
 
 HELLASWAG_URL = 'https://raw.githubusercontent.com/rowanz/hellaswag/master/data/hellaswag_val.jsonl'
@@ -729,7 +730,7 @@ def report_task(task, score, seconds, params, path, world_size, device):
         )
 
 
-@cli
+@processes.cli
 def main(argv):
     parser = argparse.ArgumentParser(
         description=__doc__.split('\n')[1], formatter_class=argparse.RawTextHelpFormatter

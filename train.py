@@ -58,7 +58,7 @@ import objectives  # noqa: E402
 import pretrained  # noqa: E402
 import processes  # noqa: E402
 import sample  # noqa: E402
-from config import IGNORE_INDEX, cli, sharded, tokens_per_micro_step  # noqa: E402
+from config import IGNORE_INDEX, sharded, tokens_per_micro_step  # noqa: E402
 from continuation import RunState  # noqa: E402
 from model import GPT  # noqa: E402
 from processes import log  # noqa: E402
@@ -632,7 +632,7 @@ def loop(run):
         stop.restore()
 
 
-@cli
+@processes.cli
 def main(argv):
     run = None
     try:

@@ -6,6 +6,7 @@ another, and the ranks read disjoint slices of the single-process batch. fp32, a
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -329,11 +330,11 @@ def test_bad_parallel_and_indivisible_batch_are_one_line(single, tmp_path, capsy
     result = torchrun(config, tmp_path / 'b', '--batch_tokens=384')
     assert result.returncode != 0
     errors = [line for line in result.stderr.splitlines() if line.startswith('error:')]
-    assert errors == [
+    assert [re.sub(r'^error: rank [01] of 2: ', 'error: ', line) for line in errors] == [
         "error: batch_tokens (384) is not a multiple of micro_batch x block_size x processes = "
         "4 x 32 x 2 = 256 (1.5 accumulation steps): change batch_tokens, micro_batch or the number of processes "
         "(n_gpu in the ledger)"
-    ]
+    ]  # both ranks reach it: the first to fail says it, with its rank
 
 
 GRADIENTS = """
@@ -401,3 +402,26 @@ def test_the_loss_is_normalised_by_every_carrying_target_of_the_step(pystdlib_da
     assert reference.abs().max() > 0
     for name, gradient in gradients.items():
         assert (gradient - reference).abs().max() <= 1e-5 * reference.abs().max(), name
+
+
+def test_the_first_rank_that_fails_says_so_with_its_rank(pystdlib_data, tmp_path):
+    """Per-node copies of the data, rank 1's without its val shard: rank 1's DataError is the one line (rank 0 only
+    printed before, so the run ended in torchrun's lines with no `error:` at all), and rank 0, waiting for rank 1 at
+    the rendezvous, stops at torchrun's SIGTERM (it ignored it for 30 s, until torchrun's SIGKILL)."""
+    for rank in (0, 1):
+        shutil.copytree(pystdlib_data, tmp_path / f'data{rank}')
+    (val,) = data.list_shards(str(tmp_path / 'data1'), 'val')
+    os.remove(val)
+    config = tmp_path / 'config.py'
+    keys = ''.join(f'{k} = {v!r}\n' for k, v in CONFIG.items())
+    config.write_text(
+        f"import os\n{keys}data = {str(tmp_path / 'data')!r} + os.environ.get('RANK', '0')\n"
+    )
+    result = torchrun(str(config), tmp_path / 'out')
+    assert result.returncode != 0
+    errors = [line for line in result.stderr.splitlines() if line.startswith('error:')]
+    assert errors == [
+        f"error: rank 1 of 2: no val shards (*_val_*.bin) in {tmp_path / 'data1'}: make them with "
+        f"`python prepare.py pystdlib --out {tmp_path / 'data1'}` (or fineweb_edu, or files PATH...)"
+    ], result.stderr
+    assert 'forcefully exiting' not in result.stderr, result.stderr  # rank 0 ended at the SIGTERM
