@@ -188,8 +188,7 @@ def run_device_script(cases, steps, warmup, budget_s, tiny):
                     f.write(line + '\n')
     if cluster.is_master:
         print(format_results(results), flush=True)
-    if torch.distributed.is_initialized():
-        torch.distributed.destroy_process_group()
+    processes.leave_process_group()  # each case's model is gone already (release)
     return results
 
 

@@ -6,6 +6,7 @@ Also the few collectives every tool shares: a line from rank 0, a barrier, a mea
 
 import dataclasses
 import datetime
+import gc
 import os
 import signal
 
@@ -52,6 +53,17 @@ def join_process_group(cluster):
                 dist.init_process_group('gloo')
         finally:
             signal.signal(signal.SIGTERM, previous)
+
+
+def leave_process_group():
+    """The end of every command torchrun starts (train.py, evals.py, bench.py), once it has dropped its model and
+    optimizer: they are collected while the process group and the interpreter are whole (a model's DDP reducer and
+    its gloo work left to the interpreter's teardown can abort the process: "terminate called without an active
+    exception", pytorch/pytorch#179291), then the process group is destroyed."""
+    gc.unfreeze()  # train.py froze its start-up objects: collect them too
+    gc.collect()
+    if dist.is_initialized():
+        dist.destroy_process_group()
 
 
 def first_to_fail():

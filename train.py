@@ -642,13 +642,8 @@ def main(argv):
             run = setup(argv, held)
             return 0 if run is None else loop(run)
     finally:
-        # The model, its DDP reducer and the optimizer go first, while the process group and the interpreter are
-        # whole: gloo work left to the interpreter's teardown can abort the process (pytorch/pytorch#179291).
-        del run
-        gc.unfreeze()
-        gc.collect()
-        if dist.is_initialized():
-            dist.destroy_process_group()
+        del run  # the model, its DDP reducer and the optimizer go first (processes.leave_process_group says why)
+        processes.leave_process_group()
 
 
 if __name__ == '__main__':
