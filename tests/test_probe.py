@@ -279,3 +279,18 @@ def test_a_big_model_says_it_is_being_built(probes, monkeypatch, tmp_path, capsy
         r"states per process",
         out[-1],
     ), out[-1]
+
+
+@pytest.mark.parametrize('fp32, bf16, chosen', [(50e9, 5e9, 'float32'), (20e9, 120e9, 'bfloat16')])
+def test_dtype_auto_takes_the_faster_probe_on_a_cpu(probes, fp32, bf16, chosen):
+    """dtype 'auto' on a CPU: both GEMM probes run and the faster dtype is the run's (bf16 ~6x fp32 on a Xeon with
+    AMX, ~200x slower on an AVX2-only EPYC). The probes' answers are given here, so the choice is tested without
+    timing anything; the tests that measure memory or speed pin dtype instead."""
+    answers, calls = probes
+    answers += [fp32, bf16]  # measure_device probes float32, then bfloat16
+    device = ledger.measure_device('cpu', 'auto')
+    assert len(calls) == 2 and device.dtype == chosen and device.peak_flops == max(fp32, bf16)
+    assert ledger.run_dtype(TrainConfig(dtype='auto'), device) == chosen
+    assert (
+        ledger.run_dtype(TrainConfig(dtype='float32'), device) == 'float32'
+    )  # a pinned dtype stays
