@@ -89,15 +89,16 @@ def quiet_stops():
     sys.excepthook = one_line
 
 
-def cli(function=None, *, reports=None):
+def cli(function=None, *, reports=None, stopped=None):
     """The one error wrapper of every command's main(argv): a UserError becomes one 'error: ...' line on stderr
     and its exit code; Ctrl-C and SIGTERM are one line and exit 130 or 143, not a traceback (what was written
     completely stays; a rerun of the same command carries on); a reader of stdout that leaves early (`| head`) ends
     the command quietly. Under torchrun the lines come from rank 0, or with `reports` (processes.cli's: whether
     this rank is the job's first to fail) from the first rank that fails, its rank named: a rank's own error
-    (its copy of the data) is then shown, and a verdict every rank reaches is still one line."""
-    if function is None:  # @cli(reports=...)
-        return functools.partial(cli, reports=reports)
+    (its copy of the data) is then shown, and a verdict every rank reaches is still one line. `stopped` (train.py's,
+    continuation.rank_lost): (exception, argv) -> (line, exit code) for a stop or an error it knows better, or None."""
+    if function is None:  # @cli(reports=..., stopped=...)
+        return functools.partial(cli, reports=reports, stopped=stopped)
 
     @functools.wraps(function)
     def main(argv=None):
@@ -107,8 +108,9 @@ def cli(function=None, *, reports=None):
             previous == signal.SIG_DFL
         ):  # SIGTERM unwinds like Ctrl-C (a handler someone else set is kept)
             signal.signal(signal.SIGTERM, _terminate)
+        args = sys.argv[1:] if argv is None else list(argv)
         try:
-            code = function(sys.argv[1:] if argv is None else list(argv))
+            code = function(args)
             sys.stdout.flush()  # here, where a closed pipe is caught, not at exit
             return code
         except UserError as e:
@@ -119,7 +121,7 @@ def cli(function=None, *, reports=None):
                 return _say(f'error: rank {rank} of {world}: {e}', e.exit_code)
             message, code = f'error: {e}', e.exit_code
         except KeyboardInterrupt as e:
-            message, code = _stop_line(e)
+            message, code = (stopped and stopped(e, args)) or _stop_line(e)
         except (
             BrokenPipeError
         ):  # `| head` read what it wanted: no traceback, and none from the flush at exit
@@ -127,6 +129,11 @@ def cli(function=None, *, reports=None):
                 raise
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
             return 128 + signal.SIGPIPE  # what a command killed by SIGPIPE exits with
+        except Exception as e:
+            known = stopped and stopped(e, args)
+            if not known:
+                raise
+            message, code = known
         finally:
             if previous == signal.SIG_DFL:
                 signal.signal(signal.SIGTERM, previous)

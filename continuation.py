@@ -22,7 +22,9 @@ import torch
 import torch.distributed as dist
 
 import checkpoint
-from config import CONTINUATION_KEYS, DEFAULTS, ConfigError, UserError
+import config
+import processes
+from config import CONTINUATION_KEYS, DEFAULTS, ConfigError, Terminated, UserError
 from processes import barrier, log
 
 USAGE = "usage: python train.py CONFIG [--key=value ...] [--resume[=CKPT_DIR]] [--allow_change=KEY,...] [--force]"
@@ -74,6 +76,33 @@ def train_command(argv, cluster, drop, *flags):
         f" --nnodes={nodes} (and the rendezvous options you started with)" if nodes > 1 else ''
     )
     return f"{launcher} {shlex.join(['train.py'] + args)}"
+
+
+def rank_lost(exception, argv):
+    """config.cli's `stopped` for train.py. Under torchrun a SIGTERM, or a collective that loses its peer, most often
+    means that a rank died: torchrun stops every other rank when one exits, and a rank waiting in a collective loses
+    the connection. Rank 0 then said "interrupted (SIGTERM) ... rerun the same command" (which a run without --resume
+    refuses) or, in a checkpoint's save, printed tracebacks. -> (the line that says so and gives the command that
+    resumes, exit code), or None for anything else."""
+    world = int(os.environ.get('WORLD_SIZE', 1))
+    lost = isinstance(exception, dist.DistError) or (
+        isinstance(exception, RuntimeError)
+        and any(word in str(exception) for word in ('gloo', 'NCCL', 'Connection'))
+    )
+    if world == 1 or not (isinstance(exception, Terminated) or lost):
+        return None
+    what = 'SIGTERM' if isinstance(exception, Terminated) else str(exception).splitlines()[0][:120]
+    cluster = processes.Cluster(
+        0, world, 0, torch.device('cpu')
+    )  # train_command needs the world size
+    return (
+        f"a rank died, or the job was stopped (torchrun stops every rank when one exits; here: {what}): the "
+        f"complete checkpoints are kept; resume with: {train_command(argv, cluster, {'--resume'}, '--resume')}",
+        128 + signal.SIGTERM if isinstance(exception, Terminated) else 1,
+    )
+
+
+cli = config.cli(reports=processes.first_to_fail, stopped=rank_lost)  # train.py's error wrapper
 
 
 # -----------------------------------------------------------------------------------------------------

@@ -632,7 +632,7 @@ def loop(run):
         stop.restore()
 
 
-@processes.cli
+@continuation.cli
 def main(argv):
     run = None
     try:

@@ -425,3 +425,46 @@ def test_the_first_rank_that_fails_says_so_with_its_rank(pystdlib_data, tmp_path
         f"`python prepare.py pystdlib --out {tmp_path / 'data1'}` (or fineweb_edu, or files PATH...)"
     ], result.stderr
     assert 'forcefully exiting' not in result.stderr, result.stderr  # rank 0 ended at the SIGTERM
+
+
+KILLED = """
+import os, signal, sys
+sys.path.insert(0, os.getcwd())
+import train
+step = train.train_step
+def dying(run):  # rank 1 killed before its fourth step, as an OOM kill or a lost node would
+    if run.cluster.rank == 1 and run.state.step == 3:
+        os.kill(os.getpid(), signal.SIGKILL)
+    return step(run)
+train.train_step = dying
+sys.exit(train.main(sys.argv[1:]))
+"""
+
+
+def test_a_rank_killed_under_fsdp_is_one_line_with_the_resume_command(pystdlib_data, tmp_path):
+    """torchrun stops the other ranks with SIGTERM when one dies: rank 0 says a rank died and gives the command
+    that resumes (it said "interrupted (SIGTERM) ... rerun the same command", which without --resume is refused)."""
+    config = write_config(tmp_path, pystdlib_data)
+    script = tmp_path / 'killed.py'
+    script.write_text(KILLED)
+    out = tmp_path / 'out'
+    command = [sys.executable, '-m', 'torch.distributed.run', '--standalone', '--nproc_per_node=2']
+    result = subprocess.run(
+        command + [str(script), config, f'--out_dir={out}', '--parallel=fsdp'],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode != 0
+    ours = [
+        line for line in result.stderr.splitlines() if 'rank died' in line or 'interrupted' in line
+    ]
+    # here: the SIGTERM, or the collective that lost rank 1 when rank 0 was in one
+    assert len(ours) == 1 and re.fullmatch(
+        r"a rank died, or the job was stopped \(torchrun stops every rank when one exits; here: .+\): the complete "
+        r"checkpoints are kept; resume with: "
+        + re.escape(
+            f"torchrun --nproc_per_node=2 train.py {config} --out_dir={out} --parallel=fsdp --resume"
+        ),
+        ours[0],
+    ), result.stderr[-3000:]
