@@ -32,7 +32,7 @@ import ledger
 import live_ledger
 import processes
 import train
-from config import ConfigError, cli, load_config
+from config import ConfigError, load_config
 from model import GPT
 
 DEFAULT_CASES = [
@@ -188,8 +188,7 @@ def run_device_script(cases, steps, warmup, budget_s, tiny):
                     f.write(line + '\n')
     if cluster.is_master:
         print(format_results(results), flush=True)
-    if torch.distributed.is_initialized():
-        torch.distributed.destroy_process_group()
+    processes.leave_process_group()  # each case's model is gone already (release)
     return results
 
 
@@ -306,7 +305,7 @@ def option(argv, name, default, kind=int):
     return default
 
 
-@cli
+@processes.cli
 def main(argv):
     if argv and argv[0] == 'loop':
         steps, rounds = option(argv, 'steps', 20), option(argv, 'rounds', 2)

@@ -16,7 +16,8 @@ ZeroRedundancyOptimizer can give its states only whole, gathered on one rank (co
 cannot take as a sharded state: zero1 writes optimizer.pt from rank 0 and every rank reads it and keeps its part.
 
 A process killed mid-write leaves a tmp_ folder that nothing reads, and LATEST still names the previous
-complete checkpoint; the next save removes the leftover.
+complete checkpoint; one killed while pruning leaves an old step_ folder without its manifest (removed first), which
+nothing reads either. The next save removes both leftovers.
 """
 
 import contextlib
@@ -101,9 +102,10 @@ def damage(path):
     return None
 
 
-def verified(path):
+def verified(path, flag=None):
     """path, once its manifest checks out; else a ConfigError that names the damage and the newest complete
-    checkpoint before it (the one to resume from instead)."""
+    checkpoint before it (the one to use instead). flag: the tool's option that takes a checkpoint (train.py's
+    '--resume'), in which the advice is given; sample.py, evals.py and export.py take a path, and are given one."""
     problem = damage(path)
     if problem is None:
         return path
@@ -111,17 +113,23 @@ def verified(path):
     earlier = [
         c for c in complete_checkpoints(out_dir) if c < os.path.abspath(path) and damage(c) is None
     ]
-    advice = (
-        f'resume from the newest complete one before it: --resume={earlier[-1]}'
-        if earlier
-        else 'there is no complete one before it: start again without --resume'
-    )
+    if earlier:
+        advice = f"use the newest complete one before it: {flag + '=' if flag else ''}{earlier[-1]}"
+    else:  # train.py without --resume would not overwrite it (never silently): it goes out of the way first
+        advice = 'there is no complete one before it' + (
+            f": delete {root(out_dir)} (or set --out_dir to another folder) to start again"
+            if flag
+            else ''
+        )
     raise ConfigError(f"checkpoint {path} is damaged: {problem}; {advice}")
 
 
-def latest(out_dir):
+def latest(out_dir, flag=None):
     """The newest checkpoint of a run: the one LATEST names (validated), or without a LATEST the newest complete
-    folder, or None when the run has none. A LATEST that names no complete checkpoint is a ConfigError."""
+    folder, or None when the run has none. A LATEST that names no checkpoint folder while complete ones are left is
+    a ConfigError naming the newest (in `flag`'s terms, as verified's). With none left (the folders deleted by hand)
+    the run has no checkpoint: None, so that train.py starts (its first save rewrites LATEST) rather than sending
+    the user between --resume and a run without it."""
     pointer = os.path.join(root(out_dir), 'LATEST')
     found = complete_checkpoints(out_dir)
     if not os.path.isfile(
@@ -132,38 +140,70 @@ def latest(out_dir):
         name = f.read().strip()
     path = os.path.join(root(out_dir), name)
     if not (name.startswith('step_') and os.path.isdir(path)):
-        newest = (
-            f'--resume={found[-1]}'
-            if found
-            else 'no complete checkpoint is left: start without --resume'
-        )
+        if not found:
+            return None
+        newest = f'{flag}={found[-1]}' if flag else f'the newest complete checkpoint is {found[-1]}'
         raise ConfigError(
             f"{pointer} names {name[:40]!r}, which is not a checkpoint folder there: {newest}"
         )
     return path
 
 
-def find(path):
-    """A checkpoint folder itself, or a run's out_dir -> its latest checkpoint, verified; ConfigError if neither."""
+def find(path, flag=None):
+    """A checkpoint folder itself, or a run's out_dir -> its latest checkpoint, verified; ConfigError if neither.
+    flag: as verified's."""
     if os.path.isfile(os.path.join(path, MANIFEST)) or os.path.isfile(
         os.path.join(path, STATE_FILE)
     ):
-        return verified(path)
-    found = latest(path)
+        return verified(path, flag)
+    found = latest(path, flag)
     if found is None:
         raise ConfigError(
             f"no checkpoint in {path}: give a run's out_dir (with ckpt/LATEST) or a ckpt/step_* folder"
         )
-    return verified(found)
+    return verified(found, flag)
 
 
 def step_of(path):
     return int(os.path.basename(path).split('_')[1])
 
 
+# What train_state.pt may hold besides tensors and plain values: numpy arrays, as in checkpoints written before the
+# RNG states were kept as plain lists (numpy's state was np.random.get_state(), its key an array of 624 uint32). An
+# array's reconstruction runs no code of the file's; anything else a pickle names (a function, a class) could.
+_RECONSTRUCT = np.ndarray.__reduce__(np.zeros(1))[
+    0
+]  # numpy._core.multiarray._reconstruct on numpy 2
+ARRAYS = [
+    np.ndarray,
+    np.dtype,
+    type(np.dtype(np.uint32)),  # numpy.dtypes.UInt32DType: the key's dtype
+    _RECONSTRUCT,
+    (_RECONSTRUCT, 'numpy.core.multiarray._reconstruct'),  # its name in files numpy 1 wrote
+]
+
+
 def read_state(path):
-    """train_state.pt: ours, holding python and numpy RNG states (not plain tensors), so a full unpickle."""
-    return torch.load(os.path.join(path, STATE_FILE), weights_only=False)
+    """train_state.pt, read with torch.load(weights_only=True) (tensors, numbers, strings, lists, dicts; numpy arrays
+    in older ones): a checkpoint someone shared runs no code. A file that needs more is one ConfigError line, before
+    anything in it runs."""
+    import pickle
+
+    file = os.path.join(path, STATE_FILE)
+    with torch.serialization.safe_globals(ARRAYS):
+        try:
+            return torch.load(file, weights_only=True)
+        except pickle.UnpicklingError:
+            allowed = {'numpy.ndarray', 'numpy.dtype', 'numpy.core.multiarray._reconstruct'}
+            allowed.add(f'{_RECONSTRUCT.__module__}.{_RECONSTRUCT.__name__}')
+            needs = sorted(
+                set(torch.serialization.get_unsafe_globals_in_checkpoint(file)) - allowed
+            )
+            raise ConfigError(
+                f"{file} holds more than tensors and plain values ({', '.join(needs) or 'unreadable'}), which only "
+                f"running code from the file could read: this project never writes such a file; refused (if you "
+                f"trust it, load it yourself with torch.load(weights_only=False))"
+            ) from None
 
 
 # -----------------------------------------------------------------------------------------------------
@@ -215,9 +255,10 @@ def _dcp_state(model, optimizer=None):
 
 def rng_states():
     """Every rank's RNG states (python, numpy, torch, cuda), gathered to all ranks."""
-    state = {
+    name, key, position, has_gauss, gauss = np.random.get_state()
+    state = {  # tensors and plain values: what read_state's torch.load(weights_only=True) reads
         'python': random.getstate(),
-        'numpy': np.random.get_state(),
+        'numpy': (name, key.tolist(), position, has_gauss, gauss),
         'torch': torch.get_rng_state(),
     }
     if torch.cuda.is_available() and torch.cuda.is_initialized():
@@ -238,7 +279,8 @@ def set_rng_states(states):
         return
     state = states[rank]
     random.setstate(state['python'])
-    np.random.set_state(state['numpy'])
+    name, key, *rest = state['numpy']  # key: a list (an array in checkpoints written before)
+    np.random.set_state((name, np.asarray(key, dtype=np.uint32), *rest))
     torch.set_rng_state(state['torch'])
     if 'cuda' in state and torch.cuda.is_available():
         torch.cuda.set_rng_state(state['cuda'])
@@ -273,10 +315,19 @@ def save(out_dir, step, model, optimizer, train_state, keep, kept_steps=()):
         # checkpoint) stay until this run writes their steps again
         for old in [c for c in complete_checkpoints(out_dir) if c <= final][:-keep]:
             if step_of(old) not in kept_steps:
+                os.remove(
+                    os.path.join(old, MANIFEST)
+                )  # first: killed in what follows, it is no checkpoint
                 shutil.rmtree(old)
-        for leftover in os.listdir(folder):  # tmp_ folders of writes that were killed
-            if leftover.startswith('tmp_'):
-                shutil.rmtree(os.path.join(folder, leftover))
+        # what kills left: tmp_ folders of writes, and step_ folders older than this one that a prune had begun (no
+        # manifest: a write renames its folder only once the manifest is in, so nothing else leaves one so)
+        for leftover in os.listdir(folder):
+            path = os.path.join(folder, leftover)
+            begun = leftover.startswith('step_') and path < final and os.path.isdir(path)
+            if leftover.startswith('tmp_') or (
+                begun and not os.path.isfile(os.path.join(path, MANIFEST))
+            ):
+                shutil.rmtree(path)
     _barrier()
     return final
 

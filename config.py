@@ -93,11 +93,16 @@ def quiet_stops():
     sys.excepthook = one_line
 
 
-def cli(function):
+def cli(function=None, *, reports=None, stopped=None):
     """The one error wrapper of every command's main(argv): a UserError becomes one 'error: ...' line on stderr
-    (from rank 0 only under torchrun: every rank reaches the same verdict) and its exit code; Ctrl-C and SIGTERM
-    are one line and exit 130 or 143, not a traceback (what was written completely stays; a rerun of the same
-    command carries on); a reader of stdout that leaves early (`| head`) ends the command quietly."""
+    and its exit code; Ctrl-C and SIGTERM are one line and exit 130 or 143, not a traceback (what was written
+    completely stays; a rerun of the same command carries on); a reader of stdout that leaves early (`| head`) ends
+    the command quietly. Under torchrun the lines come from rank 0, or with `reports` (processes.cli's: whether
+    this rank is the job's first to fail) from the first rank that fails, its rank named: a rank's own error
+    (its copy of the data) is then shown, and a verdict every rank reaches is still one line. `stopped` (train.py's,
+    continuation.rank_lost): (exception, argv) -> (line, exit code) for a stop or an error it knows better, or None."""
+    if function is None:  # @cli(reports=..., stopped=...)
+        return functools.partial(cli, reports=reports, stopped=stopped)
 
     @functools.wraps(function)
     def main(argv=None):
@@ -107,14 +112,20 @@ def cli(function):
             previous == signal.SIG_DFL
         ):  # SIGTERM unwinds like Ctrl-C (a handler someone else set is kept)
             signal.signal(signal.SIGTERM, _terminate)
+        args = sys.argv[1:] if argv is None else list(argv)
         try:
-            code = function(sys.argv[1:] if argv is None else list(argv))
+            code = function(args)
             sys.stdout.flush()  # here, where a closed pipe is caught, not at exit
             return code
         except UserError as e:
+            rank, world = int(os.environ.get('RANK', 0)), int(os.environ.get('WORLD_SIZE', 1))
+            if reports is not None and world > 1:
+                if not reports():
+                    return e.exit_code
+                return _say(f'error: rank {rank} of {world}: {e}', e.exit_code)
             message, code = f'error: {e}', e.exit_code
         except KeyboardInterrupt as e:
-            message, code = _stop_line(e)
+            message, code = (stopped and stopped(e, args)) or _stop_line(e)
         except (
             BrokenPipeError
         ):  # `| head` read what it wanted: no traceback, and none from the flush at exit
@@ -122,14 +133,24 @@ def cli(function):
                 raise
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
             return 128 + signal.SIGPIPE  # what a command killed by SIGPIPE exits with
+        except Exception as e:
+            known = stopped and stopped(e, args)
+            if not known:
+                raise
+            message, code = known
         finally:
             if previous == signal.SIG_DFL:
                 signal.signal(signal.SIGTERM, previous)
         if int(os.environ.get('RANK', 0)) == 0:
-            print(message, file=sys.stderr, flush=True)
+            _say(message, code)
         return code
 
     return main
+
+
+def _say(message, code):
+    print(message, file=sys.stderr, flush=True)
+    return code
 
 
 # -----------------------------------------------------------------------------------------------------
@@ -1013,6 +1034,41 @@ def mixture_text(sources, where):
     return ','.join(f'{folder}:{weight / total:.6g}' for folder, weight in sources)
 
 
+def _run_config(code, namespace, path):
+    """Run a config file's code. An exception it raises is bad input too, one line, no traceback; so are its own
+    sys.exit() (which ended the command silently, rc 0 for sys.exit(0)) and a KeyboardInterrupt it raises itself
+    (read as a Ctrl-C). A real Ctrl-C meanwhile stays one: the SIGINT handler notes that it came."""
+    ended = ": a config file sets keys (`key = value` lines); it may not end the command"
+    signalled, previous = [], None
+
+    def interrupted(signum, frame):
+        signalled.append(signum)
+        raise KeyboardInterrupt
+
+    in_charge = threading.current_thread() is threading.main_thread()
+    if (
+        in_charge and signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    ):  # not an ignored SIGINT
+        previous = signal.signal(signal.SIGINT, interrupted)
+    try:
+        exec(code, namespace)
+    except Exception as e:  # a typo in a config file, say
+        raise ConfigError(f"{path} does not run: {type(e).__name__}: {e}") from None
+    except SystemExit as e:
+        raise ConfigError(
+            f"{path} calls sys.exit({'' if e.code is None else repr(e.code)}){ended}"
+        ) from None
+    except KeyboardInterrupt:
+        if signalled or isinstance(
+            sys.exc_info()[1], Terminated
+        ):  # a Ctrl-C, or SIGTERM: the user's
+            raise
+        raise ConfigError(f"{path} raises KeyboardInterrupt{ended}") from None
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGINT, previous)
+
+
 def read_values(path=None, overrides=()):
     """The keys a config file (plain Python assignments) and `--key=value` overrides set, typed: (values, where
     each was set). The file runs in a fresh namespace, never in our globals; names starting with '_' and modules
@@ -1024,10 +1080,7 @@ def read_values(path=None, overrides=()):
         namespace = {}
         with open(path) as f:
             source = f.read()
-        try:
-            exec(compile(source, path, 'exec'), namespace)
-        except Exception as e:  # a typo in a config file is bad input too: one line, no traceback
-            raise ConfigError(f"{path} does not run: {type(e).__name__}: {e}") from None
+        _run_config(compile(source, path, 'exec'), namespace, path)
         for key, value in namespace.items():
             if key.startswith('_') or type(value).__name__ == 'module':
                 continue

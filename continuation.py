@@ -22,7 +22,9 @@ import torch
 import torch.distributed as dist
 
 import checkpoint
-from config import CONTINUATION_KEYS, DEFAULTS, ConfigError, UserError
+import config
+import processes
+from config import CONTINUATION_KEYS, DEFAULTS, ConfigError, Terminated, UserError
 from processes import barrier, log
 
 USAGE = "usage: python train.py CONFIG [--key=value ...] [--resume[=CKPT_DIR]] [--allow_change=KEY,...] [--force]"
@@ -76,6 +78,33 @@ def train_command(argv, cluster, drop, *flags):
     return f"{launcher} {shlex.join(['train.py'] + args)}"
 
 
+def rank_lost(exception, argv):
+    """config.cli's `stopped` for train.py. Under torchrun a SIGTERM, or a collective that loses its peer, most often
+    means that a rank died: torchrun stops every other rank when one exits, and a rank waiting in a collective loses
+    the connection. Rank 0 then said "interrupted (SIGTERM) ... rerun the same command" (which a run without --resume
+    refuses) or, in a checkpoint's save, printed tracebacks. -> (the line that says so and gives the command that
+    resumes, exit code), or None for anything else."""
+    world = int(os.environ.get('WORLD_SIZE', 1))
+    lost = isinstance(exception, dist.DistError) or (
+        isinstance(exception, RuntimeError)
+        and any(word in str(exception) for word in ('gloo', 'NCCL', 'Connection'))
+    )
+    if world == 1 or not (isinstance(exception, Terminated) or lost):
+        return None
+    what = 'SIGTERM' if isinstance(exception, Terminated) else str(exception).splitlines()[0][:120]
+    cluster = processes.Cluster(
+        0, world, 0, torch.device('cpu')
+    )  # train_command needs the world size
+    return (
+        f"a rank died, or the job was stopped (torchrun stops every rank when one exits; here: {what}): the "
+        f"complete checkpoints are kept; resume with: {train_command(argv, cluster, {'--resume'}, '--resume')}",
+        128 + signal.SIGTERM if isinstance(exception, Terminated) else 1,
+    )
+
+
+cli = config.cli(reports=processes.first_to_fail, stopped=rank_lost)  # train.py's error wrapper
+
+
 # -----------------------------------------------------------------------------------------------------
 # Resume checks.
 
@@ -85,14 +114,16 @@ def check_out_dir(train, resume, stop_step, cluster):
     Checkpoints already in out_dir are continued only when asked, never overwritten silently."""
     if resume:
         path = (
-            checkpoint.find(resume) if isinstance(resume, str) else checkpoint.latest(train.out_dir)
+            checkpoint.find(resume, '--resume')
+            if isinstance(resume, str)
+            else checkpoint.latest(train.out_dir, '--resume')
         )
         if path is None:
             raise ConfigError(
                 f"--resume: no complete checkpoint at {checkpoint.root(train.out_dir)}: run without --resume to start"
             )
-        return checkpoint.verified(path)
-    found = checkpoint.latest(train.out_dir)
+        return checkpoint.verified(path, '--resume')
+    found = checkpoint.latest(train.out_dir, '--resume')
     if found:
         finished = checkpoint.step_of(found)
         if (

@@ -130,6 +130,44 @@ def list_shards(data_dir, split):
     return paths
 
 
+def open_split(data_dir, meta, split):
+    """The split's shards as np.memmaps (open_shard: each header's token count agrees with its file's size), after
+    checking them against meta.json: as many shards as it counts and, together, as many tokens. A shard gone, cut
+    short or swapped for another would otherwise go unseen: the run trains on less data, and under torchrun a rank
+    with its own copy of the folder reads another stream than the others. prepare.py numbers the shards across the
+    folder (val 0 .. V-1, train V ..), which names the one missing; one DataError line either way."""
+    paths = list_shards(data_dir, split)
+    listed, remake = (
+        meta[f'{split}_shards'],
+        f"remake the folder ({prepare_command(data_dir)}, same options)",
+    )
+    prefix = os.path.basename(paths[0]).rsplit(f'_{split}_', 1)[0]
+    first = 0 if split == 'val' else meta['val_shards']
+    expected = [
+        os.path.join(data_dir, f'{prefix}_{split}_{first + i:06d}.bin') for i in range(listed)
+    ]
+    if len(paths) < listed:
+        missing = next((p for p in expected if p not in paths), f"one of the {split} shards")
+        raise DataError(
+            f"{missing} is missing: meta.json lists {listed} {split} shards and {len(paths)} are here (a run would "
+            f"train on less data): copy it back, or {remake}"
+        )
+    if len(paths) > listed:
+        extra = next((p for p in paths if p not in expected), paths[-1])
+        raise DataError(
+            f"{extra} is not one of the {listed} {split} shards meta.json lists ({len(paths)} are here): delete it, "
+            f"or {remake}"
+        )
+    shards = [open_shard(p) for p in paths]
+    held = sum(len(s) for s in shards)
+    if held != meta[f'{split}_tokens']:
+        raise DataError(
+            f"the {split} shards of {data_dir} hold {held:,} tokens, but meta.json says "
+            f"{meta[f'{split}_tokens']:,}: a shard was replaced or damaged; {remake}"
+        )
+    return shards
+
+
 def prepare_command(data_dir):
     """The command that makes a data folder, as far as the folder tells: the source is in its shards' names."""
     names = [os.path.basename(p) for p in glob.glob(os.path.join(glob.escape(data_dir), '*.bin'))]
@@ -485,11 +523,12 @@ def open_data(model_cfg, train):
         n_val = max(1, train.eval_tokens // model_cfg.block_size)
         stream = SyntheticStream(model_cfg.vocab_size, model_cfg.block_size, train.seed, split=0)
         return stream, val.batch(0, n_val), None
-    train_paths = list_shards(
-        train.data, 'train'
-    )  # DataError naming `python prepare.py ...` when none
-    val_paths = list_shards(train.data, 'val')
+    list_shards(train.data, 'train')  # DataError naming `python prepare.py ...` when none
     meta = load_meta(train.data)
+    train_shards, val_shards = (
+        open_split(train.data, meta, 'train'),
+        open_split(train.data, meta, 'val'),
+    )
     data_vocab = meta['vocab_size']
     # The model's vocab may be the data's padded up to a multiple of 128 (the spare rows are never targets);
     # smaller cannot hold the tokens, larger means the data was made with another tokenizer.
@@ -503,13 +542,7 @@ def open_data(model_cfg, train):
     check_token_ids(
         train.data, meta, model_cfg.vocab_size
     )  # an id past the embedding is one line here
-    stream = ShardStream(
-        [open_shard(p) for p in train_paths],
-        model_cfg.block_size,
-        train.seed,
-        model_cfg.vocab_size,
-        meta,
-    )
+    stream = ShardStream(train_shards, model_cfg.block_size, train.seed, model_cfg.vocab_size, meta)
     if stream.per_epoch == 0:
         raise DataError(
             f"the train shards in {train.data} hold fewer than block_size + 1 = "
@@ -517,8 +550,8 @@ def open_data(model_cfg, train):
         )
     # The val set is fixed: the first eval_tokens of the val split, cut into consecutive sequences.
     needed, parts = train.eval_tokens + 1, []
-    for path in val_paths:
-        shard = open_shard(path)[: needed - sum(len(p) for p in parts)]
+    for shard in val_shards:
+        shard = shard[: needed - sum(len(p) for p in parts)]
         if shard.max() >= model_cfg.vocab_size:  # the val set is read once: checked once
             raise id_past_vocab(shard, 0, model_cfg.vocab_size, meta)
         parts.append(np.asarray(shard, dtype=np.int64))
@@ -528,9 +561,18 @@ def open_data(model_cfg, train):
     T = model_cfg.block_size
     n_val = (len(tokens) - 1) // T
     if n_val == 0:
+        held = meta[
+            'val_tokens'
+        ]  # the split's own size (open_split checked it); eval_tokens may take fewer
+        if held > T:
+            raise DataError(
+                f"eval_tokens = {train.eval_tokens:,} takes {len(tokens):,} tokens of the val split of "
+                f"{train.data} (which holds {held:,}), fewer than block_size + 1 = {T + 1:,}: raise eval_tokens to "
+                f"at least {T:,}"
+            )
         raise DataError(
-            f"the val split of {train.data} holds {len(tokens)} tokens, fewer than block_size + 1 = "
-            f"{T + 1}: prepare more data or lower block_size"
+            f"the val split of {train.data} holds {held:,} tokens, fewer than block_size + 1 = "
+            f"{T + 1:,}: prepare more data or lower block_size"
         )
     val = np.stack([tokens[i * T : i * T + T + 1] for i in range(n_val)])
     return stream, val, meta

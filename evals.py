@@ -42,7 +42,8 @@ import checkpoint
 import data
 import downloads
 import ledger
-from config import EVAL_TASKS, ConfigError, DataError, UserError, cli
+import processes
+from config import EVAL_TASKS, ConfigError, DataError, UserError
 from processes import log
 
 HELLASWAG_URL = 'https://raw.githubusercontent.com/rowanz/hellaswag/master/data/hellaswag_val.jsonl'
@@ -729,7 +730,7 @@ def report_task(task, score, seconds, params, path, world_size, device):
         )
 
 
-@cli
+@processes.cli
 def main(argv):
     parser = argparse.ArgumentParser(
         description=__doc__.split('\n')[1], formatter_class=argparse.RawTextHelpFormatter
@@ -761,11 +762,12 @@ def main(argv):
             f"--limit must be 0 or more and --batch 1 or more, got {args.limit} and {args.batch}"
         )
     tasks = TASKS if args.task == 'all' else (args.task,)
-    results = {}
+    results, model = {}, None
     try:
         rank, world_size, device = join_ranks(checkpoint.device_of(args.device))
         path = checkpoint.find(args.checkpoint)
         model, train_config = checkpoint.load_model(path, device)
+        params = sum(p.numel() for p in model.parameters())
         if train_config['data'] == 'synthetic':
             raise ConfigError(
                 f"{path} was trained on synthetic tokens: it has no tokenizer to read the questions with"
@@ -791,10 +793,9 @@ def main(argv):
                 )
             results[task] = score, time.perf_counter() - started
     finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
+        model = None  # before the process group goes (processes.leave_process_group)
+        processes.leave_process_group()
     if rank == 0:
-        params = sum(p.numel() for p in model.parameters())
         for task, (score, seconds) in results.items():
             if task == 'hellaswag':
                 report_hellaswag(*score, seconds, params, path, world_size, device)

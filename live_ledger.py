@@ -83,6 +83,13 @@ def step_probe(model_cfg, train, dtype, device, seconds=0.5):
     )
     cache = ledger.read_probes()
     if key not in cache or cache[key].get('reprobe'):
+        with torch.device('meta'):
+            params = sum(p.numel() for p in GPT(model_cfg).parameters())
+        print(
+            f"step probe: building the model ({params:,} parameters) on this CPU and timing its training step, "
+            f"once for this machine (cached)",
+            flush=True,
+        )
         best = _time_steps(model_cfg, train, dtype, seconds)
         old = cache.get(key, {})
         if best >= old.get('tokens_per_s', 0):
@@ -167,6 +174,9 @@ def predict(config_path, model_cfg, train, cluster, force, cooldown):
         billed, nodes=-(-cluster.world_size // int(os.environ.get('LOCAL_WORLD_SIZE', 1)))
     )
     prediction = ledger.predict(model_cfg, billed, n_gpu=cluster.world_size, device=device)
+    check_fits(
+        prediction['memory'], device, force
+    )  # before the step probe builds the model: known without it
     if (
         device.kind == 'cpu' and cluster.world_size == 1
     ):  # the MFU this model reaches here, measured (above)
@@ -190,13 +200,6 @@ def predict(config_path, model_cfg, train, cluster, force, cooldown):
             f"{os.path.join(train.out_dir, 'ledger.md')}, or python ledger.py {config_path}",
         ),
     )
-    memory = prediction['memory']
-    if not memory['fits'] and not force:
-        raise ConfigError(
-            f"the ledger predicts {memory['total'] / 2**30:.1f} GiB per process but {device.name} has "
-            f"{memory['gpu_memory'] / 2**30:.1f} GiB for it: lower micro_batch, set recompute=True or "
-            f"parallel=fsdp, or pass --force to start anyway"
-        )
     attention = sdpa_backend(model_cfg, cluster.device, dtype)
     log(
         cluster,
@@ -224,7 +227,40 @@ def predict(config_path, model_cfg, train, cluster, force, cooldown):
             f"carry loss (the others' targets are {IGNORE_INDEX}: given, not predicted); tokens/s and MFU "
             f"count every position; the val loss is plain next-token prediction on every position",
         )
+    if (
+        prediction['memory']['model_states'] >= BIG_STATES
+    ):  # building it takes a while: say so first
+        log(
+            cluster,
+            f"building the model: {prediction['params']['total']:,} parameters, "
+            f"{prediction['memory']['model_states'] / 2**30:.1f} GiB of weights, gradients and optimizer states "
+            f"per process",
+        )
     return prediction, dtype
+
+
+BIG_STATES = (
+    2**30
+)  # model states from which materialising them takes seconds (1 GiB: ~60M parameters with AdamW)
+
+
+def check_fits(memory, device, force):
+    """A run the ledger says does not fit stops in one line, unless forced. The bill needs no tensor, so it comes
+    within seconds, before the step probe or the model's materialisation: configs/h200_1b3.py on a 24 GiB CPU machine
+    was 4 minutes of building 1.3B parameters, then the kernel's OOM kill."""
+    if memory['fits'] or force:
+        return
+    where = (
+        f"this machine's {device.memory_source} holds"
+        if device.kind == 'cpu'
+        else f"{device.name} has"
+    )
+    raise ConfigError(
+        f"the ledger predicts {memory['total'] / 2**30:.1f} GiB per process ({memory['model_states'] / 2**30:.1f} "
+        f"GiB of weights, gradients and optimizer states) but {where} {memory['gpu_memory'] / 2**30:.1f} GiB: "
+        f"lower micro_batch, set recompute=True or parallel=fsdp, choose a smaller model, or pass --force to start "
+        f"anyway"
+    )
 
 
 def plan_line(run):

@@ -6,10 +6,15 @@ barrier, a mean over ranks), and parallelize: DDP, ZeRO-1's DDP, or FSDP2 for Ze
 """
 
 import dataclasses
+import datetime
+import gc
 import os
+import signal
 
 import torch
 import torch.distributed as dist
+
+import config
 
 
 @dataclasses.dataclass
@@ -36,12 +41,53 @@ def setup_cluster():
 
 
 def join_process_group(cluster):
-    """After the input checks, so that a bad config is one line from every rank, not a rendezvous timeout."""
+    """After the input checks, so that a bad config is one line, not a rendezvous timeout. A rank that failed them
+    never comes: torchrun then sends the others SIGTERM, which a Python handler would only see once the rendezvous
+    returned (after its timeout; torchrun's SIGKILL comes 30 s after), so SIGTERM kills a waiting rank at once
+    (nothing of the run is written yet; its out_dir lock is taken over as a dead process's)."""
     if cluster.world_size > 1 and not dist.is_initialized():
-        if cluster.device.type == 'cuda':  # NCCL bound to this rank's GPU
-            dist.init_process_group('nccl', device_id=cluster.device)
-        else:
-            dist.init_process_group('gloo')
+        previous = signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        try:
+            if cluster.device.type == 'cuda':  # NCCL bound to this rank's GPU
+                dist.init_process_group('nccl', device_id=cluster.device)
+            else:
+                dist.init_process_group('gloo')
+        finally:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def leave_process_group():
+    """The end of every command torchrun starts (train.py, evals.py, bench.py), once it has dropped its model and
+    optimizer: they are collected while the process group and the interpreter are whole (a model's DDP reducer and
+    its gloo work left to the interpreter's teardown can abort the process: "terminate called without an active
+    exception", pytorch/pytorch#179291), then the process group is destroyed."""
+    gc.unfreeze()  # train.py froze its start-up objects: collect them too
+    gc.collect()
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def first_to_fail():
+    """Whether this rank is its torchrun job's first to fail, counted in the store of torchrun's agent (one add, no
+    process group needed: most failures come before there is one). Without that store (another launcher), rank 0
+    speaks for all, as every rank reaches the same verdict on a config; the store unreachable, this rank speaks."""
+    if os.environ.get('TORCHELASTIC_USE_AGENT_STORE') != 'True':
+        return int(os.environ.get('RANK', 0)) == 0
+    try:
+        store = dist.TCPStore(
+            os.environ['MASTER_ADDR'],
+            int(os.environ['MASTER_PORT']),
+            is_master=False,
+            timeout=datetime.timedelta(seconds=10),
+        )
+        return (
+            store.add(f"ledgergpt/failed/{os.environ.get('TORCHELASTIC_RESTART_COUNT', 0)}", 1) == 1
+        )
+    except (RuntimeError, KeyError, ValueError):  # DistStoreError is a RuntimeError
+        return True
+
+
+cli = config.cli(reports=first_to_fail)  # the error wrapper of every command torchrun starts
 
 
 def log(cluster, message):

@@ -57,7 +57,7 @@ import objectives  # noqa: E402
 import pretrained  # noqa: E402
 import processes  # noqa: E402
 import sample  # noqa: E402
-from config import IGNORE_INDEX, cli, sharded, tokens_per_micro_step  # noqa: E402
+from config import IGNORE_INDEX, sharded, tokens_per_micro_step  # noqa: E402
 from continuation import RunState  # noqa: E402
 from model import GPT  # noqa: E402
 from processes import log  # noqa: E402
@@ -509,7 +509,7 @@ def loop(run):
         run.metrics.close()  # the trackers get report.md and loss.png, and close
 
 
-@cli
+@continuation.cli
 def main(argv):
     run = None
     try:
@@ -517,14 +517,8 @@ def main(argv):
             run = setup(argv, held)
             return 0 if run is None else loop(run)
     finally:
-        # The model, its DDP reducer and the optimizer go first, while the process group and the
-        # interpreter are whole: gloo work left to the interpreter's teardown can abort the
-        # process (pytorch/pytorch#179291).
-        del run
-        gc.unfreeze()
-        gc.collect()
-        if dist.is_initialized():
-            dist.destroy_process_group()
+        del run  # the model, its DDP reducer and the optimizer go first (leave_process_group: why)
+        processes.leave_process_group()
 
 
 if __name__ == '__main__':

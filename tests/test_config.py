@@ -186,3 +186,37 @@ def test_nanogpt_names_are_mapped_to_ours(tmp_path, name, ours):
     assert not set(NANOGPT_NAMES) & set(
         DEFAULTS
     )  # a name both projects use (init_from) is ours, never a hint
+
+
+@pytest.mark.parametrize(
+    'line, why',
+    [
+        ('import sys\nsys.exit(0)\n', 'calls sys.exit(0)'),
+        ('raise SystemExit("stop")\n', "calls sys.exit('stop')"),
+        ('import sys\nsys.exit()\n', 'calls sys.exit()'),
+        ('raise KeyboardInterrupt\n', 'raises KeyboardInterrupt'),
+    ],
+)
+def test_a_config_file_that_exits_or_interrupts_is_one_line_naming_it(tmp_path, line, why):
+    """sys.exit(0) in a config ended the command silently with rc 0, nothing trained; a KeyboardInterrupt it raised
+    read as a Ctrl-C. Both are the file's doing: one line naming it."""
+    config_file = tmp_path / 'exits.py'
+    config_file.write_text('n_layer = 2\n' + line)
+    with pytest.raises(ConfigError) as e:
+        load_config(str(config_file))
+    assert str(e.value) == (
+        f"{config_file} {why}: a config file sets keys (`key = value` lines); it may not end the command"
+    )
+
+
+def test_a_ctrl_c_while_a_config_file_runs_is_still_a_ctrl_c(tmp_path):
+    import signal
+
+    config_file = tmp_path / 'slow.py'
+    config_file.write_text('import os, signal\nos.kill(os.getpid(), signal.SIGINT)\nn_layer = 2\n')
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            load_config(str(config_file))
+    finally:
+        signal.signal(signal.SIGINT, previous)

@@ -266,6 +266,87 @@ def test_open_data_reads_the_folder_the_model_fits(pystdlib_data):
     ).all()  # any slice, reproduced
 
 
+def split_train_shard(source, folder, pieces):
+    """A copy of the prepared folder `source` whose train split is `pieces` shards (indices 1..pieces after the val
+    shard 0, as prepare.py numbers them), meta.json saying so; -> the train shards' paths."""
+    import shutil
+
+    shutil.copytree(source, folder)
+    (path,) = data.list_shards(str(folder), 'train')
+    tokens = np.array(data.open_shard(path))
+    os.remove(path)
+    prefix = os.path.basename(path).rsplit('_train_', 1)[0]
+    paths = [str(folder / f'{prefix}_train_{1 + i:06d}.bin') for i in range(pieces)]
+    for p, part in zip(paths, np.array_split(tokens, pieces)):
+        data.write_shard(p, part)
+    meta = json.loads((folder / 'meta.json').read_text())
+    (folder / 'meta.json').write_text(json.dumps(dict(meta, train_shards=pieces)))
+    return paths
+
+
+def test_every_shard_meta_json_lists_is_there_with_its_size(pystdlib_data, tmp_path):
+    """A shard gone or cut short would silently train on less data (under torchrun, on one rank another stream than
+    the others'): each split's shards must be the ones meta.json counts, holding the tokens it counts."""
+    model, folder = ModelConfig(vocab_size=512, block_size=32), tmp_path / 'data'
+    paths = split_train_shard(pystdlib_data, folder, 4)
+    train = TrainConfig(data=str(folder), seed=1, eval_tokens=1000)
+    stream, _, meta = data.open_data(model, train)
+    assert stream.per_epoch == sum((len(data.open_shard(p)) - 1) // 32 for p in paths)
+    kept = open(paths[2], 'rb').read()
+    os.remove(paths[2])
+    with pytest.raises(DataError) as e:
+        data.open_data(model, train)
+    assert str(e.value) == (
+        f"{paths[2]} is missing: meta.json lists 4 train shards and 3 are here (a run would train on less data): "
+        f"copy it back, or remake the folder ({data.prepare_command(str(folder))}, same options)"
+    )
+    # a shard of another length (a valid header, fewer tokens): the split's total is not meta.json's
+    tokens = np.frombuffer(kept[data.HEADER_BYTES :], dtype=np.uint16)
+    data.write_shard(paths[2], tokens[:-10])
+    with pytest.raises(DataError) as e:
+        data.open_data(model, train)
+    assert str(e.value) == (
+        f"the train shards of {folder} hold {meta['train_tokens'] - 10:,} tokens, but meta.json says "
+        f"{meta['train_tokens']:,}: a shard was replaced or damaged; remake the folder "
+        f"({data.prepare_command(str(folder))}, same options)"
+    )
+    # cut short (the header's count no longer fits the file): open_shard's line names it
+    with open(paths[2], 'wb') as f:
+        f.write(kept[:-6])
+    with pytest.raises(DataError, match=re.escape(f"{paths[2]}: the header says")):
+        data.open_data(model, train)
+    # one shard more than meta.json lists: named too
+    with open(paths[2], 'wb') as f:
+        f.write(kept)
+    extra = str(folder / os.path.basename(paths[0]).replace('000001', '000005'))
+    data.write_shard(extra, tokens)
+    with pytest.raises(DataError) as e:
+        data.open_data(model, train)
+    assert str(e.value).startswith(
+        f"{extra} is not one of the 4 train shards meta.json lists (5 are here): delete it"
+    )
+    os.remove(extra)
+    assert data.open_data(model, train)[0].per_epoch == stream.per_epoch
+
+
+def test_a_val_set_too_small_names_eval_tokens_or_the_splits_real_size(pystdlib_data):
+    meta = data.load_meta(pystdlib_data)
+    limited = TrainConfig(data=pystdlib_data, seed=1, eval_tokens=100)
+    with pytest.raises(DataError) as e:
+        data.open_data(ModelConfig(vocab_size=512, block_size=256), limited)
+    assert str(e.value) == (
+        f"eval_tokens = 100 takes 101 tokens of the val split of {pystdlib_data} (which holds "
+        f"{meta['val_tokens']:,}), fewer than block_size + 1 = 257: raise eval_tokens to at least 256"
+    )
+    whole = TrainConfig(data=pystdlib_data, seed=1, eval_tokens=10**6)
+    with pytest.raises(DataError) as e:
+        data.open_data(ModelConfig(vocab_size=512, block_size=65536), whole)
+    assert str(e.value) == (
+        f"the val split of {pystdlib_data} holds {meta['val_tokens']:,} tokens, fewer than block_size + 1 = "
+        f"65,537: prepare more data or lower block_size"
+    )
+
+
 def test_micro_batches_are_disjoint_rank_slices_of_one_stream(pystdlib_data):
     train = TrainConfig(data=pystdlib_data, seed=1, eval_tokens=64)
     stream = data.open_data(ModelConfig(vocab_size=512, block_size=32), train)[0]

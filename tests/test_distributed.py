@@ -6,6 +6,7 @@ another, and the ranks read disjoint slices of the single-process batch. fp32, a
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -329,11 +330,11 @@ def test_bad_parallel_and_indivisible_batch_are_one_line(single, tmp_path, capsy
     result = torchrun(config, tmp_path / 'b', '--batch_tokens=384')
     assert result.returncode != 0
     errors = [line for line in result.stderr.splitlines() if line.startswith('error:')]
-    assert errors == [
+    assert [re.sub(r'^error: rank [01] of 2: ', 'error: ', line) for line in errors] == [
         "error: batch_tokens (384) is not a multiple of micro_batch x block_size x processes = "
         "4 x 32 x 2 = 256 (1.5 accumulation steps): change batch_tokens, micro_batch or the number of processes "
         "(n_gpu in the ledger)"
-    ]
+    ]  # both ranks reach it: the first to fail says it, with its rank
 
 
 GRADIENTS = """
@@ -401,3 +402,69 @@ def test_the_loss_is_normalised_by_every_carrying_target_of_the_step(pystdlib_da
     assert reference.abs().max() > 0
     for name, gradient in gradients.items():
         assert (gradient - reference).abs().max() <= 1e-5 * reference.abs().max(), name
+
+
+def test_the_first_rank_that_fails_says_so_with_its_rank(pystdlib_data, tmp_path):
+    """Per-node copies of the data, rank 1's without its val shard: rank 1's DataError is the one line (rank 0 only
+    printed before, so the run ended in torchrun's lines with no `error:` at all), and rank 0, waiting for rank 1 at
+    the rendezvous, stops at torchrun's SIGTERM (it ignored it for 30 s, until torchrun's SIGKILL)."""
+    for rank in (0, 1):
+        shutil.copytree(pystdlib_data, tmp_path / f'data{rank}')
+    (val,) = data.list_shards(str(tmp_path / 'data1'), 'val')
+    os.remove(val)
+    config = tmp_path / 'config.py'
+    keys = ''.join(f'{k} = {v!r}\n' for k, v in CONFIG.items())
+    config.write_text(
+        f"import os\n{keys}data = {str(tmp_path / 'data')!r} + os.environ.get('RANK', '0')\n"
+    )
+    result = torchrun(str(config), tmp_path / 'out')
+    assert result.returncode != 0
+    errors = [line for line in result.stderr.splitlines() if line.startswith('error:')]
+    assert errors == [
+        f"error: rank 1 of 2: no val shards (*_val_*.bin) in {tmp_path / 'data1'}: make them with "
+        f"`python prepare.py pystdlib --out {tmp_path / 'data1'}` (or fineweb_edu, or files PATH...)"
+    ], result.stderr
+    assert 'forcefully exiting' not in result.stderr, result.stderr  # rank 0 ended at the SIGTERM
+
+
+KILLED = """
+import os, signal, sys
+sys.path.insert(0, os.getcwd())
+import train
+step = train.train_step
+def dying(run):  # rank 1 killed before its fourth step, as an OOM kill or a lost node would
+    if run.cluster.rank == 1 and run.state.step == 3:
+        os.kill(os.getpid(), signal.SIGKILL)
+    return step(run)
+train.train_step = dying
+sys.exit(train.main(sys.argv[1:]))
+"""
+
+
+def test_a_rank_killed_under_fsdp_is_one_line_with_the_resume_command(pystdlib_data, tmp_path):
+    """torchrun stops the other ranks with SIGTERM when one dies: rank 0 says a rank died and gives the command
+    that resumes (it said "interrupted (SIGTERM) ... rerun the same command", which without --resume is refused)."""
+    config = write_config(tmp_path, pystdlib_data)
+    script = tmp_path / 'killed.py'
+    script.write_text(KILLED)
+    out = tmp_path / 'out'
+    command = [sys.executable, '-m', 'torch.distributed.run', '--standalone', '--nproc_per_node=2']
+    result = subprocess.run(
+        command + [str(script), config, f'--out_dir={out}', '--parallel=fsdp'],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode != 0
+    ours = [
+        line for line in result.stderr.splitlines() if 'rank died' in line or 'interrupted' in line
+    ]
+    # here: the SIGTERM, or the collective that lost rank 1 when rank 0 was in one
+    assert len(ours) == 1 and re.fullmatch(
+        r"a rank died, or the job was stopped \(torchrun stops every rank when one exits; here: .+\): the complete "
+        r"checkpoints are kept; resume with: "
+        + re.escape(
+            f"torchrun --nproc_per_node=2 train.py {config} --out_dir={out} --parallel=fsdp --resume"
+        ),
+        ours[0],
+    ), result.stderr[-3000:]

@@ -815,3 +815,34 @@ def test_training_scores_the_tasks_into_metrics_and_the_plot(pystdlib_data, tmp_
         for container in plot.figure([str(tmp_path / 'run')]).axes[1].containers
     ]
     assert labels == ['run HellaSwag', 'run ARC-Challenge acc_norm', 'run MMLU 5-shot acc']
+
+
+def test_the_command_frees_its_model_before_it_leaves_the_process_group(
+    trained, tmp_path, monkeypatch
+):
+    """gloo work left to the interpreter's teardown can abort a process at exit (SIGABRT, "terminate called without
+    an active exception": rank 1 of the torchrun test above, on a loaded machine). evals.py ends as train.py does
+    (processes.leave_process_group): its model dropped and collected first, then the process group."""
+    import weakref
+
+    import processes
+
+    run = trained[0]
+    (tmp_path / 'hellaswag_val.jsonl').write_bytes(GOOD)
+    models, load_model = [], checkpoint.load_model
+
+    def remembered(path, device):
+        model, train_config = load_model(path, device)
+        models.append(weakref.ref(model))
+        return model, train_config
+
+    alive, leave = [], processes.leave_process_group
+
+    def leaving():
+        leave()
+        alive.append(models[0]() is not None)  # collected by then, or still held by evals.py
+
+    monkeypatch.setattr(checkpoint, 'load_model', remembered)
+    monkeypatch.setattr(processes, 'leave_process_group', leaving)
+    assert hellaswag.main([run, 'hellaswag', '--cache', str(tmp_path)]) == 0
+    assert alive == [False]

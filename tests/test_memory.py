@@ -168,12 +168,14 @@ def peak_memory_run(tmp_path, processes, *flags):
         f'--out_dir={out}',
         *flags,
     ]
+    # threads pinned as dtype is (below): a thread's buffers are part of the peak; torchrun gives each process one
+    threads = '2' if processes == 1 else '1'
     result = subprocess.run(
         command,
         cwd=ROOT,
         capture_output=True,
         text=True,
-        env=dict(os.environ, MALLOC_MMAP_THRESHOLD_='65536'),
+        env=dict(os.environ, MALLOC_MMAP_THRESHOLD_='65536', OMP_NUM_THREADS=threads),
     )
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
     summary = json.loads((out / 'summary.json').read_text())
@@ -181,9 +183,10 @@ def peak_memory_run(tmp_path, processes, *flags):
 
 
 def test_cpu_default_peak_memory_within_15_percent(tmp_path):
-    predicted, measured = peak_memory_run(
-        tmp_path, 1
-    )  # its own shape and batch: 16 x 256 tokens, V 8192
+    # its own shape and batch: 16 x 256 tokens, V 8192, in fp32. Its dtype 'auto' takes bf16 or fp32 from a timing
+    # probe, so under load the run could take the path it was not calibrated on (1.108 GB against 0.867 predicted,
+    # seen): pinned, as every measured test pins what it measures (the auto choice: test_probe.py)
+    predicted, measured = peak_memory_run(tmp_path, 1, '--dtype=float32')
     assert measured == pytest.approx(predicted, rel=0.15), (predicted, measured)
 
 

@@ -18,7 +18,8 @@ import ledger_report
 import live_ledger
 import processes
 import train
-from config import ModelConfig, TrainConfig
+from config import ConfigError, ModelConfig, TrainConfig
+from model import GPT
 
 
 @pytest.fixture
@@ -201,3 +202,95 @@ def test_a_slow_dtype_is_probed_at_a_small_size(monkeypatch):
     assert (
         ledger.gemm_flops(256, torch.device('cpu'), 'float32', seconds=0.0)[1] == 256
     )  # n_max caps it
+
+
+def test_a_gpu_config_on_a_small_cpu_stops_before_building_anything(
+    probes, monkeypatch, tmp_path, capsys
+):
+    """configs/h200_1b3.py on a 24 GiB CPU machine: the ledger's memory, known before any tensor exists, is one
+    line within seconds (with --force to try anyway), before the step probe would build 1.3B parameters (minutes,
+    then the kernel's OOM kill)."""
+    answers, _ = probes
+    answers += [50e9, 5e9]  # the GEMM probes, fp32 and bf16
+    monkeypatch.setattr(ledger, 'machine_memory', lambda: (24 * 2**30, 'physical RAM (sysconf)'))
+
+    def no_model(*args, **kwargs):
+        raise AssertionError('the step probe built the model')
+
+    monkeypatch.setattr(live_ledger, '_time_steps', no_model)
+    argv = [
+        'configs/h200_1b3.py',
+        '--data=synthetic',
+        '--max_steps=2',
+        f'--out_dir={tmp_path / "out"}',
+    ]
+    assert train.main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert re.fullmatch(
+        r"error: the ledger predicts \d+\.\d GiB per process \(\d+\.\d GiB of weights, gradients and optimizer "
+        r"states\) but this machine's physical RAM \(sysconf\) holds 24\.0 GiB: lower micro_batch, set "
+        r"recompute=True or parallel=fsdp, choose a smaller model, or pass --force to start anyway",
+        err,
+    ), err
+
+
+def test_the_step_probe_says_so_before_it_builds_the_model(probes, monkeypatch, capsys):
+    """The step probe builds the model and times its steps: a line says so first (a big model takes a while); a
+    cached probe says nothing."""
+    monkeypatch.setattr(live_ledger, '_time_steps', lambda *args: 1234.0)
+    model_cfg, cfg = (
+        ModelConfig(n_layer=1, n_head=2, n_embd=32, vocab_size=256, block_size=16),
+        TrainConfig(),
+    )
+    device = ledger.Device('CPU (a test)', 1e9, 2**30, kind='cpu')
+    with torch.device('meta'):
+        params = sum(p.numel() for p in GPT(model_cfg).parameters())
+    capsys.readouterr()
+    assert live_ledger.step_probe(model_cfg, cfg, 'float32', device)[0]['tokens_per_s'] == 1234.0
+    assert capsys.readouterr().out == (
+        f"step probe: building the model ({params:,} parameters) on this CPU and timing its training step, "
+        "once for this machine (cached)\n"
+    )
+    assert live_ledger.step_probe(model_cfg, cfg, 'float32', device)[0]['tokens_per_s'] == 1234.0
+    assert capsys.readouterr().out == ''
+
+
+def test_a_big_model_says_it_is_being_built(probes, monkeypatch, tmp_path, capsys):
+    """Materialising 1.3B parameters takes minutes on a CPU: the last line before it says what is being built."""
+    answers, _ = probes
+    answers += [50e9, 5e9]
+    monkeypatch.setattr(ledger, 'machine_memory', lambda: (2**40, 'physical RAM (sysconf)'))
+    monkeypatch.setattr(live_ledger, '_time_steps', lambda *args: 1000.0)
+
+    def stop(*args, **kwargs):
+        raise ConfigError('stopped where the model would be built')
+
+    monkeypatch.setattr(train, 'build_run', stop)
+    argv = [
+        'configs/h200_1b3.py',
+        '--data=synthetic',
+        '--max_steps=2',
+        f'--out_dir={tmp_path / "out"}',
+    ]
+    assert train.main(argv) == 2
+    out = capsys.readouterr().out.strip().splitlines()
+    assert re.fullmatch(
+        r"building the model: 1,\d{3},\d{3},\d{3} parameters, \d+\.\d GiB of weights, gradients and optimizer "
+        r"states per process",
+        out[-1],
+    ), out[-1]
+
+
+@pytest.mark.parametrize('fp32, bf16, chosen', [(50e9, 5e9, 'float32'), (20e9, 120e9, 'bfloat16')])
+def test_dtype_auto_takes_the_faster_probe_on_a_cpu(probes, fp32, bf16, chosen):
+    """dtype 'auto' on a CPU: both GEMM probes run and the faster dtype is the run's (bf16 ~6x fp32 on a Xeon with
+    AMX, ~200x slower on an AVX2-only EPYC). The probes' answers are given here, so the choice is tested without
+    timing anything; the tests that measure memory or speed pin dtype instead."""
+    answers, calls = probes
+    answers += [fp32, bf16]  # measure_device probes float32, then bfloat16
+    device = ledger.measure_device('cpu', 'auto')
+    assert len(calls) == 2 and device.dtype == chosen and device.peak_flops == max(fp32, bf16)
+    assert ledger.run_dtype(TrainConfig(dtype='auto'), device) == chosen
+    assert (
+        ledger.run_dtype(TrainConfig(dtype='float32'), device) == 'float32'
+    )  # a pinned dtype stays

@@ -7,6 +7,7 @@ unless allowed; every config key's bad value is one line naming the key, the val
 
 import os
 import shlex
+import shutil
 import signal
 import socket
 import subprocess
@@ -271,6 +272,130 @@ def test_garbage_in_latest_is_one_line(eight_steps, capsys):
     assert err.endswith(f"--resume={out / 'ckpt' / 'step_0000008'}")
 
 
+def test_latest_naming_a_deleted_folder_sends_no_one_back_and_forth(eight_steps, capsys):
+    """LATEST names a checkpoint deleted by hand. With none left there is nothing to continue: --resume says to run
+    without it, and without it the run starts (its first checkpoint rewrites LATEST). With one left, each tool names
+    it in its own terms: train.py's --resume=, a path for sample.py, evals.py and export.py (they have no --resume)."""
+    config, out = eight_steps
+    newest = out / 'ckpt' / 'step_0000008'
+    shutil.rmtree(newest)
+    capsys.readouterr()
+    assert sample.main([str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.endswith(f"the newest complete checkpoint is {out / 'ckpt' / 'step_0000004'}")
+    assert '--resume' not in err
+    assert resume_error(config, out, capsys).endswith(f"--resume={out / 'ckpt' / 'step_0000004'}")
+    for step in ('step_0000000', 'step_0000004'):
+        shutil.rmtree(out / 'ckpt' / step)
+    assert resume_error(config, out, capsys) == (
+        f"error: --resume: no complete checkpoint at {out / 'ckpt'}: run without --resume to start"
+    )
+    assert train.main([config, f'--out_dir={out}', '--max_steps=4']) == 0  # the advice works
+    assert (out / 'ckpt' / 'LATEST').read_text() == 'step_0000004\n'
+
+
+def test_a_damaged_only_checkpoint_sends_no_one_back_and_forth(eight_steps, capsys):
+    """The one checkpoint left is damaged: train.py's --resume cannot use it, and a run without --resume would not
+    overwrite it, so the advice is to move it out of the way; sample.py's names no option it lacks."""
+    config, out = eight_steps
+    for step in ('step_0000000', 'step_0000004'):
+        shutil.rmtree(out / 'ckpt' / step)
+    newest = out / 'ckpt' / 'step_0000008'
+    os.remove(newest / 'train_state.pt')
+    assert resume_error(config, out, capsys) == (
+        f"error: checkpoint {newest} is damaged: train_state.pt is missing; there is no complete one before it: "
+        f"delete {out / 'ckpt'} (or set --out_dir to another folder) to start again"
+    )
+    capsys.readouterr()
+    assert sample.main([str(out)]) == 2
+    assert capsys.readouterr().err.strip() == (
+        f"error: checkpoint {newest} is damaged: train_state.pt is missing; there is no complete one before it"
+    )
+    shutil.rmtree(out / 'ckpt')
+    assert train.main([config, f'--out_dir={out}', '--max_steps=4']) == 0  # the advice works
+
+
+def test_a_checkpoint_half_deleted_by_a_kill_during_pruning_is_reclaimed(
+    pystdlib_data, tmp_path, monkeypatch
+):
+    """Pruning killed midway leaves step_N/ with some files: its manifest goes first, so the folder never passes for
+    complete, and the next save reclaims it (at 1.3B such a folder is ~16 GB). Complete checkpoints stay."""
+    config = write_config(
+        tmp_path, pystdlib_data, train_tokens=16 * 256, ckpt_every=4, keep_ckpts=3
+    )
+    out = tmp_path / 'out'
+    assert train.main([config, f'--out_dir={out}', '--max_steps=8']) == 0  # checkpoints 0, 4 and 8
+    ckpt = out / 'ckpt'
+    removed, rmtree = [], shutil.rmtree
+
+    def killed_in_step_0(
+        path, *args, **kwargs
+    ):  # a kill during the first prune of the run resumed below
+        if os.path.basename(path) == 'step_0000000' and not removed:
+            removed.append(os.path.exists(os.path.join(path, checkpoint.MANIFEST)))
+            os.remove(os.path.join(path, '.metadata'))
+            raise KeyboardInterrupt
+        return rmtree(path, *args, **kwargs)
+
+    monkeypatch.setattr(shutil, 'rmtree', killed_in_step_0)
+    assert train.main([config, f'--out_dir={out}', '--resume', '--max_steps=12']) == 130
+    half = ckpt / 'step_0000000'
+    assert removed == [False] and half.is_dir() and os.listdir(half)  # files left, no manifest
+    assert checkpoint.complete_checkpoints(out) == [str(ckpt / f'step_{s:07d}') for s in (4, 8, 12)]
+    monkeypatch.setattr(shutil, 'rmtree', rmtree)
+    assert train.main([config, f'--out_dir={out}', '--resume', '--max_steps=16']) == 0
+    assert sorted(os.listdir(ckpt)) == ['LATEST', 'step_0000008', 'step_0000012', 'step_0000016']
+
+
+class Payload:
+    """What a shared train_state.pt could hold: unpickling it calls a function of the file's choosing."""
+
+    def __reduce__(self):
+        return (print, ('the payload ran',))
+
+
+def test_train_state_needs_no_unpickling_of_code(eight_steps, capsys):
+    """train_state.pt holds tensors and plain values, read with torch.load(weights_only=True): a shared run folder
+    runs no code of its own. A file that needs more is refused in one line by every tool; the RNG states round-trip
+    exactly; a checkpoint written before (numpy's RNG state as an array) still resumes."""
+    import random
+
+    import numpy as np
+
+    config, out = eight_steps
+    newest = out / 'ckpt' / 'step_0000008'
+    saved = torch.load(newest / 'train_state.pt', weights_only=True)
+    assert saved['step'] == 8 and saved['world_size'] == 1
+    # the RNG states, through the file's form, restore every stream exactly
+    torch.save({'rng': checkpoint.rng_states()}, newest.parent / 'rng.pt')
+    drawn = random.random(), np.random.rand(), torch.rand(1).item()
+    checkpoint.set_rng_states(torch.load(newest.parent / 'rng.pt', weights_only=True)['rng'])
+    assert (random.random(), np.random.rand(), torch.rand(1).item()) == drawn
+    os.remove(newest.parent / 'rng.pt')
+    # the form written before: numpy's state as np.random.get_state() gives it, an array among them
+    old = dict(saved, rng=[dict(saved['rng'][0], numpy=np.random.get_state())])
+    torch.save(old, newest / 'train_state.pt')
+    os.remove(newest / checkpoint.MANIFEST)
+    checkpoint.write_manifest(newest)
+    checkpoint.set_rng_states(checkpoint.read_state(str(newest))['rng'])
+    reference = np.random.RandomState()
+    reference.set_state(old['rng'][0]['numpy'])
+    assert np.random.rand() == reference.rand()
+    # a file that needs more than that: refused before anything in it runs, by train.py and the tools alike
+    torch.save(dict(saved, payload=Payload()), newest / 'train_state.pt')
+    os.remove(newest / checkpoint.MANIFEST)
+    checkpoint.write_manifest(newest)
+    expected = (
+        f"error: {newest / 'train_state.pt'} holds more than tensors and plain values (builtins.print), which "
+        f"only running code from the file could read: this project never writes such a file; refused (if you "
+        f"trust it, load it yourself with torch.load(weights_only=False))"
+    )
+    assert resume_error(config, out, capsys) == expected
+    assert sample.main([str(out)]) == 2
+    captured = capsys.readouterr()
+    assert captured.err.strip() == expected and 'the payload ran' not in captured.out
+
+
 # -----------------------------------------------------------------------------------------------------
 # A full disk during a checkpoint, and two runs on one folder.
 
@@ -400,7 +525,9 @@ def test_a_token_id_past_the_models_vocab_is_one_line_before_anything_is_written
 
     folder = tmp_path / 'data'
     folder.mkdir()
-    meta = data.load_meta(pystdlib_data)
+    meta = dict(
+        data.load_meta(pystdlib_data), train_tokens=2000, val_tokens=2000
+    )  # its shards' counts
     meta.pop('max_token_id', None)
     (folder / 'meta.json').write_text(json.dumps(meta))
     tokens = np.arange(2000, dtype=np.uint16) % 512
