@@ -194,6 +194,13 @@ def linear(name, fan_in, fan_out, bias):
     )
 
 
+def up_down_shapes(c):
+    """An FFN of two matrices, up (H -> H') and down (H' -> H): GELU's and ReLU²'s."""
+    return linear('up_proj', c.n_embd, c.ffn_width, c.biases) + linear(
+        'down_proj', c.ffn_width, c.n_embd, c.biases
+    )
+
+
 def layernorm_shapes(c):
     return [('weight', (c.n_embd,))] + ([('bias', (c.n_embd,))] if c.biases else [])
 
@@ -298,10 +305,7 @@ PARTS = {
         'gelu': Part(
             'GELU MLP',
             "2HH'",
-            lambda c: (
-                linear('up_proj', c.n_embd, c.ffn_width, c.biases)
-                + linear('down_proj', c.ffn_width, c.n_embd, c.biases)
-            ),
+            up_down_shapes,
             mlp_saved(2, 2),
             ('GPT2LMHeadModel',),
             'gelu_new',
@@ -326,10 +330,7 @@ PARTS = {
         'relu2': Part(
             'ReLU² MLP',
             "2HH'",
-            lambda c: (
-                linear('up_proj', c.n_embd, c.ffn_width, c.biases)
-                + linear('down_proj', c.ffn_width, c.n_embd, c.biases)
-            ),
+            up_down_shapes,
             mlp_saved(2, 2),
             ('GPT2LMHeadModel',),
             'relu2',

@@ -10,7 +10,13 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-from test_model import batch, measured_activation_bytes, predicted_activation_bytes, tiny
+from test_model import (  # one_thread: test_model's autouse module fixture, for these tiny shapes too
+    batch,
+    measured_activation_bytes,
+    one_thread,  # noqa: F401
+    predicted_activation_bytes,
+    tiny,
+)
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
@@ -20,14 +26,6 @@ from model import GPT
 
 NEW_PARTS = [dict(qk_norm='weightless'), dict(qk_norm='learned'), dict(mlp='relu2')]
 BASES = [dict(), dict(n_kv_head=2), dict(arch='gpt2')]
-
-
-@pytest.fixture(autouse=True, scope='module')
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def every_part():
