@@ -31,7 +31,7 @@ import os
 import re
 
 import config
-from config import FAMILIES, ConfigError, DataError
+from config import FAMILIES, PARTS, ConfigError, DataError
 
 ARCHS = {
     family.hf_class: arch for arch, family in FAMILIES.items()
@@ -187,16 +187,16 @@ def llama_values(hf, path):
 
 
 def gpt2_values(hf, path):
-    if hf.get('activation_function', 'gelu_new') not in GELU_TANH:
-        refuse(
-            path,
-            'activation_function',
-            hf['activation_function'],
-            ' or '.join(map(repr, GELU_TANH)),
-        )
+    # the MLP rows GPT2LMHeadModel holds, by their Hugging Face activation (config.PARTS): GELU, ReLU²
+    mlps = {row.hf_act: name for name, row in PARTS['mlp'].items() if 'GPT2LMHeadModel' in row.hf}
+    mlps.update(dict.fromkeys(GELU_TANH, mlps['gelu_new']))
+    act = hf.get('activation_function', 'gelu_new')
+    if act not in mlps:
+        refuse(path, 'activation_function', act, ' or '.join(map(repr, mlps)))
     width = hf.get('n_embd', 768)
     return dict(
         arch='gpt2',
+        mlp='' if mlps[act] == FAMILIES['gpt2'].mlp else mlps[act],
         n_layer=hf.get('n_layer', 12),
         n_head=hf.get('n_head', 12),
         n_kv_head=0,

@@ -628,6 +628,12 @@ def test_allow_change_names_only_keys_that_need_it(eight_steps, capsys):
 
 BAD = {  # a value each rule must refuse
     'arch': 'gpt3',
+    'attention': 'linear',
+    'norm': 'batchnorm',
+    'mlp': 'relu3',
+    'positions': 'alibi',
+    'qk_norm': 'rms',
+    'optimizer': 'sgd',
     'n_layer': 0,
     'n_head': -2,
     'n_embd': 0,

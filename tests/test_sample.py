@@ -77,7 +77,7 @@ def test_bad_path_is_one_line(tmp_path, capsys):
 
 
 def test_a_device_this_machine_lacks_is_one_line(tmp_path, capsys):
-    import eval as hellaswag
+    import evals as hellaswag
 
     if torch.cuda.is_available():  # a GPU past the last one
         name, why = (
