@@ -10,9 +10,9 @@ into any family:
 Both are pre-norm decoder stacks, x = x + attn(norm(x)); x = x + mlp(norm(x)); logits =
 lm_head(norm_f(x)), with grouped-query attention when n_kv_head < n_head. With n_experts > 0 the
 blocks after the first n_dense_layers get a mixture of experts as their FFN (moe.py). Each part's
-class below is named by its row in config.PARTS (NORMS, MLPS, QK_NORMS), and the row's shapes are
-this file's tensors: test_parts.py holds every row to the modules built, and the ledger counts from
-the rows.
+class below is found by its row's name in config.PARTS (ATTENTIONS, make_norm, MLPS, QK_NORMS), and
+the row's shapes are this file's tensors: test_parts.py holds every row to the modules built, and
+the ledger counts from the rows.
 
 Speed on H100/H200: attention goes through F.scaled_dot_product_attention(is_causal=True) so the
 flash/cuDNN kernel runs, GQA uses enable_gqa instead of materialising repeated K/V, the norms are
@@ -49,8 +49,7 @@ def rope_tables(head_dim, block_size, theta, device=None):
 
 
 def apply_rope(x, cos, sin):
-    """x: (B, T, heads, head_dim); cos, sin: (T, head_dim // 2) -> the rotated x, same shape and
-    dtype."""
+    """x: (B, T, heads, head_dim); cos, sin: (T, head_dim // 2) -> rotated x, same shape, dtype."""
     cos, sin = cos[:, None, :].to(x.dtype), sin[:, None, :].to(x.dtype)  # broadcast over heads
     x1, x2 = x.chunk(2, dim=-1)
     return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
