@@ -202,31 +202,15 @@ def measure_device(name='auto', dtype='auto', seconds=1.0):
         label = f'CPU ({cpu_name()}, {torch.get_num_threads()} threads)'
         device, threads = torch.device('cpu'), torch.get_num_threads()
     key = f'{label} | {dtype} | {threads} threads | torch {torch.__version__}'
-    path = cache_path()
-    cache = read_probes(path)
-    if key not in cache or cache[key].get('reprobe'):
+
+    def probe_it():
         best, n = gemm_flops(8192 if on_gpu else 2048, device, dtype, seconds)
-        old = cache.get(key, {})
-        if best >= old.get(
-            'peak_flops', 0
-        ):  # load only lowers a probe: the best seen is the device's
-            cache[key] = {
-                'peak_flops': best,
-                'runtime_bytes': resident_bytes(),
-                'matmul': f'{n}x{n}x{n}',
-                'measured': time.strftime('%Y-%m-%d %H:%M:%S'),
-            }
-        cache[key]['probes'] = old.get('probes', 0) + 1
-        cache[key].pop('reprobe', None)
-        try:
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-            save_json(path, cache)
-        except OSError:
-            pass  # a read-only home only costs the next run another second
-    probe = cache[key]
+        return {'peak_flops': best, 'runtime_bytes': resident_bytes(), 'matmul': f'{n}x{n}x{n}'}
+
+    probe = cached_probe(key, probe_it, 'peak_flops')
     peak_source = (
         f"measured: GEMM probe, {probe['matmul']} {dtype}, the best of {probe.get('probes', 1)} probe(s), "
-        f"peak measured at {probe['measured']} (cache: {path})"
+        f"peak measured at {probe['measured']} (cache: {cache_path()})"
     )
     if on_gpu:
         return Device(
@@ -279,6 +263,26 @@ def gemm_flops(n_max, device, dtype, seconds):
     while time.perf_counter() - start < seconds:
         best = max(best, 2 * n**3 / timed(a, b, out))
     return best, n  # a, b and out are freed here, before the runtime's own footprint is read
+
+
+def cached_probe(key, measure, best_of):
+    """The probe cache's entry `key` (cache_path: per machine), measured with measure() -> its fields when it is
+    new or flagged (flag_reprobe). Load only slows a probe, so the entry with the highest `best_of` seen is kept
+    (with its date); 'probes' counts the measurements. The GEMM probe and live_ledger's step probe share it."""
+    path = cache_path()
+    cache = read_probes(path)
+    if key not in cache or cache[key].get('reprobe'):
+        entry, old = measure(), cache.get(key, {})
+        if entry[best_of] >= old.get(best_of, 0):
+            cache[key] = {**entry, 'measured': time.strftime('%Y-%m-%d %H:%M:%S')}
+        cache[key]['probes'] = old.get('probes', 0) + 1
+        cache[key].pop('reprobe', None)
+        try:
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            save_json(path, cache)
+        except OSError:
+            pass  # a read-only home only costs the next run another second
+    return cache[key]
 
 
 def read_probes(path=None):

@@ -81,8 +81,8 @@ def step_probe(model_cfg, train, dtype, device, seconds=0.5):
         f"accumulation {train.batch_tokens // (train.micro_batch * model_cfg.block_size)} | recompute "
         f"{train.recompute} | compile {train.compile} | {dtype} | torch {torch.__version__}"
     )
-    cache = ledger.read_probes()
-    if key not in cache or cache[key].get('reprobe'):
+
+    def probe_it():
         with torch.device('meta'):
             params = sum(p.numel() for p in GPT(model_cfg).parameters())
         print(
@@ -90,18 +90,9 @@ def step_probe(model_cfg, train, dtype, device, seconds=0.5):
             f"once for this machine (cached)",
             flush=True,
         )
-        best = _time_steps(model_cfg, train, dtype, seconds)
-        old = cache.get(key, {})
-        if best >= old.get('tokens_per_s', 0):
-            cache[key] = {'tokens_per_s': best, 'measured': time.strftime('%Y-%m-%d %H:%M:%S')}
-        cache[key]['probes'] = old.get('probes', 0) + 1
-        cache[key].pop('reprobe', None)
-        try:
-            os.makedirs(os.path.dirname(ledger.cache_path()), exist_ok=True)
-            files.save_json(ledger.cache_path(), cache)
-        except OSError:
-            pass
-    return cache[key], key
+        return {'tokens_per_s': _time_steps(model_cfg, train, dtype, seconds)}
+
+    return ledger.cached_probe(key, probe_it, 'tokens_per_s'), key
 
 
 def learn_speed(key, tokens_per_s):
