@@ -162,7 +162,7 @@ def _say(message, code):
 # optimizer's row says its state bytes per parameter and its step's FLOPs. model.py builds a block from the rows'
 # names (its classes by the same names); ledger.py, ledger_report.py and export.py read the rows and name no part.
 # A fork that adds a part adds a row here, a class in model.py and a test. A family (FAMILIES, below) is a named
-# choice of rows; a model key (norm, mlp, positions, qk_norm) takes a part into any family.
+# choice of rows; a model key (attention, norm, mlp, positions, qk_norm) takes a part into any family.
 # Shapes are (out, in) as nn.Linear holds them; H is n_embd, H' the FFN width, d the head size, a and r the bytes
 # of an activation and of the residual stream (Ledger 4b).
 
@@ -172,9 +172,8 @@ class Part:
     label: str  # its name in the bill
     formula: str  # its parameters as the bill prints them
     shapes: object  # (ModelConfig) -> [(name, shape)] of its tensors inside its module, in model.py's order
-    saved: (
-        object  # (ModelConfig, a, r, compiled) -> bytes it saves for backward per token (Ledger 4b)
-    )
+    # (ModelConfig, a, r, compiled) -> the bytes it saves for backward per token (Ledger 4b)
+    saved: object
     hf: tuple = ()  # the Hugging Face classes that hold it (export.py); () is "not exportable"
     hf_act: str = ''  # an MLP's activation as Hugging Face names it (config.json's hidden_act)
     # an FFN's default width H' (ffn_hidden = 0): ffn_ratio x H, rounded up to a multiple of ffn_multiple
@@ -409,9 +408,7 @@ class Family:
     # the family has biases (Linear layers, norms): a config file gets them unless it says bias = False; a family
     # without them refuses bias = True
     bias: bool
-    tie_embeddings: (
-        bool  # the family's published tying: the default of a config file that names the family
-    )
+    tie_embeddings: bool  # the family's published tying: a config file's default
     hf_class: str  # the Hugging Face class export.py writes the model as
 
     def __post_init__(self):

@@ -105,9 +105,7 @@ class Rung:
     flags: list  # train.py's overrides, the config's path before them
     n_params: int  # N as the fit counts it: scaling.N_CONVENTION (the ledger's 'matmul' parameters)
     n_total: int  # every parameter, embeddings included
-    n_non_embedding: (
-        int  # without the embedding table and the output projection (Kaplan et al.'s N)
-    )
+    n_non_embedding: int  # no embedding table, no output projection (Kaplan et al.'s N)
     tokens: int  # D: whole batches
     flops_per_token: int  # the ledger's model FLOPs per token (6 N_matmul + 12 L H T)
     out_dir: str
