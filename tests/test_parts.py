@@ -172,13 +172,15 @@ def test_a_fork_without_its_row_stops_in_one_line_or_runs_unverified_with_force(
 
     build, attend = model.Attention.__init__, model.Attention.forward
 
-    def with_a_gain(self, config):  # a fork's new tensor, its row not written
+    def with_a_gain(
+        self, config
+    ):  # a fork's new tensor, its row not written (a norm: init_weights sets it)
         build(self, config)
-        self.gain = torch.nn.Parameter(torch.ones(config.n_head))
+        self.gain = torch.nn.RMSNorm(config.n_head)
 
     monkeypatch.setattr(model.Attention, '__init__', with_a_gain)
     monkeypatch.setattr(
-        model.Attention, 'forward', lambda self, *a: attend(self, *a) * self.gain.mean()
+        model.Attention, 'forward', lambda self, *a: attend(self, *a) * self.gain.weight.mean()
     )
     config = helpers.write_config(
         tmp_path / 'config.py',
@@ -202,10 +204,10 @@ def test_a_fork_without_its_row_stops_in_one_line_or_runs_unverified_with_force(
     line = capsys.readouterr().err.strip()
     assert (
         line.startswith('error: the ledger counts')
-        and 'blocks.0.attn.gain is (2,) in model.py' in line
+        and 'blocks.0.attn.gain.weight is (2,) in model.py' in line
     )
     assert '--force' in line and len(line.splitlines()) == 1
     assert train.main([config, f'--out_dir={tmp_path / "b"}', '--force']) == 0
     summary = json.loads((tmp_path / 'b' / 'summary.json').read_text())
-    assert 'blocks.0.attn.gain' in summary['ledger_unverified']
+    assert 'blocks.0.attn.gain.weight' in summary['ledger_unverified']
     assert 'LEDGER UNVERIFIED (--force)' in (tmp_path / 'b' / 'report.md').read_text()
