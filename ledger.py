@@ -271,7 +271,7 @@ def cached_probe(key, measure, best_of):
     (with its date); 'probes' counts the measurements. The GEMM probe and live_ledger's step probe share it."""
     path = cache_path()
     cache = read_probes(path)
-    if key not in cache or cache[key].get('reprobe'):
+    if probe_due(key, cache):
         entry, old = measure(), cache.get(key, {})
         if entry[best_of] >= old.get(best_of, 0):
             cache[key] = {**entry, 'measured': time.strftime('%Y-%m-%d %H:%M:%S')}
@@ -283,6 +283,12 @@ def cached_probe(key, measure, best_of):
         except OSError:
             pass  # a read-only home only costs the next run another second
     return cache[key]
+
+
+def probe_due(key, cache=None):
+    """Whether the probe cache lacks `key` or has it flagged for another measurement."""
+    entry = (read_probes() if cache is None else cache).get(key)
+    return entry is None or bool(entry.get('reprobe'))
 
 
 def read_probes(path=None):

@@ -72,27 +72,38 @@ PROBE_CLOCK = (
 # sets time.thread_time with one thread: every CPU kernel, autograd's included, then runs in the calling thread)
 
 
-def step_probe(model_cfg, train, dtype, device, seconds=0.5):
-    """-> (the cache entry: tokens_per_s of this model's training step on this CPU, measured (its date), probes,
-    and once a run has learned it, reached and reached_at; the entry's key)."""
+def step_probe(model_cfg, train, dtype, device, cluster, seconds=0.5):
+    """-> (the cache entry: tokens_per_s of this model's training step in one process on this CPU,
+    measured (its date), probes, and once a run has learned it, reached and reached_at; the entry's
+    key). Under torchrun every rank probes at once, each with its own threads, so the probe feels the
+    run's contention (two processes on two cores: each one thread); rank 0's entry is shared, and its
+    key names the mode and world size, whose waits a run of it reached."""
     key = (
         f"{device.name} | step | {json.dumps(dataclasses.asdict(model_cfg), sort_keys=True)} | "
         f"micro_batch {train.micro_batch} | "
         f"accumulation {train.batch_tokens // (train.micro_batch * model_cfg.block_size)} | recompute "
         f"{train.recompute} | compile {train.compile} | {dtype} | torch {torch.__version__}"
-    )
+    ) + (f" | {cluster.world_size} processes, {train.parallel}" if cluster.world_size > 1 else '')
 
     def probe_it():
         with torch.device('meta'):
             params = sum(p.numel() for p in GPT(model_cfg).parameters())
-        print(
-            f"step probe: building the model ({params:,} parameters) on this CPU and timing its training step, "
-            f"once for this machine (cached)",
-            flush=True,
+        log(
+            cluster,
+            f"step probe: building the model ({params:,} parameters) on this CPU and timing its training "
+            f"step, once for this machine (cached)",
         )
         return {'tokens_per_s': _time_steps(model_cfg, train, dtype, seconds)}
 
-    return ledger.cached_probe(key, probe_it, 'tokens_per_s'), key
+    if cluster.world_size == 1:
+        return ledger.cached_probe(key, probe_it, 'tokens_per_s'), key
+    due = [cluster.is_master and ledger.probe_due(key)]
+    dist.broadcast_object_list(due, src=0)
+    if due[0] and not cluster.is_master:
+        probe_it()  # beside rank 0's, which is kept
+    shared = [ledger.cached_probe(key, probe_it, 'tokens_per_s') if cluster.is_master else None]
+    dist.broadcast_object_list(shared, src=0)
+    return shared[0], key
 
 
 def learn_speed(key, tokens_per_s):
@@ -168,13 +179,12 @@ def predict(config_path, model_cfg, train, cluster, force, cooldown):
     check_fits(
         prediction['memory'], device, force
     )  # before the step probe builds the model: known without it
-    if (
-        device.kind == 'cpu' and cluster.world_size == 1
-    ):  # the MFU this model reaches here, measured (above)
-        probe, key = step_probe(model_cfg, train, dtype, device)
+    if device.kind == 'cpu':  # the MFU this model reaches here, measured (above), per process
+        probe, key = step_probe(model_cfg, train, dtype, device, cluster)
         tokens_per_s = probe.get('reached') or probe['tokens_per_s']
         mfu = tokens_per_s * prediction['flops_per_token']['hardware'] / device.peak_flops
-        prediction = ledger.predict(model_cfg, dataclasses.replace(billed, mfu=mfu), 1, device)
+        billed = dataclasses.replace(billed, mfu=mfu)
+        prediction = ledger.predict(model_cfg, billed, cluster.world_size, device)
         prediction['mfu_source'] = (
             f"reached by a run of this config on this machine, {probe['reached_at']}"
             if probe.get('reached')
@@ -574,10 +584,10 @@ class Metrics:
         probe_key, assumed = self.prediction['gpu'].get('probe_key'), self.prediction['mfu']
         reason = f"a run measured MFU {mfu:.1%} against the {assumed:.1%} its prediction assumed"
         limit = ledger.REPROBE_FACTOR * assumed
-        if self.prediction.get(
-            'mfu_probe_key'
-        ):  # a CPU predicted from its step probe: learn what the run reached
-            learn_speed(self.prediction['mfu_probe_key'], self.measured['tokens_per_s'])
+        key = self.prediction.get('mfu_probe_key')
+        if key:  # a CPU predicted from its step probe: learn what the run reached, per process
+            if self.cluster.is_master:
+                learn_speed(key, self.measured['tokens_per_s'] / self.cluster.world_size)
             # the GEMM peak then only divides the MFU shown: above 100%, it read low
             reason, limit = f"a run measured MFU {mfu:.1%}, above 100% of the peak", 1.0
         if self.probe_flagged or not probe_key or mfu < limit or not self.cluster.is_master:

@@ -243,15 +243,22 @@ def test_the_step_probe_says_so_before_it_builds_the_model(probes, monkeypatch, 
         TrainConfig(),
     )
     device = ledger.Device('CPU (a test)', 1e9, 2**30, kind='cpu')
+    cluster = processes.Cluster(0, 1, 0, torch.device('cpu'))
     with torch.device('meta'):
         params = sum(p.numel() for p in GPT(model_cfg).parameters())
     capsys.readouterr()
-    assert live_ledger.step_probe(model_cfg, cfg, 'float32', device)[0]['tokens_per_s'] == 1234.0
+    assert (
+        live_ledger.step_probe(model_cfg, cfg, 'float32', device, cluster)[0]['tokens_per_s']
+        == 1234.0
+    )
     assert capsys.readouterr().out == (
         f"step probe: building the model ({params:,} parameters) on this CPU and timing its training step, "
         "once for this machine (cached)\n"
     )
-    assert live_ledger.step_probe(model_cfg, cfg, 'float32', device)[0]['tokens_per_s'] == 1234.0
+    assert (
+        live_ledger.step_probe(model_cfg, cfg, 'float32', device, cluster)[0]['tokens_per_s']
+        == 1234.0
+    )
     assert capsys.readouterr().out == ''
 
 
