@@ -543,6 +543,11 @@ class TrainConfig:
     max_steps: int = free(
         0
     )  # stop after this many steps (0: run to train_tokens); the schedule spans train_tokens
+    # minutes of training steps the run is planned for (0: train_tokens plans it): the tokens that
+    # many minutes buy at the ledger's predicted tokens/s (a CPU's measured step), fixed at the
+    # start and kept by a resume; start-up, compiling, evals and checkpoints come on top.
+    # --train_tokens on the command line plans by tokens again
+    train_minutes: float = free(0.0)
     dataset_tokens: int = free(
         0
     )  # tokens available in the dataset, for the ledger's "is it enough" (0: unknown)
@@ -795,6 +800,7 @@ RULES = {
     'seed': POSITIVE_OR_0,
     'train_tokens': POSITIVE,
     'max_steps': POSITIVE_OR_0,
+    'train_minutes': POSITIVE_OR_0,
     'dataset_tokens': POSITIVE_OR_0,
     'batch_tokens': POSITIVE,
     'micro_batch': POSITIVE,
@@ -1099,7 +1105,9 @@ def read_values(path=None, overrides=()):
 
 def load_config(path=None, overrides=()):
     """Read a config file and `--key=value` overrides (read_values) into (ModelConfig, TrainConfig), checked."""
-    values, _ = read_values(path, overrides)
+    values, where = read_values(path, overrides)
+    if where.get('train_tokens') == 'the command line' != where.get('train_minutes'):
+        values['train_minutes'] = 0.0  # --train_tokens plans the run, over the file's minutes
     family = FAMILIES.get(
         values.get('arch', DEFAULTS['arch'])
     )  # an unknown arch: validate names the known ones

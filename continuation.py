@@ -113,11 +113,7 @@ def check_out_dir(train, resume, stop_step, cluster):
     """-> the checkpoint to resume from (None: start), or 'done' when out_dir already holds this run, complete.
     Checkpoints already in out_dir are continued only when asked, never overwritten silently."""
     if resume:
-        path = (
-            checkpoint.find(resume, '--resume')
-            if isinstance(resume, str)
-            else checkpoint.latest(train.out_dir, '--resume')
-        )
+        path = carried_on_from(train, resume)
         if path is None:
             raise ConfigError(
                 f"--resume: no complete checkpoint at {checkpoint.root(train.out_dir)}: run without --resume to start"
@@ -140,6 +136,30 @@ def check_out_dir(train, resume, stop_step, cluster):
             f"--out_dir to another folder"
         )
     return None
+
+
+def keep_budgeted_tokens(train, resume):
+    """A run planned by train_minutes fixes its train_tokens at its start (live_ledger.spend_minutes:
+    from the speed predicted then; its checkpoints hold them, and train_minutes 0): a resume, or a
+    rerun of a complete run, keeps them, so its schedule and its end are those it started with."""
+    if not train.train_minutes:
+        return train
+    if train.cooldown_from:
+        raise ConfigError(
+            'train_minutes plans a run of its own: a cooldown lasts cooldown_tokens; set one of them'
+        )
+    path = carried_on_from(train, resume)
+    if path is None:
+        return train
+    saved = checkpoint.read_state(path)['train_config']['train_tokens']
+    return dataclasses.replace(train, train_tokens=saved, train_minutes=0.0)
+
+
+def carried_on_from(train, resume):
+    """The checkpoint a run would carry on: --resume's path, else out_dir's latest (or None)."""
+    if isinstance(resume, str):
+        return checkpoint.find(resume, '--resume')
+    return checkpoint.latest(train.out_dir, '--resume')
 
 
 def cooldown_start(train):

@@ -1377,22 +1377,26 @@ def predict(model, train, n_gpu=None, device=None):
     params = count_params(model)
     compiled_blocks = compile_mode(train, n_gpu) == 'blocks'  # train.py's build_model
     flops = flops_per_token(model, train.recompute, compiled_blocks)
-    tokens = (
-        min(train.train_tokens, train.max_steps * train.batch_tokens)
-        if train.max_steps
-        else train.train_tokens
-    )
     # train.mfu is the fraction of peak the devices spend on matmul FLOPs, recomputation included ('hardware': it
     # sets tokens_per_s and days); MFU proper (PaLM, what train.py measures) counts only the model's FLOPs
     # ('matmul'), so with recompute the predicted MFU is lower by matmul / hardware (LLaMA-7B: 1 / 1.33).
     hardware_flops_per_s = n_gpu * device.peak_flops * train.mfu
     compute_tokens_per_s = hardware_flops_per_s / flops['hardware']
-    compute_days = tokens * flops['hardware'] / hardware_flops_per_s / SECONDS_PER_DAY
     memory = memory_per_gpu(model, train, n_gpu, device=device)
     # Ledger 5: a step is its compute plus the communication that does not hide under it (ESTIMATE)
     comm = communication(model, train, n_gpu, device, train.batch_tokens / compute_tokens_per_s)
     slowdown = 1 + (comm['exposed_seconds'] or 0) / (train.batch_tokens / compute_tokens_per_s)
-    tokens_per_s, days = compute_tokens_per_s / slowdown, compute_days * slowdown
+    tokens_per_s = compute_tokens_per_s / slowdown
+    if train.train_minutes:  # whole batches, at least one, in that many minutes at this speed
+        batches = max(1, int(train.train_minutes * 60 * tokens_per_s // train.batch_tokens))
+        train = dataclasses.replace(train, train_tokens=batches * train.batch_tokens)
+    tokens = (
+        min(train.train_tokens, train.max_steps * train.batch_tokens)
+        if train.max_steps
+        else train.train_tokens
+    )
+    compute_days = tokens * flops['hardware'] / hardware_flops_per_s / SECONDS_PER_DAY
+    days = compute_days * slowdown
     return {
         'model': dataclasses.asdict(model),
         'train': dataclasses.asdict(train),

@@ -240,6 +240,20 @@ def predict(config_path, model_cfg, train, cluster, force, cooldown):
     return prediction, dtype
 
 
+def spend_minutes(train, prediction, cluster):
+    """train_minutes -> the train_tokens the prediction bought with them (ledger.predict: whole
+    batches at the predicted tokens/s), fixed for the rest of the run and its resumes (train_minutes
+    0 in its checkpoints: continuation.keep_budgeted_tokens)."""
+    tokens = prediction['train']['train_tokens']
+    source = prediction.get('mfu_source', f"MFU {train.mfu:.0%}, the config's")
+    log(
+        cluster,
+        f"train_minutes={train.train_minutes:g}: {tokens:,} tokens in {tokens // train.batch_tokens:,} "
+        f"steps at the predicted {prediction['tokens_per_s']:,.0f} tokens/s ({source})",
+    )
+    return dataclasses.replace(train, train_tokens=tokens, train_minutes=0.0)
+
+
 BIG_STATES = (
     2**30
 )  # model states from which materialising them takes seconds (1 GiB: ~60M parameters with AdamW)

@@ -280,6 +280,7 @@ def setup(argv, held=None):
     held = held or contextlib.ExitStack()  # a tool's own, never closed: so no lock goes into it
     config_path, overrides, resume, force, allowed_changes = continuation.parse_args(argv)
     model_cfg, train = pretrained.load_config(config_path, overrides)  # init_from: its config.json
+    train = continuation.keep_budgeted_tokens(train, resume)  # train_minutes: the plan it made
     cluster = processes.setup_cluster()
     micro_step_tokens = tokens_per_micro_step(model_cfg, train, cluster.world_size)
     cooldown, start = None, continuation.cooldown_start(train)  # its checkpoint's step and tokens
@@ -310,6 +311,10 @@ def setup(argv, held=None):
 
     # The ledger for this exact run (this device, world size and model), printed short.
     prediction, dtype = live_ledger.predict(config_path, model_cfg, train, cluster, force, cooldown)
+    if train.train_minutes:  # the tokens its minutes buy at the predicted speed, fixed from now on
+        train = live_ledger.spend_minutes(train, prediction, cluster)
+        total_steps = end_step = planned_steps(train, micro_step_tokens)
+        stop_step = min(end_step, train.max_steps) if train.max_steps else end_step
     if cluster.is_master and (line := objectives.describe(objective, stream)):  # fim, ul2's spans
         log(cluster, line)
     needed = prediction['data']['checkpoint_bytes']

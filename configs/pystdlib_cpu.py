@@ -14,7 +14,10 @@ block_size = 256
 
 out_dir = 'out/pystdlib_cpu'
 data = 'data/pystdlib'
-train_tokens = 2_621_440  # 320 steps of 8192 tokens: ~0.33 epoch of the 7.8M train tokens
+# Four minutes of training steps at the speed the live ledger predicts for this machine (its step
+# probe; once a run has trained here, the speed that run reached): ~2.8M tokens, 340 steps with AMX
+# (~0.35 epoch of the 7.8M train tokens), ~0.4M with AVX2 only. --train_tokens=N plans by tokens.
+train_minutes = 4
 batch_tokens = 8_192  # 2 micro-batches of 16 x 256: small batches, many steps, for a short CPU run
 micro_batch = 16
 lr = 2e-3  # a small model takes a large LR; cosine to 10% after 16 warmup steps

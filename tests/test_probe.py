@@ -18,7 +18,7 @@ import ledger_report
 import live_ledger
 import processes
 import train
-from config import ConfigError, ModelConfig, TrainConfig
+from config import ConfigError, ModelConfig, TrainConfig, load_config
 from model import GPT
 
 
@@ -301,3 +301,47 @@ def test_dtype_auto_takes_the_faster_probe_on_a_cpu(probes, fp32, bf16, chosen):
     assert (
         ledger.run_dtype(TrainConfig(dtype='float32'), device) == 'float32'
     )  # a pinned dtype stays
+
+
+# train_minutes: the tokens a run is planned for follow from the speed its ledger predicts, fixed at its start.
+
+
+def test_train_minutes_buy_the_tokens_of_the_predicted_speed(tmp_path, monkeypatch, capsys):
+    """A run planned by minutes trains the whole batches that fit them at the step probe's tokens/s
+    (here a fixed 4,096); its checkpoints hold those tokens (and train_minutes 0), so its resume and
+    a rerun of the finished run keep them though the speed learned since is another."""
+    monkeypatch.setenv('XDG_CACHE_HOME', str(tmp_path / 'cache'))
+    monkeypatch.setattr(live_ledger, '_time_steps', lambda *args: 4096.0)
+    config = tmp_path / 'config.py'
+    helpers.write_config(config, dict(CPU_RUN, train_minutes=0.05, ckpt_every=3, eval_tokens=1024))
+    out = f'--out_dir={tmp_path / "out"}'
+    run = train.setup([str(config), f'--out_dir={tmp_path / "look"}'])
+    tokens = int(0.05 * 60 * run.metrics.prediction['tokens_per_s'] // 1024) * 1024
+    assert run.metrics.prediction['tokens_per_s'] == pytest.approx(4096.0)  # no communication
+    assert run.train.train_tokens == tokens == 12 * 1024 and run.total_steps == 12
+    assert run.train.train_minutes == 0 and run.metrics.prediction['tokens'] == tokens
+    assert 'train_minutes=0.05: 12,288 tokens in 12 steps at the predicted 4,096 tokens/s' in (
+        capsys.readouterr().out
+    )
+    del run
+    assert train.main([str(config), out, '--max_steps=6']) == 0
+    (key,) = [k for k in ledger.read_probes() if ' | step | ' in k]
+    live_ledger.learn_speed(key, 8192.0)  # a faster run since: the next prediction is from it
+    resumed = train.setup([str(config), out, '--resume'])
+    assert resumed.train.train_tokens == tokens and resumed.total_steps == 12
+    assert resumed.metrics.prediction['tokens_per_s'] == pytest.approx(8192.0)
+    assert resumed.metrics.prediction['tokens'] == tokens and resumed.state.step == 6
+    del resumed
+    assert train.main([str(config), out, '--resume']) == 0
+    assert train.main([str(config), out]) == 0  # complete: nothing to do
+    assert 'this run is complete (checkpoint at step 12, planned 12)' in capsys.readouterr().out
+
+
+def test_train_tokens_on_the_command_line_plan_by_tokens():
+    _, by_minutes = load_config('configs/pystdlib_cpu.py')
+    _, by_tokens = load_config('configs/pystdlib_cpu.py', ['--train_tokens=81920'])
+    assert by_minutes.train_minutes == 4 and by_tokens.train_minutes == 0
+    _, both = load_config('configs/pystdlib_cpu.py', ['--train_tokens=81920', '--train_minutes=1'])
+    assert both.train_minutes == 1
+    with pytest.raises(ConfigError, match=r'train_minutes must be positive \(or 0\), got -1'):
+        load_config('configs/pystdlib_cpu.py', ['--train_minutes=-1'])
