@@ -30,6 +30,7 @@ import torch
 import data
 import ledger
 import live_ledger
+import optimizers
 import processes
 import train
 from config import ConfigError, load_config
@@ -231,7 +232,7 @@ def plain_loop_tokens_per_s(model_cfg, train_cfg, dtype, steps, warmup=3):
     model = GPT(model_cfg)
     if train_cfg.compile:
         model.compile()
-    optimizer = torch.optim.AdamW(model.parameters(), **train.adamw_options(train_cfg, 1))
+    optimizer = torch.optim.AdamW(model.parameters(), **optimizers.adamw_options(train_cfg, 1))
     autocast = (
         torch.autocast('cpu', dtype=torch.bfloat16)
         if dtype == 'bfloat16'
