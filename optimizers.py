@@ -15,6 +15,7 @@ model's parameter names (config.param_groups, which the ledger reads too): no wr
 import inspect
 
 import torch
+import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 from torch.optim import _muon
 
@@ -84,16 +85,16 @@ def _local(tensor):
 
 
 def _whole(update, param):
-    """A rank's rows of a sharded matrix's update -> the whole matrix, all-gathered in bf16 (FSDP2's Shard(0):
-    torch.chunk's rows, the last ranks' padded)."""
-    local = DTensor.from_local(
-        update.bfloat16(),
-        param.device_mesh,
-        param.placements,
-        shape=param.shape,
-        stride=param.stride(),
-    )
-    return local.full_tensor()
+    """A rank's rows of a sharded matrix's update -> the whole matrix, all-gathered in bf16 (what Newton-Schulz
+    casts it to first) from FSDP2's Shard(0) rows: ceil(rows / N) a rank, the last ranks' padded with zeros, as
+    FSDP2 pads its own gathers (ledger.collectives counts them so)."""
+    group, ranks = param.device_mesh.get_group(), param.device_mesh.size()
+    rows, chunk = param.shape[0], -(-param.shape[0] // ranks)
+    mine = update.new_zeros((chunk, *param.shape[1:]), dtype=torch.bfloat16)
+    mine[: len(update)] = update
+    whole = mine.new_empty((ranks * chunk, *param.shape[1:]))
+    dist.all_gather_into_tensor(whole, mine, group=group)
+    return whole[:rows]
 
 
 def _own_rows(whole, param):
