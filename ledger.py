@@ -1450,6 +1450,9 @@ def predict(model, train, n_gpu=None, device=None):
         'grad_accum': train.batch_tokens // micro_step_tokens,
         'total_flops': tokens * flops['hardware'] + steps * sum(optimizer_flops),
         'optimizer_flops_per_step': max(optimizer_flops),  # on the busiest rank
+        'optimizer_flops_rank0': optimizer_flops[
+            0
+        ],  # what rank 0 measures (live_ledger.measure_first_step)
         'optimizer_flops': steps * sum(optimizer_flops),  # the run's, every rank's
         'optimizer_step_seconds': optimizer_seconds,
         'model_flops': tokens * flops['matmul'],
@@ -1675,6 +1678,12 @@ def summarize(prediction, measured):
         'reserved_measured_bytes': None if on_cpu else measured.get('peak_reserved_bytes'),
         'days_predicted': p['days'],
         'days_projected': measured.get('days'),
+        # rank 0's first optimizer step (live_ledger.measure_first_step): the model states it leaves (weights,
+        # gradients, optimizer states, FSDP2's gathered weights aside) and its matmul FLOPs (Muon's Newton-Schulz)
+        'model_states_predicted_bytes': memory['weights'] + memory['grads'] + memory['optimizer'],
+        'model_states_measured_bytes': measured.get('model_states_bytes'),
+        'optimizer_flops_predicted': p.get('optimizer_flops_rank0'),
+        'optimizer_flops_measured': measured.get('optimizer_flops'),
         'val_loss': measured.get('val_loss'),
         'bytes_per_token': measured.get('bytes_per_token'),
         'val_bytes_per_token': measured.get('val_bytes_per_token'),

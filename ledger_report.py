@@ -912,6 +912,22 @@ def format_comparison(summary):
             s['days_projected'],
             lambda x: f'{x:.3g}',
         ),
+        (
+            "model states on rank 0 after its first step: weights, gradients, the optimizer's states",
+            s.get('model_states_predicted_bytes'),
+            s.get('model_states_measured_bytes'),
+            lambda x: f'{x:,.0f} B',
+        )
+        if s.get('model_states_predicted_bytes') is not None
+        else None,
+        (
+            "optimizer step's matmul FLOPs on rank 0 (FlopCounterMode; Muon's Newton-Schulz)",
+            s.get('optimizer_flops_predicted'),
+            s.get('optimizer_flops_measured'),
+            lambda x: f'{x:,.0f}',
+        )
+        if s.get('optimizer_flops_predicted')
+        else None,
     ]
     lines = [
         f"Predicted by ledger.py for {s['predicted_for']} (peak: {s['peak_source']}) at "

@@ -19,10 +19,12 @@ import time
 
 import torch
 import torch.distributed as dist
+from torch.distributed.tensor import DTensor
 
 import files
 import ledger
 import ledger_report
+import optimizers
 import plot
 import scaling
 import trackers
@@ -62,9 +64,9 @@ def live_device(cluster, model_cfg, train):
 # a small model reaches: the same 4 x 256 Llama runs at ~18% of the peak on a Xeon with AMX, whose 2 TFLOP/s need
 # big matrices, and at ~58% on a 2-core AMD EPYC without AMX. So a one-process CPU run is predicted from its own
 # micro-steps: the model, built fresh, forward and backward at micro_batch x block_size in the run's dtype, eager,
-# plus one AdamW step per batch, the fastest of each kept (load only slows a step), cached per machine like the
-# GEMM probe. Eager: a compiled run is faster (inductor, ~1.2-1.7x on the CPUs measured), so once a run of the config
-# has measured its speed, the next is predicted from that (learn_speed).
+# plus one step of the run's optimizer per batch, the fastest of each kept (load only slows a step), cached per
+# machine like the GEMM probe. Eager: a compiled run is faster (inductor, ~1.2-1.7x on the CPUs measured), so once
+# a run of the config has measured its speed, the next is predicted from that (learn_speed).
 
 PROBE_CLOCK = (
     time.perf_counter
@@ -80,6 +82,11 @@ def step_probe(model_cfg, train, dtype, device, seconds=0.5):
         f"micro_batch {train.micro_batch} | "
         f"accumulation {train.batch_tokens // (train.micro_batch * model_cfg.block_size)} | recompute "
         f"{train.recompute} | compile {train.compile} | {dtype} | torch {torch.__version__}"
+        + (
+            ''
+            if train.optimizer == 'adamw'
+            else f' | {train.optimizer} {train.muon_ns_steps} steps'
+        )
     )
 
     def probe_it():
@@ -114,7 +121,7 @@ def _time_steps(model_cfg, train, dtype, seconds):
     model.to_empty(device='cpu')
     model.init_weights()
     model.recompute = train.recompute
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
+    optimizer = optimizers.build(model, train, 1)  # the run's own: Muon's Newton-Schulz timed too
     autocast = (
         torch.autocast('cpu', dtype=torch.bfloat16)
         if dtype == 'bfloat16'
@@ -173,7 +180,10 @@ def predict(config_path, model_cfg, train, cluster, force, cooldown):
     ):  # the MFU this model reaches here, measured (above)
         probe, key = step_probe(model_cfg, train, dtype, device)
         tokens_per_s = probe.get('reached') or probe['tokens_per_s']
-        mfu = tokens_per_s * prediction['flops_per_token']['hardware'] / device.peak_flops
+        # the MFU at which the ledger's step (its tokens' FLOPs, then the optimizer's) takes the probe's time
+        step_flops = train.batch_tokens * prediction['flops_per_token']['hardware']
+        step_flops += prediction['optimizer_flops_per_step']
+        mfu = tokens_per_s * step_flops / train.batch_tokens / device.peak_flops
         prediction = ledger.predict(model_cfg, dataclasses.replace(billed, mfu=mfu), 1, device)
         prediction['mfu_source'] = (
             f"reached by a run of this config on this machine, {probe['reached_at']}"
@@ -385,6 +395,42 @@ def record_code(out_dir, source=os.path.dirname(os.path.abspath(__file__))):
     }
     files.save_json(os.path.join(out_dir, 'code.json'), record)
     return record
+
+
+def held_bytes(tensors):
+    """Bytes of the distinct storages behind tensors (a DTensor: its local shard; a DDP gradient: its bucket)."""
+    storages = {}
+    for t in tensors:
+        if t is not None:
+            storage = (t.to_local() if isinstance(t, DTensor) else t).untyped_storage()
+            storages[storage.data_ptr(), storage.nbytes()] = storage.nbytes()
+    return sum(storages.values())
+
+
+def measure_first_step(run):
+    """Rank 0's first optimizer step, once: its matmul FLOPs (FlopCounterMode: Muon's Newton-Schulz, AdamW none)
+    and the model states it leaves (weights, gradients, the optimizer's states, as test_memory.py counts them),
+    for summary.json and report.md beside the ledger's. From the second step on, the optimizer's own step: no cost
+    in the loop."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    optimizer = run.optimizer
+    if not run.cluster.is_master:
+        return
+
+    def first(*args, **kwargs):
+        del optimizer.step  # the class's own from here
+        with FlopCounterMode(display=False) as counter:
+            result = optimizer.step(*args, **kwargs)
+        states = getattr(optimizer, 'optim', optimizer).state.values()  # ZeRO-1: its rank's part
+        held = [run.params, [p.grad for p in run.params]]
+        held.append([v for state in states for v in state.values() if torch.is_tensor(v)])
+        run.metrics.measured.update(
+            optimizer_flops=counter.get_total_flops(), model_states_bytes=sum(map(held_bytes, held))
+        )
+        return result
+
+    optimizer.step = first
 
 
 class Metrics:

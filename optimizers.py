@@ -104,6 +104,10 @@ def _own_rows(whole, param):
     return whole[rank * chunk : (rank + 1) * chunk]
 
 
+def _adamw_groups(groups):
+    return [group for group in groups if group.get('kind') != 'muon']
+
+
 class MuonAdamW(torch.optim.AdamW):
     """AdamW whose 'muon' groups take torch.optim.Muon's update instead: per matrix, the momentum buffer lerps
     towards the gradient, the Nesterov update is orthogonalised by Newton-Schulz, the weight decays by lr x wd and
@@ -126,11 +130,16 @@ class MuonAdamW(torch.optim.AdamW):
         for group in groups:
             if group['kind'] == 'muon':
                 self._muon_step(group)
-        self.param_groups = [group for group in groups if group['kind'] != 'muon']
+        self.param_groups = _adamw_groups(groups)
         try:  # AdamW's own step (fused or foreach) over its groups alone
             return super().step(closure)
         finally:
             self.param_groups = groups
+
+    def __setstate__(self, state):
+        """load_state_dict's: AdamW's fix-ups (its step counts as tensors) over its groups alone."""
+        super().__setstate__(dict(state, param_groups=_adamw_groups(state['param_groups'])))
+        self.param_groups = state['param_groups']
 
     def _muon_step(self, group):
         lr, momentum = group['lr'] * group['lr_ratio'], group['momentum']

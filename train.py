@@ -298,11 +298,12 @@ def setup(argv, held=None):
     run.metrics = live_ledger.Metrics(
         cluster, train, prediction, built, bool(resume_from), bytes_per_token
     )
+    live_ledger.measure_first_step(run)  # its FLOPs and the model states it leaves, for report.md
     if cluster.is_master and locking:
         live_ledger.record_code(train.out_dir)
     start_from = resume_from or train.cooldown_from  # a cooldown starts from another's checkpoint
     if start_from:
-        saved = checkpoint.load(start_from, run.model, run.optimizer)
+        saved = checkpoint.load(start_from, run.model, run.optimizer, train.optimizer)
         run.state = RunState(**saved['run'])
         log(cluster, continuation.carried_on(run, start_from, saved['world_size'], resume_from))
     if cooldown and not resume_from:
