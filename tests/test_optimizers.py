@@ -10,6 +10,7 @@ import copy
 import dataclasses
 import json
 import os
+import re
 
 import pytest
 import torch
@@ -244,3 +245,29 @@ def test_muon_run_resumes_bit_exactly_and_a_switch_needs_allowing(pystdlib_data,
     )
     assert switched.state.step == 6 and not switched.optimizer.state
     assert all(g['kind'] == 'adamw' for g in switched.optimizer.param_groups)
+
+
+def test_the_books_muon_figures_are_the_ledgers():
+    """BOOK.md's derivation of Muon's model states and step, for the 1.3B run, recomputed."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    with open(os.path.join(root, 'BOOK.md')) as f:
+        book = f.read()
+    text = book[book.index("### Derivations: Muon's model states and step") :]
+    M, P, share, rule, muon, adamw, per_step, step = re.search(
+        r'M = ([\d,]+) of P = ([\d,]+) \(([\d.]+)%\), 16P - 4M = ([\d.]+)P: ([\d.]+) GiB for AdamW.s\n?'
+        r'\s*([\d.]+) GiB.*?5 steps.*?: ([\d.e]+) a step, [\d.]+% of the step.s\s+([\d.e]+)',
+        text,
+        re.S,
+    ).groups()
+    model_cfg, train_cfg = load_config(os.path.join(root, 'configs/h200_1b3_muon.py'))
+    p = ledger.predict(model_cfg, train_cfg)
+    a = ledger.predict(model_cfg, dataclasses.replace(train_cfg, optimizer='adamw'))
+    shapes = ledger.parameter_shapes(model_cfg)
+    matrices = sum(s[0] * s[1] for n, s in shapes if config.muon_takes(n, s))
+    total = p['params']['total']
+    assert (int(M.replace(',', '')), int(P.replace(',', ''))) == (matrices, total)
+    assert f'{100 * matrices / total:.1f}' == share and f'{16 - 4 * matrices / total:.1f}' == rule
+    assert f"{p['memory']['model_states'] / 2**30:.1f}" == muon
+    assert f"{a['memory']['model_states'] / 2**30:.1f}" == adamw
+    assert f"{p['optimizer_flops_per_step']:.2e}".replace('e+', 'e') == per_step
+    assert f"{p['total_flops'] / p['steps']:.2e}".replace('e+', 'e') == step
