@@ -183,7 +183,7 @@ def compute_rows(p):
         (
             'optimizer step (Newton-Schulz)',
             _sci(p['optimizer_flops_per_step']),
-            f"FLOPs a step per device: {t['muon_ns_steps']} steps x (4m^2 n + 2m^3) per m x n block "
+            f"FLOPs a step on the busiest device: {t['muon_ns_steps']} steps x (4m^2 n + 2m^3) per m x n block "
             f"matrix (Muon), {_sci(p['optimizer_flops_per_step'] / t['batch_tokens'])} a token",
         )
         if p.get('optimizer_flops_per_step')
@@ -192,7 +192,7 @@ def compute_rows(p):
             f"executed for {si(p['tokens'])} tokens",
             _sci(p['total_flops']),
             f"book {book_p}D: {_sci(p['book_flops'])}"
-            + (", with the optimizer's on every device" if p.get('optimizer_flops') else ''),
+            + (", with every device's optimizer steps" if p.get('optimizer_flops') else ''),
         ),
     ]
     return [row for row in compute if row]
