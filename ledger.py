@@ -1314,9 +1314,12 @@ def loss_fraction(objective, ul2_rates=UL2_RATES):
     return s_rate * 0.5 + r_rate * mixture(R_DENOISERS) + x_rate * mixture(X_DENOISERS)
 
 
-def data_ledger(n_params, vocab_size, train_tokens, dataset_tokens=0, trained_fraction=1.0):
+def data_ledger(
+    n_params, vocab_size, train_tokens, dataset_tokens=0, trained_fraction=1.0, optimizer_bytes=None
+):
     """Tokens per parameter against Chinchilla, whether the dataset is enough, storage, checkpoints, loss fits.
-    trained_fraction: the share of the tokens that carry loss (loss_fraction)."""
+    trained_fraction: the share of the tokens that carry loss (loss_fraction); optimizer_bytes: the optimizer's
+    states a checkpoint holds beside the fp32 weights (None: AdamW's m and v, 8P)."""
     stored_tokens = dataset_tokens or train_tokens
     data = {
         'train_tokens': train_tokens,
@@ -1333,7 +1336,8 @@ def data_ledger(n_params, vocab_size, train_tokens, dataset_tokens=0, trained_fr
         'shard_bytes': stored_tokens * token_bytes(vocab_size),
         'parquet_bytes_low': stored_tokens * 3,
         'parquet_bytes_high': stored_tokens * 4,
-        'checkpoint_bytes': 12 * n_params,
+        'checkpoint_bytes': 4 * n_params
+        + (8 * n_params if optimizer_bytes is None else optimizer_bytes),
         'export_bytes': 2 * n_params,
         'expected_loss': {
             fit: chinchilla_loss(n_params, train_tokens, fit) for fit in CHINCHILLA_FITS
@@ -1483,6 +1487,9 @@ def predict(model, train, n_gpu=None, device=None):
             tokens,
             train.dataset_tokens,
             loss_fraction(train.objective, (train.ul2_s_rate, train.ul2_r_rate, train.ul2_x_rate)),
+            held_model_states(model, 'ddp', 1, optimizer=train.optimizer)['optimizer']
+            if train.optimizer != 'adamw'
+            else None,  # Muon's momentum and AdamW's m, v for the rest; AdamW alone: the book's 12P
         ),
         'mixture': mixture_ledger(
             train.data,

@@ -438,7 +438,13 @@ def data_rows(p):
         (
             'checkpoint',
             _gb(data['checkpoint_bytes']),
-            '12P: fp32 weights + Adam m, v; bf16 export 2P = ' + _gb(data['export_bytes']),
+            (
+                '12P: fp32 weights + Adam m, v'
+                if t.get('optimizer', 'adamw') == 'adamw'
+                else "4P fp32 weights + the optimizer's states (Muon's momentum, AdamW's m, v)"
+            )
+            + '; bf16 export 2P = '
+            + _gb(data['export_bytes']),
         ),
     ]
     return [row for row in tokens if row]

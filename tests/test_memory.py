@@ -38,7 +38,7 @@ COUNT_STATES = '''
 import json, sys
 import torch
 from torch.distributed.tensor import DTensor
-import ledger, train
+import ledger, processes, train
 
 def stored_bytes(tensors):
     """Bytes of the distinct storages behind tensors (a DTensor: its local shard)."""
@@ -69,7 +69,8 @@ for optimizer in ('adamw', 'muon'):  # one launch, both rows: Muon's momentum on
     del run
 if torch.distributed.is_initialized():  # leave together: a rank exiting mid-collective makes gloo abort
     torch.distributed.barrier()
-    torch.distributed.destroy_process_group()
+# the runs collected first (each optimizer's counting step holds its run in a cycle), then the group destroyed
+processes.leave_process_group()
 '''
 
 TINY = dict(

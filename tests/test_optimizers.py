@@ -155,6 +155,10 @@ def test_the_ledger_bills_muons_states_and_step():
     # 4 bytes of momentum for AdamW's 8 on each block matrix, and no step count
     saved = 4 * sum(rows * cols for rows, cols in matrices) + 4 * len(matrices)
     assert adamw['memory']['optimizer'] - muon['memory']['optimizer'] == saved
+    # a checkpoint holds the fp32 weights and those states (the disk check before step 1 reads it)
+    P = muon['params']['total']
+    assert muon['data']['checkpoint_bytes'] == 4 * P + muon['memory']['optimizer']
+    assert adamw['data']['checkpoint_bytes'] == 12 * P
     steps, per_step = muon['steps'], muon['optimizer_flops_per_step']
     assert per_step == sum(
         config.newton_schulz_flops(s, train_cfg) for n, s in shapes if config.muon_takes(n, s)
