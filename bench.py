@@ -7,12 +7,14 @@ bench.py: measured speed and memory beside the ledger's prediction, for the devi
     python bench.py loop configs/pystdlib_cpu.py     # train.py's loop against a plain PyTorch loop, alternated
 
 The device script. For each case (a config file and its overrides, in quotes) it builds what train.py builds (the
-model, its parallel wrapper, AdamW) on synthetic tokens, runs warm-up steps (torch.compile compiles there), then
+model, its parallel wrapper, the optimizer) on synthetic tokens, runs warm-up steps (torch.compile compiles there), then
 times optimizer steps of one micro-step each with train.py's own train_step, the device synchronised around the
-clock. One JSON line per case: the device, torch, the SDPA kernel, tokens/s, MFU, peak allocated and reserved
+clock (and around each optimizer step, timed on its own: Muon's Newton-Schulz against the ledger's FLOPs at the
+assumed MFU). One JSON line per case: the device, torch, the SDPA kernel, tokens/s, MFU, the optimizer step's
+seconds, peak allocated and reserved
 memory and the allocator's retries, each beside the ledger's prediction for this device. `--micro_batch=max` takes
 the largest micro-batch the ledger says fits. The cases share a time budget (--budget_s, default 420 s: 7 minutes
-on one H200 for the three defaults); each case gets its share, sized by the ledger's predicted step time, and a
+on one H200 for the four defaults); each case gets its share, sized by the ledger's predicted step time, and a
 case that cannot fit its share is skipped and says so. Lines go to stdout and to $OUT/bench.jsonl when $OUT is set
 (the device machine's output folder), with a log in $OUT/bench.log.
 """
@@ -30,6 +32,7 @@ import torch
 import data
 import ledger
 import live_ledger
+import optimizers
 import processes
 import train
 from config import ConfigError, load_config
@@ -39,6 +42,7 @@ DEFAULT_CASES = [
     'configs/gpt2_124m.py',  # GPT-2 small at its micro-batch, compiled
     'configs/h200_1b3.py',  # the seed's 1.3B run, compiled
     'configs/h200_1b3.py --recompute=True --micro_batch=max',  # with recompute, the largest micro-batch
+    'configs/h200_1b3.py --optimizer=muon',  # Muon: its Newton-Schulz step beside the ledger's
 ]
 TINY = [
     '--n_layer=2',
@@ -94,6 +98,23 @@ def synchronize(cluster):
         torch.cuda.synchronize(cluster.device)
 
 
+def time_optimizer_steps(optimizer, cluster):
+    """From here each optimizer step is timed, the device synchronised around it (a few microseconds a step
+    taken from the overlap of the update with what follows): -> the list the seconds go into."""
+    seconds, step = [], optimizer.step
+
+    def timed(*args, **kwargs):
+        synchronize(cluster)
+        begin = time.perf_counter()
+        result = step(*args, **kwargs)
+        synchronize(cluster)
+        seconds.append(time.perf_counter() - begin)
+        return result
+
+    optimizer.step = timed
+    return seconds
+
+
 def bench_case(case, cluster, steps, warmup, seconds, tiny):
     """Warm up, then time up to `steps` optimizer steps within `seconds`: -> one result dict."""
     case_args = case.split()
@@ -103,6 +124,7 @@ def bench_case(case, cluster, steps, warmup, seconds, tiny):
     steps = max(1, min(steps, int((seconds - (0 if tiny else COMPILE_SECONDS)) / predicted_step)))
     for _ in range(warmup):
         train.train_step(run)
+    optimizer_seconds = time_optimizer_steps(run.optimizer, cluster)
     synchronize(cluster)
     if cluster.device.type == 'cuda':
         torch.cuda.reset_peak_memory_stats(cluster.device)
@@ -147,6 +169,10 @@ def bench_case(case, cluster, steps, warmup, seconds, tiny):
         'tokens_per_s_predicted': prediction['tokens_per_s'],
         'mfu': mfu,
         'mfu_assumed': prediction['mfu_assumed'],
+        'optimizer_step_s': sum(optimizer_seconds) / len(optimizer_seconds),
+        'optimizer_step_s_predicted': prediction['optimizer_step_seconds'],
+        'optimizer_flops_predicted': prediction['optimizer_flops_per_step'],
+        'peak_flops': prediction['gpu']['peak_flops'],
         'peak_bytes': peak,
         'peak_bytes_predicted': peak_predicted,
         'reserved_bytes': reserved,
@@ -195,14 +221,14 @@ def run_device_script(cases, steps, warmup, budget_s, tiny):
 def format_results(results):
     """The JSON lines as a table a person reads: measured | predicted for each quantity."""
     rows = [
-        '| case | SDPA | tokens/s (predicted) | MFU (assumed) | peak GiB (predicted) | reserved GiB (predicted) |'
-        ' retries |',
-        '| --- | --- | ---: | ---: | ---: | ---: | ---: |',
+        '| case | SDPA | tokens/s (predicted) | MFU (assumed) | optimizer step ms (predicted) | peak GiB (predicted) |'
+        ' reserved GiB (predicted) | retries |',
+        '| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |',
     ]
     gib = 2**30
     for r in results:
         if 'error' in r:
-            rows.append(f"| {r['case']} | {r['error']} | | | | | |")
+            rows.append(f"| {r['case']} | {r['error']} | | | | | | |")
             continue
         reserved = (
             f"{r['reserved_bytes'] / gib:.1f} ({r['reserved_bytes_predicted'] / gib:.1f})"
@@ -212,6 +238,7 @@ def format_results(results):
         rows.append(
             f"| {r['case']} (micro-batch {r['micro_batch']}) | {r['sdpa']} | {r['tokens_per_s']:,.0f} "
             f"({r['tokens_per_s_predicted']:,.0f}) | {r['mfu']:.1%} ({r['mfu_assumed']:.0%}) | "
+            f"{r['optimizer_step_s'] * 1e3:.3g} ({r['optimizer_step_s_predicted'] * 1e3:.3g}) | "
             f"{r['peak_bytes'] / gib:.2f} ({r['peak_bytes_predicted'] / gib:.2f}) | {reserved} | "
             f"{'-' if r['alloc_retries'] is None else r['alloc_retries']} |"
         )
@@ -231,7 +258,7 @@ def plain_loop_tokens_per_s(model_cfg, train_cfg, dtype, steps, warmup=3):
     model = GPT(model_cfg)
     if train_cfg.compile:
         model.compile()
-    optimizer = torch.optim.AdamW(model.parameters(), **train.adamw_options(train_cfg, 1))
+    optimizer = torch.optim.AdamW(model.parameters(), **optimizers.adamw_options(train_cfg, 1))
     autocast = (
         torch.autocast('cpu', dtype=torch.bfloat16)
         if dtype == 'bfloat16'

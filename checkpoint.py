@@ -360,15 +360,18 @@ def _write(tmp, step, model, optimizer, train_state, rank, world):
         write_manifest(tmp)
 
 
-def load(path, model, optimizer):
-    """Restore the model, the optimizer (as built when the checkpoint holds none: step 0) and this rank's RNG
+def load(path, model, optimizer, kind='adamw'):
+    """Restore the model, the optimizer (as built when the checkpoint holds none: step 0, or another optimizer's
+    states than `kind`, the run's row, which a resume allowed to change it starts afresh) and this rank's RNG
     streams in place; return the saved train_state dict."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_state_dict
 
     saved = read_state(path)
+    own = saved['step'] > 0 and saved['train_config'].get('optimizer', 'adamw') == kind
     gathered = os.path.join(path, GATHERED_OPTIMIZER)
-    sharded = saved['step'] > 0 and not os.path.isfile(gathered)  # the optimizer is in DCP's files
+    gathered = gathered if own and os.path.isfile(gathered) else None
+    sharded = own and not gathered  # the optimizer is in DCP's files
     state = _dcp_state(model, optimizer if sharded else None)
     with _quiet_single_process_dcp():
         dcp.load(state, checkpoint_id=path)
@@ -378,11 +381,11 @@ def load(path, model, optimizer):
         )
     else:
         set_model_state_dict(model, state['model'])
-        if os.path.isfile(gathered):
+        if gathered:
             # every rank reads the whole gathered state (to the CPU: load_state_dict moves it to the parameters'
             # device); ZeRO-1 keeps its own part
             optimizer.load_state_dict(torch.load(gathered, map_location='cpu'))
-        else:  # step 0: as built, AdamW creates its state on the first step
+        else:  # step 0 (or another optimizer's): as built, it creates its state on the first step
             optimizer.state.clear()
             if hasattr(optimizer, 'optim'):
                 optimizer.optim.state.clear()  # the rank's own AdamW, which holds ZeRO-1's states

@@ -382,17 +382,55 @@ PART_KEYS = tuple(
 @dataclass(frozen=True)
 class Optimizer:
     label: str  # its name in the bill
-    state_bytes: int  # bytes of state per parameter (fp32 buffers)
-    tensor_bytes: int  # bytes of state per parameter tensor (a step count)
+    state_bytes: int  # bytes of state per parameter of the tensors it takes (fp32 buffers)
+    tensor_bytes: int  # bytes of state per tensor it takes (a step count)
     formula: str  # the state as the bill prints it
-    step_flops: object  # (shapes) -> matmul FLOPs of one step: 0 for an elementwise update
+    # (shape, TrainConfig) -> matmul FLOPs of one step on one tensor it takes: 0 for an elementwise update
+    step_flops: object
+    # (name, shape) -> whether it updates that parameter tensor (None: every one); the others go to `rest`'s row
+    takes: object = None
+    rest: str = ''
+
+
+def newton_schulz_flops(shape, train):
+    """Muon's Newton-Schulz iteration on an A x B matrix, m = min(A, B), n = max(A, B) (torch.optim.Muon works on
+    the m x n orientation): each of muon_ns_steps steps multiplies X X^T (2m^2 n), the Gram matrix by itself
+    (2m^3) and the result by X (2m^2 n). A 2048-square matrix at 5 steps: 5 x 6 x 2048^3 = 2.6e11 FLOPs."""
+    m, n = sorted(shape)
+    return train.muon_ns_steps * (4 * m * m * n + 2 * m**3)
+
+
+def muon_takes(name, shape):
+    """Muon's tensors: the blocks' 2-D weights (attention's and the FFN's matrices, every expert's too). The MoE
+    router, a classifier over experts as lm_head is over tokens, stays on AdamW with the embeddings, norms and
+    biases, as Muon's authors keep the input and output layers."""
+    return name.startswith('blocks.') and len(shape) == 2 and '.router.' not in name
 
 
 OPTIMIZERS = {
     # AdamW (Loshchilov and Hutter 2019): exp_avg and exp_avg_sq in fp32, and a 4-byte step count per tensor;
     # its update is elementwise, ~10 FLOPs a parameter, no matmul (MFU does not count it)
-    'adamw': Optimizer('AdamW exp_avg, exp_avg_sq', 8, 4, '8P', lambda shapes: 0)
+    'adamw': Optimizer('AdamW exp_avg, exp_avg_sq', 8, 4, '8P', lambda shape, train: 0),
+    # Muon (Jordan et al. 2024; torch.optim.Muon): one fp32 momentum buffer for the blocks' matrices, no step
+    # count; its update orthogonalises the momentum by Newton-Schulz (matmuls, counted); AdamW for the rest
+    'muon': Optimizer('Muon momentum', 4, 0, '4P_muon', newton_schulz_flops, muon_takes, 'adamw'),
 }
+
+
+def param_groups(optimizer, shapes):
+    """train.py's param groups for the optimizer row `optimizer` over (name, shape) pairs, in its order (ZeRO-1's
+    assignment follows it): -> [(kind, weight decay on, [names])], empty groups left out. The row's own tensors
+    first (Muon's matrices), then its rest's (AdamW's) matrices, decayed, then their vectors, not decayed:
+    decaying gains and biases pulls them to zero for no benefit."""
+    row = OPTIMIZERS[optimizer]
+    own = [name for name, shape in shapes if row.takes and row.takes(name, shape)]
+    rest = [(name, shape) for name, shape in shapes if name not in own]
+    groups = [(optimizer, True, own)] if row.takes else []
+    groups += [
+        (row.rest or optimizer, True, [name for name, shape in rest if len(shape) >= 2]),
+        (row.rest or optimizer, False, [name for name, shape in rest if len(shape) < 2]),
+    ]
+    return [group for group in groups if group[2]]
 
 
 # -----------------------------------------------------------------------------------------------------
@@ -598,6 +636,14 @@ class TrainConfig:
     optimizer: str = exact(
         'adamw'
     )  # a row of OPTIMIZERS: what it holds per parameter, what its step costs
+    # Muon (optimizer = 'muon', on the blocks' matrices): its peak LR (0: AdamW's lr, scaled per matrix by
+    # torch's match_rms_adamw rule, 0.2 sqrt(max(A, B)), so that lr and weight_decay carry over (Liu et al. 2025);
+    # else Muon's own, e.g. 0.02, scaled by Keller Jordan's sqrt(max(1, A/B))), its momentum, Nesterov and
+    # Newton-Schulz steps (torch's defaults)
+    muon_lr: float = exact(0.0)
+    muon_momentum: float = exact(0.95)
+    muon_nesterov: bool = exact(True)
+    muon_ns_steps: int = exact(5)
     weight_decay: float = exact(0.1)
     beta1: float = exact(0.9)
     beta2: float = exact(0.95)
@@ -818,6 +864,9 @@ RULES = {
     'warmup_frac': FRACTION,
     'decay_frac': (lambda v: 0 < v <= 1, 'in (0, 1]'),
     'optimizer': _one_of(*OPTIMIZERS),
+    'muon_lr': (POSITIVE_OR_0[0], "positive (or 0: AdamW's lr, match_rms_adamw)"),
+    'muon_momentum': FRACTION,
+    'muon_ns_steps': (lambda v: 0 < v < 100, 'in 1..99 (torch.optim.Muon)'),
     'weight_decay': POSITIVE_OR_0,
     'beta1': FRACTION,
     'beta2': FRACTION,
@@ -1146,6 +1195,12 @@ def validate(model, train):
             f"bias = True: the {model.arch} family has no biases (FAMILIES in config.py)"
         )
     validate_moe(model)
+    muon_keys = [f.name for f in dataclasses.fields(train) if f.name.startswith('muon_')]
+    for key in muon_keys if train.optimizer != 'muon' else ():
+        if getattr(train, key) != DEFAULTS[key]:
+            raise ConfigError(
+                f"{key} = {getattr(train, key)!r} is for optimizer = 'muon': set it too, or drop {key}"
+            )
     if train.batch_ramp_tokens and train.batch_ramp_start > train.batch_tokens:
         raise ConfigError(
             f"batch_ramp_start ({train.batch_ramp_start:,}) must be at most batch_tokens ({train.batch_tokens:,})"

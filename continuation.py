@@ -242,7 +242,8 @@ def check_resumable(path, model_cfg, train, allowed, cluster, action='resume'):
             f"schedule or optimizer); pass --allow_change={','.join(refused)} if you mean it"
         )
     for key, (old, new) in changes.items():
-        log(cluster, f"{action}: {key} changed from {old!r} to {new!r}")
+        fresh = ": its states start afresh" if key == 'optimizer' else ''
+        log(cluster, f"{action}: {key} changed from {old!r} to {new!r}{fresh}")
 
 
 def check_continuation(resume_from, cooldown, model_cfg, train, allowed, cluster):
@@ -378,7 +379,7 @@ def roll_back(run, spike):
             f"rollbacks (max_rollbacks): the run is unstable; lower lr, check the data, or raise "
             f"max_rollbacks"
         )
-    saved = checkpoint.load(run.last_checkpoint, run.model, run.optimizer)
+    saved = checkpoint.load(run.last_checkpoint, run.model, run.optimizer, run.train.optimizer)
     run.state = RunState(**saved['run'])
     skipped = [run.state.position, result.position]
     run.state.rollbacks, run.state.position = rollbacks, result.position

@@ -14,6 +14,7 @@ only: a bill for a named GPU needs nothing installed. Measuring the device at ha
 GEMM probe) imports torch inside measure_device, the one place this file uses it.
 """
 
+import collections
 import dataclasses
 import difflib
 import json
@@ -22,6 +23,7 @@ import os
 import sys
 import time
 from dataclasses import dataclass
+from functools import partial
 
 from config import (
     DEFAULTS,
@@ -36,6 +38,7 @@ from config import (
     cli,
     is_mixture,
     linear,
+    param_groups,
     sharded,
     tokens_per_micro_step,
 )
@@ -503,19 +506,47 @@ def model_state_bytes(n_params, parallel='ddp', n_gpu=1):
 # Ledger 4a''.
 
 
-def zero1_partition(model, n_gpu):
-    """ZeroRedundancyOptimizer's assignment of parameter tensors to ranks, as train.py builds it (two param groups:
-    matrices, then vectors): -> per rank, (elements, tensors)."""
-    shapes = [shape for _, shape in parameter_shapes(model)]
-    sizes, counts = [0] * n_gpu, [0] * n_gpu
-    for group in ([s for s in shapes if len(s) >= 2], [s for s in shapes if len(s) < 2]):
-        for shape in sorted(
-            group, key=math.prod, reverse=True
-        ):  # stable: equal sizes keep their order
+def zero1_partition(model, n_gpu, optimizer='adamw'):
+    """ZeroRedundancyOptimizer's assignment of parameter tensors to ranks, as train.py builds it (its param groups
+    in config.param_groups' order: for AdamW matrices, then vectors; for Muon its matrices first): each group's
+    tensors largest first, each to the rank holding the fewest elements so far. -> per rank, its (name, shape)s."""
+    shapes = dict(parameter_shapes(model))
+    sizes, owned = [0] * n_gpu, [[] for _ in range(n_gpu)]
+    for _, _, names in param_groups(optimizer, list(shapes.items())):
+        for name in sorted(names, key=lambda n: math.prod(shapes[n]), reverse=True):  # stable
             rank = sizes.index(min(sizes))
-            sizes[rank] += math.prod(shape)
-            counts[rank] += 1
-    return list(zip(sizes, counts))
+            sizes[rank] += math.prod(shapes[name])
+            owned[rank].append((name, shapes[name]))
+    return owned
+
+
+def optimizer_row(optimizer, name, shape):
+    """The row of config.OPTIMIZERS that updates a parameter tensor: the optimizer's own, or its rest's (Muon's
+    AdamW) for the tensors it does not take."""
+    row = OPTIMIZERS[optimizer]
+    return OPTIMIZERS[row.rest] if row.takes and not row.takes(name, shape) else row
+
+
+def optimizer_state_bytes(optimizer, tensors):
+    """Bytes of optimizer state over (name, shape, elements held) triples: each tensor's row's bytes a parameter
+    of the elements this rank holds, and its bytes a tensor (AdamW's step count, on every rank that steps it)."""
+    total = 0
+    for name, shape, elements in tensors:
+        row = optimizer_row(optimizer, name, shape)
+        total += row.state_bytes * elements + row.tensor_bytes
+    return total
+
+
+def optimizer_step_flops(model, train, n_gpu):
+    """Matmul FLOPs of one optimizer step on each of the n_gpu ranks: each tensor's row's step_flops (Muon:
+    Newton-Schulz of the whole matrix; AdamW: none) over the tensors a rank updates: every one (one process, DDP,
+    and ZeRO-2 / FSDP2, where each rank orthogonalises every gathered matrix), or under ZeRO-1 those it owns."""
+    if n_gpu > 1 and train.parallel == 'zero1':
+        ranks = zero1_partition(model, n_gpu, train.optimizer)
+    else:
+        ranks = [parameter_shapes(model)] * n_gpu
+    row = partial(optimizer_row, train.optimizer)
+    return [sum(row(n, s).step_flops(s, train) for n, s in owned) for owned in ranks]
 
 
 def fsdp_rows(rows, n_gpu, rank):
@@ -544,29 +575,28 @@ def held_model_states(model, parallel, n_gpu, dtype='bfloat16', rank=0, optimize
     """Bytes of weights, gradients, the optimizer's states (its row in config.OPTIMIZERS) and FSDP2's gathered
     weights on `rank`, as train.py holds them; dtype is the compute dtype ('bfloat16' or 'float32'). 'book' is
     the book's figure for the same strategy."""
-    shapes = [shape for _, shape in parameter_shapes(model)]
-    n_params, n_tensors = sum(map(math.prod, shapes)), len(shapes)
-    row = OPTIMIZERS[optimizer]
-
-    def optimizer_bytes(elements, tensors):
-        return row.state_bytes * elements + row.tensor_bytes * tensors
-
+    named = parameter_shapes(model)
+    shapes = [shape for _, shape in named]
+    n_params = sum(map(math.prod, shapes))
     states = {
         'weights': 4 * n_params,
         'grads': 4 * n_params,
-        'optimizer': optimizer_bytes(n_params, n_tensors),
+        'optimizer': optimizer_state_bytes(optimizer, [(n, s, math.prod(s)) for n, s in named]),
         'gathered': 0,
     }
     if n_gpu > 1 and parallel == 'zero1':
-        states['optimizer'] = optimizer_bytes(*zero1_partition(model, n_gpu)[rank])
+        owned = zero1_partition(model, n_gpu, optimizer)[rank]
+        states['optimizer'] = optimizer_state_bytes(
+            optimizer, [(n, s, math.prod(s)) for n, s in owned]
+        )
     elif sharded(parallel, n_gpu):
-        padded = real = 0
-        for shape in shapes:
+        padded, held = 0, []
+        for name, shape in named:
             rows_padded, rows_real = fsdp_rows(shape[0], n_gpu, rank)
             padded += rows_padded * math.prod(shape[1:])
-            real += rows_real * math.prod(shape[1:])
+            held.append((name, shape, rows_real * math.prod(shape[1:])))
         states.update(
-            weights=4 * padded, grads=4 * padded, optimizer=optimizer_bytes(real, n_tensors)
+            weights=4 * padded, grads=4 * padded, optimizer=optimizer_state_bytes(optimizer, held)
         )
         compute_bytes = 2 if dtype == 'bfloat16' else 4
         root, blocks = fsdp_unit_elements(model, n_gpu)
@@ -835,12 +865,12 @@ def ddp_buckets(
     return buckets + ([current] if current else [])
 
 
-def collectives(model, parallel, n_gpu, accumulation, dtype='bfloat16'):
+def collectives(model, parallel, n_gpu, accumulation, dtype='bfloat16', optimizer='adamw'):
     """Every collective of one optimizer step of train.py on every rank (the same list on each), as dicts: what,
     op ('all_reduce', 'all_gather', 'reduce_scatter', 'broadcast'), dtype, elements (NCCL-tests' S), calls per
     step, phase ('step': before the micro-steps or after the update, nothing to hide under; 'forward' and
     'backward': inside a micro-step; 'update': after backward, before the next step) and bytes, bus_bytes per
-    step. One process: none. dtype: the compute dtype."""
+    step. One process: none. dtype: the compute dtype; optimizer: its row of config.OPTIMIZERS."""
     if n_gpu == 1:
         return []
     shapes = parameter_shapes(model)
@@ -900,6 +930,16 @@ def collectives(model, parallel, n_gpu, accumulation, dtype='bfloat16'):
         items += [
             ('gradients, root unit', 'reduce_scatter', 'float32', root, A, 'backward'),
             ('gradient norm (DTensor)', 'all_reduce', 'float32', len(shapes), 1, 'update'),
+        ]
+        # Muon: each matrix's update whole for Newton-Schulz, gathered in bf16 (what it casts to first), its rows
+        # padded as FSDP2's are (optimizers.py); a row per size, as ZeRO-1's broadcasts
+        row = OPTIMIZERS[optimizer]
+        whole = [
+            -(-s[0] // n_gpu) * n_gpu * s[1] for n, s in shapes if row.takes and row.takes(n, s)
+        ]
+        items += [
+            ('Muon: whole matrices for Newton-Schulz', 'all_gather', 'bfloat16', n, k, 'update')
+            for n, k in sorted(collections.Counter(whole).items(), reverse=True)
         ]
     result = []
     for what, op, kind, elements, calls, phase in items:
@@ -1060,7 +1100,7 @@ def communication(model, train, n_gpu, device, compute_step_seconds):
     accumulation = max(
         1, math.ceil(train.batch_tokens / (train.micro_batch * model.block_size * n_gpu))
     )
-    items = collectives(model, train.parallel, n_gpu, accumulation, dtype)
+    items = collectives(model, train.parallel, n_gpu, accumulation, dtype, train.optimizer)
     comm = dict(
         collectives=items,
         accumulation=accumulation,
@@ -1075,7 +1115,8 @@ def communication(model, train, n_gpu, device, compute_step_seconds):
     )
     if train.parallel == 'zero1' and n_gpu > 1:  # each rank broadcasts the tensors it owns
         comm['broadcast_bytes_by_rank'] = [
-            4 * elements for elements, _ in zero1_partition(model, n_gpu)
+            4 * sum(math.prod(shape) for _, shape in owned)
+            for owned in zero1_partition(model, n_gpu, train.optimizer)
         ]
     busbw = comm['topology']['busbw']
     if not items or busbw is None:
@@ -1279,9 +1320,12 @@ def loss_fraction(objective, ul2_rates=UL2_RATES):
     return s_rate * 0.5 + r_rate * mixture(R_DENOISERS) + x_rate * mixture(X_DENOISERS)
 
 
-def data_ledger(n_params, vocab_size, train_tokens, dataset_tokens=0, trained_fraction=1.0):
+def data_ledger(
+    n_params, vocab_size, train_tokens, dataset_tokens=0, trained_fraction=1.0, optimizer_bytes=None
+):
     """Tokens per parameter against Chinchilla, whether the dataset is enough, storage, checkpoints, loss fits.
-    trained_fraction: the share of the tokens that carry loss (loss_fraction)."""
+    trained_fraction: the share of the tokens that carry loss (loss_fraction); optimizer_bytes: the optimizer's
+    states a checkpoint holds beside the fp32 weights (None: AdamW's m and v, 8P)."""
     stored_tokens = dataset_tokens or train_tokens
     data = {
         'train_tokens': train_tokens,
@@ -1298,7 +1342,8 @@ def data_ledger(n_params, vocab_size, train_tokens, dataset_tokens=0, trained_fr
         'shard_bytes': stored_tokens * token_bytes(vocab_size),
         'parquet_bytes_low': stored_tokens * 3,
         'parquet_bytes_high': stored_tokens * 4,
-        'checkpoint_bytes': 12 * n_params,
+        'checkpoint_bytes': 4 * n_params
+        + (8 * n_params if optimizer_bytes is None else optimizer_bytes),
         'export_bytes': 2 * n_params,
         'expected_loss': {
             fit: chinchilla_loss(n_params, train_tokens, fit) for fit in CHINCHILLA_FITS
@@ -1381,7 +1426,12 @@ def predict(model, train, n_gpu=None, device=None):
     # sets tokens_per_s and days); MFU proper (PaLM, what train.py measures) counts only the model's FLOPs
     # ('matmul'), so with recompute the predicted MFU is lower by matmul / hardware (LLaMA-7B: 1 / 1.33).
     hardware_flops_per_s = n_gpu * device.peak_flops * train.mfu
-    compute_tokens_per_s = hardware_flops_per_s / flops['hardware']
+    # the optimizer's matmuls (Muon's Newton-Schulz), once a step on every rank (ZeRO-1: its own tensors, the
+    # busiest rank sets the pace), at the same assumed MFU: a step's compute is its tokens' and then these
+    optimizer_flops = optimizer_step_flops(model, train, n_gpu)
+    optimizer_seconds = max(optimizer_flops) / (device.peak_flops * train.mfu)
+    step_compute = train.batch_tokens * flops['hardware'] / hardware_flops_per_s + optimizer_seconds
+    compute_tokens_per_s = train.batch_tokens / step_compute
     memory = memory_per_gpu(model, train, n_gpu, device=device)
     # Ledger 5: a step is its compute plus the communication that does not hide under it (ESTIMATE)
     comm = communication(model, train, n_gpu, device, train.batch_tokens / compute_tokens_per_s)
@@ -1395,7 +1445,10 @@ def predict(model, train, n_gpu=None, device=None):
         if train.max_steps
         else train.train_tokens
     )
-    compute_days = tokens * flops['hardware'] / hardware_flops_per_s / SECONDS_PER_DAY
+    steps = math.ceil(tokens / train.batch_tokens)
+    compute_days = (
+        tokens * flops['hardware'] / hardware_flops_per_s + steps * optimizer_seconds
+    ) / SECONDS_PER_DAY
     days = compute_days * slowdown
     return {
         'model': dataclasses.asdict(model),
@@ -1407,13 +1460,21 @@ def predict(model, train, n_gpu=None, device=None):
         'flops_per_token': flops,
         'compiled_blocks': compiled_blocks,
         'tokens': tokens,
-        'steps': math.ceil(tokens / train.batch_tokens),
+        'steps': steps,
         'grad_accum': train.batch_tokens // micro_step_tokens,
-        'total_flops': tokens * flops['hardware'],
+        'total_flops': tokens * flops['hardware'] + steps * sum(optimizer_flops),
+        'optimizer_flops_per_step': max(optimizer_flops),  # on the busiest rank
+        'optimizer_flops_rank0': optimizer_flops[
+            0
+        ],  # what rank 0 measures (live_ledger.measure_first_step)
+        'optimizer_flops': steps * sum(optimizer_flops),  # the run's, every rank's
+        'optimizer_step_seconds': optimizer_seconds,
         'model_flops': tokens * flops['matmul'],
         'book_flops': tokens * flops['book'],
         'mfu_assumed': train.mfu,
-        'mfu': train.mfu * flops['matmul'] / flops['hardware'] / slowdown,
+        'mfu': tokens_per_s
+        * flops['matmul']
+        / (n_gpu * device.peak_flops),  # = mfu x matmul / hardware
         'tokens_per_s': tokens_per_s,
         'step_seconds': train.batch_tokens / tokens_per_s,
         'days': days,
@@ -1436,6 +1497,9 @@ def predict(model, train, n_gpu=None, device=None):
             tokens,
             train.dataset_tokens,
             loss_fraction(train.objective, (train.ul2_s_rate, train.ul2_r_rate, train.ul2_x_rate)),
+            held_model_states(model, 'ddp', 1, optimizer=train.optimizer)['optimizer']
+            if train.optimizer != 'adamw'
+            else None,  # Muon's momentum and AdamW's m, v for the rest; AdamW alone: the book's 12P
         ),
         'mixture': mixture_ledger(
             train.data,
@@ -1631,6 +1695,12 @@ def summarize(prediction, measured):
         'reserved_measured_bytes': None if on_cpu else measured.get('peak_reserved_bytes'),
         'days_predicted': p['days'],
         'days_projected': measured.get('days'),
+        # rank 0's first optimizer step (live_ledger.measure_first_step): the model states it leaves (weights,
+        # gradients, optimizer states, FSDP2's gathered weights aside) and its matmul FLOPs (Muon's Newton-Schulz)
+        'model_states_predicted_bytes': memory['weights'] + memory['grads'] + memory['optimizer'],
+        'model_states_measured_bytes': measured.get('model_states_bytes'),
+        'optimizer_flops_predicted': p.get('optimizer_flops_rank0'),
+        'optimizer_flops_measured': measured.get('optimizer_flops'),
         'val_loss': measured.get('val_loss'),
         'bytes_per_token': measured.get('bytes_per_token'),
         'val_bytes_per_token': measured.get('val_bytes_per_token'),

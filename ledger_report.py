@@ -181,9 +181,18 @@ def compute_rows(p):
             f"12LH{k} / 6N_blocks; the book's {k}/(6H) = {flops['attention_share_approx']:.1%}",
         ),
         (
+            'optimizer step (Newton-Schulz)',
+            _sci(p['optimizer_flops_per_step']),
+            f"FLOPs a step on the busiest device: {t['muon_ns_steps']} steps x (4m^2 n + 2m^3) per m x n block "
+            f"matrix (Muon), {_sci(p['optimizer_flops_per_step'] / t['batch_tokens'])} a token",
+        )
+        if p.get('optimizer_flops_per_step')
+        else None,
+        (
             f"executed for {si(p['tokens'])} tokens",
             _sci(p['total_flops']),
-            f"book {book_p}D: {_sci(p['book_flops'])}",
+            f"book {book_p}D: {_sci(p['book_flops'])}"
+            + (", with every device's optimizer steps" if p.get('optimizer_flops') else ''),
         ),
     ]
     return [row for row in compute if row]
@@ -215,7 +224,12 @@ def time_rows(p):
             'time for this run',
             duration(p['days']),
             'executed FLOPs: the matmul count (with attention)'
-            + (' + the recomputed forward' if recompute else ''),
+            + (' + the recomputed forward' if recompute else '')
+            + (
+                f" + the optimizer's, {p['optimizer_step_seconds']:.3g} s a step"
+                if p.get('optimizer_step_seconds')
+                else ''
+            ),
         ),
         ('days', _days(p['days']), 'time / 86400 s'),
         (
@@ -247,6 +261,9 @@ def state_rows(p):
     fsdp2 = sharded(t['parallel'], p['n_gpu'])  # FSDP2 shards every tensor's rows
     per, bf16 = '/N' if fsdp2 else '', p['dtype'] == 'bfloat16'
     optimizer = OPTIMIZERS[t.get('optimizer', 'adamw')]
+    rest = (
+        OPTIMIZERS[optimizer.rest] if optimizer.rest else None
+    )  # the row for the tensors it does not take
     states = [
         (
             'fp32 weights',
@@ -271,9 +288,9 @@ def state_rows(p):
             ),
         ),
         (
-            optimizer.label,
+            optimizer.label + (f' + {rest.label}' if rest else ''),
             _gib(memory['optimizer']),
-            optimizer.formula
+            (f'({optimizer.formula} + {rest.formula}_rest)' if rest else optimizer.formula)
             + (
                 "/N, each rank's rows"
                 if fsdp2
@@ -282,8 +299,10 @@ def state_rows(p):
                 else ''
             )
             + (
-                f' + a {optimizer.tensor_bytes}-byte step count per tensor'
-                if optimizer.tensor_bytes
+                f' + a {(rest or optimizer).tensor_bytes}-byte step count per '
+                + (f'{rest.label.split()[0]} ' if rest else '')
+                + 'tensor'
+                if (rest or optimizer).tensor_bytes
                 else ''
             ),
         ),
@@ -419,7 +438,13 @@ def data_rows(p):
         (
             'checkpoint',
             _gb(data['checkpoint_bytes']),
-            '12P: fp32 weights + Adam m, v; bf16 export 2P = ' + _gb(data['export_bytes']),
+            (
+                '12P: fp32 weights + Adam m, v'
+                if t.get('optimizer', 'adamw') == 'adamw'
+                else "4P fp32 weights + the optimizer's states (Muon's momentum, AdamW's m, v)"
+            )
+            + '; bf16 export 2P = '
+            + _gb(data['export_bytes']),
         ),
     ]
     return [row for row in tokens if row]
@@ -893,6 +918,22 @@ def format_comparison(summary):
             s['days_projected'],
             lambda x: f'{x:.3g}',
         ),
+        (
+            "model states on rank 0 after its first step: weights, gradients, the optimizer's states",
+            s.get('model_states_predicted_bytes'),
+            s.get('model_states_measured_bytes'),
+            lambda x: f'{x:,.0f} B',
+        )
+        if s.get('model_states_predicted_bytes') is not None
+        else None,
+        (
+            "optimizer step's matmul FLOPs on rank 0 (FlopCounterMode; Muon's Newton-Schulz)",
+            s.get('optimizer_flops_predicted'),
+            s.get('optimizer_flops_measured'),
+            lambda x: f'{x:,.0f}',
+        )
+        if s.get('optimizer_flops_predicted')
+        else None,
     ]
     lines = [
         f"Predicted by ledger.py for {s['predicted_for']} (peak: {s['peak_source']}) at "

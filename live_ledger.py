@@ -19,10 +19,12 @@ import time
 
 import torch
 import torch.distributed as dist
+from torch.distributed.tensor import DTensor
 
 import files
 import ledger
 import ledger_report
+import optimizers
 import plot
 import scaling
 import trackers
@@ -62,9 +64,9 @@ def live_device(cluster, model_cfg, train):
 # a small model reaches: the same 4 x 256 Llama runs at ~18% of the peak on a Xeon with AMX, whose 2 TFLOP/s need
 # big matrices, and at ~58% on a 2-core AMD EPYC without AMX. So a one-process CPU run is predicted from its own
 # micro-steps: the model, built fresh, forward and backward at micro_batch x block_size in the run's dtype, eager,
-# plus one AdamW step per batch, the fastest of each kept (load only slows a step), cached per machine like the
-# GEMM probe. Eager: a compiled run is faster (inductor, ~1.2-1.7x on the CPUs measured), so once a run of the config
-# has measured its speed, the next is predicted from that (learn_speed).
+# plus one step of the run's optimizer per batch, the fastest of each kept (load only slows a step), cached per
+# machine like the GEMM probe. Eager: a compiled run is faster (inductor, ~1.2-1.7x on the CPUs measured), so once
+# a run of the config has measured its speed, the next is predicted from that (learn_speed).
 
 PROBE_CLOCK = (
     time.perf_counter
@@ -83,7 +85,13 @@ def step_probe(model_cfg, train, dtype, device, cluster, seconds=0.5):
         f"micro_batch {train.micro_batch} | "
         f"accumulation {train.batch_tokens // (train.micro_batch * model_cfg.block_size)} | recompute "
         f"{train.recompute} | compile {train.compile} | {dtype} | torch {torch.__version__}"
-    ) + (f" | {cluster.world_size} processes, {train.parallel}" if cluster.world_size > 1 else '')
+        + (
+            ''
+            if train.optimizer == 'adamw'
+            else f' | {train.optimizer} {train.muon_ns_steps} steps'
+        )
+        + (f" | {cluster.world_size} processes, {train.parallel}" if cluster.world_size > 1 else '')
+    )
 
     def probe_it():
         with torch.device('meta'):
@@ -93,7 +101,7 @@ def step_probe(model_cfg, train, dtype, device, cluster, seconds=0.5):
             f"step probe: building the model ({params:,} parameters) on this CPU and timing its training "
             f"step, once for this machine (cached)",
         )
-        return {'tokens_per_s': _time_steps(model_cfg, train, dtype, seconds)}
+        return {'tokens_per_s': _time_steps(model_cfg, train, dtype, seconds, cluster.world_size)}
 
     if cluster.world_size == 1:
         return ledger.cached_probe(key, probe_it, 'tokens_per_s'), key
@@ -118,14 +126,14 @@ def learn_speed(key, tokens_per_s):
             pass
 
 
-def _time_steps(model_cfg, train, dtype, seconds):
+def _time_steps(model_cfg, train, dtype, seconds, world_size=1):
     torch.manual_seed(0)
     with torch.device('meta'):
         model = GPT(model_cfg)
     model.to_empty(device='cpu')
     model.init_weights()
     model.recompute = train.recompute
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
+    optimizer = optimizers.build(model, train, 1)  # the run's own: Muon's Newton-Schulz timed too
     autocast = (
         torch.autocast('cpu', dtype=torch.bfloat16)
         if dtype == 'bfloat16'
@@ -146,10 +154,9 @@ def _time_steps(model_cfg, train, dtype, seconds):
         optimizer.zero_grad(set_to_none=True)
         micro.append(middle - begin)
         update.append(PROBE_CLOCK() - middle)
-    micro_steps = train.batch_tokens / (
-        rows * model_cfg.block_size
-    )  # the probe's micro-steps in a batch
-    return train.batch_tokens / (micro_steps * min(micro[1:]) + min(update[1:]))
+    tokens = train.batch_tokens / world_size  # a process's share of a step
+    micro_steps = tokens / (rows * model_cfg.block_size)  # the probe's micro-steps in it
+    return tokens / (micro_steps * min(micro[1:]) + min(update[1:]))
 
 
 def predict(config_path, model_cfg, train, cluster, force, cooldown):
@@ -182,7 +189,12 @@ def predict(config_path, model_cfg, train, cluster, force, cooldown):
     if device.kind == 'cpu':  # the MFU this model reaches here, measured (above), per process
         probe, key = step_probe(model_cfg, train, dtype, device, cluster)
         tokens_per_s = probe.get('reached') or probe['tokens_per_s']
-        mfu = tokens_per_s * prediction['flops_per_token']['hardware'] / device.peak_flops
+        # the MFU at which the ledger's step (its tokens' FLOPs, then the optimizer's) takes the
+        # probe's time on each process (batch_tokens / world_size tokens a step)
+        step_tokens = train.batch_tokens / cluster.world_size
+        step_flops = step_tokens * prediction['flops_per_token']['hardware']
+        step_flops += prediction['optimizer_flops_per_step']
+        mfu = tokens_per_s * step_flops / step_tokens / device.peak_flops
         billed = dataclasses.replace(billed, mfu=mfu)
         prediction = ledger.predict(model_cfg, billed, cluster.world_size, device)
         prediction['mfu_source'] = (
@@ -409,6 +421,42 @@ def record_code(out_dir, source=os.path.dirname(os.path.abspath(__file__))):
     }
     files.save_json(os.path.join(out_dir, 'code.json'), record)
     return record
+
+
+def held_bytes(tensors):
+    """Bytes of the distinct storages behind tensors (a DTensor: its local shard; a DDP gradient: its bucket)."""
+    storages = {}
+    for t in tensors:
+        if t is not None:
+            storage = (t.to_local() if isinstance(t, DTensor) else t).untyped_storage()
+            storages[storage.data_ptr(), storage.nbytes()] = storage.nbytes()
+    return sum(storages.values())
+
+
+def measure_first_step(run):
+    """Rank 0's first optimizer step, once: its matmul FLOPs (FlopCounterMode: Muon's Newton-Schulz, AdamW none)
+    and the model states it leaves (weights, gradients, the optimizer's states, as test_memory.py counts them),
+    for summary.json and report.md beside the ledger's. From the second step on, the optimizer's own step: no cost
+    in the loop."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    optimizer = run.optimizer
+    if not run.cluster.is_master:
+        return
+
+    def first(*args, **kwargs):
+        del optimizer.step  # the class's own from here
+        with FlopCounterMode(display=False) as counter:
+            result = optimizer.step(*args, **kwargs)
+        states = getattr(optimizer, 'optim', optimizer).state.values()  # ZeRO-1: its rank's part
+        held = [run.params, [p.grad for p in run.params]]
+        held.append([v for state in states for v in state.values() if torch.is_tensor(v)])
+        run.metrics.measured.update(
+            optimizer_flops=counter.get_total_flops(), model_states_bytes=sum(map(held_bytes, held))
+        )
+        return result
+
+    optimizer.step = first
 
 
 class Metrics:

@@ -54,6 +54,7 @@ import files  # noqa: E402
 import live_ledger  # noqa: E402
 import moe  # noqa: E402
 import objectives  # noqa: E402
+import optimizers  # noqa: E402
 import pretrained  # noqa: E402
 import processes  # noqa: E402
 import sample  # noqa: E402
@@ -127,7 +128,8 @@ def lr_at(step, total_steps, train, cooldown=None):
 # 2. Model and optimizer. The model is built on the meta device (no memory, no init) then
 # materialised on the device and initialised from the seed: the same weights on every rank, whatever
 # the world size, which is what makes 2 ranks train like 1 (it needs the full fp32 model on each
-# device for a moment: fine up to ~30B on 80 GB GPUs). processes.parallelize spreads it.
+# device for a moment: fine up to ~30B on 80 GB GPUs). processes.parallelize spreads it; the
+# optimizer is its config.OPTIMIZERS row's, built by optimizers.py from the raw model's names.
 
 
 def build_model(model_cfg, train, cluster, dtype):
@@ -143,32 +145,6 @@ def build_model(model_cfg, train, cluster, dtype):
     for layer in model.moe:  # MoE: the sequence-wise balance loss's coefficient (0: off)
         layer.aux_loss_coef = train.aux_loss_coef
     return processes.parallelize(model, train, cluster, dtype), model
-
-
-def adamw_options(train, world_size):
-    """The book's betas 0.9/0.95 and eps 1e-8; the fused kernel (5x the per-tensor loop on a 2-core
-    CPU, measured), but foreach under ZeRO-1, whose load_state_dict moves the step counts to the
-    CPU, where the fused CUDA kernel fails on mixed devices (pytorch #124133)."""
-    zero1 = train.parallel == 'zero1' and world_size > 1
-    betas = (train.beta1, train.beta2)
-    return dict(lr=train.lr, betas=betas, eps=train.eps, fused=not zero1, foreach=zero1)
-
-
-def build_optimizer(model, train, cluster):
-    """AdamW with weight decay only on matrices (Linear weights and the embedding): decaying gains
-    and biases pulls them to zero for no benefit. ZeRO-1 shards the AdamW states over the ranks
-    (ledger.zero1_partition follows its assignment)."""
-    params = [p for p in model.parameters() if p.requires_grad]
-    groups = [
-        {'params': [p for p in params if p.dim() >= 2], 'weight_decay': train.weight_decay},
-        {'params': [p for p in params if p.dim() < 2], 'weight_decay': 0.0},
-    ]
-    options = adamw_options(train, cluster.world_size)
-    if train.parallel == 'zero1' and cluster.world_size > 1:
-        from torch.distributed.optim import ZeroRedundancyOptimizer  # its import warns 67 times
-
-        return ZeroRedundancyOptimizer(groups, optimizer_class=torch.optim.AdamW, **options)
-    return torch.optim.AdamW(groups, **options)
 
 
 def clip_gradients(params, max_norm):
@@ -255,7 +231,7 @@ class Run:
 
 
 def build_run(model_cfg, train, cluster, dtype, stream, total_steps, stop_step, **fields):
-    """The model, its parallel wrapper, AdamW and the autocast for the compute dtype, as a Run:
+    """The model, its parallel wrapper, the optimizer and the autocast for the compute dtype, as a Run:
     setup's, and bench.py's for timing train_step. Other Run fields (val, meta, ...) as keywords.
     Autocast: bf16 matmuls, fp32 weights and reductions (FSDP2 gets the same from its policy)."""
     bf16 = dtype == 'bfloat16' and not sharded(train.parallel, cluster.world_size)
@@ -263,7 +239,7 @@ def build_run(model_cfg, train, cluster, dtype, stream, total_steps, stop_step, 
     if bf16:
         autocast = torch.autocast(cluster.device.type, dtype=torch.bfloat16)
     model, raw_model = build_model(model_cfg, train, cluster, dtype)
-    optimizer = build_optimizer(model, train, cluster)
+    optimizer = optimizers.build(raw_model, train, cluster.world_size)  # its row's (optimizers.py)
     params = [p for p in model.parameters() if p.requires_grad]
     micro_step_tokens = train.micro_batch * model_cfg.block_size * cluster.world_size
     parts = (model_cfg, train, cluster, autocast, stream, model)
@@ -327,11 +303,12 @@ def setup(argv, held=None):
     run.metrics = live_ledger.Metrics(
         cluster, train, prediction, built, bool(resume_from), bytes_per_token
     )
+    live_ledger.measure_first_step(run)  # its FLOPs and the model states it leaves, for report.md
     if cluster.is_master and locking:
         live_ledger.record_code(train.out_dir)
     start_from = resume_from or train.cooldown_from  # a cooldown starts from another's checkpoint
     if start_from:
-        saved = checkpoint.load(start_from, run.model, run.optimizer)
+        saved = checkpoint.load(start_from, run.model, run.optimizer, train.optimizer)
         run.state = RunState(**saved['run'])
         log(cluster, continuation.carried_on(run, start_from, saved['world_size'], resume_from))
     if cooldown and not resume_from:

@@ -40,11 +40,20 @@ def test_device_script_runs_every_default_case_at_a_tiny_size(tmp_path):
             and line['peak_bytes_predicted'] > 0
         )
         assert line['compile'] is False and line['loss'] > 0  # tiny: eager, a real loss
+        assert line['optimizer_step_s'] > 0  # timed on its own, beside the ledger's
     assert [(line['recompute'], line['micro_batch']) for line in lines] == [
         (False, 2),
         (False, 2),
         (True, bench.TINY_MAX_MICRO_BATCH),
+        (False, 2),
     ]
+    # AdamW's update has no matmul; Muon's Newton-Schulz is billed at the assumed MFU
+    *adamw, muon = lines
+    assert [line['optimizer_step_s_predicted'] for line in adamw] == [0, 0, 0]
+    assert muon['optimizer_flops_predicted'] > 0
+    assert muon['optimizer_step_s_predicted'] == (
+        muon['optimizer_flops_predicted'] / (muon['mfu_assumed'] * muon['peak_flops'])
+    )
     assert '| case | SDPA | tokens/s (predicted) |' in result.stdout  # the table a person reads
 
 

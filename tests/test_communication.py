@@ -79,9 +79,11 @@ cases = [
     for dtype in (('float32', 'bfloat16') if mode in ('zero2', 'fsdp') and accumulation == 1 else ('float32',))
 ]
 cases += [(mode, 1, 'float32', MOE) for mode in ('ddp', 'fsdp')]  # an MoE second layer: its block is the larger
-for mode, accumulation, dtype, moe in cases:
+# Muon: under zero2 and fsdp each block matrix's update gathered whole, in bf16; elsewhere nothing more
+cases += [(mode, 1, 'float32', ['--optimizer=muon']) for mode in ('ddp', 'zero1', 'zero2', 'fsdp')]
+for mode, accumulation, dtype, extra in cases:
     batch = accumulation * cluster.world_size * 16
-    flags = [f'--parallel={mode}', f'--batch_tokens={batch}', *moe]
+    flags = [f'--parallel={mode}', f'--batch_tokens={batch}', *extra]
     model_cfg, train_cfg = load_config(config, flags)
     stream = data.SyntheticStream(model_cfg.vocab_size, model_cfg.block_size, train_cfg.seed, split=0)
     run = train.build_run(model_cfg, train_cfg, cluster, dtype, stream, 10**6, 10**6)
@@ -91,7 +93,7 @@ for mode, accumulation, dtype, moe in cases:
         train.train_step(run)
         stop.agreed()  # the loop's one collective besides the step's
     entries = [e for e in recorded() if e['record_id'] > before]
-    counted[f'{mode} {accumulation} {dtype}' + (' moe' if moe else '')] = {
+    counted[f'{mode} {accumulation} {dtype}' + {0: '', 1: ' muon', 5: ' moe'}[len(extra)]] = {
         'collectives': [
             [e['profiling_name'], e['input_dtypes'], e['input_sizes'], e['output_sizes']] for e in entries
         ],
@@ -190,11 +192,17 @@ def test_every_collective_of_a_step_is_the_ledgers_on_every_rank(counted):
         len(set(ledger.fsdp_unit_elements(moe, world_size)[1])) == 2
     )  # FSDP2's blocks of two sizes
     for rank in ranks:
-        assert len(rank) == 12
+        assert len(rank) == 16
         for key, seen in rank.items():
-            mode, accumulation, dtype, *experts = key.split()
+            mode, accumulation, dtype, *extra = key.split()
+            optimizer = 'muon' if extra == ['muon'] else 'adamw'
             items = ledger.collectives(
-                moe if experts else model, mode, world_size, int(accumulation), dtype
+                moe if extra == ['moe'] else model,
+                mode,
+                world_size,
+                int(accumulation),
+                dtype,
+                optimizer,
             )
             assert as_calls(seen['collectives']) == ledger_calls(items), (world_size, key)
             # and FSDP2's reduce-scatters were asked for as such, with the ledger's dtype and size
@@ -245,6 +253,15 @@ def test_the_modes_differ_as_the_ledger_says(counted):
         'fsdp 1 float32', 'all_reduce'
     )  # fp32 reductions
     assert volume('zero2 1 float32', 'all_gather') > 4 * P  # the padded rows
+    # Muon: nothing more under ddp and zero1; under zero2 and fsdp its block matrices once more, whole, in bf16
+    assert volume('ddp 1 float32 muon') == volume('ddp 1 float32')
+    assert volume('zero1 1 float32 muon') == volume('zero1 1 float32')
+    matrices = [
+        s for n, s in ledger.parameter_shapes(model) if n.startswith('blocks.') and len(s) == 2
+    ]
+    padded = sum(-(-rows // world_size) * world_size * cols for rows, cols in matrices)
+    for mode in ('zero2', 'fsdp'):
+        assert volume(f'{mode} 1 float32 muon') == volume(f'{mode} 1 float32') + 2 * padded
 
 
 # -----------------------------------------------------------------------------------------------------

@@ -53,6 +53,10 @@ BREAK_A_CONTINUATION = {
     'router_bias_speed',  # MoE balancing: a change moves the routing
     'aux_loss_coef',
     'optimizer',  # another optimizer's states and steps
+    'muon_lr',  # Muon's update: its LR, momentum, Nesterov and Newton-Schulz steps
+    'muon_momentum',
+    'muon_nesterov',
+    'muon_ns_steps',
 }
 
 

@@ -223,6 +223,53 @@ def test_fsdp2_bf16_mixed_precision_with_recompute_trains_like_autocast(mode, si
     assert_close(losses, reference, tolerance=0.03)
 
 
+# -----------------------------------------------------------------------------------------------------
+# Muon (optimizers.py): every mode trains like one process; ZeRO-1 keeps whole matrices, ZeRO-2 and FSDP2 gather
+# each update's rows for Newton-Schulz. Its state resumes exactly on the same world size and on another.
+
+
+@pytest.fixture(scope='module')
+def muon_runs(single, tmp_path_factory):
+    """Muon for 12 steps in one process and in each mode with 2; zero1's and fsdp's resumed from step 6 with 2."""
+    config, _, _ = single
+    tmp = tmp_path_factory.mktemp('muon')
+    assert train.main([config, f'--out_dir={tmp / "single"}', '--optimizer=muon']) == 0
+    outs = {'single': tmp / 'single'}
+    for mode in MODES:
+        out = outs[mode] = tmp / mode
+        resumes = [f'--resume={out}/ckpt/step_0000006'] if mode in ('zero1', 'fsdp') else []
+        for flags in ([], *([r] for r in resumes)):
+            result = torchrun(config, out, f'--parallel={mode}', '--optimizer=muon', *flags)
+            assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    return config, outs
+
+
+@pytest.mark.parametrize('mode', MODES)
+def test_muon_on_two_processes_follows_one_process(mode, muon_runs):
+    """fp32 gradients summed in another order, then cast to bf16 for Newton-Schulz: a rounding apart at most in
+    a few elements of an update, close, not equal."""
+    _, outs = muon_runs
+    (reference,) = runs(outs['single'])
+    full = runs(outs[mode])[0]
+    assert sorted(full) == list(range(1, STEPS + 1)) and full[STEPS] < full[1]
+    assert_close(full, reference, tolerance=1e-3)
+
+
+@pytest.mark.parametrize('mode', ['zero1', 'fsdp'])
+def test_muon_resumes_exactly_and_on_another_world_size(mode, muon_runs, tmp_path):
+    config, outs = muon_runs
+    full, resumed = runs(outs[mode])
+    assert sorted(resumed) == list(range(7, STEPS + 1))
+    assert [resumed[s] for s in resumed] == [full[s] for s in resumed]
+    # one process from the 2 processes' step 6: DCP reshards FSDP2's momentum rows, ZeRO-1's optimizer.pt is whole
+    step6 = f'--resume={outs[mode]}/ckpt/step_0000006'
+    flags = [f'--out_dir={tmp_path}', f'--parallel={mode}', '--optimizer=muon', step6]
+    assert train.main([config, *flags]) == 0
+    (alone,) = runs(tmp_path)
+    assert sorted(alone) == list(range(7, STEPS + 1))
+    assert_close(alone, full, tolerance=1e-3)
+
+
 SPIKE = """
 import sys, numpy as np, data, train
 batch = data.ShardStream.batch

@@ -169,7 +169,44 @@ def test_the_config_tables_figures_are_the_ledgers():
         for pattern, text in found:
             assert shown(figures[pattern], text), (config, pattern, text, figures[pattern])
         checked += 1
-    assert checked == 7
+    assert checked == 8
+
+
+def test_the_muon_configs_bill_is_the_ledgers():
+    """configs/h200_1b3_muon.py's comment: its model states beside AdamW's, the Newton-Schulz FLOPs and seconds
+    of a step, the days, cost and memory, all the ledger's."""
+    muon = ledger.predict(*load_config(os.path.join(ROOT, 'configs/h200_1b3_muon.py')))
+    adamw = ledger.predict(*load_config(os.path.join(ROOT, 'configs/h200_1b3.py')))
+    text = read('configs/h200_1b3_muon.py')
+    pattern = (
+        r'model states ([\d.]+) GiB, not ([\d.]+):.*Newton-Schulz ([\d.e]+) FLOPs a step \(([\d.]+)% of the '
+        r"step's ([\d.e]+)\), ~([\d.]+) s of its ([\d.]+) s at (\d+)% MFU;.*#   ([\d.]+) days and \$(\d+) for "
+        r'the same 26B tokens \(AdamW: ([\d.]+) days, \$(\d+)\), (\d+) of (\d+) GiB'
+    )
+    found = re.search(pattern, text, re.S).groups()
+    step_flops = muon['total_flops'] / muon['steps']
+    figures = [
+        muon['memory']['model_states'] / 2**30,
+        adamw['memory']['model_states'] / 2**30,
+        muon['optimizer_flops_per_step'],
+        100 * muon['optimizer_flops_per_step'] / step_flops,
+        step_flops,
+        muon['optimizer_step_seconds'],
+        muon['step_seconds'],
+        100 * muon['mfu_assumed'],
+        muon['days'],
+        muon['cost_usd'],
+        adamw['days'],
+        adamw['cost_usd'],
+        muon['memory']['total'] / 2**30,
+        muon['memory']['gpu_memory'] / 2**30,
+    ]
+    for figure, text in zip(figures, found):
+        if 'e' in text:  # 5.39e13: its mantissa's decimals
+            decimals = len(text.split('e')[0].split('.')[1])
+            assert f'{figure:.{decimals}e}'.replace('e+', 'e') == text, (figure, text)
+        else:
+            assert shown(figure, text), (figure, text)
 
 
 def test_the_readme_bill_of_the_real_run_is_the_ledgers():

@@ -576,13 +576,14 @@ def test_summary_and_comparison_with_missing_measurements():
     assert lines[0].startswith('| quantity | predicted | measured |') and lines[1].startswith(
         '| --- |'
     )
-    assert len(lines) == 2 + 6 and all(line.count('|') == 5 for line in lines)
+    # AdamW: the model states' row (measured after a first step), no optimizer FLOPs row
+    assert len(lines) == 2 + 7 and all(line.count('|') == 5 for line in lines)
     assert '| 1.000 |' in table and '| 0.500 |' in table
-    assert sum(line.endswith('| - | - |') for line in lines) == 4
+    assert sum(line.endswith('| - | - |') for line in lines) == 5
     empty = ledger.summarize(p, {})
     assert ledger_report.format_comparison(empty).count(
         '| - | - |'
-    ) == 6 and 'an unnamed device' in ledger_report.format_comparison(empty)
+    ) == 7 and 'an unnamed device' in ledger_report.format_comparison(empty)
 
 
 # -----------------------------------------------------------------------------------------------------

@@ -2,8 +2,9 @@
 test_memory.py: the memory ledger against the memory a run really holds, on the CPU.
 
 1. Model states, exact: after the first optimizer step of train.py's own loop, the bytes of the parameters, their
-   gradients (DDP's buckets included: the .grad tensors are views of them) and AdamW's states, each storage
-   counted once, equal ledger.held_model_states on every rank, for one process and for each parallel mode with 2
+   gradients (DDP's buckets included: the .grad tensors are views of them) and the optimizer's states (AdamW's,
+   and Muon's momentum beside AdamW's for the rest), each storage counted once, equal ledger.held_model_states on
+   every rank, for one process and for each parallel mode with 2
    gloo processes (a vocab of 515 and GQA, so that FSDP2 pads and ZeRO-1's greedy partition is uneven). Its second
    layer is a mixture of experts (odd widths: padded too), whose states scale with the total parameters, not the
    active ones (the book's '16 x active'), so the same count proves Ledger MoE.
@@ -16,6 +17,7 @@ test_memory.py: the memory ledger against the memory a run really holds, on the 
 """
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -36,7 +38,7 @@ COUNT_STATES = '''
 import json, sys
 import torch
 from torch.distributed.tensor import DTensor
-import ledger, train
+import ledger, processes, train
 
 def stored_bytes(tensors):
     """Bytes of the distinct storages behind tensors (a DTensor: its local shard)."""
@@ -47,24 +49,28 @@ def stored_bytes(tensors):
             storages[storage.data_ptr(), storage.nbytes()] = storage.nbytes()
     return sum(storages.values())
 
-run = train.setup(sys.argv[1:])
-counted, optimizer_step = {}, run.optimizer.step
-def step_and_count(*args, **kwargs):
-    result = optimizer_step(*args, **kwargs)
-    adamw = getattr(run.optimizer, 'optim', run.optimizer)  # ZeRO-1 keeps its part in its own AdamW
-    params = list(run.model.parameters())
-    counted.update(weights=stored_bytes(params), grads=stored_bytes(p.grad for p in params),
-                   optimizer=stored_bytes(v for s in adamw.state.values() for v in s.values() if torch.is_tensor(v)))
-    return result
-run.optimizer.step = step_and_count
-train.train_step(run)  # the real step: micro-steps, clipping, AdamW; zero_grad comes after the count
-held = ledger.held_model_states(run.model_cfg, run.train.parallel, run.cluster.world_size, 'float32',
-                                run.cluster.rank)
-with open(f'{run.train.out_dir}/states_rank{run.cluster.rank}.json', 'w') as f:  # a file a rank: stdout interleaves
-    json.dump({'rank': run.cluster.rank, 'counted': counted, 'ledger': {k: held[k] for k in counted}}, f)
+for optimizer in ('adamw', 'muon'):  # one launch, both rows: Muon's momentum on the blocks' matrices
+    run = train.setup(sys.argv[1:] + [f'--optimizer={optimizer}', sys.argv[-1] + f'/{optimizer}'])
+    counted, optimizer_step = {}, run.optimizer.step
+    def step_and_count(*args, **kwargs):
+        result = optimizer_step(*args, **kwargs)
+        inner = getattr(run.optimizer, 'optim', run.optimizer)  # ZeRO-1 keeps its part in its own optimizer
+        params = list(run.model.parameters())
+        states = [v for s in inner.state.values() for v in s.values() if torch.is_tensor(v)]
+        counted.update(weights=stored_bytes(params), grads=stored_bytes(p.grad for p in params),
+                       optimizer=stored_bytes(states))
+        return result
+    run.optimizer.step = step_and_count
+    train.train_step(run)  # the real step: micro-steps, clipping, the update; zero_grad comes after the count
+    held = ledger.held_model_states(run.model_cfg, run.train.parallel, run.cluster.world_size, 'float32',
+                                    run.cluster.rank, optimizer)
+    with open(f'{run.train.out_dir}/states_rank{run.cluster.rank}.json', 'w') as f:  # a file a rank
+        json.dump({'rank': run.cluster.rank, 'counted': counted, 'ledger': {k: held[k] for k in counted}}, f)
+    del run
 if torch.distributed.is_initialized():  # leave together: a rank exiting mid-collective makes gloo abort
     torch.distributed.barrier()
-    torch.distributed.destroy_process_group()
+# the runs collected first (each optimizer's counting step holds its run in a cycle), then the group destroyed
+processes.leave_process_group()
 '''
 
 TINY = dict(
@@ -121,15 +127,29 @@ def test_model_states_are_exact_on_every_rank(mode, processes, tmp_path):
         env=dict(os.environ, PYTHONPATH=ROOT),
     )
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
-    ranks = [
-        json.loads((tmp_path / 'out' / f'states_rank{rank}.json').read_text())
-        for rank in range(processes)
-    ]
-    assert sorted(r['rank'] for r in ranks) == list(range(processes))
-    for rank in ranks:
-        assert rank['counted'] == rank['ledger'], rank
-        assert rank['counted']['weights'] > 0 and rank['counted']['optimizer'] > 0
+    held = {}
+    for optimizer in ('adamw', 'muon'):
+        ranks = held[optimizer] = [
+            json.loads((tmp_path / 'out' / optimizer / f'states_rank{rank}.json').read_text())
+            for rank in range(processes)
+        ]
+        assert sorted(r['rank'] for r in ranks) == list(range(processes))
+        for rank in ranks:
+            assert rank['counted'] == rank['ledger'], (optimizer, rank)
+            assert rank['counted']['weights'] > 0 and rank['counted']['optimizer'] > 0
     model = ModelConfig(**{k: v for k, v in TINY.items() if k in MODEL_KEYS})
+    # Muon: 4 bytes a parameter of the blocks' matrices, the router's (4 x 64) aside (no step count); AdamW's 8
+    # a parameter and 4 a tensor for the rest (embeddings, lm_head, norms, the router)
+    shapes = ledger.parameter_shapes(model)
+    matrices = [
+        s for n, s in shapes if n.startswith('blocks.') and len(s) == 2 and '.router.' not in n
+    ]
+    P, M = sum(math.prod(s) for _, s in shapes), sum(math.prod(s) for s in matrices)
+    assert (
+        4 * M + 8 * (P - M) + 4 * (len(shapes) - len(matrices))
+        == (ledger.held_model_states(model, 'ddp', 1, optimizer='muon')['optimizer'])
+    )
+    ranks = held['adamw']
     one_process = ledger.held_model_states(model, 'ddp', 1)
     params = ledger.count_params(model)
     assert (

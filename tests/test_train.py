@@ -22,6 +22,7 @@ import helpers
 import ledger
 import ledger_report
 import live_ledger
+import optimizers
 import processes
 import train
 from config import TrainConfig, load_config
@@ -376,7 +377,7 @@ def test_adamw_is_fused_except_under_zero1(tmp_path):
         ('zero1', 1, True),
         ('zero1', 2, False),
     ):
-        options = train.adamw_options(TrainConfig(parallel=parallel), world_size)
+        options = optimizers.adamw_options(TrainConfig(parallel=parallel), world_size)
         assert (options['fused'], options['foreach']) == (fused, not fused), (parallel, world_size)
     run_state = train.setup([write_config(tmp_path, 'synthetic'), f'--out_dir={tmp_path / "out"}'])
     assert (

@@ -1,0 +1,160 @@
+"""
+optimizers.py: the optimizer train.py steps, from the row of config.OPTIMIZERS its key `optimizer` names. One
+optimizer object in every case, whose param groups carry their kind ('adamw' or 'muon'), so that train.py's loop
+(the LR set on every group), clipping, checkpoint.py (DCP's state dicts, ZeRO-1's gathered optimizer.pt) and
+ZeroRedundancyOptimizer(optimizer_class=...) see one optimizer whatever it holds. The groups come from the raw
+model's parameter names (config.param_groups, which the ledger reads too): no wrapper's prefix decides.
+
+    adamw: torch.optim.AdamW, decay on matrices only (the book's recipe).
+    muon:  MuonAdamW, torch.optim.Muon's update on the blocks' matrices and AdamW on the rest. Under ZeRO-2 and
+           FSDP2 a rank holds row shards: each matrix's momentum-updated gradient is all-gathered in bf16 (what
+           Newton-Schulz casts it to first, so the result is the one process's to the bit), orthogonalised on
+           every rank, and each rank keeps its own rows (Ledger 5 counts the gathers).
+"""
+
+import inspect
+
+import torch
+import torch.distributed as dist
+from torch.distributed.tensor import DTensor
+from torch.optim import _muon
+
+import config
+
+
+def adamw_options(train, world_size):
+    """The book's betas 0.9/0.95 and eps 1e-8; the fused kernel (5x the per-tensor loop on a 2-core
+    CPU, measured), but foreach under ZeRO-1, whose load_state_dict moves the step counts to the
+    CPU, where the fused CUDA kernel fails on mixed devices (pytorch #124133)."""
+    zero1 = train.parallel == 'zero1' and world_size > 1
+    betas = (train.beta1, train.beta2)
+    return dict(lr=train.lr, betas=betas, eps=train.eps, fused=not zero1, foreach=zero1)
+
+
+def muon_options(train):
+    """torch.optim.Muon's settings from the muon_ keys. muon_lr 0: AdamW's lr with the match_rms_adamw scaling
+    (lr_ratio 1); else Muon's own peak, the ratio to lr applied at each step, so that one schedule drives both."""
+    own = train.muon_lr > 0
+    return dict(
+        momentum=train.muon_momentum,
+        nesterov=train.muon_nesterov,
+        ns_steps=train.muon_ns_steps,
+        ns_coefficients=(_muon.DEFAULT_A, _muon.DEFAULT_B, _muon.DEFAULT_C),
+        muon_eps=_muon.EPS,
+        adjust_lr_fn='original' if own else 'match_rms_adamw',
+        lr_ratio=train.muon_lr / train.lr if own else 1.0,
+    )
+
+
+def build(raw_model, train, world_size):
+    """The run's optimizer over raw_model's trainable parameters, grouped by config.param_groups. ZeRO-1 shards
+    its states over the ranks, whole tensors each (ledger.zero1_partition follows its assignment)."""
+    named = dict(raw_model.named_parameters())
+    shapes = [(name, tuple(p.shape)) for name, p in named.items() if p.requires_grad]
+    groups = [
+        {
+            'params': [named[name] for name in names],
+            'kind': kind,
+            'weight_decay': train.weight_decay if decayed else 0.0,
+        }
+        for kind, decayed, names in config.param_groups(train.optimizer, shapes)
+    ]
+    options = adamw_options(train, world_size)
+    cls = torch.optim.AdamW
+    if train.optimizer == 'muon':
+        cls, options = MuonAdamW, dict(options, **muon_options(train))
+    if train.parallel == 'zero1' and world_size > 1:
+        from torch.distributed.optim import ZeroRedundancyOptimizer  # its import warns 67 times
+
+        return ZeroRedundancyOptimizer(groups, optimizer_class=cls, **options)
+    return cls(groups, **options)
+
+
+# torch.optim.Muon's own Newton-Schulz; some releases add a use_addmm flag (the addmm form, torch 2.13's only one)
+_NS_ADDMM = 'use_addmm' in inspect.signature(_muon._zeropower_via_newtonschulz).parameters
+
+
+def newton_schulz(update, group):
+    """torch.optim.Muon's orthogonalisation of one matrix (bf16, its own shape)."""
+    options = (group['ns_coefficients'], group['ns_steps'], group['muon_eps'])
+    return _muon._zeropower_via_newtonschulz(update, *options, *((True,) if _NS_ADDMM else ()))
+
+
+def _local(tensor):
+    return tensor.to_local() if isinstance(tensor, DTensor) else tensor
+
+
+def _whole(update, param):
+    """A rank's rows of a sharded matrix's update -> the whole matrix, all-gathered in bf16 (what Newton-Schulz
+    casts it to first) from FSDP2's Shard(0) rows: ceil(rows / N) a rank, the last ranks' padded with zeros, as
+    FSDP2 pads its own gathers (ledger.collectives counts them so)."""
+    group, ranks = param.device_mesh.get_group(), param.device_mesh.size()
+    rows, chunk = param.shape[0], -(-param.shape[0] // ranks)
+    mine = update.new_zeros((chunk, *param.shape[1:]), dtype=torch.bfloat16)
+    mine[: len(update)] = update
+    whole = mine.new_empty((ranks * chunk, *param.shape[1:]))
+    dist.all_gather_into_tensor(whole, mine, group=group)
+    return whole[:rows]
+
+
+def _own_rows(whole, param):
+    """This rank's rows of a whole matrix, as FSDP2 shards it (ledger.fsdp_rows: ceil(rows / N) a rank)."""
+    ranks, rank = param.device_mesh.size(), param.device_mesh.get_local_rank()
+    chunk = -(-whole.shape[0] // ranks)
+    return whole[rank * chunk : (rank + 1) * chunk]
+
+
+def _adamw_groups(groups):
+    return [group for group in groups if group.get('kind') != 'muon']
+
+
+class MuonAdamW(torch.optim.AdamW):
+    """AdamW whose 'muon' groups take torch.optim.Muon's update instead: per matrix, the momentum buffer lerps
+    towards the gradient, the Nesterov update is orthogonalised by Newton-Schulz, the weight decays by lr x wd and
+    moves by lr scaled to the matrix's shape (adjust_lr_fn). One momentum buffer a matrix, no step count: what
+    config.OPTIMIZERS['muon'] bills. test_optimizers.py holds it to torch.optim.Muon plus AdamW, to the bit."""
+
+    def __init__(self, params, *, momentum, nesterov, ns_steps, ns_coefficients, muon_eps, adjust_lr_fn,
+                 lr_ratio, **adamw):  # fmt: skip
+        super().__init__(params, **adamw)
+        muon = dict(momentum=momentum, nesterov=nesterov, ns_steps=ns_steps, muon_eps=muon_eps)
+        muon.update(ns_coefficients=ns_coefficients, adjust_lr_fn=adjust_lr_fn, lr_ratio=lr_ratio)
+        self.defaults.update(muon)
+        for group in self.param_groups:
+            for key, value in muon.items():
+                group.setdefault(key, value)
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        groups = self.param_groups
+        for group in groups:
+            if group['kind'] == 'muon':
+                self._muon_step(group)
+        self.param_groups = _adamw_groups(groups)
+        try:  # AdamW's own step (fused or foreach) over its groups alone
+            return super().step(closure)
+        finally:
+            self.param_groups = groups
+
+    def __setstate__(self, state):
+        """load_state_dict's: AdamW's fix-ups (its step counts as tensors) over its groups alone."""
+        super().__setstate__(dict(state, param_groups=_adamw_groups(state['param_groups'])))
+        self.param_groups = state['param_groups']
+
+    def _muon_step(self, group):
+        lr, momentum = group['lr'] * group['lr_ratio'], group['momentum']
+        for param in group['params']:
+            if param.grad is None:
+                continue
+            state = self.state[param]
+            if 'momentum_buffer' not in state:
+                state['momentum_buffer'] = torch.zeros_like(param.grad)
+            buf, grad, weight = (_local(t) for t in (state['momentum_buffer'], param.grad, param))
+            buf.lerp_(grad, 1 - momentum)
+            update = grad.lerp(buf, momentum) if group['nesterov'] else buf
+            if isinstance(param, DTensor):
+                update = _own_rows(newton_schulz(_whole(update, param), group), param)
+            else:
+                update = newton_schulz(update, group)
+            weight.mul_(1 - lr * group['weight_decay'])
+            weight.add_(update, alpha=-_muon._adjust_lr(lr, group['adjust_lr_fn'], param.shape))
