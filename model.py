@@ -28,6 +28,7 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 from config import IGNORE_INDEX, ModelConfig  # re-exported: `from model import ModelConfig` works
+from losses import LOSSES
 from moe import MoE
 
 __all__ = ['ModelConfig', 'GPT', 'Block', 'IGNORE_INDEX']
@@ -282,13 +283,10 @@ class GPT(nn.Module):
                 x = checkpoint(block, x, cos, sin, use_reentrant=False)
             else:
                 x = block(x, cos, sin)
-        logits = self.lm_head(self.norm_f(x))
+        x = self.norm_f(x)
         if targets is None:
-            return logits, None
-        flat = logits.float().view(B * T, -1)
-        loss = F.cross_entropy(
-            flat, targets.reshape(B * T), ignore_index=IGNORE_INDEX, reduction=reduction
-        )
+            return self.lm_head(x), None
+        loss = LOSSES[self.config.loss](x, self.lm_head.weight, targets, reduction)  # losses.py
         if (
             self.moe
             and self.moe[0].aux_loss is not None
