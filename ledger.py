@@ -690,6 +690,11 @@ def logits_bytes(model, micro_batch, dtype_bytes=2, compiled=False):
 # memory (an ESTIMATE on a GPU, measured on the CPU, plus torch.compile's host memory there), against the device's
 # memory. Derived term by term in BOOK.md, 'Derivations: Ledger 4d'.
 COMPILE_HOST_BYTES = 100 * MIB
+# A plan fits only with this share of the device left over: the ledger's measured error band (a run's peak memory
+# against its prediction: within 15% on the CPU, test_memory.py; on a GPU the runtime's share is an ESTIMATE), so a
+# plan it calls fitting is one a person can run, not one at 79.64 of 79.65 GiB. "fits", "largest micro-batch that
+# fits" and the parallelism verdict all read memory['fits'].
+HEADROOM_FRACTION = 0.05
 
 
 def compile_mode(train, n_gpu):
@@ -701,7 +706,8 @@ def compile_mode(train, n_gpu):
 
 
 def memory_per_gpu(model, train, n_gpu=None, micro_batch=None, device=None, rank=0):
-    """Bytes per device by part, the total, the device's memory, the headroom, and whether it fits."""
+    """Bytes per device by part, the total, the device's memory, the headroom, and whether it fits: with at least
+    HEADROOM_FRACTION of the device's memory left."""
     n_gpu = n_gpu or train.n_gpu
     micro_batch = micro_batch or train.micro_batch
     device = device or device_spec(train.gpu, train.dtype)
@@ -758,12 +764,14 @@ def memory_per_gpu(model, train, n_gpu=None, micro_batch=None, device=None, rank
     memory['total'] = memory['allocated'] + memory['overhead'] + memory['compile_host']
     memory['gpu_memory'] = device.memory_bytes // processes
     memory['headroom'] = memory['gpu_memory'] - memory['total']
-    memory['fits'] = memory['headroom'] >= 0
+    memory['headroom_needed'] = math.ceil(HEADROOM_FRACTION * memory['gpu_memory'])
+    memory['fits'] = memory['headroom'] >= memory['headroom_needed']
     return memory
 
 
 def max_micro_batch(model, train, n_gpu=None, device=None):
-    """The largest micro-batch (sequences per device) whose total fits; 0 if not even one does."""
+    """The largest micro-batch (sequences per device) whose total fits, headroom kept (memory_per_gpu); 0 if not
+    even one does."""
     device = device or device_spec(train.gpu, train.dtype)
 
     def fits(micro_batch):

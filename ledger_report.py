@@ -350,6 +350,8 @@ def memory_rows(p):
             f"of {_gib(memory['gpu_memory'])} ({device['memory_source']}"
             + (f', shared by {processes} processes' if processes > 1 else '')
             + f"): {'fits' if memory['fits'] else 'DOES NOT FIT'}, headroom {_gib(memory['headroom'])}"
+            + f" (a fit keeps {memory['headroom_needed'] / memory['gpu_memory']:.0%}, "
+            f"{_gib(memory['headroom_needed'])}: the ledger's error band)"
             + (
                 "; glibc's malloc keeps freed blocks for reuse, so the peak RSS runs up to ~1.35x this (measured, "
                 "docs/ledger.md)"

@@ -309,13 +309,20 @@ def predicted_activation_bytes(config, micro_batch, recompute, attention, dtype_
     loss = ledger.logits_bytes(config, micro_batch, dtype_bytes)
     # the chunked loss casts lm_head's weight for its forward alone: alive at the peak (the ledger's bf16 weight
     # copies count it), but not saved
-    copy = 2 * config.vocab_size * config.n_embd if dtype_bytes == 2 and config.loss == 'chunked' else 0
+    copy = (
+        2 * config.vocab_size * config.n_embd
+        if dtype_bytes == 2 and config.loss == 'chunked'
+        else 0
+    )
     return activations['total'] + loss[LOSS_SAVED[config.loss]] - copy
 
 
 # what each loss saves beyond the final norm's and its per-token row: the fp32 log-softmax, or lm_head's gradient
 LOSS_SAVED = {'full': 'log_softmax', 'chunked': 'grad_weight'}
-COMPILED_LOSS_SAVED = {'full': 'logits', 'chunked': 'grad_weight'}  # compiled: lm_head's output, or as eager
+COMPILED_LOSS_SAVED = {
+    'full': 'logits',
+    'chunked': 'grad_weight',
+}  # compiled: lm_head's output, or as eager
 
 
 @pytest.mark.parametrize('recompute', [False, True], ids=['stored', 'recompute'])
