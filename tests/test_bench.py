@@ -40,10 +40,11 @@ def test_device_script_runs_every_default_case_at_a_tiny_size(tmp_path):
             and line['peak_bytes_predicted'] > 0
         )
         assert line['compile'] is False and line['loss'] > 0  # tiny: eager, a real loss
-    assert [(line['recompute'], line['micro_batch']) for line in lines] == [
-        (False, 2),
-        (False, 2),
-        (True, bench.TINY_MAX_MICRO_BATCH),
+    assert [(line['recompute'], line['micro_batch'], line['loss_part']) for line in lines] == [
+        (False, 2, 'chunked'),
+        (False, 2, 'chunked'),
+        (True, bench.TINY_MAX_MICRO_BATCH, 'chunked'),
+        (False, bench.TINY_MAX_MICRO_BATCH, 'full'),  # the full loss beside the chunked default
     ]
     assert '| case | SDPA | tokens/s (predicted) |' in result.stdout  # the table a person reads
 
