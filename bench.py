@@ -5,6 +5,7 @@ bench.py: measured speed and memory beside the ledger's prediction, for the devi
     python bench.py "configs/h200_1b3.py --micro_batch=8" --steps=20
     python bench.py --tiny                           # the same code at a tiny size, seconds on a CPU (CI runs it)
     python bench.py loop configs/pystdlib_cpu.py     # train.py's loop against a plain PyTorch loop, alternated
+    python bench.py loss configs/pystdlib_cpu.py     # train.py's loop with the full loss and the chunked, alternated
 
 The device script. For each case (a config file and its overrides, in quotes) it builds what train.py builds (the
 model, its parallel wrapper, the optimizer) on synthetic tokens, runs warm-up steps (torch.compile compiles there), then
@@ -35,7 +36,7 @@ import live_ledger
 import optimizers
 import processes
 import train
-from config import ConfigError, load_config
+from config import PARTS, ConfigError, load_config
 from model import GPT
 
 DEFAULT_CASES = [
@@ -43,6 +44,8 @@ DEFAULT_CASES = [
     'configs/h200_1b3.py',  # the seed's 1.3B run, compiled
     'configs/h200_1b3.py --recompute=True --micro_batch=max',  # with recompute, the largest micro-batch
     'configs/h200_1b3.py --optimizer=muon',  # Muon: its Newton-Schulz step beside the ledger's
+    # the full logits' loss at the largest micro-batch it fits, beside the chunked loss (the default) above
+    'configs/h200_1b3.py --loss=full --micro_batch=max',
 ]
 TINY = [
     '--n_layer=2',
@@ -161,6 +164,7 @@ def bench_case(case, cluster, steps, warmup, seconds, tiny):
         'block_size': run.model_cfg.block_size,
         'compile': run.train.compile,
         'recompute': run.train.recompute,
+        'loss_part': run.model_cfg.loss,  # the loss's row of config.PARTS['loss']
         'params': prediction['params']['total'],
         'steps_timed': steps,
         'seconds': elapsed,
@@ -317,6 +321,27 @@ def run_loop_bench(config_path, overrides, steps, rounds):
     return best
 
 
+def run_loss_bench(config_path, overrides, steps, rounds):
+    """train.py's loop with each loss of config.PARTS['loss'], alternating in one process, best of each: the
+    paired bench that chose losses.CHUNK_ROWS (docs/measured.md)."""
+    best = {}
+    for _ in range(rounds):
+        for loss in PARTS['loss']:
+            model_cfg, train_cfg = load_config(config_path, [*overrides, f'--loss={loss}'])
+            dtype = ledger.run_dtype(train_cfg, ledger.measure_device('cpu', train_cfg.dtype))
+            tokens_per_s = train_loop_tokens_per_s(model_cfg, train_cfg, dtype, steps)
+            best[loss] = max(best.get(loss, 0.0), tokens_per_s)
+            torch._dynamo.reset()
+    print(
+        f"{config_path} {' '.join(overrides)}, {steps} steps x {rounds} alternating rounds, best of each, "
+        f"{dtype}, compile {train_cfg.compile}, torch {torch.__version__}, {torch.get_num_threads()} threads:"
+    )
+    for loss, tokens_per_s in best.items():
+        print(f"  {loss:<10} {tokens_per_s:,.0f} tokens/s")
+    print(f"  chunked / full: {best['chunked'] / best['full']:.3f}")
+    return best
+
+
 # -----------------------------------------------------------------------------------------------------
 
 
@@ -334,13 +359,13 @@ def option(argv, name, default, kind=int):
 
 @processes.cli
 def main(argv):
-    if argv and argv[0] == 'loop':
+    if argv and argv[0] in ('loop', 'loss'):
         steps, rounds = option(argv, 'steps', 20), option(argv, 'rounds', 2)
         if len(argv) < 2:
             raise ConfigError(
-                'usage: python bench.py loop CONFIG [--key=value ...] [--steps=N] [--rounds=N]'
+                f'usage: python bench.py {argv[0]} CONFIG [--key=value ...] [--steps=N] [--rounds=N]'
             )
-        run_loop_bench(argv[1], argv[2:], steps, rounds)
+        (run_loop_bench if argv[0] == 'loop' else run_loss_bench)(argv[1], argv[2:], steps, rounds)
         return 0
     steps, warmup = option(argv, 'steps', 30), option(argv, 'warmup', 5)
     budget_s = option(argv, 'budget_s', 420.0, float)

@@ -184,6 +184,10 @@ class Part:
     # symbol in the bill's formulas
     keys: object = None
     keys_symbol: str = ''
+    # a loss's buffers at their peak: (ModelConfig, tokens, a, compiled) -> {name: bytes}, and the bill's formula
+    # for them: (compiled, a) -> str
+    buffers: object = None
+    buffers_formula: object = None
 
 
 def linear(name, fan_in, fan_out, bias):
@@ -257,6 +261,42 @@ def flash_attention_saved(c, a, r, compiled):
 
 def nothing_saved(c, a, r, compiled):
     return 0
+
+
+def full_loss_buffers(c, tokens, a, compiled):
+    """The full loss's buffers at the start of the backward, tokens x V elements each. Eager: the fp32 log-softmax
+    it saves and the fp32 gradients of the log-softmax and of the logits, alive together: 12 bytes a logit (lm_head's
+    output and its fp32 copy die inside the forward, a peak of a + 4 + 4 <= 12 there). Measured on the CPU: 11.9
+    bytes a logit in fp32 and 12.1 under bf16 autocast. Compiled: the graph saves lm_head's output (a bytes) and
+    inductor writes the logits' gradient in the same dtype: 2a a logit."""
+    elements = tokens * c.vocab_size
+    if compiled:
+        return {'logits': elements * a, 'grad_logits': elements * a}
+    return {
+        'log_softmax': elements * 4,
+        'grad_log_softmax': elements * 4,
+        'grad_logits': elements * 4,
+    }
+
+
+CHUNK_ROWS = 2048  # losses.py's rows a chunk (docs/measured.md: the paired bench that chose it)
+
+
+def chunked_loss_buffers(c, tokens, a, compiled):
+    """The chunked loss's buffers at its peak, the last chunk of its forward: the chunk's fp32 logits (the softmax
+    and its gradient are made in place in them) and that gradient in the compute dtype a, for the two matmuls (in
+    fp32 the same tensor: 4 bytes a logit, not 8); lm_head's gradient accumulated in fp32, V*H*4, and the chunk's
+    share of it before it is added, V*H*a. h's gradient is a saved tensor, r*H a token (the row's `saved`); the
+    weight's bf16 copy under autocast is the activations' (bf16 weight copies). Compiled (test_model.py measures
+    it), the partitioner keeps the smaller of the fp32 sum and the chunks' shares in the compute dtype: with one
+    chunk V*H*a; at tokens x V x a > V x H x 4 (every real shape) it keeps these gradients, not the logits'."""
+    rows, V, H = min(tokens, CHUNK_ROWS), c.vocab_size, c.n_embd
+    chunks = -(-tokens // CHUNK_ROWS)
+    return {
+        'chunk_logits': rows * V * (4 if a == 4 else 4 + a),
+        'grad_weight': V * H * (min(4, a * chunks) if compiled else 4),
+        'grad_weight_chunk': V * H * a,
+    }
 
 
 PARTS = {
@@ -371,6 +411,42 @@ PARTS = {
             lambda c: [('q_norm.weight', (c.head_dim,)), ('k_norm.weight', (c.head_dim,))],
             qk_norm_saved(True),
             ('Qwen3ForCausalLM',),
+        ),
+    },
+    # the training loss (losses.py): what it saves for backward a token beyond the final norm's, and its buffers
+    # at their peak (`buffers`); ledger.logits_bytes reads them
+    'loss': {
+        # F.cross_entropy over the whole fp32 logits: lm_head keeps its input a*H; eager the fp32 log-softmax, its
+        # gradient and the logits' gradient, 12 bytes a logit; compiled (inductor fuses the softmax's gradient)
+        # the logits and their gradient, 2a a logit, and the log-sum-exp's 8 bytes a token
+        'full': Part(
+            'cross-entropy over the full logits',
+            'none',
+            lambda c: [],
+            lambda c, a, r, compiled: 8 if compiled else a * c.n_embd,
+            ('*',),
+            buffers=full_loss_buffers,
+            buffers_formula=lambda compiled, a: (
+                f'B*T*V x {2 * a} bytes: the logits and their gradient (fused)'
+                if compiled
+                else "B*T*V x 12 bytes: fp32 log-softmax, its gradient, the logits' gradient"
+            ),
+        ),
+        # the same sum a chunk of rows at a time, each chunk's gradients taken in its forward (Liger's fused
+        # linear cross-entropy; Cut Cross-Entropy, Wijmans et al. 2024): it keeps h's gradient, r*H a token
+        'chunked': Part(
+            'chunked cross-entropy',
+            'none',
+            lambda c: [],
+            # compiled: h's gradient in the compute dtype a, the bytes of the final norm's output that its row
+            # counts and which nothing here keeps
+            lambda c, a, r, compiled: 0 if compiled else r * c.n_embd,
+            ('*',),
+            buffers=chunked_loss_buffers,
+            buffers_formula=lambda compiled, a: (
+                f"min(B*T, {CHUNK_ROWS}) x V x {4 if a == 4 else 4 + a} bytes: one chunk's logits; "
+                f"V*H x {4 + a}: lm_head's gradient"
+            ),
         ),
     },
 }
@@ -496,6 +572,8 @@ class ModelConfig:
     qk_norm: str = (
         'none'  # 'none', 'weightless' (nanochat) or 'learned' (a gain per head dimension: Qwen3)
     )
+    # the training loss: 'chunked' (one chunk of the logits at a time, the default) or 'full' (all B x T x V)
+    loss: str = 'chunked'
     # --- mixture of experts (DeepSeekMoE, moe.py's MoE; llama family). n_experts = 0: every FFN dense ---
     n_experts: int = 0  # routed experts in each MoE layer
     top_k: int = 0  # routed experts each token visits (1..n_experts)
@@ -808,7 +886,7 @@ IGNORE_INDEX = -1
 
 def _part_rule(kind):
     names = tuple(PARTS[kind])
-    if kind in ('attention', 'qk_norm'):  # not a family's: every family takes any
+    if kind in ('attention', 'qk_norm', 'loss'):  # not a family's: every family takes any
         return _one_of(*names)
     return lambda v: v in ('', *names), f"one of {', '.join(names)} (or '' for the family's)"
 

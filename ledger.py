@@ -661,7 +661,10 @@ def activation_bytes(
         )
     ffn = mlp.saved(model, a, r, False)  # eager's, which an MoE layer replaces
     eager_norm = norm.saved(model, a, r, False, fused_norm)
-    layer, head = 2 * eager_norm + attn + ffn, eager_norm + a * H
+    loss = model.part(
+        'loss'
+    )  # what the loss keeps a token: lm_head's input, or h's gradient (chunked)
+    layer, head = 2 * eager_norm + attn + ffn, eager_norm + loss.saved(model, a, r, False)
     if compiled:
         middle = (
             a * H if compiled == 'blocks' else r * H
@@ -671,8 +674,12 @@ def activation_bytes(
         )
         if (
             compiled == 'model'
-        ):  # + the last residual (recomputed with recompute); 8: the logits' max, sum
-            head = (0 if recompute else r * H) + norm.saved(model, a, r, True) + 8
+        ):  # + the last residual (recomputed with recompute), and the loss's own
+            head = (
+                (0 if recompute else r * H)
+                + norm.saved(model, a, r, True)
+                + loss.saved(model, a, r, True)
+            )
     position_ids = (
         8 * T if positions.shapes(model) and not compiled else 0
     )  # a learned table's, int64
@@ -707,26 +714,11 @@ def activation_bytes(
 
 
 def logits_bytes(model, micro_batch, dtype_bytes=2, compiled=False):
-    """The loss's buffers at their peak (the start of the backward), micro_batch x T x V elements each.
-    Eager: the fp32 log-softmax the loss saves (model.py takes the loss from fp32 logits), and the fp32 gradients of
-    the log-softmax and of the logits, alive together: 12 bytes per element. lm_head's output itself (dtype_bytes
-    per element) is not held: in training the model returns the loss alone, so the logits and their fp32 copy die
-    inside the forward (a peak of dtype_bytes + 4 + 4 <= 12 there). Measured on the CPU: 11.9 bytes per element in
-    fp32 and 12.1 under bf16 autocast; 15.9 and 14.2 when the caller keeps the logits. This is the buffer that ran
-    nanochat out of memory on an 80 GB H100: at its 32 x 2048 x 65536, one fp32 copy is 16 GiB.
-    Compiled: the graph saves lm_head's output (dtype_bytes) and the log-sum-exp, and inductor fuses the softmax's
-    gradient into one kernel that writes the logits' gradient in the same dtype: 2 x dtype_bytes per element."""
-    elements = micro_batch * model.block_size * model.vocab_size
-    if compiled:
-        parts = {'logits': elements * dtype_bytes, 'grad_logits': elements * dtype_bytes}
-    else:
-        parts = {
-            'log_softmax': elements * 4,
-            'grad_log_softmax': elements * 4,
-            'grad_logits': elements * 4,
-        }
-    parts['total'] = sum(parts.values())
-    return parts
+    """The loss's buffers at their peak, from its row of config.PARTS['loss'] (its `buffers`): the full loss's
+    micro_batch x T x V logits, 12 bytes each eager (this ran nanochat out of memory on an 80 GB H100: at its
+    32 x 2048 x 65536 one fp32 copy is 16 GiB), or the chunked loss's one chunk and lm_head's gradient."""
+    parts = model.part('loss').buffers(model, micro_batch * model.block_size, dtype_bytes, compiled)
+    return dict(parts, total=sum(parts.values()))
 
 
 # -----------------------------------------------------------------------------------------------------
@@ -734,6 +726,11 @@ def logits_bytes(model, micro_batch, dtype_bytes=2, compiled=False):
 # memory (an ESTIMATE on a GPU, measured on the CPU, plus torch.compile's host memory there), against the device's
 # memory. Derived term by term in BOOK.md, 'Derivations: Ledger 4d'.
 COMPILE_HOST_BYTES = 100 * MIB
+# A plan fits only with this share of the device left over: the ledger's measured error band (a run's peak memory
+# against its prediction: within 15% on the CPU, test_memory.py; on a GPU the runtime's share is an ESTIMATE), so a
+# plan it calls fitting is one a person can run, not one at 79.64 of 79.65 GiB. "fits", "largest micro-batch that
+# fits" and the parallelism verdict all read memory['fits'].
+HEADROOM_FRACTION = 0.05
 
 
 def compile_mode(train, n_gpu):
@@ -745,7 +742,8 @@ def compile_mode(train, n_gpu):
 
 
 def memory_per_gpu(model, train, n_gpu=None, micro_batch=None, device=None, rank=0):
-    """Bytes per device by part, the total, the device's memory, the headroom, and whether it fits."""
+    """Bytes per device by part, the total, the device's memory, the headroom, and whether it fits: with at least
+    HEADROOM_FRACTION of the device's memory left."""
     n_gpu = n_gpu or train.n_gpu
     micro_batch = micro_batch or train.micro_batch
     device = device or device_spec(train.gpu, train.dtype)
@@ -802,12 +800,14 @@ def memory_per_gpu(model, train, n_gpu=None, micro_batch=None, device=None, rank
     memory['total'] = memory['allocated'] + memory['overhead'] + memory['compile_host']
     memory['gpu_memory'] = device.memory_bytes // processes
     memory['headroom'] = memory['gpu_memory'] - memory['total']
-    memory['fits'] = memory['headroom'] >= 0
+    memory['headroom_needed'] = math.ceil(HEADROOM_FRACTION * memory['gpu_memory'])
+    memory['fits'] = memory['headroom'] >= memory['headroom_needed']
     return memory
 
 
 def max_micro_batch(model, train, n_gpu=None, device=None):
-    """The largest micro-batch (sequences per device) whose total fits; 0 if not even one does."""
+    """The largest micro-batch (sequences per device) whose total fits, headroom kept (memory_per_gpu); 0 if not
+    even one does."""
     device = device or device_spec(train.gpu, train.dtype)
 
     def fits(micro_batch):

@@ -330,6 +330,7 @@ def memory_rows(p):
     t, memory, device, model = p['train'], p['memory'], p['gpu'], ModelConfig(**p['model'])
     recompute, bf16 = t['recompute'], p['dtype'] == 'bfloat16'
     compiled = memory['graph'] != 'eager'
+    loss = model.part('loss')  # its label and the formula of its buffers (config.PARTS['loss'])
     processes = device['shared_by'] or (p['n_gpu'] if device['kind'] == 'cpu' else 1)
     states = state_rows(p) + [
         (
@@ -346,12 +347,12 @@ def memory_rows(p):
             + (f"; eager: {_gib(memory['activations_eager'])}" if compiled else ''),
         ),
         (
-            'logits and cross-entropy',
+            f"logits and {loss.label}",
             _gib(memory['logits']),
-            f"B*T*V x {2 * (2 if bf16 else 4)} bytes: the logits "
-            f"and their gradient (fused); eager: {_gib(memory['logits_eager'])}"
+            loss.buffers_formula(True, 2 if bf16 else 4)
+            + f"; eager: {_gib(memory['logits_eager'])}"
             if compiled and memory['graph'] == 'compiled whole'
-            else "B*T*V x 12 bytes: fp32 log-softmax, its gradient, the logits' gradient"
+            else loss.buffers_formula(False, 2 if bf16 else 4)
             + (' (the loss runs eager around the compiled blocks)' if compiled else ''),
         ),
         ('runtime overhead', _gib(memory['overhead']), device['overhead_source']),
@@ -368,6 +369,8 @@ def memory_rows(p):
             f"of {_gib(memory['gpu_memory'])} ({device['memory_source']}"
             + (f', shared by {processes} processes' if processes > 1 else '')
             + f"): {'fits' if memory['fits'] else 'DOES NOT FIT'}, headroom {_gib(memory['headroom'])}"
+            + f" (a fit keeps {memory['headroom_needed'] / memory['gpu_memory']:.0%}, "
+            f"{_gib(memory['headroom_needed'])}: the ledger's error band)"
             + (
                 "; glibc's malloc keeps freed blocks for reuse, so the peak RSS runs up to ~1.35x this (measured, "
                 "docs/ledger.md)"

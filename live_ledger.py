@@ -284,7 +284,8 @@ def check_fits(memory, device, force):
     )
     raise ConfigError(
         f"the ledger predicts {memory['total'] / 2**30:.1f} GiB per process ({memory['model_states'] / 2**30:.1f} "
-        f"GiB of weights, gradients and optimizer states) but {where} {memory['gpu_memory'] / 2**30:.1f} GiB: "
+        f"GiB of weights, gradients and optimizer states) but {where} {memory['gpu_memory'] / 2**30:.1f} GiB, of "
+        f"which a plan leaves {memory['headroom_needed'] / 2**30:.1f} GiB free (the ledger's error band): "
         f"lower micro_batch, set recompute=True or parallel=fsdp, choose a smaller model, or pass --force to start "
         f"anyway"
     )

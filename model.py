@@ -10,9 +10,9 @@ into any family:
 Both are pre-norm decoder stacks, x = x + attn(norm(x)); x = x + mlp(norm(x)); logits =
 lm_head(norm_f(x)), with grouped-query attention when n_kv_head < n_head. With n_experts > 0 the
 blocks after the first n_dense_layers get a mixture of experts as their FFN (moe.py). Each part's
-class below is found by its row's name in config.PARTS (ATTENTIONS, make_norm, MLPS, QK_NORMS), and
-the row's shapes are this file's tensors: test_parts.py holds every row to the modules built, and
-the ledger counts from the rows.
+class below is found by its row's name in config.PARTS (ATTENTIONS, make_norm, MLPS, QK_NORMS; the
+loss's in losses.py, LOSSES), and the row's shapes are this file's tensors: test_parts.py holds every
+row to the modules built, and the ledger counts from the rows.
 
 Speed on H100/H200: attention goes through F.scaled_dot_product_attention(is_causal=True) so the
 flash/cuDNN kernel runs, GQA uses enable_gqa instead of materialising repeated K/V, the norms are
@@ -28,6 +28,7 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 from config import IGNORE_INDEX, ModelConfig  # re-exported: `from model import ModelConfig` works
+from losses import LOSSES
 from moe import MoE
 
 __all__ = ['ModelConfig', 'GPT', 'Block', 'IGNORE_INDEX']
@@ -257,8 +258,9 @@ class GPT(nn.Module):
 
     def forward(self, idx, targets=None, reduction='mean'):
         """idx, targets: (B, T), T <= block_size -> (logits (B, T, V), None) without targets, else
-        (None, loss). The loss: the cross-entropy of the targets that are not IGNORE_INDEX, from
-        fp32 logits (a bf16 log-softmax over 50K classes loses digits); their mean, or their sum for
+        (None, loss). The loss (losses.py, by the `loss` row): the cross-entropy of the targets that
+        are not IGNORE_INDEX, from fp32 logits (a bf16 log-softmax over 50K classes loses digits),
+        chunked by default so that B x T x V logits never exist; their mean, or their sum for
         a trainer that divides by the step's loss-carrying targets (all micro-batches and ranks), so
         that every target weighs the same. Training gets no logits back: a caller holding them keeps
         B x T x V alive into the next micro-step (3.3 GB at h200_1b3's 16 x 2048 x 50304 in bf16);
@@ -282,13 +284,10 @@ class GPT(nn.Module):
                 x = checkpoint(block, x, cos, sin, use_reentrant=False)
             else:
                 x = block(x, cos, sin)
-        logits = self.lm_head(self.norm_f(x))
+        x = self.norm_f(x)
         if targets is None:
-            return logits, None
-        flat = logits.float().view(B * T, -1)
-        loss = F.cross_entropy(
-            flat, targets.reshape(B * T), ignore_index=IGNORE_INDEX, reduction=reduction
-        )
+            return self.lm_head(x), None
+        loss = LOSSES[self.config.loss](x, self.lm_head.weight, targets, reduction)  # losses.py
         if (
             self.moe
             and self.moe[0].aux_loss is not None

@@ -1,6 +1,7 @@
 # LLaMA-7B's shape (Touvron et al. 2023): 6,738,415,616 parameters, the book's ledger 1 example.
 # The training keys set the book's ledger 4 scenario: 2 x A800-80G, ZeRO-3, recomputation, micro-batch 8,
-# so `python ledger.py configs/llama_7b.py` gives the ledger's own estimate to hold against the book's ~66 GB per GPU.
+# so `python ledger.py configs/llama_7b.py --loss=full` gives the ledger's own estimate to hold against the book's
+# ~66 GB per GPU (the book's loss keeps the full logits; the chunked default holds 61.3 GiB).
 arch = 'llama'
 n_layer = 32
 n_head = 32

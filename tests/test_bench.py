@@ -41,15 +41,16 @@ def test_device_script_runs_every_default_case_at_a_tiny_size(tmp_path):
         )
         assert line['compile'] is False and line['loss'] > 0  # tiny: eager, a real loss
         assert line['optimizer_step_s'] > 0  # timed on its own, beside the ledger's
-    assert [(line['recompute'], line['micro_batch']) for line in lines] == [
-        (False, 2),
-        (False, 2),
-        (True, bench.TINY_MAX_MICRO_BATCH),
-        (False, 2),
+    assert [(line['recompute'], line['micro_batch'], line['loss_part']) for line in lines] == [
+        (False, 2, 'chunked'),
+        (False, 2, 'chunked'),
+        (True, bench.TINY_MAX_MICRO_BATCH, 'chunked'),
+        (False, 2, 'chunked'),  # Muon
+        (False, bench.TINY_MAX_MICRO_BATCH, 'full'),  # the full loss beside the chunked default
     ]
     # AdamW's update has no matmul; Muon's Newton-Schulz is billed at the assumed MFU
-    *adamw, muon = lines
-    assert [line['optimizer_step_s_predicted'] for line in adamw] == [0, 0, 0]
+    adamw, muon = lines[:3] + lines[4:], lines[3]
+    assert [line['optimizer_step_s_predicted'] for line in adamw] == [0, 0, 0, 0]
     assert muon['optimizer_flops_predicted'] > 0
     assert muon['optimizer_step_s_predicted'] == (
         muon['optimizer_flops_predicted'] / (muon['mfu_assumed'] * muon['peak_flops'])

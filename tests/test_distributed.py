@@ -1,7 +1,8 @@
 """
 test_distributed.py: ddp, zero1, zero2 and fsdp with 2 gloo processes on the CPU (torchrun) train like 1 process
-with twice the gradient accumulation on the same data, resume exactly on the same world size and closely on
-another, and the ranks read disjoint slices of the single-process batch. fp32, a 2-layer x 64 Llama, 12 steps.
+with twice the gradient accumulation on the same data (with the chunked loss, the default, as with the full
+logits' F.cross_entropy on one), resume exactly on the same world size and closely on another, and the ranks read
+disjoint slices of the single-process batch. fp32, a 2-layer x 64 Llama, 12 steps.
 """
 
 import json
@@ -101,6 +102,22 @@ def single(pystdlib_data, tmp_path_factory):
 
 
 @pytest.fixture(scope='module')
+def full_loss(single, tmp_path_factory):
+    """The same run with F.cross_entropy over the whole logits (--loss=full) in place of the chunked default."""
+    config, _, _ = single
+    out = tmp_path_factory.mktemp('full_loss') / 'out'
+    assert train.main([config, f'--out_dir={out}', '--loss=full']) == 0
+    (losses,) = runs(out)
+    return losses
+
+
+def test_the_chunked_loss_trains_as_the_full_loss(single, full_loss):
+    _, _, reference = single
+    assert sorted(full_loss) == sorted(reference)
+    assert_close(reference, full_loss)  # fp32: 12 steps of AdamW, the loss and its gradients alike
+
+
+@pytest.fixture(scope='module')
 def two_process_runs(single, tmp_path_factory):
     """Each mode with 2 processes for 12 steps, then resumed from its step-6 checkpoint, also with 2."""
     config, _, _ = single
@@ -115,11 +132,14 @@ def two_process_runs(single, tmp_path_factory):
 
 
 @pytest.mark.parametrize('mode', MODES)
-def test_two_processes_follow_one_process(mode, single, two_process_runs):
+def test_two_processes_follow_one_process(mode, single, full_loss, two_process_runs):
     _, _, reference = single
     full, resumed = runs(two_process_runs[mode])
     assert sorted(full) == list(range(1, STEPS + 1))
     assert_close(full, reference)  # fp32: only the order of the sums differs
+    assert_close(
+        full, full_loss
+    )  # the chunked loss on 2 ranks, as F.cross_entropy over the logits on one
 
 
 @pytest.mark.parametrize('mode', MODES)
@@ -189,7 +209,7 @@ def test_one_process_checkpoint_resumes_on_two(single, tmp_path):
 @pytest.mark.parametrize('mode', ['ddp', 'fsdp'])
 def test_tied_embeddings_train_alike_on_two_processes(mode, pystdlib_data, tmp_path):
     """GPT-2's tied embedding stays one tensor under DDP and FSDP2 (one unit with both its users): 2 processes
-    follow 1 process step for step."""
+    follow 1 process step for step, the chunked loss's gradient of lm_head joining the embedding's."""
     config = tmp_path / 'tied.py'
     config.write_text(
         ''.join(
@@ -199,7 +219,8 @@ def test_tied_embeddings_train_alike_on_two_processes(mode, pystdlib_data, tmp_p
             ).items()
         )
     )
-    assert train.main([str(config), f'--out_dir={tmp_path / "one"}']) == 0
+    # the reference takes F.cross_entropy over the full logits; the 2 processes the chunked loss (the default)
+    assert train.main([str(config), f'--out_dir={tmp_path / "one"}', '--loss=full']) == 0
     (reference,) = runs(tmp_path / 'one')
     result = torchrun(str(config), tmp_path / 'two', f'--parallel={mode}')
     assert result.returncode == 0, result.stderr[-3000:]
@@ -214,7 +235,8 @@ def test_fsdp2_bf16_mixed_precision_with_recompute_trains_like_autocast(mode, si
     recomputation, on gloo: close to one process under bf16 autocast, within bf16's precision."""
     config, _, _ = single
     flags = ['--dtype=bfloat16', '--recompute=True', '--max_steps=6']
-    assert train.main([config, f'--out_dir={tmp_path / "one"}', *flags]) == 0
+    # the reference with the full logits' F.cross_entropy, the 2 processes with the chunked loss
+    assert train.main([config, f'--out_dir={tmp_path / "one"}', '--loss=full', *flags]) == 0
     (reference,) = runs(tmp_path / 'one')
     result = torchrun(config, tmp_path / 'two', f'--parallel={mode}', *flags)
     assert result.returncode == 0, result.stderr[-3000:]

@@ -3,6 +3,7 @@ test_ledger.py: every figure of BOOK.md at the book's precision, published param
 the seed's day table, the printed/JSON ledger, overrides and each bad-input error. Pure Python, a few seconds.
 """
 
+import dataclasses
 import json
 import math
 import os
@@ -11,6 +12,7 @@ import sys
 
 import pytest
 
+import helpers
 import ledger
 import ledger_report
 from config import OBJECTIVES, ModelConfig, TrainConfig, load_config
@@ -269,22 +271,29 @@ def test_llama_7b_config_reproduces_the_books_66_gb():
     assert memory['fits'] and 60 * GIB < memory['total'] < 72 * GIB
 
 
+# nanochat's d20 speedrun shape, as close as the ledger has it: gpt2 blocks (a 4H MLP of two matrices, as its ReLU²),
+# untied, no biases
+NANOCHAT_D20 = ModelConfig(
+    arch='gpt2',
+    n_layer=20,
+    n_head=10,
+    n_embd=1280,
+    vocab_size=65536,
+    block_size=2048,
+    tie_embeddings=False,
+    bias=False,
+)
+
+
 def test_compiled_runs_hold_less_than_eager_and_the_published_nanochat_point():
     """nanochat's d20 speedrun (20 x 1280, vocab 65,536, 2,048 tokens, 8 x H100 80GB): device batch 16 runs; at 32
     one user ran out of memory (72.5 GiB in use, 8 GiB more asked: 80.5 GiB) and its author did not, so 32 sits at
     the edge (nanochat issue #443). The closest the ledger has: gpt2 blocks, untied, the whole model compiled as
     nanochat compiles it, AdamW states sharded (zero1): 16 fits with room, 32 needs the user's 80.5 GiB to within
     2%; eager, 32 would not fit at all. Under our zero2 (FSDP2) only the blocks are compiled: the loss is eager's."""
-    model = ModelConfig(
-        arch='gpt2',
-        n_layer=20,
-        n_head=10,
-        n_embd=1280,
-        vocab_size=65536,
-        block_size=2048,
-        tie_embeddings=False,
-        bias=False,
-    )
+    model = dataclasses.replace(
+        NANOCHAT_D20, loss='full'
+    )  # nanochat's loss: F.cross_entropy over the logits
     assert (
         ledger.count_params(model)['total'] == 563_662_080
     )  # nanochat d20's 561M, plus our position table
@@ -313,6 +322,34 @@ def test_compiled_runs_hold_less_than_eager_and_the_published_nanochat_point():
     assert (
         blocks['graph'] == 'compiled block by block' and blocks['logits'] == blocks['logits_eager']
     )
+
+
+@pytest.mark.parametrize('mode', ['ddp', 'zero1', 'zero2', 'fsdp'])
+def test_with_the_chunked_loss_nanochat_d20_fits_micro_batch_32_in_every_mode(
+    mode, tmp_path, capsys
+):
+    """`python ledger.py` at nanochat's d20 shape on 8 x H100 80GB: with the chunked loss (the default) micro-batch
+    16 and 32 fit with the 5% headroom in every mode; with the full loss 32 fits in none (its logits alone are
+    48 GiB eager, 16 GiB compiled)."""
+    keys = {f.name: getattr(NANOCHAT_D20, f.name) for f in dataclasses.fields(ModelConfig)}
+    config = helpers.write_config(
+        tmp_path / 'd20.py',
+        dict(keys, gpu='H100', n_gpu=8, parallel=mode, dtype='bfloat16', compile=True),
+    )
+    for micro_batch, loss, fits in (
+        (16, 'chunked', True),
+        (32, 'chunked', True),
+        (32, 'full', False),
+    ):
+        assert ledger.main([config, f'--micro_batch={micro_batch}', f'--loss={loss}']) == 0
+        (total,) = [
+            line for line in capsys.readouterr().out.splitlines() if line.startswith('  total  ')
+        ]
+        assert ('): fits, headroom' in total) is fits, (micro_batch, loss, total)
+        memory = ledger.memory_per_gpu(
+            *load_config(config, [f'--micro_batch={micro_batch}', f'--loss={loss}'])
+        )
+        assert memory['fits'] is fits is (memory['headroom'] >= 0.05 * memory['gpu_memory'])
 
 
 @pytest.mark.parametrize('params,floor,recommended', [(13e9, 3, 4), (30e9, 6, 8), (65e9, 13, 16)])
@@ -347,7 +384,7 @@ def test_activations_structure():
 
 
 def test_logits_buffers():
-    config = gpt2(n_layer=2, n_head=2, n_embd=64)
+    config = gpt2(n_layer=2, n_head=2, n_embd=64, loss='full')
     for dtype_bytes in (2, 4):
         one, three = (ledger.logits_bytes(config, b, dtype_bytes=dtype_bytes) for b in (1, 3))
         assert three['total'] == 3 * one['total']
@@ -358,6 +395,23 @@ def test_logits_buffers():
     assert (
         ledger.logits_bytes(config, 1, 2)['total'] > ledger.logits_bytes(config, 1, 4)['total'] / 2
     )
+    # the chunked loss: one chunk of CHUNK_ROWS rows and lm_head's gradient, whatever the micro-batch beyond it
+    chunked = dataclasses.replace(config, loss='chunked', block_size=1024)
+    two, eight = (ledger.logits_bytes(chunked, b, 2) for b in (2, 8))
+    V, H = chunked.vocab_size, chunked.n_embd
+    assert (
+        two
+        == eight
+        == {
+            'chunk_logits': 2048 * V * 6,
+            'grad_weight': V * H * 4,
+            'grad_weight_chunk': V * H * 2,
+            'total': 2048 * V * 6 + V * H * 6,
+        }
+    )
+    assert (
+        ledger.logits_bytes(chunked, 1, 4)['chunk_logits'] == 1024 * V * 4
+    )  # fp32: one tensor, in place
 
 
 def test_memory_total_and_largest_micro_batch():
