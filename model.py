@@ -10,9 +10,9 @@ into any family:
 Both are pre-norm decoder stacks, x = x + attn(norm(x)); x = x + mlp(norm(x)); logits =
 lm_head(norm_f(x)), with grouped-query attention when n_kv_head < n_head. With n_experts > 0 the
 blocks after the first n_dense_layers get a mixture of experts as their FFN (moe.py). Each part's
-class below is found by its row's name in config.PARTS (ATTENTIONS, make_norm, MLPS, QK_NORMS; the
-loss's in losses.py, LOSSES), and the row's shapes are this file's tensors: test_parts.py holds every
-row to the modules built, and the ledger counts from the rows.
+class below is found by its row's name in config.PARTS (ATTENTIONS, make_norm, MLPS, QK_NORMS;
+the loss's in losses.py, LOSSES), and the row's shapes are this file's tensors: test_parts.py
+holds every row to the modules built, and the ledger counts from the rows.
 
 Speed on H100/H200: attention goes through F.scaled_dot_product_attention(is_causal=True) so the
 flash/cuDNN kernel runs, GQA uses enable_gqa instead of materialising repeated K/V, the norms are

@@ -231,8 +231,9 @@ class Run:
 
 
 def build_run(model_cfg, train, cluster, dtype, stream, total_steps, stop_step, **fields):
-    """The model, its parallel wrapper, the optimizer and the autocast for the compute dtype, as a Run:
-    setup's, and bench.py's for timing train_step. Other Run fields (val, meta, ...) as keywords.
+    """The model, its parallel wrapper, the optimizer and the autocast for the compute dtype, as a
+    Run: setup's, and bench.py's for timing train_step. Other Run fields (val, meta, ...) as
+    keywords.
     Autocast: bf16 matmuls, fp32 weights and reductions (FSDP2 gets the same from its policy)."""
     bf16 = dtype == 'bfloat16' and not sharded(train.parallel, cluster.world_size)
     autocast = contextlib.nullcontext()

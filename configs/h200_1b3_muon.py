@@ -4,7 +4,7 @@
 #   model states 15.7 GiB, not 19.9: one fp32 momentum (4 bytes) a block parameter for AdamW's two (8): the book's
 #     16P becomes about 12P (BOOK.md, Derivations: Muon's model states);
 #   Newton-Schulz 5.39e13 FLOPs a step (1.2% of the step's 4.51e15), ~0.136 s of its 11.4 s at 40% MFU;
-#   6.55 days and $550 for the same 26B tokens (AdamW: 6.47 days, $544), 82 of 140 GiB.
+#   6.55 days and $550 for the same 26B tokens (AdamW: 6.47 days, $544), 77 of 140 GiB.
 # What it may buy is THEIR figure, not ours: Liu et al. 2025 ("Muon is Scalable for LLM Training", Moonlight) fit
 # scaling laws in which Muon reaches AdamW's loss with ~52% of the training FLOPs (about 2x the compute
 # efficiency); Jordan et al. 2024 report 1.35x in the NanoGPT speedrun. Not measured here at this size.

@@ -228,7 +228,8 @@ def test_a_gpu_config_on_a_small_cpu_stops_before_building_anything(
     err = capsys.readouterr().err.strip()
     assert re.fullmatch(
         r"error: the ledger predicts \d+\.\d GiB per process \(\d+\.\d GiB of weights, gradients and optimizer "
-        r"states\) but this machine's physical RAM \(sysconf\) holds 24\.0 GiB: lower micro_batch, set "
+        r"states\) but this machine's physical RAM \(sysconf\) holds 24\.0 GiB, of which a plan leaves "
+        r"1\.2 GiB free \(the ledger's error band\): lower micro_batch, set "
         r"recompute=True or parallel=fsdp, choose a smaller model, or pass --force to start anyway",
         err,
     ), err
