@@ -21,6 +21,7 @@ import json
 import os
 import secrets
 import shutil
+import sys
 
 import files
 
@@ -129,6 +130,9 @@ class WandB:
                 saved = json.load(f)
         run_id = saved.get('wandb_id') or secrets.token_hex(4)  # 8 characters, as wandb's own ids
         mode = os.environ.get('WANDB_MODE', 'offline')
+        self.exit = (
+            sys.exit
+        )  # wandb.init hooks it (its hook exits 0 for sys.exit()): finish gives it back
         self.run = wandb.init(
             project=train.wandb_project,
             name=train.wandb_run_name or os.path.basename(os.path.abspath(train.out_dir)),
@@ -170,6 +174,7 @@ class WandB:
             if os.path.exists(os.path.join(out_dir, name)):
                 shutil.copyfile(os.path.join(out_dir, name), os.path.join(self.run.dir, name))
         self.run.finish()
+        sys.exit = self.exit
 
 
 KINDS = {

@@ -422,15 +422,15 @@ def test_bad_parallel_and_indivisible_batch_are_one_line(single, tmp_path, capsy
 
 
 GRADIENTS = """
-import sys, torch, train
+import sys, torch, processes, train
 run = train.setup(sys.argv[2:])
 grads = []  # the step's gradients, caught where AdamW would use them
 run.optimizer.step = lambda: grads.extend(p.grad.detach().flatten().clone() for p in run.raw_model.parameters())
 train.train_step(run)
 if run.cluster.is_master:
     torch.save(torch.cat(grads), sys.argv[1])
-if torch.distributed.is_initialized():
-    torch.distributed.destroy_process_group()
+del run  # torchrun's commands' teardown (processes.leave_process_group): the model before the group
+processes.leave_process_group()
 """
 
 
