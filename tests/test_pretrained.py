@@ -481,4 +481,4 @@ def test_ledger_bills_a_finetune_from_the_model_config(capsys, monkeypatch):
     assert re.search(r'time for this run +10\.3 h', report) and re.search(r'cost +\$36 ', report)
     assert re.search(r'total +69\.99 GiB +of 140\.40 GiB \(nvidia-smi total\): fits', report)
     readme = open('README.md').read()
-    assert '1,100,048,384 parameters: ~10.3 h, ~$36, 73.16 GiB of 140.40' in readme
+    assert '1,100,048,384 parameters: ~10.3 h, ~$36, 69.99 GiB of 140.40' in readme
