@@ -5,6 +5,7 @@ the same sweep for another trainer (nanoGPT's train.py, from a checkout you pass
     python experiments/sweep.py                        # our grid, 5 minutes a point, on data/pystdlib
     python experiments/sweep.py --nanogpt=../nanoGPT   # nanoGPT's train.py too, the two alternating point by point
     python experiments/sweep.py --minutes=1 --points=0,3   # a quick look at points 0 and 3 of the grid
+    python experiments/sweep.py --race                 # AdamW against Muon, then the recipe's parts (docs/measured.md)
 
 The protocol, the same for both trainers. Each point of the grid (a shape, a vocabulary, a batch, a learning rate)
 gets the same wall-clock budget for training: the seconds its steps take, each trainer's own per-step times summed
@@ -310,13 +311,105 @@ def budgeted_run(train_point, point, data, folder, seconds):
     return steps, elapsed, val_loss, trained
 
 
+# -----------------------------------------------------------------------------------------------------
+# The race (--race): AdamW against Muon on the CPU default (GRID's point 0), each at its best of RACE_LRS, then the
+# recipe's parts added one at a time to the winner, every best and every part at each of RACE_SEEDS so that the
+# noise is visible. Each finished row is kept in OUT/race.jsonl: a rerun goes on where it stopped.
+RACE_LRS = (1e-3, 2e-3, 4e-3)
+RACE_SEEDS = (1337, 1338)
+RACE_PARTS = ({'qk_norm': 'weightless'}, {'mlp': 'relu2'})
+
+
+def race(seconds, out):
+    """-> the race's rows, in the order they ran: LRs (first seed), the bests' second seed, the parts."""
+    done_path = os.path.join(out, 'race.jsonl')
+    done = {}
+    if os.path.exists(done_path):
+        with open(done_path) as f:
+            done = {json.dumps(r['overrides'], sort_keys=True): r for r in map(json.loads, f)}
+    data = data_folder(GRID[0]['vocab_size'])
+    rows, calibrated = [], {}
+
+    def train_point(point, data, out_dir, steps=None):
+        """run_ours, its calibration shared by the points that differ only in lr and seed (the same steps)."""
+        if steps is not None:
+            return run_ours(point, data, out_dir, steps)
+        key = json.dumps(
+            {k: v for k, v in point.items() if k not in ('lr', 'seed')}, sort_keys=True
+        )
+        if key not in calibrated:
+            calibrated[key] = run_ours(point, data, out_dir)
+        return calibrated[key]
+
+    def run(overrides):
+        key = json.dumps(overrides, sort_keys=True)
+        if key not in done:
+            folder = os.path.join(out, 'race_' + '_'.join(f'{k}{v}' for k, v in overrides.items()))
+            point = dict(GRID[0], **overrides)
+            steps, elapsed, val_loss, trained = budgeted_run(
+                train_point, point, data, folder, seconds
+            )
+            block_size = point_config(point)[0].block_size
+            done[key] = dict(
+                overrides=overrides,
+                steps=steps,
+                tokens=steps * point_config(point)[1].batch_tokens,
+                train_seconds=round(trained, 1),
+                seconds=round(elapsed, 1),
+                val_bpb=round(
+                    ledger.bits_per_byte(val_loss, val_bytes_per_token(data, block_size)), 4
+                ),
+            )
+            os.makedirs(out, exist_ok=True)
+            with open(done_path, 'a') as f:
+                f.write(json.dumps(done[key]) + '\n')
+        if done[key] not in rows:  # the first seed's row, asked for again for the mean
+            rows.append(done[key])
+            print(json.dumps(done[key]), flush=True)
+        return done[key]['val_bpb']
+
+    first, second = RACE_SEEDS
+    best = {}
+    for optimizer in ('adamw', 'muon'):
+        lr = min(RACE_LRS, key=lambda lr: run(dict(optimizer=optimizer, lr=lr, seed=first)))
+        best[optimizer] = dict(optimizer=optimizer, lr=lr)
+    mean = {o: statistics.fmean(run(dict(b, seed=s)) for s in RACE_SEEDS) for o, b in best.items()}
+    winner = best[min(mean, key=mean.get)]
+    for part in RACE_PARTS:
+        for seed in RACE_SEEDS:
+            run(dict(winner, **part, seed=seed))
+    return rows
+
+
+def format_race(rows):
+    lines = [
+        '| optimizer | lr | parts added | seed | steps | tokens | tokens/s | training s | val bpb |',
+        '| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |',
+    ]
+    for r in rows:
+        o = r['overrides']
+        parts = ', '.join(f'{k}={v}' for k, v in o.items() if k not in ('optimizer', 'lr', 'seed'))
+        lines.append(
+            f"| {o['optimizer']} | {o['lr']:g} | {parts or '-'} | {o['seed']} | {r['steps']:,} | "
+            f"{r['tokens']:,} | {r['tokens'] / r['train_seconds']:,.0f} | {r['train_seconds']} | "
+            f"{r['val_bpb']:.4f} |"
+        )
+    return '\n'.join(lines)
+
+
 @cli
 def main(argv):
     options = dict(a[2:].split('=', 1) for a in argv if a.startswith('--') and '=' in a)
+    race_flag = '--race' in argv
     unknown = set(options) - {'minutes', 'nanogpt', 'points', 'out'}
-    if unknown or len(options) != len(argv):
+    if (
+        unknown
+        or len(options) + race_flag != len(argv)
+        or (race_flag and options.keys() - {'minutes', 'out'})
+    ):
         raise ConfigError(
             'usage: python experiments/sweep.py [--minutes=5] [--nanogpt=PATH] [--points=I,J,...] [--out=FOLDER]'
+            ' | --race [--minutes=5] [--out=FOLDER]'
         )
     seconds = 60 * float(options.get('minutes', 5))
     chosen = (
@@ -325,6 +418,16 @@ def main(argv):
     points = [(index, GRID[index]) for index in chosen]
     out = os.path.abspath(options.get('out', os.path.join(ROOT, 'out', 'sweep')))
     nanogpt = os.path.abspath(options['nanogpt']) if 'nanogpt' in options else None
+    if race_flag:
+        import torch
+
+        print(
+            f"race: {seconds:.0f} s of training a run, {torch.get_num_threads()} threads, torch {torch.__version__}, "
+            f"{time.strftime('%Y-%m-%d %H:%M')}",
+            flush=True,
+        )
+        print(format_race(race(seconds, out)))
+        return 0
     if nanogpt and not os.path.isfile(os.path.join(nanogpt, 'train.py')):
         raise ConfigError(
             f"--nanogpt={nanogpt}: no train.py there (a checkout of github.com/karpathy/nanoGPT)"

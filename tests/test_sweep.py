@@ -12,6 +12,7 @@ import torch
 
 import checkpoint
 import data
+import ledger
 import sweep
 
 TINY = dict(
@@ -91,3 +92,74 @@ def test_each_trainer_gets_the_same_training_seconds():
         300,
     )
     assert (steps, trained) == (300, 306.0)
+
+
+def test_the_race_takes_each_optimizers_best_lr_then_adds_parts_to_the_winner(
+    tmp_path, monkeypatch
+):
+    """The race's order with a stand-in trainer whose val loss is known: Muon best at 2e-3, AdamW at 4e-3, Muon
+    the winner over both seeds; each part then runs on Muon at 2e-3 at both seeds, and a rerun trains nothing."""
+    ran = []
+
+    def loss_of(point):
+        lr_penalty = {
+            'adamw': {1e-3: 0.3, 2e-3: 0.2, 4e-3: 0.1},
+            'muon': {1e-3: 0.2, 2e-3: 0.0, 4e-3: 0.4},
+        }
+        part = 0.05 if point.get('mlp') == 'relu2' else 0.0
+        return (
+            3.0 + lr_penalty[point['optimizer']][point['lr']] + part + (point['seed'] - 1337) / 100
+        )
+
+    calibrations = []
+
+    def run_ours(point, data, out_dir, steps=None):
+        if steps is None:
+            calibrations.append(point)
+            return 5.0, 1.0
+        ran.append(point)
+        return 70.0, loss_of(point), 59.0
+
+    def trainer(train_point, point, data, folder, seconds):
+        assert seconds == 60 and point['n_embd'] == 256  # GRID's point 0
+        train_point(point, data, folder + '_calibration')
+        return (7, *train_point(point, data, folder, 7))
+
+    monkeypatch.setattr(sweep, 'run_ours', run_ours)
+    monkeypatch.setattr(sweep, 'budgeted_run', trainer)
+    monkeypatch.setattr(sweep, 'data_folder', lambda vocab: 'data')
+    monkeypatch.setattr(sweep, 'val_bytes_per_token', lambda data, block_size: 4.0)
+    rows = sweep.race(60, str(tmp_path))
+    runs = [{k: p[k] for k in ('optimizer', 'lr', 'seed', 'qk_norm', 'mlp') if k in p} for p in ran]
+    assert runs == [
+        *(
+            {'optimizer': o, 'lr': lr, 'seed': 1337}
+            for o in ('adamw', 'muon')
+            for lr in sweep.RACE_LRS
+        ),
+        {'optimizer': 'adamw', 'lr': 4e-3, 'seed': 1338},
+        {'optimizer': 'muon', 'lr': 2e-3, 'seed': 1338},
+        *(
+            {'optimizer': 'muon', 'lr': 2e-3, 'seed': s, **part}
+            for part in sweep.RACE_PARTS
+            for s in sweep.RACE_SEEDS
+        ),
+    ]
+    # one calibration per optimizer and part, shared by the lrs and seeds (the same step)
+    assert [(p['optimizer'], p.get('qk_norm'), p.get('mlp')) for p in calibrations] == [
+        ('adamw', None, None),
+        ('muon', None, None),
+        ('muon', 'weightless', None),
+        ('muon', None, 'relu2'),
+    ]
+    assert [r['val_bpb'] for r in rows] == [
+        round(ledger.bits_per_byte(loss_of(dict(sweep.GRID[0], **r['overrides'])), 4.0), 4)
+        for r in rows
+    ]
+    assert rows[0]['tokens'] == 7 * sweep.GRID[0]['batch_tokens'] and len(rows) == len(ran) == 12
+    table = sweep.format_race(rows)
+    assert '| muon | 0.002 | mlp=relu2 | 1338 | 7 | 57,344 | 972 | 59.0 |' in table
+    ran.clear()
+    assert (
+        sweep.race(60, str(tmp_path)) == rows and ran == []
+    )  # every row kept: nothing trains again
