@@ -1,0 +1,85 @@
+"""
+gguf_in_llama_cpp.py: export.py's GGUF file run by llama.cpp itself (llama-cpp-python), against our own model on the
+same prompt ids: the greedy tokens (sample.py at temperature 0) and the last position's logits.
+
+    pip install llama-cpp-python               # builds llama.cpp from source (minutes on 2 cores)
+    python experiments/gguf_in_llama_cpp.py    # tiny runs on data/pystdlib: Llama (GQA, untied, tied) and GPT-2
+
+Each variant trains a tiny model for a few steps (fp32, eager), exports it with `export.py RUN OUT --gguf --dtype
+float32`, and feeds llama.cpp and model.generate the same ids (the end-of-text token, then `def main(`). Not in the
+test suite: building llama.cpp is too slow for CI; tests/test_export.py reads every tensor back with gguf's
+GGUFReader. The result is in docs/measured.md.
+"""
+
+import os
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+import torch  # noqa: E402
+
+import checkpoint  # noqa: E402
+import data  # noqa: E402
+
+VARIANTS = {  # train.py overrides of configs/pystdlib_cpu.py
+    'llama, GQA, untied': ['--arch=llama', '--n_kv_head=1'],
+    'llama, tied': ['--arch=llama', '--tie_embeddings=True'],
+    'gpt2': ['--arch=gpt2'],
+}
+TINY = ['--n_layer=2', '--n_head=2', '--n_embd=128', '--block_size=64', '--micro_batch=8']
+RUN = ['--batch_tokens=512', '--train_tokens=51200', '--compile=False', '--dtype=float32']
+QUIET = ['--sample_tokens=0', '--eval_tokens=1024', '--eval_every=1000', '--ckpt_every=1000']
+NEW_TOKENS = 24
+
+
+def check(name, flags, out):
+    from llama_cpp import Llama
+
+    run, folder = os.path.join(out, name.replace(', ', '_')), os.path.join(out, 'hf')
+    for command in (
+        ['train.py', 'configs/pystdlib_cpu.py', *flags, *TINY, *RUN, *QUIET, f'--out_dir={run}'],
+        ['export.py', run, folder, '--gguf', '--dtype', 'float32'],
+    ):
+        subprocess.run([sys.executable, *command], cwd=ROOT, check=True, capture_output=True)
+    model, train_config = checkpoint.load_model(checkpoint.find(run), torch.device('cpu'))
+    tokenizer = data.load_tokenizer(train_config['data'])
+    ids = [tokenizer.eot_token] + tokenizer.encode_ordinary('def main(')
+    with torch.no_grad():
+        ours = model.generate(torch.tensor([ids]), NEW_TOKENS, temperature=0)[
+            0, len(ids) :
+        ].tolist()
+        our_logits = model(torch.tensor([ids]))[0][0, -1]
+    llm = Llama(
+        os.path.join(folder, 'model.gguf'), n_ctx=64, logits_all=True, verbose=False, n_threads=2
+    )
+    theirs = []
+    for token in llm.generate(ids, top_k=1, top_p=1.0, temp=0.0, repeat_penalty=1.0):
+        theirs.append(token)
+        if len(theirs) == NEW_TOKENS:
+            break
+    llm.reset()
+    llm.eval(ids)
+    their_logits = torch.tensor(llm.scores[len(ids) - 1])
+    gap = (their_logits - our_logits).abs().max().item()
+    same = theirs == ours
+    print(
+        f"{name}: greedy tokens {'equal' if same else 'DIFFER'} ({NEW_TOKENS} new), "
+        f"last logits max |difference| {gap:.2e}"
+    )
+    print(f"  ours   {ours}\n  theirs {theirs}\n  text   {tokenizer.decode(ours)!r}")
+    return same
+
+
+def main():
+    import llama_cpp
+
+    out = os.path.join(ROOT, 'out', 'gguf_in_llama_cpp')
+    print(f"llama-cpp-python {llama_cpp.__version__}, torch {torch.__version__}")
+    results = [check(name, flags, out) for name, flags in VARIANTS.items()]
+    return 0 if all(results) else 1
+
+
+if __name__ == '__main__':
+    sys.exit(main())
