@@ -931,14 +931,14 @@ def collectives(model, parallel, n_gpu, accumulation, dtype='bfloat16', optimize
             ('gradients, root unit', 'reduce_scatter', 'float32', root, A, 'backward'),
             ('gradient norm (DTensor)', 'all_reduce', 'float32', len(shapes), 1, 'update'),
         ]
-        # Muon: each matrix's update whole for Newton-Schulz, gathered in bf16 (what it casts to first), its rows
-        # padded as FSDP2's are (optimizers.py); a row per size, as ZeRO-1's broadcasts
+        # Muon: each matrix's update whole for Newton-Schulz, gathered in the compute dtype (what it casts to
+        # first), its rows padded as FSDP2's are (optimizers.py); a row per size, as ZeRO-1's broadcasts
         row = OPTIMIZERS[optimizer]
         whole = [
             -(-s[0] // n_gpu) * n_gpu * s[1] for n, s in shapes if row.takes and row.takes(n, s)
         ]
         items += [
-            ('Muon: whole matrices for Newton-Schulz', 'all_gather', 'bfloat16', n, k, 'update')
+            ('Muon: whole matrices for Newton-Schulz', 'all_gather', dtype, n, k, 'update')
             for n, k in sorted(collections.Counter(whole).items(), reverse=True)
         ]
     result = []

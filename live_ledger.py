@@ -133,7 +133,8 @@ def _time_steps(model_cfg, train, dtype, seconds, world_size=1):
     model.to_empty(device='cpu')
     model.init_weights()
     model.recompute = train.recompute
-    optimizer = optimizers.build(model, train, 1)  # the run's own: Muon's Newton-Schulz timed too
+    # the run's own optimizer: Muon's Newton-Schulz (in the run's dtype) timed too
+    optimizer = optimizers.build(model, train, 1, dtype)
     autocast = (
         torch.autocast('cpu', dtype=torch.bfloat16)
         if dtype == 'bfloat16'

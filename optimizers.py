@@ -6,13 +6,12 @@ ZeroRedundancyOptimizer(optimizer_class=...) see one optimizer whatever it holds
 model's parameter names (config.param_groups, which the ledger reads too): no wrapper's prefix decides.
 
     adamw: torch.optim.AdamW, decay on matrices only (the book's recipe).
-    muon:  MuonAdamW, torch.optim.Muon's update on the blocks' matrices and AdamW on the rest. Under ZeRO-2 and
-           FSDP2 a rank holds row shards: each matrix's momentum-updated gradient is all-gathered in bf16 (what
+    muon:  MuonAdamW, torch.optim.Muon's update on the blocks' matrices and AdamW on the rest, its Newton-Schulz
+           in the run's compute dtype (torch's bf16, or fp32 where the run computes fp32). Under ZeRO-2 and FSDP2
+           a rank holds row shards: each matrix's momentum-updated gradient is all-gathered in that dtype (what
            Newton-Schulz casts it to first, so the result is the one process's to the bit), orthogonalised on
            every rank, and each rank keeps its own rows (Ledger 5 counts the gathers).
 """
-
-import inspect
 
 import torch
 import torch.distributed as dist
@@ -31,11 +30,13 @@ def adamw_options(train, world_size):
     return dict(lr=train.lr, betas=betas, eps=train.eps, fused=not zero1, foreach=zero1)
 
 
-def muon_options(train):
+def muon_options(train, dtype):
     """torch.optim.Muon's settings from the muon_ keys. muon_lr 0: AdamW's lr with the match_rms_adamw scaling
-    (lr_ratio 1); else Muon's own peak, the ratio to lr applied at each step, so that one schedule drives both."""
+    (lr_ratio 1); else Muon's own peak, the ratio to lr applied at each step, so that one schedule drives both.
+    dtype: the run's compute dtype ('bfloat16' or 'float32'), which Newton-Schulz runs in."""
     own = train.muon_lr > 0
     return dict(
+        ns_dtype=getattr(torch, dtype),
         momentum=train.muon_momentum,
         nesterov=train.muon_nesterov,
         ns_steps=train.muon_ns_steps,
@@ -46,9 +47,10 @@ def muon_options(train):
     )
 
 
-def build(raw_model, train, world_size):
-    """The run's optimizer over raw_model's trainable parameters, grouped by config.param_groups. ZeRO-1 shards
-    its states over the ranks, whole tensors each (ledger.zero1_partition follows its assignment)."""
+def build(raw_model, train, world_size, dtype):
+    """The run's optimizer over raw_model's trainable parameters, grouped by config.param_groups, for a run that
+    computes in dtype. ZeRO-1 shards its states over the ranks, whole tensors each (ledger.zero1_partition follows
+    its assignment)."""
     named = dict(raw_model.named_parameters())
     shapes = [(name, tuple(p.shape)) for name, p in named.items() if p.requires_grad]
     groups = [
@@ -62,7 +64,7 @@ def build(raw_model, train, world_size):
     options = adamw_options(train, world_size)
     cls = torch.optim.AdamW
     if train.optimizer == 'muon':
-        cls, options = MuonAdamW, dict(options, **muon_options(train))
+        cls, options = MuonAdamW, dict(options, **muon_options(train, dtype))
     if train.parallel == 'zero1' and world_size > 1:
         from torch.distributed.optim import ZeroRedundancyOptimizer  # its import warns 67 times
 
@@ -70,27 +72,32 @@ def build(raw_model, train, world_size):
     return cls(groups, **options)
 
 
-# torch.optim.Muon's own Newton-Schulz; some releases add a use_addmm flag (the addmm form, torch 2.13's only one)
-_NS_ADDMM = 'use_addmm' in inspect.signature(_muon._zeropower_via_newtonschulz).parameters
-
-
-def newton_schulz(update, group):
-    """torch.optim.Muon's orthogonalisation of one matrix (bf16, its own shape)."""
-    options = (group['ns_coefficients'], group['ns_steps'], group['muon_eps'])
-    return _muon._zeropower_via_newtonschulz(update, *options, *((True,) if _NS_ADDMM else ()))
+def newton_schulz(update, group, dtype):
+    """torch.optim.Muon's quintic Newton-Schulz iteration on one matrix (its coefficients, steps and eps, its
+    orientation: the short side first), in dtype: in bf16 it is torch's own to the bit (test_optimizers.py); fp32
+    serves a run that computes fp32, where bf16 matmuls may be emulated (3.3x the step on a 2-core AVX2 EPYC)."""
+    a, b, c = group['ns_coefficients']
+    x = update.to(dtype)
+    tall = x.size(0) > x.size(1)
+    x = x.T if tall else x
+    x = x / x.norm().clamp(min=group['muon_eps'])  # spectral norm at most 1
+    for _ in range(group['ns_steps']):
+        gram = x @ x.T
+        x = torch.addmm(x, torch.addmm(gram, gram, gram, beta=b, alpha=c), x, beta=a)
+    return x.T if tall else x
 
 
 def _local(tensor):
     return tensor.to_local() if isinstance(tensor, DTensor) else tensor
 
 
-def _whole(update, param):
-    """A rank's rows of a sharded matrix's update -> the whole matrix, all-gathered in bf16 (what Newton-Schulz
+def _whole(update, param, dtype):
+    """A rank's rows of a sharded matrix's update -> the whole matrix, all-gathered in dtype (what Newton-Schulz
     casts it to first) from FSDP2's Shard(0) rows: ceil(rows / N) a rank, the last ranks' padded with zeros, as
     FSDP2 pads its own gathers (ledger.collectives counts them so)."""
     group, ranks = param.device_mesh.get_group(), param.device_mesh.size()
     rows, chunk = param.shape[0], -(-param.shape[0] // ranks)
-    mine = update.new_zeros((chunk, *param.shape[1:]), dtype=torch.bfloat16)
+    mine = update.new_zeros((chunk, *param.shape[1:]), dtype=dtype)
     mine[: len(update)] = update
     whole = mine.new_empty((ranks * chunk, *param.shape[1:]))
     dist.all_gather_into_tensor(whole, mine, group=group)
@@ -112,11 +119,14 @@ class MuonAdamW(torch.optim.AdamW):
     """AdamW whose 'muon' groups take torch.optim.Muon's update instead: per matrix, the momentum buffer lerps
     towards the gradient, the Nesterov update is orthogonalised by Newton-Schulz, the weight decays by lr x wd and
     moves by lr scaled to the matrix's shape (adjust_lr_fn). One momentum buffer a matrix, no step count: what
-    config.OPTIMIZERS['muon'] bills. test_optimizers.py holds it to torch.optim.Muon plus AdamW, to the bit."""
+    config.OPTIMIZERS['muon'] bills. test_optimizers.py holds it to torch.optim.Muon plus AdamW, to the bit, in bf16."""
 
-    def __init__(self, params, *, momentum, nesterov, ns_steps, ns_coefficients, muon_eps, adjust_lr_fn,
-                 lr_ratio, **adamw):  # fmt: skip
+    def __init__(self, params, *, ns_dtype, momentum, nesterov, ns_steps, ns_coefficients, muon_eps,
+                 adjust_lr_fn, lr_ratio, **adamw):  # fmt: skip
         super().__init__(params, **adamw)
+        self.ns_dtype = (
+            ns_dtype  # the run's, not the checkpoint's: not in the param groups a resume loads
+        )
         muon = dict(momentum=momentum, nesterov=nesterov, ns_steps=ns_steps, muon_eps=muon_eps)
         muon.update(ns_coefficients=ns_coefficients, adjust_lr_fn=adjust_lr_fn, lr_ratio=lr_ratio)
         self.defaults.update(muon)
@@ -153,8 +163,9 @@ class MuonAdamW(torch.optim.AdamW):
             buf.lerp_(grad, 1 - momentum)
             update = grad.lerp(buf, momentum) if group['nesterov'] else buf
             if isinstance(param, DTensor):
-                update = _own_rows(newton_schulz(_whole(update, param), group), param)
+                whole = _whole(update, param, self.ns_dtype)
+                update = _own_rows(newton_schulz(whole, group, self.ns_dtype), param)
             else:
-                update = newton_schulz(update, group)
+                update = newton_schulz(update, group, self.ns_dtype)
             weight.mul_(1 - lr * group['weight_decay'])
             weight.add_(update, alpha=-_muon._adjust_lr(lr, group['adjust_lr_fn'], param.shape))

@@ -240,7 +240,7 @@ def build_run(model_cfg, train, cluster, dtype, stream, total_steps, stop_step, 
     if bf16:
         autocast = torch.autocast(cluster.device.type, dtype=torch.bfloat16)
     model, raw_model = build_model(model_cfg, train, cluster, dtype)
-    optimizer = optimizers.build(raw_model, train, cluster.world_size)  # its row's (optimizers.py)
+    optimizer = optimizers.build(raw_model, train, cluster.world_size, dtype)  # its row's
     params = [p for p in model.parameters() if p.requires_grad]
     micro_step_tokens = train.micro_batch * model_cfg.block_size * cluster.world_size
     parts = (model_cfg, train, cluster, autocast, stream, model)

@@ -79,8 +79,9 @@ cases = [
     for dtype in (('float32', 'bfloat16') if mode in ('zero2', 'fsdp') and accumulation == 1 else ('float32',))
 ]
 cases += [(mode, 1, 'float32', MOE) for mode in ('ddp', 'fsdp')]  # an MoE second layer: its block is the larger
-# Muon: under zero2 and fsdp each block matrix's update gathered whole, in bf16; elsewhere nothing more
+# Muon: under zero2 and fsdp each block matrix's update gathered whole, in the compute dtype; elsewhere nothing
 cases += [(mode, 1, 'float32', ['--optimizer=muon']) for mode in ('ddp', 'zero1', 'zero2', 'fsdp')]
+cases += [(mode, 1, 'bfloat16', ['--optimizer=muon']) for mode in ('zero2', 'fsdp')]
 for mode, accumulation, dtype, extra in cases:
     batch = accumulation * cluster.world_size * 16
     flags = [f'--parallel={mode}', f'--batch_tokens={batch}', *extra]
@@ -192,7 +193,7 @@ def test_every_collective_of_a_step_is_the_ledgers_on_every_rank(counted):
         len(set(ledger.fsdp_unit_elements(moe, world_size)[1])) == 2
     )  # FSDP2's blocks of two sizes
     for rank in ranks:
-        assert len(rank) == 16
+        assert len(rank) == 18
         for key, seen in rank.items():
             mode, accumulation, dtype, *extra = key.split()
             optimizer = 'muon' if extra == ['muon'] else 'adamw'
@@ -253,7 +254,8 @@ def test_the_modes_differ_as_the_ledger_says(counted):
         'fsdp 1 float32', 'all_reduce'
     )  # fp32 reductions
     assert volume('zero2 1 float32', 'all_gather') > 4 * P  # the padded rows
-    # Muon: nothing more under ddp and zero1; under zero2 and fsdp its block matrices once more, whole, in bf16
+    # Muon: nothing more under ddp and zero1; under zero2 and fsdp its block matrices once more, whole, in the
+    # compute dtype (Newton-Schulz's)
     assert volume('ddp 1 float32 muon') == volume('ddp 1 float32')
     assert volume('zero1 1 float32 muon') == volume('zero1 1 float32')
     matrices = [
@@ -261,7 +263,8 @@ def test_the_modes_differ_as_the_ledger_says(counted):
     ]
     padded = sum(-(-rows // world_size) * world_size * cols for rows, cols in matrices)
     for mode in ('zero2', 'fsdp'):
-        assert volume(f'{mode} 1 float32 muon') == volume(f'{mode} 1 float32') + 2 * padded
+        assert volume(f'{mode} 1 float32 muon') == volume(f'{mode} 1 float32') + 4 * padded
+        assert volume(f'{mode} 1 bfloat16 muon') == volume(f'{mode} 1 bfloat16') + 2 * padded
 
 
 # -----------------------------------------------------------------------------------------------------

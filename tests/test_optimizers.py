@@ -76,7 +76,7 @@ def train_steps(model, optimizers_, steps=3):
 def test_muon_is_torch_muon_on_the_block_matrices_and_adamw_on_the_rest(flags, torch_options):
     model, _, train_cfg = tiny_model('--optimizer=muon', *flags)
     twin = copy.deepcopy(model)
-    ours = optimizers.build(model, train_cfg, 1)
+    ours = optimizers.build(model, train_cfg, 1, 'bfloat16')
     assert [(g['kind'], g['weight_decay'], len(g['params'])) for g in ours.param_groups] == [
         ('muon', 0.1, 8),  # qkv, o, gate_up, down in each of 2 blocks
         ('adamw', 0.1, 2),  # the embedding and lm_head
@@ -105,9 +105,33 @@ def test_muon_is_torch_muon_on_the_block_matrices_and_adamw_on_the_rest(flags, t
     assert states == [{'momentum_buffer'}] * 8 + [{'exp_avg', 'exp_avg_sq', 'step'}] * 7
 
 
+def test_newton_schulz_runs_in_the_runs_compute_dtype():
+    """A run that computes fp32 orthogonalises in fp32 (torch's iteration, its coefficients): the update is the
+    float64 iteration's to fp32's rounding, where torch's bf16 one is off by bf16's (bf16 is torch's own to the bit:
+    the test above)."""
+    model, _, train_cfg = tiny_model('--optimizer=muon')
+    group = optimizers.build(model, train_cfg, 1, 'float32').param_groups[0]  # the blocks' matrices
+    torch.manual_seed(0)
+    update = torch.randn(96, 64)  # tall: the iteration works on its 64 x 96 transpose
+    exact = optimizers.newton_schulz(update.double(), group, torch.float64)
+    fp32 = optimizers.newton_schulz(update, group, torch.float32)
+    bf16 = optimizers.newton_schulz(update, group, torch.bfloat16)
+    assert fp32.dtype == torch.float32 and bf16.dtype == torch.bfloat16
+    assert (fp32 - exact).abs().max() < 1e-5 < 1e-3 < (bf16.double() - exact).abs().max()
+    # the optimizer takes the dtype the run computes in, through build: two runs, two updates
+    stepped = {}
+    for dtype in ('float32', 'bfloat16'):
+        model, _, train_cfg = tiny_model('--optimizer=muon')
+        optimizer = optimizers.build(model, train_cfg, 1, dtype)
+        assert optimizer.ns_dtype == getattr(torch, dtype)
+        train_steps(model, [optimizer], steps=1)
+        stepped[dtype] = model.blocks[0].attn.qkv_proj.weight.detach().clone()
+    assert not torch.equal(stepped['float32'], stepped['bfloat16'])
+
+
 def test_groups_are_the_raw_models_names_and_the_router_stays_on_adamw():
     model, model_cfg, train_cfg = tiny_model('--optimizer=muon', *MOE)
-    built = optimizers.build(model, train_cfg, 1)
+    built = optimizers.build(model, train_cfg, 1, 'bfloat16')
     names = {id(p): n for n, p in model.named_parameters()}
     muon = [names[id(p)] for g in built.param_groups if g['kind'] == 'muon' for p in g['params']]
     assert (
@@ -128,7 +152,7 @@ def test_newton_schulz_flops_are_the_ledgers_exactly():
     muon_ns_steps x (4m^2 n + 2m^3), in either orientation (the MoE's experts are wide, the others tall)."""
     for flags in ([], ['--muon_ns_steps=3'], MOE):
         model, model_cfg, train_cfg = tiny_model('--optimizer=muon', *flags)
-        optimizer = optimizers.build(model, train_cfg, 1)
+        optimizer = optimizers.build(model, train_cfg, 1, 'bfloat16')
         model(*(torch.randint(512, (2, 32)) for _ in range(2)))[1].backward()
         with FlopCounterMode(display=False) as counter:
             optimizer.step()
@@ -139,7 +163,7 @@ def test_newton_schulz_flops_are_the_ledgers_exactly():
             4 * 64 * 64 * 192 + 2 * 64**3
         )
     model, model_cfg, train_cfg = tiny_model()
-    optimizer = optimizers.build(model, train_cfg, 1)
+    optimizer = optimizers.build(model, train_cfg, 1, 'bfloat16')
     model(*(torch.randint(512, (2, 32)) for _ in range(2)))[1].backward()
     with FlopCounterMode(display=False) as counter:
         optimizer.step()
