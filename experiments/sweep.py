@@ -312,10 +312,12 @@ def budgeted_run(train_point, point, data, folder, seconds):
 
 
 # -----------------------------------------------------------------------------------------------------
-# The race (--race): AdamW against Muon on the CPU default (GRID's point 0), each at its best of RACE_LRS, then the
-# recipe's parts added one at a time to the winner, every best and every part at each of RACE_SEEDS so that the
+# The race (--race): AdamW against Muon on the CPU default (GRID's point 0), each at its best of RACE_LRS (a best on
+# the grid's edge is not yet a best: the grid goes on past it, doubling or halving, up to RACE_EXTEND more LRs), then
+# the recipe's parts added one at a time to the winner, every best and every part at each of RACE_SEEDS so that the
 # noise is visible. Each finished row is kept in OUT/race.jsonl: a rerun goes on where it stopped.
 RACE_LRS = (1e-3, 2e-3, 4e-3)
+RACE_EXTEND = 2
 RACE_SEEDS = (1337, 1338)
 RACE_PARTS = ({'qk_norm': 'weightless'}, {'mlp': 'relu2'})
 
@@ -371,7 +373,13 @@ def race(seconds, out):
     first, second = RACE_SEEDS
     best = {}
     for optimizer in ('adamw', 'muon'):
-        lr = min(RACE_LRS, key=lambda lr: run(dict(optimizer=optimizer, lr=lr, seed=first)))
+        lrs = list(RACE_LRS)
+        for _ in range(RACE_EXTEND):
+            lr = min(lrs, key=lambda lr: run(dict(optimizer=optimizer, lr=lr, seed=first)))
+            if lr not in (lrs[0], lrs[-1]):
+                break
+            lrs = [lr / 2, *lrs] if lr == lrs[0] else [*lrs, lr * 2]
+        lr = min(lrs, key=lambda lr: run(dict(optimizer=optimizer, lr=lr, seed=first)))
         best[optimizer] = dict(optimizer=optimizer, lr=lr)
     mean = {o: statistics.fmean(run(dict(b, seed=s)) for s in RACE_SEEDS) for o, b in best.items()}
     winner = best[min(mean, key=mean.get)]

@@ -97,13 +97,14 @@ def test_each_trainer_gets_the_same_training_seconds():
 def test_the_race_takes_each_optimizers_best_lr_then_adds_parts_to_the_winner(
     tmp_path, monkeypatch
 ):
-    """The race's order with a stand-in trainer whose val loss is known: Muon best at 2e-3, AdamW at 4e-3, Muon
+    """The race's order with a stand-in trainer whose val loss is known: Muon best at 2e-3; AdamW best at the grid's
+    edge, 4e-3, so the grid goes on to 8e-3, better again, and to 1.6e-2, worse, where RACE_EXTEND stops it; Muon
     the winner over both seeds; each part then runs on Muon at 2e-3 at both seeds, and a rerun trains nothing."""
     ran = []
 
     def loss_of(point):
         lr_penalty = {
-            'adamw': {1e-3: 0.3, 2e-3: 0.2, 4e-3: 0.1},
+            'adamw': {1e-3: 0.3, 2e-3: 0.2, 4e-3: 0.1, 8e-3: 0.05, 1.6e-2: 0.15},
             'muon': {1e-3: 0.2, 2e-3: 0.0, 4e-3: 0.4},
         }
         part = 0.05 if point.get('mlp') == 'relu2' else 0.0
@@ -132,12 +133,9 @@ def test_the_race_takes_each_optimizers_best_lr_then_adds_parts_to_the_winner(
     rows = sweep.race(60, str(tmp_path))
     runs = [{k: p[k] for k in ('optimizer', 'lr', 'seed', 'qk_norm', 'mlp') if k in p} for p in ran]
     assert runs == [
-        *(
-            {'optimizer': o, 'lr': lr, 'seed': 1337}
-            for o in ('adamw', 'muon')
-            for lr in sweep.RACE_LRS
-        ),
-        {'optimizer': 'adamw', 'lr': 4e-3, 'seed': 1338},
+        *({'optimizer': 'adamw', 'lr': lr, 'seed': 1337} for lr in (*sweep.RACE_LRS, 8e-3, 1.6e-2)),
+        *({'optimizer': 'muon', 'lr': lr, 'seed': 1337} for lr in sweep.RACE_LRS),
+        {'optimizer': 'adamw', 'lr': 8e-3, 'seed': 1338},
         {'optimizer': 'muon', 'lr': 2e-3, 'seed': 1338},
         *(
             {'optimizer': 'muon', 'lr': 2e-3, 'seed': s, **part}
@@ -156,7 +154,7 @@ def test_the_race_takes_each_optimizers_best_lr_then_adds_parts_to_the_winner(
         round(ledger.bits_per_byte(loss_of(dict(sweep.GRID[0], **r['overrides'])), 4.0), 4)
         for r in rows
     ]
-    assert rows[0]['tokens'] == 7 * sweep.GRID[0]['batch_tokens'] and len(rows) == len(ran) == 12
+    assert rows[0]['tokens'] == 7 * sweep.GRID[0]['batch_tokens'] and len(rows) == len(ran) == 14
     table = sweep.format_race(rows)
     assert '| muon | 0.002 | mlp=relu2 | 1338 | 7 | 57,344 | 972 | 59.0 |' in table
     ran.clear()
