@@ -336,7 +336,7 @@ PARTS = {
             'H',
             lambda c: [('weight', (c.n_embd,))],
             norm_saved(4, True),
-            ('LlamaForCausalLM', 'Qwen3ForCausalLM'),
+            ('LlamaForCausalLM', 'Qwen3ForCausalLM', 'ArceeForCausalLM'),
         ),
     },
     'mlp': {
@@ -365,13 +365,14 @@ PARTS = {
             Fraction(8, 3),
             256,
         ),
-        # ReLU squared (So et al. 2021, Primer; modded-nanogpt, nanochat): down(relu(up(x))^2), 4H wide
+        # ReLU squared (So et al. 2021, Primer; modded-nanogpt, nanochat): down(relu(up(x))^2), 4H wide. A Llama
+        # with it is Arcee's AFM (ArceeForCausalLM: Llama's attention and norms, a ReLU² MLP)
         'relu2': Part(
             'ReLU² MLP',
             "2HH'",
             up_down_shapes,
             mlp_saved(2, 2),
-            ('GPT2LMHeadModel',),
+            ('GPT2LMHeadModel', 'ArceeForCausalLM'),
             'relu2',
             Fraction(4),
         ),
@@ -391,7 +392,7 @@ PARTS = {
             'none',
             lambda c: [],
             lambda c, a, r, compiled: a * (c.n_head + c.kv_heads) * c.head_dim,
-            ('LlamaForCausalLM', 'Qwen3ForCausalLM'),
+            ('LlamaForCausalLM', 'Qwen3ForCausalLM', 'ArceeForCausalLM'),
         ),
     },
     'qk_norm': {  # an RMSNorm of each head of q and k, before RoPE (Dehghani et al. 2023; OLMo 2, Qwen3, nanochat)

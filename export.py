@@ -7,7 +7,8 @@ converter read as they read any model.
     python export.py out/pystdlib_cpu hf/pystdlib_cpu --push you/pystdlib-4x256   # and to the Hub, with a model card
     python export.py out/pystdlib_cpu hf/pystdlib_cpu --gguf --dtype float16   # also hf/pystdlib_cpu/model.gguf
 
-The model becomes its family's Hugging Face class (config.FAMILIES: llama LlamaForCausalLM, gpt2 GPT2LMHeadModel):
+The model becomes its family's Hugging Face class (config.FAMILIES: llama LlamaForCausalLM, gpt2 GPT2LMHeadModel),
+or the class that holds its parts (config.PARTS: a Llama with QK-norm is a Qwen3, with a ReLU² MLP an Arcee):
 the layers are the same maths, only the names and layouts differ (below). The folder holds config.json,
 generation_config.json, model.safetensors and the tokenizer the run's data was made with, as a fast byte-level BPE
 (tokenizer.json, tokenizer_config.json, special_tokens_map.json) that encodes any text to the same ids as ours
@@ -37,8 +38,9 @@ DTYPES = {'bfloat16': torch.bfloat16, 'float32': torch.float32, 'float16': torch
 
 # -----------------------------------------------------------------------------------------------------
 # Weights. Llama: our fused qkv_proj rows are the q heads, then the k heads, then the v heads (model.Attention), so
-# q_proj, k_proj and v_proj are three row slices of it; gate_up_proj is gate then up. Our RoPE pairs the first half
-# of each head with the second half, which is HF Llama's rotate_half layout: no permutation of q or k is needed.
+# q_proj, k_proj and v_proj are three row slices of it; gate_up_proj is gate then up (Arcee, Llama with a ReLU² MLP,
+# has up_proj and down_proj alone). Our RoPE pairs the first half of each head with the second half, which is HF
+# Llama's rotate_half layout: no permutation of q or k is needed.
 
 
 def llama_tensors(model):
@@ -51,7 +53,11 @@ def llama_tensors(model):
     for i in range(c.n_layer):
         block, layer = f'blocks.{i}.', f'model.layers.{i}.'
         qkv = ours[block + 'attn.qkv_proj.weight']
-        gate, up = ours[block + 'mlp.gate_up_proj.weight'].split(c.ffn_width)
+        if c.part_name('mlp') == 'swiglu':
+            gate, up = ours[block + 'mlp.gate_up_proj.weight'].split(c.ffn_width)
+            tensors[layer + 'mlp.gate_proj.weight'] = gate
+        else:  # Arcee's
+            up = ours[block + 'mlp.up_proj.weight']
         tensors.update(
             {
                 layer + 'input_layernorm.weight': ours[block + 'attn_norm.weight'],
@@ -60,7 +66,6 @@ def llama_tensors(model):
                 layer + 'self_attn.v_proj.weight': qkv[q + kv :],
                 layer + 'self_attn.o_proj.weight': ours[block + 'attn.o_proj.weight'],
                 layer + 'post_attention_layernorm.weight': ours[block + 'mlp_norm.weight'],
-                layer + 'mlp.gate_proj.weight': gate,
                 layer + 'mlp.up_proj.weight': up,
                 layer + 'mlp.down_proj.weight': ours[block + 'mlp.down_proj.weight'],
             }
@@ -152,6 +157,10 @@ def qwen3_config(c):
     }
 
 
+def arcee_config(c):
+    return {**llama_config(c), 'model_type': 'arcee'}  # hidden_act 'relu2'
+
+
 def gpt2_config(c):
     return {
         'model_type': 'gpt2',
@@ -174,6 +183,7 @@ def gpt2_config(c):
 LAYOUTS = {
     'LlamaForCausalLM': (llama_tensors, llama_config, True),
     'Qwen3ForCausalLM': (qwen3_tensors, qwen3_config, True),
+    'ArceeForCausalLM': (llama_tensors, arcee_config, True),
     'GPT2LMHeadModel': (gpt2_tensors, gpt2_config, False),  # one key/value head per query head
 }
 assert {family.hf_class for family in FAMILIES.values()} <= set(LAYOUTS)
@@ -459,25 +469,28 @@ def export(path, out_dir, dtype='bfloat16', card=None, gguf=False):
 # cl100k split) is 'llama-bpe', Llama 3's, the same split, whose whole-word lookup (ignore_merges)
 # tiktoken does too. The padded rows of the vocab get [PAD<id>] tokens of type UNUSED.
 
-GGUF_ARCHS = {'LlamaForCausalLM': 'LLAMA', 'GPT2LMHeadModel': 'GPT2'}  # gguf.MODEL_ARCH members
+# a Hugging Face class -> its llama.cpp architecture (a gguf.MODEL_ARCH member) and the MLP that computes
+GGUF_ARCHS = {
+    'LlamaForCausalLM': ('LLAMA', 'swiglu'),
+    'ArceeForCausalLM': ('ARCEE', 'relu2'),
+    'GPT2LMHeadModel': ('GPT2', 'gelu'),
+}
 GGUF_FILE_TYPES = {'float32': 'ALL_F32', 'float16': 'MOSTLY_F16', 'bfloat16': 'MOSTLY_BF16'}
 
 
 def gguf_class(c):
-    """The Hugging Face class whose llama.cpp architecture (GGUF_ARCHS) computes this model: the family's own,
-    with the family's own parts only (llama.cpp's gpt2 has a GELU, its llama no QK-norm); else one line."""
+    """The Hugging Face class whose llama.cpp architecture (GGUF_ARCHS) computes this model, else one line
+    (llama.cpp's gpt2 has a GELU only, and export.py writes no qwen3)."""
     hf_class = hf_class_of(c)
+    arch, mlp = GGUF_ARCHS.get(hf_class, GGUF_ARCHS[c.family.hf_class])
     differs = [
-        kind
-        for kind in ('norm', 'mlp', 'positions')
-        if c.part_name(kind) != getattr(c.family, kind)
+        kind for kind, own in (('mlp', mlp), ('qk_norm', 'none')) if c.part_name(kind) != own
     ]
-    differs += ['qk_norm'] if c.qk_norm != 'none' else []
-    if hf_class not in GGUF_ARCHS or differs:
-        parts = ', '.join(f'{kind} = {c.part_name(kind)!r}' for kind in differs) or hf_class
+    if differs:
+        parts = ', '.join(f'{kind} = {c.part_name(kind)!r}' for kind in differs)
         raise ConfigError(
-            f"--gguf: llama.cpp's {GGUF_ARCHS.get(c.family.hf_class, c.arch).lower()} architecture has no "
-            f"{parts}: export the Hugging Face folder alone (without --gguf)"
+            f"--gguf: llama.cpp's {arch.lower()} architecture has no {parts}: export the Hugging Face "
+            f"folder alone (without --gguf)"
         )
     return hf_class
 
@@ -519,7 +532,7 @@ def gguf_tensors(model):
 
     c = model.config
     hf_class = gguf_class(c)
-    arch = getattr(gguf.MODEL_ARCH, GGUF_ARCHS[hf_class])
+    arch = getattr(gguf.MODEL_ARCH, GGUF_ARCHS[hf_class][0])
     names = gguf.get_tensor_name_map(arch, c.n_layer)
     hf = hf_tensors(model, hf_class)
     if hf_class == 'GPT2LMHeadModel' and 'lm_head.weight' not in hf:
@@ -541,7 +554,7 @@ def write_gguf(path, model, encoding, dtype):
     c = model.config
     pre = gguf_pre_tokenizer(encoding)
     hf_class = gguf_class(c)
-    arch = gguf.MODEL_ARCH_NAMES[getattr(gguf.MODEL_ARCH, GGUF_ARCHS[hf_class])]
+    arch = gguf.MODEL_ARCH_NAMES[getattr(gguf.MODEL_ARCH, GGUF_ARCHS[hf_class][0])]
     writer = gguf.GGUFWriter(path, arch)
     writer.add_name(os.path.basename(os.path.dirname(path)))
     writer.add_context_length(c.block_size)
@@ -549,7 +562,7 @@ def write_gguf(path, model, encoding, dtype):
     writer.add_feed_forward_length(c.ffn_width)
     writer.add_block_count(c.n_layer)
     writer.add_head_count(c.n_head)
-    if hf_class == 'LlamaForCausalLM':
+    if hf_class != 'GPT2LMHeadModel':  # llama, arcee
         writer.add_head_count_kv(c.kv_heads)
         writer.add_rope_freq_base(c.rope_theta)
         writer.add_layer_norm_rms_eps(c.norm_eps)

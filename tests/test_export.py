@@ -27,7 +27,7 @@ import data
 import export
 import sample
 import train
-from config import ModelConfig, TrainConfig, UserError
+from config import ConfigError, ModelConfig, TrainConfig, UserError
 from model import GPT
 
 TINY = dict(n_layer=2, n_head=4, n_embd=64, vocab_size=512, block_size=32)
@@ -44,6 +44,7 @@ VARIANTS = {  # on the 512-token pystdlib fixture
     'gpt2, ReLU² MLP (activation relu2)': dict(
         arch='gpt2', mlp='relu2', tie_embeddings=True, bias=True
     ),
+    'llama, ReLU² MLP, GQA (an Arcee)': dict(arch='llama', mlp='relu2', n_kv_head=2),
 }
 TEXT = (
     "def f(x):\n\treturn x ** 2  # 12345 6789\r\n\r\n    don't I'LL we've\n"
@@ -83,6 +84,8 @@ def test_same_logits_in_fp32(exported):
     expected = {'gpt2': 'GPT2LMHeadModel', 'llama': 'LlamaForCausalLM'}[ours.config.arch]
     if ours.config.qk_norm != 'none':
         expected = 'Qwen3ForCausalLM'
+    if ours.config.arch == 'llama' and ours.config.mlp == 'relu2':
+        expected = 'ArceeForCausalLM'
     assert type(hf).__name__ == expected and hf.dtype == torch.float32
     assert hf.config.vocab_size == ours.config.vocab_size  # padded rows kept
     tied = (
@@ -480,7 +483,13 @@ def gguf_expected(model):
             tensors['output.weight'] = ours['lm_head.weight']
         for i in range(c.n_layer):
             b, g = f'blocks.{i}.', f'blk.{i}.'
-            qkv, gate_up = ours[b + 'attn.qkv_proj.weight'], ours[b + 'mlp.gate_up_proj.weight']
+            qkv = ours[b + 'attn.qkv_proj.weight']
+            if c.mlp == 'relu2':  # Arcee's: up and down alone
+                tensors[g + 'ffn_up.weight'] = ours[b + 'mlp.up_proj.weight']
+            else:
+                gate_up = ours[b + 'mlp.gate_up_proj.weight']
+                tensors[g + 'ffn_gate.weight'] = gate_up[: c.ffn_width]
+                tensors[g + 'ffn_up.weight'] = gate_up[c.ffn_width :]
             tensors.update(
                 {
                     g + 'attn_norm.weight': ours[b + 'attn_norm.weight'],
@@ -489,8 +498,6 @@ def gguf_expected(model):
                     g + 'attn_v.weight': qkv[q + kv :],
                     g + 'attn_output.weight': ours[b + 'attn.o_proj.weight'],
                     g + 'ffn_norm.weight': ours[b + 'mlp_norm.weight'],
-                    g + 'ffn_gate.weight': gate_up[: c.ffn_width],
-                    g + 'ffn_up.weight': gate_up[c.ffn_width :],
                     g + 'ffn_down.weight': ours[b + 'mlp.down_proj.weight'],
                 }
             )
@@ -522,8 +529,14 @@ def gguf_tensor(tensor):
     return torch.from_numpy(data)
 
 
+GGUF_VARIANTS = [
+    *list(VARIANTS)[:4],
+    'llama, ReLU² MLP, GQA (an Arcee)',
+]  # llama.cpp's llama, gpt2 and arcee
+
+
 @pytest.mark.parametrize(
-    'variant, dtype', zip(VARIANTS, ('float32', 'bfloat16', 'float16', 'float32'))
+    'variant, dtype', zip(GGUF_VARIANTS, ('float32', 'bfloat16', 'float16', 'float32', 'bfloat16'))
 )
 def test_gguf_holds_every_tensor_under_llama_cpp_names(variant, dtype, tmp_path, pystdlib_data):
     from gguf import GGUFReader
@@ -545,14 +558,15 @@ def test_gguf_holds_every_tensor_under_llama_cpp_names(variant, dtype, tmp_path,
     def field(key):
         return reader.fields[key].contents()
 
-    c, arch = ours.config, ours.config.arch
+    c = ours.config
+    arch = 'arcee' if c.arch == 'llama' and c.mlp == 'relu2' else c.arch
     encoding = data.load_tokenizer(pystdlib_data)
     assert field('general.architecture') == arch and field(f'{arch}.block_count') == c.n_layer
     assert field(f'{arch}.context_length') == 32 and field(f'{arch}.attention.head_count') == 4
-    if arch == 'llama':
-        assert field('llama.attention.head_count_kv') == c.kv_heads
-        assert field('llama.rope.freq_base') == c.rope_theta
-        assert field('llama.rope.dimension_count') == 16
+    if c.arch == 'llama':
+        assert field(f'{arch}.attention.head_count_kv') == c.kv_heads
+        assert field(f'{arch}.rope.freq_base') == c.rope_theta
+        assert field(f'{arch}.rope.dimension_count') == 16
     tokens = field('tokenizer.ggml.tokens')
     assert (
         len(tokens) == c.vocab_size and field('tokenizer.ggml.pre') == 'llama-bpe'
@@ -598,3 +612,14 @@ def test_gguf_refuses_moe_and_an_unknown_split_in_one_line(tmp_path, pystdlib_da
         special_tokens={},
     )
     assert export.gguf_pre_tokenizer(gpt2) == 'gpt-2'  # llama.cpp's name for GPT-2's split
+    # parts llama.cpp's architecture for the class does not compute: the Hugging Face folder alone
+    for parts, message in (
+        (dict(arch='gpt2', mlp='relu2'), "llama.cpp's gpt2 architecture has no mlp = 'relu2'"),
+        (
+            dict(arch='llama', qk_norm='weightless'),
+            "llama architecture has no qk_norm = 'weightless'",
+        ),
+    ):
+        with pytest.raises(ConfigError, match=re.escape(message) + '.*without --gguf'):
+            export.gguf_class(ModelConfig(**TINY, **parts))
+    assert export.gguf_class(ModelConfig(**TINY, arch='llama', mlp='relu2')) == 'ArceeForCausalLM'

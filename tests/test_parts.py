@@ -139,10 +139,15 @@ def test_a_part_without_a_hugging_face_class_is_refused_in_one_line():
 
     assert export.hf_class_of(tiny(qk_norm='learned')) == 'Qwen3ForCausalLM'
     assert export.hf_class_of(tiny(arch='gpt2', mlp='relu2')) == 'GPT2LMHeadModel'
+    assert export.hf_class_of(tiny(mlp='relu2')) == 'ArceeForCausalLM'
     with pytest.raises(
-        ConfigError, match=r"mlp = 'relu2' \(ReLU² MLP\) has no Hugging Face export"
+        ConfigError,
+        match=r"mlp = 'relu2' \(ReLU² MLP\) has no Hugging Face export: the classes that hold it are "
+        r"GPT2LMHeadModel, ArceeForCausalLM, and none",
     ):
-        export.hf_class_of(tiny(mlp='relu2'))
+        export.hf_class_of(
+            tiny(mlp='relu2', qk_norm='learned')
+        )  # Qwen3 has SwiGLU, Arcee no QK-norm
     with pytest.raises(
         ConfigError, match=r"qk_norm = 'weightless' .* classes that hold it are Qwen3"
     ):
