@@ -6,7 +6,9 @@ same prompt ids: the greedy tokens (sample.py at temperature 0) and the last pos
     python experiments/gguf_in_llama_cpp.py    # tiny runs on data/pystdlib: Llama (GQA, untied, tied), GPT-2, Arcee
 
 Each variant trains a tiny model for a few steps (fp32, eager), exports it with `export.py RUN OUT --gguf --dtype
-float32`, and feeds llama.cpp and model.generate the same ids (the end-of-text token, then `def main(`). Not in the
+float32`, and feeds llama.cpp and model.generate the same ids (the end-of-text token, then `def main(`); then both score
+PROMPT, a few lines of Python, at every position (the logits' largest difference, against their spread, and
+whether the top token agrees at each position). Not in the
 test suite: building llama.cpp is too slow for CI; tests/test_export.py reads every tensor back with gguf's
 GGUFReader. The result is in docs/measured.md.
 """
@@ -33,6 +35,7 @@ TINY = ['--n_layer=2', '--n_head=2', '--n_embd=128', '--block_size=64', '--micro
 RUN = ['--batch_tokens=512', '--train_tokens=51200', '--compile=False', '--dtype=float32']
 QUIET = ['--sample_tokens=0', '--eval_tokens=1024', '--eval_every=1000', '--ckpt_every=1000']
 NEW_TOKENS = 24
+PROMPT = 'def main(argv=None):\n    parser = argparse.ArgumentParser(description=__doc__)\n    return parser'
 
 
 def check(name, flags, out):
@@ -62,12 +65,20 @@ def check(name, flags, out):
             break
     llm.reset()
     llm.eval(ids)
-    their_logits = torch.tensor(llm.scores[len(ids) - 1])
-    gap = (their_logits - our_logits).abs().max().item()
-    same = theirs == ours
+    gap = (torch.tensor(llm.scores[len(ids) - 1]) - our_logits).abs().max().item()
+    scored = [tokenizer.eot_token] + tokenizer.encode_ordinary(PROMPT)
+    with torch.no_grad():
+        our_all = model(torch.tensor([scored]))[0][0]
+    llm.reset()
+    llm.eval(scored)
+    their_all = torch.tensor(llm.scores[: len(scored)])
+    gap_all = (their_all - our_all).abs().max().item()
+    top = (their_all.argmax(-1) == our_all.argmax(-1)).sum().item()
+    same = theirs == ours and top == len(scored)
     print(
-        f"{name}: greedy tokens {'equal' if same else 'DIFFER'} ({NEW_TOKENS} new), "
-        f"last logits max |difference| {gap:.2e}"
+        f"{name}: greedy tokens {'equal' if theirs == ours else 'DIFFER'} ({NEW_TOKENS} new), "
+        f"last logits max |difference| {gap:.2e}; PROMPT's {len(scored)} positions: logits max |difference| "
+        f"{gap_all:.2e} (their std {our_all.std().item():.2f}), top token the same at {top}"
     )
     print(f"  ours   {ours}\n  theirs {theirs}\n  text   {tokenizer.decode(ours)!r}")
     return same
