@@ -289,14 +289,21 @@ def chunked_loss_buffers(c, tokens, a, compiled):
     share of it before it is added, V*H*a. h's gradient is a saved tensor, r*H a token (the row's `saved`); the
     weight's bf16 copy under autocast is the activations' (bf16 weight copies). Compiled (test_model.py measures
     it), the partitioner keeps the smaller of the fp32 sum and the chunks' shares in the compute dtype: with one
-    chunk V*H*a; at tokens x V x a > V x H x 4 (every real shape) it keeps these gradients, not the logits'."""
+    chunk V*H*a; at tokens x V x a > V x H x 4 (every real shape) it keeps these gradients, not the logits'. Soft-
+    capped logits add their slope, one more fp32 chunk (test_losses.py: measured, with minus without); compiled,
+    inductor may fuse it away: counted as eager, an upper bound."""
     rows, V, H = min(tokens, CHUNK_ROWS), c.vocab_size, c.n_embd
     chunks = -(-tokens // CHUNK_ROWS)
-    return {
+    buffers = {
         'chunk_logits': rows * V * (4 if a == 4 else 4 + a),
         'grad_weight': V * H * (min(4, a * chunks) if compiled else 4),
         'grad_weight_chunk': V * H * a,
     }
+    if (
+        c.logit_softcap
+    ):  # the slope 1 - tanh^2 of the cap, fp32 beside the chunk (compiled: counted as eager)
+        buffers['softcap_slope'] = rows * V * 4
+    return buffers
 
 
 PARTS = {
@@ -575,6 +582,9 @@ class ModelConfig:
     )
     # the training loss: 'chunked' (one chunk of the logits at a time, the default) or 'full' (all B x T x V)
     loss: str = 'chunked'
+    # cap * tanh(logits / cap) on the output logits (Gemma 2's 30, nanochat's 15): logits bounded to (-cap, cap);
+    # 0: none. With the chunked loss, whose slope of it is one more fp32 chunk (chunked_loss_buffers)
+    logit_softcap: float = 0.0
     # --- mixture of experts (DeepSeekMoE, moe.py's MoE; llama family). n_experts = 0: every FFN dense ---
     n_experts: int = 0  # routed experts in each MoE layer
     top_k: int = 0  # routed experts each token visits (1..n_experts)
@@ -912,6 +922,7 @@ RULES = {
     'ffn_hidden': (POSITIVE_OR_0[0], 'positive (or 0 for the default)'),
     'norm_eps': POSITIVE,
     'rope_theta': POSITIVE,
+    'logit_softcap': (POSITIVE_OR_0[0], 'positive (or 0: none)'),
     'n_experts': POSITIVE_OR_0,
     'top_k': POSITIVE_OR_0,
     'expert_hidden': POSITIVE_OR_0,
@@ -1272,6 +1283,11 @@ def validate(model, train):
     if model.bias and not model.family.bias:
         raise ConfigError(
             f"bias = True: the {model.arch} family has no biases (FAMILIES in config.py)"
+        )
+    if model.logit_softcap and model.loss != 'chunked':
+        raise ConfigError(
+            f"logit_softcap = {model.logit_softcap:g} needs loss = 'chunked', not {model.loss!r}: the full loss "
+            f"would hold the capped logits' tanh too, which the ledger does not count"
         )
     validate_moe(model)
     muon_keys = [f.name for f in dataclasses.fields(train) if f.name.startswith('muon_')]

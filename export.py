@@ -192,6 +192,12 @@ assert {family.hf_class for family in FAMILIES.values()} <= set(LAYOUTS)
 def hf_class_of(c):
     """The Hugging Face class that holds every part of the model (config.PARTS' rows say which do): the family's
     own when it can, else the first that can (a Llama with QK-norm is a Qwen3); ConfigError when none can."""
+    if c.logit_softcap:
+        raise ConfigError(
+            f"logit_softcap = {c.logit_softcap:g} has no Hugging Face export: none of {', '.join(LAYOUTS)} caps "
+            f"its logits (Gemma 2's final_logit_softcapping comes with its own norms and MLP): sample it with "
+            f"sample.py"
+        )
     parts = [(kind, c.part(kind)) for kind in PART_KEYS]
     holds = [
         name for name in LAYOUTS if all(name in part.hf or '*' in part.hf for _, part in parts)

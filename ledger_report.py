@@ -349,11 +349,18 @@ def memory_rows(p):
         (
             f"logits and {loss.label}",
             _gib(memory['logits']),
-            loss.buffers_formula(True, 2 if bf16 else 4)
-            + f"; eager: {_gib(memory['logits_eager'])}"
-            if compiled and memory['graph'] == 'compiled whole'
-            else loss.buffers_formula(False, 2 if bf16 else 4)
-            + (' (the loss runs eager around the compiled blocks)' if compiled else ''),
+            (
+                loss.buffers_formula(True, 2 if bf16 else 4)
+                + f"; eager: {_gib(memory['logits_eager'])}"
+                if compiled and memory['graph'] == 'compiled whole'
+                else loss.buffers_formula(False, 2 if bf16 else 4)
+                + (' (the loss runs eager around the compiled blocks)' if compiled else '')
+            )
+            + (
+                f"; logits soft-capped at {model.logit_softcap:g}: + one chunk x V x 4, the cap's slope"
+                if model.logit_softcap
+                else ''
+            ),
         ),
         ('runtime overhead', _gib(memory['overhead']), device['overhead_source']),
         (

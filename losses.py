@@ -12,7 +12,9 @@ of the targets that are not IGNORE_INDEX: their sum, or their mean.
              CHUNK_ROWS x V x 6 bytes (1.5 GiB) and two gradients (h's 0.3 GiB, the weight's 0.3 GiB).
 
 The numerics are the full loss's: the logits in the compute dtype (autocast's, else h's), then fp32 for the
-softmax; the gradients leave in that compute dtype for the two matmuls, as lm_head's backward runs them.
+softmax; the gradients leave in that compute dtype for the two matmuls, as lm_head's backward runs them. A soft cap
+(the model's logit_softcap) makes the fp32 logits z into cap * tanh(z / cap) before the softmax, and multiplies
+their gradient by its slope, 1 - tanh(z / cap)^2: the chunked loss alone takes it (config.validate).
 """
 
 import torch
@@ -25,7 +27,13 @@ from config import IGNORE_INDEX
 CHUNK_ROWS = 2048
 
 
-def full_cross_entropy(h, weight, targets, reduction):
+def softcap(logits, cap):
+    """cap * tanh(logits / cap) (Gemma 2; nanochat): the logits model.py returns, bounded to (-cap, cap)."""
+    return cap * torch.tanh(logits / cap) if cap else logits
+
+
+def full_cross_entropy(h, weight, targets, reduction, cap=0.0):
+    assert not cap, "config.validate: the soft cap is the chunked loss's"
     logits = F.linear(h, weight).float()  # a bf16 log-softmax over 50K classes loses digits: fp32
     return F.cross_entropy(
         logits.flatten(0, 1), targets.flatten(), ignore_index=IGNORE_INDEX, reduction=reduction
@@ -34,7 +42,7 @@ def full_cross_entropy(h, weight, targets, reduction):
 
 class ChunkedCrossEntropy(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, h, weight, targets, mean, grads):
+    def forward(ctx, h, weight, targets, mean, grads, cap):
         device = h.device.type
         dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else h.dtype
         keep = targets != IGNORE_INDEX
@@ -46,20 +54,26 @@ class ChunkedCrossEntropy(torch.autograd.Function):
             for start in range(0, h.shape[0], CHUNK_ROWS):
                 rows = slice(start, start + CHUNK_ROWS)
                 hc, t, kc = h[rows].to(dtype), targets[rows].clamp_min(0), keep[rows]
-                logits = (hc @ w.t()).float()
+                logits, slope = (hc @ w.t()).float(), None
+                if cap:  # cap * tanh(z / cap) in place, and its slope for the gradient: one more fp32 chunk
+                    logits.div_(cap).tanh_()
+                    slope = logits.square().neg_().add_(1) if grads else None
+                    logits.mul_(cap)
                 # the softmax in place, in the chunk's one fp32 buffer: exp(z - max) / sum
                 picked = logits.gather(1, t[:, None]).squeeze(1)
                 top = logits.amax(1, keepdim=True)
                 probs = logits.sub_(top).exp_()
                 total = probs.sum(1, keepdim=True)
                 loss += ((total.log() + top).squeeze(1) - picked).masked_fill(~kc, 0).sum()
-                if not grads:  # eval, no_grad: the loss alone
-                    continue
-                # d loss / d logits = softmax - one-hot, none from an ignored target
-                probs.div_(total).scatter_add_(1, t[:, None], -kc[:, None].to(probs.dtype))
-                grad = probs.mul_(kc[:, None]).to(dtype)
-                grad_h[rows] = grad @ w
-                grad_w += grad.t() @ hc
+                if grads:  # (eval, no_grad: the loss alone)
+                    # d loss / d logits = softmax - one-hot, none from an ignored target
+                    probs.div_(total).scatter_add_(1, t[:, None], -kc[:, None].to(probs.dtype))
+                    grad = probs.mul_(kc[:, None] if slope is None else slope.mul_(kc[:, None]))
+                    grad = grad.to(dtype)
+                    grad_h[rows] = grad @ w
+                    grad_w += grad.t() @ hc
+                    del grad
+                del logits, probs, slope  # freed before the next chunk's: one chunk at a time
         if mean:  # F.cross_entropy's mean: over the carried targets (0 of them: nan, as it gives)
             loss, grad_h, grad_w = loss / count, grad_h / count, grad_w / count
         ctx.save_for_backward(grad_h, grad_w)
@@ -73,13 +87,13 @@ class ChunkedCrossEntropy(torch.autograd.Function):
         grad_h, grad_w = ctx.saved_tensors
         # the loss's gradient is a scalar (train.py's scale): the saved gradients times it
         grad_weight = (grad_w * grad_loss).to(ctx.weight_dtype)
-        return grad_h * grad_loss.to(grad_h.dtype), grad_weight, None, None, None
+        return grad_h * grad_loss.to(grad_h.dtype), grad_weight, None, None, None, None
 
 
-def chunked_cross_entropy(h, weight, targets, reduction):
+def chunked_cross_entropy(h, weight, targets, reduction, cap=0.0):
     grads = torch.is_grad_enabled() and (h.requires_grad or weight.requires_grad)
     flat = h.flatten(0, 1), weight, targets.flatten()
-    return ChunkedCrossEntropy.apply(*flat, reduction == 'mean', grads)
+    return ChunkedCrossEntropy.apply(*flat, reduction == 'mean', grads, cap)
 
 
 LOSSES = {'full': full_cross_entropy, 'chunked': chunked_cross_entropy}

@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 from config import IGNORE_INDEX, ModelConfig  # re-exported: `from model import ModelConfig` works
-from losses import LOSSES
+from losses import LOSSES, softcap
 from moe import MoE
 
 __all__ = ['ModelConfig', 'GPT', 'Block', 'IGNORE_INDEX']
@@ -285,9 +285,12 @@ class GPT(nn.Module):
             else:
                 x = block(x, cos, sin)
         x = self.norm_f(x)
+        cap = self.config.logit_softcap
         if targets is None:
-            return self.lm_head(x), None
-        loss = LOSSES[self.config.loss](x, self.lm_head.weight, targets, reduction)  # losses.py
+            return softcap(self.lm_head(x), cap), None
+        loss = LOSSES[self.config.loss](
+            x, self.lm_head.weight, targets, reduction, cap
+        )  # losses.py
         if (
             self.moe
             and self.moe[0].aux_loss is not None

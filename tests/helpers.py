@@ -1,5 +1,10 @@
 """Helpers the test files share (imported as `helpers`: pytest puts tests/ on the path)."""
 
+import torch
+from torch.multiprocessing.reductions import StorageWeakRef
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+
 
 def write_config(path, keys):
     """A config file at `path` as a person writes one, a `key = value` line a key; -> its path as a str."""
@@ -73,3 +78,40 @@ def metrics_by_step(entries):
         for key, value in entry.items()
         if key != 'step' and isinstance(value, (bool, int, float))
     }
+
+
+class LiveBytes(TorchDispatchMode):
+    """The bytes of the tensors that ops create while it is active, alive after each op, and their peak: a CPU
+    memory measurement at op granularity (a storage freed between two ops is dropped before the next op's outputs
+    are counted; the tensors that existed before are not counted)."""
+
+    def __init__(self):
+        super().__init__()
+        self.alive, self.peak = {}, 0  # StorageImpl address -> (weak reference, bytes)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        self.alive = {key: ref for key, ref in self.alive.items() if not ref[0].expired()}
+        inputs = {
+            _storage(t).cdata for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)
+        }
+        for tensor in tree_leaves(out):
+            if isinstance(tensor, torch.Tensor) and tensor.device.type != 'meta':
+                ref = _storage(tensor)
+                if (
+                    ref.cdata not in inputs
+                ):  # a view or an in-place result shares an input's storage
+                    self.alive.setdefault(ref.cdata, (ref, tensor.untyped_storage().nbytes()))
+        self.peak = max(self.peak, sum(nbytes for _, nbytes in self.alive.values()))
+        return out
+
+
+def _storage(tensor):
+    return StorageWeakRef(tensor.untyped_storage())
+
+
+def peak_live_bytes(run):
+    """The peak bytes of the tensors run() creates (LiveBytes)."""
+    with LiveBytes() as tracker:
+        run()
+    return tracker.peak

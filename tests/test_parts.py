@@ -152,6 +152,10 @@ def test_a_part_without_a_hugging_face_class_is_refused_in_one_line():
         ConfigError, match=r"qk_norm = 'weightless' .* classes that hold it are Qwen3"
     ):
         export.hf_class_of(tiny(arch='gpt2', qk_norm='weightless'))
+    with pytest.raises(
+        ConfigError, match=r'logit_softcap = 15 has no Hugging Face export: none of Llama'
+    ):
+        export.hf_class_of(tiny(logit_softcap=15.0))
 
 
 def test_a_tensor_the_layout_does_not_name_is_never_dropped():
