@@ -131,7 +131,8 @@ def test_the_race_takes_each_optimizers_best_lr_then_adds_parts_to_the_winner(
     monkeypatch.setattr(sweep, 'data_folder', lambda vocab: 'data')
     monkeypatch.setattr(sweep, 'val_bytes_per_token', lambda data, block_size: 4.0)
     rows = sweep.race(60, str(tmp_path))
-    runs = [{k: p[k] for k in ('optimizer', 'lr', 'seed', 'qk_norm', 'mlp') if k in p} for p in ran]
+    parts = ('qk_norm', 'mlp', 'logit_softcap')
+    runs = [{k: p[k] for k in ('optimizer', 'lr', 'seed', *parts) if k in p} for p in ran]
     assert runs == [
         *({'optimizer': 'adamw', 'lr': lr, 'seed': 1337} for lr in (*sweep.RACE_LRS, 8e-3, 1.6e-2)),
         *({'optimizer': 'muon', 'lr': lr, 'seed': 1337} for lr in sweep.RACE_LRS),
@@ -144,17 +145,18 @@ def test_the_race_takes_each_optimizers_best_lr_then_adds_parts_to_the_winner(
         ),
     ]
     # one calibration per optimizer and part, shared by the lrs and seeds (the same step)
-    assert [(p['optimizer'], p.get('qk_norm'), p.get('mlp')) for p in calibrations] == [
-        ('adamw', None, None),
-        ('muon', None, None),
-        ('muon', 'weightless', None),
-        ('muon', None, 'relu2'),
+    assert [(p['optimizer'], *(p.get(k) for k in parts)) for p in calibrations] == [
+        ('adamw', None, None, None),
+        ('muon', None, None, None),
+        ('muon', 'weightless', None, None),
+        ('muon', None, 'relu2', None),
+        ('muon', None, None, 15.0),
     ]
     assert [r['val_bpb'] for r in rows] == [
         round(ledger.bits_per_byte(loss_of(dict(sweep.GRID[0], **r['overrides'])), 4.0), 4)
         for r in rows
     ]
-    assert rows[0]['tokens'] == 7 * sweep.GRID[0]['batch_tokens'] and len(rows) == len(ran) == 14
+    assert rows[0]['tokens'] == 7 * sweep.GRID[0]['batch_tokens'] and len(rows) == len(ran) == 16
     table = sweep.format_race(rows)
     assert '| muon | 0.002 | mlp=relu2 | 1338 | 7 | 57,344 | 972 | 59.0 |' in table
     ran.clear()
