@@ -6,7 +6,8 @@ fetched into a cache: fetch below), and the run fine-tunes it, or continues its 
     python train.py configs/finetune_cpu.py --init_from=hf/gpt2 --data=data/notes
 
 The model is this project's GPT, built from the folder's config.json (GPT2LMHeadModel -> arch gpt2,
-LlamaForCausalLM -> arch llama: GQA, tied or untied, rope_theta, rms_norm_eps, intermediate_size), its weights read
+LlamaForCausalLM -> arch llama: GQA, tied or untied, rope_theta, rms_norm_eps, intermediate_size; ArceeForCausalLM
+a Llama with a ReLU² MLP, Qwen3ForCausalLM one with QK-norm's learned gains), its weights read
 from model.safetensors (or the shards its index names) through export.py's name mapping read backwards: export's
 llama_tensors/gpt2_tensors give, for each Hugging Face name, a slice or transpose of one of our parameters, which
 is a view, so copying the file's tensor into it fills our parameter. One mapping, both directions.
@@ -33,9 +34,12 @@ import re
 import config
 from config import FAMILIES, PARTS, ConfigError, DataError
 
-ARCHS = {
-    family.hf_class: arch for arch, family in FAMILIES.items()
-}  # Hugging Face class -> our arch
+# Hugging Face class -> our arch, and the parts (config.PARTS) that are not the family's own: the classes
+# export.py writes for a Llama with a ReLU² MLP (Arcee) or QK-norm (Qwen3's learned gains) come back as themselves
+ARCHS = {family.hf_class: (arch, {}) for arch, family in FAMILIES.items()}
+ARCHS.update(
+    ArceeForCausalLM=('llama', {'mlp': 'relu2'}), Qwen3ForCausalLM=('llama', {'qk_norm': 'learned'})
+)
 
 
 # -----------------------------------------------------------------------------------------------------
@@ -134,13 +138,20 @@ def read_json(path):
 # config.json -> our model keys. Every field that changes what the model computes is either mapped or must have the
 # value model.py implements; UNSUPPORTED lists the second kind, per class, with the value that is supported.
 
+LLAMA_UNSUPPORTED = {
+    'rope_scaling': None,  # Llama 3.1's, YaRN, linear or dynamic NTK scaling: our RoPE is plain
+    'attention_bias': False,
+    'mlp_bias': False,
+    'sliding_window': None,
+    'hidden_act': 'silu',
+}
 UNSUPPORTED = {
-    'LlamaForCausalLM': {
-        'rope_scaling': None,  # Llama 3.1's, YaRN, linear or dynamic NTK scaling: our RoPE is plain
-        'attention_bias': False,
-        'mlp_bias': False,
-        'sliding_window': None,
-        'hidden_act': 'silu',
+    'LlamaForCausalLM': LLAMA_UNSUPPORTED,
+    'ArceeForCausalLM': {**LLAMA_UNSUPPORTED, 'hidden_act': 'relu2'},
+    # Qwen3 writes a sliding_window it uses only where use_sliding_window is true
+    'Qwen3ForCausalLM': {
+        **{field: v for field, v in LLAMA_UNSUPPORTED.items() if field != 'sliding_window'},
+        'use_sliding_window': False,
     },
     'GPT2LMHeadModel': {
         'scale_attn_weights': True,  # scores / sqrt(head_dim), as SDPA does
@@ -210,8 +221,8 @@ def gpt2_values(hf, path):
     )
 
 
-VALUES = {'LlamaForCausalLM': llama_values, 'GPT2LMHeadModel': gpt2_values}
-assert set(VALUES) == set(ARCHS) == set(UNSUPPORTED)
+VALUES = {'llama': llama_values, 'gpt2': gpt2_values}
+assert set(ARCHS) == set(UNSUPPORTED)
 
 
 def model_values(model_dir):
@@ -226,8 +237,9 @@ def model_values(model_dir):
     for field, supported in UNSUPPORTED[hf_class].items():
         if hf.get(field, supported) != supported:
             refuse(path, field, hf[field], repr(supported))
+    arch, parts = ARCHS[hf_class]
     try:
-        return hf_class, VALUES[hf_class](hf, path)
+        return hf_class, {**VALUES[arch](hf, path), **parts}
     except KeyError as e:
         raise ConfigError(f"{path} has no {e}: not a complete {hf_class} config") from None
 
@@ -351,7 +363,9 @@ def load_weights(model, init_from):
     import export
 
     model_dir, c = folder(init_from), model.config
-    hf_class = c.family.hf_class  # Hugging Face name -> a view of our parameter (see the docstring)
+    hf_class = export.hf_class_of(
+        c
+    )  # Hugging Face name -> a view of our parameter (see the docstring)
     targets = export.hf_tensors(model, hf_class)
     loaded = set()
     with torch.no_grad():

@@ -6,11 +6,11 @@ same prompt ids: the greedy tokens (sample.py at temperature 0) and the last pos
     python experiments/gguf_in_llama_cpp.py    # tiny runs on data/pystdlib: Llama (GQA, untied, tied), GPT-2, Arcee
 
 Each variant trains a tiny model for a few steps (fp32, eager), exports it with `export.py RUN OUT --gguf --dtype
-float32`, and feeds llama.cpp and model.generate the same ids (the end-of-text token, then `def main(`); then both score
-PROMPT, a few lines of Python, at every position (the logits' largest difference, against their spread, and
-whether the top token agrees at each position). Not in the
-test suite: building llama.cpp is too slow for CI; tests/test_export.py reads every tensor back with gguf's
-GGUFReader. The result is in docs/measured.md.
+float32`, and feeds llama.cpp and model.generate the same ids (the end-of-text token, then `def main(`); then both
+score PROMPT, a few lines of Python, at every position (the logits' largest difference, against their spread, and
+whether the top token agrees at each position), and llama.cpp's own tokenizer encodes TEXT (and the prompt, its
+special token included) to our ids. Not in the test suite: building llama.cpp is too slow for CI; tests/test_export.py
+reads every tensor back with gguf's GGUFReader. The result is in docs/measured.md.
 """
 
 import os
@@ -36,6 +36,7 @@ RUN = ['--batch_tokens=512', '--train_tokens=51200', '--compile=False', '--dtype
 QUIET = ['--sample_tokens=0', '--eval_tokens=1024', '--eval_every=1000', '--ckpt_every=1000']
 NEW_TOKENS = 24
 PROMPT = 'def main(argv=None):\n    parser = argparse.ArgumentParser(description=__doc__)\n    return parser'
+TEXT = "def f(x):\n\treturn x ** 2  # 12345 6789\r\n  don't I'LL we've héllo wörld — 日本語 🤖\u00a0é   \n\n end"
 
 
 def check(name, flags, out):
@@ -74,11 +75,15 @@ def check(name, flags, out):
     their_all = torch.tensor(llm.scores[: len(scored)])
     gap_all = (their_all - our_all).abs().max().item()
     top = (their_all.argmax(-1) == our_all.argmax(-1)).sum().item()
-    same = theirs == ours and top == len(scored)
+    # llama.cpp's own tokenizer, from the file's vocab, merges and pre-tokenizer, on text: our ids?
+    tokenized = llm.tokenize(TEXT.encode(), add_bos=False) == tokenizer.encode_ordinary(TEXT)
+    tokenized &= llm.tokenize(b'<|endoftext|>def main(', add_bos=False, special=True) == ids
+    same = theirs == ours and top == len(scored) and tokenized
     print(
         f"{name}: greedy tokens {'equal' if theirs == ours else 'DIFFER'} ({NEW_TOKENS} new), "
         f"last logits max |difference| {gap:.2e}; PROMPT's {len(scored)} positions: logits max |difference| "
-        f"{gap_all:.2e} (their std {our_all.std().item():.2f}), top token the same at {top}"
+        f"{gap_all:.2e} (their std {our_all.std().item():.2f}), top token the same at {top}; llama.cpp's "
+        f"tokenizer gives our ids: {tokenized}"
     )
     print(f"  ours   {ours}\n  theirs {theirs}\n  text   {tokenizer.decode(ours)!r}")
     return same

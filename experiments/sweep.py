@@ -319,7 +319,11 @@ def budgeted_run(train_point, point, data, folder, seconds):
 RACE_LRS = (1e-3, 2e-3, 4e-3)
 RACE_EXTEND = 2
 RACE_SEEDS = (1337, 1338)
-RACE_PARTS = ({'qk_norm': 'weightless'}, {'mlp': 'relu2'}, {'logit_softcap': 15.0})  # nanochat's three
+RACE_PARTS = (
+    {'qk_norm': 'weightless'},
+    {'mlp': 'relu2'},
+    {'logit_softcap': 15.0},
+)  # nanochat's three
 
 
 def race(seconds, out):

@@ -1,6 +1,7 @@
 """
 test_pretrained.py: init_from (pretrained.py). Random small models written by transformers' own save_pretrained
-(GPT-2 tied; Llama with GQA untied, and tied) become our model exactly: the same logits in fp32, the same greedy
+(GPT-2 tied; Llama with GQA untied, and tied; Qwen3, a Llama with QK-norm's gains; Arcee, one with a ReLU² MLP)
+become our model exactly: the same logits in fp32, the same greedy
 tokens; the config comes from config.json, and a contradicting key or a field model.py does not implement is one
 line. Export then import gives the same tensors byte for byte; import then export loads in transformers with the
 same logits. A fine-tune of a few steps from an imported model trains, checkpoints and resumes bit-exactly.
@@ -20,11 +21,15 @@ from test_export import save_run
 from test_prepare import NEOX, hub  # noqa: F401 (hub: the fake Hub fixture)
 from test_train import read_metrics, step_losses
 from transformers import (
+    ArceeConfig,
+    ArceeForCausalLM,
     AutoModelForCausalLM,
     GPT2Config,
     GPT2LMHeadModel,
     LlamaConfig,
     LlamaForCausalLM,
+    Qwen3Config,
+    Qwen3ForCausalLM,
 )
 
 import data
@@ -73,6 +78,32 @@ HF_MODELS = {
             tie_word_embeddings=True,
         )
     ),
+    # a Llama with QK-norm's learned gains, and one with a ReLU² MLP (config.PARTS)
+    'qwen3, GQA, tied': lambda: Qwen3ForCausalLM(
+        Qwen3Config(
+            hidden_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=16,
+            intermediate_size=96,
+            vocab_size=VOCAB,
+            max_position_embeddings=64,
+            tie_word_embeddings=True,
+        )
+    ),
+    'arcee, untied': lambda: ArceeForCausalLM(
+        ArceeConfig(
+            hidden_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            head_dim=16,
+            intermediate_size=256,
+            vocab_size=VOCAB,
+            max_position_embeddings=64,
+            tie_word_embeddings=False,
+        )
+    ),
 }
 
 
@@ -89,7 +120,10 @@ def save_hf(folder, name, seed=0):
 
 
 def imported(folder, *overrides):
-    model_cfg, _ = pretrained.load_config(None, [f'--init_from={folder}', *overrides])
+    # synthetic data: the model alone (a data/pystdlib made here has another tokenizer than the folder's)
+    model_cfg, _ = pretrained.load_config(
+        None, [f'--init_from={folder}', '--data=synthetic', *overrides]
+    )
     return pretrained.load_weights(GPT(model_cfg), str(folder)).eval()
 
 
@@ -153,12 +187,17 @@ UNSUPPORTED = [
     ('llama, GQA, untied', 'hidden_act', 'gelu'),
     ('llama, GQA, untied', 'head_dim', 32),
     ('llama, GQA, untied', 'architectures', ['MistralForCausalLM']),
+    ('qwen3, GQA, tied', 'use_sliding_window', True),
+    ('qwen3, GQA, tied', 'head_dim', 128),  # Qwen3's own models' (wider than hidden_size / heads)
+    ('arcee, untied', 'hidden_act', 'silu'),
     ('gpt2, tied', 'activation_function', 'relu'),
     ('gpt2, tied', 'scale_attn_by_inverse_layer_idx', True),
 ]
 
 
-@pytest.mark.parametrize('name, field, value', UNSUPPORTED, ids=[f for _, f, _ in UNSUPPORTED])
+@pytest.mark.parametrize(
+    'name, field, value', UNSUPPORTED, ids=[f'{n}: {f}' for n, f, _ in UNSUPPORTED]
+)
 def test_an_unsupported_field_is_one_line_naming_it(tmp_path, name, field, value):
     folder = tmp_path / 'model'
     model = HF_MODELS[name]()
@@ -214,16 +253,13 @@ def test_missing_or_extra_weights_are_one_line(hf_folder, tmp_path):
 def test_export_then_import_gives_the_same_tensors_byte_for_byte(variant, pystdlib_data, tmp_path):
     ours = save_run(tmp_path / 'run', dict(EXPORT_TINY, **EXPORT_VARIANTS[variant]), pystdlib_data)
     assert export.main([str(tmp_path / 'run'), str(tmp_path / 'hf'), '--dtype', 'float32']) == 0
-    if export.hf_class_of(ours.config) not in pretrained.ARCHS:  # a Qwen3: exported, not imported
-        with pytest.raises(
-            ConfigError, match=r"architectures = \['Qwen3ForCausalLM'\] is not implemented"
-        ):
-            imported(tmp_path / 'hf')
-        return
     back = imported(tmp_path / 'hf')
-    assert back.config.part_name('mlp') == ours.config.part_name(
-        'mlp'
-    )  # ReLU² comes back as itself
+    for kind in ('mlp', 'qk_norm'):  # ReLU² comes back as itself, QK-norm as its learned gains
+        expected = {'weightless': 'learned'}.get(
+            ours.config.part_name(kind), ours.config.part_name(kind)
+        )
+        assert back.config.part_name(kind) == expected, kind
+    assert export.hf_class_of(back.config) == export.hf_class_of(ours.config)
     assert (
         back.config.tie_embeddings == ours.config.tie_embeddings
         and back.config.kv_heads == ours.config.kv_heads
@@ -232,6 +268,8 @@ def test_export_then_import_gives_the_same_tensors_byte_for_byte(variant, pystdl
     for name, tensor in theirs.items():
         if name in mine:
             assert mine[name].dtype == tensor.dtype and torch.equal(mine[name], tensor), name
+        elif name.endswith(('q_norm.weight', 'k_norm.weight')):  # weightless: gains of 1
+            assert torch.equal(tensor, torch.ones_like(tensor)), name
         else:  # gpt2 without biases: GPT2LMHeadModel has them, as zeros
             assert name.endswith('.bias') and not tensor.any(), name
     assert set(mine) <= set(theirs)

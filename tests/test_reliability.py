@@ -635,6 +635,7 @@ BAD = {  # a value each rule must refuse
     'qk_norm': 'rms',
     'loss': 'fused',
     'optimizer': 'sgd',
+    'logit_softcap': -15.0,
     'muon_lr': -0.02,
     'muon_momentum': 1.5,
     'muon_ns_steps': 100,
