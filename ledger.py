@@ -125,12 +125,16 @@ def cache_path():
     return os.path.join(root, 'ledgergpt', 'devices.json')
 
 
-def resident_bytes():
-    """This process's resident memory now (Linux /proc; elsewhere its peak so far, from getrusage)."""
+def resident_bytes(peak=False):
+    """This process's resident memory now, or its peak so far: Linux's VmRSS or VmHWM (/proc/self/status), elsewhere
+    getrusage's peak. Not ru_maxrss on Linux: a process keeps in it the resident memory of its parent at the spawn
+    (a child of a 2 GiB process reports 2 GiB there, 9 MB in VmHWM: measured), so a run started by a sweep, a
+    notebook or the test suite would report its parent's size as its own peak."""
     try:
-        with open('/proc/self/statm') as f:
-            return int(f.read().split()[1]) * os.sysconf('SC_PAGE_SIZE')
-    except OSError:
+        with open('/proc/self/status') as f:
+            fields = dict(line.split(':', 1) for line in f)
+        return int(fields['VmHWM' if peak else 'VmRSS'].split()[0]) * 1024
+    except (OSError, KeyError):
         import resource
 
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * (
@@ -1656,7 +1660,7 @@ def bits_per_byte(loss_nats, bytes_per_token):
 # Predicted against measured: one flat dict (train.py writes it to out_dir/summary.json at each eval and at the
 # end) and the markdown table report.md renders from it. Throughput is the run's mean after the warm-up interval;
 # memory is the CUDA allocator's peak (max_memory_allocated, beside the ledger's 'allocated') or on the CPU the
-# process's peak resident memory (ru_maxrss, beside the ledger's total, which includes the measured runtime).
+# process's peak resident memory (VmHWM, beside the ledger's total, which includes the measured runtime).
 
 
 def summarize(prediction, measured):
@@ -1685,7 +1689,7 @@ def summarize(prediction, measured):
         ),  # a CPU run's: measured, not assumed (live_ledger.step_probe)
         'mfu_predicted': p['mfu'],
         'mfu_measured': measured.get('mfu'),
-        'memory_kind': 'peak resident memory (ru_maxrss)'
+        'memory_kind': 'peak resident memory (VmHWM)'
         if on_cpu
         else 'peak allocated (max_memory_allocated)',
         'memory_graph': memory['graph'],

@@ -13,7 +13,6 @@ import contextlib
 import dataclasses
 import json
 import os
-import resource
 import subprocess
 import time
 
@@ -393,7 +392,7 @@ def peak_memory(cluster):
         return torch.cuda.max_memory_allocated(cluster.device), torch.cuda.max_memory_reserved(
             cluster.device
         )
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, None  # kilobytes on Linux
+    return ledger.resident_bytes(peak=True), None
 
 
 def record_code(out_dir, source=os.path.dirname(os.path.abspath(__file__))):
