@@ -314,8 +314,9 @@ def budgeted_run(train_point, point, data, folder, seconds):
 # -----------------------------------------------------------------------------------------------------
 # The race (--race): AdamW against Muon on the CPU default (GRID's point 0), each at its best of RACE_LRS (a best on
 # the grid's edge is not yet a best: the grid goes on past it, doubling or halving, up to RACE_EXTEND more LRs), then
-# the recipe's parts added one at a time to the winner, every best and every part at each of RACE_SEEDS so that the
-# noise is visible. Each finished row is kept in OUT/race.jsonl: a rerun goes on where it stopped.
+# the recipe's parts added one at a time to the winner, then the parts that each beat it (over the seeds) together,
+# every best and every part at each of RACE_SEEDS so that the noise is visible. Each finished row is kept in
+# OUT/race.jsonl: a rerun goes on where it stopped.
 RACE_LRS = (1e-3, 2e-3, 4e-3)
 RACE_EXTEND = 2
 RACE_SEEDS = (1337, 1338)
@@ -327,7 +328,7 @@ RACE_PARTS = (
 
 
 def race(seconds, out):
-    """-> the race's rows, in the order they ran: LRs (first seed), the bests' second seed, the parts."""
+    """-> the race's rows, in the order they ran: LRs (first seed), the bests' second seed, the parts, the gains."""
     done_path = os.path.join(out, 'race.jsonl')
     done = {}
     if os.path.exists(done_path):
@@ -387,9 +388,16 @@ def race(seconds, out):
         best[optimizer] = dict(optimizer=optimizer, lr=lr)
     mean = {o: statistics.fmean(run(dict(b, seed=s)) for s in RACE_SEEDS) for o, b in best.items()}
     winner = best[min(mean, key=mean.get)]
-    for part in RACE_PARTS:
+    gains = [
+        part
+        for part in RACE_PARTS
+        if statistics.fmean(run(dict(winner, **part, seed=s)) for s in RACE_SEEDS)
+        < mean[winner['optimizer']]
+    ]
+    together = {key: value for part in gains for key, value in part.items()}
+    if len(gains) > 1:
         for seed in RACE_SEEDS:
-            run(dict(winner, **part, seed=seed))
+            run(dict(winner, **together, seed=seed))
     return rows
 
 

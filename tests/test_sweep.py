@@ -99,7 +99,8 @@ def test_the_race_takes_each_optimizers_best_lr_then_adds_parts_to_the_winner(
 ):
     """The race's order with a stand-in trainer whose val loss is known: Muon best at 2e-3; AdamW best at the grid's
     edge, 4e-3, so the grid goes on to 8e-3, better again, and to 1.6e-2, worse, where RACE_EXTEND stops it; Muon
-    the winner over both seeds; each part then runs on Muon at 2e-3 at both seeds, and a rerun trains nothing."""
+    the winner over both seeds; each part then runs on Muon at 2e-3 at both seeds, the two that beat it (QK-norm
+    and the soft cap, not ReLU²) together, and a rerun trains nothing."""
     ran = []
 
     def loss_of(point):
@@ -107,7 +108,8 @@ def test_the_race_takes_each_optimizers_best_lr_then_adds_parts_to_the_winner(
             'adamw': {1e-3: 0.3, 2e-3: 0.2, 4e-3: 0.1, 8e-3: 0.05, 1.6e-2: 0.15},
             'muon': {1e-3: 0.2, 2e-3: 0.0, 4e-3: 0.4},
         }
-        part = 0.05 if point.get('mlp') == 'relu2' else 0.0
+        part = {'relu2': 0.05}.get(point.get('mlp'), 0.0) - 0.02 * bool(point.get('qk_norm'))
+        part -= 0.01 * bool(point.get('logit_softcap'))
         return (
             3.0 + lr_penalty[point['optimizer']][point['lr']] + part + (point['seed'] - 1337) / 100
         )
@@ -143,6 +145,16 @@ def test_the_race_takes_each_optimizers_best_lr_then_adds_parts_to_the_winner(
             for part in sweep.RACE_PARTS
             for s in sweep.RACE_SEEDS
         ),
+        *(
+            {
+                'optimizer': 'muon',
+                'lr': 2e-3,
+                'seed': s,
+                'qk_norm': 'weightless',
+                'logit_softcap': 15.0,
+            }
+            for s in sweep.RACE_SEEDS
+        ),
     ]
     # one calibration per optimizer and part, shared by the lrs and seeds (the same step)
     assert [(p['optimizer'], *(p.get(k) for k in parts)) for p in calibrations] == [
@@ -151,12 +163,13 @@ def test_the_race_takes_each_optimizers_best_lr_then_adds_parts_to_the_winner(
         ('muon', 'weightless', None, None),
         ('muon', None, 'relu2', None),
         ('muon', None, None, 15.0),
+        ('muon', 'weightless', None, 15.0),
     ]
     assert [r['val_bpb'] for r in rows] == [
         round(ledger.bits_per_byte(loss_of(dict(sweep.GRID[0], **r['overrides'])), 4.0), 4)
         for r in rows
     ]
-    assert rows[0]['tokens'] == 7 * sweep.GRID[0]['batch_tokens'] and len(rows) == len(ran) == 16
+    assert rows[0]['tokens'] == 7 * sweep.GRID[0]['batch_tokens'] and len(rows) == len(ran) == 18
     table = sweep.format_race(rows)
     assert '| muon | 0.002 | mlp=relu2 | 1338 | 7 | 57,344 | 972 | 59.0 |' in table
     ran.clear()
