@@ -466,37 +466,36 @@ def export(path, out_dir, dtype='bfloat16', card=None, gguf=False):
 # -----------------------------------------------------------------------------------------------------
 # GGUF, llama.cpp's file, written with llama.cpp's own gguf package from the Hugging Face tensors above (so the
 # layouts stay in one place), renamed by gguf's own map (TensorNameMap: model.layers.0.self_attn.q_proj.weight ->
-# blk.0.attn_q.weight), changed where llama.cpp's convert_hf_to_gguf.py changes them: Llama's q and k rows permuted
-# (llama.cpp's llama rotates adjacent pairs, HF's rotate_half the two halves of a head: a head's row j of 64 goes to
-# 2j for j < 32, to 2(j - 32) + 1 after), GPT-2's Conv1D weights transposed back to (out, in), and a GPT-2's output
-# matrix written even when tied (as the converter does). 1-D tensors (norms, biases) stay float32, as there.
+# blk.0.attn_q.weight), changed where llama.cpp's convert_hf_to_gguf.py changes them: Llama's and Arcee's q and k rows
+# permuted (llama.cpp's llama rotates adjacent pairs, HF's rotate_half the two halves of a head: a head's row j of 64
+# goes to 2j for j < 32, to 2(j - 32) + 1 after; its qwen3 rotates the halves, as HF does, so Qwen3's stay), GPT-2's
+# Conv1D weights transposed back to (out, in), and a GPT-2's output matrix written even when tied (as the converter
+# does). 1-D tensors (norms, biases) stay float32, as there.
 # The tokenizer: byte-level BPE ('gpt2' model) with its tokens in GPT-2's printable alphabet, the merges, and the
 # pre-tokenizer llama.cpp knows by name for the regex (llama-vocab.cpp): GPT-2's is 'gpt-2'; our BPE's (GPT-4's
 # cl100k split) is 'llama-bpe', Llama 3's, the same split, whose whole-word lookup (ignore_merges)
 # tiktoken does too. The padded rows of the vocab get [PAD<id>] tokens of type UNUSED.
 
-# a Hugging Face class -> its llama.cpp architecture (a gguf.MODEL_ARCH member) and the MLP that computes
+# a Hugging Face class -> its llama.cpp architecture (a gguf.MODEL_ARCH member), the MLP it computes, and whether
+# it rotates adjacent pairs (llama_model_rope_type's NORM: q and k permuted)
 GGUF_ARCHS = {
-    'LlamaForCausalLM': ('LLAMA', 'swiglu'),
-    'ArceeForCausalLM': ('ARCEE', 'relu2'),
-    'GPT2LMHeadModel': ('GPT2', 'gelu'),
+    'LlamaForCausalLM': ('LLAMA', 'swiglu', True),
+    'ArceeForCausalLM': ('ARCEE', 'relu2', True),
+    'Qwen3ForCausalLM': ('QWEN3', 'swiglu', False),
+    'GPT2LMHeadModel': ('GPT2', 'gelu', False),
 }
 GGUF_FILE_TYPES = {'float32': 'ALL_F32', 'float16': 'MOSTLY_F16', 'bfloat16': 'MOSTLY_BF16'}
 
 
 def gguf_class(c):
     """The Hugging Face class whose llama.cpp architecture (GGUF_ARCHS) computes this model, else one line
-    (llama.cpp's gpt2 has a GELU only, and export.py writes no qwen3)."""
+    (llama.cpp's gpt2 has a GELU only, Qwen3's and Llama's a SwiGLU)."""
     hf_class = hf_class_of(c)
-    arch, mlp = GGUF_ARCHS.get(hf_class, GGUF_ARCHS[c.family.hf_class])
-    differs = [
-        kind for kind, own in (('mlp', mlp), ('qk_norm', 'none')) if c.part_name(kind) != own
-    ]
-    if differs:
-        parts = ', '.join(f'{kind} = {c.part_name(kind)!r}' for kind in differs)
+    arch, mlp, _ = GGUF_ARCHS[hf_class]
+    if c.part_name('mlp') != mlp:
         raise ConfigError(
-            f"--gguf: llama.cpp's {arch.lower()} architecture has no {parts}: export the Hugging Face "
-            f"folder alone (without --gguf)"
+            f"--gguf: llama.cpp's {arch.lower()} architecture has no mlp = {c.part_name('mlp')!r}: export the "
+            f"Hugging Face folder alone (without --gguf)"
         )
     return hf_class
 
@@ -538,14 +537,14 @@ def gguf_tensors(model):
 
     c = model.config
     hf_class = gguf_class(c)
-    arch = getattr(gguf.MODEL_ARCH, GGUF_ARCHS[hf_class][0])
-    names = gguf.get_tensor_name_map(arch, c.n_layer)
+    arch, _, adjacent_pairs = GGUF_ARCHS[hf_class]
+    names = gguf.get_tensor_name_map(getattr(gguf.MODEL_ARCH, arch), c.n_layer)
     hf = hf_tensors(model, hf_class)
     if hf_class == 'GPT2LMHeadModel' and 'lm_head.weight' not in hf:
         hf['lm_head.weight'] = hf['transformer.wte.weight']
     tensors = {}
     for hf_name, tensor in hf.items():
-        if hf_name.endswith(('q_proj.weight', 'k_proj.weight')):
+        if adjacent_pairs and hf_name.endswith(('q_proj.weight', 'k_proj.weight')):
             tensor = permute_rotary(tensor, c.n_head if 'q_proj' in hf_name else c.kv_heads)
         if hf_class == 'GPT2LMHeadModel' and tensor.dim() == 2 and '.h.' in hf_name:
             tensor = tensor.t()  # Conv1D (in, out) -> (out, in)
@@ -568,7 +567,7 @@ def write_gguf(path, model, encoding, dtype):
     writer.add_feed_forward_length(c.ffn_width)
     writer.add_block_count(c.n_layer)
     writer.add_head_count(c.n_head)
-    if hf_class != 'GPT2LMHeadModel':  # llama, arcee
+    if hf_class != 'GPT2LMHeadModel':  # llama, arcee, qwen3
         writer.add_head_count_kv(c.kv_heads)
         writer.add_rope_freq_base(c.rope_theta)
         writer.add_layer_norm_rms_eps(c.norm_eps)

@@ -3,7 +3,7 @@ gguf_in_llama_cpp.py: export.py's GGUF file run by llama.cpp itself (llama-cpp-p
 same prompt ids: the greedy tokens (sample.py at temperature 0) and the last position's logits.
 
     pip install llama-cpp-python               # builds llama.cpp from source (minutes on 2 cores)
-    python experiments/gguf_in_llama_cpp.py    # tiny runs on data/pystdlib: Llama (GQA, untied, tied), GPT-2, Arcee
+    python experiments/gguf_in_llama_cpp.py    # tiny runs on data/pystdlib: Llama (GQA, untied, tied), GPT-2, Arcee, Qwen3
 
 Each variant trains a tiny model for a few steps (fp32, eager), exports it with `export.py RUN OUT --gguf --dtype
 float32`, and feeds llama.cpp and model.generate the same ids (the end-of-text token, then `def main(`); then both
@@ -30,6 +30,8 @@ VARIANTS = {  # train.py overrides of configs/pystdlib_cpu.py
     'llama, tied': ['--arch=llama', '--tie_embeddings=True'],
     'gpt2': ['--arch=gpt2'],
     'llama, ReLU² MLP (an Arcee)': ['--arch=llama', '--mlp=relu2'],
+    'llama, weightless QK-norm (a Qwen3)': ['--arch=llama', '--qk_norm=weightless'],
+    'llama, learned QK-norm, GQA (a Qwen3)': ['--arch=llama', '--qk_norm=learned', '--n_kv_head=1'],
 }
 TINY = ['--n_layer=2', '--n_head=2', '--n_embd=128', '--block_size=64', '--micro_batch=8']
 RUN = ['--batch_tokens=512', '--train_tokens=51200', '--compile=False', '--dtype=float32']

@@ -479,11 +479,16 @@ def gguf_expected(model):
     }
     if c.arch == 'llama':
         q, kv = c.n_head * hd, c.kv_heads * hd
+        if c.qk_norm != 'none':  # llama.cpp's qwen3 rotates the halves, as HF does: q and k stay
+            rotary_rows = lambda weight, heads: weight  # noqa: E731
         if not c.tie_embeddings:
             tensors['output.weight'] = ours['lm_head.weight']
         for i in range(c.n_layer):
             b, g = f'blocks.{i}.', f'blk.{i}.'
             qkv = ours[b + 'attn.qkv_proj.weight']
+            for name in ('q', 'k') if c.qk_norm != 'none' else ():  # Qwen3's gains (1: weightless)
+                gain = ours.get(b + f'attn.qk_norm.{name}_norm.weight', torch.ones(hd))
+                tensors[g + f'attn_{name}_norm.weight'] = gain
             if c.mlp == 'relu2':  # Arcee's: up and down alone
                 tensors[g + 'ffn_up.weight'] = ours[b + 'mlp.up_proj.weight']
             else:
@@ -530,14 +535,13 @@ def gguf_tensor(tensor):
 
 
 GGUF_VARIANTS = [
-    *list(VARIANTS)[:4],
+    *list(VARIANTS)[:6],
     'llama, ReLU² MLP, GQA (an Arcee)',
-]  # llama.cpp's llama, gpt2 and arcee
+]  # llama.cpp's llama, gpt2, qwen3 and arcee
+GGUF_DTYPES = ('float32', 'bfloat16', 'float16', 'float32', 'bfloat16', 'float16', 'bfloat16')
 
 
-@pytest.mark.parametrize(
-    'variant, dtype', zip(GGUF_VARIANTS, ('float32', 'bfloat16', 'float16', 'float32', 'bfloat16'))
-)
+@pytest.mark.parametrize('variant, dtype', list(zip(GGUF_VARIANTS, GGUF_DTYPES)))
 def test_gguf_holds_every_tensor_under_llama_cpp_names(variant, dtype, tmp_path, pystdlib_data):
     from gguf import GGUFReader
 
@@ -559,7 +563,7 @@ def test_gguf_holds_every_tensor_under_llama_cpp_names(variant, dtype, tmp_path,
         return reader.fields[key].contents()
 
     c = ours.config
-    arch = 'arcee' if c.arch == 'llama' and c.mlp == 'relu2' else c.arch
+    arch = {'relu2': 'arcee'}.get(c.mlp, 'qwen3' if c.qk_norm != 'none' else c.arch)
     encoding = data.load_tokenizer(pystdlib_data)
     assert field('general.architecture') == arch and field(f'{arch}.block_count') == c.n_layer
     assert field(f'{arch}.context_length') == 32 and field(f'{arch}.attention.head_count') == 4
@@ -613,13 +617,11 @@ def test_gguf_refuses_moe_and_an_unknown_split_in_one_line(tmp_path, pystdlib_da
     )
     assert export.gguf_pre_tokenizer(gpt2) == 'gpt-2'  # llama.cpp's name for GPT-2's split
     # parts llama.cpp's architecture for the class does not compute: the Hugging Face folder alone
-    for parts, message in (
-        (dict(arch='gpt2', mlp='relu2'), "llama.cpp's gpt2 architecture has no mlp = 'relu2'"),
-        (
-            dict(arch='llama', qk_norm='weightless'),
-            "llama architecture has no qk_norm = 'weightless'",
-        ),
-    ):
-        with pytest.raises(ConfigError, match=re.escape(message) + '.*without --gguf'):
-            export.gguf_class(ModelConfig(**TINY, **parts))
+    message = "llama.cpp's gpt2 architecture has no mlp = 'relu2'"
+    with pytest.raises(ConfigError, match=re.escape(message) + '.*without --gguf'):
+        export.gguf_class(ModelConfig(**TINY, arch='gpt2', mlp='relu2'))
     assert export.gguf_class(ModelConfig(**TINY, arch='llama', mlp='relu2')) == 'ArceeForCausalLM'
+    assert (
+        export.gguf_class(ModelConfig(**TINY, arch='llama', qk_norm='learned'))
+        == 'Qwen3ForCausalLM'
+    )
