@@ -494,7 +494,7 @@ def muon_takes(name, shape):
 OPTIMIZERS = {
     # AdamW (Loshchilov and Hutter 2019): exp_avg and exp_avg_sq in fp32, and a 4-byte step count per tensor;
     # its update is elementwise, ~10 FLOPs a parameter, no matmul (MFU does not count it)
-    'adamw': Optimizer('AdamW exp_avg, exp_avg_sq', 8, 4, '8P', lambda shape, train: 0),
+    'adamw': Optimizer('AdamW m, v', 8, 4, '8P', lambda shape, train: 0),
     # Muon (Jordan et al. 2024; torch.optim.Muon): one fp32 momentum buffer for the blocks' matrices, no step
     # count; its update orthogonalises the momentum by Newton-Schulz (matmuls, counted); AdamW for the rest
     'muon': Optimizer('Muon momentum', 4, 0, '4P_muon', newton_schulz_flops, muon_takes, 'adamw'),

@@ -3,7 +3,7 @@ gguf_in_llama_cpp.py: export.py's GGUF file run by llama.cpp itself (llama-cpp-p
 same prompt ids: the greedy tokens (sample.py at temperature 0) and the last position's logits.
 
     pip install llama-cpp-python               # builds llama.cpp from source (minutes on 2 cores)
-    python experiments/gguf_in_llama_cpp.py    # tiny runs on data/pystdlib: Llama (GQA, untied, tied), GPT-2, Arcee, Qwen3
+    python experiments/gguf_in_llama_cpp.py    # tiny runs on data/pystdlib: Llama, GPT-2, Arcee, Qwen3
 
 Each variant trains a tiny model for a few steps (fp32, eager), exports it with `export.py RUN OUT --gguf --dtype
 float32`, and feeds llama.cpp and model.generate the same ids (the end-of-text token, then `def main(`); then both
@@ -25,7 +25,7 @@ import torch  # noqa: E402
 import checkpoint  # noqa: E402
 import data  # noqa: E402
 
-VARIANTS = {  # train.py overrides of configs/pystdlib_cpu.py
+VARIANTS = {  # train.py overrides of configs/pystdlib_cpu.py, after BASE
     'llama, GQA, untied': ['--arch=llama', '--n_kv_head=1'],
     'llama, tied': ['--arch=llama', '--tie_embeddings=True'],
     'gpt2': ['--arch=gpt2'],
@@ -33,6 +33,9 @@ VARIANTS = {  # train.py overrides of configs/pystdlib_cpu.py
     'llama, weightless QK-norm (a Qwen3)': ['--arch=llama', '--qk_norm=weightless'],
     'llama, learned QK-norm, GQA (a Qwen3)': ['--arch=llama', '--qk_norm=learned', '--n_kv_head=1'],
 }
+BASE = [
+    '--qk_norm=none'
+]  # the default's QK-norm off: a plain Llama unless the variant says otherwise
 TINY = ['--n_layer=2', '--n_head=2', '--n_embd=128', '--block_size=64', '--micro_batch=8']
 RUN = ['--batch_tokens=512', '--train_tokens=51200', '--compile=False', '--dtype=float32']
 QUIET = ['--sample_tokens=0', '--eval_tokens=1024', '--eval_every=1000', '--ckpt_every=1000']
@@ -46,7 +49,16 @@ def check(name, flags, out):
 
     run, folder = os.path.join(out, name.replace(', ', '_')), os.path.join(out, 'hf')
     for command in (
-        ['train.py', 'configs/pystdlib_cpu.py', *flags, *TINY, *RUN, *QUIET, f'--out_dir={run}'],
+        [
+            'train.py',
+            'configs/pystdlib_cpu.py',
+            *BASE,
+            *flags,
+            *TINY,
+            *RUN,
+            *QUIET,
+            f'--out_dir={run}',
+        ],
         ['export.py', run, folder, '--gguf', '--dtype', 'float32'],
     ):
         subprocess.run([sys.executable, *command], cwd=ROOT, check=True, capture_output=True)

@@ -46,15 +46,32 @@ ROOT = os.path.dirname(
     os.path.dirname(os.path.abspath(__file__))
 )  # the repo's root: train.py, configs/, data/
 EVAL_TOKENS = 131_072
-# The grid: overrides of configs/pystdlib_cpu.py, a point each; vocab_size picks the data folder (bpe:V).
+# The grid: overrides of configs/pystdlib_cpu.py, a point each; vocab_size picks the data folder (bpe:V). Each runs
+# the book's recipe, as nanoGPT does (AdamW, none of the race's parts), which the default has left for the race's.
+BOOK_RECIPE = dict(optimizer='adamw', qk_norm='none')
 GRID = [
     dict(
-        vocab_size=8192, n_layer=4, n_embd=256, n_head=4, batch_tokens=8192, micro_batch=16, lr=2e-3
+        **BOOK_RECIPE,
+        vocab_size=8192,
+        n_layer=4,
+        n_embd=256,
+        n_head=4,
+        batch_tokens=8192,
+        micro_batch=16,
+        lr=2e-3,
     ),
     dict(
-        vocab_size=8192, n_layer=4, n_embd=256, n_head=4, batch_tokens=8192, micro_batch=16, lr=4e-3
+        **BOOK_RECIPE,
+        vocab_size=8192,
+        n_layer=4,
+        n_embd=256,
+        n_head=4,
+        batch_tokens=8192,
+        micro_batch=16,
+        lr=4e-3,
     ),
     dict(
+        **BOOK_RECIPE,
         vocab_size=8192,
         n_layer=4,
         n_embd=256,
@@ -64,6 +81,7 @@ GRID = [
         lr=4e-3,
     ),
     dict(
+        **BOOK_RECIPE,
         vocab_size=8192,
         n_layer=6,
         n_embd=384,
@@ -73,6 +91,7 @@ GRID = [
         lr=2e-3,
     ),
     dict(
+        **BOOK_RECIPE,
         vocab_size=4096,
         n_layer=6,
         n_embd=384,
@@ -82,6 +101,7 @@ GRID = [
         lr=2e-3,
     ),
     dict(
+        **BOOK_RECIPE,
         vocab_size=8192,
         n_layer=8,
         n_embd=512,

@@ -108,7 +108,7 @@ def test_the_race_takes_each_optimizers_best_lr_then_adds_parts_to_the_winner(
             'adamw': {1e-3: 0.3, 2e-3: 0.2, 4e-3: 0.1, 8e-3: 0.05, 1.6e-2: 0.15},
             'muon': {1e-3: 0.2, 2e-3: 0.0, 4e-3: 0.4},
         }
-        part = {'relu2': 0.05}.get(point.get('mlp'), 0.0) - 0.02 * bool(point.get('qk_norm'))
+        part = {'relu2': 0.05}.get(point.get('mlp'), 0.0) - 0.02 * (point['qk_norm'] != 'none')
         part -= 0.01 * bool(point.get('logit_softcap'))
         return (
             3.0 + lr_penalty[point['optimizer']][point['lr']] + part + (point['seed'] - 1337) / 100
@@ -134,7 +134,12 @@ def test_the_race_takes_each_optimizers_best_lr_then_adds_parts_to_the_winner(
     monkeypatch.setattr(sweep, 'val_bytes_per_token', lambda data, block_size: 4.0)
     rows = sweep.race(60, str(tmp_path))
     parts = ('qk_norm', 'mlp', 'logit_softcap')
-    runs = [{k: p[k] for k in ('optimizer', 'lr', 'seed', *parts) if k in p} for p in ran]
+    # the book's recipe (BOOK_RECIPE) under the race's first ten runs, not the default's
+    assert all(p['qk_norm'] == 'none' for p in ran[:10])
+    off = sweep.BOOK_RECIPE['qk_norm']
+    runs = [
+        {k: p[k] for k in ('optimizer', 'lr', 'seed', *parts) if p.get(k, off) != off} for p in ran
+    ]
     assert runs == [
         *({'optimizer': 'adamw', 'lr': lr, 'seed': 1337} for lr in (*sweep.RACE_LRS, 8e-3, 1.6e-2)),
         *({'optimizer': 'muon', 'lr': lr, 'seed': 1337} for lr in sweep.RACE_LRS),
@@ -157,13 +162,13 @@ def test_the_race_takes_each_optimizers_best_lr_then_adds_parts_to_the_winner(
         ),
     ]
     # one calibration per optimizer and part, shared by the lrs and seeds (the same step)
-    assert [(p['optimizer'], *(p.get(k) for k in parts)) for p in calibrations] == [
-        ('adamw', None, None, None),
-        ('muon', None, None, None),
-        ('muon', 'weightless', None, None),
-        ('muon', None, 'relu2', None),
-        ('muon', None, None, 15.0),
-        ('muon', 'weightless', None, 15.0),
+    assert [(p['optimizer'], *(p.get(k, off) for k in parts)) for p in calibrations] == [
+        ('adamw', off, off, off),
+        ('muon', off, off, off),
+        ('muon', 'weightless', off, off),
+        ('muon', off, 'relu2', off),
+        ('muon', off, off, 15.0),
+        ('muon', 'weightless', off, 15.0),
     ]
     assert [r['val_bpb'] for r in rows] == [
         round(ledger.bits_per_byte(loss_of(dict(sweep.GRID[0], **r['overrides'])), 4.0), 4)
