@@ -33,9 +33,8 @@ VARIANTS = {  # train.py overrides of configs/pystdlib_cpu.py, after BASE
     'llama, weightless QK-norm (a Qwen3)': ['--arch=llama', '--qk_norm=weightless'],
     'llama, learned QK-norm, GQA (a Qwen3)': ['--arch=llama', '--qk_norm=learned', '--n_kv_head=1'],
 }
-BASE = [
-    '--qk_norm=none'
-]  # the default's QK-norm off: a plain Llama unless the variant says otherwise
+# the default's QK-norm off: a plain Llama unless the variant says otherwise
+BASE = ['--qk_norm=none']
 TINY = ['--n_layer=2', '--n_head=2', '--n_embd=128', '--block_size=64', '--micro_batch=8']
 RUN = ['--batch_tokens=512', '--train_tokens=51200', '--compile=False', '--dtype=float32']
 QUIET = ['--sample_tokens=0', '--eval_tokens=1024', '--eval_every=1000', '--ckpt_every=1000']

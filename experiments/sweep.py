@@ -51,66 +51,24 @@ EVAL_TOKENS = 131_072
 BOOK_RECIPE = dict(optimizer='adamw', qk_norm='none')
 GRID = [
     dict(
-        **BOOK_RECIPE,
-        vocab_size=8192,
-        n_layer=4,
-        n_embd=256,
-        n_head=4,
-        batch_tokens=8192,
+        BOOK_RECIPE,
+        vocab_size=vocab,
+        n_layer=layers,
+        n_embd=width,
+        n_head=width // 64,
+        batch_tokens=batch,
         micro_batch=16,
-        lr=2e-3,
-    ),
-    dict(
-        **BOOK_RECIPE,
-        vocab_size=8192,
-        n_layer=4,
-        n_embd=256,
-        n_head=4,
-        batch_tokens=8192,
-        micro_batch=16,
-        lr=4e-3,
-    ),
-    dict(
-        **BOOK_RECIPE,
-        vocab_size=8192,
-        n_layer=4,
-        n_embd=256,
-        n_head=4,
-        batch_tokens=16384,
-        micro_batch=16,
-        lr=4e-3,
-    ),
-    dict(
-        **BOOK_RECIPE,
-        vocab_size=8192,
-        n_layer=6,
-        n_embd=384,
-        n_head=6,
-        batch_tokens=16384,
-        micro_batch=16,
-        lr=2e-3,
-    ),
-    dict(
-        **BOOK_RECIPE,
-        vocab_size=4096,
-        n_layer=6,
-        n_embd=384,
-        n_head=6,
-        batch_tokens=16384,
-        micro_batch=16,
-        lr=2e-3,
-    ),
-    dict(
-        **BOOK_RECIPE,
-        vocab_size=8192,
-        n_layer=8,
-        n_embd=512,
-        n_head=8,
-        batch_tokens=16384,
-        micro_batch=16,
-        lr=1.5e-3,
-    ),
-]
+        lr=lr,
+    )
+    for vocab, layers, width, batch, lr in (
+        (8192, 4, 256, 8192, 2e-3),
+        (8192, 4, 256, 8192, 4e-3),
+        (8192, 4, 256, 16384, 4e-3),
+        (8192, 6, 384, 16384, 2e-3),
+        (4096, 6, 384, 16384, 2e-3),
+        (8192, 8, 512, 16384, 1.5e-3),
+    )
+]  # head size 64
 
 
 def data_folder(vocab):
@@ -414,8 +372,8 @@ def race(seconds, out):
         if statistics.fmean(run(dict(winner, **part, seed=s)) for s in RACE_SEEDS)
         < mean[winner['optimizer']]
     ]
-    together = {key: value for part in gains for key, value in part.items()}
     if len(gains) > 1:
+        together = {key: value for part in gains for key, value in part.items()}
         for seed in RACE_SEEDS:
             run(dict(winner, **together, seed=seed))
     return rows

@@ -251,9 +251,8 @@ def test_trained_run_generates_what_sample_prints(trained_run, tmp_path, capsys)
     tokenizer = AutoTokenizer.from_pretrained(tmp_path / 'hf')
     prompt = [tokenizer.bos_token_id] + tokenizer('import ', add_special_tokens=False).input_ids
     tokens = torch.tensor([prompt])
-    for _ in range(
-        16
-    ):  # greedy by hand: sample.py goes on past <|endoftext|>, where generate() stops
+    # greedy by hand: sample.py goes on past <|endoftext|>, where generate() stops
+    for _ in range(16):
         with torch.no_grad():
             tokens = torch.cat([tokens, model(tokens).logits[:, -1:].argmax(-1)], dim=1)
     assert text.startswith('import ') and text == tokenizer.decode(tokens[0, 1:])
@@ -468,9 +467,11 @@ def gguf_expected(model):
     c, ours = model.config, model.state_dict()
     hd = c.head_dim
 
-    def rotary_rows(
-        weight, heads
-    ):  # HF's halves of each head -> llama.cpp's adjacent pairs: row 2j <- j
+    def rotary_rows(weight, heads):
+        """HF's halves of each head -> llama.cpp's adjacent pairs (row 2j <- j); llama.cpp's qwen3 (a Llama with
+        QK-norm) rotates the halves, as HF does, so its rows stay."""
+        if c.qk_norm != 'none':
+            return weight
         order = [h * hd + j // 2 + (j % 2) * (hd // 2) for h in range(heads) for j in range(hd)]
         return weight[order]
 
@@ -483,8 +484,6 @@ def gguf_expected(model):
     }
     if c.arch == 'llama':
         q, kv = c.n_head * hd, c.kv_heads * hd
-        if c.qk_norm != 'none':  # llama.cpp's qwen3 rotates the halves, as HF does: q and k stay
-            rotary_rows = lambda weight, heads: weight  # noqa: E731
         if not c.tie_embeddings:
             tensors['output.weight'] = ours['lm_head.weight']
         for i in range(c.n_layer):
