@@ -6,7 +6,7 @@ to the grid alone (scaling.fit_law: Chinchilla's approach 3, bootstrap intervals
 runs' measured losses set beside the fit's predictions.
 
     python prepare.py pystdlib                                  # the default data, ~10 s
-    python experiments/ladder.py --preset=cpu                   # 12 runs, ~45 min on a busy 2-core CPU (measured.md)
+    python experiments/ladder.py --preset=cpu                   # 16 runs, ~30 min on 2 cores (docs/measured.md)
     python experiments/ladder.py --preset=gpu --plan            # the H200 hour's grid, billed by the ledger
     python ledger.py configs/pystdlib_cpu.py --fit=out/ladder_cpu/fit.json   # the bill with the fitted loss
 
@@ -46,11 +46,12 @@ USAGE = 'usage: python experiments/ladder.py --preset=cpu|gpu [--plan] [--out=FO
 #
 # cpu: four Llama shapes of 2 layers x 32 to 128 wide (head size 32) on data/pystdlib's 8192-token BPE. Their
 # output projection is most of N (8192 x 64 of H=64's 0.66M), so widening is what grows them: N 0.32M-1.57M.
-# Budgets 0.4 and 0.8 TFLOPs: at H=64's 4.3 MFLOPs per token 0.8 TFLOP is 184K tokens, 90 steps of 2,048; D spans
-# 39K-379K. Held out: all four shapes at 2.4 TFLOPs, 3x the grid's largest, an IsoFLOP curve the fit never sees
-# (H=64 first). The 12 runs are 14.4 TFLOPs: ~20 min of training at the ~12 GFLOP/s these shapes reach on one quiet
-# EPYC core (fp32, eager: the compile's ~30 s would outweigh most runs), plus ~15 s of start-up and eval per run;
-# ~45 min on a busy one (docs/measured.md).
+# Budgets 1.5, 3 and 6 TFLOPs: at H=64's 4.3 MFLOPs per token 6 TFLOPs is 1.4M tokens, 340 steps of 4,096; D
+# spans 147K-2.8M (0.09 to 8.9 tokens per parameter). Held out: all four shapes at 15 TFLOPs, 2.5x the grid's
+# largest, an IsoFLOP curve the fit never sees (H=64 first); H=32's 7.1M tokens there stay inside one epoch of the
+# 7.8M train tokens. The 16 runs are 102 TFLOPs: ~25 min at the 60-110 GFLOP/s these shapes reach on the 2-core
+# Xeon with AMX (fp32, eager, 2 threads: the compile's ~30 s a shape would outweigh the small runs), plus a few
+# seconds of start-up and eval per run (docs/measured.md).
 #
 # gpu: the H200 hour. configs/h200_1b3.py's recipe on its data (FineWeb-Edu, GPT-2's tokenizer), 12 layers of
 # 384 to 1024 (head size 64): N 104M-309M, the 50304-wide output projection included. Budgets 3e16, 6e16 and
@@ -60,8 +61,8 @@ PRESETS = {
     'cpu': dict(
         config='configs/pystdlib_cpu.py',
         overrides=dict(
-            batch_tokens=2048,
-            micro_batch=8,
+            batch_tokens=4096,
+            micro_batch=16,
             compile=False,
             dtype='float32',
             eval_every=10**9,  # one eval, at the end: the final val loss is what the fit reads
@@ -71,9 +72,9 @@ PRESETS = {
             sample_tokens=0,
         ),
         shapes=[dict(n_layer=2, n_embd=h, n_head=h // 32) for h in (32, 64, 96, 128)],
-        budgets=(4e11, 8e11),
+        budgets=(1.5e12, 3e12, 6e12),
         held_out_shapes=(1, 0, 2, 3),  # H=64 first: the one check, if the others are cut short
-        held_out_factor=3,
+        held_out_factor=2.5,
     ),
     'gpu': dict(
         config='configs/h200_1b3.py',
@@ -129,7 +130,7 @@ def plan(preset, out):
         per_token = ledger.flops_per_token(model_cfg)['matmul']
         steps = max(1, round(budget / per_token / train_cfg.batch_tokens))
         tokens = steps * train_cfg.batch_tokens
-        budget_name = f'{budget:.2g}'.replace('+', '')  # 4e11, 2.4e12
+        budget_name = f'{budget:.2g}'.replace('+', '')  # 1.5e12, 1.5e13
         name = f"{'heldout_' if held_out else ''}c{budget_name}_L{model_cfg.n_layer}_H{model_cfg.n_embd}"
         out_dir = os.path.join(out, name)
         rungs.append(

@@ -250,6 +250,6 @@ def test_bad_input_is_one_line(tmp_path, capsys):
         and '\n' not in err
     )
     assert ladder.main(['--preset=cpu', '--plan', f'--out={tmp_path}']) == 0  # plans, runs nothing
-    assert '| heldout_c2.4e12_L2_H64 |' in capsys.readouterr().out and not os.listdir(tmp_path)
+    assert '| heldout_c1.5e13_L2_H64 |' in capsys.readouterr().out and not os.listdir(tmp_path)
     assert ledger.main(['configs/pystdlib_cpu.py', f'--fit={tmp_path / "none.json"}']) == 2
     assert 'cannot read it' in capsys.readouterr().err
