@@ -13,6 +13,7 @@ import contextlib
 import dataclasses
 import json
 import os
+import statistics
 import subprocess
 import time
 
@@ -30,7 +31,7 @@ import trackers
 from config import IGNORE_INDEX, OPTIMIZERS, ConfigError
 from continuation import TrainingStopped
 from model import GPT
-from processes import log
+from processes import compile_as_run, log
 
 
 def live_device(cluster, model_cfg, train):
@@ -62,10 +63,11 @@ def live_device(cluster, model_cfg, train):
 # The CPU's MFU, measured at the model's own shapes. A CPU's GEMM peak (2048-square matmuls) says little about what
 # a small model reaches: the same 4 x 256 Llama runs at ~18% of the peak on a Xeon with AMX, whose 2 TFLOP/s need
 # big matrices, and at ~58% on a 2-core AMD EPYC without AMX. So a one-process CPU run is predicted from its own
-# micro-steps: the model, built fresh, forward and backward at micro_batch x block_size in the run's dtype, eager,
-# plus one step of the run's optimizer per batch, the fastest of each kept (load only slows a step), cached per
-# machine like the GEMM probe. Eager: a compiled run is faster (inductor, ~1.2-1.7x on the CPUs measured), so once
-# a run of the config has measured its speed, the next is predicted from that (learn_speed).
+# micro-steps: the model, built fresh, forward and backward at micro_batch x block_size in the run's dtype, compiled
+# as the run compiles it, plus one step of the run's optimizer per batch, the fastest of each kept (load only slows
+# a step), cached per machine like the GEMM probe. The compile costs the run nothing more: its own model, built
+# next in this process, reuses the probe's graphs (~3 s, not ~30). Once runs of the config have measured their
+# speed, the next is predicted from the median of the last REACHED_KEPT (learn_speed).
 
 PROBE_CLOCK = (
     time.perf_counter
@@ -113,12 +115,26 @@ def step_probe(model_cfg, train, dtype, device, cluster, seconds=0.5):
     return shared[0], key
 
 
-def learn_speed(key, tokens_per_s):
-    """A run's measured tokens/s into its step probe's cache entry, the best kept: the next run of this config on
-    this machine is predicted from what this one reached (compile included), not from the eager probe."""
+# A run's speed is the median of the last five runs': one run on a busy machine (or one fast run kept as the best)
+# would set every next plan by itself.
+REACHED_KEPT = 5
+
+
+def learn_speed(key, tokens_per_s, run):
+    """A run's measured tokens/s (so far: each log step updates it) into its step probe's cache entry, under the
+    run's name `run`: 'reached' is the median of the last REACHED_KEPT runs of this config on this machine, the next
+    run's prediction."""
     cache = ledger.read_probes()
-    if key in cache and tokens_per_s > cache[key].get('reached', 0):
-        cache[key].update(reached=tokens_per_s, reached_at=time.strftime('%Y-%m-%d %H:%M:%S'))
+    if key in cache:
+        entry = cache[key]
+        # the run's place kept as it updates
+        runs = {**entry.get('reached_runs', {}), run: tokens_per_s}
+        runs = dict(list(runs.items())[-REACHED_KEPT:])
+        entry.update(
+            reached=statistics.median(runs.values()),
+            reached_runs=runs,
+            reached_at=time.strftime('%Y-%m-%d %H:%M:%S'),
+        )
         try:
             files.save_json(ledger.cache_path(), cache)
         except OSError:
@@ -132,6 +148,7 @@ def _time_steps(model_cfg, train, dtype, seconds, world_size=1):
     model.to_empty(device='cpu')
     model.init_weights()
     model.recompute = train.recompute
+    compile_as_run(model, train, world_size)
     # the run's own optimizer: Muon's Newton-Schulz (in the run's dtype) timed too
     optimizer = optimizers.build(model, train, 1, dtype)
     autocast = (
@@ -139,12 +156,11 @@ def _time_steps(model_cfg, train, dtype, seconds, world_size=1):
         if dtype == 'bfloat16'
         else contextlib.nullcontext()
     )
-    # A compiled run holds less than an eager step (fewer saved activations, 4 bytes a logit, not 12): a quarter of
-    # the micro-batch keeps the probe's peak memory under the run's (the widths, what a CPU's GEMMs feel, are kept).
-    rows = max(1, train.micro_batch // 4) if train.compile else train.micro_batch
+    rows = train.micro_batch  # the run's shapes: the graphs its own compile then finds made
     x, y = (torch.randint(model_cfg.vocab_size, (rows, model_cfg.block_size)) for _ in range(2))
-    micro, update, started = [], [], PROBE_CLOCK()
-    while len(micro) < 3 or PROBE_CLOCK() - started < seconds:  # the first of each warms up
+    micro, update, started = [], [], None
+    # the first of each warms up (and compiles): `seconds` of steps are timed after it
+    while len(micro) < 3 or PROBE_CLOCK() - started < seconds:
         begin = PROBE_CLOCK()
         with autocast:
             _, loss = model(x, y, reduction='sum')
@@ -154,6 +170,7 @@ def _time_steps(model_cfg, train, dtype, seconds, world_size=1):
         optimizer.zero_grad(set_to_none=True)
         micro.append(middle - begin)
         update.append(PROBE_CLOCK() - middle)
+        started = started or PROBE_CLOCK()
     tokens = train.batch_tokens / world_size  # a process's share of a step
     micro_steps = tokens / (rows * model_cfg.block_size)  # the probe's micro-steps in it
     return tokens / (micro_steps * min(micro[1:]) + min(update[1:]))
@@ -197,11 +214,14 @@ def predict(config_path, model_cfg, train, cluster, force, cooldown):
         mfu = tokens_per_s * step_flops / step_tokens / device.peak_flops
         billed = dataclasses.replace(billed, mfu=mfu)
         prediction = ledger.predict(model_cfg, billed, cluster.world_size, device)
+        runs = len(probe.get('reached_runs', [0]))  # an entry from before the median: one run
+        how = f"{'compiled' if train.compile else 'eager'} as the run"
         prediction['mfu_source'] = (
-            f"reached by a run of this config on this machine, {probe['reached_at']}"
+            f"reached by runs of this config on this machine: the median of the last {runs}, "
+            f"{probe['reached_at']}"
             if probe.get('reached')
-            else f"measured on this CPU at this model's shapes, eager (best of {probe['probes']} step probe(s), "
-            f"{probe['measured']})"
+            else f"measured on this CPU at this model's shapes, {how} (best of {probe['probes']} step "
+            f"probe(s), {probe['measured']})"
         ) + f"; the config says {train.mfu:.0%}"
         prediction['mfu_probe_key'] = key
     if cluster.world_size > 1:
@@ -493,6 +513,8 @@ class Metrics:
             'bytes_per_token': bytes_per_token,
         }
         self.run_tokens, self.run_seconds = 0, 0.0  # over the intervals after the first
+        # what the probe cache files this run's speed under (learn_speed): its folder and start
+        self.run_name = f"{os.path.abspath(train.out_dir)} {time.strftime('%Y-%m-%d %H:%M:%S')}"
         self.probe_flagged = False
         self.interval_tokens, self.interval_seconds, self.started, self.warmup = 0, 0.0, None, True
         self.metrics_path = os.path.join(train.out_dir, 'metrics.jsonl')
@@ -650,7 +672,8 @@ class Metrics:
         key = self.prediction.get('mfu_probe_key')
         if key:  # a CPU predicted from its step probe: learn what the run reached, per process
             if self.cluster.is_master:
-                learn_speed(key, self.measured['tokens_per_s'] / self.cluster.world_size)
+                per_process = self.measured['tokens_per_s'] / self.cluster.world_size
+                learn_speed(key, per_process, self.run_name)
             # the GEMM peak then only divides the MFU shown: above 100%, it read low
             reason, limit = f"a run measured MFU {mfu:.1%}, above 100% of the peak", 1.0
         if self.probe_flagged or not probe_key or mfu < limit or not self.cluster.is_master:

@@ -112,6 +112,21 @@ def reduce_mean(values, cluster):
 # The model over the processes (train.py's build_model calls this once the model is built and initialised).
 
 
+def compile_as_run(model, train, world_size):
+    """Compile in place as the run does, if it does: the whole model where it is not sharded (one process, ddp,
+    zero1), each block under FSDP2 (zero2, fsdp: the root and the loss stay eager). The step probe compiles so too
+    (live_ledger._time_steps), so it times the run's kernels."""
+    from config import sharded
+
+    if not train.compile:
+        return
+    if world_size == 1 or not sharded(train.parallel, world_size):
+        model.compile()  # in place: the state dict keeps its names (no `_orig_mod.` prefix)
+    else:
+        for block in model.blocks:
+            block.compile()  # per block, as torchtune does under FSDP2: the blocks share one graph
+
+
 def parallelize(model, train, cluster, dtype):
     """-> the module the loop calls: the model itself (one process), DDP (ddp, zero1) or the FSDP2 root itself
     (zero2, fsdp), compiled as train.compile says. dtype: the compute dtype."""
@@ -121,9 +136,8 @@ def parallelize(model, train, cluster, dtype):
 
     from config import sharded
 
+    compile_as_run(model, train, cluster.world_size)
     if cluster.world_size == 1 or not sharded(train.parallel, cluster.world_size):
-        if train.compile:
-            model.compile()  # in place: the state dict keeps its names (no `_orig_mod.` prefix)
         if cluster.world_size == 1:
             return model
         device_ids = [cluster.local_rank] if cluster.device.type == 'cuda' else None
@@ -143,8 +157,6 @@ def parallelize(model, train, cluster, dtype):
     if dtype == 'bfloat16':  # bf16 weights for the matmuls, gradients reduced in fp32
         mp_policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
     for block in model.blocks:
-        if train.compile:
-            block.compile()  # per block, in place, as torchtune does under FSDP2: the blocks share one graph
         fully_shard(
             block, mesh=mesh, mp_policy=mp_policy, reshard_after_forward=train.parallel == 'fsdp'
         )

@@ -9,6 +9,7 @@ import json
 import os
 import re
 import shutil
+import statistics
 import subprocess
 import sys
 
@@ -158,9 +159,12 @@ def test_two_processes_are_predicted_from_their_own_steps(mode, two_process_runs
     prediction = json.loads((two_process_runs[mode] / 'ledger.json').read_text())
     key = prediction['mfu_probe_key']
     assert key.endswith(f' | 2 processes, {mode}')
-    assert prediction['mfu_source'].startswith('reached by a run of this config on this machine')
+    assert prediction['mfu_source'].startswith(
+        'reached by runs of this config on this machine: the median of the last '
+    )
     entry = ledger.read_probes()[key]
     assert entry['probes'] == 1 and entry['tokens_per_s'] > 0
+    assert entry['reached'] == statistics.median(entry['reached_runs'].values())
     assert entry['reached'] >= prediction['tokens_per_s_compute'] / 2 * (1 - 1e-9)
 
 
