@@ -15,8 +15,8 @@ block_size = 256
 out_dir = 'out/pystdlib_cpu'
 data = 'data/pystdlib'
 # Four minutes of training steps at the speed the live ledger predicts for this machine (its step
-# probe, eager; once a run has trained here, the best speed a run reached): with AMX 240 steps on a
-# first run, ~440 after (3.6M tokens, ~0.46 epoch of the 7.8M train tokens). --train_tokens=N plans by tokens.
+# probe, compiled as the run; once runs have trained here, the median of their speeds): with AMX
+# ~330 steps (2.7M tokens, ~0.34 epoch of the 7.8M train tokens). --train_tokens=N plans by tokens.
 train_minutes = 4
 batch_tokens = 8_192  # 2 micro-batches of 16 x 256: small batches, many steps, for a short CPU run
 micro_batch = 16
