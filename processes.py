@@ -120,11 +120,11 @@ def compile_as_run(model, train, world_size):
 
     if not train.compile:
         return
-    if world_size == 1 or not sharded(train.parallel, world_size):
-        model.compile()  # in place: the state dict keeps its names (no `_orig_mod.` prefix)
-    else:
+    if sharded(train.parallel, world_size):
         for block in model.blocks:
             block.compile()  # per block, as torchtune does under FSDP2: the blocks share one graph
+    else:
+        model.compile()  # in place: the state dict keeps its names (no `_orig_mod.` prefix)
 
 
 def parallelize(model, train, cluster, dtype):
@@ -137,7 +137,7 @@ def parallelize(model, train, cluster, dtype):
     from config import sharded
 
     compile_as_run(model, train, cluster.world_size)
-    if cluster.world_size == 1 or not sharded(train.parallel, cluster.world_size):
+    if not sharded(train.parallel, cluster.world_size):
         if cluster.world_size == 1:
             return model
         device_ids = [cluster.local_rank] if cluster.device.type == 'cuda' else None
