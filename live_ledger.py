@@ -9,8 +9,8 @@ the uncommitted changes of the checkout train.py ran from); with the key tracker
 goes to TensorBoard or W&B (trackers.py).
 """
 
-import contextlib
 import dataclasses
+import gc
 import json
 import os
 import statistics
@@ -21,17 +21,17 @@ import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
+import data
 import files
 import ledger
 import ledger_report
-import optimizers
 import plot
 import scaling
 import trackers
-from config import IGNORE_INDEX, OPTIMIZERS, ConfigError
+from config import IGNORE_INDEX, OPTIMIZERS, ConfigError, tokens_per_micro_step
 from continuation import TrainingStopped
 from model import GPT
-from processes import compile_as_run, log
+from processes import log
 
 
 def live_device(cluster, model_cfg, train):
@@ -62,27 +62,30 @@ def live_device(cluster, model_cfg, train):
 # -----------------------------------------------------------------------------------------------------
 # The CPU's MFU, measured at the model's own shapes. A CPU's GEMM peak (2048-square matmuls) says little about what
 # a small model reaches: the same 4 x 256 Llama runs at ~18% of the peak on a Xeon with AMX, whose 2 TFLOP/s need
-# big matrices, and at ~58% on a 2-core AMD EPYC without AMX. So a one-process CPU run is predicted from its own
-# micro-steps: the model, built fresh, forward and backward at micro_batch x block_size in the run's dtype, compiled
-# as the run compiles it, plus one step of the run's optimizer per batch, the fastest of each kept (load only slows
-# a step), cached per machine like the GEMM probe. The compile costs the run nothing more: its own model, built
-# next in this process, reuses the probe's graphs (~3 s, not ~30). Once runs of the config have measured their
-# speed, the next is predicted from the median of the last REACHED_KEPT (learn_speed).
+# big matrices, and at ~58% on a 2-core AMD EPYC without AMX. So a CPU run is predicted from its own step: the
+# model, built fresh and spread over the processes as the run spreads it (DDP, ZeRO-1, FSDP2), compiled as the run
+# compiles it, trains a few steps of synthetic tokens in train.py's train_step, collectives, clipping and optimizer
+# included (gloo's all-reduce, and FSDP2's gathers and the CPU work around them, cost a 2-process run 10-25% of its
+# step: docs/measured.md), the fastest kept (load only slows a step), cached per machine like the GEMM probe. The
+# compile costs the run nothing more: its own model, built next in this process, reuses the probe's graphs (~3 s,
+# not ~30). Once runs of the config have measured their speed, the next is predicted from the median of the last
+# REACHED_KEPT (learn_speed).
 
+PROBE_STEPS = 3  # timed steps at each size, after one that warms up
 PROBE_CLOCK = (
     time.perf_counter
 )  # what the step probe times with (a test that must ignore other processes' load
 # sets time.thread_time with one thread: every CPU kernel, autograd's included, then runs in the calling thread)
 
 
-def step_probe(model_cfg, train, dtype, device, cluster, seconds=0.5):
+def step_probe(model_cfg, train, dtype, device, cluster):
     """-> (the cache entry: tokens_per_s of this model's training step in one process on this CPU,
     measured (its date), probes, and once a run has learned it, reached and reached_at; the entry's
     key). Under torchrun every rank probes at once, each with its own threads, so the probe feels the
     run's contention (two processes on two cores: each one thread); rank 0's entry is shared, and its
     key names the mode and world size, whose waits a run of it reached."""
     key = (
-        f"{device.name} | step | {json.dumps(dataclasses.asdict(model_cfg), sort_keys=True)} | "
+        f"{device.name} | train_step | {json.dumps(dataclasses.asdict(model_cfg), sort_keys=True)} | "
         f"micro_batch {train.micro_batch} | "
         f"accumulation {train.batch_tokens // (train.micro_batch * model_cfg.block_size)} | recompute "
         f"{train.recompute} | compile {train.compile} | {dtype} | torch {torch.__version__}"
@@ -102,7 +105,7 @@ def step_probe(model_cfg, train, dtype, device, cluster, seconds=0.5):
             f"step probe: building the model ({params:,} parameters) on this CPU and timing its training "
             f"step, once for this machine (cached)",
         )
-        return {'tokens_per_s': _time_steps(model_cfg, train, dtype, seconds, cluster.world_size)}
+        return _time_steps(model_cfg, train, dtype, cluster)
 
     if cluster.world_size == 1:
         return ledger.cached_probe(key, probe_it, 'tokens_per_s'), key
@@ -141,39 +144,33 @@ def learn_speed(key, tokens_per_s, run):
             pass
 
 
-def _time_steps(model_cfg, train, dtype, seconds, world_size=1):
-    torch.manual_seed(0)
-    with torch.device('meta'):
-        model = GPT(model_cfg)
-    model.to_empty(device='cpu')
-    model.init_weights()
-    model.recompute = train.recompute
-    compile_as_run(model, train, world_size)
-    # the run's own optimizer: Muon's Newton-Schulz (in the run's dtype) timed too
-    optimizer = optimizers.build(model, train, 1, dtype)
-    autocast = (
-        torch.autocast('cpu', dtype=torch.bfloat16)
-        if dtype == 'bfloat16'
-        else contextlib.nullcontext()
-    )
-    rows = train.micro_batch  # the run's shapes: the graphs its own compile then finds made
-    x, y = (torch.randint(model_cfg.vocab_size, (rows, model_cfg.block_size)) for _ in range(2))
-    micro, update, started = [], [], None
-    # the first of each warms up (and compiles): `seconds` of steps are timed after it
-    while len(micro) < 3 or PROBE_CLOCK() - started < seconds:
-        begin = PROBE_CLOCK()
-        with autocast:
-            _, loss = model(x, y, reduction='sum')
-        loss.backward()
-        middle = PROBE_CLOCK()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        micro.append(middle - begin)
-        update.append(PROBE_CLOCK() - middle)
-        started = started or PROBE_CLOCK()
-    tokens = train.batch_tokens / world_size  # a process's share of a step
-    micro_steps = tokens / (rows * model_cfg.block_size)  # the probe's micro-steps in it
-    return tokens / (micro_steps * min(micro[1:]) + min(update[1:]))
+def _time_steps(model_cfg, train, dtype, cluster):
+    """-> the probe's entry: tokens_per_s of one process in the run's own step (train.py's build_run and train_step
+    on synthetic tokens: the wrapper, its collectives, the clipping, the optimizer), the module the step called
+    (`wrapper`), and `step_seconds`, the fastest of PROBE_STEPS steps at one micro-step a step and, when the run
+    accumulates, at two: a step of A micro-steps takes t1 + (A - 1)(t2 - t1). Every rank runs the same steps, so
+    their collectives pair up."""
+    import train as trainer  # train.py imports this module, so its step is imported when it is timed
+
+    micro_step_tokens = tokens_per_micro_step(model_cfg, train, cluster.world_size)
+    accumulation = train.batch_tokens // micro_step_tokens
+    probed = dataclasses.replace(train, init_from='', batch_ramp_tokens=0)
+    stream = data.SyntheticStream(model_cfg.vocab_size, model_cfg.block_size, train.seed, split=0)
+    run = trainer.build_run(model_cfg, probed, cluster, dtype, stream, 10**9, 10**9)
+    wrapper, seconds = type(run.model).__name__, []
+    for micro_steps in (1, 2) if accumulation > 1 else (1,):
+        run.train = dataclasses.replace(probed, batch_tokens=micro_steps * micro_step_tokens)
+        times = []
+        for _ in range(1 + PROBE_STEPS):  # the first warms up (and compiles)
+            begin = PROBE_CLOCK()
+            trainer.train_step(run)
+            times.append(PROBE_CLOCK() - begin)
+        seconds.append(min(times[1:]))
+    del run  # before the run builds its own: a DDP reducer goes while the process group is whole
+    gc.collect()
+    step = seconds[0] + (accumulation - 1) * (seconds[-1] - seconds[0])
+    tokens_per_s = train.batch_tokens / cluster.world_size / step
+    return dict(tokens_per_s=tokens_per_s, wrapper=wrapper, step_seconds=seconds)
 
 
 def predict(config_path, model_cfg, train, cluster, force, cooldown):

@@ -169,6 +169,11 @@ def test_the_cpu_prediction_holds_on_this_cpu(tmp_path, monkeypatch, capsys):
             and prediction['mfu_assumed'] != 0.05
         )
         assert f"MFU, {prediction['mfu_source']}" in capsys.readouterr().out
+        # the run's own step was timed (train_step on the run's module), at 1 and 2 micro-steps: 2 is the run's
+        probe = ledger.read_probes()[prediction['mfu_probe_key']]
+        assert probe['wrapper'] == type(run.model).__name__ == 'GPT'
+        assert len(probe['step_seconds']) == 2
+        assert probe['tokens_per_s'] == pytest.approx(1024 / probe['step_seconds'][1], rel=1e-9)
         measured = timed_steps(run, 6, time.thread_time)
         ratio = measured / prediction['tokens_per_s']
         print(f'measured / predicted tokens/s on this CPU: {ratio:.3f}')
@@ -241,7 +246,7 @@ def test_a_gpu_config_on_a_small_cpu_stops_before_building_anything(
 def test_the_step_probe_says_so_before_it_builds_the_model(probes, monkeypatch, capsys):
     """The step probe builds the model and times its steps: a line says so first (a big model takes a while); a
     cached probe says nothing."""
-    monkeypatch.setattr(live_ledger, '_time_steps', lambda *args: 1234.0)
+    monkeypatch.setattr(live_ledger, '_time_steps', lambda *args: {'tokens_per_s': 1234.0})
     model_cfg, cfg = (
         ModelConfig(n_layer=1, n_head=2, n_embd=32, vocab_size=256, block_size=16),
         TrainConfig(),
@@ -271,7 +276,7 @@ def test_a_big_model_says_it_is_being_built(probes, monkeypatch, tmp_path, capsy
     answers, _ = probes
     answers += [50e9, 5e9]
     monkeypatch.setattr(ledger, 'machine_memory', lambda: (2**40, 'physical RAM (sysconf)'))
-    monkeypatch.setattr(live_ledger, '_time_steps', lambda *args: 1000.0)
+    monkeypatch.setattr(live_ledger, '_time_steps', lambda *args: {'tokens_per_s': 1000.0})
 
     def stop(*args, **kwargs):
         raise ConfigError('stopped where the model would be built')
@@ -317,7 +322,7 @@ def test_train_minutes_buy_the_tokens_of_the_predicted_speed(tmp_path, monkeypat
     tokens (and train_minutes 0), so its resume and a rerun of the finished run keep them though the
     speed learned since is another."""
     monkeypatch.setenv('XDG_CACHE_HOME', str(tmp_path / 'cache'))
-    monkeypatch.setattr(live_ledger, '_time_steps', lambda *args: 4200.0)
+    monkeypatch.setattr(live_ledger, '_time_steps', lambda *args: {'tokens_per_s': 4200.0})
     config = tmp_path / 'config.py'
     helpers.write_config(config, dict(CPU_RUN, train_minutes=0.05, ckpt_every=3, eval_tokens=1024))
     out = f'--out_dir={tmp_path / "out"}'
@@ -331,7 +336,7 @@ def test_train_minutes_buy_the_tokens_of_the_predicted_speed(tmp_path, monkeypat
     )
     del run
     assert train.main([str(config), out, '--max_steps=6']) == 0
-    (key,) = [k for k in ledger.read_probes() if ' | step | ' in k]
+    (key,) = [k for k in ledger.read_probes() if ' | train_step | ' in k]
     for run in ('one', 'two'):  # two faster runs since: the median of the three is theirs
         live_ledger.learn_speed(key, 8192.0, run)
     resumed = train.setup([str(config), out, '--resume'])
@@ -347,7 +352,7 @@ def test_train_minutes_buy_the_tokens_of_the_predicted_speed(tmp_path, monkeypat
 def test_the_median_of_the_last_runs_is_learned(probes, monkeypatch):
     """The next run is predicted from the median of the last REACHED_KEPT runs' speeds: one fast run (or one on a
     busy machine) does not set the plan by itself, and an old speed leaves the window."""
-    monkeypatch.setattr(live_ledger, '_time_steps', lambda *args: 1000.0)
+    monkeypatch.setattr(live_ledger, '_time_steps', lambda *args: {'tokens_per_s': 1000.0})
     model_cfg = ModelConfig(n_layer=1, n_head=2, n_embd=32, vocab_size=256, block_size=16)
     device = ledger.Device('CPU (a test)', 1e9, 2**30, kind='cpu')
     cluster = processes.Cluster(0, 1, 0, torch.device('cpu'))
@@ -382,7 +387,11 @@ def test_the_step_probe_compiles_as_the_run_and_the_run_reuses_its_graphs(monkey
         arch='llama', n_layer=2, n_head=2, n_embd=32, vocab_size=256, block_size=16
     )
     eager = TrainConfig(compile=False, batch_tokens=64, micro_batch=2, dtype='float32')
-    assert live_ledger._time_steps(model_cfg, eager, 'float32', 0.0) > 0 and compiled == []
+    one = processes.setup_cluster()
+    assert (
+        live_ledger._time_steps(model_cfg, eager, 'float32', one)['tokens_per_s'] > 0
+        and compiled == []
+    )
     for mode, world_size, modules in [
         ('ddp', 1, ['GPT']),
         ('ddp', 2, ['GPT']),
@@ -397,7 +406,9 @@ def test_the_step_probe_compiles_as_the_run_and_the_run_reuses_its_graphs(monkey
     torch._dynamo.reset()
     cfg = dataclasses.replace(eager, compile=True)
     compiled.clear()
-    assert live_ledger._time_steps(model_cfg, cfg, 'float32', 0.0) > 0 and compiled == ['GPT']
+    assert live_ledger._time_steps(model_cfg, cfg, 'float32', one)[
+        'tokens_per_s'
+    ] > 0 and compiled == ['GPT']
     graphs = torch._dynamo.utils.counters['stats']['unique_graphs']
     model = GPT(model_cfg)
     model.init_weights()
