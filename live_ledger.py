@@ -65,11 +65,11 @@ def live_device(cluster, model_cfg, train):
 # big matrices, and at ~58% on a 2-core AMD EPYC without AMX. So a CPU run is predicted from its own step: the
 # model, built fresh and spread over the processes as the run spreads it (DDP, ZeRO-1, FSDP2), compiled as the run
 # compiles it, trains a few steps of synthetic tokens in train.py's train_step, collectives, clipping and optimizer
-# included (gloo's all-reduce, and FSDP2's gathers and the CPU work around them, cost a 2-process run 10-25% of its
-# step: docs/measured.md), the fastest kept (load only slows a step), cached per machine like the GEMM probe. The
-# compile costs the run nothing more: its own model, built next in this process, reuses the probe's graphs (~3 s,
-# not ~30). Once runs of the config have measured their speed, the next is predicted from the median of the last
-# REACHED_KEPT (learn_speed).
+# included (a bare model's steps missed gloo's collectives and FSDP2's CPU work around them, and read zero2 and fsdp
+# 1.2-1.3x fast: docs/measured.md), the fastest kept (load only slows a step), cached per machine like the GEMM
+# probe. The compile costs the run nothing more: its own model, built next in this process, reuses the probe's
+# graphs (~3 s, not ~30). Once runs of the config have measured their speed, the next is predicted from the median
+# of the last REACHED_KEPT (learn_speed).
 
 PROBE_STEPS = 3  # timed steps at each size, after one that warms up
 PROBE_CLOCK = (
