@@ -79,11 +79,11 @@ PROBE_CLOCK = (
 
 
 def step_probe(model_cfg, train, dtype, device, cluster):
-    """-> (the cache entry: tokens_per_s of this model's training step in one process on this CPU,
-    measured (its date), probes, and once a run has learned it, reached and reached_at; the entry's
-    key). Under torchrun every rank probes at once, each with its own threads, so the probe feels the
-    run's contention (two processes on two cores: each one thread); rank 0's entry is shared, and its
-    key names the mode and world size, whose waits a run of it reached."""
+    """-> (the cache entry: tokens_per_s of one process in this run's training step on this CPU (_time_steps),
+    measured (its date), probes, and once a run has learned it, reached and reached_at; the entry's key). Under
+    torchrun every rank probes at once, each with its own threads, so the probe feels the run's contention (two
+    processes on two cores: each one thread) and its collectives; rank 0's entry is shared, and its key names the
+    mode and world size."""
     key = (
         f"{device.name} | train_step | {json.dumps(dataclasses.asdict(model_cfg), sort_keys=True)} | "
         f"micro_batch {train.micro_batch} | "
