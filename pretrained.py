@@ -99,8 +99,16 @@ def fetch(repo, network=None, weights=True):
                 pinned[name] = f.read().strip()
     if 'COMPLETE' in pinned or ('FILES' in pinned and not weights):
         return os.path.join(cache_dir(repo), pinned.get('COMPLETE') or pinned['FILES'])
+    say(f"{repo}: not a folder here, so a Hugging Face Hub repo id: asking the Hub for it")
     hub = Hub(network)
-    sha, listed = hub.files(repo, pinned.get('FILES', 'main'), '', '', kind='models')
+    try:
+        sha, listed = hub.files(repo, pinned.get('FILES', 'main'), '', '', kind='models')
+    except (
+        DataError
+    ) as e:  # a mistyped or not yet made folder reads as a repo id too: say which it was taken for
+        raise DataError(
+            f"{repo} (not a folder here, so asked of the Hub as a repo id): {e}"
+        ) from None
     wanted = [
         f
         for f in listed

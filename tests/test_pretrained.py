@@ -520,3 +520,26 @@ def test_ledger_bills_a_finetune_from_the_model_config(capsys, monkeypatch):
     assert re.search(r'total +69\.99 GiB +of 140\.40 GiB \(nvidia-smi total\): fits', report)
     readme = open('README.md').read()
     assert '1,100,048,384 parameters: ~10.3 h, ~$36, 69.99 GiB of 140.40' in readme
+
+
+def test_a_folder_not_made_yet_is_named_as_the_repo_id_it_was_taken_for(
+    tmp_path, monkeypatch, capsys
+):
+    """`--tokenizer hf/pystdlib_cpu` before export.py wrote that folder reads as a Hub repo id: the Hub is asked
+    (here a port that refuses), and the one line that gives up says what the name was taken for."""
+    import downloads
+    from config import DataError
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv('XDG_CACHE_HOME', str(tmp_path / 'cache'))
+    network = downloads.Network('http://127.0.0.1:9', backoff_s=0.001, retry_budget_s=0.05)
+    with pytest.raises(DataError) as error:
+        pretrained.folder('hf/pystdlib_cpu', network, weights=False)
+    assert str(error.value).startswith(
+        'hf/pystdlib_cpu (not a folder here, so asked of the Hub as a repo id): '
+        'http://127.0.0.1:9/api/models/hf/pystdlib_cpu/revision/main: '
+    )
+    out = capsys.readouterr().out
+    assert out.startswith(
+        'hf/pystdlib_cpu: not a folder here, so a Hugging Face Hub repo id: asking the Hub'
+    )
