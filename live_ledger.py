@@ -72,6 +72,9 @@ def live_device(cluster, model_cfg, train):
 # of the last REACHED_KEPT (learn_speed).
 
 PROBE_STEPS = 3  # timed steps at each size, after one that warms up
+PROBE_MICRO_STEPS = (
+    4  # the most micro-steps a probed step takes: a longer step is extrapolated from 1 and this
+)
 PROBE_CLOCK = (
     time.perf_counter
 )  # what the step probe times with (a test that must ignore other processes' load
@@ -105,7 +108,9 @@ def step_probe(model_cfg, train, dtype, device, cluster):
             f"step probe: building the model ({params:,} parameters) on this CPU and timing its training "
             f"step, once for this machine (cached)",
         )
-        return _time_steps(model_cfg, train, dtype, cluster)
+        entry = _time_steps(model_cfg, train, dtype, cluster)
+        reset_peak_resident()  # the run's peak is its own steps', not its probe's (compiling beside its states)
+        return entry
 
     if cluster.world_size == 1:
         return ledger.cached_probe(key, probe_it, 'tokens_per_s'), key
@@ -147,9 +152,10 @@ def learn_speed(key, tokens_per_s, run):
 def _time_steps(model_cfg, train, dtype, cluster):
     """-> the probe's entry: tokens_per_s of one process in the run's own step (train.py's build_run and train_step
     on synthetic tokens: the wrapper, its collectives, the clipping, the optimizer), the module the step called
-    (`wrapper`), and `step_seconds`, the fastest of PROBE_STEPS steps at one micro-step a step and, when the run
-    accumulates, at two: a step of A micro-steps takes t1 + (A - 1)(t2 - t1). Every rank runs the same steps, so
-    their collectives pair up."""
+    (`wrapper`), and `step_seconds`: [micro-steps, seconds] of each size timed, the fastest of PROBE_STEPS steps.
+    A run of up to PROBE_MICRO_STEPS micro-steps a step is timed at its own; a longer one at 1 and PROBE_MICRO_STEPS,
+    a step of A micro-steps then taking t1 + (A - 1) x the micro-step between them. Every rank runs the same steps,
+    so their collectives pair up."""
     import train as trainer  # train.py imports this module, so its step is imported when it is timed
 
     micro_step_tokens = tokens_per_micro_step(model_cfg, train, cluster.world_size)
@@ -158,17 +164,20 @@ def _time_steps(model_cfg, train, dtype, cluster):
     stream = data.SyntheticStream(model_cfg.vocab_size, model_cfg.block_size, train.seed, split=0)
     run = trainer.build_run(model_cfg, probed, cluster, dtype, stream, 10**9, 10**9)
     wrapper, seconds = type(run.model).__name__, []
-    for micro_steps in (1, 2) if accumulation > 1 else (1,):
+    sizes = (accumulation,) if accumulation <= PROBE_MICRO_STEPS else (1, PROBE_MICRO_STEPS)
+    for micro_steps in sizes:
         run.train = dataclasses.replace(probed, batch_tokens=micro_steps * micro_step_tokens)
         times = []
         for _ in range(1 + PROBE_STEPS):  # the first warms up (and compiles)
             begin = PROBE_CLOCK()
             trainer.train_step(run)
             times.append(PROBE_CLOCK() - begin)
-        seconds.append(min(times[1:]))
+        seconds.append([micro_steps, min(times[1:])])
     del run  # before the run builds its own: a DDP reducer goes while the process group is whole
     gc.collect()
-    step = seconds[0] + (accumulation - 1) * (seconds[-1] - seconds[0])
+    (_, first), (_, last) = seconds[0], seconds[-1]
+    micro = max(0.0, last - first) / (PROBE_MICRO_STEPS - 1)  # noise cannot make it negative
+    step = last if len(sizes) == 1 else first + (accumulation - 1) * micro
     tokens_per_s = train.batch_tokens / cluster.world_size / step
     return dict(tokens_per_s=tokens_per_s, wrapper=wrapper, step_seconds=seconds)
 
@@ -400,6 +409,16 @@ def sdpa_backend(model_cfg, device, dtype):
         q, k, v, is_causal=True, enable_gqa=model_cfg.kv_heads != model_cfg.n_head
     )
     return SDPA_BACKENDS.get(choice, f'backend {choice}')
+
+
+def reset_peak_resident():
+    """Linux: VmHWM, the peak that peak_memory reads, set back to the resident memory now (/proc/self/clear_refs, 5).
+    Elsewhere the peak keeps what came before."""
+    try:
+        with open('/proc/self/clear_refs', 'w') as f:
+            f.write('5')
+    except OSError:
+        pass
 
 
 def peak_memory(cluster):

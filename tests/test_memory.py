@@ -233,6 +233,24 @@ def test_a_started_process_reports_its_own_peak_not_its_parents():
         assert maxrss > 768 * 2**20, maxrss  # what summary.json reported before: the parent's
 
 
+@pytest.mark.skipif(sys.platform != 'linux', reason="VmHWM and clear_refs are Linux's")
+def test_the_peak_a_run_reports_starts_after_its_step_probe():
+    """The step probe compiles beside the run's states and reached a peak the run's own steps did not (zero1:
+    715 MB against 686); live_ledger.reset_peak_resident sets VmHWM back to the resident memory, so summary.json's
+    peak is the run's."""
+    script = (
+        'import ledger, live_ledger; '
+        'block = bytearray(512 * 2**20); block[::4096] = b"x" * len(block[::4096]); del block; '
+        'before = ledger.resident_bytes(peak=True); live_ledger.reset_peak_resident(); '
+        'print(before, ledger.resident_bytes(peak=True), ledger.resident_bytes())'
+    )
+    result = subprocess.run(
+        [sys.executable, '-c', script], cwd=ROOT, capture_output=True, text=True, check=True
+    )
+    before, after, now = map(int, result.stdout.split())
+    assert before > 512 * 2**20 > after and after - now < 16 * 2**20, (before, after, now)
+
+
 def test_cpu_default_peak_memory_within_15_percent(tmp_path):
     # its own shape and batch: 16 x 256 tokens, V 8192, in fp32. Its dtype 'auto' takes bf16 or fp32 from a timing
     # probe, so under load the run could take the path it was not calibrated on (1.108 GB against 0.867 predicted,

@@ -169,11 +169,11 @@ def test_the_cpu_prediction_holds_on_this_cpu(tmp_path, monkeypatch, capsys):
             and prediction['mfu_assumed'] != 0.05
         )
         assert f"MFU, {prediction['mfu_source']}" in capsys.readouterr().out
-        # the run's own step was timed (train_step on the run's module), at 1 and 2 micro-steps: 2 is the run's
+        # the run's own step was timed (train_step on the run's module), at its own 2 micro-steps
         probe = ledger.read_probes()[prediction['mfu_probe_key']]
         assert probe['wrapper'] == type(run.model).__name__ == 'GPT'
-        assert len(probe['step_seconds']) == 2
-        assert probe['tokens_per_s'] == pytest.approx(1024 / probe['step_seconds'][1], rel=1e-9)
+        ((micro_steps, seconds),) = probe['step_seconds']
+        assert micro_steps == 2 and probe['tokens_per_s'] == pytest.approx(1024 / seconds, rel=1e-9)
         measured = timed_steps(run, 6, time.thread_time)
         ratio = measured / prediction['tokens_per_s']
         print(f'measured / predicted tokens/s on this CPU: {ratio:.3f}')
@@ -416,6 +416,32 @@ def test_the_step_probe_compiles_as_the_run_and_the_run_reuses_its_graphs(monkey
     x, y = (torch.randint(256, (2, 16)) for _ in range(2))
     model(x, y, reduction='sum')[1].backward()
     assert graphs > 0 and torch._dynamo.utils.counters['stats']['unique_graphs'] == graphs
+
+
+def test_a_long_step_is_probed_at_1_and_4_micro_steps_and_extrapolated(monkeypatch):
+    """8 micro-steps a step: timed at 1 and 4, a step is t1 + 7 micro-steps (exact for a step of fixed + 8 x micro
+    seconds: here train_step's seconds are set, on a clock of its own); a t4 under t1 (noise on a tiny model) gives
+    no micro-step, not a negative step."""
+    model_cfg = ModelConfig(
+        arch='llama', n_layer=1, n_head=2, n_embd=32, vocab_size=256, block_size=16
+    )
+    cfg = TrainConfig(compile=False, batch_tokens=256, micro_batch=2, dtype='float32')
+    now, step_of = [0.0], {}
+    real_step = train.train_step
+
+    def timed_step(run):
+        real_step(run)
+        now[0] += step_of[run.train.batch_tokens // run.micro_step_tokens]
+
+    monkeypatch.setattr(train, 'train_step', timed_step)
+    monkeypatch.setattr(live_ledger, 'PROBE_CLOCK', lambda: now[0])
+    one = processes.setup_cluster()
+    step_of.update({1: 0.5 + 0.25, 4: 0.5 + 4 * 0.25})  # fixed 0.5 s, 0.25 s a micro-step
+    entry = live_ledger._time_steps(model_cfg, cfg, 'float32', one)
+    assert entry['step_seconds'] == [[1, 0.75], [4, 1.5]]
+    assert entry['tokens_per_s'] == pytest.approx(256 / (0.5 + 8 * 0.25), rel=1e-12)
+    step_of.update({1: 0.75, 4: 0.7})
+    assert live_ledger._time_steps(model_cfg, cfg, 'float32', one)['tokens_per_s'] == 256 / 0.75
 
 
 def test_train_tokens_on_the_command_line_plan_by_tokens():
