@@ -58,9 +58,8 @@ TINY = [
     '--micro_batch=2',
     '--compile=False',
 ]
-TINY_MAX_MICRO_BATCH = (
-    8  # --tiny: a tiny model "fits" thousands of sequences in RAM; 8 keep it quick
-)
+# --tiny: a tiny model "fits" thousands of sequences in RAM; 8 keep it quick
+TINY_MAX_MICRO_BATCH = 8
 COMPILE_SECONDS = 90  # a budget for torch.compile's warm-up of one case on a GPU (measured on the CPU: ~60 s tiny)
 
 

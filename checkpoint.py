@@ -39,10 +39,9 @@ from model import GPT
 STATE_FILE = 'train_state.pt'
 GATHERED_OPTIMIZER = 'optimizer.pt'  # zero1 only: see above
 MANIFEST = 'manifest.json'
-HASHED_BYTES = (
-    64 * 2**20
-)  # files up to this size get a sha256 (train_state.pt, DCP's metadata, small shards);
-# hashing a 1.3B run's 16 GB of shards at each save and load would cost a minute
+# files up to this size get a sha256 (train_state.pt, DCP's metadata, small shards); hashing a 1.3B run's 16 GB of
+# shards at each save and load would cost a minute
+HASHED_BYTES = 64 * 2**20
 
 
 def root(out_dir):
@@ -132,9 +131,8 @@ def latest(out_dir, flag=None):
     the user between --resume and a run without it."""
     pointer = os.path.join(root(out_dir), 'LATEST')
     found = complete_checkpoints(out_dir)
-    if not os.path.isfile(
-        pointer
-    ):  # killed between the rename and the pointer: the newest complete one
+    # killed between the rename and the pointer: the newest complete one
+    if not os.path.isfile(pointer):
         return found[-1] if found else None
     with open(pointer, errors='replace') as f:
         name = f.read().strip()
@@ -171,9 +169,8 @@ def step_of(path):
 # What train_state.pt may hold besides tensors and plain values: numpy arrays, as in checkpoints written before the
 # RNG states were kept as plain lists (numpy's state was np.random.get_state(), its key an array of 624 uint32). An
 # array's reconstruction runs no code of the file's; anything else a pickle names (a function, a class) could.
-_RECONSTRUCT = np.ndarray.__reduce__(np.zeros(1))[
-    0
-]  # numpy._core.multiarray._reconstruct on numpy 2
+# numpy._core.multiarray._reconstruct on numpy 2
+_RECONSTRUCT = np.ndarray.__reduce__(np.zeros(1))[0]
 ARRAYS = [
     np.ndarray,
     np.dtype,
@@ -221,9 +218,8 @@ def _barrier():
 
 @contextlib.contextmanager
 def _quiet_single_process_dcp():
-    with (
-        warnings.catch_warnings()
-    ):  # DCP in one process warns that it assumes one process: that is the intent
+    # DCP in one process warns that it assumes one process: that is the intent
+    with warnings.catch_warnings():
         warnings.filterwarnings('ignore', message='torch.distributed is disabled')
         yield
 
@@ -315,9 +311,8 @@ def save(out_dir, step, model, optimizer, train_state, keep, kept_steps=()):
         # checkpoint) stay until this run writes their steps again
         for old in [c for c in complete_checkpoints(out_dir) if c <= final][:-keep]:
             if step_of(old) not in kept_steps:
-                os.remove(
-                    os.path.join(old, MANIFEST)
-                )  # first: killed in what follows, it is no checkpoint
+                # first: killed in what follows, it is no checkpoint
+                os.remove(os.path.join(old, MANIFEST))
                 shutil.rmtree(old)
         # what kills left: tmp_ folders of writes, and step_ folders older than this one that a prune had begun (no
         # manifest: a write renames its folder only once the manifest is in, so nothing else leaves one so)
@@ -347,9 +342,8 @@ def _write(tmp, step, model, optimizer, train_state, rank, world):
         )
     if gathered and with_optimizer:
         if hasattr(optimizer, 'consolidate_state_dict'):
-            optimizer.consolidate_state_dict(
-                to=0
-            )  # ZeRO-1: every rank sends its part of the states to rank 0
+            # ZeRO-1: every rank sends its part of the states to rank 0
+            optimizer.consolidate_state_dict(to=0)
         if rank == 0:
             torch.save(optimizer.state_dict(), os.path.join(tmp, GATHERED_OPTIMIZER))
     rngs = rng_states()

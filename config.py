@@ -60,9 +60,8 @@ _COMMAND_PID = os.getpid()  # a forked worker inherits the handler below, and th
 
 
 def _terminate(signum, frame):
-    if (
-        os.getpid() != _COMMAND_PID
-    ):  # a forked worker (a multiprocessing pool's, stopped with SIGTERM): as by default
+    # a forked worker (a multiprocessing pool's, stopped with SIGTERM): as by default
+    if os.getpid() != _COMMAND_PID:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         os.kill(os.getpid(), signal.SIGTERM)
     raise Terminated()
@@ -108,9 +107,8 @@ def cli(function=None, *, reports=None, stopped=None):
     def main(argv=None):
         in_charge = threading.current_thread() is threading.main_thread()
         previous = signal.getsignal(signal.SIGTERM) if in_charge else None
-        if (
-            previous == signal.SIG_DFL
-        ):  # SIGTERM unwinds like Ctrl-C (a handler someone else set is kept)
+        # SIGTERM unwinds like Ctrl-C (a handler someone else set is kept)
+        if previous == signal.SIG_DFL:
             signal.signal(signal.SIGTERM, _terminate)
         args = sys.argv[1:] if argv is None else list(argv)
         try:
@@ -126,9 +124,8 @@ def cli(function=None, *, reports=None, stopped=None):
             message, code = f'error: {e}', e.exit_code
         except KeyboardInterrupt as e:
             message, code = (stopped and stopped(e, args)) or _stop_line(e)
-        except (
-            BrokenPipeError
-        ):  # `| head` read what it wanted: no traceback, and none from the flush at exit
+        # `| head` read what it wanted: no traceback, and none from the flush at exit
+        except BrokenPipeError:
             if not _stdout_gone():
                 raise
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
@@ -299,9 +296,8 @@ def chunked_loss_buffers(c, tokens, a, compiled):
         'grad_weight': V * H * (min(4, a * chunks) if compiled else 4),
         'grad_weight_chunk': V * H * a,
     }
-    if (
-        c.logit_softcap
-    ):  # the slope 1 - tanh^2 of the cap, fp32 beside the chunk (compiled: counted as eager)
+    # the slope 1 - tanh^2 of the cap, fp32 beside the chunk (compiled: counted as eager)
+    if c.logit_softcap:
         buffers['softcap_slope'] = rows * V * 4
     return buffers
 
@@ -458,9 +454,8 @@ PARTS = {
         ),
     },
 }
-PART_KEYS = tuple(
-    PARTS
-)  # the model keys that name a part: attention, norm, mlp, positions, qk_norm
+# the model keys that name a part: attention, norm, mlp, positions, qk_norm
+PART_KEYS = tuple(PARTS)
 
 
 @dataclass(frozen=True)
@@ -559,16 +554,14 @@ class ModelConfig:
     n_head: int = 12
     n_kv_head: int = 0  # key/value heads for GQA; 0 means n_head (plain multi-head attention)
     n_embd: int = 768
-    ffn_hidden: int = (
-        0  # FFN width H'; 0 means the family's default (gpt2: 4H; llama: 8H/3 rounded up to 256)
-    )
+    # FFN width H'; 0 means the family's default (gpt2: 4H; llama: 8H/3 rounded up to 256)
+    ffn_hidden: int = 0
     vocab_size: int = 50304  # padded to a multiple of 128 in the configs, for speed
     block_size: int = 1024  # context length T (training sequence length)
     # The next two default to the family's in a config file (load_config); these defaults are llama's, the default
     # family, which a ModelConfig built in code gets whatever its arch
-    tie_embeddings: bool = (
-        False  # share the input embedding with the output projection (GPT-2 does)
-    )
+    # share the input embedding with the output projection (GPT-2 does)
+    tie_embeddings: bool = False
     bias: bool = False  # biases in Linear layers and norms (gpt2 has them; llama has none)
     norm_eps: float = 1e-5
     rope_theta: float = 10000.0
@@ -577,9 +570,8 @@ class ModelConfig:
     norm: str = ''  # 'layernorm' or 'rmsnorm'
     mlp: str = ''  # 'gelu', 'swiglu' or 'relu2'
     positions: str = ''  # 'learned' or 'rope'
-    qk_norm: str = (
-        'none'  # 'none', 'weightless' (nanochat) or 'learned' (a gain per head dimension: Qwen3)
-    )
+    # 'none', 'weightless' (nanochat) or 'learned' (a gain per head dimension: Qwen3)
+    qk_norm: str = 'none'
     # the training loss: 'chunked' (one chunk of the logits at a time, the default) or 'full' (all B x T x V)
     loss: str = 'chunked'
     # cap * tanh(logits / cap) on the output logits (Gemma 2's 30, nanochat's 15): logits bounded to (-cap, cap);
@@ -589,9 +581,8 @@ class ModelConfig:
     n_experts: int = 0  # routed experts in each MoE layer
     top_k: int = 0  # routed experts each token visits (1..n_experts)
     expert_hidden: int = 0  # each expert's SwiGLU width (routed and shared experts alike)
-    n_shared_experts: int = (
-        0  # experts every token visits, fused into one SwiGLU of n_shared x expert_hidden
-    )
+    # experts every token visits, fused into one SwiGLU of n_shared x expert_hidden
+    n_shared_experts: int = 0
     n_dense_layers: int = 0  # the first layers keep the dense FFN (DeepSeek-V3: 3 of 61)
     route_scale: float = 1.0  # the routed scaling factor on the normalised gates (DeepSeek-V3: 2.5)
 
@@ -659,25 +650,21 @@ def free(default):
 class TrainConfig:
     # run and data
     out_dir: str = free('out')
-    data: str = exact(
-        'data/pystdlib'
-    )  # a folder made by prepare.py, or 'synthetic' (random tokens, for benchmarks)
-    # or a weighted mixture of folders: {'data/web': 0.6, 'data/code': 0.4} (--data=data/web:0.6,data/code:0.4)
+    # a folder made by prepare.py, 'synthetic' (random tokens, for benchmarks) or a weighted mixture of folders:
+    # {'data/web': 0.6, 'data/code': 0.4} (--data=data/web:0.6,data/code:0.4)
+    data: str = exact('data/pystdlib')
     seed: int = exact(1337)
-    train_tokens: int = exact(
-        26_000_000_000
-    )  # tokens the run is planned to see (sets the number of steps)
-    max_steps: int = free(
-        0
-    )  # stop after this many steps (0: run to train_tokens); the schedule spans train_tokens
+    # tokens the run is planned to see (sets the number of steps)
+    train_tokens: int = exact(26_000_000_000)
+    # stop after this many steps (0: run to train_tokens); the schedule spans train_tokens
+    max_steps: int = free(0)
     # minutes of training steps the run is planned for (0: train_tokens plans it): the tokens that
     # many minutes buy at the ledger's predicted tokens/s (a CPU's measured step), fixed at the
     # start and kept by a resume; start-up, compiling, evals and checkpoints come on top.
     # --train_tokens on the command line plans by tokens again
     train_minutes: float = free(0.0)
-    dataset_tokens: int = free(
-        0
-    )  # tokens available in the dataset, for the ledger's "is it enough" (0: unknown)
+    # tokens available in the dataset, for the ledger's "is it enough" (0: unknown)
+    dataset_tokens: int = free(0)
     # batch: global batch in tokens, reached by micro_batch sequences x grad accumulation x world size
     batch_tokens: int = exact(524_288)
     micro_batch: int = free(16)  # sequences per GPU per forward/backward
@@ -697,12 +684,10 @@ class TrainConfig:
     # experiments/overtrain.py: the lengths in tokens of a wsd run's branches, e.g. (26e9, 52e9); train.py does not
     # read it
     cooldowns: tuple = free(())
-    cooldown_from: str = exact(
-        ''
-    )  # the checkpoint folder a cooldown starts from ('': a run of its own)
-    cooldown_tokens: int = exact(
-        0
-    )  # a cooldown's tokens, over which the LR falls from the peak to the floor
+    # the checkpoint folder a cooldown starts from ('': a run of its own)
+    cooldown_from: str = exact('')
+    # a cooldown's tokens, over which the LR falls from the peak to the floor
+    cooldown_tokens: int = exact(0)
     # start from a published model (pretrained.py): a Hugging Face model folder or Hub repo id; the model keys come
     # from its config.json. A resumed run reads its weights from its own checkpoints
     init_from: str = exact('')
@@ -711,20 +696,17 @@ class TrainConfig:
     # tokens); 'ul2' UL2's mixture of
     # denoisers (Tay et al. 2022). fim and ul2 need a data folder with the special tokens (prepare.py reserves them)
     objective: str = exact('clm')
-    fim_rate: float = exact(
-        0.5
-    )  # fim: the share of documents rearranged (the paper's 0.5; "FIM for free" to 0.9)
-    fim_spm_rate: float = exact(
-        0.5
-    )  # fim: the share of those in SPM order, the rest PSM (the paper's joint training)
+    # fim: the share of documents rearranged (the paper's 0.5; "FIM for free" to 0.9)
+    fim_rate: float = exact(0.5)
+    # fim: the share of those in SPM order, the rest PSM (the paper's joint training)
+    fim_spm_rate: float = exact(0.5)
     # ul2: the shares of documents given the S (prefix LM), R (short spans, 15%) and X (long spans or 50%)
     # denoisers; they sum to 1. Half S, as U-PaLM's UL2R mixture
     ul2_s_rate: float = exact(0.5)
     ul2_r_rate: float = exact(0.25)
     ul2_x_rate: float = exact(0.25)
-    optimizer: str = exact(
-        'adamw'
-    )  # a row of OPTIMIZERS: what it holds per parameter, what its step costs
+    # a row of OPTIMIZERS: what it holds per parameter, what its step costs
+    optimizer: str = exact('adamw')
     # Muon (optimizer = 'muon', on the blocks' matrices): its peak LR (0: AdamW's lr, scaled per matrix by
     # torch's match_rms_adamw rule, 0.2 sqrt(max(A, B)), so that lr and weight_decay carry over (Liu et al. 2025);
     # else Muon's own, e.g. 0.02, scaled by Keller Jordan's sqrt(max(1, A/B))), its momentum, Nesterov and
@@ -739,41 +721,34 @@ class TrainConfig:
     eps: float = exact(1e-8)
     grad_clip: float = exact(1.0)  # clip the global gradient norm to this (0: no clipping)
     # precision, speed, memory, parallelism
-    dtype: str = exact(
-        'auto'
-    )  # 'auto' (bf16 on CUDA; on a CPU the faster, measured), 'bfloat16' or 'float32'
+    # 'auto' (bf16 on CUDA; on a CPU the faster, measured), 'bfloat16' or 'float32'
+    dtype: str = exact('auto')
     compile: bool = free(True)
     recompute: bool = free(False)  # activation recomputation per block (the ledger switches to 8P)
-    parallel: str = free(
-        'ddp'
-    )  # 'ddp', 'zero1', 'zero2' or 'fsdp' (ZeRO-3); a checkpoint resumes in its own mode
+    # 'ddp', 'zero1', 'zero2' or 'fsdp' (ZeRO-3); a checkpoint resumes in its own mode
+    parallel: str = free('ddp')
     # logging, eval, checkpoints, spike guard
     log_every: int = free(10)
     eval_every: int = free(250)
     eval_tokens: int = free(1_048_576)
-    hellaswag_every: int = free(
-        0
-    )  # score HellaSwag (evals.py) every this many steps and at the end (0: never)
-    hellaswag_items: int = free(
-        0
-    )  # score only the first this many of its 10,042 items (0: all of them)
+    # score HellaSwag (evals.py) every this many steps and at the end (0: never)
+    hellaswag_every: int = free(0)
+    # score only the first this many of its 10,042 items (0: all of them)
+    hellaswag_items: int = free(0)
     # ARC and MMLU (evals.py), comma-separated names from EVAL_TASKS, scored every eval_tasks_every steps and at the
     # end (0: never), each on its first eval_tasks_items items (0: all of them)
     eval_tasks: str = free('arc_easy,arc_challenge,mmlu')
     eval_tasks_every: int = free(0)
     eval_tasks_items: int = free(0)
     sample_every: int = free(0)  # 0: no samples during training
-    sample_tokens: int = free(
-        0
-    )  # tokens per text sample, at sample_every steps and at the end of a run (0: none)
+    # tokens per text sample, at sample_every steps and at the end of a run (0: none)
+    sample_tokens: int = free(0)
     ckpt_every: int = free(1000)
     keep_ckpts: int = free(3)
-    keep_steps: tuple = free(
-        ()
-    )  # steps whose checkpoints are written and never pruned, e.g. (1000, 2000)
-    spike_factor: float = free(
-        3.0
-    )  # a loss above mean + spike_factor * std of the recent window is a spike
+    # steps whose checkpoints are written and never pruned, e.g. (1000, 2000)
+    keep_steps: tuple = free(())
+    # a loss above mean + spike_factor * std of the recent window is a spike
+    spike_factor: float = free(3.0)
     spike_window: int = free(50)
     # a floor on that std, as a fraction of the mean: late in a run the loss is so steady (std ~0.01) that 3 std
     # would read ordinary noise as spikes
@@ -788,9 +763,8 @@ class TrainConfig:
     # --- mixture of experts: load balancing (moe.py's MoE; DeepSeek-V3, arXiv:2412.19437, section 2.1.2) ---
     # after each optimizer step every router bias moves by this much against its expert's load error (gamma: 0.001)
     router_bias_speed: float = exact(0.001)
-    aux_loss_coef: float = exact(
-        0.0
-    )  # the sequence-wise balance loss's alpha (0: off; DeepSeek-V3: 0.0001)
+    # the sequence-wise balance loss's alpha (0: off; DeepSeek-V3: 0.0001)
+    aux_loss_coef: float = exact(0.0)
     # the ledger's assumptions for time, money and memory
     # the device the ledger plans for: a name in ledger.py's table ('H200', 'H100', ...), 'cpu', or 'auto' (this
     # machine's GPU, else its CPU, measured by a short GEMM probe)
@@ -834,24 +808,16 @@ def sharded(parallel, world_size):
 
 TRACKERS = ('tensorboard', 'wandb')  # trackers.py's, the names the key tracker takes
 
-EVAL_TASKS = (
-    'arc_easy',
-    'arc_challenge',
-    'mmlu',
-    'mmlu_5shot',
-)  # evals.py's Hub tasks, the names eval_tasks takes
+# evals.py's Hub tasks, the names eval_tasks takes
+EVAL_TASKS = ('arc_easy', 'arc_challenge', 'mmlu', 'mmlu_5shot')
 
 
 # -----------------------------------------------------------------------------------------------------
 # The objectives' vocabulary (objectives.py transforms sequences with it; prepare.py reserves the tokens; the ledger
 # does the loss share's arithmetic from it): names, special tokens, UL2's denoisers, the ignored target.
 
-OBJECTIVES = (
-    'clm',
-    'prefix_lm',
-    'fim',
-    'ul2',
-)  # what objectives.py makes of a sequence (the key 'objective')
+# what objectives.py makes of a sequence (the key 'objective')
+OBJECTIVES = ('clm', 'prefix_lm', 'fim', 'ul2')
 EOT = '<|endoftext|>'  # every document starts with it (the shard format's rule)
 
 # The special tokens of the other pretraining objectives, reserved by default in every new data folder:
@@ -872,12 +838,8 @@ SPECIAL_TOKENS = (
 FIM_TOKENS = ('<|fim_prefix|>', '<|fim_suffix|>', '<|fim_middle|>')
 UL2_MODES = ('<|ul2_s|>', '<|ul2_r|>', '<|ul2_x|>')
 SENTINELS = tuple(name for name in SPECIAL_TOKENS if name.startswith('<|sentinel_'))
-NEEDS = {
-    'clm': (),
-    'prefix_lm': (),
-    'fim': FIM_TOKENS,
-    'ul2': UL2_MODES + SENTINELS,
-}  # the tokens each one uses
+# the tokens each one uses
+NEEDS = {'clm': (), 'prefix_lm': (), 'fim': FIM_TOKENS, 'ul2': UL2_MODES + SENTINELS}
 
 # UL2's denoisers (Tay et al. 2022, section 3.1.2), as (mean span length mu, share of tokens masked r). R is T5's
 # span corruption (the book: ~15% in spans of 3-5); X the extreme ones (the book: spans over 12 tokens or ~50%
@@ -1044,14 +1006,12 @@ def _parse_value(key, text):
                 return False
             raise ValueError
         if isinstance(default, int):
-            return (
-                int(text) if text.lstrip('+-').isdigit() else float(text)
-            )  # 26e9: checked whole below
+            # 26e9: checked whole below
+            return int(text) if text.lstrip('+-').isdigit() else float(text)
         if isinstance(default, float):
             return float(text)
-        if isinstance(
-            default, tuple
-        ):  # numbers, comma-separated: --cooldowns=26e9,52e9 (empty: none)
+        # numbers, comma-separated: --cooldowns=26e9,52e9 (empty: none)
+        if isinstance(default, tuple):
             return tuple(float(part) for part in text.split(',') if part)
         return text
     except ValueError:
@@ -1093,9 +1053,8 @@ def _typed(key, value, where):
             return tuple(int(v) for v in value)
         expected = 'a list of whole numbers'
     else:
-        if key == 'data' and isinstance(
-            value, dict
-        ):  # a weighted mixture: kept as its text (data_sources)
+        # a weighted mixture: kept as its text (data_sources)
+        if key == 'data' and isinstance(value, dict):
             return mixture_text(value.items(), where)
         if isinstance(value, str):
             return (
@@ -1189,9 +1148,8 @@ def _run_config(code, namespace, path):
         raise KeyboardInterrupt
 
     in_charge = threading.current_thread() is threading.main_thread()
-    if (
-        in_charge and signal.getsignal(signal.SIGINT) is signal.default_int_handler
-    ):  # not an ignored SIGINT
+    # not an ignored SIGINT
+    if in_charge and signal.getsignal(signal.SIGINT) is signal.default_int_handler:
         previous = signal.signal(signal.SIGINT, interrupted)
     try:
         exec(code, namespace)
@@ -1202,9 +1160,8 @@ def _run_config(code, namespace, path):
             f"{path} calls sys.exit({'' if e.code is None else repr(e.code)}){ended}"
         ) from None
     except KeyboardInterrupt:
-        if signalled or isinstance(
-            sys.exc_info()[1], Terminated
-        ):  # a Ctrl-C, or SIGTERM: the user's
+        # a Ctrl-C, or SIGTERM: the user's
+        if signalled or isinstance(sys.exc_info()[1], Terminated):
             raise
         raise ConfigError(f"{path} raises KeyboardInterrupt{ended}") from None
     finally:
@@ -1247,9 +1204,8 @@ def load_config(path=None, overrides=()):
     values, where = read_values(path, overrides)
     if where.get('train_tokens') == 'the command line' != where.get('train_minutes'):
         values['train_minutes'] = 0.0  # --train_tokens plans the run, over the file's minutes
-    family = FAMILIES.get(
-        values.get('arch', DEFAULTS['arch'])
-    )  # an unknown arch: validate names the known ones
+    # an unknown arch: validate names the known ones
+    family = FAMILIES.get(values.get('arch', DEFAULTS['arch']))
     for key in ('bias', 'tie_embeddings'):  # the family's own, unless the config says otherwise
         if family and key not in values:
             values[key] = getattr(family, key)

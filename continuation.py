@@ -92,9 +92,8 @@ def rank_lost(exception, argv):
     if world == 1 or not (isinstance(exception, Terminated) or lost):
         return None
     what = 'SIGTERM' if isinstance(exception, Terminated) else str(exception).splitlines()[0][:120]
-    cluster = processes.Cluster(
-        0, world, 0, torch.device('cpu')
-    )  # train_command needs the world size
+    # train_command needs the world size
+    cluster = processes.Cluster(0, world, 0, torch.device('cpu'))
     return (
         f"a rank died, or the job was stopped (torchrun stops every rank when one exits; here: {what}): the "
         f"complete checkpoints are kept; resume with: {train_command(argv, cluster, {'--resume'}, '--resume')}",
@@ -122,9 +121,8 @@ def check_out_dir(train, resume, stop_step, cluster):
     found = checkpoint.latest(train.out_dir, '--resume')
     if found:
         finished = checkpoint.step_of(found)
-        if (
-            finished >= stop_step
-        ):  # like a rerun of prepare.py on a complete folder: nothing left to do
+        # like a rerun of prepare.py on a complete folder: nothing left to do
+        if finished >= stop_step:
             log(
                 cluster,
                 f"{train.out_dir}: this run is complete (checkpoint at step {finished:,}, planned "
@@ -343,12 +341,10 @@ class RunState:
     tokens_seen: int = 0  # tokens trained on (skipped data not counted)
     position: int = 0  # sequences of the train stream consumed, by all ranks together
     rollbacks: int = 0
-    loss_window: list = dataclasses.field(
-        default_factory=list
-    )  # recent good losses, for the spike guard
-    skipped: list = dataclasses.field(
-        default_factory=list
-    )  # [first, end) sequence ranges skipped after spikes
+    # recent good losses, for the spike guard
+    loss_window: list = dataclasses.field(default_factory=list)
+    # [first, end) sequence ranges skipped after spikes
+    skipped: list = dataclasses.field(default_factory=list)
 
 
 def find_spike(pending, values, window, train):

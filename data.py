@@ -71,9 +71,8 @@ def write_shard(path, tokens):
     header[0], header[1], header[2] = magic, version, len(tokens)
     with atomic_write(path, 'wb') as f:
         f.write(header.tobytes())
-        f.write(
-            np.ascontiguousarray(tokens, dtype=SHARD_FORMATS[magic, version]).data
-        )  # no copy, unlike .tobytes()
+        # no copy, unlike .tobytes()
+        f.write(np.ascontiguousarray(tokens, dtype=SHARD_FORMATS[magic, version]).data)
     return int(tokens.max()) if tokens.size else -1
 
 
@@ -113,10 +112,8 @@ def open_shard(path):
 # The folder: its shards by split, the command that makes it, its meta.json, and a check of its token ids.
 
 SOURCES = ('pystdlib', 'fineweb_edu', 'files', 'hub')  # prepare.py's sources, which name the shards
-ARGUMENTS = {
-    'files': ' PATH...',
-    'hub': ' REPO --config NAME --column TEXT',
-}  # what a source's command names
+# what a source's command names
+ARGUMENTS = {'files': ' PATH...', 'hub': ' REPO --config NAME --column TEXT'}
 
 
 def list_shards(data_dir, split):
@@ -279,10 +276,8 @@ def load_tokenizer(data_dir):
                 mergeable_ranks=ranks,
                 special_tokens=spec['special_tokens'],
             )
-        name, hub_file = (
-            spec['name'],
-            json.dumps(spec['tokenizers']),
-        )  # neox, a model's: the Hub's file, kept whole
+        # neox, a model's: the Hub's file, kept whole
+        name, hub_file = (spec['name'], json.dumps(spec['tokenizers']))
         reserved, start = spec.get('special_tokens', ()), spec.get('document_start', EOT)
     except (ValueError, KeyError, TypeError) as e:
         raise DataError(
@@ -307,18 +302,14 @@ class HFEncoding:
         from tokenizers import AddedToken, Tokenizer
 
         self.name = name
-        self.special = Tokenizer.from_str(
-            spec_text
-        )  # special tokens written in a text are special tokens
+        # special tokens written in a text are special tokens
+        self.special = Tokenizer.from_str(spec_text)
         self.plain = Tokenizer.from_str(spec_text)
-        self.plain.encode_special_tokens = (
-            True  # ... and here they are text (the added runs of spaces stay)
-        )
+        # ... and here they are text (the added runs of spaces stay)
+        self.plain.encode_special_tokens = True
         first = self.plain.get_vocab_size(with_added_tokens=True)
-        for tokenizer in (
-            self.special,
-            self.plain,
-        ):  # the reserved tokens (SPECIAL_TOKENS) after the Hub's ids
+        # the reserved tokens (SPECIAL_TOKENS) after the Hub's ids
+        for tokenizer in (self.special, self.plain):
             tokenizer.add_special_tokens(
                 [AddedToken(t, special=True, normalized=False) for t in reserved]
             )
@@ -539,9 +530,8 @@ def open_data(model_cfg, train):
             f"another folder with a tokenizer of the model's size (--tokenizer gpt2, neox or bpe:V; this one came "
             f"from `{prepare_command(train.data)}`)"
         )
-    check_token_ids(
-        train.data, meta, model_cfg.vocab_size
-    )  # an id past the embedding is one line here
+    # an id past the embedding is one line here
+    check_token_ids(train.data, meta, model_cfg.vocab_size)
     stream = ShardStream(train_shards, model_cfg.block_size, train.seed, model_cfg.vocab_size, meta)
     if stream.per_epoch == 0:
         raise DataError(
@@ -561,9 +551,8 @@ def open_data(model_cfg, train):
     T = model_cfg.block_size
     n_val = (len(tokens) - 1) // T
     if n_val == 0:
-        held = meta[
-            'val_tokens'
-        ]  # the split's own size (open_split checked it); eval_tokens may take fewer
+        # the split's own size (open_split checked it); eval_tokens may take fewer
+        held = meta['val_tokens']
         if held > T:
             raise DataError(
                 f"eval_tokens = {train.eval_tokens:,} takes {len(tokens):,} tokens of the val split of "
@@ -670,8 +659,7 @@ def to_device(array, device):
     import torch
 
     tensor = torch.from_numpy(array)
-    if (
-        device.type == 'cuda'
-    ):  # pinned host memory lets the copy run asynchronously with the GPU's work
+    # pinned host memory lets the copy run asynchronously with the GPU's work
+    if device.type == 'cuda':
         return tensor.pin_memory().to(device, non_blocking=True)
     return tensor

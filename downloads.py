@@ -119,9 +119,8 @@ HUB_ENDPOINT = 'https://huggingface.co'
 HTTP_ATTEMPTS = 10  # tries per request (a download's count starts again whenever bytes arrive)
 MAX_BACKOFF_S = 30.0  # the doubling wait between tries stops growing here
 HASH_ATTEMPTS = 3  # downloads of one file whose sha256 disagrees with the listing, before giving up
-DOWNLOAD_CHUNK_BYTES = (
-    1 << 20
-)  # written to .partial chunk by chunk: a drop loses at most the chunk in flight
+# written to .partial chunk by chunk: a drop loses at most the chunk in flight
+DOWNLOAD_CHUNK_BYTES = 1 << 20
 
 
 @dataclasses.dataclass
@@ -132,9 +131,8 @@ class Network:
     endpoint: str = ''  # '' -> $HF_ENDPOINT, else https://huggingface.co
     connect_timeout_s: float = 10.0  # to open a connection
     read_timeout_s: float = 30.0  # of silence in the middle of an answer (a stalled server)
-    retry_budget_s: float = (
-        90.0  # how long one request may keep failing, waits included, before we give up
-    )
+    # how long one request may keep failing, waits included, before we give up
+    retry_budget_s: float = 90.0
     backoff_s: float = 1.0  # the first wait between tries; doubled after each, up to MAX_BACKOFF_S
 
     @property
@@ -214,9 +212,8 @@ def network_problem(error, network):
 
     if isinstance(error, requests.ConnectTimeout):
         return f"no connection within {network.connect_timeout_s:g} s (connect time-out)"
-    if isinstance(error, requests.ReadTimeout) or 'timed out' in str(
-        error
-    ):  # mid-body it is a ConnectionError
+    # mid-body it is a ConnectionError
+    if isinstance(error, requests.ReadTimeout) or 'timed out' in str(error):
         return f"no data for {network.read_timeout_s:g} s (read time-out)"
     known = next((words for text, words in NETWORK_PROBLEMS.items() if text in str(error)), None)
     return known or f"connection lost ({type(error).__name__})"
@@ -453,18 +450,16 @@ def fetch_rest(hub, url, partial, etag_path, size, starts_with, retries, progres
                     f.write(chunk)
                     progress.update(len(chunk))
                     retries.progress()
-                if (
-                    f.tell() == start
-                ):  # an answer without a byte of what is missing: a failure like any other
+                # an answer without a byte of what is missing: a failure like any other
+                if f.tell() == start:
                     retries.wait("the server sent no data")
         except (
             requests.ConnectionError,
             requests.Timeout,
             requests.exceptions.ChunkedEncodingError,
         ) as e:
-            retries.wait(
-                network_problem(e, hub.network)
-            )  # dropped half way: the next request asks for the rest
+            # dropped half way: the next request asks for the rest
+            retries.wait(network_problem(e, hub.network))
 
 
 def size_mismatch(url, sent, size):

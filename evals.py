@@ -78,9 +78,8 @@ GPT3 = [
 
 
 def cache_folder():
-    return os.path.dirname(
-        ledger.cache_path()
-    )  # $XDG_CACHE_HOME/ledgergpt, beside the ledger's device probes
+    # $XDG_CACHE_HOME/ledgergpt, beside the ledger's device probes
+    return os.path.dirname(ledger.cache_path())
 
 
 def hellaswag_path(folder=None):
@@ -173,14 +172,12 @@ def render(encoding, item, block_size):
     context = encoding.encode_ordinary(item['ctx'])
     rows, starts = [], []
     for ending in item['endings']:
-        row = context + encoding.encode_ordinary(
-            ' ' + ending
-        )  # ' ': the ending continues the sentence
+        # ' ': the ending continues the sentence
+        row = context + encoding.encode_ordinary(' ' + ending)
         cut = max(0, len(row) - block_size)
         rows.append(row[cut:])
-        starts.append(
-            max(1, len(context) - cut)
-        )  # the first token has nothing before it to be predicted from
+        # the first token has nothing before it to be predicted from
+        starts.append(max(1, len(context) - cut))
     return rows, starts
 
 
@@ -269,9 +266,8 @@ class HubTask:
     title: str  # how the report names it
     harness: str  # lm-evaluation-harness's task of the same protocol
     shots: int = 0  # examples from the dev split before each question (MMLU)
-    headline: str = (
-        'acc_norm'  # the figure published comparisons use: train.py logs it under the task's name
-    )
+    # the figure published comparisons use: train.py logs it under the task's name
+    headline: str = 'acc_norm'
 
 
 HUB_TASKS = {
@@ -292,9 +288,8 @@ HUB_TASKS = {
         headline='acc',
     ),
 }
-assert (
-    tuple(HUB_TASKS) == EVAL_TASKS
-)  # config.py validates train.py's eval_tasks against its own copy of the names
+# config.py validates train.py's eval_tasks against its own copy of the names
+assert tuple(HUB_TASKS) == EVAL_TASKS
 TASKS = ('hellaswag', *HUB_TASKS)
 
 # Published zero-shot figures, (parameters, accuracy, name), and what each one is: none is our protocol exactly.
@@ -532,9 +527,8 @@ def task_accuracy(
     counted = len(mine)
     mine = mine + [items[0]] * (per_rank - counted)
     subjects = sorted({item.get('subject', '') for item in items})
-    totals = torch.zeros(
-        len(subjects), 4, dtype=torch.float64
-    )  # per subject: items, right, right by norm, chance
+    # per subject: items, right, right by norm, chance
+    totals = torch.zeros(len(subjects), 4, dtype=torch.float64)
     was_training = model.training
     model.eval()
     logprobs = choice_logprobs(model, encoding, mine, device, autocast, batch_items)

@@ -217,9 +217,8 @@ def hf_class_of(c):
 
 
 def check_exportable(c, n_vocab):
-    if (
-        c.n_experts
-    ):  # no tested HF layout for moe.py's MoE (DeepseekV3's differs: grouped routing, MLA)
+    # no tested HF layout for moe.py's MoE (DeepseekV3's differs: grouped routing, MLA)
+    if c.n_experts:
         raise ConfigError(
             f"a mixture-of-experts model (n_experts={c.n_experts}) has no Hugging Face export: sample it "
             f"with sample.py"
@@ -597,9 +596,8 @@ def write_gguf(path, model, encoding, dtype):
     )
     for add in (writer.add_bos_token_id, writer.add_eos_token_id, writer.add_pad_token_id):
         add(encoding.eot_token)
-    writer.add_add_bos_token(
-        False
-    )  # a prompt starts with end-of-text as its ids say, as sample.py's does
+    # a prompt starts with end-of-text as its ids say, as sample.py's does
+    writer.add_add_bos_token(False)
     for name, tensor in gguf_tensors(model).items():
         if tensor.dim() == 1 or dtype == 'float32':
             writer.add_tensor(name, tensor.float().contiguous().numpy())
@@ -621,13 +619,8 @@ def write_gguf(path, model, encoding, dtype):
 # Hub). The upload is one commit: a push that fails leaves the repo as it was, and the same command again completes
 # it (the large files already uploaded are not sent again: the Hub has them by their sha256).
 
-EVAL_KEYS = (
-    'hellaswag',
-    'arc_easy',
-    'arc_challenge',
-    'mmlu',
-    'mmlu_5shot',
-)  # evals.py's headline scores
+# evals.py's headline scores
+EVAL_KEYS = ('hellaswag', 'arc_easy', 'arc_challenge', 'mmlu', 'mmlu_5shot')
 
 
 def train_command(model_config, train_config):
@@ -683,9 +676,8 @@ def model_card(path, model, train_config, dtype, repo_id):
     report = read('report.md')
     if report:
         table = report.split('\n![')[0].split('\n(no loss.png')[0].strip()
-        table = re.sub(
-            r' \(cache: [^)]*\)', '', table
-        )  # this machine's probe cache is no one else's business
+        # this machine's probe cache is no one else's business
+        table = re.sub(r' \(cache: [^)]*\)', '', table)
         lines += ['', "## The ledger's prediction and what the run measured", '', table]
         if os.path.exists(os.path.join(run_dir, 'loss.png')):
             lines += ['', '![train and val loss against tokens seen](loss.png)']

@@ -184,9 +184,8 @@ def folder_lock(folder, command):
         with open(mine, 'w') as f:
             json.dump(me, f)
     try:
-        for _ in range(
-            3
-        ):  # another process may take over a stale lock at the same moment: look again
+        # another process may take over a stale lock at the same moment: look again
+        for _ in range(3):
             try:
                 os.link(mine, path)
                 break
@@ -222,9 +221,8 @@ def take_over(path, stale):
         os.rename(path, aside)
     except FileNotFoundError:
         return
-    if (
-        read_lock(aside) != stale
-    ):  # not the one we judged stale: put it back (if the name is still free)
+    # not the one we judged stale: put it back (if the name is still free)
+    if read_lock(aside) != stale:
         with contextlib.suppress(FileExistsError):
             os.link(aside, path)
     remove_quietly(aside)

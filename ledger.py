@@ -59,14 +59,12 @@ class Device:
     peak_flops: float  # FLOP/s of dense matmuls in the compute dtype, per device
     memory_bytes: int  # memory of one device (a CPU: the machine's RAM, shared by its processes)
     kind: str = 'gpu'  # 'gpu' or 'cpu'
-    dtype: str = (
-        'bfloat16'  # the compute dtype the peak is for (the one a run with dtype='auto' uses)
-    )
+    # the compute dtype the peak is for (the one a run with dtype='auto' uses)
+    dtype: str = 'bfloat16'
     peak_source: str = 'vendor datasheet, dense BF16 tensor cores'
     memory_source: str = 'nvidia-smi total'
-    overhead_bytes: int = (
-        2 * GIB
-    )  # memory the runtime takes besides the ledger's tensors (see Ledger 4d)
+    # memory the runtime takes besides the ledger's tensors (see Ledger 4d)
+    overhead_bytes: int = 2 * GIB
     overhead_source: str = (
         'ESTIMATE: CUDA context, kernels 0.81 GB and fragmentation 0.5-1 GB (the book), '
         'cuBLAS/flash workspaces'
@@ -604,9 +602,8 @@ def held_model_states(model, parallel, n_gpu, dtype='bfloat16', rank=0, optimize
         )
         compute_bytes = 2 if dtype == 'bfloat16' else 4
         root, blocks = fsdp_unit_elements(model, n_gpu)
-        gathered = (
-            sum(blocks) if parallel == 'zero2' else sum(blocks[:2])
-        )  # all blocks, or two at a time
+        # all blocks, or two at a time
+        gathered = sum(blocks) if parallel == 'zero2' else sum(blocks[:2])
         states['gathered'] = compute_bytes * (root + gathered) + compute_bytes * blocks[0]
     states['total'] = states['weights'] + states['grads'] + states['optimizer'] + states['gathered']
     states['book'] = model_state_bytes(n_params, parallel, n_gpu)['total']
@@ -640,11 +637,8 @@ def activation_bytes(
     'blocks' (each block compiled alone: train.py under FSDP2), as Ledger 4b' counts it (the row's kernel)."""
     if attention not in ('flash', 'math'):
         raise ConfigError(f"attention must be 'flash' or 'math', not '{attention}'")
-    a, r, autocast = (
-        dtype_bytes,
-        residual_bytes,
-        dtype_bytes < residual_bytes,
-    )  # autocast: bf16 matmuls
+    # autocast: bf16 matmuls
+    a, r, autocast = (dtype_bytes, residual_bytes, dtype_bytes < residual_bytes)
     H, L, M, T = model.n_embd, model.n_layer, model.moe_layers, model.block_size
     tokens, norm, mlp, positions = (
         micro_batch * T,
@@ -652,9 +646,8 @@ def activation_bytes(
         model.part('mlp'),
         model.part('positions'),
     )
-    if (
-        M or attention == 'math'
-    ):  # the MoE routing's host read breaks the compiled graph: counted eager
+    # the MoE routing's host read breaks the compiled graph: counted eager
+    if M or attention == 'math':
         compiled = None
     if attention == 'math':  # q, k, v expanded to every head, and the softmax probabilities
         attn = a * H + 3 * a * H + a * model.n_head * T + a * H
@@ -665,28 +658,24 @@ def activation_bytes(
         )
     ffn = mlp.saved(model, a, r, False)  # eager's, which an MoE layer replaces
     eager_norm = norm.saved(model, a, r, False, fused_norm)
-    loss = model.part(
-        'loss'
-    )  # what the loss keeps a token: lm_head's input, or h's gradient (chunked)
+    # what the loss keeps a token: lm_head's input, or h's gradient (chunked)
+    loss = model.part('loss')
     layer, head = 2 * eager_norm + attn + ffn, eager_norm + loss.saved(model, a, r, False)
     if compiled:
-        middle = (
-            a * H if compiled == 'blocks' else r * H
-        )  # o_proj's output, or the residual after it
+        # o_proj's output, or the residual after it
+        middle = a * H if compiled == 'blocks' else r * H
         layer = (
             r * H + middle + 2 * norm.saved(model, a, r, True) + attn + mlp.saved(model, a, r, True)
         )
-        if (
-            compiled == 'model'
-        ):  # + the last residual (recomputed with recompute), and the loss's own
+        # + the last residual (recomputed with recompute), and the loss's own
+        if compiled == 'model':
             head = (
                 (0 if recompute else r * H)
                 + norm.saved(model, a, r, True)
                 + loss.saved(model, a, r, True)
             )
-    position_ids = (
-        8 * T if positions.shapes(model) and not compiled else 0
-    )  # a learned table's, int64
+    # a learned table's, int64
+    position_ids = 8 * T if positions.shapes(model) and not compiled else 0
     parts = {'token_ids': tokens * 16 + position_ids, 'head': tokens * head}
     # (layers, bytes a token saves, bf16 weight copies) of each kind of layer: dense, and MoE (Ledger MoE)
     params = count_params(model)
@@ -710,9 +699,8 @@ def activation_bytes(
         parts['blocks'] = sum(n * tokens * saved for n, saved, _ in kinds)
         parts['bf16_weights'] = sum(n * weights for n, _, weights in kinds) + lm_head_copy
     parts['total'] = sum(parts.values())
-    if (
-        M
-    ):  # of which (not added again): the dispatched copies of the tokens and the experts' outputs
+    # of which (not added again): the dispatched copies of the tokens and the experts' outputs
+    if M:
         parts['routing_buffers'] = (1 if recompute else M) * tokens * moe_saved['dispatched']
     return parts
 
@@ -757,9 +745,8 @@ def memory_per_gpu(model, train, n_gpu=None, micro_batch=None, device=None, rank
     residual_bytes = 2 if dtype_bytes == 2 and sharded(train.parallel, n_gpu) else 4
     states = held_model_states(model, train.parallel, n_gpu, dtype, rank, train.optimizer)
     compiled = compile_mode(train, n_gpu)
-    processes = device.shared_by or (
-        n_gpu if device.kind == 'cpu' else 1
-    )  # sharing one device's memory
+    # sharing one device's memory
+    processes = device.shared_by or (n_gpu if device.kind == 'cpu' else 1)
     memory = {
         'weights': states['weights'],
         'grads': states['grads'],
@@ -882,9 +869,8 @@ def collectives(model, parallel, n_gpu, accumulation, dtype='bfloat16', optimize
         ('loss normaliser', 'all_reduce', 'int64', 1, 1, 'step'),
         ('stop flag (host, gloo)', 'all_reduce', 'int64', 1, 1, 'step'),
     ]
-    if (
-        model.n_experts
-    ):  # MoE: the step's tokens per expert, summed over ranks for the router bias (moe.py)
+    # MoE: the step's tokens per expert, summed over ranks for the router bias (moe.py)
+    if model.n_experts:
         items.append(
             (
                 'MoE expert loads',
@@ -908,9 +894,8 @@ def collectives(model, parallel, n_gpu, accumulation, dtype='bfloat16', optimize
                 for n, count in zip(sizes, counts)
             ]
     else:
-        gathered = (
-            dtype if dtype in ('bfloat16', 'float32') else 'float32'
-        )  # MixedPrecisionPolicy's param_dtype
+        # MixedPrecisionPolicy's param_dtype
+        gathered = dtype if dtype in ('bfloat16', 'float32') else 'float32'
         root, blocks = fsdp_unit_elements(model, n_gpu)
         A = accumulation
         # blocks of one size (a dense model) are one row; an MoE's dense and expert blocks a row per size
@@ -1037,9 +1022,8 @@ LINKS = {  # keyed like GPUS; fabric figures from the vendors' datasheets
     ),
 }
 GPUS_PER_NODE = 8  # an HGX/DGX board: the node count when `nodes` is 0
-COMM_EXPOSED_LIMIT = (
-    0.10  # the ledger's line: communication "hides" while at most this share of a step waits
-)
+# the ledger's line: communication "hides" while at most this share of a step waits
+COMM_EXPOSED_LIMIT = 0.10
 
 
 def device_links(device):
@@ -1419,9 +1403,8 @@ def predict(model, train, n_gpu=None, device=None):
     """Every sum of the ledger for (ModelConfig, TrainConfig) on n_gpu devices (default: train.n_gpu) of `device`
     (default: the one the config's `gpu` names, measured for 'auto' / 'cpu')."""
     n_gpu = n_gpu or train.n_gpu
-    micro_step_tokens = tokens_per_micro_step(
-        model, train, n_gpu
-    )  # train.py's check: no plan it would refuse
+    # train.py's check: no plan it would refuse
+    micro_step_tokens = tokens_per_micro_step(model, train, n_gpu)
     device = device or device_spec(train.gpu, train.dtype)
     params = count_params(model)
     compiled_blocks = compile_mode(train, n_gpu) == 'blocks'  # train.py's build_model

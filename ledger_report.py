@@ -78,9 +78,8 @@ def parameter_rows(model, params):
     bias, tied, k = model.biases, model.tie_embeddings, model.ffn_matrices  # k: H x H' matrices
     norm, mlp, qk_norm = model.part('norm'), model.part('mlp'), model.part('qk_norm')
     norm_bias = len(norm.shapes(model)) == 2  # LayerNorm with the model's biases
-    mha = (
-        model.kv_heads == model.n_head
-    )  # else GQA: k and v are kv_width = n_kv_head x head_dim wide
+    # else GQA: k and v are kv_width = n_kv_head x head_dim wide
+    mha = model.kv_heads == model.n_head
     qk = '' if qk_norm.formula == 'none' else f" + {qk_norm.formula} ({qk_norm.label})"
     per_layer = (f"4H^2 + {k}HH' + 2H" if mha else f"2H^2 + 2H*kv_width + {k}HH' + 2H") + qk
     if bias:
@@ -261,9 +260,8 @@ def state_rows(p):
     fsdp2 = sharded(t['parallel'], p['n_gpu'])  # FSDP2 shards every tensor's rows
     per, bf16 = '/N' if fsdp2 else '', p['dtype'] == 'bfloat16'
     optimizer = OPTIMIZERS[t.get('optimizer', 'adamw')]
-    rest = (
-        OPTIMIZERS[optimizer.rest] if optimizer.rest else None
-    )  # the row for the tensors it does not take
+    # the row for the tensors it does not take
+    rest = OPTIMIZERS[optimizer.rest] if optimizer.rest else None
     states = [
         (
             'fp32 weights',
@@ -530,9 +528,8 @@ def moe_section(p):
     params, flops, memory = p['params'], p['flops_per_token'], p['memory']
     n, k, s, E = model.n_experts, model.top_k, model.n_shared_experts, model.expert_hidden
     attention = flops['attention']
-    all_active = (6 * params['matmul_total'] + attention) / flops[
-        'matmul'
-    ]  # were every expert used by every token
+    # were every expert used by every token
+    all_active = (6 * params['matmul_total'] + attention) / flops['matmul']
     book, held = memory['book_active_model_states'], memory['model_states']
     rows = [
         (

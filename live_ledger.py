@@ -42,10 +42,10 @@ def live_device(cluster, model_cfg, train):
     if cluster.is_master:
         device = ledger.measure_device('auto', train.dtype)
         if device.kind == 'cpu':
-            with torch.device(
-                'meta'
-            ):  # what building the model loads besides its tensors (meta kernels import
-                GPT(model_cfg)  # sympy and torch's symbolic shapes: ~75 MB) belongs to the runtime
+            # what building the model loads besides its tensors (meta kernels import sympy and torch's
+            # symbolic shapes: ~75 MB) belongs to the runtime
+            with torch.device('meta'):
+                GPT(model_cfg)
             device = dataclasses.replace(
                 device,
                 overhead_bytes=ledger.resident_bytes(),
@@ -72,13 +72,11 @@ def live_device(cluster, model_cfg, train):
 # of the last REACHED_KEPT (learn_speed).
 
 PROBE_STEPS = 3  # timed steps at each size, after one that warms up
-PROBE_MICRO_STEPS = (
-    4  # the most micro-steps a probed step takes: a longer step is extrapolated from 1 and this
-)
-PROBE_CLOCK = (
-    time.perf_counter
-)  # what the step probe times with (a test that must ignore other processes' load
-# sets time.thread_time with one thread: every CPU kernel, autograd's included, then runs in the calling thread)
+# the most micro-steps a probed step takes: a longer step is extrapolated from 1 and this
+PROBE_MICRO_STEPS = 4
+# what the step probe times with (a test that must ignore other processes' load sets time.thread_time with one
+# thread: every CPU kernel, autograd's included, then runs in the calling thread)
+PROBE_CLOCK = time.perf_counter
 
 
 def step_probe(model_cfg, train, dtype, device, cluster):
@@ -187,9 +185,8 @@ def predict(config_path, model_cfg, train, cluster, force, cooldown):
     A run the ledger says does not fit stops here (one line) unless forced. Also says which attention kernel SDPA
     runs, the precision, and under another objective the share of positions that carry loss."""
     device = live_device(cluster, model_cfg, train)
-    dtype = ledger.run_dtype(
-        train, device
-    )  # 'auto': bf16 on a GPU, on a CPU whichever its probe found faster
+    # 'auto': bf16 on a GPU, on a CPU whichever its probe found faster
+    dtype = ledger.run_dtype(train, device)
     if train.gpu.lower() not in ('auto', device.name.lower()):
         log(
             cluster,
@@ -206,9 +203,8 @@ def predict(config_path, model_cfg, train, cluster, force, cooldown):
         billed, nodes=-(-cluster.world_size // int(os.environ.get('LOCAL_WORLD_SIZE', 1)))
     )
     prediction = ledger.predict(model_cfg, billed, n_gpu=cluster.world_size, device=device)
-    check_fits(
-        prediction['memory'], device, force
-    )  # before the step probe builds the model: known without it
+    # before the step probe builds the model: known without it
+    check_fits(prediction['memory'], device, force)
     if device.kind == 'cpu':  # the MFU this model reaches here, measured (above), per process
         probe, key = step_probe(model_cfg, train, dtype, device, cluster)
         tokens_per_s = probe.get('reached') or probe['tokens_per_s']
@@ -266,9 +262,8 @@ def predict(config_path, model_cfg, train, cluster, force, cooldown):
             f"carry loss (the others' targets are {IGNORE_INDEX}: given, not predicted); tokens/s and MFU "
             f"count every position; the val loss is plain next-token prediction on every position",
         )
-    if (
-        prediction['memory']['model_states'] >= BIG_STATES
-    ):  # building it takes a while: say so first
+    # building it takes a while: say so first
+    if prediction['memory']['model_states'] >= BIG_STATES:
         log(
             cluster,
             f"building the model: {prediction['params']['total']:,} parameters, "
@@ -292,9 +287,8 @@ def spend_minutes(train, prediction, cluster):
     return dataclasses.replace(train, train_tokens=tokens, train_minutes=0.0)
 
 
-BIG_STATES = (
-    2**30
-)  # model states from which materialising them takes seconds (1 GiB: ~60M parameters with AdamW)
+# model states from which materialising them takes seconds (1 GiB: ~60M parameters with AdamW)
+BIG_STATES = 2**30
 
 
 def check_fits(memory, device, force):
@@ -334,9 +328,8 @@ def params_built(model, prediction, force=False, cluster=None):
     """The built model's parameter count, which must be the one the ledger predicted: else the run stops here with
     the first tensor that differs from the parts' rows, or with --force goes on, the ledger marked unverified
     (prediction['ledger_unverified'], which summary.json and report.md carry)."""
-    built = sum(
-        p.numel() for p in model.parameters()
-    )  # DTensor.numel() is the full size: sharding-proof
+    # DTensor.numel() is the full size: sharding-proof
+    built = sum(p.numel() for p in model.parameters())
     if built == prediction['params']['total']:
         return built
     rows = dict(ledger.parameter_shapes(model.config))
@@ -576,9 +569,8 @@ class Metrics:
         return self.flops_per_token * tokens_per_s / (self.cluster.world_size * self.peak_flops)
 
     def days(self, tokens_per_s):
-        return (
-            self.prediction['tokens'] / tokens_per_s / ledger.SECONDS_PER_DAY
-        )  # the planned tokens at this speed
+        # the planned tokens at this speed
+        return self.prediction['tokens'] / tokens_per_s / ledger.SECONDS_PER_DAY
 
     def record(self, entry):
         """Append one JSON line (on log, eval and rollback steps only: opening the file each time is free)."""

@@ -76,9 +76,8 @@ class ChunkedCrossEntropy(torch.autograd.Function):
         if mean:  # F.cross_entropy's mean: over the carried targets (0 of them: nan, as it gives)
             loss, grad_h, grad_w = loss / count, grad_h / count, grad_w / count
         ctx.save_for_backward(grad_h, grad_w)
-        ctx.weight_dtype = (
-            weight.dtype
-        )  # bf16 under FSDP2's mixed precision: its gradient's dtype too
+        # bf16 under FSDP2's mixed precision: its gradient's dtype too
+        ctx.weight_dtype = weight.dtype
         return loss
 
     @staticmethod

@@ -36,15 +36,13 @@ class Schedule:
         sources = data_sources(data)
         self.folders = [folder for folder, _ in sources]
         self.names = source_names(self.folders)
-        units = [
-            round(weight * MIXTURE_UNITS) for _, weight in sources
-        ]  # none is 0: config.mixture_text checks
+        # none is 0: config.mixture_text checks
+        units = [round(weight * MIXTURE_UNITS) for _, weight in sources]
         divisor = math.gcd(*units)
         self.units = [unit // divisor for unit in units]
         self.period = sum(self.units)
-        self.weights = [
-            unit / self.period for unit in self.units
-        ]  # the weights the schedule draws by, exactly
+        # the weights the schedule draws by, exactly
+        self.weights = [unit / self.period for unit in self.units]
         self.pattern, credit = [], [0] * len(self.units)
         for _ in range(self.period):  # smooth weighted round-robin: ties go to the first source
             credit = [c + u for c, u in zip(credit, self.units)]

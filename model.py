@@ -154,9 +154,8 @@ class ReluSquaredMLP(GeluMLP):  # the same two matrices
 
 
 class SwiGLU(nn.Module):
-    def __init__(
-        self, config, width=None
-    ):  # width: an expert's (moe.py); else the config's FFN width
+    # width: an expert's (moe.py); else the config's FFN width
+    def __init__(self, config, width=None):
         super().__init__()
         self.width = width or config.ffn_width
         self.gate_up_proj = nn.Linear(config.n_embd, 2 * self.width, bias=config.biases)  # fused
@@ -191,9 +190,8 @@ class GPT(nn.Module):
     def __init__(self, config):
         super().__init__()
         self.config = config
-        self.recompute = (
-            False  # True: keep each block's input only, rerun it in backward (book: 8P)
-        )
+        # True: keep each block's input only, rerun it in backward (book: 8P)
+        self.recompute = False
         self.tok_emb = nn.Embedding(config.vocab_size, config.n_embd)
         self.learned_positions = config.part_name('positions') == 'learned'  # else RoPE
         if self.learned_positions:
@@ -288,18 +286,16 @@ class GPT(nn.Module):
         cap = self.config.logit_softcap
         if targets is None:
             return softcap(self.lm_head(x), cap), None
-        loss = LOSSES[self.config.loss](
-            x, self.lm_head.weight, targets, reduction, cap
-        )  # losses.py
+        # losses.py
+        loss = LOSSES[self.config.loss](x, self.lm_head.weight, targets, reduction, cap)
         if (
             self.moe
             and self.moe[0].aux_loss is not None
             and self.training
             and torch.is_grad_enabled()
         ):
-            balance = sum(
-                layer.aux_loss for layer in self.moe
-            )  # MoE: weighed per target as the loss
+            # MoE: weighed per target as the loss
+            balance = sum(layer.aux_loss for layer in self.moe)
             loss = loss + (
                 balance * (targets != IGNORE_INDEX).sum() if reduction == 'sum' else balance
             )

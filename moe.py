@@ -17,37 +17,30 @@ import torch.nn as nn
 
 
 class MoE(nn.Module):
-    def __init__(
-        self, config, expert
-    ):  # expert: one expert's class, built as expert(config, width) (model.SwiGLU)
+    # expert: one expert's class, built as expert(config, width) (model.SwiGLU)
+    def __init__(self, config, expert):
         super().__init__()
         self.n_experts, self.top_k, self.route_scale = (
             config.n_experts,
             config.top_k,
             config.route_scale,
         )
-        self.router = nn.Linear(
-            config.n_embd, config.n_experts, bias=False
-        )  # the experts' centroids e_i
+        # the experts' centroids e_i
+        self.router = nn.Linear(config.n_embd, config.n_experts, bias=False)
         self.experts = nn.ModuleList(
             expert(config, config.expert_hidden) for _ in range(config.n_experts)
         )
         shared = config.n_shared_experts * config.expert_hidden
         self.shared = expert(config, shared) if shared else None
-        self.register_buffer(
-            'router_bias', torch.zeros(config.n_experts)
-        )  # b: in checkpoints, not trained
-        self.register_buffer(
-            'load', torch.zeros(config.n_experts), persistent=False
-        )  # tokens per expert, this step
-        self.aux_loss_coef, self.aux_loss = (
-            0.0,
-            None,
-        )  # alpha (train.py sets it) and this forward's balance loss
+        # b: in checkpoints, not trained
+        self.register_buffer('router_bias', torch.zeros(config.n_experts))
+        # tokens per expert, this step
+        self.register_buffer('load', torch.zeros(config.n_experts), persistent=False)
+        # alpha (train.py sets it) and this forward's balance loss
+        self.aux_loss_coef, self.aux_loss = (0.0, None)
 
-    def reset_parameters(
-        self,
-    ):  # GPT.init_weights: the bias and the load start at 0 (the Linears it inits itself)
+    # GPT.init_weights: the bias and the load start at 0 (the Linears it inits itself)
+    def reset_parameters(self):
         self.router_bias.zero_()
         self.load.zero_()
 
@@ -61,13 +54,11 @@ class MoE(nn.Module):
         gates = scores.gather(1, chosen)
         gates = gates / gates.sum(-1, keepdim=True) * self.route_scale  # (tokens, top_k)
         counts = torch.bincount(chosen.flatten(), minlength=self.n_experts)
-        if (
-            self.training and torch.is_grad_enabled()
-        ):  # a training forward counts towards the bias update
+        # a training forward counts towards the bias update
+        if self.training and torch.is_grad_enabled():
             self.load += counts
-            if (
-                self.aux_loss_coef
-            ):  # f_i: the share of the sequence's picks on expert i, x n_experts / top_k
+            # f_i: the share of the sequence's picks on expert i, x n_experts / top_k
+            if self.aux_loss_coef:
                 picked = torch.zeros_like(scores).scatter_(1, chosen, 1.0).view(B, T, -1)
                 share = picked.mean(1) * (self.n_experts / self.top_k)
                 affinity = (scores / scores.sum(-1, keepdim=True)).view(B, T, -1).mean(1)  # P_i
@@ -76,9 +67,8 @@ class MoE(nn.Module):
         # outputs go back to (token, choice) order, and each token sums its top_k outputs weighed by its gates.
         order = chosen.flatten().argsort(stable=True)
         chunks = x[order // self.top_k].split(counts.tolist())  # the one host read: the slice sizes
-        y = torch.cat(
-            [expert(chunk) for expert, chunk in zip(self.experts, chunks)]
-        )  # an empty slice costs 0
+        # an empty slice costs 0
+        y = torch.cat([expert(chunk) for expert, chunk in zip(self.experts, chunks)])
         y = y[order.argsort()].view(B * T, self.top_k, H)
         out = (y * gates.unsqueeze(-1)).sum(1).to(x.dtype)
         if self.shared is not None:
@@ -92,9 +82,8 @@ def update_router_bias(model, speed):
     moves by speed (gamma) against the sign of its expert's load error, over the ranks' summed loads (equal biases on
     every rank). The step's load stays in model.expert_load for the metrics (live_ledger.router_stats). No host read."""
     if model.moe:
-        model.expert_load = torch.stack(
-            [layer.load for layer in model.moe]
-        )  # (MoE layers, n_experts)
+        # (MoE layers, n_experts)
+        model.expert_load = torch.stack([layer.load for layer in model.moe])
         if dist.is_initialized():
             dist.all_reduce(model.expert_load)
         error = (model.expert_load.mean(-1, keepdim=True) - model.expert_load).sign()

@@ -65,16 +65,12 @@ class Objective:
     name: str = 'clm'
     seed: int = 0
     eot: int = -1  # the end-of-text token (-1: none, so a sequence is one fragment)
-    ids: dict = dataclasses.field(
-        default_factory=dict
-    )  # the special tokens this objective uses, by name
+    # the special tokens this objective uses, by name
+    ids: dict = dataclasses.field(default_factory=dict)
     fim_rate: float = DEFAULTS['fim_rate']
     fim_spm_rate: float = DEFAULTS['fim_spm_rate']
-    ul2_rates: tuple = (
-        DEFAULTS['ul2_s_rate'],
-        DEFAULTS['ul2_r_rate'],
-        DEFAULTS['ul2_x_rate'],
-    )  # S, R, X
+    # S, R, X
+    ul2_rates: tuple = (DEFAULTS['ul2_s_rate'], DEFAULTS['ul2_r_rate'], DEFAULTS['ul2_x_rate'])
     record: list = None  # a list: UL2's R and X fragments append (mode, mean, rate, length, span lengths) to it
 
     def __post_init__(self):
@@ -149,9 +145,8 @@ def build(train, meta):
 
 def transform(objective, sequences, first_index):
     """(B, T + 1) sequences, the first at global stream index first_index -> (inputs, targets), (B, T) each."""
-    if (
-        objective.name == 'clm'
-    ):  # exactly what train.py has always done, no copy of the tokens beyond it
+    # exactly what train.py has always done, no copy of the tokens beyond it
+    if objective.name == 'clm':
         return np.ascontiguousarray(sequences[:, :-1]), np.ascontiguousarray(sequences[:, 1:])
     tokens = np.empty_like(sequences)
     carries = np.empty(sequences.shape, dtype=bool)
@@ -183,9 +178,8 @@ def transform_sequence(objective, sequence, rng):
         pieces.append(tokens)
         masks.append(mask)
         room -= len(tokens)
-        if (
-            taken < end - start
-        ):  # the fragment did not fit whole: the rest of the sequence is left out
+        # the fragment did not fit whole: the rest of the sequence is left out
+        if taken < end - start:
             used = start + taken
             break
     if room:  # only UL2 leaves a gap: end-of-text tokens that carry no loss
@@ -230,9 +224,8 @@ def _fim(objective, fragment, lead, room, rng):
     doc = fragment[lead : room - 3]  # the three sentinels must fit too
     i, j = np.sort(rng.integers(0, len(doc) + 1, size=2))
     prefix, middle, suffix = doc[:i], doc[i:j], doc[j:]
-    if (
-        rng.random() < objective.fim_spm_rate
-    ):  # SPM, the paper's variant: prefix and middle stay adjacent
+    # SPM, the paper's variant: prefix and middle stay adjacent
+    if rng.random() < objective.fim_spm_rate:
         parts = (fragment[:lead], [pre, suf], suffix, [mid], prefix, middle)
     else:  # PSM
         parts = (fragment[:lead], [pre], prefix, [suf], suffix, [mid], middle)
@@ -252,16 +245,14 @@ def _ul2(objective, fragment, lead, room, rng):
     draw = rng.random()
     mode = 0 if draw < s_rate else 1 if draw < s_rate + r_rate else 2
     head = np.array([*fragment[:lead], objective.ids[UL2_MODES[mode]]], dtype=fragment.dtype)
-    if (
-        mode == 0 or room < len(head) + 4
-    ):  # S; or too little room for a span, its two sentinels and a kept token
+    # S; or too little room for a span, its two sentinels and a kept token
+    if mode == 0 or room < len(head) + 4:
         return _s_denoiser(objective, fragment, lead, room, rng)
     denoisers = R_DENOISERS if mode == 1 else X_DENOISERS
     mean, rate = denoisers[rng.integers(len(denoisers))]
 
-    def size(
-        length,
-    ):  # the packed fragment: head, the input with one sentinel per span, then sentinels and spans
+    # the packed fragment: head, the input with one sentinel per span, then sentinels and spans
+    def size(length):
         return len(head) + length + 2 * span_counts(length, mean, rate)[1]
 
     doc, length = fragment[lead:], len(fragment) - lead
@@ -281,9 +272,8 @@ def _ul2(objective, fragment, lead, room, rng):
     runs[1::2] = _composition(masked, spans, rng)
     is_masked = np.repeat(np.tile([False, True], spans), runs)
     span_starts = (np.cumsum(runs) - runs)[1::2]
-    sentinel = objective.sentinels[
-        np.arange(spans) % len(objective.sentinels)
-    ]  # reused in order past 16
+    # reused in order past 16
+    sentinel = objective.sentinels[np.arange(spans) % len(objective.sentinels)]
     corrupted = doc.copy()
     corrupted[span_starts] = sentinel
     keep = ~is_masked
@@ -292,9 +282,8 @@ def _ul2(objective, fragment, lead, room, rng):
     span_lengths = runs[1::2]
     if objective.record is not None:
         objective.record.append((mode, mean, rate, length, span_lengths))
-    targets = np.insert(
-        doc[is_masked], np.cumsum(span_lengths) - span_lengths, sentinel
-    )  # sentinel, span, ...
+    # sentinel, span, ...
+    targets = np.insert(doc[is_masked], np.cumsum(span_lengths) - span_lengths, sentinel)
     tokens = np.concatenate((head, inputs, targets)).astype(fragment.dtype, copy=False)
     mask = np.zeros(len(tokens), dtype=bool)
     mask[len(head) + len(inputs) :] = True

@@ -124,9 +124,8 @@ class MuonAdamW(torch.optim.AdamW):
     def __init__(self, params, *, ns_dtype, momentum, nesterov, ns_steps, ns_coefficients, muon_eps,
                  adjust_lr_fn, lr_ratio, **adamw):  # fmt: skip
         super().__init__(params, **adamw)
-        self.ns_dtype = (
-            ns_dtype  # the run's, not the checkpoint's: not in the param groups a resume loads
-        )
+        # the run's, not the checkpoint's: not in the param groups a resume loads
+        self.ns_dtype = ns_dtype
         muon = dict(momentum=momentum, nesterov=nesterov, ns_steps=ns_steps, muon_eps=muon_eps)
         muon.update(ns_coefficients=ns_coefficients, adjust_lr_fn=adjust_lr_fn, lr_ratio=lr_ratio)
         self.defaults.update(muon)

@@ -75,13 +75,11 @@ def read_run(run_dir):
     for entry in entries:
         if entry.get('event') == 'rollback':
             rollbacks.append(entry)
-            since = (
-                entry['to_step'] + 1
-            )  # the steps after the checkpoint it went back to are run again
+            # the steps after the checkpoint it went back to are run again
+            since = entry['to_step'] + 1
         elif 'loss' in entry:
-            since = entry[
-                'step'
-            ]  # a step logged again (after a rollback or a resume) replaces what followed it
+            # a step logged again (after a rollback or a resume) replaces what followed it
+            since = entry['step']
         else:
             if (
                 'val_loss' in entry
@@ -99,9 +97,8 @@ def read_run(run_dir):
     steps = np.array(sorted(train), dtype=float)
     tokens = np.array([train[s]['tokens'] for s in sorted(train)], dtype=float)
 
-    def tokens_at(
-        chosen,
-    ):  # eval and rollback entries name a step; its tokens come from the log steps around it
+    # eval and rollback entries name a step; its tokens come from the log steps around it
+    def tokens_at(chosen):
         return np.array(
             [e['tokens'] if 'tokens' in e else np.interp(e['step'], steps, tokens) for e in chosen]
         )
@@ -153,9 +150,8 @@ def smooth(values):
     are averaged over fewer neighbours."""
     n = len(values)
     i = np.arange(n)
-    half = np.minimum(
-        max(2, int(SMOOTHING * n / 2)), np.minimum(i, n - 1 - i)
-    )  # points on each side of i
+    # points on each side of i
+    half = np.minimum(max(2, int(SMOOTHING * n / 2)), np.minimum(i, n - 1 - i))
     sums = np.concatenate([[0.0], np.cumsum(values)])  # sums[j] = values[0] + ... + values[j - 1]
     return (sums[i + half + 1] - sums[i - half]) / (2 * half + 1)
 
@@ -188,6 +184,7 @@ def figure(run_dirs):
         color, name = f'C{i}', run['name']
         tokens, losses = run['train']
         ax.plot(tokens, losses, color=color, alpha=0.3, linewidth=0.8)
+        # a short run's few points, one of them alone, show
         ax.plot(
             tokens,
             smooth(losses),
@@ -195,13 +192,12 @@ def figure(run_dirs):
             linewidth=2,
             marker='.' if len(tokens) < FEW else None,
             label=f'{name} train (moving average)',
-        )  # a short run's few points, one of them alone, show
+        )
         ax.plot(
             *run['val'], color=color, linestyle='--', marker='o', markersize=4, label=f'{name} val'
         )
-        for k, (source, curve) in enumerate(
-            run['sources'].items()
-        ):  # a mixture: each source's val loss
+        # a mixture: each source's val loss
+        for k, (source, curve) in enumerate(run['sources'].items()):
             marker = MIXTURE_MARKERS[k % len(MIXTURE_MARKERS)]
             ax.plot(
                 *curve,
@@ -211,9 +207,8 @@ def figure(run_dirs):
                 markersize=4,
                 label=f'{name} val {source}',
             )
-        for k, x in enumerate(
-            run['rollbacks'][0]
-        ):  # a line, not a point: a spike's loss may be off the axis, or NaN
+        # a line, not a point: a spike's loss may be off the axis, or NaN
+        for k, x in enumerate(run['rollbacks'][0]):
             ax.axvline(
                 x,
                 color=color,
@@ -231,9 +226,8 @@ def figure(run_dirs):
                 linewidth=1.5,
                 label=f'{name} 20 x P = {ledger_report.si(chinchilla)} tokens (Chinchilla)',
             )
-        elif (
-            chinchilla
-        ):  # a legend entry without a line: the point is named, the axis not stretched to it
+        # a legend entry without a line: the point is named, the axis not stretched to it
+        elif chinchilla:
             ax.plot(
                 [],
                 [],
@@ -509,9 +503,8 @@ def read_load(run_dir):
         ]
     if not entries:
         return None
-    by_step = {
-        e['step']: e for e in entries
-    }  # a step logged again after a rollback or resume replaces the first
+    # a step logged again after a rollback or resume replaces the first
+    by_step = {e['step']: e for e in entries}
     steps = sorted(by_step)
     cv = np.array([by_step[s]['expert_load_cv'] for s in steps])
     return (
@@ -556,9 +549,8 @@ def draw(run_dirs, out, branches=False, fit=None):
     return out
 
 
-NOT_DRAWN = (
-    set()
-)  # the reasons already said, so that a run evaluated every few minutes says each one once
+# the reasons already said, so that a run evaluated every few minutes says each one once
+NOT_DRAWN = set()
 
 
 def draw_run(out_dir):

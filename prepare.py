@@ -86,10 +86,11 @@ def save_tokenizer(data_dir, name, pattern, mergeable_ranks, eot_id, reserved=No
     )
 
 
+# GPT-NeoX-20B: 50,254 BPE tokens (2 special) + 23 runs of spaces
 NAMED_TOKENIZERS = {
     'gpt2': 50257,  # 50,000 merges + 256 bytes + <|endoftext|>
     'neox': 50277,
-}  # GPT-NeoX-20B: 50,254 BPE tokens (2 special) + 23 runs of spaces
+}
 
 
 def parse_tokenizer(name):
@@ -117,9 +118,8 @@ def make_tokenizer(out_dir, tokenizer, bpe_texts, network=None, special=True):
     made with) and made again if not. GPT-2's comes from tiktoken, NeoX's from the Hub (through `network`); bpe:V is
     trained on bpe_texts(), called only then (it may download)."""
     path = os.path.join(out_dir, 'tokenizer.json')
-    special = special and not is_model(
-        tokenizer
-    )  # a model's tokenizer: its ids exactly, no reserved ones
+    # a model's tokenizer: its ids exactly, no reserved ones
+    special = special and not is_model(tokenizer)
     if os.path.exists(path):
         try:
             with open(path, 'rb') as f:
@@ -346,12 +346,10 @@ def worker_pool(workers, data_dir):
 
 def init_worker(data_dir):
     global _worker_encoding, _worker_dtype
-    signal.signal(
-        signal.SIGINT, signal.SIG_IGN
-    )  # Ctrl-C reaches the whole process group: the main process
-    _worker_encoding = load_tokenizer(
-        data_dir
-    )  # answers it (and stops the pool), not a traceback per worker
+    # Ctrl-C reaches the whole process group: the main process
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # answers it (and stops the pool), not a traceback per worker
+    _worker_encoding = load_tokenizer(data_dir)
     _worker_dtype = token_dtype(_worker_encoding.n_vocab)
 
 
@@ -381,9 +379,8 @@ def tokenize_batch(batch):
         # encode_to_numpy skips building a Python list of ints; with no special tokens allowed or disallowed it
         # is encode_ordinary: '<|endoftext|>' written in a document stays plain text
         ids = _worker_encoding.encode_to_numpy(text, disallowed_special=())
-        if end + 1 + len(ids) > len(
-            tokens
-        ):  # only if normalizing lengthened the text (NFC can, rarely: neox)
+        # only if normalizing lengthened the text (NFC can, rarely: neox)
+        if end + 1 + len(ids) > len(tokens):
             tokens = np.resize(tokens, 2 * (end + 1 + len(ids)))
         tokens[end] = _worker_encoding.eot_token
         tokens[end + 1 : end + 1 + len(ids)] = ids
@@ -868,16 +865,14 @@ def tokenize_stream(
         return val_tokens + index * shard_tokens
 
     shard = state['shards']
-    stream_offset = (
-        shard_end(shard - 1) if shard else 0
-    )  # stream offset of the first buffered token
+    # stream offset of the first buffered token
+    stream_offset = shard_end(shard - 1) if shard else 0
     if stream_offset >= target:
         stream_offset, shard = 0, 0  # a smaller --tokens than a finished run's: start over
         state.update(shards=0, file=0, row=0, skip=0, documents=0, text_bytes=0, max_token_id=-1)
     written = [shard_path(out_dir, prefix, 'val' if i == 0 else 'train', i) for i in range(shard)]
-    if (
-        'max_token_id' not in state
-    ):  # progress.json of an older prepare.py: read the finished shards once
+    # progress.json of an older prepare.py: read the finished shards once
+    if 'max_token_id' not in state:
         state['max_token_id'] = max([int(open_shard(p).max()) for p in written], default=-1)
     if shard:
         say(f"{prefix}: carrying on after {shard} complete shards ({stream_offset:,} tokens)")
@@ -941,9 +936,8 @@ def tokenize_stream(
                     stream_offset, shard = end, shard + 1
                     # the document holding stream token `end`, and how many of its tokens are written
                     inside = np.searchsorted(doc_starts, end, side='right') - 1
-                    before = np.searchsorted(
-                        doc_starts, end, side='left'
-                    )  # documents that began before `end`
+                    # documents that began before `end`
+                    before = np.searchsorted(doc_starts, end, side='left')
                     if end == shard_end(shard - 1):
                         state.update(
                             shards=shard,
@@ -1008,10 +1002,8 @@ def tokenize_stream(
 # files.
 
 FINEWEB_EDU = 'HuggingFaceFW/fineweb-edu'
-PARQUET_BYTES_PER_TOKEN = (
-    3,
-    4,
-)  # FineWeb-Edu parquet per GPT-2 token, low and high: the book's ~3-4 (ledger.py's)
+# FineWeb-Edu parquet per GPT-2 token, low and high: the book's ~3-4 (ledger.py's)
+PARQUET_BYTES_PER_TOKEN = (3, 4)
 
 
 def default_val_tokens(shard_tokens, expected_tokens):
@@ -1218,9 +1210,8 @@ def parquet_from_hub(
                 ) as e:  # every download disagreed with files.json: is files.json wrong?
                     if relisted:
                         raise
-                    relisted.append(
-                        index
-                    )  # once per run: list the files again at the pinned commit
+                    # once per run: list the files again at the pinned commit
+                    relisted.append(index)
                     fresh = hub_manifest(
                         hub, out_dir, repo, folder, request['revision'], split, relist=True
                     )['files']
@@ -1448,10 +1439,8 @@ def bench(workers=0, megabytes=100, tokenizer='bpe:8192', rounds=3):
         batches = [texts[i : i + 256] for i in range(0, len(texts), 256)]
         raw, pipeline = [], []  # (tokens/s, CPU seconds) per round
         for _ in range(rounds):
-            started, cpu_started = (
-                time.time(),
-                cpu_seconds(),
-            )  # both sides start their pool from scratch
+            # both sides start their pool from scratch
+            started, cpu_started = (time.time(), cpu_seconds())
             with worker_pool(workers, tmp) as pool:
                 raw_tokens = sum(pool.imap(count_tokens, batches))
                 raw_rate = raw_tokens / (time.time() - started)
@@ -1459,9 +1448,8 @@ def bench(workers=0, megabytes=100, tokenizer='bpe:8192', rounds=3):
             out = os.path.join(tmp, 'pipeline')
             shutil.rmtree(out, ignore_errors=True)
             os.makedirs(out)
-            shutil.copy(
-                os.path.join(tmp, 'tokenizer.json'), out
-            )  # the same tokenizer, not trained again
+            # the same tokenizer, not trained again
+            shutil.copy(os.path.join(tmp, 'tokenizer.json'), out)
             started, cpu_started = time.time(), cpu_seconds()
             meta = prepare_files([parquet], out, tokenizer, workers, shard_tokens=100_000_000)
             pipeline_tokens = meta['train_tokens'] + meta['val_tokens']

@@ -103,9 +103,7 @@ def fetch(repo, network=None, weights=True):
     hub = Hub(network)
     try:
         sha, listed = hub.files(repo, pinned.get('FILES', 'main'), '', '', kind='models')
-    except (
-        DataError
-    ) as e:  # a mistyped or not yet made folder reads as a repo id too: say which it was taken for
+    except DataError as e:  # a mistyped or not yet made folder reads as a repo id too: say so
         raise DataError(
             f"{repo} (not a folder here, so asked of the Hub as a repo id): {e}"
         ) from None
@@ -371,9 +369,8 @@ def load_weights(model, init_from):
     import export
 
     model_dir, c = folder(init_from), model.config
-    hf_class = export.hf_class_of(
-        c
-    )  # Hugging Face name -> a view of our parameter (see the docstring)
+    # Hugging Face name -> a view of our parameter (see the docstring)
+    hf_class = export.hf_class_of(c)
     targets = export.hf_tensors(model, hf_class)
     loaded = set()
     with torch.no_grad():
@@ -388,9 +385,8 @@ def load_weights(model, init_from):
                             f"{path}: tensor {stored} is not part of a {hf_class} as model.py builds it"
                         )
                     tensor, target = f.get_tensor(stored), targets[name]
-                    if (
-                        name == 'transformer.wpe.weight'
-                    ):  # learned positions: the first block_size of them
+                    # learned positions: the first block_size of them
+                    if name == 'transformer.wpe.weight':
                         tensor = tensor[: c.block_size]
                     if tensor.shape != target.shape:
                         raise ConfigError(

@@ -65,9 +65,8 @@ def sample_text(run):
         torch.compiler.set_stance('force_eager'),
         run.autocast,
     ):
-        torch.manual_seed(
-            train.seed + run.state.step
-        )  # the same on every rank, so FSDP ranks stay in step
+        # the same on every rank, so FSDP ranks stay in step
+        torch.manual_seed(train.seed + run.state.step)
         start = torch.full((1, 1), run.meta['eot_id'], dtype=torch.long, device=cluster.device)
         run.raw_model.eval()
         tokens = run.raw_model.generate(start, train.sample_tokens, temperature=0.8, top_k=200)

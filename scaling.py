@@ -53,13 +53,8 @@ STARTS = [
     for beta in (0.0, 0.5, 1.0, 1.5, 2.0)
 ]
 SCREENED = 16
-BOUNDS = [
-    (-10.0, 50.0),
-    (-10.0, 50.0),
-    (-5.0, 5.0),
-    (0.0, 3.0),
-    (0.0, 3.0),
-]  # keeps a bootstrap's refit finite
+# keeps a bootstrap's refit finite
+BOUNDS = [(-10.0, 50.0), (-10.0, 50.0), (-5.0, 5.0), (0.0, 3.0), (0.0, 3.0)]
 
 
 def law(fit, n_params, n_tokens):

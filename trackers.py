@@ -86,9 +86,8 @@ class TensorBoard:
             self.open(step)
             for tag, text in self.texts.items():
                 self.writer.add_text(tag, text, step)
-        elif (
-            entry.get('event') == 'rollback'
-        ):  # the steps after the checkpoint it went back to are done again
+        # the steps after the checkpoint it went back to are done again
+        elif entry.get('event') == 'rollback':
             self.open(entry['to_step'] + 1)
         prefix = f"{entry['event']}/" if 'event' in entry else ''
         for tag, value in scalars(
@@ -130,9 +129,8 @@ class WandB:
                 saved = json.load(f)
         run_id = saved.get('wandb_id') or secrets.token_hex(4)  # 8 characters, as wandb's own ids
         mode = os.environ.get('WANDB_MODE', 'offline')
-        self.exit = (
-            sys.exit
-        )  # wandb.init hooks it (its hook exits 0 for sys.exit()): finish gives it back
+        # wandb.init hooks it (its hook exits 0 for sys.exit()): finish gives it back
+        self.exit = sys.exit
         self.run = wandb.init(
             project=train.wandb_project,
             name=train.wandb_run_name or os.path.basename(os.path.abspath(train.out_dir)),
@@ -177,10 +175,8 @@ class WandB:
         sys.exit = self.exit
 
 
-KINDS = {
-    'tensorboard': (TensorBoard, 'tensorboard'),
-    'wandb': (WandB, 'wandb'),
-}  # name -> (class, pip package)
+# name -> (class, pip package)
+KINDS = {'tensorboard': (TensorBoard, 'tensorboard'), 'wandb': (WandB, 'wandb')}
 
 
 class Trackers:

@@ -271,9 +271,8 @@ def setup(argv, held=None):
     stop_step = min(end_step, train.max_steps) if train.max_steps else end_step
     stream, val, meta = data.open_data(model_cfg, train)
     objective = objectives.build(train, meta)  # its keys and the folder's special tokens checked
-    if (
-        meta and not train.dataset_tokens
-    ):  # the ledger's "is the dataset big enough": the real count
+    # the ledger's "is the dataset big enough": the real count
+    if meta and not train.dataset_tokens:
         train = dataclasses.replace(train, dataset_tokens=meta['train_tokens'])
     resume_from = continuation.check_out_dir(train, resume, stop_step, cluster)
     if resume_from == 'done':

@@ -12,9 +12,8 @@ tie_embeddings = True
 
 data = 'data/fineweb_edu'
 train_tokens = 25_000_000_000
-dataset_tokens = (
-    25_000_000_000  # the seed's question: are 25B FineWeb-Edu tokens enough? (for 760M: yes)
-)
+# the seed's question: are 25B FineWeb-Edu tokens enough? (for 760M: yes)
+dataset_tokens = 25_000_000_000
 batch_tokens = 524_288  # GPT-3 Large: 0.5M tokens per step
 micro_batch = 16
 lr = 2.5e-4  # GPT-3 Large's peak learning rate

@@ -22,9 +22,8 @@ micro_batch = 16
 lr = 3e-4
 warmup_frac = 0.003
 compile = True
-parallel = (
-    'zero2'  # ZeRO-2 via FSDP2: gradients and AdamW states sharded (2P + 14P/8 bytes, not 16P)
-)
+# ZeRO-2 via FSDP2: gradients and AdamW states sharded (2P + 14P/8 bytes, not 16P)
+parallel = 'zero2'
 gpu = 'H100'
 n_gpu = 8
 log_every = 10

@@ -15,9 +15,8 @@ n_experts = 8
 top_k = 3
 expert_hidden = 192
 n_shared_experts = 1
-n_dense_layers = (
-    1  # DeepSeek-V3 keeps its first 3 layers dense: the first layer's routing learns little
-)
+# DeepSeek-V3 keeps its first 3 layers dense: the first layer's routing learns little
+n_dense_layers = 1
 route_scale = 1.0
 
 out_dir = 'out/pystdlib_moe'

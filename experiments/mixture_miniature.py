@@ -20,23 +20,18 @@ import shutil
 import subprocess
 import sys
 
-sys.path.insert(
-    0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-)  # the repo's modules
+# the repo's modules
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import prepare  # noqa: E402
 from config import cli  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CODE, PROSE = os.path.join('data', 'pystdlib'), os.path.join('data', 'pydoc_prose')
-SHAPE = [
-    '--n_layer=2',
-    '--n_embd=128',
-    '--n_head=2',
-]  # the CPU default's recipe, a quarter of its FLOPs per token
-PROSE_VAL_TOKENS = (
-    16_384  # the first topics (alphabetically), held out; eval_tokens gives each source 8,192
-)
+# the CPU default's recipe, a quarter of its FLOPs per token
+SHAPE = ['--n_layer=2', '--n_embd=128', '--n_head=2']
+# the first topics (alphabetically), held out; eval_tokens gives each source 8,192
+PROSE_VAL_TOKENS = 16_384
 
 
 def make_folders(code=CODE, prose=PROSE):

@@ -22,9 +22,8 @@ import statistics
 import sys
 import time
 
-sys.path.insert(
-    0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-)  # the repo's modules
+# the repo's modules
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import ledger  # noqa: E402
 import sweep  # noqa: E402 (experiments/ is on sys.path when this file runs)
@@ -90,9 +89,8 @@ def main(argv):
     rows = []
     for name, point in points(small).items():
         folder = os.path.join(out, name)
-        _, per_step = sweep.run_ours(
-            point, data, folder + '_calibration'
-        )  # a short run: seconds per step
+        # a short run: seconds per step
+        _, per_step = sweep.run_ours(point, data, folder + '_calibration')
         steps = max(1, int(seconds / per_step))
         elapsed, val_loss, trained = sweep.run_ours(point, data, folder, steps)
         tokens_per_s, peak_bytes, load_cv = measured(folder)

@@ -32,9 +32,8 @@ import zlib
 import numpy as np
 import torch
 
-sys.path.insert(
-    0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-)  # the repo's modules
+# the repo's modules
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import checkpoint  # noqa: E402
 import data as data_files  # noqa: E402 (the module; `data` names a data folder below)
@@ -104,6 +103,7 @@ def infilling_examples(encoding, block_size, count, seed):
         for function in (
             n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
         ):
+            # the one-line statements of its body, its docstring not one of them
             statements = [
                 s
                 for s in ast.walk(function)
@@ -111,7 +111,7 @@ def infilling_examples(encoding, block_size, count, seed):
                 and s.lineno == s.end_lineno
                 and s.lineno > function.lineno
                 and not (isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant))
-            ]  # no docstrings
+            ]
             if not statements:
                 continue
             first, line = function.lineno - 1, statements[rng.integers(len(statements))].lineno - 1
@@ -158,9 +158,8 @@ def val_bits_per_byte(model, data, block_size, val_tokens):
         ]
     )[: val_tokens + 1]
     n = (len(shard) - 1) // block_size
-    rows = np.stack(
-        [shard[k * block_size : (k + 1) * block_size + 1] for k in range(n)]
-    )  # each with its next token
+    # each with its next token
+    rows = np.stack([shard[k * block_size : (k + 1) * block_size + 1] for k in range(n)])
     loss = sweep.mean_loss(lambda x, y: model(x, y)[1], torch.from_numpy(rows))
     bytes_per_token = data_files.target_bytes(data, rows[:, 1:]) / rows[:, 1:].size
     return ledger.bits_per_byte(loss, bytes_per_token), loss, n * block_size

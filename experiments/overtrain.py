@@ -24,9 +24,8 @@ import os
 import shlex
 import sys
 
-sys.path.insert(
-    0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-)  # the repo's modules
+# the repo's modules
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import checkpoint  # noqa: E402
 import ledger  # noqa: E402
@@ -334,9 +333,8 @@ def experiment(config_path, overrides, planning):
     """The experiment at one peak LR: the plan, its bill and commands; then (unless planning) the runs and the
     table of their final val losses."""
     model_cfg, train_cfg = load_config(config_path, overrides)
-    fit = (
-        scaling.load_fit(train_cfg.fit) if train_cfg.fit else None
-    )  # drawn beside the branches (read first)
+    # drawn beside the branches (read first)
+    fit = scaling.load_fit(train_cfg.fit) if train_cfg.fit else None
     runs = plan(model_cfg, train_cfg)
     rows, prediction = bill(model_cfg, train_cfg, runs)
     launcher = (
@@ -361,9 +359,8 @@ def experiment(config_path, overrides, planning):
     for run in runs:
         if run.start:
             check_branch_start(run.start, model_cfg, train_cfg)
-        resume = (
-            ['--resume'] if checkpoint.latest(run.out_dir) else []
-        )  # a complete run resumes to its end: at once
+        # a complete run resumes to its end: at once
+        resume = ['--resume'] if checkpoint.latest(run.out_dir) else []
         code = train.main([config_path, *overrides, *run.flags, *resume])
         if code:
             return code

@@ -33,18 +33,16 @@ import time
 
 import numpy as np
 
-sys.path.insert(
-    0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-)  # the repo's modules
+# the repo's modules
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import data as data_files  # noqa: E402 (the module; `data` names a data folder below)
 import ledger  # noqa: E402
 import prepare  # noqa: E402
 from config import ConfigError, cli, load_config  # noqa: E402
 
-ROOT = os.path.dirname(
-    os.path.dirname(os.path.abspath(__file__))
-)  # the repo's root: train.py, configs/, data/
+# the repo's root: train.py, configs/, data/
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EVAL_TOKENS = 131_072
 # The grid: overrides of configs/pystdlib_cpu.py, a point each; vocab_size picks the data folder (bpe:V). Each runs
 # the book's recipe, as nanoGPT does (AdamW, none of the race's parts), which the default has left for the race's.
@@ -55,7 +53,7 @@ GRID = [
         vocab_size=vocab,
         n_layer=layers,
         n_embd=width,
-        n_head=width // 64,
+        n_head=width // 64,  # head size 64
         batch_tokens=batch,
         micro_batch=16,
         lr=lr,
@@ -68,7 +66,7 @@ GRID = [
         (4096, 6, 384, 16384, 2e-3),
         (8192, 8, 512, 16384, 1.5e-3),
     )
-]  # head size 64
+]
 
 
 def data_folder(vocab):
@@ -257,9 +255,10 @@ def score_nanogpt(nanogpt, path, data, block_size):
 
     import torch
 
+    # nanoGPT's model.py, not ours
     spec = importlib.util.spec_from_file_location(
         'nanogpt_model', os.path.join(nanogpt, 'model.py')
-    )  # not ours
+    )
     nanogpt_model = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(nanogpt_model)
     saved = torch.load(path, map_location='cpu', weights_only=False)
@@ -298,11 +297,8 @@ def budgeted_run(train_point, point, data, folder, seconds):
 RACE_LRS = (1e-3, 2e-3, 4e-3)
 RACE_EXTEND = 2
 RACE_SEEDS = (1337, 1338)
-RACE_PARTS = (
-    {'qk_norm': 'weightless'},
-    {'mlp': 'relu2'},
-    {'logit_softcap': 15.0},
-)  # nanochat's three
+# nanochat's three
+RACE_PARTS = ({'qk_norm': 'weightless'}, {'mlp': 'relu2'}, {'logit_softcap': 15.0})
 
 
 def race(seconds, out):

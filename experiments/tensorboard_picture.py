@@ -11,18 +11,13 @@ the dashboard); each tag gets a card, step on the x axis, the raw values faint a
 import os
 import sys
 
-sys.path.insert(
-    0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-)  # the repo's modules
+# the repo's modules
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from files import atomic_write  # noqa: E402
 
-CARDS = (
-    'loss',
-    'val_bpb',
-    'lr',
-    'tokens_per_s',
-)  # train loss (nats), val bits per byte, the schedule, speed
+# train loss (nats), val bits per byte, the schedule, speed
+CARDS = ('loss', 'val_bpb', 'lr', 'tokens_per_s')
 SMOOTHING = 0.6  # TensorBoard's scalar cards' default
 
 

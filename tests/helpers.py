@@ -98,9 +98,8 @@ class LiveBytes(TorchDispatchMode):
         for tensor in tree_leaves(out):
             if isinstance(tensor, torch.Tensor) and tensor.device.type != 'meta':
                 ref = _storage(tensor)
-                if (
-                    ref.cdata not in inputs
-                ):  # a view or an in-place result shares an input's storage
+                # a view or an in-place result shares an input's storage
+                if ref.cdata not in inputs:
                     self.alive.setdefault(ref.cdata, (ref, tensor.untyped_storage().nbytes()))
         self.peak = max(self.peak, sum(nbytes for _, nbytes in self.alive.values()))
         return out

@@ -10,9 +10,8 @@ import sys
 
 import bench
 
-ROOT = os.path.dirname(
-    os.path.dirname(os.path.abspath(__file__))
-)  # the repo's root, where train.py is
+# the repo's root, where train.py is
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def test_device_script_runs_every_default_case_at_a_tiny_size(tmp_path):

@@ -28,9 +28,8 @@ import ledger
 import ledger_report
 from config import ModelConfig, load_config
 
-ROOT = os.path.dirname(
-    os.path.dirname(os.path.abspath(__file__))
-)  # the repo's root, where train.py is
+# the repo's root, where train.py is
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MODES = ['ddp', 'zero1', 'zero2', 'fsdp']
 ACCUMULATIONS = [1, 3]
 # 2 x 64 Llama with GQA. V = 3001: DDP's gradients (507,328 fp32) close a first bucket at 1 MiB, so there are two;
@@ -186,12 +185,12 @@ def test_every_collective_of_a_step_is_the_ledgers_on_every_rank(counted):
     world_size, ranks = counted
     model = ModelConfig(**{k: v for k, v in TINY.items() if k in ModelConfig.__dataclass_fields__})
     assert len(ledger.ddp_buckets(model)) == 2  # the test model does exercise the bucketing
+    # the script's MOE flags
     moe = dataclasses.replace(
         model, n_experts=4, top_k=2, expert_hidden=32, n_shared_experts=1, n_dense_layers=1
-    )  # the script's MOE flags
-    assert (
-        len(set(ledger.fsdp_unit_elements(moe, world_size)[1])) == 2
-    )  # FSDP2's blocks of two sizes
+    )
+    # FSDP2's blocks of two sizes
+    assert len(set(ledger.fsdp_unit_elements(moe, world_size)[1])) == 2
     for rank in ranks:
         assert len(rank) == 18
         for key, seen in rank.items():
@@ -229,9 +228,8 @@ def test_the_modes_differ_as_the_ledger_says(counted):
     model = ModelConfig(**{k: v for k, v in TINY.items() if k in ModelConfig.__dataclass_fields__})
     P = ledger.count_params(model)['total']
 
-    def volume(
-        key, op=None, smallest=1
-    ):  # bytes of the step's collectives, the int64 bookkeeping aside
+    # bytes of the step's collectives, the int64 bookkeeping aside
+    def volume(key, op=None, smallest=1):
         return sum(
             ledger.DTYPE_BYTES[d] * n * k
             for (o, d, n), k in as_calls(rank[key]['collectives']).items()
@@ -240,19 +238,16 @@ def test_the_modes_differ_as_the_ledger_says(counted):
 
     assert volume('ddp 1 float32') == volume('ddp 3 float32') == 4 * P
     assert volume('zero1 3 float32', 'broadcast') == 4 * P
-    assert volume('zero2 3 float32', smallest=100) == 3 * volume(
-        'zero2 1 float32', smallest=100
-    )  # not the norm
-    _, blocks = ledger.fsdp_unit_elements(
-        model, world_size
-    )  # fsdp gathers each block again, the root once
+    # not the norm
+    assert volume('zero2 3 float32', smallest=100) == 3 * volume('zero2 1 float32', smallest=100)
+    # fsdp gathers each block again, the root once
+    _, blocks = ledger.fsdp_unit_elements(model, world_size)
     assert volume('fsdp 1 float32', 'all_gather') == volume(
         'zero2 1 float32', 'all_gather'
     ) + 4 * sum(blocks)
     assert volume('fsdp 1 bfloat16', 'all_gather') * 2 == volume('fsdp 1 float32', 'all_gather')
-    assert volume('fsdp 1 bfloat16', 'all_reduce') == volume(
-        'fsdp 1 float32', 'all_reduce'
-    )  # fp32 reductions
+    # fp32 reductions
+    assert volume('fsdp 1 bfloat16', 'all_reduce') == volume('fsdp 1 float32', 'all_reduce')
     assert volume('zero2 1 float32', 'all_gather') > 4 * P  # the padded rows
     # Muon: nothing more under ddp and zero1; under zero2 and fsdp its block matrices once more, whole, in the
     # compute dtype (Newton-Schulz's)
@@ -281,19 +276,16 @@ def test_bus_bytes_are_nccl_tests_factors():
     sharded = ledger.collectives(model, 'zero2', 8, 4, 'bfloat16')
     gathers = sum(i['bus_bytes'] for i in sharded if i['op'] == 'all_gather')
     root, blocks = ledger.fsdp_unit_elements(model, 8)
-    assert (
-        len(blocks) == model.n_layer and len(set(blocks)) == 1
-    )  # a dense model's blocks are alike
+    # a dense model's blocks are alike
+    assert len(blocks) == model.n_layer and len(set(blocks)) == 1
     assert gathers == pytest.approx(4 * 2 * (root + sum(blocks)) * 7 / 8)
-    sharded = ledger.collectives(
-        model, 'fsdp', 8, 4, 'bfloat16'
-    )  # the blocks gathered again in backward, not the root
+    # the blocks gathered again in backward, not the root
+    sharded = ledger.collectives(model, 'fsdp', 8, 4, 'bfloat16')
     gathers = sum(i['bus_bytes'] for i in sharded if i['op'] == 'all_gather')
     assert gathers == pytest.approx(4 * 2 * (root + 2 * sum(blocks)) * 7 / 8)
     assert ledger.BUS_FACTORS['broadcast'](8) == 1.0
-    assert set(ledger.LINKS) == set(
-        ledger.GPUS
-    )  # every GPU of the table has its links, with their sources
+    # every GPU of the table has its links, with their sources
+    assert set(ledger.LINKS) == set(ledger.GPUS)
     assert all(link.busbw_gbps <= link.line_gbps for link in ledger.LINKS.values())
 
 

@@ -143,9 +143,8 @@ def test_family_rules(overrides, message):
     with pytest.raises(ConfigError) as error:
         load_config(None, overrides)
     assert message in str(error.value)
-    assert (
-        load_config(None, ['--arch=gpt2', '--n_embd=36', '--n_head=4'])[0].head_dim == 9
-    )  # learned positions: odd ok
+    # learned positions: odd ok
+    assert load_config(None, ['--arch=gpt2', '--n_embd=36', '--n_head=4'])[0].head_dim == 9
 
 
 def test_a_list_key_that_is_not_numbers_is_one_line_saying_what_it_takes():
@@ -183,13 +182,11 @@ def test_nanogpt_names_are_mapped_to_ours(tmp_path, name, ours):
     config_file.write_text(f'{name} = 1\n')  # a nanoGPT config file: the same hint, naming the file
     with pytest.raises(ConfigError, match=f"in {config_file}: nanoGPT's '{name}': {ours}"):
         load_config(str(config_file))
-    with pytest.raises(
-        ConfigError, match="did you mean 'n_layer'"
-    ):  # a typo of ours still gets the spelling hint
+    # a typo of ours still gets the spelling hint
+    with pytest.raises(ConfigError, match="did you mean 'n_layer'"):
         load_config(None, ['--n_layr=2'])
-    assert not set(NANOGPT_NAMES) & set(
-        DEFAULTS
-    )  # a name both projects use (init_from) is ours, never a hint
+    # a name both projects use (init_from) is ours, never a hint
+    assert not set(NANOGPT_NAMES) & set(DEFAULTS)
 
 
 @pytest.mark.parametrize(

@@ -50,25 +50,16 @@ def test_shard_header_fields_and_round_trip(tmp_path):
 def test_dtype_follows_the_ledger_and_uint32_uses_llama3_header(tmp_path):
     import ledger
 
-    for vocab in (
-        50257,
-        50277,
-        65535,
-        65536,
-        65537,
-        128256,
-    ):  # GPT-2, NeoX, the uint16 edge, Llama 3
+    # GPT-2, NeoX, the uint16 edge, Llama 3
+    for vocab in (50257, 50277, 65535, 65536, 65537, 128256):
         assert data.token_dtype(vocab).itemsize == ledger.token_bytes(vocab)
     assert data.token_dtype(65536) == np.uint16  # ids 0..65,535 all fit
     assert data.token_dtype(65537) == np.uint32
     path = str(tmp_path / 'x_train_000001.bin')
     tokens = np.array([128000, 65536, 3, 128255], dtype=np.uint32)
     assert data.write_shard(path, tokens) == 128255
-    assert np.fromfile(path, dtype='<i4', count=3).tolist() == [
-        20240801,
-        7,
-        4,
-    ]  # llm.c's Llama 3 header
+    # llm.c's Llama 3 header
+    assert np.fromfile(path, dtype='<i4', count=3).tolist() == [20240801, 7, 4]
     assert os.path.getsize(path) == 1024 + 4 * 4
     assert data.open_shard(path).tolist() == tokens.tolist()
     data.write_shard(path, [1, 70000])  # a plain list with a large id picks uint32 too
@@ -84,9 +75,8 @@ def test_llmc_and_older_shards_read_as_is(tmp_path):
     llama3 = np.array([128000, 9906, 1917, 128001], dtype=np.uint32)
     write_raw_shard(tmp_path / 'llama_val_000000.bin', 20240801, 7, llama3)
     assert data.open_shard(str(tmp_path / 'llama_val_000000.bin')).tolist() == llama3.tolist()
-    write_raw_shard(
-        tmp_path / 'old_val_000000.bin', 20240520, 2, llama3
-    )  # our uint32 shards before llm.c's header
+    # our uint32 shards before llm.c's header
+    write_raw_shard(tmp_path / 'old_val_000000.bin', 20240520, 2, llama3)
     assert data.open_shard(str(tmp_path / 'old_val_000000.bin')).tolist() == llama3.tolist()
 
 
@@ -123,9 +113,8 @@ def test_list_shards_and_load_meta_say_how_to_make_them(tmp_path):
 def test_load_meta_checks_every_key(pystdlib_data, tmp_path):
     good = data.load_meta(pystdlib_data)
     path = tmp_path / 'meta.json'
-    data.write_shard(
-        str(tmp_path / 'fineweb_edu_train_000001.bin'), [1, 2]
-    )  # the source is in the shard names
+    # the source is in the shard names
+    data.write_shard(str(tmp_path / 'fineweb_edu_train_000001.bin'), [1, 2])
     remake = rf'rerun the command that made the folder \(python prepare.py fineweb_edu --out {tmp_path}, same options\)'
     cases = [
         ('{"vocab_size": 512,', r'is not valid JSON \(Expecting'),
@@ -153,22 +142,21 @@ def test_check_token_ids(tmp_path):
     )
     meta = {'tokenizer': 'bpe:512', 'vocab_size': 512}  # no max_token_id: an llm.c-made folder, say
     assert data.check_token_ids(out, meta, 512) == 511  # read from the shards
-    assert (
-        data.check_token_ids(out, dict(meta, max_token_id=300), 512) == 300
-    )  # meta.json's value, no reading
+    # meta.json's value, no reading
+    assert data.check_token_ids(out, dict(meta, max_token_id=300), 512) == 300
     with pytest.raises(
         DataError,
         match=r'x_train_000001\.bin: token id 511 at position 1 is outside the model\'s vocab of '
         r'500 \(ids 0\.\.499\), though meta.json says bpe:512',
     ):
         data.check_token_ids(out, meta, 500)
-    with pytest.raises(
-        DataError, match=r'x_train_000001\.bin: token id 511'
-    ):  # a cached max too large
+    # a cached max too large
+    with pytest.raises(DataError, match=r'x_train_000001\.bin: token id 511'):
         data.check_token_ids(out, dict(meta, max_token_id=511), 300)
+    # the first
     with pytest.raises(
         DataError, match=r'x_val_000000\.bin: token id 9 at position 1 .* vocab of 8'
-    ):  # the first
+    ):
         data.check_token_ids(out, meta, 8)
 
 
@@ -206,9 +194,8 @@ def test_encode_decode_round_trip(pystdlib_data):
         '<|endoftext|>',
     ]:
         assert enc.decode(enc.encode_ordinary(doc)) == doc
-    assert enc.eot_token not in enc.encode_ordinary(
-        '<|endoftext|>'
-    )  # text never turns into the special token
+    # text never turns into the special token
+    assert enc.eot_token not in enc.encode_ordinary('<|endoftext|>')
 
 
 def test_damaged_tokenizer_or_missing_package_is_one_line(tmp_path, monkeypatch):
@@ -364,9 +351,8 @@ def test_micro_batches_are_disjoint_rank_slices_of_one_stream(pystdlib_data):
     x, y = inputs_and_targets(4, 1)
     sequences = stream.batch(40, 16)
     assert (x == sequences[:, :-1]).all() and (y == sequences[:, 1:]).all()  # clm: (s[:-1], s[1:])
-    for ranks, single in zip(
-        inputs_and_targets(2, 2), (x, y), strict=True
-    ):  # 2 ranks x 2 micro-steps: the same 16
+    # 2 ranks x 2 micro-steps: the same 16
+    for ranks, single in zip(inputs_and_targets(2, 2), (x, y), strict=True):
         assert (ranks == single).all()
     tensor = data.to_device(x, torch.device('cpu'))
     assert tensor.dtype == torch.int64 and (tensor.numpy() == x).all()

@@ -25,11 +25,11 @@ import processes
 import train
 from config import IGNORE_INDEX, load_config
 
-ROOT = os.path.dirname(
-    os.path.dirname(os.path.abspath(__file__))
-)  # the repo's root, where train.py is
+# the repo's root, where train.py is
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STEPS = 12
 # micro_batch 4 x 32 tokens: 1 process accumulates 4 micro-steps per 512-token step, 2 processes 2 each
+# a text sample at the end: under FSDP every rank runs its forwards
 CONFIG = dict(
     arch='llama',
     n_layer=2,
@@ -50,7 +50,7 @@ CONFIG = dict(
     ckpt_every=6,
     keep_ckpts=3,
     sample_tokens=4,
-)  # a text sample at the end: under FSDP every rank runs its forwards
+)
 MODES = ['ddp', 'zero1', 'zero2', 'fsdp']
 
 
@@ -138,9 +138,8 @@ def test_two_processes_follow_one_process(mode, single, full_loss, two_process_r
     full, resumed = runs(two_process_runs[mode])
     assert sorted(full) == list(range(1, STEPS + 1))
     assert_close(full, reference)  # fp32: only the order of the sums differs
-    assert_close(
-        full, full_loss
-    )  # the chunked loss on 2 ranks, as F.cross_entropy over the logits on one
+    # the chunked loss on 2 ranks, as F.cross_entropy over the logits on one
+    assert_close(full, full_loss)
 
 
 @pytest.mark.parametrize('mode', MODES)
@@ -182,9 +181,8 @@ def test_summary_holds_the_communication_of_a_step(mode, single, two_process_run
     config, _, _ = single
     summary = json.loads((two_process_runs[mode] / 'summary.json').read_text())
     model_cfg, _ = load_config(config)
-    items = ledger.collectives(
-        model_cfg, mode, 2, 2, 'float32'
-    )  # 512 tokens = 4 x 32 x 2 processes x 2
+    # 512 tokens = 4 x 32 x 2 processes x 2
+    items = ledger.collectives(model_cfg, mode, 2, 2, 'float32')
     assert summary['comm_bytes_per_step'] == sum(item['bytes'] for item in items) > 0
     assert summary['comm_bus_bytes_per_step'] == sum(item['bus_bytes'] for item in items)
     assert summary['comm_busbw_measured'] > 0 and summary['comm_seconds_measured'] is None
@@ -425,11 +423,12 @@ def test_bad_parallel_and_indivisible_batch_are_one_line(single, tmp_path, capsy
     result = torchrun(config, tmp_path / 'b', '--batch_tokens=384')
     assert result.returncode != 0
     errors = [line for line in result.stderr.splitlines() if line.startswith('error:')]
+    # both ranks reach it: the first to fail says it, with its rank
     assert [re.sub(r'^error: rank [01] of 2: ', 'error: ', line) for line in errors] == [
         "error: batch_tokens (384) is not a multiple of micro_batch x block_size x processes = "
         "4 x 32 x 2 = 256 (1.5 accumulation steps): change batch_tokens, micro_batch or the number of processes "
         "(n_gpu in the ledger)"
-    ]  # both ranks reach it: the first to fail says it, with its rank
+    ]
 
 
 GRADIENTS = """

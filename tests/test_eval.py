@@ -129,9 +129,8 @@ def http_server(files, drop_download=False):
             part = (
                 body[start:] if not (drop_download and len(seen) == 2) else body[: len(body) // 2]
             )
-            with contextlib.suppress(
-                BrokenPipeError, ConnectionResetError
-            ):  # the size look closes early
+            # the size look closes early
+            with contextlib.suppress(BrokenPipeError, ConnectionResetError):
                 self.wfile.write(part)
 
         def log_message(self, *args):
@@ -240,9 +239,8 @@ def test_command_downloads_once_and_reports(trained, tmp_path, capsys, monkeypat
         monkeypatch.setenv('HELLASWAG_URL', url + '/hellaswag_val.jsonl')
         for _ in range(2):
             assert hellaswag.main([run, 'hellaswag', '--cache', str(tmp_path), '--batch', '3']) == 0
-        assert (
-            seen == [('/hellaswag_val.jsonl', None)] * 2
-        )  # the size, then the file; the second run reads the cache
+        # the size, then the file; the second run reads the cache
+        assert seen == [('/hellaswag_val.jsonl', None)] * 2
     out = capsys.readouterr().out
     assert (tmp_path / 'hellaswag_val.jsonl').read_bytes() == GOOD
     accuracy, stderr, n = hellaswag.hellaswag_accuracy(model, encoding, ITEMS, 'cpu')
@@ -297,9 +295,8 @@ def test_the_published_file_is_checked_by_its_blob_id(tmp_path, monkeypatch):
 
 def test_truncated_or_damaged_files_are_one_line(trained, tmp_path, capsys):
     run = trained[0]
-    truncated = GOOD[
-        : len(GOOD) - 40
-    ]  # the server sends all it has, but the file itself was cut mid-line
+    # the server sends all it has, but the file itself was cut mid-line
+    truncated = GOOD[: len(GOOD) - 40]
     with http_server({'/cut.jsonl': truncated, '/page': b'<html>login</html>'}) as (url, _):
         assert (
             hellaswag.main(
@@ -516,10 +513,11 @@ def test_task_files_come_from_the_hub_once(tmp_path, monkeypatch):
         "The following are questions (with answers) about computer security.\n\n"
         f"Question: {first['question'].strip()}\nAnswer:"
     )
+    # the machine_learning dev rows, in the file's order, before a machine_learning question
     shots = ''.join(
         f"Question: {row['question'].strip()}\nAnswer: {row['choices'][row['answer']]}\n\n"
         for row in MMLU_DEV[5:]
-    )  # the machine_learning dev rows, in the file's order, before a machine_learning question
+    )
     assert five[3]['context'] == (
         "The following are questions (with answers) about machine learning.\n\n"
         + shots
@@ -531,10 +529,8 @@ def test_predictions_follow_the_harness_rules():
     """acc: the highest log-likelihood; acc_norm: the highest per character of the choice (not per token); the
     first of equals wins (numpy's argmax); an empty choice never wins acc_norm (the harness divides by zero)."""
     item = {'choices': ['a', 'bbbb', 'cc', '']}
-    assert hellaswag.predictions(item, [-2.0, -4.0, -3.0, -0.5]) == (
-        3,
-        1,
-    )  # -2/1, -4/4 = -1, -3/2: 'bbbb'
+    # -2/1, -4/4 = -1, -3/2: 'bbbb'
+    assert hellaswag.predictions(item, [-2.0, -4.0, -3.0, -0.5]) == (3, 1)
     assert hellaswag.predictions({'choices': ['ab', 'cd']}, [-1.0, -1.0]) == (0, 0)
 
 
@@ -608,9 +604,8 @@ def test_choices_agree_with_a_reference_scorer(trained, task_items, tmp_path):
             assert hellaswag.predictions(item, scores) == expected, (task, item['context'])
             np.testing.assert_allclose(scores, reference, rtol=0, atol=2e-3)
             cut += len(tokenizer(item['context']).input_ids) > block_size
-    assert (
-        cut >= 6
-    )  # every 5-shot context is longer than the model's 64 tokens: the cut was compared too
+    # every 5-shot context is longer than the model's 64 tokens: the cut was compared too
+    assert cut >= 6
 
 
 @torch.no_grad()
@@ -636,9 +631,8 @@ def test_task_scores_count_right_on_any_number_of_ranks(trained, task_items):
         )
         assert score['acc_stderr'] == pytest.approx(math.sqrt(acc * (1 - acc) / n))
         assert score['chance'] == pytest.approx(sum(1 / len(item['choices']) for item in items) / n)
-        if task.startswith(
-            'mmlu'
-        ):  # two subjects of 3 items: the macro average is the micro one here
+        # two subjects of 3 items: the macro average is the micro one here
+        if task.startswith('mmlu'):
             right = [pred == item['label'] for (pred, _), item in zip(chosen, items, strict=True)]
             assert score['acc_macro'] == pytest.approx(
                 (sum(right[:3]) / 3 + sum(right[3:]) / 3) / 2
@@ -680,9 +674,8 @@ def test_all_runs_the_suite_against_the_hub(trained, task_items, tmp_path, capsy
         assert len(seen) == first  # the second run reads the cache only
     out = capsys.readouterr().out
     said = re.compile(r'\S+: [\d.]+ \w*B in \d+ s')  # downloads.py's line for each file downloaded
-    assert [line for line in numbers(downloaded) if not said.match(line)] == numbers(
-        out
-    )  # batched or not
+    # batched or not
+    assert [line for line in numbers(downloaded) if not said.match(line)] == numbers(out)
     assert 'HellaSwag validation, 5 items' in out
     path = checkpoint.find(run)
     for task, items in task_items[1].items():
@@ -711,10 +704,8 @@ def test_all_runs_the_suite_against_the_hub(trained, task_items, tmp_path, capsy
 
 def test_bad_task_files_are_one_line(trained, tmp_path, capsys, monkeypatch):
     run = trained[0]
-    bad_answer = [
-        dict(ARC_ROWS[0]),
-        dict(ARC_ROWS[1], answerKey='E'),
-    ]  # 'E' is not among its labels 1-3
+    # 'E' is not among its labels 1-3
+    bad_answer = [dict(ARC_ROWS[0]), dict(ARC_ROWS[1], answerKey='E')]
     cases = {
         'answer': arc_parquet(bad_answer),
         'damaged': REPO_FILES['allenai/ai2_arc']['ARC-Easy/test-00000-of-00001.parquet'][:-100],
@@ -773,9 +764,8 @@ def test_training_scores_the_tasks_into_metrics_and_the_plot(pystdlib_data, tmp_
     with http_server({**fake_hub(), '/hellaswag_val.jsonl': GOOD}) as (url, _):
         monkeypatch.setenv('HF_ENDPOINT', url)
         monkeypatch.setenv('HELLASWAG_URL', url + '/hellaswag_val.jsonl')
-        monkeypatch.setenv(
-            'XDG_CACHE_HOME', str(tmp_path / 'cache')
-        )  # HellaSwag's file: downloaded here
+        # HellaSwag's file: downloaded here
+        monkeypatch.setenv('XDG_CACHE_HOME', str(tmp_path / 'cache'))
         flags = [
             '--max_steps=3',
             '--dtype=float32',
@@ -788,9 +778,8 @@ def test_training_scores_the_tasks_into_metrics_and_the_plot(pystdlib_data, tmp_
         entries = list(map(json.loads, f))
     scored = [e for e in entries if 'arc_challenge' in e]
     assert [e['step'] for e in scored] == [2, 3] and all(e['mmlu_5shot_items'] == 3 for e in scored)
-    model, _ = checkpoint.load_model(
-        str(tmp_path / 'run'), torch.device('cpu')
-    )  # the step-3 model: its score
+    # the step-3 model: its score
+    model, _ = checkpoint.load_model(str(tmp_path / 'run'), torch.device('cpu'))
     accuracy, _, _ = hellaswag.hellaswag_accuracy(
         model, data.load_tokenizer(pystdlib_data), ITEMS[:4], 'cpu'
     )

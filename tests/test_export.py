@@ -113,9 +113,8 @@ def test_same_greedy_tokens(exported):
     # min_new_tokens: ours never stops at end-of-text; HF would (it is eos)
     got = hf.generate(prompt, max_new_tokens=12, min_new_tokens=12, do_sample=False)
     assert got.tolist() == expected.tolist()
-    assert (
-        len(set(expected[0, prompt.shape[1] :].tolist())) > 1
-    )  # the random model does not repeat one token
+    # the random model does not repeat one token
+    assert len(set(expected[0, prompt.shape[1] :].tolist())) > 1
 
 
 def test_tokenizer_gives_our_ids(exported, pystdlib_data):
@@ -351,9 +350,8 @@ class FakeHubHandler(http.server.BaseHTTPRequestHandler):
                     ]
                 },
             )
-        if path.endswith(
-            '.git/info/lfs/objects/batch'
-        ):  # an object the Hub has already is not asked for again
+        # an object the Hub has already is not asked for again
+        if path.endswith('.git/info/lfs/objects/batch'):
             objects = [
                 {'oid': o['oid'], 'size': o['size']}
                 | (
@@ -537,10 +535,8 @@ def gguf_tensor(tensor):
     return torch.from_numpy(data)
 
 
-GGUF_VARIANTS = [
-    *list(VARIANTS)[:6],
-    'llama, ReLU² MLP, GQA (an Arcee)',
-]  # llama.cpp's llama, gpt2, qwen3 and arcee
+# llama.cpp's llama, gpt2, qwen3 and arcee
+GGUF_VARIANTS = [*list(VARIANTS)[:6], 'llama, ReLU² MLP, GQA (an Arcee)']
 GGUF_DTYPES = ('float32', 'bfloat16', 'float16', 'float32', 'bfloat16', 'float16', 'bfloat16')
 
 
@@ -575,17 +571,15 @@ def test_gguf_holds_every_tensor_under_llama_cpp_names(variant, dtype, tmp_path,
         assert field(f'{arch}.rope.freq_base') == c.rope_theta
         assert field(f'{arch}.rope.dimension_count') == 16
     tokens = field('tokenizer.ggml.tokens')
-    assert (
-        len(tokens) == c.vocab_size and field('tokenizer.ggml.pre') == 'llama-bpe'
-    )  # our BPE's split
+    # our BPE's split
+    assert len(tokens) == c.vocab_size and field('tokenizer.ggml.pre') == 'llama-bpe'
     assert (
         tokens[encoding.eot_token]
         == '<|endoftext|>'
         == tokens[field('tokenizer.ggml.bos_token_id')]
     )
-    assert (
-        tokens[encoding.encode_single_token(b' return')] == '\u0120return'
-    )  # GPT-2's alphabet: space is Ġ
+    # GPT-2's alphabet: space is Ġ
+    assert tokens[encoding.encode_single_token(b' return')] == '\u0120return'
     assert len(field('tokenizer.ggml.merges')) == encoding.n_vocab - 256 - len(
         encoding._special_tokens
     )

@@ -87,9 +87,8 @@ def test_the_per_layer_row_shows_the_formula_of_its_number(config, n_kv_head, ca
     else:
         assert formula.startswith(f"4H^2 + {k}HH' + 2H") and 'kv_width' not in formula
     weights = 2 * H * H + 2 * H * kv_width + k * H * F + 2 * H  # the formula, evaluated
-    biases = (
-        5 * H + 2 * kv_width + F if model.biases else 0
-    )  # gpt2: q, k, v, o, up, down, two LayerNorms' biases
+    # gpt2: q, k, v, o, up, down, two LayerNorms' biases
+    biases = 5 * H + 2 * kv_width + F if model.biases else 0
     if model.biases:
         assert ("(+ 5H + 2kv_width + H' biases)" if n_kv_head else "(+ 7H + H' biases)") in formula
     assert (
@@ -121,9 +120,8 @@ def test_docs_ledger_excerpt_is_the_ledgers_output(capsys):
     end = next(i for i in range(start, len(doc)) if doc[i] and not doc[i].startswith('    '))
     shown_lines = [line[4:] for line in doc[start:end] if line.strip() not in ('...', '')]
     output = ledger_output('configs/h200_1b3.py', capsys)
-    positions = [
-        output.index(line) for line in shown_lines
-    ]  # ValueError: a line the ledger no longer prints
+    # ValueError: a line the ledger no longer prints
+    positions = [output.index(line) for line in shown_lines]
     assert positions == sorted(positions) and len(shown_lines) > 15
 
 

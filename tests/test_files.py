@@ -27,12 +27,10 @@ def test_write_text_atomic_uses_a_file_of_this_process_and_cleans_up(tmp_path, m
     monkeypatch.setattr(os, 'replace', replace_then_fail)
     with pytest.raises(OSError):
         files.write_text_atomic(path, 'new text')
-    assert renames == [
-        f'{path}.tmp{os.getpid()}'
-    ]  # two processes writing one file never share a temporary name
-    assert os.listdir(tmp_path) == ['a.json'] and json.load(open(path)) == {
-        'x': 1
-    }  # the old file, untouched
+    # two processes writing one file never share a temporary name
+    assert renames == [f'{path}.tmp{os.getpid()}']
+    # the old file, untouched
+    assert os.listdir(tmp_path) == ['a.json'] and json.load(open(path)) == {'x': 1}
     monkeypatch.setattr(os, 'replace', real_replace)
 
 
@@ -118,9 +116,8 @@ def dead_pid():
 def test_folder_lock(tmp_path):
     folder = str(tmp_path / 'new' / 'out')
     with files.folder_lock(folder, 'prepare.py pystdlib') as path:
-        assert path == os.path.join(folder, '.lock') and os.listdir(folder) == [
-            '.lock'
-        ]  # the folder is made too
+        # the folder is made too
+        assert path == os.path.join(folder, '.lock') and os.listdir(folder) == ['.lock']
         owner = json.load(open(path))
         assert (owner['pid'], owner['host'], owner['command']) == (
             os.getpid(),
@@ -155,9 +152,8 @@ def test_folder_lock_stale_foreign_and_unreadable(tmp_path):
     with files.folder_lock(folder, 'prepare.py pystdlib'):  # its owner is gone: taken over
         assert json.load(open(path))['pid'] == os.getpid()
     assert os.listdir(folder) == []
-    json.dump(
-        dict(stale, host='gpu-node-7'), open(path, 'w')
-    )  # a process on another host: we cannot tell
+    # a process on another host: we cannot tell
+    json.dump(dict(stale, host='gpu-node-7'), open(path, 'w'))
     with pytest.raises(
         UserError, match=r'is in use by pid \d+ on host gpu-node-7 \(prepare.py fineweb_edu'
     ):
@@ -177,7 +173,6 @@ def test_folder_lock_keeps_a_lock_that_was_replaced(tmp_path):
     folder = str(tmp_path)
     with files.folder_lock(folder, 'a') as path:
         other = {'pid': 1, 'host': 'elsewhere', 'command': 'b', 'since': '-'}
-        json.dump(
-            other, open(path, 'w')
-        )  # e.g. the user deleted ours and another command took the folder
+        # e.g. the user deleted ours and another command took the folder
+        json.dump(other, open(path, 'w'))
     assert json.load(open(path)) == other

@@ -18,9 +18,8 @@ import ledger_report
 from config import OBJECTIVES, ModelConfig, TrainConfig, load_config
 from ledger import GIB
 
-ROOT = os.path.dirname(
-    os.path.dirname(os.path.abspath(__file__))
-)  # the repo's root, where train.py is
+# the repo's root, where train.py is
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIGS = [
     'configs/llama_7b.py',
     'configs/gpt2_124m.py',
@@ -291,12 +290,10 @@ def test_compiled_runs_hold_less_than_eager_and_the_published_nanochat_point():
     the edge (nanochat issue #443). The closest the ledger has: gpt2 blocks, untied, the whole model compiled as
     nanochat compiles it, AdamW states sharded (zero1): 16 fits with room, 32 needs the user's 80.5 GiB to within
     2%; eager, 32 would not fit at all. Under our zero2 (FSDP2) only the blocks are compiled: the loss is eager's."""
-    model = dataclasses.replace(
-        NANOCHAT_D20, loss='full'
-    )  # nanochat's loss: F.cross_entropy over the logits
-    assert (
-        ledger.count_params(model)['total'] == 563_662_080
-    )  # nanochat d20's 561M, plus our position table
+    # nanochat's loss: F.cross_entropy over the logits
+    model = dataclasses.replace(NANOCHAT_D20, loss='full')
+    # nanochat d20's 561M, plus our position table
+    assert ledger.count_params(model)['total'] == 563_662_080
 
     def memory(micro_batch, compile_model, parallel='zero1'):
         return ledger.memory_per_gpu(
@@ -389,9 +386,8 @@ def test_logits_buffers():
         one, three = (ledger.logits_bytes(config, b, dtype_bytes=dtype_bytes) for b in (1, 3))
         assert three['total'] == 3 * one['total']
         assert one['total'] == sum(v for k, v in one.items() if k != 'total')
-        assert (
-            one['total'] % (config.block_size * config.vocab_size) == 0
-        )  # B x T x V elements per buffer
+        # B x T x V elements per buffer
+        assert one['total'] % (config.block_size * config.vocab_size) == 0
     assert (
         ledger.logits_bytes(config, 1, 2)['total'] > ledger.logits_bytes(config, 1, 4)['total'] / 2
     )
@@ -409,9 +405,8 @@ def test_logits_buffers():
             'total': 2048 * V * 6 + V * H * 6,
         }
     )
-    assert (
-        ledger.logits_bytes(chunked, 1, 4)['chunk_logits'] == 1024 * V * 4
-    )  # fp32: one tensor, in place
+    # fp32: one tensor, in place
+    assert ledger.logits_bytes(chunked, 1, 4)['chunk_logits'] == 1024 * V * 4
 
 
 def test_memory_total_and_largest_micro_batch():
@@ -551,9 +546,8 @@ def test_predict_recompute_and_n_gpu():
         None, ['--recompute=1', '--n_gpu=4', '--parallel=fsdp', '--gpu=H200']
     )
     p = ledger.predict(model, train)
-    assert (
-        p['n_gpu'] == 4 and p['mfu'] < p['mfu_assumed'] == 0.40
-    )  # recomputation is work MFU does not count
+    # recomputation is work MFU does not count
+    assert p['n_gpu'] == 4 and p['mfu'] < p['mfu_assumed'] == 0.40
     # compute halves on twice the GPUs; days also count the communication that does not hide (Ledger 5)
     assert ledger.predict(model, train, n_gpu=8)['days_compute'] == pytest.approx(
         p['days_compute'] / 2
@@ -617,9 +611,8 @@ def test_summary_and_comparison_with_missing_measurements():
         summary['tokens_per_s_predicted'] == p['tokens_per_s']
         and summary['tokens_per_s_measured'] is None
     )
-    assert (
-        summary['memory_predicted_bytes'] == p['memory']['allocated']
-    )  # a GPU: the allocator's peak
+    # a GPU: the allocator's peak
+    assert summary['memory_predicted_bytes'] == p['memory']['allocated']
     assert summary['reserved_predicted_bytes'] == p['memory']['total']
     table = ledger_report.format_comparison(summary)
     heading, lines = table.split('\n\n')[0], table.split('\n\n')[1].splitlines()

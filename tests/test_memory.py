@@ -28,9 +28,8 @@ import helpers
 import ledger
 from config import ModelConfig
 
-ROOT = os.path.dirname(
-    os.path.dirname(os.path.abspath(__file__))
-)  # the repo's root, where train.py is
+# the repo's root, where train.py is
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MODES = ['ddp', 'zero1', 'zero2', 'fsdp']
 MODEL_KEYS = set(ModelConfig.__dataclass_fields__)
 
@@ -152,9 +151,8 @@ def test_model_states_are_exact_on_every_rank(mode, processes, tmp_path):
     ranks = held['adamw']
     one_process = ledger.held_model_states(model, 'ddp', 1)
     params = ledger.count_params(model)
-    assert (
-        one_process['weights'] == 4 * params['total'] > 4 * params['active']
-    )  # the total, not the active
+    # the total, not the active
+    assert one_process['weights'] == 4 * params['total'] > 4 * params['active']
     sharded = (
         {
             'ddp': set(),
@@ -165,11 +163,8 @@ def test_model_states_are_exact_on_every_rank(mode, processes, tmp_path):
         if processes > 1
         else set()
     )
-    for part in (
-        'weights',
-        'grads',
-        'optimizer',
-    ):  # a sharded part: about half of one process's on each rank
+    # a sharded part: about half of one process's on each rank
+    for part in ('weights', 'grads', 'optimizer'):
         share = [rank['counted'][part] / one_process[part] for rank in ranks]
         assert (
             all(0.45 < s < 0.55 for s in share) if part in sharded else share == [1.0] * processes

@@ -45,32 +45,26 @@ def test_every_window_holds_the_weights(weights):
     for n in (200, 256, 300, 500):  # every window of n consecutive sequences, at every start
         in_window = counts[:, n:] - counts[:, :-n]
         error = np.abs(in_window - n * np.array(schedule.weights)[:, None]).max()
-        assert error <= 2.0, (
-            weights,
-            n,
-            error,
-        )  # iid draws would wander by sqrt(n w) ~ 7-11 at n = 300
+        # iid draws would wander by sqrt(n w) ~ 7-11 at n = 300
+        assert error <= 2.0, (weights, n, error)
     given = [float(part.split(':')[1]) for part in weights.split(',')]
     assert np.allclose(schedule.weights, given, atol=5e-4)  # kept to 1/1000
-    assert schedule.drawn(schedule.period * 7) == [
-        7 * unit for unit in schedule.units
-    ]  # exact over whole periods
+    # exact over whole periods
+    assert schedule.drawn(schedule.period * 7) == [7 * unit for unit in schedule.units]
 
 
 def test_the_schedule_is_a_pure_function_of_seed_and_position():
     weights = WEIGHTINGS[0]
     schedule = mixture.Schedule(weights, seed=1337)
     seen = [0] * 6
-    for k in range(
-        2000
-    ):  # sequence k is the j-th turn of its source: every source's sequences in order, no gaps
+    # sequence k is the j-th turn of its source: every source's sequences in order, no gaps
+    for k in range(2000):
         source, j = schedule.locate(k)
         assert j == seen[source]
         seen[source] += 1
     assert schedule.drawn(2000) == seen
-    later = mixture.Schedule(
-        weights, seed=1337
-    )  # a fresh schedule (a resumed run) finds k without the ones before
+    # a fresh schedule (a resumed run) finds k without the ones before
+    later = mixture.Schedule(weights, seed=1337)
     assert [later.locate(k) for k in (1999, 5, 123_456_789)] == [
         schedule.locate(k) for k in (1999, 5, 123_456_789)
     ]
@@ -86,9 +80,8 @@ def test_the_data_key_reads_a_dict_or_the_command_line_form(tmp_path):
     _, from_file = load_config(str(config))
     _, from_cli = load_config(None, ['--data=data/web:0.75,data/code:0.25'])
     assert from_file.data == from_cli.data == 'data/web:0.75,data/code:0.25'
-    assert (
-        load_config(None, ['--data=data/pystdlib'])[1].data == 'data/pystdlib'
-    )  # one folder stays a folder
+    # one folder stays a folder
+    assert load_config(None, ['--data=data/pystdlib'])[1].data == 'data/pystdlib'
     (tmp_path / 'web:2').mkdir()  # a folder whose name reads as FOLDER:WEIGHT is still that folder
     assert load_config(None, [f'--data={tmp_path}/web:2'])[1].data == f'{tmp_path}/web:2'
     for bad, says in (
@@ -147,9 +140,8 @@ def test_mixture_stream_interleaves_the_sources_own_streams(pystdlib_data, prose
     one, _, _ = data.open_data(
         model_cfg, load_config(None, [f'--data={pystdlib_data}:1', '--block_size=32'])[1]
     )
-    assert np.array_equal(
-        one.batch(0, 50), code.batch(0, 50)
-    )  # a mixture of one folder is that folder
+    # a mixture of one folder is that folder
+    assert np.array_equal(one.batch(0, 50), code.batch(0, 50))
     assert data.load_tokenizer(cfg.data).n_vocab == data.load_tokenizer(pystdlib_data).n_vocab
 
 
@@ -157,10 +149,8 @@ def test_folders_with_another_tokenizer_are_one_line(pystdlib_data, prose_data, 
     other = tmp_path / 'other'
     shutil.copytree(prose_data, other)
     spec = json.loads((other / 'tokenizer.json').read_text())
-    spec['ranks'][300], spec['ranks'][301] = (
-        spec['ranks'][301],
-        spec['ranks'][300],
-    )  # another BPE of the same size
+    # another BPE of the same size
+    spec['ranks'][300], spec['ranks'][301] = (spec['ranks'][301], spec['ranks'][300])
     (other / 'tokenizer.json').write_text(json.dumps(spec))
     model_cfg, cfg = load_config(
         None, [f'--data={pystdlib_data}:0.5,{other}:0.5', '--vocab_size=512']
@@ -243,9 +233,8 @@ def test_two_processes_read_the_mixture_like_one(mixture_run, tmp_path):
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
     reference, losses = step_losses(read_metrics(full)), step_losses(read_metrics(tmp_path / 'out'))
     assert sorted(losses) == sorted(reference)
-    assert (
-        max(abs(losses[s] - reference[s]) for s in losses) < 1e-5
-    )  # fp32: only the order of the sums differs
+    # fp32: only the order of the sums differs
+    assert max(abs(losses[s] - reference[s]) for s in losses) < 1e-5
 
 
 # -----------------------------------------------------------------------------------------------------
@@ -261,9 +250,8 @@ def test_the_ledger_counts_what_the_run_drew_from_each_source(
     stream, _, _ = data.open_data(model_cfg, cfg)
     position = 8 * 256 // 32  # 8 steps of 8 sequences
     drawn = [0, 0]
-    for k in range(
-        position
-    ):  # which stream each sequence the run read came from, found by its tokens
+    # which stream each sequence the run read came from, found by its tokens
+    for k in range(position):
         sequence = stream.sequence(k)
         matches = [
             s for s in (0, 1) if np.array_equal(sequence, stream.streams[s].sequence(drawn[s]))

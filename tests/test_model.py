@@ -157,10 +157,8 @@ def test_meta_construction_then_init_weights_is_complete_and_deterministic():
     real_model.init_weights()
     for (name, a), (_, b) in zip(meta_model.state_dict().items(), real_model.state_dict().items()):
         assert torch.equal(a, b), name
-    for name in (
-        'rope_cos',
-        'rope_sin',
-    ):  # non-persistent buffers: not in state_dict, rebuilt by init_weights
+    # non-persistent buffers: not in state_dict, rebuilt by init_weights
+    for name in ('rope_cos', 'rope_sin'):
         assert torch.equal(getattr(meta_model, name), getattr(real_model, name))
 
 
@@ -227,9 +225,8 @@ def test_recompute_of_a_compiled_block_reruns_it_whole():
     def counting_compiler(graph, example_inputs):
         def run(*args):
             with FlopCounterMode(display=False) as counter:
-                out = torch.fx.Interpreter(graph).run(
-                    *args
-                )  # not graph(...): no module hooks inside autograd
+                # not graph(...): no module hooks inside autograd
+                out = torch.fx.Interpreter(graph).run(*args)
             counted.append(counter.get_total_flops())
             return out
 
@@ -289,9 +286,8 @@ def measured_activation_bytes(model, micro_batch, recompute, autocast=False):
         if recompute:
             x = torch.randn(micro_batch, config.block_size, config.n_embd, requires_grad=True)
             cos, sin = (model.rope_cos, model.rope_sin) if config.arch == 'llama' else (None, None)
-            total += saved_bytes(
-                lambda: model.blocks[0](x, cos, sin), exclude=state + [x]
-            )  # x is already held
+            # x is already held
+            total += saved_bytes(lambda: model.blocks[0](x, cos, sin), exclude=state + [x])
     return total
 
 
@@ -319,10 +315,8 @@ def predicted_activation_bytes(config, micro_batch, recompute, attention, dtype_
 
 # what each loss saves beyond the final norm's and its per-token row: the fp32 log-softmax, or lm_head's gradient
 LOSS_SAVED = {'full': 'log_softmax', 'chunked': 'grad_weight'}
-COMPILED_LOSS_SAVED = {
-    'full': 'logits',
-    'chunked': 'grad_weight',
-}  # compiled: lm_head's output, or as eager
+# compiled: lm_head's output, or as eager
+COMPILED_LOSS_SAVED = {'full': 'logits', 'chunked': 'grad_weight'}
 
 
 @pytest.mark.parametrize('recompute', [False, True], ids=['stored', 'recompute'])
@@ -474,9 +468,8 @@ def test_compiled_model_saves_what_the_ledger_says(config, recompute, autocast):
         parts = ledger.activation_bytes(
             config, micro_batch, recompute, dtype_bytes=a, compiled='model'
         )
-        saved = parts['total'] - parts.get(
-            'recomputed_block', 0
-        )  # that one is rebuilt in the backward
+        # that one is rebuilt in the backward
+        saved = parts['total'] - parts.get('recomputed_block', 0)
         loss = ledger.logits_bytes(config, micro_batch, a, compiled=True)
         copy = 2 * config.vocab_size * config.n_embd if autocast and config.loss == 'chunked' else 0
         predicted = saved + loss[COMPILED_LOSS_SAVED[config.loss]] - copy  # as eager: not saved
@@ -564,9 +557,8 @@ def test_attention_matches_reference_and_gqa_with_all_heads_is_multi_head(n_kv_h
     torch.testing.assert_close(
         attn(x, cos, sin), reference_attention(attn, x, cos, sin), atol=1e-5, rtol=1e-4
     )
-    if (
-        n_kv_head == config.n_head
-    ):  # n_kv_head = n_head is the same model as n_kv_head = 0 (plain multi-head)
+    # n_kv_head = n_head is the same model as n_kv_head = 0 (plain multi-head)
+    if n_kv_head == config.n_head:
         torch.manual_seed(0)
         plain = GPT(tiny(n_kv_head=0))
         torch.manual_seed(0)
@@ -658,9 +650,8 @@ def test_generate(arch):
     config = tiny(arch=arch, block_size=16)
     model = GPT(config).eval()
     prompt = torch.randint(0, config.vocab_size, (2, 5))
-    out = model.generate(
-        prompt, max_new_tokens=20, temperature=0.8, top_k=10
-    )  # runs past block_size: crops
+    # runs past block_size: crops
+    out = model.generate(prompt, max_new_tokens=20, temperature=0.8, top_k=10)
     assert out.shape == (2, 25) and torch.equal(out[:, :5], prompt)
     assert 0 <= out.min() and out.max() < config.vocab_size
     greedy = model.generate(prompt, max_new_tokens=8, top_k=1)

@@ -103,9 +103,8 @@ def test_active_params_are_what_one_token_touches(config):
         p.numel() for p in model.parameters() if p.grad is not None and p.grad.abs().sum() > 0
     )
     assert touched == ledger.count_params(config)['active']
-    for layer in (
-        model.moe
-    ):  # exactly top_k routed experts per MoE layer got a gradient; the rest hold zeros
+    # exactly top_k routed experts per MoE layer got a gradient; the rest hold zeros
+    for layer in model.moe:
         visited = [e for e in layer.experts if e.down_proj.weight.grad.abs().sum() > 0]
         assert len(visited) == config.top_k
 
@@ -201,9 +200,8 @@ def test_balance_loss_is_weighed_per_target_like_the_loss():
     assert summed.item() == pytest.approx(mean.item() * 59, rel=1e-5)
     model.eval()
     with torch.no_grad():
-        assert model(idx, targets)[1].item() == pytest.approx(
-            plain.item(), rel=1e-6
-        )  # eval: the loss alone
+        # eval: the loss alone
+        assert model(idx, targets)[1].item() == pytest.approx(plain.item(), rel=1e-6)
 
 
 def test_train_logs_the_load_at_log_steps(tmp_path):
@@ -242,9 +240,8 @@ def test_train_logs_the_load_at_log_steps(tmp_path):
         for share, cv in zip(entry['expert_load'], entry['expert_load_cv']):
             assert len(share) == 8 and sum(share) == pytest.approx(8)  # shares x n_experts: mean 1
             assert cv == pytest.approx(torch.tensor(share).std(correction=0).item(), rel=1e-6)
-    tokens, cv, shares = plot.read_load(
-        tmp_path / 'out'
-    )  # and moe.png beside loss.png: the load on a plot
+    # and moe.png beside loss.png: the load on a plot
+    tokens, cv, shares = plot.read_load(tmp_path / 'out')
     assert tokens.tolist() == [e['tokens'] for e in loads] and cv.tolist() == [
         e['expert_load_cv'] for e in loads
     ]
@@ -252,9 +249,8 @@ def test_train_logs_the_load_at_log_steps(tmp_path):
         shares.tolist() == loads[-1]['expert_load']
         and (tmp_path / 'out' / 'moe.png').stat().st_size > 0
     )
-    saved, _ = checkpoint.load_model(
-        str(tmp_path / 'out'), torch.device('cpu')
-    )  # the biases are in checkpoints
+    # the biases are in checkpoints
+    saved, _ = checkpoint.load_model(str(tmp_path / 'out'), torch.device('cpu'))
     assert (
         torch.stack([layer.router_bias for layer in saved.moe]).tolist() == loads[-1]['router_bias']
     )
@@ -313,9 +309,8 @@ def test_ledger_prints_total_beside_active(path):
     assert prediction['flops_per_token']['matmul'] == 6 * params[
         'matmul'
     ] + 12 * model.n_layer * model.n_embd * (model.block_size)
-    assert (
-        memory['book_active_model_states'] == 16 * params['active']
-    )  # one process: the book's 16 x active
+    # one process: the book's 16 x active
+    assert memory['book_active_model_states'] == 16 * params['active']
     assert memory['model_states'] > memory['book_active_model_states']  # held: ~16 x the total
     assert 'book: 16 x active' in text
 
@@ -332,9 +327,8 @@ def test_the_comparison_pairs_the_same_active_ffn_width(small):
     assert experts.n_experts and not dense.n_experts
     assert (experts.top_k + experts.n_shared_experts) * experts.expert_hidden == dense.ffn_width
     dense_params, moe_params = ledger.count_params(dense), ledger.count_params(experts)
-    router = (
-        experts.moe_layers * experts.n_experts * experts.n_embd
-    )  # the only active weights the dense model lacks
+    # the only active weights the dense model lacks
+    router = experts.moe_layers * experts.n_experts * experts.n_embd
     assert moe_params['active'] == dense_params['total'] + router
     assert moe_params['total'] > dense_params['total']
 
@@ -344,9 +338,8 @@ def test_readme_table_counts_are_the_ledgers():
         rows = [line for line in f if line.startswith(('| dense |', '| moe |'))]
     assert len(rows) == 2
     for row, name in zip(rows, ('dense', 'moe'), strict=True):
-        model, _ = sweep.point_config(
-            moe_vs_dense.points(small=True)[name]
-        )  # the README's run: --small
+        # the README's run: --small
+        model, _ = sweep.point_config(moe_vs_dense.points(small=True)[name])
         params = ledger.count_params(model)
         cells = [cell.strip() for cell in row.split('|')[1:-1]]
         assert cells[1:4] == [

@@ -79,9 +79,8 @@ def restore(name, tokens, mask):
                 body = body[1:s] + body[k + 1 :] + body[s + 1 : k]
         elif name == 'ul2' and body[:1] and body[0] in MODES:
             body, carries = body[1:], carries[1:]
-            if (
-                MODES.index(tokens[start + lead]) > 0
-            ):  # R or X: input with sentinels, then sentinel, span, ...
+            # R or X: input with sentinels, then sentinel, span, ...
+            if MODES.index(tokens[start + lead]) > 0:
                 first = int(np.argmax(carries))
                 inputs, targets = body[:first], body[first:]
                 cuts = [i for i, t in enumerate(targets) if t in SENTINELS] + [len(targets)]
@@ -122,18 +121,15 @@ def test_each_transform_is_invertible(name):
     for sequence, (tokens, mask, used) in zip(sequences, transformed(name, sequences)):
         assert tokens.shape == mask.shape == sequence.shape
         restored = restore(name, tokens, mask)
-        assert (
-            restored[:used].tolist() == sequence[:used].tolist()
-        )  # the source, up to what was used ...
+        # the source, up to what was used ...
+        assert restored[:used].tolist() == sequence[:used].tolist()
         assert (restored[used:] == EOT).all()  # ... then only padding
         added = np.isin(tokens, [PRE, SUF, MID] + MODES + SENTINELS).sum()
-        assert (
-            len(tokens) == len(restored) + added
-        )  # every position is a source token, a special one or padding
+        # every position is a source token, a special one or padding
+        assert len(tokens) == len(restored) + added
         if name == 'prefix_lm':
-            assert (
-                used == len(sequence) and tokens.tolist() == sequence.tolist()
-            )  # only the loss changes
+            # only the loss changes
+            assert used == len(sequence) and tokens.tolist() == sequence.tolist()
         if name == 'fim':  # 3 sentinels a FIM fragment push as many tokens out; FIM never pads
             assert used == len(sequence) - 3 * (tokens == PRE).sum() and len(restored) == used
         if name == 'ul2':  # UL2 pads only a gap too short for another sentinel pair or mode token
@@ -145,15 +141,13 @@ def test_prefix_lm_loss_is_the_fragment_after_its_cut():
     sequences = [packed(rng) for _ in range(300)]
     for tokens, mask, _ in transformed('prefix_lm', sequences):
         for start, end in fragments(tokens):
-            lead = int(
-                tokens[start] == EOT
-            )  # it ends the document before: a target (test_the_end_of_text_...)
+            # it ends the document before: a target (test_the_end_of_text_...)
+            lead = int(tokens[start] == EOT)
             carries = mask[start + lead : end]
             cut = int(np.argmax(carries)) if carries.any() else end - start - lead
             assert not carries[:cut].any() and carries[cut:].all()  # given, then predicted: one cut
-            assert (cut + lead >= 1) and (
-                end - start < 2 or cut < end - start - lead
-            )  # a token on each side
+            # a token on each side
+            assert (cut + lead >= 1) and (end - start < 2 or cut < end - start - lead)
 
 
 def test_fim_carries_loss_everywhere_and_ul2_exactly_on_its_targets():
@@ -168,9 +162,8 @@ def test_fim_carries_loss_everywhere_and_ul2_exactly_on_its_targets():
             if not len(body) or body[0] not in MODES:  # leftovers or padding: given
                 assert not carries[lead:].any()
                 continue
-            assert (
-                carries[:lead].all() and not carries[lead]
-            )  # the end-of-text token is a target, the mode given
+            # the end-of-text token is a target, the mode given
+            assert carries[:lead].all() and not carries[lead]
             carries = carries[lead:]
             if body[0] == MODES[0]:  # S: a prefix LM after the mode token
                 cut = int(np.argmax(carries)) if carries.any() else end - start - lead
@@ -190,14 +183,12 @@ def test_the_end_of_text_token_carries_loss_as_under_clm(name):
     sequences = np.stack([packed(rng) for _ in range(300)])
     ends, carried = 0, 0
     for sequence, (tokens, mask, used) in zip(sequences, transformed(name, sequences)):
-        ends += int(
-            (sequence[1:used] == EOT).sum()
-        )  # position 0 is no target (nothing predicts it)
+        # position 0 is no target (nothing predicts it)
+        ends += int((sequence[1:used] == EOT).sum())
         carried += int((mask[1:] & (tokens[1:] == EOT)).sum())
     assert carried == ends and ends > 1000
-    _, targets = make(name)(
-        sequences, 0
-    )  # and through the batch API: as many end-of-text targets as under clm
+    # and through the batch API: as many end-of-text targets as under clm
+    _, targets = make(name)(sequences, 0)
     _, clm_targets = objectives.CLM(sequences, 0)
     assert (targets == EOT).sum() == carried <= (clm_targets == EOT).sum()
 
@@ -277,9 +268,8 @@ def test_ul2_mixture_and_its_denoisers():
         targets = tokens[1:end][mask[1:end]]
         spans = np.isin(targets, SENTINELS).sum()
         masked = len(targets) - spans
-        if (
-            mode == 1
-        ):  # R: T5's 15% in spans of mean 3, exactly by its arithmetic: 22 tokens in 7 spans
+        # R: T5's 15% in spans of mean 3, exactly by its arithmetic: 22 tokens in 7 spans
+        if mode == 1:
             assert (masked, spans) == (round(doc * 0.15), round(round(doc * 0.15) / 3)) == (22, 7)
         if mode == 2:  # X: the book's "spans over 12 tokens or ~50% masked"
             assert masked / spans > 12 or masked / doc >= 0.5 - 1 / doc
@@ -379,9 +369,8 @@ def test_special_tokens_are_reserved_in_our_bpe(pystdlib_data):
 def test_gpt2_reserves_them_in_the_padding(tmp_path, monkeypatch):
     from tiktoken_ext import openai_public
 
-    ranks = {
-        bytes([i]): i for i in range(256)
-    }  # GPT-2's layout in small: ranks, then <|endoftext|>
+    # GPT-2's layout in small: ranks, then <|endoftext|>
+    ranks = {bytes([i]): i for i in range(256)}
     monkeypatch.setattr(
         openai_public,
         'gpt2',
@@ -393,9 +382,8 @@ def test_gpt2_reserves_them_in_the_padding(tmp_path, monkeypatch):
     )
     prepare.make_gpt2_tokenizer(str(tmp_path))
     enc = data.load_tokenizer(str(tmp_path))
-    assert (
-        data.reserved_ids(enc) == prepare.reserve(257) and enc.n_vocab == 257 + 22
-    )  # 50,279 for GPT-2
+    # 50,279 for GPT-2
+    assert data.reserved_ids(enc) == prepare.reserve(257) and enc.n_vocab == 257 + 22
     assert prepare.tokenizer_meta(enc)['special_tokens']['<|fim_prefix|>'] == 257
 
 
@@ -415,9 +403,8 @@ def test_a_folder_without_special_tokens(tmp_path, capsys):
     assert prepare.main(argv + ['--no-special-tokens']) == 0
     meta = data.load_meta(out)
     assert meta['special_tokens'] == {} and meta['vocab_size'] == 300 and meta['eot_id'] == 299
-    assert (
-        objectives.build(keys(out, objective='prefix_lm'), meta).name == 'prefix_lm'
-    )  # needs none
+    # needs none
+    assert objectives.build(keys(out, objective='prefix_lm'), meta).name == 'prefix_lm'
     with pytest.raises(DataError) as error:
         objectives.build(keys(out, objective='fim'), meta)
     assert str(error.value) == (
@@ -469,9 +456,8 @@ def test_bad_keys_are_one_line(pystdlib_data):
         r"prepare.py; data='synthetic' has none$",
     ):
         objectives.build(keys('synthetic', objective='fim'), None)
-    assert (
-        objectives.build(keys('synthetic', objective='prefix_lm'), None).eot == -1
-    )  # one fragment a sequence
+    # one fragment a sequence
+    assert objectives.build(keys('synthetic', objective='prefix_lm'), None).eot == -1
 
 
 # -----------------------------------------------------------------------------------------------------
@@ -510,9 +496,8 @@ def test_a_run_says_which_tokens_carry_loss(pystdlib_data, tmp_path, capsys):
     )
     prediction = json.loads((tmp_path / 'out' / 'ledger.json').read_text())
     assert prediction['data']['loss_tokens'] == 256 and prediction['data']['loss_fraction'] == 0.5
-    assert (
-        prediction['flops_per_token'] == ledger.predict(*load_config(config))['flops_per_token']
-    )  # unchanged
+    # unchanged
+    assert prediction['flops_per_token'] == ledger.predict(*load_config(config))['flops_per_token']
 
 
 @pytest.mark.parametrize(
@@ -566,9 +551,8 @@ def test_each_objective_resumes_bit_exactly(name, pystdlib_data, fim_run, tmp_pa
     assert sorted(expected) == list(range(1, STEPS + 1)) and all(
         math.isfinite(v) for v in expected.values()
     )
-    assert [losses[s] for s in range(1, STEPS + 1)] == [
-        expected[s] for s in range(1, STEPS + 1)
-    ]  # exactly
+    # exactly
+    assert [losses[s] for s in range(1, STEPS + 1)] == [expected[s] for s in range(1, STEPS + 1)]
     # and the runs trained on the objective: FIM's sentinels in the inputs, or part of the targets ignored
     inputs, targets = (np.concatenate(arrays) for arrays in zip(*made))
     carrying = (targets != IGNORE_INDEX).mean()
@@ -647,9 +631,8 @@ class Stream:
 
 def test_the_log_names_context_level_fim_and_ul2s_real_spans():
     rng = np.random.default_rng(10)
-    stream = Stream(
-        [one_document(rng, 255, n=257) for _ in range(64)]
-    )  # one 255-token document a sequence
+    # one 255-token document a sequence
+    stream = Stream([one_document(rng, 255, n=257) for _ in range(64)])
     assert objectives.describe(make('fim'), stream).startswith(
         'fim: context-level FIM (Bavarian et al. 2022'
     )
@@ -664,6 +647,5 @@ def test_the_log_names_context_level_fim_and_ul2s_real_spans():
         'ul2 at block_size 256: mean span length and share masked as drawn on the first 64 '
     )
     assert f'X (span 64, 15%): {masked:.1f}, {masked / length:.0%} masked' in line
-    assert (
-        'X (span 3, 50%): 3.0' in line and 'R (' not in line
-    )  # no R fragment drawn at these rates
+    # no R fragment drawn at these rates
+    assert 'X (span 3, 50%): 3.0' in line and 'R (' not in line

@@ -106,13 +106,11 @@ def test_the_main_run_keeps_the_start_of_its_branch(main_run):
         12 * STEP_TOKENS,
         12 * 8,
     )
-    overtrain.check_branch_start(
-        kept, *load_config(config_path)
-    )  # in the stable phase: a branch may start there
+    # in the stable phase: a branch may start there
+    overtrain.check_branch_start(kept, *load_config(config_path))
     lrs = {e['step']: e['lr'] for e in read_metrics(main) if 'lr' in e}
-    assert lrs[12] == lrs[13] == lrs[19] == PEAK and lrs[24] == pytest.approx(
-        FLOOR
-    )  # the main run: stable at 13
+    # the main run: stable at 13
+    assert lrs[12] == lrs[13] == lrs[19] == PEAK and lrs[24] == pytest.approx(FLOOR)
 
 
 def test_a_branch_continues_the_main_run_and_decays_to_the_floor(main_run, branch):
@@ -133,9 +131,8 @@ def test_a_branch_continues_the_main_run_and_decays_to_the_floor(main_run, branc
     # step 13's loss is measured before its update, on the weights of step 12 and the data after position 96:
     # the main run's own step 13, to the bit, if the branch took both over
     assert steps[0]['loss'] == step_losses(read_metrics(main))[13]
-    assert (
-        steps[1]['loss'] != step_losses(read_metrics(main))[14]
-    )  # from there a lower LR: another run
+    # from there a lower LR: another run
+    assert steps[1]['loss'] != step_losses(read_metrics(main))[14]
     end = checkpoint.read_state(checkpoint.latest(out_dir))['run']
     assert (end['step'], end['tokens_seen'], end['position']) == (15, 15 * STEP_TOKENS, 15 * 8)
     assert sorted(os.listdir(os.path.join(out_dir, 'ckpt'))) == ['LATEST', 'step_0000015']
@@ -161,12 +158,10 @@ def test_a_branch_resumes_bit_exactly(main_run, branch, tmp_path, capsys):
     assert train.main(flags) == 2  # its folder holds a branch now: the same rule as any run's
     assert 'already holds checkpoints: pass --resume' in capsys.readouterr().err
     assert train.main(flags + ['--resume']) == 0
-    assert step_losses(read_metrics(tmp_path / 'b')) == step_losses(
-        read_metrics(branch[0])
-    )  # exactly equal
-    assert (
-        train.main(flags + ['--resume', '--cooldown_tokens=1024']) == 2
-    )  # its own decay may not change silently
+    # exactly equal
+    assert step_losses(read_metrics(tmp_path / 'b')) == step_losses(read_metrics(branch[0]))
+    # its own decay may not change silently
+    assert train.main(flags + ['--resume', '--cooldown_tokens=1024']) == 2
     assert 'with a changed cooldown_tokens 768 -> 1024' in capsys.readouterr().err
 
 
@@ -286,12 +281,10 @@ def test_the_schedule_of_a_branch():
     total = 1000  # 10 warmup steps, the peak to step 799; a branch of 100 steps from step 400
     assert list(overtrain.stable_steps(total, cfg)) == list(range(10, 800))
     lrs = [train.lr_at(step, total, cfg, cooldown=(400, 100)) for step in range(398, 500)]
-    assert lrs[:2] == [1e-3, 1e-3] and lrs[2] == pytest.approx(
-        1e-3 - 9e-4 / 100
-    )  # the first step decays
-    assert lrs[51] == pytest.approx(5.5e-4) and lrs[-1] == pytest.approx(
-        1e-4
-    )  # half-way; the floor
+    # the first step decays
+    assert lrs[:2] == [1e-3, 1e-3] and lrs[2] == pytest.approx(1e-3 - 9e-4 / 100)
+    # half-way; the floor
+    assert lrs[51] == pytest.approx(5.5e-4) and lrs[-1] == pytest.approx(1e-4)
     assert all(np.diff(lrs[1:]) < 0)  # falling at every step
 
 
@@ -300,9 +293,8 @@ def test_the_overtrain_config_branches_at_one_and_two_chinchillas():
     step_tokens = train.tokens_per_micro_step(model_cfg, train_cfg, 1)
     total = train.planned_steps(train_cfg, step_tokens)  # ceil(100e9 / 524,288)
     assert total == 190_735 and overtrain.stable_steps(total, train_cfg) == range(572, 152_588)
-    points = overtrain.branch_points(
-        train_cfg, step_tokens
-    )  # ceil(0.8 x 26e9 / 524,288) and ceil(0.8 x 52e9 / ...)
+    # ceil(0.8 x 26e9 / 524,288) and ceil(0.8 x 52e9 / ...)
+    points = overtrain.branch_points(train_cfg, step_tokens)
     assert points == {39_673: 26_000_000_000, 79_346: 52_000_000_000}
     runs = overtrain.plan(model_cfg, train_cfg)
     assert [(r.schedule, r.length, r.tokens) for r in runs] == [
@@ -313,9 +305,8 @@ def test_the_overtrain_config_branches_at_one_and_two_chinchillas():
         ('cosine', 52e9, 52e9),
         ('cosine', 100e9, 100e9),
     ]
-    assert runs[0].flags == [
-        '--keep_steps=39673,79346'
-    ]  # the branches' starts outlive keep_ckpts = 3
+    # the branches' starts outlive keep_ckpts = 3
+    assert runs[0].flags == ['--keep_steps=39673,79346']
     assert runs[1].out_dir == 'out/h200_1b3_overtrain_cooldown_26B' and runs[1].flags == [
         '--cooldown_from=out/h200_1b3_overtrain/ckpt/step_0039673',
         '--cooldown_tokens=5199922176',
@@ -366,9 +357,8 @@ def test_a_checkpoint_older_than_the_experiments_keys_still_resumes(main_run, mo
     continuation.check_resumable(
         checkpoint.latest(main), model_cfg, train_cfg, set(), processes.setup_cluster()
     )
-    assert (
-        'changed' not in capsys.readouterr().out
-    )  # each missing key had its default: nothing changed
+    # each missing key had its default: nothing changed
+    assert 'changed' not in capsys.readouterr().out
 
 
 # -----------------------------------------------------------------------------------------------------
@@ -410,9 +400,8 @@ def test_overtrain_runs_the_experiment_and_tabulates_it(pystdlib_data, tmp_path,
             f"{bpb[cosine]:.4f} | {bpb[wsd] - bpb[cosine]:+.4f} |"
         )
     assert os.path.isfile(tmp_path / 'x' / 'branches.png')
-    assert [e['lr'] for e in read_metrics(folders[2]) if 'lr' in e][-1] == pytest.approx(
-        FLOOR
-    )  # cosine, 15 steps
+    # cosine, 15 steps
+    assert [e['lr'] for e in read_metrics(folders[2]) if 'lr' in e][-1] == pytest.approx(FLOOR)
     # the same command again: every run is complete, nothing is trained or logged again
     metrics = [open(os.path.join(folder, 'metrics.jsonl')).read() for folder in folders]
     assert overtrain.main([config_path]) == 0

@@ -145,9 +145,8 @@ def test_a_part_without_a_hugging_face_class_is_refused_in_one_line():
         match=r"mlp = 'relu2' \(ReLU² MLP\) has no Hugging Face export: the classes that hold it are "
         r"GPT2LMHeadModel, ArceeForCausalLM, and none",
     ):
-        export.hf_class_of(
-            tiny(mlp='relu2', qk_norm='learned')
-        )  # Qwen3 has SwiGLU, Arcee no QK-norm
+        # Qwen3 has SwiGLU, Arcee no QK-norm
+        export.hf_class_of(tiny(mlp='relu2', qk_norm='learned'))
     with pytest.raises(
         ConfigError, match=r"qk_norm = 'weightless' .* classes that hold it are Qwen3"
     ):
@@ -181,9 +180,8 @@ def test_a_fork_without_its_row_stops_in_one_line_or_runs_unverified_with_force(
 
     build, attend = model.Attention.__init__, model.Attention.forward
 
-    def with_a_gain(
-        self, config
-    ):  # a fork's new tensor, its row not written (a norm: init_weights sets it)
+    # a fork's new tensor, its row not written (a norm: init_weights sets it)
+    def with_a_gain(self, config):
         build(self, config)
         self.gain = torch.nn.RMSNorm(config.n_head)
 

@@ -54,9 +54,10 @@ def write_run(folder, params=4000, steps=100):
         if step % 20 == 0:
             entries.append({'step': step, 'val_loss': loss_at(step) + 0.1})
     entries.append({'step': steps, 'hellaswag': 0.27, 'hellaswag_stderr': 0.004})
+    # mid-write
     (folder / 'metrics.jsonl').write_text(
         ''.join(json.dumps(e) + '\n' for e in entries) + '{"step": 10'
-    )  # mid-write
+    )
     (folder / 'ledger.json').write_text(json.dumps({'params': {'total': params}}))
     return str(folder)
 
@@ -69,9 +70,8 @@ def test_the_run_is_read_right(tmp_path):
     run = plot.read_run(write_run(tmp_path / 'run'))
     tokens, losses = run['train']
     assert list(tokens) == [step * BATCH for step in range(1, 101)]
-    assert all(
-        abs(losses[step - 1] - loss_at(step)) < 0.3 for step in range(51, 60)
-    )  # not the abandoned +1
+    # not the abandoned +1
+    assert all(abs(losses[step - 1] - loss_at(step)) < 0.3 for step in range(51, 60))
     assert list(run['val'][0]) == [20_000, 40_000, 60_000, 80_000, 100_000]
     assert (list(run['rollbacks'][0]), list(run['rollbacks'][1])) == ([60_000], [9.9])
     assert list(run['hellaswag'][0]) == [50_000, 100_000] and list(run['hellaswag'][1]) == [
@@ -84,18 +84,18 @@ def test_the_run_is_read_right(tmp_path):
 def test_the_moving_average():
     line = np.linspace(8, 3, 500)
     assert np.allclose(plot.smooth(line), line)  # centered: no lag behind a falling loss
-    noise = np.random.default_rng(2).normal(
-        size=5000
-    )  # 101 points a window: the noise / sqrt(101) ~ 10
+    # 101 points a window: the noise / sqrt(101) ~ 10
+    noise = np.random.default_rng(2).normal(size=5000)
     smoothed = plot.smooth(noise)
     assert (
         smoothed[100:-100].std() < noise.std() / 5
         and smoothed[0] == noise[0]
         and smoothed[-1] == noise[-1]
     )
+    # 5 at least
     assert np.allclose(
         plot.smooth(noise[:9])[2:-2], np.convolve(noise[:9], np.ones(5) / 5, 'valid')
-    )  # 5 at least
+    )
 
 
 def test_the_picture(tmp_path):
@@ -106,9 +106,8 @@ def test_the_picture(tmp_path):
     assert list(chinchilla.get_xdata()) == [80_000, 80_000]  # 20 x 4,000 parameters
     [rollback] = lines_labelled(ax, 'run rollback')
     assert list(rollback.get_xdata()) == [60_000, 60_000]
-    assert ax.get_ylim()[1] < loss_at(1) and ax.get_ylim()[0] < min(
-        plot.read_run(run)['train'][1]
-    )  # steep start cut
+    # steep start cut
+    assert ax.get_ylim()[1] < loss_at(1) and ax.get_ylim()[0] < min(plot.read_run(run)['train'][1])
     [average] = lines_labelled(ax, 'run train (moving average)')
     assert list(average.get_ydata()) == list(plot.smooth(plot.read_run(run)['train'][1]))
     [errorbars] = scores.containers
@@ -126,16 +125,14 @@ def test_the_picture(tmp_path):
     ink = (image[:, :, :3] < 0.9).any(axis=2)
     assert 0.02 < ink.mean() < 0.5  # lines and text on a white page
     # the dotted Chinchilla line: in the picture, the column at x = 80K tokens is inked over much of the plot's height
-    fig.savefig(
-        tmp_path / 'same.png'
-    )  # the layout is settled when drawn: the axes' transforms hold from here
+    # the layout is settled when drawn: the axes' transforms hold from here
+    fig.savefig(tmp_path / 'same.png')
     ink = (matplotlib.image.imread(tmp_path / 'same.png')[:, :, :3] < 0.9).any(axis=2)
     x = int(round(ax.transData.transform((80_000, 0))[0]))
     top, bottom = (600 - ax.transAxes.transform(corner)[1] for corner in ((0, 1), (0, 0)))
     assert ink[int(top) + 5 : int(bottom) - 5, x - 1 : x + 2].any(axis=1).mean() > 0.4
-    assert (
-        ink[int(top) + 5 : int(bottom) - 5, x + 20 : x + 23].any(axis=1).mean() < 0.2
-    )  # beside it: mostly white
+    # beside it: mostly white
+    assert ink[int(top) + 5 : int(bottom) - 5, x + 20 : x + 23].any(axis=1).mean() < 0.2
 
 
 def test_runs_overlay(tmp_path, capsys):
@@ -150,9 +147,8 @@ def test_runs_overlay(tmp_path, capsys):
         {line.get_color() for line in lines_labelled(ax, 'big')},
     )
     assert colors == ({'C0'}, {'C1'})
-    assert (
-        not lines_labelled(ax, 'big 20 x P') and ax.get_xlim()[1] < 200_000
-    )  # not stretched to 200M
+    # not stretched to 200M
+    assert not lines_labelled(ax, 'big 20 x P') and ax.get_xlim()[1] < 200_000
     legend = [text.get_text() for text in fig.legends[0].get_texts()]
     assert 'short val' in legend and 'big val' in legend and 'HellaSwag chance (25%)' in legend
     assert 'big: 20 x P = 200M tokens (Chinchilla), 2,000 x its tokens' in legend
@@ -168,9 +164,8 @@ def test_draw_run_never_raises(tmp_path, capsys, monkeypatch):
     fresh.mkdir()
     (fresh / 'metrics.jsonl').write_text('')
     assert plot.draw_run(str(fresh)) is None and plot.draw_run(str(fresh)) is None
-    monkeypatch.setitem(
-        sys.modules, 'matplotlib.figure', None
-    )  # as if matplotlib were not installed
+    # as if matplotlib were not installed
+    monkeypatch.setitem(sys.modules, 'matplotlib.figure', None)
     assert plot.draw_run(run) is None and plot.draw_run(run) is None
     said = capsys.readouterr().err.strip().split('\n')
     assert (

@@ -51,9 +51,8 @@ def test_pystdlib_end_to_end(pystdlib_data):
     ]
     assert meta['val_tokens'] == len(data.open_shard(val[0])) > 10_000
     assert meta['train_tokens'] == len(data.open_shard(train[0])) > 10 * meta['val_tokens']
-    assert (
-        meta['max_token_id'] == max(int(data.open_shard(p).max()) for p in val + train) == 511
-    )  # eot
+    # eot
+    assert meta['max_token_id'] == max(int(data.open_shard(p).max()) for p in val + train) == 511
     # the shards hold exactly the split's files, in order, each led by the end-of-text token
     files = prepare.pystdlib_files(max_files=150)
     documents = []
@@ -85,9 +84,8 @@ def test_pystdlib_is_identical_across_runs(pystdlib_data, tmp_path, capsys):
         match="already holds a dataset made with other settings: tokenizer='bpe:512' \\(this run: 'bpe:300'\\)",
     ):
         prepare.prepare_pystdlib(str(tmp_path), tokenizer='bpe:300', workers=1, max_files=150)
-    (tmp_path / 'meta.json').write_text(
-        '{"vocab_size": '
-    )  # damaged: the rerun makes the folder again
+    # damaged: the rerun makes the folder again
+    (tmp_path / 'meta.json').write_text('{"vocab_size": ')
     assert prepare.prepare_pystdlib(
         str(tmp_path), tokenizer='bpe:512', workers=1, max_files=150
     ) == data.load_meta(pystdlib_data)
@@ -359,9 +357,8 @@ class FakeHubHandler(http.server.BaseHTTPRequestHandler):
             return (
                 self.send_json({'sha': SHA}) if revision in ('main', SHA) else self.send_error(404)
             )
-        if (
-            self.path == f'/api/models/{NEOX}/tree/{SHA}'
-        ):  # a file kept in git has its blob id as oid
+        # a file kept in git has its blob id as oid
+        if self.path == f'/api/models/{NEOX}/tree/{SHA}':
             return self.send_json(
                 [
                     {'type': 'file', 'path': p, 'size': len(b), 'oid': git_blob_id(b)}
@@ -371,9 +368,8 @@ class FakeHubHandler(http.server.BaseHTTPRequestHandler):
         match = re.fullmatch(
             f'/api/datasets/{hub.repo}/tree/{SHA}/([^?]+)(?:\\?page=(\\d+))?', self.path
         )
-        if (
-            match
-        ):  # two entries per page, to exercise the Link header; LFS files carry size and sha256
+        # two entries per page, to exercise the Link header; LFS files carry size and sha256
+        if match:
             folder, page = match.group(1), int(match.group(2) or 0)
             entries = [
                 {
@@ -451,9 +447,8 @@ class FakeHubHandler(http.server.BaseHTTPRequestHandler):
         etags = hub.etag.get(path, [f'"{sha256(store[path])}"'])
         etag = etags.pop(0) if len(etags) > 1 else etags[0]
         start = 0
-        if (
-            self.headers.get('Range') and self.headers.get('If-Range', etag) == etag
-        ):  # If-Range: only if unchanged
+        # If-Range: only if unchanged
+        if self.headers.get('Range') and self.headers.get('If-Range', etag) == etag:
             start = int(re.fullmatch(r'bytes=(\d+)-', self.headers['Range']).group(1))
             self.send_response(206)
             self.send_header('Content-Range', f'bytes {start}-{len(body) - 1}/{len(body)}')
@@ -596,9 +591,8 @@ def test_fineweb_stops_at_tokens_without_extra_downloads(hub, tmp_path):
         all_tokens(str(out))
     )
     assert {r['path'] for r in hub.log} == {'sample/10BT/000_00000.parquet'}
-    meta = fineweb(
-        hub, out, tokens=30_000, val_tokens=500
-    )  # a larger --tokens carries on into the next file
+    # a larger --tokens carries on into the next file
+    meta = fineweb(hub, out, tokens=30_000, val_tokens=500)
     tokens = all_tokens(str(out))
     assert meta['val_tokens'] + meta['train_tokens'] == 30_000 == len(tokens)
     enc = data.load_tokenizer(str(out))
@@ -663,17 +657,15 @@ def test_fineweb_always_damaged_file_is_one_line(hub, tmp_path):
         match=f'002_00000.parquet: sha256 {sha256(flipped)} after 3 downloads, but the listing says {sha256(body)}',
     ):
         fineweb(hub, tmp_path / 'fw')
-    assert not [
-        n for n in os.listdir(tmp_path / 'fw' / 'downloads') if n.startswith('002')
-    ]  # nothing damaged kept
+    # nothing damaged kept
+    assert not [n for n in os.listdir(tmp_path / 'fw' / 'downloads') if n.startswith('002')]
 
 
 def test_fineweb_damaged_file_on_disk_is_downloaded_again(hub, reference, tmp_path, capsys):
     out = tmp_path / 'fw'
     os.makedirs(out / 'downloads')
-    (out / 'downloads' / '000_00000.parquet').write_bytes(
-        b'PAR1' + bytes(100)
-    )  # e.g. from an older, damaged run
+    # e.g. from an older, damaged run
+    (out / 'downloads' / '000_00000.parquet').write_bytes(b'PAR1' + bytes(100))
     fineweb(hub, out)
     size = len(hub.files['sample/10BT/000_00000.parquet'])
     assert (
@@ -741,9 +733,8 @@ def test_fineweb_rate_limit_waits_as_asked(hub, reference, tmp_path, capsys):
 
 
 def test_fineweb_stalled_server(hub, reference, tmp_path, capsys):
-    hub.stall[LAST] = [
-        2
-    ]  # once: silence longer than the read time-out (0.3 s) half way, then a resumed download
+    # once: silence longer than the read time-out (0.3 s) half way, then a resumed download
+    hub.stall[LAST] = [2]
     fineweb(hub, tmp_path / 'fw')
     assert (
         'sample/10BT/002_00000.parquet: no data for 0.3 s (read time-out): try 2 of at most 10 in 0.001 s'
@@ -768,9 +759,8 @@ def test_fineweb_stalled_server(hub, reference, tmp_path, capsys):
 
 def test_fineweb_gated_dataset_and_token(hub, reference, tmp_path, capsys, monkeypatch):
     hub.token = 'hf_secret'
-    cdn = serve(
-        FINEWEB_FILES, host='localhost'
-    )  # another host: the token must not follow the redirect there
+    # another host: the token must not follow the redirect there
+    cdn = serve(FINEWEB_FILES, host='localhost')
     hub.redirect = cdn.url
     monkeypatch.delenv('HF_TOKEN', raising=False)
     monkeypatch.setenv('HF_ENDPOINT', hub.url)  # the Hub's own variable: no --endpoint needed
@@ -808,9 +798,8 @@ def test_fineweb_gated_dataset_and_token(hub, reference, tmp_path, capsys, monke
     assert set(hub.api_auth) == {'Bearer hf_secret'} and {r['auth'] for r in hub.log} == {
         'Bearer hf_secret'
     }
-    assert len(cdn.log) == 3 and {r['auth'] for r in cdn.log} == {
-        None
-    }  # the CDN never saw the token
+    # the CDN never saw the token
+    assert len(cdn.log) == 3 and {r['auth'] for r in cdn.log} == {None}
     assert shard_bytes(tmp_path / 'fw') == shard_bytes(reference)
     cdn.shutdown()
     cdn.server_close()
@@ -937,18 +926,17 @@ def test_fineweb_interrupted_run_and_another_tokenizer(hub, tmp_path, capsys):
 
 
 def test_progress_is_plain_lines_in_a_log(hub, tmp_path, capsys, monkeypatch):
-    monkeypatch.setattr(
-        downloads, 'PROGRESS_EVERY_S', 0
-    )  # a line at every update (stdout here is not a terminal)
+    # a line at every update (stdout here is not a terminal)
+    monkeypatch.setattr(downloads, 'PROGRESS_EVERY_S', 0)
     fineweb(hub, tmp_path / 'fw', tokens=10_000)
     out = capsys.readouterr().out
     assert '\r' not in out
-    assert re.search(
-        r'^000_00000.parquet: +\d+% [\d.]+k?/[\d.]+k \[.*B/s\]$', out, re.M
-    )  # bytes and their rate
+    # bytes and their rate
+    assert re.search(r'^000_00000.parquet: +\d+% [\d.]+k?/[\d.]+k \[.*B/s\]$', out, re.M)
+    # ETA
     assert re.search(
         r'^fineweb_edu: +\d+% [\d.]+k?/10.0k \[\d\d:\d\d<\d\d:\d\d, .* tokens/s\]$', out, re.M
-    )  # ETA
+    )
 
 
 # -----------------------------------------------------------------------------------------------------
@@ -1002,9 +990,8 @@ def test_full_disk_is_one_line_and_loses_nothing(tmp_path, capsys, monkeypatch):
     out = str(tmp_path / 'data')
     real_fsync, calls = os.fsync, []
 
-    def fsync_then_full(
-        fd,
-    ):  # the 6th flushed write finds the disk full (a shard's or progress.json's)
+    # the 6th flushed write finds the disk full (a shard's or progress.json's)
+    def fsync_then_full(fd):
         calls.append(fd)
         if len(calls) == 6:
             raise OSError(28, 'No space left on device')
@@ -1040,9 +1027,8 @@ def test_full_disk_is_one_line_and_loses_nothing(tmp_path, capsys, monkeypatch):
     left = os.listdir(out)
     assert not [n for n in left if '.tmp' in n] and '.lock' not in left and 'meta.json' not in left
     monkeypatch.setattr(os, 'fsync', real_fsync)
-    prepare.prepare_files(
-        [str(tmp_path / 'a.jsonl')], out, **args
-    )  # space again: the rerun carries on
+    # space again: the rerun carries on
+    prepare.prepare_files([str(tmp_path / 'a.jsonl')], out, **args)
     assert shard_bytes(out) == shard_bytes(reference)
 
 
@@ -1062,9 +1048,8 @@ def test_read_only_folder_is_one_line(tmp_path, capsys, monkeypatch):
 def test_ctrl_c_is_one_line_and_leaves_no_debris(tmp_path):
     # Ctrl-C reaches the whole process group, tokenizing workers included: one line and exit 130, no traceback
     line = json.dumps({'text': ' '.join(make_documents(1, seed=7, min_words=200))}) + '\n'
-    (tmp_path / 'big.jsonl').write_text(
-        line * 100_000
-    )  # ~125 MB: tokenizing takes far longer than the 0.5 s below
+    # ~125 MB: tokenizing takes far longer than the 0.5 s below
+    (tmp_path / 'big.jsonl').write_text(line * 100_000)
     out = tmp_path / 'data'
     run = subprocess.Popen(
         [
@@ -1152,14 +1137,12 @@ def test_neox_tokenizer_from_the_hub(hub, tmp_path, monkeypatch, capsys):
     ]
     hub.model_files['tokenizer.json'] = neox_format_tokenizer(docs)
     reference = Tokenizer.from_str(hub.model_files['tokenizer.json'].decode())
-    reference.encode_special_tokens = (
-        True  # '<|endoftext|>' in a document is text, as everywhere in prepare.py
-    )
+    # '<|endoftext|>' in a document is text, as everywhere in prepare.py
+    reference.encode_special_tokens = True
     (tmp_path / 'a.jsonl').write_text(''.join(json.dumps({'text': doc}) + '\n' for doc in docs))
     out = tmp_path / 'data'
-    os.makedirs(
-        out / 'downloads'
-    )  # a damaged copy of the right size from an earlier run: checked, fetched again
+    # a damaged copy of the right size from an earlier run: checked, fetched again
+    os.makedirs(out / 'downloads')
     (out / 'downloads' / 'gpt-neox-20b-tokenizer.json').write_bytes(
         bytes(len(hub.model_files['tokenizer.json']))
     )
@@ -1312,9 +1295,8 @@ def test_fineweb_wrong_sha256_pinned_in_files_json_is_listed_again(
     out.mkdir()
     network = downloads.Network(hub.url, backoff_s=0.001)
     sha, listed = downloads.Hub(network).files(REPO, 'main', 'sample/10BT', '.parquet')
-    pinned = [
-        dict(f, sha256='0' * 64) if f['path'] == LAST else f for f in listed
-    ]  # a listing wrong once
+    # a listing wrong once
+    pinned = [dict(f, sha256='0' * 64) if f['path'] == LAST else f for f in listed]
     (out / 'files.json').write_text(json.dumps({'repo': REPO, 'revision': sha, 'files': pinned}))
     fineweb(hub, out)
     assert (
@@ -1348,9 +1330,8 @@ def test_a_wait_between_tries_is_not_download_time(monkeypatch, capsys):
         retries.after_wait = progress.waited_for  # as download() wires them
         now[0] += 1
         progress.update(1000)  # 1,000 bytes in 1 s
-        retries.wait(
-            'rate-limited by the Hub (HTTP 429)', retry_after=60
-        )  # the server asks for a minute
+        # the server asks for a minute
+        retries.wait('rate-limited by the Hub (HTTP 429)', retry_after=60)
         now[0] += 1
         progress.update(1000)
     lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith('x.parquet:')]
@@ -1360,14 +1341,12 @@ def test_a_wait_between_tries_is_not_download_time(monkeypatch, capsys):
 def test_pool_workers_die_on_the_sigterm_pool_terminate_sends(pystdlib_data):
     """cli's SIGTERM handler raises, to unwind a command; a forked tokenizer worker must not inherit it: one blocked in
     C never runs a Python handler, and Pool.terminate's SIGTERM would then wait on it for ever."""
-    previous = signal.signal(
-        signal.SIGTERM, config._terminate
-    )  # as cli sets it while a command runs
+    # as cli sets it while a command runs
+    previous = signal.signal(signal.SIGTERM, config._terminate)
     try:
         with prepare.worker_pool(1, pystdlib_data) as pool:
             assert pool.apply(signal.getsignal, (signal.SIGTERM,)) == signal.SIG_DFL
-        assert (
-            signal.getsignal(signal.SIGTERM) is config._terminate
-        )  # the command's own handler is back
+        # the command's own handler is back
+        assert signal.getsignal(signal.SIGTERM) is config._terminate
     finally:
         signal.signal(signal.SIGTERM, previous)

@@ -313,9 +313,8 @@ def test_finetune_trains_checkpoints_and_resumes_bit_exactly(tmp_path):
     hf = save_hf(tmp_path / 'hf', 'llama, GQA, untied')
     config = tmp_path / 'finetune.py'
     helpers.write_config(config, dict(FINETUNE, init_from=str(tmp_path / 'hf')))
-    run = train.setup(
-        [str(config), f'--out_dir={tmp_path / "probe"}']
-    )  # step 0: the imported weights, exactly
+    # step 0: the imported weights, exactly
+    run = train.setup([str(config), f'--out_dir={tmp_path / "probe"}'])
     hf_tensors = export.LAYOUTS['LlamaForCausalLM'][0](run.raw_model)
     assert all(torch.equal(t, hf.state_dict()[n]) for n, t in hf_tensors.items())
     assert run.model_cfg.n_kv_head == 2 and run.model_cfg.block_size == 32
@@ -377,9 +376,8 @@ def model_with_tokenizer(request, tmp_path_factory, text_file, pystdlib_data):
     tmp = tmp_path_factory.mktemp('tok')
     folder = tmp / 'model'
     save_hf(folder, request.param)
-    if request.param.startswith(
-        'gpt2'
-    ):  # GPT-2's kind: byte-level BPE, no BOS, documents split by <|endoftext|>
+    # GPT-2's kind: byte-level BPE, no BOS, documents split by <|endoftext|>
+    if request.param.startswith('gpt2'):
         encoding = data.load_tokenizer(pystdlib_data)
         export.hf_tokenizer(encoding).save(str(folder / 'tokenizer.json'))
         (folder / 'tokenizer_config.json').write_text(
@@ -403,16 +401,14 @@ def test_model_tokenizer_gives_transformers_ids_and_its_document_start(model_wit
     start = hf.convert_tokens_to_ids('<s>' if llama else '<|endoftext|>')
     assert meta['eot_id'] == ours.eot_token == start and meta['vocab_size'] == VOCAB == ours.n_vocab
     for text in texts[:5] + [TEXT_SAMPLE]:
-        expected = hf(text)[
-            'input_ids'
-        ]  # a Llama tokenizer adds its BOS itself; GPT-2's adds nothing
+        # a Llama tokenizer adds its BOS itself; GPT-2's adds nothing
+        expected = hf(text)['input_ids']
         assert [start] * (not llama) + expected == [start] + ours.encode_ordinary(text)
     tokens = np.concatenate(
         [np.asarray(data.open_shard(p)) for p in data.list_shards(data_dir, 'val')]
     )
-    first = ([start] * (not llama) + hf(texts[0])['input_ids'])[
-        : len(tokens)
-    ]  # the val shard: the first document
+    # the val shard: the first document
+    first = ([start] * (not llama) + hf(texts[0])['input_ids'])[: len(tokens)]
     assert tokens[0] == start and tokens[: len(first)].tolist() == first
 
 
@@ -464,9 +460,8 @@ def test_hub_repo_id_downloads_only_what_is_needed_into_the_cache(hub, tmp_path,
     hub.model_files.update(
         {'pytorch_model.bin': b'not wanted', 'flax_model.msgpack': b'not wanted'}
     )
-    hub.corrupt['model.safetensors'] = (
-        1  # one damaged answer: verified against the listing, fetched again
-    )
+    # one damaged answer: verified against the listing, fetched again
+    hub.corrupt['model.safetensors'] = 1
     monkeypatch.setenv('HF_ENDPOINT', hub.url)
     monkeypatch.setenv('XDG_CACHE_HOME', str(tmp_path / 'cache'))
     # the ledger's line and the config: the small files only, no weights
@@ -476,18 +471,16 @@ def test_hub_repo_id_downloads_only_what_is_needed_into_the_cache(hub, tmp_path,
         'config.json',
         'generation_config.json',
     ]
-    ours = imported(
-        NEOX
-    )  # the weights now, at the same commit; the small files are not fetched again
+    # the weights now, at the same commit; the small files are not fetched again
+    ours = imported(NEOX)
     wanted = ['README.md', 'config.json', 'generation_config.json', 'model.safetensors']
     assert sorted({r['path'] for r in hub.log}) == wanted and len(hub.log) == len(wanted) + 1
     idx = torch.randint(0, VOCAB, (1, 64), generator=torch.Generator().manual_seed(4))
     with torch.no_grad():
         assert (ours(idx)[0] - hf(idx).logits).abs().max() < 1e-4
     hub.log.clear()
-    assert (
-        pretrained.folder(NEOX).startswith(str(tmp_path / 'cache')) and hub.log == []
-    )  # the cache, no network
+    # the cache, no network
+    assert pretrained.folder(NEOX).startswith(str(tmp_path / 'cache')) and hub.log == []
     assert '1,500B tokens (its card)' in pretrained.describe(NEOX)
 
 
@@ -497,14 +490,12 @@ def test_hub_repo_id_downloads_only_what_is_needed_into_the_cache(hub, tmp_path,
 
 def test_ledger_bills_a_finetune_from_the_model_config(capsys, monkeypatch):
 
-    monkeypatch.chdir(
-        os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    )  # the repo's root: init_from
+    # the repo's root: init_from
+    monkeypatch.chdir(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     assert ledger.main(['configs/h200_finetune_1b.py']) == 0
     report = capsys.readouterr().out
-    with torch.device(
-        'meta'
-    ):  # transformers' own count of the 1.1B model configs/tinyllama_1b describes
+    # transformers' own count of the 1.1B model configs/tinyllama_1b describes
+    with torch.device('meta'):
         tiny_llama = AutoModelForCausalLM.from_config(
             LlamaConfig.from_pretrained('configs/tinyllama_1b')
         )

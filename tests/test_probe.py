@@ -49,9 +49,8 @@ def test_the_best_probe_is_kept_and_a_flagged_one_is_measured_again(probes):
     date = re.search(r'peak measured at (\S+ \S+)', busy.peak_source).group(1)
     assert date == cached(busy)['measured'] and 'the best of 1 probe(s)' in busy.peak_source
     answers += [400e9]
-    assert (
-        ledger.measure_device('cpu', 'float32').peak_flops == 40e9 and len(calls) == 1
-    )  # cached: no probe
+    # cached: no probe
+    assert ledger.measure_device('cpu', 'float32').peak_flops == 40e9 and len(calls) == 1
     assert ledger.flag_reprobe(busy.probe_key, 'a test') and cached(busy)['reprobe'] == 'a test'
     quiet = ledger.measure_device('cpu', 'float32')  # flagged: probed again, the better kept
     assert quiet.peak_flops == 400e9 and len(calls) == 2 and 'reprobe' not in cached(quiet)
@@ -76,9 +75,8 @@ def test_a_run_far_faster_than_predicted_flags_its_probe(probes, tmp_path, capsy
     train = TrainConfig(
         batch_tokens=256, micro_batch=8, train_tokens=2560, out_dir=str(tmp_path / 'out')
     )
-    prediction = json.loads(
-        json.dumps(ledger.predict(model, train, 1, device))
-    )  # as train.py holds it
+    # as train.py holds it
+    prediction = json.loads(json.dumps(ledger.predict(model, train, 1, device)))
     # the ledger says when the peak was measured
     assert f"peak measured at {cached(device)['measured']}" in ledger_report.format_short(
         prediction, 'x'
@@ -207,9 +205,8 @@ def test_a_slow_dtype_is_probed_at_a_small_size(monkeypatch):
     assert flops <= 2 * 512**3 / 0.2
     sizes.clear()
     monkeypatch.setattr(torch, 'mm', mm)
-    assert (
-        ledger.gemm_flops(256, torch.device('cpu'), 'float32', seconds=0.0)[1] == 256
-    )  # n_max caps it
+    # n_max caps it
+    assert ledger.gemm_flops(256, torch.device('cpu'), 'float32', seconds=0.0)[1] == 256
 
 
 def test_a_gpu_config_on_a_small_cpu_stops_before_building_anything(
@@ -307,9 +304,8 @@ def test_dtype_auto_takes_the_faster_probe_on_a_cpu(probes, fp32, bf16, chosen):
     device = ledger.measure_device('cpu', 'auto')
     assert len(calls) == 2 and device.dtype == chosen and device.peak_flops == max(fp32, bf16)
     assert ledger.run_dtype(TrainConfig(dtype='auto'), device) == chosen
-    assert (
-        ledger.run_dtype(TrainConfig(dtype='float32'), device) == 'float32'
-    )  # a pinned dtype stays
+    # a pinned dtype stays
+    assert ledger.run_dtype(TrainConfig(dtype='float32'), device) == 'float32'
 
 
 # train_minutes: the tokens a run is planned for follow from the speed its ledger predicts, fixed at its start.

@@ -25,9 +25,8 @@ import sample
 import train
 from config import ConfigError, load_config
 
-ROOT = os.path.dirname(
-    os.path.dirname(os.path.abspath(__file__))
-)  # the repo's root, where train.py is
+# the repo's root, where train.py is
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = dict(
     arch='llama',
     n_layer=2,
@@ -125,9 +124,8 @@ def test_the_same_signal_twice_exits_at_once(pystdlib_data, tmp_path):
         [signal.SIGINT, signal.SIGINT],
     )
     assert code == 128 + signal.SIGINT and 'SIGINT again: exiting now' in err, err
-    assert (
-        checkpoint.latest(tmp_path / 'out') is not None
-    )  # step 0 at least: what was complete stays
+    # step 0 at least: what was complete stays
+    assert checkpoint.latest(tmp_path / 'out') is not None
 
 
 # A slow import of numpy (the first slow import of train.py and prepare.py): it says so on stdout, so a signal
@@ -253,9 +251,8 @@ def test_a_damaged_latest_checkpoint_names_the_damage_and_an_earlier_one(
     assert err.endswith(advice)
     assert sample.main([str(out / 'ckpt' / 'step_0000008')]) == 2  # sample.py checks it too
     assert message in capsys.readouterr().err
-    assert (
-        train.main([config, f'--out_dir={out}', advice, '--max_steps=10']) == 0
-    )  # the advice works
+    # the advice works
+    assert train.main([config, f'--out_dir={out}', advice, '--max_steps=10']) == 0
 
 
 def flip_a_byte(path):
@@ -328,9 +325,8 @@ def test_a_checkpoint_half_deleted_by_a_kill_during_pruning_is_reclaimed(
     ckpt = out / 'ckpt'
     removed, rmtree = [], shutil.rmtree
 
-    def killed_in_step_0(
-        path, *args, **kwargs
-    ):  # a kill during the first prune of the run resumed below
+    # a kill during the first prune of the run resumed below
+    def killed_in_step_0(path, *args, **kwargs):
         if os.path.basename(path) == 'step_0000000' and not removed:
             removed.append(os.path.exists(os.path.join(path, checkpoint.MANIFEST)))
             os.remove(os.path.join(path, '.metadata'))
@@ -413,9 +409,8 @@ def test_a_full_disk_during_a_checkpoint_is_one_line_and_loses_nothing(
     config = write_config(tmp_path, pystdlib_data, train_tokens=12 * 256, ckpt_every=4)
     save = torch.save
 
-    def full_at_step_8(
-        obj, path, *args, **kwargs
-    ):  # DCP's writer and train_state.pt both go through torch.save
+    # DCP's writer and train_state.pt both go through torch.save
+    def full_at_step_8(obj, path, *args, **kwargs):
         if 'tmp_step_0000008' in str(path):
             if isinstance(failure, OSError):
                 raise OSError(failure.errno, failure.strerror, str(path))
@@ -441,9 +436,8 @@ def test_a_full_disk_during_a_checkpoint_is_one_line_and_loses_nothing(
     monkeypatch.setattr(torch, 'save', save)
     assert train.main([config, f'--out_dir={tmp_path / "whole"}']) == 0
     assert train.main([config, f'--out_dir={tmp_path / "out"}', '--resume']) == 0
-    assert losses(tmp_path / 'out') == losses(
-        tmp_path / 'whole'
-    )  # the good state resumed bit-exactly
+    # the good state resumed bit-exactly
+    assert losses(tmp_path / 'out') == losses(tmp_path / 'whole')
 
 
 def test_a_second_run_in_the_same_out_dir_is_one_line_naming_the_first(pystdlib_data, tmp_path):
@@ -499,9 +493,8 @@ def test_an_out_dir_that_cannot_be_a_folder_is_one_line(
         assert f'{culprit or out_dir} is a file, not a folder; choose another folder' in err
     real_makedirs = os.makedirs
 
-    def read_only(
-        name, *args, **kwargs
-    ):  # what a read-only filesystem answers (root writes anywhere else)
+    # what a read-only filesystem answers (root writes anywhere else)
+    def read_only(name, *args, **kwargs):
         if str(name).startswith(str(tmp_path / 'ro')):
             raise OSError(30, 'Read-only file system', str(name))
         return real_makedirs(name, *args, **kwargs)
@@ -525,9 +518,8 @@ def test_a_token_id_past_the_models_vocab_is_one_line_before_anything_is_written
 
     folder = tmp_path / 'data'
     folder.mkdir()
-    meta = dict(
-        data.load_meta(pystdlib_data), train_tokens=2000, val_tokens=2000
-    )  # its shards' counts
+    # its shards' counts
+    meta = dict(data.load_meta(pystdlib_data), train_tokens=2000, val_tokens=2000)
     meta.pop('max_token_id', None)
     (folder / 'meta.json').write_text(json.dumps(meta))
     tokens = np.arange(2000, dtype=np.uint16) % 512

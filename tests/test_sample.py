@@ -50,10 +50,11 @@ def test_both_checkpoint_formats_give_the_trained_weights(tmp_path, pystdlib_dat
     run = train.setup([str(tmp_path / 'tiny.py'), f'--out_dir={ddp_out}', '--resume'])
     for name, tensor in ddp_model.state_dict().items():
         assert torch.equal(tensor, run.raw_model.state_dict()[name]), name
+    # trained, not as initialised
     assert not torch.equal(
         ddp_model.tok_emb.weight,
         train.build_model(run.model_cfg, run.train, run.cluster, 'float32')[1].tok_emb.weight,
-    )  # trained, not as initialised
+    )
     # one process trains the same way in both modes, so the weights agree to float rounding
     for (name, a), b in zip(ddp_model.state_dict().items(), fsdp_model.state_dict().values()):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6, msg=name)

@@ -102,9 +102,8 @@ def test_predict_interval_and_bits_per_byte(tmp_path):
     p = scaling.predict(fit, 2e6, 3e8)
     assert p['loss'] == pytest.approx(scaling.law(HOFFMANN, 2e6, 3e8))
     assert p['low'] < p['loss'] < p['high']
-    assert p['bpb'] == pytest.approx(
-        p['loss'] / math.log(2) / 3.8
-    )  # the grid's val bytes per token
+    # the grid's val bytes per token
+    assert p['bpb'] == pytest.approx(p['loss'] / math.log(2) / 3.8)
     assert fit['range']['N'] == [1e6, 4e6]  # the grid's, the held-out run left out
     assert 'held out h' in scaling.format_fit(fit)
 
@@ -136,9 +135,8 @@ def test_the_bill_prints_the_fit_and_its_warnings(tmp_path, capsys, pystdlib_dat
         loss = scaling.predict(fit, n_params, multiple * tokens)['loss']
         assert f"{multiple:g}x the tokens: {ledger_report.si(multiple * tokens)}" in out
         assert f'{loss:.3f} nats' in out
-    assert (
-        'this plan trains on' not in out and "the fit's tokenizer" not in out
-    )  # the same: no warning
+    # the same: no warning
+    assert 'this plan trains on' not in out and "the fit's tokenizer" not in out
     # the H200 plan: other data, other tokenizer, far past the fit's compute
     assert ledger.main(['configs/h200_1b3.py', '--fit', path, '--json']) == 0
     checked = json.loads(capsys.readouterr().out)['fit']

@@ -30,13 +30,11 @@ TINY = dict(
 
 def test_calibration_then_a_budgeted_run_scored_on_the_fixed_val_set(pystdlib_data, tmp_path):
     first, per_step = sweep.run_ours(TINY, pystdlib_data, str(tmp_path / 'calibration'))
-    assert (
-        first > 0 and 0 < per_step < first
-    )  # start-up and the first step cost more than a step after
+    # start-up and the first step cost more than a step after
+    assert first > 0 and 0 < per_step < first
     elapsed, val_loss, trained = sweep.run_ours(TINY, pystdlib_data, str(tmp_path / 'run'), 10)
-    assert (
-        0 < trained < elapsed
-    )  # the steps' own times: start-up, eval and the checkpoint are not training
+    # the steps' own times: start-up, eval and the checkpoint are not training
+    assert 0 < trained < elapsed
     model, _ = checkpoint.load_model(str(tmp_path / 'run'), torch.device('cpu'))
     assert checkpoint.step_of(checkpoint.find(str(tmp_path / 'run'))) == 10
     again, bits = sweep.score(lambda x, y: model(x, y)[1], pystdlib_data, 32)
@@ -73,11 +71,8 @@ def test_each_trainer_gets_the_same_training_seconds():
         if steps is None:
             return 5.0, per_step  # calibration: start-up, and the time per step it saw
         runs.append((out_dir, steps))
-        return (
-            steps * real_per_step + 5.0,
-            2.0,
-            steps * real_per_step,
-        )  # wall, val loss, training seconds
+        # wall, val loss, training seconds
+        return (steps * real_per_step + 5.0, 2.0, steps * real_per_step)
 
     assert sweep.budgeted_run(trainer, {}, 'data', 'out/0_nanoGPT', 300) == (375, 305.0, 2.0, 300.0)
     assert runs == [('out/0_nanoGPT', 300), ('out/0_nanoGPT_rescaled', 375)]
@@ -178,6 +173,5 @@ def test_the_race_takes_each_optimizers_best_lr_then_adds_parts_to_the_winner(
     table = sweep.format_race(rows)
     assert '| muon | 0.002 | mlp=relu2 | 1338 | 7 | 57,344 | 972 | 59.0 |' in table
     ran.clear()
-    assert (
-        sweep.race(60, str(tmp_path)) == rows and ran == []
-    )  # every row kept: nothing trains again
+    # every row kept: nothing trains again
+    assert sweep.race(60, str(tmp_path)) == rows and ran == []

@@ -27,9 +27,8 @@ import processes
 import train
 from config import TrainConfig, load_config
 
-ROOT = os.path.dirname(
-    os.path.dirname(os.path.abspath(__file__))
-)  # the repo's root, where train.py is
+# the repo's root, where train.py is
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # 8 sequences of 32 tokens per step: micro_batch 4 x 2 accumulation steps; 12 steps planned.
 TINY = dict(
@@ -105,14 +104,14 @@ def test_loss_falls_and_outputs_are_written(pystdlib_data, tmp_path, capsys):
     val = [e['val_loss'] for e in entries if 'val_loss' in e]
     assert losses[0] > 5.5 and losses[-1] < losses[0] - 1.0, losses  # ln 512 = 6.24 at the start
     assert len(val) == 2 and val[-1] < val[0]
+    # MFU against the CPU's measured GEMM peak
     assert all(
         0 < e['mfu'] < 1 and e['tokens_per_s'] > 0 and e['peak_memory_bytes'] > 0
         for e in entries
         if 'loss' in e
-    )  # MFU against the CPU's measured GEMM peak
-    assert (
-        'ledger (the whole bill: ' in out and 'Ledger 1' not in out
-    )  # a short ledger; the rest in ledger.md
+    )
+    # a short ledger; the rest in ledger.md
+    assert 'ledger (the whole bill: ' in out and 'Ledger 1' not in out
     # dtype 'auto' takes whichever of fp32 and bf16 this CPU's probe found faster, and says which
     assert re.search(
         r'precision: (float32|bfloat16) compute \(the faster on this CPU, measured\)', out
@@ -281,9 +280,8 @@ def test_resume_continues_bit_exactly(reference, tmp_path):
     assert run(config, tmp_path / 'out', '--resume') == 0
     resumed = [e for e in read_metrics(tmp_path / 'out') if 'loss' in e][6:]
     assert [e['step'] for e in resumed] == list(range(7, 13))
-    assert [e['loss'] for e in resumed] == [
-        expected[s] for s in range(7, 13)
-    ]  # exactly equal, not close
+    # exactly equal, not close
+    assert [e['loss'] for e in resumed] == [expected[s] for s in range(7, 13)]
 
 
 def test_kill_while_writing_a_checkpoint_keeps_the_previous_one(reference, tmp_path):
@@ -331,10 +329,8 @@ def check_trackers(out):
     """A run killed after step 8 and resumed from step 4: TensorBoard's log and the two offline W&B runs (one id)
     hold metrics.jsonl's numbers, steps 5-8 as the resumed run logged them; config, ledger and report beside."""
     entries = read_metrics(out)
-    assert [e['step'] for e in entries if 'loss' in e] == [
-        *range(1, 9),
-        *range(5, 13),
-    ]  # 5-8 logged twice
+    # 5-8 logged twice
+    assert [e['step'] for e in entries if 'loss' in e] == [*range(1, 9), *range(5, 13)]
     expected = helpers.metrics_by_step(entries)
     scalars, tags = helpers.tensorboard_scalars(out / 'tensorboard')
     assert scalars == expected  # every value exact (float64), the killed run's steps 5-8 purged
@@ -359,9 +355,8 @@ def test_checkpoint_state_dict_has_no_compile_prefix(pystdlib_data, tmp_path):
     model_cfg, train_cfg = load_config(write_config(tmp_path, pystdlib_data, compile=True))
     cluster = processes.Cluster(0, 1, 0, torch.device('cpu'))
     _, raw_model = train.build_model(model_cfg, train_cfg, cluster, torch.float32)
-    assert not any(
-        '_orig_mod' in key for key in raw_model.state_dict()
-    )  # compiled in place, names unchanged
+    # compiled in place, names unchanged
+    assert not any('_orig_mod' in key for key in raw_model.state_dict())
 
 
 # -----------------------------------------------------------------------------------------------------
@@ -380,9 +375,8 @@ def test_adamw_is_fused_except_under_zero1(tmp_path):
         options = optimizers.adamw_options(TrainConfig(parallel=parallel), world_size)
         assert (options['fused'], options['foreach']) == (fused, not fused), (parallel, world_size)
     run_state = train.setup([write_config(tmp_path, 'synthetic'), f'--out_dir={tmp_path / "out"}'])
-    assert (
-        run_state.optimizer.defaults['fused'] is True
-    )  # the one-process CPU run uses the fused kernel too
+    # the one-process CPU run uses the fused kernel too
+    assert run_state.optimizer.defaults['fused'] is True
 
 
 def test_rope_tables_reach_each_block_in_its_dtype_also_when_recomputed():
@@ -431,10 +425,8 @@ def test_compiled_model_trains_like_eager_on_the_cpu(pystdlib_data, tmp_path):
 def test_corrupted_batch_rolls_back_and_skips_its_window(pystdlib_data, tmp_path, monkeypatch):
     config = write_config(tmp_path, pystdlib_data)
     batch = data.ShardStream.batch
-    bad_first, bad_end = (
-        11 * SEQUENCES_PER_STEP,
-        12 * SEQUENCES_PER_STEP,
-    )  # the sequences of step 12
+    # the sequences of step 12
+    bad_first, bad_end = (11 * SEQUENCES_PER_STEP, 12 * SEQUENCES_PER_STEP)
 
     def corrupted(self, first, count):
         if bad_first <= first < bad_end:  # garbage data: uniformly random tokens
@@ -503,17 +495,15 @@ def test_lr_schedule_endpoints():
     total = 1000  # 10 warmup steps
     assert train.lr_at(0, total, cfg) == pytest.approx(1e-4)  # warmup starts at lr / warmup
     assert train.lr_at(9, total, cfg) == pytest.approx(1e-3)  # the peak, on the last warmup step
-    assert train.lr_at(total - 1, total, cfg) == pytest.approx(
-        1e-4
-    )  # 10% of the peak on the last step
+    # 10% of the peak on the last step
+    assert train.lr_at(total - 1, total, cfg) == pytest.approx(1e-4)
     middle = 9 + (total - 10) // 2 + 1  # half-way through the decay: the mean
     assert train.lr_at(middle, total, cfg) == pytest.approx(5.5e-4, rel=1e-2)
     lrs = [train.lr_at(s, total, cfg) for s in range(total)]
     assert all(a >= b for a, b in zip(lrs[9:], lrs[10:]))  # cosine decays monotonically
     wsd = TrainConfig(lr=1e-3, warmup_frac=0.01, schedule='wsd', decay_frac=0.2)
-    assert (
-        train.lr_at(9, total, wsd) == train.lr_at(799, total, wsd) == pytest.approx(1e-3)
-    )  # stable
+    # stable
+    assert train.lr_at(9, total, wsd) == train.lr_at(799, total, wsd) == pytest.approx(1e-3)
     assert train.lr_at(899, total, wsd) == pytest.approx(5.5e-4)  # half-way down the linear decay
     assert train.lr_at(total - 1, total, wsd) == pytest.approx(1e-4)
 
@@ -553,18 +543,16 @@ def test_batch_ramp_in_a_run(pystdlib_data, tmp_path):
 
 def test_shard_stream_is_a_seeded_permutation_of_whole_sequences(tmp_path):
     T = 10
-    data.write_shard(
-        str(tmp_path / 'a_train_000.bin'), np.arange(0, 51, dtype=np.uint16)
-    )  # 5 sequences
+    # 5 sequences
+    data.write_shard(str(tmp_path / 'a_train_000.bin'), np.arange(0, 51, dtype=np.uint16))
     data.write_shard(str(tmp_path / 'a_train_001.bin'), np.arange(100, 131, dtype=np.uint16))  # 3
     shards = [data.open_shard(str(tmp_path / f'a_train_00{i}.bin')) for i in range(2)]
     stream = data.ShardStream(shards, T, seed=1)
     epoch = stream.batch(0, 8)
     starts = sorted(int(s[0]) for s in epoch)
     assert starts == [0, 10, 20, 30, 40, 100, 110, 120]  # each sequence once per epoch
-    assert all(
-        (s == np.arange(s[0], s[0] + T + 1)).all() for s in epoch
-    )  # T + 1 consecutive tokens
+    # T + 1 consecutive tokens
+    assert all((s == np.arange(s[0], s[0] + T + 1)).all() for s in epoch)
     assert (stream.batch(3, 4) == epoch[3:7]).all()  # random access = replay
     assert (data.ShardStream(shards, T, seed=1).batch(0, 16) == stream.batch(0, 16)).all()
     assert sorted(int(s[0]) for s in stream.batch(8, 8)) == starts  # epoch 2: the same set again,
