@@ -68,6 +68,28 @@ def test_the_core_keeps_to_100_columns():
         assert not long, f"{name}: lines over 100 characters: {long}"
 
 
+# A statement the formatter wrapped only to fit its trailing comment: `x = f(\n    0\n)  # why` or
+# `x = (\n    0  # why\n)`. The comment goes on its own line above, and the statement stays on one.
+WRAPPED_FOR_A_COMMENT = re.compile(r'^ *[)\]}]+:? +#|[(\[{]\n[^\n#]+  # [^\n]*\n *[)\]}]:?\n', re.M)
+
+
+def test_no_statement_is_wrapped_around_its_trailing_comment():
+    tracked = subprocess.run(
+        ['git', 'ls-files', '*.py'], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout.split()
+    wrapped = []
+    for name in tracked:
+        with open(os.path.join(ROOT, name)) as f:
+            text = f.read()
+        wrapped += [
+            f"{name}:{text.count(chr(10), 0, m.start()) + 1}"
+            for m in WRAPPED_FOR_A_COMMENT.finditer(text)
+        ]
+    assert not wrapped, (
+        f"a trailing comment to put on its own line above its statement: {wrapped[:10]}"
+    )
+
+
 def third_party_imports(name):
     """The packages outside the repo and the standard library that `name` imports anywhere (inside functions too)."""
     with open(os.path.join(ROOT, f'{name}.py')) as f:
