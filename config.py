@@ -279,20 +279,28 @@ def full_loss_buffers(c, tokens, a, compiled):
 CHUNK_ROWS = 2048  # losses.py's rows a chunk (docs/measured.md: the paired bench that chose it)
 
 
+def chunk_logit_bytes(a, compiled):
+    """Bytes a logit of the chunk holds (chunked_loss_buffers): compiled, its three buffers (a + 4 + a); eager,
+    the fp32 one the softmax runs in place in, beside the matmul's output in a when that is not fp32."""
+    return 2 * a + 4 if compiled else 4 if a == 4 else 4 + a
+
+
 def chunked_loss_buffers(c, tokens, a, compiled):
     """The chunked loss's buffers at its peak, the last chunk of its forward: the chunk's fp32 logits (the softmax
     and its gradient are made in place in them) and that gradient in the compute dtype a, for the two matmuls (in
     fp32 the same tensor: 4 bytes a logit, not 8); lm_head's gradient accumulated in fp32, V*H*4, and the chunk's
     share of it before it is added, V*H*a. h's gradient is a saved tensor, r*H a token (the row's `saved`); the
-    weight's bf16 copy under autocast is the activations' (bf16 weight copies). Compiled (test_model.py measures
-    it), the partitioner keeps the smaller of the fp32 sum and the chunks' shares in the compute dtype: with one
-    chunk V*H*a; at tokens x V x a > V x H x 4 (every real shape) it keeps these gradients, not the logits'. Soft-
+    weight's bf16 copy under autocast is the activations' (bf16 weight copies). Compiled, inductor's graph is
+    functional: the matmul's logits (a), the fp32 softmax and its gradient (a) are three buffers, 2a + 4 bytes a
+    logit, 12 in fp32 where eager's one tensor holds 4 (test_memory.py measures both). The partitioner keeps the
+    smaller of the fp32 sum and the chunks' shares in the compute dtype (test_model.py): with one chunk V*H*a; at
+    tokens x V x a > V x H x 4 (every real shape) it keeps these gradients, not the logits'. Soft-
     capped logits add their slope, one more fp32 chunk (test_losses.py: measured, with minus without); compiled,
     inductor may fuse it away: counted as eager, an upper bound."""
     rows, V, H = min(tokens, CHUNK_ROWS), c.vocab_size, c.n_embd
     chunks = -(-tokens // CHUNK_ROWS)
     buffers = {
-        'chunk_logits': rows * V * (4 if a == 4 else 4 + a),
+        'chunk_logits': rows * V * chunk_logit_bytes(a, compiled),
         'grad_weight': V * H * (min(4, a * chunks) if compiled else 4),
         'grad_weight_chunk': V * H * a,
     }
@@ -448,7 +456,7 @@ PARTS = {
             ('*',),
             buffers=chunked_loss_buffers,
             buffers_formula=lambda compiled, a: (
-                f"min(B*T, {CHUNK_ROWS}) x V x {4 if a == 4 else 4 + a} bytes: one chunk's logits; "
+                f"min(B*T, {CHUNK_ROWS}) x V x {chunk_logit_bytes(a, compiled)} bytes: one chunk's logits; "
                 f"V*H x {4 + a}: lm_head's gradient"
             ),
         ),

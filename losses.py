@@ -9,7 +9,8 @@ of the targets that are not IGNORE_INDEX: their sum, or their mean.
              et al. 2024), so only one chunk's logits ever exist and backward multiplies two saved gradients by
              the loss's scalar gradient: no matmul is repeated (2 + 2 + 2 FLOPs a weight a row, as lm_head's
              forward and backward). At nanochat's 32 x 2048 x 65,536 the full loss holds 48 GiB, this one
-             CHUNK_ROWS x V x 6 bytes (1.5 GiB) and two gradients (h's 0.3 GiB, the weight's 0.3 GiB).
+             CHUNK_ROWS x V x 6 bytes in bf16 (0.75 GiB; compiled, 8 bytes in three buffers: 1 GiB) and two
+             gradients (h's 0.3 GiB, the weight's 0.3 GiB).
 
 The numerics are the full loss's: the logits in the compute dtype (autocast's, else h's), then fp32 for the
 softmax; the gradients leave in that compute dtype for the two matmuls, as lm_head's backward runs them. A soft cap

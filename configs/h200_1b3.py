@@ -16,7 +16,7 @@ train_tokens = 26_000_000_000
 # sample-100BT: room for the seed's second experiment (over-train to 100B)
 dataset_tokens = 100_000_000_000
 batch_tokens = 524_288  # 256 sequences of 2048 = 16 micro-batches of 16
-micro_batch = 16  # the ledger: 81.5 of 140.4 GiB; 32 (the next that divides the batch) leaves 2.8 GiB, under 5%
+micro_batch = 16  # the ledger: 81.7 of 140.4 GiB; 32 (the next that divides the batch) leaves 2.6 GiB, under 5%
 lr = 3e-4  # between GPT-3 XL (2e-4 at 1M batch) and TinyLlama (4e-4); cosine to 10%
 warmup_frac = 0.003  # ~150 steps of linear warmup
 compile = True
