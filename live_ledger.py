@@ -66,12 +66,13 @@ def live_device(cluster, model_cfg, train):
 # model, built fresh and spread over the processes as the run spreads it (DDP, ZeRO-1, FSDP2), compiled as the run
 # compiles it, trains a few steps of synthetic tokens in train.py's train_step, collectives, clipping and optimizer
 # included (a bare model's steps missed gloo's collectives and FSDP2's CPU work around them, and read zero2 and fsdp
-# 1.2-1.3x fast: docs/measured.md), the fastest kept (load only slows a step), cached per machine like the GEMM
-# probe. The compile costs the run nothing more: its own model, built next in this process, reuses the probe's
-# graphs (~3 s, not ~30). Once runs of the config have measured their speed, the next is predicted from the median
-# of the last REACHED_KEPT (learn_speed).
+# 1.2-1.3x fast: docs/measured.md), the median step kept (a step's own jitter is the run's too: the fastest of
+# three read 5% fast under zero1 on a 2-core EPYC, docs/measured.md), cached per machine like the GEMM probe. The
+# compile costs the run nothing more: its own model, built next in this process, reuses the probe's graphs (~3 s,
+# not ~30). Once runs of the config have measured their speed, the next is predicted from the median of the last
+# REACHED_KEPT (learn_speed).
 
-PROBE_STEPS = 3  # timed steps at each size, after one that warms up
+PROBE_STEPS = 5  # timed steps at each size, after one that warms up: their median is kept
 # the most micro-steps a probed step takes: a longer step is extrapolated from 1 and this
 PROBE_MICRO_STEPS = 4
 # what the step probe times with (a test that must ignore other processes' load sets time.thread_time with one
@@ -150,7 +151,7 @@ def learn_speed(key, tokens_per_s, run):
 def _time_steps(model_cfg, train, dtype, cluster):
     """-> the probe's entry: tokens_per_s of one process in the run's own step (train.py's build_run and train_step
     on synthetic tokens: the wrapper, its collectives, the clipping, the optimizer), the module the step called
-    (`wrapper`), and `step_seconds`: [micro-steps, seconds] of each size timed, the fastest of PROBE_STEPS steps.
+    (`wrapper`), and `step_seconds`: [micro-steps, seconds] of each size timed, the median of PROBE_STEPS steps.
     A run of up to PROBE_MICRO_STEPS micro-steps a step is timed at its own; a longer one at 1 and PROBE_MICRO_STEPS,
     a step of A micro-steps then taking t1 + (A - 1) x the micro-step between them. Every rank runs the same steps,
     so their collectives pair up."""
@@ -170,7 +171,7 @@ def _time_steps(model_cfg, train, dtype, cluster):
             begin = PROBE_CLOCK()
             trainer.train_step(run)
             times.append(PROBE_CLOCK() - begin)
-        seconds.append([micro_steps, min(times[1:])])
+        seconds.append([micro_steps, statistics.median(times[1:])])
     del run  # before the run builds its own: a DDP reducer goes while the process group is whole
     gc.collect()
     (_, first), (_, last) = seconds[0], seconds[-1]
