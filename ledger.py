@@ -17,6 +17,7 @@ GEMM probe) imports torch inside measure_device, the one place this file uses it
 import collections
 import dataclasses
 import difflib
+import functools
 import json
 import math
 import os
@@ -747,6 +748,19 @@ def memory_per_gpu(model, train, n_gpu=None, micro_batch=None, device=None, rank
     compiled = compile_mode(train, n_gpu)
     # sharing one device's memory
     processes = device.shared_by or (n_gpu if device.kind == 'cpu' else 1)
+    # what autograd saves, as this run's graph saves it (and eager's, printed beside it)
+    saved = functools.partial(
+        activation_bytes,
+        model,
+        micro_batch,
+        train.recompute,
+        dtype_bytes,
+        residual_bytes=residual_bytes,
+        fused_norm=device.kind != 'cpu',
+    )
+    # the loss's buffers: compiled only where the whole model is (under FSDP2 the blocks are, the loss runs eager)
+    loss_bytes = functools.partial(logits_bytes, model, micro_batch, dtype_bytes)
+    eager = saved()
     memory = {
         'weights': states['weights'],
         'grads': states['grads'],
@@ -755,37 +769,18 @@ def memory_per_gpu(model, train, n_gpu=None, micro_batch=None, device=None, rank
         'model_states': states['total'],
         'book_model_states': states['book'],
         'book_formula': BOOK_STATES[train.parallel],
-        'activations': activation_bytes(
-            model,
-            micro_batch,
-            train.recompute,
-            dtype_bytes,
-            residual_bytes=residual_bytes,
-            fused_norm=device.kind != 'cpu',
-            compiled=compiled,
-        )['total'],
-        # under FSDP2 only the blocks are compiled: the loss is eager's, 12 bytes a logit (test_memory.py measures it)
-        'logits': logits_bytes(model, micro_batch, dtype_bytes, compiled=compiled == 'model')[
-            'total'
-        ],
-        'activations_eager': activation_bytes(
-            model,
-            micro_batch,
-            train.recompute,
-            dtype_bytes,
-            residual_bytes=residual_bytes,
-            fused_norm=device.kind != 'cpu',
-        )['total'],
-        'logits_eager': logits_bytes(model, micro_batch, dtype_bytes)['total'],
+        'activations': saved(compiled=compiled)['total'],
+        'logits': loss_bytes(compiled=compiled == 'model')['total'],
+        'activations_eager': eager['total'],
+        'logits_eager': loss_bytes()['total'],
         'graph': {'model': 'compiled whole', 'blocks': 'compiled block by block', None: 'eager'}[
             compiled
         ],
         'overhead': device.overhead_bytes,
         'compile_host': COMPILE_HOST_BYTES if compiled and device.kind == 'cpu' else 0,
         'book_active_model_states': states['book_active'],  # MoE: the book's 16 x active parameters
-        'routing_buffers': activation_bytes(  # MoE: of the activations, the dispatched copies (eager)
-            model, micro_batch, train.recompute, dtype_bytes, residual_bytes=residual_bytes
-        ).get('routing_buffers', 0),
+        # MoE: of the activations, the dispatched copies (eager)
+        'routing_buffers': eager.get('routing_buffers', 0),
     }
     memory['allocated'] = memory['model_states'] + memory['activations'] + memory['logits']
     memory['total'] = memory['allocated'] + memory['overhead'] + memory['compile_host']
