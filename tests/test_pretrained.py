@@ -42,6 +42,14 @@ from config import ConfigError
 from model import GPT
 
 VOCAB = 512  # the pystdlib fixture's: the imported models export with its tokenizer
+# the Llama family's models below: 2 x 64, 4 heads, 64 positions
+LLAMA_SIZE = dict(
+    hidden_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    vocab_size=VOCAB,
+    max_position_embeddings=64,
+)
 HF_MODELS = {
     'gpt2, tied': lambda: GPT2LMHeadModel(
         GPT2Config(
@@ -55,54 +63,29 @@ HF_MODELS = {
     ),
     'llama, GQA, untied': lambda: LlamaForCausalLM(
         LlamaConfig(
-            hidden_size=64,
-            num_hidden_layers=2,
-            num_attention_heads=4,
+            **LLAMA_SIZE,
             num_key_value_heads=2,
             intermediate_size=96,
-            vocab_size=VOCAB,
-            max_position_embeddings=64,
             rope_theta=500.0,
             rms_norm_eps=1e-5,
             tie_word_embeddings=False,
         )
     ),
     'llama, tied, multi-head': lambda: LlamaForCausalLM(
-        LlamaConfig(
-            hidden_size=64,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            intermediate_size=128,
-            vocab_size=VOCAB,
-            max_position_embeddings=64,
-            tie_word_embeddings=True,
-        )
+        LlamaConfig(**LLAMA_SIZE, intermediate_size=128, tie_word_embeddings=True)
     ),
     # a Llama with QK-norm's learned gains, and one with a ReLU² MLP (config.PARTS)
     'qwen3, GQA, tied': lambda: Qwen3ForCausalLM(
         Qwen3Config(
-            hidden_size=64,
-            num_hidden_layers=2,
-            num_attention_heads=4,
+            **LLAMA_SIZE,
             num_key_value_heads=2,
             head_dim=16,
             intermediate_size=96,
-            vocab_size=VOCAB,
-            max_position_embeddings=64,
             tie_word_embeddings=True,
         )
     ),
     'arcee, untied': lambda: ArceeForCausalLM(
-        ArceeConfig(
-            hidden_size=64,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            head_dim=16,
-            intermediate_size=256,
-            vocab_size=VOCAB,
-            max_position_embeddings=64,
-            tie_word_embeddings=False,
-        )
+        ArceeConfig(**LLAMA_SIZE, head_dim=16, intermediate_size=256, tie_word_embeddings=False)
     ),
 }
 
@@ -508,9 +491,9 @@ def test_ledger_bills_a_finetune_from_the_model_config(capsys, monkeypatch):
     )
     # the README's figures: full fine-tuning of 1.1B on 2B tokens, one H200
     assert re.search(r'time for this run +10\.3 h', report) and re.search(r'cost +\$36 ', report)
-    assert re.search(r'total +69\.99 GiB +of 140\.40 GiB \(nvidia-smi total\): fits', report)
+    assert re.search(r'total +70\.11 GiB +of 140\.40 GiB \(nvidia-smi total\): fits', report)
     readme = open('README.md').read()
-    assert '1,100,048,384 parameters: ~10.3 h, ~$36, 69.99 GiB of 140.40' in readme
+    assert '1,100,048,384 parameters: ~10.3 h, ~$36, 70.11 GiB of 140.40' in readme
 
 
 def test_a_folder_not_made_yet_is_named_as_the_repo_id_it_was_taken_for(
