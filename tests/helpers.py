@@ -5,6 +5,25 @@ from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
+# The tiny run most training tests start from (a test's own keys on top): a 2 x 64 Llama, vocab 512, 8 sequences of
+# 32 tokens a step in micro-batches of 4, eager, a log line every step, no eval but the end's
+TINY_RUN = dict(
+    arch='llama',
+    n_layer=2,
+    n_head=2,
+    n_embd=64,
+    vocab_size=512,
+    block_size=32,
+    micro_batch=4,
+    batch_tokens=256,
+    lr=3e-3,
+    warmup_frac=0.1,
+    compile=False,
+    log_every=1,
+    eval_every=1000,
+    eval_tokens=1024,
+)
+
 
 def write_config(path, keys):
     """A config file at `path` as a person writes one, a `key = value` line a key; -> its path as a str."""

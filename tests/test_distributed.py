@@ -31,22 +31,10 @@ STEPS = 12
 # micro_batch 4 x 32 tokens: 1 process accumulates 4 micro-steps per 512-token step, 2 processes 2 each
 # a text sample at the end: under FSDP every rank runs its forwards
 CONFIG = dict(
-    arch='llama',
-    n_layer=2,
-    n_head=2,
-    n_embd=64,
-    vocab_size=512,
-    block_size=32,
-    micro_batch=4,
+    helpers.TINY_RUN,
     batch_tokens=512,
     train_tokens=STEPS * 512,
-    lr=3e-3,
-    warmup_frac=0.1,
-    compile=False,
     dtype='float32',
-    log_every=1,
-    eval_every=1000,
-    eval_tokens=1024,
     ckpt_every=6,
     keep_ckpts=3,
     sample_tokens=4,

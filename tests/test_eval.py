@@ -27,21 +27,12 @@ import train
 from config import DataError
 
 TINY = dict(
-    arch='llama',
-    n_layer=2,
-    n_head=2,
-    n_embd=64,
-    vocab_size=512,
+    helpers.TINY_RUN,
     block_size=64,
     micro_batch=8,
     batch_tokens=512,
     train_tokens=20 * 512,
-    lr=3e-3,
-    warmup_frac=0.1,
-    compile=False,
     log_every=10,
-    eval_every=1000,
-    eval_tokens=1024,
     ckpt_every=1000,
 )
 

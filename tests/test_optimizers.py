@@ -215,26 +215,8 @@ def test_muon_keys_are_checked(tmp_path):
 
 
 def write_config(tmp_path, data, **overrides):
-    keys = dict(
-        arch='llama',
-        n_layer=2,
-        n_head=2,
-        n_embd=64,
-        vocab_size=512,
-        block_size=32,
-        micro_batch=4,
-        batch_tokens=256,
-        train_tokens=12 * 256,
-        lr=3e-3,
-        warmup_frac=0.1,
-        compile=False,
-        log_every=1,
-        eval_every=1000,
-        eval_tokens=1024,
-        ckpt_every=6,
-        data=data,
-    )
-    return helpers.write_config(tmp_path / 'config.py', dict(keys, **overrides))
+    keys = dict(helpers.TINY_RUN, train_tokens=12 * 256, ckpt_every=6, data=data, **overrides)
+    return helpers.write_config(tmp_path / 'config.py', keys)
 
 
 def losses(out):

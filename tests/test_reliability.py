@@ -27,23 +27,7 @@ from config import ConfigError, load_config
 
 # the repo's root, where train.py is
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TINY = dict(
-    arch='llama',
-    n_layer=2,
-    n_head=2,
-    n_embd=64,
-    vocab_size=512,
-    block_size=32,
-    micro_batch=4,
-    batch_tokens=256,
-    lr=3e-3,
-    warmup_frac=0.1,
-    compile=False,
-    log_every=1,
-    eval_every=1000,
-    eval_tokens=256,
-    keep_ckpts=5,
-)
+TINY = dict(helpers.TINY_RUN, eval_tokens=256, keep_ckpts=5)
 
 
 def write_config(tmp_path, data, **overrides):

@@ -12,23 +12,7 @@ import helpers
 import sample
 import train
 
-TINY = dict(
-    arch='llama',
-    n_layer=2,
-    n_head=2,
-    n_embd=64,
-    vocab_size=512,
-    block_size=32,
-    micro_batch=4,
-    batch_tokens=256,
-    train_tokens=3 * 256,
-    lr=3e-3,
-    compile=False,
-    log_every=1,
-    eval_every=1000,
-    eval_tokens=1024,
-    ckpt_every=1000,
-)
+TINY = dict(helpers.TINY_RUN, train_tokens=3 * 256, ckpt_every=1000)
 
 
 def train_tiny(tmp_path, data, parallel):

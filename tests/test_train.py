@@ -32,21 +32,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # 8 sequences of 32 tokens per step: micro_batch 4 x 2 accumulation steps; 12 steps planned.
 TINY = dict(
-    arch='llama',
-    n_layer=2,
-    n_head=2,
-    n_embd=64,
-    vocab_size=512,
-    block_size=32,
-    micro_batch=4,
-    batch_tokens=256,
+    helpers.TINY_RUN,
     train_tokens=12 * 256,
-    lr=3e-3,
-    warmup_frac=0.1,
-    compile=False,
-    log_every=1,
-    eval_every=1000,
-    eval_tokens=1024,
     ckpt_every=4,
     keep_ckpts=3,
     spike_window=5,
