@@ -30,13 +30,9 @@ import time
 import numpy as np
 import torch
 
-import data
-import ledger
-import live_ledger
-import optimizers
-import processes
 import train
-from config import PARTS, ConfigError, load_config
+from ledgergpt import data, live_ledger, optimizers, processes, sums
+from ledgergpt.config import PARTS, ConfigError, load_config
 from model import GPT
 
 DEFAULT_CASES = [
@@ -74,7 +70,7 @@ def build(case_args, cluster, tiny):
     model_cfg, train_cfg = load_config(path, overrides)
     device = live_ledger.live_device(cluster, model_cfg, train_cfg)
     if '--micro_batch=max' in case_args:
-        best = ledger.max_micro_batch(model_cfg, train_cfg, cluster.world_size, device)
+        best = sums.max_micro_batch(model_cfg, train_cfg, cluster.world_size, device)
         if best == 0:
             raise ConfigError(
                 f"{' '.join(case_args)}: the ledger says not even one sequence fits on {device.name}"
@@ -84,7 +80,7 @@ def build(case_args, cluster, tiny):
         )
     micro_step_tokens = train_cfg.micro_batch * model_cfg.block_size * cluster.world_size
     train_cfg = dataclasses.replace(train_cfg, batch_tokens=micro_step_tokens, batch_ramp_tokens=0)
-    prediction = ledger.predict(model_cfg, train_cfg, n_gpu=cluster.world_size, device=device)
+    prediction = sums.predict(model_cfg, train_cfg, n_gpu=cluster.world_size, device=device)
     dtype = prediction['dtype']
     stream = data.SyntheticStream(
         model_cfg.vocab_size, model_cfg.block_size, train_cfg.seed, split=0
@@ -301,7 +297,7 @@ def train_loop_tokens_per_s(model_cfg, train_cfg, dtype, steps, warmup=3):
 
 def run_loop_bench(config_path, overrides, steps, rounds):
     model_cfg, train_cfg = load_config(config_path, overrides)
-    dtype = ledger.run_dtype(train_cfg, ledger.measure_device('cpu', train_cfg.dtype))
+    dtype = sums.run_dtype(train_cfg, sums.measure_device('cpu', train_cfg.dtype))
     best = {'train.py': 0.0, 'plain loop': 0.0}
     for _ in range(rounds):
         best['train.py'] = max(
@@ -327,7 +323,7 @@ def run_loss_bench(config_path, overrides, steps, rounds):
     for _ in range(rounds):
         for loss in PARTS['loss']:
             model_cfg, train_cfg = load_config(config_path, [*overrides, f'--loss={loss}'])
-            dtype = ledger.run_dtype(train_cfg, ledger.measure_device('cpu', train_cfg.dtype))
+            dtype = sums.run_dtype(train_cfg, sums.measure_device('cpu', train_cfg.dtype))
             tokens_per_s = train_loop_tokens_per_s(model_cfg, train_cfg, dtype, steps)
             best[loss] = max(best.get(loss, 0.0), tokens_per_s)
             torch._dynamo.reset()

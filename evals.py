@@ -38,13 +38,9 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-import checkpoint
-import data
-import downloads
-import ledger
-import processes
-from config import EVAL_TASKS, ConfigError, DataError, UserError
-from processes import log
+from ledgergpt import checkpoint, data, downloads, processes, sums
+from ledgergpt.config import EVAL_TASKS, ConfigError, DataError, UserError
+from ledgergpt.processes import log
 
 HELLASWAG_URL = 'https://raw.githubusercontent.com/rowanz/hellaswag/master/data/hellaswag_val.jsonl'
 HELLASWAG_GIT_SHA1 = '0f5ee25d72216f12317d5d8a7b92deafa423d81e'  # git's blob id of that file (never changed since 2019)
@@ -79,7 +75,7 @@ GPT3 = [
 
 def cache_folder():
     # $XDG_CACHE_HOME/ledgergpt, beside the ledger's device probes
-    return os.path.dirname(ledger.cache_path())
+    return os.path.dirname(sums.cache_path())
 
 
 def hellaswag_path(folder=None):

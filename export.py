@@ -28,10 +28,8 @@ import sys
 
 import torch
 
-import checkpoint
-import data
-import files
-from config import DEFAULTS, EOT, FAMILIES, PART_KEYS, ConfigError, UserError, cli
+from ledgergpt import checkpoint, data, files
+from ledgergpt.config import DEFAULTS, EOT, FAMILIES, PART_KEYS, ConfigError, UserError, cli
 
 DTYPES = {'bfloat16': torch.bfloat16, 'float32': torch.float32, 'float16': torch.float16}
 

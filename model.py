@@ -27,9 +27,12 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-from config import IGNORE_INDEX, ModelConfig  # re-exported: `from model import ModelConfig` works
-from losses import LOSSES, softcap
-from moe import MoE
+from ledgergpt.config import (  # re-exported: `from model import ModelConfig` works
+    IGNORE_INDEX,
+    ModelConfig,
+)
+from ledgergpt.losses import LOSSES, softcap
+from ledgergpt.moe import MoE
 
 __all__ = ['ModelConfig', 'GPT', 'Block', 'IGNORE_INDEX']
 

@@ -35,16 +35,17 @@ import threading
 import time
 import zlib
 
-import config  # standard library only: first, so that Ctrl-C or SIGTERM during the slower imports is one line
+# standard library only: first, so that Ctrl-C or SIGTERM during the slower imports is one line
+from ledgergpt import config
 
 if __name__ == '__main__':
     config.quiet_stops()
 
-import numpy as np  # noqa: E402
+import numpy as np
 
-import ledger  # noqa: E402
-from config import EOT, SPECIAL_TOKENS, DataError, cli  # noqa: E402
-from data import (  # noqa: E402
+from ledgergpt import sums
+from ledgergpt.config import EOT, SPECIAL_TOKENS, DataError, cli
+from ledgergpt.data import (
     HEADER_BYTES,
     list_shards,
     load_meta,
@@ -54,8 +55,24 @@ from data import (  # noqa: E402
     token_dtype,
     write_shard,
 )
-from downloads import HUB_ENDPOINT, Hub, ListingMismatch, Network, Progress, download, say, size_of  # noqa: E402
-from files import disk_errors, folder_lock, free_bytes, human_bytes, remove_quietly, save_json  # noqa: E402
+from ledgergpt.downloads import (
+    HUB_ENDPOINT,
+    Hub,
+    ListingMismatch,
+    Network,
+    Progress,
+    download,
+    say,
+    size_of,
+)
+from ledgergpt.files import (
+    disk_errors,
+    folder_lock,
+    free_bytes,
+    human_bytes,
+    remove_quietly,
+    save_json,
+)
 
 # -----------------------------------------------------------------------------------------------------
 # Tokenizers. gpt2 and bpe:V end up as tokenizer.json: the byte sequence of every rank (base64, list index = rank),
@@ -260,14 +277,14 @@ def make_neox_tokenizer(out_dir, network=None, special=True):
 
 
 def is_model(name):
-    import pretrained
+    from ledgergpt import pretrained
 
     return name not in NAMED_TOKENIZERS and (os.path.isdir(name) or pretrained.is_repo_id(name))
 
 
 def model_tokenizer(name, network=None):
     """(the model folder, its tokenizer.json's bytes)."""
-    import pretrained
+    from ledgergpt import pretrained
 
     folder = pretrained.folder(name, network, weights=False)
     path = os.path.join(folder, 'tokenizer.json')
@@ -285,7 +302,7 @@ def document_start(tokenizer, folder):
     added = tokenizer.encode('a', add_special_tokens=True).ids
     if len(added) > len(plain) and added[len(added) - len(plain) :] == plain:
         return tokenizer.id_to_token(added[0])
-    import pretrained
+    from ledgergpt import pretrained
 
     path = os.path.join(folder, 'tokenizer_config.json')
     eos = pretrained.read_json(path).get('eos_token') if os.path.isfile(path) else None
@@ -1040,7 +1057,7 @@ def disk_plan(
     low, high = (files_for(b) for b in PARQUET_BYTES_PER_TOKEN)
     here = sum(size_of(p) + size_of(p + '.partial') for p in paths)
     planned_tokens = tokens or sum(sizes) // PARQUET_BYTES_PER_TOKEN[0]
-    shard_bytes = planned_tokens * ledger.token_bytes(vocab_size) + HEADER_BYTES * (
+    shard_bytes = planned_tokens * sums.token_bytes(vocab_size) + HEADER_BYTES * (
         planned_tokens // shard_tokens + 2
     )
     shards_here = sum(
@@ -1064,7 +1081,7 @@ def disk_plan(
     say(
         f"plan: {' to '.join(map(str, sorted({low, high})))} of {len(files)} parquet files, {' to '.join(to_fetch)} to "
         f"download, {kept}; ~{human_bytes(shard_bytes)} of shards ({planned_tokens:,} tokens x "
-        f"{ledger.token_bytes(vocab_size)} bytes); at most ~{human_bytes(more)} more on disk, {human_bytes(free)} "
+        f"{sums.token_bytes(vocab_size)} bytes); at most ~{human_bytes(more)} more on disk, {human_bytes(free)} "
         f"free in {out_dir}"
     )
     if more > free:

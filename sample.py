@@ -24,10 +24,8 @@ from contextlib import nullcontext
 
 import torch
 
-import checkpoint
-import data
-import objectives
-from config import ConfigError, cli, sharded
+from ledgergpt import checkpoint, data, objectives
+from ledgergpt.config import ConfigError, cli, sharded
 
 
 def fim_prompt(eot_id, ids, prefix, suffix):

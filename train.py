@@ -26,7 +26,8 @@ import os
 import shlex
 import sys
 
-import config  # standard library only: first, so Ctrl-C or SIGTERM during the imports is one line
+# standard library only: first, so Ctrl-C or SIGTERM during the imports is one line
+from ledgergpt import config
 
 if __name__ == '__main__':
     config.quiet_stops()
@@ -41,27 +42,29 @@ if not (os.environ.get('PYTORCH_ALLOC_CONF') or os.environ.get('PYTORCH_CUDA_ALL
     name = 'PYTORCH_ALLOC_CONF' if release >= (2, 10) else 'PYTORCH_CUDA_ALLOC_CONF'
     os.environ[name] = 'expandable_segments:True'
 
-import numpy as np  # noqa: E402 (after the allocator's settings)
-import torch  # noqa: E402
-import torch.distributed as dist  # noqa: E402
-from torch.distributed.tensor import DTensor  # noqa: E402
+import numpy as np  # after the allocator's settings
+import torch
+import torch.distributed as dist
+from torch.distributed.tensor import DTensor
 
-import checkpoint  # noqa: E402
-import continuation  # noqa: E402
-import data  # noqa: E402
-import evals  # noqa: E402
-import files  # noqa: E402
-import live_ledger  # noqa: E402
-import moe  # noqa: E402
-import objectives  # noqa: E402
-import optimizers  # noqa: E402
-import pretrained  # noqa: E402
-import processes  # noqa: E402
-import sample  # noqa: E402
-from config import IGNORE_INDEX, sharded, tokens_per_micro_step  # noqa: E402
-from continuation import RunState  # noqa: E402
-from model import GPT  # noqa: E402
-from processes import log  # noqa: E402
+import evals
+import sample
+from ledgergpt import (
+    checkpoint,
+    continuation,
+    data,
+    files,
+    live_ledger,
+    moe,
+    objectives,
+    optimizers,
+    pretrained,
+    processes,
+)
+from ledgergpt.config import IGNORE_INDEX, sharded, tokens_per_micro_step
+from ledgergpt.continuation import RunState
+from ledgergpt.processes import log
+from model import GPT
 
 # --------------------------------------------------------------------------------------------------
 # 1. The batch and the LR schedule (the book's training recipe).

@@ -20,10 +20,9 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-import torch  # noqa: E402
+import torch
 
-import checkpoint  # noqa: E402
-import data  # noqa: E402
+from ledgergpt import checkpoint, data
 
 VARIANTS = {  # train.py overrides of configs/pystdlib_cpu.py, after BASE
     'llama, GQA, untied': ['--arch=llama', '--n_kv_head=1'],

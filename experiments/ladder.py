@@ -30,12 +30,8 @@ import time
 # the repo's modules
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import checkpoint  # noqa: E402
-import files  # noqa: E402
-import ledger  # noqa: E402
-import ledger_report  # noqa: E402
-import scaling  # noqa: E402
-from config import ConfigError, UserError, cli, load_config  # noqa: E402
+from ledgergpt import bill, checkpoint, files, scaling, sums
+from ledgergpt.config import ConfigError, UserError, cli, load_config
 
 USAGE = 'usage: python experiments/ladder.py --preset=cpu|gpu [--plan] [--out=FOLDER]'
 
@@ -125,8 +121,8 @@ def plan(preset, out):
     for budget, shape, held_out in points:
         flags = overrides + [f'--{k}={v}' for k, v in shape.items()]
         model_cfg, train_cfg = load_config(spec['config'], flags)
-        params = ledger.count_params(model_cfg)
-        per_token = ledger.flops_per_token(model_cfg)['matmul']
+        params = sums.count_params(model_cfg)
+        per_token = sums.flops_per_token(model_cfg)['matmul']
         steps = max(1, round(budget / per_token / train_cfg.batch_tokens))
         tokens = steps * train_cfg.batch_tokens
         budget_name = f'{budget:.2g}'.replace('+', '')  # 1.5e12, 1.5e13
@@ -182,7 +178,7 @@ def record(rung, summary):
     }
 
 
-def bill(rungs):
+def plan_bill(rungs):
     """The grid as a table: the ledger's time for each run on the preset's device at its assumed MFU."""
     rows = [
         '| run | N | N total | D | C, FLOPs | ledger time | done |',
@@ -191,14 +187,14 @@ def bill(rungs):
     total_days = 0.0
     for rung in rungs:
         model_cfg, train_cfg = load_config(rung.flags[0], rung.flags[1:])
-        days = ledger.predict(model_cfg, train_cfg)['days']
+        days = sums.predict(model_cfg, train_cfg)['days']
         total_days += days
         rows.append(
-            f"| {rung.name} | {ledger_report.si(rung.n_params)} | {ledger_report.si(rung.n_total)} | "
-            f"{ledger_report.si(rung.tokens)} | {rung.flops_per_token * rung.tokens:.3g} | "
-            f"{ledger_report.duration(days)} | {'yes' if finished(rung) else '-'} |"
+            f"| {rung.name} | {bill.si(rung.n_params)} | {bill.si(rung.n_total)} | "
+            f"{bill.si(rung.tokens)} | {rung.flops_per_token * rung.tokens:.3g} | "
+            f"{bill.duration(days)} | {'yes' if finished(rung) else '-'} |"
         )
-    rows.append(f"| all {len(rungs)} | | | | | {ledger_report.duration(total_days)} | |")
+    rows.append(f"| all {len(rungs)} | | | | | {bill.duration(total_days)} | |")
     return rows
 
 
@@ -237,7 +233,7 @@ def main(argv):
     print(
         f"ladder {preset}: {len(rungs) - held_out} runs in {len(spec['budgets'])} budgets x "
         f"{len(spec['shapes'])} shapes, and {held_out} held out at {spec['held_out_factor']}x the largest "
-        "budget; billed by the ledger:\n" + '\n'.join(bill(rungs)),
+        "budget; billed by the ledger:\n" + '\n'.join(plan_bill(rungs)),
         flush=True,
     )
     if '--plan' in flags:
@@ -269,7 +265,7 @@ def report(preset, rungs, out):
     files.save_json(path, fit)
     print('\n' + scaling.format_fit(fit))
     try:
-        import plot
+        from ledgergpt import plot
 
         print(plot.draw_ladder(path, os.path.join(out, 'ladder.png')))
     except UserError as e:  # matplotlib missing: the fit stands without the picture

@@ -23,8 +23,8 @@ import sys
 # the repo's modules
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import prepare  # noqa: E402
-from config import cli  # noqa: E402
+import prepare
+from ledgergpt.config import cli
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CODE, PROSE = os.path.join('data', 'pystdlib'), os.path.join('data', 'pydoc_prose')

@@ -25,9 +25,9 @@ import time
 # the repo's modules
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import ledger  # noqa: E402
-import sweep  # noqa: E402 (experiments/ is on sys.path when this file runs)
-from config import ConfigError, cli, load_config  # noqa: E402
+import sweep  # experiments/ is on sys.path when this file runs
+from ledgergpt import sums
+from ledgergpt.config import ConfigError, cli, load_config
 
 ROOT = sweep.ROOT
 MOE_KEYS = (
@@ -95,12 +95,12 @@ def main(argv):
         elapsed, val_loss, trained = sweep.run_ours(point, data, folder, steps)
         tokens_per_s, peak_bytes, load_cv = measured(folder)
         model, _ = sweep.point_config(point)
-        params = ledger.count_params(model)
+        params = sums.count_params(model)
         row = dict(
             model=name,
             params=params['total'],
             active=params['active'],
-            flops_per_token=ledger.flops_per_token(model)['matmul'],
+            flops_per_token=sums.flops_per_token(model)['matmul'],
             steps=steps,
             tokens=steps * sweep.point_config(point)[1].batch_tokens,
             seconds=round(elapsed, 1),
@@ -109,7 +109,7 @@ def main(argv):
             peak_mib=round(peak_bytes / 2**20),
             val_loss=round(val_loss, 4),
             val_bpb=round(
-                ledger.bits_per_byte(val_loss, sweep.val_bytes_per_token(data, model.block_size)), 4
+                sums.bits_per_byte(val_loss, sweep.val_bytes_per_token(data, model.block_size)), 4
             ),
             load_cv=[round(cv, 3) for cv in load_cv] if load_cv else None,
         )

@@ -35,15 +35,13 @@ import torch
 # the repo's modules
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import checkpoint  # noqa: E402
-import data as data_files  # noqa: E402 (the module; `data` names a data folder below)
-import ledger  # noqa: E402
-import objectives  # noqa: E402
-import prepare  # noqa: E402
-import sample  # noqa: E402
-import sweep  # noqa: E402
-import train  # noqa: E402
-from config import cli, load_config  # noqa: E402
+import prepare
+import sample
+import sweep
+import train
+from ledgergpt import checkpoint, objectives, sums
+from ledgergpt import data as data_files  # the module; `data` names a data folder below
+from ledgergpt.config import cli, load_config
 
 CASES = {
     'clm': {},
@@ -162,7 +160,7 @@ def val_bits_per_byte(model, data, block_size, val_tokens):
     rows = np.stack([shard[k * block_size : (k + 1) * block_size + 1] for k in range(n)])
     loss = sweep.mean_loss(lambda x, y: model(x, y)[1], torch.from_numpy(rows))
     bytes_per_token = data_files.target_bytes(data, rows[:, 1:]) / rows[:, 1:].size
-    return ledger.bits_per_byte(loss, bytes_per_token), loss, n * block_size
+    return sums.bits_per_byte(loss, bytes_per_token), loss, n * block_size
 
 
 def transform_ms(objective, stream, micro_batch, repeats=200):
@@ -241,7 +239,7 @@ def main(argv):
                     'fim_exact': fim_match,
                     'l2r_prefix_match': l2r_match,
                     'examples': len(examples),
-                    'loss_fraction': ledger.loss_fraction(objective.name, objective.ul2_rates),
+                    'loss_fraction': sums.loss_fraction(objective.name, objective.ul2_rates),
                     'transform_ms': host_ms,
                     'micro_step_ms': step_ms,
                     'tokens_per_s': summary['tokens_per_s_measured'],

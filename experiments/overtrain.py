@@ -27,13 +27,9 @@ import sys
 # the repo's modules
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import checkpoint  # noqa: E402
-import ledger  # noqa: E402
-import ledger_report  # noqa: E402
-import plot  # noqa: E402
-import scaling  # noqa: E402
-import train  # noqa: E402
-from config import ConfigError, UserError, cli, load_config  # noqa: E402
+import train
+from ledgergpt import bill, checkpoint, plot, scaling, sums
+from ledgergpt.config import ConfigError, UserError, cli, load_config
 
 USAGE = 'usage: python experiments/overtrain.py CONFIG [--key=value ...] [--lrs=LR,LR,...] [--plan]'
 
@@ -91,7 +87,7 @@ def branch_points(train_cfg, micro_step_tokens):
 def branch_out_dir(main_out_dir, end_tokens, schedule='cooldown'):
     """The folder of a run beside the main one, named for the tokens it ends at: out/h200_1b3_overtrain ->
     out/h200_1b3_overtrain_cooldown_26B (a branch), or _cosine_26B (schedule='cosine'). plot.py finds them so."""
-    return f"{os.path.normpath(main_out_dir)}_{schedule}_{ledger_report.si(end_tokens)}"
+    return f"{os.path.normpath(main_out_dir)}_{schedule}_{bill.si(end_tokens)}"
 
 
 def check_branch_start(path, model_cfg, train_cfg):
@@ -195,13 +191,13 @@ def plan(model_cfg, train_cfg):
     return runs
 
 
-def bill(model_cfg, train_cfg, runs):
+def plan_bill(model_cfg, train_cfg, runs):
     """The ledger's prediction for the config's device, shared out by tokens: -> (rows, prediction)."""
-    prediction = ledger.predict(model_cfg, train_cfg)
+    prediction = sums.predict(model_cfg, train_cfg)
     days_per_token = prediction['days'] / prediction['tokens']
     cost_per_token = prediction['cost_usd'] / prediction['tokens']
     chinchilla = prediction['data']['chinchilla_tokens']
-    si, duration = ledger_report.si, ledger_report.duration
+    si, duration = bill.si, bill.duration
     rows = [
         '| run | schedule | trains | ends at | x Chinchilla | time | cost |',
         '| --- | --- | ---: | ---: | ---: | ---: | ---: |',
@@ -249,7 +245,7 @@ def results(runs, chinchilla):
         )
         difference = f'{wsd - cosine:+.4f}' if wsd is not None and cosine is not None else '-'
         rows.append(
-            f"| {ledger_report.si(length)} | {length / chinchilla:.2f} | "
+            f"| {bill.si(length)} | {length / chinchilla:.2f} | "
             + ' | '.join('-' if v is None else f'{v:.4f}' for v in (wsd, cosine))
             + f" | {difference} |"
         )
@@ -281,7 +277,7 @@ def at_best_lr(sweep, chinchilla):
         cells = [f'{v:.4f} | {lr:g}' if v is not None else '- | -' for v, lr in best]
         difference = f'{wsd - cosine:+.4f}' if wsd is not None and cosine is not None else '-'
         rows.append(
-            f"| {ledger_report.si(length)} | {length / chinchilla:.2f} | {' | '.join(cells)} | {difference} |"
+            f"| {bill.si(length)} | {length / chinchilla:.2f} | {' | '.join(cells)} | {difference} |"
         )
     return rows
 
@@ -320,8 +316,8 @@ def main(argv):
             return code
         sweep[lr] = plan(*load_config(config_path, swept))
     if '--plan' not in argv:
-        params = ledger.count_params(load_config(config_path, overrides)[0])['total']
-        chinchilla = ledger.CHINCHILLA_TOKENS_PER_PARAM * params
+        params = sums.count_params(load_config(config_path, overrides)[0])['total']
+        chinchilla = sums.CHINCHILLA_TOKENS_PER_PARAM * params
         print(
             '\neach schedule at its best peak LR, final val loss in bits per byte:\n'
             + '\n'.join(at_best_lr(sweep, chinchilla))
@@ -336,7 +332,7 @@ def experiment(config_path, overrides, planning):
     # drawn beside the branches (read first)
     fit = scaling.load_fit(train_cfg.fit) if train_cfg.fit else None
     runs = plan(model_cfg, train_cfg)
-    rows, prediction = bill(model_cfg, train_cfg, runs)
+    rows, prediction = plan_bill(model_cfg, train_cfg, runs)
     launcher = (
         f"torchrun --nproc_per_node={train_cfg.n_gpu}"
         if prediction['gpu']['kind'] == 'gpu'

@@ -36,10 +36,10 @@ import numpy as np
 # the repo's modules
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import data as data_files  # noqa: E402 (the module; `data` names a data folder below)
-import ledger  # noqa: E402
-import prepare  # noqa: E402
-from config import ConfigError, cli, load_config  # noqa: E402
+import prepare
+from ledgergpt import data as data_files  # the module; `data` names a data folder below
+from ledgergpt import sums
+from ledgergpt.config import ConfigError, cli, load_config
 
 # the repo's root: train.py, configs/, data/
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -107,7 +107,7 @@ def score(forward, data, block_size, batch=16):
     import torch
 
     loss = mean_loss(forward, torch.from_numpy(val_sequences(data, block_size)), batch)
-    return loss, ledger.bits_per_byte(loss, val_bytes_per_token(data, block_size))
+    return loss, sums.bits_per_byte(loss, val_bytes_per_token(data, block_size))
 
 
 def val_bytes_per_token(data, block_size):
@@ -163,7 +163,7 @@ def run_ours(point, data, out_dir, steps=None):
         return elapsed - per_step * len(steady), per_step
     import torch
 
-    import checkpoint
+    from ledgergpt import checkpoint
 
     model, _ = checkpoint.load_model(out_dir, torch.device('cpu'))
     trained = sum(e['batch_tokens'] / e['tokens_per_s'] for e in timed)
@@ -338,7 +338,7 @@ def race(seconds, out):
                 train_seconds=round(trained, 1),
                 seconds=round(elapsed, 1),
                 val_bpb=round(
-                    ledger.bits_per_byte(val_loss, val_bytes_per_token(data, block_size)), 4
+                    sums.bits_per_byte(val_loss, val_bytes_per_token(data, block_size)), 4
                 ),
             )
             os.makedirs(out, exist_ok=True)
@@ -453,7 +453,7 @@ def main(argv):
                 train_seconds=round(trained, 1),
                 val_loss=round(val_loss, 4),
                 val_bpb=round(
-                    ledger.bits_per_byte(
+                    sums.bits_per_byte(
                         val_loss, val_bytes_per_token(data, point_config(point)[0].block_size)
                     ),
                     4,

@@ -14,7 +14,7 @@ import sys
 # the repo's modules
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from files import atomic_write  # noqa: E402
+from ledgergpt.files import atomic_write
 
 # train loss (nats), val bits per byte, the schedule, speed
 CARDS = ('loss', 'val_bpb', 'lr', 'tokens_per_s')

@@ -9,7 +9,7 @@ import prepare
 
 @pytest.fixture(scope='session', autouse=True)
 def device_cache(tmp_path_factory):
-    """The ledger's GEMM probes are cached per machine (ledger.cache_path): the tests keep theirs in a folder of
+    """The ledger's GEMM probes are cached per machine (sums.cache_path): the tests keep theirs in a folder of
     their own, shared by the processes they start, instead of the user's ~/.cache."""
     os.environ['XDG_CACHE_HOME'] = str(tmp_path_factory.mktemp('cache'))
 

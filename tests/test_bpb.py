@@ -11,10 +11,9 @@ import numpy as np
 import pytest
 import torch
 
-import data
 import export
-import ledger
 import sweep
+from ledgergpt import data, sums
 
 
 def val_tokens(folder):
@@ -78,12 +77,13 @@ def test_sweep_scores_in_the_val_targets_own_bytes(pystdlib_data):
 
     loss, bits = sweep.score(forward, pystdlib_data, 32)
     assert bits == pytest.approx(loss * rows[:, 1:].size / math.log(2) / text_bytes)
-    assert bits == ledger.bits_per_byte(loss, text_bytes / rows[:, 1:].size)
+    assert bits == sums.bits_per_byte(loss, text_bytes / rows[:, 1:].size)
 
 
 def test_objectives_bench_scores_in_the_val_targets_own_bytes(pystdlib_data):
     import objectives_bench
-    from config import ModelConfig
+
+    from ledgergpt.config import ModelConfig
     from model import GPT
 
     torch.manual_seed(0)

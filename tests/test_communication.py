@@ -6,7 +6,7 @@ test_communication.py: Ledger 5 against what train.py's processes really send, a
    gradients fill two buckets and whose vocab FSDP2 pads. Torch's flight recorder (TORCH_FR_BUFFER_SIZE) logs
    every collective a process group runs, whoever calls it: DDP's C++ reducer, FSDP2, ZeroRedundancyOptimizer,
    DTensor, train.py. The collectives of the third step (after DDP has rebuilt its buckets) on every rank equal
-   ledger.collectives, call by call: op, dtype and size. gloo has no reduce-scatter of its own: ProcessGroupGloo
+   sums.collectives, call by call: op, dtype and size. gloo has no reduce-scatter of its own: ProcessGroupGloo
    runs reduce_scatter_tensor as an all-reduce of the whole input and keeps its chunk, so the flight recorder
    logs FSDP2's reduce-scatters as all-reduces of the same size; that they were reduce-scatters is counted on
    the Python side, at torch.distributed.reduce_scatter_single, which FSDP2 calls.
@@ -25,8 +25,8 @@ import pytest
 
 import helpers
 import ledger
-import ledger_report
-from config import ModelConfig, load_config
+from ledgergpt import bill, sums
+from ledgergpt.config import ModelConfig, load_config
 
 # the repo's root, where train.py is
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -53,7 +53,7 @@ import json, os, pickle, sys
 import torch
 import torch.distributed as dist
 import continuation, data, processes, train
-from config import load_config
+from ledgergpt.config import load_config
 
 def recorded():
     return pickle.loads(torch._C._distributed_c10d._dump_fr_trace())['entries']
@@ -125,7 +125,7 @@ def as_calls(recorded):
 
 
 def ledger_calls(items, on_gloo=True):
-    """ledger.collectives -> the same multiset (reduce-scatters as gloo logs them: all-reduces of the input)."""
+    """sums.collectives -> the same multiset (reduce-scatters as gloo logs them: all-reduces of the input)."""
     calls = collections.Counter()
     for item in items:
         op = 'all_reduce' if on_gloo and item['op'] == 'reduce_scatter' else item['op']
@@ -184,19 +184,19 @@ def counted(request, launched):
 def test_every_collective_of_a_step_is_the_ledgers_on_every_rank(counted):
     world_size, ranks = counted
     model = ModelConfig(**{k: v for k, v in TINY.items() if k in ModelConfig.__dataclass_fields__})
-    assert len(ledger.ddp_buckets(model)) == 2  # the test model does exercise the bucketing
+    assert len(sums.ddp_buckets(model)) == 2  # the test model does exercise the bucketing
     # the script's MOE flags
     moe = dataclasses.replace(
         model, n_experts=4, top_k=2, expert_hidden=32, n_shared_experts=1, n_dense_layers=1
     )
     # FSDP2's blocks of two sizes
-    assert len(set(ledger.fsdp_unit_elements(moe, world_size)[1])) == 2
+    assert len(set(sums.fsdp_unit_elements(moe, world_size)[1])) == 2
     for rank in ranks:
         assert len(rank) == 18
         for key, seen in rank.items():
             mode, accumulation, dtype, *extra = key.split()
             optimizer = 'muon' if extra == ['muon'] else 'adamw'
-            items = ledger.collectives(
+            items = sums.collectives(
                 moe if extra == ['moe'] else model,
                 mode,
                 world_size,
@@ -214,7 +214,7 @@ def test_every_collective_of_a_step_is_the_ledgers_on_every_rank(counted):
             assert asked == expected, (world_size, key)
             # the bytes the ledger reports are the sum of what was seen
             seen_bytes = sum(
-                ledger.DTYPE_BYTES[d] * n * k
+                sums.DTYPE_BYTES[d] * n * k
                 for (_, d, n), k in as_calls(seen['collectives']).items()
             )
             assert seen_bytes == sum(item['bytes'] for item in items), key
@@ -226,12 +226,12 @@ def test_the_modes_differ_as_the_ledger_says(counted):
     which stays gathered for backward), and bf16 halves the gathers only."""
     world_size, (rank, *_) = counted
     model = ModelConfig(**{k: v for k, v in TINY.items() if k in ModelConfig.__dataclass_fields__})
-    P = ledger.count_params(model)['total']
+    P = sums.count_params(model)['total']
 
     # bytes of the step's collectives, the int64 bookkeeping aside
     def volume(key, op=None, smallest=1):
         return sum(
-            ledger.DTYPE_BYTES[d] * n * k
+            sums.DTYPE_BYTES[d] * n * k
             for (o, d, n), k in as_calls(rank[key]['collectives']).items()
             if d != 'int64' and n >= smallest and (op is None or o == op)
         )
@@ -241,7 +241,7 @@ def test_the_modes_differ_as_the_ledger_says(counted):
     # not the norm
     assert volume('zero2 3 float32', smallest=100) == 3 * volume('zero2 1 float32', smallest=100)
     # fsdp gathers each block again, the root once
-    _, blocks = ledger.fsdp_unit_elements(model, world_size)
+    _, blocks = sums.fsdp_unit_elements(model, world_size)
     assert volume('fsdp 1 float32', 'all_gather') == volume(
         'zero2 1 float32', 'all_gather'
     ) + 4 * sum(blocks)
@@ -254,7 +254,7 @@ def test_the_modes_differ_as_the_ledger_says(counted):
     assert volume('ddp 1 float32 muon') == volume('ddp 1 float32')
     assert volume('zero1 1 float32 muon') == volume('zero1 1 float32')
     matrices = [
-        s for n, s in ledger.parameter_shapes(model) if n.startswith('blocks.') and len(s) == 2
+        s for n, s in sums.parameter_shapes(model) if n.startswith('blocks.') and len(s) == 2
     ]
     padded = sum(-(-rows // world_size) * world_size * cols for rows, cols in matrices)
     for mode in ('zero2', 'fsdp'):
@@ -268,30 +268,30 @@ def test_the_modes_differ_as_the_ledger_says(counted):
 
 def test_bus_bytes_are_nccl_tests_factors():
     model, train = load_config(os.path.join(ROOT, 'configs/h100x8_1b3.py'), ['--parallel=ddp'])
-    items = ledger.collectives(model, 'ddp', 8, 4, 'bfloat16')
-    P = ledger.count_params(model)['total']
+    items = sums.collectives(model, 'ddp', 8, 4, 'bfloat16')
+    P = sums.count_params(model)['total']
     gradients = [i for i in items if 'DDP bucket' in i['what']]
     assert sum(i['bytes'] for i in gradients) == 4 * P  # fp32 gradients, once per step
     assert sum(i['bus_bytes'] for i in gradients) == pytest.approx(4 * P * 2 * 7 / 8)
-    sharded = ledger.collectives(model, 'zero2', 8, 4, 'bfloat16')
+    sharded = sums.collectives(model, 'zero2', 8, 4, 'bfloat16')
     gathers = sum(i['bus_bytes'] for i in sharded if i['op'] == 'all_gather')
-    root, blocks = ledger.fsdp_unit_elements(model, 8)
+    root, blocks = sums.fsdp_unit_elements(model, 8)
     # a dense model's blocks are alike
     assert len(blocks) == model.n_layer and len(set(blocks)) == 1
     assert gathers == pytest.approx(4 * 2 * (root + sum(blocks)) * 7 / 8)
     # the blocks gathered again in backward, not the root
-    sharded = ledger.collectives(model, 'fsdp', 8, 4, 'bfloat16')
+    sharded = sums.collectives(model, 'fsdp', 8, 4, 'bfloat16')
     gathers = sum(i['bus_bytes'] for i in sharded if i['op'] == 'all_gather')
     assert gathers == pytest.approx(4 * 2 * (root + 2 * sum(blocks)) * 7 / 8)
-    assert ledger.BUS_FACTORS['broadcast'](8) == 1.0
+    assert sums.BUS_FACTORS['broadcast'](8) == 1.0
     # every GPU of the table has its links, with their sources
-    assert set(ledger.LINKS) == set(ledger.GPUS)
-    assert all(link.busbw_gbps <= link.line_gbps for link in ledger.LINKS.values())
+    assert set(sums.LINKS) == set(sums.GPUS)
+    assert all(link.busbw_gbps <= link.line_gbps for link in sums.LINKS.values())
 
 
 def test_seconds_hide_and_the_days_count_what_does_not():
     model, train = load_config(os.path.join(ROOT, 'configs/h100x8_1b3.py'))
-    p = ledger.predict(model, train)
+    p = sums.predict(model, train)
     comm = p['comm']
     assert comm['topology']['busbw'] == 370e9 and comm['topology']['nodes'] == 1
     assert comm['seconds'] == pytest.approx(comm['bus_bytes'] / 370e9)
@@ -299,7 +299,7 @@ def test_seconds_hide_and_the_days_count_what_does_not():
     step = train.batch_tokens / p['tokens_per_s_compute']
     assert p['days'] == pytest.approx(p['days_compute'] * (step + comm['exposed_seconds']) / step)
     # a slower fabric: the same bytes take longer and show; the run becomes bound by it
-    slow = ledger.predict(
+    slow = sums.predict(
         *load_config(os.path.join(ROOT, 'configs/h100x8_1b3.py'), ['--intra_node_busbw=5'])
     )
     assert slow['comm']['bytes'] == comm['bytes'] and slow['comm']['seconds'] == pytest.approx(
@@ -307,16 +307,16 @@ def test_seconds_hide_and_the_days_count_what_does_not():
     )
     assert slow['comm']['bound'] == 'intra-node' and slow['days'] > p['days']
     # two nodes: the NICs are the ring's other link; overridden slow, they bind
-    two = ledger.predict(
+    two = sums.predict(
         *load_config(os.path.join(ROOT, 'configs/h100x8_1b3.py'), ['--n_gpu=16', '--nodes=2'])
     )
     # 16 GPUs x 16 sequences x 2048 tokens: the step's 524,288 tokens in one micro-step
     assert two['comm']['topology']['inter_busbw'] == 8 * 48e9 and two['comm']['accumulation'] == 1
     ib = ['--n_gpu=16', '--nodes=2', '--inter_node_busbw=10']
-    thin = ledger.predict(*load_config(os.path.join(ROOT, 'configs/h100x8_1b3.py'), ib))
+    thin = sums.predict(*load_config(os.path.join(ROOT, 'configs/h100x8_1b3.py'), ib))
     assert thin['comm']['topology']['busbw'] == 10e9 and thin['comm']['bound'] == 'inter-node'
     # one process sends nothing
-    single = ledger.predict(*load_config(os.path.join(ROOT, 'configs/h200_1b3.py')))
+    single = sums.predict(*load_config(os.path.join(ROOT, 'configs/h200_1b3.py')))
     assert single['comm']['collectives'] == [] and single['days'] == single['days_compute']
 
 
@@ -341,9 +341,9 @@ LLAMA3_70B = [  # Llama 3 70B's shape (Meta 2024) on 16 x H100 80GB, its 8K cont
 
 def test_the_verdict_follows_the_books_rule():
     model, train = load_config(os.path.join(ROOT, 'configs/h100x8_1b3.py'))
-    fine = ledger.predict(model, train)['parallelism']
+    fine = sums.predict(model, train)['parallelism']
     assert fine['enough'] and fine['verdict'] == 'data parallelism is enough'
-    big = ledger.predict(*load_config(None, LLAMA3_70B))['parallelism']
+    big = sums.predict(*load_config(None, LLAMA3_70B))['parallelism']
     assert (
         not big['enough']
         and 'tensor or pipeline' in big['verdict']
@@ -352,12 +352,12 @@ def test_the_verdict_follows_the_books_rule():
     assert any('fully sharded' in reason for reason in big['reasons'])
     # a plan that fails as written but passes in another mode is told the flags
     flags = ['--parallel=ddp', '--micro_batch=16']  # 16 sequences of 2048 do not fit in 80 GB
-    ddp = ledger.predict(*load_config(os.path.join(ROOT, 'configs/h100x8_1b3.py'), flags))
+    ddp = sums.predict(*load_config(os.path.join(ROOT, 'configs/h100x8_1b3.py'), flags))
     assert not ddp['fits'] and ddp['parallelism']['enough']
     assert ddp['parallelism']['suggestion'].startswith(
         '--parallel=ddp --recompute=False --micro_batch='
     )
-    assert ledger.pipeline_bubble(4, 8) == pytest.approx(3 / 11)
+    assert sums.pipeline_bubble(4, 8) == pytest.approx(3 / 11)
 
 
 @pytest.mark.parametrize('extra', [[], ['--nodes=2'], ['--n_gpu=16', '--nodes=2']])
@@ -384,7 +384,7 @@ def test_the_readme_and_book_figures_are_the_ledgers():
             for line in f
             if line.strip().startswith('python ledger.py configs/h100x8_1b3.py --n_gpu=16')
         ]
-    two = ledger.predict(
+    two = sums.predict(
         *load_config(os.path.join(ROOT, 'configs/h100x8_1b3.py'), ['--n_gpu=16', '--nodes=2'])
     )
     comm = two['comm']
@@ -394,7 +394,7 @@ def test_the_readme_and_book_figures_are_the_ledgers():
     )
     with open(os.path.join(ROOT, 'BOOK.md')) as f:
         book = f.read()
-    one = ledger.predict(*load_config(os.path.join(ROOT, 'configs/h100x8_1b3.py')))
+    one = sums.predict(*load_config(os.path.join(ROOT, 'configs/h100x8_1b3.py')))
     comm = one['comm']
     compute_step = one['step_seconds'] - comm['exposed_seconds']
     assert (
@@ -402,7 +402,7 @@ def test_the_readme_and_book_figures_are_the_ledgers():
         f"~{comm['seconds'] * 1e3:.0f} ms at 370 GB/s\n  against a {compute_step:.2f} s step: all but "
         f"~{comm['exposed_seconds'] * 1e3:.0f} ms hides" in book
     )
-    big = ledger.predict(*load_config(None, LLAMA3_70B))['parallelism']
+    big = sums.predict(*load_config(None, LLAMA3_70B))['parallelism']
     (reason,) = [r for r in big['reasons'] if 'fully sharded' in r]
     assert f"one sequence needs {reason.split(': ')[1].split(' of ')[0]} GiB a GPU" in book.replace(
         '\n  ', ' '
@@ -410,19 +410,19 @@ def test_the_readme_and_book_figures_are_the_ledgers():
 
 
 def test_train_pys_short_ledger_has_a_communication_line():
-    short = ledger_report.format_short(
-        ledger.predict(*load_config(os.path.join(ROOT, 'configs/h100x8_1b3.py'))), ''
+    short = bill.format_short(
+        sums.predict(*load_config(os.path.join(ROOT, 'configs/h100x8_1b3.py'))), ''
     )
     assert 'communication per step' in short and 'ESTIMATE' in short and 'exposed' in short
-    cpu = ledger.Device('a CPU', 1e11, 64 * ledger.GIB, kind='cpu', dtype='float32')
+    cpu = sums.Device('a CPU', 1e11, 64 * sums.GIB, kind='cpu', dtype='float32')
     model, train = load_config(os.path.join(ROOT, 'configs/pystdlib_cpu.py'), ['--n_gpu=2'])
-    p = ledger.predict(model, train, device=cpu)
+    p = sums.predict(model, train, device=cpu)
     assert (
         p['comm']['bytes'] > 0 and p['comm']['seconds'] is None and p['days'] == p['days_compute']
     )
-    assert 'gloo on the CPU: seconds not meaningful' in ledger_report.format_short(p, '')
-    assert 'not meaningful' in ledger_report.format_report(p)
-    one = ledger_report.format_short(ledger.predict(model, train, n_gpu=1, device=cpu), '')
+    assert 'gloo on the CPU: seconds not meaningful' in bill.format_short(p, '')
+    assert 'not meaningful' in bill.format_report(p)
+    one = bill.format_short(sums.predict(model, train, n_gpu=1, device=cpu), '')
     assert 'communication' not in one
 
 

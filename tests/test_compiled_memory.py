@@ -9,8 +9,8 @@ keeps no logit, only its fp32 gradients of h and of lm_head's weight.
 import pytest
 import torch
 
-import ledger
-from config import ModelConfig, TrainConfig
+from ledgergpt import sums
+from ledgergpt.config import ModelConfig, TrainConfig
 from model import GPT
 
 
@@ -54,7 +54,7 @@ def test_under_fsdp2_the_loss_is_eager_and_the_ledger_counts_it_so(loss, monkeyp
         assert {4 * tokens * H, 4 * config.vocab_size * H} <= set(saved.values())
         assert 4 * elements not in saved.values()
     # the ledger: eager loss buffers under FSDP2, compiled ones where the whole model is compiled
-    device = ledger.GPUS['H100']
+    device = sums.GPUS['H100']
     for parallel, n_gpu, compiled_loss in (
         ('fsdp', 2, False),
         ('zero2', 2, False),
@@ -64,8 +64,8 @@ def test_under_fsdp2_the_loss_is_eager_and_the_ledger_counts_it_so(loss, monkeyp
         train = TrainConfig(
             parallel=parallel, compile=True, micro_batch=micro_batch, batch_tokens=2 * 16 * n_gpu
         )
-        memory = ledger.memory_per_gpu(config, train, n_gpu, device=device)
-        expected = ledger.logits_bytes(config, micro_batch, 2, compiled=compiled_loss)
+        memory = sums.memory_per_gpu(config, train, n_gpu, device=device)
+        expected = sums.logits_bytes(config, micro_batch, 2, compiled=compiled_loss)
         full = (4 if compiled_loss else 12) * elements
         assert memory['logits'] == expected['total'], (parallel, n_gpu)
         assert expected['total'] == full if loss == 'full' else 'chunk_logits' in expected

@@ -8,7 +8,7 @@ import dataclasses
 
 import pytest
 
-from config import (
+from ledgergpt.config import (
     CONTINUATION_KEYS,
     DEFAULTS,
     FAMILIES,

@@ -16,9 +16,8 @@ import numpy as np
 import pytest
 import torch
 
-import data
-import objectives
-from config import DataError, ModelConfig, TrainConfig
+from ledgergpt import data, objectives
+from ledgergpt.config import DataError, ModelConfig, TrainConfig
 
 # -----------------------------------------------------------------------------------------------------
 # Shards
@@ -48,11 +47,11 @@ def test_shard_header_fields_and_round_trip(tmp_path):
 
 
 def test_dtype_follows_the_ledger_and_uint32_uses_llama3_header(tmp_path):
-    import ledger
+    from ledgergpt import sums
 
     # GPT-2, NeoX, the uint16 edge, Llama 3
     for vocab in (50257, 50277, 65535, 65536, 65537, 128256):
-        assert data.token_dtype(vocab).itemsize == ledger.token_bytes(vocab)
+        assert data.token_dtype(vocab).itemsize == sums.token_bytes(vocab)
     assert data.token_dtype(65536) == np.uint16  # ids 0..65,535 all fit
     assert data.token_dtype(65537) == np.uint32
     path = str(tmp_path / 'x_train_000001.bin')

@@ -17,13 +17,10 @@ import numpy as np
 import pytest
 import torch
 
-import data
 import helpers
-import ledger
-import objectives
-import processes
 import train
-from config import IGNORE_INDEX, load_config
+from ledgergpt import data, objectives, processes, sums
+from ledgergpt.config import IGNORE_INDEX, load_config
 
 # the repo's root, where train.py is
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -149,7 +146,7 @@ def test_two_processes_are_predicted_from_their_own_steps(mode, two_process_runs
     assert prediction['mfu_source'].startswith(
         'reached by runs of this config on this machine: the median of the last 1, '
     )
-    entry = ledger.read_probes()[key]
+    entry = sums.read_probes()[key]
     assert entry['probes'] == 1 and entry['tokens_per_s'] > 0
     # timed in the run's own step, its wrapper and its collectives, at its 2 micro-steps a step of 256 tokens a
     # process (a probe of the bare model left them out: zero2 and fsdp measured 0.81x and 0.76x its prediction)
@@ -170,7 +167,7 @@ def test_summary_holds_the_communication_of_a_step(mode, single, two_process_run
     summary = json.loads((two_process_runs[mode] / 'summary.json').read_text())
     model_cfg, _ = load_config(config)
     # 512 tokens = 4 x 32 x 2 processes x 2
-    items = ledger.collectives(model_cfg, mode, 2, 2, 'float32')
+    items = sums.collectives(model_cfg, mode, 2, 2, 'float32')
     assert summary['comm_bytes_per_step'] == sum(item['bytes'] for item in items) > 0
     assert summary['comm_bus_bytes_per_step'] == sum(item['bus_bytes'] for item in items)
     assert summary['comm_busbw_measured'] > 0 and summary['comm_seconds_measured'] is None

@@ -18,13 +18,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import checkpoint
-import data
-import downloads
 import evals as hellaswag
 import helpers
 import train
-from config import DataError
+from ledgergpt import checkpoint, data, downloads
+from ledgergpt.config import DataError
 
 TINY = dict(
     helpers.TINY_RUN,
@@ -748,7 +746,7 @@ def test_training_scores_the_tasks_into_metrics_and_the_plot(pystdlib_data, tmp_
     """eval_tasks_every and hellaswag_every: train.py scores the named tasks at those steps and at the end, on their
     first eval_tasks_items (hellaswag_items) items, into metrics.jsonl (each task's headline figure under its name,
     as 'hellaswag'), and plot.py draws them on the scores' axis."""
-    import plot
+    from ledgergpt import plot
 
     config = tmp_path / 'tiny.py'
     helpers.write_config(config, dict(TINY, data=pystdlib_data))
@@ -805,7 +803,7 @@ def test_the_command_frees_its_model_before_it_leaves_the_process_group(
     (processes.leave_process_group): its model dropped and collected first, then the process group."""
     import weakref
 
-    import processes
+    from ledgergpt import processes
 
     run = trained[0]
     (tmp_path / 'hellaswag_val.jsonl').write_bytes(GOOD)

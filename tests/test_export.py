@@ -22,12 +22,11 @@ from safetensors.torch import load_file
 from tiktoken_ext.openai_public import r50k_pat_str
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-import checkpoint
-import data
 import export
 import sample
 import train
-from config import ConfigError, ModelConfig, TrainConfig, UserError
+from ledgergpt import checkpoint, data
+from ledgergpt.config import ConfigError, ModelConfig, TrainConfig, UserError
 from model import GPT
 
 TINY = dict(n_layer=2, n_head=4, n_embd=64, vocab_size=512, block_size=32)

@@ -11,7 +11,8 @@ import pytest
 
 import ledger
 import train
-from config import load_config
+from ledgergpt import sums
+from ledgergpt.config import load_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -53,16 +54,14 @@ def test_the_ledger_and_train_refuse_the_same_plans_with_one_line(overrides, tmp
 def test_book_sums_memory_in_one_unit():
     """LLaMA-7B on 2 x A800-80G (the book): its 50.20 'GB' of model states are GiB (16P/2 = 50.205 x 2^30 bytes),
     and so are the figures added to them and the card's 80 'GB' (81,920 MiB): the sum and the spare are in GiB."""
-    rows = {row['what']: row for row in ledger.book_examples()}
+    rows = {row['what']: row for row in sums.book_examples()}
     states = rows['LLaMA-7B model states per GPU, GiB']['value']
-    assert states == 16 * ledger.count_params(ledger.LLAMA_7B)['total'] / 2 / 2**30
+    assert states == 16 * sums.count_params(sums.LLAMA_7B)['total'] / 2 / 2**30
     total = rows['LLaMA-7B total per GPU, GiB']
     assert total['value'] == pytest.approx(states + 6.20 + 3.91 + 6) and total['matches']
     spare = rows['LLaMA-7B spare on an 80 GB card, GiB']
-    assert spare['value'] == pytest.approx(
-        ledger.GPUS['A800'].memory_bytes / 2**30 - total['value']
-    )
-    assert ledger.GPUS['A800'].memory_bytes == 80 * 2**30 and spare['matches']
+    assert spare['value'] == pytest.approx(sums.GPUS['A800'].memory_bytes / 2**30 - total['value'])
+    assert sums.GPUS['A800'].memory_bytes == 80 * 2**30 and spare['matches']
     assert not [what for what in rows if what.startswith('LLaMA-7B') and what.endswith(', GB')]
 
 
@@ -91,9 +90,7 @@ def test_the_per_layer_row_shows_the_formula_of_its_number(config, n_kv_head, ca
     biases = 5 * H + 2 * kv_width + F if model.biases else 0
     if model.biases:
         assert ("(+ 5H + 2kv_width + H' biases)" if n_kv_head else "(+ 7H + H' biases)") in formula
-    assert (
-        int(count.replace(',', '')) == weights + biases == ledger.count_params(model)['per_layer']
-    )
+    assert int(count.replace(',', '')) == weights + biases == sums.count_params(model)['per_layer']
 
 
 # -----------------------------------------------------------------------------------------------------
@@ -135,7 +132,7 @@ def test_the_config_tables_figures_are_the_ledgers():
     for config, params, bill in rows:
         if 'pystdlib' in config or 'overtrain' in config:
             continue
-        p = ledger.predict(*load_config(os.path.join(ROOT, config)))
+        p = sums.predict(*load_config(os.path.join(ROOT, config)))
         # "1.34B", or an MoE's "1.05B (0.25B active)"
         number, unit, active, active_unit = re.fullmatch(
             r'([\d.]+)([KMB])(?: \(([\d.]+)([KMB]) active\))?', params.strip()
@@ -173,8 +170,8 @@ def test_the_config_tables_figures_are_the_ledgers():
 def test_the_muon_configs_bill_is_the_ledgers():
     """configs/h200_1b3_muon.py's comment: its model states beside AdamW's, the Newton-Schulz FLOPs and seconds
     of a step, the days, cost and memory, all the ledger's."""
-    muon = ledger.predict(*load_config(os.path.join(ROOT, 'configs/h200_1b3_muon.py')))
-    adamw = ledger.predict(*load_config(os.path.join(ROOT, 'configs/h200_1b3.py')))
+    muon = sums.predict(*load_config(os.path.join(ROOT, 'configs/h200_1b3_muon.py')))
+    adamw = sums.predict(*load_config(os.path.join(ROOT, 'configs/h200_1b3.py')))
     text = read('configs/h200_1b3_muon.py')
     pattern = (
         r'model states ([\d.]+) GiB, not ([\d.]+):.*Newton-Schulz ([\d.e]+) FLOPs a step \(([\d.]+)% of the '
@@ -208,7 +205,7 @@ def test_the_muon_configs_bill_is_the_ledgers():
 
 
 def test_the_readme_bill_of_the_real_run_is_the_ledgers():
-    p = ledger.predict(*load_config(os.path.join(ROOT, 'configs/h200_1b3.py')))
+    p = sums.predict(*load_config(os.path.join(ROOT, 'configs/h200_1b3.py')))
     days, cost = re.search(r'~([\d.]+) days and ~\$(\d+) on one H200', read('README.md')).groups()
     assert shown(p['days'], days) and cost == f"{round(p['cost_usd'], -1):.0f}"
     days, cost, memory, gpu = re.search(
@@ -220,7 +217,7 @@ def test_the_readme_bill_of_the_real_run_is_the_ledgers():
         p['memory']['gpu_memory'] / 2**30, gpu
     )
     # the configs' own comments about what fits
-    p8 = ledger.predict(*load_config(os.path.join(ROOT, 'configs/h100x8_1b3.py')))
+    p8 = sums.predict(*load_config(os.path.join(ROOT, 'configs/h100x8_1b3.py')))
     largest = re.search(
         r"the ledger's largest that fits is (\d+)", read('configs/h100x8_1b3.py')
     ).group(1)

@@ -9,8 +9,8 @@ import sys
 
 import pytest
 
-import files
-from config import UserError
+from ledgergpt import files
+from ledgergpt.config import UserError
 
 
 def test_write_text_atomic_uses_a_file_of_this_process_and_cleans_up(tmp_path, monkeypatch):

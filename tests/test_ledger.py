@@ -14,9 +14,9 @@ import pytest
 
 import helpers
 import ledger
-import ledger_report
-from config import OBJECTIVES, ModelConfig, TrainConfig, load_config
-from ledger import GIB
+from ledgergpt import bill, sums
+from ledgergpt.config import OBJECTIVES, ModelConfig, TrainConfig, load_config
+from ledgergpt.sums import GIB
 
 # the repo's root, where train.py is
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -88,7 +88,7 @@ PUBLISHED = [  # (name, config, published sum(p.numel()) of the released model)
 
 @pytest.mark.parametrize('name,config,published', PUBLISHED, ids=[p[0] for p in PUBLISHED])
 def test_published_parameter_counts_exact(name, config, published):
-    assert ledger.count_params(config)['total'] == published
+    assert sums.count_params(config)['total'] == published
 
 
 @pytest.mark.parametrize(
@@ -96,7 +96,7 @@ def test_published_parameter_counts_exact(name, config, published):
 )
 def test_book_formula_for_llama(L, H, F, V):
     """P = 2VH + H + L(4H^2 + 3HH' + 2H) for multi-head attention and untied embeddings."""
-    params = ledger.count_params(
+    params = sums.count_params(
         llama(n_layer=L, n_head=H // 64, n_embd=H, ffn_hidden=F, vocab_size=V)
     )
     assert params['total'] == 2 * V * H + H + L * (4 * H * H + 3 * H * F + 2 * H)
@@ -114,7 +114,7 @@ def test_book_formula_for_llama(L, H, F, V):
     ids=['llama-gqa', 'llama-tied', 'gpt2', 'gpt2-nobias-untied-gqa'],
 )
 def test_breakdown_sums_to_total(config):
-    params = ledger.count_params(config)
+    params = sums.count_params(config)
     parts = ('embedding', 'position', 'attention', 'ffn', 'norms', 'output')
     assert sum(params[k] for k in parts) == params['total']
     assert (
@@ -145,23 +145,23 @@ def test_llama_default_ffn_width_is_llamas_rule():
 
 def test_flops_conventions():
     config = llama(n_layer=32, n_head=32, n_embd=4096)
-    params = ledger.count_params(config)
+    params = sums.count_params(config)
     L, H, T = 32, 4096, 2048
-    flops = ledger.flops_per_token(config)
+    flops = sums.flops_per_token(config)
     assert flops['book'] == 6 * params['total']
-    assert ledger.flops_per_token(config, recompute=True)['book'] == 8 * params['total']
+    assert sums.flops_per_token(config, recompute=True)['book'] == 8 * params['total']
     assert flops['matmul'] == 6 * params['matmul'] + 12 * L * H * T
     assert flops['matmul_causal'] == 6 * params['matmul'] + 6 * L * H * T
     assert flops['hardware'] == flops['matmul']
     # recompute reruns each block's forward but not down_proj (H x 11008) nor lm_head; a compiled block reruns whole
     F, V = 11008, 32000
-    recompute = ledger.flops_per_token(config, recompute=True)['hardware']
+    recompute = sums.flops_per_token(config, recompute=True)['hardware']
     assert (
         recompute
         == 8 * params['matmul'] - 2 * V * H - 2 * L * H * F + 16 * L * H * T
         == 54_003_761_152
     )
-    compiled = ledger.flops_per_token(config, recompute=True, compiled_blocks=True)['hardware']
+    compiled = sums.flops_per_token(config, recompute=True, compiled_blocks=True)['hardware']
     assert compiled == 8 * params['matmul'] - 2 * V * H + 16 * L * H * T
     assert flops['attention_share_approx'] == T / (6 * H)
 
@@ -169,12 +169,12 @@ def test_flops_conventions():
 def test_attention_share_is_t_over_6h_for_a_12h2_block():
     """The book: attention ~ T/(6H) of the linear layers; exact when a block holds 12H^2 matmul weights."""
     config = gpt2(n_layer=12, n_head=12, n_embd=768)
-    flops = ledger.flops_per_token(config)
+    flops = sums.flops_per_token(config)
     assert flops['attention_share'] == pytest.approx(1024 / (6 * 768), rel=1e-12)
 
 
 def test_llama_7b_on_1b_tokens():
-    flops = ledger.flops_per_token(ledger.LLAMA_7B)['book'] * 1e9
+    flops = sums.flops_per_token(sums.LLAMA_7B)['book'] * 1e9
     assert f'{flops:.3g}' == '4.04e+19'
 
 
@@ -186,8 +186,8 @@ def test_llama_65b_days():
     flops = 8 * 1.4e12 * 6.5e10
     assert f'{flops:.3g}' == '7.28e+23'
     assert f'{flops / (2048 * 2e14):.3g}' == '1.78e+06'
-    peak = ledger.gpu_spec('A100').peak_flops
-    assert f'{ledger.train_days(flops, 2048, peak, 2e14 / peak):.3g}' == '20.6'
+    peak = sums.gpu_spec('A100').peak_flops
+    assert f'{sums.train_days(flops, 2048, peak, 2e14 / peak):.3g}' == '20.6'
 
 
 @pytest.mark.parametrize(
@@ -201,14 +201,14 @@ def test_llama_65b_days():
     ],
 )
 def test_seed_day_table_one_h200(params, tokens, days, digits):
-    h200 = ledger.gpu_spec('H200')
+    h200 = sums.gpu_spec('H200')
     assert h200.peak_flops == 989e12
-    got = ledger.train_days(6 * params * tokens, 1, h200.peak_flops, 0.40)
+    got = sums.train_days(6 * params * tokens, 1, h200.peak_flops, 0.40)
     assert f'{got:.{digits}g}' == f'{days:.{digits}g}'
 
 
 def test_seed_cost_about_500():
-    days = ledger.train_days(6 * 1.3e9 * 26e9, 1, 989e12, 0.40)
+    days = sums.train_days(6 * 1.3e9 * 26e9, 1, 989e12, 0.40)
     assert round(days * 24 * 3.5, -2) == 500
     assert 400 < days * 24 * 3 < days * 24 * 4 < 600
 
@@ -225,10 +225,10 @@ def test_gpu_table():
         'MI300X': 1307,
         'B200': 2250,
     }
-    assert {name: gpu.peak_flops / 1e12 for name, gpu in ledger.GPUS.items()} == peaks
-    assert ledger.gpu_spec('h200') is ledger.GPUS['H200']  # any case
-    assert 140 * GIB < ledger.gpu_spec('H200').memory_bytes < 141 * GIB
-    assert ledger.gpu_spec('A800').memory_bytes == 80 * GIB
+    assert {name: gpu.peak_flops / 1e12 for name, gpu in sums.GPUS.items()} == peaks
+    assert sums.gpu_spec('h200') is sums.GPUS['H200']  # any case
+    assert 140 * GIB < sums.gpu_spec('H200').memory_bytes < 141 * GIB
+    assert sums.gpu_spec('A800').memory_bytes == 80 * GIB
 
 
 # -----------------------------------------------------------------------------------------------------
@@ -245,7 +245,7 @@ def test_zero_formulas(n_gpu):
         'fsdp': 16 * P / N,
     }
     for parallel, total in expected.items():
-        states = ledger.model_state_bytes(P, parallel, n_gpu)
+        states = sums.model_state_bytes(P, parallel, n_gpu)
         assert states['total'] == pytest.approx(total, rel=1e-12)
         assert states['weights'] + states['grads'] + states['optimizer'] == pytest.approx(
             total, rel=1e-12
@@ -254,19 +254,18 @@ def test_zero_formulas(n_gpu):
 
 def test_book_memory_example_llama_7b_two_a800():
     states = (
-        ledger.model_state_bytes(ledger.count_params(ledger.LLAMA_7B)['total'], 'fsdp', 2)['total']
-        / GIB
+        sums.model_state_bytes(sums.count_params(sums.LLAMA_7B)['total'], 'fsdp', 2)['total'] / GIB
     )
     assert f'{states:.3g}' == '50.2'  # the book's 50.20 (50.205, truncated)
     total = states + 6.20 + 3.91 + 6  # the book's activations, softmax intermediates, other
     assert round(total) == 66
-    assert round(ledger.gpu_spec('A800').memory_bytes / GIB - total) == 14
+    assert round(sums.gpu_spec('A800').memory_bytes / GIB - total) == 14
 
 
 def test_llama_7b_config_reproduces_the_books_66_gb():
     """The book's scenario through the ledger's own activation and logits estimates: near its ~66 GB, fits 80."""
     model, train = load_config(os.path.join(ROOT, 'configs/llama_7b.py'))
-    memory = ledger.memory_per_gpu(model, train)
+    memory = sums.memory_per_gpu(model, train)
     assert memory['fits'] and 60 * GIB < memory['total'] < 72 * GIB
 
 
@@ -293,10 +292,10 @@ def test_compiled_runs_hold_less_than_eager_and_the_published_nanochat_point():
     # nanochat's loss: F.cross_entropy over the logits
     model = dataclasses.replace(NANOCHAT_D20, loss='full')
     # nanochat d20's 561M, plus our position table
-    assert ledger.count_params(model)['total'] == 563_662_080
+    assert sums.count_params(model)['total'] == 563_662_080
 
     def memory(micro_batch, compile_model, parallel='zero1'):
-        return ledger.memory_per_gpu(
+        return sums.memory_per_gpu(
             model,
             TrainConfig(
                 gpu='H100',
@@ -343,7 +342,7 @@ def test_with_the_chunked_loss_nanochat_d20_fits_micro_batch_32_in_every_mode(
             line for line in capsys.readouterr().out.splitlines() if line.startswith('  total  ')
         ]
         assert ('): fits, headroom' in total) is fits, (micro_batch, loss, total)
-        memory = ledger.memory_per_gpu(
+        memory = sums.memory_per_gpu(
             *load_config(config, [f'--micro_batch={micro_batch}', f'--loss={loss}'])
         )
         assert memory['fits'] is fits is (memory['headroom'] >= 0.05 * memory['gpu_memory'])
@@ -352,48 +351,46 @@ def test_with_the_chunked_loss_nanochat_d20_fits_micro_batch_32_in_every_mode(
 @pytest.mark.parametrize('params,floor,recommended', [(13e9, 3, 4), (30e9, 6, 8), (65e9, 13, 16)])
 def test_rule_of_thumb_gpus(params, floor, recommended):
     assert 16 * 13e9 / 1e9 == 208
-    assert ledger.gpus_for_model_states(params, ledger.gpu_spec('A800').memory_bytes) == (
+    assert sums.gpus_for_model_states(params, sums.gpu_spec('A800').memory_bytes) == (
         floor,
         recommended,
     )
 
 
 def test_175b_model_states():
-    assert f"{ledger.model_state_bytes(175e9)['total'] / 1e12:.2g}" == '2.8'
+    assert f"{sums.model_state_bytes(175e9)['total'] / 1e12:.2g}" == '2.8'
 
 
 def test_activations_structure():
     config = llama(n_layer=4, n_head=8, n_embd=512, vocab_size=1000, block_size=256)
     for recompute in (False, True):
-        sizes = [ledger.activation_bytes(config, b, recompute)['total'] for b in (1, 2, 4)]
+        sizes = [sums.activation_bytes(config, b, recompute)['total'] for b in (1, 2, 4)]
         assert sizes[0] < sizes[1] < sizes[2]
-        parts = ledger.activation_bytes(config, 2, recompute)
+        parts = sums.activation_bytes(config, 2, recompute)
         assert sum(v for k, v in parts.items() if k != 'total') == parts['total']
     for b in (1, 4):
         assert (
-            ledger.activation_bytes(config, b, True)['total']
-            < ledger.activation_bytes(config, b, False)['total']
+            sums.activation_bytes(config, b, True)['total']
+            < sums.activation_bytes(config, b, False)['total']
         )
         assert (
-            ledger.activation_bytes(config, b, False, attention='math')['total']
-            > ledger.activation_bytes(config, b, False, attention='flash')['total']
+            sums.activation_bytes(config, b, False, attention='math')['total']
+            > sums.activation_bytes(config, b, False, attention='flash')['total']
         )
 
 
 def test_logits_buffers():
     config = gpt2(n_layer=2, n_head=2, n_embd=64, loss='full')
     for dtype_bytes in (2, 4):
-        one, three = (ledger.logits_bytes(config, b, dtype_bytes=dtype_bytes) for b in (1, 3))
+        one, three = (sums.logits_bytes(config, b, dtype_bytes=dtype_bytes) for b in (1, 3))
         assert three['total'] == 3 * one['total']
         assert one['total'] == sum(v for k, v in one.items() if k != 'total')
         # B x T x V elements per buffer
         assert one['total'] % (config.block_size * config.vocab_size) == 0
-    assert (
-        ledger.logits_bytes(config, 1, 2)['total'] > ledger.logits_bytes(config, 1, 4)['total'] / 2
-    )
+    assert sums.logits_bytes(config, 1, 2)['total'] > sums.logits_bytes(config, 1, 4)['total'] / 2
     # the chunked loss: one chunk of CHUNK_ROWS rows and lm_head's gradient, whatever the micro-batch beyond it
     chunked = dataclasses.replace(config, loss='chunked', block_size=1024)
-    two, eight = (ledger.logits_bytes(chunked, b, 2) for b in (2, 8))
+    two, eight = (sums.logits_bytes(chunked, b, 2) for b in (2, 8))
     V, H = chunked.vocab_size, chunked.n_embd
     assert (
         two
@@ -406,23 +403,23 @@ def test_logits_buffers():
         }
     )
     # fp32: one tensor, in place
-    assert ledger.logits_bytes(chunked, 1, 4)['chunk_logits'] == 1024 * V * 4
+    assert sums.logits_bytes(chunked, 1, 4)['chunk_logits'] == 1024 * V * 4
 
 
 def test_memory_total_and_largest_micro_batch():
     model, train = load_config(os.path.join(ROOT, 'configs/h200_1b3.py'))
-    memory = ledger.memory_per_gpu(model, train)
+    memory = sums.memory_per_gpu(model, train)
     parts = memory['model_states'] + memory['activations'] + memory['logits'] + memory['overhead']
     assert memory['total'] == parts and memory['allocated'] == parts - memory['overhead']
-    assert memory['fits'] and memory['gpu_memory'] == ledger.gpu_spec('H200').memory_bytes
-    best = ledger.max_micro_batch(model, train)
+    assert memory['fits'] and memory['gpu_memory'] == sums.gpu_spec('H200').memory_bytes
+    best = sums.max_micro_batch(model, train)
     assert best >= train.micro_batch
-    assert ledger.memory_per_gpu(model, train, micro_batch=best)['fits']
-    assert not ledger.memory_per_gpu(model, train, micro_batch=best + 1)['fits']
+    assert sums.memory_per_gpu(model, train, micro_batch=best)['fits']
+    assert not sums.memory_per_gpu(model, train, micro_batch=best + 1)['fits']
     seven_b, ddp_one_gpu = load_config(
         os.path.join(ROOT, 'configs/llama_7b.py'), ['--parallel=ddp', '--n_gpu=1']
     )
-    assert ledger.max_micro_batch(seven_b, ddp_one_gpu) == 0  # 16P = 108 GB: not on one 80 GB card
+    assert sums.max_micro_batch(seven_b, ddp_one_gpu) == 0  # 16P = 108 GB: not on one 80 GB card
 
 
 # -----------------------------------------------------------------------------------------------------
@@ -434,27 +431,27 @@ def test_data_figures():
     assert 25e9 / 20 == 1.25e9 and 20 * 0.76e9 == pytest.approx(15.2e9)
     assert round(15e12 / 8e9, -2) == 1900
     assert (
-        ledger.token_bytes(50257) == 2
-        and ledger.token_bytes(65536) == 2
-        and ledger.token_bytes(128256) == 4
+        sums.token_bytes(50257) == 2
+        and sums.token_bytes(65536) == 2
+        and sums.token_bytes(128256) == 4
     )
-    data = ledger.data_ledger(1.3e9, 50304, 26e9, dataset_tokens=100e9)
+    data = sums.data_ledger(1.3e9, 50304, 26e9, dataset_tokens=100e9)
     assert data['chinchilla_tokens'] == 26e9 and data['chinchilla_multiple'] == pytest.approx(1.0)
     assert data['enough_data'] and data['epochs'] == pytest.approx(0.26)
     assert round(data['checkpoint_bytes'] / 1e9) == 16  # "a 1.3B model's Adam checkpoint is ~16 GB"
-    assert ledger.data_ledger(1e9, 50304, 250e9)['shard_bytes'] == 500e9
-    assert ledger.data_ledger(1e9, 50304, 25e9)['parquet_bytes_high'] == 100e9
-    short = ledger.data_ledger(1e9, 50304, 26e9, dataset_tokens=10e9)
+    assert sums.data_ledger(1e9, 50304, 250e9)['shard_bytes'] == 500e9
+    assert sums.data_ledger(1e9, 50304, 25e9)['parquet_bytes_high'] == 100e9
+    short = sums.data_ledger(1e9, 50304, 26e9, dataset_tokens=10e9)
     assert short['enough_data'] is False and short['epochs'] == pytest.approx(2.6)
 
 
 def test_chinchilla_loss_fits():
     # Chinchilla itself (70B, 1.4T tokens): Hoffmann's fit predicts ~1.94 nats on MassiveText
-    assert ledger.chinchilla_loss(70e9, 1.4e12) == pytest.approx(
+    assert sums.chinchilla_loss(70e9, 1.4e12) == pytest.approx(
         1.69 + 406.4 / 70e9**0.34 + 410.7 / 1.4e12**0.28
     )
-    assert round(ledger.chinchilla_loss(70e9, 1.4e12), 2) == 1.94
-    assert ledger.chinchilla_loss(70e9, 1.4e12, 'epoch2024') == pytest.approx(
+    assert round(sums.chinchilla_loss(70e9, 1.4e12), 2) == 1.94
+    assert sums.chinchilla_loss(70e9, 1.4e12, 'epoch2024') == pytest.approx(
         1.8172 + 482.01 / 70e9**0.3478 + 2085.43 / 1.4e12**0.3658
     )
 
@@ -464,7 +461,7 @@ def test_chinchilla_loss_fits():
 
 
 def test_every_book_example_matches():
-    examples = ledger.book_examples()
+    examples = sums.book_examples()
     assert len(examples) >= 30
     assert [e['what'] for e in examples if not e['matches']] == []
 
@@ -473,7 +470,7 @@ def test_book_md_lists_every_worked_example():
     """BOOK.md, the repo's own digest of its sources, has a row for each example, with the text's figure."""
     with open(os.path.join(ROOT, 'BOOK.md')) as f:
         rows = [line for line in f if line.startswith('| ')]
-    for example in ledger.book_examples():
+    for example in sums.book_examples():
         row = [r for r in rows if f"| {example['what']} |" in r]
         assert len(row) == 1 and f"| {example['book']} |" in row[0], example['what']
 
@@ -514,7 +511,7 @@ def test_book_cli_prints_every_figure():
 
 def test_predict_is_json_and_consistent():
     model, train = load_config(os.path.join(ROOT, 'configs/h200_1b3.py'))
-    p = json.loads(json.dumps(ledger.predict(model, train)))
+    p = json.loads(json.dumps(sums.predict(model, train)))
     for key in (
         'params',
         'flops_per_token',
@@ -531,7 +528,7 @@ def test_predict_is_json_and_consistent():
         'mfu',
     ):
         assert key in p, key
-    assert p['params']['total'] == ledger.count_params(model)['total']
+    assert p['params']['total'] == sums.count_params(model)['total']
     assert 1.25e9 < p['params']['total'] < 1.45e9  # the seed's ~1.3B
     assert p['total_flops'] == 26e9 * p['flops_per_token']['matmul']
     assert p['days'] == pytest.approx(p['total_flops'] / (989e12 * 0.40) / 86400)
@@ -545,23 +542,21 @@ def test_predict_recompute_and_n_gpu():
     model, train = load_config(
         None, ['--recompute=1', '--n_gpu=4', '--parallel=fsdp', '--gpu=H200']
     )
-    p = ledger.predict(model, train)
+    p = sums.predict(model, train)
     # recomputation is work MFU does not count
     assert p['n_gpu'] == 4 and p['mfu'] < p['mfu_assumed'] == 0.40
     # compute halves on twice the GPUs; days also count the communication that does not hide (Ledger 5)
-    assert ledger.predict(model, train, n_gpu=8)['days_compute'] == pytest.approx(
+    assert sums.predict(model, train, n_gpu=8)['days_compute'] == pytest.approx(
         p['days_compute'] / 2
     )
     assert p['days'] > p['days_compute']
     # train.py compiles each block on its own under FSDP (whole rerun); a single GPU compiles the whole model
     flops = p['flops_per_token']
-    assert p['compiled_blocks'] and flops == ledger.flops_per_token(
-        model, True, compiled_blocks=True
-    )
+    assert p['compiled_blocks'] and flops == sums.flops_per_token(model, True, compiled_blocks=True)
     assert p['tokens_per_s_compute'] == pytest.approx(4 * 989e12 * 0.40 / flops['hardware'])
     slowdown = p['tokens_per_s_compute'] / p['tokens_per_s']
     assert p['mfu'] == pytest.approx(0.40 * flops['matmul'] / flops['hardware'] / slowdown)
-    single = ledger.predict(model, train, n_gpu=1)
+    single = sums.predict(model, train, n_gpu=1)
     assert (
         not single['compiled_blocks'] and single['flops_per_token']['hardware'] < flops['hardware']
     )
@@ -569,7 +564,7 @@ def test_predict_recompute_and_n_gpu():
 
 def test_format_report_reads_like_the_book():
     model, train = load_config(os.path.join(ROOT, 'configs/h200_1b3.py'))
-    report = ledger_report.format_report(ledger.predict(model, train))
+    report = bill.format_report(sums.predict(model, train))
     for text in (
         'Ledger 1: parameters',
         '1,336,502,272',
@@ -594,8 +589,8 @@ def test_format_report_reads_like_the_book():
 
 def test_summary_and_comparison_with_missing_measurements():
     model, train = load_config(os.path.join(ROOT, 'configs/gpt2_124m.py'))
-    p = ledger.predict(model, train)
-    summary = ledger.summarize(
+    p = sums.predict(model, train)
+    summary = sums.summarize(
         p,
         {
             'params': p['params']['total'],
@@ -614,7 +609,7 @@ def test_summary_and_comparison_with_missing_measurements():
     # a GPU: the allocator's peak
     assert summary['memory_predicted_bytes'] == p['memory']['allocated']
     assert summary['reserved_predicted_bytes'] == p['memory']['total']
-    table = ledger_report.format_comparison(summary)
+    table = bill.format_comparison(summary)
     heading, lines = table.split('\n\n')[0], table.split('\n\n')[1].splitlines()
     assert heading == (
         'Predicted by ledger.py for 1 x H200 SXM 141GB (peak: vendor datasheet, dense BF16 tensor '
@@ -627,10 +622,10 @@ def test_summary_and_comparison_with_missing_measurements():
     assert len(lines) == 2 + 7 and all(line.count('|') == 5 for line in lines)
     assert '| 1.000 |' in table and '| 0.500 |' in table
     assert sum(line.endswith('| - | - |') for line in lines) == 5
-    empty = ledger.summarize(p, {})
-    assert ledger_report.format_comparison(empty).count(
+    empty = sums.summarize(p, {})
+    assert bill.format_comparison(empty).count(
         '| - | - |'
-    ) == 7 and 'an unnamed device' in ledger_report.format_comparison(empty)
+    ) == 7 and 'an unnamed device' in bill.format_comparison(empty)
 
 
 # -----------------------------------------------------------------------------------------------------
@@ -640,18 +635,18 @@ def test_summary_and_comparison_with_missing_measurements():
 @pytest.mark.parametrize('path', CONFIGS)
 def test_configs_load_and_fit(path):
     model, train = load_config(os.path.join(ROOT, path))
-    assert ledger.predict(model, train)['fits']
+    assert sums.predict(model, train)['fits']
 
 
 def test_config_shapes():
     sizes = {
-        path: ledger.count_params(load_config(os.path.join(ROOT, path))[0])['total']
+        path: sums.count_params(load_config(os.path.join(ROOT, path))[0])['total']
         for path in CONFIGS
     }
     assert sizes['configs/llama_7b.py'] == 6_738_415_616
     assert 740e6 < sizes['configs/gpt2_760m.py'] < 780e6
     model, _ = load_config(os.path.join(ROOT, 'configs/gpt2_124m.py'), ['--vocab_size=50257'])
-    assert ledger.count_params(model)['total'] == 124_439_808
+    assert sums.count_params(model)['total'] == 124_439_808
 
 
 def test_cli_runs_with_the_standard_library_alone():

@@ -16,11 +16,9 @@ import torch.nn.functional as F
 from test_model import batch, one_thread, tiny  # noqa: F401 (one_thread: one thread for tiny shapes)
 from torch.utils.flop_counter import FlopCounterMode
 
-import config
 import helpers
-import ledger
-import losses
-from config import IGNORE_INDEX, ConfigError, load_config
+from ledgergpt import config, losses, sums
+from ledgergpt.config import IGNORE_INDEX, ConfigError, load_config
 from model import GPT
 
 FAMILIES = [
@@ -166,6 +164,6 @@ def test_the_chunked_loss_holds_the_ledgers_buffers_and_a_cap_one_more_chunk(aut
             with torch.autocast('cpu', dtype=torch.bfloat16, enabled=autocast):
                 peak[cap] = helpers.peak_live_bytes(loss)
             copies = (c.vocab_size + min(rows, 64)) * c.n_embd * 2 if autocast else 0
-            held = ledger.logits_bytes(c, 1, a)['total'] + 64 * c.n_embd * 4 + copies
+            held = sums.logits_bytes(c, 1, a)['total'] + 64 * c.n_embd * 4 + copies
             assert 0 <= peak[cap] - held <= 24 * 64, (rows, cap, peak[cap], held)
         assert peak[0.5] - peak[0.0] == min(rows, 64) * c.vocab_size * 4

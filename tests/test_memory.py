@@ -3,7 +3,7 @@ test_memory.py: the memory ledger against the memory a run really holds, on the 
 
 1. Model states, exact: after the first optimizer step of train.py's own loop, the bytes of the parameters, their
    gradients (DDP's buckets included: the .grad tensors are views of them) and the optimizer's states (AdamW's,
-   and Muon's momentum beside AdamW's for the rest), each storage counted once, equal ledger.held_model_states on
+   and Muon's momentum beside AdamW's for the rest), each storage counted once, equal sums.held_model_states on
    every rank, for one process and for each parallel mode with 2
    gloo processes (a vocab of 515 and GQA, so that FSDP2 pads and ZeRO-1's greedy partition is uneven). Its second
    layer is a mixture of experts (odd widths: padded too), whose states scale with the total parameters, not the
@@ -25,8 +25,8 @@ import sys
 import pytest
 
 import helpers
-import ledger
-from config import ModelConfig
+from ledgergpt import sums
+from ledgergpt.config import ModelConfig
 
 # the repo's root, where train.py is
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -61,7 +61,7 @@ for optimizer in ('adamw', 'muon'):  # one launch, both rows: Muon's momentum on
         return result
     run.optimizer.step = step_and_count
     train.train_step(run)  # the real step: micro-steps, clipping, the update; zero_grad comes after the count
-    held = ledger.held_model_states(run.model_cfg, run.train.parallel, run.cluster.world_size, 'float32',
+    held = sums.held_model_states(run.model_cfg, run.train.parallel, run.cluster.world_size, 'float32',
                                     run.cluster.rank, optimizer)
     with open(f'{run.train.out_dir}/states_rank{run.cluster.rank}.json', 'w') as f:  # a file a rank
         json.dump({'rank': run.cluster.rank, 'counted': counted, 'ledger': {k: held[k] for k in counted}}, f)
@@ -139,18 +139,18 @@ def test_model_states_are_exact_on_every_rank(mode, processes, tmp_path):
     model = ModelConfig(**{k: v for k, v in TINY.items() if k in MODEL_KEYS})
     # Muon: 4 bytes a parameter of the blocks' matrices, the router's (4 x 64) aside (no step count); AdamW's 8
     # a parameter and 4 a tensor for the rest (embeddings, lm_head, norms, the router)
-    shapes = ledger.parameter_shapes(model)
+    shapes = sums.parameter_shapes(model)
     matrices = [
         s for n, s in shapes if n.startswith('blocks.') and len(s) == 2 and '.router.' not in n
     ]
     P, M = sum(math.prod(s) for _, s in shapes), sum(math.prod(s) for s in matrices)
     assert (
         4 * M + 8 * (P - M) + 4 * (len(shapes) - len(matrices))
-        == (ledger.held_model_states(model, 'ddp', 1, optimizer='muon')['optimizer'])
+        == (sums.held_model_states(model, 'ddp', 1, optimizer='muon')['optimizer'])
     )
     ranks = held['adamw']
-    one_process = ledger.held_model_states(model, 'ddp', 1)
-    params = ledger.count_params(model)
+    one_process = sums.held_model_states(model, 'ddp', 1)
+    params = sums.count_params(model)
     # the total, not the active
     assert one_process['weights'] == 4 * params['total'] > 4 * params['active']
     sharded = (
@@ -213,10 +213,10 @@ def test_a_started_process_reports_its_own_peak_not_its_parents():
     # late in a full run, made the CPU default's peak 1.37-1.56 GB against 0.98 alone); VmHWM is the process's own
     parent = bytearray(768 * 2**20)
     parent[::4096] = b'x' * len(parent[::4096])  # resident: every page touched
-    assert ledger.resident_bytes() > 768 * 2**20
+    assert sums.resident_bytes() > 768 * 2**20
     script = (
         'import resource, ledger; '
-        'print(ledger.resident_bytes(peak=True), resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)'
+        'print(sums.resident_bytes(peak=True), resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)'
     )
     result = subprocess.run(
         [sys.executable, '-c', script], cwd=ROOT, capture_output=True, text=True, check=True
@@ -236,8 +236,8 @@ def test_the_peak_a_run_reports_starts_after_its_step_probe():
     script = (
         'import ledger, live_ledger; '
         'block = bytearray(512 * 2**20); block[::4096] = b"x" * len(block[::4096]); del block; '
-        'before = ledger.resident_bytes(peak=True); live_ledger.reset_peak_resident(); '
-        'print(before, ledger.resident_bytes(peak=True), ledger.resident_bytes())'
+        'before = sums.resident_bytes(peak=True); live_ledger.reset_peak_resident(); '
+        'print(before, sums.resident_bytes(peak=True), sums.resident_bytes())'
     )
     result = subprocess.run(
         [sys.executable, '-c', script], cwd=ROOT, capture_output=True, text=True, check=True
@@ -307,9 +307,9 @@ step = torch.compile(step) if compiled else step
 step()
 h.grad = weight.grad = None
 live_ledger.reset_peak_resident()
-before = ledger.resident_bytes()
+before = sums.resident_bytes()
 step()
-print(ledger.resident_bytes(peak=True) - before)
+print(sums.resident_bytes(peak=True) - before)
 '''
 
 
@@ -341,6 +341,6 @@ def test_the_chunked_loss_peak_is_the_ledgers_buffers(graph, dtype, tmp_path):
     config = ModelConfig(
         arch='llama', n_layer=1, n_head=4, n_embd=256, vocab_size=8192, block_size=2048
     )
-    predicted = ledger.logits_bytes(config, 1, a, compiled=graph == 'compiled')['total']
+    predicted = sums.logits_bytes(config, 1, a, compiled=graph == 'compiled')['total']
     weight_copy = config.vocab_size * config.n_embd * 2 if a == 2 else 0  # lm_head's bf16 copy
     assert measured == pytest.approx(predicted + weight_copy, rel=0.15), (measured, predicted)

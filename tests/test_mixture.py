@@ -17,12 +17,10 @@ import numpy as np
 import pytest
 from test_train import TINY, read_metrics, run, step_losses
 
-import data
 import ledger
-import mixture
-import plot
 import prepare
-from config import ConfigError, DataError, load_config
+from ledgergpt import data, mixture, plot, sums
+from ledgergpt.config import ConfigError, DataError, load_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -291,7 +289,7 @@ def test_the_ledger_warns_past_four_epochs_and_plans_unmade_folders(
     assert 'not prepared yet' in next(
         line for line in text.splitlines() if line.strip().startswith('unmade')
     )
-    prediction = ledger.predict(*load_config(None, [*flags, '--gpu=H100']))
+    prediction = sums.predict(*load_config(None, [*flags, '--gpu=H100']))
     prose = prediction['mixture']['sources'][1]
     assert prose['repeats_too_often'] and 4.9 < prose['epochs'] < 5.1
     assert sum(source['weight'] for source in prediction['mixture']['sources']) == pytest.approx(1)

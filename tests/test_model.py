@@ -13,8 +13,8 @@ import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
-import ledger
-from config import FAMILIES, IGNORE_INDEX, load_config
+from ledgergpt import sums
+from ledgergpt.config import FAMILIES, IGNORE_INDEX, load_config
 from model import GPT, MLPS, ModelConfig, apply_rope
 
 
@@ -82,7 +82,7 @@ PARAM_CONFIGS = [
 def test_param_count_matches_ledger(config):
     with torch.device('meta'):
         model = GPT(config)
-    assert sum(p.numel() for p in model.parameters()) == ledger.count_params(config)['total']
+    assert sum(p.numel() for p in model.parameters()) == sums.count_params(config)['total']
 
 
 @pytest.mark.parametrize(
@@ -96,7 +96,7 @@ def test_parameter_shapes_are_the_models_tensors_in_order(config):
     """The ledger's tensor list (what ZeRO-1 and FSDP2 shard, Ledger 4a') is named_parameters(), name for name."""
     with torch.device('meta'):
         model = GPT(config)
-    assert ledger.parameter_shapes(config) == [
+    assert sums.parameter_shapes(config) == [
         (name, tuple(p.shape)) for name, p in model.named_parameters()
     ]
 
@@ -140,7 +140,7 @@ def test_llama_7b_on_meta_device_matches_ledger_and_paper():
     with torch.device('meta'):
         model = GPT(config)
     numel = sum(p.numel() for p in model.parameters())
-    assert numel == ledger.count_params(config)['total'] == 6_738_415_616
+    assert numel == sums.count_params(config)['total'] == 6_738_415_616
     assert all(p.is_meta for p in model.parameters())
 
 
@@ -190,7 +190,7 @@ def test_flops_match_ledger_matmul_count(config):
     idx, targets = batch(config, micro_batch=2)
     with FlopCounterMode(display=False) as counter, sdpa_kernel(SDPBackend.MATH):
         model(idx, targets)[1].backward()
-    predicted = ledger.flops_per_token(config)['matmul'] * idx.numel()
+    predicted = sums.flops_per_token(config)['matmul'] * idx.numel()
     assert counter.get_total_flops() == pytest.approx(predicted, rel=0.01)
 
 
@@ -208,7 +208,7 @@ def test_recompute_flops_match_ledger_hardware_count(config):
     idx, targets = batch(config, micro_batch=2)
     with FlopCounterMode(display=False) as counter, sdpa_kernel(SDPBackend.MATH):
         model(idx, targets)[1].backward()
-    predicted = ledger.flops_per_token(config, recompute=True)['hardware'] * idx.numel()
+    predicted = sums.flops_per_token(config, recompute=True)['hardware'] * idx.numel()
     assert counter.get_total_flops() == pytest.approx(predicted, rel=0.01)
 
 
@@ -246,7 +246,7 @@ def test_recompute_of_a_compiled_block_reruns_it_whole():
             model(idx, targets)[1].backward()
         block_flops[recompute] = sum(counted)
     torch._dynamo.reset()
-    flops = ledger.flops_per_token(config, recompute=True, compiled_blocks=True)
+    flops = sums.flops_per_token(config, recompute=True, compiled_blocks=True)
     assert (
         block_flops[True] - block_flops[False]
         == (flops['hardware'] - flops['matmul']) * idx.numel()
@@ -293,7 +293,7 @@ def measured_activation_bytes(model, micro_batch, recompute, autocast=False):
 
 def predicted_activation_bytes(config, micro_batch, recompute, attention, dtype_bytes=4):
     """The ledger's activations (CPU kernels: composite RMSNorm) plus what the loss saves (LOSS_SAVED)."""
-    activations = ledger.activation_bytes(
+    activations = sums.activation_bytes(
         config,
         micro_batch,
         recompute,
@@ -302,7 +302,7 @@ def predicted_activation_bytes(config, micro_batch, recompute, attention, dtype_
         residual_bytes=4,
         fused_norm=False,
     )
-    loss = ledger.logits_bytes(config, micro_batch, dtype_bytes)
+    loss = sums.logits_bytes(config, micro_batch, dtype_bytes)
     # the chunked loss casts lm_head's weight for its forward alone: alive at the peak (the ledger's bf16 weight
     # copies count it), but not saved
     copy = (
@@ -369,8 +369,8 @@ def test_activation_bytes_math_attention_keeps_the_score_matrix(config):
             config, micro_batch, recompute=False, attention='math'
         )
         assert predicted == pytest.approx(measured, rel=0.10), (micro_batch, predicted, measured)
-    flash = ledger.activation_bytes(config, 1, False, attention='flash')['total']
-    assert ledger.activation_bytes(config, 1, False, attention='math')['total'] > flash
+    flash = sums.activation_bytes(config, 1, False, attention='flash')['total']
+    assert sums.activation_bytes(config, 1, False, attention='math')['total'] > flash
 
 
 # -----------------------------------------------------------------------------------------------------
@@ -465,12 +465,12 @@ def test_compiled_model_saves_what_the_ledger_says(config, recompute, autocast):
     # not the chunks' gradients of the logits
     for micro_batch in (1, 3) if config.loss == 'full' else (8, 12):
         measured = compiled_saved_bytes(model, batch(config, micro_batch), held, autocast)
-        parts = ledger.activation_bytes(
+        parts = sums.activation_bytes(
             config, micro_batch, recompute, dtype_bytes=a, compiled='model'
         )
         # that one is rebuilt in the backward
         saved = parts['total'] - parts.get('recomputed_block', 0)
-        loss = ledger.logits_bytes(config, micro_batch, a, compiled=True)
+        loss = sums.logits_bytes(config, micro_batch, a, compiled=True)
         copy = 2 * config.vocab_size * config.n_embd if autocast and config.loss == 'chunked' else 0
         predicted = saved + loss[COMPILED_LOSS_SAVED[config.loss]] - copy  # as eager: not saved
         assert predicted == pytest.approx(measured, rel=0.10), (micro_batch, predicted, measured)
@@ -491,7 +491,7 @@ def test_a_block_compiled_alone_saves_what_the_ledger_says(config, autocast):
         x = torch.randn(micro_batch, config.block_size, config.n_embd, requires_grad=True)
         measured = compiled_saved_bytes(block, (x, cos, sin), held, autocast)
         one_layer = ModelConfig(**{**config.__dict__, 'n_layer': 1})
-        parts = ledger.activation_bytes(
+        parts = sums.activation_bytes(
             one_layer, micro_batch, False, dtype_bytes=a, compiled='blocks'
         )
         predicted = (

@@ -22,18 +22,14 @@ from test_model import batch, measured_activation_bytes, predicted_activation_by
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
-import checkpoint
 import export
 import helpers
-import ledger
-import ledger_report
-import live_ledger
-import plot
 import sweep
 import train
-from config import ConfigError, load_config
+from ledgergpt import bill, checkpoint, live_ledger, plot, sums
+from ledgergpt.config import ConfigError, load_config
+from ledgergpt.moe import update_router_bias
 from model import GPT, ModelConfig
-from moe import update_router_bias
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -86,10 +82,10 @@ def built(config, seed=0):
 @pytest.mark.parametrize('config', CONFIGS, ids=IDS)
 def test_total_params_are_the_models_tensors(config):
     model = built(config)
-    assert [(n, tuple(p.shape)) for n, p in model.named_parameters()] == ledger.parameter_shapes(
+    assert [(n, tuple(p.shape)) for n, p in model.named_parameters()] == sums.parameter_shapes(
         config
     )
-    counts = ledger.count_params(config)
+    counts = sums.count_params(config)
     assert sum(p.numel() for p in model.parameters()) == counts['total']
     assert counts['active'] < counts['total']
 
@@ -102,7 +98,7 @@ def test_active_params_are_what_one_token_touches(config):
     touched = sum(
         p.numel() for p in model.parameters() if p.grad is not None and p.grad.abs().sum() > 0
     )
-    assert touched == ledger.count_params(config)['active']
+    assert touched == sums.count_params(config)['active']
     # exactly top_k routed experts per MoE layer got a gradient; the rest hold zeros
     for layer in model.moe:
         visited = [e for e in layer.experts if e.down_proj.weight.grad.abs().sum() > 0]
@@ -117,9 +113,9 @@ def test_flops_are_the_active_matmuls(config, recompute):
     idx, targets = batch(config, micro_batch=2)
     with FlopCounterMode(display=False) as counter, sdpa_kernel(SDPBackend.MATH):
         model(idx, targets)[1].backward()
-    flops = ledger.flops_per_token(config, recompute=recompute)
+    flops = sums.flops_per_token(config, recompute=recompute)
     assert counter.get_total_flops() == flops['hardware'] * idx.numel()
-    dense_of_the_same_total = 6 * ledger.count_params(config)['matmul_total'] + flops['attention']
+    dense_of_the_same_total = 6 * sums.count_params(config)['matmul_total'] + flops['attention']
     assert flops['matmul'] < dense_of_the_same_total
 
 
@@ -133,7 +129,7 @@ def test_activations_match_saved_tensors(config, autocast):
             config, micro_batch, False, 'flash', dtype_bytes=2 if autocast else 4
         )
         assert predicted == pytest.approx(measured, rel=0.10), (micro_batch, predicted, measured)
-    routing = ledger.activation_bytes(config, 1, False, dtype_bytes=4)['routing_buffers']
+    routing = sums.activation_bytes(config, 1, False, dtype_bytes=4)['routing_buffers']
     assert routing == config.moe_layers * config.block_size * (
         2 * 4 * config.top_k * config.n_embd + 16 * config.top_k
     )
@@ -302,8 +298,8 @@ def test_export_refuses_an_moe_model():
 @pytest.mark.parametrize('path', ['configs/pystdlib_moe.py', 'configs/h200_moe.py'])
 def test_ledger_prints_total_beside_active(path):
     model, train_config = load_config(os.path.join(ROOT, path), ['--gpu=H200'])
-    prediction = ledger.predict(model, train_config)
-    text = ledger_report.format_report(prediction)
+    prediction = sums.predict(model, train_config)
+    text = bill.format_report(prediction)
     params, memory = prediction['params'], prediction['memory']
     assert f"{params['total']:,}" in text and f"{params['active']:,}" in text
     assert prediction['flops_per_token']['matmul'] == 6 * params[
@@ -326,7 +322,7 @@ def test_the_comparison_pairs_the_same_active_ffn_width(small):
     experts, _ = sweep.point_config(points['moe'])
     assert experts.n_experts and not dense.n_experts
     assert (experts.top_k + experts.n_shared_experts) * experts.expert_hidden == dense.ffn_width
-    dense_params, moe_params = ledger.count_params(dense), ledger.count_params(experts)
+    dense_params, moe_params = sums.count_params(dense), sums.count_params(experts)
     # the only active weights the dense model lacks
     router = experts.moe_layers * experts.n_experts * experts.n_embd
     assert moe_params['active'] == dense_params['total'] + router
@@ -340,10 +336,10 @@ def test_readme_table_counts_are_the_ledgers():
     for row, name in zip(rows, ('dense', 'moe'), strict=True):
         # the README's run: --small
         model, _ = sweep.point_config(moe_vs_dense.points(small=True)[name])
-        params = ledger.count_params(model)
+        params = sums.count_params(model)
         cells = [cell.strip() for cell in row.split('|')[1:-1]]
         assert cells[1:4] == [
             f"{params['total'] / 1e6:.2f}M",
             f"{params['active'] / 1e6:.2f}M",
-            f"{ledger.flops_per_token(model)['matmul']:.3g}",
+            f"{sums.flops_per_token(model)['matmul']:.3g}",
         ]

@@ -15,16 +15,12 @@ import pytest
 import torch
 from test_train import read_metrics, run, step_losses, write_config
 
-import checkpoint
-import data
-import ledger
-import ledger_report
-import objectives
 import prepare
 import sample
-from config import EOT as END_OF_TEXT
-from config import IGNORE_INDEX, ConfigError, DataError, TrainConfig, load_config
-from processes import Cluster
+from ledgergpt import bill, checkpoint, data, objectives, sums
+from ledgergpt.config import EOT as END_OF_TEXT
+from ledgergpt.config import IGNORE_INDEX, ConfigError, DataError, TrainConfig, load_config
+from ledgergpt.processes import Cluster
 
 # Synthetic packed sequences: text tokens 0..199, the end-of-text token 255, the special tokens from 256 on.
 EOT = 255
@@ -288,7 +284,7 @@ def test_ul2_mixture_and_its_denoisers():
     ids=['prefix_lm', 'ul2', 'ul2-mostly-x'],
 )
 def test_loss_fraction_is_the_share_of_targets_that_carry_loss(name, rates):
-    """ledger.loss_fraction, the ledger's arithmetic, against the share the transform really masks."""
+    """sums.loss_fraction, the ledger's arithmetic, against the share the transform really masks."""
     rng = np.random.default_rng(8)
     objective = make(name, **rates)
     sequences = np.stack([one_document(rng, 1023, n=1025) for _ in range(1000)])
@@ -296,9 +292,9 @@ def test_loss_fraction_is_the_share_of_targets_that_carry_loss(name, rates):
     shares = (targets != IGNORE_INDEX).mean(axis=1)
     # 4 standard errors of the per-sequence share, + 1% for what the formula leaves out (the cut's discrete ends,
     # T5's rounding, the given end-of-text and mode tokens: a few tokens in a thousand)
-    assert within(shares, ledger.loss_fraction(name, objective.ul2_rates), extra=0.01)
-    assert ledger.loss_fraction('clm') == ledger.loss_fraction('fim') == 1.0
-    assert round(ledger.loss_fraction('ul2'), 3) == 0.399  # the default mixture
+    assert within(shares, sums.loss_fraction(name, objective.ul2_rates), extra=0.01)
+    assert sums.loss_fraction('clm') == sums.loss_fraction('fim') == 1.0
+    assert round(sums.loss_fraction('ul2'), 3) == 0.399  # the default mixture
 
 
 # -----------------------------------------------------------------------------------------------------
@@ -487,7 +483,7 @@ def test_a_run_says_which_tokens_carry_loss(pystdlib_data, tmp_path, capsys):
         "predicted); tokens/s and MFU count every position"
     ) in out
     assert (
-        ledger_report._row(
+        bill._row(
             'tokens that carry loss',
             '256',
             '50%: objective prefix_lm; tokens/s and MFU count every position',
@@ -497,7 +493,7 @@ def test_a_run_says_which_tokens_carry_loss(pystdlib_data, tmp_path, capsys):
     prediction = json.loads((tmp_path / 'out' / 'ledger.json').read_text())
     assert prediction['data']['loss_tokens'] == 256 and prediction['data']['loss_fraction'] == 0.5
     # unchanged
-    assert prediction['flops_per_token'] == ledger.predict(*load_config(config))['flops_per_token']
+    assert prediction['flops_per_token'] == sums.predict(*load_config(config))['flops_per_token']
 
 
 @pytest.mark.parametrize(

@@ -16,12 +16,10 @@ import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-import config
 import helpers
-import ledger
-import optimizers
 import train
-from config import ConfigError, load_config
+from ledgergpt import config, optimizers, sums
+from ledgergpt.config import ConfigError, load_config
 from model import GPT
 
 TINY = [
@@ -140,10 +138,10 @@ def test_groups_are_the_raw_models_names_and_the_router_stays_on_adamw():
     )
     assert all(n.startswith('blocks.') for n in muon)
     # the ledger's grouping is the same list, from its own shapes
-    groups = config.param_groups('muon', ledger.parameter_shapes(model_cfg))
+    groups = config.param_groups('muon', sums.parameter_shapes(model_cfg))
     assert [names for kind, _, names in groups if kind == 'muon'] == [muon]
     # AdamW alone: matrices decayed, vectors not, as the book's recipe
-    adamw = config.param_groups('adamw', ledger.parameter_shapes(model_cfg))
+    adamw = config.param_groups('adamw', sums.parameter_shapes(model_cfg))
     assert [(kind, decayed) for kind, decayed, _ in adamw] == [('adamw', True), ('adamw', False)]
 
 
@@ -156,7 +154,7 @@ def test_newton_schulz_flops_are_the_ledgers_exactly():
         model(*(torch.randint(512, (2, 32)) for _ in range(2)))[1].backward()
         with FlopCounterMode(display=False) as counter:
             optimizer.step()
-        (predicted,) = ledger.optimizer_step_flops(model_cfg, train_cfg, 1)
+        (predicted,) = sums.optimizer_step_flops(model_cfg, train_cfg, 1)
         assert counter.get_total_flops() == predicted > 0, flags
         qkv = (model_cfg.n_embd * 3, model_cfg.n_embd)  # 192 x 64: m = 64, n = 192
         assert config.newton_schulz_flops(qkv, train_cfg) == train_cfg.muon_ns_steps * (
@@ -167,14 +165,14 @@ def test_newton_schulz_flops_are_the_ledgers_exactly():
     model(*(torch.randint(512, (2, 32)) for _ in range(2)))[1].backward()
     with FlopCounterMode(display=False) as counter:
         optimizer.step()
-    assert counter.get_total_flops() == ledger.optimizer_step_flops(model_cfg, train_cfg, 1)[0] == 0
+    assert counter.get_total_flops() == sums.optimizer_step_flops(model_cfg, train_cfg, 1)[0] == 0
 
 
 def test_the_ledger_bills_muons_states_and_step():
     model_cfg, train_cfg = load_config(None, ['--optimizer=muon'] + TINY[:-1])
-    adamw = ledger.predict(model_cfg, dataclasses.replace(train_cfg, optimizer='adamw'), 1)
-    muon = ledger.predict(model_cfg, train_cfg, 1)
-    shapes = ledger.parameter_shapes(model_cfg)
+    adamw = sums.predict(model_cfg, dataclasses.replace(train_cfg, optimizer='adamw'), 1)
+    muon = sums.predict(model_cfg, train_cfg, 1)
+    shapes = sums.parameter_shapes(model_cfg)
     matrices = [s for n, s in shapes if config.muon_takes(n, s)]
     # 4 bytes of momentum for AdamW's 8 on each block matrix, and no step count
     saved = 4 * sum(rows * cols for rows, cols in matrices) + 4 * len(matrices)
@@ -192,7 +190,7 @@ def test_the_ledger_bills_muons_states_and_step():
     assert muon['optimizer_step_seconds'] == pytest.approx(seconds)
     assert muon['days_compute'] == pytest.approx(adamw['days_compute'] + steps * seconds / 86400)
     # ZeRO-1: each rank orthogonalises the matrices it owns; the busiest rank sets the step
-    per_rank = ledger.optimizer_step_flops(
+    per_rank = sums.optimizer_step_flops(
         model_cfg, dataclasses.replace(train_cfg, parallel='zero1'), 2
     )
     assert sum(per_rank) == per_step and 0 < min(per_rank)
@@ -270,9 +268,9 @@ def test_the_books_muon_figures_are_the_ledgers():
         re.S,
     ).groups()
     model_cfg, train_cfg = load_config(os.path.join(root, 'configs/h200_1b3_muon.py'))
-    p = ledger.predict(model_cfg, train_cfg)
-    a = ledger.predict(model_cfg, dataclasses.replace(train_cfg, optimizer='adamw'))
-    shapes = ledger.parameter_shapes(model_cfg)
+    p = sums.predict(model_cfg, train_cfg)
+    a = sums.predict(model_cfg, dataclasses.replace(train_cfg, optimizer='adamw'))
+    shapes = sums.parameter_shapes(model_cfg)
     matrices = sum(s[0] * s[1] for n, s in shapes if config.muon_takes(n, s))
     total = p['params']['total']
     assert (int(M.replace(',', '')), int(P.replace(',', ''))) == (matrices, total)

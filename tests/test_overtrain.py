@@ -18,16 +18,10 @@ import pytest
 from test_plot import lines_labelled
 from test_train import read_metrics, step_losses, write_config
 
-import checkpoint
-import config
-import continuation
-import ledger
-import ledger_report
 import overtrain
-import plot
-import processes
 import train
-from config import ConfigError, load_config
+from ledgergpt import bill, checkpoint, config, continuation, plot, processes, sums
+from ledgergpt.config import ConfigError, load_config
 
 # The main run: 24 steps of 256 tokens (8 sequences of 32), wsd: warmup 2 steps, the peak to step 18, a decay over
 # steps 19-23 (0-based) to 10%. Its branch of 15 steps' tokens starts after step 12 (0.8 x 3,840 = 3,072 tokens)
@@ -313,10 +307,10 @@ def test_the_overtrain_config_branches_at_one_and_two_chinchillas():
         '--out_dir=out/h200_1b3_overtrain_cooldown_26B',
     ]
     assert runs[3].out_dir == 'out/h200_1b3_overtrain_cosine_26B'
-    rows, prediction = overtrain.bill(model_cfg, train_cfg, runs)
+    rows, prediction = overtrain.plan_bill(model_cfg, train_cfg, runs)
     share = 5_199_922_176 / 100e9  # the main run's 24.9 days and $2,091, shared out by tokens
     assert rows[3].endswith(
-        f"| {ledger_report.duration(prediction['days'] * share)} | ${prediction['cost_usd'] * share:,.0f} |"
+        f"| {bill.duration(prediction['days'] * share)} | ${prediction['cost_usd'] * share:,.0f} |"
     )
     assert rows[-2].startswith('| wsd and its branches | | 116B |')  # 100B + 5.2B + 10.4B
     assert rows[-1].startswith('| the cosine runs | | 178B |')  # 26B + 52B + 100B
@@ -389,14 +383,13 @@ def test_overtrain_runs_the_experiment_and_tabulates_it(pystdlib_data, tmp_path,
         for folder in folders
     }
     chinchilla = (
-        ledger.CHINCHILLA_TOKENS_PER_PARAM
-        * ledger.count_params(load_config(config_path)[0])['total']
+        sums.CHINCHILLA_TOKENS_PER_PARAM * sums.count_params(load_config(config_path)[0])['total']
     )
     table = out.split('final val loss, bits per byte:\n')[1].splitlines()
     pairs = [(folders[1], folders[2], 3840), (folders[0], folders[3], 6144)]
     for row, (wsd, cosine, length) in zip(table[2:4], pairs, strict=True):
         assert row == (
-            f"| {ledger_report.si(length)} | {length / chinchilla:.2f} | {bpb[wsd]:.4f} | "
+            f"| {bill.si(length)} | {length / chinchilla:.2f} | {bpb[wsd]:.4f} | "
             f"{bpb[cosine]:.4f} | {bpb[wsd] - bpb[cosine]:+.4f} |"
         )
     assert os.path.isfile(tmp_path / 'x' / 'branches.png')
@@ -445,7 +438,7 @@ def test_the_branch_picture(tmp_path, capsys):
     [chinchilla] = lines_labelled(ax, '20 x P = 20K tokens (Chinchilla)')
     assert list(chinchilla.get_xdata()) == [20_000, 20_000]
     [published] = fit.lines
-    assert np.allclose(published.get_ydata(), ledger.chinchilla_loss(1000, published.get_xdata()))
+    assert np.allclose(published.get_ydata(), sums.chinchilla_loss(1000, published.get_xdata()))
     assert 'THEIR data' in published.get_label() and 'THEIR token' in fit.get_ylabel()
     assert plot.main([main, '--branches']) == 0
     assert capsys.readouterr().out.strip() == os.path.join(main, 'branches.png')

@@ -20,8 +20,8 @@ from test_model import (  # one_thread: test_model's autouse module fixture, for
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
-import ledger
-from config import FAMILIES, PARTS, ConfigError, ModelConfig
+from ledgergpt import sums
+from ledgergpt.config import FAMILIES, PARTS, ConfigError, ModelConfig
 from model import GPT
 
 NEW_PARTS = [dict(qk_norm='weightless'), dict(qk_norm='learned'), dict(mlp='relu2')]
@@ -40,17 +40,17 @@ def every_part():
 def test_each_rows_tensors_are_the_models(config):
     with torch.device('meta'):
         model = GPT(config)
-    assert ledger.parameter_shapes(config) == [
+    assert sums.parameter_shapes(config) == [
         (n, tuple(p.shape)) for n, p in model.named_parameters()
     ]
-    assert sum(p.numel() for p in model.parameters()) == ledger.count_params(config)['total']
+    assert sum(p.numel() for p in model.parameters()) == sums.count_params(config)['total']
 
 
 def test_the_books_closed_form_is_the_sum_of_the_rows():
     for config in (tiny(), tiny(n_kv_head=2), tiny(n_layer=3, ffn_hidden=100, vocab_size=300)):
-        assert ledger.count_params(config)['total'] == ledger.book_params(config)
+        assert sums.count_params(config)['total'] == sums.book_params(config)
     llama_7b = ModelConfig(n_layer=32, n_head=32, n_embd=4096, ffn_hidden=11008, vocab_size=32000)
-    assert ledger.book_params(llama_7b) == ledger.count_params(llama_7b)['total'] == 6_738_415_616
+    assert sums.book_params(llama_7b) == sums.count_params(llama_7b)['total'] == 6_738_415_616
 
 
 def counted_flops(config, recompute=False):
@@ -72,7 +72,7 @@ def test_a_parts_flops_with_minus_without_are_the_ledgers(base, part, recompute)
     counted, predicted = [], []
     for config in (tiny(**base), tiny(**base, **part)):
         counted.append(counted_flops(config, recompute))
-        predicted.append(tokens * ledger.flops_per_token(config, recompute)['hardware'])
+        predicted.append(tokens * sums.flops_per_token(config, recompute)['hardware'])
     assert counted == predicted
     assert counted[1] - counted[0] == predicted[1] - predicted[0]
 
@@ -121,7 +121,7 @@ def test_relu2_is_relu_squared():
 
 
 def test_a_part_key_is_checked_in_one_line():
-    from config import load_config
+    from ledgergpt.config import load_config
 
     with pytest.raises(
         ConfigError, match="qk_norm must be one of none, weightless, learned, not 'rms'"

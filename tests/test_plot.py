@@ -11,7 +11,7 @@ import sys
 import matplotlib.image
 import numpy as np
 
-import plot
+from ledgergpt import plot
 
 BATCH = 1000  # tokens per step
 

@@ -20,12 +20,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-import config
-import data
-import downloads
-import files
 import prepare
-from config import DataError
+from ledgergpt import config, data, downloads, files
+from ledgergpt.config import DataError
 
 # -----------------------------------------------------------------------------------------------------
 # pystdlib and the tokenizer (the shared fixture is in conftest.py; reading a tokenizer: test_data.py)

@@ -32,13 +32,12 @@ from transformers import (
     Qwen3ForCausalLM,
 )
 
-import data
 import export
 import helpers
 import ledger
-import pretrained
 import train
-from config import ConfigError
+from ledgergpt import data, pretrained
+from ledgergpt.config import ConfigError
 from model import GPT
 
 VOCAB = 512  # the pystdlib fixture's: the imported models export with its tokenizer
@@ -501,8 +500,8 @@ def test_a_folder_not_made_yet_is_named_as_the_repo_id_it_was_taken_for(
 ):
     """`--tokenizer hf/pystdlib_cpu` before export.py wrote that folder reads as a Hub repo id: the Hub is asked
     (here a port that refuses), and the one line that gives up says what the name was taken for."""
-    import downloads
-    from config import DataError
+    from ledgergpt import downloads
+    from ledgergpt.config import DataError
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv('XDG_CACHE_HOME', str(tmp_path / 'cache'))

@@ -14,12 +14,9 @@ import pytest
 import torch
 
 import helpers
-import ledger
-import ledger_report
-import live_ledger
-import processes
 import train
-from config import ConfigError, ModelConfig, TrainConfig, load_config
+from ledgergpt import bill, live_ledger, processes, sums
+from ledgergpt.config import ConfigError, ModelConfig, TrainConfig, load_config
 from model import GPT
 
 
@@ -33,36 +30,36 @@ def probes(tmp_path, monkeypatch):
         calls.append(n)
         return answers.pop(0), n
 
-    monkeypatch.setattr(ledger, 'gemm_flops', fake_gemm_flops)
+    monkeypatch.setattr(sums, 'gemm_flops', fake_gemm_flops)
     return answers, calls
 
 
 def cached(device):
-    return ledger.read_probes()[device.probe_key]
+    return sums.read_probes()[device.probe_key]
 
 
 def test_the_best_probe_is_kept_and_a_flagged_one_is_measured_again(probes):
     answers, calls = probes
     answers += [40e9]  # measured while the machine was busy
-    busy = ledger.measure_device('cpu', 'float32')
-    assert busy.peak_flops == 40e9 and calls == [2048] and busy.probe_key in ledger.read_probes()
+    busy = sums.measure_device('cpu', 'float32')
+    assert busy.peak_flops == 40e9 and calls == [2048] and busy.probe_key in sums.read_probes()
     date = re.search(r'peak measured at (\S+ \S+)', busy.peak_source).group(1)
     assert date == cached(busy)['measured'] and 'the best of 1 probe(s)' in busy.peak_source
     answers += [400e9]
     # cached: no probe
-    assert ledger.measure_device('cpu', 'float32').peak_flops == 40e9 and len(calls) == 1
-    assert ledger.flag_reprobe(busy.probe_key, 'a test') and cached(busy)['reprobe'] == 'a test'
-    quiet = ledger.measure_device('cpu', 'float32')  # flagged: probed again, the better kept
+    assert sums.measure_device('cpu', 'float32').peak_flops == 40e9 and len(calls) == 1
+    assert sums.flag_reprobe(busy.probe_key, 'a test') and cached(busy)['reprobe'] == 'a test'
+    quiet = sums.measure_device('cpu', 'float32')  # flagged: probed again, the better kept
     assert quiet.peak_flops == 400e9 and len(calls) == 2 and 'reprobe' not in cached(quiet)
     assert 'the best of 2 probe(s)' in quiet.peak_source
     first_quiet = cached(quiet)['measured']
     answers += [100e9]  # busy again: load only lowers a probe, so the best stays
-    ledger.flag_reprobe(busy.probe_key, 'again')
-    again = ledger.measure_device('cpu', 'float32')
+    sums.flag_reprobe(busy.probe_key, 'again')
+    again = sums.measure_device('cpu', 'float32')
     assert (
         again.peak_flops == 400e9 and len(calls) == 3 and cached(again)['measured'] == first_quiet
     )
-    assert 'the best of 3 probe(s)' in again.peak_source and not ledger.flag_reprobe(
+    assert 'the best of 3 probe(s)' in again.peak_source and not sums.flag_reprobe(
         'no such probe', 'x'
     )
 
@@ -70,17 +67,15 @@ def test_the_best_probe_is_kept_and_a_flagged_one_is_measured_again(probes):
 def test_a_run_far_faster_than_predicted_flags_its_probe(probes, tmp_path, capsys):
     answers, calls = probes
     answers += [40e9]
-    device = ledger.measure_device('cpu', 'float32')
+    device = sums.measure_device('cpu', 'float32')
     model = ModelConfig(n_layer=2, n_head=2, n_embd=64, vocab_size=512, block_size=32)
     train = TrainConfig(
         batch_tokens=256, micro_batch=8, train_tokens=2560, out_dir=str(tmp_path / 'out')
     )
     # as train.py holds it
-    prediction = json.loads(json.dumps(ledger.predict(model, train, 1, device)))
+    prediction = json.loads(json.dumps(sums.predict(model, train, 1, device)))
     # the ledger says when the peak was measured
-    assert f"peak measured at {cached(device)['measured']}" in ledger_report.format_short(
-        prediction, 'x'
-    )
+    assert f"peak measured at {cached(device)['measured']}" in bill.format_short(prediction, 'x')
     metrics = live_ledger.Metrics(processes.setup_cluster(), train, prediction, 0, append=False)
     assumed = prediction['mfu']
     metrics.check_probe(1.4 * assumed)  # within the margin: a probe is not a prophecy
@@ -91,7 +86,7 @@ def test_a_run_far_faster_than_predicted_flags_its_probe(probes, tmp_path, capsy
     )
     assert 'the next run probes it again and keeps the better' in capsys.readouterr().out
     answers += [120e9]
-    assert ledger.measure_device('cpu', 'float32').peak_flops == 120e9 and len(calls) == 2
+    assert sums.measure_device('cpu', 'float32').peak_flops == 120e9 and len(calls) == 2
     # predicted from a step probe (the CPU), the peak only divides the MFU shown: flagged once that passes 100%
     assert 'reprobe' not in cached(device)  # the probe above cleared it
     stepped = dict(prediction, mfu_probe_key='no such step probe')
@@ -105,7 +100,7 @@ def test_a_run_far_faster_than_predicted_flags_its_probe(probes, tmp_path, capsy
         and cached(device)['reprobe'] == 'a run measured MFU 150.0%, above 100% of the peak'
     )
     # a peak from a datasheet has no probe to flag
-    h200 = json.loads(json.dumps(ledger.predict(model, train, 1, ledger.GPUS['H200'])))
+    h200 = json.loads(json.dumps(sums.predict(model, train, 1, sums.GPUS['H200'])))
     assert h200['gpu']['probe_key'] == ''
     named = live_ledger.Metrics(processes.setup_cluster(), train, h200, 0, append=False)
     named.check_probe(100 * h200['mfu'])
@@ -168,7 +163,7 @@ def test_the_cpu_prediction_holds_on_this_cpu(tmp_path, monkeypatch, capsys):
         )
         assert f"MFU, {prediction['mfu_source']}" in capsys.readouterr().out
         # the run's own step was timed (train_step on the run's module), at its own 2 micro-steps
-        probe = ledger.read_probes()[prediction['mfu_probe_key']]
+        probe = sums.read_probes()[prediction['mfu_probe_key']]
         assert probe['wrapper'] == type(run.model).__name__ == 'GPT'
         ((micro_steps, seconds),) = probe['step_seconds']
         assert micro_steps == 2 and probe['tokens_per_s'] == pytest.approx(1024 / seconds, rel=1e-9)
@@ -200,13 +195,13 @@ def test_a_slow_dtype_is_probed_at_a_small_size(monkeypatch):
         return mm(a, b, **kwargs)
 
     monkeypatch.setattr(torch, 'mm', slow_from_512)
-    flops, n = ledger.gemm_flops(2048, torch.device('cpu'), 'float32', seconds=0.3)
+    flops, n = sums.gemm_flops(2048, torch.device('cpu'), 'float32', seconds=0.3)
     assert n == 512 and max(sizes) == 512 and sizes[:4] == [256, 256, 512, 512]
     assert flops <= 2 * 512**3 / 0.2
     sizes.clear()
     monkeypatch.setattr(torch, 'mm', mm)
     # n_max caps it
-    assert ledger.gemm_flops(256, torch.device('cpu'), 'float32', seconds=0.0)[1] == 256
+    assert sums.gemm_flops(256, torch.device('cpu'), 'float32', seconds=0.0)[1] == 256
 
 
 def test_a_gpu_config_on_a_small_cpu_stops_before_building_anything(
@@ -217,7 +212,7 @@ def test_a_gpu_config_on_a_small_cpu_stops_before_building_anything(
     then the kernel's OOM kill)."""
     answers, _ = probes
     answers += [50e9, 5e9]  # the GEMM probes, fp32 and bf16
-    monkeypatch.setattr(ledger, 'machine_memory', lambda: (24 * 2**30, 'physical RAM (sysconf)'))
+    monkeypatch.setattr(sums, 'machine_memory', lambda: (24 * 2**30, 'physical RAM (sysconf)'))
 
     def no_model(*args, **kwargs):
         raise AssertionError('the step probe built the model')
@@ -248,7 +243,7 @@ def test_the_step_probe_says_so_before_it_builds_the_model(probes, monkeypatch, 
         ModelConfig(n_layer=1, n_head=2, n_embd=32, vocab_size=256, block_size=16),
         TrainConfig(),
     )
-    device = ledger.Device('CPU (a test)', 1e9, 2**30, kind='cpu')
+    device = sums.Device('CPU (a test)', 1e9, 2**30, kind='cpu')
     cluster = processes.Cluster(0, 1, 0, torch.device('cpu'))
     with torch.device('meta'):
         params = sum(p.numel() for p in GPT(model_cfg).parameters())
@@ -272,7 +267,7 @@ def test_a_big_model_says_it_is_being_built(probes, monkeypatch, tmp_path, capsy
     """Materialising 1.3B parameters takes minutes on a CPU: the last line before it says what is being built."""
     answers, _ = probes
     answers += [50e9, 5e9]
-    monkeypatch.setattr(ledger, 'machine_memory', lambda: (2**40, 'physical RAM (sysconf)'))
+    monkeypatch.setattr(sums, 'machine_memory', lambda: (2**40, 'physical RAM (sysconf)'))
     monkeypatch.setattr(live_ledger, '_time_steps', lambda *args: {'tokens_per_s': 1000.0})
 
     def stop(*args, **kwargs):
@@ -301,11 +296,11 @@ def test_dtype_auto_takes_the_faster_probe_on_a_cpu(probes, fp32, bf16, chosen):
     timing anything; the tests that measure memory or speed pin dtype instead."""
     answers, calls = probes
     answers += [fp32, bf16]  # measure_device probes float32, then bfloat16
-    device = ledger.measure_device('cpu', 'auto')
+    device = sums.measure_device('cpu', 'auto')
     assert len(calls) == 2 and device.dtype == chosen and device.peak_flops == max(fp32, bf16)
-    assert ledger.run_dtype(TrainConfig(dtype='auto'), device) == chosen
+    assert sums.run_dtype(TrainConfig(dtype='auto'), device) == chosen
     # a pinned dtype stays
-    assert ledger.run_dtype(TrainConfig(dtype='float32'), device) == 'float32'
+    assert sums.run_dtype(TrainConfig(dtype='float32'), device) == 'float32'
 
 
 # train_minutes: the tokens a run is planned for follow from the speed its ledger predicts, fixed at its start.
@@ -332,7 +327,7 @@ def test_train_minutes_buy_the_tokens_of_the_predicted_speed(tmp_path, monkeypat
     )
     del run
     assert train.main([str(config), out, '--max_steps=6']) == 0
-    (key,) = [k for k in ledger.read_probes() if ' | train_step | ' in k]
+    (key,) = [k for k in sums.read_probes() if ' | train_step | ' in k]
     for run in ('one', 'two'):  # two faster runs since: the median of the three is theirs
         live_ledger.learn_speed(key, 8192.0, run)
     resumed = train.setup([str(config), out, '--resume'])
@@ -350,7 +345,7 @@ def test_the_median_of_the_last_runs_is_learned(probes, monkeypatch):
     busy machine) does not set the plan by itself, and an old speed leaves the window."""
     monkeypatch.setattr(live_ledger, '_time_steps', lambda *args: {'tokens_per_s': 1000.0})
     model_cfg = ModelConfig(n_layer=1, n_head=2, n_embd=32, vocab_size=256, block_size=16)
-    device = ledger.Device('CPU (a test)', 1e9, 2**30, kind='cpu')
+    device = sums.Device('CPU (a test)', 1e9, 2**30, kind='cpu')
     cluster = processes.Cluster(0, 1, 0, torch.device('cpu'))
     _, key = live_ledger.step_probe(model_cfg, TrainConfig(), 'float32', device, cluster)
     live_ledger.learn_speed(key, 2000, 'a')  # run a's first log step: a run updates its own place
@@ -361,11 +356,11 @@ def test_the_median_of_the_last_runs_is_learned(probes, monkeypatch):
         ('d', 2900, 3050),
     ]:
         live_ledger.learn_speed(key, speed, run)
-        assert ledger.read_probes()[key]['reached'] == median
+        assert sums.read_probes()[key]['reached'] == median
     live_ledger.learn_speed(key, 3000, 'e')
     live_ledger.learn_speed(key, 2800, 'f')  # the first, a, leaves: 9000, 3100, 2900, 3000, 2800
-    assert ledger.read_probes()[key]['reached_runs'] == dict(b=9000, c=3100, d=2900, e=3000, f=2800)
-    assert ledger.read_probes()[key]['reached'] == 3000
+    assert sums.read_probes()[key]['reached_runs'] == dict(b=9000, c=3100, d=2900, e=3000, f=2800)
+    assert sums.read_probes()[key]['reached'] == 3000
 
 
 def test_the_step_probe_compiles_as_the_run_and_the_run_reuses_its_graphs(monkeypatch):

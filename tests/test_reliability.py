@@ -17,13 +17,11 @@ import time
 import pytest
 import torch
 
-import checkpoint
-import config
-import data
 import helpers
 import sample
 import train
-from config import ConfigError, load_config
+from ledgergpt import checkpoint, config, data
+from ledgergpt.config import ConfigError, load_config
 
 # the repo's root, where train.py is
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

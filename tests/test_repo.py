@@ -10,7 +10,20 @@ import subprocess
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-MODULES = sorted(name[:-3] for name in os.listdir(ROOT) if name.endswith('.py'))
+PACKAGE = 'ledgergpt'
+# the commands and model.py at the top level, the modules they share as ledgergpt.NAME
+MODULES = sorted(
+    [name[:-3] for name in os.listdir(ROOT) if name.endswith('.py')]
+    + [
+        f'{PACKAGE}.{name[:-3]}'
+        for name in os.listdir(os.path.join(ROOT, PACKAGE))
+        if name.endswith('.py')
+    ]
+)
+
+
+def path_of(module):
+    return os.path.join(ROOT, module.replace('.', os.sep) + '.py')
 
 
 def test_ruff_lint_and_format_pass():
@@ -26,22 +39,23 @@ def test_ruff_lint_and_format_pass():
 def module_imports(name):
     """The repo's modules that `name` imports when it is imported: the imports at its top level (those inside a
     function, or under `if __name__ == '__main__'`, run only when called)."""
-    with open(os.path.join(ROOT, f'{name}.py')) as f:
+    with open(path_of(name)) as f:
         tree = ast.parse(f.read())
     found = set()
     for node in tree.body:
         for inner in [node, *(node.body if isinstance(node, ast.Try) else [])]:
             if isinstance(inner, ast.Import):
-                found |= {alias.name.split('.')[0] for alias in inner.names}
+                found |= {alias.name for alias in inner.names}
             elif isinstance(inner, ast.ImportFrom) and inner.module:
-                found.add(inner.module.split('.')[0])
-    return found & set(MODULES)
+                found |= {inner.module} | {f'{inner.module}.{alias.name}' for alias in inner.names}
+    return found & set(MODULES) - {name}
 
 
 def test_no_import_circle():
     graph = {name: module_imports(name) for name in MODULES}
     # standard library, no torch
-    assert graph['config'] == set() and graph['ledger'] <= {'config', 'files'}
+    config, sums = f'{PACKAGE}.config', f'{PACKAGE}.sums'
+    assert graph[config] == set() and graph[sums] <= {config, f'{PACKAGE}.files'}
     # only bench builds on train.py
     assert 'train' not in set().union(*(graph[m] for m in MODULES if m != 'bench'))
     done, path = set(), []
@@ -92,7 +106,7 @@ def test_no_statement_is_wrapped_around_its_trailing_comment():
 
 def third_party_imports(name):
     """The packages outside the repo and the standard library that `name` imports anywhere (inside functions too)."""
-    with open(os.path.join(ROOT, f'{name}.py')) as f:
+    with open(path_of(name)) as f:
         tree = ast.parse(f.read())
     found = set()
     for node in ast.walk(tree):
@@ -100,7 +114,7 @@ def third_party_imports(name):
             found |= {alias.name.split('.')[0] for alias in node.names}
         elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
             found.add(node.module.split('.')[0])
-    return found - set(MODULES) - set(sys.stdlib_module_names)
+    return found - set(MODULES) - {PACKAGE, 'model'} - set(sys.stdlib_module_names)
 
 
 def test_command_1_installs_what_its_report_shows():
@@ -112,5 +126,6 @@ def test_command_1_installs_what_its_report_shows():
             for line in f
             if line.strip()[:1].isalpha()
         }
-    assert 'matplotlib' in third_party_imports('plot')
-    assert third_party_imports('plot') <= listed, third_party_imports('plot') - listed
+    plot = third_party_imports(f'{PACKAGE}.plot')
+    assert 'matplotlib' in plot
+    assert plot <= listed, plot - listed

@@ -6,11 +6,10 @@ line on a bad path.
 
 import torch
 
-import checkpoint
-import data
 import helpers
 import sample
 import train
+from ledgergpt import checkpoint, data
 
 TINY = dict(helpers.TINY_RUN, train_tokens=3 * 256, ckpt_every=1000)
 

@@ -10,16 +10,14 @@ import os
 
 import pytest
 
-import files
 import helpers
 import ledger
-import ledger_report
-import scaling
 import train
-from config import ConfigError, TrainConfig, load_config
+from ledgergpt import bill, files, scaling, sums
+from ledgergpt.config import ConfigError, TrainConfig, load_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-HOFFMANN = ledger.CHINCHILLA_FITS['hoffmann2022']  # E 1.69, A 406.4, B 410.7, alpha 0.34, beta 0.28
+HOFFMANN = sums.CHINCHILLA_FITS['hoffmann2022']  # E 1.69, A 406.4, B 410.7, alpha 0.34, beta 0.28
 
 
 def load_ladder():
@@ -62,7 +60,7 @@ def test_compute_optimal_is_the_minimum_along_the_budget():
     # at Chinchilla's own compute (5.76e23 FLOPs: 70B x 1.4T) Epoch AI's refit of the paper's data gives its ~20
     # tokens per parameter (72B x 1.3T); the paper's published, rounded approach-3 numbers give 93 (Besiroglu et al.
     # 2024: they do not fit the paper's own data)
-    epoch = scaling.compute_optimal(ledger.CHINCHILLA_FITS['epoch2024'], 5.76e23)
+    epoch = scaling.compute_optimal(sums.CHINCHILLA_FITS['epoch2024'], 5.76e23)
     assert 70e9 < epoch['N'] < 75e9 and 17 < epoch['tokens_per_param'] < 20
     assert 90 < scaling.compute_optimal(HOFFMANN, 5.76e23)['tokens_per_param'] < 95
 
@@ -128,12 +126,12 @@ def test_the_bill_prints_the_fit_and_its_warnings(tmp_path, capsys, pystdlib_dat
     flags = ['--gpu=H200', f'--data={pystdlib_data}', '--vocab_size=512']
     assert ledger.main(['configs/pystdlib_cpu.py', *flags, f'--fit={path}']) == 0
     out = capsys.readouterr().out
-    prediction = ledger.predict(*load_config('configs/pystdlib_cpu.py', flags))
+    prediction = sums.predict(*load_config('configs/pystdlib_cpu.py', flags))
     n_params, tokens = prediction['params']['matmul'], prediction['tokens']
     assert 'fitted to OUR runs' in out
     for multiple in (0.5, 1, 2, 4):
         loss = scaling.predict(fit, n_params, multiple * tokens)['loss']
-        assert f"{multiple:g}x the tokens: {ledger_report.si(multiple * tokens)}" in out
+        assert f"{multiple:g}x the tokens: {bill.si(multiple * tokens)}" in out
         assert f'{loss:.3f} nats' in out
     # the same: no warning
     assert 'this plan trains on' not in out and "the fit's tokenizer" not in out
@@ -143,7 +141,7 @@ def test_the_bill_prints_the_fit_and_its_warnings(tmp_path, capsys, pystdlib_dat
     warnings = '\n'.join(checked['warnings'])
     assert 'this plan trains on data/fineweb_edu' in warnings
     assert "this plan's C" in warnings and 'tokenizer' in warnings
-    h200 = ledger.predict(*load_config('configs/h200_1b3.py'))
+    h200 = sums.predict(*load_config('configs/h200_1b3.py'))
     assert checked['val_loss_predicted'] == pytest.approx(
         scaling.law(fit, h200['params']['matmul'], h200['tokens'])
     )
@@ -193,7 +191,7 @@ def test_ladder_grid_spans_its_budgets_and_skips_finished_runs(tmp_path):
     for rung in rungs:
         model_cfg, train_cfg = load_config(rung.flags[0], rung.flags[1:])
         assert train_cfg.train_tokens == rung.tokens and rung.tokens % batch == 0  # whole batches
-        assert rung.n_params == ledger.count_params(model_cfg)['matmul']
+        assert rung.n_params == sums.count_params(model_cfg)['matmul']
         # C within half a batch of the budget
         assert (
             abs(rung.flops_per_token * rung.tokens - rung.budget)
@@ -216,7 +214,7 @@ def test_ladder_grid_spans_its_budgets_and_skips_finished_runs(tmp_path):
 
 def test_the_ladder_figure_is_drawn(tmp_path):
     pytest.importorskip('matplotlib')
-    import plot
+    from ledgergpt import plot
 
     out = plot.draw_ladder(fit_file(tmp_path), str(tmp_path / 'ladder.png'))
     assert open(out, 'rb').read(8) == b'\x89PNG\r\n\x1a\n'
@@ -224,7 +222,7 @@ def test_the_ladder_figure_is_drawn(tmp_path):
 
 def test_the_fit_beside_the_branches(tmp_path):
     pytest.importorskip('matplotlib')
-    import plot
+    from ledgergpt import plot
 
     run = tmp_path / 'run'
     run.mkdir()

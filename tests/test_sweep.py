@@ -10,10 +10,8 @@ import numpy as np
 import pytest
 import torch
 
-import checkpoint
-import data
-import ledger
 import sweep
+from ledgergpt import checkpoint, data, sums
 
 TINY = dict(
     vocab_size=512,
@@ -166,7 +164,7 @@ def test_the_race_takes_each_optimizers_best_lr_then_adds_parts_to_the_winner(
         ('muon', 'weightless', off, 15.0),
     ]
     assert [r['val_bpb'] for r in rows] == [
-        round(ledger.bits_per_byte(loss_of(dict(sweep.GRID[0], **r['overrides'])), 4.0), 4)
+        round(sums.bits_per_byte(loss_of(dict(sweep.GRID[0], **r['overrides'])), 4.0), 4)
         for r in rows
     ]
     assert rows[0]['tokens'] == 7 * sweep.GRID[0]['batch_tokens'] and len(rows) == len(ran) == 18

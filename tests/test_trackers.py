@@ -10,8 +10,8 @@ import sys
 import pytest
 
 import helpers
-import trackers
-from config import load_config
+from ledgergpt import trackers
+from ledgergpt.config import load_config
 
 PREDICTION = {'model': {'n_layer': 2}, 'train': {'lr': 3e-3}}
 

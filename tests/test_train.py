@@ -16,16 +16,10 @@ import numpy as np
 import pytest
 import torch
 
-import checkpoint
-import data
 import helpers
-import ledger
-import ledger_report
-import live_ledger
-import optimizers
-import processes
 import train
-from config import TrainConfig, load_config
+from ledgergpt import bill, checkpoint, data, live_ledger, optimizers, processes, sums
+from ledgergpt.config import TrainConfig, load_config
 
 # the repo's root, where train.py is
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -122,7 +116,7 @@ def test_loss_falls_and_outputs_are_written(pystdlib_data, tmp_path, capsys):
         [v / math.log(2) / val_bytes_per_token for v in val], rel=1e-12
     )
     prediction = json.loads((tmp_path / 'out' / 'ledger.json').read_text())
-    assert prediction['params']['total'] == ledger.count_params(load_config(config)[0])['total']
+    assert prediction['params']['total'] == sums.count_params(load_config(config)[0])['total']
     assert prediction['gpu']['kind'] == 'cpu' and 'GEMM probe' in prediction['gpu']['peak_source']
     # predicted and measured are both about this CPU: summary.json holds both, report.md renders it
     summary = json.loads((tmp_path / 'out' / 'summary.json').read_text())
@@ -150,7 +144,7 @@ def test_loss_falls_and_outputs_are_written(pystdlib_data, tmp_path, capsys):
     report = (tmp_path / 'out' / 'report.md').read_text()
     assert (
         report
-        == ledger_report.format_comparison(summary)
+        == bill.format_comparison(summary)
         + '\n\n![train and val loss against tokens seen](loss.png)\n'
     )
     assert (tmp_path / 'out' / 'loss.png').read_bytes().startswith(b'\x89PNG')
@@ -188,7 +182,7 @@ def test_chinchilla_point_is_logged(tmp_path, capsys):
         train_tokens=4 * 8192,
     )
     assert run(config, tmp_path / 'out') == 0
-    assert ledger.count_params(load_config(config)[0])['total'] == 920
+    assert sums.count_params(load_config(config)[0])['total'] == 920
     assert (
         "step 3: 24,576 tokens seen passes the Chinchilla point 20 x P = 18,400"
         in capsys.readouterr().out
@@ -248,8 +242,7 @@ def test_tied_run_resumes_bit_exactly_and_stays_tied(pystdlib_data, tmp_path):
     model = resumed.raw_model
     assert model.lm_head.weight is model.tok_emb.weight and resumed.state.step == 6
     assert (
-        sum(p.numel() for p in model.parameters())
-        == ledger.count_params(resumed.model_cfg)['total']
+        sum(p.numel() for p in model.parameters()) == sums.count_params(resumed.model_cfg)['total']
     )
     assert run(config, tmp_path / 'out', '--resume') == 0
     losses = step_losses(read_metrics(tmp_path / 'out'))

@@ -31,8 +31,8 @@ import json
 import os
 import re
 
-import config
-from config import FAMILIES, PARTS, ConfigError, DataError
+from ledgergpt import config
+from ledgergpt.config import FAMILIES, PARTS, ConfigError, DataError
 
 # Hugging Face class -> our arch, and the parts (config.PARTS) that are not the family's own: the classes
 # export.py writes for a Llama with a ReLU² MLP (Arcee) or QK-norm (Qwen3's learned gains) come back as themselves
@@ -88,8 +88,8 @@ def fetch(repo, network=None, weights=True):
     """The cached folder of a Hub model repo (its main branch), downloaded once: the files of HUB_FILES it has and,
     unless weights=False, its *.safetensors, each verified against the listing. A marker written last says what is
     there: COMPLETE (everything) or FILES (all but the weights, whose commit the weights are then fetched at)."""
-    from downloads import Hub, download, say
-    from files import write_text_atomic
+    from ledgergpt.downloads import Hub, download, say
+    from ledgergpt.files import write_text_atomic
 
     markers = {name: os.path.join(cache_dir(repo), name) for name in ('COMPLETE', 'FILES')}
     pinned = {}

@@ -32,8 +32,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from config import ConfigError, ModelConfig
-from files import save_json, write_text_atomic
+from ledgergpt.config import ConfigError, ModelConfig
+from ledgergpt.files import save_json, write_text_atomic
 from model import GPT
 
 STATE_FILE = 'train_state.pt'

@@ -21,26 +21,20 @@ import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
-import data
-import files
-import ledger
-import ledger_report
-import plot
-import scaling
-import trackers
-from config import IGNORE_INDEX, OPTIMIZERS, ConfigError, tokens_per_micro_step
-from continuation import TrainingStopped
+from ledgergpt import bill, data, files, plot, scaling, sums, trackers
+from ledgergpt.config import IGNORE_INDEX, OPTIMIZERS, ConfigError, tokens_per_micro_step
+from ledgergpt.continuation import TrainingStopped
+from ledgergpt.processes import log
 from model import GPT
-from processes import log
 
 
 def live_device(cluster, model_cfg, train):
-    """The ledger's Device for the hardware this run is on (ledger.measure_device: a GPU by its name, else a GEMM
+    """The ledger's Device for the hardware this run is on (sums.measure_device: a GPU by its name, else a GEMM
     probe), measured on rank 0 and shared, so every rank predicts alike. On the CPU the runtime overhead is rank 0's
     resident memory before the model's tensors exist, and the RAM is shared by the processes on this machine."""
     device = None
     if cluster.is_master:
-        device = ledger.measure_device('auto', train.dtype)
+        device = sums.measure_device('auto', train.dtype)
         if device.kind == 'cpu':
             # what building the model loads besides its tensors (meta kernels import sympy and torch's
             # symbolic shapes: ~75 MB) belongs to the runtime
@@ -48,7 +42,7 @@ def live_device(cluster, model_cfg, train):
                 GPT(model_cfg)
             device = dataclasses.replace(
                 device,
-                overhead_bytes=ledger.resident_bytes(),
+                overhead_bytes=sums.resident_bytes(),
                 shared_by=int(os.environ.get('LOCAL_WORLD_SIZE', 1)),
                 overhead_source='measured: resident memory of this process before the model was built',
             )
@@ -112,12 +106,12 @@ def step_probe(model_cfg, train, dtype, device, cluster):
         return entry
 
     if cluster.world_size == 1:
-        return ledger.cached_probe(key, probe_it, 'tokens_per_s'), key
-    due = [cluster.is_master and ledger.probe_due(key)]
+        return sums.cached_probe(key, probe_it, 'tokens_per_s'), key
+    due = [cluster.is_master and sums.probe_due(key)]
     dist.broadcast_object_list(due, src=0)
     if due[0] and not cluster.is_master:
         probe_it()  # beside rank 0's, which is kept
-    shared = [ledger.cached_probe(key, probe_it, 'tokens_per_s') if cluster.is_master else None]
+    shared = [sums.cached_probe(key, probe_it, 'tokens_per_s') if cluster.is_master else None]
     dist.broadcast_object_list(shared, src=0)
     return shared[0], key
 
@@ -131,7 +125,7 @@ def learn_speed(key, tokens_per_s, run):
     """A run's measured tokens/s (so far: each log step updates it) into its step probe's cache entry, under the
     run's name `run`: 'reached' is the median of the last REACHED_KEPT runs of this config on this machine, the next
     run's prediction."""
-    cache = ledger.read_probes()
+    cache = sums.read_probes()
     if key in cache:
         entry = cache[key]
         # the run's place kept as it updates
@@ -143,7 +137,7 @@ def learn_speed(key, tokens_per_s, run):
             reached_at=time.strftime('%Y-%m-%d %H:%M:%S'),
         )
         try:
-            files.save_json(ledger.cache_path(), cache)
+            files.save_json(sums.cache_path(), cache)
         except OSError:
             pass
 
@@ -187,7 +181,7 @@ def predict(config_path, model_cfg, train, cluster, force, cooldown):
     runs, the precision, and under another objective the share of positions that carry loss."""
     device = live_device(cluster, model_cfg, train)
     # 'auto': bf16 on a GPU, on a CPU whichever its probe found faster
-    dtype = ledger.run_dtype(train, device)
+    dtype = sums.run_dtype(train, device)
     if train.gpu.lower() not in ('auto', device.name.lower()):
         log(
             cluster,
@@ -203,7 +197,7 @@ def predict(config_path, model_cfg, train, cluster, force, cooldown):
     billed = dataclasses.replace(
         billed, nodes=-(-cluster.world_size // int(os.environ.get('LOCAL_WORLD_SIZE', 1)))
     )
-    prediction = ledger.predict(model_cfg, billed, n_gpu=cluster.world_size, device=device)
+    prediction = sums.predict(model_cfg, billed, n_gpu=cluster.world_size, device=device)
     # before the step probe builds the model: known without it
     check_fits(prediction['memory'], device, force)
     if device.kind == 'cpu':  # the MFU this model reaches here, measured (above), per process
@@ -216,7 +210,7 @@ def predict(config_path, model_cfg, train, cluster, force, cooldown):
         step_flops += prediction['optimizer_flops_per_step']
         mfu = tokens_per_s * step_flops / step_tokens / device.peak_flops
         billed = dataclasses.replace(billed, mfu=mfu)
-        prediction = ledger.predict(model_cfg, billed, cluster.world_size, device)
+        prediction = sums.predict(model_cfg, billed, cluster.world_size, device)
         runs = len(probe.get('reached_runs', [0]))  # an entry from before the median: one run
         how = f"{'compiled' if train.compile else 'eager'} as the run"
         prediction['mfu_source'] = (
@@ -231,7 +225,7 @@ def predict(config_path, model_cfg, train, cluster, force, cooldown):
         prediction['comm']['probe'] = collective_probe(cluster)
     log(
         cluster,
-        ledger_report.format_short(
+        bill.format_short(
             prediction,
             f"{os.path.join(train.out_dir, 'ledger.md')}, or python ledger.py {config_path}",
         ),
@@ -275,7 +269,7 @@ def predict(config_path, model_cfg, train, cluster, force, cooldown):
 
 
 def spend_minutes(train, prediction, cluster):
-    """train_minutes -> the train_tokens the prediction bought with them (ledger.predict: whole
+    """train_minutes -> the train_tokens the prediction bought with them (sums.predict: whole
     batches at the predicted tokens/s), fixed for the rest of the run and its resumes (train_minutes
     0 in its checkpoints: continuation.keep_budgeted_tokens)."""
     tokens = prediction['train']['train_tokens']
@@ -333,7 +327,7 @@ def params_built(model, prediction, force=False, cluster=None):
     built = sum(p.numel() for p in model.parameters())
     if built == prediction['params']['total']:
         return built
-    rows = dict(ledger.parameter_shapes(model.config))
+    rows = dict(sums.parameter_shapes(model.config))
     tensors = {name: tuple(p.shape) for name, p in model.named_parameters()}
     name = next((n for n in tensors if rows.get(n) != tensors[n]), None) or next(
         n for n in rows if n not in tensors
@@ -422,10 +416,10 @@ def peak_memory(cluster):
         return torch.cuda.max_memory_allocated(cluster.device), torch.cuda.max_memory_reserved(
             cluster.device
         )
-    return ledger.resident_bytes(peak=True), None
+    return sums.resident_bytes(peak=True), None
 
 
-def record_code(out_dir, source=os.path.dirname(os.path.abspath(__file__))):
+def record_code(out_dir, source=os.path.dirname(os.path.dirname(os.path.abspath(__file__)))):
     """A run records the code that produced it (as modded-nanogpt's logs do): when train.py runs from a git
     checkout, out_dir/code.json gets the commit and out_dir/code.diff the uncommitted changes to tracked files
     (`git diff HEAD`) with the untracked files' names in code.json. Outside a checkout, or without git, nothing.
@@ -532,7 +526,7 @@ class Metrics:
         if cluster.is_master:
             os.makedirs(train.out_dir, exist_ok=True)
             files.save_json(os.path.join(train.out_dir, 'ledger.json'), prediction)
-            report = ledger_report.format_report(prediction)
+            report = bill.format_report(prediction)
             files.write_text_atomic(os.path.join(train.out_dir, 'ledger.md'), report + '\n')
             if not append:
                 open(self.metrics_path, 'w').close()
@@ -571,7 +565,7 @@ class Metrics:
 
     def days(self, tokens_per_s):
         # the planned tokens at this speed
-        return self.prediction['tokens'] / tokens_per_s / ledger.SECONDS_PER_DAY
+        return self.prediction['tokens'] / tokens_per_s / sums.SECONDS_PER_DAY
 
     def record(self, entry):
         """Append one JSON line (on log, eval and rollback steps only: opening the file each time is free)."""
@@ -588,7 +582,7 @@ class Metrics:
     def log_step(self, result, total_steps, tokens_seen, loss, grad_norm):
         tokens_per_s = self.interval_tokens / self.interval_seconds
         peak, _ = peak_memory(self.cluster)
-        bpb = ledger.bits_per_byte(loss, self.bytes_per_token)
+        bpb = sums.bits_per_byte(loss, self.bytes_per_token)
         self.record(
             {
                 'step': result.step,
@@ -631,7 +625,7 @@ class Metrics:
 
     def log_val(self, step, tokens_seen, val_loss, val_bytes_per_token):
         """An eval step's val loss and bits per byte: into metrics.jsonl, the log and summary.json."""
-        val_bpb = ledger.bits_per_byte(val_loss, val_bytes_per_token)
+        val_bpb = sums.bits_per_byte(val_loss, val_bytes_per_token)
         self.record({'step': step, 'tokens': tokens_seen, 'val_loss': val_loss, 'val_bpb': val_bpb})
         log(
             self.cluster,
@@ -649,7 +643,7 @@ class Metrics:
             name: {
                 'weight': sources[name]['weight'],
                 'loss': loss,
-                'bpb': ledger.bits_per_byte(loss, text_bytes),
+                'bpb': sums.bits_per_byte(loss, text_bytes),
             }
             for name, (loss, text_bytes) in results.items()
         }
@@ -671,13 +665,13 @@ class Metrics:
         return loss, None if None in per_token else sum(w * b for w, b in zip(weights, per_token))
 
     def check_probe(self, mfu):
-        """A run faster than its prediction by ledger.REPROBE_FACTOR or more, on a peak the probe measured: that
+        """A run faster than its prediction by sums.REPROBE_FACTOR or more, on a peak the probe measured: that
         probe read low (the machine was busy), so it is flagged and the next run probes again (once per run). A CPU
         run predicted from its step probe records the speed it reached (learn_speed), and flags the peak only when
         its MFU passes 100%."""
         probe_key, assumed = self.prediction['gpu'].get('probe_key'), self.prediction['mfu']
         reason = f"a run measured MFU {mfu:.1%} against the {assumed:.1%} its prediction assumed"
-        limit = ledger.REPROBE_FACTOR * assumed
+        limit = sums.REPROBE_FACTOR * assumed
         key = self.prediction.get('mfu_probe_key')
         if key:  # a CPU predicted from its step probe: learn what the run reached, per process
             if self.cluster.is_master:
@@ -687,7 +681,7 @@ class Metrics:
             reason, limit = f"a run measured MFU {mfu:.1%}, above 100% of the peak", 1.0
         if self.probe_flagged or not probe_key or mfu < limit or not self.cluster.is_master:
             return
-        self.probe_flagged = ledger.flag_reprobe(probe_key, reason)
+        self.probe_flagged = sums.flag_reprobe(probe_key, reason)
         if self.probe_flagged:
             log(
                 self.cluster,
@@ -696,7 +690,7 @@ class Metrics:
             )
 
     def write_summary(self, step, tokens_seen, val_loss=None, val_bytes_per_token=None):
-        """summary.json and report.md, from the same numbers (ledger.summarize), and the loss curve (plot.py's
+        """summary.json and report.md, from the same numbers (sums.summarize), and the loss curve (plot.py's
         loss.png, shown in report.md; a run without matplotlib goes on without it)."""
         if not self.cluster.is_master:
             return
@@ -706,14 +700,14 @@ class Metrics:
         self.measured.update(step=step, tokens_seen=tokens_seen)
         if val_loss is not None:
             self.measured.update(val_loss=val_loss, val_bytes_per_token=val_bytes_per_token)
-        summary = ledger.summarize(self.prediction, self.measured)
+        summary = sums.summarize(self.prediction, self.measured)
         if self.fit:  # the fit's predicted final val loss beside the measured one
             summary.update(scaling.check(self.fit, self.prediction))
         files.save_json(os.path.join(self.out_dir, 'summary.json'), summary)
         picture = plot.draw_run(self.out_dir)
         files.write_text_atomic(
             os.path.join(self.out_dir, 'report.md'),
-            ledger_report.format_comparison(summary)
+            bill.format_comparison(summary)
             + (f"\n\n{scaling.format_check(summary)}" if self.fit else '')
             + '\n'
             + (

@@ -21,11 +21,9 @@ import sys
 import torch
 import torch.distributed as dist
 
-import checkpoint
-import config
-import processes
-from config import CONTINUATION_KEYS, DEFAULTS, ConfigError, Terminated, UserError
-from processes import barrier, log
+from ledgergpt import checkpoint, config, processes
+from ledgergpt.config import CONTINUATION_KEYS, DEFAULTS, ConfigError, Terminated, UserError
+from ledgergpt.processes import barrier, log
 
 USAGE = "usage: python train.py CONFIG [--key=value ...] [--resume[=CKPT_DIR]] [--allow_change=KEY,...] [--force]"
 

@@ -18,7 +18,7 @@ import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 from torch.optim import _muon
 
-import config
+from ledgergpt import config
 
 
 def adamw_options(train, world_size):
@@ -49,7 +49,7 @@ def muon_options(train, dtype):
 
 def build(raw_model, train, world_size, dtype):
     """The run's optimizer over raw_model's trainable parameters, grouped by config.param_groups, for a run that
-    computes in dtype. ZeRO-1 shards its states over the ranks, whole tensors each (ledger.zero1_partition follows
+    computes in dtype. ZeRO-1 shards its states over the ranks, whole tensors each (sums.zero1_partition follows
     its assignment)."""
     named = dict(raw_model.named_parameters())
     shapes = [(name, tuple(p.shape)) for name, p in named.items() if p.requires_grad]
@@ -94,7 +94,7 @@ def _local(tensor):
 def _whole(update, param, dtype):
     """A rank's rows of a sharded matrix's update -> the whole matrix, all-gathered in dtype (what Newton-Schulz
     casts it to first) from FSDP2's Shard(0) rows: ceil(rows / N) a rank, the last ranks' padded with zeros, as
-    FSDP2 pads its own gathers (ledger.collectives counts them so)."""
+    FSDP2 pads its own gathers (sums.collectives counts them so)."""
     group, ranks = param.device_mesh.get_group(), param.device_mesh.size()
     rows, chunk = param.shape[0], -(-param.shape[0] // ranks)
     mine = update.new_zeros((chunk, *param.shape[1:]), dtype=dtype)
@@ -105,7 +105,7 @@ def _whole(update, param, dtype):
 
 
 def _own_rows(whole, param):
-    """This rank's rows of a whole matrix, as FSDP2 shards it (ledger.fsdp_rows: ceil(rows / N) a rank)."""
+    """This rank's rows of a whole matrix, as FSDP2 shards it (sums.fsdp_rows: ceil(rows / N) a rank)."""
     ranks, rank = param.device_mesh.size(), param.device_mesh.get_local_rank()
     chunk = -(-whole.shape[0] // ranks)
     return whole[rank * chunk : (rank + 1) * chunk]

@@ -30,9 +30,9 @@ import os
 
 import numpy as np
 
-import mixture
-from config import EOT, SPECIAL_TOKENS, DataError, data_sources, is_mixture
-from files import atomic_write
+from ledgergpt import mixture
+from ledgergpt.config import EOT, SPECIAL_TOKENS, DataError, data_sources, is_mixture
+from ledgergpt.files import atomic_write
 
 # -----------------------------------------------------------------------------------------------------
 # Shards: llm.c's format (dev/data/data_common.py; the module docstring has the layout). GPT-2's kind whenever every
@@ -51,7 +51,7 @@ WRITTEN_FORMATS = {2: (20240520, 1), 4: (20240801, 7)}  # bytes per token -> (ma
 
 def token_dtype(vocab_size):
     """uint16 while every id fits (vocab <= 65,536: GPT-2's 50,257 and NeoX's 50,277 do), else uint32. The ledger
-    plans the shards' bytes with the same rule (ledger.token_bytes; test_data.py checks that the two agree)."""
+    plans the shards' bytes with the same rule (sums.token_bytes; test_data.py checks that the two agree)."""
     return np.dtype('<u2') if vocab_size <= 2**16 else np.dtype('<u4')
 
 

@@ -29,14 +29,14 @@ of itself, so every packed fragment is complete (no sentinel without its span, n
 and what is left over is dropped (~3 tokens a fragment for FIM; the rare gap UL2 cannot fill is padded with
 end-of-text tokens that carry no loss). The special tokens' ids come from the data folder's meta.json
 (config.SPECIAL_TOKENS, by name). The expected share of the positions that carry loss is the ledger's arithmetic
-(ledger.loss_fraction), which test_objectives.py holds to these transforms.
+(sums.loss_fraction), which test_objectives.py holds to these transforms.
 """
 
 import dataclasses
 
 import numpy as np
 
-from config import (
+from ledgergpt.config import (
     DEFAULTS,
     FIM_TOKENS,
     IGNORE_INDEX,
@@ -92,7 +92,8 @@ def special_ids(meta, data_dir, names, user):
     have = meta.get('special_tokens', {})
     missing = [name for name in names if name not in have]
     if missing:
-        import data  # the command that made the folder (data.py reads meta.json; numpy, the shard format)
+        # the command that made the folder (data.py reads meta.json; numpy, the shard format)
+        from ledgergpt import data
 
         raise DataError(
             f"{data_dir} has no {missing[0]} token{' (and others)' if len(missing) > 1 else ''}, which "

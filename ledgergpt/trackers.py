@@ -23,7 +23,7 @@ import secrets
 import shutil
 import sys
 
-import files
+from ledgergpt import files
 
 
 def scalars(entry, prefix=''):

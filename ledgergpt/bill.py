@@ -6,8 +6,8 @@ few lines train.py shows before step 1 (format_short), report.md's predicted-aga
 which `python ledger.py` runs (main). Standard library only, like ledger.py; it imports ledger, never the reverse.
 """
 
-import pretrained
-from config import GIB, OPTIMIZERS, PART_KEYS, SECONDS_PER_DAY, ModelConfig, sharded
+from ledgergpt import pretrained
+from ledgergpt.config import GIB, OPTIMIZERS, PART_KEYS, SECONDS_PER_DAY, ModelConfig, sharded
 
 # -----------------------------------------------------------------------------------------------------
 # The printed ledger: sections of rows (label, value, where it comes from), each value formatted from the
@@ -420,7 +420,7 @@ def data_rows(p):
             'tokens that carry loss',
             si(data['loss_tokens']),
             f"{data['loss_fraction']:.0%} of them: objective "
-            f"{t['objective']} (ledger.loss_fraction); FLOPs, tokens/s and MFU count every position",
+            f"{t['objective']} (sums.loss_fraction); FLOPs, tokens/s and MFU count every position",
         )
         if data['loss_fraction'] < 1
         else None,
@@ -587,7 +587,7 @@ def moe_section(p):
 
 
 def mixture_rows(mix):
-    """One row per source of a mixture (ledger.mixture_ledger): weight, tokens drawn, epochs, shards; none without."""
+    """One row per source of a mixture (sums.mixture_ledger): weight, tokens drawn, epochs, shards; none without."""
     rows = []
     for source in (mix or {}).get('sources', ()):
         if source['epochs'] is None:
@@ -979,7 +979,7 @@ def format_comparison(summary):
 
 
 def format_book(examples):
-    """ledger.book_examples() as the table `python ledger.py --book` prints."""
+    """sums.book_examples() as the table `python ledger.py --book` prints."""
     lines = [
         "BOOK.md's worked examples, recomputed by the ledger (book's figure | ledger's | agree at the book's precision)"
     ]

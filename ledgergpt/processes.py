@@ -14,7 +14,7 @@ import signal
 import torch
 import torch.distributed as dist
 
-import config
+from ledgergpt import config
 
 
 @dataclasses.dataclass
@@ -116,7 +116,7 @@ def compile_as_run(model, train, world_size):
     """Compile in place as the run does, if it does: the whole model where it is not sharded (one process, ddp,
     zero1), each block under FSDP2 (zero2, fsdp: the root and the loss stay eager). The step probe compiles so too
     (live_ledger._time_steps), so it times the run's kernels."""
-    from config import sharded
+    from ledgergpt.config import sharded
 
     if not train.compile:
         return
@@ -134,7 +134,7 @@ def parallelize(model, train, cluster, dtype):
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
     from torch.nn.parallel import DistributedDataParallel
 
-    from config import sharded
+    from ledgergpt.config import sharded
 
     compile_as_run(model, train, cluster.world_size)
     if not sharded(train.parallel, cluster.world_size):

@@ -11,7 +11,7 @@ the best kept. Intervals come from a bootstrap over the runs (Besiroglu et al. 2
 published fit's intervals were too narrow to have come from its 400 runs): the grid's runs drawn with replacement,
 refitted, 200 times.
 
-N, the convention: the ledger's 'matmul' parameters (ledger.count_params): every weight that takes part in a matrix
+N, the convention: the ledger's 'matmul' parameters (sums.count_params): every weight that takes part in a matrix
 multiply, the output projection included, the embedding lookup not. Why: a model's compute per token is 6 x that
 N (+ attention's 12 L H T), so C = 6 N D holds for it, and at the ladder's scale the choice matters: with 8192 x 64
 embeddings the CPU grid's models are mostly embedding, and counting the lookup (it costs no FLOPs) would bend the
@@ -29,9 +29,9 @@ import os
 import random
 import time
 
-import ledger
-from config import ConfigError
-from ledger_report import duration, si
+from ledgergpt import sums
+from ledgergpt.bill import duration, si
+from ledgergpt.config import ConfigError
 
 HUBER_DELTA = 1e-3  # Hoffmann et al. 2022, section D.2
 BOOTSTRAP = 200  # resamples of the runs
@@ -151,7 +151,7 @@ def fit_law(n_params, n_tokens, losses, bootstrap=BOOTSTRAP, seed=0, starts=STAR
 
 def tokenizer_of(data):
     """The tokenizer a data folder was made with (its meta.json), or None before prepare.py has made it."""
-    meta = ledger.folder_meta(data) if isinstance(data, str) else None
+    meta = sums.folder_meta(data) if isinstance(data, str) else None
     return meta.get('tokenizer') if meta else None
 
 

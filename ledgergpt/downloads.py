@@ -24,8 +24,8 @@ import re
 import sys
 import time
 
-from config import DataError
-from files import human_bytes, remove_quietly, write_text_atomic
+from ledgergpt.config import DataError
+from ledgergpt.files import human_bytes, remove_quietly, write_text_atomic
 
 # -----------------------------------------------------------------------------------------------------
 # Status lines and progress. Status lines go to stdout, flushed as they happen, so a log written through a pipe

@@ -17,7 +17,7 @@ sequence at global position k is a pure function of (seed, k): resume and any wo
 
 import math
 
-from config import MIXTURE_UNITS, data_sources
+from ledgergpt.config import MIXTURE_UNITS, data_sources
 
 GOLDEN = 0x9E3779B97F4A7C15  # 2^64 / golden ratio: Knuth's multiplicative hash, the seed -> the pattern's phase
 

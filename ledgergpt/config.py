@@ -251,7 +251,7 @@ def flash_attention_saved(c, a, r, compiled):
     """Attention's saved bytes a token with a flash kernel (flash/cuDNN/memory-efficient; the CPU's flash):
     the fused qkv output, kept whole (v is a view of it), the kernel's fp32 log-sum-exp per head and its output
     a*H (o_proj's input); eager also its input a*H (the norm's output, or its bf16 copy). SDPA's math kernel
-    keeps the T x T probabilities instead (ledger.activation_bytes, attention='math')."""
+    keeps the T x T probabilities instead (sums.activation_bytes, attention='math')."""
     qkv = a * (c.n_head + 2 * c.kv_heads) * c.head_dim
     return (0 if compiled else a * c.n_embd) + qkv + 4 * c.n_head + a * c.n_embd
 
@@ -426,7 +426,7 @@ PARTS = {
         ),
     },
     # the training loss (losses.py): what it saves for backward a token beyond the final norm's, and its buffers
-    # at their peak (`buffers`); ledger.logits_bytes reads them
+    # at their peak (`buffers`); sums.logits_bytes reads them
     'loss': {
         # F.cross_entropy over the whole fp32 logits: lm_head keeps its input a*H; eager the fp32 log-softmax, its
         # gradient and the logits' gradient, 12 bytes a logit; compiled (inductor fuses the softmax's gradient)

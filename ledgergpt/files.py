@@ -16,7 +16,7 @@ import shutil
 import socket
 import time
 
-from config import UserError
+from ledgergpt.config import UserError
 
 
 def remove_quietly(path):

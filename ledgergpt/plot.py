@@ -30,10 +30,9 @@ import sys
 
 import numpy as np
 
-import ledger
-import ledger_report
-from config import EVAL_TASKS, ConfigError, UserError, cli
-from files import atomic_write
+from ledgergpt import bill, sums
+from ledgergpt.config import EVAL_TASKS, ConfigError, UserError, cli
+from ledgergpt.files import atomic_write
 
 SMOOTHING = 0.02  # the moving average spans 2% of the logged steps (101 of 5,000), and at least 5
 FAR_PAST_RUN = 1.5  # a Chinchilla point past 1.5 x the run's tokens is named, not drawn (it would squash the curve)
@@ -138,7 +137,7 @@ def chinchilla_tokens(run_dir):
     """20 x P from the run's ledger.json (the ledger counts P exactly as model.py builds it), or None without one."""
     try:
         with open(os.path.join(run_dir, 'ledger.json')) as f:
-            return ledger.CHINCHILLA_TOKENS_PER_PARAM * json.load(f)['params']['total']
+            return sums.CHINCHILLA_TOKENS_PER_PARAM * json.load(f)['params']['total']
     except (OSError, ValueError, KeyError, TypeError):
         return None
 
@@ -224,7 +223,7 @@ def figure(run_dirs):
                 color=color,
                 linestyle=':',
                 linewidth=1.5,
-                label=f'{name} 20 x P = {ledger_report.si(chinchilla)} tokens (Chinchilla)',
+                label=f'{name} 20 x P = {bill.si(chinchilla)} tokens (Chinchilla)',
             )
         # a legend entry without a line: the point is named, the axis not stretched to it
         elif chinchilla:
@@ -233,7 +232,7 @@ def figure(run_dirs):
                 [],
                 ' ',
                 color=color,
-                label=f'{name}: 20 x P = {ledger_report.si(chinchilla)} tokens '
+                label=f'{name}: 20 x P = {bill.si(chinchilla)} tokens '
                 f'(Chinchilla), {chinchilla / tokens[-1]:,.0f} x its tokens',
             )
         for task, (x, accuracy, stderr) in run['scores'].items():
@@ -283,7 +282,7 @@ def loss_axis(ax, runs):
         ax.set_ylim(bottom - 0.05 * (top - bottom), top + 0.05 * (top - bottom))
     ax.set_xlabel('tokens seen')
     ax.set_ylabel('loss (nats per token)')
-    ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _: ledger_report.si(x)))
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _: bill.si(x)))
     ax.grid(alpha=0.3)
 
 
@@ -318,7 +317,7 @@ def mark_final(ax, run, color, marker, kind):
             markersize=12,
             color=color,
             markeredgecolor='black',
-            label=f"{run['name']} ({kind}): final val {losses[-1]:.4f} at {ledger_report.si(tokens[-1])}",
+            label=f"{run['name']} ({kind}): final val {losses[-1]:.4f} at {bill.si(tokens[-1])}",
         )
 
 
@@ -370,14 +369,14 @@ def branch_figure(main_dir, fit=None):
             color='black',
             linestyle=':',
             linewidth=1.5,
-            label=f'20 x P = {ledger_report.si(chinchilla)} tokens (Chinchilla)',
+            label=f'20 x P = {bill.si(chinchilla)} tokens (Chinchilla)',
         )
         fit = ax.twinx()
         last = max(run['train'][0][-1] for run in runs)
         seen = np.linspace(STEEP_START * last, last, 200)
         fit.plot(
             seen,
-            ledger.chinchilla_loss(chinchilla / ledger.CHINCHILLA_TOKENS_PER_PARAM, seen),
+            sums.chinchilla_loss(chinchilla / sums.CHINCHILLA_TOKENS_PER_PARAM, seen),
             color='gray',
             linestyle='-.',
             label="Hoffmann et al. 2022's fit L(P, D): THEIR data (right axis)",
@@ -397,7 +396,7 @@ def branch_figure(main_dir, fit=None):
 def fitted_loss(ax, fit, run_dir, last):
     """Our fit's L(N, D) for the run's N (its ledger.json, the fit's convention) along the tokens: the loss a run
     of each length is predicted to end at, its 95% interval shaded."""
-    import scaling
+    from ledgergpt import scaling
 
     with open(os.path.join(run_dir, 'ledger.json')) as f:
         n_params = json.load(f)['params']['matmul']
@@ -422,7 +421,7 @@ def fitted_loss(ax, fit, run_dir, last):
 
 
 def ladder_figure(fit):
-    import scaling
+    from ledgergpt import scaling
 
     fig = blank_figure()
     ax = fig.add_subplot()
@@ -470,7 +469,7 @@ def ladder_figure(fit):
         "N (the ledger's matmul parameters: the output projection in, the embedding lookup out)"
     )
     ax.set_ylabel('final val loss (nats per token)')
-    ax.xaxis.set_major_formatter(lambda x, _: ledger_report.si(x))
+    ax.xaxis.set_major_formatter(lambda x, _: bill.si(x))
     ax.grid(alpha=0.3, which='both')
     ax.legend(fontsize='small')
     ax.set_title(
@@ -482,7 +481,7 @@ def ladder_figure(fit):
 
 def draw_ladder(fit_path, out):
     """Write the ladder's figure for a fit file to `out` as a PNG; -> out."""
-    import scaling
+    from ledgergpt import scaling
 
     fig = ladder_figure(scaling.load_fit(fit_path))
     with atomic_write(out, 'wb') as f:
@@ -529,7 +528,7 @@ def load_figure(run_dir):
         )
     ax.set_xlabel('tokens seen')
     ax.set_ylabel('load CV (std / mean of tokens per expert)')
-    ax.xaxis.set_major_formatter(lambda x, _: ledger_report.si(x))
+    ax.xaxis.set_major_formatter(lambda x, _: bill.si(x))
     ax.grid(alpha=0.3)
     ax.legend(fontsize='small')
     image = grid.imshow(shares, aspect='auto', cmap='viridis', vmin=0)

@@ -24,7 +24,7 @@ import torch.nn.functional as F
 # Rows of h per chunk (config's, where the ledger reads it too): 2048 rows x V 65,536 x 6 bytes is 0.75 GiB, 1/64 of
 # nanochat's full 48 GiB; large enough that the chunk's GEMMs run as fast as the whole one (docs/measured.md, the
 # paired bench: no slower on the CPU).
-from config import CHUNK_ROWS, IGNORE_INDEX
+from ledgergpt.config import CHUNK_ROWS, IGNORE_INDEX
 
 
 def softcap(logits, cap):
