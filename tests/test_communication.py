@@ -52,7 +52,8 @@ COUNT = '''
 import json, os, pickle, sys
 import torch
 import torch.distributed as dist
-import continuation, data, processes, train
+import train
+from ledgergpt import continuation, data, processes
 from ledgergpt.config import load_config
 
 def recorded():

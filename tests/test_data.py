@@ -360,12 +360,13 @@ def test_micro_batches_are_disjoint_rank_slices_of_one_stream(pystdlib_data):
 def test_data_imports_neither_prepare_nor_the_training_side():
     """train.py, sample.py, evals.py and export.py read data without the 1,000 lines that make it."""
     code = (
-        "import sys, data; print(sorted({'prepare', 'downloads', 'ledger', 'objectives', 'train', 'torch', "
-        "'tiktoken', 'tokenizers'} & set(sys.modules)))"
+        "import sys; from ledgergpt import data; print(sorted({'prepare', 'ledgergpt.downloads', "
+        "'ledgergpt.sums', 'ledgergpt.objectives', 'train', 'torch', 'tiktoken', 'tokenizers'} & "
+        "set(sys.modules)))"
     )
     result = subprocess.run(
         [sys.executable, '-c', code],
-        cwd=os.path.dirname(os.path.abspath(data.__file__)),
+        cwd=os.path.dirname(os.path.dirname(os.path.abspath(data.__file__))),
         capture_output=True,
         text=True,
         check=True,

@@ -287,7 +287,8 @@ def test_muon_resumes_exactly_and_on_another_world_size(mode, muon_runs, tmp_pat
 
 
 SPIKE = """
-import sys, numpy as np, data, train
+import sys, numpy as np, train
+from ledgergpt import data
 batch = data.ShardStream.batch
 def corrupted(self, first, count):  # the sequences of step 11 are garbage: uniformly random tokens
     if 10 * 16 <= first < 11 * 16:
@@ -417,7 +418,8 @@ def test_bad_parallel_and_indivisible_batch_are_one_line(single, tmp_path, capsy
 
 
 GRADIENTS = """
-import sys, torch, processes, train
+import sys, torch, train
+from ledgergpt import processes
 run = train.setup(sys.argv[2:])
 grads = []  # the step's gradients, caught where AdamW would use them
 run.optimizer.step = lambda: grads.extend(p.grad.detach().flatten().clone() for p in run.raw_model.parameters())

@@ -703,9 +703,11 @@ def test_cli_without_numpy_or_torch(args):
 
 
 def test_the_ledger_imports_neither_its_report_nor_the_heavy_modules():
-    """ledger_report imports ledger, never the reverse; nor does the ledger reach objectives.py (numpy) or torch."""
-    heavy = ('ledger_report', 'objectives', 'model', 'numpy', 'torch')
-    code = f'import sys, ledger; print([m for m in {heavy!r} if m in sys.modules])'
+    """bill.py imports sums.py, never the reverse; nor do the sums reach objectives.py (numpy) or torch."""
+    heavy = ('ledgergpt.bill', 'ledgergpt.objectives', 'model', 'numpy', 'torch')
+    code = (
+        f'import sys; from ledgergpt import sums; print([m for m in {heavy!r} if m in sys.modules])'
+    )
     result = subprocess.run(
         [sys.executable, '-c', code], cwd=ROOT, capture_output=True, text=True, timeout=60
     )

@@ -37,7 +37,8 @@ COUNT_STATES = '''
 import json, sys
 import torch
 from torch.distributed.tensor import DTensor
-import ledger, processes, train
+import train
+from ledgergpt import processes, sums
 
 def stored_bytes(tensors):
     """Bytes of the distinct storages behind tensors (a DTensor: its local shard)."""
@@ -215,7 +216,7 @@ def test_a_started_process_reports_its_own_peak_not_its_parents():
     parent[::4096] = b'x' * len(parent[::4096])  # resident: every page touched
     assert sums.resident_bytes() > 768 * 2**20
     script = (
-        'import resource, ledger; '
+        'import resource; from ledgergpt import sums; '
         'print(sums.resident_bytes(peak=True), resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)'
     )
     result = subprocess.run(
@@ -234,7 +235,7 @@ def test_the_peak_a_run_reports_starts_after_its_step_probe():
     715 MB against 686); live_ledger.reset_peak_resident sets VmHWM back to the resident memory, so summary.json's
     peak is the run's."""
     script = (
-        'import ledger, live_ledger; '
+        'from ledgergpt import live_ledger, sums; '
         'block = bytearray(512 * 2**20); block[::4096] = b"x" * len(block[::4096]); del block; '
         'before = sums.resident_bytes(peak=True); live_ledger.reset_peak_resident(); '
         'print(before, sums.resident_bytes(peak=True), sums.resident_bytes())'
@@ -290,7 +291,7 @@ def test_eager_peak_memory_of_fsdp_within_15_percent(tmp_path):
 # resident memory over what h, the weight and the targets hold, after a first call has compiled it
 CHUNKED_LOSS_PEAK = '''
 import sys, torch
-import ledger, live_ledger, losses
+from ledgergpt import live_ledger, losses, sums
 torch.set_num_threads(1)
 compiled, bf16 = sys.argv[1] == 'compiled', sys.argv[2] == 'bfloat16'
 h = torch.randn(2048, 256, requires_grad=True)

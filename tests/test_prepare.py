@@ -946,7 +946,7 @@ def test_second_prepare_into_one_folder_is_refused(tmp_path, capsys):
         [
             sys.executable,
             '-c',
-            'import sys, time, files\n'
+            'import sys, time\nfrom ledgergpt import files\n'
             'with files.folder_lock(sys.argv[1], "prepare.py pystdlib"):\n'
             '    print("locked", flush=True)\n'
             '    time.sleep(60)\n',
