@@ -78,18 +78,3 @@ def test_sweep_scores_in_the_val_targets_own_bytes(pystdlib_data):
     loss, bits = sweep.score(forward, pystdlib_data, 32)
     assert bits == pytest.approx(loss * rows[:, 1:].size / math.log(2) / text_bytes)
     assert bits == sums.bits_per_byte(loss, text_bytes / rows[:, 1:].size)
-
-
-def test_objectives_bench_scores_in_the_val_targets_own_bytes(pystdlib_data):
-    import objectives_bench
-
-    from ledgergpt.config import ModelConfig
-    from model import GPT
-
-    torch.manual_seed(0)
-    model = GPT(ModelConfig(n_layer=1, n_head=2, n_embd=32, vocab_size=512, block_size=32))
-    bpb, loss, counted = objectives_bench.val_bits_per_byte(model, pystdlib_data, 32, 1024)
-    targets = val_tokens(pystdlib_data)[1 : counted + 1]
-    assert counted == 1024 and bpb == pytest.approx(
-        loss / math.log(2) / (data.target_bytes(pystdlib_data, targets) / 1024)
-    )

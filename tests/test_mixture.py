@@ -295,25 +295,6 @@ def test_the_ledger_warns_past_four_epochs_and_plans_unmade_folders(
     assert sum(source['weight'] for source in prediction['mixture']['sources']) == pytest.approx(1)
 
 
-def test_the_miniatures_table_is_each_sources_last_eval(mixture_run):
-    import mixture_miniature
-
-    _, out = mixture_run
-    last = [e for e in read_metrics(out) if 'val_sources' in e][-1]['val_sources']
-    total = [e for e in read_metrics(out) if 'val_bpb' in e][-1]['val_bpb']
-    epochs = [
-        s['epochs'] for s in json.loads((out / 'ledger.json').read_text())['mixture']['sources']
-    ]
-    header, rule, row = mixture_miniature.table([str(out)]).splitlines()
-    names = list(last)
-    assert header.startswith(f"| weights ({' / '.join(names)}) |") and rule.count('---') == 5
-    cells = [cell.strip() for cell in row.strip('|').split('|')]
-    assert cells[0] == '70% / 30%' and cells[1] == f'{8 * 256:,}'
-    for cell, name, planned in zip(cells[2:4], names, epochs):
-        assert cell == f"{last[name]['bpb']:.3f} ({planned:.2g})"
-    assert cells[4] == f'{total:.3f}'
-
-
 def test_the_tools_read_a_mixture_runs_tokenizer(mixture_run, capsys):
     import sample
 

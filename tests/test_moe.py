@@ -15,7 +15,6 @@ Model-state bytes per rank under DDP, ZeRO-1/2 and FSDP2 with an MoE layer: test
 import json
 import os
 
-import moe_vs_dense
 import pytest
 import torch
 from test_model import batch, measured_activation_bytes, predicted_activation_bytes, saved_bytes
@@ -312,12 +311,34 @@ def test_ledger_prints_total_beside_active(path):
 
 
 # -----------------------------------------------------------------------------------------------------
-# The CPU comparison (experiments/moe_vs_dense.py) and its table in the README.
+# The CPU comparison in the README (experiments/moe_vs_dense.py, retired after commit 1e8bcd6): a dense model and
+# configs/pystdlib_moe.py's experts as overrides of configs/pystdlib_cpu.py; --small shrinks both alike, experts
+# of 128 so that 3 + 1 of them are the dense H' of 512.
+MOE_KEYS = (
+    'n_experts',
+    'top_k',
+    'expert_hidden',
+    'n_shared_experts',
+    'n_dense_layers',
+    'route_scale',
+)
+SMALL = dict(
+    vocab_size=512, n_embd=128, n_head=2, block_size=128, batch_tokens=4096, micro_batch=16
+)
+
+
+def comparison_points(small=False):
+    moe, _ = load_config(os.path.join(ROOT, 'configs/pystdlib_moe.py'))
+    experts = {key: getattr(moe, key) for key in MOE_KEYS}
+    shrink = SMALL if small else {}
+    if small:
+        experts['expert_hidden'] = 512 // (experts['top_k'] + experts['n_shared_experts'])
+    return {'dense': {'compile': False, **shrink}, 'moe': {'compile': False, **shrink, **experts}}
 
 
 @pytest.mark.parametrize('small', [False, True], ids=['pystdlib_moe', 'small'])
 def test_the_comparison_pairs_the_same_active_ffn_width(small):
-    points = moe_vs_dense.points(small)
+    points = comparison_points(small)
     dense, _ = sweep.point_config(points['dense'])
     experts, _ = sweep.point_config(points['moe'])
     assert experts.n_experts and not dense.n_experts
@@ -335,7 +356,7 @@ def test_readme_table_counts_are_the_ledgers():
     assert len(rows) == 2
     for row, name in zip(rows, ('dense', 'moe'), strict=True):
         # the README's run: --small
-        model, _ = sweep.point_config(moe_vs_dense.points(small=True)[name])
+        model, _ = sweep.point_config(comparison_points(small=True)[name])
         params = sums.count_params(model)
         cells = [cell.strip() for cell in row.split('|')[1:-1]]
         assert cells[1:4] == [

@@ -7,8 +7,6 @@ steps hidden in TensorBoard, and a tracker that is missing or fails is one warni
 import dataclasses
 import sys
 
-import pytest
-
 import helpers
 from ledgergpt import trackers
 from ledgergpt.config import load_config
@@ -104,20 +102,3 @@ def test_a_tracker_that_fails_to_start_is_one_line(tmp_path, monkeypatch, capsys
         f"'{tmp_path / 'tensorboard'}'); the run goes on without it\n"
     )
     board.log({'step': 1, 'loss': 3.0})  # nothing to log to, nothing raised
-
-
-def test_the_docs_picture_draws_what_tensorboard_serves(tmp_path):
-    import tensorboard_picture
-
-    train = dataclasses.replace(load_config()[1], out_dir=str(tmp_path), tracker='tensorboard')
-    board = trackers.Trackers(train, PREDICTION, 'the ledger', resume=False)
-    for step in range(1, 4):
-        board.log({'step': step, 'loss': float(step), 'lr': 1e-3 * step, 'tokens_per_s': 100.0})
-    board.log({'step': 3, 'val_loss': 2.5, 'val_bpb': 1.25})
-    board.finish(str(tmp_path))
-    picture = tmp_path / 'tensorboard.png'
-    scalars = tensorboard_picture.draw(tmp_path / 'tensorboard', picture)
-    assert scalars['loss'] == [(1, 1.0), (2, 2.0), (3, 3.0)] and scalars['val_bpb'] == [(3, 1.25)]
-    assert picture.read_bytes()[:8] == b'\x89PNG\r\n\x1a\n'
-    # TensorBoard's debiased moving average at 0.6: 1, (0.24 + 0.8) / 0.64, (0.624 + 1.2) / 0.784
-    assert tensorboard_picture.smoothed([1.0, 2.0, 3.0]) == pytest.approx([1.0, 1.625, 2.326530612])
