@@ -53,7 +53,7 @@ def main(argv):
             fitted, prediction, train.data, scaling.tokenizer_of(train.data)
         )
         prediction['fit'] = {**scaling.check(fitted, prediction), 'warnings': warnings}
-        text += '\n'.join(['', '', title, *(bill._row(*row) for row in rows), *warnings])
+        text += '\n'.join(['', '', title, *(bill.line(*row) for row in rows), *warnings])
     print(json.dumps(prediction, indent=2) if as_json else text)
     return 0
 

@@ -164,7 +164,7 @@ def _say(message, code):
 # of an activation and of the residual stream (Ledger 4b).
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Part:
     label: str  # its name in the bill
     formula: str  # its parameters as the bill prints them
@@ -316,14 +316,14 @@ PARTS = {
         # nanoGPT count it: the masked half is counted as done), T/2 unmasked on average; q, k, v fused, k and v
         # n_kv_head heads wide (GQA), then o_proj
         'causal': Part(
-            'causal self-attention',
-            '2H^2 + 2H*kv_width',
-            lambda c: (
+            label='causal self-attention',
+            formula='2H^2 + 2H*kv_width',
+            shapes=lambda c: (
                 linear('qkv_proj', c.n_embd, (c.n_head + 2 * c.kv_heads) * c.head_dim, c.biases)
                 + linear('o_proj', c.n_embd, c.n_embd, c.biases)
             ),
-            flash_attention_saved,
-            ('*',),
+            saved=flash_attention_saved,
+            hf=('*',),
             keys=lambda c: {
                 'model': c.block_size,
                 'kernel': c.block_size,
@@ -335,94 +335,96 @@ PARTS = {
     'norm': {
         # LayerNorm (Ba et al. 2016): weight, and a bias when the model has biases; fp32 mean and 1/std
         'layernorm': Part(
-            'LayerNorm',
-            'H (+ H bias)',
-            layernorm_shapes,
-            norm_saved(8, False),
-            ('GPT2LMHeadModel',),
+            label='LayerNorm',
+            formula='H (+ H bias)',
+            shapes=layernorm_shapes,
+            saved=norm_saved(8, False),
+            hf=('GPT2LMHeadModel',),
         ),
         # RMSNorm (Zhang and Sennrich 2019): weight only; fp32 1/rms
         'rmsnorm': Part(
-            'RMSNorm',
-            'H',
-            lambda c: [('weight', (c.n_embd,))],
-            norm_saved(4, True),
-            ('LlamaForCausalLM', 'Qwen3ForCausalLM', 'ArceeForCausalLM'),
+            label='RMSNorm',
+            formula='H',
+            shapes=lambda c: [('weight', (c.n_embd,))],
+            saved=norm_saved(4, True),
+            hf=('LlamaForCausalLM', 'Qwen3ForCausalLM', 'ArceeForCausalLM'),
         ),
     },
     'mlp': {
         # GPT-2: up (H -> 4H), GELU (tanh approximation), down: one saved H'-tensor each side of the GELU
         'gelu': Part(
-            'GELU MLP',
-            "2HH'",
-            up_down_shapes,
-            mlp_saved(2, 2),
-            ('GPT2LMHeadModel',),
-            'gelu_new',
-            Fraction(4),
+            label='GELU MLP',
+            formula="2HH'",
+            shapes=up_down_shapes,
+            saved=mlp_saved(2, 2),
+            hf=('GPT2LMHeadModel',),
+            hf_act='gelu_new',
+            ffn_ratio=Fraction(4),
         ),
         # Llama (Shazeer 2020): down(silu(gate(x)) * up(x)), gate and up fused; H' = 8H/3 rounded up to 256, so
         # that three matrices cost what GPT-2's two do (4096 -> 11008)
         'swiglu': Part(
-            'SwiGLU',
-            "3HH'",
-            lambda c: (
+            label='SwiGLU',
+            formula="3HH'",
+            shapes=lambda c: (
                 linear('gate_up_proj', c.n_embd, 2 * c.ffn_width, c.biases)
                 + linear('down_proj', c.ffn_width, c.n_embd, c.biases)
             ),
-            mlp_saved(4, 3),
-            ('LlamaForCausalLM', 'Qwen3ForCausalLM'),
-            'silu',
-            Fraction(8, 3),
-            256,
+            saved=mlp_saved(4, 3),
+            hf=('LlamaForCausalLM', 'Qwen3ForCausalLM'),
+            hf_act='silu',
+            ffn_ratio=Fraction(8, 3),
+            ffn_multiple=256,
         ),
         # ReLU squared (So et al. 2021, Primer; modded-nanogpt, nanochat): down(relu(up(x))^2), 4H wide. A Llama
         # with it is Arcee's AFM (ArceeForCausalLM: Llama's attention and norms, a ReLU² MLP)
         'relu2': Part(
-            'ReLU² MLP',
-            "2HH'",
-            up_down_shapes,
-            mlp_saved(2, 2),
-            ('GPT2LMHeadModel', 'ArceeForCausalLM'),
-            'relu2',
-            Fraction(4),
+            label='ReLU² MLP',
+            formula="2HH'",
+            shapes=up_down_shapes,
+            saved=mlp_saved(2, 2),
+            hf=('GPT2LMHeadModel', 'ArceeForCausalLM'),
+            hf_act='relu2',
+            ffn_ratio=Fraction(4),
         ),
     },
     'positions': {
         # GPT-2: a block_size x H table added to the embedding (its position ids saved: 8 bytes each, eager)
         'learned': Part(
-            'learned positions',
-            'T*H',
-            lambda c: [('weight', (c.block_size, c.n_embd))],
-            nothing_saved,
-            ('GPT2LMHeadModel',),
+            label='learned positions',
+            formula='T*H',
+            shapes=lambda c: [('weight', (c.block_size, c.n_embd))],
+            saved=nothing_saved,
+            hf=('GPT2LMHeadModel',),
         ),
         # RoPE (Su et al. 2021): q and k rotated in each block; no parameters, the rotated q and k saved
         'rope': Part(
-            'RoPE',
-            'none',
-            lambda c: [],
-            lambda c, a, r, compiled: a * (c.n_head + c.kv_heads) * c.head_dim,
-            ('LlamaForCausalLM', 'Qwen3ForCausalLM', 'ArceeForCausalLM'),
+            label='RoPE',
+            formula='none',
+            shapes=lambda c: [],
+            saved=lambda c, a, r, compiled: a * (c.n_head + c.kv_heads) * c.head_dim,
+            hf=('LlamaForCausalLM', 'Qwen3ForCausalLM', 'ArceeForCausalLM'),
         ),
     },
     'qk_norm': {  # an RMSNorm of each head of q and k, before RoPE (Dehghani et al. 2023; OLMo 2, Qwen3, nanochat)
-        'none': Part('no QK-norm', 'none', lambda c: [], nothing_saved, ('*',)),
+        'none': Part(
+            label='no QK-norm', formula='none', shapes=lambda c: [], saved=nothing_saved, hf=('*',)
+        ),
         # nanochat's: no parameters (exported with gains of 1)
         'weightless': Part(
-            'QK-norm (weightless)',
-            'none',
-            lambda c: [],
-            qk_norm_saved(False),
-            ('Qwen3ForCausalLM',),
+            label='QK-norm (weightless)',
+            formula='none',
+            shapes=lambda c: [],
+            saved=qk_norm_saved(False),
+            hf=('Qwen3ForCausalLM',),
         ),
         # a learned gain per head dimension, one for q and one for k (Qwen3's q_norm, k_norm)
         'learned': Part(
-            'QK-norm (learned gains)',
-            '2d',
-            lambda c: [('q_norm.weight', (c.head_dim,)), ('k_norm.weight', (c.head_dim,))],
-            qk_norm_saved(True),
-            ('Qwen3ForCausalLM',),
+            label='QK-norm (learned gains)',
+            formula='2d',
+            shapes=lambda c: [('q_norm.weight', (c.head_dim,)), ('k_norm.weight', (c.head_dim,))],
+            saved=qk_norm_saved(True),
+            hf=('Qwen3ForCausalLM',),
         ),
     },
     # the training loss (losses.py): what it saves for backward a token beyond the final norm's, and its buffers
@@ -432,11 +434,11 @@ PARTS = {
         # gradient and the logits' gradient, 12 bytes a logit; compiled (inductor fuses the softmax's gradient)
         # the logits and their gradient, 2a a logit, and the log-sum-exp's 8 bytes a token
         'full': Part(
-            'cross-entropy over the full logits',
-            'none',
-            lambda c: [],
-            lambda c, a, r, compiled: 8 if compiled else a * c.n_embd,
-            ('*',),
+            label='cross-entropy over the full logits',
+            formula='none',
+            shapes=lambda c: [],
+            saved=lambda c, a, r, compiled: 8 if compiled else a * c.n_embd,
+            hf=('*',),
             buffers=full_loss_buffers,
             buffers_formula=lambda compiled, a: (
                 f'B*T*V x {2 * a} bytes: the logits and their gradient (fused)'
@@ -445,15 +447,14 @@ PARTS = {
             ),
         ),
         # the same sum a chunk of rows at a time, each chunk's gradients taken in its forward (Liger's fused
-        # linear cross-entropy; Cut Cross-Entropy, Wijmans et al. 2024): it keeps h's gradient, r*H a token
+        # linear cross-entropy; Cut Cross-Entropy, Wijmans et al. 2024): it keeps h's gradient, r*H a token;
+        # compiled, h's gradient in the compute dtype a, the bytes of the final norm's output that its row counts
         'chunked': Part(
-            'chunked cross-entropy',
-            'none',
-            lambda c: [],
-            # compiled: h's gradient in the compute dtype a, the bytes of the final norm's output that its row
-            # counts and which nothing here keeps
-            lambda c, a, r, compiled: 0 if compiled else r * c.n_embd,
-            ('*',),
+            label='chunked cross-entropy',
+            formula='none',
+            shapes=lambda c: [],
+            saved=lambda c, a, r, compiled: 0 if compiled else r * c.n_embd,
+            hf=('*',),
             buffers=chunked_loss_buffers,
             buffers_formula=lambda compiled, a: (
                 f"min(B*T, {CHUNK_ROWS}) x V x {chunk_logit_bytes(a, compiled)} bytes: one chunk's logits; "
@@ -466,17 +467,23 @@ PARTS = {
 PART_KEYS = tuple(PARTS)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Optimizer:
-    label: str  # its name in the bill
-    state_bytes: int  # bytes of state per parameter of the tensors it takes (fp32 buffers)
-    tensor_bytes: int  # bytes of state per tensor it takes (a step count)
-    formula: str  # the state as the bill prints it
-    # (shape, TrainConfig) -> matmul FLOPs of one step on one tensor it takes: 0 for an elementwise update
+    name: str  # its name in the bill
+    label: str  # its states in the bill
+    formula: str  # their bytes as the bill prints them (P: the parameters of the tensors it takes)
+    # (shape) -> bytes of state it holds for a tensor of that shape (a rank's rows of it under FSDP2)
+    state_bytes: object
+    # (shape, TrainConfig) -> matmul FLOPs of one step on one tensor it takes: 0 for an elementwise update; and
+    # the bill's formula for them (the train keys fill it in)
     step_flops: object
+    step_formula: str = ''
     # (name, shape) -> whether it updates that parameter tensor (None: every one); the others go to `rest`'s row
     takes: object = None
     rest: str = ''
+    # its update needs each tensor whole (Muon's Newton-Schulz): FSDP2's shards are gathered for it, and the
+    # bill names the gather with this text
+    gathers: str = ''
 
 
 def newton_schulz_flops(shape, train):
@@ -494,13 +501,31 @@ def muon_takes(name, shape):
     return name.startswith('blocks.') and len(shape) == 2 and '.router.' not in name
 
 
+# An optimizer is a row as a part is: optimizers.py builds it by the row's name (its BUILDERS), the ledger bills
+# its states and its step from the row, and the run measures both after its first step.
 OPTIMIZERS = {
     # AdamW (Loshchilov and Hutter 2019): exp_avg and exp_avg_sq in fp32, and a 4-byte step count per tensor;
     # its update is elementwise, ~10 FLOPs a parameter, no matmul (MFU does not count it)
-    'adamw': Optimizer('AdamW m, v', 8, 4, '8P', lambda shape, train: 0),
+    'adamw': Optimizer(
+        name='AdamW',
+        label='AdamW m, v',
+        formula='8P',
+        state_bytes=lambda shape: 8 * math.prod(shape) + 4,
+        step_flops=lambda shape, train: 0,
+    ),
     # Muon (Jordan et al. 2024; torch.optim.Muon): one fp32 momentum buffer for the blocks' matrices, no step
     # count; its update orthogonalises the momentum by Newton-Schulz (matmuls, counted); AdamW for the rest
-    'muon': Optimizer('Muon momentum', 4, 0, '4P_muon', newton_schulz_flops, muon_takes, 'adamw'),
+    'muon': Optimizer(
+        name='Muon',
+        label='Muon momentum',
+        formula='4P_muon',
+        state_bytes=lambda shape: 4 * math.prod(shape),
+        step_flops=newton_schulz_flops,
+        step_formula='Newton-Schulz, {muon_ns_steps} steps x (4m^2 n + 2m^3) per m x n block matrix',
+        takes=muon_takes,
+        rest='adamw',
+        gathers='Muon: whole matrices for Newton-Schulz',
+    ),
 }
 
 

@@ -61,10 +61,7 @@ def build(raw_model, train, world_size, dtype):
         }
         for kind, decayed, names in config.param_groups(train.optimizer, shapes)
     ]
-    options = adamw_options(train, world_size)
-    cls = torch.optim.AdamW
-    if train.optimizer == 'muon':
-        cls, options = MuonAdamW, dict(options, **muon_options(train, dtype))
+    cls, options = BUILDERS[train.optimizer](train, world_size, dtype)
     if train.parallel == 'zero1' and world_size > 1:
         from torch.distributed.optim import ZeroRedundancyOptimizer  # its import warns 67 times
 
@@ -168,3 +165,14 @@ class MuonAdamW(torch.optim.AdamW):
                 update = newton_schulz(update, group, self.ns_dtype)
             weight.mul_(1 - lr * group['weight_decay'])
             weight.add_(update, alpha=-_muon._adjust_lr(lr, group['adjust_lr_fn'], param.shape))
+
+
+# One builder a row of config.OPTIMIZERS, by its name: (train, world_size, dtype) -> (the optimizer's class, its
+# options). A fork's optimizer adds its row, its builder here and a test.
+BUILDERS = {
+    'adamw': lambda train, world_size, dtype: (torch.optim.AdamW, adamw_options(train, world_size)),
+    'muon': lambda train, world_size, dtype: (
+        MuonAdamW,
+        dict(adamw_options(train, world_size), **muon_options(train, dtype)),
+    ),
+}

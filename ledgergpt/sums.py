@@ -522,13 +522,9 @@ def optimizer_row(optimizer, name, shape):
 
 
 def optimizer_state_bytes(optimizer, tensors):
-    """Bytes of optimizer state over (name, shape, elements held) triples: each tensor's row's bytes a parameter
-    of the elements this rank holds, and its bytes a tensor (AdamW's step count, on every rank that steps it)."""
-    total = 0
-    for name, shape, elements in tensors:
-        row = optimizer_row(optimizer, name, shape)
-        total += row.state_bytes * elements + row.tensor_bytes
-    return total
+    """Bytes of optimizer state over (name, shape, held shape) triples: each tensor's row's state_bytes of the
+    shape this rank holds (its rows under FSDP2)."""
+    return sum(optimizer_row(optimizer, n, s).state_bytes(held) for n, s, held in tensors)
 
 
 def optimizer_step_flops(model, train, n_gpu):
@@ -575,20 +571,18 @@ def held_model_states(model, parallel, n_gpu, dtype='bfloat16', rank=0, optimize
     states = {
         'weights': 4 * n_params,
         'grads': 4 * n_params,
-        'optimizer': optimizer_state_bytes(optimizer, [(n, s, math.prod(s)) for n, s in named]),
+        'optimizer': optimizer_state_bytes(optimizer, [(n, s, s) for n, s in named]),
         'gathered': 0,
     }
     if n_gpu > 1 and parallel == 'zero1':
         owned = zero1_partition(model, n_gpu, optimizer)[rank]
-        states['optimizer'] = optimizer_state_bytes(
-            optimizer, [(n, s, math.prod(s)) for n, s in owned]
-        )
+        states['optimizer'] = optimizer_state_bytes(optimizer, [(n, s, s) for n, s in owned])
     elif sharded(parallel, n_gpu):
         padded, held = 0, []
         for name, shape in named:
             rows_padded, rows_real = fsdp_rows(shape[0], n_gpu, rank)
             padded += rows_padded * math.prod(shape[1:])
-            held.append((name, shape, rows_real * math.prod(shape[1:])))
+            held.append((name, shape, (rows_real, *shape[1:])))
         states.update(
             weights=4 * padded, grads=4 * padded, optimizer=optimizer_state_bytes(optimizer, held)
         )
@@ -910,10 +904,12 @@ def collectives(model, parallel, n_gpu, accumulation, dtype='bfloat16', optimize
         # first), its rows padded as FSDP2's are (optimizers.py); a row per size, as ZeRO-1's broadcasts
         row = OPTIMIZERS[optimizer]
         whole = [
-            -(-s[0] // n_gpu) * n_gpu * s[1] for n, s in shapes if row.takes and row.takes(n, s)
+            -(-s[0] // n_gpu) * n_gpu * s[1]
+            for n, s in shapes
+            if row.gathers and optimizer_row(optimizer, n, s) is row
         ]
         items += [
-            ('Muon: whole matrices for Newton-Schulz', 'all_gather', dtype, n, k, 'update')
+            (row.gathers, 'all_gather', dtype, n, k, 'update')
             for n, k in sorted(collections.Counter(whole).items(), reverse=True)
         ]
     result = []

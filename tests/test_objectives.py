@@ -483,7 +483,7 @@ def test_a_run_says_which_tokens_carry_loss(pystdlib_data, tmp_path, capsys):
         "predicted); tokens/s and MFU count every position"
     ) in out
     assert (
-        bill._row(
+        bill.line(
             'tokens that carry loss',
             '256',
             '50%: objective prefix_lm; tokens/s and MFU count every position',
