@@ -1,12 +1,14 @@
 """
-config.py: the config vocabulary shared by every ledgergpt command, and the one way bad input is reported.
+config.py: the config vocabulary shared by every ledgergpt command, and the one way bad input is
+reported.
 
-A config file is plain Python that assigns keys (see configs/); `--key=value` after it overrides one key, parsed
-to the type of the key's default. Loading collects the file's names into two dataclasses and checks every value's
-type and range, so a typo or an impossible value is one line that names the key, the value and what is allowed,
-before anything is built. The tables the other files read live here too: the model families (FAMILIES), which keys
-break a resumed run (CONTINUATION_KEYS), the parallel modes and the objectives' vocabulary. Standard library only:
-`python ledger.py CONFIG` runs before torch is installed.
+A config file is plain Python that assigns keys (see configs/); `--key=value` after it overrides one
+key, parsed to the type of the key's default. Loading collects the file's names into two dataclasses
+and checks every value's type and range, so a typo or an impossible value is one line that names the
+key, the value and what is allowed, before anything is built. The tables the other files read live
+here too: the model families (FAMILIES), which keys break a resumed run (CONTINUATION_KEYS), the
+parallel modes and the objectives' vocabulary. Standard library only: `python ledger.py CONFIG` runs
+before torch is installed.
 """
 
 import dataclasses
@@ -26,7 +28,8 @@ SECONDS_PER_DAY = 86400
 
 
 class UserError(Exception):
-    """Bad input or a state the user can fix: one line on stderr ('error: ...'), no traceback, exit_code."""
+    """Bad input or a state the user can fix: one line on stderr ('error: ...'), no traceback,
+    exit_code."""
 
     exit_code = 2
 
@@ -40,9 +43,9 @@ class DataError(UserError, ValueError):
 
 
 class Terminated(KeyboardInterrupt):
-    """SIGTERM, raised where the process is (as Ctrl-C raises KeyboardInterrupt), so that the blocks around it
-    unwind: a folder's lock is released, a temporary file removed. A training loop handles it itself
-    (continuation.Stop)."""
+    """SIGTERM, raised where the process is (as Ctrl-C raises KeyboardInterrupt), so that the blocks
+    around it unwind: a folder's lock is released, a temporary file removed. A training loop handles
+    it itself (continuation.Stop)."""
 
 
 def _stop_line(interrupt):
@@ -68,7 +71,8 @@ def _terminate(signum, frame):
 
 
 def _stdout_gone():
-    """Whether stdout is a pipe whose reader has left (`| head`), as opposed to a broken socket elsewhere."""
+    """Whether stdout is a pipe whose reader has left (`| head`), as opposed to a broken socket
+    elsewhere."""
     import select
 
     poller = select.poll()
@@ -77,8 +81,9 @@ def _stdout_gone():
 
 
 def quiet_stops():
-    """For a command's `if __name__ == '__main__'` start, before its slow imports (torch takes seconds): Ctrl-C or
-    SIGTERM while they run is one line and exit 130 or 143 too, not a traceback or a silent exit."""
+    """For a command's `if __name__ == '__main__'` start, before its slow imports (torch takes
+    seconds): Ctrl-C or SIGTERM while they run is one line and exit 130 or 143 too, not a traceback
+    or a silent exit."""
     signal.signal(signal.SIGTERM, _terminate)
     python_hook = sys.excepthook
 
@@ -93,13 +98,15 @@ def quiet_stops():
 
 
 def cli(function=None, *, reports=None, stopped=None):
-    """The one error wrapper of every command's main(argv): a UserError becomes one 'error: ...' line on stderr
-    and its exit code; Ctrl-C and SIGTERM are one line and exit 130 or 143, not a traceback (what was written
-    completely stays; a rerun of the same command carries on); a reader of stdout that leaves early (`| head`) ends
-    the command quietly. Under torchrun the lines come from rank 0, or with `reports` (processes.cli's: whether
-    this rank is the job's first to fail) from the first rank that fails, its rank named: a rank's own error
-    (its copy of the data) is then shown, and a verdict every rank reaches is still one line. `stopped` (train.py's,
-    continuation.rank_lost): (exception, argv) -> (line, exit code) for a stop or an error it knows better, or None."""
+    """The one error wrapper of every command's main(argv): a UserError becomes one 'error: ...'
+    line on stderr and its exit code; Ctrl-C and SIGTERM are one line and exit 130 or 143, not a
+    traceback (what was written completely stays; a rerun of the same command carries on); a reader
+    of stdout that leaves early (`| head`) ends the command quietly. Under torchrun the lines come
+    from rank 0, or with `reports` (processes.cli's: whether this rank is the job's first to fail)
+    from the first rank that fails, its rank named: a rank's own error (its copy of the data) is
+    then shown, and a verdict every rank reaches is still one line. `stopped` (train.py's,
+    continuation.rank_lost): (exception, argv) -> (line, exit code) for a stop or an error it knows
+    better, or None."""
     if function is None:  # @cli(reports=..., stopped=...)
         return functools.partial(cli, reports=reports, stopped=stopped)
 
@@ -150,39 +157,40 @@ def _say(message, code):
     return code
 
 
-# -----------------------------------------------------------------------------------------------------
-# Parts. A model is a stack of blocks built from parts, and a run trains it with an optimizer. Each part is one
-# row of PARTS, and the row is everything the other files know of it: its tensors (names and shapes as model.py
-# builds them, from which the ledger counts its parameters and its matmul FLOPs, 2 per weight forward and 4
-# backward), what it saves for backward per token (Ledger 4b, eager and compiled), its name and formula in the
-# bill, and its Hugging Face export (the classes that hold it; none: export.py refuses in one line). An
-# optimizer's row says its state bytes per parameter and its step's FLOPs. model.py builds a block from the rows'
-# names (its classes by the same names); ledger.py, ledger_report.py and export.py read the rows and name no part.
-# A fork that adds a part adds a row here, a class in model.py and a test. A family (FAMILIES, below) is a named
-# choice of rows; a model key (attention, norm, mlp, positions, qk_norm) takes a part into any family.
-# Shapes are (out, in) as nn.Linear holds them; H is n_embd, H' the FFN width, d the head size, a and r the bytes
-# of an activation and of the residual stream (Ledger 4b).
+# --------------------------------------------------------------------------------------------------
+# Parts. A model is a stack of blocks built from parts; each part is one row of PARTS, and the row
+# is all the other files know of it: its tensors (names and shapes as model.py builds them: the
+# ledger counts its parameters and its matmul FLOPs from them, 2 per weight forward and 4 backward),
+# the bytes it saves for backward a token (Ledger 4b, eager and compiled), its label and formula in
+# the bill, its Hugging Face export. model.py builds a block from the rows' names; sums.py, bill.py
+# and export.py read the rows and name no part. A fork adds a row here, a class in model.py and a
+# test. A family (FAMILIES) is a named choice of rows; a model key (attention, norm, mlp, positions,
+# qk_norm, loss) takes a part into any family. Shapes are (out, in) as nn.Linear holds them; H is
+# n_embd, H' the FFN width, d the head size, a and r the bytes of an activation and of the residual
+# stream. Each `saved` is derived term by term in BOOK.md (Derivations: Ledger 4b) and measured
+# exact by tests/test_parts.py and tests/test_model.py.
 
 
 @dataclass(frozen=True, kw_only=True)
 class Part:
     label: str  # its name in the bill
     formula: str  # its parameters as the bill prints them
-    shapes: object  # (ModelConfig) -> [(name, shape)] of its tensors inside its module, in model.py's order
+    # (ModelConfig) -> [(name, shape)] of its tensors inside its module, in model.py's order
+    shapes: object
     # (ModelConfig, a, r, compiled) -> the bytes it saves for backward per token (Ledger 4b)
     saved: object
     hf: tuple = ()  # the Hugging Face classes that hold it (export.py); () is "not exportable"
     hf_act: str = ''  # an MLP's activation as Hugging Face names it (config.json's hidden_act)
-    # an FFN's default width H' (ffn_hidden = 0): ffn_ratio x H, rounded up to a multiple of ffn_multiple
+    # an FFN's default width H' (ffn_hidden = 0): ffn_ratio x H, rounded up to ffn_multiple
     ffn_ratio: Fraction = Fraction(0)
     ffn_multiple: int = 1
-    # attention's keys a query attends to, for its FLOPs (12 x L x H x keys, PaLM's convention): (ModelConfig) ->
-    # {'model': counted by MFU, 'kernel': what the kernel computes, 'causal': the unmasked mean}, and their
-    # symbol in the bill's formulas
+    # attention's keys a query attends to, for its FLOPs (12 x L x H x keys, PaLM's convention):
+    # (ModelConfig) -> {'model': counted by MFU, 'kernel': what the kernel computes, 'causal': the
+    # unmasked mean}, and their symbol in the bill's formulas
     keys: object = None
     keys_symbol: str = ''
-    # a loss's buffers at their peak: (ModelConfig, tokens, a, compiled) -> {name: bytes}, and the bill's formula
-    # for them: (compiled, a) -> str
+    # a loss's buffers at their peak: (ModelConfig, tokens, a, compiled) -> {name: bytes}, and the
+    # bill's formula for them: (compiled, a) -> str
     buffers: object = None
     buffers_formula: object = None
 
@@ -196,9 +204,8 @@ def linear(name, fan_in, fan_out, bias):
 
 def up_down_shapes(c):
     """An FFN of two matrices, up (H -> H') and down (H' -> H): GELU's and ReLU²'s."""
-    return linear('up_proj', c.n_embd, c.ffn_width, c.biases) + linear(
-        'down_proj', c.ffn_width, c.n_embd, c.biases
-    )
+    up = linear('up_proj', c.n_embd, c.ffn_width, c.biases)
+    return up + linear('down_proj', c.ffn_width, c.n_embd, c.biases)
 
 
 def layernorm_shapes(c):
@@ -206,9 +213,10 @@ def layernorm_shapes(c):
 
 
 def norm_saved(stats, composite):
-    """A norm's saved bytes a token: eager, its input r*H and its fp32 statistics (`stats` bytes), and where torch
-    runs it as several ops (composite: RMSNorm on the CPU) x/rms too; compiled, the statistics and its output a*H
-    (the next matmul's input: the partitioner keeps that and recomputes the normalisation)."""
+    """A norm's bytes a token: eager its input r*H and fp32 statistics (`stats`), and x/rms too
+    where torch runs it as several ops (composite: RMSNorm on the CPU); compiled the statistics and
+    its output a*H (the partitioner keeps the next matmul's input and recomputes the normalisation).
+    """
 
     def saved(c, a, r, compiled, fused=True):
         if compiled:
@@ -219,39 +227,34 @@ def norm_saved(stats, composite):
 
 
 def mlp_saved(eager, compiled):
-    """An FFN's saved bytes a token: eager its input a*H and `eager` H'-wide tensors; compiled `compiled` of them
-    (the input is the norm's output, counted there)."""
+    """An FFN's bytes a token: eager its input a*H and `eager` H'-wide tensors; compiled `compiled`
+    of them (its input is the norm's output, counted there)."""
     return lambda c, a, r, is_compiled: (
         compiled * a * c.ffn_width if is_compiled else a * c.n_embd + eager * a * c.ffn_width
     )
 
 
 def qk_norm_saved(learned):
-    """QK-norm's saved bytes a token, measured on the CPU (test_parts.py, exact): each head's fp32 1/rms,
-    4 x (n_head + n_kv_head); under autocast (a < r) the norm runs in fp32 and keeps its fp32 copy of q and k
-    (4 x heads x d); a learned gain keeps the normalised q and k it multiplies (in the norm's dtype); without RoPE
-    (which rotates them into new tensors, counted by its row) attention keeps the normalised q and k (a bytes).
-    Compiled: counted as eager (not measured)."""
+    """QK-norm's bytes a token: each head's fp32 1/rms; under autocast (a < r) its fp32 copy of q
+    and k; a learned gain's normalised q and k; without RoPE (whose row counts the rotated ones) the
+    normalised q and k attention keeps. Compiled: counted as eager (not measured)."""
 
     def saved(c, a, r, compiled):
         heads = c.n_head + c.kv_heads
         autocast, width = a < r, heads * c.head_dim
-        norm_bytes = 4 if autocast else a
+        learned_bytes = (4 if autocast else a) * width if learned else 0
+        rope = c.part_name('positions') == 'rope'
         return (
-            4 * heads
-            + (4 * width if autocast else 0)
-            + (norm_bytes * width if learned else 0)
-            + (0 if c.part_name('positions') == 'rope' else a * width)
+            4 * heads + (4 * width if autocast else 0) + learned_bytes + (0 if rope else a * width)
         )
 
     return saved
 
 
 def flash_attention_saved(c, a, r, compiled):
-    """Attention's saved bytes a token with a flash kernel (flash/cuDNN/memory-efficient; the CPU's flash):
-    the fused qkv output, kept whole (v is a view of it), the kernel's fp32 log-sum-exp per head and its output
-    a*H (o_proj's input); eager also its input a*H (the norm's output, or its bf16 copy). SDPA's math kernel
-    keeps the T x T probabilities instead (sums.activation_bytes, attention='math')."""
+    """Attention's bytes a token with a flash kernel: the fused qkv output (v is a view of it), the
+    fp32 log-sum-exp per head, the output a*H; eager also its input a*H. SDPA's math kernel keeps
+    the T x T probabilities instead (sums.activation_bytes, attention='math')."""
     qkv = a * (c.n_head + 2 * c.kv_heads) * c.head_dim
     return (0 if compiled else a * c.n_embd) + qkv + 4 * c.n_head + a * c.n_embd
 
@@ -261,42 +264,32 @@ def nothing_saved(c, a, r, compiled):
 
 
 def full_loss_buffers(c, tokens, a, compiled):
-    """The full loss's buffers at the start of the backward, tokens x V elements each. Eager: the fp32 log-softmax
-    it saves and the fp32 gradients of the log-softmax and of the logits, alive together: 12 bytes a logit (lm_head's
-    output and its fp32 copy die inside the forward, a peak of a + 4 + 4 <= 12 there). Measured on the CPU: 11.9
-    bytes a logit in fp32 and 12.1 under bf16 autocast. Compiled: the graph saves lm_head's output (a bytes) and
-    inductor writes the logits' gradient in the same dtype: 2a a logit."""
+    """The full loss's buffers at the start of the backward, tokens x V elements each: eager the
+    fp32 log-softmax and the gradients of it and of the logits, 12 bytes a logit (measured on the
+    CPU: 11.9 in fp32, 12.1 under bf16 autocast); compiled the logits and their gradient, 2a."""
     elements = tokens * c.vocab_size
     if compiled:
         return {'logits': elements * a, 'grad_logits': elements * a}
-    return {
-        'log_softmax': elements * 4,
-        'grad_log_softmax': elements * 4,
-        'grad_logits': elements * 4,
-    }
+    names = ('log_softmax', 'grad_log_softmax', 'grad_logits')
+    return dict.fromkeys(names, elements * 4)
 
 
 CHUNK_ROWS = 2048  # losses.py's rows a chunk (docs/measured.md: the paired bench that chose it)
 
 
 def chunk_logit_bytes(a, compiled):
-    """Bytes a logit of the chunk holds (chunked_loss_buffers): compiled, its three buffers (a + 4 + a); eager,
-    the fp32 one the softmax runs in place in, beside the matmul's output in a when that is not fp32."""
+    """Bytes a logit of the chunk holds: compiled, three buffers (a + 4 + a: inductor's graph is
+    functional); eager, the fp32 one the softmax runs in place in, beside the matmul's output in a
+    when that is not fp32."""
     return 2 * a + 4 if compiled else 4 if a == 4 else 4 + a
 
 
 def chunked_loss_buffers(c, tokens, a, compiled):
-    """The chunked loss's buffers at its peak, the last chunk of its forward: the chunk's fp32 logits (the softmax
-    and its gradient are made in place in them) and that gradient in the compute dtype a, for the two matmuls (in
-    fp32 the same tensor: 4 bytes a logit, not 8); lm_head's gradient accumulated in fp32, V*H*4, and the chunk's
-    share of it before it is added, V*H*a. h's gradient is a saved tensor, r*H a token (the row's `saved`); the
-    weight's bf16 copy under autocast is the activations' (bf16 weight copies). Compiled, inductor's graph is
-    functional: the matmul's logits (a), the fp32 softmax and its gradient (a) are three buffers, 2a + 4 bytes a
-    logit, 12 in fp32 where eager's one tensor holds 4 (test_memory.py measures both). The partitioner keeps the
-    smaller of the fp32 sum and the chunks' shares in the compute dtype (test_model.py): with one chunk V*H*a; at
-    tokens x V x a > V x H x 4 (every real shape) it keeps these gradients, not the logits'. Soft-
-    capped logits add their slope, one more fp32 chunk (test_losses.py: measured, with minus without); compiled,
-    inductor may fuse it away: counted as eager, an upper bound."""
+    """The chunked loss's buffers at its peak, the last chunk of its forward: the chunk's logits
+    (chunk_logit_bytes), lm_head's gradient accumulated in fp32 (compiled: the partitioner keeps the
+    smaller of that and the chunks' shares in a) and the chunk's share before it is added;
+    soft-capped logits add their slope, one more fp32 chunk (counted as eager, an upper bound).
+    Derived in BOOK.md (Derivations: Ledger 4b); measured by test_memory.py and test_losses.py."""
     rows, V, H = min(tokens, CHUNK_ROWS), c.vocab_size, c.n_embd
     chunks = -(-tokens // CHUNK_ROWS)
     buffers = {
@@ -312,9 +305,9 @@ def chunked_loss_buffers(c, tokens, a, compiled):
 
 PARTS = {
     'attention': {
-        # causal self-attention over the whole context: a query attends to T keys (non-causal count, as PaLM and
-        # nanoGPT count it: the masked half is counted as done), T/2 unmasked on average; q, k, v fused, k and v
-        # n_kv_head heads wide (GQA), then o_proj
+        # causal self-attention over the whole context: a query attends to T keys (non-causal count,
+        # as PaLM and nanoGPT count it: the masked half is counted as done), T/2 unmasked on
+        # average; q, k, v fused, k and v n_kv_head heads wide (GQA), then o_proj
         'causal': Part(
             label='causal self-attention',
             formula='2H^2 + 2H*kv_width',
@@ -333,7 +326,8 @@ PARTS = {
         )
     },
     'norm': {
-        # LayerNorm (Ba et al. 2016): weight, and a bias when the model has biases; fp32 mean and 1/std
+        # LayerNorm (Ba et al. 2016): weight, and a bias when the model has biases; fp32 mean and
+        # 1/std
         'layernorm': Part(
             label='LayerNorm',
             formula='H (+ H bias)',
@@ -351,7 +345,8 @@ PARTS = {
         ),
     },
     'mlp': {
-        # GPT-2: up (H -> 4H), GELU (tanh approximation), down: one saved H'-tensor each side of the GELU
+        # GPT-2: up (H -> 4H), GELU (tanh approximation), down: one saved H'-tensor each side of the
+        # GELU
         'gelu': Part(
             label='GELU MLP',
             formula="2HH'",
@@ -361,8 +356,8 @@ PARTS = {
             hf_act='gelu_new',
             ffn_ratio=Fraction(4),
         ),
-        # Llama (Shazeer 2020): down(silu(gate(x)) * up(x)), gate and up fused; H' = 8H/3 rounded up to 256, so
-        # that three matrices cost what GPT-2's two do (4096 -> 11008)
+        # Llama (Shazeer 2020): down(silu(gate(x)) * up(x)), gate and up fused; H' = 8H/3 rounded up
+        # to 256, so that three matrices cost what GPT-2's two do (4096 -> 11008)
         'swiglu': Part(
             label='SwiGLU',
             formula="3HH'",
@@ -376,8 +371,9 @@ PARTS = {
             ffn_ratio=Fraction(8, 3),
             ffn_multiple=256,
         ),
-        # ReLU squared (So et al. 2021, Primer; modded-nanogpt, nanochat): down(relu(up(x))^2), 4H wide. A Llama
-        # with it is Arcee's AFM (ArceeForCausalLM: Llama's attention and norms, a ReLU² MLP)
+        # ReLU squared (So et al. 2021, Primer; modded-nanogpt, nanochat): down(relu(up(x))^2), 4H
+        # wide. A Llama with it is Arcee's AFM (ArceeForCausalLM: Llama's attention and norms, a
+        # ReLU² MLP)
         'relu2': Part(
             label='ReLU² MLP',
             formula="2HH'",
@@ -389,7 +385,8 @@ PARTS = {
         ),
     },
     'positions': {
-        # GPT-2: a block_size x H table added to the embedding (its position ids saved: 8 bytes each, eager)
+        # GPT-2: a block_size x H table added to the embedding (its position ids saved: 8 bytes
+        # each, eager)
         'learned': Part(
             label='learned positions',
             formula='T*H',
@@ -397,7 +394,8 @@ PARTS = {
             saved=nothing_saved,
             hf=('GPT2LMHeadModel',),
         ),
-        # RoPE (Su et al. 2021): q and k rotated in each block; no parameters, the rotated q and k saved
+        # RoPE (Su et al. 2021): q and k rotated in each block; no parameters, the rotated q and k
+        # saved
         'rope': Part(
             label='RoPE',
             formula='none',
@@ -406,7 +404,9 @@ PARTS = {
             hf=('LlamaForCausalLM', 'Qwen3ForCausalLM', 'ArceeForCausalLM'),
         ),
     },
-    'qk_norm': {  # an RMSNorm of each head of q and k, before RoPE (Dehghani et al. 2023; OLMo 2, Qwen3, nanochat)
+    # an RMSNorm of each head of q and k, before RoPE (Dehghani et al. 2023; OLMo 2, Qwen3,
+    # nanochat)
+    'qk_norm': {
         'none': Part(
             label='no QK-norm', formula='none', shapes=lambda c: [], saved=nothing_saved, hf=('*',)
         ),
@@ -427,12 +427,13 @@ PARTS = {
             hf=('Qwen3ForCausalLM',),
         ),
     },
-    # the training loss (losses.py): what it saves for backward a token beyond the final norm's, and its buffers
-    # at their peak (`buffers`); sums.logits_bytes reads them
+    # the training loss (losses.py): what it saves for backward a token beyond the final norm's, and
+    # its buffers at their peak (`buffers`); sums.logits_bytes reads them
     'loss': {
-        # F.cross_entropy over the whole fp32 logits: lm_head keeps its input a*H; eager the fp32 log-softmax, its
-        # gradient and the logits' gradient, 12 bytes a logit; compiled (inductor fuses the softmax's gradient)
-        # the logits and their gradient, 2a a logit, and the log-sum-exp's 8 bytes a token
+        # F.cross_entropy over the whole fp32 logits: lm_head keeps its input a*H; eager the fp32
+        # log-softmax, its gradient and the logits' gradient, 12 bytes a logit; compiled (inductor
+        # fuses the softmax's gradient) the logits and their gradient, 2a a logit, and the
+        # log-sum-exp's 8 bytes a token
         'full': Part(
             label='cross-entropy over the full logits',
             formula='none',
@@ -446,9 +447,10 @@ PARTS = {
                 else "B*T*V x 12 bytes: fp32 log-softmax, its gradient, the logits' gradient"
             ),
         ),
-        # the same sum a chunk of rows at a time, each chunk's gradients taken in its forward (Liger's fused
-        # linear cross-entropy; Cut Cross-Entropy, Wijmans et al. 2024): it keeps h's gradient, r*H a token;
-        # compiled, h's gradient in the compute dtype a, the bytes of the final norm's output that its row counts
+        # the same sum a chunk of rows at a time, each chunk's gradients taken in its forward
+        # (Liger's fused linear cross-entropy; Cut Cross-Entropy, Wijmans et al. 2024): it keeps h's
+        # gradient, r*H a token; compiled, h's gradient in the compute dtype a, the bytes of the
+        # final norm's output that its row counts
         'chunked': Part(
             label='chunked cross-entropy',
             formula='none',
@@ -457,7 +459,8 @@ PARTS = {
             hf=('*',),
             buffers=chunked_loss_buffers,
             buffers_formula=lambda compiled, a: (
-                f"min(B*T, {CHUNK_ROWS}) x V x {chunk_logit_bytes(a, compiled)} bytes: one chunk's logits; "
+                f"min(B*T, {CHUNK_ROWS}) x V x {chunk_logit_bytes(a, compiled)} bytes: one chunk's "
+                "logits; "
                 f"V*H x {4 + a}: lm_head's gradient"
             ),
         ),
@@ -472,40 +475,44 @@ class Optimizer:
     name: str  # its name in the bill
     label: str  # its states in the bill
     formula: str  # their bytes as the bill prints them (P: the parameters of the tensors it takes)
-    # (shape) -> bytes of state it holds for a tensor of that shape (a rank's rows of it under FSDP2)
+    # (shape) -> bytes of state it holds for a tensor of that shape (a rank's rows of it under
+    # FSDP2)
     state_bytes: object
-    # (shape, TrainConfig) -> matmul FLOPs of one step on one tensor it takes: 0 for an elementwise update; and
-    # the bill's formula for them (the train keys fill it in)
+    # (shape, TrainConfig) -> matmul FLOPs of one step on one tensor it takes: 0 for an elementwise
+    # update; and the bill's formula for them (the train keys fill it in)
     step_flops: object
     step_formula: str = ''
-    # (name, shape) -> whether it updates that parameter tensor (None: every one); the others go to `rest`'s row
+    # (name, shape) -> whether it updates that parameter tensor (None: every one); the others go to
+    # `rest`'s row
     takes: object = None
     rest: str = ''
-    # its update needs each tensor whole (Muon's Newton-Schulz): FSDP2's shards are gathered for it, and the
-    # bill names the gather with this text
+    # its update needs each tensor whole (Muon's Newton-Schulz): FSDP2's shards are gathered for it,
+    # and the bill names the gather with this text
     gathers: str = ''
 
 
 def newton_schulz_flops(shape, train):
-    """Muon's Newton-Schulz iteration on an A x B matrix, m = min(A, B), n = max(A, B) (torch.optim.Muon works on
-    the m x n orientation): each of muon_ns_steps steps multiplies X X^T (2m^2 n), the Gram matrix by itself
-    (2m^3) and the result by X (2m^2 n). A 2048-square matrix at 5 steps: 5 x 6 x 2048^3 = 2.6e11 FLOPs."""
+    """Muon's Newton-Schulz iteration on an A x B matrix, m = min(A, B), n = max(A, B)
+    (torch.optim.Muon works on the m x n orientation): each of muon_ns_steps steps multiplies X X^T
+    (2m^2 n), the Gram matrix by itself (2m^3) and the result by X (2m^2 n). A 2048-square matrix at
+    5 steps: 5 x 6 x 2048^3 = 2.6e11 FLOPs."""
     m, n = sorted(shape)
     return train.muon_ns_steps * (4 * m * m * n + 2 * m**3)
 
 
 def muon_takes(name, shape):
-    """Muon's tensors: the blocks' 2-D weights (attention's and the FFN's matrices, every expert's too). The MoE
-    router, a classifier over experts as lm_head is over tokens, stays on AdamW with the embeddings, norms and
-    biases, as Muon's authors keep the input and output layers."""
+    """Muon's tensors: the blocks' 2-D weights (attention's and the FFN's matrices, every expert's
+    too). The MoE router, a classifier over experts as lm_head is over tokens, stays on AdamW with
+    the embeddings, norms and biases, as Muon's authors keep the input and output layers."""
     return name.startswith('blocks.') and len(shape) == 2 and '.router.' not in name
 
 
-# An optimizer is a row as a part is: optimizers.py builds it by the row's name (its BUILDERS), the ledger bills
-# its states and its step from the row, and the run measures both after its first step.
+# An optimizer is a row as a part is: optimizers.py builds it by the row's name (its BUILDERS), the
+# ledger bills its states and its step from the row, and the run measures both after its first step.
 OPTIMIZERS = {
-    # AdamW (Loshchilov and Hutter 2019): exp_avg and exp_avg_sq in fp32, and a 4-byte step count per tensor;
-    # its update is elementwise, ~10 FLOPs a parameter, no matmul (MFU does not count it)
+    # AdamW (Loshchilov and Hutter 2019): exp_avg and exp_avg_sq in fp32, and a 4-byte step count
+    # per tensor; its update is elementwise, ~10 FLOPs a parameter, no matmul (MFU does not count
+    # it)
     'adamw': Optimizer(
         name='AdamW',
         label='AdamW m, v',
@@ -513,15 +520,16 @@ OPTIMIZERS = {
         state_bytes=lambda shape: 8 * math.prod(shape) + 4,
         step_flops=lambda shape, train: 0,
     ),
-    # Muon (Jordan et al. 2024; torch.optim.Muon): one fp32 momentum buffer for the blocks' matrices, no step
-    # count; its update orthogonalises the momentum by Newton-Schulz (matmuls, counted); AdamW for the rest
+    # Muon (Jordan et al. 2024; torch.optim.Muon): one fp32 momentum buffer for the blocks'
+    # matrices, no step count; its update orthogonalises the momentum by Newton-Schulz (matmuls,
+    # counted); AdamW for the rest
     'muon': Optimizer(
         name='Muon',
         label='Muon momentum',
         formula='4P_muon',
         state_bytes=lambda shape: 4 * math.prod(shape),
         step_flops=newton_schulz_flops,
-        step_formula='Newton-Schulz, {muon_ns_steps} steps x (4m^2 n + 2m^3) per m x n block matrix',
+        step_formula='Newton-Schulz, {muon_ns_steps} steps x (4m^2 n + 2m^3) per m x n matrix',
         takes=muon_takes,
         rest='adamw',
         gathers='Muon: whole matrices for Newton-Schulz',
@@ -530,10 +538,10 @@ OPTIMIZERS = {
 
 
 def param_groups(optimizer, shapes):
-    """train.py's param groups for the optimizer row `optimizer` over (name, shape) pairs, in its order (ZeRO-1's
-    assignment follows it): -> [(kind, weight decay on, [names])], empty groups left out. The row's own tensors
-    first (Muon's matrices), then its rest's (AdamW's) matrices, decayed, then their vectors, not decayed:
-    decaying gains and biases pulls them to zero for no benefit."""
+    """train.py's param groups for the optimizer row `optimizer` over (name, shape) pairs, in its
+    order (ZeRO-1's assignment follows it): -> [(kind, weight decay on, [names])], empty groups left
+    out. The row's own tensors first (Muon's matrices), then its rest's (AdamW's) matrices, decayed,
+    then their vectors, not decayed: decaying gains and biases pulls them to zero for no benefit."""
     row = OPTIMIZERS[optimizer]
     own = [name for name, shape in shapes if row.takes and row.takes(name, shape)]
     rest = [(name, shape) for name, shape in shapes if name not in own]
@@ -545,39 +553,52 @@ def param_groups(optimizer, shapes):
     return [group for group in groups if group[2]]
 
 
-# -----------------------------------------------------------------------------------------------------
-# The model families: named choices of parts, with the family's biases, tying and Hugging Face class. A new family
-# is a row here (plus, where it has a part the others lack, that part's row, class and export).
+# --------------------------------------------------------------------------------------------------
+# The model families: named choices of parts, with the family's biases, tying and Hugging Face
+# class. A new family is a row here (and, for a part the others lack, that part's row and class).
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Family:
     norm: str  # a row of PARTS['norm']
     mlp: str  # a row of PARTS['mlp']
     positions: str  # a row of PARTS['positions']
-    # the family has biases (Linear layers, norms): a config file gets them unless it says bias = False; a family
-    # without them refuses bias = True
+    # the family has biases (Linear layers, norms): a config file gets them unless it says
+    # bias = False; a family without them refuses bias = True
     bias: bool
     tie_embeddings: bool  # the family's published tying: a config file's default
     hf_class: str  # the Hugging Face class export.py writes the model as
 
     def __post_init__(self):
-        assert all(getattr(self, kind) in PARTS[kind] for kind in ('norm', 'mlp', 'positions')), (
-            self
-        )
+        assert all(getattr(self, kind) in PARTS[kind] for kind in ('norm', 'mlp', 'positions'))
 
 
 FAMILIES = {
-    # GPT-2 (Radford et al. 2019): LayerNorm, a 4H GELU MLP, learned positions, biases, tied embeddings
-    'gpt2': Family('layernorm', 'gelu', 'learned', True, True, 'GPT2LMHeadModel'),
+    # GPT-2 (Radford et al. 2019): LayerNorm, a 4H GELU MLP, learned positions, biases, tied
+    'gpt2': Family(
+        norm='layernorm',
+        mlp='gelu',
+        positions='learned',
+        bias=True,
+        tie_embeddings=True,
+        hf_class='GPT2LMHeadModel',
+    ),
     # LLaMA (Touvron et al. 2023): RMSNorm, SwiGLU, RoPE, no biases, untied
-    'llama': Family('rmsnorm', 'swiglu', 'rope', False, False, 'LlamaForCausalLM'),
+    'llama': Family(
+        norm='rmsnorm',
+        mlp='swiglu',
+        positions='rope',
+        bias=False,
+        tie_embeddings=False,
+        hf_class='LlamaForCausalLM',
+    ),
 }
 
 
-# -----------------------------------------------------------------------------------------------------
-# The keys. Model keys use nanoGPT's names. Every one of them breaks a continuation: a checkpoint is for one model
-# (train.py refuses to resume it with another), so unlike TrainConfig's they carry no mark.
+# --------------------------------------------------------------------------------------------------
+# The keys. Model keys use nanoGPT's names. Every one of them breaks a continuation: a checkpoint is
+# for one model (train.py refuses to resume it with another), so unlike TrainConfig's they carry no
+# mark.
 
 
 @dataclass
@@ -591,11 +612,11 @@ class ModelConfig:
     ffn_hidden: int = 0
     vocab_size: int = 50304  # padded to a multiple of 128 in the configs, for speed
     block_size: int = 1024  # context length T (training sequence length)
-    # The next two default to the family's in a config file (load_config); these defaults are llama's, the default
-    # family, which a ModelConfig built in code gets whatever its arch
-    # share the input embedding with the output projection (GPT-2 does)
+    # the next two default to the family's in a config file (load_config), to llama's in code:
+    # the input embedding shared with the output projection (GPT-2 does), and biases in Linear
+    # layers and norms (gpt2 has them; llama has none)
     tie_embeddings: bool = False
-    bias: bool = False  # biases in Linear layers and norms (gpt2 has them; llama has none)
+    bias: bool = False
     norm_eps: float = 1e-5
     rope_theta: float = 10000.0
     # parts (PARTS above) in place of the family's: '' is the family's own
@@ -605,12 +626,12 @@ class ModelConfig:
     positions: str = ''  # 'learned' or 'rope'
     # 'none', 'weightless' (nanochat) or 'learned' (a gain per head dimension: Qwen3)
     qk_norm: str = 'none'
-    # the training loss: 'chunked' (one chunk of the logits at a time, the default) or 'full' (all B x T x V)
+    # the training loss: 'chunked' (one chunk of the logits at a time) or 'full' (all B x T x V)
     loss: str = 'chunked'
-    # cap * tanh(logits / cap) on the output logits (Gemma 2's 30, nanochat's 15): logits bounded to (-cap, cap);
-    # 0: none. With the chunked loss, whose slope of it is one more fp32 chunk (chunked_loss_buffers)
+    # cap * tanh(logits / cap) on the output logits (Gemma 2's 30, nanochat's 15); 0: none. The
+    # chunked loss keeps its slope, one more fp32 chunk (chunked_loss_buffers)
     logit_softcap: float = 0.0
-    # --- mixture of experts (DeepSeekMoE, moe.py's MoE; llama family). n_experts = 0: every FFN dense ---
+    # mixture of experts (DeepSeekMoE, moe.py; llama family). n_experts = 0: every FFN dense
     n_experts: int = 0  # routed experts in each MoE layer
     top_k: int = 0  # routed experts each token visits (1..n_experts)
     expert_hidden: int = 0  # each expert's SwiGLU width (routed and shared experts alike)
@@ -652,23 +673,22 @@ class ModelConfig:
 
     @property
     def ffn_matrices(self):
-        """H x H' matrices in the FFN, from its row: GELU's and ReLU²'s up and down; SwiGLU's gate, up, down."""
-        weights = [
-            math.prod(shape) for _, shape in self.part('mlp').shapes(self) if len(shape) == 2
-        ]
-        return sum(weights) // (self.n_embd * self.ffn_width)
+        """H x H' matrices in the FFN, from its row: up and down (GELU, ReLU²); SwiGLU's three."""
+        shapes = self.part('mlp').shapes(self)
+        weights = sum(math.prod(shape) for _, shape in shapes if len(shape) == 2)
+        return weights // (self.n_embd * self.ffn_width)
 
     @property
     def moe_layers(self):
-        """The layers whose FFN is a mixture of experts: all but the first n_dense_layers (none without experts)."""
+        """The layers whose FFN is a mixture of experts: all but the first n_dense_layers."""
         return self.n_layer - self.n_dense_layers if self.n_experts else 0
 
 
-# TrainConfig's keys are marked by what their change does to a resumed run. exact(): it breaks the exact
-# continuation (the data and its order, the schedule, the optimizer, the numerics), so train.py refuses it without
-# --allow_change=KEY. free(): it may change on resume (the run's length cap, logging, eval and checkpoint intervals,
-# the spike guard, the ledger's assumptions, micro_batch and the world size: the same global batch); train.py logs
-# the change.
+# TrainConfig's keys are marked by what their change does to a resumed run. exact(): it breaks the
+# exact continuation (the data and its order, the schedule, the optimizer, the numerics), so
+# train.py refuses it without --allow_change=KEY. free(): it may change on resume (the run's length
+# cap, logging, evals and checkpoints, the spike guard, the ledger's assumptions, micro_batch and
+# the world size: the same global batch); train.py logs the change.
 
 
 def exact(default):
@@ -681,69 +701,60 @@ def free(default):
 
 @dataclass
 class TrainConfig:
-    # run and data
+    # --- run and data
     out_dir: str = free('out')
-    # a folder made by prepare.py, 'synthetic' (random tokens, for benchmarks) or a weighted mixture of folders:
-    # {'data/web': 0.6, 'data/code': 0.4} (--data=data/web:0.6,data/code:0.4)
+    # a folder made by prepare.py, 'synthetic' (random tokens, for benchmarks) or a weighted
+    # mixture of folders: {'data/web': 0.6, 'data/code': 0.4} (--data=data/web:0.6,data/code:0.4)
     data: str = exact('data/pystdlib')
     seed: int = exact(1337)
-    # tokens the run is planned to see (sets the number of steps)
-    train_tokens: int = exact(26_000_000_000)
-    # stop after this many steps (0: run to train_tokens); the schedule spans train_tokens
-    max_steps: int = free(0)
-    # minutes of training steps the run is planned for (0: train_tokens plans it): the tokens that
-    # many minutes buy at the ledger's predicted tokens/s (a CPU's measured step), fixed at the
-    # start and kept by a resume; start-up, compiling, evals and checkpoints come on top.
-    # --train_tokens on the command line plans by tokens again
+    train_tokens: int = exact(26_000_000_000)  # tokens the run is planned to see (sets the steps)
+    max_steps: int = free(0)  # stop after this many steps (0: train_tokens, the schedule's span)
+    # minutes of training steps the run is planned for (0: train_tokens plans it): the tokens they
+    # buy at the ledger's predicted tokens/s, fixed at the start and kept by a resume (start-up,
+    # compiling, evals and checkpoints come on top); --train_tokens on the command line wins
     train_minutes: float = free(0.0)
-    # tokens available in the dataset, for the ledger's "is it enough" (0: unknown)
-    dataset_tokens: int = free(0)
-    # batch: global batch in tokens, reached by micro_batch sequences x grad accumulation x world size
+    dataset_tokens: int = free(0)  # tokens in the dataset, for the ledger's "is it enough" (0: ?)
+    # --- batch: the global batch in tokens, micro_batch sequences x accumulation x world size
     batch_tokens: int = exact(524_288)
     micro_batch: int = free(16)  # sequences per GPU per forward/backward
-    # ramp the batch from batch_ramp_start to batch_tokens over batch_ramp_tokens tokens (0: no ramp)
+    # ramp the batch from batch_ramp_start to batch_tokens over batch_ramp_tokens tokens (0: none)
     batch_ramp_tokens: int = exact(0)
     batch_ramp_start: int = exact(32_768)
-    # optimizer and schedule (the book: AdamW 0.9/0.95/1e-8, wd 0.1 on matrices, clip 1.0, warmup 0.1-0.5%,
-    # decay to 10%)
+    # --- optimizer and schedule (the book: AdamW 0.9/0.95/1e-8, wd 0.1 on matrices, clip 1.0,
+    # warmup 0.1-0.5%, decay to 10%)
     lr: float = exact(6e-4)
     min_lr_ratio: float = exact(0.1)
     schedule: str = exact('cosine')  # 'cosine' or 'wsd' (warmup-stable-decay)
     warmup_frac: float = exact(0.003)  # fraction of steps spent in linear warmup
     decay_frac: float = exact(0.2)  # wsd only: fraction of steps spent in the final linear decay
-    # a cooldown: start from another run's checkpoint (weights, AdamW states, step, data position) and decay the LR
-    # linearly from the peak to the floor over cooldown_tokens. A wsd run's stable-phase checkpoint so decayed is a
-    # finished run of that length (Hägele et al. 2024): experiments/overtrain.py takes its branches so
-    # experiments/overtrain.py: the lengths in tokens of a wsd run's branches, e.g. (26e9, 52e9); train.py does not
-    # read it
+    # a wsd run's cooldown branches, their lengths in tokens, e.g. (26e9, 52e9): a stable-phase
+    # checkpoint decayed to the floor is a finished run of that length (Hägele et al. 2024);
+    # experiments/overtrain.py takes them, train.py does not read it
     cooldowns: tuple = free(())
-    # the checkpoint folder a cooldown starts from ('': a run of its own)
+    # a cooldown starts from another run's checkpoint folder (weights, optimizer states, step, data
+    # position) and decays the LR linearly from the peak to the floor over cooldown_tokens
     cooldown_from: str = exact('')
-    # a cooldown's tokens, over which the LR falls from the peak to the floor
     cooldown_tokens: int = exact(0)
-    # start from a published model (pretrained.py): a Hugging Face model folder or Hub repo id; the model keys come
-    # from its config.json. A resumed run reads its weights from its own checkpoints
+    # start from a published model (pretrained.py): a Hugging Face model folder or Hub repo id; the
+    # model keys come from its config.json. A resumed run reads its own checkpoints
     init_from: str = exact('')
-    # what the model learns to predict (objectives.py): 'clm' next-token prediction at every position; 'prefix_lm'
-    # loss on the part after a random cut; 'fim' context-level fill-in-the-middle (Bavarian et al. 2022, split at
-    # tokens); 'ul2' UL2's mixture of
-    # denoisers (Tay et al. 2022). fim and ul2 need a data folder with the special tokens (prepare.py reserves them)
+    # what the model learns to predict (objectives.py): 'clm' the next token at every position,
+    # 'prefix_lm' the part after a random cut, 'fim' fill-in-the-middle (Bavarian et al. 2022),
+    # 'ul2' UL2's mixture of denoisers (Tay et al. 2022); fim and ul2 need the special tokens
+    # prepare.py reserves
     objective: str = exact('clm')
-    # fim: the share of documents rearranged (the paper's 0.5; "FIM for free" to 0.9)
-    fim_rate: float = exact(0.5)
-    # fim: the share of those in SPM order, the rest PSM (the paper's joint training)
-    fim_spm_rate: float = exact(0.5)
-    # ul2: the shares of documents given the S (prefix LM), R (short spans, 15%) and X (long spans or 50%)
-    # denoisers; they sum to 1. Half S, as U-PaLM's UL2R mixture
+    fim_rate: float = exact(0.5)  # fim: the share of documents rearranged ("FIM for free": to 0.9)
+    fim_spm_rate: float = exact(0.5)  # fim: the share of those in SPM order, the rest PSM
+    # ul2: the shares of documents given the S (prefix LM), R (short spans, 15%) and X (long spans
+    # or 50%) denoisers, summing to 1; half S, as U-PaLM's UL2R mixture
     ul2_s_rate: float = exact(0.5)
     ul2_r_rate: float = exact(0.25)
     ul2_x_rate: float = exact(0.25)
-    # a row of OPTIMIZERS: what it holds per parameter, what its step costs
-    optimizer: str = exact('adamw')
-    # Muon (optimizer = 'muon', on the blocks' matrices): its peak LR (0: AdamW's lr, scaled per matrix by
-    # torch's match_rms_adamw rule, 0.2 sqrt(max(A, B)), so that lr and weight_decay carry over (Liu et al. 2025);
-    # else Muon's own, e.g. 0.02, scaled by Keller Jordan's sqrt(max(1, A/B))), its momentum, Nesterov and
-    # Newton-Schulz steps (torch's defaults)
+    optimizer: str = exact('adamw')  # a row of OPTIMIZERS
+    # Muon's peak LR (0: AdamW's lr, scaled per matrix by torch's match_rms_adamw rule,
+    # 0.2 sqrt(max(A, B)), so lr and weight_decay carry over (Liu et al. 2025); else Muon's own,
+    # e.g. 0.02, scaled by Keller Jordan's sqrt(max(1, A/B))), momentum, Nesterov and Newton-Schulz
+    # steps (torch's defaults)
     muon_lr: float = exact(0.0)
     muon_momentum: float = exact(0.95)
     muon_nesterov: bool = exact(True)
@@ -753,85 +764,82 @@ class TrainConfig:
     beta2: float = exact(0.95)
     eps: float = exact(1e-8)
     grad_clip: float = exact(1.0)  # clip the global gradient norm to this (0: no clipping)
-    # precision, speed, memory, parallelism
-    # 'auto' (bf16 on CUDA; on a CPU the faster, measured), 'bfloat16' or 'float32'
-    dtype: str = exact('auto')
+    # --- precision, speed, memory, parallelism
+    dtype: str = exact('auto')  # 'auto' (bf16 on CUDA; on a CPU the faster, measured) or a dtype
     compile: bool = free(True)
-    recompute: bool = free(False)  # activation recomputation per block (the ledger switches to 8P)
+    recompute: bool = free(False)  # activation recomputation per block (the ledger's 8P)
     # 'ddp', 'zero1', 'zero2' or 'fsdp' (ZeRO-3); a checkpoint resumes in its own mode
     parallel: str = free('ddp')
-    # logging, eval, checkpoints, spike guard
+    # --- logging, evals, samples, checkpoints, spike guard
     log_every: int = free(10)
     eval_every: int = free(250)
     eval_tokens: int = free(1_048_576)
-    # score HellaSwag (evals.py) every this many steps and at the end (0: never)
+    # HellaSwag (evals.py) every this many steps and at the end (0: never), on its first
+    # hellaswag_items of 10,042 (0: all)
     hellaswag_every: int = free(0)
-    # score only the first this many of its 10,042 items (0: all of them)
     hellaswag_items: int = free(0)
-    # ARC and MMLU (evals.py), comma-separated names from EVAL_TASKS, scored every eval_tasks_every steps and at the
-    # end (0: never), each on its first eval_tasks_items items (0: all of them)
+    # ARC and MMLU (evals.py), names from EVAL_TASKS, likewise
     eval_tasks: str = free('arc_easy,arc_challenge,mmlu')
     eval_tasks_every: int = free(0)
     eval_tasks_items: int = free(0)
     sample_every: int = free(0)  # 0: no samples during training
-    # tokens per text sample, at sample_every steps and at the end of a run (0: none)
-    sample_tokens: int = free(0)
+    sample_tokens: int = free(0)  # tokens per sample, at sample_every and at the end (0: none)
     ckpt_every: int = free(1000)
     keep_ckpts: int = free(3)
-    # steps whose checkpoints are written and never pruned, e.g. (1000, 2000)
-    keep_steps: tuple = free(())
-    # a loss above mean + spike_factor * std of the recent window is a spike
+    keep_steps: tuple = free(())  # steps whose checkpoints are never pruned, e.g. (1000, 2000)
+    # a loss above mean + spike_factor * std of the recent window is a spike; the std has a floor,
+    # a fraction of the mean: late in a run the loss is so steady (std ~0.01) that 3 std would read
+    # ordinary noise as spikes
     spike_factor: float = free(3.0)
     spike_window: int = free(50)
-    # a floor on that std, as a fraction of the mean: late in a run the loss is so steady (std ~0.01) that 3 std
-    # would read ordinary noise as spikes
     spike_min_std: float = free(0.02)
     max_rollbacks: int = free(5)
-    # trackers (trackers.py): every metrics.jsonl record also to 'tensorboard' (out_dir/tensorboard) and/or 'wandb'
-    # (offline in out_dir/wandb unless WANDB_MODE=online), comma-separated; nanoGPT's wandb_log=True adds 'wandb'
+    # every metrics.jsonl record also to 'tensorboard' (out_dir/tensorboard) and/or 'wandb'
+    # (offline in out_dir/wandb unless WANDB_MODE=online); nanoGPT's wandb_log=True adds 'wandb'
     tracker: str = free('')
     wandb_log: bool = free(False)
     wandb_project: str = free('ledgergpt')
-    wandb_run_name: str = free('')  # '' : the out_dir's name
-    # --- mixture of experts: load balancing (moe.py's MoE; DeepSeek-V3, arXiv:2412.19437, section 2.1.2) ---
-    # after each optimizer step every router bias moves by this much against its expert's load error (gamma: 0.001)
+    wandb_run_name: str = free('')  # '': the out_dir's name
+    # --- MoE load balancing (DeepSeek-V3, arXiv:2412.19437, 2.1.2): each router bias moves this
+    # much a step against its expert's load error (gamma 0.001); the sequence-wise balance loss's
+    # alpha (0: off; DeepSeek-V3: 0.0001)
     router_bias_speed: float = exact(0.001)
-    # the sequence-wise balance loss's alpha (0: off; DeepSeek-V3: 0.0001)
     aux_loss_coef: float = exact(0.0)
-    # the ledger's assumptions for time, money and memory
-    # the device the ledger plans for: a name in ledger.py's table ('H200', 'H100', ...), 'cpu', or 'auto' (this
-    # machine's GPU, else its CPU, measured by a short GEMM probe)
+    # --- the ledger's assumptions: the device (a name in sums.GPUS such as 'H200', 'cpu', or
+    # 'auto': this machine's GPU, else its CPU, measured by a short GEMM probe), how many, at what
+    # model FLOPs utilisation (the seed's 40%)
     gpu: str = free('auto')
-    n_gpu: int = free(1)  # devices the ledger plans for (train.py uses the real world size)
-    mfu: float = free(0.40)  # assumed model FLOPs utilisation (the seed's 40%)
-    # the ledger's topology for communication (Ledger 5): the nodes the n_gpu devices span (0: 8 per node), and the
-    # bus bandwidths NCCL reaches inside a node (per GPU) and between nodes (per node), GB/s (0: ledger.py's table)
+    n_gpu: int = free(1)  # train.py uses the real world size
+    mfu: float = free(0.40)
+    # Ledger 5's topology: the nodes the n_gpu devices span (0: 8 per node), and the bus
+    # bandwidths NCCL reaches inside a node (per GPU) and between nodes (per node), GB/s (0: the
+    # table's)
     nodes: int = free(0)
     intra_node_busbw: float = free(0.0)
     inter_node_busbw: float = free(0.0)
     usd_per_gpu_hour: float = free(3.5)
-    # a scaling law fitted to our own runs (experiments/ladder.py's fit.json): `python ledger.py` bills the loss it
-    # predicts, and report.md and summary.json set that beside the measured final val loss ('': none)
+    # a scaling law fitted to our own runs (experiments/ladder.py's fit.json): the ledger bills the
+    # loss it predicts, report.md and summary.json set it beside the measured final val loss
     fit: str = free('')
 
 
 CONFIG_CLASSES = (ModelConfig, TrainConfig)
 DEFAULTS = {f.name: f.default for cls in CONFIG_CLASSES for f in dataclasses.fields(cls)}
-# The keys whose change breaks an exact continuation on resume (train.py's --allow_change), from their marks
+# the keys whose change breaks an exact continuation on resume (train.py's --allow_change)
 CONTINUATION_KEYS = tuple(
     f.name for f in dataclasses.fields(TrainConfig) if f.metadata['resume'] == 'exact'
 )
 
 
-# -----------------------------------------------------------------------------------------------------
-# Parallel modes (train.py builds them; the ledger counts what each holds): 'ddp' replicates everything, 'zero1'
-# shards AdamW's states over the ranks (ZeroRedundancyOptimizer), 'zero2' and 'fsdp' (ZeRO-3) are built on FSDP2's
-# fully_shard and shard the weights and gradients as well. Sharded, a rank holds its rows of every tensor, each
-# block is compiled on its own, and FSDP2 casts the weights to bf16 (a bf16 residual stream); one process is whole
-# in every mode.
+# --------------------------------------------------------------------------------------------------
+# Parallel modes (train.py builds them, the ledger counts what each holds): 'ddp' replicates
+# everything, 'zero1' shards the optimizer's states (ZeroRedundancyOptimizer), 'zero2' and 'fsdp'
+# (ZeRO-3) are FSDP2's fully_shard and shard the weights and gradients too: a rank holds its rows of
+# every tensor, each block is compiled on its own, the weights cast to bf16. One process is whole in
+# every mode.
 
 PARALLEL_MODES = ('ddp', 'zero1', 'zero2', 'fsdp')
-FSDP_MODES = ('zero2', 'fsdp')  # the modes built on FSDP2's fully_shard
+FSDP_MODES = ('zero2', 'fsdp')
 
 
 def sharded(parallel, world_size):
@@ -840,54 +848,45 @@ def sharded(parallel, world_size):
 
 
 TRACKERS = ('tensorboard', 'wandb')  # trackers.py's, the names the key tracker takes
-
-# evals.py's Hub tasks, the names eval_tasks takes
-EVAL_TASKS = ('arc_easy', 'arc_challenge', 'mmlu', 'mmlu_5shot')
+EVAL_TASKS = ('arc_easy', 'arc_challenge', 'mmlu', 'mmlu_5shot')  # evals.py's Hub tasks
 
 
-# -----------------------------------------------------------------------------------------------------
-# The objectives' vocabulary (objectives.py transforms sequences with it; prepare.py reserves the tokens; the ledger
-# does the loss share's arithmetic from it): names, special tokens, UL2's denoisers, the ignored target.
+# --------------------------------------------------------------------------------------------------
+# The objectives' vocabulary (objectives.py transforms sequences with it, prepare.py reserves the
+# tokens, the ledger counts the positions that carry loss).
 
-# what objectives.py makes of a sequence (the key 'objective')
 OBJECTIVES = ('clm', 'prefix_lm', 'fim', 'ul2')
 EOT = '<|endoftext|>'  # every document starts with it (the shard format's rule)
 
-# The special tokens of the other pretraining objectives, reserved by default in every new data folder:
-# fill-in-the-middle's three sentinels (Bavarian et al. 2022; tiktoken's cl100k_base spells them so), UL2's three
-# mode tokens ([S], [R], [X]: Tay et al. 2022) and 16 span sentinels (T5's <extra_id_N>; a sequence with more
-# spans reuses them in order). 22 ids: they fit the padding of GPT-2's 50,257 to 50,304 (47 ids) and of NeoX's
-# 50,277 (27); our bpe:V keeps V ids in all, its BPE learning 22 merges fewer. Never in the shards: a document's
-# text '<|fim_prefix|>' is plain text, like '<|endoftext|>'; the objective inserts the ids as it packs a batch.
-SPECIAL_TOKENS = (
-    '<|fim_prefix|>',
-    '<|fim_middle|>',
-    '<|fim_suffix|>',
-    '<|ul2_s|>',
-    '<|ul2_r|>',
-    '<|ul2_x|>',
-    *(f'<|sentinel_{i}|>' for i in range(16)),
-)
+# The special tokens, reserved in every new data folder: fill-in-the-middle's three sentinels
+# (Bavarian et al. 2022; spelled as tiktoken's cl100k_base), UL2's mode tokens ([S], [R], [X]: Tay
+# et al. 2022) and 16 span sentinels (T5's <extra_id_N>, reused in order past 16). 22 ids fit the
+# padding of GPT-2's 50,257 to 50,304 (47) and of NeoX's 50,277 (27); our bpe:V learns 22 merges
+# fewer. Never in the shards: a document's text '<|fim_prefix|>' is plain text, like
+# '<|endoftext|>'; the objective inserts the ids as it packs a batch.
 FIM_TOKENS = ('<|fim_prefix|>', '<|fim_suffix|>', '<|fim_middle|>')
 UL2_MODES = ('<|ul2_s|>', '<|ul2_r|>', '<|ul2_x|>')
-SENTINELS = tuple(name for name in SPECIAL_TOKENS if name.startswith('<|sentinel_'))
-# the tokens each one uses
+SENTINELS = tuple(f'<|sentinel_{i}|>' for i in range(16))
+SPECIAL_TOKENS = ('<|fim_prefix|>', '<|fim_middle|>', '<|fim_suffix|>', *UL2_MODES, *SENTINELS)
 NEEDS = {'clm': (), 'prefix_lm': (), 'fim': FIM_TOKENS, 'ul2': UL2_MODES + SENTINELS}
 
-# UL2's denoisers (Tay et al. 2022, section 3.1.2), as (mean span length mu, share of tokens masked r). R is T5's
-# span corruption (the book: ~15% in spans of 3-5); X the extreme ones (the book: spans over 12 tokens or ~50%
+# UL2's denoisers (Tay et al. 2022, 3.1.2) as (mean span length, share of tokens masked): R is T5's
+# span corruption (the book: ~15% in spans of 3-5), X the extreme ones (spans over 12 tokens or ~50%
 # masked). A fragment given R or X takes one of its settings uniformly.
 R_DENOISERS = ((3, 0.15),)
 X_DENOISERS = ((3, 0.5), (8, 0.5), (64, 0.15), (64, 0.5))
 
-# A target of IGNORE_INDEX carries no loss: the objectives that train on part of a sequence only (prefix LM, UL2's
-# denoisers) set it where the input is given, not predicted; the loss is over the rest.
+# A target of IGNORE_INDEX carries no loss: prefix LM and UL2 set it where the input is given.
 IGNORE_INDEX = -1
 
 
-# -----------------------------------------------------------------------------------------------------
-# What each key allows beyond its type: (test, the words an error uses). Keys not listed take any value of their
-# type. Shapes that involve two keys (n_embd divisible by n_head, ...) are checked after.
+# --------------------------------------------------------------------------------------------------
+# What each key allows beyond its type: (test, the words an error uses). Keys not listed take any
+# value of their type. Shapes that tie two keys (n_embd divisible by n_head, ...) are checked after.
+
+
+def _one_of(*choices):
+    return lambda v: v in choices, 'one of ' + ', '.join(choices)
 
 
 def _part_rule(kind):
@@ -897,8 +896,14 @@ def _part_rule(kind):
     return lambda v: v in ('', *names), f"one of {', '.join(names)} (or '' for the family's)"
 
 
-def _one_of(*choices):
-    return lambda v: v in choices, 'one of ' + ', '.join(choices)
+def _names_among(names):
+    return lambda v: all(name in names for name in v.split(',') if name), (
+        'comma-separated names among ' + ', '.join(names)
+    )
+
+
+def _or_0(meaning):
+    return lambda v: v >= 0, f'positive (or 0: {meaning})'
 
 
 POSITIVE = (lambda v: v > 0, 'positive')
@@ -906,100 +911,57 @@ POSITIVE_OR_0 = (lambda v: v >= 0, 'positive (or 0)')
 FRACTION = (lambda v: 0 <= v < 1, 'in [0, 1)')
 UNIT = (lambda v: 0 <= v <= 1, 'in [0, 1]')
 RULES = {
+    **dict.fromkeys(
+        'n_layer n_head n_embd vocab_size block_size norm_eps rope_theta route_scale train_tokens '
+        'batch_tokens micro_batch batch_ramp_start lr eps log_every eval_every eval_tokens '
+        'ckpt_every keep_ckpts spike_factor spike_window n_gpu'.split(),
+        POSITIVE,
+    ),
+    **dict.fromkeys(
+        'n_experts top_k expert_hidden n_shared_experts n_dense_layers router_bias_speed '
+        'aux_loss_coef seed max_steps train_minutes dataset_tokens batch_ramp_tokens weight_decay '
+        'sample_every hellaswag_every hellaswag_items eval_tasks_every eval_tasks_items '
+        'sample_tokens spike_min_std max_rollbacks usd_per_gpu_hour'.split(),
+        POSITIVE_OR_0,
+    ),
+    **dict.fromkeys(
+        'min_lr_ratio fim_rate fim_spm_rate ul2_s_rate ul2_r_rate ul2_x_rate'.split(), UNIT
+    ),
+    **dict.fromkeys('warmup_frac muon_momentum beta1 beta2'.split(), FRACTION),
     'arch': _one_of(*FAMILIES),
     **{kind: _part_rule(kind) for kind in PARTS},
-    'n_layer': POSITIVE,
-    'n_head': POSITIVE,
-    'n_embd': POSITIVE,
-    'vocab_size': POSITIVE,
-    'block_size': POSITIVE,
-    'n_kv_head': (POSITIVE_OR_0[0], 'positive (or 0 for the default)'),
-    'ffn_hidden': (POSITIVE_OR_0[0], 'positive (or 0 for the default)'),
-    'norm_eps': POSITIVE,
-    'rope_theta': POSITIVE,
-    'logit_softcap': (POSITIVE_OR_0[0], 'positive (or 0: none)'),
-    'n_experts': POSITIVE_OR_0,
-    'top_k': POSITIVE_OR_0,
-    'expert_hidden': POSITIVE_OR_0,
-    'n_shared_experts': POSITIVE_OR_0,
-    'n_dense_layers': POSITIVE_OR_0,
-    'route_scale': POSITIVE,
-    'router_bias_speed': POSITIVE_OR_0,
-    'aux_loss_coef': POSITIVE_OR_0,
+    'n_kv_head': _or_0('the default'),
+    'ffn_hidden': _or_0('the default'),
+    'logit_softcap': _or_0('none'),
     'out_dir': (bool, 'a folder name'),
     'data': (bool, "a folder made by prepare.py, a weighted mixture of them, or 'synthetic'"),
-    'seed': POSITIVE_OR_0,
-    'train_tokens': POSITIVE,
-    'max_steps': POSITIVE_OR_0,
-    'train_minutes': POSITIVE_OR_0,
-    'dataset_tokens': POSITIVE_OR_0,
-    'batch_tokens': POSITIVE,
-    'micro_batch': POSITIVE,
-    'batch_ramp_tokens': POSITIVE_OR_0,
-    'batch_ramp_start': POSITIVE,
-    'lr': POSITIVE,
-    'min_lr_ratio': UNIT,
     'schedule': _one_of('cosine', 'wsd'),
     'objective': _one_of(*OBJECTIVES),
-    'fim_rate': UNIT,
-    'fim_spm_rate': UNIT,
-    'ul2_s_rate': UNIT,
-    'ul2_r_rate': UNIT,
-    'ul2_x_rate': UNIT,
-    'warmup_frac': FRACTION,
     'decay_frac': (lambda v: 0 < v <= 1, 'in (0, 1]'),
     'optimizer': _one_of(*OPTIMIZERS),
-    'muon_lr': (POSITIVE_OR_0[0], "positive (or 0: AdamW's lr, match_rms_adamw)"),
-    'muon_momentum': FRACTION,
+    'muon_lr': _or_0("AdamW's lr, match_rms_adamw"),
     'muon_ns_steps': (lambda v: 0 < v < 100, 'in 1..99 (torch.optim.Muon)'),
-    'weight_decay': POSITIVE_OR_0,
-    'beta1': FRACTION,
-    'beta2': FRACTION,
-    'eps': POSITIVE,
-    'grad_clip': (POSITIVE_OR_0[0], 'positive (or 0: off)'),
+    'grad_clip': _or_0('off'),
     'dtype': _one_of('auto', 'bfloat16', 'float32'),
     'parallel': _one_of(*PARALLEL_MODES),
-    'log_every': POSITIVE,
-    'eval_every': POSITIVE,
-    'eval_tokens': POSITIVE,
-    'sample_every': POSITIVE_OR_0,
-    'hellaswag_every': POSITIVE_OR_0,
-    'hellaswag_items': POSITIVE_OR_0,
-    'eval_tasks': (
-        lambda v: all(task in EVAL_TASKS for task in v.split(',') if task),
-        'comma-separated names among ' + ', '.join(EVAL_TASKS),
-    ),
-    'eval_tasks_every': POSITIVE_OR_0,
-    'tracker': (
-        lambda v: all(name in TRACKERS for name in v.split(',') if name),
-        'comma-separated names among ' + ', '.join(TRACKERS),
-    ),
-    'eval_tasks_items': POSITIVE_OR_0,
-    'sample_tokens': POSITIVE_OR_0,
-    'ckpt_every': POSITIVE,
-    'keep_ckpts': POSITIVE,
-    'spike_factor': POSITIVE,
-    'spike_window': POSITIVE,
-    'spike_min_std': POSITIVE_OR_0,
-    'max_rollbacks': POSITIVE_OR_0,
-    'gpu': (bool, "a name in ledger.py's GPU table, 'cpu' or 'auto'"),
-    'n_gpu': POSITIVE,
+    'eval_tasks': _names_among(EVAL_TASKS),
+    'tracker': _names_among(TRACKERS),
+    'gpu': (bool, "a name in sums.py's GPU table, 'cpu' or 'auto'"),
     'mfu': (lambda v: 0 < v <= 1, 'in (0, 1]'),
-    'nodes': (POSITIVE_OR_0[0], 'positive (or 0: 8 devices per node)'),
-    'intra_node_busbw': (POSITIVE_OR_0[0], "positive GB/s (or 0: ledger.py's table)"),
-    'inter_node_busbw': (POSITIVE_OR_0[0], "positive GB/s per node (or 0: ledger.py's table)"),
-    'usd_per_gpu_hour': POSITIVE_OR_0,
+    'nodes': _or_0('8 devices per node'),
+    'intra_node_busbw': (lambda v: v >= 0, "positive GB/s (or 0: sums.py's table)"),
+    'inter_node_busbw': (lambda v: v >= 0, "positive GB/s per node (or 0: sums.py's table)"),
 }
 assert set(RULES) <= set(DEFAULTS)
 
-
-# nanoGPT's config names (its train.py globals) that differ from ours, with what to write instead: a nanoGPT user
-# types them first, and a spelling hint would answer --learning_rate with 'ul2_r_rate'.
+# nanoGPT's config names (its train.py globals) that differ from ours, with what to write instead: a
+# nanoGPT user types them first, and a spelling hint would answer --learning_rate with 'ul2_r_rate'.
 NANOGPT_NAMES = {
     'learning_rate': "use 'lr'",
     'min_lr': "use 'min_lr_ratio' (the floor as a fraction of lr: nanoGPT's 6e-5 of 6e-4 is 0.1)",
     'batch_size': "use 'micro_batch' (sequences per forward/backward)",
-    'gradient_accumulation_steps': "use 'batch_tokens' (the global batch in tokens; the accumulation follows from it)",
+    'gradient_accumulation_steps': "use 'batch_tokens' (the global batch in tokens; the "
+    "accumulation follows from it)",
     'max_iters': "use 'max_steps' (or 'train_tokens', which sets the steps the schedule spans)",
     'lr_decay_iters': "use 'train_tokens' (the schedule spans the run's tokens)",
     'warmup_iters': "use 'warmup_frac' (warmup as a fraction of the steps)",
@@ -1008,7 +970,8 @@ NANOGPT_NAMES = {
     'eval_interval': "use 'eval_every'",
     'log_interval': "use 'log_every'",
     'always_save_checkpoint': "use 'ckpt_every'",
-    'eval_only': "not a key here: evals.py scores a checkpoint (HellaSwag), sample.py writes from one",
+    'eval_only': "not a key here: evals.py scores a checkpoint (HellaSwag), sample.py writes "
+    "from one",
     'dataset': "use 'data' (a folder made by prepare.py)",
     'device': "not a key here: train.py takes the GPU of its rank under torchrun, else the CPU",
     'backend': "not a key here: NCCL on GPUs, gloo on the CPU",
@@ -1057,9 +1020,9 @@ def _parse_value(key, text):
 
 
 def _typed(key, value, where):
-    """value with the type of the key's default, or ConfigError. Whole floats are accepted for ints (26e9, 1e6);
-    ints for floats; bools only as True/False (a string 'False' would read as true); a list or tuple of whole
-    numbers for a tuple."""
+    """value with the type of the key's default, or ConfigError. Whole floats are accepted for ints
+    (26e9, 1e6); ints for floats; bools only as True/False (a string 'False' would read as true); a
+    list or tuple of whole numbers for a tuple."""
     default = DEFAULTS[key]
     if isinstance(default, bool):
         if isinstance(value, bool):
@@ -1099,18 +1062,19 @@ def _typed(key, value, where):
     raise ConfigError(f"{key} = {value!r} in {where}: expected {expected}")
 
 
-# -----------------------------------------------------------------------------------------------------
-# The data key: one folder, or a weighted mixture of folders (mixture.py's schedule, data.py's MixtureStream). A
-# config file writes a mixture as a dict {'data/web': 0.6, 'data/code': 0.4}, the command line as
-# --data=data/web:0.6,data/code:0.4; either is kept as that text with the weights normalised to sum to 1, so a
-# resumed run compares one string and every tool reads one form.
+# --------------------------------------------------------------------------------------------------
+# The data key: one folder, or a weighted mixture of folders (mixture.py's schedule, data.py's
+# MixtureStream). A config file writes a mixture as a dict {'data/web': 0.6, 'data/code': 0.4}, the
+# command line as --data=data/web:0.6,data/code:0.4; either is kept as that text with the weights
+# normalised to sum to 1, so a resumed run compares one string and every tool reads one form.
 
 
 MIXTURE_UNITS = 1000  # mixture weights are kept to multiples of 1/1000 (mixture.py)
 
 
 def is_mixture(data):
-    """'a:0.6,b:0.4' or 'a:1' is a mixture; a folder that exists is a folder, whatever its name ('runs:2')."""
+    """'a:0.6,b:0.4' or 'a:1' is a mixture; a folder that exists is a folder, whatever its name
+    ('runs:2')."""
     return not os.path.isdir(data) and (',' in data or _weight(data.rpartition(':')[2]) is not None)
 
 
@@ -1139,7 +1103,8 @@ def data_sources(data):
 
 
 def mixture_text(sources, where):
-    """(folder, weight) pairs -> 'folder:weight,...' with the weights normalised to sum to 1, after checking them."""
+    """(folder, weight) pairs -> 'folder:weight,...' with the weights normalised to sum to 1, after
+    checking them."""
     sources = list(sources)
     for folder, weight in sources:
         if not isinstance(folder, str) or not folder or ',' in folder:
@@ -1163,16 +1128,18 @@ def mixture_text(sources, where):
     for folder, weight in sources:
         if round(weight / total * MIXTURE_UNITS) == 0:
             raise ConfigError(
-                f"data: {folder}'s weight {weight / total:.2g} in {where} rounds to 0 (mixture weights are kept to "
+                f"data: {folder}'s weight {weight / total:.2g} in {where} rounds to 0 (mixture "
+                "weights are kept to "
                 f"1/{MIXTURE_UNITS}): raise it or drop the folder"
             )
     return ','.join(f'{folder}:{weight / total:.6g}' for folder, weight in sources)
 
 
 def _run_config(code, namespace, path):
-    """Run a config file's code. An exception it raises is bad input too, one line, no traceback; so are its own
-    sys.exit() (which ended the command silently, rc 0 for sys.exit(0)) and a KeyboardInterrupt it raises itself
-    (read as a Ctrl-C). A real Ctrl-C meanwhile stays one: the SIGINT handler notes that it came."""
+    """Run a config file's code. An exception it raises is bad input too, one line, no traceback; so
+    are its own sys.exit() (which ended the command silently, rc 0 for sys.exit(0)) and a
+    KeyboardInterrupt it raises itself (read as a Ctrl-C). A real Ctrl-C meanwhile stays one: the
+    SIGINT handler notes that it came."""
     ended = ": a config file sets keys (`key = value` lines); it may not end the command"
     signalled, previous = [], None
 
@@ -1203,9 +1170,9 @@ def _run_config(code, namespace, path):
 
 
 def read_values(path=None, overrides=()):
-    """The keys a config file (plain Python assignments) and `--key=value` overrides set, typed: (values, where
-    each was set). The file runs in a fresh namespace, never in our globals; names starting with '_' and modules
-    are ignored."""
+    """The keys a config file (plain Python assignments) and `--key=value` overrides set, typed:
+    (values, where each was set). The file runs in a fresh namespace, never in our globals; names
+    starting with '_' and modules are ignored."""
     values, where = {}, {}
     if path:
         if not os.path.isfile(path):
@@ -1233,7 +1200,8 @@ def read_values(path=None, overrides=()):
 
 
 def load_config(path=None, overrides=()):
-    """Read a config file and `--key=value` overrides (read_values) into (ModelConfig, TrainConfig), checked."""
+    """Read a config file and `--key=value` overrides (read_values) into (ModelConfig, TrainConfig),
+    checked."""
     values, where = read_values(path, overrides)
     if where.get('train_tokens') == 'the command line' != where.get('train_minutes'):
         values['train_minutes'] = 0.0  # --train_tokens plans the run, over the file's minutes
@@ -1251,16 +1219,15 @@ def load_config(path=None, overrides=()):
 
 
 def validate(model, train):
-    """Every key's range (RULES), then the shapes that tie keys together; each failure is one ConfigError line
-    naming the key, the value and what is allowed."""
+    """Every key's range (RULES), then the shapes that tie keys together; each failure is one
+    ConfigError line naming the key, the value and what is allowed."""
     for config in (model, train):
         for f in dataclasses.fields(config):
             value = getattr(config, f.name)
             test, allowed = RULES.get(f.name, (None, None))
             if test is not None and not test(value):
-                raise ConfigError(
-                    f"{f.name} must be {allowed}, {'not' if allowed.startswith('one of') else 'got'} {value!r}"
-                )
+                said = 'not' if allowed.startswith('one of') else 'got'
+                raise ConfigError(f"{f.name} must be {allowed}, {said} {value!r}")
     if model.n_embd % model.n_head:
         raise ConfigError(f"n_embd ({model.n_embd}) must be divisible by n_head ({model.n_head})")
     if model.n_head % model.kv_heads:
@@ -1275,63 +1242,74 @@ def validate(model, train):
         )
     if model.logit_softcap and model.loss != 'chunked':
         raise ConfigError(
-            f"logit_softcap = {model.logit_softcap:g} needs loss = 'chunked', not {model.loss!r}: the full loss "
-            f"would hold the capped logits' tanh too, which the ledger does not count"
+            f"logit_softcap = {model.logit_softcap:g} needs loss = 'chunked', not {model.loss!r}: "
+            "the full loss would hold the capped logits' tanh too, which the ledger does not count"
         )
     validate_moe(model)
-    muon_keys = [f.name for f in dataclasses.fields(train) if f.name.startswith('muon_')]
-    for key in muon_keys if train.optimizer != 'muon' else ():
-        if getattr(train, key) != DEFAULTS[key]:
+    for key in DEFAULTS:  # an optimizer's own keys (muon_lr, ...) only with that optimizer
+        owner = key.split('_')[0]
+        if (
+            owner in OPTIMIZERS
+            and owner != train.optimizer
+            and getattr(train, key) != DEFAULTS[key]
+        ):
             raise ConfigError(
-                f"{key} = {getattr(train, key)!r} is for optimizer = 'muon': set it too, or drop {key}"
+                f"{key} = {getattr(train, key)!r} is for optimizer = {owner!r}: set it too, or "
+                f"drop {key}"
             )
     if train.batch_ramp_tokens and train.batch_ramp_start > train.batch_tokens:
         raise ConfigError(
-            f"batch_ramp_start ({train.batch_ramp_start:,}) must be at most batch_tokens ({train.batch_tokens:,})"
+            f"batch_ramp_start ({train.batch_ramp_start:,}) must be at most batch_tokens "
+            f"({train.batch_tokens:,})"
         )
 
 
 def tokens_per_micro_step(model, train, world_size):
-    """Tokens one micro-step covers on all processes, micro_batch x block_size x world_size; ConfigError if the
-    global batch is not a whole number of them. The one check of a plan's batch: train.py makes it with its world
-    size, the ledger with n_gpu, so the ledger never prints a plan that train.py refuses."""
+    """Tokens one micro-step covers on all processes, micro_batch x block_size x world_size;
+    ConfigError if the global batch is not a whole number of them. The one check of a plan's batch:
+    train.py makes it with its world size, the ledger with n_gpu, so the ledger never prints a plan
+    that train.py refuses."""
     tokens = train.micro_batch * model.block_size * world_size
     if train.batch_tokens % tokens:
         raise ConfigError(
-            f"batch_tokens ({train.batch_tokens:,}) is not a multiple of micro_batch x block_size x processes "
-            f"= {train.micro_batch} x {model.block_size} x {world_size} = {tokens:,} "
-            f"({train.batch_tokens / tokens:.4g} accumulation steps): change batch_tokens, micro_batch or the "
-            f"number of processes (n_gpu in the ledger)"
+            f"batch_tokens ({train.batch_tokens:,}) is not a multiple of micro_batch x block_size "
+            f"x processes = {train.micro_batch} x {model.block_size} x {world_size} = {tokens:,} "
+            f"({train.batch_tokens / tokens:.4g} accumulation steps): change batch_tokens, "
+            "micro_batch or the number of processes (n_gpu in the ledger)"
         )
     return tokens
 
 
-# -----------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # Mixture of experts: the keys that go together.
 
 
 def validate_moe(model):
-    """n_experts > 0 needs the rest of an MoE layer's shape; n_experts = 0 leaves the MoE keys at their defaults."""
+    """n_experts > 0 needs the rest of an MoE layer's shape; n_experts = 0 leaves the MoE keys at
+    their defaults."""
     moe_keys = ('top_k', 'expert_hidden', 'n_shared_experts', 'n_dense_layers')
     if not model.n_experts:
         for key in moe_keys + ('route_scale',):
             if getattr(model, key) != DEFAULTS[key]:
                 raise ConfigError(
-                    f"{key} = {getattr(model, key)!r} is for a mixture of experts: set n_experts too"
+                    f"{key} = {getattr(model, key)!r} is for a mixture of experts: set n_experts"
+                    " too"
                 )
         return
     if model.part_name('mlp') != 'swiglu':
         raise ConfigError(
-            f"n_experts = {model.n_experts}: the experts are SwiGLU FFNs, not {model.part_name('mlp')} "
-            f"(arch 'llama', or mlp = 'swiglu')"
+            f"n_experts = {model.n_experts}: the experts are SwiGLU FFNs, not "
+            f"{model.part_name('mlp')} (arch 'llama', or mlp = 'swiglu')"
         )
     if not 1 <= model.top_k <= model.n_experts:
         raise ConfigError(f"top_k must be in 1..n_experts ({model.n_experts}), got {model.top_k}")
     if not model.expert_hidden:
         raise ConfigError(
-            f"n_experts = {model.n_experts} needs expert_hidden, each expert's width (e.g. H'/top_k)"
+            f"n_experts = {model.n_experts} needs expert_hidden, each expert's width (e.g. "
+            "H'/top_k)"
         )
     if model.n_dense_layers >= model.n_layer:
         raise ConfigError(
-            f"n_dense_layers ({model.n_dense_layers}) must be below n_layer ({model.n_layer}): no layer has experts"
+            f"n_dense_layers ({model.n_dense_layers}) must be below n_layer ({model.n_layer}): no "
+            "layer has experts"
         )
