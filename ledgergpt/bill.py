@@ -9,7 +9,15 @@ sums.py.
 """
 
 from ledgergpt import pretrained
-from ledgergpt.config import GIB, OPTIMIZERS, PART_KEYS, SECONDS_PER_DAY, ModelConfig, sharded
+from ledgergpt.config import (
+    GIB,
+    LOSS_TERMS,
+    OPTIMIZERS,
+    PART_KEYS,
+    SECONDS_PER_DAY,
+    ModelConfig,
+    sharded,
+)
 
 # --------------------------------------------------------------------------------------------------
 # Units. si and duration are public: the other commands name tokens and times the same way.
@@ -182,12 +190,22 @@ def compute_rows(p):
                        f'matmul + the blocks rerun in backward: {blocks}'),
         ('attention share of block matmuls', f"{f['attention_share']:.1%}",
          f"12LH{k} / 6N_blocks; the book's {k}/(6H) = {f['attention_share_approx']:.1%}"),
+        *loss_term_rows(p),
         step and ('optimizer step', sci(step),
                   f'FLOPs a step on the busiest device: {optimizer.step_formula.format(**t)} '
                   f"({optimizer.name}), {sci(step / t['batch_tokens'])} a token"),
         (f"executed for {si(p['tokens'])} tokens", sci(p['total_flops']),
          f"book {book}D: {sci(p['book_flops'])}"
          + (", with every device's optimizer steps" if step else '')),
+    ]
+
+
+def loss_term_rows(p):
+    """The terms the run adds to the cross-entropy (config.LOSS_TERMS), each with its weight."""
+    keys = {**p['model'], **p['train']}
+    return [
+        (f'loss term: {term.label}', f'{keys[term.key]:g}', f'{term.formula}; {term.key}')
+        for term in LOSS_TERMS.values() if keys.get(term.key)
     ]
 
 

@@ -554,6 +554,28 @@ def param_groups(optimizer, shapes):
 
 
 # --------------------------------------------------------------------------------------------------
+# Terms added to the cross-entropy, each weighed by a key (0: off): the bill names the ones a run
+# adds. Where a term is computed is its own: moe.py's balance loss, or a term of the logits in
+# losses.py's chunk (docs/forking.md: PaLM's z-loss as a fork, a row, its key and its code).
+
+
+@dataclass(frozen=True, kw_only=True)
+class LossTerm:
+    label: str  # its name in the bill
+    formula: str  # what it adds, per token or per sequence, and its source
+    key: str  # the config key that weighs it
+
+
+LOSS_TERMS = {
+    'balance': LossTerm(
+        label='balance loss (MoE)',
+        formula='alpha x sum_i f_i P_i over the routed experts, per sequence (DeepSeek-V3, 2.1.2)',
+        key='aux_loss_coef',
+    )
+}
+
+
+# --------------------------------------------------------------------------------------------------
 # The model families: named choices of parts, with the family's biases, tying and Hugging Face
 # class. A new family is a row here (and, for a part the others lack, that part's row and class).
 
