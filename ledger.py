@@ -1,15 +1,17 @@
 """
-ledger.py: the book's four sums (parameters, FLOPs, days, memory, plus data and cost) for a config, and a fifth:
-the communication of a multi-GPU run (Ledger 5: the bytes of each collective, their seconds, the verdict).
+ledger.py: the book's four sums (parameters, FLOPs, days, memory, plus data and cost) for a config,
+and a fifth: the communication of a multi-GPU run (Ledger 5: the bytes of each collective, their
+seconds, the verdict).
 
-    python ledger.py configs/h200_1b3.py                   # the bill for the config's device
+    python ledger.py configs/h200_1b3.py                 # the bill for the config's device
     python ledger.py configs/h200_1b3.py --gpu=H100 --n_gpu=8 --parallel=zero2
-    python ledger.py configs/pystdlib_cpu.py --gpu=auto    # this machine (a GPU by its name, or the CPU, measured)
-    python ledger.py configs/h100x8_1b3.py --n_gpu=16 --nodes=2 --inter_node_busbw=100   # two nodes, thinner links
-    python ledger.py --book                                # every worked example of BOOK.md, recomputed
+    python ledger.py configs/pystdlib_cpu.py --gpu=auto  # this machine (its GPU, or the CPU, measured)
+    python ledger.py configs/h100x8_1b3.py --n_gpu=16 --nodes=2 --inter_node_busbw=100
+    python ledger.py --book                              # BOOK.md's worked examples, recomputed
 
-The sums are ledgergpt/sums.py's (predict: one JSON-able dict), the text ledgergpt/bill.py's; BOOK.md lists
-every formula with its source. Standard library only: a bill for a named GPU needs nothing installed.
+The sums are ledgergpt/sums.py's (predict: one JSON-able dict), the text ledgergpt/bill.py's;
+BOOK.md lists every formula with its source. Standard library only: a bill for a named GPU needs
+nothing installed.
 """
 
 import json
@@ -18,7 +20,7 @@ import sys
 from ledgergpt.config import ConfigError, cli
 from ledgergpt.sums import book_examples, predict
 
-USAGE = 'usage: python ledger.py CONFIG [--key=value ...] [--fit=FIT] [--json]   or   python ledger.py --book'
+USAGE = 'usage: python ledger.py CONFIG [--key=value ...] [--fit=FIT] [--json] | ledger.py --book'
 
 
 @cli

@@ -1,34 +1,37 @@
 """
-losses.py: the training loss, found by the name of its row in config.PARTS['loss'] (model.py's LOSSES). Both take
-the final hidden states h (B, T, H), lm_head's weight (V, H) and the targets (B, T), and return the cross-entropy
-of the targets that are not IGNORE_INDEX: their sum, or their mean.
+losses.py: the training loss, found by the name of its row in config.PARTS['loss'] (model.py's
+LOSSES). Both take the final hidden states h (B, T, H), lm_head's weight (V, H) and the targets (B,
+T), and return the cross-entropy of the targets that are not IGNORE_INDEX: their sum, or their mean.
 
-    full:    F.cross_entropy over the whole fp32 logits, B x T x V of them (12 bytes a logit held eager).
-    chunked: the same sum, a chunk of CHUNK_ROWS rows at a time, each chunk's gradients with respect to h and to the
-             weight taken in the same forward pass (Liger's fused linear cross-entropy; Cut Cross-Entropy, Wijmans
-             et al. 2024), so only one chunk's logits ever exist and backward multiplies two saved gradients by
-             the loss's scalar gradient: no matmul is repeated (2 + 2 + 2 FLOPs a weight a row, as lm_head's
-             forward and backward). At nanochat's 32 x 2048 x 65,536 the full loss holds 48 GiB, this one
-             CHUNK_ROWS x V x 6 bytes in bf16 (0.75 GiB; compiled, 8 bytes in three buffers: 1 GiB) and two
+    full:    F.cross_entropy over the whole fp32 logits, B x T x V of them (12 bytes a logit
+             held eager).
+    chunked: the same sum, CHUNK_ROWS rows at a time, each chunk's gradients with respect to h and
+             to the weight taken in the same forward pass (Liger's fused linear cross-entropy; Cut
+             Cross-Entropy, Wijmans et al. 2024): one chunk's logits exist at a time, and backward
+             multiplies two saved gradients by the loss's scalar gradient, no matmul repeated. At
+             nanochat's 32 x 2048 x 65,536 the full loss holds 48 GiB, this one CHUNK_ROWS x V x 6
+             bytes in bf16 (0.75 GiB; compiled, 8 bytes in three buffers: 1 GiB) and two
              gradients (h's 0.3 GiB, the weight's 0.3 GiB).
 
-The numerics are the full loss's: the logits in the compute dtype (autocast's, else h's), then fp32 for the
-softmax; the gradients leave in that compute dtype for the two matmuls, as lm_head's backward runs them. A soft cap
-(the model's logit_softcap) makes the fp32 logits z into cap * tanh(z / cap) before the softmax, and multiplies
-their gradient by its slope, 1 - tanh(z / cap)^2: the chunked loss alone takes it (config.validate).
+The numerics are the full loss's: the logits in the compute dtype (autocast's, else h's), then fp32
+for the softmax; the gradients leave in that compute dtype for the two matmuls, as lm_head's
+backward runs them. A soft cap (the model's logit_softcap) makes the fp32 logits z into cap * tanh(z
+/ cap) before the softmax, and multiplies their gradient by its slope, 1 - tanh(z / cap)^2: the
+chunked loss alone takes it (config.validate).
 """
 
 import torch
 import torch.nn.functional as F
 
-# Rows of h per chunk (config's, where the ledger reads it too): 2048 rows x V 65,536 x 6 bytes is 0.75 GiB, 1/64 of
-# nanochat's full 48 GiB; large enough that the chunk's GEMMs run as fast as the whole one (docs/measured.md, the
-# paired bench: no slower on the CPU).
+# Rows of h per chunk (config's, where the ledger reads it too): 2048 rows x V 65,536 x 6 bytes is
+# 0.75 GiB, 1/64 of nanochat's full 48 GiB; large enough that the chunk's GEMMs run as fast as the
+# whole one (docs/measured.md, the paired bench: no slower on the CPU).
 from ledgergpt.config import CHUNK_ROWS, IGNORE_INDEX
 
 
 def softcap(logits, cap):
-    """cap * tanh(logits / cap) (Gemma 2; nanochat): the logits model.py returns, bounded to (-cap, cap)."""
+    """cap * tanh(logits / cap) (Gemma 2; nanochat): the logits model.py returns, bounded to (-cap,
+    cap)."""
     return cap * torch.tanh(logits / cap) if cap else logits
 
 
@@ -55,7 +58,8 @@ class ChunkedCrossEntropy(torch.autograd.Function):
                 rows = slice(start, start + CHUNK_ROWS)
                 hc, t, kc = h[rows].to(dtype), targets[rows].clamp_min(0), keep[rows]
                 logits, slope = (hc @ w.t()).float(), None
-                if cap:  # cap * tanh(z / cap) in place, and its slope for the gradient: one more fp32 chunk
+                # cap * tanh(z / cap) in place, and its slope for the gradient: one more fp32 chunk
+                if cap:
                     logits.div_(cap).tanh_()
                     slope = logits.square().neg_().add_(1) if grads else None
                     logits.mul_(cap)

@@ -1,14 +1,16 @@
 """
-moe.py: the mixture of experts, the FFN that model.py's Block takes in place of the dense one in the blocks after
-the first n_dense_layers (n_experts > 0, llama), and the router-bias update train.py calls after each optimizer step.
+moe.py: the mixture of experts, the FFN that model.py's Block takes in place of the dense one in the
+blocks after the first n_dense_layers (n_experts > 0, llama), and the router-bias update train.py
+calls after each optimizer step.
 
-DeepSeekMoE's shape (n_experts small SwiGLUs, top_k per token, n_shared_experts every token visits, fused into one)
-routed as DeepSeek-V3 does (arXiv:2412.19437, sec. 2.1.2; its inference/model.py Gate): affinities
-s = sigmoid(u . e_i), the top_k of s + b pick, the bias b never weighs; gates = the chosen s summing to 1,
-x route_scale. Dropless (a loop over experts; the slice sizes read back once per layer, as DeepSeek's code does), so
-a token costs exactly top_k experts' matmuls. b moves outside the gradient (update_router_bias); optionally the
-sequence-wise balance loss alpha * sum_i f_i P_i (eq. 17-20) joins the loss (GPT.forward adds it).
-ledger.py's Ledger MoE counts its parameters, FLOPs and saved tensors; tests/test_moe.py holds the two together.
+DeepSeekMoE's shape (n_experts small SwiGLUs, top_k per token, n_shared_experts every token visits,
+fused into one) routed as DeepSeek-V3 does (arXiv:2412.19437, sec. 2.1.2; its inference/model.py
+Gate): affinities s = sigmoid(u . e_i), the top_k of s + b pick, the bias b never weighs; gates =
+the chosen s summing to 1, x route_scale. Dropless (a loop over experts; the slice sizes read back
+once per layer, as DeepSeek's code does), so a token costs exactly top_k experts' matmuls. b moves
+outside the gradient (update_router_bias); optionally the sequence-wise balance loss alpha * sum_i
+f_i P_i (eq. 17-20) joins the loss (GPT.forward adds it). ledger.py's Ledger MoE counts its
+parameters, FLOPs and saved tensors; tests/test_moe.py holds the two together.
 """
 
 import torch
@@ -63,8 +65,9 @@ class MoE(nn.Module):
                 share = picked.mean(1) * (self.n_experts / self.top_k)
                 affinity = (scores / scores.sum(-1, keepdim=True)).view(B, T, -1).mean(1)  # P_i
                 self.aux_loss = self.aux_loss_coef * (share * affinity).sum(-1).mean()
-        # Dispatch: the (token, choice) pairs sorted by expert, each token copied once per chosen expert; the
-        # outputs go back to (token, choice) order, and each token sums its top_k outputs weighed by its gates.
+        # Dispatch: the (token, choice) pairs sorted by expert, each token copied once per chosen
+        # expert; the outputs go back to (token, choice) order, and each token sums its top_k
+        # outputs weighed by its gates.
         order = chosen.flatten().argsort(stable=True)
         chunks = x[order // self.top_k].split(counts.tolist())  # the one host read: the slice sizes
         # an empty slice costs 0
@@ -78,9 +81,10 @@ class MoE(nn.Module):
 
 @torch.no_grad()
 def update_router_bias(model, speed):
-    """After each optimizer step (DeepSeek-V3's auxiliary-loss-free balance): each router bias of the GPT `model`
-    moves by speed (gamma) against the sign of its expert's load error, over the ranks' summed loads (equal biases on
-    every rank). The step's load stays in model.expert_load for the metrics (live_ledger.router_stats). No host read."""
+    """After each optimizer step (DeepSeek-V3's auxiliary-loss-free balance): each router bias of
+    the GPT `model` moves by speed (gamma) against the sign of its expert's load error, over the
+    ranks' summed loads (equal biases on every rank). The step's load stays in model.expert_load for
+    the metrics (live_ledger.router_stats). No host read."""
     if model.moe:
         # (MoE layers, n_experts)
         model.expert_load = torch.stack([layer.load for layer in model.moe])

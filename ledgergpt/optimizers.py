@@ -1,16 +1,17 @@
 """
-optimizers.py: the optimizer train.py steps, from the row of config.OPTIMIZERS its key `optimizer` names. One
-optimizer object in every case, whose param groups carry their kind ('adamw' or 'muon'), so that train.py's loop
-(the LR set on every group), clipping, checkpoint.py (DCP's state dicts, ZeRO-1's gathered optimizer.pt) and
-ZeroRedundancyOptimizer(optimizer_class=...) see one optimizer whatever it holds. The groups come from the raw
-model's parameter names (config.param_groups, which the ledger reads too): no wrapper's prefix decides.
+optimizers.py: the optimizer train.py steps, from the row of config.OPTIMIZERS its key `optimizer`
+names. One optimizer object in every case, whose param groups carry their kind ('adamw' or 'muon'),
+so that train.py's loop (the LR set on every group), clipping, checkpoint.py (DCP's state dicts,
+ZeRO-1's gathered optimizer.pt) and ZeroRedundancyOptimizer(optimizer_class=...) see one optimizer
+whatever it holds. The groups come from the raw model's parameter names (config.param_groups, which
+the ledger reads too): no wrapper's prefix decides.
 
     adamw: torch.optim.AdamW, decay on matrices only (the book's recipe).
-    muon:  MuonAdamW, torch.optim.Muon's update on the blocks' matrices and AdamW on the rest, its Newton-Schulz
-           in the run's compute dtype (torch's bf16, or fp32 where the run computes fp32). Under ZeRO-2 and FSDP2
-           a rank holds row shards: each matrix's momentum-updated gradient is all-gathered in that dtype (what
-           Newton-Schulz casts it to first, so the result is the one process's to the bit), orthogonalised on
-           every rank, and each rank keeps its own rows (Ledger 5 counts the gathers).
+    muon:  MuonAdamW, torch.optim.Muon's update on the blocks' matrices and AdamW on the rest, its
+           Newton-Schulz in the run's compute dtype (bf16 as torch's, or fp32 where the run computes
+           fp32). Under ZeRO-2 and FSDP2 each matrix's momentum-updated gradient is all-gathered in
+           that dtype (so the result is the one process's to the bit), orthogonalised on every
+           rank, and each rank keeps its own rows (Ledger 5 counts the gathers).
 """
 
 import torch
@@ -31,9 +32,10 @@ def adamw_options(train, world_size):
 
 
 def muon_options(train, dtype):
-    """torch.optim.Muon's settings from the muon_ keys. muon_lr 0: AdamW's lr with the match_rms_adamw scaling
-    (lr_ratio 1); else Muon's own peak, the ratio to lr applied at each step, so that one schedule drives both.
-    dtype: the run's compute dtype ('bfloat16' or 'float32'), which Newton-Schulz runs in."""
+    """torch.optim.Muon's settings from the muon_ keys. muon_lr 0: AdamW's lr with the
+    match_rms_adamw scaling (lr_ratio 1); else Muon's own peak, the ratio to lr applied at each
+    step, so that one schedule drives both. dtype: the run's compute dtype ('bfloat16' or
+    'float32'), which Newton-Schulz runs in."""
     own = train.muon_lr > 0
     return dict(
         ns_dtype=getattr(torch, dtype),
@@ -48,9 +50,9 @@ def muon_options(train, dtype):
 
 
 def build(raw_model, train, world_size, dtype):
-    """The run's optimizer over raw_model's trainable parameters, grouped by config.param_groups, for a run that
-    computes in dtype. ZeRO-1 shards its states over the ranks, whole tensors each (sums.zero1_partition follows
-    its assignment)."""
+    """The run's optimizer over raw_model's trainable parameters, grouped by config.param_groups,
+    for a run that computes in dtype. ZeRO-1 shards its states over the ranks, whole tensors each
+    (sums.zero1_partition follows its assignment)."""
     named = dict(raw_model.named_parameters())
     shapes = [(name, tuple(p.shape)) for name, p in named.items() if p.requires_grad]
     groups = [
@@ -70,9 +72,10 @@ def build(raw_model, train, world_size, dtype):
 
 
 def newton_schulz(update, group, dtype):
-    """torch.optim.Muon's quintic Newton-Schulz iteration on one matrix (its coefficients, steps and eps, its
-    orientation: the short side first), in dtype: in bf16 it is torch's own to the bit (test_optimizers.py); fp32
-    serves a run that computes fp32, where bf16 matmuls may be emulated (3.3x the step on a 2-core AVX2 EPYC)."""
+    """torch.optim.Muon's quintic Newton-Schulz iteration on one matrix (its coefficients, steps and
+    eps, its orientation: the short side first), in dtype: in bf16 it is torch's own to the bit
+    (test_optimizers.py); fp32 serves a run that computes fp32, where bf16 matmuls may be emulated
+    (3.3x the step on a 2-core AVX2 EPYC)."""
     a, b, c = group['ns_coefficients']
     x = update.to(dtype)
     tall = x.size(0) > x.size(1)
@@ -89,9 +92,9 @@ def _local(tensor):
 
 
 def _whole(update, param, dtype):
-    """A rank's rows of a sharded matrix's update -> the whole matrix, all-gathered in dtype (what Newton-Schulz
-    casts it to first) from FSDP2's Shard(0) rows: ceil(rows / N) a rank, the last ranks' padded with zeros, as
-    FSDP2 pads its own gathers (sums.collectives counts them so)."""
+    """A rank's rows of a sharded matrix's update -> the whole matrix, all-gathered in dtype (what
+    Newton-Schulz casts it to first) from FSDP2's Shard(0) rows: ceil(rows / N) a rank, the last
+    ranks' padded with zeros, as FSDP2 pads its own gathers (sums.collectives counts them so)."""
     group, ranks = param.device_mesh.get_group(), param.device_mesh.size()
     rows, chunk = param.shape[0], -(-param.shape[0] // ranks)
     mine = update.new_zeros((chunk, *param.shape[1:]), dtype=dtype)
@@ -102,7 +105,8 @@ def _whole(update, param, dtype):
 
 
 def _own_rows(whole, param):
-    """This rank's rows of a whole matrix, as FSDP2 shards it (sums.fsdp_rows: ceil(rows / N) a rank)."""
+    """This rank's rows of a whole matrix, as FSDP2 shards it (sums.fsdp_rows: ceil(rows / N) a
+    rank)."""
     ranks, rank = param.device_mesh.size(), param.device_mesh.get_local_rank()
     chunk = -(-whole.shape[0] // ranks)
     return whole[rank * chunk : (rank + 1) * chunk]
@@ -113,10 +117,11 @@ def _adamw_groups(groups):
 
 
 class MuonAdamW(torch.optim.AdamW):
-    """AdamW whose 'muon' groups take torch.optim.Muon's update instead: per matrix, the momentum buffer lerps
-    towards the gradient, the Nesterov update is orthogonalised by Newton-Schulz, the weight decays by lr x wd and
-    moves by lr scaled to the matrix's shape (adjust_lr_fn). One momentum buffer a matrix, no step count: what
-    config.OPTIMIZERS['muon'] bills. test_optimizers.py holds it to torch.optim.Muon plus AdamW, to the bit, in bf16."""
+    """AdamW whose 'muon' groups take torch.optim.Muon's update instead: per matrix, the momentum
+    buffer lerps towards the gradient, the Nesterov update is orthogonalised by Newton-Schulz, the
+    weight decays by lr x wd and moves by lr scaled to the matrix's shape (adjust_lr_fn). One
+    momentum buffer a matrix, no step count: what config.OPTIMIZERS['muon'] bills.
+    test_optimizers.py holds it to torch.optim.Muon plus AdamW, to the bit, in bf16."""
 
     def __init__(self, params, *, ns_dtype, momentum, nesterov, ns_steps, ns_coefficients, muon_eps,
                  adjust_lr_fn, lr_ratio, **adamw):  # fmt: skip
@@ -167,8 +172,8 @@ class MuonAdamW(torch.optim.AdamW):
             weight.add_(update, alpha=-_muon._adjust_lr(lr, group['adjust_lr_fn'], param.shape))
 
 
-# One builder a row of config.OPTIMIZERS, by its name: (train, world_size, dtype) -> (the optimizer's class, its
-# options). A fork's optimizer adds its row, its builder here and a test.
+# One builder a row of config.OPTIMIZERS, by its name: (train, world_size, dtype) -> (the
+# optimizer's class, its options). A fork's optimizer adds its row, its builder here and a test.
 BUILDERS = {
     'adamw': lambda train, world_size, dtype: (torch.optim.AdamW, adamw_options(train, world_size)),
     'muon': lambda train, world_size, dtype: (
