@@ -5,7 +5,7 @@ seconds, the verdict).
 
     python ledger.py configs/h200_1b3.py                 # the bill for the config's device
     python ledger.py configs/h200_1b3.py --gpu=H100 --n_gpu=8 --parallel=zero2
-    python ledger.py configs/pystdlib_cpu.py --gpu=auto  # this machine: its GPU, or its CPU measured
+    python ledger.py configs/pystdlib_cpu.py --gpu=auto  # this machine: its GPU, or its CPU
     python ledger.py configs/h100x8_1b3.py --n_gpu=16 --nodes=2 --inter_node_busbw=100
     python ledger.py --book                              # BOOK.md's worked examples, recomputed
 
