@@ -290,7 +290,7 @@ class GPT(nn.Module):
         if targets is None:
             return softcap(self.lm_head(x), cap), None
         # losses.py
-        loss = LOSSES[self.config.loss](x, self.lm_head.weight, targets, reduction, cap)
+        loss = LOSSES[self.config.loss](x, self.lm_head.weight, targets, reduction, self.config)
         if (
             self.moe
             and self.moe[0].aux_loss is not None

@@ -35,8 +35,8 @@ def softcap(logits, cap):
     return cap * torch.tanh(logits / cap) if cap else logits
 
 
-def full_cross_entropy(h, weight, targets, reduction, cap=0.0):
-    assert not cap, "config.validate: the soft cap is the chunked loss's"
+def full_cross_entropy(h, weight, targets, reduction, config=None):
+    assert not (config and config.logit_softcap), "config.validate: the cap is the chunked loss's"
     logits = F.linear(h, weight).float()  # a bf16 log-softmax over 50K classes loses digits: fp32
     return F.cross_entropy(
         logits.flatten(0, 1), targets.flatten(), ignore_index=IGNORE_INDEX, reduction=reduction
@@ -93,10 +93,10 @@ class ChunkedCrossEntropy(torch.autograd.Function):
         return grad_h * grad_loss.to(grad_h.dtype), grad_weight, None, None, None, None
 
 
-def chunked_cross_entropy(h, weight, targets, reduction, cap=0.0):
+def chunked_cross_entropy(h, weight, targets, reduction, config=None):
     grads = torch.is_grad_enabled() and (h.requires_grad or weight.requires_grad)
-    flat = h.flatten(0, 1), weight, targets.flatten()
-    return ChunkedCrossEntropy.apply(*flat, reduction == 'mean', grads, cap)
+    flat, cap = (h.flatten(0, 1), weight, targets.flatten()), config and config.logit_softcap
+    return ChunkedCrossEntropy.apply(*flat, reduction == 'mean', grads, cap or 0.0)
 
 
 LOSSES = {'full': full_cross_entropy, 'chunked': chunked_cross_entropy}

@@ -160,7 +160,7 @@ def test_the_chunked_loss_holds_the_ledgers_buffers_and_a_cap_one_more_chunk(aut
             h = torch.randn(1, 64, c.n_embd, requires_grad=True)
             weight = torch.randn(c.vocab_size, c.n_embd, requires_grad=True)
             targets = torch.randint(c.vocab_size, (1, 64))
-            loss = functools.partial(losses.chunked_cross_entropy, h, weight, targets, 'sum', cap)
+            loss = functools.partial(losses.chunked_cross_entropy, h, weight, targets, 'sum', c)
             with torch.autocast('cpu', dtype=torch.bfloat16, enabled=autocast):
                 peak[cap] = helpers.peak_live_bytes(loss)
             copies = (c.vocab_size + min(rows, 64)) * c.n_embd * 2 if autocast else 0
