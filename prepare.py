@@ -9,26 +9,22 @@ prepare.py: text -> tokenizer -> token shards that train.py reads.
     python prepare.py bench                         # tokens/s of the pipeline against raw tiktoken
 
 A data folder holds `<source>_val_000000.bin`, `<source>_train_000001.bin`, ... (llm.c's shard
-format), `tokenizer.json` (so train.py and sample.py use the very same tokenizer) and `meta.json`
-(written last: a folder without it is unfinished, and rerunning the same command carries on where it
-stopped). The tokenizer reserves the special tokens of the fim and ul2 objectives (SPECIAL_TOKENS;
-meta.json lists them by name) unless --no-special-tokens. One command writes a folder at a time (a
-`.lock` file in it); a full disk or a read-only folder is one line, not a traceback.
-
-Reading a folder (the shard format, meta.json, the tokenizer) is data.py's job and downloading
-downloads.py's: train.py and the other commands import those, never this file. rustbpe, tqdm,
-tiktoken, tokenizers, pyarrow and requests are imported inside the functions that use them, so a
-machine without one still runs the rest.
+format), `tokenizer.json` (train.py and sample.py use the very same tokenizer) and `meta.json`
+(written last: a folder without it is unfinished, and rerunning the same command carries on). The
+tokenizer reserves the fim and ul2 objectives' SPECIAL_TOKENS unless --no-special-tokens. One
+command writes a folder at a time (a `.lock` in it); a full disk or read-only folder is one line.
+Reading a folder is data.py's job, downloading downloads.py's: the other commands never import this
+file. rustbpe, tiktoken, tokenizers and pyarrow are imported where they are used.
 """
 
 import argparse
 import base64
 import bisect
 import collections
-import concurrent.futures
 import contextlib
 import dataclasses
 import glob
+import hashlib
 import itertools
 import json
 import math
@@ -37,8 +33,8 @@ import signal
 import sys
 import sysconfig
 import time
-import types
 import zlib
+from concurrent.futures import BrokenExecutor, ProcessPoolExecutor
 
 # standard library only: first, so that Ctrl-C or SIGTERM during the slower imports is one line
 from ledgergpt import config
@@ -54,21 +50,18 @@ from ledgergpt.downloads import Hub, Network, Progress, download, say, size_of
 from ledgergpt.files import free_bytes, human_bytes, remove_quietly, save_json
 
 # --------------------------------------------------------------------------------------------------
-# Tokenizers. gpt2 and bpe:V end up as tokenizer.json: the byte sequence of every rank (base64, list
-# index = rank), the pre-split regex and the end-of-text token, which is all tiktoken.Encoding
-# needs. We write this file ourselves instead of tiktoken's .tiktoken loader because that loader
-# caches by path in /tmp: rebuilding a folder with another vocab would silently load the old ranks.
-# neox and a model's own keep the Hub's tokenizer.json inside ours (below). Loading any of them is
-# data.py's job.
+# Tokenizers. gpt2 and bpe:V become a tokenizer.json of our own: every rank's bytes (base64, list
+# index = rank), the split regex and the end-of-text token, all tiktoken.Encoding needs (tiktoken's
+# own loader caches by path in /tmp: a folder rebuilt with another vocab would load the old ranks).
+# neox and a model's own keep the Hub's tokenizer.json inside ours. data.load_tokenizer reads them.
 
-# gpt2: 50,000 merges + 256 bytes + <|endoftext|>; neox: 50,254 BPE tokens (2 special) + 23 runs of
-# spaces
+# gpt2: 50,000 merges + 256 bytes + <|endoftext|>; neox: 50,254 BPE tokens + 23 runs of spaces
 NAMED_TOKENIZERS = {'gpt2': 50257, 'neox': 50277}
+NEOX_REPO = 'EleutherAI/gpt-neox-20b'
 
 
 def reserve(first_id, special=True):
-    """The special tokens' ids from first_id on, as {name: id} (empty for a folder made without
-    them)."""
+    """The special tokens' ids from first_id on, as {name: id} (none without special tokens)."""
     return {name: first_id + i for i, name in enumerate(SPECIAL_TOKENS)} if special else {}
 
 
@@ -83,8 +76,7 @@ def save_tokenizer(data_dir, name, pattern, ranks, eot_id, reserved):
 
 
 def parse_tokenizer(name):
-    """'gpt2', 'neox', 'bpe:V' or a model's (a Hugging Face model folder or Hub repo id:
-    pretrained.py) -> its vocab size, or a DataError naming what is allowed."""
+    """gpt2, neox, bpe:V or a model's folder or Hub repo id -> its vocab size, or a DataError."""
     if name in NAMED_TOKENIZERS:
         return NAMED_TOKENIZERS[name]
     if name.startswith('bpe:') and name[4:].isdigit() and int(name[4:]) > 256:
@@ -101,11 +93,9 @@ def parse_tokenizer(name):
 
 
 def make_tokenizer(out_dir, tokenizer, bpe_texts, network=None, special=True):
-    """The folder's tokenizer.json for `tokenizer`, with the SPECIAL_TOKENS unless `special` is
-    False. One already there is kept if it is that tokenizer with those tokens (a rerun carries on
-    with the tokenizer its shards were made with) and made again if not. GPT-2's comes from
-    tiktoken, NeoX's from the Hub (through `network`); bpe:V is trained on bpe_texts(), called only
-    then (it may download)."""
+    """The folder's tokenizer.json, with the SPECIAL_TOKENS if `special`. One already there is kept
+    if it is that tokenizer with those tokens (a rerun carries on with its shards' tokenizer). bpe:V
+    trains on bpe_texts(), called only then (it may download)."""
     path = os.path.join(out_dir, 'tokenizer.json')
     # a model's tokenizer: its ids exactly, no reserved ones
     special = special and not is_model(tokenizer)
@@ -148,15 +138,14 @@ def make_gpt2_tokenizer(data_dir, special=True):
 
 
 def train_bpe_tokenizer(data_dir, vocab_size, texts, special=True):
-    """Our own byte-level BPE with rustbpe (GPT-4's split pattern), used through tiktoken. The
-    vocabulary is exactly `vocab_size`: 256 bytes + the merges, then the SPECIAL_TOKENS (22 ids,
-    unless `special` is False), then the end-of-text token as the last id. bpe:8192: 7,913 merges,
-    the special tokens at 8,169-8,190, eot 8,191."""
+    """Our own byte-level BPE (rustbpe, GPT-4's split pattern), used through tiktoken: 256 bytes +
+    the merges, the 22 SPECIAL_TOKENS (if `special`), the end-of-text token last. bpe:8192: 7,913
+    merges, the special tokens at 8,169-8,190, eot 8,191."""
     import rustbpe
 
     reserved = len(SPECIAL_TOKENS) if special else 0
-    ranks_wanted = vocab_size - 1 - reserved
-    if ranks_wanted < 256:
+    wanted = vocab_size - 1 - reserved
+    if wanted < 256:
         raise DataError(
             f"bpe:{vocab_size} has no room for its 256 bytes, the end-of-text token and the "
             f"{reserved} special tokens: use bpe:{257 + reserved} or more (or --no-special-tokens)"
@@ -170,20 +159,16 @@ def train_bpe_tokenizer(data_dir, vocab_size, texts, special=True):
             yield text
 
     tokenizer = rustbpe.Tokenizer()
-    tokenizer.train_from_iterator(counted(), ranks_wanted)
+    tokenizer.train_from_iterator(counted(), wanted)
     ranks = {bytes(token): rank for token, rank in tokenizer.get_mergeable_ranks()}
-    if len(ranks) != ranks_wanted:
+    if len(ranks) != wanted:
         raise DataError(
             f"the BPE sample ({sample_chars:,} characters) only supports "
             f"{len(ranks) + 1 + reserved} tokens, not bpe:{vocab_size}: use a smaller vocab, or "
             "more text (--tokens, --bpe-sample-chars)"
         )
-    name, pattern, reserved_ids = (
-        f'bpe:{vocab_size}',
-        tokenizer.get_pattern(),
-        reserve(len(ranks), special),
-    )
-    save_tokenizer(data_dir, name, pattern, ranks, vocab_size - 1, reserved_ids)
+    pattern, reserved_ids = tokenizer.get_pattern(), reserve(len(ranks), special)
+    save_tokenizer(data_dir, f'bpe:{vocab_size}', pattern, ranks, vocab_size - 1, reserved_ids)
 
 
 # GPT-NeoX-20B's tokenizer.json (the Hugging Face `tokenizers` format) is a byte-level BPE like
@@ -191,17 +176,13 @@ def train_bpe_tokenizer(data_dir, vocab_size, texts, special=True):
 # becomes one character, so decode(encode(x)) is NFC(x)), and 23 runs of 2..24 spaces are added
 # tokens, split off before the BPE, longest first: '    return' is [4 spaces, 'return'], where GPT-2
 # has [3 spaces, ' return']; tiktoken matches such tokens in no fixed order. So NeoX goes through
-# the `tokenizers` library (data.HFEncoding): exact by construction. Its 50,277 ids fit uint16; a model
-# pads them to 50,304 (a multiple of 128).
-
-NEOX_REPO = 'EleutherAI/gpt-neox-20b'
+# the `tokenizers` library (data.HFEncoding): exact by construction. Its 50,277 ids fit uint16; a
+# model pads them to 50,304 (a multiple of 128).
 
 
 def make_neox_tokenizer(out_dir, network=None, special=True):
-    """Fetch NeoX's tokenizer.json once from the Hub, like the data (HF_ENDPOINT and HF_TOKEN,
-    resumable, verified against the listing), and keep it inside the folder's tokenizer.json with
-    the commit it came from, and the names of the SPECIAL_TOKENS that HFEncoding adds after its ids
-    (50,277 ...)."""
+    """NeoX's tokenizer.json, fetched once from the Hub like the data (HF_ENDPOINT, HF_TOKEN,
+    verified), kept in ours with its commit and the SPECIAL_TOKENS HFEncoding adds after its ids."""
     hub = Hub(network)
     sha, listing = hub.files(NEOX_REPO, 'main', '', 'tokenizer.json', kind='models')
     listed = next((f for f in listing if f['path'] == 'tokenizer.json'), None)
@@ -219,12 +200,10 @@ def make_neox_tokenizer(out_dir, network=None, special=True):
     os.remove(path)
 
 
-# A published model's own tokenizer (--tokenizer MODEL_FOLDER or a Hub repo id, as init_from takes):
-# its tokenizer.json through the `tokenizers` library, like NeoX's, its ids exactly (no reserved
-# tokens: the model has no rows for them), and its document start: the token it puts before a text
-# (Llama's BOS '<s>', Llama 3's '<|begin_of_text|>') when it adds one, else its end-of-text (GPT-2's
-# '<|endoftext|>', which separated GPT-2's documents). The sha256 of the model's file is kept, so
-# train.py can tell that a data folder was made with it.
+# A model's own tokenizer (--tokenizer MODEL_FOLDER or a Hub repo id, as init_from takes), through
+# `tokenizers` like NeoX's: its ids exactly (the model has no rows for reserved ones), its document
+# start the token it puts before a text (Llama's BOS '<s>'), else its end-of-text (GPT-2's), and its
+# file's sha256, so train.py can check a folder against the model.
 
 
 def is_model(name):
@@ -247,33 +226,26 @@ def model_tokenizer(name, network=None):
         return folder, f.read()
 
 
-def document_start(tokenizer, folder):
-    """The token a document starts with: the one the tokenizer adds before a text, else its
-    eos_token."""
+def make_model_tokenizer(out_dir, name, network=None):
+    from tokenizers import Tokenizer
+
+    from ledgergpt import pretrained
+
+    folder, text = model_tokenizer(name, network)
+    tokenizer = Tokenizer.from_str(text.decode())
     plain = tokenizer.encode('a', add_special_tokens=False).ids
     added = tokenizer.encode('a', add_special_tokens=True).ids
     if len(added) > len(plain) and added[len(added) - len(plain) :] == plain:
-        return tokenizer.id_to_token(added[0])
-    from ledgergpt import pretrained
-
-    path = os.path.join(folder, 'tokenizer_config.json')
-    eos = pretrained.read_json(path).get('eos_token') if os.path.isfile(path) else None
-    eos = eos.get('content') if isinstance(eos, dict) else eos or EOT
-    if tokenizer.token_to_id(eos) is None:
-        raise DataError(
-            f"{folder}: its tokenizer adds no BOS and has no eos_token {eos!r} to start documents "
-            f"with"
-        )
-    return eos
-
-
-def make_model_tokenizer(out_dir, name, network=None):
-    import hashlib
-
-    from tokenizers import Tokenizer
-
-    folder, text = model_tokenizer(name, network)
-    start = document_start(Tokenizer.from_str(text.decode()), folder)
+        start = tokenizer.id_to_token(added[0])
+    else:
+        path = os.path.join(folder, 'tokenizer_config.json')
+        eos = pretrained.read_json(path).get('eos_token') if os.path.isfile(path) else None
+        start = eos.get('content') if isinstance(eos, dict) else eos or EOT
+        if tokenizer.token_to_id(start) is None:
+            raise DataError(
+                f"{folder}: its tokenizer adds no BOS and has no eos_token {start!r} to start "
+                f"documents with"
+            )
     spec = {'name': name, 'source': folder, 'sha256': hashlib.sha256(text).hexdigest()}
     spec.update(tokenizers=json.loads(text), special_tokens=[], document_start=start)
     save_json(os.path.join(out_dir, 'tokenizer.json'), spec)
@@ -281,15 +253,12 @@ def make_model_tokenizer(out_dir, name, network=None):
 
 
 # --------------------------------------------------------------------------------------------------
-# Tokenizing in a process pool. Each worker loads tokenizer.json once; a task is a batch of
-# documents from one file, batch = (file index, first row, data, offsets): the documents' UTF-8
-# bytes back to back and where each begins (offsets[i]:offsets[i + 1], so len(offsets) = documents +
-# 1). Bytes and offsets are what a parquet column already holds, so the main process hands a slice
-# of it over without making a Python string per document (with 2 cores, every cycle the main process
-# spends is taken from a worker). The answer is their tokens with the end-of-text token FIRST in
-# every document (GPT-2/llm.c convention: a sequence that starts mid-stream still sees where
-# documents begin), the token count per document and its UTF-8 byte count (for bytes per token, and
-# to carry on after a stop).
+# Tokenizing in a process pool. Each worker loads tokenizer.json once; a task is a batch of one
+# file's documents, (file index, first row, data, offsets): their UTF-8 bytes back to back, document
+# i at offsets[i]:offsets[i + 1]. That is what a parquet column holds, so no Python string is made
+# per document in the main process (with 2 cores, its every cycle is taken from a worker). The
+# answer: the tokens, the end-of-text token FIRST in every document (GPT-2/llm.c: a sequence that
+# starts mid-stream still sees where documents begin), and each document's tokens and bytes.
 
 _worker_encoding = None
 _worker_dtype = None
@@ -297,14 +266,11 @@ _worker_dtype = None
 
 @contextlib.contextmanager
 def worker_pool(workers, data_dir):
-    """A pool of tokenizer processes that comes apart without killing any: the few batches out
-    (pooled keeps them few) are finished, the rest cancelled, and the workers leave on the pool's
-    own signal and are joined. multiprocessing.Pool's terminate killed workers while its task thread
-    could be writing a batch into their pipe, and then waited on that write for ever (issue 53: one
-    run in 44 hung)."""
-    pool = concurrent.futures.ProcessPoolExecutor(
-        workers, initializer=init_worker, initargs=(data_dir,)
-    )
+    """Tokenizer processes. The pool comes apart without killing a worker: the few batches out
+    (pooled keeps them few) are finished, the rest cancelled, the workers joined. Pool.terminate
+    killed workers while its task thread could be writing a batch into their pipe, then waited on
+    that write for ever (issue 53: a run in 44 hung)."""
+    pool = ProcessPoolExecutor(workers, initializer=init_worker, initargs=(data_dir,))
     try:
         yield pool
     finally:
@@ -313,9 +279,9 @@ def worker_pool(workers, data_dir):
 
 def init_worker(data_dir):
     global _worker_encoding, _worker_dtype
-    # Ctrl-C reaches the whole process group: the main process answers it (and stops the pool), not
-    # a traceback per worker. SIGTERM kills a worker as by default: cli's handler, forked with it,
-    # raises to unwind a command and would never run in a worker blocked in C.
+    # Ctrl-C reaches the whole process group: the main process answers it, not a traceback per
+    # worker. SIGTERM kills a worker as by default: cli's handler, forked with it, raises to unwind
+    # a command, which a worker blocked in C never runs.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     _worker_encoding = data.load_tokenizer(data_dir)
@@ -323,10 +289,9 @@ def init_worker(data_dir):
 
 
 def pooled(pool, function, items, in_flight):
-    """function(item) of each item in order, computed by `pool` with at most `in_flight` items out
-    at once. An item None is a barrier: every result before it is yielded before the next item is
-    read. A worker that dies (killed by the kernel for memory, say) is one DataError line, not a
-    hang."""
+    """function(item) of each item in order, with at most `in_flight` items out at once. An item
+    None is a barrier: every result before it is yielded before the next item is read. A worker that
+    dies (the kernel's out-of-memory killer) is one DataError, not a hang."""
     pending = collections.deque()
     try:
         for item in itertools.chain(items, [None]):
@@ -334,15 +299,11 @@ def pooled(pool, function, items, in_flight):
                 pending.append(pool.submit(function, item))
             while pending and (item is None or len(pending) >= in_flight):
                 yield pending.popleft().result()
-    except concurrent.futures.BrokenExecutor:
-        raise DataError(
-            "a tokenizer process died (out of memory?): what was complete is kept; rerun to carry "
-            "on"
-        ) from None
+    except BrokenExecutor:
+        raise DataError("a tokenizer process died (out of memory?): rerun to carry on") from None
 
 
 def pack_texts(texts):
-    """Texts -> (UTF-8 bytes back to back, offsets), the batch layout above."""
     encoded = [text.encode('utf-8') for text in texts]
     offsets = np.zeros(len(encoded) + 1, dtype=np.int64)
     np.cumsum([len(b) for b in encoded], out=offsets[1:])
@@ -359,14 +320,13 @@ def tokenize_batch(batch):
     file_index, first_row, joined, offsets = batch
     texts = unpack_texts(joined, offsets)
     doc_tokens = np.empty(len(texts), dtype=np.int64)
-    # one array for the whole batch, each document encoded straight into its place: no list of
-    # pieces to concatenate. A document of n bytes has at most n tokens (every token is at least one
-    # byte), + 1 eot.
+    # one array for the batch, each document encoded into its place: a document of n bytes has at
+    # most n tokens (a token is at least a byte), + 1 eot
     tokens = np.empty(int(offsets[-1] - offsets[0]) + len(texts), dtype=_worker_dtype)
     end = 0
     for i, text in enumerate(texts):
-        # encode_to_numpy skips building a Python list of ints; with no special tokens allowed or
-        # disallowed it is encode_ordinary: '<|endoftext|>' written in a document stays plain text
+        # encode_to_numpy makes no list of ints; with no special tokens allowed or disallowed it is
+        # encode_ordinary: '<|endoftext|>' written in a document stays plain text
         ids = _worker_encoding.encode_to_numpy(text, disallowed_special=())
         # only if normalizing lengthened the text (NFC can, rarely: neox)
         if end + 1 + len(ids) > len(tokens):
@@ -384,83 +344,65 @@ def default_workers():
 
 
 # --------------------------------------------------------------------------------------------------
-# Writing a data folder. One command at a time (a lock), a full disk or read-only folder as one
-# line; the request the folder is made for is recorded first (progress.json) and checked by every
-# rerun; shards are written whole; meta.json last, so its presence says the folder is complete.
+# Writing a data folder. One command at a time (files.folder_lock), a full disk or read-only folder
+# as one line (files.disk_errors); the request the folder is made for goes first (progress.json) and
+# is checked by every rerun; shards are written whole; meta.json last: it says the folder is done.
 
-
-@contextlib.contextmanager
-def writing(out_dir, command):
-    """The block is out_dir's one writer (files.folder_lock), and a full disk or read-only folder in
-    it is one line naming the folder and its free space (files.disk_errors)."""
-    with files.disk_errors(out_dir), files.folder_lock(out_dir, command):
-        yield
+# request keys an older prepare.py's folders lack, and what those folders were made with
+REQUEST_BEFORE = {'special_tokens': False}
+# a fresh progress.json's position and counts
+START = dict(shards=0, file=0, row=0, skip=0, documents=0, text_bytes=0, max_token_id=-1)
 
 
 def build(out_dir, request, make, tokens=None):
-    """Make the folder for `request` in its lock, or find it complete; returns its meta. make(state)
-    does the work, from start_progress's state, and returns meta.json's (source, revision, counts).
-    `tokens` (--tokens) is in meta.json's request but not in progress.json's: a larger one carries
-    on."""
+    """Make the folder for `request`, or find it complete; returns its meta. make(state) does the
+    work from start_progress's state and returns meta.json's (source, revision, counts). --tokens is
+    in meta.json's request, not progress.json's: a larger one carries on."""
     whole = request if tokens is None else dict(request, tokens=tokens)
-    with writing(out_dir, f"prepare.py {request['source']}"):
+    with files.disk_errors(out_dir), files.folder_lock(out_dir, f"prepare.py {request['source']}"):
         meta = complete_meta(out_dir, whole, carry_on_keys=('tokens',))
         if meta is not None:
             return meta
         source, revision, counts = make(start_progress(out_dir, request))
         meta = {'source': source, 'revision': revision, 'tokenizer': request['tokenizer']}
-        meta.update(
-            tokenizer_meta(data.load_tokenizer(out_dir)), shard_tokens=request['shard_tokens']
+        meta.update(tokenizer_meta(data.load_tokenizer(out_dir)), request=whole, **counts)
+        meta['shard_tokens'] = request['shard_tokens']
+        tokens = meta['train_tokens'] + meta['val_tokens']
+        meta['bytes_per_token'] = round(meta['text_bytes'] / max(1, tokens), 3)
+        save_json(os.path.join(out_dir, 'meta.json'), meta)
+        shards = [p for split in ('val', 'train') for p in data.list_shards(out_dir, split)]
+        megabytes = sum(os.path.getsize(p) for p in shards) / 1e6
+        say(
+            f"done: {out_dir}: {meta['documents']:,} documents, {meta['train_tokens']:,} train + "
+            f"{meta['val_tokens']:,} val tokens in {meta['train_shards']} + {meta['val_shards']} "
+            f"shards ({megabytes:,.1f} MB, {meta['dtype']}), {meta['bytes_per_token']} text bytes "
+            f"per token, tokenizer {meta['tokenizer']} (vocab {meta['vocab_size']:,})"
         )
-        return finish_meta(out_dir, dict(meta, request=whole, **counts))
+        return meta
 
 
 def shard_path(out_dir, prefix, split, index):
     return os.path.join(out_dir, f'{prefix}_{split}_{index:06d}.bin')
 
 
-def remove_shards(out_dir, prefix, keep=()):
-    """Delete the prefix's shards (and temporary leftovers) not in `keep`: old ones must not be read
-    as part of the new set."""
+def remove_shards(out_dir, prefix, keep):
+    """Delete the prefix's shards (and leftovers) not in `keep`: none may pass for the new set."""
     for path in glob.glob(os.path.join(glob.escape(out_dir), f'{prefix}_*.bin*')):
         if path not in keep:
             os.remove(path)
 
 
-def finish_meta(out_dir, meta):
-    """meta.json is written last: its presence says the folder is complete."""
-    tokens = meta['train_tokens'] + meta['val_tokens']
-    meta['bytes_per_token'] = round(meta['text_bytes'] / max(1, tokens), 3)
-    save_json(os.path.join(out_dir, 'meta.json'), meta)
-    shards = [p for split in ('val', 'train') for p in data.list_shards(out_dir, split)]
-    megabytes = sum(os.path.getsize(p) for p in shards) / 1e6
-    say(
-        f"done: {out_dir}: {meta['documents']:,} documents, {meta['train_tokens']:,} train + "
-        f"{meta['val_tokens']:,} val tokens in {meta['train_shards']} + {meta['val_shards']} "
-        f"shards ({megabytes:,.1f} MB, {meta['dtype']}), {meta['bytes_per_token']} text bytes per "
-        f"token, tokenizer {meta['tokenizer']} (vocab {meta['vocab_size']:,})"
-    )
-    return meta
-
-
-# Request keys that folders made by an earlier prepare.py lack, and what those folders were made
-# with
-REQUEST_BEFORE = {'special_tokens': False}
-
-
 def request_change(old, new):
-    """The settings of `new` that differ from `old`, as a phrase: "tokenizer='gpt2' (this run:
-    'bpe:400')"."""
+    """The settings of `new` that differ from `old`, as "tokenizer='gpt2' (this run: 'bpe:400')"."""
     old = dict(REQUEST_BEFORE, **old)
-    changed = [
-        f"{key}={old.get(key)!r} (this run: {v!r})" for key, v in new.items() if old.get(key) != v
-    ]
-    return ', '.join(changed)
+    return ', '.join(
+        f"{k}={old.get(k)!r} (this run: {v!r})" for k, v in new.items() if old.get(k) != v
+    )
 
 
 def tokenizer_meta(encoding):
-    """meta.json's entries that describe the folder's tokenizer: vocab_size counts every id, the
-    special tokens (SPECIAL_TOKENS, by name, for train.py's objectives and sample.py) included."""
+    """meta.json's entries on the tokenizer: vocab_size counts every id, the SPECIAL_TOKENS (by
+    name, for train.py's objectives and sample.py) too."""
     return {
         'vocab_size': encoding.n_vocab,
         'eot_id': encoding.eot_token,
@@ -470,11 +412,9 @@ def tokenizer_meta(encoding):
 
 
 def complete_meta(out_dir, request, carry_on_keys=()):
-    """A rerun of a finished folder with the same request is a fast no-op: returns its meta (None
-    when there is work to do). If only `carry_on_keys` differ (a larger --tokens), the folder is
-    marked unfinished and the caller carries on; any other difference is refused rather than mixed
-    with the old shards. A damaged meta.json is removed: finishing the folder again writes it
-    anew."""
+    """A finished folder's meta for the same request (a rerun is a no-op), else None. If only
+    `carry_on_keys` differ (a larger --tokens) the folder is marked unfinished; any other difference
+    is refused rather than mixed with the old shards. A damaged meta.json is made again."""
     path = os.path.join(out_dir, 'meta.json')
     if not os.path.exists(path):
         return None
@@ -502,11 +442,9 @@ def complete_meta(out_dir, request, carry_on_keys=()):
 
 
 def start_progress(out_dir, request):
-    """The folder's progress.json, written before anything else in it: the request the folder is
-    being made for, and where the shards stand (Shards). Returns the state. A folder left unfinished
-    by a run with other settings starts over if that run wrote no shard yet (its tokenizer and file
-    listing are made again; downloads stay, each verified before use), and is refused otherwise: its
-    shards belong to those settings."""
+    """progress.json, written first: the request, and where the shards stand (Shards); returns it. A
+    folder a run with other settings left starts over if that run wrote no shard (its tokenizer and
+    listing are made again; downloads stay, verified before use), and is refused otherwise."""
     path = os.path.join(out_dir, 'progress.json')
     if os.path.exists(path):
         try:
@@ -530,27 +468,23 @@ def start_progress(out_dir, request):
         )
         for name in ('tokenizer.json', 'files.json'):
             remove_quietly(os.path.join(out_dir, name))
-    state = dict(request=request, shards=0, file=0, row=0, skip=0, documents=0, text_bytes=0)
-    state['max_token_id'] = -1
+    state = dict(request=request, **START)
     save_json(path, state)
     return state
 
 
 # --------------------------------------------------------------------------------------------------
-# Source 1: pystdlib, the embedded default. The .py files of the running Python's standard library:
-# about 30 MB of real text on every machine, no download. Installed third-party packages
-# (site-packages, dist-packages) are left out because they differ between machines; the stdlib's own
-# test suite stays in (it is real Python too, and a third of the text). Split by file with a hash of
-# the relative path, so a file's side never changes when other files come and go; about 5% of the
-# files go to val.
+# Source 1: pystdlib, the running Python's standard library: ~30 MB of real text on every machine,
+# no download. Installed packages (site-packages, dist-packages) differ between machines and are
+# left out; the stdlib's own tests (a third of the text) stay. A hash of the file's path sends ~5%
+# of the files to val, so a file's side never changes when others come and go.
 
 PYSTDLIB_VAL_PERCENT = 5
 
 
 def pystdlib_files(max_files=0):
-    """(relative path, text) of the stdlib's .py files, sorted; `max_files` > 0 keeps an evenly
-    spread subset (used by the tests). Files that are not valid UTF-8 (a few deliberate test cases)
-    are skipped."""
+    """(relative path, text) of the stdlib's .py files, sorted; `max_files` > 0: an evenly spread
+    subset (the tests'). Files that are not UTF-8 (a few deliberate test cases) are skipped."""
     root = sysconfig.get_paths()['stdlib']
     paths = sorted(glob.glob(os.path.join(glob.escape(root), '**', '*.py'), recursive=True))
     third_party = {'site-packages', 'dist-packages'}
@@ -560,9 +494,8 @@ def pystdlib_files(max_files=0):
     sources = []
     for path in paths:
         with open(path, 'rb') as f, contextlib.suppress(UnicodeDecodeError):
-            sources.append(
-                (os.path.relpath(path, root).replace(os.sep, '/'), f.read().decode('utf-8'))
-            )
+            name = os.path.relpath(path, root).replace(os.sep, '/')
+            sources.append((name, f.read().decode('utf-8')))
     if not sources:
         raise DataError(
             f"no .py files found under {root}: this Python has no standard library sources; "
@@ -572,28 +505,22 @@ def pystdlib_files(max_files=0):
 
 
 def prepare_pystdlib(
-    out_dir='data/pystdlib',
-    tokenizer='bpe:8192',
-    workers=0,
-    shard_tokens=10**8,
-    max_files=0,
-    special=True,
+    out_dir, tokenizer='bpe:8192', workers=0, shard_tokens=100_000_000, max_files=0, special=True
 ):
-    """Build (or find complete) the pystdlib data folder; returns its meta dict."""
+    """Build (or find complete) the pystdlib data folder; returns its meta."""
     request = {'source': 'pystdlib', 'tokenizer': tokenizer, 'shard_tokens': shard_tokens}
     request.update(max_files=max_files, special_tokens=special)
     parse_tokenizer(tokenizer)  # a bad name is one line before anything is written
     return build(out_dir, request, lambda state: tokenize_pystdlib(out_dir, request, workers))
 
 
-def tokenize_pystdlib(out_dir, request, workers):
+def tokenize_pystdlib(out_dir, request, workers, batch_docs=64):
     started, version = time.time(), sys.version.split()[0]
     sources = pystdlib_files(request['max_files'])
     texts = {'val': [], 'train': []}
     for path, text in sources:
-        texts['val' if zlib.crc32(path.encode()) % 100 < PYSTDLIB_VAL_PERCENT else 'train'].append(
-            text
-        )
+        split = 'val' if zlib.crc32(path.encode()) % 100 < PYSTDLIB_VAL_PERCENT else 'train'
+        texts[split].append(text)
     if not texts['val'] or not texts['train']:
         raise DataError(
             f"{len(sources)} stdlib files leave one split empty: use more files (--max-files)"
@@ -603,15 +530,17 @@ def tokenize_pystdlib(out_dir, request, workers):
         f"{sysconfig.get_paths()['stdlib']} (Python {version})"
     )
     # the BPE learns from train files: val stays unseen
-    make_tokenizer(
-        out_dir, request['tokenizer'], lambda: texts['train'], None, request['special_tokens']
-    )
+    train = texts['train']
+    make_tokenizer(out_dir, request['tokenizer'], lambda: train, None, request['special_tokens'])
     counts, written = dict(documents=len(sources), text_bytes=0, max_token_id=-1), []
     workers, shard_tokens = workers or default_workers(), request['shard_tokens']
     with worker_pool(workers, out_dir) as pool:
         for split in ('val', 'train'):
-            tokens, text_bytes = tokenize_all(pool, texts[split], 4 * workers)
-            counts['text_bytes'] += text_bytes
+            docs, starts = texts[split], range(0, len(texts[split]), batch_docs)
+            batches = ((0, i, *pack_texts(docs[i : i + batch_docs])) for i in starts)
+            results = list(pooled(pool, tokenize_batch, batches, 4 * workers))
+            tokens = np.concatenate([result[2] for result in results])
+            counts['text_bytes'] += int(sum(result[4].sum() for result in results))
             counts[f'{split}_tokens'], counts[f'{split}_shards'] = len(tokens), 0
             for start in range(0, len(tokens), shard_tokens):
                 written.append(shard_path(out_dir, 'pystdlib', split, len(written)))
@@ -623,33 +552,24 @@ def tokenize_pystdlib(out_dir, request, workers):
     return 'pystdlib', f"python {version}", counts
 
 
-def tokenize_all(pool, texts, in_flight, batch_docs=64):
-    """The tokens of a list of documents, back to back, and their UTF-8 bytes."""
-    starts = range(0, len(texts), batch_docs)
-    batches = ((0, i, *pack_texts(texts[i : i + batch_docs])) for i in starts)
-    results = list(pooled(pool, tokenize_batch, batches, in_flight))
-    return np.concatenate([r[2] for r in results]), int(sum(r[4].sum() for r in results))
-
-
 # --------------------------------------------------------------------------------------------------
-# Streams: sources too big for memory (fineweb_edu, hub, files) are read one batch of documents at a
-# time, in a fixed order (file by file, row by row), and cut into shards at fixed stream offsets:
-# the val shard holds stream tokens [0, V), train shard k >= 1 holds [V + (k-1)S, V + kS). The cuts
-# depend only on the documents and the tokenizer, so after each full shard we record where the next
-# one starts (file, row, tokens of that document already written) in progress.json; a rerun skips
-# the finished shards' documents without reading them (whole files, then whole parquet row groups)
-# and carries on, writing exactly the same shards.
+# Streams: the sources too big for memory (files, fineweb_edu, hub) are read a batch at a time, file
+# by file, row by row, and cut into shards at fixed stream offsets: val holds stream tokens [0, V),
+# train shard k >= 1 [V + (k-1)S, V + kS). The cuts depend only on the documents and the tokenizer,
+# so progress.json records after each full shard where the next one starts (file, row, tokens of
+# that document already written); a rerun skips the finished shards' documents unread (whole files,
+# whole parquet row groups) and carries on, writing exactly the same shards.
+
+TEXT_TYPES = ('string', 'large_string', 'string_view')  # pyarrow.types.is_*: a text column's
 
 
 def parquet_batches(path, start_row=0, batch_docs=1024, column='text'):
     """Yield (first row, data, offsets) batches of a parquet file's text `column` from `start_row`
-    on, in the batch layout above: the UTF-8 bytes (a memoryview of Arrow's buffer, not copied) and
-    int64 offsets. No Python object per document, and only the row groups from `start_row` on are
-    read. Record batches of `batch_docs` rows (pyarrow's iter_batches, one thread) hold one batch of
-    decoded text at a time, not a row group, and cost less CPU: on `prepare.py bench`'s 126 MB row
-    group 0.16 s against 0.6-0.9 s for read_row_group with pyarrow's thread pool, CPU taken from the
-    tokenizing workers. A file pyarrow cannot read (truncated, damaged, not parquet) is one
-    DataError naming it."""
+    on: Arrow's UTF-8 buffer (a memoryview, not copied) and int64 offsets, only the row groups from
+    `start_row` on read. iter_batches of `batch_docs` rows, one thread, holds a batch of text at a
+    time, not a row group, and costs less CPU: 0.16 s on `prepare.py bench`'s 126 MB row group,
+    against 0.6-0.9 s for read_row_group's thread pool, CPU taken from the tokenizing workers. A
+    file pyarrow cannot read is one DataError naming it."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -664,7 +584,7 @@ def parquet_batches(path, start_row=0, batch_docs=1024, column='text'):
         kind = schema.field(column).type
         if not any(getattr(pa.types, f'is_{t}', lambda _: False)(kind) for t in TEXT_TYPES):
             raise DataError(f"{path}: the '{column}' column holds {kind}, not text: --column")
-        # the row groups that end after start_row are read, from the first row of the first of them
+        # read from the first row group that ends after start_row
         rows = (parquet.metadata.row_group(g).num_rows for g in range(parquet.num_row_groups))
         ends = list(itertools.accumulate(rows))
         first = bisect.bisect_right(ends, start_row)
@@ -695,15 +615,7 @@ def parquet_batches(path, start_row=0, batch_docs=1024, column='text'):
         ) from None
 
 
-TEXT_TYPES = (
-    'string',
-    'large_string',
-    'string_view',
-)  # pyarrow.types.is_...: the column types of text
-
-
 def not_utf8(path, error, where=''):
-    """The DataError for text that does not decode as UTF-8 (a binary file, or another encoding)."""
     return DataError(
         f"{path}{where}: not UTF-8 text (byte {error.object[error.start]:#04x} at byte "
         f"{error.start:,}{' of the line' if where else ''}): convert it to UTF-8 "
@@ -712,9 +624,9 @@ def not_utf8(path, error, where=''):
 
 
 def read_documents(path, start_row=0, column='text'):
-    """Yield (row, text) of one local file from `start_row` on: .parquet (its text `column`), .jsonl
-    (the "text" field of each non-blank line) or .txt (one document). Text that is not UTF-8, or has
-    NUL bytes (a binary file), is one DataError naming the file."""
+    """Yield (row, text) of a local file from `start_row` on: .parquet (its `column`), .jsonl (each
+    non-blank line's "text") or .txt (one document). Text that is not UTF-8, or has NUL bytes (a
+    binary file), is one DataError naming the file."""
     if path.endswith('.parquet'):
         for first_row, joined, offsets in parquet_batches(path, start_row, column=column):
             yield from enumerate(unpack_texts(joined, offsets), first_row)
@@ -755,18 +667,16 @@ def read_documents(path, start_row=0, column='text'):
 
 
 def document_batches(paths, fetch, position, batch_docs, column='text'):
-    """Yield (file index, first row, data, offsets) batches of `batch_docs` documents from
-    `position` = (file, row) on; batches never span two files, and a None comes before each file
-    after the first (pooled's barrier: every batch out is written before the next file is opened, so
-    a run that reaches its target downloads no file the shards do not use). `fetch(i)` returns file
-    i's local path (downloading it if needed). A parquet batch is Arrow's bytes (copied once, to
-    pickle); other files' texts are packed."""
+    """Yield batches of `batch_docs` documents from `position` = (file, row) on, none spanning two
+    files, and a None before each file after the first: pooled's barrier, so a run that reaches its
+    target fetches (downloads) no file the shards do not use. fetch(i): file i's local path."""
     start_file, start_row = position
     for index in range(start_file, len(paths)):
         if index > start_file:
             yield None
         path, first_row = fetch(index), start_row if index == start_file else 0
         if path.endswith('.parquet'):
+            # Arrow's bytes, copied once (to pickle)
             for row, joined, offsets in parquet_batches(path, first_row, batch_docs, column):
                 yield index, row, bytes(joined[offsets[0] : offsets[-1]]), offsets - offsets[0]
             continue
@@ -776,12 +686,10 @@ def document_batches(paths, fetch, position, batch_docs, column='text'):
 
 
 def bpe_sample(documents, val_tokens, sample_chars, tokens=0):
-    """Texts for training the BPE from a stream of documents. The first 8 characters per val token
-    are skipped: the val shard's documents are there (BPE packs ~4-5 characters into a token, so 8
-    is a safe margin), and val text stays unseen by the tokenizer too. Then at most `sample_chars`
-    are taken, and with --tokens at most one per token: a BPE packs more than one character into a
-    token on average, so the sample never reaches text (or downloads a file) that the shards will
-    not use. No text left after the skip is one DataError line."""
+    """The BPE's texts from a stream of documents. The first 8 characters per val token are skipped:
+    the val shard's documents are there (a BPE packs ~4-5 characters into a token), unseen by the
+    tokenizer too. Then at most `sample_chars`, and with --tokens at most one per token, so the
+    sample reads (downloads) no text the shards will not use. No text left is one DataError."""
     skip, limit, seen = 8 * val_tokens, min(sample_chars, tokens) if tokens else sample_chars, 0
 
     def sample():
@@ -813,55 +721,39 @@ def bpe_sample(documents, val_tokens, sample_chars, tokens=0):
 
 
 class Shards:
-    """The token stream of one run cut into shards at the stream offsets above, the last one at the
-    target (--tokens) or where the documents run out; after each full shard, where the next one
-    starts goes into progress.json (`state`) and done_with_files(n) hears that files 0..n-1 are no
-    longer needed, not even by a rerun."""
+    """A run's token stream cut into shards at the offsets above, the last at the target (--tokens)
+    or where the documents end. After each full shard, progress.json (`state`) records where the
+    next one starts, and done_with_files(n) hears that no rerun will read files 0..n-1 again."""
 
-    def __init__(self, out_dir, prefix, state, val_tokens, shard_tokens, target, done_with_files):
-        self.out_dir, self.prefix, self.state, self.done_with_files = (
-            out_dir,
-            prefix,
-            state,
-            done_with_files,
-        )
-        self.val_tokens, self.shard_tokens, self.target = val_tokens, shard_tokens, target
-        self.shard = state['shards']
+    def __init__(self, job, prefix, state, done_with_files):
+        self.job, self.prefix, self.state = job, prefix, state
+        self.done_with_files = done_with_files
+        self.target, self.shard = job.tokens or float('inf'), state['shards']
         # the stream offset of the first buffered token
         self.offset = self.end_of(self.shard - 1) if self.shard else 0
-        if self.offset >= target:  # a smaller --tokens than a finished run's: start over
+        if self.offset >= self.target:  # a smaller --tokens than a finished run's: start over
             self.offset = self.shard = 0
-            state.update(
-                shards=0, file=0, row=0, skip=0, documents=0, text_bytes=0, max_token_id=-1
-            )
+            state.update(START)
         self.written = [self.path(i) for i in range(self.shard)]
-        if (
-            'max_token_id' not in state
-        ):  # progress.json of an older prepare.py: read its shards once
-            largest = [int(data.open_shard(p).max()) for p in self.written]
+        if 'max_token_id' not in state:  # progress.json of an older prepare.py: read its shards
+            largest = (int(data.open_shard(p).max()) for p in self.written)
             state['max_token_id'] = max(largest, default=-1)
         self.buffer, self.buffered, self.skip = [], 0, state['skip']
         self.documents, self.text_bytes = state['documents'], state['text_bytes']
         self.largest = state['max_token_id']
 
     def end_of(self, index):
-        return self.val_tokens + index * self.shard_tokens
+        return self.job.val_tokens + index * self.job.shard_tokens
 
     def path(self, index):
-        return shard_path(self.out_dir, self.prefix, 'val' if index == 0 else 'train', index)
+        return shard_path(self.job.out_dir, self.prefix, 'val' if index == 0 else 'train', index)
 
     def add(self, file_index, first_row, tokens, doc_tokens, doc_bytes):
-        """Buffer a tokenized batch and write the shards it completes; returns whether the target is
-        reached."""
+        """Buffer a tokenized batch and write the shards it completes; True once at the target."""
         counted = np.ones(len(doc_tokens), dtype=np.int64)
         if self.skip:  # the first document was partly written before the stop: drop those tokens
-            tokens, doc_tokens[0], counted[0], doc_bytes[0] = (
-                tokens[self.skip :],
-                doc_tokens[0] - self.skip,
-                0,
-                0,
-            )
-            self.skip = 0
+            tokens, doc_tokens[0] = tokens[self.skip :], doc_tokens[0] - self.skip
+            counted[0] = doc_bytes[0] = self.skip = 0
         # where each document starts in the stream
         starts = self.offset + self.buffered + np.cumsum(doc_tokens) - doc_tokens
         self.buffer.append(tokens)
@@ -869,16 +761,17 @@ class Shards:
         while self.offset + self.buffered >= min(self.end_of(self.shard), self.target):
             end = min(self.end_of(self.shard), self.target)
             self.write(end)
-            # documents begun before `end`, and the one holding stream token `end`
+            # the documents begun before `end`, and the one holding stream token `end`
             before = np.searchsorted(starts, end, side='left')
             inside = np.searchsorted(starts, end, side='right') - 1
             documents = self.documents + int(counted[:before].sum())
             text_bytes = self.text_bytes + int((doc_bytes * counted)[:before].sum())
-            if end == self.end_of(self.shard - 1):
-                self.state.update(shards=self.shard, file=file_index, row=first_row + int(inside))
-                self.state.update(skip=int(end - starts[inside]), documents=documents)
-                self.state.update(text_bytes=text_bytes, max_token_id=self.largest)
-                save_json(os.path.join(self.out_dir, 'progress.json'), self.state)
+            if end == self.end_of(self.shard - 1):  # a full shard
+                row, skip = first_row + int(inside), int(end - starts[inside])
+                self.state.update(shards=self.shard, file=file_index, row=row, skip=skip)
+                self.state.update(documents=documents, text_bytes=text_bytes)
+                self.state['max_token_id'] = self.largest
+                save_json(os.path.join(self.job.out_dir, 'progress.json'), self.state)
                 if self.done_with_files:
                     self.done_with_files(file_index)
             if end == self.target:
@@ -890,136 +783,100 @@ class Shards:
 
     def write(self, end):
         """Stream tokens [offset, end) as the next shard."""
-        joined = np.concatenate(self.buffer)
+        joined, cut = np.concatenate(self.buffer), end - self.offset
         self.written.append(self.path(self.shard))
-        largest = data.write_shard(self.written[-1], joined[: end - self.offset])
-        self.largest = max(self.largest, largest)
-        self.buffer, self.buffered = (
-            [joined[end - self.offset :]],
-            self.offset + self.buffered - end,
-        )
+        self.largest = max(self.largest, data.write_shard(self.written[-1], joined[:cut]))
+        self.buffer, self.buffered = [joined[cut:]], self.buffered - cut
         self.offset, self.shard = end, self.shard + 1
 
     def finish(self):
-        """The last (shorter) shard where the documents ran out before the target; meta.json's
-        counts."""
+        """The last (shorter) shard if the documents ended before the target; meta.json's counts."""
+        val_tokens = self.job.val_tokens
         if self.buffered and self.offset < self.target:
             if self.shard == 0:
                 raise DataError(
-                    f"only {self.buffered:,} tokens in all, fewer than the {self.val_tokens:,} of "
-                    "the val shard: lower --val-tokens"
+                    f"only {self.buffered:,} tokens in all, fewer than the {val_tokens:,} of the "
+                    "val shard: lower --val-tokens"
                 )
             self.write(self.offset + self.buffered)
         if self.shard < 2:
             raise DataError(f"all {self.offset:,} tokens went to the val shard: lower --val-tokens")
-        remove_shards(self.out_dir, self.prefix, keep=self.written)
+        remove_shards(self.job.out_dir, self.prefix, keep=self.written)
         counts = dict(documents=self.documents, text_bytes=self.text_bytes)
-        counts.update(
-            val_tokens=min(self.val_tokens, self.offset), train_tokens=self.offset - self.val_tokens
-        )
-        return dict(counts, val_shards=1, train_shards=self.shard - 1, max_token_id=self.largest)
+        counts.update(val_tokens=min(val_tokens, self.offset), val_shards=1)
+        counts.update(train_tokens=self.offset - val_tokens, train_shards=self.shard - 1)
+        return dict(counts, max_token_id=self.largest)
 
 
 @dataclasses.dataclass
 class Job:
-    """What a run of a streamed source (files, fineweb_edu, hub) is asked for: the command line's
-    options."""
+    """A run of a streamed source (files, fineweb_edu, hub): the command line's options."""
 
     out_dir: str
     tokenizer: str
-    workers: int = 0  # 0: a worker per core
+    workers: int = 0
     shard_tokens: int = 100_000_000
-    val_tokens: int = 0  # 0: default_val_tokens
+    val_tokens: int = 0
     tokens: int = 0  # 0: every document
     bpe_sample_chars: int = 1_000_000_000
-    special: bool = True  # the SPECIAL_TOKENS reserved
-    revision: str = 'main'  # the Hub dataset's
+    special: bool = True
+    revision: str = 'main'
     keep_downloads: bool = False
     network: Network = None
 
-    def request(self, head):
-        """What progress.json and meta.json record the folder is made for (meta.json adds
-        --tokens)."""
-        return dict(
-            head,
-            tokenizer=self.tokenizer,
-            shard_tokens=self.shard_tokens,
-            val_tokens=self.val_tokens,
-            special_tokens=self.special,
-        )
+    def request(self, head, expected_tokens):
+        """The request the folder is made for (meta.json's adds --tokens). --val-tokens defaults to
+        ~10% of the tokens expected (0: unknown, many), at most a shard (llm.c's first shard is
+        val): most of the text is left to the BPE sample, which skips 8 characters per val token."""
+        parse_tokenizer(self.tokenizer)  # a bad name is one line before anything is written
+        default = max(1, min(self.shard_tokens, expected_tokens // 10))
+        self.val_tokens = self.val_tokens or (default if expected_tokens else self.shard_tokens)
+        settings = dict(tokenizer=self.tokenizer, shard_tokens=self.shard_tokens)
+        return dict(head, **settings, val_tokens=self.val_tokens, special_tokens=self.special)
 
+    def tokenize(self, request, state, paths, fetch, done_with_files=None, column='text'):
+        """The work from `state` on: the tokenizer (a BPE learns from the text after the val
+        shard's), then the shards; returns meta.json's counts. fetch(i): file i's local path."""
+        prefix, workers = request['source'], self.workers or default_workers()
 
-def tokenize_files(job, request, state, listing, column='text', batch_docs=256):
-    """A streamed source's work, from `state` (start_progress) on: the tokenizer (a BPE learns from
-    the documents after the val shard's), then the shards. `listing`: the files' paths, fetch(i) ->
-    file i's local path, done_with(n) (Shards), source and revision. Returns build's (source,
-    revision, counts)."""
-    val_tokens, paths, workers = job.val_tokens, listing.paths, job.workers or default_workers()
+        def bpe_texts():
+            per_file = (read_documents(fetch(i), column=column) for i in range(len(paths)))
+            documents = (text for rows in per_file for _, text in rows)
+            return bpe_sample(documents, self.val_tokens, self.bpe_sample_chars, self.tokens)
 
-    def bpe_texts():
-        documents = (
-            text
-            for i in range(len(paths))
-            for _, text in read_documents(listing.fetch(i), column=column)
-        )
-        return bpe_sample(documents, val_tokens, job.bpe_sample_chars, job.tokens)
-
-    make_tokenizer(job.out_dir, job.tokenizer, bpe_texts, job.network, job.special)
-    target = job.tokens or float('inf')
-    shards = Shards(
-        job.out_dir,
-        request['source'],
-        state,
-        val_tokens,
-        job.shard_tokens,
-        target,
-        listing.done_with,
-    )
-    if shards.shard:
-        say(
-            f"{request['source']}: carrying on after {shards.shard} complete shards "
-            f"({shards.offset:,} tokens)"
-        )
-    started, first = time.time(), shards.offset
-    batches = document_batches(
-        paths, listing.fetch, (state['file'], state['row']), batch_docs, column
-    )
-    with (
-        worker_pool(workers, job.out_dir) as pool,
-        Progress(request['source'], job.tokens or None, initial=first) as progress,
-    ):
-        for result in pooled(pool, tokenize_batch, batches, 4 * workers):
-            progress.update(min(len(result[2]) - shards.skip, target - progress.n))
-            if shards.add(*result):
-                break
-    counts = shards.finish()
-    if listing.done_with:
-        listing.done_with(len(paths))
-    tokens, elapsed = shards.offset - first, time.time() - started
-    say(
-        f"{request['source']}: {tokens:,} tokens in {elapsed:.1f} s "
-        f"({tokens / max(elapsed, 1e-9) / 1e6:.2f}M tokens/s)"
-    )
-    return listing.source, listing.revision, counts
-
-
-def default_val_tokens(shard_tokens, expected_tokens):
-    """The val shard when --val-tokens is not given: ~10% of the tokens expected (0: unknown, many),
-    at most one shard (llm.c's convention for a large dataset: the first shard is val). 10% leaves
-    the BPE sample, which skips 8 characters per val token, most of the text."""
-    return max(1, min(shard_tokens, expected_tokens // 10)) if expected_tokens else shard_tokens
+        make_tokenizer(self.out_dir, self.tokenizer, bpe_texts, self.network, self.special)
+        shards, started = Shards(self, prefix, state, done_with_files), time.time()
+        first = shards.offset
+        if first:
+            say(f"{prefix}: carrying on after {shards.shard} complete shards ({first:,} tokens)")
+        batches = document_batches(paths, fetch, (state['file'], state['row']), 256, column)
+        with (
+            worker_pool(workers, self.out_dir) as pool,
+            Progress(prefix, self.tokens or None, initial=first) as progress,
+        ):
+            for result in pooled(pool, tokenize_batch, batches, 4 * workers):
+                progress.update(min(len(result[2]) - shards.skip, shards.target - progress.n))
+                if shards.add(*result):
+                    break
+        counts = shards.finish()
+        if done_with_files:
+            done_with_files(len(paths))
+        tokens, elapsed = shards.offset - first, time.time() - started
+        rate = tokens / max(elapsed, 1e-9) / 1e6
+        say(f"{prefix}: {tokens:,} tokens in {elapsed:.1f} s ({rate:.2f}M tokens/s)")
+        return counts
 
 
 # --------------------------------------------------------------------------------------------------
-# Source 2: files, your own text: .txt (a file is one document), .jsonl (a "text" field per line) or
-# .parquet (a "text" column), in the order given.
+# Source 2: files, your own text: .txt (one document), .jsonl (a "text" field per line) or .parquet
+# (a "text" column), in the order given.
 
 FILE_TYPES = ('.txt', '.jsonl', '.parquet')
 
 
-def prepare_files(paths, out_dir='data/files', tokenizer='bpe:8192', **options):
-    """Build (or carry on, or find complete) a data folder from local files; returns its meta dict.
-    options: Job's."""
+def prepare_files(paths, out_dir, tokenizer='bpe:8192', **options):
+    """Build (or carry on, or find complete) a folder of local files; returns its meta. options:
+    Job's."""
     for path in paths:
         if os.path.isdir(path):
             raise DataError(
@@ -1035,32 +892,25 @@ def prepare_files(paths, out_dir='data/files', tokenizer='bpe:8192', **options):
     input_bytes = sum(os.path.getsize(p) for p in paths)
     if not input_bytes:
         raise DataError(f"the input is empty ({', '.join(paths)}: 0 bytes): give files with text")
-    parse_tokenizer(tokenizer)
     job = Job(out_dir, tokenizer, **options)
     # ~4 bytes of file per token: text and jsonl ~4-5, parquet ~3-4 compressed
-    job.val_tokens = job.val_tokens or default_val_tokens(
-        job.shard_tokens, job.tokens or input_bytes // 4
-    )
-    request = job.request({'source': 'files', 'paths': paths})
-    listing = types.SimpleNamespace(
-        paths=paths, fetch=paths.__getitem__, done_with=None, source='files', revision=None
-    )
-    return build(
-        out_dir, request, lambda state: tokenize_files(job, request, state, listing), job.tokens
-    )
+    request = job.request({'source': 'files', 'paths': paths}, job.tokens or input_bytes // 4)
+
+    def make(state):
+        return 'files', None, job.tokenize(request, state, paths, paths.__getitem__)
+
+    return build(out_dir, request, make, job.tokens)
 
 
 # --------------------------------------------------------------------------------------------------
-# Sources 3 and 4: fineweb_edu and hub, parquet files over plain HTTP from the Hub (downloads.py:
-# resumable, every file checked against the listing's sha256). The revision ("main" by default) is
-# resolved to its commit once and pinned, with every file's size and sha256, in files.json (the
-# manifest), so a rerun weeks later reads the same files. fineweb_edu is a FineWeb-Edu sample
-# (HuggingFaceFW/fineweb-edu, folder sample/10BT, sample/100BT or sample/350BT); hub any parquet
-# dataset (FineMath, a StarCoder-style code set, Cosmopedia, ...): --config names the subset, the
-# folder of the repo its parquet files are in, as the Hub's datasets lay their configs out
-# (HuggingFaceTB/finemath: finemath-3plus; HuggingFaceTB/cosmopedia: data/stories); --column the
-# text column; --split keeps the files whose names start with it (train-00000-of-00064.parquet). A
-# gated dataset is one line saying how to pass HF_TOKEN (downloads.Hub).
+# Sources 3 and 4: parquet files from the Hub over plain HTTP (downloads.py: resumable, each checked
+# against the listing's sha256). The revision is resolved to its commit once and pinned in
+# files.json with every file's size and sha256, so a rerun weeks later reads the same files.
+# fineweb_edu: a FineWeb-Edu sample (folder sample/10BT, 100BT or 350BT). hub: any parquet dataset
+# (FineMath, Cosmopedia, a code set, ...); --config names its subset, the repo folder its parquet
+# files are in (HuggingFaceTB/finemath: finemath-3plus; HuggingFaceTB/cosmopedia: data/stories),
+# --column the text column, --split the files named so (train-00000-of-00064.parquet). A gated
+# dataset is one line saying how to pass HF_TOKEN (downloads.Hub).
 
 FINEWEB_EDU = 'HuggingFaceFW/fineweb-edu'
 # FineWeb-Edu parquet per GPT-2 token, low and high: the book's ~3-4 (ledger.py's)
@@ -1070,42 +920,31 @@ PARQUET_BYTES_PER_TOKEN = (3, 4)
 def disk_plan(
     out_dir, listed, paths, tokens, shard_tokens, vocab_size, keep_downloads, prefix='fineweb_edu'
 ):
-    """Print what the run will download and write, and refuse with one line if the free space cannot
-    hold it. With --tokens the files read are those whose sizes add up to 3-4 bytes per token (all
-    of them without); the shards are counted whole (--tokens, or the listing at 3 bytes per token);
-    the parquet as what is on disk at once: all of it with --keep-downloads, else about a shard's
-    worth plus two files, since a file is deleted once every shard that holds its tokens is written.
-    The check counts the high end of each range."""
+    """Say what the run will download and write; one line refuses it if the free space cannot hold
+    the high end. The files read: those whose sizes add up to 3-4 bytes per token (all without
+    --tokens). The shards, whole (the listing at 3 bytes per token without --tokens). The parquet on
+    disk at once: all of it with --keep-downloads, else a shard's worth plus two files (a file goes
+    once every shard holding its tokens is written)."""
     sizes = [f['size'] for f in listed]
-    totals = list(itertools.accumulate(sizes))  # bytes of files 0..i
-    low, high = (
-        min(len(sizes), bisect.bisect_left(totals, tokens * b) + 1) if tokens else len(sizes)
-        for b in PARQUET_BYTES_PER_TOKEN
-    )
+    totals = list(itertools.accumulate(sizes))  # the bytes of files 0..i
+    reach = [bisect.bisect_left(totals, tokens * b) + 1 for b in PARQUET_BYTES_PER_TOKEN]
+    low, high = (min(n, len(sizes)) if tokens else len(sizes) for n in reach)
     here = sum(size_of(p) + size_of(p + '.partial') for p in paths)
-    planned_tokens = tokens or totals[-1] // PARQUET_BYTES_PER_TOKEN[0]
+    planned = tokens or totals[-1] // PARQUET_BYTES_PER_TOKEN[0]
     token_bytes = sums.token_bytes(vocab_size)
-    shard_bytes = planned_tokens * token_bytes + data.HEADER_BYTES * (
-        planned_tokens // shard_tokens + 2
-    )
-    shards_here = sum(
-        size_of(p) for p in glob.glob(os.path.join(glob.escape(out_dir), f'{prefix}_*.bin'))
-    )
+    shard_bytes = planned * token_bytes + data.HEADER_BYTES * (planned // shard_tokens + 2)
+    shards_here = glob.glob(os.path.join(glob.escape(out_dir), f'{prefix}_*.bin'))
     at_once = totals[high - 1]
     if not keep_downloads:
         at_once = min(at_once, shard_tokens * PARQUET_BYTES_PER_TOKEN[1] + 2 * max(sizes[:high]))
-    more = max(0, shard_bytes - shards_here) + max(0, at_once - here)
-    free = free_bytes(out_dir)
-    counts = sorted({low, high})
-    to_fetch = ' to '.join(human_bytes(max(0, totals[n - 1] - here)) for n in counts)
-    kept = (
-        'kept (--keep-downloads)'
-        if keep_downloads
-        else 'each deleted once tokenized (--keep-downloads keeps them)'
-    )
+    more = max(0, shard_bytes - sum(map(size_of, shards_here))) + max(0, at_once - here)
+    free, reads = free_bytes(out_dir), sorted({low, high})
+    fetched = ' to '.join(human_bytes(max(0, totals[n - 1] - here)) for n in reads)
+    kept = 'each deleted once tokenized (--keep-downloads keeps them)'
+    kept = 'kept (--keep-downloads)' if keep_downloads else kept
     say(
-        f"plan: {' to '.join(map(str, counts))} of {len(sizes)} parquet files, {to_fetch} to "
-        f"download, {kept}; ~{human_bytes(shard_bytes)} of shards ({planned_tokens:,} tokens x "
+        f"plan: {' to '.join(map(str, reads))} of {len(sizes)} parquet files, {fetched} to "
+        f"download, {kept}; ~{human_bytes(shard_bytes)} of shards ({planned:,} tokens x "
         f"{token_bytes} bytes); at most ~{human_bytes(more)} more on disk, {human_bytes(free)} "
         f"free in {out_dir}"
     )
@@ -1118,52 +957,45 @@ def disk_plan(
         )
 
 
-def check_val_tokens(val_tokens, tokens, listed):
-    """An impossible --val-tokens, refused from the listing before anything is downloaded: with
-    --tokens, a val shard that leaves the train split nothing; without, one larger than the files
-    could hold even at one token per byte of parquet (FineWeb-Edu's is ~0.3: text compresses 2-4x
-    there, and a byte-level BPE token is at least a byte)."""
-    parquet = sum(f['size'] for f in listed)
-    if tokens and val_tokens >= tokens:
-        raise DataError(
-            f"--val-tokens {val_tokens:,} is all of --tokens {tokens:,}: nothing would be left to "
-            "train on; lower --val-tokens (the default is 10% of --tokens)"
-        )
-    low, high = (parquet // b for b in reversed(PARQUET_BYTES_PER_TOKEN))
-    if not tokens and val_tokens > parquet:
-        raise DataError(
-            f"--val-tokens {val_tokens:,} is more than the {len(listed)} listed files can hold "
-            f"({human_bytes(parquet)} of parquet, ~{low:,}-{high:,} GPT-2 tokens): lower "
-            "--val-tokens"
-        )
-
-
 class HubFiles:
-    """The parquet files of `folder` in a dataset repo (those named `split`* where split is given),
-    listed and pinned in files.json, and each downloaded into the folder's downloads/ when first
-    needed (by the BPE sample or the shards) and verified, once a run."""
+    """The parquet files of `folder` in a dataset repo (those named `split`*), pinned in files.json
+    and each downloaded into downloads/ when first needed (by the BPE sample or the shards), and
+    verified, once a run."""
 
-    def __init__(self, job, prefix, repo, folder, split, source):
+    def __init__(self, job, prefix, repo, folder, split):
         self.job, self.prefix, self.repo, self.folder, self.split = job, prefix, repo, folder, split
-        self.hub, self.source, self.verified, self.relisted = Hub(job.network), source, set(), False
+        self.hub, self.verified, self.relisted = Hub(job.network), set(), False
         self.listed, self.revision = self.pin()
         os.makedirs(os.path.join(job.out_dir, 'downloads'), exist_ok=True)
         names = [os.path.basename(f['path']) for f in self.listed]
         self.paths = [os.path.join(job.out_dir, 'downloads', name) for name in names]
+        parquet = sum(f['size'] for f in self.listed)
         say(
             f"{prefix}: {repo}/{folder} at {self.revision} from {self.hub.endpoint}: {len(names)} "
-            f"parquet files, {human_bytes(sum(f['size'] for f in self.listed))}"
+            f"parquet files, {human_bytes(parquet)}"
         )
-        check_val_tokens(job.val_tokens, job.tokens, self.listed)
-        vocab_size = parse_tokenizer(job.tokenizer)
-        plan = (job.tokens, job.shard_tokens, vocab_size, job.keep_downloads, prefix)
-        disk_plan(job.out_dir, self.listed, self.paths, *plan)
+        # an impossible --val-tokens, refused before any download: all of --tokens, or more than
+        # the files hold at one token per byte of parquet (FineWeb-Edu's ~0.3: a token is a byte
+        # or more of text, and parquet compresses text 2-4x)
+        if job.tokens and job.val_tokens >= job.tokens:
+            raise DataError(
+                f"--val-tokens {job.val_tokens:,} is all of --tokens {job.tokens:,}: nothing would "
+                "be left to train on; lower --val-tokens (the default is 10% of --tokens)"
+            )
+        low, high = (parquet // b for b in reversed(PARQUET_BYTES_PER_TOKEN))
+        if not job.tokens and job.val_tokens > parquet:
+            raise DataError(
+                f"--val-tokens {job.val_tokens:,} is more than the {len(names)} listed files can "
+                f"hold ({human_bytes(parquet)} of parquet, ~{low:,}-{high:,} GPT-2 tokens): lower "
+                "--val-tokens"
+            )
+        plan = (job.tokens, job.shard_tokens, parse_tokenizer(job.tokenizer), job.keep_downloads)
+        disk_plan(job.out_dir, self.listed, self.paths, *plan, prefix)
 
     def pin(self, relist=False):
-        """files.json: the commit the revision resolved to, and the size and sha256 of every file,
-        listed on the first run and pinned for the reruns (a manifest from an older prepare.py,
-        without sha256, is listed again at its commit). relist: list the files again at the pinned
-        commit and pin that (a listing that was wrong once). Returns (files, commit)."""
+        """(files, commit) from files.json, or listed at the revision and pinned there (and again at
+        the commit for a files.json of an older prepare.py, without sha256, or with relist: a
+        listing that was wrong once)."""
         path = os.path.join(self.job.out_dir, 'files.json')
         manifest = None
         if os.path.exists(path):
@@ -1190,8 +1022,8 @@ class HubFiles:
         return chosen, sha
 
     def fetch(self, index):
-        """File `index`, downloaded (or found on disk) and verified, once a run. If every download
-        disagrees with files.json, the files are listed again (once a run): files.json may be
+        """File `index`, downloaded (or found) and verified, once a run. When every download
+        disagrees with files.json, the files are listed again, once a run: files.json may be what is
         wrong."""
         listed, path = self.listed[index], self.paths[index]
         if index in self.verified:
@@ -1218,26 +1050,23 @@ class HubFiles:
         return path
 
     def done_with(self, n):
-        """Files 0..n-1 are in finished shards: deleted, unless --keep-downloads."""
         if not self.job.keep_downloads:
             for path in self.paths[:n]:
                 remove_quietly(path)
 
 
-def prepare_fineweb_edu(out_dir='data/fineweb_edu', sample='100BT', **options):
-    """Build (or carry on, or find complete) a FineWeb-Edu data folder; returns its meta dict.
-    options: Job's (tokens, tokenizer, workers, ..., network: a Network, the endpoint, time-outs,
-    retry budget)."""
+def prepare_fineweb_edu(out_dir, sample='100BT', **options):
+    """Build (or carry on, or find complete) a FineWeb-Edu data folder; returns its meta. options:
+    Job's (tokens, tokenizer, workers, ..., network: a Network, the endpoint, time-outs, ...)."""
     if sample not in ('10BT', '100BT', '350BT'):
         raise DataError(f"unknown sample '{sample}': use 10BT, 100BT or 350BT")
-    folder = f'sample/{sample}'
-    head = {'source': 'fineweb_edu', 'sample': sample}
+    head, folder = {'source': 'fineweb_edu', 'sample': sample}, f'sample/{sample}'
     return from_hub(out_dir, head, FINEWEB_EDU, folder, f'fineweb_edu/{folder}', **options)
 
 
-def prepare_hub(repo, out_dir='data/hub', config='', column='text', split='', **options):
-    """Build (or carry on, or find complete) a data folder from a parquet dataset on the Hub;
-    returns its meta. options: Job's."""
+def prepare_hub(repo, out_dir, config='', column='text', split='', **options):
+    """Build (or carry on, or find complete) a data folder of a parquet dataset on the Hub; returns
+    its meta. options: Job's."""
     if repo.count('/') != 1 or not all(repo.split('/')):
         raise DataError(
             f"hub: '{repo}' is not a dataset repo: name it OWNER/NAME (e.g. HuggingFaceTB/finemath)"
@@ -1250,28 +1079,26 @@ def prepare_hub(repo, out_dir='data/hub', config='', column='text', split='', **
 def from_hub(
     out_dir, head, repo, folder, source, column='text', split='', tokenizer='gpt2', **options
 ):
-    """fineweb_edu's and hub's body: the parquet files of `folder` in a dataset repo (those named
-    `split`*) -> the tokenizer -> shards named head['source']; meta.json's source is `source`, its
-    request `head` (what names the source) and the options."""
-    parse_tokenizer(tokenizer)
-    job = Job(out_dir, tokenizer, **options)
-    job.val_tokens = job.val_tokens or default_val_tokens(job.shard_tokens, job.tokens)
-    request = job.request(dict(head, revision=job.revision))
-    prefix = head['source']
+    """fineweb_edu's and hub's work: shards named head['source'] of the files of `folder` in `repo`;
+    meta.json's source is `source`, its request `head` (what names the source) and the options."""
+    job, prefix = Job(out_dir, tokenizer, **options), head['source']
+    request = job.request(dict(head, revision=job.revision), job.tokens)
 
     def make(state):
-        listing = HubFiles(job, prefix, repo, folder, split, source)
-        return tokenize_files(job, request, state, listing, column)
+        listing = HubFiles(job, prefix, repo, folder, split)
+        counts = job.tokenize(
+            request, state, listing.paths, listing.fetch, listing.done_with, column
+        )
+        return source, listing.revision, counts
 
     return build(out_dir, request, make, job.tokens)
 
 
 # --------------------------------------------------------------------------------------------------
-# Benchmark (not a test): tokens/s of the whole pipeline (read parquet -> pool -> shards ->
-# meta.json) against raw tiktoken (the same encode_to_numpy calls in the same number of processes,
-# text already in memory, nothing written), on the same text with the same tokenizer.
-# Offline-friendly: the text is the stdlib sources repeated into a parquet file, the tokenizer our
-# bpe:8192 (or gpt2 where tiktoken has its files).
+# Benchmark (not a test): tokens/s of the whole pipeline (parquet -> pool -> shards -> meta.json)
+# against raw tiktoken (the same encode_to_numpy calls in as many processes, the text in memory,
+# nothing written), on the same text and tokenizer: the stdlib sources repeated into a parquet
+# file, our bpe:8192 (or gpt2 where tiktoken has its files). Offline.
 
 
 def count_tokens(texts):
@@ -1279,14 +1106,12 @@ def count_tokens(texts):
 
 
 def timed(run):
-    """(tokens, tokens/s, CPU seconds) of run(), which returns a token count. The CPU time is this
-    process's and its finished children's (the pool's workers, once joined)."""
+    """(tokens, tokens/s, CPU seconds) of run(), which returns a token count. CPU: this process's
+    and its finished children's (the pool's workers, once joined)."""
     import resource
 
     def cpu_seconds():
-        usages = [
-            resource.getrusage(who) for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)
-        ]
+        usages = map(resource.getrusage, (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN))
         return sum(usage.ru_utime + usage.ru_stime for usage in usages)
 
     started, cpu = time.time(), cpu_seconds()
@@ -1295,9 +1120,9 @@ def timed(run):
 
 
 def bench(workers=0, megabytes=100, tokenizer='bpe:8192', rounds=3):
-    """Alternate raw and pipeline runs `rounds` times and keep the best of each, so a busy machine
-    hurts both sides alike. CPU seconds per token are measured too: unlike wall time, they do not
-    depend on what else the machine runs. Returns (raw, pipeline) tokens/s."""
+    """Raw and pipeline runs alternate `rounds` times, the best of each kept, so a busy machine
+    hurts both alike; CPU time per token, unlike wall time, does not depend on what else runs.
+    Returns (raw, pipeline) tokens/s."""
     import shutil
     import tempfile
 
@@ -1308,10 +1133,9 @@ def bench(workers=0, megabytes=100, tokenizer='bpe:8192', rounds=3):
     workers = workers or default_workers()
     with tempfile.TemporaryDirectory() as tmp:
         stdlib = [text for _, text in pystdlib_files()]
-        copies = math.ceil(megabytes * 1e6 / sum(len(t.encode('utf-8')) for t in stdlib))
-        texts = stdlib * copies
-        size = copies * sum(len(t.encode('utf-8')) for t in stdlib)
-        parquet, out = os.path.join(tmp, 'bench.parquet'), os.path.join(tmp, 'pipeline')
+        stdlib_bytes = sum(len(text.encode('utf-8')) for text in stdlib)
+        copies = math.ceil(megabytes * 1e6 / stdlib_bytes)
+        texts, parquet, out = stdlib * copies, f'{tmp}/bench.parquet', f'{tmp}/pipeline'
         pq.write_table(pa.table({'text': texts}), parquet, row_group_size=10_000)
         if tokenizer == 'gpt2':
             make_gpt2_tokenizer(tmp)
@@ -1323,35 +1147,33 @@ def bench(workers=0, megabytes=100, tokenizer='bpe:8192', rounds=3):
             with worker_pool(workers, tmp) as pool:
                 return sum(pooled(pool, count_tokens, batches, 4 * workers))
 
-        def pipeline():
+        def pipeline():  # with the same tokenizer, not trained again
             shutil.rmtree(out, ignore_errors=True)
             os.makedirs(out)
-            # the same tokenizer, not trained again
-            shutil.copy(os.path.join(tmp, 'tokenizer.json'), out)
+            shutil.copy(f'{tmp}/tokenizer.json', out)
             meta = prepare_files([parquet], out, tokenizer, workers=workers)
             return meta['train_tokens'] + meta['val_tokens']
 
-        sides = {
-            'raw tiktoken': [],
-            'pipeline    ': [],
-        }  # (tokens, tokens/s, CPU seconds) per round
+        # (tokens, tokens/s, CPU seconds) of each round
+        sides = {'raw tiktoken': [], 'pipeline    ': []}
         for _ in range(rounds):
-            for name, run in zip(sides, (raw, pipeline)):
-                sides[name].append(timed(run))
+            for runs, run in zip(sides.values(), (raw, pipeline)):
+                runs.append(timed(run))
     print(
-        f"bench: {size / 1e6:.0f} MB of text (the stdlib sources repeated), {len(texts):,} "
-        f"documents, {tokenizer}, {workers} workers, best of {rounds} alternating rounds; tiktoken "
-        f"{tiktoken.__version__}, Python {sys.version.split()[0]}, {os.cpu_count()} CPUs"
+        f"bench: {copies * stdlib_bytes / 1e6:.0f} MB of text (the stdlib sources repeated), "
+        f"{len(texts):,} documents, {tokenizer}, {workers} workers, best of {rounds} alternating "
+        f"rounds; tiktoken {tiktoken.__version__}, Python {sys.version.split()[0]}, "
+        f"{os.cpu_count()} CPUs"
     )
-    best = {}  # name: (tokens/s, CPU seconds per token)
+    best = []  # (tokens/s, CPU seconds per token) of each side
     for name, runs in sides.items():
-        best[name] = max(r for _, r, _ in runs), min(c for _, _, c in runs) / runs[0][0]
+        best.append((max(r for _, r, _ in runs), min(c for _, _, c in runs) / runs[0][0]))
         print(
-            f"bench: {name} {runs[0][0]:,} tokens, {best[name][0] / 1e6:.2f}M tokens/s (rounds: "
-            f"{', '.join(f'{r / 1e6:.2f}' for _, r, _ in runs)}), {best[name][1] * 1e9:.0f} CPU "
+            f"bench: {name} {runs[0][0]:,} tokens, {best[-1][0] / 1e6:.2f}M tokens/s (rounds: "
+            f"{', '.join(f'{r / 1e6:.2f}' for _, r, _ in runs)}), {best[-1][1] * 1e9:.0f} CPU "
             "ns/token"
         )
-    (raw_rate, raw_cpu), (pipeline_rate, pipeline_cpu) = best.values()
+    (raw_rate, raw_cpu), (pipeline_rate, pipeline_cpu) = best
     print(
         f"bench: pipeline / raw = {pipeline_rate / raw_rate:.1%} in tokens/s, "
         f"{raw_cpu / pipeline_cpu:.1%} in CPU time per token"
@@ -1360,9 +1182,9 @@ def bench(workers=0, megabytes=100, tokenizer='bpe:8192', rounds=3):
 
 
 # --------------------------------------------------------------------------------------------------
-# Command line: every option once, as its flag and add_argument's settings; each source takes the
-# ones it lists, as (flag, changes) where its default or help differs. A help's %(default)s is
-# argparse's.
+# Command line: every option once, as its flag and add_argument's settings; a source takes the ones
+# it lists, as (flag, changes) where its help or default differs, and every source but bench --out
+# data/SOURCE. A help's %(default)s is argparse's.
 
 
 def number(text):
@@ -1413,47 +1235,35 @@ OPTIONS = {
     '--megabytes': dict(type=int, default=100, help='MB of text (default 100)'),
     '--rounds': dict(type=int, default=3, help='alternating rounds, best of each kept (default 3)'),
 }
+COMMON = ['--out', '--tokenizer', '--workers', '--shard-tokens', '--no-special-tokens']
 HUB_OPTIONS = ['--tokens', '--val-tokens', '--endpoint', '--revision', '--bpe-sample-chars',
                '--keep-downloads', '--connect-timeout', '--read-timeout', '--retry-budget']
 HUB_EPILOG = ('environment: HF_ENDPOINT (a Hub mirror; --endpoint overrides it), HF_TOKEN (a read '
               'token, sent to that host only')
-# fmt: on
-
-
-def common(out, tokenizer):
-    """The options of every source but bench, with its defaults of --out and --tokenizer."""
-    defaults = [('--out', {'default': out}), ('--tokenizer', {'default': tokenizer})]
-    return defaults + ['--workers', '--shard-tokens', '--no-special-tokens']
-
-
-# pystdlib's bpe:8192: enough for ~30 MB of code (each merge still seen thousands of times), keeps a
-# small CPU model's embedding and output layer cheap (8192 x 256 = 2.1M params each at n_embd 256),
-# is a multiple of 128 (fast matmuls) and fits uint16.
-# fmt: off
-SOURCES = {  # name: (the function, help, options, epilog)
+# pystdlib's bpe:8192: enough for ~30 MB of code (each merge still seen thousands of times), cheap
+# embedding and output layers for a small CPU model (8192 x 256 = 2.1M params each at n_embd 256),
+# a multiple of 128 (fast matmuls), and it fits uint16.
+SOURCES = {  # name: (the function, help, --tokenizer's default, options, epilog)
     'pystdlib': (prepare_pystdlib, "the running Python's standard library sources (no download)",
-                 common('data/pystdlib', 'bpe:8192') + ['--max-files'], None),
+                 'bpe:8192', COMMON + ['--max-files'], None),
     'fineweb_edu': (prepare_fineweb_edu,
-                    'a FineWeb-Edu sample from the Hugging Face Hub (resumable)',
-                    common('data/fineweb_edu', 'gpt2') + ['--sample'] + HUB_OPTIONS,
-                    HUB_EPILOG + ')'),
+                    'a FineWeb-Edu sample from the Hugging Face Hub (resumable)', 'gpt2',
+                    COMMON + ['--sample'] + HUB_OPTIONS, HUB_EPILOG + ')'),
     'hub': (prepare_hub, 'any parquet dataset on the Hugging Face Hub (resumable), e.g. hub '
-            'HuggingFaceTB/finemath --config finemath-3plus',
-            ['repo'] + common('data/hub', 'gpt2') + ['--config', '--column', '--split']
-            + HUB_OPTIONS,
+            'HuggingFaceTB/finemath --config finemath-3plus', 'gpt2',
+            ['repo'] + COMMON + ['--config', '--column', '--split'] + HUB_OPTIONS,
             HUB_EPILOG + '; a gated dataset needs it)'),
     'files': (prepare_files,
-              'your own .txt, .jsonl ("text" field) or .parquet ("text" column) files',
-              ['paths'] + common('data/files', 'bpe:8192') + [
-                  ('--tokens', {'help': 'stop after this many tokens'}),
-                  ('--val-tokens', {'help': 'tokens in the val shard (default: ~10%% of the '
-                                            'estimated total, at most one shard)'}),
-                  '--bpe-sample-chars'], None),
+              'your own .txt, .jsonl ("text" field) or .parquet ("text" column) files', 'bpe:8192',
+              ['paths'] + COMMON + [('--tokens', {'help': 'stop after this many tokens'}),
+                                    ('--val-tokens', {'help': 'tokens in the val shard (default: '
+                                                      '~10%% of the estimated total, at most one '
+                                                      'shard)'}),
+                                    '--bpe-sample-chars'], None),
     'bench': (bench, 'tokens/s of the pipeline against raw tiktoken (a benchmark, not a test)',
-              [('--workers', {'help': 'processes for both (default: all cores)'}), '--megabytes',
-               '--rounds',
-               ('--tokenizer', {'default': 'bpe:8192',
-                                'help': 'bpe:V (trained on the stdlib) or gpt2'})],
+              'bpe:8192', [('--workers', {'help': 'processes for both (default: all cores)'}),
+                           '--megabytes', '--rounds',
+                           ('--tokenizer', {'help': 'bpe:V (trained on the stdlib) or gpt2'})],
               None),
 }
 # fmt: on
@@ -1466,11 +1276,14 @@ def make_parser():
         'prepare.py', description=description, formatter_class=formatter
     )
     sources = parser.add_subparsers(dest='source', required=True)
-    for name, (_, help, options, epilog) in SOURCES.items():
+    for name, (_, help, tokenizer, options, epilog) in SOURCES.items():
         sub = sources.add_parser(name, help=help, epilog=epilog)
         for option in options:
             flag, changes = option if isinstance(option, tuple) else (option, {})
             sub.add_argument(flag, **dict(OPTIONS[flag], **changes))
+        sub.set_defaults(tokenizer=tokenizer)
+        if '--out' in options:
+            sub.set_defaults(out_dir=f'data/{name}')
     return parser
 
 
