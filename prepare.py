@@ -360,7 +360,7 @@ def build(out_dir, request, make, tokens=None):
     in meta.json's request, not progress.json's: a larger one carries on."""
     whole = request if tokens is None else dict(request, tokens=tokens)
     with files.disk_errors(out_dir), files.folder_lock(out_dir, f"prepare.py {request['source']}"):
-        meta = complete_meta(out_dir, whole, carry_on_keys=('tokens',))
+        meta = complete_meta(out_dir, whole)
         if meta is not None:
             return meta
         source, revision, counts = make(start_progress(out_dir, request))
@@ -401,8 +401,7 @@ def request_change(old, new):
 
 
 def tokenizer_meta(encoding):
-    """meta.json's entries on the tokenizer: vocab_size counts every id, the SPECIAL_TOKENS (by
-    name, for train.py's objectives and sample.py) too."""
+    """meta.json's tokenizer entries; vocab_size counts every id, the SPECIAL_TOKENS too."""
     return {
         'vocab_size': encoding.n_vocab,
         'eot_id': encoding.eot_token,
@@ -411,10 +410,10 @@ def tokenizer_meta(encoding):
     }
 
 
-def complete_meta(out_dir, request, carry_on_keys=()):
+def complete_meta(out_dir, request):
     """A finished folder's meta for the same request (a rerun is a no-op), else None. If only
-    `carry_on_keys` differ (a larger --tokens) the folder is marked unfinished; any other difference
-    is refused rather than mixed with the old shards. A damaged meta.json is made again."""
+    --tokens differs (a larger one), the folder is marked unfinished; any other difference is
+    refused rather than mixed with the old shards. A damaged meta.json is made again."""
     path = os.path.join(out_dir, 'meta.json')
     if not os.path.exists(path):
         return None
@@ -430,8 +429,7 @@ def complete_meta(out_dir, request, carry_on_keys=()):
             f"val tokens, {meta['tokenizer']}); delete the folder to rebuild it"
         )
         return meta
-    kept = {key: value for key, value in request.items() if key not in carry_on_keys}
-    change = request_change(meta['request'], kept)
+    change = request_change(meta['request'], {k: v for k, v in request.items() if k != 'tokens'})
     if change:
         raise DataError(
             f"{out_dir} already holds a dataset made with other settings: {change}: delete it or "
@@ -565,11 +563,9 @@ TEXT_TYPES = ('string', 'large_string', 'string_view')  # pyarrow.types.is_*: a 
 
 def parquet_batches(path, start_row=0, batch_docs=1024, column='text'):
     """Yield (first row, data, offsets) batches of a parquet file's text `column` from `start_row`
-    on: Arrow's UTF-8 buffer (a memoryview, not copied) and int64 offsets, only the row groups from
-    `start_row` on read. iter_batches of `batch_docs` rows, one thread, holds a batch of text at a
-    time, not a row group, and costs less CPU: 0.16 s on `prepare.py bench`'s 126 MB row group,
-    against 0.6-0.9 s for read_row_group's thread pool, CPU taken from the tokenizing workers. A
-    file pyarrow cannot read is one DataError naming it."""
+    on: Arrow's UTF-8 buffer (a memoryview) and int64 offsets. iter_batches, one thread, costs 0.16
+    s of CPU on `prepare.py bench`'s 126 MB row group, read_row_group's thread pool 0.6-0.9 s taken
+    from the tokenizing workers. A file pyarrow cannot read is one DataError naming it."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -624,9 +620,8 @@ def not_utf8(path, error, where=''):
 
 
 def read_documents(path, start_row=0, column='text'):
-    """Yield (row, text) of a local file from `start_row` on: .parquet (its `column`), .jsonl (each
-    non-blank line's "text") or .txt (one document). Text that is not UTF-8, or has NUL bytes (a
-    binary file), is one DataError naming the file."""
+    """Yield (row, text) of a .parquet (its `column`), .jsonl (each non-blank line's "text") or .txt
+    file from `start_row` on. Text not UTF-8, or a binary file, is one DataError naming the file."""
     if path.endswith('.parquet'):
         for first_row, joined, offsets in parquet_batches(path, start_row, column=column):
             yield from enumerate(unpack_texts(joined, offsets), first_row)
@@ -958,9 +953,8 @@ def disk_plan(
 
 
 class HubFiles:
-    """The parquet files of `folder` in a dataset repo (those named `split`*), pinned in files.json
-    and each downloaded into downloads/ when first needed (by the BPE sample or the shards), and
-    verified, once a run."""
+    """The parquet files of `folder` in a dataset repo (those named `split`*), pinned in files.json,
+    each downloaded into downloads/ when first needed (the BPE sample's or the shards')."""
 
     def __init__(self, job, prefix, repo, folder, split):
         self.job, self.prefix, self.repo, self.folder, self.split = job, prefix, repo, folder, split
@@ -993,9 +987,8 @@ class HubFiles:
         disk_plan(job.out_dir, self.listed, self.paths, *plan, prefix)
 
     def pin(self, relist=False):
-        """(files, commit) from files.json, or listed at the revision and pinned there (and again at
-        the commit for a files.json of an older prepare.py, without sha256, or with relist: a
-        listing that was wrong once)."""
+        """(files, commit) from files.json, else listed and pinned there; listed again at the commit
+        for an older prepare.py's files.json (no sha256), or to relist a listing wrong once."""
         path = os.path.join(self.job.out_dir, 'files.json')
         manifest = None
         if os.path.exists(path):
@@ -1022,8 +1015,8 @@ class HubFiles:
         return chosen, sha
 
     def fetch(self, index):
-        """File `index`, downloaded (or found) and verified, once a run. When every download
-        disagrees with files.json, the files are listed again, once a run: files.json may be what is
+        """File `index`, downloaded (or found) and verified, once a run. If every download disagrees
+        with files.json, the files are listed again (once a run): files.json may be what is
         wrong."""
         listed, path = self.listed[index], self.paths[index]
         if index in self.verified:
@@ -1095,52 +1088,35 @@ def from_hub(
 
 
 # --------------------------------------------------------------------------------------------------
-# Benchmark (not a test): tokens/s of the whole pipeline (parquet -> pool -> shards -> meta.json)
-# against raw tiktoken (the same encode_to_numpy calls in as many processes, the text in memory,
-# nothing written), on the same text and tokenizer: the stdlib sources repeated into a parquet
-# file, our bpe:8192 (or gpt2 where tiktoken has its files). Offline.
+# Benchmark (not a test), offline: tokens/s of the pipeline (parquet -> pool -> shards -> meta.json)
+# against raw tiktoken (the same encode_to_numpy calls in as many processes, the text in memory),
+# on the same text (the stdlib sources repeated) and tokenizer (bpe:8192, or a cached gpt2).
 
 
 def count_tokens(texts):
     return sum(len(_worker_encoding.encode_to_numpy(text, disallowed_special=())) for text in texts)
 
 
-def timed(run):
-    """(tokens, tokens/s, CPU seconds) of run(), which returns a token count. CPU: this process's
-    and its finished children's (the pool's workers, once joined)."""
+def cpu_seconds():
+    """CPU time of this process and its finished children (the pool's workers, once joined)."""
     import resource
 
-    def cpu_seconds():
-        usages = map(resource.getrusage, (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN))
-        return sum(usage.ru_utime + usage.ru_stime for usage in usages)
-
-    started, cpu = time.time(), cpu_seconds()
-    tokens = run()
-    return tokens, tokens / (time.time() - started), cpu_seconds() - cpu
+    usages = map(resource.getrusage, (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN))
+    return sum(usage.ru_utime + usage.ru_stime for usage in usages)
 
 
 def bench(workers=0, megabytes=100, tokenizer='bpe:8192', rounds=3):
-    """Raw and pipeline runs alternate `rounds` times, the best of each kept, so a busy machine
-    hurts both alike; CPU time per token, unlike wall time, does not depend on what else runs.
-    Returns (raw, pipeline) tokens/s."""
+    """(raw, pipeline) tokens/s, the best of `rounds` alternating runs: a busy machine hurts both
+    alike. CPU time per token, unlike wall time, does not depend on what else runs."""
     import shutil
     import tempfile
 
-    import pyarrow as pa
-    import pyarrow.parquet as pq
     import tiktoken
 
     workers = workers or default_workers()
     with tempfile.TemporaryDirectory() as tmp:
-        stdlib = [text for _, text in pystdlib_files()]
-        stdlib_bytes = sum(len(text.encode('utf-8')) for text in stdlib)
-        copies = math.ceil(megabytes * 1e6 / stdlib_bytes)
-        texts, parquet, out = stdlib * copies, f'{tmp}/bench.parquet', f'{tmp}/pipeline'
-        pq.write_table(pa.table({'text': texts}), parquet, row_group_size=10_000)
-        if tokenizer == 'gpt2':
-            make_gpt2_tokenizer(tmp)
-        else:
-            train_bpe_tokenizer(tmp, parse_tokenizer(tokenizer), stdlib)
+        texts = bench_text(tmp, megabytes, tokenizer)
+        parquet, out = f'{tmp}/bench.parquet', f'{tmp}/pipeline'
         batches = [texts[i : i + 256] for i in range(0, len(texts), 256)]
 
         def raw():  # both sides start their pool from scratch
@@ -1154,16 +1130,17 @@ def bench(workers=0, megabytes=100, tokenizer='bpe:8192', rounds=3):
             meta = prepare_files([parquet], out, tokenizer, workers=workers)
             return meta['train_tokens'] + meta['val_tokens']
 
-        # (tokens, tokens/s, CPU seconds) of each round
-        sides = {'raw tiktoken': [], 'pipeline    ': []}
+        sides = {'raw tiktoken': [], 'pipeline    ': []}  # (tokens, tokens/s, CPU s) a round
         for _ in range(rounds):
             for runs, run in zip(sides.values(), (raw, pipeline)):
-                runs.append(timed(run))
+                started, cpu = time.time(), cpu_seconds()
+                tokens = run()
+                runs.append((tokens, tokens / (time.time() - started), cpu_seconds() - cpu))
     print(
-        f"bench: {copies * stdlib_bytes / 1e6:.0f} MB of text (the stdlib sources repeated), "
-        f"{len(texts):,} documents, {tokenizer}, {workers} workers, best of {rounds} alternating "
-        f"rounds; tiktoken {tiktoken.__version__}, Python {sys.version.split()[0]}, "
-        f"{os.cpu_count()} CPUs"
+        f"bench: {sum(len(t.encode('utf-8')) for t in texts) / 1e6:.0f} MB of text (the stdlib "
+        f"sources repeated), {len(texts):,} documents, {tokenizer}, {workers} workers, best of "
+        f"{rounds} alternating rounds; tiktoken {tiktoken.__version__}, Python "
+        f"{sys.version.split()[0]}, {os.cpu_count()} CPUs"
     )
     best = []  # (tokens/s, CPU seconds per token) of each side
     for name, runs in sides.items():
@@ -1181,6 +1158,22 @@ def bench(workers=0, megabytes=100, tokenizer='bpe:8192', rounds=3):
     return raw_rate, pipeline_rate
 
 
+def bench_text(tmp, megabytes, tokenizer):
+    """The stdlib sources repeated to `megabytes` (returned, and in tmp/bench.parquet); the
+    tokenizer in tmp."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    stdlib = [text for _, text in pystdlib_files()]
+    texts = stdlib * math.ceil(megabytes * 1e6 / sum(len(t.encode('utf-8')) for t in stdlib))
+    pq.write_table(pa.table({'text': texts}), f'{tmp}/bench.parquet', row_group_size=10_000)
+    if tokenizer == 'gpt2':
+        make_gpt2_tokenizer(tmp)
+    else:
+        train_bpe_tokenizer(tmp, parse_tokenizer(tokenizer), stdlib)
+    return texts
+
+
 # --------------------------------------------------------------------------------------------------
 # Command line: every option once, as its flag and add_argument's settings; a source takes the ones
 # it lists, as (flag, changes) where its help or default differs, and every source but bench --out
@@ -1192,10 +1185,9 @@ def number(text):
     return int(float(text))
 
 
-NETWORK = Network()
 # fmt: off
 OPTIONS = {
-    '--out': dict(dest='out_dir', help='data folder (default %(default)s)'),
+    '--out': dict(dest='out_dir', metavar='OUT', help='data folder (default %(default)s)'),
     '--tokenizer': dict(help="gpt2, neox (GPT-NeoX-20B, from the Hub), bpe:V, our own, or a model "
                         "folder or Hub repo id: the model's own, for init_from "
                         "(default %(default)s)"),
@@ -1226,11 +1218,11 @@ OPTIONS = {
                                help='characters the bpe:V tokenizer trains on (default 1e9)'),
     '--keep-downloads': dict(action='store_true', help='keep the parquet files (by default each is '
                              'deleted once its tokens are in shards)'),
-    '--connect-timeout': dict(type=float, default=NETWORK.connect_timeout_s,
+    '--connect-timeout': dict(type=float, default=Network.connect_timeout_s,
                               help='seconds to open a connection (default %(default)g)'),
-    '--read-timeout': dict(type=float, default=NETWORK.read_timeout_s, help='seconds of silence '
+    '--read-timeout': dict(type=float, default=Network.read_timeout_s, help='seconds of silence '
                            'from a server before retrying (default %(default)g)'),
-    '--retry-budget': dict(type=float, default=NETWORK.retry_budget_s, help='seconds one request '
+    '--retry-budget': dict(type=float, default=Network.retry_budget_s, help='seconds one request '
                            'may keep failing before giving up (default %(default)g)'),
     '--megabytes': dict(type=int, default=100, help='MB of text (default 100)'),
     '--rounds': dict(type=int, default=3, help='alternating rounds, best of each kept (default 3)'),
@@ -1270,11 +1262,8 @@ SOURCES = {  # name: (the function, help, --tokenizer's default, options, epilog
 
 
 def make_parser():
-    description = __doc__.split('\n\n')[0].strip()
-    formatter = argparse.RawDescriptionHelpFormatter
-    parser = argparse.ArgumentParser(
-        'prepare.py', description=description, formatter_class=formatter
-    )
+    about, layout = __doc__.split('\n\n')[0].strip(), argparse.RawDescriptionHelpFormatter
+    parser = argparse.ArgumentParser('prepare.py', description=about, formatter_class=layout)
     sources = parser.add_subparsers(dest='source', required=True)
     for name, (_, help, tokenizer, options, epilog) in SOURCES.items():
         sub = sources.add_parser(name, help=help, epilog=epilog)
