@@ -365,10 +365,10 @@ def build(out_dir, request, make, tokens=None):
             return meta
         source, revision, counts = make(start_progress(out_dir, request))
         meta = {'source': source, 'revision': revision, 'tokenizer': request['tokenizer']}
-        meta.update(tokenizer_meta(data.load_tokenizer(out_dir)), request=whole, **counts)
-        meta['shard_tokens'] = request['shard_tokens']
-        tokens = meta['train_tokens'] + meta['val_tokens']
-        meta['bytes_per_token'] = round(meta['text_bytes'] / max(1, tokens), 3)
+        meta.update(tokenizer_meta(data.load_tokenizer(out_dir)))
+        meta.update(shard_tokens=request['shard_tokens'], request=whole, **counts)
+        total = meta['train_tokens'] + meta['val_tokens']
+        meta['bytes_per_token'] = round(meta['text_bytes'] / max(1, total), 3)
         save_json(os.path.join(out_dir, 'meta.json'), meta)
         shards = [p for split in ('val', 'train') for p in data.list_shards(out_dir, split)]
         megabytes = sum(os.path.getsize(p) for p in shards) / 1e6
@@ -402,12 +402,9 @@ def request_change(old, new):
 
 def tokenizer_meta(encoding):
     """meta.json's tokenizer entries; vocab_size counts every id, the SPECIAL_TOKENS too."""
-    return {
-        'vocab_size': encoding.n_vocab,
-        'eot_id': encoding.eot_token,
-        'dtype': data.token_dtype(encoding.n_vocab).name,
-        'special_tokens': data.reserved_ids(encoding),
-    }
+    vocab, eot = encoding.n_vocab, encoding.eot_token
+    dtype, special = data.token_dtype(vocab).name, data.reserved_ids(encoding)
+    return dict(vocab_size=vocab, eot_id=eot, dtype=dtype, special_tokens=special)
 
 
 def complete_meta(out_dir, request):
@@ -563,9 +560,9 @@ TEXT_TYPES = ('string', 'large_string', 'string_view')  # pyarrow.types.is_*: a 
 
 def parquet_batches(path, start_row=0, batch_docs=1024, column='text'):
     """Yield (first row, data, offsets) batches of a parquet file's text `column` from `start_row`
-    on: Arrow's UTF-8 buffer (a memoryview) and int64 offsets. iter_batches, one thread, costs 0.16
-    s of CPU on `prepare.py bench`'s 126 MB row group, read_row_group's thread pool 0.6-0.9 s taken
-    from the tokenizing workers. A file pyarrow cannot read is one DataError naming it."""
+    on: Arrow's UTF-8 buffer (a memoryview) and int64 offsets. iter_batches, one thread, costs
+    0.16 s of CPU on `prepare.py bench`'s 126 MB row group, read_row_group's thread pool 0.6-0.9 s
+    taken from the tokenizing workers. A file pyarrow cannot read is one DataError naming it."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -628,21 +625,20 @@ def read_documents(path, start_row=0, column='text'):
     elif path.endswith('.jsonl'):
         with open(path, 'rb') as f:
             row = 0
-            for number, line in enumerate(f, 1):
+            for line_number, line in enumerate(f, 1):
                 try:
                     line = line.decode('utf-8')
                 except UnicodeDecodeError as e:
-                    raise not_utf8(path, e, f':{number}') from None
+                    raise not_utf8(path, e, f':{line_number}') from None
                 if not line.strip():
                     continue
                 if row >= start_row:
-                    try:
+                    text = None
+                    with contextlib.suppress(ValueError, KeyError, TypeError):
                         text = json.loads(line)['text']
-                    except (ValueError, KeyError, TypeError):
-                        text = None
                     if not isinstance(text, str):
                         raise DataError(
-                            f"{path}:{number}: not a JSON object with a \"text\" string"
+                            f"{path}:{line_number}: not a JSON object with a \"text\" string"
                         )
                     yield row, text
                 row += 1
@@ -786,11 +782,11 @@ class Shards:
 
     def finish(self):
         """The last (shorter) shard if the documents ended before the target; meta.json's counts."""
-        val_tokens = self.job.val_tokens
+        val = self.job.val_tokens
         if self.buffered and self.offset < self.target:
             if self.shard == 0:
                 raise DataError(
-                    f"only {self.buffered:,} tokens in all, fewer than the {val_tokens:,} of the "
+                    f"only {self.buffered:,} tokens in all, fewer than the {val:,} of the "
                     "val shard: lower --val-tokens"
                 )
             self.write(self.offset + self.buffered)
@@ -798,9 +794,8 @@ class Shards:
             raise DataError(f"all {self.offset:,} tokens went to the val shard: lower --val-tokens")
         remove_shards(self.job.out_dir, self.prefix, keep=self.written)
         counts = dict(documents=self.documents, text_bytes=self.text_bytes)
-        counts.update(val_tokens=min(val_tokens, self.offset), val_shards=1)
-        counts.update(train_tokens=self.offset - val_tokens, train_shards=self.shard - 1)
-        return dict(counts, max_token_id=self.largest)
+        counts.update(val_tokens=min(val, self.offset), train_tokens=self.offset - val)
+        return dict(counts, val_shards=1, train_shards=self.shard - 1, max_token_id=self.largest)
 
 
 @dataclasses.dataclass

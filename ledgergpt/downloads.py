@@ -48,10 +48,8 @@ class Progress:
         self.format_meter, self.n = tqdm.format_meter, initial
         self.started = self.reported = time.monotonic()
         self.waited = 0.0  # seconds spent waiting between tries (a Retry-After): not download time
-        self.bar = None
-        if sys.stdout.isatty():
-            settings = dict(desc=desc, file=sys.stdout, dynamic_ncols=True, leave=leave)
-            self.bar = tqdm(total=total, unit=unit, unit_scale=True, initial=initial, **settings)
+        bar = dict(desc=desc, total=total, unit=unit, unit_scale=True, initial=initial, leave=leave)
+        self.bar = tqdm(file=sys.stdout, dynamic_ncols=True, **bar) if sys.stdout.isatty() else None
 
     def update(self, n):
         self.n += n
@@ -320,14 +318,12 @@ def download(hub, url, dest, listed, starts_with=b'PAR1'):
     name, size = os.path.basename(dest), listed['size']
     if os.path.exists(dest):
         on_disk = os.path.getsize(dest)
-        kind, actual, expected = file_digest(dest, listed) if on_disk == size else (None,) * 3
-        if on_disk == size and actual == expected:
-            return dest
-        wrong = (
-            f'{kind} {actual}, not {expected}'
-            if on_disk == size
-            else f'{on_disk:,} bytes, not {size:,}'
-        )
+        wrong = f'{on_disk:,} bytes, not {size:,}'
+        if on_disk == size:
+            kind, actual, expected = file_digest(dest, listed)
+            if actual == expected:
+                return dest
+            wrong = f'{kind} {actual}, not {expected}'
         say(f"{dest} does not match the listing ({wrong}): downloading it again")
         os.remove(dest)
     partial, etag_path = dest + '.partial', dest + '.etag'
@@ -371,6 +367,7 @@ def fetch_rest(hub, url, partial, etag_path, size, starts_with, retries, progres
     body no web page."""
     import requests
 
+    dropped = (requests.ConnectionError, requests.Timeout, requests.exceptions.ChunkedEncodingError)
     have = size_of(partial)
     if have > size:  # longer than the file: damaged, start over
         os.remove(partial)
@@ -412,12 +409,7 @@ def fetch_rest(hub, url, partial, etag_path, size, starts_with, retries, progres
                 # an answer without a byte of what is missing: a failure like any other
                 if f.tell() == start:
                     retries.wait("the server sent no data")
-        except (
-            requests.ConnectionError,
-            requests.Timeout,
-            requests.exceptions.ChunkedEncodingError,
-        ) as e:
-            # dropped half way: the next request asks for the rest
+        except dropped as e:  # half way: the next request asks for the rest
             retries.wait(network_problem(e, hub.network))
 
 
