@@ -147,8 +147,8 @@ class Retries:
                 f"{advice} (finished work is kept)"
             )
         say(
-            f"{self.what}: {problem}: try {self.tries + 1} of at most {HTTP_ATTEMPTS} in {wait:g} "
-            f"s (retry budget {budget:g} s)"
+            f"{self.what}: {problem}: try {self.tries + 1} of at most {HTTP_ATTEMPTS} in "
+            f"{wait:g} s (retry budget {budget:g} s)"
         )
         time.sleep(wait)
         if self.after_wait is not None:
