@@ -1,18 +1,12 @@
 """
-downloads.py: files over HTTP, verified and resumable: FineWeb-Edu's parquet and NeoX's tokenizer.json from the
-Hugging Face Hub (prepare.py), HellaSwag's jsonl from GitHub (evals.py).
+downloads.py: files over HTTP, verified and resumable: the Hub's parquet, tokenizer.json and model
+files (prepare.py, pretrained.py), HellaSwag's jsonl from GitHub (evals.py). A failure is one
+DataError line. say and Progress, the status lines and progress bars, serve prepare.py too.
 
     hub = Hub(Network())
     sha, listed = hub.files('HuggingFaceFW/fineweb-edu', 'main', 'sample/10BT', '.parquet')
-    download(hub, hub.url('datasets', 'HuggingFaceFW/fineweb-edu', sha, listed[0]['path']), dest, listed[0])
-
-The guarantees: a file grows in `dest`.partial, and a rerun or a retry after a dropped connection carries on from
-there; it is renamed to `dest` only once its size and hash match the listing (the sha256 the Hub lists, or git's
-blob id), so a file under its own name is whole and right. Time-outs, dropped connections, 5xx and 429 are retried
-with a doubling wait, or the Retry-After the server asks for, within HTTP_ATTEMPTS tries and a retry budget.
-HF_ENDPOINT (a mirror) and HF_TOKEN (sent to that host only) are honoured. A failure is one DataError line.
-say and Progress, the status lines and progress bars that downloads report through, serve prepare.py's other
-long jobs too.
+    url = hub.url('datasets', 'HuggingFaceFW/fineweb-edu', sha, listed[0]['path'])
+    download(hub, url, dest, listed[0])
 """
 
 import contextlib
@@ -27,16 +21,16 @@ import time
 from ledgergpt.config import DataError
 from ledgergpt.files import human_bytes, remove_quietly, write_text_atomic
 
-# -----------------------------------------------------------------------------------------------------
-# Status lines and progress. Status lines go to stdout, flushed as they happen, so a log written through a pipe
-# shows them at once; errors go to stderr (config.cli). Progress is a tqdm bar on a terminal, and a plain line
-# every PROGRESS_EVERY_S seconds in a log, where a bar redrawn with carriage returns cannot be read.
+# --------------------------------------------------------------------------------------------------
+# Status lines go to stdout, flushed as they happen (a log written through a pipe shows them at
+# once); errors go to stderr (config.cli). Progress is a tqdm bar on a terminal, and in a log, where
+# a bar redrawn with carriage returns cannot be read, a plain line every PROGRESS_EVERY_S seconds.
 
 PROGRESS_EVERY_S = 30.0
 
 
 def say(line):
-    """A status line on stdout, flushed; on a terminal it is printed above the progress bars, not through them."""
+    """A status line on stdout, flushed; on a terminal above the progress bars, not through them."""
     from tqdm import tqdm
 
     tqdm.write(line, file=sys.stdout)
@@ -44,29 +38,18 @@ def say(line):
 
 
 class Progress:
-    """Progress of one job: bytes with their rate (downloads) or tokens with an ETA when the total is known."""
+    """One job's progress: bytes and their rate (downloads), or tokens with an ETA when the total is
+    known."""
 
     def __init__(self, desc, total=None, unit=' tokens', initial=0, leave=True):
         from tqdm import tqdm
 
-        self.format_meter, self.desc, self.total, self.unit = tqdm.format_meter, desc, total, unit
-        self.initial = self.n = initial
+        self.meter = dict(prefix=desc, total=total, unit=unit, unit_scale=True, initial=initial)
+        self.format_meter, self.n = tqdm.format_meter, initial
         self.started = self.reported = time.monotonic()
         self.waited = 0.0  # seconds spent waiting between tries (a Retry-After): not download time
-        self.bar = (
-            tqdm(
-                desc=desc,
-                total=total,
-                unit=unit,
-                unit_scale=True,
-                initial=initial,
-                file=sys.stdout,
-                dynamic_ncols=True,
-                leave=leave,
-            )
-            if sys.stdout.isatty()
-            else None
-        )
+        bar = dict(desc=desc, total=total, unit=unit, unit_scale=True, initial=initial, leave=leave)
+        self.bar = tqdm(file=sys.stdout, dynamic_ncols=True, **bar) if sys.stdout.isatty() else None
 
     def update(self, n):
         self.n += n
@@ -74,24 +57,15 @@ class Progress:
             self.bar.update(n)
         elif time.monotonic() - self.reported >= PROGRESS_EVERY_S:
             self.reported = time.monotonic()
-            say(
-                self.format_meter(
-                    self.n,
-                    self.total,
-                    self.reported - self.started - self.waited,
-                    ncols=0,
-                    prefix=self.desc,
-                    unit=self.unit,
-                    unit_scale=True,
-                    initial=self.initial,
-                )
-            )
+            elapsed = self.reported - self.started - self.waited
+            say(self.format_meter(self.n, elapsed=elapsed, ncols=0, **self.meter))
 
     def waited_for(self, seconds):
-        """A wait between tries is over: the rate leaves it out (a 60 s Retry-After is not a slow download)."""
+        """A wait between tries is over: the rate leaves it out (a 60 s Retry-After is not a slow
+        download)."""
         self.waited += seconds
         if self.bar is not None:
-            self.bar.unpause()  # tqdm's clock restarts from its last print: the wait is not in its rate
+            self.bar.unpause()  # tqdm's clock restarts from its last print: the wait is not counted
 
     def __enter__(self):
         return self
@@ -101,38 +75,37 @@ class Progress:
             self.bar.close()
 
 
-# -----------------------------------------------------------------------------------------------------
-# The Hub over plain HTTP. API: GET {endpoint}/api/{datasets|models}/{repo}/revision/{rev} -> {"sha": ...};
-# GET {endpoint}/api/{kind}/{repo}/tree/{sha}/{folder} -> [{"type": "file", "path": ..., "size": ...,
-# "lfs": {"oid": sha256, "size": ...}}, ...] (paged with a Link: <next>; rel="next" header); files at
-# {endpoint}/[datasets/]{repo}/resolve/{sha}/{path}, which redirects (302) to a CDN.
+# --------------------------------------------------------------------------------------------------
+# The Hub over plain HTTP: GET {endpoint}/api/{datasets|models}/{repo}/revision/{rev} -> {"sha"};
+# GET .../tree/{sha}/{folder} -> [{"type": "file", "path", "size", "lfs": {"oid": sha256, "size"}}]
+# (paged with a Link: <next>; rel="next" header); a file at {endpoint}/[datasets/]{repo}/resolve/
+# {sha}/{path}, which redirects (302) to a CDN. HF_ENDPOINT (a mirror) and HF_TOKEN are honoured.
 #
-# The network is assumed hostile. Every download is checked against the listing before it is renamed into place
-# or used: the size the server announces (a different total is an error, not a restart), what the body is (an
-# HTML page from a captive portal is named as such) and, once complete, the sha256. A dropped connection carries
-# on with a Range request, made conditional with If-Range on the ETag, so a file that changed meanwhile comes back
-# whole instead of being stitched to a stale prefix. Every retry loop waits between tries and gives up after
-# HTTP_ATTEMPTS tries or `retry_budget_s` seconds of failing, whichever comes first; 429's Retry-After is waited
-# out when it fits in that budget. HF_ENDPOINT (a mirror) and HF_TOKEN, the Hub's own variables, are honoured.
+# The network is assumed hostile. A file grows in DEST.partial and is renamed to DEST only once it
+# matches the listing: the size the server announces (another total is an error, not a restart),
+# what the body is (a captive portal's HTML page is named so) and, once complete, the sha256. A
+# rerun or a retry after a drop carries on with a Range request made conditional with If-Range on
+# the ETag, so a file that changed meanwhile comes whole instead of stitched to a stale prefix. A
+# request is retried (time-outs, dropped connections, 5xx, 429) with a doubling wait, or the
+# Retry-After asked for if it fits the budget, and given up after HTTP_ATTEMPTS tries or
+# retry_budget_s of failing.
 
 HUB_ENDPOINT = 'https://huggingface.co'
 HTTP_ATTEMPTS = 10  # tries per request (a download's count starts again whenever bytes arrive)
 MAX_BACKOFF_S = 30.0  # the doubling wait between tries stops growing here
 HASH_ATTEMPTS = 3  # downloads of one file whose sha256 disagrees with the listing, before giving up
-# written to .partial chunk by chunk: a drop loses at most the chunk in flight
-DOWNLOAD_CHUNK_BYTES = 1 << 20
+DOWNLOAD_CHUNK_BYTES = 1 << 20  # written to .partial chunk by chunk: a drop loses at most one
 
 
 @dataclasses.dataclass
 class Network:
-    """How a Hub talks to its server. With the defaults a server that stalls on every try is given up after at
-    most retry_budget_s + one read_timeout_s = 2 minutes, with a line at each retry."""
+    """How a Hub talks to its server. With the defaults a server that stalls on every try is given
+    up after at most retry_budget_s + one read_timeout_s = 2 minutes, with a line at each retry."""
 
     endpoint: str = ''  # '' -> $HF_ENDPOINT, else https://huggingface.co
     connect_timeout_s: float = 10.0  # to open a connection
     read_timeout_s: float = 30.0  # of silence in the middle of an answer (a stalled server)
-    # how long one request may keep failing, waits included, before we give up
-    retry_budget_s: float = 90.0
+    retry_budget_s: float = 90.0  # how long a request may keep failing, waits included
     backoff_s: float = 1.0  # the first wait between tries; doubled after each, up to MAX_BACKOFF_S
 
     @property
@@ -141,9 +114,8 @@ class Network:
 
 
 class Retries:
-    """The retry policy of one request: wait backoff_s, 2 x backoff_s, ... (or the Retry-After the server asks
-    for) between tries; give up after HTTP_ATTEMPTS tries or retry_budget_s seconds of failing. A download calls
-    progress() whenever bytes arrive: the count then starts again."""
+    """One request's retry policy (above). A download calls progress() whenever bytes arrive: the
+    count starts again."""
 
     def __init__(self, what, network):
         self.what, self.network = what, network
@@ -154,34 +126,29 @@ class Retries:
         self.tries, self.first_failure = 0, None
 
     def wait(self, problem, retry_after=None):
-        """Sleep before the next try, or raise the DataError that gives up on this one."""
-        now = time.monotonic()
+        """Sleep before the next try, or raise the DataError that gives up."""
+        now, budget = time.monotonic(), self.network.retry_budget_s
         self.first_failure = self.first_failure if self.tries else now
         self.tries += 1
-        failing_s, budget = now - self.first_failure, self.network.retry_budget_s
-        wait = (
-            retry_after
-            if retry_after is not None
-            else min(MAX_BACKOFF_S, self.network.backoff_s * 2 ** (self.tries - 1))
-        )
+        failing_s = now - self.first_failure
+        wait = min(MAX_BACKOFF_S, self.network.backoff_s * 2 ** (self.tries - 1))
+        wait = wait if retry_after is None else retry_after
         if retry_after is not None and retry_after > budget:
             raise DataError(
-                f"{self.what}: {problem}: the Hub asks to wait {retry_after:g} s, more than the retry "
-                f"budget of {budget:g} s (--retry-budget): rerun later (finished work is kept)"
+                f"{self.what}: {problem}: the Hub asks to wait {retry_after:g} s, more than the "
+                f"retry budget of {budget:g} s (--retry-budget): rerun later (finished work is "
+                "kept)"
             )
         if self.tries >= HTTP_ATTEMPTS or failing_s + wait > budget:
-            advice = (
-                "wait a while and rerun"
-                if 'rate-limited' in problem
-                else "check the network (and --endpoint or HF_ENDPOINT), then rerun"
-            )
+            advice = "check the network (and --endpoint or HF_ENDPOINT), then rerun"
+            advice = "wait a while and rerun" if 'rate-limited' in problem else advice
             raise DataError(
-                f"{self.what}: {problem}, still after {self.tries} tries in {failing_s:.0f} s: {advice} "
-                f"(finished work is kept)"
+                f"{self.what}: {problem}, still after {self.tries} tries in {failing_s:.0f} s: "
+                f"{advice} (finished work is kept)"
             )
         say(
-            f"{self.what}: {problem}: try {self.tries + 1} of at most {HTTP_ATTEMPTS} in {wait:g} s "
-            f"(retry budget {budget:g} s)"
+            f"{self.what}: {problem}: try {self.tries + 1} of at most {HTTP_ATTEMPTS} in "
+            f"{wait:g} s (retry budget {budget:g} s)"
         )
         time.sleep(wait)
         if self.after_wait is not None:
@@ -189,7 +156,7 @@ class Retries:
 
 
 def retry_after_s(response):
-    """Seconds a 429 or 503 answer asks us to wait (Retry-After: seconds, or an HTTP date), or None."""
+    """Seconds a 429 or 503 answer asks to wait (Retry-After: seconds or an HTTP date), or None."""
     value = response.headers.get('Retry-After', '').strip()
     if value.isdigit():
         return float(value)
@@ -202,7 +169,9 @@ NETWORK_PROBLEMS = {  # what urllib3 says, deep inside a requests exception -> w
     'Failed to resolve': "the host name does not resolve (DNS: offline?)",
     'Connection refused': "connection refused",
     'Network is unreachable': "the network is unreachable",
-    'CERTIFICATE_VERIFY_FAILED': "the server's TLS certificate is not trusted (a proxy intercepting HTTPS?)",
+    'CERTIFICATE_VERIFY_FAILED': (
+        "the server's TLS certificate is not trusted (a proxy intercepting HTTPS?)"
+    ),
 }
 
 
@@ -220,8 +189,8 @@ def network_problem(error, network):
 
 
 class Hub:
-    """GET requests to the Hub (or the mirror HF_ENDPOINT names) with retries; HF_TOKEN, if set, is sent as a bearer
-    token to that host only: requests drops the header when a redirect leads to another host (the CDN)."""
+    """GET requests to the Hub (or the mirror HF_ENDPOINT names) with retries; HF_TOKEN, if set,
+    goes to that host only: requests drops the header on a redirect to another host (the CDN)."""
 
     def __init__(self, network=None):
         import requests
@@ -232,13 +201,13 @@ class Hub:
         self.session = requests.Session()
 
     def get(self, url, retries=None, headers=None, stream=False):
-        """The response to a GET of `url` (status < 400), retrying time-outs, dropped connections, 5xx and 429."""
+        """The response to a GET of `url` (status < 400), retrying time-outs, drops, 5xx and 429."""
         import requests
 
         retries = retries or Retries(url, self.network)
-        headers = dict(
-            headers or {}, **({'Authorization': f'Bearer {self.token}'} if self.token else {})
-        )
+        headers = dict(headers or {})
+        if self.token:
+            headers['Authorization'] = f'Bearer {self.token}'
         timeout = (self.network.connect_timeout_s, self.network.read_timeout_s)
         while True:
             try:
@@ -246,10 +215,10 @@ class Hub:
             except (requests.ConnectionError, requests.Timeout) as e:
                 retries.wait(network_problem(e, self.network))
                 continue
-            if response.status_code < 400:
+            status = response.status_code
+            if status < 400:
                 return response
             response.close()
-            status = response.status_code
             if status in (401, 403):
                 raise DataError(self.refused(url, status))
             if status == 404:
@@ -259,90 +228,81 @@ class Hub:
             if status == 429:
                 retries.wait("rate-limited by the Hub (HTTP 429)", retry_after_s(response))
             elif status >= 500 or status == 408:
-                retries.wait(
-                    f"HTTP {status} {response.reason}",
-                    retry_after_s(response) if status == 503 else None,
-                )
+                asked = retry_after_s(response) if status == 503 else None
+                retries.wait(f"HTTP {status} {response.reason}", asked)
             else:
                 raise DataError(f"{url}: HTTP {status} {response.reason}")
 
     def refused(self, url, status):
         if self.token:
             return (
-                f"{url}: HTTP {status} with the token in HF_TOKEN: it has no access to this dataset (gated or "
-                f"private): accept the dataset's terms on its Hub page with the token's account, or check the "
-                f"token (read access)"
+                f"{url}: HTTP {status} with the token in HF_TOKEN: it has no access to this "
+                "dataset (gated or private): accept the dataset's terms on its Hub page with the "
+                "token's account, or check the token (read access)"
             )
         return (
-            f"{url}: HTTP {status}: the dataset is gated or private (or does not exist): accept its terms on "
-            f"its Hub page, then pass a read token from https://huggingface.co/settings/tokens as "
-            f"HF_TOKEN=hf_... python prepare.py ..."
+            f"{url}: HTTP {status}: the dataset is gated or private (or does not exist): accept "
+            "its terms on its Hub page, then pass a read token from "
+            "https://huggingface.co/settings/tokens as HF_TOKEN=hf_... python prepare.py ..."
         )
 
     def files(self, repo, revision, folder, extension, kind='datasets'):
-        """(commit sha, sorted [{'path', 'size', 'sha256'}] of the files ending in `extension` in a folder ('': the
-        top) of a dataset or model repo at a revision). sha256 is the LFS object id of a file in LFS; a file kept
-        in git has its blob id as 'git_sha1' instead. An answer that is not the API's JSON (a captive portal's page
-        with status 200) is one DataError line."""
+        """(commit sha, sorted [{'path', 'size', 'sha256'}]) of the files ending in `extension` in a
+        folder ('': the top) of a dataset or model repo at a revision. sha256 is a file in LFS's
+        object id; a file kept in git has its blob id as 'git_sha1' instead."""
         sha = self.api_json(f"{self.endpoint}/api/{kind}/{repo}/revision/{revision}")[1]['sha']
-        files, url = (
-            [],
-            f"{self.endpoint}/api/{kind}/{repo}/tree/{sha}" + (f"/{folder}" if folder else ''),
-        )
+        url = f"{self.endpoint}/api/{kind}/{repo}/tree/{sha}" + (f"/{folder}" if folder else '')
+        listed = []
         while url:
             response, answer = self.api_json(url)
             for item in answer:
                 if item['type'] == 'file' and item['path'].endswith(extension):
                     lfs = item.get('lfs') or {}
-                    files.append(
-                        {
-                            'path': item['path'],
-                            'size': lfs.get('size', item['size']),
-                            'sha256': lfs.get('oid'),
-                        }
-                    )
+                    size, sha256 = lfs.get('size', item['size']), lfs.get('oid')
+                    listed.append({'path': item['path'], 'size': size, 'sha256': sha256})
                     if not lfs:
-                        files[-1]['git_sha1'] = item.get('oid')
+                        listed[-1]['git_sha1'] = item.get('oid')
             url = response.links.get('next', {}).get('url')
-        if not files:
+        if not listed:
             raise DataError(
                 f"no {extension} files in {repo}/{folder} at {revision}"
                 f"{': check --sample' if kind == 'datasets' else ''}"
             )
-        return sha, sorted(files, key=lambda item: item['path'])
+        return sha, sorted(listed, key=lambda item: item['path'])
 
     def url(self, kind, repo, sha, path):
         """Where the Hub serves a file of a dataset or model repo at a commit."""
-        return f"{self.endpoint}/{'datasets/' if kind == 'datasets' else ''}{repo}/resolve/{sha}/{path}"
+        where = f"{'datasets/' if kind == 'datasets' else ''}{repo}"
+        return f"{self.endpoint}/{where}/resolve/{sha}/{path}"
 
     def api_json(self, url):
-        """(response, its JSON) for a GET of the Hub's API; an answer that is not JSON (a captive portal's page,
+        """(response, its JSON) of a GET of the Hub's API; anything else (a captive portal's page,
         sent with status 200) is one DataError line."""
         response = self.get(url)
         try:
             return response, response.json()
         except ValueError:
             raise DataError(
-                f"{url}: not an answer of the Hub's API ({what_came(response, response.content)}): a "
-                f"captive portal or proxy in the way? check the network and --endpoint or HF_ENDPOINT"
+                f"{url}: not an answer of the Hub's API ({what_came(response, response.content)}): "
+                f"a captive portal or proxy in the way? check the network and --endpoint or "
+                f"HF_ENDPOINT"
             ) from None
 
 
 class ListingMismatch(DataError):
-    """Every download of a file disagreed with the hash its listing gives: the file is damaged on the way, or the
-    listing is wrong (prepare.py then lists the files again, once)."""
+    """Every download of a file disagreed with its listing's hash: the file is damaged on the way,
+    or the listing is wrong (prepare.py then lists the files again, once)."""
 
 
 def file_digest(path, listed):
-    """(kind, actual, expected) of the check a listing entry allows: the sha256 of a file in LFS, or git's blob id
-    of a file kept in git (sha1 of b'blob <size>\\0' + its bytes); (None, None, None) if it gives neither, and then
-    only the size is checked."""
+    """(kind, actual, expected) of the check a listing entry allows: the sha256 of a file in LFS, or
+    git's blob id of a file kept in git (sha1 of b'blob <size>\\0' + its bytes); (None, None, None)
+    if neither, and then only the size is checked."""
     kind = 'sha256' if listed.get('sha256') else 'git sha1' if listed.get('git_sha1') else None
     if kind is None:
         return None, None, None
-    digest = (
-        hashlib.sha256() if kind == 'sha256' else hashlib.sha1(b'blob %d\0' % os.path.getsize(path))
-    )
+    size = os.path.getsize(path)
+    digest = hashlib.sha256() if kind == 'sha256' else hashlib.sha1(b'blob %d\0' % size)
     with open(path, 'rb') as f:
         for block in iter(lambda: f.read(1 << 24), b''):
             digest.update(block)
@@ -350,32 +310,28 @@ def file_digest(path, listed):
 
 
 def download(hub, url, dest, listed, starts_with=b'PAR1'):
-    """Download `url` to `dest` through `dest`.partial, resuming after drops (Range + If-Range), and rename it to
-    `dest` only once its size and hash match `listed` (its entry in the Hub's listing: path, size, sha256). A
-    mismatch deletes the partial and downloads again, up to HASH_ATTEMPTS times. A file already at `dest` is
-    checked the same way before it is used. `starts_with`: the first bytes of a good file (parquet's magic), so a
-    body that is something else is named at once."""
+    """`url` to `dest` through `dest`.partial, resuming after drops (Range + If-Range), renamed to
+    `dest` only once its size and hash match `listed` (its listing entry: path, size, sha256). A
+    mismatch downloads it again, up to HASH_ATTEMPTS times. A file already at `dest` is checked the
+    same way. `starts_with`: a good file's first bytes (parquet's magic), so another body is named
+    at once."""
     name, size = os.path.basename(dest), listed['size']
     if os.path.exists(dest):
         on_disk = os.path.getsize(dest)
-        kind, actual, expected = (
-            file_digest(dest, listed) if on_disk == size else (None, None, None)
-        )
-        if on_disk == size and actual == expected:
-            return dest
-        say(
-            f"{dest} does not match the listing ("
-            f"{f'{kind} {actual}, not {expected}' if on_disk == size else f'{on_disk:,} bytes, not {size:,}'}): "
-            f"downloading it again"
-        )
+        wrong = f'{on_disk:,} bytes, not {size:,}'
+        if on_disk == size:
+            kind, actual, expected = file_digest(dest, listed)
+            if actual == expected:
+                return dest
+            wrong = f'{kind} {actual}, not {expected}'
+        say(f"{dest} does not match the listing ({wrong}): downloading it again")
         os.remove(dest)
     partial, etag_path = dest + '.partial', dest + '.etag'
     retries = Retries(listed['path'], hub.network)
     for attempt in range(1, HASH_ATTEMPTS + 1):
         started = time.monotonic()
-        with Progress(
-            name, size, unit='B', initial=min(size, size_of(partial)), leave=False
-        ) as progress:
+        initial = min(size, size_of(partial))
+        with Progress(name, size, unit='B', initial=initial, leave=False) as progress:
             retries.after_wait = progress.waited_for
             while size_of(partial) != size:
                 fetch_rest(hub, url, partial, etag_path, size, starts_with, retries, progress)
@@ -383,22 +339,21 @@ def download(hub, url, dest, listed, starts_with=b'PAR1'):
         if actual == expected:
             os.replace(partial, dest)
             remove_quietly(etag_path)
-            say(
-                f"{name}: {human_bytes(size)} in {time.monotonic() - started:.0f} s"
-                f"{f', {kind} verified' if kind else ''}"
-            )
+            verified = f', {kind} verified' if kind else ''
+            say(f"{name}: {human_bytes(size)} in {time.monotonic() - started:.0f} s{verified}")
             return dest
         remove_quietly(partial)
         remove_quietly(etag_path)
         if attempt < HASH_ATTEMPTS:
             say(
-                f"{name}: {kind} {actual} differs from the listing's {expected}: downloading it again "
-                f"({attempt + 1} of {HASH_ATTEMPTS})"
+                f"{name}: {kind} {actual} differs from the listing's {expected}: downloading it "
+                f"again ({attempt + 1} of {HASH_ATTEMPTS})"
             )
             time.sleep(hub.network.backoff_s * 2**attempt)
     raise ListingMismatch(
-        f"{name}: {kind} {actual} after {HASH_ATTEMPTS} downloads, but the listing says {expected}: the "
-        f"data is damaged on the way (a proxy or mirror?): check --endpoint or HF_ENDPOINT and rerun"
+        f"{name}: {kind} {actual} after {HASH_ATTEMPTS} downloads, but the listing says "
+        f"{expected}: the data is damaged on the way (a proxy or mirror?): check --endpoint or "
+        "HF_ENDPOINT and rerun"
     )
 
 
@@ -407,33 +362,34 @@ def size_of(path):
 
 
 def fetch_rest(hub, url, partial, etag_path, size, starts_with, retries, progress):
-    """One request for what `partial` still lacks, streamed onto its end until done or dropped (then the caller
-    asks again). The answer is checked first: its total must be the listing's size and its body no web page."""
+    """One request for what `partial` lacks, streamed onto its end until done or dropped (then the
+    caller asks again). The answer is checked first: its total must be the listing's size and its
+    body no web page."""
     import requests
 
+    dropped = (requests.ConnectionError, requests.Timeout, requests.exceptions.ChunkedEncodingError)
     have = size_of(partial)
     if have > size:  # longer than the file: damaged, start over
         os.remove(partial)
         have = 0
-    etag = ''
+    headers, etag = {'Range': f'bytes={have}-'} if have else {}, ''
     if have and os.path.exists(etag_path):
         with open(etag_path) as f:
             etag = f.read()
-    headers = dict(
-        {'Range': f'bytes={have}-'} if have else {}, **({'If-Range': etag} if etag else {})
-    )
-    response = hub.get(url, retries, headers, stream=True)
-    with response:
+    if etag:
+        headers['If-Range'] = etag
+    with hub.get(url, retries, headers, stream=True) as response:
         start = check_answer(response, url, have, size)
         if have and not start:
             say(
-                f"{url}: the server sent the whole file again (it changed, or ignores ranges): starting over"
+                f"{url}: the server sent the whole file again (it changed, or ignores ranges): "
+                "starting over"
             )
             progress.update(-have)
         if not start:  # a new body: keep its ETag for If-Range (a weak W/ one cannot be used there)
-            new_etag = response.headers.get('ETag', '')
-            if new_etag and not new_etag.startswith('W/'):
-                write_text_atomic(etag_path, new_etag)
+            etag = response.headers.get('ETag', '')
+            if etag and not etag.startswith('W/'):
+                write_text_atomic(etag_path, etag)
             else:
                 remove_quietly(etag_path)
         try:
@@ -442,8 +398,8 @@ def fetch_rest(hub, url, partial, etag_path, size, starts_with, retries, progres
                     if f.tell() == 0 and not chunk.startswith(starts_with[: len(chunk)]):
                         raise DataError(
                             f"{url}: the server sent something else than the file "
-                            f"({what_came(response, chunk)}): a proxy or captive portal in the way? "
-                            f"check the network and --endpoint or HF_ENDPOINT"
+                            f"({what_came(response, chunk)}): a proxy or captive portal in the "
+                            f"way? check the network and --endpoint or HF_ENDPOINT"
                         )
                     if f.tell() + len(chunk) > size:
                         raise DataError(size_mismatch(url, f"more than {size:,}", size))
@@ -453,38 +409,34 @@ def fetch_rest(hub, url, partial, etag_path, size, starts_with, retries, progres
                 # an answer without a byte of what is missing: a failure like any other
                 if f.tell() == start:
                     retries.wait("the server sent no data")
-        except (
-            requests.ConnectionError,
-            requests.Timeout,
-            requests.exceptions.ChunkedEncodingError,
-        ) as e:
-            # dropped half way: the next request asks for the rest
+        except dropped as e:  # half way: the next request asks for the rest
             retries.wait(network_problem(e, hub.network))
 
 
 def size_mismatch(url, sent, size):
     return (
-        f"{url}: the server sends {sent} bytes but the Hub's listing says {size:,}: a proxy or mirror in the "
-        f"way (check --endpoint or HF_ENDPOINT), or a stale files.json in the data folder (delete it to list "
-        f"the files again)"
+        f"{url}: the server sends {sent} bytes but the Hub's listing says {size:,}: a proxy or "
+        f"mirror in the way (check --endpoint or HF_ENDPOINT), or a stale files.json in the data "
+        f"folder (delete it to list the files again)"
     )
 
 
 def what_came(response, body):
-    """The Content-Type and the start of a body, for an error line: "text/html: '<!DOCTYPE html> <html>...'"."""
+    """The Content-Type and the start of a body, for an error line: "text/html: '<html>...'"."""
     start = ' '.join(body[:200].decode('utf-8', 'replace').split())[:80]
     return f"{response.headers.get('Content-Type', 'no Content-Type')}: {start!r}"
 
 
 def check_answer(response, url, have, size):
-    """Where the answer's body goes in the file: at `have` for a 206 that continues it, at 0 for a 200 (the whole
-    file). A total other than the listing's size, or an HTML page (a captive portal's login), is a DataError."""
+    """Where the body goes in the file: at `have` for a 206 that continues it, at 0 for a 200 (the
+    whole file). A total other than the listing's size, or an HTML page (a captive portal's login),
+    is a DataError."""
     if 'text/html' in response.headers.get('Content-Type', ''):
         page = next(response.iter_content(200), b'')
         raise DataError(
-            f"{url}: the server answered with a web page ({what_came(response, page)}) instead of the "
-            f"file: a captive portal or proxy login? open any web page to log in, or check --endpoint "
-            f"or HF_ENDPOINT"
+            f"{url}: the server answered with a web page ({what_came(response, page)}) instead of "
+            f"the file: a captive portal or proxy login? open any web page to log in, or check "
+            f"--endpoint or HF_ENDPOINT"
         )
     if response.status_code == 206:
         match = re.fullmatch(r'bytes (\d+)-\d+/(\d+|\*)', response.headers.get('Content-Range', ''))
