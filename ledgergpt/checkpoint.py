@@ -60,7 +60,6 @@ def _sha256(path):
 
 
 def write_manifest(folder):
-    """manifest.json for every file in a checkpoint folder: its size, and its sha256 if small."""
     entries = {}
     for name in sorted(os.listdir(folder)):
         path = os.path.join(folder, name)
@@ -70,8 +69,8 @@ def write_manifest(folder):
 
 
 def damage(path):
-    """What is wrong with a checkpoint folder, in a few words; None when every file the manifest
-    lists is there, at its size, with its hash."""
+    """What is wrong with a checkpoint folder, in a few words; None when every file of its manifest
+    is there, at its size, with its hash."""
     try:
         entries = load_json(os.path.join(path, MANIFEST))
     except FileNotFoundError:
@@ -82,8 +81,7 @@ def damage(path):
         file = os.path.join(path, name)
         if not os.path.isfile(file):
             return f'{name} is missing'
-        if os.path.getsize(file) != entry['bytes']:
-            size = os.path.getsize(file)
+        if (size := os.path.getsize(file)) != entry['bytes']:
             return f"{name} has {size:,} bytes, the manifest says {entry['bytes']:,} (truncated?)"
         if entry['sha256'] and _sha256(file) != entry['sha256']:
             return f"{name} differs from the manifest's sha256 (damaged)"
@@ -92,8 +90,7 @@ def damage(path):
 
 def verified(path, flag=None):
     """path, once its manifest checks out; else a ConfigError naming the damage and the newest
-    complete checkpoint before it. flag: the tool's option that takes a checkpoint (train.py's
-    '--resume'), in which the advice is given; sample.py, evals.py and export.py take a path."""
+    complete checkpoint before it (as `flag`=path where the tool takes one: '--resume')."""
     problem = damage(path)
     if problem is None:
         return path
@@ -131,8 +128,7 @@ def latest(out_dir, flag=None):
 
 
 def find(path, flag=None):
-    """A checkpoint folder itself, or a run's out_dir -> its latest checkpoint, verified (flag: as
-    verified's); a ConfigError if neither."""
+    """A checkpoint folder, or a run's out_dir -> its latest checkpoint, verified."""
     if any(os.path.isfile(os.path.join(path, name)) for name in (MANIFEST, STATE_FILE)):
         return verified(path, flag)
     found = latest(path, flag)
@@ -211,12 +207,10 @@ def _dcp_state(model, optimizer=None):
 
 def rng_states():
     """Every rank's RNG states (python, numpy, torch, cuda), gathered to all ranks."""
-    name, key, position, has_gauss, gauss = np.random.get_state()
-    state = {  # tensors and plain values: what read_state's torch.load(weights_only=True) reads
-        'python': random.getstate(),
-        'numpy': (name, key.tolist(), position, has_gauss, gauss),
-        'torch': torch.get_rng_state(),
-    }
+    # tensors and plain values (numpy's key as a list): what read_state's torch.load reads
+    name, key, *rest = np.random.get_state()
+    numpy_state = (name, key.tolist(), *rest)
+    state = dict(python=random.getstate(), numpy=numpy_state, torch=torch.get_rng_state())
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         state['cuda'] = torch.cuda.get_rng_state()
     world = _rank_and_world()[1]
@@ -289,7 +283,6 @@ def _prune(out_dir, final, keep, kept_steps):
 
 
 def _write(tmp, step, model, optimizer, train_state, rank, world):
-    """The files of one checkpoint, into the folder tmp."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.api import CheckpointException
 
@@ -306,10 +299,8 @@ def _write(tmp, step, model, optimizer, train_state, rank, world):
         except CheckpointException as e:
             raise e.failures[min(e.failures)][0] from None
     if gathered and with_optimizer:
-        if hasattr(
-            optimizer, 'consolidate_state_dict'
-        ):  # ZeRO-1: every rank sends its part to rank 0
-            optimizer.consolidate_state_dict(to=0)
+        if hasattr(optimizer, 'consolidate_state_dict'):
+            optimizer.consolidate_state_dict(to=0)  # ZeRO-1: every rank sends its part to rank 0
         if rank == 0:
             torch.save(optimizer.state_dict(), os.path.join(tmp, GATHERED_OPTIMIZER))
     rngs = rng_states()
@@ -320,9 +311,9 @@ def _write(tmp, step, model, optimizer, train_state, rank, world):
 
 
 def load(path, model, optimizer, kind='adamw'):
-    """Restore the model, the optimizer (as built when the checkpoint holds none: step 0, or another
-    optimizer's than `kind`, which a resume allowed to change it starts afresh) and this rank's RNG
-    streams in place; return the saved train_state dict."""
+    """Restore the model, the optimizer (as built where the checkpoint holds none: step 0, or
+    another optimizer's than `kind`, which a resume allowed to change it starts afresh) and this
+    rank's RNG streams in place; -> the saved train_state dict."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_state_dict
 

@@ -41,14 +41,14 @@ WRITTEN_FORMATS = {2: (20240520, 1), 4: (20240801, 7)}  # bytes per token -> (ma
 
 
 def token_dtype(vocab_size):
-    """uint16 while every id fits (vocab <= 65,536: GPT-2's 50,257 and NeoX's 50,277 do), else
-    uint32, as the ledger plans the shards' bytes (sums.token_bytes; test_data.py holds them so)."""
+    """uint16 while every id fits (vocab <= 65,536: GPT-2's 50,257, NeoX's 50,277), else uint32: the
+    ledger's sums.token_bytes, which test_data.py holds to it."""
     return np.dtype('<u2') if vocab_size <= 2**16 else np.dtype('<u4')
 
 
 def write_shard(path, tokens):
-    """Write one shard atomically and return its largest id: a uint16 array in GPT-2's format,
-    uint32 in Llama 3's, other integers in the smaller that holds them."""
+    """Write a shard atomically, -> its largest id: uint16 arrays in GPT-2's format, uint32 in Llama
+    3's, other integers in the smaller that holds them."""
     tokens = np.asarray(tokens)
     largest = int(tokens.max()) if tokens.size else -1
     if tokens.dtype not in (np.uint16, np.uint32):
@@ -108,7 +108,6 @@ SOURCES['hub'] = ' REPO --config NAME --column TEXT'
 
 
 def list_shards(data_dir, split):
-    """A folder's `*_{split}_*.bin` shards, sorted; a DataError saying how to make them if none."""
     paths = sorted(glob.glob(os.path.join(glob.escape(data_dir), f'*_{split}_*.bin')))
     if not paths:
         raise DataError(
@@ -120,7 +119,7 @@ def list_shards(data_dir, split):
 
 def open_split(data_dir, meta, split):
     """The split's shards, checked against meta.json's counts of shards and tokens: one gone, cut
-    short or swapped would train on less data, and under torchrun on one rank another stream. The
+    short or swapped would train on less data (under torchrun, one rank on another stream). The
     shards are numbered across the folder (val 0 .. V-1, train V ..): that names the one missing."""
     paths, listed = list_shards(data_dir, split), meta[f'{split}_shards']
     remake = f"remake the folder ({prepare_command(data_dir)}, same options)"
@@ -151,8 +150,7 @@ def open_split(data_dir, meta, split):
 
 
 def prepare_command(data_dir):
-    """The command that makes a data folder, as far as it tells (its shards' names hold the
-    source)."""
+    """The command that makes the folder, as far as its shards' names tell the source."""
     names = [os.path.basename(p) for p in glob.glob(os.path.join(glob.escape(data_dir), '*.bin'))]
     source = next((s for s in SOURCES if any(n.startswith(s + '_') for n in names)), 'pystdlib')
     return f"python prepare.py {source}{SOURCES[source]} --out {data_dir}"
@@ -166,8 +164,7 @@ TYPE_NAMES = {str: 'a string', int: 'a whole number', dict: 'a JSON object'}
 
 
 def load_meta(data_dir):
-    """The folder's meta.json, checked: no file, bad JSON, a missing key or a value of the wrong
-    type is one DataError line naming the file and the command that remakes it."""
+    """The folder's meta.json, each key checked: one DataError line names the file and remake."""
     path = os.path.join(data_dir, 'meta.json')
     command = prepare_command(data_dir)
     remake = f"rerun the command that made the folder ({command}, same options) to remake it"
@@ -194,9 +191,9 @@ def load_meta(data_dir):
 
 
 def check_token_ids(data_dir, meta, vocab_size):
-    """The largest token id of the folder's shards, checked below `vocab_size` (past the embedding,
-    an id fails far from its cause: on a GPU a device-side assert). meta.json's max_token_id answers
-    at once; without it (llm.c's shards) each shard is read once."""
+    """The largest token id of the folder's shards, checked below `vocab_size`: past the embedding
+    an id fails far from its cause (a GPU's device-side assert). meta.json's max_token_id answers at
+    once; without it (llm.c's shards) each shard is read once."""
     largest = meta.get('max_token_id')
     if largest is not None and largest < vocab_size:
         return largest
@@ -230,8 +227,8 @@ def id_past_vocab(tokens, start, vocab_size, meta):
 
 
 def load_tokenizer(data_dir):
-    """The data folder's tokenizer.json as a tiktoken.Encoding (an HFEncoding for neox): no
-    download, no cache. A mixture reads its first folder's (all share one)."""
+    """The folder's tokenizer.json as a tiktoken.Encoding (an HFEncoding for neox): no download, no
+    cache. A mixture reads its first folder's (all share one)."""
     data_dir = tokenizer_folder(data_dir)
     path = os.path.join(data_dir, 'tokenizer.json')
     if not os.path.exists(path):
@@ -264,9 +261,9 @@ def load_tokenizer(data_dir):
 
 
 class HFEncoding:
-    """A `tokenizers` tokenizer behind the part of tiktoken.Encoding this project uses. As there,
-    '<|endoftext|>' in a text is text unless encode() is given allowed_special (sample.py's
-    prompts). eot_token starts each document: '<|endoftext|>' or a model's own (a Llama's BOS)."""
+    """A `tokenizers` tokenizer as the part of tiktoken.Encoding this project uses: '<|endoftext|>'
+    in a text is text unless encode() is given allowed_special (sample.py's prompts). eot_token
+    starts each document: '<|endoftext|>' or a model's own (a Llama's BOS)."""
 
     def __init__(self, name, spec_text, reserved=(), document_start=EOT):
         from tokenizers import AddedToken, Tokenizer
@@ -313,7 +310,7 @@ def byte_alphabet():
 
 
 def reserved_ids(encoding):
-    """{name: id} of the SPECIAL_TOKENS a loaded tokenizer holds besides the end-of-text token."""
+    """{name: id} of the SPECIAL_TOKENS the tokenizer holds besides the end-of-text token."""
     if isinstance(encoding, HFEncoding):
         return dict(encoding.reserved)
     held = encoding.special_tokens_set
@@ -328,8 +325,8 @@ def reserved_ids(encoding):
 
 
 def token_byte_lengths(encoding):
-    """The UTF-8 bytes of each token id's text, 0 for special tokens (neox: the byte-level token
-    strings through GPT-2's byte alphabet, added tokens as their text)."""
+    """Each token id's UTF-8 bytes, 0 for special tokens (neox: byte-level token strings through
+    GPT-2's byte alphabet, added tokens as their text)."""
     lengths = np.zeros(encoding.n_vocab, dtype=np.int64)
     if isinstance(encoding, HFEncoding):
         byte_chars = set(byte_alphabet().values())
@@ -356,8 +353,7 @@ _byte_lengths = {}  # data folder -> its tokenizer's token_byte_lengths, built o
 
 
 def target_bytes(data_dir, targets):
-    """The UTF-8 bytes of the text of `targets` (negative entries such as IGNORE_INDEX, which carry
-    no loss, skipped): the denominator of exact bits per byte."""
+    """The UTF-8 bytes of the text of `targets`, negative ones (IGNORE_INDEX: no loss) skipped."""
     if data_dir not in _byte_lengths:
         _byte_lengths[data_dir] = token_byte_lengths(load_tokenizer(data_dir))
     targets = np.asarray(targets)
@@ -370,7 +366,7 @@ def target_bytes(data_dir, targets):
 
 
 class Stream:
-    """sequence(k) is the stream's k-th sequence; batch(first, count) stacks count as int64."""
+    """sequence(k) is the k-th sequence; batch(first, count) stacks count of them as int64."""
 
     def batch(self, first, count):
         sequences = [self.sequence(k) for k in range(first, first + count)]
@@ -394,7 +390,6 @@ class ShardStream(Stream):
         self._plans, self._permutations = {}, {}
 
     def locate(self, k):
-        """(shard index, first token) of sequence k of the stream."""
         epoch, index = divmod(k, self.per_epoch)
         if epoch not in self._plans:  # one epoch's plan is kept: the stream only moves forward
             order = np.random.default_rng([self.seed, epoch]).permutation(len(self.shards))
@@ -423,7 +418,7 @@ class ShardStream(Stream):
 
 @dataclasses.dataclass
 class SyntheticStream(Stream):
-    """data = 'synthetic': uniform random tokens, sequence k from its own generator seeded by (seed,
+    """data = 'synthetic': uniform random tokens, sequence k drawn by its own generator (seed,
     split, k). For benchmarks without a dataset (the loss stays near ln V)."""
 
     vocab_size: int
@@ -437,8 +432,7 @@ class SyntheticStream(Stream):
 
 
 class MixtureStream(Stream):
-    """ShardStreams interleaved by a mixture.Schedule: sequence k is sequence j of source s, where
-    (s, j) = schedule.locate(k)."""
+    """ShardStreams interleaved by schedule.locate(k) -> (source, sequence j of its stream)."""
 
     def __init__(self, streams, schedule):
         self.streams, self.schedule = streams, schedule
@@ -487,7 +481,7 @@ def open_data(model_cfg, train):
 
 
 def val_set(shards, meta, T, V, train):
-    """The fixed val set: the split's first eval_tokens, cut into consecutive sequences of T + 1."""
+    """The first eval_tokens of the val split, cut into consecutive sequences of T + 1."""
     parts, left = [], train.eval_tokens + 1
     for shard in shards:
         part = shard[:left]
@@ -521,9 +515,9 @@ def tokenizer_folder(data):
 
 def open_mixture(model_cfg, train):
     """open_data for a mixture -> (MixtureStream, {source name: val sequences}, meta). Each source
-    keeps its own stream and val set (eval_tokens / sources long), scored on its own. meta is the
-    first folder's, with the mixture's train_tokens (summed), bytes per token (the weighted mean:
-    bits per mixture byte) and 'sources' {name: {folder, weight, bytes_per_token, train_tokens}}."""
+    keeps its own stream and val set (eval_tokens / sources), scored on its own. meta is the first
+    folder's with the mixture's train_tokens (summed), bytes per token (the weighted mean: bits per
+    mixture byte) and 'sources' {name: {folder, weight, bytes_per_token, train_tokens}}."""
     schedule = mixture.Schedule(train.data, train.seed)
     eval_tokens = max(1, train.eval_tokens // len(schedule.folders))
     streams, vals, metas, sources = [], {}, [], {}
@@ -552,16 +546,14 @@ def open_mixture(model_cfg, train):
 
 
 def micro_batch_arrays(stream, position, micro_step, cluster, micro_batch, objective):
-    """Rank r's (inputs, targets) for micro-step m of the step at stream `position`: slice (m x
-    world + r) x micro_batch of the step's sequences, so the ranks' slices are disjoint and together
-    what one process reads (test_distributed.py). `objective` (objectives.py) transforms a sequence
-    from its tokens and stream index alone: any world size transforms it alike."""
+    """Rank r's (inputs, targets) of micro-step m of the step at stream `position`: slice (m x world
+    + r) x micro_batch of the step's sequences, so that the ranks' slices are disjoint and together
+    one process's (test_distributed.py); `objective` transforms each sequence on its own."""
     first = position + (micro_step * cluster.world_size + cluster.rank) * micro_batch
     return objective(stream.batch(first, micro_batch), first)
 
 
 def to_device(array, device):
-    """A numpy batch as a tensor on `device`."""
     import torch
 
     tensor = torch.from_numpy(array)

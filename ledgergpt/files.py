@@ -20,16 +20,14 @@ from ledgergpt.config import UserError
 
 
 def remove_quietly(path):
-    """Delete a file if it is there (a temporary file a failed write leaves behind)."""
     with contextlib.suppress(FileNotFoundError):
         os.remove(path)
 
 
 @contextlib.contextmanager
 def atomic_write(path, mode='w'):
-    """Yield a temporary file opened with `mode`, flushed to disk and renamed to `path` when the
-    block ends. The pid in its name keeps two processes apart; a failed write (Ctrl-C too) removes
-    it."""
+    """Yield a temporary file opened with `mode`, flushed and renamed to `path` when the block ends.
+    The pid in its name keeps processes apart; a failed write (Ctrl-C too) removes it."""
     tmp = f'{path}.tmp{os.getpid()}'
     try:
         with open(tmp, mode) as f:
@@ -86,7 +84,7 @@ def free_bytes(folder):
 @contextlib.contextmanager
 def disk_errors(folder, needed_bytes=None):
     """A full disk or a folder that cannot be written, inside the block, as one UserError naming the
-    folder and its free space. The block's writes clean up after themselves (atomic_write does)."""
+    folder and its free space (the block's writes clean up after themselves: atomic_write does)."""
     try:
         yield
     except OSError as e:

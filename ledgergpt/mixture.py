@@ -1,15 +1,10 @@
 """
 mixture.py: the arithmetic of a weighted mixture of data folders (docs/data.md, "Mixtures"): which
-source each global sequence comes from, and how many each has given after n. Standard library only:
-the ledger counts per-source tokens and epochs with the very schedule data.MixtureStream reads by.
-
-The weights are kept to 1/1000, reduced by their common divisor (60/15/10/5/5/5 is a period of 20).
-Over a period the sources are interleaved by smooth weighted round-robin (nginx's upstream
-balancer): at each position every source's credit grows by its units, and the richest is taken and
-pays back the period. So every window of n sequences holds each source within a couple of n x w
-(test_mixture.py measures the worst window), where iid draws would wander by sqrt(n x w). The seed
-turns the pattern's phase. Source s's j-th turn reads sequence j of its own seeded stream: sequence
-k is a pure function of (seed, k), as for one folder.
+source each global sequence comes from. Standard library only: the ledger counts per-source tokens
+with the very schedule data.MixtureStream reads by. The weights, in units of 1/1000 reduced by
+their divisor (60/15/10/5/5/5: a period of 20), interleave by smooth weighted round-robin (nginx's
+upstream balancer): at each position every source's credit grows by its units, and the richest is
+taken and pays back the period; test_mixture.py measures the worst window.
 """
 
 import math

@@ -1,10 +1,9 @@
 """
-objectives.py: what the model learns to predict (BOOK.md, "Pretraining objectives"; the objectives
-and their measured cost: docs/objectives.md). clm is next-token prediction; prefix_lm, fim (Bavarian
-et al. 2022, appendix B.1) and ul2 (Tay et al. 2022) transform the train stream's packed sequences:
-`objective(sequences, first_index) -> (inputs, targets)`, on the host per micro-batch, a target
-of IGNORE_INDEX carrying no loss. Sequence k draws from its own generator seeded by (seed, k): a
-resumed run transforms every sequence alike, and ranks draw disjoint randomness without talking.
+objectives.py: what the model learns to predict (docs/objectives.md; BOOK.md, "Pretraining
+objectives"): clm, or prefix_lm, fim or ul2, which transform the train stream's packed sequences on
+the host: `objective(sequences, first_index) -> (inputs, targets)`, IGNORE_INDEX where no loss.
+Sequence k draws from its own generator seeded by (seed, k): a resume and any world size transform
+it alike.
 
 Context-level, as the FIM paper's appendix recommends: a sequence is cut at its end-of-text tokens
 into fragments, each transformed on its own and packed back into the block_size + 1 positions. The
@@ -19,7 +18,7 @@ import dataclasses
 
 import numpy as np
 
-from ledgergpt import config
+from ledgergpt import config, data
 from ledgergpt.config import FIM_TOKENS, NEEDS, SENTINELS, UL2_MODES, ConfigError, DataError
 
 # UL2's R and X denoisers, (mean span, share masked) each, by mode (0 is S, prefix LM)
@@ -29,10 +28,9 @@ STREAM = 0x6F626A  # 'obj': the generators' middle seed word, apart from the dat
 
 @dataclasses.dataclass
 class Objective:
-    """A run's objective: its name, seed, rates and the data folder's token ids. The rates' defaults
-    (config.py): FIM at the paper's 0.5 ("FIM for free" holds up to 0.9), half of them SPM (its
-    joint PSM+SPM training); UL2 half S, as U-PaLM's UL2R mixture, so left-to-right prediction stays
-    half the diet."""
+    """A run's objective: its name, seed, rates and the data folder's token ids. Default rates: FIM
+    at the paper's 0.5 ("FIM for free" holds up to 0.9), half of them SPM (its joint PSM+SPM
+    training); UL2 half S, as U-PaLM's UL2R, so left-to-right prediction stays half the diet."""
 
     name: str = 'clm'
     seed: int = 0
@@ -61,8 +59,6 @@ def special_ids(meta, data_dir, names, user):
     have = meta.get('special_tokens', {})
     missing = [name for name in names if name not in have]
     if missing:
-        from ledgergpt import data  # the command that made the folder (data imports numpy)
-
         others = ' (and others)' if len(missing) > 1 else ''
         raise DataError(
             f"{data_dir} has no {missing[0]} token{others}, which {user} needs: its tokenizer was "
