@@ -416,7 +416,7 @@ class ShardStream(Stream):
         return sequences
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(eq=False)  # hashed by identity, as the other streams
 class SyntheticStream(Stream):
     """data = 'synthetic': uniform random tokens, sequence k drawn by its own generator (seed,
     split, k). For benchmarks without a dataset (the loss stays near ln V)."""

@@ -175,7 +175,23 @@ def folder_lock(folder, command):
         with open(mine, 'w') as f:
             json.dump(me, f)
     try:
-        take(path, mine, me, folder)
+        # another process may take over a stale lock at the same moment: look again
+        for _ in range(3):
+            try:
+                os.link(mine, path)
+                break
+            except FileExistsError:
+                owner = read_lock(path)
+            if owner is None:
+                continue
+            pid = owner.get('pid')
+            if owner.get('host') != me['host'] or not isinstance(pid, int) or process_alive(pid):
+                raise UserError(lock_message(folder, path, owner))
+            take_over(path, owner)
+        else:
+            raise UserError(
+                f"could not take the lock {path}: other processes keep taking it; try again"
+            )
     finally:
         remove_quietly(mine)
     try:
@@ -183,23 +199,6 @@ def folder_lock(folder, command):
     finally:
         if read_lock(path) == me:
             remove_quietly(path)
-
-
-def take(path, mine, me, folder):
-    """Link our lock file `mine` to `path`, taking over a stale lock on the way."""
-    # another process may take over a stale lock at the same moment: look again
-    for _ in range(3):
-        try:
-            return os.link(mine, path)
-        except FileExistsError:
-            owner = read_lock(path)
-        if owner is None:
-            continue
-        pid = owner.get('pid')
-        if owner.get('host') != me['host'] or not isinstance(pid, int) or process_alive(pid):
-            raise UserError(lock_message(folder, path, owner))
-        take_over(path, owner)
-    raise UserError(f"could not take the lock {path}: other processes keep taking it; try again")
 
 
 def take_over(path, stale):
