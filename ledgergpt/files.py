@@ -1,11 +1,11 @@
 """
 files.py: writes that lose nothing, and folders with one writer at a time. Standard library only.
 
-- atomic_write / write_text_atomic / save_json: a file is written under a temporary name of this process and
-  renamed when complete, so a reader (or a rerun after a crash) sees the old file or the new one, never half of one.
-- disk_errors(folder): a full disk or a read-only folder becomes one UserError line that names the folder and the
-  free space, instead of a traceback from deep inside a write.
-- folder_lock(folder, command): a lock file in the folder, so two commands never write one folder at once.
+- atomic_write, write_text_atomic, save_json: the file is written under a temporary name and renamed
+  when complete, so a reader (or a rerun after a crash) sees the old file or the new, never half.
+- disk_errors(folder): a full disk or a read-only folder is one UserError line naming the folder and
+  its free space, not a traceback from deep inside a write.
+- folder_lock(folder, command): a lock file in the folder: two commands never write it at once.
 """
 
 import contextlib
@@ -20,17 +20,14 @@ from ledgergpt.config import UserError
 
 
 def remove_quietly(path):
-    """Delete a file if it is there (a temporary file a failed write leaves behind)."""
     with contextlib.suppress(FileNotFoundError):
         os.remove(path)
 
 
 @contextlib.contextmanager
 def atomic_write(path, mode='w'):
-    """Yield a temporary file of this process, opened with `mode`; when the block ends it is flushed to disk and
-    renamed to `path`, so a reader sees the old file or the new one, never half of one. The pid in the temporary
-    name keeps two processes writing the same file apart (each renames a whole file of its own); a failed write
-    (an exception, Ctrl-C) removes its temporary file."""
+    """Yield a temporary file opened with `mode`, flushed and renamed to `path` when the block ends.
+    The pid in its name keeps processes apart; a failed write (Ctrl-C too) removes it."""
     tmp = f'{path}.tmp{os.getpid()}'
     try:
         with open(tmp, mode) as f:
@@ -52,11 +49,16 @@ def save_json(path, obj):
     write_text_atomic(path, json.dumps(obj, indent=1))
 
 
-# -----------------------------------------------------------------------------------------------------
-# Full disks and read-only folders. A write that fails for want of space raises OSError ENOSPC (EDQUOT over a
-# quota) wherever it happens; torch.save raises RuntimeError instead, from its zip writer ("PytorchStreamWriter
-# failed writing file ...: file write failed", or "unexpected pos N vs M" when a short write shows up as a wrong
-# offset). disk_errors turns each into one line that says what happened, where, and how much space is left.
+def load_json(path):
+    """A JSON file's value (bytes in, so a file that is not text at all is a ValueError too)."""
+    with open(path, 'rb') as f:
+        return json.loads(f.read())
+
+
+# --------------------------------------------------------------------------------------------------
+# Full disks and read-only folders. A write short of space raises OSError ENOSPC (EDQUOT over a
+# quota); torch.save raises RuntimeError from its zip writer instead ("... file write failed", or
+# "unexpected pos N vs M" when a short write shows up as a wrong offset).
 
 FULL = {errno.ENOSPC, errno.EDQUOT}
 NOT_WRITABLE = {errno.EROFS, errno.EACCES, errno.EPERM}
@@ -72,7 +74,7 @@ def human_bytes(n):
 
 
 def free_bytes(folder):
-    """Free bytes for this user on the filesystem that holds `folder` (or would: its nearest existing parent)."""
+    """Free bytes for this user on the filesystem of `folder` (or of its nearest parent)."""
     folder = os.path.abspath(folder)
     while not os.path.exists(folder):
         folder = os.path.dirname(folder)
@@ -81,19 +83,15 @@ def free_bytes(folder):
 
 @contextlib.contextmanager
 def disk_errors(folder, needed_bytes=None):
-    """Turn a full disk (ENOSPC, EDQUOT, torch.save's zip-writer errors) or a folder that cannot be written (EROFS,
-    EACCES, EPERM) inside the block into one UserError naming the folder and the free space on its filesystem.
-    The writes in the block are expected to clean up after themselves (write_text_atomic does), so what was there
-    before stays as it was."""
+    """A full disk or a folder that cannot be written, inside the block, as one UserError naming the
+    folder and its free space (the block's writes clean up after themselves: atomic_write does)."""
     try:
         yield
     except OSError as e:
-        if (
-            e.errno not in FULL | NOT_WRITABLE
-            or e.errno in NOT_WRITABLE
-            and not on_the_way(e.filename, folder)
-        ):
-            raise  # not about space, or a file elsewhere that cannot be read (an input): not ours to explain
+        # a file elsewhere that cannot be read (an input) is not ours to explain
+        ours = e.errno in FULL or e.errno in NOT_WRITABLE and on_the_way(e.filename, folder)
+        if not ours:
+            raise
         where = e.filename or folder
         if e.errno in FULL:
             raise UserError(full_disk_message(folder, where, needed_bytes)) from None
@@ -109,7 +107,7 @@ def disk_errors(folder, needed_bytes=None):
 
 
 def on_the_way(path, folder):
-    """Whether writing `folder` can fail at `path`: the folder, a file in it, or a parent it is made in."""
+    """Whether writing `folder` can fail at `path`: the folder, a file in it, or a parent."""
     if not path:
         return True
     path, folder = os.path.abspath(path), os.path.abspath(folder)
@@ -119,18 +117,19 @@ def on_the_way(path, folder):
 def full_disk_message(folder, where, needed_bytes):
     needed = f", about {human_bytes(needed_bytes)} needed" if needed_bytes else ''
     return (
-        f"disk full writing {where}: {human_bytes(free_bytes(folder))} free on the filesystem of {folder}{needed}: "
-        f"free some space or choose another folder, then rerun (what was complete is kept)"
+        f"disk full writing {where}: {human_bytes(free_bytes(folder))} free on the filesystem of "
+        f"{folder}{needed}: free some space or choose another folder, then rerun (what was "
+        f"complete is kept)"
     )
 
 
-# -----------------------------------------------------------------------------------------------------
-# One writer per folder. The lock is a small JSON file, `.lock` in the folder, holding the pid, host, command and
-# start time of its owner. It is created whole or not at all (written to a file of our own, then hard-linked to
-# `.lock`: link fails if the name exists, on local disks and NFS alike), and removed when the block ends, by an
-# exception or Ctrl-C too. A process killed outright (SIGKILL, a power cut) leaves it behind: on the same host a
-# lock whose pid no longer runs is stale and taken over; a live one, or one from another host (whose processes we
-# cannot see), is one line naming its owner.
+# --------------------------------------------------------------------------------------------------
+# One writer per folder: `.lock` in the folder, a JSON file with its owner's pid, host, command and
+# start time. It is created whole or not at all (written to a file of our own, then hard-linked to
+# `.lock`: link fails if the name exists, on local disks and NFS alike) and removed when the block
+# ends, by an exception too. A process killed outright leaves it behind: on this host a lock whose
+# pid no longer runs is stale and taken over; a live one, or one from another host (whose processes
+# we cannot see), is one line naming its owner.
 
 LOCK_NAME = '.lock'
 
@@ -146,10 +145,9 @@ def process_alive(pid):
 
 
 def read_lock(path):
-    """The owner recorded in a lock file, or None if it vanished meanwhile (released); {} if unreadable."""
+    """A lock file's owner; None if it vanished meanwhile (released), {} if unreadable."""
     try:
-        with open(path) as f:
-            owner = json.load(f)
+        owner = load_json(path)
     except FileNotFoundError:
         return None
     except (OSError, ValueError):
@@ -159,27 +157,20 @@ def read_lock(path):
 
 @contextlib.contextmanager
 def folder_lock(folder, command):
-    """Hold `folder`/.lock for the block (the folder is created if needed); a UserError naming the other process if
-    another live process holds it; a folder that cannot be made or written (a file of that name, a read-only
-    filesystem) is one UserError line too. Yields the lock file's path."""
+    """Hold `folder`/.lock for the block (the folder is made if needed) and yield its path. Another
+    live holder, or a folder that cannot be made or written, is one UserError line."""
     path = os.path.join(folder, LOCK_NAME)
-    me = {
-        'pid': os.getpid(),
-        'host': socket.gethostname(),
-        'command': command,
-        'since': time.strftime('%Y-%m-%d %H:%M:%S'),
-    }
+    me = dict(pid=os.getpid(), host=socket.gethostname(), command=command)
+    me['since'] = time.strftime('%Y-%m-%d %H:%M:%S')
     mine = f'{path}.{me["pid"]}'
-    with disk_errors(folder):  # read-only or full: one line
+    with disk_errors(folder):
         try:
             os.makedirs(folder, exist_ok=True)
-        except (
-            FileExistsError,
-            NotADirectoryError,
-        ) as e:  # the folder's name, or a parent's, is a file
+        # the folder's name, or a parent's, is a file
+        except (FileExistsError, NotADirectoryError) as e:
             raise UserError(
-                f"cannot make the folder {folder}: {e.filename or folder} is a file, not a folder; choose another "
-                f"folder"
+                f"cannot make the folder {folder}: {e.filename or folder} is a file, not a folder; "
+                f"choose another folder"
             ) from None
         with open(mine, 'w') as f:
             json.dump(me, f)
@@ -193,14 +184,10 @@ def folder_lock(folder, command):
                 owner = read_lock(path)
             if owner is None:
                 continue
-            if (
-                owner.get('host') == me['host']
-                and isinstance(owner.get('pid'), int)
-                and not process_alive(owner['pid'])
-            ):
-                take_over(path, owner)
-                continue
-            raise UserError(lock_message(folder, path, owner))
+            pid = owner.get('pid')
+            if owner.get('host') != me['host'] or not isinstance(pid, int) or process_alive(pid):
+                raise UserError(lock_message(folder, path, owner))
+            take_over(path, owner)
         else:
             raise UserError(
                 f"could not take the lock {path}: other processes keep taking it; try again"
@@ -230,11 +217,14 @@ def take_over(path, stale):
 
 def lock_message(folder, path, owner):
     if not owner:
-        return f"{folder} is locked by {path}, which cannot be read: if no other command uses the folder, delete it"
-    where = (
-        'this host' if owner.get('host') == socket.gethostname() else f"host {owner.get('host')}"
-    )
+        return (
+            f"{folder} is locked by {path}, which cannot be read: if no other command uses the "
+            f"folder, delete it"
+        )
+    host = owner.get('host')
+    where = 'this host' if host == socket.gethostname() else f"host {host}"
     return (
         f"{folder} is in use by pid {owner.get('pid')} on {where} ({owner.get('command')}, since "
-        f"{owner.get('since')}): wait for it to finish or stop it; if it is not running, delete {path}"
+        f"{owner.get('since')}): wait for it to finish or stop it; if it is not running, delete "
+        f"{path}"
     )

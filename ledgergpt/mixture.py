@@ -1,36 +1,28 @@
 """
-mixture.py: a weighted mixture of data folders, the arithmetic of it: which source each global sequence comes from
-and how many each source has given after n sequences. Standard library only: the ledger counts per-source tokens
-and epochs with the very schedule data.py's MixtureStream reads by.
-
-    data = {'data/web': 0.6, 'data/code': 0.4}        # in a config file
-    --data=data/web:0.6,data/code:0.4                 # on the command line (config.py keeps it in this form)
-
-The weights are kept to 1/1000 (units of 0.1%, reduced by their common divisor: 60/15/10/5/5/5 is a period of 20).
-Over one period the sources are interleaved by smooth weighted round-robin (nginx's upstream balancer): each
-position, every source's credit grows by its units and the source with the most credit is taken and pays back the
-period. So every window of n consecutive sequences holds each source within a couple of sequences of n x weight
-(tests/test_mixture.py measures the worst window), unlike iid draws, whose counts wander by sqrt(n x w). The
-seed turns the pattern's phase. Source s's j-th turn reads sequence j of that source's own seeded stream, so the
-sequence at global position k is a pure function of (seed, k): resume and any world size work as for one folder.
+mixture.py: the arithmetic of a weighted mixture of data folders (docs/data.md, "Mixtures"): which
+source each global sequence comes from. Standard library only: the ledger counts per-source tokens
+with the very schedule data.MixtureStream reads by. The weights, in units of 1/1000 reduced by
+their divisor (60/15/10/5/5/5: a period of 20), interleave by smooth weighted round-robin (nginx's
+upstream balancer): at each position every source's credit grows by its units, and the richest is
+taken and pays back the period; test_mixture.py measures the worst window.
 """
 
 import math
 
 from ledgergpt.config import MIXTURE_UNITS, data_sources
 
-GOLDEN = 0x9E3779B97F4A7C15  # 2^64 / golden ratio: Knuth's multiplicative hash, the seed -> the pattern's phase
+# 2^64 / golden ratio: Knuth's multiplicative hash, the seed -> the pattern's phase
+GOLDEN = 0x9E3779B97F4A7C15
 
 
 def source_names(folders):
-    """A short name per folder for logs and metrics: its last path component, or the whole path where two share
-    one."""
+    """A short name per folder for logs: its last path component, or all of it if not unique."""
     names = [folder.rstrip('/').split('/')[-1] or folder for folder in folders]
     return [name if names.count(name) == 1 else folder for name, folder in zip(names, folders)]
 
 
 class Schedule:
-    """The mixture's schedule for `data` (config.py's mixture text) and `seed`: source(k) and drawn(n)."""
+    """The schedule for `data` (config.py's mixture text) and `seed`: locate(k) and drawn(n)."""
 
     def __init__(self, data, seed):
         sources = data_sources(data)
@@ -38,8 +30,7 @@ class Schedule:
         self.names = source_names(self.folders)
         # none is 0: config.mixture_text checks
         units = [round(weight * MIXTURE_UNITS) for _, weight in sources]
-        divisor = math.gcd(*units)
-        self.units = [unit // divisor for unit in units]
+        self.units = [unit // math.gcd(*units) for unit in units]
         self.period = sum(self.units)
         # the weights the schedule draws by, exactly
         self.weights = [unit / self.period for unit in self.units]
@@ -55,7 +46,7 @@ class Schedule:
         self.offset = (seed * GOLDEN) % 2**64 % self.period
 
     def _turns(self, m):
-        """Each source's turns in positions [0, m) of the unshifted pattern (whole periods, then a part)."""
+        """Each source's turns in positions [0, m) of the unshifted pattern."""
         periods, rest = divmod(m, self.period)
         return [periods * unit + part for unit, part in zip(self.units, self.before[rest])]
 
