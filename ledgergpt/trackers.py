@@ -62,6 +62,11 @@ class TensorBoard:
         from torch.utils.tensorboard import SummaryWriter  # needs the tensorboard package
 
         self.SummaryWriter, self.folder = SummaryWriter, os.path.join(train.out_dir, 'tensorboard')
+        os.makedirs(self.folder, exist_ok=True)
+        # a folder it cannot write to fails here, one warning line; in the writer's thread, a traceback too
+        probe = os.path.join(self.folder, f'.probe{os.getpid()}')
+        open(probe, 'w').close()
+        os.remove(probe)
         self.writer, self.step = None, 0
         self.texts = {
             'config': '```\n'
