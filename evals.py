@@ -451,13 +451,15 @@ def mmlu_items(test_path, dev_path, shots):
     return items
 
 
-def task_items(task, cache=None, world_size=1):
-    """A Hub task's items on every rank, its files downloaded once per machine."""
+def task_items(task, cache=None, world_size=1, network=None):
+    """A Hub task's items on every rank, its files downloaded once per machine (network: downloads.Network)."""
     spec = HUB_TASKS[task]
     splits = ['test'] + (['dev'] if spec.shots else [])
     paths = [hub_task_path(spec.repo, spec.folder, split, cache) for split in splits]
     downloaded_once_per_machine(
-        lambda: [download_hub_split(spec.repo, spec.folder, split, cache) for split in splits],
+        lambda: [
+            download_hub_split(spec.repo, spec.folder, split, cache, network) for split in splits
+        ],
         world_size,
     )
     if spec.repo == 'allenai/ai2_arc':
@@ -734,7 +736,12 @@ def main(argv):
     parser.add_argument(
         '--url',
         help='where hellaswag_val.jsonl is downloaded from (default: $HELLASWAG_URL, else '
-        "rowanz/hellaswag's file on GitHub); ARC and MMLU come from the Hub ($HF_ENDPOINT, else huggingface.co)",
+        "rowanz/hellaswag's file on GitHub)",
+    )
+    parser.add_argument(
+        '--endpoint',
+        default='',
+        help='the Hub ARC and MMLU come from (default: $HF_ENDPOINT, else huggingface.co)',
     )
     parser.add_argument(
         '--cache', default=cache_folder(), help='the folder they are kept in (default: %(default)s)'
@@ -776,7 +783,8 @@ def main(argv):
                     model, encoding, items, device, autocast, rank, world_size, args.batch
                 )
             else:
-                items = task_items(task, args.cache, world_size)[: args.limit or None]
+                network = downloads.Network(endpoint=args.endpoint)
+                items = task_items(task, args.cache, world_size, network)[: args.limit or None]
                 started = time.perf_counter()
                 score = task_accuracy(
                     model, encoding, items, device, autocast, rank, world_size, args.batch
