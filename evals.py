@@ -6,23 +6,16 @@ evals.py: a checkpoint's HellaSwag, ARC-Easy, ARC-Challenge and MMLU (0/5-shot) 
     python evals.py out/pystdlib_cpu all --limit 500         # 500 items of each (on a CPU)
     python evals.py out/pystdlib_cpu mmlu_5shot              # or arc_easy, arc_challenge, mmlu
 
-Each beside chance and the published figures of comparable models. HellaSwag (Zellers et al. 2019:
-a context, four endings, one right; 10,042 validation items) is scored as llm.c does
-(dev/data/hellaswag.py), so that the GPT-2 figures it measured compare with ours: each ending
-follows the context (" " + ending, no end-of-text token in front), and the lowest mean loss per
-ending token wins ("acc_norm", completion style). Chance is 25%; a small model trained on code,
-like the CPU default, scores about that. ARC and MMLU are scored as lm-evaluation-harness does
-(their section below). The files are downloaded once into the cache folder (~/.cache/ledgergpt, or
-$XDG_CACHE_HOME/ledgergpt) by downloads.py: HellaSwag's jsonl from rowanz/hellaswag on GitHub (the
-URL llm.c uses), checked by the published file's git blob id (HELLASWAG_URL or --url: a mirror,
-where only the size the server announces is checked). train.py scores during training (the section
-"During training").
+Each beside chance and the published figures of the nearest model sizes: HellaSwag scored as llm.c
+scores it, so that the GPT-2 figures it measured compare with ours, ARC and MMLU as
+lm-evaluation-harness does (docs/after-training.md: the protocols, the figures). The files are
+downloaded once into ~/.cache/ledgergpt (or $XDG_CACHE_HOME/ledgergpt) by downloads.py, resumable
+and checked. train.py scores during training through the hooks of the section "During training".
 """
 
 import argparse
 import collections
 import contextlib
-import dataclasses
 import functools
 import json
 import math
@@ -58,10 +51,9 @@ def hellaswag_path(folder=None):
 
 
 def download_hellaswag(url=None, folder=None, network=None):
-    """The path of hellaswag_val.jsonl in `folder` (default: cache_folder()), downloaded there first
-    if missing, from `url` (default: $HELLASWAG_URL, else HELLASWAG_URL): renamed into place once
-    its size is the one the server announced and, for the published URL, its git blob id the one
-    known."""
+    """hellaswag_val.jsonl's path in `folder` (default: cache_folder()), downloaded first if missing
+    from `url` (default: $HELLASWAG_URL, else HELLASWAG_URL; the published one is checked by its
+    git blob id, a mirror's by its size)."""
     dest, url = hellaswag_path(folder), url or os.environ.get('HELLASWAG_URL', HELLASWAG_URL)
     if os.path.exists(dest):
         return dest
@@ -89,8 +81,7 @@ def choice_item(context, choices, label):
 
 
 def load_items(path):
-    """[{'ctx', 'endings' (4 strings), 'label' (0..3)}] from a HellaSwag jsonl; a line that is not
-    such an item (a truncated or damaged file) is one DataError line."""
+    """[{'ctx', 'endings' (4 strings), 'label' (0..3)}] from a HellaSwag jsonl."""
     items = []
     with open(path, 'rb') as f:
         for number, line in enumerate(f, 1):
@@ -128,23 +119,22 @@ def downloaded_once_per_machine(download, world_size):
 
 
 def hellaswag_items(url=None, folder=None, world_size=1):
-    """The items on every rank, downloaded once per machine."""
     downloaded_once_per_machine(lambda: download_hellaswag(url, folder), world_size)
     return load_items(hellaswag_path(folder))
 
 
 # --------------------------------------------------------------------------------------------------
-# Scoring. A row is the context and one ending (or choice); its loss that of the ending's tokens,
-# each predicted from everything before it. Rows longer than block_size lose context from the left.
-# Rank r scores the r-th of world_size slices of the items and the counts are all-reduced, so every
-# rank returns the same; every rank runs the same number of forwards (FSDP's collectives need it): a
-# shorter slice is topped up with uncounted copies of the first item. `model` is what the caller
-# runs forwards with (GPT, DDP or FSDP2); `autocast` the context its forwards run in (None: none).
+# Scoring. A row is the context and one ending (or choice), its loss that of the ending's tokens,
+# each predicted from all before it; rows too long lose context from the left. HellaSwag's pick is
+# the ending of the lowest mean loss (llm.c's completion-style acc_norm). Rank r scores the r-th of
+# world_size slices, topped up with uncounted copies of the first item (every rank runs the same
+# forwards, as FSDP's collectives need), and the counts are all-reduced. `model` is what the caller
+# runs forwards with (GPT, DDP or FSDP2); `autocast` the context of its forwards (None: none).
 
 
 def cut(rows, context, length):
-    """(rows, the index of each one's first ending token) with the rows cut to their last `length`
-    tokens; the first token has nothing before it to be predicted from."""
+    """(the rows cut to their last `length` tokens, the index of each one's first ending token:
+    the first token has nothing before it to be predicted from)."""
     cuts = [max(0, len(row) - length) for row in rows]
     return [row[cut:] for row, cut in zip(rows, cuts)], [max(1, context - cut) for cut in cuts]
 
@@ -153,11 +143,8 @@ def render(encoding, item, block_size):
     """HellaSwag's item -> ([4 token rows], [4 indices of the first ending token in each row])."""
     context = encoding.encode_ordinary(item['ctx'])
     # ' ': the ending continues the sentence
-    return cut(
-        [context + encoding.encode_ordinary(' ' + e) for e in item['endings']],
-        len(context),
-        block_size,
-    )
+    rows = [context + encoding.encode_ordinary(' ' + ending) for ending in item['endings']]
+    return cut(rows, len(context), block_size)
 
 
 def ending_losses(model, rows, starts, device, autocast, reduction='mean'):
@@ -181,8 +168,8 @@ def ending_losses(model, rows, starts, device, autocast, reduction='mean'):
 
 @torch.no_grad()
 def row_losses(model, items, render_item, device, autocast, batch_items, reduction):
-    """[[the loss of each of its rows] per item], render_item(item, block_size) -> (rows, starts),
-    batch_items items per forward, the model in eval mode meanwhile."""
+    """[[each row's loss] per item] (render_item(item, block_size) -> rows, starts), batch_items
+    items per forward, the model in eval mode meanwhile."""
     autocast = autocast or contextlib.nullcontext()
     block_size = getattr(model, 'module', model).config.block_size  # DDP keeps the GPT in .module
     was_training = model.training
@@ -235,7 +222,7 @@ def tally(items, mine, picks, device, world_size):
 def hellaswag_score(
     model, encoding, items, device, autocast=None, rank=0, world_size=1, batch_items=8
 ):
-    """tally's score of HellaSwag's items: the ending of the lowest mean loss is the pick."""
+    """tally's score of HellaSwag's items, the ending of the lowest mean loss picked."""
     mine, counted = my_slice(items, rank, world_size)
     render_item = functools.partial(render, encoding)
     losses = row_losses(model, mine, render_item, device, autocast, batch_items, 'mean')
@@ -253,26 +240,20 @@ def hellaswag_accuracy(
 
 # --------------------------------------------------------------------------------------------------
 # ARC and MMLU, in the cloze formulation small models are measured with: the question as context,
-# each choice's text as its continuation, scored by log-likelihood; the choices are never shown. The
-# prompts, the tokenization and the two figures (acc and acc_norm) are lm-evaluation-harness's
-# (v0.4) tasks arc_easy, arc_challenge and mmlu_continuation, so that a figure here is the harness's
-# for the same model: the protocol in docs/after-training.md, "ARC and MMLU". The files come from
-# the Hub through downloads.py (the listing's sha256, --endpoint or HF_ENDPOINT, HF_TOKEN), once
-# per machine into the cache folder: allenai/ai2_arc's and cais/mmlu's parquet, as kept there.
+# each choice's text its continuation, scored by log-likelihood (the choices are never shown), as
+# lm-evaluation-harness's (v0.4) arc_easy, arc_challenge and mmlu_continuation, so that a figure
+# here is the harness's for the same model (docs/after-training.md, "ARC and MMLU"). The files:
+# allenai/ai2_arc's and cais/mmlu's parquet, from the Hub (--endpoint or HF_ENDPOINT, HF_TOKEN),
+# checked by the listing's sha256.
 
-
-@dataclasses.dataclass(frozen=True)
-class HubTask:
-    repo: str  # the dataset on the Hub
-    folder: str  # its folder (a config): the split files are {split}-00000-of-00001.parquet there
-    items: int  # in the test split
-    title: str  # how the report names it
-    harness: str  # lm-evaluation-harness's task of the same protocol
-    shots: int = 0  # examples from the dev split before each question (MMLU)
-    # the figure published comparisons use: train.py logs it under the task's name
-    headline: str = 'acc_norm'
-
-
+# repo: the dataset on the Hub; folder: its config, where the split files are
+# {split}-00000-of-00001.parquet; items: in the test split; title: the report's name for it;
+# harness: lm-evaluation-harness's task of the same protocol; shots: examples from the dev split
+# before each question; headline: the figure published comparisons use (train.py logs it under
+# the task's name)
+HubTask = collections.namedtuple(
+    'HubTask', 'repo folder items title harness shots headline', defaults=(0, 'acc_norm')
+)
 ARC, MMLU, MMLU_HARNESS = 'allenai/ai2_arc', 'cais/mmlu', 'mmlu_continuation'
 HUB_TASKS = {
     'arc_easy': HubTask(ARC, 'ARC-Easy', 2376, 'ARC-Easy test', 'arc_easy'),
@@ -293,13 +274,19 @@ def sized(names, accuracies):
     return [(float(n.split()[-1][:-1]) * scale[n[-1]], a, n) for n, a in zip(names, accuracies)]
 
 
+def fineweb(web, edu, note=''):
+    """The FineWeb paper's figures of its FineWeb and FineWeb-Edu models."""
+    models = (('FineWeb', web), ('FineWeb-Edu', edu))
+    return [(FINEWEB + note, [(1.71e9, acc, f'{name} 1.71B, 350B tokens')]) for name, acc in models]
+
+
 # Published figures; none is our protocol exactly. GPT-2: OpenAI's checkpoints scored with llm.c's
-# completion-style acc_norm, HellaSwag's protocol above: the baselines that llm.c's dev/vislog.ipynb
+# completion-style acc_norm, HellaSwag's protocol here: the baselines that llm.c's dev/vislog.ipynb
 # and build-nanogpt's play.ipynb plot (0.2945 for 124M; llm.c's hellaswag.py prints 0.2955 for 124M
 # and 0.4893 for 1558M; lm-evaluation-harness's multiple-choice acc_norm is higher: 31.1%, 50.9%).
 GPT2 = [f'GPT-2 {size}' for size in ('124M', '350M', '774M', '1558M')]
-GPT3_SIZES = 'Small 125M,Medium 350M,Large 760M,XL 1.3B,2.7B,6.7B,13B,175B'
-GPT3 = [f'GPT-3 {size}' for size in GPT3_SIZES.split(',')]
+GPT3_SIZES = ('Small 125M', 'Medium 350M', 'Large 760M', 'XL 1.3B', '2.7B', '6.7B', '13B', '175B')
+GPT3 = [f'GPT-3 {size}' for size in GPT3_SIZES]
 # Brown et al. 2020, "Language Models are Few-Shot Learners", Table H.1, zero-shot, HellaSwag's dev
 # set and ARC's test set. For ARC GPT-3 normalised each choice's likelihood by its likelihood after
 # "Answer: " alone (section 2.4, "normalizing by the unconditional probability of each completion").
@@ -313,18 +300,11 @@ BROWN_ARC = 'GPT-3 zero-shot, unconditional norm. (Brown et al. 2020, Table H.1)
 # (the choices shown as A-D, the answer a letter), where the smaller GPT-3 models score near chance;
 # sizes as that paper gives them.
 HENDRYCKS = [f'GPT-3 {size}' for size in 'Small 2.7B,Medium 6.7B,Large 13B,X-Large 175B'.split(',')]
+HENDRYCKS_SOURCE = 'GPT-3 5-shot, letter answers (Hendrycks et al. 2021, Table 1)'
 # The FineWeb paper (Penedo et al. 2024, sections 3.1 and 4): 1.71B Llama-style models (GPT-2
 # tokenizer) trained on 350B tokens, scored with lighteval (its own cloze prompts) on benchmarks cut
 # to 1,000 items; its "ARC" is not split into Easy and Challenge.
 FINEWEB = "Penedo et al. 2024, section 4: lighteval's cloze, benchmarks cut to 1,000 items"
-
-
-def fineweb(web, edu, note=''):
-    """The FineWeb paper's figures of its FineWeb and FineWeb-Edu models."""
-    models = (('FineWeb', web), ('FineWeb-Edu', edu))
-    return [(FINEWEB + note, [(1.71e9, acc, f'{name} 1.71B, 350B tokens')]) for name, acc in models]
-
-
 ARC_FINEWEB = fineweb(0.46, 0.57, '; its ARC is Easy and Challenge together')
 # task: [(source, [(parameters, accuracy, name)])]: the nearest size of each is printed
 PUBLISHED = {
@@ -335,25 +315,19 @@ PUBLISHED = {
     'arc_easy': [(BROWN_ARC, sized(GPT3, TABLE_H1['arc_easy'])), *ARC_FINEWEB],
     'arc_challenge': [(BROWN_ARC, sized(GPT3, TABLE_H1['arc_challenge'])), *ARC_FINEWEB],
     'mmlu': fineweb(0.33, 0.37),
-    'mmlu_5shot': [
-        (
-            'GPT-3 5-shot, letter answers (Hendrycks et al. 2021, Table 1)',
-            sized(HENDRYCKS, (0.259, 0.249, 0.260, 0.439)),
-        )
-    ],
+    'mmlu_5shot': [(HENDRYCKS_SOURCE, sized(HENDRYCKS, (0.259, 0.249, 0.260, 0.439)))],
 }
 
 
 def hub_task_path(repo, folder, split, cache=None):
     return os.path.join(
-        cache or cache_folder(), repo.replace('/', '--'), folder, f'{split}.parquet'
+        cache or cache_folder(), repo.replace('/', '--'), folder, split + '.parquet'
     )
 
 
 def download_hub_split(repo, folder, split, cache=None, network=None):
     """The path of a split's parquet file of a Hub dataset (the one file in `folder` whose name
-    starts with '{split}-'), downloaded into the cache first if missing: listed through the Hub's
-    API, checked against the listing's sha256 and only then renamed into place."""
+    starts with '{split}-'), downloaded into the cache first if missing."""
     dest = hub_task_path(repo, folder, split, cache)
     if os.path.exists(dest):
         return dest
@@ -385,7 +359,7 @@ def parquet_rows(path, columns):
 
 def arc_items(path):
     """[{'context', 'choices', 'label'}] from ai2_arc's parquet (question, choices {text, label},
-    answerKey: one of choices.label, 'A'-'E' or '1'-'5'); a row not such an item is one line."""
+    answerKey: one of choices.label, 'A'-'E' or '1'-'5')."""
     items = []
     for number, row in enumerate(parquet_rows(path, ['question', 'choices', 'answerKey']), 1):
         try:
@@ -405,10 +379,8 @@ def arc_items(path):
 def mmlu_rows(path):
     rows = parquet_rows(path, ['question', 'subject', 'choices', 'answer'])
     for number, row in enumerate(rows, 1):
-        if not (
-            choice_item(row['question'], row['choices'], row['answer'])
-            and isinstance(row['subject'], str)
-        ):
+        question, subject = row['question'], row['subject']
+        if not (choice_item(question, row['choices'], row['answer']) and isinstance(subject, str)):
             raise DataError(
                 f"{path}, row {number}: not an MMLU item (a question, subject, choices and answer)"
             )
@@ -416,8 +388,7 @@ def mmlu_rows(path):
 
 
 def mmlu_items(test_path, dev_path, shots):
-    """MMLU's test items, each after `shots` examples of its subject (the first of the dev split):
-    the harness's mmlu_continuation prompt."""
+    """MMLU's test items, each after `shots` examples of its subject (the dev split's first)."""
 
     def question(row):
         return f"Question: {row['question'].strip()}\nAnswer:"
@@ -444,8 +415,7 @@ def mmlu_items(test_path, dev_path, shots):
 
 
 def task_items(task, cache=None, world_size=1, network=None):
-    """A Hub task's items on every rank, its files downloaded once per machine (network: a
-    downloads.Network)."""
+    """A Hub task's items, its files downloaded once per machine (network: downloads.Network)."""
     spec = HUB_TASKS[task]
     splits = ['test'] + (['dev'] if spec.shots else [])
     downloaded_once_per_machine(
@@ -457,16 +427,16 @@ def task_items(task, cache=None, world_size=1, network=None):
 
 
 def render_choices(encoding, item, block_size):
-    """-> ([a token row per choice], [index of each row's first choice token]), tokenized as the
-    harness does: encode(context + ' ' + choice), the choice's tokens those after the context's; the
-    rows cut to their last block_size + 1 tokens (a forward sees block_size), as the harness's."""
+    """-> ([a token row per choice], [index of each row's first choice token]), as the harness:
+    encode(context + ' ' + choice), the choice's tokens those after the context's, the rows cut to
+    their last block_size + 1 tokens (a forward sees block_size)."""
     context = len(encoding.encode_ordinary(item['context']))
     rows = [encoding.encode_ordinary(item['context'] + ' ' + choice) for choice in item['choices']]
     return cut(rows, context, block_size + 1)
 
 
 def choice_logprobs(model, encoding, items, device, autocast=None, batch_items=8):
-    """[[each choice's summed log-likelihood] per item], batch_items items per forward."""
+    """[[each choice's summed log-likelihood] per item]."""
     render_item = functools.partial(render_choices, encoding)
     losses = row_losses(model, items, render_item, device, autocast, batch_items, 'sum')
     return [[-loss for loss in item] for item in losses]
@@ -485,7 +455,7 @@ def predictions(item, logprobs):
 def task_accuracy(
     model, encoding, items, device, autocast=None, rank=0, world_size=1, batch_items=8
 ):
-    """tally's score of a Hub task's items: MMLU's chance is 25%, ARC's a little under."""
+    """tally's score of a Hub task's items, picked by predictions."""
     mine, counted = my_slice(items, rank, world_size)
     logprobs = choice_logprobs(model, encoding, mine, device, autocast, batch_items)
     picks = [predictions(item, scores) for item, scores in zip(mine[:counted], logprobs)]
@@ -500,7 +470,7 @@ def task_accuracy(
 
 def items_for_training(run):
     """run.hellaswag and run.eval_tasks ({task: items}): the first hellaswag_items and
-    eval_tasks_items (0: all) of the tasks it scores, downloaded in setup, before the first step."""
+    eval_tasks_items (0: all) of the tasks it scores, downloaded in setup."""
     train, world_size = run.train, run.cluster.world_size
     for key in ('hellaswag_every', 'eval_tasks_every'):
         if getattr(train, key) and run.tokenizer is None:
@@ -515,18 +485,11 @@ def items_for_training(run):
         run.eval_tasks = {task: task_items(task, world_size=world_size)[:limit] for task in names}
 
 
-def score_during_training(run, scorer, items):
+def scored(run, scorer, items):
     cluster, model = run.cluster, run.raw_model
+    ranks = cluster.rank, cluster.world_size
     with torch.compiler.set_stance('force_eager'):
-        return scorer(
-            model,
-            run.tokenizer,
-            items,
-            cluster.device,
-            run.autocast,
-            cluster.rank,
-            cluster.world_size,
-        )
+        return scorer(model, run.tokenizer, items, cluster.device, run.autocast, *ranks)
 
 
 def recorded(run, entry, line):
@@ -536,21 +499,18 @@ def recorded(run, entry, line):
 
 
 def evaluate_hellaswag(run):
-    """HellaSwag's accuracy, into metrics.jsonl and the log."""
-    accuracy, stderr, items = score_during_training(run, hellaswag_accuracy, run.hellaswag)
+    accuracy, stderr, items = scored(run, hellaswag_accuracy, run.hellaswag)
     entry = {'hellaswag': accuracy, 'hellaswag_stderr': stderr, 'hellaswag_items': items}
-    recorded(
-        run, entry, f"HellaSwag {accuracy:.2%} +- {stderr:.2%} over {items:,} items (chance: 25%)"
-    )
+    line = f"HellaSwag {accuracy:.2%} +- {stderr:.2%} over {items:,} items (chance: 25%)"
+    recorded(run, entry, line)
 
 
 def evaluate_tasks(run):
-    """ARC's and MMLU's (the key eval_tasks) scores, into metrics.jsonl and the log: each task's
-    headline figure under its name (as 'hellaswag'), with its standard error and items, and both
-    figures by name."""
+    """ARC and MMLU (the key eval_tasks): each task's headline figure under its name (as
+    'hellaswag'), with its standard error and items, and both figures by name."""
     entry, parts = {}, []
     for task, items in run.eval_tasks.items():
-        score, headline = score_during_training(run, task_accuracy, items), HUB_TASKS[task].headline
+        score, headline = scored(run, task_accuracy, items), HUB_TASKS[task].headline
         entry[task], entry[f'{task}_stderr'] = score[headline], score[f'{headline}_stderr']
         entry[f'{task}_items'] = score['items']
         entry[f'{task}_acc'], entry[f'{task}_acc_norm'] = score['acc'], score['acc_norm']
@@ -566,11 +526,6 @@ def evaluate_tasks(run):
 # The command.
 
 
-def nearest(figures, params):
-    """The published figure whose model size is nearest to `params`, on a log scale."""
-    return min(figures, key=lambda figure: abs(math.log(figure[0] / params)))
-
-
 def join_ranks(device):
     """(rank, world_size, device): under torchrun a process per GPU (NCCL) or CPU process (gloo)."""
     rank, world_size = int(os.environ.get('RANK', 0)), int(os.environ.get('WORLD_SIZE', 1))
@@ -583,7 +538,7 @@ def join_ranks(device):
 
 
 def report(task, score, seconds, params, path, world_size, device):
-    """A task's score beside chance and the published figures of the nearest sizes."""
+    """A task's score beside chance and the published figures of the nearest sizes (log scale)."""
     n, acc, acc_norm = score['items'], score['acc'], score['acc_norm']
     rate = f"{n / seconds:,.0f} items/s on {world_size} x {device}"
     if task == 'hellaswag':
@@ -603,8 +558,8 @@ def report(task, score, seconds, params, path, world_size, device):
         measured = f'{acc:6.1%} acc, {acc_norm:.1%} acc_norm'
     if n != items:
         print(
-            f"  not the whole {whole} ({items:,} items): a figure of its own, not the published "
-            f"kind"
+            f"  not the whole {whole} ({items:,} items): a figure of its own, not the "
+            f"published kind"
         )
     if 'acc_macro' in score:
         print(
@@ -614,7 +569,7 @@ def report(task, score, seconds, params, path, world_size, device):
     print(f"  {f'this model, {params:,} parameters':<34} {measured}")
     print(f"  {f'chance ({chance})':<34} {score['chance']:6.1%}")
     for source, figures in PUBLISHED[task]:
-        _, published, name = nearest(figures, params)
+        _, published, name = min(figures, key=lambda figure: abs(math.log(figure[0] / params)))
         print(f"  {name:<34} {published:6.1%}   ({source})")
 
 
@@ -627,9 +582,7 @@ def arguments(argv):
     add('task', choices=[*TASKS, 'all'], help='one task, or all: ' + ', '.join(TASKS))
     add('--url', help="where hellaswag_val.jsonl comes from (default: $HELLASWAG_URL, else GitHub)")
     add('--endpoint', help='the Hub of ARC and MMLU (default: $HF_ENDPOINT, else huggingface.co)')
-    add(
-        '--cache', default=cache_folder(), help='the folder they are kept in (default: %(default)s)'
-    )
+    add('--cache', default=cache_folder(), help='the folder they are kept in (%(default)s)')
     add('--limit', type=int, default=0, help='score the first N items of each task (0: all)')
     add('--batch', type=int, default=8, help='items per forward (a row per choice)')
     add('--device', default='cuda' if torch.cuda.is_available() else 'cpu')
