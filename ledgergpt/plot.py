@@ -5,18 +5,13 @@ plot.py: the loss curve of one run, or of several overlaid, as a PNG.
     python -m ledgergpt.plot out/run_a out/run_b --out compare.png  # a colour per run, one legend
     python -m ledgergpt.plot out/pystdlib_overtrain --branches      # -> its branches.png
 
-Against tokens seen: the train loss of every logged step, faint, and its centered moving average;
-the val loss, dots on a dashed line; a mixture's val loss of each source, markers on a dotted line;
-each rollback of the spike guard, a long-dashed vertical line; a dotted vertical line at 20 x P
-tokens, Chinchilla's compute-optimal point (Hoffmann et al. 2022; P from the run's ledger.json), or
-a legend entry alone when that lies far past the run; HellaSwag, ARC and MMLU when metrics.jsonl has
-them (train.py's hellaswag_every and eval_tasks_every), on a second axis. Steps logged again after a
-rollback or a resume replace the ones they repeat. With --branches: a wsd run, its cooldown branches
-and cosine runs of the same lengths (overtrain.py), and Hoffmann et al.'s fitted loss for its P (on
-their data: its own axis). A mixture of experts (metrics.jsonl has 'expert_load' entries) gets
-moe.png beside loss.png: each MoE layer's load CV against tokens, and each expert's last load.
-
-train.py redraws out_dir/loss.png with draw_run(out_dir), which never raises. Needs matplotlib,
+Against tokens seen: the train loss of every logged step (faint) and its moving average, the val
+loss, a mixture's val loss per source, the spike guard's rollbacks, Chinchilla's compute-optimal
+point 20 x P (Hoffmann et al. 2022; P from the run's ledger.json; named alone when far past the
+run), and HellaSwag, ARC and MMLU on a second axis. Steps logged again after a rollback or a resume
+replace the ones they repeat. A mixture of experts also gets moe.png: its experts' load. With
+--branches: overtrain.py's wsd run, its cooldown branches and cosine runs (docs/overtraining.md).
+train.py redraws out_dir/loss.png with draw_run(out_dir), which never raises. matplotlib is
 imported only here, drawing through its Agg backend (to a file; no display needed).
 """
 
@@ -39,8 +34,8 @@ FIGURE_INCHES, DPI = (10, 6), 100  # 1000 x 600 pixels
 FEW = 50  # logged steps below which each is marked with a dot
 MIXTURE_MARKERS = 'v^<>dpPX'  # one per source of a mixture, on a dotted line
 STEEP_START = 0.05  # the y-axis starts above the smoothed loss at 5% of a long run's tokens (below)
-# the scores train.py logs, under these names, with what each is (evals.py: ARC's figure is
-# acc_norm, MMLU's acc), and the marker of each
+# the scores train.py logs, under these names: what each is (evals.py: ARC's figure is acc_norm,
+# MMLU's acc), and its marker
 SCORES = {
     'hellaswag': ('HellaSwag', 's'),
     'arc_easy': ('ARC-Easy acc_norm', 'o'),
@@ -49,7 +44,7 @@ SCORES = {
     'mmlu_5shot': ('MMLU 5-shot acc', '^'),
 }
 assert set(SCORES) == {'hellaswag', *EVAL_TASKS}
-# how each kind of line is drawn
+# how each kind of line is drawn (a rollback: long dashes)
 VAL = dict(linestyle='--', marker='o', markersize=4)
 SOURCE = dict(linestyle=':', markersize=4)
 ROLLBACK = dict(linestyle=(0, (6, 3)), linewidth=1, alpha=0.8)
@@ -62,38 +57,48 @@ FINAL = dict(linestyle='', markersize=12, markeredgecolor='black')
 # A run's numbers, from out_dir/metrics.jsonl (log steps, evals, rollbacks) and ledger.json.
 
 
+def logged(path):
+    """(train: {step: its log entry}, evals, rollbacks) of metrics.jsonl: a step logged again (after
+    a rollback or a resume) replaces what followed it."""
+    train, evals, rollbacks = {}, [], []
+    with open(path) as f:
+        for line in f:
+            try:
+                entry = json.loads(line)
+            except ValueError:  # a line train.py is writing this very moment
+                continue
+            if entry.get('event') == 'rollback':
+                rollbacks.append(entry)
+                # the steps after the checkpoint it went back to are run again
+                since = entry['to_step'] + 1
+            elif 'loss' in entry:
+                since = entry['step']
+            else:
+                if {'val_loss', 'val_sources', *SCORES} & entry.keys():
+                    evals.append(entry)
+                continue
+            train = {step: e for step, e in train.items() if step < since}
+            evals = [e for e in evals if e['step'] < since]
+            if 'event' not in entry:
+                train[entry['step']] = entry
+    return train, evals, rollbacks
+
+
 def read_run(run_dir):
-    """{'name', 'train': (tokens, losses), 'val': (tokens, losses), 'rollbacks': (tokens, losses),
-    'hellaswag', 'scores': {name in SCORES it has}: (tokens, accuracies, standard errors),
-    'chinchilla': 20 x P tokens or None, 'sources': a mixture's {source: (tokens, val losses)}}, as
-    numpy arrays."""
+    """{'name', 'train', 'val', 'rollbacks': (tokens, losses), 'hellaswag' and 'scores' {name in
+    SCORES it has}: (tokens, accuracies, standard errors), 'chinchilla': 20 x P tokens or None,
+    'sources': a mixture's {source: (tokens, val losses)}}, as numpy arrays."""
     path = os.path.join(run_dir, 'metrics.jsonl')
     if not os.path.isfile(path):
         raise ConfigError(f"no metrics.jsonl in {run_dir}: give the out_dir of a train.py run")
-    train, evals, rollbacks = {}, [], []  # train: step -> its log entry
-    for entry in read_entries(path):
-        if entry.get('event') == 'rollback':
-            rollbacks.append(entry)
-            # the steps after the checkpoint it went back to are run again
-            since = entry['to_step'] + 1
-        elif 'loss' in entry:
-            # a step logged again (after a rollback or a resume) replaces what followed it
-            since = entry['step']
-        else:
-            if {'val_loss', 'val_sources', *SCORES} & entry.keys():
-                evals.append(entry)
-            continue
-        train = {step: e for step, e in train.items() if step < since}
-        evals = [e for e in evals if e['step'] < since]
-        if 'event' not in entry:
-            train[entry['step']] = entry
+    train, evals, rollbacks = logged(path)
     if not train:
         raise UserError(f"{path} has no logged step yet: nothing to draw")
     steps = sorted(train)
     tokens = np.array([train[s]['tokens'] for s in steps], dtype=float)
 
     def curve(chosen, value):
-        """(tokens, value(entry)) of the entries: eval and rollback entries name a step; its tokens
+        """(tokens, value(entry)) of the entries: an eval or a rollback names a step; its tokens
         come from the log steps around it."""
         x = [e['tokens'] if 'tokens' in e else np.interp(e['step'], steps, tokens) for e in chosen]
         return np.array(x), np.array([value(e) for e in chosen])
@@ -103,13 +108,12 @@ def read_run(run_dir):
         stderr = np.array([e.get(f'{name}_stderr', 0.0) for e in scored])
         return *curve(scored, lambda e: e[name]), stderr
 
-    val = [e for e in evals if 'val_loss' in e]
     mixed = [e for e in evals if 'val_sources' in e]  # a mixture's evals: each source's val loss
     scores = {name: score(name) for name in SCORES}
     return {
         'name': os.path.basename(os.path.normpath(run_dir)),
         'train': (tokens, np.array([train[s]['loss'] for s in steps])),
-        'val': curve(val, lambda e: e['val_loss']),
+        'val': curve([e for e in evals if 'val_loss' in e], lambda e: e['val_loss']),
         'rollbacks': curve(rollbacks, lambda e: e['loss']),
         'hellaswag': scores['hellaswag'],
         'scores': {name: values for name, values in scores.items() if len(values[0])},
@@ -123,20 +127,8 @@ def read_run(run_dir):
     }
 
 
-def read_entries(path):
-    entries = []
-    with open(path) as f:
-        for line in f:
-            try:
-                entries.append(json.loads(line))
-            except ValueError:  # a line train.py is writing this very moment
-                continue
-    return entries
-
-
 def chinchilla_tokens(run_dir):
-    """20 x P from the run's ledger.json (the ledger counts P exactly as model.py builds it), or
-    None without one."""
+    """20 x P from the run's ledger.json (the ledger counts P exactly as model.py builds it)."""
     try:
         with open(os.path.join(run_dir, 'ledger.json')) as f:
             return sums.CHINCHILLA_TOKENS_PER_PARAM * json.load(f)['params']['total']
@@ -199,7 +191,6 @@ def legend_below(fig, title):
 
 
 def train_and_val(ax, run, color, train_label):
-    """A run's train loss, faint, its moving average and its val loss."""
     tokens, losses = run['train']
     ax.plot(tokens, losses, color=color, alpha=0.3, linewidth=0.8)
     # a short run's few points, one of them alone, show
@@ -209,52 +200,36 @@ def train_and_val(ax, run, color, train_label):
     ax.plot(*run['val'], color=color, label=f"{run['name']} val", **VAL)
 
 
-def chinchilla_label(tokens):
-    return f'20 x P = {bill.si(tokens)} tokens (Chinchilla)'
-
-
-def run_lines(ax, run, color, axis_tokens):
-    """A run's losses, its mixture's sources, its rollbacks and its Chinchilla point."""
-    name, chinchilla = run['name'], run['chinchilla']
-    train_and_val(ax, run, color, name)
-    for k, (source, curve) in enumerate(run['sources'].items()):
-        marker = MIXTURE_MARKERS[k % len(MIXTURE_MARKERS)]
-        ax.plot(*curve, color=color, marker=marker, label=f'{name} val {source}', **SOURCE)
-    # a line, not a point: a spike's loss may be off the axis, or NaN
-    for k, x in enumerate(run['rollbacks'][0]):
-        ax.axvline(x, color=color, label=None if k else f'{name} rollback', **ROLLBACK)
-    if chinchilla and chinchilla <= FAR_PAST_RUN * axis_tokens:
-        ax.axvline(
-            chinchilla, color=color, label=f'{name} {chinchilla_label(chinchilla)}', **CHINCHILLA
-        )
-    # a legend entry without a line: the point is named, the axis not stretched to it
-    elif chinchilla:
-        times = f'{chinchilla / run["train"][0][-1]:,.0f} x its tokens'
-        ax.plot([], [], ' ', color=color, label=f'{name}: {chinchilla_label(chinchilla)}, {times}')
-
-
 def figure(run_dirs):
-    """A matplotlib Figure of the runs (its first axes the losses, a second one the scores if any
-    run has them)."""
+    """A matplotlib Figure of the runs (its first axes the losses, a second the scores if any)."""
     fig, runs = blank_figure(), [read_run(run_dir) for run_dir in run_dirs]
     ax = fig.add_subplot()
     scored = [name for name in SCORES if any(name in run['scores'] for run in runs)]
     scores = fig.add_subplot(sharex=ax, frame_on=False) if scored else None
     axis_tokens = max(run['train'][0][-1] for run in runs)  # where the x-axis ends
     for i, run in enumerate(runs):
-        run_lines(ax, run, f'C{i}', axis_tokens)
-        # one marker per task, one colour per run
+        color, name, chinchilla = f'C{i}', run['name'], run['chinchilla']
+        train_and_val(ax, run, color, name)
+        for k, (source, curve) in enumerate(run['sources'].items()):
+            marker = MIXTURE_MARKERS[k % len(MIXTURE_MARKERS)]
+            ax.plot(*curve, color=color, marker=marker, label=f'{name} val {source}', **SOURCE)
+        # a line, not a point: a spike's loss may be off the axis, or NaN
+        for k, x in enumerate(run['rollbacks'][0]):
+            ax.axvline(x, color=color, label=None if k else f'{name} rollback', **ROLLBACK)
+        if chinchilla:
+            said = f'20 x P = {bill.si(chinchilla)} tokens (Chinchilla)'
+            if chinchilla <= FAR_PAST_RUN * axis_tokens:
+                ax.axvline(chinchilla, color=color, label=f'{name} {said}', **CHINCHILLA)
+            # a legend entry without a line: the point is named, the axis not stretched to it
+            else:
+                times = f'{chinchilla / run["train"][0][-1]:,.0f} x its tokens'
+                ax.plot([], [], ' ', color=color, label=f'{name}: {said}, {times}')
+        # a marker per task, a colour per run
         for task, (x, accuracy, stderr) in run['scores'].items():
             title, marker = SCORES[task]
-            label = f"{run['name']} {title}"
+            label, yerr = f'{name} {title}', 100 * stderr
             scores.errorbar(
-                x,
-                100 * accuracy,
-                yerr=100 * stderr,
-                color=f'C{i}',
-                marker=marker,
-                label=label,
-                **SCORE,
+                x, 100 * accuracy, yerr, color=color, marker=marker, label=label, **SCORE
             )
     loss_axis(ax, runs)
     if scores is not None:
@@ -286,23 +261,17 @@ def loss_axis(ax, runs):
 
 
 # --------------------------------------------------------------------------------------------------
-# Over-training (overtrain.py): a wsd main run, the cooldown branches train.py runs from its stable
-# checkpoints (out/RUN_cooldown_26B ...), and cosine runs of the same lengths (out/RUN_cosine_26B
-# ...), each run's final val loss marked; the Chinchilla point; and beside them, on an axis of its
-# own, the loss that Hoffmann et al.'s fit L(N, D) = E + A/N^0.34 + B/D^0.28 gives for this P along
-# the tokens: fitted on THEIR data (MassiveText) in nats per THEIR token, so its shape compares with
-# ours, not its level.
+# Over-training (overtrain.py): a wsd run (out/RUN), its cooldown branches (out/RUN_cooldown_26B
+# ...) and cosine runs of the same lengths (out/RUN_cosine_26B ...), each one's final val loss
+# marked, and on an axis of its own Hoffmann et al.'s fit L(N, D) = E + A/N^0.34 + B/D^0.28 for this
+# P: fitted on THEIR data (MassiveText) in nats per THEIR token, its shape compares, not its level.
 
 
 def beside(main_dir, kind):
     """The runs named after a main run, kind 'cooldown' or 'cosine', in their tokens' order."""
     base = glob.escape(os.path.normpath(main_dir))
-    found = [
-        read_run(folder)
-        for folder in glob.glob(f'{base}_{kind}_*')
-        if os.path.isfile(os.path.join(folder, 'metrics.jsonl'))
-    ]
-    return sorted(found, key=lambda run: run['train'][0][-1])
+    found = [f for f in glob.glob(f'{base}_{kind}_*') if os.path.isfile(f'{f}/metrics.jsonl')]
+    return sorted(map(read_run, found), key=lambda run: run['train'][0][-1])
 
 
 def mark_final(ax, run, color, marker, kind):
@@ -314,10 +283,9 @@ def mark_final(ax, run, color, marker, kind):
 
 
 def branch_figure(main_dir, fit=None):
-    """A matplotlib Figure of a main run, its branches and cosine runs (its first axes the losses, a
-    second one the published fit's loss when the main run's ledger.json gives P). fit: a scaling law
-    fitted to our own runs (scaling.load_fit): its predicted final loss at each length for this N,
-    its 95% interval, on the losses' axis."""
+    """A matplotlib Figure of a main run, its branches and cosine runs (its first axes the losses,
+    a second one the published fit's loss when the main run's ledger.json gives P). fit: a scaling
+    law fitted to our own runs (scaling.load_fit), drawn by fitted_loss."""
     fig, main = blank_figure(), read_run(main_dir)
     branches, cosines = beside(main_dir, 'cooldown'), beside(main_dir, 'cosine')
     ax = fig.add_subplot()
@@ -326,9 +294,7 @@ def branch_figure(main_dir, fit=None):
     for i, run in enumerate(branches + cosines, 1):
         kind = 'cooldown' if i <= len(branches) else 'cosine'
         line = (
-            dict(linewidth=2, linestyle='-')
-            if kind == 'cooldown'
-            else dict(linewidth=1, linestyle='--')
+            dict(linewidth=2, linestyle='-') if kind == 'cooldown' else dict(linewidth=1, ls='--')
         )
         label = f"{run['name']} ({kind}) train (moving average)"
         ax.plot(run['train'][0], smooth(run['train'][1]), color=f'C{i}', label=label, **line)
@@ -340,14 +306,12 @@ def branch_figure(main_dir, fit=None):
         fitted_loss(ax, fit, main_dir, last)
     chinchilla = main['chinchilla']
     if chinchilla:
-        ax.axvline(chinchilla, color='black', label=chinchilla_label(chinchilla), **CHINCHILLA)
-        theirs = ax.twinx()
-        seen = np.linspace(STEEP_START * last, last, 200)
-        params = chinchilla / sums.CHINCHILLA_TOKENS_PER_PARAM
+        said = f'20 x P = {bill.si(chinchilla)} tokens (Chinchilla)'
+        ax.axvline(chinchilla, color='black', label=said, **CHINCHILLA)
+        theirs, seen = ax.twinx(), np.linspace(STEEP_START * last, last, 200)
+        loss = sums.chinchilla_loss(chinchilla / sums.CHINCHILLA_TOKENS_PER_PARAM, seen)
         label = "Hoffmann et al. 2022's fit L(P, D): THEIR data (right axis)"
-        theirs.plot(
-            seen, sums.chinchilla_loss(params, seen), color='gray', linestyle='-.', label=label
-        )
+        theirs.plot(seen, loss, color='gray', linestyle='-.', label=label)
         theirs.set_ylabel("their fit's loss (nats per THEIR token)")
     legend_below(fig, f"over-training {main['name']}: cooldown branches and cosine runs")
     return fig
@@ -371,10 +335,9 @@ def fitted_loss(ax, fit, run_dir, last):
 
 
 # --------------------------------------------------------------------------------------------------
-# The ladder (experiments/ladder.py), as Hoffmann et al. 2022's figure 3 draws it: each compute
-# budget's runs, final val loss against N, and the fitted law along that budget (D = C / (k N), k
-# the grid's FLOPs per token per parameter), its minimum marked; the held-out run with the fit's
-# prediction and its 95% interval.
+# The ladder (experiments/ladder.py), as Hoffmann et al. 2022's figure 3: each compute budget's
+# runs, final val loss against N, and the law along that budget (D = C / (k N), k the grid's FLOPs
+# per token per parameter), its minimum marked; the held-out run beside the fit's prediction.
 
 
 def ladder_figure(fit):
@@ -383,33 +346,27 @@ def ladder_figure(fit):
     fig = blank_figure()
     ax = fig.add_subplot()
     low, high = fit['range']['N']
-    sizes = np.geomspace(low / 1.5, high * 1.5, 100)
+    sizes, k = np.geomspace(low / 1.5, high * 1.5, 100), fit['flops_per_param']
     for i, budget in enumerate(sorted({run['budget'] for run in fit['runs']})):
         runs = [run for run in fit['runs'] if run['budget'] == budget]
         held_out, color = runs[0]['held_out'], f'C{i}'
-        law = scaling.law(fit, sizes, budget / (fit['flops_per_param'] * sizes))
         label = f"C = {budget:.2g} FLOPs: the fit{' (extrapolated)' if held_out else ''}"
-        ax.plot(sizes, law, color=color, linestyle='--' if held_out else '-', label=label)
-        best = scaling.compute_optimal(fit, budget, fit['flops_per_param'])
+        style = '--' if held_out else '-'
+        ax.plot(
+            sizes, scaling.law(fit, sizes, budget / (k * sizes)), style, color=color, label=label
+        )
+        best = scaling.compute_optimal(fit, budget, k)
         ax.plot(best['N'], best['loss'], marker='|', markersize=16, color=color)
-        measured = dict(marker='*', markersize=14) if held_out else dict(marker='o', markersize=7)
+        dots = dict(marker='*', markersize=14) if held_out else dict(marker='o', markersize=7)
         label = f'{len(runs)} runs' + (', held out: measured' if held_out else '')
         n, loss = [run['N'] for run in runs], [run['val_loss'] for run in runs]
-        ax.plot(
-            n, loss, linestyle='', color=color, markeredgecolor='black', label=label, **measured
-        )
-        for k, run in enumerate(runs if held_out else ()):
+        ax.plot(n, loss, linestyle='', color=color, markeredgecolor='black', label=label, **dots)
+        for j, run in enumerate(runs if held_out else ()):
             p = scaling.predict(fit, run['N'], run['D'])
-            label = None if k else "held out: the fit's predictions, 95% intervals"
+            label = None if j else "held out: the fit's predictions, 95% intervals"
             error = [[p['loss'] - p['low']], [p['high'] - p['loss']]]
             ax.errorbar(
-                run['N'] * 1.04,
-                p['loss'],
-                yerr=error,
-                color='black',
-                capsize=4,
-                marker='D',
-                label=label,
+                run['N'] * 1.04, p['loss'], error, color='black', capsize=4, marker='D', label=label
             )
     ax.set_xscale('log')
     ax.set_xlabel(
@@ -489,11 +446,12 @@ NOT_DRAWN = set()
 
 
 def draw_run(out_dir):
-    """Redraw out_dir/loss.png; -> its path, or None when it cannot be drawn (matplotlib missing, no
-    metrics yet), the reason printed once on stderr. Never raises: a run never stops for it."""
+    """Redraw out_dir/loss.png (and a mixture of experts' moe.png); -> its path, or None when it
+    cannot be drawn (no matplotlib, no metrics yet), the reason printed once on stderr. Never
+    raises: a run never stops for it."""
     try:
         path = draw([out_dir], os.path.join(out_dir, 'loss.png'))
-        if read_load(out_dir) is not None:  # a mixture of experts: its load beside the loss
+        if read_load(out_dir) is not None:
             save(load_figure(out_dir), os.path.join(out_dir, 'moe.png'))
         return path
     except Exception as e:  # noqa: BLE001 (whatever it is, the run goes on)
@@ -509,19 +467,14 @@ def main(argv):
     parser = argparse.ArgumentParser(
         description=__doc__.split('\n')[1], formatter_class=argparse.RawTextHelpFormatter
     )
-    parser.add_argument(
-        'run_dirs', nargs='+', metavar='RUN_DIR', help="a train.py out_dir (several: overlaid)"
-    )
-    parser.add_argument(
-        '--out',
-        help='the PNG to write (default: RUN_DIR/loss.png for one run, loss.png for several, '
-        'RUN_DIR/branches.png with --branches)',
-    )
-    parser.add_argument(
+    add = parser.add_argument
+    add('run_dirs', nargs='+', metavar='RUN_DIR', help="a train.py out_dir (several: overlaid)")
+    add('--out', help='the PNG (default: RUN_DIR/loss.png for one run, loss.png for several)')
+    add(
         '--branches',
         action='store_true',
-        help="one wsd run with the runs beside it: its cooldown branches (RUN_DIR_cooldown_*) and "
-        "cosine runs (RUN_DIR_cosine_*)",
+        help="one wsd run with its cooldown branches (RUN_DIR_cooldown_*) and cosine runs "
+        "(RUN_DIR_cosine_*), into RUN_DIR/branches.png",
     )
     args = parser.parse_args(argv)
     if args.branches and len(args.run_dirs) > 1:
