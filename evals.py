@@ -75,7 +75,6 @@ def download_hellaswag(url=None, folder=None, network=None):
 
 
 def choice_item(context, choices, label):
-    """Whether these are a context (text), 2 or more choices (texts) and the right one's index."""
     texts = isinstance(choices, list) and all(isinstance(choice, str) for choice in choices)
     return isinstance(context, str) and texts and len(choices) >= 2 and label in range(len(choices))
 
@@ -187,7 +186,6 @@ def row_losses(model, items, render_item, device, autocast, batch_items, reducti
 
 
 def my_slice(items, rank, world_size):
-    """(this rank's slice, topped up with copies of the first item, the number of its own items)."""
     per_rank = math.ceil(len(items) / world_size)
     mine = items[rank * per_rank : (rank + 1) * per_rank]
     return mine + [items[0]] * (per_rank - len(mine)), len(mine)
@@ -219,10 +217,7 @@ def tally(items, mine, picks, device, world_size):
     return score
 
 
-def hellaswag_score(
-    model, encoding, items, device, autocast=None, rank=0, world_size=1, batch_items=8
-):
-    """tally's score of HellaSwag's items, the ending of the lowest mean loss picked."""
+def hellaswag_score(model, encoding, items, device, autocast, rank, world_size, batch_items):
     mine, counted = my_slice(items, rank, world_size)
     render_item = functools.partial(render, encoding)
     losses = row_losses(model, mine, render_item, device, autocast, batch_items, 'mean')
@@ -275,7 +270,6 @@ def sized(names, accuracies):
 
 
 def fineweb(web, edu, note=''):
-    """The FineWeb paper's figures of its FineWeb and FineWeb-Edu models."""
     models = (('FineWeb', web), ('FineWeb-Edu', edu))
     return [(FINEWEB + note, [(1.71e9, acc, f'{name} 1.71B, 350B tokens')]) for name, acc in models]
 
@@ -320,9 +314,8 @@ PUBLISHED = {
 
 
 def hub_task_path(repo, folder, split, cache=None):
-    return os.path.join(
-        cache or cache_folder(), repo.replace('/', '--'), folder, split + '.parquet'
-    )
+    folder = os.path.join(cache or cache_folder(), repo.replace('/', '--'), folder)
+    return os.path.join(folder, f'{split}.parquet')
 
 
 def download_hub_split(repo, folder, split, cache=None, network=None):
@@ -418,11 +411,10 @@ def task_items(task, cache=None, world_size=1, network=None):
     """A Hub task's items, its files downloaded once per machine (network: downloads.Network)."""
     spec = HUB_TASKS[task]
     splits = ['test'] + (['dev'] if spec.shots else [])
-    downloaded_once_per_machine(
-        lambda: [download_hub_split(spec.repo, spec.folder, s, cache, network) for s in splits],
-        world_size,
-    )
-    test, dev = (hub_task_path(spec.repo, spec.folder, split, cache) for split in ('test', 'dev'))
+    where = spec.repo, spec.folder
+    fetch = functools.partial(download_hub_split, *where, cache=cache, network=network)
+    downloaded_once_per_machine(lambda: [fetch(split) for split in splits], world_size)
+    test, dev = (hub_task_path(*where, split, cache) for split in ('test', 'dev'))
     return arc_items(test) if spec.repo == ARC else mmlu_items(test, dev, spec.shots)
 
 
@@ -455,7 +447,6 @@ def predictions(item, logprobs):
 def task_accuracy(
     model, encoding, items, device, autocast=None, rank=0, world_size=1, batch_items=8
 ):
-    """tally's score of a Hub task's items, picked by predictions."""
     mine, counted = my_slice(items, rank, world_size)
     logprobs = choice_logprobs(model, encoding, mine, device, autocast, batch_items)
     picks = [predictions(item, scores) for item, scores in zip(mine[:counted], logprobs)]
@@ -523,22 +514,10 @@ def evaluate_tasks(run):
 
 
 # --------------------------------------------------------------------------------------------------
-# The command.
-
-
-def join_ranks(device):
-    """(rank, world_size, device): under torchrun a process per GPU (NCCL) or CPU process (gloo)."""
-    rank, world_size = int(os.environ.get('RANK', 0)), int(os.environ.get('WORLD_SIZE', 1))
-    if world_size > 1:
-        if device.type == 'cuda':
-            device = torch.device('cuda', int(os.environ.get('LOCAL_RANK', 0)))
-            torch.cuda.set_device(device)
-        dist.init_process_group('nccl' if device.type == 'cuda' else 'gloo')
-    return rank, world_size, device
+# The command: under torchrun a process per GPU (NCCL) or per CPU process (gloo).
 
 
 def report(task, score, seconds, params, path, world_size, device):
-    """A task's score beside chance and the published figures of the nearest sizes (log scale)."""
     n, acc, acc_norm = score['items'], score['acc'], score['acc_norm']
     rate = f"{n / seconds:,.0f} items/s on {world_size} x {device}"
     if task == 'hellaswag':
@@ -569,14 +548,13 @@ def report(task, score, seconds, params, path, world_size, device):
     print(f"  {f'this model, {params:,} parameters':<34} {measured}")
     print(f"  {f'chance ({chance})':<34} {score['chance']:6.1%}")
     for source, figures in PUBLISHED[task]:
+        # the nearest size, on a log scale
         _, published, name = min(figures, key=lambda figure: abs(math.log(figure[0] / params)))
         print(f"  {name:<34} {published:6.1%}   ({source})")
 
 
 def arguments(argv):
-    parser = argparse.ArgumentParser(
-        description=__doc__.split('\n')[1], formatter_class=argparse.RawTextHelpFormatter
-    )
+    parser = argparse.ArgumentParser(description=__doc__.split('\n')[1])
     add = parser.add_argument
     add('checkpoint', help="a run's out_dir (latest checkpoint) or a ckpt/step_* folder")
     add('task', choices=[*TASKS, 'all'], help='one task, or all: ' + ', '.join(TASKS))
@@ -599,7 +577,13 @@ def main(argv):
     args = arguments(argv)
     results, model = {}, None
     try:
-        rank, world_size, device = join_ranks(checkpoint.device_of(args.device))
+        rank, world_size = int(os.environ.get('RANK', 0)), int(os.environ.get('WORLD_SIZE', 1))
+        device = checkpoint.device_of(args.device)
+        if world_size > 1:
+            if device.type == 'cuda':
+                device = torch.device('cuda', int(os.environ.get('LOCAL_RANK', 0)))
+                torch.cuda.set_device(device)
+            dist.init_process_group('nccl' if device.type == 'cuda' else 'gloo')
         path = checkpoint.find(args.checkpoint)
         model, train_config = checkpoint.load_model(path, device)
         params = sum(p.numel() for p in model.parameters())

@@ -5,14 +5,12 @@ plot.py: the loss curve of one run, or of several overlaid, as a PNG.
     python -m ledgergpt.plot out/run_a out/run_b --out compare.png  # a colour per run, one legend
     python -m ledgergpt.plot out/pystdlib_overtrain --branches      # -> its branches.png
 
-Against tokens seen: the train loss of every logged step (faint) and its moving average, the val
-loss, a mixture's val loss per source, the spike guard's rollbacks, Chinchilla's compute-optimal
-point 20 x P (Hoffmann et al. 2022; P from the run's ledger.json; named alone when far past the
-run), and HellaSwag, ARC and MMLU on a second axis. Steps logged again after a rollback or a resume
-replace the ones they repeat. A mixture of experts also gets moe.png: its experts' load. With
---branches: overtrain.py's wsd run, its cooldown branches and cosine runs (docs/overtraining.md).
-train.py redraws out_dir/loss.png with draw_run(out_dir), which never raises. matplotlib is
-imported only here, drawing through its Agg backend (to a file; no display needed).
+Against tokens seen: the train loss (faint) and its moving average, the val loss (a mixture's per
+source too), rollbacks, Chinchilla's 20 x P (Hoffmann et al. 2022; P from ledger.json), HellaSwag,
+ARC and MMLU on a second axis; steps logged again after a rollback or a resume replace the ones they
+repeat. moe.png: a mixture of experts' load. --branches: overtrain.py's runs (docs/overtraining.md).
+train.py redraws out_dir/loss.png with draw_run(out_dir), which never raises. matplotlib is imported
+only here, drawing through its Agg backend (to a file; no display needed).
 """
 
 import argparse
@@ -51,6 +49,9 @@ ROLLBACK = dict(linestyle=(0, (6, 3)), linewidth=1, alpha=0.8)
 CHINCHILLA = dict(linestyle=':', linewidth=1.5)
 SCORE = dict(linestyle='-.', markersize=4, capsize=3)
 FINAL = dict(linestyle='', markersize=12, markeredgecolor='black')
+LADDER_N = 'the output projection in, the embedding lookup out'
+COOLDOWN, COSINE = dict(linewidth=2, linestyle='-'), dict(linewidth=1, linestyle='--')
+LEGEND = dict(loc='outside lower center', ncols=2, fontsize='small', frameon=False)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -108,6 +109,9 @@ def read_run(run_dir):
         stderr = np.array([e.get(f'{name}_stderr', 0.0) for e in scored])
         return *curve(scored, lambda e: e[name]), stderr
 
+    def source(name):  # a mixture's val loss of a source (NaN where an eval has none)
+        return curve(mixed, lambda e: e['val_sources'].get(name, {}).get('loss', np.nan))
+
     mixed = [e for e in evals if 'val_sources' in e]  # a mixture's evals: each source's val loss
     scores = {name: score(name) for name in SCORES}
     return {
@@ -118,12 +122,7 @@ def read_run(run_dir):
         'hellaswag': scores['hellaswag'],
         'scores': {name: values for name, values in scores.items() if len(values[0])},
         'chinchilla': chinchilla_tokens(run_dir),
-        'sources': {
-            source: curve(
-                mixed, lambda e, s=source: e['val_sources'].get(s, {}).get('loss', np.nan)
-            )
-            for source in (mixed[-1]['val_sources'] if mixed else ())
-        },
+        'sources': {name: source(name) for name in (mixed[-1]['val_sources'] if mixed else ())},
     }
 
 
@@ -149,12 +148,7 @@ def smooth(values):
     return (sums[i + half + 1] - sums[i - half]) / (2 * half + 1)
 
 
-# --------------------------------------------------------------------------------------------------
-# The pictures.
-
-
 def blank_figure():
-    """An empty matplotlib Figure, FIGURE_INCHES at DPI."""
     try:
         from matplotlib.backends.backend_agg import FigureCanvasAgg
         from matplotlib.figure import Figure
@@ -179,14 +173,11 @@ def tokens_axis(ax):
 
 
 def legend_below(fig, title):
-    """One legend under the plot, of every axes' lines, and the title."""
     handles, labels = [], []
     for axes in fig.axes:
         more_handles, more_labels = axes.get_legend_handles_labels()
         handles, labels = handles + more_handles, labels + more_labels
-    fig.legend(
-        handles, labels, loc='outside lower center', ncols=2, fontsize='small', frameon=False
-    )
+    fig.legend(handles, labels, **LEGEND)
     fig.axes[0].set_title(title)
 
 
@@ -227,10 +218,8 @@ def figure(run_dirs):
         # a marker per task, a colour per run
         for task, (x, accuracy, stderr) in run['scores'].items():
             title, marker = SCORES[task]
-            label, yerr = f'{name} {title}', 100 * stderr
-            scores.errorbar(
-                x, 100 * accuracy, yerr, color=color, marker=marker, label=label, **SCORE
-            )
+            y, yerr, label = 100 * accuracy, 100 * stderr, f'{name} {title}'
+            scores.errorbar(x, y, yerr, color=color, marker=marker, label=label, **SCORE)
     loss_axis(ax, runs)
     if scores is not None:
         scores.yaxis.tick_right()
@@ -275,7 +264,6 @@ def beside(main_dir, kind):
 
 
 def mark_final(ax, run, color, marker, kind):
-    """The run's last val loss, a large marker at its tokens."""
     tokens, losses = run['val']
     if len(tokens):
         label = f"{run['name']} ({kind}): final val {losses[-1]:.4f} at {bill.si(tokens[-1])}"
@@ -293,9 +281,7 @@ def branch_figure(main_dir, fit=None):
     mark_final(ax, main, 'C0', '*', 'wsd')
     for i, run in enumerate(branches + cosines, 1):
         kind = 'cooldown' if i <= len(branches) else 'cosine'
-        line = (
-            dict(linewidth=2, linestyle='-') if kind == 'cooldown' else dict(linewidth=1, ls='--')
-        )
+        line = COOLDOWN if kind == 'cooldown' else COSINE
         label = f"{run['name']} ({kind}) train (moving average)"
         ax.plot(run['train'][0], smooth(run['train'][1]), color=f'C{i}', label=label, **line)
         mark_final(ax, run, f'C{i}', '*' if kind == 'cooldown' else 'X', kind)
@@ -326,9 +312,8 @@ def fitted_loss(ax, fit, run_dir, last):
         n_params = json.load(f)['params']['matmul']
     seen = np.linspace(STEEP_START * last, last, 60)
     predicted = [scaling.predict(fit, n_params, d) for d in seen]
-    label = (
-        f"our fit ({fit.get('path', '')}, {fit['data']}): predicted final val loss at each length"
-    )
+    ours = f"our fit ({fit.get('path', '')}, {fit['data']})"
+    label = f"{ours}: predicted final val loss at each length"
     ax.plot(seen, [p['loss'] for p in predicted], color='black', linestyle='-.', label=label)
     low, high = ([p[end] for p in predicted] for end in ('low', 'high'))
     ax.fill_between(seen, low, high, color='gray', alpha=0.2)
@@ -352,9 +337,8 @@ def ladder_figure(fit):
         held_out, color = runs[0]['held_out'], f'C{i}'
         label = f"C = {budget:.2g} FLOPs: the fit{' (extrapolated)' if held_out else ''}"
         style = '--' if held_out else '-'
-        ax.plot(
-            sizes, scaling.law(fit, sizes, budget / (k * sizes)), style, color=color, label=label
-        )
+        law = scaling.law(fit, sizes, budget / (k * sizes))
+        ax.plot(sizes, law, style, color=color, label=label)
         best = scaling.compute_optimal(fit, budget, k)
         ax.plot(best['N'], best['loss'], marker='|', markersize=16, color=color)
         dots = dict(marker='*', markersize=14) if held_out else dict(marker='o', markersize=7)
@@ -364,30 +348,23 @@ def ladder_figure(fit):
         for j, run in enumerate(runs if held_out else ()):
             p = scaling.predict(fit, run['N'], run['D'])
             label = None if j else "held out: the fit's predictions, 95% intervals"
-            error = [[p['loss'] - p['low']], [p['high'] - p['loss']]]
-            ax.errorbar(
-                run['N'] * 1.04, p['loss'], error, color='black', capsize=4, marker='D', label=label
-            )
+            x, error = run['N'] * 1.04, [[p['loss'] - p['low']], [p['high'] - p['loss']]]
+            ax.errorbar(x, p['loss'], error, color='black', capsize=4, marker='D', label=label)
     ax.set_xscale('log')
-    ax.set_xlabel(
-        "N (the ledger's matmul parameters: the output projection in, the embedding lookup out)"
-    )
+    ax.set_xlabel(f"N (the ledger's matmul parameters: {LADDER_N})")
     ax.set_ylabel('final val loss (nats per token)')
     ax.xaxis.set_major_formatter(lambda x, _: bill.si(x))
     ax.grid(alpha=0.3, which='both')
     ax.legend(fontsize='small')
     fitted = len([run for run in fit['runs'] if not run['held_out']])
-    law = (
-        f"{fit['E']:.3g} + {fit['A']:.3g}/N^{fit['alpha']:.3g} + {fit['B']:.3g}/D^{fit['beta']:.3g}"
-    )
-    ax.set_title(
-        f"IsoFLOP ladder on {fit['data']} ({fit['tokenizer']}), {fitted} runs fitted: L = {law}"
-    )
+    E, A, B, alpha, beta = (fit[key] for key in ('E', 'A', 'B', 'alpha', 'beta'))
+    law = f"{E:.3g} + {A:.3g}/N^{alpha:.3g} + {B:.3g}/D^{beta:.3g}"
+    on = f"{fit['data']} ({fit['tokenizer']})"
+    ax.set_title(f"IsoFLOP ladder on {on}, {fitted} runs fitted: L = {law}")
     return fig
 
 
 def draw_ladder(fit_path, out):
-    """Write the ladder's figure for a fit file to `out` as a PNG; -> out."""
     from ledgergpt import scaling
 
     return save(ladder_figure(scaling.load_fit(fit_path)), out)
@@ -464,25 +441,18 @@ def draw_run(out_dir):
 
 @cli
 def main(argv):
-    parser = argparse.ArgumentParser(
-        description=__doc__.split('\n')[1], formatter_class=argparse.RawTextHelpFormatter
-    )
+    parser = argparse.ArgumentParser(description=__doc__.split('\n')[1])
     add = parser.add_argument
     add('run_dirs', nargs='+', metavar='RUN_DIR', help="a train.py out_dir (several: overlaid)")
     add('--out', help='the PNG (default: RUN_DIR/loss.png for one run, loss.png for several)')
-    add(
-        '--branches',
-        action='store_true',
-        help="one wsd run with its cooldown branches (RUN_DIR_cooldown_*) and cosine runs "
-        "(RUN_DIR_cosine_*), into RUN_DIR/branches.png",
-    )
+    branches = 'one wsd run and its RUN_DIR_cooldown_* and RUN_DIR_cosine_* (RUN_DIR/branches.png)'
+    add('--branches', action='store_true', help=branches)
     args = parser.parse_args(argv)
-    if args.branches and len(args.run_dirs) > 1:
-        raise ConfigError(
-            f"--branches draws one run with its branches, not {len(args.run_dirs)} runs"
-        )
+    runs = len(args.run_dirs)
+    if args.branches and runs > 1:
+        raise ConfigError(f"--branches draws one run with its branches, not {runs} runs")
     name = 'branches.png' if args.branches else 'loss.png'
-    out = args.out or (os.path.join(args.run_dirs[0], name) if len(args.run_dirs) == 1 else name)
+    out = args.out or (os.path.join(args.run_dirs[0], name) if runs == 1 else name)
     print(draw(args.run_dirs, out, args.branches))
     return 0
 

@@ -1,17 +1,12 @@
 """
-trackers.py: a run watched from elsewhere. Every record live_ledger.Metrics writes to metrics.jsonl
-also goes to TensorBoard and/or Weights & Biases (the key tracker = 'tensorboard', 'wandb' or
-'tensorboard,wandb'; nanoGPT's wandb_log = True adds 'wandb', with its wandb_project and
-wandb_run_name); the config and the ledger's prediction are the run's config, and at the end
-report.md and loss.png join it.
+trackers.py: every record live_ledger.Metrics writes to metrics.jsonl also goes to TensorBoard
+and/or W&B (the key tracker = 'tensorboard', 'wandb' or both; nanoGPT's wandb_log = True adds W&B),
+offline first, from rank 0; a tracker missing or failing is one warning line and the run goes on
+without it (docs/after-training.md, "Watching a run").
 
     python train.py configs/pystdlib_cpu.py --tracker=tensorboard,wandb
     tensorboard --logdir out/pystdlib_cpu/tensorboard    # the dashboard, here or over ssh -L
     wandb sync out/pystdlib_cpu/wandb/offline-run-*      # the offline W&B run, uploaded
-
-Offline first (WANDB_MODE=online streams W&B live), rank 0 only; a resumed run continues the same
-tracker runs. The libraries are imported only when asked for; one not installed, or one that fails
-to start or to log, is one warning line and the run goes on without it (docs/after-training.md).
 """
 
 import json
@@ -71,9 +66,8 @@ class TensorBoard:
         self.writer, self.step = None, 0
         config = json.dumps({**prediction['model'], **prediction['train']}, indent=2)
         self.texts = {'config': f'```\n{config}\n```', 'ledger': ledger_text}
-        print(
-            f"tracker tensorboard: {self.folder} (tensorboard --logdir {self.folder})", flush=True
-        )
+        said = f"tracker tensorboard: {self.folder} (tensorboard --logdir {self.folder})"
+        print(said, flush=True)
 
     def open(self, step):
         """A writer whose first event says 'started at step': TensorBoard drops what earlier files
