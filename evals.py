@@ -234,12 +234,10 @@ def hellaswag_accuracy(
 
 
 # --------------------------------------------------------------------------------------------------
-# ARC and MMLU, in the cloze formulation small models are measured with: the question as context,
-# each choice's text its continuation, scored by log-likelihood (the choices are never shown), as
-# lm-evaluation-harness's (v0.4) arc_easy, arc_challenge and mmlu_continuation, so that a figure
-# here is the harness's for the same model (docs/after-training.md, "ARC and MMLU"). The files:
-# allenai/ai2_arc's and cais/mmlu's parquet, from the Hub (--endpoint or HF_ENDPOINT, HF_TOKEN),
-# checked by the listing's sha256.
+# ARC and MMLU in the cloze formulation small models are measured with (each choice's text scored
+# as the question's continuation, the choices never shown), as lm-evaluation-harness's (v0.4)
+# arc_easy, arc_challenge and mmlu_continuation score them (docs/after-training.md, "ARC and MMLU"),
+# from allenai/ai2_arc's and cais/mmlu's parquet on the Hub (--endpoint or HF_ENDPOINT, HF_TOKEN).
 
 # repo: the dataset on the Hub; folder: its config, where the split files are
 # {split}-00000-of-00001.parquet; items: in the test split; title: the report's name for it;
@@ -281,23 +279,17 @@ def fineweb(web, edu, note=''):
 GPT2 = [f'GPT-2 {size}' for size in ('124M', '350M', '774M', '1558M')]
 GPT3_SIZES = ('Small 125M', 'Medium 350M', 'Large 760M', 'XL 1.3B', '2.7B', '6.7B', '13B', '175B')
 GPT3 = [f'GPT-3 {size}' for size in GPT3_SIZES]
-# Brown et al. 2020, "Language Models are Few-Shot Learners", Table H.1, zero-shot, HellaSwag's dev
-# set and ARC's test set. For ARC GPT-3 normalised each choice's likelihood by its likelihood after
-# "Answer: " alone (section 2.4, "normalizing by the unconditional probability of each completion").
+# Brown et al. 2020, Table H.1, zero-shot, HellaSwag's dev set and ARC's test set; Hendrycks et al.
+# 2021, Table 1; the FineWeb paper (Penedo et al. 2024, section 4): the protocol of each in
+# docs/after-training.md's table (the FineWeb paper's ARC is Easy and Challenge together).
 TABLE_H1 = {
     'hellaswag': (0.337, 0.436, 0.510, 0.547, 0.628, 0.674, 0.709, 0.789),
     'arc_easy': (0.436, 0.465, 0.530, 0.538, 0.582, 0.602, 0.638, 0.688),
     'arc_challenge': (0.266, 0.295, 0.318, 0.355, 0.380, 0.414, 0.437, 0.514),
 }
 BROWN_ARC = 'GPT-3 zero-shot, unconditional norm. (Brown et al. 2020, Table H.1)'
-# Hendrycks et al. 2021 (ICLR), Table 1: GPT-3 few-shot (5 dev examples), the letter formulation
-# (the choices shown as A-D, the answer a letter), where the smaller GPT-3 models score near chance;
-# sizes as that paper gives them.
 HENDRYCKS = [f'GPT-3 {size}' for size in 'Small 2.7B,Medium 6.7B,Large 13B,X-Large 175B'.split(',')]
 HENDRYCKS_SOURCE = 'GPT-3 5-shot, letter answers (Hendrycks et al. 2021, Table 1)'
-# The FineWeb paper (Penedo et al. 2024, sections 3.1 and 4): 1.71B Llama-style models (GPT-2
-# tokenizer) trained on 350B tokens, scored with lighteval (its own cloze prompts) on benchmarks cut
-# to 1,000 items; its "ARC" is not split into Easy and Challenge.
 FINEWEB = "Penedo et al. 2024, section 4: lighteval's cloze, benchmarks cut to 1,000 items"
 ARC_FINEWEB = fineweb(0.46, 0.57, '; its ARC is Easy and Challenge together')
 # task: [(source, [(parameters, accuracy, name)])]: the nearest size of each is printed

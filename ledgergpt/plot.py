@@ -51,6 +51,7 @@ SCORE = dict(linestyle='-.', markersize=4, capsize=3)
 FINAL = dict(linestyle='', markersize=12, markeredgecolor='black')
 LADDER_N = 'the output projection in, the embedding lookup out'
 COOLDOWN, COSINE = dict(linewidth=2, linestyle='-'), dict(linewidth=1, linestyle='--')
+# one legend under the plot
 LEGEND = dict(loc='outside lower center', ncols=2, fontsize='small', frameon=False)
 
 
@@ -172,15 +173,6 @@ def tokens_axis(ax):
     ax.grid(alpha=0.3)
 
 
-def legend_below(fig, title):
-    handles, labels = [], []
-    for axes in fig.axes:
-        more_handles, more_labels = axes.get_legend_handles_labels()
-        handles, labels = handles + more_handles, labels + more_labels
-    fig.legend(handles, labels, **LEGEND)
-    fig.axes[0].set_title(title)
-
-
 def train_and_val(ax, run, color, train_label):
     tokens, losses = run['train']
     ax.plot(tokens, losses, color=color, alpha=0.3, linewidth=0.8)
@@ -228,7 +220,8 @@ def figure(run_dirs):
         scores.set_ylabel('HellaSwag accuracy (%)' if only_hellaswag else 'accuracy (%)')
         chance = 'HellaSwag chance (25%)' if only_hellaswag else 'chance with 4 choices (25%)'
         scores.axhline(25, color='gray', linewidth=0.8, linestyle=':', label=chance)
-    legend_below(fig, f"loss of {', '.join(run['name'] for run in runs)}")
+    fig.legend(**LEGEND)  # of every axes' lines
+    ax.set_title(f"loss of {', '.join(run['name'] for run in runs)}")
     return fig
 
 
@@ -299,7 +292,8 @@ def branch_figure(main_dir, fit=None):
         label = "Hoffmann et al. 2022's fit L(P, D): THEIR data (right axis)"
         theirs.plot(seen, loss, color='gray', linestyle='-.', label=label)
         theirs.set_ylabel("their fit's loss (nats per THEIR token)")
-    legend_below(fig, f"over-training {main['name']}: cooldown branches and cosine runs")
+    fig.legend(**LEGEND)
+    ax.set_title(f"over-training {main['name']}: cooldown branches and cosine runs")
     return fig
 
 
