@@ -217,19 +217,11 @@ def tally(items, mine, picks, device, world_size):
     return score
 
 
-def hellaswag_score(model, encoding, items, device, autocast, rank, world_size, batch_items):
-    mine, counted = my_slice(items, rank, world_size)
-    render_item = functools.partial(render, encoding)
-    losses = row_losses(model, mine, render_item, device, autocast, batch_items, 'mean')
-    picks = [2 * (row.index(min(row)),) for row in losses[:counted]]
-    return tally(items, mine[:counted], picks, device, world_size)
-
-
 def hellaswag_accuracy(
     model, encoding, items, device, autocast=None, rank=0, world_size=1, batch_items=8
 ):
     """-> (accuracy, its standard error sqrt(p (1 - p) / n), n items)."""
-    score = hellaswag_score(model, encoding, items, device, autocast, rank, world_size, batch_items)
+    score = task_accuracy(model, encoding, items, device, autocast, rank, world_size, batch_items)
     return score['acc'], score['acc_stderr'], score['items']
 
 
@@ -439,9 +431,16 @@ def predictions(item, logprobs):
 def task_accuracy(
     model, encoding, items, device, autocast=None, rank=0, world_size=1, batch_items=8
 ):
+    """tally's score of a task's items: HellaSwag's ('endings') picked by the lowest mean loss,
+    the Hub tasks' by predictions."""
     mine, counted = my_slice(items, rank, world_size)
-    logprobs = choice_logprobs(model, encoding, mine, device, autocast, batch_items)
-    picks = [predictions(item, scores) for item, scores in zip(mine[:counted], logprobs)]
+    if 'endings' in items[0]:
+        render_item = functools.partial(render, encoding)
+        losses = row_losses(model, mine, render_item, device, autocast, batch_items, 'mean')
+        picks = [2 * (row.index(min(row)),) for row in losses[:counted]]
+    else:
+        logprobs = choice_logprobs(model, encoding, mine, device, autocast, batch_items)
+        picks = [predictions(item, scores) for item, scores in zip(mine, logprobs[:counted])]
     return tally(items, mine[:counted], picks, device, world_size)
 
 
@@ -587,13 +586,14 @@ def main(argv):
         encoding = data.load_tokenizer(train_config['data'])
         autocast = torch.autocast('cuda', dtype=torch.bfloat16) if device.type == 'cuda' else None
         network = downloads.Network(endpoint=args.endpoint)
+        limit, batch = args.limit or None, args.batch
         for task in TASKS if args.task == 'all' else (args.task,):
             if task == 'hellaswag':
-                items, scorer = hellaswag_items(args.url, args.cache, world_size), hellaswag_score
+                items = hellaswag_items(args.url, args.cache, world_size)[:limit]
             else:
-                items, scorer = task_items(task, args.cache, world_size, network), task_accuracy
-            items, started = items[: args.limit or None], time.perf_counter()
-            score = scorer(model, encoding, items, device, autocast, rank, world_size, args.batch)
+                items = task_items(task, args.cache, world_size, network)[:limit]
+            started = time.perf_counter()
+            score = task_accuracy(model, encoding, items, device, autocast, rank, world_size, batch)
             results[task] = score, time.perf_counter() - started
     finally:
         model = None  # before the process group goes (processes.leave_process_group)
