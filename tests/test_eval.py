@@ -723,8 +723,8 @@ def test_bad_task_files_are_one_line(trained, tmp_path, capsys, monkeypatch):
 def test_an_unreachable_hub_is_one_line_naming_a_flag_evals_takes(
     trained, tmp_path, capsys, monkeypatch
 ):
-    """The Hub unreachable: downloads.py's tries, then one line whose advice names what evals.py takes:
-    --endpoint (over HF_ENDPOINT), not a flag of another command."""
+    """The Hub unreachable: downloads.py's tries, then one line whose advice names what evals.py
+    takes: --endpoint (over HF_ENDPOINT), not a flag of another command."""
     monkeypatch.setattr(downloads.time, 'sleep', lambda seconds: None)  # the waits between tries
     monkeypatch.delenv('HF_ENDPOINT', raising=False)
     with socket.socket() as closed:  # a port nobody listens on

@@ -109,8 +109,8 @@ def test_a_tracker_that_fails_to_start_is_one_line(tmp_path, monkeypatch, capsys
 
 
 def test_a_read_only_folder_is_one_line_without_a_traceback(tmp_path, monkeypatch, capsys):
-    """out_dir/tensorboard read-only (here every file opened for writing in it is refused: root writes anywhere):
-    the warning line alone, no traceback from TensorBoard's writer thread."""
+    """out_dir/tensorboard read-only (here every file opened for writing in it is refused: root
+    writes anywhere): the warning line alone, no traceback from TensorBoard's writer thread."""
     folder, real_open = str(tmp_path / 'tensorboard'), io.open
 
     def read_only(file, mode='r', *args, **kwargs):
