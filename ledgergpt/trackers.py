@@ -1,20 +1,12 @@
 """
-trackers.py: a run watched from elsewhere. Every record live_ledger.Metrics writes to metrics.jsonl also goes to
-TensorBoard and/or Weights & Biases (the key tracker = 'tensorboard', 'wandb' or 'tensorboard,wandb'; nanoGPT's
-wandb_log = True adds 'wandb', with its wandb_project and wandb_run_name); the config and the ledger's prediction
-are the run's config, and at the end report.md and loss.png join it.
+trackers.py: every record live_ledger.Metrics writes to metrics.jsonl also goes to TensorBoard
+and/or W&B (the key tracker = 'tensorboard', 'wandb' or both; nanoGPT's wandb_log = True adds W&B),
+offline first, from rank 0; a tracker missing or failing is one warning line and the run goes on
+without it (docs/after-training.md, "Watching a run").
 
     python train.py configs/pystdlib_cpu.py --tracker=tensorboard,wandb
-    tensorboard --logdir out/pystdlib_cpu/tensorboard          # the dashboard, on this machine or over ssh -L
-    wandb sync out/pystdlib_cpu/wandb/offline-run-*            # the offline W&B run, uploaded (WANDB_MODE=online:
-                                                               # streamed live instead)
-
-Offline first: TensorBoard's event files in out_dir/tensorboard, W&B in offline mode in out_dir/wandb, so a run
-on a machine without the internet is tracked all the same. Rank 0 only. A resumed run continues the same tracker
-run: W&B's run id is kept in out_dir/trackers.json, and TensorBoard's writer starts at the first step it logs,
-which hides the steps a killed run logged past its last checkpoint (TensorBoard's own purge after a crash). The
-libraries are imported only when asked for; one not installed, or one that fails to start or to log, is one
-warning line and the run goes on without it: a tracker never stops training.
+    tensorboard --logdir out/pystdlib_cpu/tensorboard    # the dashboard, here or over ssh -L
+    wandb sync out/pystdlib_cpu/wandb/offline-run-*      # the offline W&B run, uploaded
 """
 
 import json
@@ -27,9 +19,9 @@ from ledgergpt import files
 
 
 def scalars(entry, prefix=''):
-    """A metrics.jsonl record -> {name: number}: nested dicts and lists by '/' ({'val_sources': {'web': {'loss': 2.1}}}
-    -> 'val_sources/web/loss'; an MoE's expert_load[1][3] -> 'expert_load/1/3'), True/False as 1/0; None and text
-    are left out. 'step' stays a value: the trackers' x axis."""
+    """A metrics.jsonl record -> {name: number}: nested dicts and lists by '/' (val_sources/web/loss
+    and an MoE's expert_load[1][3] -> 'expert_load/1/3'), True/False as 1/0; None and text left out.
+    'step' stays a value: the trackers' x axis."""
     items = entry.items() if isinstance(entry, dict) else enumerate(entry)
     flat = {}
     for key, value in items:
@@ -41,41 +33,45 @@ def scalars(entry, prefix=''):
     return flat
 
 
+def values(entry):
+    """A record's scalars but its step; an event's (a rollback's) under 'event/'."""
+    prefix = f"{entry['event']}/" if 'event' in entry else ''
+    return scalars({k: v for k, v in entry.items() if k not in ('step', 'event')}, prefix)
+
+
 def names(train):
     """The trackers a TrainConfig asks for, in order, each once."""
     asked = [name for name in train.tracker.split(',') if name]
     return list(dict.fromkeys(asked + (['wandb'] if train.wandb_log else [])))
 
 
-def warn(name, what, error):
-    print(
-        f"warning: tracker {name} {what} ({type(error).__name__}: {error}); the run goes on without it",
-        flush=True,
-    )
+def warn(text):
+    print(f"warning: {text}; the run goes on without it", flush=True)
 
 
 class TensorBoard:
-    """Event files in out_dir/tensorboard, every value as a float64 scalar (new-style tensor summaries: what
-    metrics.jsonl holds, exactly; old-style scalars keep float32)."""
+    """Event files in out_dir/tensorboard, every value a float64 scalar (new-style summaries: what
+    metrics.jsonl holds, exactly). The writer starts at the first step it logs, which hides the
+    steps a killed run logged past its last checkpoint (TensorBoard's own purge after a crash)."""
 
     def __init__(self, train, prediction, ledger_text, resume):
         from torch.utils.tensorboard import SummaryWriter  # needs the tensorboard package
 
         self.SummaryWriter, self.folder = SummaryWriter, os.path.join(train.out_dir, 'tensorboard')
+        os.makedirs(self.folder, exist_ok=True)
+        # an unwritable folder fails here, one warning; in the writer's thread, with a traceback too
+        probe = os.path.join(self.folder, f'.probe{os.getpid()}')
+        open(probe, 'w').close()
+        os.remove(probe)
         self.writer, self.step = None, 0
-        self.texts = {
-            'config': '```\n'
-            + json.dumps({**prediction['model'], **prediction['train']}, indent=2)
-            + '\n```',
-            'ledger': ledger_text,
-        }
-        print(
-            f"tracker tensorboard: {self.folder} (tensorboard --logdir {self.folder})", flush=True
-        )
+        config = json.dumps({**prediction['model'], **prediction['train']}, indent=2)
+        self.texts = {'config': f'```\n{config}\n```', 'ledger': ledger_text}
+        said = f"tracker tensorboard: {self.folder} (tensorboard --logdir {self.folder})"
+        print(said, flush=True)
 
     def open(self, step):
-        """A writer whose first event says 'started at step': TensorBoard drops what earlier files logged from that
-        step on (the steps a killed run or a rolled-back one did again)."""
+        """A writer whose first event says 'started at step': TensorBoard drops what earlier files
+        logged from that step on (the steps a killed run or a rolled-back one did again)."""
         if self.writer is not None:
             self.writer.close()
         self.writer = self.SummaryWriter(self.folder, purge_step=step)
@@ -89,12 +85,10 @@ class TensorBoard:
         # the steps after the checkpoint it went back to are done again
         elif entry.get('event') == 'rollback':
             self.open(entry['to_step'] + 1)
-        prefix = f"{entry['event']}/" if 'event' in entry else ''
-        for tag, value in scalars(
-            {k: v for k, v in entry.items() if k not in ('step', 'event')}, prefix
-        ).items():
+        for tag, value in values(entry).items():
             self.writer.add_scalar(tag, value, step, new_style=True, double_precision=True)
-        self.writer.flush()  # on the disk now (log steps only): the dashboard is live, a killed run loses nothing
+        # on the disk now (log steps only): the dashboard is live, a killed run loses nothing
+        self.writer.flush()
         self.step = step
 
     def finish(self, out_dir):
@@ -107,17 +101,16 @@ class TensorBoard:
         if os.path.exists(picture):
             import matplotlib.image
 
-            self.writer.add_image(
-                'loss.png', matplotlib.image.imread(picture), self.step, dataformats='HWC'
-            )
+            image = matplotlib.image.imread(picture)
+            self.writer.add_image('loss.png', image, self.step, dataformats='HWC')
         self.writer.close()
 
 
 class WandB:
-    """A W&B run, offline in out_dir/wandb unless WANDB_MODE says otherwise; its id in out_dir/trackers.json, so a
-    resumed run continues it (resume='allow'). The records are logged as they are, 'step' among the values and the
-    x axis of every chart (define_metric): W&B's own _step counts calls, so a step logged again after a resume is
-    kept, not refused as out of order."""
+    """A W&B run, offline in out_dir/wandb unless WANDB_MODE says otherwise; its id in
+    out_dir/trackers.json, so a resumed run continues it. 'step' is among the values and the x axis
+    of every chart (define_metric): W&B's own _step counts calls, so a step logged again after a
+    resume is kept, not refused as out of order."""
 
     def __init__(self, train, prediction, ledger_text, resume):
         import wandb
@@ -135,33 +128,23 @@ class WandB:
             project=train.wandb_project,
             name=train.wandb_run_name or os.path.basename(os.path.abspath(train.out_dir)),
             id=run_id,
-            resume='allow'
-            if mode != 'offline'
-            else None,  # offline: `wandb sync` joins the runs of one id
+            # offline: `wandb sync` joins the runs of one id
+            resume='allow' if mode != 'offline' else None,
             dir=train.out_dir,
             mode=mode,
             config={**prediction['model'], **prediction['train'], 'ledger': prediction},
-            settings=wandb.Settings(
-                console='off', silent=True
-            ),  # train.py's output is the run's log, untouched
+            # train.py's output is the run's log, untouched
+            settings=wandb.Settings(console='off', silent=True),
         )
         self.run.define_metric('step')
         self.run.define_metric('*', step_metric='step')
         files.save_json(path, {**saved, 'wandb_id': run_id})
-        print(
-            f"tracker wandb: {mode} run {run_id} in {self.run.dir.rsplit(os.sep + 'files', 1)[0]}"
-            + (' (wandb sync DIR uploads it)' if mode == 'offline' else ''),
-            flush=True,
-        )
+        where = self.run.dir.rsplit(os.sep + 'files', 1)[0]
+        sync = ' (wandb sync DIR uploads it)' if mode == 'offline' else ''
+        print(f"tracker wandb: {mode} run {run_id} in {where}{sync}", flush=True)
 
     def log(self, entry):
-        prefix = f"{entry['event']}/" if 'event' in entry else ''
-        self.run.log(
-            {
-                'step': entry['step'],
-                **scalars({k: v for k, v in entry.items() if k not in ('step', 'event')}, prefix),
-            }
-        )
+        self.run.log({'step': entry['step'], **values(entry)})
 
     def finish(self, out_dir):
         path = os.path.join(out_dir, 'summary.json')
@@ -175,33 +158,30 @@ class WandB:
         sys.exit = self.exit
 
 
-# name -> (class, pip package)
-KINDS = {'tensorboard': (TensorBoard, 'tensorboard'), 'wandb': (WandB, 'wandb')}
+# name -> class; its pip package has the same name
+KINDS = {'tensorboard': TensorBoard, 'wandb': WandB}
 
 
 class Trackers:
-    """The trackers a run asks for, started on rank 0; each call to one that fails is a warning and drops it."""
+    """The trackers a run asks for, started on rank 0; each call to one that fails is a warning and
+    drops it."""
 
     def __init__(self, train, prediction, ledger_text, resume):
         self.running = {}
         for name in names(train):
-            cls, package = KINDS[name]
             try:
-                self.running[name] = cls(train, prediction, ledger_text, resume)
+                self.running[name] = KINDS[name](train, prediction, ledger_text, resume)
             except ImportError:
-                print(
-                    f"warning: tracker={name} needs {package} (pip install {package}); the run goes on without it",
-                    flush=True,
-                )
+                warn(f"tracker={name} needs {name} (pip install {name})")
             except Exception as e:  # a tracker never stops the run
-                warn(name, 'did not start', e)
+                warn(f"tracker {name} did not start ({type(e).__name__}: {e})")
 
     def call(self, method, *args):
         for name, tracker in list(self.running.items()):
             try:
                 getattr(tracker, method)(*args)
             except Exception as e:
-                warn(name, f'failed to {method}', e)
+                warn(f"tracker {name} failed to {method} ({type(e).__name__}: {e})")
                 del self.running[name]
 
     def log(self, entry):

@@ -12,6 +12,7 @@ import json
 import math
 import pathlib
 import re
+import socket
 import threading
 
 import pytest
@@ -717,6 +718,23 @@ def test_bad_task_files_are_one_line(trained, tmp_path, capsys, monkeypatch):
     assert 'row 2: not an ARC item' in errors[0]
     assert 'not a parquet file' in errors[1] and 'delete it and rerun' in errors[1]
     assert 'HTTP 404' in errors[2]
+
+
+def test_an_unreachable_hub_is_one_line_naming_a_flag_evals_takes(
+    trained, tmp_path, capsys, monkeypatch
+):
+    """The Hub unreachable: downloads.py's tries, then one line whose advice names what evals.py
+    takes: --endpoint (over HF_ENDPOINT), not a flag of another command."""
+    monkeypatch.setattr(downloads.time, 'sleep', lambda seconds: None)  # the waits between tries
+    monkeypatch.delenv('HF_ENDPOINT', raising=False)
+    with socket.socket() as closed:  # a port nobody listens on
+        closed.bind(('127.0.0.1', 0))
+        dead = f'http://127.0.0.1:{closed.getsockname()[1]}'
+    args = [trained[0], 'arc_easy', '--cache', str(tmp_path), '--endpoint', dead]
+    assert hellaswag.main(args) == 2
+    [error] = capsys.readouterr().err.strip().splitlines()
+    assert error.startswith(f'error: {dead}/api/datasets/allenai/ai2_arc/') and 'refused' in error
+    assert re.findall(r'--[a-z-]+', error) == ['--endpoint']
 
 
 def test_torchrun_slices_the_suite_over_ranks(trained, task_items, capsys):

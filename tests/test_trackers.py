@@ -4,8 +4,12 @@ and W&B's logs of a real run against metrics.jsonl): nanoGPT's W&B keys, the rec
 steps hidden in TensorBoard, and a tracker that is missing or fails is one warning line while the run goes on.
 """
 
+import builtins
 import dataclasses
+import io
+import os
 import sys
+import threading
 
 import helpers
 from ledgergpt import trackers
@@ -102,3 +106,31 @@ def test_a_tracker_that_fails_to_start_is_one_line(tmp_path, monkeypatch, capsys
         f"'{tmp_path / 'tensorboard'}'); the run goes on without it\n"
     )
     board.log({'step': 1, 'loss': 3.0})  # nothing to log to, nothing raised
+
+
+def test_a_read_only_folder_is_one_line_without_a_traceback(tmp_path, monkeypatch, capsys):
+    """out_dir/tensorboard read-only (here every file opened for writing in it is refused: root
+    writes anywhere): the warning line alone, no traceback from TensorBoard's writer thread."""
+    folder, real_open = str(tmp_path / 'tensorboard'), io.open
+
+    def read_only(file, mode='r', *args, **kwargs):
+        name = '' if isinstance(file, int) else os.fsdecode(file)
+        if name.startswith(folder) and set(mode) & set('wax+'):
+            raise PermissionError(13, 'Permission denied', name)
+        return real_open(file, mode, *args, **kwargs)
+
+    monkeypatch.setattr(io, 'open', read_only)
+    monkeypatch.setattr(builtins, 'open', read_only)
+    thread_errors, before = [], set(threading.enumerate())
+    monkeypatch.setattr(threading, 'excepthook', thread_errors.append)
+    train = dataclasses.replace(load_config()[1], out_dir=str(tmp_path), tracker='tensorboard')
+    board = trackers.Trackers(train, PREDICTION, 'the ledger', resume=False)
+    for step in range(1, 4):
+        board.log({'step': step, 'loss': 3.0})
+    board.finish(str(tmp_path))
+    # a writer thread that failed reports, then ends
+    for thread in set(threading.enumerate()) - before:
+        thread.join(timeout=10)
+    [warning] = capsys.readouterr().out.splitlines()
+    assert warning.startswith('warning: tracker tensorboard ') and 'Permission denied' in warning
+    assert thread_errors == []
