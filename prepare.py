@@ -6,7 +6,6 @@ prepare.py: text -> tokenizer -> token shards that train.py reads.
     python prepare.py fineweb_edu --tokenizer neox  # ... in GPT-NeoX-20B's tokens (from the Hub)
     python prepare.py hub HuggingFaceTB/finemath --config finemath-3plus   # any parquet dataset
     python prepare.py files a.txt b.jsonl c.parquet # your own text
-    python prepare.py bench                         # tokens/s of the pipeline against raw tiktoken
 
 A data folder holds `<source>_val_000000.bin`, `<source>_train_000001.bin`, ... (llm.c's shard
 format), `tokenizer.json` (train.py and sample.py use the very same tokenizer) and `meta.json`
@@ -27,7 +26,6 @@ import glob
 import hashlib
 import itertools
 import json
-import math
 import os
 import signal
 import sys
@@ -1083,96 +1081,9 @@ def from_hub(
 
 
 # --------------------------------------------------------------------------------------------------
-# Benchmark (not a test), offline: tokens/s of the pipeline (parquet -> pool -> shards -> meta.json)
-# against raw tiktoken (the same encode_to_numpy calls in as many processes, the text in memory),
-# on the same text (the stdlib sources repeated) and tokenizer (bpe:8192, or a cached gpt2).
-
-
-def count_tokens(texts):
-    return sum(len(_worker_encoding.encode_to_numpy(text, disallowed_special=())) for text in texts)
-
-
-def cpu_seconds():
-    """CPU time of this process and its finished children (the pool's workers, once joined)."""
-    import resource
-
-    usages = map(resource.getrusage, (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN))
-    return sum(usage.ru_utime + usage.ru_stime for usage in usages)
-
-
-def bench(workers=0, megabytes=100, tokenizer='bpe:8192', rounds=3):
-    """(raw, pipeline) tokens/s, the best of `rounds` alternating runs: a busy machine hurts both
-    alike. CPU time per token, unlike wall time, does not depend on what else runs."""
-    import shutil
-    import tempfile
-
-    import tiktoken
-
-    workers = workers or default_workers()
-    with tempfile.TemporaryDirectory() as tmp:
-        texts = bench_text(tmp, megabytes, tokenizer)
-        parquet, out = f'{tmp}/bench.parquet', f'{tmp}/pipeline'
-        batches = [texts[i : i + 256] for i in range(0, len(texts), 256)]
-
-        def raw():  # both sides start their pool from scratch
-            with worker_pool(workers, tmp) as pool:
-                return sum(pooled(pool, count_tokens, batches, 4 * workers))
-
-        def pipeline():  # with the same tokenizer, not trained again
-            shutil.rmtree(out, ignore_errors=True)
-            os.makedirs(out)
-            shutil.copy(f'{tmp}/tokenizer.json', out)
-            meta = prepare_files([parquet], out, tokenizer, workers=workers)
-            return meta['train_tokens'] + meta['val_tokens']
-
-        sides = {'raw tiktoken': [], 'pipeline    ': []}  # (tokens, tokens/s, CPU s) a round
-        for _ in range(rounds):
-            for runs, run in zip(sides.values(), (raw, pipeline)):
-                started, cpu = time.time(), cpu_seconds()
-                tokens = run()
-                runs.append((tokens, tokens / (time.time() - started), cpu_seconds() - cpu))
-    print(
-        f"bench: {sum(len(t.encode('utf-8')) for t in texts) / 1e6:.0f} MB of text (the stdlib "
-        f"sources repeated), {len(texts):,} documents, {tokenizer}, {workers} workers, best of "
-        f"{rounds} alternating rounds; tiktoken {tiktoken.__version__}, Python "
-        f"{sys.version.split()[0]}, {os.cpu_count()} CPUs"
-    )
-    best = []  # (tokens/s, CPU seconds per token) of each side
-    for name, runs in sides.items():
-        best.append((max(r for _, r, _ in runs), min(c for _, _, c in runs) / runs[0][0]))
-        print(
-            f"bench: {name} {runs[0][0]:,} tokens, {best[-1][0] / 1e6:.2f}M tokens/s (rounds: "
-            f"{', '.join(f'{r / 1e6:.2f}' for _, r, _ in runs)}), {best[-1][1] * 1e9:.0f} CPU "
-            "ns/token"
-        )
-    (raw_rate, raw_cpu), (pipeline_rate, pipeline_cpu) = best
-    print(
-        f"bench: pipeline / raw = {pipeline_rate / raw_rate:.1%} in tokens/s, "
-        f"{raw_cpu / pipeline_cpu:.1%} in CPU time per token"
-    )
-    return raw_rate, pipeline_rate
-
-
-def bench_text(tmp, megabytes, tokenizer):
-    """The stdlib sources repeated to `megabytes` (returned, and in tmp/bench.parquet); the
-    tokenizer in tmp."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    stdlib = [text for _, text in pystdlib_files()]
-    texts = stdlib * math.ceil(megabytes * 1e6 / sum(len(t.encode('utf-8')) for t in stdlib))
-    pq.write_table(pa.table({'text': texts}), f'{tmp}/bench.parquet', row_group_size=10_000)
-    if tokenizer == 'gpt2':
-        make_gpt2_tokenizer(tmp)
-    else:
-        train_bpe_tokenizer(tmp, parse_tokenizer(tokenizer), stdlib)
-    return texts
-
-
-# --------------------------------------------------------------------------------------------------
 # Command line: every option once, as its flag and add_argument's settings; a source takes the ones
-# it lists, as (flag, changes) where its help or default differs, and every source but bench --out
-# data/SOURCE. A help's %(default)s is argparse's.
+# it lists, as (flag, changes) where its help or default differs, and --out data/SOURCE. A help's
+# %(default)s is argparse's.
 
 
 def number(text):
@@ -1219,8 +1130,6 @@ OPTIONS = {
                            'from a server before retrying (default %(default)g)'),
     '--retry-budget': dict(type=float, default=Network.retry_budget_s, help='seconds one request '
                            'may keep failing before giving up (default %(default)g)'),
-    '--megabytes': dict(type=int, default=100, help='MB of text (default 100)'),
-    '--rounds': dict(type=int, default=3, help='alternating rounds, best of each kept (default 3)'),
 }
 COMMON = ['--out', '--tokenizer', '--workers', '--shard-tokens', '--no-special-tokens']
 HUB_OPTIONS = ['--tokens', '--val-tokens', '--endpoint', '--revision', '--bpe-sample-chars',
@@ -1247,11 +1156,6 @@ SOURCES = {  # name: (the function, help, --tokenizer's default, options, epilog
                                                       '~10%% of the estimated total, at most one '
                                                       'shard)'}),
                                     '--bpe-sample-chars'], None),
-    'bench': (bench, 'tokens/s of the pipeline against raw tiktoken (a benchmark, not a test)',
-              'bpe:8192', [('--workers', {'help': 'processes for both (default: all cores)'}),
-                           '--megabytes', '--rounds',
-                           ('--tokenizer', {'help': 'bpe:V (trained on the stdlib) or gpt2'})],
-              None),
 }
 # fmt: on
 
