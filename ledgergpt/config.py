@@ -303,169 +303,100 @@ def chunked_loss_buffers(c, tokens, a, compiled):
     return buffers
 
 
+# fmt: off
 PARTS = {
     'attention': {
-        # causal self-attention over the whole context: a query attends to T keys (non-causal count,
-        # as PaLM and nanoGPT count it: the masked half is counted as done), T/2 unmasked on
+        # causal self-attention over the whole context: a query attends to T keys (non-causal
+        # count, as PaLM and nanoGPT count it: the masked half counted as done), T/2 unmasked on
         # average; q, k, v fused, k and v n_kv_head heads wide (GQA), then o_proj
         'causal': Part(
-            label='causal self-attention',
-            formula='2H^2 + 2H*kv_width',
+            label='causal self-attention', formula='2H^2 + 2H*kv_width',
             shapes=lambda c: (
                 linear('qkv_proj', c.n_embd, (c.n_head + 2 * c.kv_heads) * c.head_dim, c.biases)
-                + linear('o_proj', c.n_embd, c.n_embd, c.biases)
-            ),
-            saved=flash_attention_saved,
-            hf=('*',),
-            keys=lambda c: {
-                'model': c.block_size,
-                'kernel': c.block_size,
-                'causal': c.block_size / 2,
-            },
-            keys_symbol='T',
-        )
+                + linear('o_proj', c.n_embd, c.n_embd, c.biases)),
+            saved=flash_attention_saved, hf=('*',), keys_symbol='T',
+            keys=lambda c: {'model': c.block_size, 'kernel': c.block_size,
+                            'causal': c.block_size / 2}),
     },
     'norm': {
-        # LayerNorm (Ba et al. 2016): weight, and a bias when the model has biases; fp32 mean and
-        # 1/std
-        'layernorm': Part(
-            label='LayerNorm',
-            formula='H (+ H bias)',
-            shapes=layernorm_shapes,
-            saved=norm_saved(8, False),
-            hf=('GPT2LMHeadModel',),
-        ),
+        # LayerNorm (Ba et al. 2016): weight, and a bias with the model's; fp32 mean and 1/std
+        'layernorm': Part(label='LayerNorm', formula='H (+ H bias)', shapes=layernorm_shapes,
+                          saved=norm_saved(8, False), hf=('GPT2LMHeadModel',)),
         # RMSNorm (Zhang and Sennrich 2019): weight only; fp32 1/rms
-        'rmsnorm': Part(
-            label='RMSNorm',
-            formula='H',
-            shapes=lambda c: [('weight', (c.n_embd,))],
-            saved=norm_saved(4, True),
-            hf=('LlamaForCausalLM', 'Qwen3ForCausalLM', 'ArceeForCausalLM'),
-        ),
+        'rmsnorm': Part(label='RMSNorm', formula='H', shapes=lambda c: [('weight', (c.n_embd,))],
+                        saved=norm_saved(4, True),
+                        hf=('LlamaForCausalLM', 'Qwen3ForCausalLM', 'ArceeForCausalLM')),
     },
     'mlp': {
-        # GPT-2: up (H -> 4H), GELU (tanh approximation), down: one saved H'-tensor each side of the
-        # GELU
-        'gelu': Part(
-            label='GELU MLP',
-            formula="2HH'",
-            shapes=up_down_shapes,
-            saved=mlp_saved(2, 2),
-            hf=('GPT2LMHeadModel',),
-            hf_act='gelu_new',
-            ffn_ratio=Fraction(4),
-        ),
-        # Llama (Shazeer 2020): down(silu(gate(x)) * up(x)), gate and up fused; H' = 8H/3 rounded up
-        # to 256, so that three matrices cost what GPT-2's two do (4096 -> 11008)
+        # GPT-2: up (H -> 4H), GELU (tanh approximation), down: an H'-tensor each side of the GELU
+        'gelu': Part(label='GELU MLP', formula="2HH'", shapes=up_down_shapes, saved=mlp_saved(2, 2),
+                     hf=('GPT2LMHeadModel',), hf_act='gelu_new', ffn_ratio=Fraction(4)),
+        # Llama (Shazeer 2020): down(silu(gate(x)) * up(x)), gate and up fused; H' = 8H/3 rounded
+        # up to 256, so that three matrices cost what GPT-2's two do (4096 -> 11008)
         'swiglu': Part(
-            label='SwiGLU',
-            formula="3HH'",
-            shapes=lambda c: (
-                linear('gate_up_proj', c.n_embd, 2 * c.ffn_width, c.biases)
-                + linear('down_proj', c.ffn_width, c.n_embd, c.biases)
-            ),
-            saved=mlp_saved(4, 3),
-            hf=('LlamaForCausalLM', 'Qwen3ForCausalLM'),
-            hf_act='silu',
-            ffn_ratio=Fraction(8, 3),
-            ffn_multiple=256,
-        ),
+            label='SwiGLU', formula="3HH'",
+            shapes=lambda c: (linear('gate_up_proj', c.n_embd, 2 * c.ffn_width, c.biases)
+                              + linear('down_proj', c.ffn_width, c.n_embd, c.biases)),
+            saved=mlp_saved(4, 3), hf=('LlamaForCausalLM', 'Qwen3ForCausalLM'), hf_act='silu',
+            ffn_ratio=Fraction(8, 3), ffn_multiple=256),
         # ReLU squared (So et al. 2021, Primer; modded-nanogpt, nanochat): down(relu(up(x))^2), 4H
-        # wide. A Llama with it is Arcee's AFM (ArceeForCausalLM: Llama's attention and norms, a
-        # ReLU² MLP)
-        'relu2': Part(
-            label='ReLU² MLP',
-            formula="2HH'",
-            shapes=up_down_shapes,
-            saved=mlp_saved(2, 2),
-            hf=('GPT2LMHeadModel', 'ArceeForCausalLM'),
-            hf_act='relu2',
-            ffn_ratio=Fraction(4),
-        ),
+        # wide. A Llama with it is Arcee's AFM (ArceeForCausalLM: Llama's attention and norms)
+        'relu2': Part(label='ReLU² MLP', formula="2HH'", shapes=up_down_shapes,
+                      saved=mlp_saved(2, 2), hf=('GPT2LMHeadModel', 'ArceeForCausalLM'),
+                      hf_act='relu2', ffn_ratio=Fraction(4)),
     },
     'positions': {
-        # GPT-2: a block_size x H table added to the embedding (its position ids saved: 8 bytes
-        # each, eager)
-        'learned': Part(
-            label='learned positions',
-            formula='T*H',
-            shapes=lambda c: [('weight', (c.block_size, c.n_embd))],
-            saved=nothing_saved,
-            hf=('GPT2LMHeadModel',),
-        ),
+        # GPT-2: a block_size x H table added to the embedding (its position ids saved, eager)
+        'learned': Part(label='learned positions', formula='T*H', saved=nothing_saved,
+                        shapes=lambda c: [('weight', (c.block_size, c.n_embd))],
+                        hf=('GPT2LMHeadModel',)),
         # RoPE (Su et al. 2021): q and k rotated in each block; no parameters, the rotated q and k
         # saved
-        'rope': Part(
-            label='RoPE',
-            formula='none',
-            shapes=lambda c: [],
-            saved=lambda c, a, r, compiled: a * (c.n_head + c.kv_heads) * c.head_dim,
-            hf=('LlamaForCausalLM', 'Qwen3ForCausalLM', 'ArceeForCausalLM'),
-        ),
+        'rope': Part(label='RoPE', formula='none', shapes=lambda c: [],
+                     saved=lambda c, a, r, compiled: a * (c.n_head + c.kv_heads) * c.head_dim,
+                     hf=('LlamaForCausalLM', 'Qwen3ForCausalLM', 'ArceeForCausalLM')),
     },
-    # an RMSNorm of each head of q and k, before RoPE (Dehghani et al. 2023; OLMo 2, Qwen3,
-    # nanochat)
+    # an RMSNorm of each head of q and k before RoPE (Dehghani et al. 2023; OLMo 2, Qwen3, nanochat)
     'qk_norm': {
-        'none': Part(
-            label='no QK-norm', formula='none', shapes=lambda c: [], saved=nothing_saved, hf=('*',)
-        ),
+        'none': Part(label='no QK-norm', formula='none', shapes=lambda c: [], saved=nothing_saved,
+                     hf=('*',)),
         # nanochat's: no parameters (exported with gains of 1)
-        'weightless': Part(
-            label='QK-norm (weightless)',
-            formula='none',
-            shapes=lambda c: [],
-            saved=qk_norm_saved(False),
-            hf=('Qwen3ForCausalLM',),
-        ),
+        'weightless': Part(label='QK-norm (weightless)', formula='none', shapes=lambda c: [],
+                           saved=qk_norm_saved(False), hf=('Qwen3ForCausalLM',)),
         # a learned gain per head dimension, one for q and one for k (Qwen3's q_norm, k_norm)
         'learned': Part(
-            label='QK-norm (learned gains)',
-            formula='2d',
+            label='QK-norm (learned gains)', formula='2d', saved=qk_norm_saved(True),
             shapes=lambda c: [('q_norm.weight', (c.head_dim,)), ('k_norm.weight', (c.head_dim,))],
-            saved=qk_norm_saved(True),
-            hf=('Qwen3ForCausalLM',),
-        ),
+            hf=('Qwen3ForCausalLM',)),
     },
-    # the training loss (losses.py): what it saves for backward a token beyond the final norm's, and
-    # its buffers at their peak (`buffers`); sums.logits_bytes reads them
+    # the training loss (losses.py): what it saves for backward a token beyond the final norm's,
+    # and its buffers at their peak (sums.logits_bytes)
     'loss': {
         # F.cross_entropy over the whole fp32 logits: lm_head keeps its input a*H; eager the fp32
         # log-softmax, its gradient and the logits' gradient, 12 bytes a logit; compiled (inductor
         # fuses the softmax's gradient) the logits and their gradient, 2a a logit, and the
         # log-sum-exp's 8 bytes a token
         'full': Part(
-            label='cross-entropy over the full logits',
-            formula='none',
-            shapes=lambda c: [],
-            saved=lambda c, a, r, compiled: 8 if compiled else a * c.n_embd,
-            hf=('*',),
+            label='cross-entropy over the full logits', formula='none', shapes=lambda c: [],
+            saved=lambda c, a, r, compiled: 8 if compiled else a * c.n_embd, hf=('*',),
             buffers=full_loss_buffers,
             buffers_formula=lambda compiled, a: (
-                f'B*T*V x {2 * a} bytes: the logits and their gradient (fused)'
-                if compiled
-                else "B*T*V x 12 bytes: fp32 log-softmax, its gradient, the logits' gradient"
-            ),
-        ),
+                f'B*T*V x {2 * a} bytes: the logits and their gradient (fused)' if compiled
+                else "B*T*V x 12 bytes: fp32 log-softmax, its gradient, the logits' gradient")),
         # the same sum a chunk of rows at a time, each chunk's gradients taken in its forward
-        # (Liger's fused linear cross-entropy; Cut Cross-Entropy, Wijmans et al. 2024): it keeps h's
-        # gradient, r*H a token; compiled, h's gradient in the compute dtype a, the bytes of the
-        # final norm's output that its row counts
+        # (Liger's fused linear cross-entropy; Cut Cross-Entropy, Wijmans et al. 2024): it keeps
+        # h's gradient, r*H a token; compiled, in the compute dtype a, the bytes of the final
+        # norm's output that its row counts
         'chunked': Part(
-            label='chunked cross-entropy',
-            formula='none',
-            shapes=lambda c: [],
-            saved=lambda c, a, r, compiled: 0 if compiled else r * c.n_embd,
-            hf=('*',),
+            label='chunked cross-entropy', formula='none', shapes=lambda c: [],
+            saved=lambda c, a, r, compiled: 0 if compiled else r * c.n_embd, hf=('*',),
             buffers=chunked_loss_buffers,
             buffers_formula=lambda compiled, a: (
                 f"min(B*T, {CHUNK_ROWS}) x V x {chunk_logit_bytes(a, compiled)} bytes: one chunk's "
-                "logits; "
-                f"V*H x {4 + a}: lm_head's gradient"
-            ),
-        ),
+                f"logits; V*H x {4 + a}: lm_head's gradient")),
     },
 }
+# fmt: on
 # the model keys that name a part: attention, norm, mlp, positions, qk_norm
 PART_KEYS = tuple(PARTS)
 
@@ -509,32 +440,23 @@ def muon_takes(name, shape):
 
 # An optimizer is a row as a part is: optimizers.py builds it by the row's name (its BUILDERS), the
 # ledger bills its states and its step from the row, and the run measures both after its first step.
+# fmt: off
 OPTIMIZERS = {
     # AdamW (Loshchilov and Hutter 2019): exp_avg and exp_avg_sq in fp32, and a 4-byte step count
-    # per tensor; its update is elementwise, ~10 FLOPs a parameter, no matmul (MFU does not count
-    # it)
-    'adamw': Optimizer(
-        name='AdamW',
-        label='AdamW m, v',
-        formula='8P',
-        state_bytes=lambda shape: 8 * math.prod(shape) + 4,
-        step_flops=lambda shape, train: 0,
-    ),
+    # per tensor; its update is elementwise, ~10 FLOPs a parameter, no matmul (MFU leaves it out)
+    'adamw': Optimizer(name='AdamW', label='AdamW m, v', formula='8P',
+                       state_bytes=lambda shape: 8 * math.prod(shape) + 4,
+                       step_flops=lambda shape, train: 0),
     # Muon (Jordan et al. 2024; torch.optim.Muon): one fp32 momentum buffer for the blocks'
     # matrices, no step count; its update orthogonalises the momentum by Newton-Schulz (matmuls,
     # counted); AdamW for the rest
     'muon': Optimizer(
-        name='Muon',
-        label='Muon momentum',
-        formula='4P_muon',
-        state_bytes=lambda shape: 4 * math.prod(shape),
-        step_flops=newton_schulz_flops,
+        name='Muon', label='Muon momentum', formula='4P_muon',
+        state_bytes=lambda shape: 4 * math.prod(shape), step_flops=newton_schulz_flops,
         step_formula='Newton-Schulz, {muon_ns_steps} steps x (4m^2 n + 2m^3) per m x n matrix',
-        takes=muon_takes,
-        rest='adamw',
-        gathers='Muon: whole matrices for Newton-Schulz',
-    ),
+        takes=muon_takes, rest='adamw', gathers='Muon: whole matrices for Newton-Schulz'),
 }
+# fmt: on
 
 
 def param_groups(optimizer, shapes):
@@ -569,8 +491,8 @@ class LossTerm:
 LOSS_TERMS = {
     'balance': LossTerm(
         label='balance loss (MoE)',
-        formula='alpha x sum_i f_i P_i over the routed experts, per sequence (DeepSeek-V3, 2.1.2)',
         key='aux_loss_coef',
+        formula='alpha x sum_i f_i P_i over the routed experts, per sequence (DeepSeek-V3, 2.1.2)',
     )
 }
 
@@ -595,26 +517,16 @@ class Family:
         assert all(getattr(self, kind) in PARTS[kind] for kind in ('norm', 'mlp', 'positions'))
 
 
+# fmt: off
 FAMILIES = {
     # GPT-2 (Radford et al. 2019): LayerNorm, a 4H GELU MLP, learned positions, biases, tied
-    'gpt2': Family(
-        norm='layernorm',
-        mlp='gelu',
-        positions='learned',
-        bias=True,
-        tie_embeddings=True,
-        hf_class='GPT2LMHeadModel',
-    ),
+    'gpt2': Family(norm='layernorm', mlp='gelu', positions='learned', bias=True,
+                   tie_embeddings=True, hf_class='GPT2LMHeadModel'),
     # LLaMA (Touvron et al. 2023): RMSNorm, SwiGLU, RoPE, no biases, untied
-    'llama': Family(
-        norm='rmsnorm',
-        mlp='swiglu',
-        positions='rope',
-        bias=False,
-        tie_embeddings=False,
-        hf_class='LlamaForCausalLM',
-    ),
+    'llama': Family(norm='rmsnorm', mlp='swiglu', positions='rope', bias=False,
+                    tie_embeddings=False, hf_class='LlamaForCausalLM'),
 }
+# fmt: on
 
 
 # --------------------------------------------------------------------------------------------------
