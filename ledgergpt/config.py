@@ -173,6 +173,8 @@ class Part:
     saved: object
     hf: tuple = ()  # the Hugging Face classes that hold it (export.py); () is "not exportable"
     hf_act: str = ''  # an MLP's activation as Hugging Face names it (config.json's hidden_act)
+    # the classes of hf whose llama.cpp architecture computes it (export.py --gguf); '*': all of them
+    gguf: tuple = ('*',)
     # an FFN's default width H' (ffn_hidden = 0): ffn_ratio x H, rounded up to a multiple of ffn_multiple
     ffn_ratio: Fraction = Fraction(0)
     ffn_multiple: int = 1
@@ -385,6 +387,7 @@ PARTS = {
             saved=mlp_saved(2, 2),
             hf=('GPT2LMHeadModel', 'ArceeForCausalLM'),
             hf_act='relu2',
+            gguf=('ArceeForCausalLM',),  # llama.cpp's gpt2 has a GELU only
             ffn_ratio=Fraction(4),
         ),
     },
