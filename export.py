@@ -8,10 +8,8 @@ llama.cpp's converter read as they read any model (docs/after-training.md: what 
     python export.py out/pystdlib_cpu hf/pystdlib_cpu --push you/pystdlib-4x256  # and a model card
     python export.py out/pystdlib_cpu hf/pystdlib_cpu --gguf --dtype float16   # and model.gguf
 
-The model becomes its family's Hugging Face class, or the class that holds its parts (config.PARTS:
-a Llama with QK-norm is a Qwen3, with a ReLU² MLP an Arcee): the same maths under other names. The
-vocab stays padded to a multiple of 128; bos, eos and pad are all our end-of-text token, which
-starts every training document: start a prompt with it, as sample.py does.
+The model becomes its family's Hugging Face class, or the class that holds its parts (config.PARTS).
+bos, eos and pad are all our end-of-text token, which starts every training document.
 """
 
 import argparse
@@ -138,8 +136,8 @@ def hf_config(c, hf_class):
 
 
 def hf_class_of(c):
-    """The Hugging Face class that holds every part of the model (config.PARTS' rows say which do):
-    the family's own when it can, else the first that can; ConfigError when none can."""
+    """The class that holds every part (config.PARTS' rows say which do): the family's if it can,
+    else the first that can; else ConfigError."""
     if c.logit_softcap:
         raise ConfigError(
             f"logit_softcap = {c.logit_softcap:g} has no Hugging Face export: none of "
@@ -271,17 +269,11 @@ def tokenizer_config(eot, block_size):
 
 
 # --------------------------------------------------------------------------------------------------
-# The folder, written as OUT_DIR.tmp<pid> and renamed to OUT_DIR once complete. An earlier export
-# there is replaced once the new one is in place; any other folder (or a file) is left alone.
+# The folder, written as OUT_DIR.tmp<pid> and renamed to OUT_DIR once complete: an earlier export
+# there goes once the new one is in place; any other folder (or a file) is left alone.
 
 FILES = ('config.json', 'generation_config.json', 'model.safetensors', 'tokenizer.json')
 FILES += ('tokenizer_config.json', 'special_tokens_map.json')
-
-
-def write_json(folder, name, obj):
-    with open(os.path.join(folder, name), 'w') as f:
-        json.dump(obj, f, indent=2)
-        f.write('\n')
 
 
 def write_folder(folder, model, encoding, dtype):
@@ -289,6 +281,12 @@ def write_folder(folder, model, encoding, dtype):
     from safetensors.torch import save_file
 
     c, eot_id, hf_class = model.config, encoding.eot_token, hf_class_of(model.config)
+
+    def write_json(name, obj):
+        with open(os.path.join(folder, name), 'w') as f:
+            json.dump(obj, f, indent=2)
+            f.write('\n')
+
     # the token every document starts with by its name: EOT, or a Hub tokenizer's (a Llama's '<s>')
     eot = encoding.plain.id_to_token(eot_id) if isinstance(encoding, data.HFEncoding) else EOT
     tensors = hf_tensors(model, hf_class)
@@ -296,11 +294,11 @@ def write_folder(folder, model, encoding, dtype):
     save_file(tensors, os.path.join(folder, 'model.safetensors'), metadata={'format': 'pt'})
     ids = dict.fromkeys((f'{name}_id' for name in SPECIAL_TOKENS), eot_id)
     config = {**hf_config(c, hf_class), 'tie_word_embeddings': c.tie_embeddings, **ids}
-    write_json(folder, 'config.json', {**config, 'torch_dtype': dtype})
-    write_json(folder, 'generation_config.json', ids)
+    write_json('config.json', {**config, 'torch_dtype': dtype})
+    write_json('generation_config.json', ids)
     hf_tokenizer(encoding).save(os.path.join(folder, 'tokenizer.json'))
-    write_json(folder, 'tokenizer_config.json', tokenizer_config(eot, c.block_size))
-    write_json(folder, 'special_tokens_map.json', dict.fromkeys(SPECIAL_TOKENS, eot))
+    write_json('tokenizer_config.json', tokenizer_config(eot, c.block_size))
+    write_json('special_tokens_map.json', dict.fromkeys(SPECIAL_TOKENS, eot))
 
 
 def require(why, *modules):
@@ -310,9 +308,8 @@ def require(why, *modules):
 
 
 def export(path, out_dir, dtype='bfloat16', card=None, gguf=False):
-    """Export the checkpoint at `path` (a run's out_dir or a ckpt/step_* folder) to out_dir;
-    -> (checkpoint, model). card: a Hub repo id, for README.md, the model card (the run's loss.png
-    beside it); gguf: model.gguf too, for llama.cpp."""
+    """The checkpoint at `path` (a run's out_dir or a ckpt/step_*) to out_dir; -> (checkpoint,
+    model). card: a Hub repo id for README.md, the model card; gguf: model.gguf too."""
     require('export.py needs safetensors and tokenizers', 'safetensors', 'tokenizers')
     if gguf:
         require("export.py --gguf needs llama.cpp's gguf package", 'gguf')
@@ -325,7 +322,7 @@ def export(path, out_dir, dtype='bfloat16', card=None, gguf=False):
     model, train_config = checkpoint.load_model(path, torch.device('cpu'))
     if train_config['data'] == 'synthetic':
         raise ConfigError(
-            f"{path} was trained on synthetic tokens: there is no tokenizer to export"
+            f"{path} was trained on synthetic tokens: there is no tokenizer to export with it"
         )
     encoding = data.load_tokenizer(train_config['data'])
     check_exportable(model.config, encoding.n_vocab)
@@ -401,28 +398,6 @@ def gguf_pre_tokenizer(encoding):
     return names[encoding._pat_str]
 
 
-def gguf_header(writer, c, hf_class, dtype):
-    """The hyperparameters, under llama.cpp's keys."""
-    import gguf
-
-    writer.add_context_length(c.block_size)
-    writer.add_embedding_length(c.n_embd)
-    writer.add_feed_forward_length(c.ffn_width)
-    writer.add_block_count(c.n_layer)
-    writer.add_head_count(c.n_head)
-    if hf_class != 'GPT2LMHeadModel':  # llama, arcee, qwen3
-        writer.add_head_count_kv(c.kv_heads)
-        writer.add_rope_freq_base(c.rope_theta)
-        writer.add_layer_norm_rms_eps(c.norm_eps)
-        writer.add_rope_dimension_count(c.head_dim)
-        writer.add_key_length(c.head_dim)
-        writer.add_value_length(c.head_dim)
-        writer.add_vocab_size(c.vocab_size)
-    else:
-        writer.add_layer_norm_eps(c.norm_eps)
-    writer.add_file_type(getattr(gguf.LlamaFileType, GGUF_FILE_TYPES[dtype]))
-
-
 def gguf_vocab(writer, encoding, vocab_size, pre):
     """The tokenizer: every id below vocab_size named, ours first, then the padding."""
     import gguf
@@ -452,7 +427,23 @@ def write_gguf(path, model, encoding, dtype, out_dir):
     _, _, arch, adjacent_pairs = LAYOUTS[hf_class]
     writer = gguf.GGUFWriter(path, gguf.MODEL_ARCH_NAMES[getattr(gguf.MODEL_ARCH, arch)])
     writer.add_name(os.path.basename(out_dir))
-    gguf_header(writer, c, hf_class, dtype)
+    # the hyperparameters under llama.cpp's keys
+    writer.add_context_length(c.block_size)
+    writer.add_embedding_length(c.n_embd)
+    writer.add_feed_forward_length(c.ffn_width)
+    writer.add_block_count(c.n_layer)
+    writer.add_head_count(c.n_head)
+    if hf_class != 'GPT2LMHeadModel':  # llama, arcee, qwen3
+        writer.add_head_count_kv(c.kv_heads)
+        writer.add_rope_freq_base(c.rope_theta)
+        writer.add_layer_norm_rms_eps(c.norm_eps)
+        writer.add_rope_dimension_count(c.head_dim)
+        writer.add_key_length(c.head_dim)
+        writer.add_value_length(c.head_dim)
+        writer.add_vocab_size(c.vocab_size)
+    else:
+        writer.add_layer_norm_eps(c.norm_eps)
+    writer.add_file_type(getattr(gguf.LlamaFileType, GGUF_FILE_TYPES[dtype]))
     gguf_vocab(writer, encoding, c.vocab_size, pre)
     names = gguf.get_tensor_name_map(getattr(gguf.MODEL_ARCH, arch), c.n_layer)
     tensors, conv1d = hf_tensors(model, hf_class), hf_class == 'GPT2LMHeadModel'
@@ -480,10 +471,9 @@ def write_gguf(path, model, encoding, dtype, out_dir):
 
 
 # --------------------------------------------------------------------------------------------------
-# The Hub: the folder with a model card made from the run, pushed with huggingface_hub (HF_TOKEN or
-# a saved `hf auth login`; HF_ENDPOINT for another Hub) in one commit: a push that fails leaves the
-# repo as it was, and where the network or the Hub failed, the same command again completes it (the
-# files already uploaded are not sent again: the Hub has them by their sha256).
+# The Hub: the folder and a model card made from the run, pushed in one commit: a push that fails
+# leaves the repo as it was, and where the network or the Hub failed, the same command completes it
+# (the files already uploaded are not sent again: the Hub has them by their sha256).
 
 EVAL_KEYS = ('hellaswag', 'arc_easy', 'arc_challenge', 'mmlu', 'mmlu_5shot')  # evals.py's headline
 USE = """## Use
@@ -528,13 +518,10 @@ def card_scores(summary, records):
 
 
 def model_card(path, model, train_config, dtype, repo_id):
-    """README.md for the Hub, from the checkpoint and its run's folder (summary.json, report.md,
-    metrics.jsonl, code.json: all optional)."""
-    c, state, run_dir = (
-        model.config,
-        checkpoint.read_state(path),
-        os.path.dirname(os.path.dirname(path)),
-    )
+    """README.md, from the checkpoint and its run's folder (summary.json, report.md, metrics.jsonl,
+    code.json: all optional)."""
+    c, state = model.config, checkpoint.read_state(path)
+    run_dir = os.path.dirname(os.path.dirname(path))  # RUN/ckpt/step_*
 
     def read(name):
         where = os.path.join(run_dir, name)
@@ -622,7 +609,7 @@ def main(argv):
     to_hub = 'also upload the folder, with a model card, to this Hub repo (HF_TOKEN, HF_ENDPOINT)'
     add('--push', metavar='REPO_ID', help=to_hub)
     add('--private', action='store_true', help='with --push: a new repo is private')
-    add('--gguf', action='store_true', help='OUT_DIR/model.gguf too, for llama.cpp (pip gguf)')
+    add('--gguf', action='store_true', help='also model.gguf, for llama.cpp (pip install gguf)')
     args = parser.parse_args(argv)
     path, model = export(args.checkpoint, args.out_dir, args.dtype, card=args.push, gguf=args.gguf)
     if args.push:

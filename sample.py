@@ -7,14 +7,12 @@ sample.py: text from a checkpoint that train.py wrote.
     python sample.py out/fim --prefix $'def area(r):\n    ' --suffix $'\n    return a\n'   # FIM
 
 The checkpoint carries the model and data config; the text is decoded by the tokenizer prepare.py
-saved in the data folder. Any run's weights load in one process, whatever parallel mode and world
-size wrote them (checkpoint.load_model).
+saved in the data folder. Any run's weights load in one process (checkpoint.load_model).
 
---prefix and --suffix ask a model trained with objective='fim' for the middle between them: the
-prompt is PSM, <|fim_prefix|> prefix <|fim_suffix|> suffix <|fim_middle|>, and the middle it writes
-ends at the end-of-text token (or after --tokens), printed alone. The model split documents at token
-boundaries in training, so a prefix or suffix that cuts what would be one token (half a word) is
-harder for it. train.py's samples during training come from sample_text(run).
+--prefix and --suffix ask a model trained with objective='fim' for the middle between them
+(docs/objectives.md): the prompt is PSM, <|fim_prefix|> prefix <|fim_suffix|> suffix <|fim_middle|>,
+and the middle ends at the end-of-text token (or after --tokens). A prefix or suffix that cuts what
+would be one token (half a word) is harder for it: training split documents at token boundaries.
 """
 
 import argparse

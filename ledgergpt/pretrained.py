@@ -83,7 +83,7 @@ def is_repo_id(name):
 
 def folder(init_from, network=None, weights=True):
     """The local folder of `init_from`: itself, or a Hub repo id's cached copy (downloaded once,
-    verified; without its weights where weights=False: a ledger or a tokenizer needs the rest))."""
+    verified; without its weights where weights=False: a ledger or a tokenizer needs the rest)."""
     if is_repo_id(init_from):
         return fetch(init_from, network, weights)
     if not os.path.isfile(os.path.join(init_from, 'config.json')):
