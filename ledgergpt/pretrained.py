@@ -14,6 +14,7 @@ Standard library at import: `python ledger.py` plans a fine-tune before torch is
 import hashlib
 import json
 import os
+import pathlib
 import re
 
 from ledgergpt import config
@@ -115,11 +116,9 @@ def fetch(repo, network=None, weights=True):
     from ledgergpt.downloads import Hub, download, say
     from ledgergpt.files import write_text_atomic
 
-    root, pinned = cache_dir(repo), {}
-    for marker in ('COMPLETE', 'FILES'):
-        if os.path.isfile(os.path.join(root, marker)):
-            with open(os.path.join(root, marker)) as f:
-                pinned[marker] = f.read().strip()
+    root = cache_dir(repo)
+    markers = {marker: pathlib.Path(root, marker) for marker in ('COMPLETE', 'FILES')}
+    pinned = {marker: p.read_text().strip() for marker, p in markers.items() if p.is_file()}
     if 'COMPLETE' in pinned or ('FILES' in pinned and not weights):
         return os.path.join(root, pinned.get('COMPLETE') or pinned['FILES'])
     say(f"{repo}: not a folder here, so a Hugging Face Hub repo id: asking the Hub for it")
