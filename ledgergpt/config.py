@@ -181,6 +181,8 @@ class Part:
     saved: object
     hf: tuple = ()  # the Hugging Face classes that hold it (export.py); () is "not exportable"
     hf_act: str = ''  # an MLP's activation as Hugging Face names it (config.json's hidden_act)
+    # the classes of hf whose llama.cpp architecture computes it (export.py --gguf); '*': all
+    gguf: tuple = ('*',)
     # an FFN's default width H' (ffn_hidden = 0): ffn_ratio x H, rounded up to ffn_multiple
     ffn_ratio: Fraction = Fraction(0)
     ffn_multiple: int = 1
@@ -340,10 +342,11 @@ PARTS = {
             saved=mlp_saved(4, 3), hf=('LlamaForCausalLM', 'Qwen3ForCausalLM'), hf_act='silu',
             ffn_ratio=Fraction(8, 3), ffn_multiple=256),
         # ReLU squared (So et al. 2021, Primer; modded-nanogpt, nanochat): down(relu(up(x))^2), 4H
-        # wide. A Llama with it is Arcee's AFM (ArceeForCausalLM: Llama's attention and norms)
+        # wide. A Llama with it is Arcee's AFM (ArceeForCausalLM: Llama's attention and norms); a
+        # GGUF only as Arcee (llama.cpp's gpt2 has a GELU only)
         'relu2': Part(label='ReLU² MLP', formula="2HH'", shapes=up_down_shapes,
                       saved=mlp_saved(2, 2), hf=('GPT2LMHeadModel', 'ArceeForCausalLM'),
-                      hf_act='relu2', ffn_ratio=Fraction(4)),
+                      gguf=('ArceeForCausalLM',), hf_act='relu2', ffn_ratio=Fraction(4)),
     },
     'positions': {
         # GPT-2: a block_size x H table added to the embedding (its position ids saved, eager)

@@ -1,48 +1,79 @@
 """
-pretrained.py: start a run from a published model. `init_from` names a Hugging Face model folder (or a Hub repo id,
-fetched into a cache: fetch below), and the run fine-tunes it, or continues its pretraining, on your data:
+pretrained.py: start a run from a published model: `init_from` names a Hugging Face model folder or
+a Hub repo id (fetched into a cache), and the run fine-tunes it or continues its pretraining. Our
+GPT, its keys read from config.json through CLASSES and FIELDS (the tables export.py writes with),
+its weights through export.py's tensor names read backwards: each is a view of one of our
+parameters, so copying the file's tensor into it fills ours. docs/finetuning.md: what is checked.
 
-    python prepare.py files notes.txt --out data/notes --tokenizer hf/gpt2   # the model's own tokenizer
+    python prepare.py files notes.txt --out data/notes --tokenizer hf/gpt2   # the model's tokenizer
     python train.py configs/finetune_cpu.py --init_from=hf/gpt2 --data=data/notes
 
-The model is this project's GPT, built from the folder's config.json (GPT2LMHeadModel -> arch gpt2,
-LlamaForCausalLM -> arch llama: GQA, tied or untied, rope_theta, rms_norm_eps, intermediate_size; ArceeForCausalLM
-a Llama with a ReLU² MLP, Qwen3ForCausalLM one with QK-norm's learned gains), its weights read
-from model.safetensors (or the shards its index names) through export.py's name mapping read backwards: export's
-llama_tensors/gpt2_tensors give, for each Hugging Face name, a slice or transpose of one of our parameters, which
-is a view, so copying the file's tensor into it fills our parameter. One mapping, both directions.
-
-A model key the config sets that contradicts config.json is one line (block_size may be shorter than the model's
-context: RoPE needs nothing for it, GPT-2's learned positions keep their first block_size rows, as nanoGPT's
-crop_block_size). A config.json field that model.py does not implement (rope_scaling, attention or MLP biases in a
-Llama, a sliding window, another activation, another architecture) is one line naming it, never dropped. The
-vocabulary is the checkpoint's, ids and size, unpadded: there are no rows a tokenizer cannot produce, so none can
-be sampled or scored.
-
-A run resumed from its own checkpoints reads its weights from them (train.py loads the checkpoint over these);
-init_from still gives the model its shape, so the folder (or the cache) must stay.
-
-Standard library at import (`python ledger.py` plans a fine-tune before torch is installed); torch, safetensors
-and export.py are imported where the weights are read.
+Standard library at import: `python ledger.py` plans a fine-tune before torch is installed.
 """
 
 import hashlib
 import json
 import os
+import pathlib
 import re
 
 from ledgergpt import config
 from ledgergpt.config import FAMILIES, PARTS, ConfigError, DataError
 
-# Hugging Face class -> our arch, and the parts (config.PARTS) that are not the family's own: the classes
-# export.py writes for a Llama with a ReLU² MLP (Arcee) or QK-norm (Qwen3's learned gains) come back as themselves
-ARCHS = {family.hf_class: (arch, {}) for arch, family in FAMILIES.items()}
-ARCHS.update(
-    ArceeForCausalLM=('llama', {'mlp': 'relu2'}), Qwen3ForCausalLM=('llama', {'qk_norm': 'learned'})
-)
+# --------------------------------------------------------------------------------------------------
+# The Hugging Face classes: our arch, config.json's model_type, the parts beyond the family's own
+# (config.PARTS; the MLP is read off the activation: mlp_key), and the fields whose one value
+# model.py implements (transformers' default where config.json has none). rope_scaling: Llama
+# 3.1's, YaRN, linear or dynamic NTK; our RoPE is plain. Qwen3 writes a sliding_window it uses only
+# where use_sliding_window is true. GPT-2's scale_attn_weights: scores / sqrt(head_dim), as SDPA.
+LLAMA_ONLY = {'rope_scaling': None, 'attention_bias': False, 'mlp_bias': False}
+QWEN3_ONLY = {**LLAMA_ONLY, 'use_sliding_window': False}
+GPT2_ONLY = {'scale_attn_weights': True, 'scale_attn_by_inverse_layer_idx': False}
+CLASSES = {
+    'LlamaForCausalLM': ('llama', 'llama', {}, {**LLAMA_ONLY, 'sliding_window': None}),
+    'ArceeForCausalLM': ('llama', 'arcee', {}, {**LLAMA_ONLY, 'sliding_window': None}),
+    'Qwen3ForCausalLM': ('llama', 'qwen3', {'qk_norm': 'learned'}, QWEN3_ONLY),
+    'GPT2LMHeadModel': ('gpt2', 'gpt2', {}, {**GPT2_ONLY, 'add_cross_attention': False}),
+}
+assert {family.hf_class for family in FAMILIES.values()} <= set(CLASSES)
+
+# config.json's fields <-> our model keys, in the order export.py writes them: {field: (our key,
+# the value transformers assumes where config.json has none: a value, a function of config.json, or
+# None: needed)}. export.py writes the model's own (ffn_hidden: its FFN width, n_kv_head: its
+# key/value heads, mlp: its activation); init_from reads a key from its first field (n_ctx: for old
+# readers).
+FIELDS = {
+    'llama': {
+        'vocab_size': ('vocab_size', None),
+        'hidden_size': ('n_embd', None),
+        'intermediate_size': ('ffn_hidden', None),
+        'num_hidden_layers': ('n_layer', None),
+        'num_attention_heads': ('n_head', None),
+        'num_key_value_heads': ('n_kv_head', lambda hf: hf['num_attention_heads']),
+        # model.py's head size is hidden_size / num_attention_heads: config.json may not say another
+        'head_dim': ('head_dim', lambda hf: hf['hidden_size'] // hf['num_attention_heads']),
+        'hidden_act': ('mlp', ''),
+        'max_position_embeddings': ('block_size', 2048),
+        'rms_norm_eps': ('norm_eps', 1e-6),
+        'rope_theta': ('rope_theta', 1e4),
+    },
+    'gpt2': {
+        'vocab_size': ('vocab_size', 50257),
+        'n_embd': ('n_embd', 768),
+        'n_inner': ('ffn_hidden', lambda hf: 4 * hf.get('n_embd', 768)),
+        'n_layer': ('n_layer', 12),
+        'n_head': ('n_head', 12),
+        'n_positions': ('block_size', 1024),
+        'n_ctx': ('block_size', 1024),
+        'activation_function': ('mlp', ''),
+        'layer_norm_epsilon': ('norm_eps', 1e-5),
+    },
+}
+# GPT-2's GELU, the tanh approximation, by either name
+GELU_TANH = {'gelu_pytorch_tanh': 'gelu_new'}
 
 
-# -----------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # Where the model is: a local folder, or a Hub repo id downloaded into the cache.
 
 
@@ -52,31 +83,26 @@ def is_repo_id(name):
 
 
 def folder(init_from, network=None, weights=True):
-    """The local folder of `init_from`: itself, or a Hub repo id's cached copy (downloaded once, verified; without
-    its weights where weights=False: the ledger and a tokenizer need only the small files)."""
+    """The local folder of `init_from`: itself, or a Hub repo id's cached copy (downloaded once,
+    verified; without its weights where weights=False: a ledger or a tokenizer needs the rest)."""
     if is_repo_id(init_from):
         return fetch(init_from, network, weights)
     if not os.path.isfile(os.path.join(init_from, 'config.json')):
         raise ConfigError(
-            f"init_from = {init_from!r}: no config.json there; give a Hugging Face model folder (what "
-            f"save_pretrained or export.py writes) or a Hub repo id such as 'openai-community/gpt2'"
+            f"init_from = {init_from!r}: no config.json there; give a Hugging Face model folder "
+            f"(what save_pretrained or export.py writes) or a Hub repo id such as "
+            f"'openai-community/gpt2'"
         )
     return init_from
 
 
-# A Hub repo id: only the files a run reads (the config, the weights and their index, the tokenizer), downloaded
-# through downloads.py (resumable, sha256 from the listing, retries, HF_ENDPOINT, HF_TOKEN) into
-# $XDG_CACHE_HOME/ledgergpt/models/OWNER--NAME/COMMIT/. A file named COMPLETE there, written last, holds the commit
-# and lets every later command (prepare, train, resume, the ledger) use the copy without the network.
-HUB_FILES = (
-    'config.json',
-    'generation_config.json',
-    'model.safetensors.index.json',
-    'tokenizer.json',
-    'tokenizer_config.json',
-    'special_tokens_map.json',
-    'README.md',  # the model card: the tokens it was pretrained on, for the ledger (card_tokens)
-)
+# A Hub repo id: the files a run reads (HUB_FILES, the weights), through downloads.py (resumable,
+# verified, retried, HF_ENDPOINT, HF_TOKEN) into $XDG_CACHE_HOME/ledgergpt/models/OWNER--NAME/SHA/.
+# A marker written last, COMPLETE (everything) or FILES (all but the weights, fetched later at its
+# commit), holds the commit: every later command (prepare, train, the ledger) needs no network. The
+# model card (README.md) tells the ledger the tokens the model was pretrained on (card_tokens).
+HUB_FILES = ('config.json', 'generation_config.json', 'model.safetensors.index.json')
+HUB_FILES += ('tokenizer.json', 'tokenizer_config.json', 'special_tokens_map.json', 'README.md')
 
 
 def cache_dir(repo):
@@ -85,20 +111,16 @@ def cache_dir(repo):
 
 
 def fetch(repo, network=None, weights=True):
-    """The cached folder of a Hub model repo (its main branch), downloaded once: the files of HUB_FILES it has and,
-    unless weights=False, its *.safetensors, each verified against the listing. A marker written last says what is
-    there: COMPLETE (everything) or FILES (all but the weights, whose commit the weights are then fetched at)."""
+    """The cached folder of a Hub model repo (its main branch): the files of HUB_FILES it has and,
+    unless weights=False, its *.safetensors, each verified against the listing."""
     from ledgergpt.downloads import Hub, download, say
     from ledgergpt.files import write_text_atomic
 
-    markers = {name: os.path.join(cache_dir(repo), name) for name in ('COMPLETE', 'FILES')}
-    pinned = {}
-    for name, path in markers.items():
-        if os.path.isfile(path):
-            with open(path) as f:
-                pinned[name] = f.read().strip()
+    root = cache_dir(repo)
+    markers = {marker: pathlib.Path(root, marker) for marker in ('COMPLETE', 'FILES')}
+    pinned = {marker: p.read_text().strip() for marker, p in markers.items() if p.is_file()}
     if 'COMPLETE' in pinned or ('FILES' in pinned and not weights):
-        return os.path.join(cache_dir(repo), pinned.get('COMPLETE') or pinned['FILES'])
+        return os.path.join(root, pinned.get('COMPLETE') or pinned['FILES'])
     say(f"{repo}: not a folder here, so a Hugging Face Hub repo id: asking the Hub for it")
     hub = Hub(network)
     try:
@@ -107,26 +129,18 @@ def fetch(repo, network=None, weights=True):
         raise DataError(
             f"{repo} (not a folder here, so asked of the Hub as a repo id): {e}"
         ) from None
-    wanted = [
-        f
-        for f in listed
-        if f['path'] in HUB_FILES or (weights and f['path'].endswith('.safetensors'))
-    ]
+    suffixes = ('.safetensors',) if weights else ()
+    wanted = [f for f in listed if f['path'] in HUB_FILES or f['path'].endswith(suffixes)]
     if not any(f['path'] == 'config.json' for f in wanted):
         raise DataError(f"{repo} has no config.json at {sha}: not a transformers model repo")
-    model_dir = os.path.join(cache_dir(repo), sha)
+    model_dir = os.path.join(root, sha)
     os.makedirs(model_dir, exist_ok=True)
     what = 'files' if weights else 'files (not the weights: the first run fetches them)'
     say(f"init_from {repo}@{sha[:12]}: {len(wanted)} {what} into {model_dir}")
     for entry in wanted:
-        download(
-            hub,
-            hub.url('models', repo, sha, entry['path']),
-            os.path.join(model_dir, entry['path']),
-            entry,
-            b'',
-        )
-    write_text_atomic(markers['COMPLETE' if weights else 'FILES'], sha + '\n')
+        path = entry['path']
+        download(hub, hub.url('models', repo, sha, path), os.path.join(model_dir, path), entry, b'')
+    write_text_atomic(os.path.join(root, 'COMPLETE' if weights else 'FILES'), sha + '\n')
     return model_dir
 
 
@@ -140,32 +154,9 @@ def read_json(path):
         raise ConfigError(f"{path} is not valid JSON ({e})") from None
 
 
-# -----------------------------------------------------------------------------------------------------
-# config.json -> our model keys. Every field that changes what the model computes is either mapped or must have the
-# value model.py implements; UNSUPPORTED lists the second kind, per class, with the value that is supported.
-
-LLAMA_UNSUPPORTED = {
-    'rope_scaling': None,  # Llama 3.1's, YaRN, linear or dynamic NTK scaling: our RoPE is plain
-    'attention_bias': False,
-    'mlp_bias': False,
-    'sliding_window': None,
-    'hidden_act': 'silu',
-}
-UNSUPPORTED = {
-    'LlamaForCausalLM': LLAMA_UNSUPPORTED,
-    'ArceeForCausalLM': {**LLAMA_UNSUPPORTED, 'hidden_act': 'relu2'},
-    # Qwen3 writes a sliding_window it uses only where use_sliding_window is true
-    'Qwen3ForCausalLM': {
-        **{field: v for field, v in LLAMA_UNSUPPORTED.items() if field != 'sliding_window'},
-        'use_sliding_window': False,
-    },
-    'GPT2LMHeadModel': {
-        'scale_attn_weights': True,  # scores / sqrt(head_dim), as SDPA does
-        'scale_attn_by_inverse_layer_idx': False,
-        'add_cross_attention': False,
-    },
-}
-GELU_TANH = ('gelu_new', 'gelu_pytorch_tanh')  # GPT-2's GELU, the tanh approximation model.py uses
+# --------------------------------------------------------------------------------------------------
+# config.json -> our model keys: every field that changes what the model computes is read (FIELDS)
+# or must have the value model.py implements (CLASSES).
 
 
 def refuse(path, field, value, supported):
@@ -175,84 +166,61 @@ def refuse(path, field, value, supported):
     )
 
 
-def llama_values(hf, path):
-    rope = hf.get('rope_parameters') or {}  # transformers 5 keeps rope_theta (and the scaling) here
-    if rope.get('rope_type', 'default') != 'default':
-        refuse(path, 'rope_parameters.rope_type', rope['rope_type'], "'default'")
-    heads, width = hf['num_attention_heads'], hf['hidden_size']
-    if hf.get('head_dim') not in (None, width // heads):
-        refuse(
-            path,
-            'head_dim',
-            hf['head_dim'],
-            f'hidden_size / num_attention_heads = {width // heads}',
-        )
-    return dict(
-        arch='llama',
-        n_layer=hf['num_hidden_layers'],
-        n_head=heads,
-        n_kv_head=hf.get('num_key_value_heads') or heads,
-        n_embd=width,
-        ffn_hidden=hf['intermediate_size'],
-        vocab_size=hf['vocab_size'],
-        block_size=hf.get('max_position_embeddings', 2048),
-        tie_embeddings=hf.get('tie_word_embeddings', False),
-        bias=False,
-        norm_eps=float(hf.get('rms_norm_eps', 1e-6)),
-        rope_theta=float(hf.get('rope_theta', rope.get('rope_theta', 10000.0))),
-    )
+def field_value(hf, field, default):
+    """config.json's value of field, or transformers' default (FIELDS); KeyError if it has none."""
+    if hf.get(field) is not None:
+        return hf[field]
+    if default is None:
+        raise KeyError(field)
+    return default(hf) if callable(default) else default
 
 
-def gpt2_values(hf, path):
-    # the MLP rows GPT2LMHeadModel holds, by their Hugging Face activation (config.PARTS): GELU, ReLU²
-    mlps = {row.hf_act: name for name, row in PARTS['mlp'].items() if 'GPT2LMHeadModel' in row.hf}
-    mlps.update(dict.fromkeys(GELU_TANH, mlps['gelu_new']))
-    act = hf.get('activation_function', 'gelu_new')
-    if act not in mlps:
-        refuse(path, 'activation_function', act, ' or '.join(map(repr, mlps)))
-    width = hf.get('n_embd', 768)
-    return dict(
-        arch='gpt2',
-        mlp='' if mlps[act] == FAMILIES['gpt2'].mlp else mlps[act],
-        n_layer=hf.get('n_layer', 12),
-        n_head=hf.get('n_head', 12),
-        n_kv_head=0,
-        n_embd=width,
-        ffn_hidden=hf.get('n_inner') or 4 * width,
-        vocab_size=hf.get('vocab_size', 50257),
-        block_size=hf.get('n_positions', 1024),
-        tie_embeddings=hf.get('tie_word_embeddings', True),
-        bias=True,
-        norm_eps=float(hf.get('layer_norm_epsilon', 1e-5)),
-    )
-
-
-VALUES = {'llama': llama_values, 'gpt2': gpt2_values}
-assert set(ARCHS) == set(UNSUPPORTED)
+def mlp_key(path, hf_class, field, act):
+    """Our mlp key for config.json's activation: the row of PARTS['mlp'] that holds the class and
+    computes it, '' for the family's own (config.json's '': the class's first)."""
+    acts = {row.hf_act: name for name, row in PARTS['mlp'].items() if hf_class in row.hf}
+    act = GELU_TANH.get(act, act) or next(iter(acts))
+    if act not in acts:
+        refuse(path, field, act, ' or '.join(map(repr, acts)))
+    return '' if acts[act] == FAMILIES[CLASSES[hf_class][0]].mlp else acts[act]
 
 
 def model_values(model_dir):
-    """(Hugging Face class, our model keys) from a model folder's config.json; ConfigError naming the first field
-    model.py does not implement."""
+    """(Hugging Face class, our model keys) from a model folder's config.json; ConfigError naming
+    the first field model.py does not implement."""
     path = os.path.join(model_dir, 'config.json')
     hf = read_json(path)
     classes = hf.get('architectures') or []
-    if len(classes) != 1 or classes[0] not in ARCHS:
-        refuse(path, 'architectures', classes, ' or '.join(f'[{name!r}]' for name in ARCHS))
+    if len(classes) != 1 or classes[0] not in CLASSES:
+        refuse(path, 'architectures', classes, ' or '.join(f'[{name!r}]' for name in CLASSES))
     hf_class = classes[0]
-    for field, supported in UNSUPPORTED[hf_class].items():
+    arch, _, parts, fixed = CLASSES[hf_class]
+    for field, supported in fixed.items():
         if hf.get(field, supported) != supported:
             refuse(path, field, hf[field], repr(supported))
-    arch, parts = ARCHS[hf_class]
+    hf = {**(hf.get('rope_parameters') or {}), **hf}  # transformers 5 keeps rope_theta there
+    if hf.get('rope_type', 'default') != 'default':
+        refuse(path, 'rope_parameters.rope_type', hf['rope_type'], "'default'")
+    ours = {'arch': arch}
     try:
-        return hf_class, {**VALUES[arch](hf, path), **parts}
+        for field, (key, default) in FIELDS[arch].items():
+            value = field_value(hf, field, default)
+            if key == 'head_dim' and value != ours['n_embd'] // ours['n_head']:
+                width = ours['n_embd'] // ours['n_head']
+                refuse(path, field, value, f'hidden_size / num_attention_heads = {width}')
+            ours.setdefault(key, mlp_key(path, hf_class, field, value) if key == 'mlp' else value)
     except KeyError as e:
         raise ConfigError(f"{path} has no {e}: not a complete {hf_class} config") from None
+    ours.pop('head_dim', None)
+    ours.setdefault('n_kv_head', 0)  # GPT-2's: one key/value head per query head
+    family = FAMILIES[arch]
+    tie = hf.get('tie_word_embeddings', family.tie_embeddings)
+    return hf_class, {**ours, 'tie_embeddings': tie, 'bias': family.bias, **parts}
 
 
 def load_config(path=None, overrides=()):
-    """config.load_config, and with init_from the model keys from the model's config.json. A model key the config
-    file or the command line sets to another value is one line (block_size may be shorter than the model's)."""
+    """config.load_config, and with init_from the model keys from its config.json. A key the config
+    or the command line sets to another value is one line (block_size may be shorter)."""
     model_cfg, train = config.load_config(path, overrides)
     if not train.init_from:
         return model_cfg, train
@@ -262,26 +230,24 @@ def load_config(path=None, overrides=()):
     for key, value in given.items():
         if key in ours and value != ours[key] and not (key == 'block_size' and value <= ours[key]):
             raise ConfigError(
-                f"{key} = {value!r} in {where[key]} contradicts init_from's config.json ({hf_class}: {key} = "
-                f"{ours[key]!r}): leave {key} out, the model's shape comes from the checkpoint"
+                f"{key} = {value!r} in {where[key]} contradicts init_from's config.json "
+                f"({hf_class}: {key} = {ours[key]!r}): leave {key} out, the model's shape comes "
+                f"from the checkpoint"
                 + (" (block_size may be shorter than its context)" if key == 'block_size' else '')
             )
     if 'block_size' in given:
         ours.pop('block_size')
     check_tokenizer(train, model_dir)
-    return config.load_config(
-        path, [*overrides, *(f'--{key}={value}' for key, value in ours.items())]
-    )
+    overrides = [*overrides, *(f'--{key}={value}' for key, value in ours.items())]
+    return config.load_config(path, overrides)
 
 
 def check_tokenizer(train, model_dir):
-    """A data folder tokenized with anything but the model's own tokenizer (prepare.py --tokenizer MODEL) is one
-    line: its ids would name other tokens to the model. Checked by the sha256 of the model's tokenizer.json, which
-    prepare.py keeps in the folder's (a model folder without one cannot be checked)."""
-    ours, theirs = (
-        os.path.join(model_dir, 'tokenizer.json'),
-        os.path.join(train.data, 'tokenizer.json'),
-    )
+    """Data tokenized with anything but the model's own tokenizer (prepare.py --tokenizer MODEL) is
+    one line: its ids would name other tokens to the model. Checked by the sha256 of the model's
+    tokenizer.json, which prepare.py keeps in the folder's (a model without one goes unchecked)."""
+    ours = os.path.join(model_dir, 'tokenizer.json')
+    theirs = os.path.join(train.data, 'tokenizer.json')
     if train.data == 'synthetic' or not (os.path.isfile(ours) and os.path.isfile(theirs)):
         return  # no data there yet: open_data says how to make it
     with open(ours, 'rb') as f:
@@ -289,22 +255,20 @@ def check_tokenizer(train, model_dir):
     spec = read_json(theirs)
     if spec.get('sha256') != sha:
         raise DataError(
-            f"{train.data} was tokenized with {spec.get('name')!r}, not with init_from's own tokenizer "
-            f"({ours}): make the data with `python prepare.py files PATH... --out {train.data} --tokenizer "
-            f"{train.init_from}` (or fineweb_edu, pystdlib)"
+            f"{train.data} was tokenized with {spec.get('name')!r}, not with init_from's own "
+            f"tokenizer ({ours}): make the data with `python prepare.py files PATH... --out "
+            f"{train.data} --tokenizer {train.init_from}` (or fineweb_edu, pystdlib)"
         )
 
 
 def card_tokens(model_dir):
-    """The tokens the model was pretrained on as its card (README.md) states them ('trained on 2 trillion tokens',
-    '3T tokens'), or None where it does not say. The first such phrase counts: a card's summary comes first."""
+    """The tokens the model was pretrained on as its card (README.md) states them ('trained on 2
+    trillion tokens', '3T tokens'), or None. The first such phrase counts: a summary comes first."""
     path = os.path.join(model_dir, 'README.md')
     if not os.path.isfile(path):
         return None
     with open(path, encoding='utf-8', errors='replace') as f:
-        found = re.search(
-            r'(\d+(?:\.\d+)?)\s*(trillion|billion|T|B)\s+tokens', f.read(), re.IGNORECASE
-        )
+        found = re.search(r'(\d+(?:\.\d+)?)\s*(trillion|billion|T|B)\s+tokens', f.read(), re.I)
     if not found:
         return None
     return round(float(found[1]) * (1e12 if found[2].lower() in ('t', 'trillion') else 1e9))
@@ -315,21 +279,19 @@ def describe(init_from):
     model_dir = folder(init_from, weights=False)
     hf_class, _ = model_values(model_dir)
     tokens = card_tokens(model_dir)
-    seen = (
-        f"{tokens / 1e9:,.4g}B tokens (its card)"
-        if tokens
-        else 'unknown tokens (no count in a model card)'
-    )
+    seen = 'unknown tokens (no count in a model card)'
+    if tokens:
+        seen = f"{tokens / 1e9:,.4g}B tokens (its card)"
     return (
-        f"from: {init_from} ({hf_class}), pretrained on {seen}; full fine-tuning: every weight trains, so the "
-        f"memory is a pretraining run's (weights, gradients, AdamW states, activations); the data and loss "
-        f"sums below count this run's tokens only"
+        f"from: {init_from} ({hf_class}), pretrained on {seen}; full fine-tuning: every weight "
+        f"trains, so the memory is a pretraining run's (weights, gradients, AdamW states, "
+        f"activations); the data and loss sums below count this run's tokens only"
     )
 
 
-# -----------------------------------------------------------------------------------------------------
-# The weights. Names a file may hold besides the weights: GPT-2's causal-mask buffers and old Llama files' RoPE
-# frequencies, constants our model computes itself; and lm_head.weight beside a tied embedding (the same tensor).
+# --------------------------------------------------------------------------------------------------
+# The weights. A file may hold besides them GPT-2's causal-mask buffers and old Llama files' RoPE
+# frequencies, which our model computes itself, and lm_head.weight beside a tied embedding.
 
 BUFFERS = ('.attn.bias', '.attn.masked_bias', '.rotary_emb.inv_freq')
 
@@ -340,18 +302,17 @@ def weight_files(model_dir):
     if os.path.isfile(index):
         names = sorted(set(read_json(index)['weight_map'].values()))
         return [os.path.join(model_dir, name) for name in names]
-    single = os.path.join(model_dir, 'model.safetensors')
-    if not os.path.isfile(single):
+    if not os.path.isfile(os.path.join(model_dir, 'model.safetensors')):
         raise ConfigError(
-            f"{model_dir} has no model.safetensors (nor its index): init_from reads safetensors weights; "
-            f"save the model with transformers' save_pretrained (safe_serialization, its default)"
+            f"{model_dir} has no model.safetensors (nor its index): init_from reads safetensors "
+            f"weights; save the model with transformers' save_pretrained (safe_serialization)"
         )
-    return [single]
+    return [os.path.join(model_dir, 'model.safetensors')]
 
 
 def hf_name(name, hf_class):
-    """The name export.py gives a tensor of the file; None for what is not a weight of ours. GPT-2's original files
-    (openai-community/gpt2) name the body's tensors without the 'transformer.' prefix."""
+    """The name export.py gives a tensor of the file; None for what is not a weight of ours. GPT-2's
+    original files (openai-community/gpt2) name the body's tensors without 'transformer.'."""
     if name.endswith(BUFFERS):
         return None
     if hf_class == 'GPT2LMHeadModel' and not name.startswith(('transformer.', 'lm_head.')):
@@ -360,18 +321,17 @@ def hf_name(name, hf_class):
 
 
 def load_weights(model, init_from):
-    """Copy the model folder's weights into `model` (a GPT built from its config, on any device, not yet wrapped or
-    sharded): every tensor of ours from exactly one of the file's, converted to our dtype (exact from bf16 or fp32).
-    A tensor missing, left over or of another shape is one ConfigError line."""
+    """Copy the model folder's weights into `model` (a GPT built from its config, on any device, not
+    yet wrapped or sharded): every tensor of ours from exactly one of the file's, in our dtype
+    (exact from bf16 or fp32). A tensor missing, left over or of another shape is one line."""
     import torch
     from safetensors import safe_open
 
     import export
 
     model_dir, c = folder(init_from), model.config
-    # Hugging Face name -> a view of our parameter (see the docstring)
     hf_class = export.hf_class_of(c)
-    targets = export.hf_tensors(model, hf_class)
+    targets = export.hf_tensors(model, hf_class)  # Hugging Face name -> a view of our parameter
     loaded = set()
     with torch.no_grad():
         for path in weight_files(model_dir):
@@ -382,16 +342,16 @@ def load_weights(model, init_from):
                         continue
                     if name not in targets:
                         raise ConfigError(
-                            f"{path}: tensor {stored} is not part of a {hf_class} as model.py builds it"
+                            f"{path}: tensor {stored} is not part of a {hf_class} as model.py "
+                            f"builds it"
                         )
                     tensor, target = f.get_tensor(stored), targets[name]
-                    # learned positions: the first block_size of them
-                    if name == 'transformer.wpe.weight':
+                    if name == 'transformer.wpe.weight':  # learned positions: the first block_size
                         tensor = tensor[: c.block_size]
                     if tensor.shape != target.shape:
                         raise ConfigError(
-                            f"{path}: {stored} has shape {tuple(tensor.shape)}, config.json makes it "
-                            f"{tuple(target.shape)}: the weights and config.json disagree"
+                            f"{path}: {stored} has shape {tuple(tensor.shape)}, config.json makes "
+                            f"it {tuple(target.shape)}: the weights and config.json disagree"
                         )
                     target.copy_(tensor)
                     loaded.add(name)

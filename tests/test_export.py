@@ -275,6 +275,16 @@ def test_bad_input_is_one_line(tmp_path, pystdlib_data, capsys):
     assert os.listdir(tmp_path / 'taken') == ['notes.txt'] and not os.path.exists(tmp_path / 'hf')
 
 
+def test_a_file_in_the_way_is_one_line(tmp_path, pystdlib_data, capsys):
+    save_run(tmp_path / 'run', dict(TINY, arch='llama'), pystdlib_data)
+    (tmp_path / 'taken').write_text('mine')
+    assert export.main([str(tmp_path / 'run'), str(tmp_path / 'taken')]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith('error: ') and 'is not an export' in err and '\n' not in err, err
+    assert (tmp_path / 'taken').read_text() == 'mine'
+    assert sorted(os.listdir(tmp_path)) == ['run', 'taken']
+
+
 def test_export_replaces_an_earlier_one(tmp_path, pystdlib_data):
     first = save_run(tmp_path / 'a', dict(TINY, arch='llama'), pystdlib_data, seed=1)
     second = save_run(tmp_path / 'b', dict(TINY, arch='llama'), pystdlib_data, seed=2)
@@ -305,6 +315,8 @@ class FakeHub(http.server.ThreadingHTTPServer):
         self.repos, self.lfs, self.files = set(), {}, {}  # repo ids; sha256 -> bytes; path -> bytes
         self.log = []  # (method, path, Authorization) of every request
         self.fail_commits = 0  # commits to refuse (500) before one succeeds
+        # an HTTP status for every repo create (a 4xx: the id or the token)
+        self.refuse_repos = None
         self.sha = '0' * 40
 
 
@@ -327,6 +339,10 @@ class FakeHubHandler(http.server.BaseHTTPRequestHandler):
         body = self.rfile.read(int(self.headers.get('Content-Length') or 0))
         if path == '/api/validate-yaml':  # the model card's metadata block
             return self.reply(200, {'errors': [], 'warnings': []})
+        if path == '/api/repos/create' and hub.refuse_repos:
+            return self.reply(
+                hub.refuse_repos, {'error': 'You are not allowed to create this repo'}
+            )
         if path == '/api/repos/create':
             request = json.loads(body)
             hub.repos.add(f"{request['organization']}/{request['name']}")
@@ -454,6 +470,23 @@ def test_push_uploads_a_folder_that_transformers_loads(trained_run, hub, tmp_pat
     assert got.tolist() == expected.tolist()
 
 
+def test_a_refused_push_says_what_to_fix_not_to_run_it_again(trained_run, hub, tmp_path, capsys):
+    """An id huggingface_hub refuses itself, and one the Hub refuses (a 4xx): the same command again
+    would fail the same way, so the line says what to fix instead."""
+    hub.refuse_repos = 400  # what the Hub answers an id it will not make
+    for repo_id, error in (
+        ('bad id with spaces', 'HFValidationError'),
+        ('me/tiny', 'BadRequestError'),
+    ):
+        assert export.main([trained_run, str(tmp_path / 'hf'), '--push', repo_id]) == 2
+        err = capsys.readouterr().err.strip().split('\n')[-1]
+        assert err.startswith(f'error: the push to {repo_id} failed ({error}: '), err
+        assert 'run the same command again' not in err and 'fix the repo id' in err, err
+    # the Hub's own reason, below huggingface_hub's status line
+    assert 'Bad request: You are not allowed to create this repo): ' in err, err
+    assert hub.files == {} and not hub.repos
+
+
 # -----------------------------------------------------------------------------------------------------
 # --gguf: model.gguf read back with llama.cpp's own gguf package (GGUFReader), every tensor the checkpoint's under
 # llama.cpp's name and layout, in each dtype; the hyperparameters and the tokenizer as llama.cpp's loader reads them.
@@ -564,6 +597,7 @@ def test_gguf_holds_every_tensor_under_llama_cpp_names(variant, dtype, tmp_path,
     arch = {'relu2': 'arcee'}.get(c.mlp, 'qwen3' if c.qk_norm != 'none' else c.arch)
     encoding = data.load_tokenizer(pystdlib_data)
     assert field('general.architecture') == arch and field(f'{arch}.block_count') == c.n_layer
+    assert field('general.name') == 'hf'  # the folder's name, not the one it was written under
     assert field(f'{arch}.context_length') == 32 and field(f'{arch}.attention.head_count') == 4
     if c.arch == 'llama':
         assert field(f'{arch}.attention.head_count_kv') == c.kv_heads

@@ -86,3 +86,23 @@ def test_a_device_this_machine_lacks_is_one_line(tmp_path, capsys):
         capsys.readouterr().err
         == "error: --device=gpu: not a device name (cpu, cuda, cuda:1, ...)\n"
     )
+
+
+def test_a_temperature_that_is_not_a_finite_number_is_one_line(tmp_path, capsys):
+    """nan would end in torch.multinomial's RuntimeError, inf sample uniformly: both are refused."""
+    for value in ('nan', 'inf'):
+        assert sample.main([str(tmp_path), '--temperature', value]) == 2
+        assert capsys.readouterr().err == f"error: --temperature {value}: must be a finite number\n"
+
+
+def test_fill_in_the_middle_of_a_model_not_trained_for_it_warns(tmp_path, pystdlib_data, capsys):
+    """A model trained with another objective still writes, with one warning line."""
+    from test_export import TINY as EXPORT_TINY
+    from test_export import save_run
+
+    save_run(tmp_path / 'run', dict(EXPORT_TINY, arch='llama'), pystdlib_data)
+    argv = [str(tmp_path / 'run'), '--prefix', 'def f(', '--suffix', ')', '--tokens', '4']
+    assert sample.main(argv) == 0
+    err = capsys.readouterr().err
+    warnings = [line for line in err.splitlines() if line.startswith('warning: ')]
+    assert len(warnings) == 1 and "trained with objective='clm', not 'fim'" in warnings[0], err
