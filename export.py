@@ -13,7 +13,6 @@ bos, eos and pad are all our end-of-text token, which starts every training docu
 """
 
 import argparse
-import dataclasses
 import importlib.util
 import json
 import os
@@ -23,172 +22,10 @@ import sys
 
 import torch
 
-from ledgergpt import checkpoint, data, files
+from ledgergpt import checkpoint, data, files, hf
 from ledgergpt.config import DEFAULTS, EOT, PART_KEYS, ConfigError, UserError, cli
-from ledgergpt.pretrained import CLASSES, FIELDS
 
 DTYPES = {'bfloat16': torch.bfloat16, 'float32': torch.float32, 'float16': torch.float16}
-
-
-# --------------------------------------------------------------------------------------------------
-# Weights, as views of ours (pretrained.py copies into them). Llama: our fused qkv_proj rows are the
-# q heads, then the k heads, then the v heads (model.Attention). Our RoPE pairs the first half of
-# each head with the second half, HF Llama's rotate_half layout: no permutation is needed.
-
-
-def llama_tensors(model):
-    c, ours = model.config, model.state_dict()
-    q, kv = c.n_head * c.head_dim, c.kv_heads * c.head_dim
-    tensors = {
-        'model.embed_tokens.weight': ours['tok_emb.weight'],
-        'model.norm.weight': ours['norm_f.weight'],
-    }
-    for i in range(c.n_layer):
-        block, layer = f'blocks.{i}.', f'model.layers.{i}.'
-        qkv = ours[block + 'attn.qkv_proj.weight']
-        gate_up = ours.get(block + 'mlp.gate_up_proj.weight')  # a gated MLP's: gate, then up
-        if gate_up is not None:
-            tensors[layer + 'mlp.gate_proj.weight'], up = gate_up.split(c.ffn_width)
-        else:  # an MLP of two matrices (Arcee's)
-            up = ours[block + 'mlp.up_proj.weight']
-        names = {
-            'input_layernorm.weight': ours[block + 'attn_norm.weight'],
-            'self_attn.q_proj.weight': qkv[:q],
-            'self_attn.k_proj.weight': qkv[q : q + kv],
-            'self_attn.v_proj.weight': qkv[q + kv :],
-            'self_attn.o_proj.weight': ours[block + 'attn.o_proj.weight'],
-            'post_attention_layernorm.weight': ours[block + 'mlp_norm.weight'],
-            'mlp.up_proj.weight': up,
-            'mlp.down_proj.weight': ours[block + 'mlp.down_proj.weight'],
-        }
-        tensors.update({layer + name: tensor for name, tensor in names.items()})
-    if not c.tie_embeddings:  # tied: HF ties lm_head to the embedding itself (tie_word_embeddings)
-        tensors['lm_head.weight'] = ours['lm_head.weight']
-    return tensors
-
-
-def qwen3_tensors(model):
-    """Llama's, and Qwen3's RMSNorm of each head of q and k before RoPE (q_norm, k_norm: a gain per
-    head dimension): QK-norm's gains, or gains of 1 for a QK-norm without them (the same maths)."""
-    c, ours, tensors = model.config, model.state_dict(), llama_tensors(model)
-    for i in range(c.n_layer):
-        for name in ('q_norm', 'k_norm'):
-            gain = ours.get(f'blocks.{i}.attn.qk_norm.{name}.weight', torch.ones(c.head_dim))
-            tensors[f'model.layers.{i}.self_attn.{name}.weight'] = gain
-    return tensors
-
-
-# GPT-2: HF keeps OpenAI's TensorFlow layout, Conv1D, which computes x @ W + b with W of shape
-# (in, out): the transpose of nn.Linear's (out, in). c_attn is the fused qkv in our order (no GQA).
-# GPT2LMHeadModel always has biases: a model trained without them gets zeros (the same maths).
-GPT2_NAMES = {
-    'attn_norm': 'ln_1',
-    'mlp_norm': 'ln_2',
-    'attn.qkv_proj': 'attn.c_attn',
-    'attn.o_proj': 'attn.c_proj',
-    'mlp.up_proj': 'mlp.c_fc',
-    'mlp.down_proj': 'mlp.c_proj',
-}
-
-
-def gpt2_tensors(model):
-    c, ours = model.config, model.state_dict()
-    tensors = {
-        'transformer.wte.weight': ours['tok_emb.weight'],
-        'transformer.wpe.weight': ours['pos_emb.weight'],
-        'transformer.ln_f.weight': ours['norm_f.weight'],
-        'transformer.ln_f.bias': ours.get('norm_f.bias', torch.zeros(c.n_embd)),
-    }
-    for i in range(c.n_layer):
-        for name, hf in GPT2_NAMES.items():
-            weight, layer = ours[f'blocks.{i}.{name}.weight'], f'transformer.h.{i}.{hf}'
-            tensors[layer + '.weight'] = weight.t() if weight.dim() == 2 else weight
-            bias = ours.get(f'blocks.{i}.{name}.bias', torch.zeros(weight.shape[0]))
-            tensors[layer + '.bias'] = bias
-    if not c.tie_embeddings:
-        tensors['lm_head.weight'] = ours['lm_head.weight']
-    return tensors
-
-
-NO_BIAS = {'attention_bias': False, 'mlp_bias': False}
-QWEN3_WRITTEN = {**NO_BIAS, 'use_sliding_window': False, 'sliding_window': None}
-GPT2_WRITTEN = {'resid_pdrop': 0.0, 'embd_pdrop': 0.0, 'attn_pdrop': 0.0}
-# A Hugging Face class (pretrained.CLASSES) -> its weights, config.json's values beside FIELDS (the
-# ones model.py implements), its llama.cpp architecture (gguf.MODEL_ARCH) and whether that rotates
-# adjacent pairs of q and k (llama_model_rope_type's NORM; HF's rotate_half, as llama.cpp's qwen3,
-# rotates a head's halves)
-LAYOUTS = {
-    'LlamaForCausalLM': (llama_tensors, NO_BIAS, 'LLAMA', True),
-    'Qwen3ForCausalLM': (qwen3_tensors, QWEN3_WRITTEN, 'QWEN3', False),
-    'ArceeForCausalLM': (llama_tensors, NO_BIAS, 'ARCEE', True),
-    'GPT2LMHeadModel': (gpt2_tensors, GPT2_WRITTEN, 'GPT2', False),
-}
-
-
-def hf_config(c, hf_class):
-    """config.json in the classic format (rope_theta at the top level, torch_dtype) that
-    transformers 4 and 5, vLLM and llama.cpp's converter read: pretrained.FIELDS from the model."""
-    arch, model_type, _, _ = CLASSES[hf_class]
-    widths = dict(ffn_hidden=c.ffn_width, n_kv_head=c.kv_heads, head_dim=c.head_dim)
-    ours = {**dataclasses.asdict(c), **widths, 'mlp': c.part('mlp').hf_act}
-    fields = {field: ours[key] for field, (key, _) in FIELDS[arch].items()}
-    return {'architectures': [hf_class], 'model_type': model_type, **fields, **LAYOUTS[hf_class][1]}
-
-
-def hf_class_of(c):
-    """The class that holds every part (config.PARTS' rows say which do): the family's if it can,
-    else the first that can; else ConfigError."""
-    if c.logit_softcap:
-        raise ConfigError(
-            f"logit_softcap = {c.logit_softcap:g} has no Hugging Face export: none of "
-            f"{', '.join(LAYOUTS)} caps its logits (Gemma 2's final_logit_softcapping comes with "
-            f"its own norms and MLP): sample it with sample.py"
-        )
-    parts = [(kind, c.part(kind)) for kind in PART_KEYS]
-    holds = [name for name in LAYOUTS if all({name, '*'} & set(part.hf) for _, part in parts)]
-    if holds:
-        return c.family.hf_class if c.family.hf_class in holds else holds[0]
-    kind, lacking = next((k, p) for k, p in parts if not {c.family.hf_class, '*'} & set(p.hf))
-    raise ConfigError(
-        f"a {c.arch} model with {kind} = {c.part_name(kind)!r} ({lacking.label}) has no Hugging "
-        f"Face export: the classes that hold it are {', '.join(lacking.hf) or 'none'}, and none "
-        f"holds the rest of this model (config.PARTS)"
-    )
-
-
-def check_exportable(c, n_vocab):
-    # no tested HF layout for moe.py's MoE (DeepseekV3's differs: grouped routing, MLA)
-    if c.n_experts:
-        raise ConfigError(
-            f"a mixture-of-experts model (n_experts={c.n_experts}) has no Hugging Face export: "
-            f"sample it with sample.py"
-        )
-    hf_class = hf_class_of(c)
-    if c.kv_heads != c.n_head and 'num_key_value_heads' not in FIELDS[CLASSES[hf_class][0]]:
-        raise ConfigError(
-            f"a {c.arch} model with n_kv_head={c.n_kv_head} (grouped-query attention) has no "
-            f"Hugging Face class: {hf_class} has one key/value head per query head"
-        )
-    if c.vocab_size < n_vocab:
-        raise ConfigError(
-            f"the model has vocab_size={c.vocab_size} but its tokenizer {n_vocab} tokens: this "
-            f"checkpoint was not trained on that data folder's tokens"
-        )
-    return hf_class
-
-
-def hf_tensors(model, hf_class):
-    """Our weights under their Hugging Face names, every one: a tensor of ours the layout does not
-    name (a part added to model.py without its export) is one line, never a silent drop."""
-    tensors = LAYOUTS[hf_class][0](model)
-    exported = {t.untyped_storage().data_ptr() for t in tensors.values()}
-    for name, param in model.named_parameters():
-        if param.untyped_storage().data_ptr() not in exported:
-            raise ConfigError(
-                f"{name} has no {hf_class} name in export.py: add it to the layout, or mark its "
-                f"part's row in config.PARTS as not exportable (hf=())"
-            )
-    return tensors
 
 
 # --------------------------------------------------------------------------------------------------
@@ -280,7 +117,7 @@ def write_folder(folder, model, encoding, dtype):
     """Write the export's FILES into `folder` (which exists and is empty)."""
     from safetensors.torch import save_file
 
-    c, eot_id, hf_class = model.config, encoding.eot_token, hf_class_of(model.config)
+    c, eot_id, hf_class = model.config, encoding.eot_token, hf.hf_class_of(model.config)
 
     def write_json(name, obj):
         with open(os.path.join(folder, name), 'w') as f:
@@ -289,11 +126,11 @@ def write_folder(folder, model, encoding, dtype):
 
     # the token every document starts with by its name: EOT, or a Hub tokenizer's (a Llama's '<s>')
     eot = encoding.plain.id_to_token(eot_id) if isinstance(encoding, data.HFEncoding) else EOT
-    tensors = hf_tensors(model, hf_class)
+    tensors = hf.hf_tensors(model, hf_class)
     tensors = {name: t.to(DTYPES[dtype]).contiguous() for name, t in tensors.items()}
     save_file(tensors, os.path.join(folder, 'model.safetensors'), metadata={'format': 'pt'})
     ids = dict.fromkeys((f'{name}_id' for name in SPECIAL_TOKENS), eot_id)
-    config = {**hf_config(c, hf_class), 'tie_word_embeddings': c.tie_embeddings, **ids}
+    config = {**hf.hf_config(c, hf_class), 'tie_word_embeddings': c.tie_embeddings, **ids}
     write_json('config.json', {**config, 'torch_dtype': dtype})
     write_json('generation_config.json', ids)
     hf_tokenizer(encoding).save(os.path.join(folder, 'tokenizer.json'))
@@ -325,7 +162,7 @@ def export(path, out_dir, dtype='bfloat16', card=None, gguf=False):
             f"{path} was trained on synthetic tokens: there is no tokenizer to export with it"
         )
     encoding = data.load_tokenizer(train_config['data'])
-    check_exportable(model.config, encoding.n_vocab)
+    hf.check_exportable(model.config, encoding.n_vocab)
     if gguf:
         gguf_class(model.config)  # before anything is written
     out_dir = os.path.abspath(out_dir)
@@ -370,11 +207,11 @@ CL100K = (
 def gguf_class(c):
     """The Hugging Face class whose llama.cpp architecture computes this model (each part's row
     names the classes whose does: config.PARTS' gguf), else one line."""
-    hf_class = hf_class_of(c)
+    hf_class = hf.hf_class_of(c)
     for kind in PART_KEYS:
         if not {hf_class, '*'} & set(c.part(kind).gguf):
             raise ConfigError(
-                f"--gguf: llama.cpp's {LAYOUTS[hf_class][2].lower()} architecture has no {kind} = "
+                f"--gguf: llama.cpp's {hf.LAYOUTS[hf_class][2].lower()} architecture has no {kind} = "
                 f"{c.part_name(kind)!r}: export the Hugging Face folder alone (without --gguf)"
             )
     return hf_class
@@ -424,7 +261,7 @@ def write_gguf(path, model, encoding, dtype, out_dir):
     import gguf
 
     c, hf_class, pre = model.config, gguf_class(model.config), gguf_pre_tokenizer(encoding)
-    _, _, arch, adjacent_pairs = LAYOUTS[hf_class]
+    _, _, arch, adjacent_pairs = hf.LAYOUTS[hf_class]
     writer = gguf.GGUFWriter(path, gguf.MODEL_ARCH_NAMES[getattr(gguf.MODEL_ARCH, arch)])
     writer.add_name(os.path.basename(out_dir))
     # the hyperparameters under llama.cpp's keys
@@ -446,7 +283,7 @@ def write_gguf(path, model, encoding, dtype, out_dir):
     writer.add_file_type(getattr(gguf.LlamaFileType, GGUF_FILE_TYPES[dtype]))
     gguf_vocab(writer, encoding, c.vocab_size, pre)
     names = gguf.get_tensor_name_map(getattr(gguf.MODEL_ARCH, arch), c.n_layer)
-    tensors, conv1d = hf_tensors(model, hf_class), hf_class == 'GPT2LMHeadModel'
+    tensors, conv1d = hf.hf_tensors(model, hf_class), hf_class == 'GPT2LMHeadModel'
     if conv1d:
         tensors.setdefault('lm_head.weight', tensors['transformer.wte.weight'])
     for hf_name, tensor in tensors.items():
@@ -534,7 +371,7 @@ def model_card(path, model, train_config, dtype, repo_id):
     lines += ['tags: [ledgergpt, pretrained-from-scratch]', '---', f'# {os.path.basename(run_dir)}']
     lines += [
         '',
-        f"A {c.arch} model ({hf_class_of(c)}) pretrained from scratch by ledgergpt's train.py: "
+        f"A {c.arch} model ({hf.hf_class_of(c)}) pretrained from scratch by ledgergpt's train.py: "
         f"{params:,} parameters, {c.n_layer} layers, width {c.n_embd}, {c.n_head} heads{kv}, FFN "
         f"width {c.ffn_width}, context {c.block_size} tokens, vocab {c.vocab_size:,}, embeddings "
         f"{'tied' if c.tie_embeddings else 'untied'}; weights in {dtype}.",
@@ -616,7 +453,7 @@ def main(argv):
         print(f"pushed to {args.push}: {push(args.out_dir, args.push, args.private)}")
     params = sum(p.numel() for p in model.parameters())
     print(
-        f"{args.out_dir}: {hf_class_of(model.config)}, {params:,} parameters in {args.dtype}, "
+        f"{args.out_dir}: {hf.hf_class_of(model.config)}, {params:,} parameters in {args.dtype}, "
         f"from {path}\n"
         f"  from transformers import AutoModelForCausalLM, AutoTokenizer\n"
         f"  model = AutoModelForCausalLM.from_pretrained('{args.out_dir}')\n"

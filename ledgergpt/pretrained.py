@@ -1,8 +1,8 @@
 """
 pretrained.py: start a run from a published model: `init_from` names a Hugging Face model folder or
 a Hub repo id (fetched into a cache), and the run fine-tunes it or continues its pretraining. Our
-GPT, its keys read from config.json through CLASSES and FIELDS (the tables export.py writes with),
-its weights through export.py's tensor names read backwards: each is a view of one of our
+GPT, its keys read from config.json and its weights through hf.py's tables, the ones export.py
+writes with, read backwards: each is a view of one of our
 parameters, so copying the file's tensor into it fills ours. docs/finetuning.md: what is checked.
 
     python prepare.py files notes.txt --out data/notes --tokenizer hf/gpt2   # the model's tokenizer
@@ -19,56 +19,8 @@ import re
 
 from ledgergpt import config
 from ledgergpt.config import FAMILIES, PARTS, ConfigError, DataError
+from ledgergpt.hf import CLASSES, FIELDS, hf_class_of, hf_tensors
 
-# --------------------------------------------------------------------------------------------------
-# The Hugging Face classes: our arch, config.json's model_type, the parts beyond the family's own
-# (config.PARTS; the MLP is read off the activation: mlp_key), and the fields whose one value
-# model.py implements (transformers' default where config.json has none). rope_scaling: Llama
-# 3.1's, YaRN, linear or dynamic NTK; our RoPE is plain. Qwen3 writes a sliding_window it uses only
-# where use_sliding_window is true. GPT-2's scale_attn_weights: scores / sqrt(head_dim), as SDPA.
-LLAMA_ONLY = {'rope_scaling': None, 'attention_bias': False, 'mlp_bias': False}
-QWEN3_ONLY = {**LLAMA_ONLY, 'use_sliding_window': False}
-GPT2_ONLY = {'scale_attn_weights': True, 'scale_attn_by_inverse_layer_idx': False}
-CLASSES = {
-    'LlamaForCausalLM': ('llama', 'llama', {}, {**LLAMA_ONLY, 'sliding_window': None}),
-    'ArceeForCausalLM': ('llama', 'arcee', {}, {**LLAMA_ONLY, 'sliding_window': None}),
-    'Qwen3ForCausalLM': ('llama', 'qwen3', {'qk_norm': 'learned'}, QWEN3_ONLY),
-    'GPT2LMHeadModel': ('gpt2', 'gpt2', {}, {**GPT2_ONLY, 'add_cross_attention': False}),
-}
-assert {family.hf_class for family in FAMILIES.values()} <= set(CLASSES)
-
-# config.json's fields <-> our model keys, in the order export.py writes them: {field: (our key,
-# the value transformers assumes where config.json has none: a value, a function of config.json, or
-# None: needed)}. export.py writes the model's own (ffn_hidden: its FFN width, n_kv_head: its
-# key/value heads, mlp: its activation); init_from reads a key from its first field (n_ctx: for old
-# readers).
-FIELDS = {
-    'llama': {
-        'vocab_size': ('vocab_size', None),
-        'hidden_size': ('n_embd', None),
-        'intermediate_size': ('ffn_hidden', None),
-        'num_hidden_layers': ('n_layer', None),
-        'num_attention_heads': ('n_head', None),
-        'num_key_value_heads': ('n_kv_head', lambda hf: hf['num_attention_heads']),
-        # model.py's head size is hidden_size / num_attention_heads: config.json may not say another
-        'head_dim': ('head_dim', lambda hf: hf['hidden_size'] // hf['num_attention_heads']),
-        'hidden_act': ('mlp', ''),
-        'max_position_embeddings': ('block_size', 2048),
-        'rms_norm_eps': ('norm_eps', 1e-6),
-        'rope_theta': ('rope_theta', 1e4),
-    },
-    'gpt2': {
-        'vocab_size': ('vocab_size', 50257),
-        'n_embd': ('n_embd', 768),
-        'n_inner': ('ffn_hidden', lambda hf: 4 * hf.get('n_embd', 768)),
-        'n_layer': ('n_layer', 12),
-        'n_head': ('n_head', 12),
-        'n_positions': ('block_size', 1024),
-        'n_ctx': ('block_size', 1024),
-        'activation_function': ('mlp', ''),
-        'layer_norm_epsilon': ('norm_eps', 1e-5),
-    },
-}
 # GPT-2's GELU, the tanh approximation, by either name
 GELU_TANH = {'gelu_pytorch_tanh': 'gelu_new'}
 
@@ -327,11 +279,9 @@ def load_weights(model, init_from):
     import torch
     from safetensors import safe_open
 
-    import export
-
     model_dir, c = folder(init_from), model.config
-    hf_class = export.hf_class_of(c)
-    targets = export.hf_tensors(model, hf_class)  # Hugging Face name -> a view of our parameter
+    hf_class = hf_class_of(c)
+    targets = hf_tensors(model, hf_class)  # Hugging Face name -> a view of our parameter
     loaded = set()
     with torch.no_grad():
         for path in weight_files(model_dir):

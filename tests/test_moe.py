@@ -21,11 +21,10 @@ from test_model import batch, measured_activation_bytes, predicted_activation_by
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
-import export
 import helpers
 import sweep
 import train
-from ledgergpt import bill, checkpoint, live_ledger, plot, sums
+from ledgergpt import bill, checkpoint, hf, live_ledger, plot, sums
 from ledgergpt.config import ConfigError, load_config
 from ledgergpt.moe import update_router_bias
 from model import GPT, ModelConfig
@@ -291,7 +290,7 @@ def test_bad_moe_keys_are_one_line(overrides, words):
 
 def test_export_refuses_an_moe_model():
     with pytest.raises(ConfigError, match='mixture-of-experts model .* has no Hugging Face export'):
-        export.check_exportable(moe(), 256)
+        hf.check_exportable(moe(), 256)
 
 
 @pytest.mark.parametrize('path', ['configs/pystdlib_moe.py', 'configs/h200_moe.py'])

@@ -20,7 +20,7 @@ from test_model import (  # one_thread: test_model's autouse module fixture, for
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
-from ledgergpt import sums
+from ledgergpt import hf, sums
 from ledgergpt.config import FAMILIES, PARTS, ConfigError, ModelConfig
 from model import GPT
 
@@ -135,36 +135,34 @@ def test_a_part_key_is_checked_in_one_line():
 
 
 def test_a_part_without_a_hugging_face_class_is_refused_in_one_line():
-    import export
 
-    assert export.hf_class_of(tiny(qk_norm='learned')) == 'Qwen3ForCausalLM'
-    assert export.hf_class_of(tiny(arch='gpt2', mlp='relu2')) == 'GPT2LMHeadModel'
-    assert export.hf_class_of(tiny(mlp='relu2')) == 'ArceeForCausalLM'
+    assert hf.hf_class_of(tiny(qk_norm='learned')) == 'Qwen3ForCausalLM'
+    assert hf.hf_class_of(tiny(arch='gpt2', mlp='relu2')) == 'GPT2LMHeadModel'
+    assert hf.hf_class_of(tiny(mlp='relu2')) == 'ArceeForCausalLM'
     with pytest.raises(
         ConfigError,
         match=r"mlp = 'relu2' \(ReLU² MLP\) has no Hugging Face export: the classes that hold it are "
         r"GPT2LMHeadModel, ArceeForCausalLM, and none",
     ):
         # Qwen3 has SwiGLU, Arcee no QK-norm
-        export.hf_class_of(tiny(mlp='relu2', qk_norm='learned'))
+        hf.hf_class_of(tiny(mlp='relu2', qk_norm='learned'))
     with pytest.raises(
         ConfigError, match=r"qk_norm = 'weightless' .* classes that hold it are Qwen3"
     ):
-        export.hf_class_of(tiny(arch='gpt2', qk_norm='weightless'))
+        hf.hf_class_of(tiny(arch='gpt2', qk_norm='weightless'))
     with pytest.raises(
         ConfigError, match=r'logit_softcap = 15 has no Hugging Face export: none of Llama'
     ):
-        export.hf_class_of(tiny(logit_softcap=15.0))
+        hf.hf_class_of(tiny(logit_softcap=15.0))
 
 
 def test_a_tensor_the_layout_does_not_name_is_never_dropped():
     """A fork that adds a tensor to a part and not to export.py's layout gets one line, not a silent export."""
-    import export
 
     model = GPT(tiny())
     model.blocks[1].attn.register_parameter('extra', torch.nn.Parameter(torch.zeros(3)))
     with pytest.raises(ConfigError, match=r'blocks\.1\.attn\.extra has no LlamaForCausalLM name'):
-        export.hf_tensors(model, 'LlamaForCausalLM')
+        hf.hf_tensors(model, 'LlamaForCausalLM')
 
 
 def test_a_fork_without_its_row_stops_in_one_line_or_runs_unverified_with_force(

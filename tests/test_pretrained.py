@@ -38,6 +38,7 @@ import ledger
 import train
 from ledgergpt import data, pretrained
 from ledgergpt.config import ConfigError
+from ledgergpt.hf import LAYOUTS, hf_class_of
 from model import GPT
 
 VOCAB = 512  # the pystdlib fixture's: the imported models export with its tokenizer
@@ -241,7 +242,7 @@ def test_export_then_import_gives_the_same_tensors_byte_for_byte(variant, pystdl
             ours.config.part_name(kind), ours.config.part_name(kind)
         )
         assert back.config.part_name(kind) == expected, kind
-    assert export.hf_class_of(back.config) == export.hf_class_of(ours.config)
+    assert hf_class_of(back.config) == hf_class_of(ours.config)
     assert (
         back.config.tie_embeddings == ours.config.tie_embeddings
         and back.config.kv_heads == ours.config.kv_heads
@@ -297,7 +298,7 @@ def test_finetune_trains_checkpoints_and_resumes_bit_exactly(tmp_path):
     helpers.write_config(config, dict(FINETUNE, init_from=str(tmp_path / 'hf')))
     # step 0: the imported weights, exactly
     run = train.setup([str(config), f'--out_dir={tmp_path / "probe"}'])
-    hf_tensors = export.LAYOUTS['LlamaForCausalLM'][0](run.raw_model)
+    hf_tensors = LAYOUTS['LlamaForCausalLM'][0](run.raw_model)
     assert all(torch.equal(t, hf.state_dict()[n]) for n, t in hf_tensors.items())
     assert run.model_cfg.n_kv_head == 2 and run.model_cfg.block_size == 32
     del run
