@@ -246,6 +246,15 @@ def load_fit(path):
     return fit
 
 
+def read_summary(out_dir):
+    """A run's summary.json (train.py writes it at each eval, whole or not at all), or {} before."""
+    try:
+        with open(os.path.join(out_dir, 'summary.json')) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return {}
+
+
 # -------------------------------------------------------------------------------------------------
 # What the fit predicts.
 
