@@ -129,8 +129,7 @@ def record(rung, summary):
 
 
 def plan_bill(rungs):
-    """The grid as a table: the ledger's time for each run on the preset's device at its assumed
-    MFU."""
+    """The grid as a table: the ledger's time for each run on the preset's device."""
     rows = [
         '| run | N | N total | D | C, FLOPs | ledger time | done |',
         '| --- | ---: | ---: | ---: | ---: | ---: | --- |',
@@ -189,14 +188,14 @@ def main(argv):
 
 
 def report(preset, rungs, out):
-    """Fit the grid, write fit.json, and put the held-out runs' measured losses beside the fit's
-    predictions."""
+    """Fit the grid, write fit.json, set the held-out runs beside the fit's predictions."""
     config = PRESETS[preset]['config']
     train_cfg = load_config(config, rungs[0].flags[1:])[1]
     runs = [record(rung, finished(rung)) for rung in rungs]
     grid = [r for r in runs if not r['held_out']]
     fitted = scaling.fit_law(*([r[key] for r in grid] for key in ('N', 'D', 'val_loss')))
-    tokenizer, recipe = scaling.tokenizer_of(train_cfg.data), scaling.recipe_of(train_cfg)
+    tokenizer = scaling.tokenizer_of(train_cfg.data)
+    recipe = {key: getattr(train_cfg, key) for key in scaling.RECIPE_KEYS}
     fit = scaling.make_fit(fitted, runs, train_cfg.data, tokenizer, recipe, preset)
     path = os.path.join(out, 'fit.json')
     files.save_json(path, fit)

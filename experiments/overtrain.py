@@ -108,6 +108,12 @@ def check_branch_start(path, model_cfg, train_cfg):
         )
 
 
+def beside(main, schedule, length):
+    """A run's folder beside the main one's, named for the tokens it ends at, as plot.py --branches
+    finds them: out/RUN_cooldown_26B, out/RUN_cosine_26B."""
+    return f"{os.path.normpath(main)}_{schedule}_{bill.si(length)}"
+
+
 @dataclasses.dataclass
 class Planned:
     """One run of the experiment."""
@@ -115,14 +121,13 @@ class Planned:
     schedule: str  # 'wsd' (the main run), 'cooldown' (a branch of it) or 'cosine'
     length: int  # the tokens seen when it ends
     tokens: int  # the tokens it trains (a branch: its decay alone)
-    out_dir: str  # beside the main one, named for the tokens it ends at: out/RUN_cooldown_26B
+    out_dir: str
     flags: list  # train.py's arguments after the config and the overrides
     start: str = ''  # a branch: the main run's checkpoint it cools down
 
 
 def plan(model_cfg, train_cfg):
-    """The runs, in the order they run: the main one (it writes the branches' starts), its
-    branches, then the cosine runs, shortest first."""
+    """The runs in order: the main one (it writes the branches' starts), its branches, cosine's."""
     if not train_cfg.cooldowns:
         raise ConfigError(
             f"overtrain.py needs a wsd run with cooldown branches (schedule = 'wsd', cooldowns = "
@@ -133,41 +138,32 @@ def plan(model_cfg, train_cfg):
     main, total = train_cfg.out_dir, train_cfg.train_tokens
     keep = ','.join(map(str, sorted(set(train_cfg.keep_steps) | set(points))))  # the config's too
     runs = [Planned('wsd', total, total, main, [f'--keep_steps={keep}'])]
-    seen = (
-        0  # the tokens at each step, the batch ramp's steps one by one: what its checkpoint holds
-    )
+    # the tokens after each step, the batch ramp's steps one by one: what its checkpoint holds
+    seen = 0
     for step in range(max(points) + 1):
         if step in points:
             start = os.path.join(checkpoint.root(main), f'step_{step:07d}')
-            out_dir, decay = (
-                f"{os.path.normpath(main)}_cooldown_{bill.si(points[step])}",
-                points[step] - seen,
-            )
-            flags = [
-                f'--cooldown_from={start}',
-                f'--cooldown_tokens={decay}',
-                f'--out_dir={out_dir}',
-            ]
-            runs.append(Planned('cooldown', points[step], decay, out_dir, flags, start))
+            length, decay = points[step], points[step] - seen
+            flags = [f'--cooldown_from={start}', f'--cooldown_tokens={decay}']
+            out_dir = beside(main, 'cooldown', length)
+            runs.append(Planned('cooldown', length, decay, out_dir, flags, start))
         seen += train.batch_tokens_at(seen, train_cfg, micro_step_tokens)
     for length in sorted(train_cfg.cooldowns) + [total]:
-        out_dir = f"{os.path.normpath(main)}_cosine_{bill.si(length)}"
-        flags = ['--schedule=cosine', f'--train_tokens={length}', f'--out_dir={out_dir}']
-        runs.append(Planned('cosine', length, length, out_dir, flags))
+        flags = ['--schedule=cosine', f'--train_tokens={length}']
+        runs.append(Planned('cosine', length, length, beside(main, 'cosine', length), flags))
+    for run in runs[1:]:  # each in its own folder
+        run.flags.append(f'--out_dir={run.out_dir}')
     return runs
 
 
 def plan_bill(model_cfg, train_cfg, runs):
-    """The ledger's prediction for the config's device, shared out by tokens: -> (rows,
-    prediction)."""
+    """-> (rows, prediction): the ledger's prediction for the config, shared out by tokens."""
     prediction = sums.predict(model_cfg, train_cfg)
     chinchilla = prediction['data']['chinchilla_tokens']
 
     def bill_of(tokens):
-        share = tokens / prediction['tokens']
-        return (
-            f"{bill.duration(share * prediction['days'])} | ${share * prediction['cost_usd']:,.0f}"
-        )
+        days, cost = (tokens / prediction['tokens'] * prediction[k] for k in ('days', 'cost_usd'))
+        return f"{bill.duration(days)} | ${cost:,.0f}"
 
     rows = [
         '| run | schedule | trains | ends at | x Chinchilla | time | cost |',
@@ -178,11 +174,8 @@ def plan_bill(model_cfg, train_cfg, runs):
             f"| {run.out_dir} | {run.schedule} | {bill.si(run.tokens)} | {bill.si(run.length)} | "
             f"{run.length / chinchilla:.2f} | {bill_of(run.tokens)} |"
         )
-    for what, kinds in (
-        ('wsd and its branches', ('wsd', 'cooldown')),
-        ('the cosine runs', ('cosine',)),
-    ):
-        tokens = sum(run.tokens for run in runs if run.schedule in kinds)
+    for what, kinds in (('wsd and its branches', 'wsd cooldown'), ('the cosine runs', 'cosine')):
+        tokens = sum(run.tokens for run in runs if run.schedule in kinds.split())
         rows.append(f"| {what} | | {bill.si(tokens)} | | | {bill_of(tokens)} |")
     return rows, prediction
 
@@ -231,8 +224,7 @@ def at_best_lr(sweep, chinchilla):
 
 
 def parse_lrs(argv):
-    """--lrs=1e-3,3e-3,1e-2: the peak LRs of the sweep (every run of the experiment at each), or
-    ()."""
+    """--lrs=1e-3,3e-3,1e-2: the peak LRs to run the whole experiment at, or () for none."""
     given = ','.join(a.split('=', 1)[1] for a in argv if a.startswith('--lrs='))
     try:
         lrs = tuple(float(v) for v in given.split(',') if v)
@@ -305,10 +297,8 @@ def experiment(config_path, overrides, planning):
     chinchilla = prediction['data']['chinchilla_tokens']
     print('\nfinal val loss, bits per byte:\n' + '\n'.join(at_best_lr({None: runs}, chinchilla)))
     try:
-        picture = plot.draw(
-            [train_cfg.out_dir], os.path.join(train_cfg.out_dir, 'branches.png'), True, fit
-        )
-        print(f"\n{picture}")
+        main = train_cfg.out_dir
+        print(f"\n{plot.draw([main], os.path.join(main, 'branches.png'), True, fit)}")
     except UserError as e:  # matplotlib missing: the table stands without the picture
         print(f"\nbranches.png not drawn: {e}")
     return 0

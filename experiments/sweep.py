@@ -75,23 +75,20 @@ def split_tokens(data, split):
 
 
 def val_sequences(data, block_size):
-    """The fixed val set both trainers are scored on: the first EVAL_TOKENS of the val split, in
-    windows of T + 1."""
+    """The val set both trainers are scored on: the split's first EVAL_TOKENS, windows of T + 1."""
     tokens = split_tokens(data, 'val')[: EVAL_TOKENS + 1].astype(np.int64)
     n = (len(tokens) - 1) // block_size
     return np.stack([tokens[i * block_size : (i + 1) * block_size + 1] for i in range(n)])
 
 
 def val_bytes_per_token(data, block_size):
-    """UTF-8 bytes per target token of the fixed val sequences: exact bits per byte's
-    denominator."""
+    """UTF-8 bytes per target token of the val sequences: exact bits per byte's denominator."""
     targets = val_sequences(data, block_size)[:, 1:]
     return data_files.target_bytes(data, targets) / targets.size
 
 
 def score(forward, data, block_size, batch=16):
-    """Mean val loss (nats per token) of `forward(x, y) -> loss` over the fixed val sequences, each
-    weighted alike, `batch` at a time; and bits per byte."""
+    """Mean val loss (nats per token) of `forward(x, y) -> loss` on the val set; bits per byte."""
     import torch
 
     sequences = torch.from_numpy(val_sequences(data, block_size))
@@ -111,8 +108,7 @@ def point_config(point):
 
 
 def timed(command, cwd, failed):
-    """-> (wall seconds, stdout) of a trainer's command; `failed` and its last error line if it
-    fails."""
+    """-> (wall seconds, stdout) of a trainer's command; `failed` and its last error line if not."""
     start = time.perf_counter()
     result = subprocess.run(command, cwd=cwd, capture_output=True, text=True)
     elapsed = time.perf_counter() - start
@@ -153,8 +149,7 @@ def run_ours(point, data, out_dir, steps=None):
 
 
 def export_for_nanogpt(data, nanogpt):
-    """Our tokens in nanoGPT's format: data/<name>/train.bin and val.bin (uint16, no header), and
-    meta.pkl (the vocabulary's size)."""
+    """Our tokens as nanoGPT's data/<name>/train.bin, val.bin (uint16, no header) and meta.pkl."""
     name = 'ledgergpt_' + os.path.basename(data)
     folder = os.path.join(nanogpt, 'data', name)
     os.makedirs(folder, exist_ok=True)
@@ -246,8 +241,7 @@ RACE_PARTS = ({'qk_norm': 'weightless'}, {'mlp': 'relu2'}, {'logit_softcap': 15.
 
 
 def race(seconds, out):
-    """-> the race's rows, in the order they ran: LRs (first seed), the bests' second seed, the
-    parts, the gains."""
+    """-> the race's rows as they ran: LRs, the bests' second seed, the parts, the gains."""
     done_path = os.path.join(out, 'race.jsonl')
     done = {}
     if os.path.exists(done_path):

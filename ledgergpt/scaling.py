@@ -1,20 +1,15 @@
 """
-scaling.py: a scaling law fitted to your own runs (experiments/ladder.py runs them and calls
-fit_law), and what it says about a plan: the fit file, L(N, D), the compute-optimal split, the
-bill's section (`ledger.py CONFIG --fit=FIT`) and the run's check at the end (report.md and
-summary.json set the predicted final loss beside the measured one).
-
-The law is Hoffmann et al. 2022's L(N, D) = E + A / N^alpha + B / D^beta, fitted by their approach
-3 (a Huber loss on log L, L-BFGS from a grid of starts), with intervals from a bootstrap over the
-runs (Besiroglu et al. 2024: the published ones were too narrow for its 400 runs).
+scaling.py: a scaling law fitted to your own runs (experiments/ladder.py runs them, fit_law fits
+Hoffmann et al. 2022's L(N, D) = E + A / N^alpha + B / D^beta by their approach 3, with intervals
+from a bootstrap over the runs as Besiroglu et al. 2024 redo it), and what it says about a plan:
+the fit file, the compute-optimal split, the bill's section (`ledger.py CONFIG --fit=FIT`) and the
+run's check at the end (report.md and summary.json: the predicted final loss beside the measured).
 
 N is the ledger's 'matmul' parameters: the output projection in, the embedding lookup out, so that
-C = 6 N D holds (+ attention's 12 L H T per token). At the ladder's scale it matters: the CPU
-grid's models are mostly embedding, and counting the lookup (no FLOPs) would bend the IsoFLOP
-curves (Pearce & Song 2024 trace the Kaplan-Chinchilla disagreement to such counting), while
-Kaplan et al.'s non-embedding N drops these models' largest matmul. Each run records all three.
-
-Standard library only (ledger.py --fit runs without numpy): fit_law imports numpy and scipy itself.
+C = 6 N D holds. At the ladder's scale it matters: the CPU grid's models are mostly embedding, and
+counting the lookup (no FLOPs) would bend the IsoFLOP curves (Pearce & Song 2024 trace the
+Kaplan-Chinchilla disagreement to such counting), while Kaplan et al.'s non-embedding N drops these
+models' largest matmul. Standard library only (ledger.py --fit runs without numpy) but in fit_law.
 """
 
 import itertools
@@ -53,9 +48,8 @@ def law(fit, n_params, n_tokens):
 
 
 def fit_law(n_params, n_tokens, losses, bootstrap=BOOTSTRAP, seed=0, starts=STARTS):
-    """Chinchilla's approach 3 on runs (N, D, final loss) -> {E, A, B, alpha, beta, bootstrap: [[E,
-    A, B, alpha, beta], ...], residuals: log L - log law per run, huber: the objective at the
-    optimum, at_bounds}. A bootstrap refit descends from the optimum and the grid's best 2."""
+    """Runs (N, D, final loss) -> {E, A, B, alpha, beta, bootstrap: [[E, A, B, alpha, beta], ...],
+    residuals: log L - log law per run, huber: the objective's optimum, at_bounds}."""
     import numpy as np
     from scipy.optimize import minimize
 
@@ -76,7 +70,8 @@ def fit_law(n_params, n_tokens, losses, bootstrap=BOOTSTRAP, seed=0, starts=STAR
         return loss, np.stack([*grad, -(slope * weights[1] * log_d).sum(-1)], -1)
 
     def best_of(logs, initial=(), screened=SCREENED, tolerance=(1e-15, 1e-12, 2000)):
-        """L-BFGS-B from the grid's `screened` best and `initial` to (ftol, gtol, maxiter)."""
+        """L-BFGS-B from the grid's `screened` best and `initial` to (ftol, gtol, maxiter); a
+        bootstrap's refit descends from the fit's optimum and the grid's best 2, more loosely."""
         options = dict(zip(('ftol', 'gtol', 'maxiter'), tolerance))
         chosen = [*initial, *grid[np.argsort(huber(grid, *logs)[0])[:screened]]]
         results = [
@@ -102,12 +97,9 @@ def fit_law(n_params, n_tokens, losses, bootstrap=BOOTSTRAP, seed=0, starts=STAR
     predicted = np.log([law(fitted, n, d) for n, d in zip(n_params, n_tokens)])
     fitted.update(bootstrap=samples, residuals=[float(v) for v in logs[2] - predicted])
     # a parameter pushed to a bound is not measured by these runs (E at its floor: far from it)
-    names = ('A', 'B', 'E', 'alpha', 'beta')
-    fitted['at_bounds'] = [
-        name
-        for name, value, (low, high) in zip(names, best.x, BOUNDS)
-        if min(value - low, high - value) < 1e-6
-    ]
+    low, high = np.array(BOUNDS).T
+    margins = zip(('A', 'B', 'E', 'alpha', 'beta'), np.minimum(best.x - low, high - best.x))
+    fitted['at_bounds'] = [name for name, margin in margins if margin < 1e-6]
     return dict(fitted, huber=float(best.fun))
 
 
@@ -121,20 +113,15 @@ def tokenizer_of(data):
     return meta.get('tokenizer') if meta else None
 
 
+# the training recipe a fit's runs shared: a TrainConfig's schedule, batch, precision
 RECIPE_KEYS = (
     'lr min_lr_ratio schedule warmup_frac decay_frac batch_tokens weight_decay beta1 beta2 '
     'grad_clip dtype objective'
 ).split()
 
 
-def recipe_of(train):
-    """The training recipe a fit's runs shared: a TrainConfig's schedule, batch, precision."""
-    return {k: getattr(train, k) for k in RECIPE_KEYS}
-
-
 def make_fit(fitted, runs, data, tokenizer, recipe, preset):
-    """The fit file's contents: the fitted law and its samples, what it was fitted to, and the runs
-    (the held-out ones too, marked: the fit did not see them)."""
+    """The fit file: the law, its samples, what it was fitted to, the runs (held-out ones too)."""
     grid = [r for r in runs if not r['held_out']]
     # the val set is the same for every run (the first eval_tokens of the val split)
     per_byte = [r['val_bytes_per_token'] for r in grid if r['val_bytes_per_token']]
@@ -171,7 +158,7 @@ def _list(value, each, length=None):
 
 
 def _dict(value, keys, each=_number):
-    return isinstance(value, dict) and all(each(value.get(k)) for k in keys)
+    return isinstance(value, dict) and all(each(value.get(k)) for k in keys.split())
 
 
 def _sample(value):
@@ -179,8 +166,12 @@ def _sample(value):
     return _list(value, lambda v: _number(v, -math.inf), 5) and max(value[3:]) <= 3
 
 
+def _span(value):
+    return _list(value, _number, 2) and value[0] <= value[1]
+
+
 def _run(run):
-    return _dict(run, ('N', 'D', 'C', 'budget', 'val_loss')) and type(run['held_out']) is bool
+    return _dict(run, 'N D C budget val_loss') and type(run['held_out']) is bool
 
 
 def _text(value):
@@ -193,22 +184,13 @@ FIT_CHECKS = {
     **dict.fromkeys(('E', 'A', 'B', 'flops_per_param'), (_number, 'a positive number')),
     **dict.fromkeys(('alpha', 'beta'), (lambda v: _number(v, 0, 3), 'a number above 0, at most 3')),
     'bootstrap': (lambda v: v and _list(v, _sample), 'a non-empty list of [E, A, B, alpha, beta]'),
-    'range': (
-        lambda v: _dict(v, 'NDC', lambda s: _list(s, _number, 2) and s[0] <= s[1]),
-        '{N, D, C: [low, high]} with 0 < low <= high',
-    ),
+    'range': (lambda v: _dict(v, 'N D C', _span), '{N, D, C: [low, high]} with 0 < low <= high'),
     'runs': (lambda v: _list(v, _run), 'a list of runs (held_out, N, D, C, budget, val_loss)'),
-    'compute_optimal': (
-        lambda v: _dict(v, ('N', 'D', 'tokens_per_param')),
-        '{N, D, tokens_per_param}: positive numbers',
-    ),
+    'compute_optimal': (lambda v: _dict(v, 'N D tokens_per_param'), '{N, D, tokens_per_param}'),
     **dict.fromkeys(('law', 'method', 'data', 'N_convention'), (_text, 'text')),
     'tokenizer': (lambda v: v is None or _text(v), 'text or null'),
     # log(measured / law): exp of a larger one overflows
-    'residuals': (
-        lambda v: _list(v, lambda r: _number(r, -10, 10)),
-        'a list of numbers in -10..10',
-    ),
+    'residuals': (lambda v: _list(v, lambda r: _number(r, -10, 10)), 'numbers in -10..10'),
     'val_bytes_per_token': (lambda v: v is None or _number(v), 'a positive number or null'),
     'at_bounds': (lambda v: _list(v, _text), 'a list of names'),
 }
@@ -216,8 +198,7 @@ OPTIONAL = ('residuals', 'val_bytes_per_token', 'at_bounds')
 
 
 def load_fit(path):
-    """A fit file (written by files.save_json: whole or not at all), checked key by key: one clear
-    line (ConfigError) when it is missing, not one, or holds what no reader can use."""
+    """A fit file, checked key by key: one line (ConfigError) if it is missing, bad, or not one."""
     try:
         with open(path) as f:
             fit = json.load(f)
@@ -305,8 +286,7 @@ def bounds_note(fit, before):
 
 
 def format_fit(fit):
-    """The fit as a few lines: the law with its bootstrap intervals, what it was fitted to, and each
-    held-out run's prediction beside its measured loss."""
+    """The law with its intervals, what it was fitted to, held-out runs beside their predictions."""
     (n_low, n_high), (d_low, d_high), (c_low, c_high) = (fit['range'][k] for k in 'NDC')
     intervals = zip(KEYS, map(interval, zip(*fit['bootstrap'])))
     top, grid = fit['compute_optimal'], sum(not r['held_out'] for r in fit['runs'])
@@ -341,9 +321,8 @@ def plan_point(prediction):
 
 
 def bill_section(fit, prediction):
-    """-> (title, [(label, value, note), ...]): the predicted final loss and bits per byte with
-    their interval, the compute-optimal split of this plan's compute, and the loss at 0.5x, 1x, 2x
-    and 4x the planned tokens with their time and cost (the ledger's, scaled by the tokens)."""
+    """-> (title, [(label, value, note), ...]): the predicted final loss with its interval, the
+    compute-optimal split of this plan's compute, and the loss at 0.5x to 4x the planned tokens."""
     n_params, tokens, per_param = plan_point(prediction)
     p = predict(fit, n_params, tokens)
     compute = per_param * n_params * tokens
@@ -396,9 +375,8 @@ def bill_section(fit, prediction):
 
 
 def warnings(fit, prediction, data=None, tokenizer=None):
-    """Lines saying why the section's numbers may not hold for this plan: its C, N or D lies outside
-    the fit's range by more than the ladder's own span (its largest over its smallest), or its data
-    folder or tokenizer are not the fit's."""
+    """Why the section may not hold for this plan: its C, N or D outside the fit's range by more
+    than the ladder's own span (its largest over its smallest), or other data or tokenizer."""
     n_params, tokens, per_param = plan_point(prediction)
     lines = []
     for what, value in (('C', per_param * n_params * tokens), ('N', n_params), ('D', tokens)):
@@ -426,8 +404,7 @@ def warnings(fit, prediction, data=None, tokenizer=None):
 
 
 def check(fit, prediction):
-    """The predicted final val loss of a run (its N, D) for summary.json: {fit, val_loss_predicted,
-    _low, _high, val_bpb_predicted}."""
+    """The predicted final val loss of a run (its N, D) and its interval, for summary.json."""
     p = predict(fit, *plan_point(prediction)[:2])
     return {
         'fit': fit.get('path'),
