@@ -1,21 +1,17 @@
 """
-ladder.py: a scaling law fitted to your own runs (docs/measured.md). A grid of small runs on a
-config's data, tokenizer and recipe (Chinchilla's IsoFLOP approach: compute budgets x model sizes),
-held-out runs at a few times the grid's largest compute, L(N, D) = E + A/N^alpha + B/D^beta fitted
-to the grid alone (scaling.fit_law), and the held-out runs' measured losses beside the fit's
-predictions.
+ladder.py: a scaling law fitted to your own runs (docs/measured.md): an IsoFLOP grid of small runs
+(compute budgets x model sizes) on a config's data and recipe, L(N, D) fitted to it (scaling.py),
+and held-out runs at a few times its largest compute beside the fit's predictions.
 
     python prepare.py pystdlib                                  # the default data, ~10 s
     python experiments/ladder.py --preset=cpu                   # 16 runs, ~30 min on 2 cores
     python experiments/ladder.py --preset=gpu --plan            # the H200 hour's grid, billed
     python ledger.py configs/pystdlib_cpu.py --fit=out/ladder_cpu/fit.json   # the bill with the fit
 
-Each run is train.py on the preset's config and overrides, its --train_tokens the budget over the
-ledger's model FLOPs per token in whole batches, so that its LR schedule spans exactly its own
-tokens: a run cut short is not a smaller run (Hoffmann et al. 2022, section 3.1). Stopped, the same
-command carries on: a run whose summary.json has its final eval is done, an interrupted one resumes.
---plan prints the grid and runs nothing; --out=FOLDER puts the runs and fit.json elsewhere (default
-out/ladder_PRESET).
+A run's --train_tokens is its budget over the ledger's model FLOPs per token, so that its schedule
+spans its own tokens: a run cut short is not a smaller run (Hoffmann et al. 2022, section 3.1).
+Stopped, the same command carries on. --plan prints the grid and runs nothing; --out=FOLDER puts
+the runs and fit.json elsewhere (default out/ladder_PRESET).
 """
 
 import dataclasses
@@ -31,13 +27,10 @@ from ledgergpt.config import ConfigError, UserError, cli, load_config
 
 USAGE = 'usage: python experiments/ladder.py --preset=cpu|gpu [--plan] [--out=FOLDER]'
 
-# A preset: the config whose data, tokenizer and recipe every run shares, the overrides every run
-# gets, the shapes, the compute budgets in model FLOPs (the ledger's 6 N_matmul + 12 L H T per
-# token, times D), and the held-out runs: shapes of the grid (their indices) at `held_out_factor` x
-# the largest budget. cpu: 2-layer Llamas 32 to 128 wide on data/pystdlib, N 0.32M-1.57M (mostly the
-# 8192-wide output projection), D 147K-2.8M; held out, all four at 15 TFLOPs; 102 TFLOPs, ~25 min on
-# the 2-core Xeon (docs/measured.md). gpu: the H200 hour, configs/h200_1b3.py's recipe and data, 12
-# layers of 384 to 1024, N 104M-309M; 1.2e18 FLOPs, billed at 50 min at 40% MFU (about an hour).
+# A preset: the config every run shares, the overrides each gets, the shapes, the compute budgets in
+# model FLOPs (6 N_matmul + 12 L H T per token, times D), and the held-out runs: shapes (indices)
+# at held_out_factor x the largest budget. cpu: N 0.32M-1.57M (mostly the 8192-wide output
+# projection), 102 TFLOPs, ~25 min on 2 cores; gpu: the H200 hour, N 104M-309M, 1.2e18 FLOPs.
 # one eval and one checkpoint, at the end: the final val loss is what the fit reads
 ONCE = dict(eval_every=10**9, ckpt_every=10**9, sample_tokens=0)
 # fp32, eager: the compile's ~30 s a shape would outweigh the small runs

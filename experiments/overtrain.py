@@ -1,19 +1,16 @@
 """
-overtrain.py: the planning note's second experiment, "over-train the 1.3B to 100B+ tokens and watch
-where the loss curve flattens relative to the Chinchilla point", as one command
-(docs/overtraining.md). A wsd run to the config's train_tokens, a cooldown branch from its stable
-phase for each of its `cooldowns`, and cosine runs from scratch of each of those lengths; then their
-final val bits per byte in a table, and branches.png (plot.py --branches).
+overtrain.py: the planning note's second experiment (docs/overtraining.md): a wsd run to the
+config's train_tokens, a cooldown branch of it for each of its `cooldowns`, cosine runs of each of
+those lengths; then their final val bits per byte and branches.png (plot.py --branches).
 
     python prepare.py pystdlib --tokenizer bpe:512 --out data/pystdlib_bpe512   # ~10 s
     python experiments/overtrain.py configs/pystdlib_overtrain.py            # minutes on a CPU
     python experiments/overtrain.py configs/h200_1b3_overtrain.py --plan     # runs, commands, bill
     python experiments/overtrain.py configs/pystdlib_overtrain.py --lrs=1e-3,3e-3,1e-2
 
---lrs runs the whole experiment at each peak LR (folders OUT_DIR_lr0.001, ...) and compares each
-schedule at its best LR for each length, as Hägele et al. do. --plan prints the runs, their commands
-and the ledger's bill, and runs nothing. Stopped, the same command carries on. Overrides
-(--key=value) go to every run.
+--lrs runs it all at each peak LR (folders OUT_DIR_lr0.001, ...) and compares each schedule at its
+best LR per length. --plan prints the runs, commands and bill, and runs nothing. Stopped, the same
+command carries on. Overrides (--key=value) go to every run.
 """
 
 import dataclasses

@@ -1,19 +1,15 @@
 """
-sweep.py: the best model two CPU cores can train in a fixed wall-clock budget, found by a small
-recorded sweep, and the same sweep for nanoGPT's train.py (from a checkout you pass) on the same
-text.
+sweep.py: the best model two CPU cores train in a fixed wall-clock budget, by a recorded sweep, and
+the same sweep for nanoGPT's train.py (from a checkout you pass) on the same text.
 
     python experiments/sweep.py                        # our grid, 5 minutes a point
     python experiments/sweep.py --nanogpt=../nanoGPT   # nanoGPT's train.py too, point by point
     python experiments/sweep.py --minutes=1 --points=0,3   # a quick look at points 0 and 3
     python experiments/sweep.py --race     # AdamW against Muon, then the recipe's parts
 
-The protocol (docs/measured.md), the same for both trainers: each point gets the same seconds of
-training (its steps' own times summed, the compile's included). A calibration run measures the time
-per step; the point trains as many steps as fit, its schedule spanning them, and once more with its
-steps rescaled if it missed the budget by over 5%. Both are scored here, on the same val sequences,
-in bits per byte. nanoGPT reads our tokens exported in its format, its train.py runs as it is, and
-its own model.py, imported from the checkout, loads its checkpoint.
+The protocol (docs/measured.md): each trainer gets the same seconds of training a point (its steps'
+own times), as many steps as a calibration run says fit, and both are scored here on the same val
+sequences in bits per byte. nanoGPT's train.py and model.py run as they are, on our tokens.
 """
 
 import functools
