@@ -242,8 +242,7 @@ def main(argv):
     overrides = [a for a in argv[1:] if a != '--plan' and not a.startswith('--lrs=')]
     if not lrs:
         return experiment(config_path, overrides, planning)
-    # the sweep: the whole experiment at each peak LR, in folders named for it; then each schedule
-    # at its best
+    # the whole experiment at each peak LR, in folders named for it; then each schedule at its best
     base = os.path.normpath(load_config(config_path, overrides)[1].out_dir)
     sweep = {}
     for lr in lrs:
