@@ -7,6 +7,8 @@ import importlib.util
 import json
 import math
 import os
+import subprocess
+import sys
 
 import pytest
 
@@ -115,6 +117,66 @@ def test_fit_file_errors_are_one_line(tmp_path):
     (tmp_path / 'other.json').write_text('{"E": 1}')
     with pytest.raises(ConfigError, match='not a fit file'):
         scaling.load_fit(str(tmp_path / 'other.json'))
+
+
+def bad_fit(tmp_path, key, value):
+    """A fit file as ladder.py writes one, but for one key's value."""
+    fit = json.loads(open(fit_file(tmp_path)).read())
+    fit[key] = value(fit) if callable(value) else value
+    path = tmp_path / 'bad.json'
+    path.write_text(json.dumps(fit))
+    return str(path)
+
+
+@pytest.mark.parametrize(
+    'key, value, message',
+    [
+        ('E', 'abc', 'E is "abc", not a positive number'),
+        ('alpha', None, 'alpha is null, not a number above 0, at most 3'),
+        ('bootstrap', [], 'bootstrap is [], not a non-empty list of [E, A, B, alpha, beta]'),
+        ('range', lambda fit: dict(fit['range'], N=[0, 0]), 'range is {"N": [0, 0], '),
+        ('runs', [{'held_out': 'no'}], 'runs is [{"held_out": "no"}], not a list of runs'),
+    ],
+)
+def test_a_malformed_fit_file_is_one_line(tmp_path, key, value, message):
+    """Each once ended in a TypeError, IndexError or ZeroDivisionError traceback (issue 53)."""
+    path = bad_fit(tmp_path, key, value)
+    command = [
+        sys.executable,
+        'ledger.py',
+        'configs/pystdlib_cpu.py',
+        f'--fit={path}',
+        '--gpu=H100',
+    ]
+    result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
+    assert result.returncode == 2 and 'Traceback' not in result.stderr, result.stderr
+    [line] = result.stderr.splitlines()
+    assert line.startswith(f'error: fit {path}: ') and message in line, line
+
+
+def test_a_run_given_a_malformed_fit_stops_before_training(tmp_path, capsys):
+    path = bad_fit(tmp_path, 'bootstrap', [])
+    config = helpers.write_config(
+        tmp_path / 'config.py',
+        dict(
+            n_layer=1,
+            n_head=2,
+            n_embd=32,
+            vocab_size=256,
+            block_size=32,
+            micro_batch=4,
+            batch_tokens=128,
+            train_tokens=256,
+            compile=False,
+            dtype='float32',
+            data='synthetic',
+            fit=path,
+        ),
+    )
+    assert train.main([config, f'--out_dir={tmp_path / "out"}']) == 2
+    [line] = capsys.readouterr().err.strip().splitlines()
+    assert 'bootstrap is [], not a non-empty list' in line
+    assert not (tmp_path / 'out' / 'metrics.jsonl').exists()
 
 
 def test_the_bill_prints_the_fit_and_its_warnings(tmp_path, capsys, pystdlib_data):
