@@ -4,6 +4,7 @@ columns for code); imports go one way (no circle among the modules); the core ke
 """
 
 import ast
+import glob
 import os
 import re
 import subprocess
@@ -129,3 +130,25 @@ def test_command_1_installs_what_its_report_shows():
     plot = third_party_imports(f'{PACKAGE}.plot')
     assert 'matplotlib' in plot
     assert plot <= listed, plot - listed
+
+
+def test_each_fork_touches_at_most_three_source_files_and_replays(tmp_path):
+    """docs/forks/*.diff: five forks of five kinds (docs/forking.md), each changing at most three
+    source files besides its tests, each applying cleanly to the commit docs/forking.md names."""
+    with open(os.path.join(ROOT, 'docs', 'forking.md')) as f:
+        base = re.search(r'made for real on commit ([0-9a-f]{7,40})', f.read()).group(1)
+    archive = subprocess.run(
+        ['git', 'archive', base], cwd=ROOT, capture_output=True, check=True
+    ).stdout
+    subprocess.run(['tar', '-x', '-C', str(tmp_path)], input=archive, check=True)
+    forks = sorted(glob.glob(os.path.join(ROOT, 'docs', 'forks', '*.diff')))
+    assert len(forks) == 5
+    for diff in forks:
+        with open(diff) as f:
+            touched = re.findall(r'^diff --git a/(\S+) b/', f.read(), re.M)
+        sources = [name for name in touched if not name.startswith('tests/')]
+        assert 1 <= len(sources) <= 3 and len(touched) > len(sources), (diff, touched)
+        applied = subprocess.run(
+            ['git', 'apply', '--check', diff], cwd=tmp_path, capture_output=True, text=True
+        )
+        assert applied.returncode == 0, (diff, applied.stderr)
