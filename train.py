@@ -309,16 +309,23 @@ def setup(argv, held=None):
     live_ledger.measure_first_step(run)  # its FLOPs and the model states it leaves, for report.md
     if cluster.is_master and locking:
         live_ledger.record_code(train.out_dir)
+    return start(run, resume_from, end_step)
+
+
+def start(run, resume_from, end_step):
+    """The run's first state: its own checkpoint's, or a cooldown's start from another's, or a
+    step-0 checkpoint to roll back to; the tokenizer and the evals' items it will need."""
+    train, cluster = run.train, run.cluster
     start_from = resume_from or train.cooldown_from  # a cooldown starts from another's checkpoint
     if start_from:
         saved = checkpoint.load(start_from, run.model, run.optimizer, train.optimizer)
         run.state = RunState(**saved['run'])
         log(cluster, continuation.carried_on(run, start_from, saved['world_size'], resume_from))
-    if cooldown and not resume_from:
+    if run.cooldown and not resume_from:
         continuation.log_cooldown(run, end_step)
     if not resume_from:  # something to roll back to in this run's own folder
         save_checkpoint(run)
-    if (train.sample_tokens or train.hellaswag_every or train.eval_tasks_every) and meta:
+    if (train.sample_tokens or train.hellaswag_every or train.eval_tasks_every) and run.meta:
         run.tokenizer = data.load_tokenizer(train.data)
     evals.items_for_training(run)  # HellaSwag's, ARC's and MMLU's, when the run scores them
     log(cluster, live_ledger.plan_line(run))
