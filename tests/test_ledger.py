@@ -771,3 +771,18 @@ def test_cli_bad_input_in_a_subprocess(tmp_path):
         result = run_cli(*args, isolated=True)
         assert result.returncode == 2 and 'Traceback' not in result.stderr
         assert result.stderr.startswith('error: ') and result.stderr.count('\n') == 1
+
+
+def test_a_billion_layers_is_summed_not_listed():
+    """Issue 53: the sums count each kind of block once and multiply, so an absurd depth has its
+    absurd answer at once (they built a list of every layer's tensors and never returned)."""
+    args = ['configs/pystdlib_cpu.py', '--n_layer=1e9', '--gpu=H100']
+    text, as_json = run_cli(*args), run_cli(*args, '--json')
+    assert text.returncode == 0 and as_json.returncode == 0, text.stderr + as_json.stderr
+    p = json.loads(as_json.stdout)
+    shallow = json.loads(run_cli('configs/pystdlib_cpu.py', '--gpu=H100', '--json').stdout)
+    per_layer = shallow['params']['per_layer']
+    assert p['params']['total'] == shallow['params']['total'] + (10**9 - 4) * per_layer
+    assert p['days'] > 1 and not p['fits']  # four minutes of training planned: one batch
+    line = next(line for line in text.stdout.splitlines() if 'time for this run' in line)
+    assert f"{p['days']:.2f} days" in line
