@@ -437,18 +437,42 @@ def model_state_bytes(n_params, parallel='ddp', n_gpu=1):
 # shards and gathered weights. (BOOK.md, Derivations: Ledger 4a', Muon's model states and step)
 
 
-def zero1_partition(model, n_gpu, optimizer='adamw'):
-    """ZeroRedundancyOptimizer's tensors on each rank as train.py builds it: in param_groups' order,
-    each group's tensors largest first, each to the rank with the fewest elements so far. -> per
-    rank, its (name, shape)s (a loop over every tensor: zero1 on n_gpu > 1 only)."""
-    shapes = dict(parameter_shapes(model))
-    sizes, owned = [0] * n_gpu, [[] for _ in range(n_gpu)]
-    for _, _, names in config.param_groups(optimizer, list(shapes.items())):
-        for name in sorted(names, key=lambda n: math.prod(shapes[n]), reverse=True):  # stable
-            rank = sizes.index(min(sizes))
-            sizes[rank] += math.prod(shapes[name])
-            owned[rank].append((name, shapes[name]))
-    return owned
+def zero1_partition(model, n_gpu, optimizer, value):
+    """Per rank, the sum of value(name, shape) over the tensors ZeroRedundancyOptimizer gives it as
+    train.py builds it: in config.param_groups' order, each group's tensors largest first (in the
+    parameters' order on a tie), each to the rank with the fewest elements so far. A tensor of each
+    size at a time, over the root's tensors and then each kind of block's (zero1_deal)."""
+    head, tail = root_shapes(model)
+    kinds = [(head, 1)] + [(block_shapes(model, i), k) for i, k in block_kinds(model)] + [(tail, 1)]
+    pairs = [(name, shape) for name, shape, _ in tensor_copies(model)]
+    loads, sums = [0] * n_gpu, [0] * n_gpu
+    for _, _, names in config.param_groups(optimizer, pairs):
+        group = set(names)
+        for size in sorted({math.prod(s) for n, s in pairs if n in group}, reverse=True):
+            for shapes, blocks in kinds:
+                run = [value(n, s) for n, s in shapes if n in group and math.prod(s) == size]
+                zero1_deal(run, blocks, size, loads, sums)
+    return sums
+
+
+def zero1_deal(values, blocks, size, loads, sums):
+    """ZeRO-1's greedy over `blocks` copies of a run of tensors of one size (their values, in
+    order): each to the rank with the fewest elements (the first on a tie), one at a time while
+    their loads lie in different multiples of `size`. From then on the ranks take one each in
+    turn, ordered by their loads' remainders, for good: the rest in closed form (a bounded loop)."""
+    n, total, dealt = len(loads), len(values) * blocks, 0
+    while dealt < total and len({load // size for load in loads}) > 1:
+        rank = loads.index(min(loads))
+        loads[rank] += size
+        sums[rank] += values[dealt % len(values)]
+        dealt += 1
+    order = sorted(range(n), key=lambda rank: (loads[rank] % size, rank))
+    period = math.lcm(n, len(values))
+    # the tensors dealt + c, + c + period, ...: the same rank, the same tensor of the run
+    for c in range(min(period, total - dealt)):
+        times = (total - dealt - c - 1) // period + 1
+        loads[order[c % n]] += times * size
+        sums[order[c % n]] += times * values[(dealt + c) % len(values)]
 
 
 def optimizer_row(optimizer, name, shape):
@@ -461,13 +485,14 @@ def optimizer_row(optimizer, name, shape):
 def optimizer_step_flops(model, train, n_gpu):
     """Matmul FLOPs of an optimizer step (Muon's Newton-Schulz; AdamW none) on each rank: over every
     tensor (DDP; ZeRO-2 and FSDP2 orthogonalise every gathered matrix), or ZeRO-1's own."""
-    if n_gpu > 1 and train.parallel == 'zero1':
-        partition = zero1_partition(model, n_gpu, train.optimizer)
-        ranks = [[(n, s, 1) for n, s in owned] for owned in partition]
-    else:
-        ranks = [tensor_copies(model)] * n_gpu
     row = partial(optimizer_row, train.optimizer)
-    return [sum(k * row(n, s).step_flops(s, train) for n, s, k in owned) for owned in ranks]
+
+    def flops(name, shape):
+        return row(name, shape).step_flops(shape, train)
+
+    if n_gpu > 1 and train.parallel == 'zero1':
+        return zero1_partition(model, n_gpu, train.optimizer, flops)
+    return [sum(k * flops(n, s) for n, s, k in tensor_copies(model))] * n_gpu
 
 
 def fsdp_rows(rows, n_gpu, rank):
@@ -502,20 +527,23 @@ def held_model_states(model, parallel, n_gpu, dtype='bfloat16', rank=0, optimize
     dtype) on `rank`, as train.py holds them; 'book' the book's figure for the same strategy."""
     tensors = tensor_copies(model)
     n_params = padded = sum(k * math.prod(s) for _, s, k in tensors)
-    held, gathered = [(n, s, s, k) for n, s, k in tensors], 0
+    row = partial(optimizer_row, optimizer)
+
+    def state(name, shape, held=None):  # of the shape this rank holds (FSDP2: its rows)
+        return row(name, shape).state_bytes(held or shape)
+
+    optimizer_bytes, gathered = sum(k * state(n, s) for n, s, k in tensors), 0
     if n_gpu > 1 and parallel == 'zero1':
-        held = [(n, s, s, 1) for n, s in zero1_partition(model, n_gpu, optimizer)[rank]]
+        optimizer_bytes = zero1_partition(model, n_gpu, optimizer, state)[rank]
     elif sharded(parallel, n_gpu):
         rows = [(*fsdp_rows(s[0], n_gpu, rank), n, s, k) for n, s, k in tensors]
         padded = sum(k * rows_padded * math.prod(s[1:]) for rows_padded, _, _, s, k in rows)
-        held = [(n, s, (real, *s[1:]), k) for _, real, n, s, k in rows]
+        optimizer_bytes = sum(k * state(n, s, (real, *s[1:])) for _, real, n, s, k in rows)
         root, units = fsdp_units(model, n_gpu)
         # zero2 keeps every block gathered, fsdp two at a time; and one block's unsharded gradients
         two = [elements for elements, count in units for _ in range(min(count, 2))][:2]
         blocks = sum(e * count for e, count in units) if parallel == 'zero2' else sum(two)
         gathered = (2 if dtype == 'bfloat16' else 4) * (root + blocks + units[0][0])
-    # (name, shape, the shape this rank holds, copies): each tensor's row's state of its shape held
-    optimizer_bytes = sum(k * optimizer_row(optimizer, n, s).state_bytes(h) for n, s, h, k in held)
     states = {'weights': 4 * padded, 'grads': 4 * padded, 'optimizer': optimizer_bytes}
     states['gathered'] = gathered
     states['total'] = states['weights'] + states['grads'] + states['optimizer'] + gathered
@@ -923,10 +951,8 @@ def communication(model, train, n_gpu, device, compute_step_seconds):
         bound='compute',
     )
     if train.parallel == 'zero1' and n_gpu > 1:  # each rank broadcasts the tensors it owns
-        comm['broadcast_bytes_by_rank'] = [
-            4 * sum(math.prod(shape) for _, shape in owned)
-            for owned in zero1_partition(model, n_gpu, train.optimizer)
-        ]
+        owned = zero1_partition(model, n_gpu, train.optimizer, lambda _, shape: math.prod(shape))
+        comm['broadcast_bytes_by_rank'] = [4 * elements for elements in owned]
     busbw = comm['topology']['busbw']
     if not items or busbw is None:
         return comm
@@ -1103,7 +1129,8 @@ def token_bytes(vocab_size):
 
 
 # The share of the positions that carry loss: clm and fim 1, prefix_lm 1/2, ul2 its denoisers' (0.40
-# by default); compute counts every one. (BOOK.md, Derivations: The share of the positions ...)
+# by default); compute counts every one.
+# (BOOK.md, Derivations: The share of the positions that carry loss)
 UL2_RATES = tuple(config.DEFAULTS[f'ul2_{d}_rate'] for d in 'srx')
 
 
