@@ -208,10 +208,11 @@ def gguf_class(c):
     """The Hugging Face class whose llama.cpp architecture computes this model (each part's row
     names the classes whose does: config.PARTS' gguf), else one line."""
     hf_class = hf.hf_class_of(c)
+    arch = hf.LAYOUTS[hf_class][2].lower()
     for kind in PART_KEYS:
         if not {hf_class, '*'} & set(c.part(kind).gguf):
             raise ConfigError(
-                f"--gguf: llama.cpp's {hf.LAYOUTS[hf_class][2].lower()} architecture has no {kind} = "
+                f"--gguf: llama.cpp's {arch} architecture has no {kind} = "
                 f"{c.part_name(kind)!r}: export the Hugging Face folder alone (without --gguf)"
             )
     return hf_class
