@@ -309,10 +309,10 @@ def setup(argv, held=None):
     live_ledger.measure_first_step(run)  # its FLOPs and the model states it leaves, for report.md
     if cluster.is_master and locking:
         live_ledger.record_code(train.out_dir)
-    return start(run, resume_from, end_step)
+    return first_state(run, resume_from, end_step)
 
 
-def start(run, resume_from, end_step):
+def first_state(run, resume_from, end_step):
     """The run's first state: its own checkpoint's, or a cooldown's start from another's, or a
     step-0 checkpoint to roll back to; the tokenizer and the evals' items it will need."""
     train, cluster = run.train, run.cluster
