@@ -75,7 +75,8 @@ def resume_command(argv, world_size):
 
 def rank_lost(exception, argv):
     """config.cli's `stopped`: under torchrun a SIGTERM, or a collective that loses its peer, most
-    often means a rank died: -> (the line that says so and resumes, exit code), or None."""
+    often means a rank died (torchrun stops the others), where "rerun the same command" would be
+    refused without --resume: -> (the line that says so and resumes, exit code), or None."""
     world = int(os.environ.get('WORLD_SIZE', 1))
     lost = isinstance(exception, dist.DistError) or (
         isinstance(exception, RuntimeError)

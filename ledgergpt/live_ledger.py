@@ -8,6 +8,7 @@ log step, eval and rollback; also to TensorBoard or W&B: trackers.py), summary.j
 (with plot.py's loss.png), code.json and code.diff (the code train.py ran from).
 """
 
+import contextlib
 import dataclasses
 import gc
 import json
@@ -76,15 +77,13 @@ def step_probe(model_cfg, train, dtype, device, cluster, trainer):
     (build_run, train_step). Under torchrun every rank probes at once (the run's contention and
     collectives); rank 0's entry is shared, its key naming the mode and world size."""
     accumulation = train.batch_tokens // (train.micro_batch * model_cfg.block_size)
-    keys = dataclasses.asdict(train)  # the optimizer's, and every key of its own
-    optimizer = [train.optimizer] + [
-        f'{k} {keys[k]}' for k in keys if k.startswith(train.optimizer + '_')
-    ]
+    keys = dataclasses.asdict(train)  # the optimizer's row, and every key of its own
+    own = [f'{k} {keys[k]}' for k in keys if k.startswith(train.optimizer + '_')]
     key = (
         f"{device.name} | train_step | {json.dumps(dataclasses.asdict(model_cfg), sort_keys=True)}"
         f" | micro_batch {train.micro_batch} | accumulation {accumulation} | recompute "
         f"{train.recompute} | compile {train.compile} | {dtype} | torch {torch.__version__} | "
-        + ', '.join(optimizer)
+        f"{', '.join([train.optimizer, *own])}"
         + (f" | {cluster.world_size} processes, {train.parallel}" if cluster.world_size > 1 else '')
     )
 
@@ -119,10 +118,8 @@ def learn_speed(key, tokens_per_s, run):
         cache[key].update(
             reached=statistics.median(runs.values()), reached_runs=runs, reached_at=now
         )
-        try:
+        with contextlib.suppress(OSError):
             files.save_json(sums.cache_path(), cache)
-        except OSError:
-            pass
 
 
 def synthetic_run(model_cfg, train, cluster, dtype, build_run):
@@ -413,11 +410,8 @@ def sdpa_backend(model_cfg, device, dtype):
 
 def reset_peak_resident():
     """Linux: VmHWM, the peak peak_memory reads, set back to the resident memory now."""
-    try:
-        with open('/proc/self/clear_refs', 'w') as f:
-            f.write('5')
-    except OSError:
-        pass
+    with contextlib.suppress(OSError), open('/proc/self/clear_refs', 'w') as f:
+        f.write('5')
 
 
 def peak_memory(cluster):
@@ -488,16 +482,14 @@ class Metrics:
                 open(self.metrics_path, 'w').close()
             self.trackers = trackers.Trackers(train, prediction, report, resume=append)
 
-    def _now(self):
-        synchronize(self.cluster.device)
-        return time.perf_counter()
-
     def start_clock(self):
-        self.started = self._now()
+        synchronize(self.cluster.device)
+        self.started = time.perf_counter()
 
     def stop_clock(self):
         if self.started is not None:
-            self.interval_seconds += self._now() - self.started
+            synchronize(self.cluster.device)
+            self.interval_seconds += time.perf_counter() - self.started
             self.started = None
 
     def restart(self):
@@ -601,16 +593,16 @@ class Metrics:
         probe read low (a busy machine), so it is flagged, and the next run probes again. A CPU run
         predicted from its step probe learns the speed it reached (learn_speed), and flags the peak
         only past 100% MFU."""
+        if not self.cluster.is_master:
+            return
         probe_key, assumed = self.prediction['gpu'].get('probe_key'), self.prediction['mfu']
         reason = f"a run measured MFU {mfu:.1%} against the {assumed:.1%} its prediction assumed"
         limit, key = sums.REPROBE_FACTOR * assumed, self.prediction.get('mfu_probe_key')
         if key:  # a CPU predicted from its step probe: learn what the run reached, per process
-            if self.cluster.is_master:
-                per_process = self.measured['tokens_per_s'] / self.cluster.world_size
-                learn_speed(key, per_process, self.run_name)
+            learn_speed(key, self.measured['tokens_per_s'] / self.cluster.world_size, self.run_name)
             # the GEMM peak then only divides the MFU shown: above 100%, it read low
             reason, limit = f"a run measured MFU {mfu:.1%}, above 100% of the peak", 1.0
-        if self.probe_flagged or not probe_key or mfu < limit or not self.cluster.is_master:
+        if self.probe_flagged or not probe_key or mfu < limit:
             return
         self.probe_flagged = sums.flag_reprobe(probe_key, reason)
         if self.probe_flagged:
