@@ -289,7 +289,10 @@ def setup(argv, held=None):
         torch.set_float32_matmul_precision('high')  # fp32 matmuls (outside autocast) may use TF32
 
     # The ledger for this exact run (this device, world size and model), printed short.
-    prediction, dtype = live_ledger.predict(config_path, model_cfg, train, cluster, force, cooldown)
+    trainer = (build_run, train_step)  # the step probe times the run's own step
+    prediction, dtype = live_ledger.predict(
+        config_path, model_cfg, train, cluster, force, cooldown, trainer
+    )
     if train.train_minutes:  # the tokens its minutes buy at the predicted speed, fixed from now on
         train = live_ledger.spend_minutes(train, prediction, cluster)
         total_steps = end_step = planned_steps(train, micro_step_tokens)
@@ -306,7 +309,7 @@ def setup(argv, held=None):
     run.metrics = live_ledger.Metrics(
         cluster, train, prediction, built, bool(resume_from), bytes_per_token
     )
-    live_ledger.measure_first_step(run)  # its FLOPs and the model states it leaves, for report.md
+    live_ledger.measure_first_step(run, force)  # its FLOPs and model states, for report.md
     if cluster.is_master and locking:
         live_ledger.record_code(train.out_dir)
     return first_state(run, resume_from, end_step)

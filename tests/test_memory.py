@@ -26,7 +26,7 @@ import pytest
 
 import helpers
 from ledgergpt import sums
-from ledgergpt.config import ModelConfig
+from ledgergpt.config import OPTIMIZERS, ModelConfig
 
 # the repo's root, where train.py is
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -39,6 +39,7 @@ import torch
 from torch.distributed.tensor import DTensor
 import train
 from ledgergpt import processes, sums
+from ledgergpt.config import OPTIMIZERS
 
 def stored_bytes(tensors):
     """Bytes of the distinct storages behind tensors (a DTensor: its local shard)."""
@@ -49,7 +50,7 @@ def stored_bytes(tensors):
             storages[storage.data_ptr(), storage.nbytes()] = storage.nbytes()
     return sum(storages.values())
 
-for optimizer in ('adamw', 'muon'):  # one launch, both rows: Muon's momentum on the blocks' matrices
+for optimizer in OPTIMIZERS:  # one launch, every row (Muon: its momentum on the blocks' matrices)
     run = train.setup(sys.argv[1:] + [f'--optimizer={optimizer}', sys.argv[-1] + f'/{optimizer}'])
     counted, optimizer_step = {}, run.optimizer.step
     def step_and_count(*args, **kwargs):
@@ -128,7 +129,7 @@ def test_model_states_are_exact_on_every_rank(mode, processes, tmp_path):
     )
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
     held = {}
-    for optimizer in ('adamw', 'muon'):
+    for optimizer in OPTIMIZERS:
         ranks = held[optimizer] = [
             json.loads((tmp_path / 'out' / optimizer / f'states_rank{rank}.json').read_text())
             for rank in range(processes)

@@ -34,6 +34,11 @@ def probes(tmp_path, monkeypatch):
     return answers, calls
 
 
+def trainer():
+    """What train.py hands the step probe: its build_run and train_step (as patched now)."""
+    return train.build_run, train.train_step
+
+
 def cached(device):
     return sums.read_probes()[device.probe_key]
 
@@ -249,7 +254,9 @@ def test_the_step_probe_says_so_before_it_builds_the_model(probes, monkeypatch, 
         params = sum(p.numel() for p in GPT(model_cfg).parameters())
     capsys.readouterr()
     assert (
-        live_ledger.step_probe(model_cfg, cfg, 'float32', device, cluster)[0]['tokens_per_s']
+        live_ledger.step_probe(model_cfg, cfg, 'float32', device, cluster, trainer())[0][
+            'tokens_per_s'
+        ]
         == 1234.0
     )
     assert capsys.readouterr().out == (
@@ -257,7 +264,9 @@ def test_the_step_probe_says_so_before_it_builds_the_model(probes, monkeypatch, 
         "once for this machine (cached)\n"
     )
     assert (
-        live_ledger.step_probe(model_cfg, cfg, 'float32', device, cluster)[0]['tokens_per_s']
+        live_ledger.step_probe(model_cfg, cfg, 'float32', device, cluster, trainer())[0][
+            'tokens_per_s'
+        ]
         == 1234.0
     )
     assert capsys.readouterr().out == ''
@@ -347,7 +356,7 @@ def test_the_median_of_the_last_runs_is_learned(probes, monkeypatch):
     model_cfg = ModelConfig(n_layer=1, n_head=2, n_embd=32, vocab_size=256, block_size=16)
     device = sums.Device('CPU (a test)', 1e9, 2**30, kind='cpu')
     cluster = processes.Cluster(0, 1, 0, torch.device('cpu'))
-    _, key = live_ledger.step_probe(model_cfg, TrainConfig(), 'float32', device, cluster)
+    _, key = live_ledger.step_probe(model_cfg, TrainConfig(), 'float32', device, cluster, trainer())
     live_ledger.learn_speed(key, 2000, 'a')  # run a's first log step: a run updates its own place
     for run, speed, median in [
         ('a', 3000, 3000),
@@ -380,7 +389,7 @@ def test_the_step_probe_compiles_as_the_run_and_the_run_reuses_its_graphs(monkey
     eager = TrainConfig(compile=False, batch_tokens=64, micro_batch=2, dtype='float32')
     one = processes.setup_cluster()
     assert (
-        live_ledger._time_steps(model_cfg, eager, 'float32', one)['tokens_per_s'] > 0
+        live_ledger._time_steps(model_cfg, eager, 'float32', one, trainer())['tokens_per_s'] > 0
         and compiled == []
     )
     for mode, world_size, modules in [
@@ -397,7 +406,7 @@ def test_the_step_probe_compiles_as_the_run_and_the_run_reuses_its_graphs(monkey
     torch._dynamo.reset()
     cfg = dataclasses.replace(eager, compile=True)
     compiled.clear()
-    assert live_ledger._time_steps(model_cfg, cfg, 'float32', one)[
+    assert live_ledger._time_steps(model_cfg, cfg, 'float32', one, trainer())[
         'tokens_per_s'
     ] > 0 and compiled == ['GPT']
     graphs = torch._dynamo.utils.counters['stats']['unique_graphs']
@@ -428,11 +437,14 @@ def test_a_long_step_is_probed_at_1_and_4_micro_steps_and_extrapolated(monkeypat
     monkeypatch.setattr(live_ledger, 'PROBE_CLOCK', lambda: now[0])
     one = processes.setup_cluster()
     step_of.update({1: 0.5 + 0.25, 4: 0.5 + 4 * 0.25})  # fixed 0.5 s, 0.25 s a micro-step
-    entry = live_ledger._time_steps(model_cfg, cfg, 'float32', one)
+    entry = live_ledger._time_steps(model_cfg, cfg, 'float32', one, trainer())
     assert entry['step_seconds'] == [[1, 0.75], [4, 1.5]]
     assert entry['tokens_per_s'] == pytest.approx(256 / (0.5 + 8 * 0.25), rel=1e-12)
     step_of.update({1: 0.75, 4: 0.7})
-    assert live_ledger._time_steps(model_cfg, cfg, 'float32', one)['tokens_per_s'] == 256 / 0.75
+    assert (
+        live_ledger._time_steps(model_cfg, cfg, 'float32', one, trainer())['tokens_per_s']
+        == 256 / 0.75
+    )
 
 
 def test_train_tokens_on_the_command_line_plan_by_tokens():

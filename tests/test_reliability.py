@@ -173,6 +173,58 @@ def test_sigterm_during_the_start_up_is_one_line_and_releases_the_lock(pystdlib_
     assert '.lock' not in os.listdir(tmp_path / 'out')  # released on the way out
 
 
+# train.py whose step probe, at its first timed step, runs two finalizers that each wait for a signal
+# (as the probe's gc runs torch's weakref callbacks, where Python drops a KeyboardInterrupt), started
+# as at a terminal or as a script's `python train.py &` starts it (SIGINT ignored)
+PROBE_FINALIZERS = """
+import runpy, signal, sys, time, weakref
+from ledgergpt import live_ledger
+if sys.argv[1] == 'ignored':
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+def wait_for_a_signal():
+    print('waiting in a finalizer', flush=True)
+    for _ in range(100):
+        time.sleep(0.1)
+class Held:
+    pass
+clock, waited = live_ledger.PROBE_CLOCK, []
+def clock_with_finalizers():
+    while len(waited) < 2:
+        waited.append(weakref.finalize(Held(), wait_for_a_signal))
+    return clock()
+live_ledger.PROBE_CLOCK = clock_with_finalizers
+sys.argv = sys.argv[2:]
+runpy.run_path(sys.argv[0], run_name='__main__')
+"""
+
+
+@pytest.mark.parametrize('sigint', ['terminal', 'ignored'])
+def test_ctrl_c_during_the_step_probe_is_one_line(tmp_path, sigint):
+    """Issue 53: Ctrl-C during the step probe was swallowed (the run trained on, rc 0). Each of two
+    SIGINTs lands in a finalizer of the probe: the run stops after the probe, before its first
+    checkpoint, in one line, exit 130."""
+    config = write_config(tmp_path, 'synthetic', train_tokens=8 * 256, dtype='float32')
+    process = subprocess.Popen(
+        [sys.executable, '-c', PROBE_FINALIZERS, sigint, 'train.py', config]
+        + [f'--out_dir={tmp_path / "out"}'],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        # a fresh probe cache, so that the step probe runs; the CPU, where it runs
+        env=dict(os.environ, XDG_CACHE_HOME=str(tmp_path / 'cache'), CUDA_VISIBLE_DEVICES=''),
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
+    for line in process.stdout:
+        if line.startswith('waiting in a finalizer'):
+            process.send_signal(signal.SIGINT)
+    _, err = process.communicate(timeout=120)
+    assert process.returncode == 130 and err == (
+        "interrupted (Ctrl-C): what was complete is kept; rerun the same command to carry on\n"
+    ), err
+    assert checkpoint.latest(tmp_path / 'out') is None  # stopped in the start-up, nothing trained
+
+
 def test_a_reader_that_leaves_early_ends_the_command_quietly():
     # `python export.py ... | head`: head has gone when the command writes; every command's main (config.cli) ends
     # quietly with 141, as a command killed by SIGPIPE does, not with a BrokenPipeError traceback. ledger.py's

@@ -5,6 +5,7 @@ back and skips, the schedule and the batch ramp hit their endpoints, the data or
 bad input is one line. Runs call train.main in-process (what the CLI calls) unless the test is about the process.
 """
 
+import dataclasses
 import json
 import math
 import os
@@ -19,7 +20,7 @@ import torch
 import helpers
 import train
 from ledgergpt import bill, checkpoint, data, live_ledger, optimizers, processes, sums
-from ledgergpt.config import TrainConfig, load_config
+from ledgergpt.config import OPTIMIZERS, TrainConfig, load_config
 
 # the repo's root, where train.py is
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -601,6 +602,34 @@ def test_memory_check_refuses_unless_forced(pystdlib_data, tmp_path, monkeypatch
     err = capsys.readouterr().err
     assert 'the ledger predicts' in err and '--force' in err
     assert run(config, tmp_path / 'out', '--force') == 0
+
+
+def test_optimizer_states_the_row_does_not_bill_stop_the_run_or_leave_it_unverified(
+    pystdlib_data, tmp_path, monkeypatch, capsys
+):
+    """After its first step a run measures rank 0's optimizer states: a row (config.OPTIMIZERS) whose
+    state_bytes is off by a byte a tensor stops it in one line naming both numbers and the row; with
+    --force it trains, report.md marking the ledger unverified."""
+    row = OPTIMIZERS['adamw']
+    off = dataclasses.replace(row, state_bytes=lambda shape: row.state_bytes(shape) + 1)
+    monkeypatch.setitem(OPTIMIZERS, 'adamw', off)
+    cfg = write_config(tmp_path, pystdlib_data, train_tokens=4 * 256)
+    assert run(cfg, tmp_path / 'a') == 1
+    err = capsys.readouterr().err.strip()
+    found = re.fullmatch(
+        r"error: the ledger predicts ([\d,]+) bytes of optimizer states on rank 0 \(its row, "
+        r"config\.OPTIMIZERS\['adamw'\]: AdamW m, v, 8P\) but the first step left ([\d,]+): fix "
+        r"the row's state_bytes, or run with --force to train anyway, the ledger marked unverified",
+        err,
+    )
+    assert found, err
+    tensors = len(sums.parameter_shapes(load_config(cfg)[0]))
+    predicted, measured = (int(n.replace(',', '')) for n in found.groups())
+    assert predicted - measured == tensors
+    assert run(cfg, tmp_path / 'b', '--force') == 0
+    assert 'LEDGER UNVERIFIED (--force)' in (tmp_path / 'b' / 'report.md').read_text()
+    summary = json.loads((tmp_path / 'b' / 'summary.json').read_text())
+    assert "config.OPTIMIZERS['adamw']" in summary['ledger_unverified']
 
 
 # -----------------------------------------------------------------------------------------------------
