@@ -584,6 +584,7 @@ def format_short(p, full):
     shape = f'{model.arch} {model.n_layer} x {model.n_embd}, V {model.vocab_size:,}'
     shape += f', T {model.block_size:,}'
     epochs = d['dataset_tokens'] and f"; {d['epochs']:.3g} epochs of {si(d['dataset_tokens'])}"
+    epochs = f'{epochs} tokens' if epochs else ''
     cost = f"; ${p['cost_usd']:,.0f} at ${t['usd_per_gpu_hour']}/GPU-hour"
     fits = 'fits' if memory['fits'] else 'DOES NOT FIT'
     rows = [
@@ -603,7 +604,7 @@ def format_short(p, full):
         ('memory per process', gib(memory['total']),
          f"of {gib(memory['gpu_memory'])}: {fits} ({held})"),
         ('tokens per parameter', f"{d['tokens_per_param']:.3g}",
-         f"{d['chinchilla_multiple']:.2g} x Chinchilla (20){epochs and epochs + ' tokens'}"),
+         f"{d['chinchilla_multiple']:.2g} x Chinchilla (20){epochs}"),
         *mixture_rows(p.get('mixture')),
         comm['collectives'] and ('communication per step', size(comm['bytes']),
                                  f"{comm['accumulation']} micro-steps, {t['parallel']}; {seconds}"),
