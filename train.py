@@ -304,21 +304,22 @@ def setup(argv, held=None):
     fields = dict(val=val, meta=meta, last_checkpoint=resume_from, cooldown=cooldown)
     fields.update(objective=objective, argv=list(argv))
     run = build_run(model_cfg, train, cluster, dtype, stream, total_steps, stop_step, **fields)
+    return first_state(run, prediction, resume_from, end_step, force, locking)
+
+
+def first_state(run, prediction, resume_from, end_step, force, locking):
+    """The live ledger's checks of the built model and its first step (each a one-line stop, or
+    --force); the run's first state: its own checkpoint's, or a cooldown's start from another's, or
+    a step-0 checkpoint to roll back to; the tokenizer and the evals' items it will need."""
+    train, cluster = run.train, run.cluster
     built = live_ledger.params_built(run.raw_model, prediction, force, cluster)  # or it stops here
-    bytes_per_token = meta.get('bytes_per_token') if meta else None
+    bytes_per_token = run.meta.get('bytes_per_token') if run.meta else None
     run.metrics = live_ledger.Metrics(
         cluster, train, prediction, built, bool(resume_from), bytes_per_token
     )
     live_ledger.measure_first_step(run, force)  # its FLOPs and model states, for report.md
     if cluster.is_master and locking:
         live_ledger.record_code(train.out_dir)
-    return first_state(run, resume_from, end_step)
-
-
-def first_state(run, resume_from, end_step):
-    """The run's first state: its own checkpoint's, or a cooldown's start from another's, or a
-    step-0 checkpoint to roll back to; the tokenizer and the evals' items it will need."""
-    train, cluster = run.train, run.cluster
     start_from = resume_from or train.cooldown_from  # a cooldown starts from another's checkpoint
     if start_from:
         saved = checkpoint.load(start_from, run.model, run.optimizer, train.optimizer)

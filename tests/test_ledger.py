@@ -817,3 +817,13 @@ def test_zero1_partition_sums_the_greedy_one_tensor_at_a_time(path):
                 expected = [sum(value(n, shapes[n], i) for n in names) for names in owned]
                 summed = sums.zero1_partition(model, n_gpu, optimizer, partial(value, i=i))
                 assert summed == expected, (optimizer, n_gpu, i)
+
+
+def test_the_short_bill_writes_no_value_it_lacks():
+    """A plan with no dataset size (dataset_tokens 0: unknown) leaves the epochs out of the short bill,
+    as of the whole one, rather than printing a missing value."""
+    model, train = load_config(os.path.join(ROOT, 'configs/h200_1b3.py'), ['--dataset_tokens=0'])
+    prediction = sums.predict(model, train)
+    assert prediction['data']['dataset_tokens'] is None
+    for text in (bill.format_short(prediction, 'ledger.md'), bill.format_report(prediction)):
+        assert 'None' not in text and 'epochs' not in text
