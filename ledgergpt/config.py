@@ -956,6 +956,12 @@ def _parse_value(key, text):
         raise ConfigError(f"--{key}={text}: expected {kind}") from None
 
 
+def _typed_whole(value):
+    """An int, or a float that is whole (26e9); not a bool."""
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    return number and math.isfinite(value) and value == int(value)
+
+
 def _typed(key, value, where):
     """value with the type of the key's default, or ConfigError. Whole floats are accepted for ints
     (26e9, 1e6); ints for floats; bools only as True/False (a string 'False' would read as true); a
@@ -966,9 +972,7 @@ def _typed(key, value, where):
             return value
         expected = 'True or False'
     elif isinstance(default, int):
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-        if isinstance(value, float) and value.is_integer():
+        if _typed_whole(value):
             return int(value)
         expected = 'a whole number'
     elif isinstance(default, float):
@@ -976,13 +980,7 @@ def _typed(key, value, where):
             return float(value)
         expected = 'a finite number'
     elif isinstance(default, tuple):  # whole numbers: token counts
-        if isinstance(value, (tuple, list)) and all(
-            isinstance(v, (int, float))
-            and not isinstance(v, bool)
-            and math.isfinite(v)
-            and v == int(v)
-            for v in value
-        ):
+        if isinstance(value, (tuple, list)) and all(_typed_whole(v) for v in value):
             return tuple(int(v) for v in value)
         expected = 'a list of whole numbers'
     else:
@@ -1117,7 +1115,13 @@ def read_values(path=None, overrides=()):
         namespace = {}
         with open(path) as f:
             source = f.read()
-        _run_config(compile(source, path, 'exec'), namespace, path)
+        try:
+            code = compile(source, path, 'exec')
+        except SyntaxError as e:  # `n_layer = `: the file and the line, not a traceback
+            raise ConfigError(
+                f"{path}:{e.lineno}: {e.msg}: a config file is `key = value` lines"
+            ) from None
+        _run_config(code, namespace, path)
         for key, value in namespace.items():
             if key.startswith('_') or type(value).__name__ == 'module':
                 continue

@@ -141,7 +141,13 @@ def measure_device(name='auto', dtype='auto', seconds=1.0):
     on a CPU is the faster of fp32 and bf16 (bf16 runs 6x fp32 on a Xeon with AMX, ~200x slower on
     an AVX2-only EPYC: measured). A CPU's runtime overhead is measured: the resident memory once
     torch and its thread pools are up."""
-    import torch  # measuring the device needs it; nothing else in this file does
+    try:  # measuring the device needs torch; nothing else in this file does
+        import torch
+    except ImportError:
+        raise ConfigError(
+            f"gpu = {name!r} measures this machine, which needs torch (pip install torch); bill a "
+            "named GPU without it, e.g. --gpu=H100"
+        ) from None
 
     on_gpu = name == 'auto' and torch.cuda.is_available()
     if dtype == 'auto' and not on_gpu:

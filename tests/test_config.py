@@ -221,3 +221,11 @@ def test_a_ctrl_c_while_a_config_file_runs_is_still_a_ctrl_c(tmp_path):
             load_config(str(config_file))
     finally:
         signal.signal(signal.SIGINT, previous)
+
+
+def test_a_config_that_is_not_python_is_one_line(tmp_path):
+    bad = tmp_path / 'bad.py'
+    bad.write_text('n_layer = 2\nn_embd = \n')
+    with pytest.raises(ConfigError) as error:
+        load_config(str(bad))
+    assert str(error.value).startswith(f'{bad}:2: invalid syntax: a config file is `key = value`')

@@ -827,3 +827,20 @@ def test_the_short_bill_writes_no_value_it_lacks():
     assert prediction['data']['dataset_tokens'] is None
     for text in (bill.format_short(prediction, 'ledger.md'), bill.format_report(prediction)):
         assert 'None' not in text and 'epochs' not in text
+
+
+def test_a_bill_without_torch_measures_nothing_and_says_so():
+    """`python ledger.py` needs the standard library alone for a named GPU; a config whose gpu is the
+    machine at hand ('auto', the CPU default's) needs torch to measure it: one line saying so."""
+    code = (
+        "import runpy, sys; sys.modules['torch'] = None; sys.argv = ['ledger.py', *sys.argv[1:]]; "
+        "runpy.run_path('ledger.py', run_name='__main__')"
+    )
+    run = [sys.executable, '-c', code, 'configs/pystdlib_cpu.py']
+    result = subprocess.run(run, cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert 'needs torch' in result.stderr and '--gpu=H100' in result.stderr
+    named = subprocess.run(
+        run + ['--gpu=H100'], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
+    assert named.returncode == 0 and 'Ledger 4' in named.stdout, named.stderr
