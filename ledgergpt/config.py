@@ -50,13 +50,10 @@ class Terminated(KeyboardInterrupt):
 
 def _stop_line(interrupt):
     """(the one line, the exit code) for Ctrl-C or SIGTERM."""
-    name, code = (
-        ('SIGTERM', 128 + signal.SIGTERM) if isinstance(interrupt, Terminated) else ('Ctrl-C', 130)
-    )
-    return (
-        f'interrupted ({name}): what was complete is kept; rerun the same command to carry on',
-        code,
-    )
+    sigterm = isinstance(interrupt, Terminated)
+    name, code = ('SIGTERM', 128 + signal.SIGTERM) if sigterm else ('Ctrl-C', 130)
+    line = f'interrupted ({name}): what was complete is kept; rerun the same command to carry on'
+    return line, code
 
 
 _COMMAND_PID = os.getpid()  # a forked worker inherits the handler below, and this number
@@ -1185,6 +1182,11 @@ def validate(model, train):
         raise ConfigError(
             f"logit_softcap = {model.logit_softcap:g} needs loss = 'chunked', not {model.loss!r}: "
             "the full loss would hold the capped logits' tanh too, which the ledger does not count"
+        )
+    if 0 < model.logit_softcap < 1:  # tanh(z / cap) saturates: every logit +-cap, no gradient
+        raise ConfigError(
+            f"logit_softcap = {model.logit_softcap:g} is below 1: the model cannot "
+            "learn through it (Gemma 2 caps at 30, nanochat at 15)"
         )
     validate_moe(model)
     for key in DEFAULTS:  # an optimizer's own keys (muon_lr, ...) only with that optimizer

@@ -167,3 +167,11 @@ def test_the_chunked_loss_holds_the_ledgers_buffers_and_a_cap_one_more_chunk(aut
             held = sums.logits_bytes(c, 1, a)['total'] + 64 * c.n_embd * 4 + copies
             assert 0 <= peak[cap] - held <= 24 * 64, (rows, cap, peak[cap], held)
         assert peak[0.5] - peak[0.0] == min(rows, 64) * c.vocab_size * 4
+
+
+def test_a_cap_too_low_to_learn_through_is_one_line():
+    """A cap below 1 (1e-300, say) flattens every logit to +-cap: the loss stays flat and the
+    gradient 0, so the run is refused before it starts."""
+    with pytest.raises(ConfigError, match=r'logit_softcap = 1e-300 is below 1: the model cannot'):
+        load_config(None, ['--logit_softcap=1e-300'])
+    assert load_config(None, ['--logit_softcap=1'])[0].logit_softcap == 1
