@@ -267,7 +267,7 @@ def worker_pool(workers, data_dir):
     """Tokenizer processes. The pool comes apart without killing a worker: the few batches out
     (pooled keeps them few) are finished, the rest cancelled, the workers joined. Pool.terminate
     killed workers while its task thread could be writing a batch into their pipe, then waited on
-    that write for ever (issue 53: a run in 44 hung)."""
+    that write for ever (one run in 44 hung)."""
     pool = ProcessPoolExecutor(workers, initializer=init_worker, initargs=(data_dir,))
     try:
         yield pool

@@ -94,8 +94,8 @@ def rank_lost(exception, argv):
 
 @contextlib.contextmanager
 def interruptible():
-    """Ctrl-C stops the block (or the function it decorates) in one line wherever it lands (issue
-    53). Python drops a KeyboardInterrupt raised in a finalizer, with a traceback (the step probe's
+    """Ctrl-C stops the block (or the function it decorates) in one line wherever it lands.
+    Python drops a KeyboardInterrupt raised in a finalizer, with a traceback (the step probe's
     gc runs torch's weakref callbacks), and the run trained on: that one is kept quiet and raised
     when the block ends. SIGINT inherited ignored (`python train.py &` in a script) is caught, as
     the loop's Stop catches it."""

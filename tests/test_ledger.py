@@ -796,7 +796,7 @@ def test_a_billion_layers_is_summed_not_listed():
     'path', ['configs/h200_1b3_muon.py', 'configs/h200_moe.py', 'configs/gpt2_124m.py']
 )
 def test_zero1_partition_sums_the_greedy_one_tensor_at_a_time(path):
-    """ZeRO-1's assignment summed in closed form over each run of equal tensors (issue 53) is the
+    """ZeRO-1's assignment summed in closed form over each run of equal tensors (a 1e9-layer plan) is the
     greedy dealt one tensor at a time: each group's tensors largest first to the emptiest rank."""
     model, train = load_config(os.path.join(ROOT, path))
     shapes = dict(sums.parameter_shapes(model))

@@ -135,11 +135,9 @@ def test_command_1_installs_what_its_report_shows():
 
 
 # --------------------------------------------------------------------------------------------------
-# The budget: every feature in at most these (the minimal issue's figures; nanoGPT is 1.2K lines,
-# nanochat's whole stack 6.7K).
-
-# this wave reached 13,204 lines and 9,189 of code: the figures hold what it reached, and the minimal
-# issue's 12,000 and 9,000 are the aim still open
+# The budget: every feature in at most these (nanoGPT is 1.2K lines, nanochat's whole stack 6.7K).
+# They hold what the code has reached (13,204 lines, 9,189 of code at 08bcc5a, from 16,274 and
+# 11,900); the aim is 12,000 and 9,000.
 BUDGET = {'lines': 13_250, 'code lines': 9_200, 'files at the top level': 8}
 FUNCTION_LINES, COLUMNS = 60, 100
 

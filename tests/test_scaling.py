@@ -139,7 +139,7 @@ def bad_fit(tmp_path, key, value):
     ],
 )
 def test_a_malformed_fit_file_is_one_line(tmp_path, key, value, message):
-    """Each once ended in a TypeError, IndexError or ZeroDivisionError traceback (issue 53)."""
+    """Each once ended in a TypeError, IndexError or ZeroDivisionError traceback."""
     path = bad_fit(tmp_path, key, value)
     command = [
         sys.executable,
