@@ -7,13 +7,9 @@ prepare.py: text -> tokenizer -> token shards that train.py reads.
     python prepare.py hub HuggingFaceTB/finemath --config finemath-3plus   # any parquet dataset
     python prepare.py files a.txt b.jsonl c.parquet # your own text
 
-A data folder holds `<source>_val_000000.bin`, `<source>_train_000001.bin`, ... (llm.c's shard
-format), `tokenizer.json` (train.py and sample.py use the very same tokenizer) and `meta.json`
-(written last: a folder without it is unfinished, and rerunning the same command carries on). The
-tokenizer reserves the fim and ul2 objectives' SPECIAL_TOKENS unless --no-special-tokens. One
-command writes a folder at a time (a `.lock` in it); a full disk or read-only folder is one line.
-Reading a folder is data.py's job, downloading downloads.py's: the other commands never import this
-file. rustbpe, tiktoken, tokenizers and pyarrow are imported where they are used.
+The folder it writes (shards, tokenizer.json, meta.json last) is docs/data.md's; reading it is
+data.py's job, downloading downloads.py's. rustbpe, tiktoken, tokenizers and pyarrow are imported
+where they are used.
 """
 
 import argparse
@@ -45,13 +41,12 @@ import numpy as np
 from ledgergpt import data, downloads, files, sums
 from ledgergpt.config import EOT, SPECIAL_TOKENS, DataError, cli
 from ledgergpt.downloads import Hub, Network, Progress, download, say, size_of
-from ledgergpt.files import free_bytes, human_bytes, remove_quietly, save_json
+from ledgergpt.files import free_bytes, human_bytes, load_json, remove_quietly, save_json
 
 # --------------------------------------------------------------------------------------------------
-# Tokenizers. gpt2 and bpe:V become a tokenizer.json of our own: every rank's bytes (base64, list
-# index = rank), the split regex and the end-of-text token, all tiktoken.Encoding needs (tiktoken's
-# own loader caches by path in /tmp: a folder rebuilt with another vocab would load the old ranks).
-# neox and a model's own keep the Hub's tokenizer.json inside ours. data.load_tokenizer reads them.
+# Tokenizers, written as data.load_tokenizer reads them (its comment says how); gpt2's ranks are
+# copied into ours, as tiktoken's own loader caches by path in /tmp: a folder rebuilt with another
+# vocab would load the old ranks.
 
 # gpt2: 50,000 merges + 256 bytes + <|endoftext|>; neox: 50,254 BPE tokens + 23 runs of spaces
 NAMED_TOKENIZERS = {'gpt2': 50257, 'neox': 50277}
@@ -99,8 +94,7 @@ def make_tokenizer(out_dir, tokenizer, bpe_texts, network=None, special=True):
     special = special and not is_model(tokenizer)
     if os.path.exists(path):
         try:
-            with open(path, 'rb') as f:
-                spec = json.load(f)
+            spec = load_json(path)
             name = spec.get('name')
             has_special = any(n in spec.get('special_tokens', ()) for n in SPECIAL_TOKENS)
         except (ValueError, AttributeError):
@@ -169,13 +163,10 @@ def train_bpe_tokenizer(data_dir, vocab_size, texts, special=True):
     save_tokenizer(data_dir, f'bpe:{vocab_size}', pattern, ranks, vocab_size - 1, reserved_ids)
 
 
-# GPT-NeoX-20B's tokenizer.json (the Hugging Face `tokenizers` format) is a byte-level BPE like
-# GPT-2's with two settings tiktoken cannot express exactly. Its normalizer is NFC (a decomposed 'é'
-# becomes one character, so decode(encode(x)) is NFC(x)), and 23 runs of 2..24 spaces are added
-# tokens, split off before the BPE, longest first: '    return' is [4 spaces, 'return'], where GPT-2
-# has [3 spaces, ' return']; tiktoken matches such tokens in no fixed order. So NeoX goes through
-# the `tokenizers` library (data.HFEncoding): exact by construction. Its 50,277 ids fit uint16; a
-# model pads them to 50,304 (a multiple of 128).
+# GPT-NeoX-20B's tokenizer.json is a byte-level BPE with two settings tiktoken cannot express: NFC
+# (decode(encode(x)) is NFC(x)), and 23 runs of 2..24 spaces split off first, longest first: 4
+# spaces + 'return' is [4 spaces, 'return'], GPT-2's [3 spaces, ' return']. So it goes through
+# `tokenizers` (data.HFEncoding): exact by construction. A model pads its 50,277 ids to 50,304.
 
 
 def make_neox_tokenizer(out_dir, network=None, special=True):
@@ -191,8 +182,8 @@ def make_neox_tokenizer(out_dir, network=None, special=True):
     os.makedirs(os.path.join(out_dir, 'downloads'), exist_ok=True)
     path = os.path.join(out_dir, 'downloads', 'gpt-neox-20b-tokenizer.json')
     url = hub.url('models', NEOX_REPO, sha, 'tokenizer.json')
-    with open(download(hub, url, path, listed, starts_with=b'{'), 'rb') as f:
-        spec = {'name': 'neox', 'source': f'{NEOX_REPO}@{sha}', 'tokenizers': json.load(f)}
+    hub_spec = load_json(download(hub, url, path, listed, starts_with=b'{'))
+    spec = {'name': 'neox', 'source': f'{NEOX_REPO}@{sha}', 'tokenizers': hub_spec}
     spec['special_tokens'] = list(SPECIAL_TOKENS) if special else []
     save_json(os.path.join(out_dir, 'tokenizer.json'), spec)
     os.remove(path)
@@ -342,9 +333,8 @@ def default_workers():
 
 
 # --------------------------------------------------------------------------------------------------
-# Writing a data folder. One command at a time (files.folder_lock), a full disk or read-only folder
-# as one line (files.disk_errors); the request the folder is made for goes first (progress.json) and
-# is checked by every rerun; shards are written whole; meta.json last: it says the folder is done.
+# Writing a data folder: the request it is made for first (progress.json), checked by every rerun;
+# shards written whole; meta.json last: it says the folder is done.
 
 # request keys an older prepare.py's folders lack, and what those folders were made with
 REQUEST_BEFORE = {'special_tokens': False}
@@ -441,8 +431,7 @@ def start_progress(out_dir, request):
     path = os.path.join(out_dir, 'progress.json')
     if os.path.exists(path):
         try:
-            with open(path, 'rb') as f:
-                state = json.load(f)
+            state = load_json(path)
             change = request_change(state['request'], request)
         except (ValueError, KeyError, TypeError, AttributeError):
             raise DataError(
@@ -891,14 +880,9 @@ def prepare_files(paths, out_dir, tokenizer='bpe:8192', **options):
 
 
 # --------------------------------------------------------------------------------------------------
-# Sources 3 and 4: parquet files from the Hub over plain HTTP (downloads.py: resumable, each checked
-# against the listing's sha256). The revision is resolved to its commit once and pinned in
-# files.json with every file's size and sha256, so a rerun weeks later reads the same files.
-# fineweb_edu: a FineWeb-Edu sample (folder sample/10BT, 100BT or 350BT). hub: any parquet dataset
-# (FineMath, Cosmopedia, a code set, ...); --config names its subset, the repo folder its parquet
-# files are in (HuggingFaceTB/finemath: finemath-3plus; HuggingFaceTB/cosmopedia: data/stories),
-# --column the text column, --split the files named so (train-00000-of-00064.parquet). A gated
-# dataset is one line saying how to pass HF_TOKEN (downloads.Hub).
+# Sources 3 and 4: parquet files from the Hub (docs/data.md), fineweb_edu (a FineWeb-Edu sample:
+# sample/10BT, 100BT or 350BT) and hub (any parquet dataset, --config its folder). The revision is
+# pinned in files.json with each file's size and sha256: a rerun weeks later reads the same files.
 
 FINEWEB_EDU = 'HuggingFaceFW/fineweb-edu'
 # FineWeb-Edu parquet per GPT-2 token, low and high: the book's ~3-4 (ledger.py's)
@@ -986,8 +970,7 @@ class HubFiles:
         manifest = None
         if os.path.exists(path):
             try:
-                with open(path, 'rb') as f:
-                    manifest = json.load(f)
+                manifest = load_json(path)
                 if all('sha256' in f for f in manifest['files']) and not relist:
                     return manifest['files'], manifest['revision']
             except (ValueError, KeyError, TypeError):
@@ -1169,9 +1152,7 @@ def make_parser():
         for option in options:
             flag, changes = option if isinstance(option, tuple) else (option, {})
             sub.add_argument(flag, **dict(OPTIONS[flag], **changes))
-        sub.set_defaults(tokenizer=tokenizer)
-        if '--out' in options:
-            sub.set_defaults(out_dir=f'data/{name}')
+        sub.set_defaults(tokenizer=tokenizer, out_dir=f'data/{name}')
     return parser
 
 

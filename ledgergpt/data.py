@@ -1,13 +1,8 @@
 """
 data.py: a prepared data folder, read: its token shards, meta.json and tokenizer, and the seeded
 stream of training sequences cut from them. The commands read data through this file alone;
-prepare.py makes the folders (docs/data.md), writing their shards with write_shard.
-
-Shards are llm.c's: a 1024-byte header of 256 little-endian int32 (magic, version, token count, the
-rest zero), then the tokens; GPT-2's kind (20240520, version 1, uint16) while every id fits, Llama
-3's (20240801, version 7, uint32) above. A folder holds `<source>_val_000000.bin`,
-`<source>_train_000001.bin`, ..., tokenizer.json (so that every command encodes alike) and meta.json
-(written last: a folder without it is unfinished).
+prepare.py makes the folders (docs/data.md: the shard format and what a folder holds), writing
+their shards with write_shard.
 
 The stream: sequence k (block_size + 1 tokens: the inputs its first block_size, the targets its
 last) is a pure function of (seed, k), k counting the sequences all ranks have consumed. So a
@@ -29,7 +24,8 @@ from ledgergpt.config import EOT, SPECIAL_TOKENS, DataError, data_sources, is_mi
 from ledgergpt.files import atomic_write, load_json
 
 # --------------------------------------------------------------------------------------------------
-# Shards (llm.c's dev/data/data_common.py).
+# Shards (llm.c's dev/data/data_common.py): a 1024-byte header of 256 little-endian int32 (magic,
+# version, token count, the rest zero), then the tokens.
 
 HEADER_BYTES = 1024
 SHARD_FORMATS = {  # (magic, version) -> token dtype
@@ -103,8 +99,9 @@ def open_shard(path):
 # The folder: its shards by split, the command that makes it, meta.json, its largest token id.
 
 # prepare.py's sources (which name the shards) -> the arguments their command takes
-SOURCES = {'pystdlib': '', 'fineweb_edu': '', 'files': ' PATH...'}
-SOURCES['hub'] = ' REPO --config NAME --column TEXT'
+SOURCES = dict(
+    pystdlib='', fineweb_edu='', files=' PATH...', hub=' REPO --config NAME --column TEXT'
+)
 
 
 def list_shards(data_dir, split):

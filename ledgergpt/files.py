@@ -1,11 +1,6 @@
 """
-files.py: writes that lose nothing, and folders with one writer at a time. Standard library only.
-
-- atomic_write, write_text_atomic, save_json: the file is written under a temporary name and renamed
-  when complete, so a reader (or a rerun after a crash) sees the old file or the new, never half.
-- disk_errors(folder): a full disk or a read-only folder is one UserError line naming the folder and
-  its free space, not a traceback from deep inside a write.
-- folder_lock(folder, command): a lock file in the folder: two commands never write it at once.
+files.py: writes that lose nothing (atomic_write), a full disk or read-only folder as one line
+(disk_errors), and folders with one writer at a time (folder_lock). Standard library only.
 """
 
 import contextlib
@@ -26,8 +21,9 @@ def remove_quietly(path):
 
 @contextlib.contextmanager
 def atomic_write(path, mode='w'):
-    """Yield a temporary file opened with `mode`, flushed and renamed to `path` when the block ends.
-    The pid in its name keeps processes apart; a failed write (Ctrl-C too) removes it."""
+    """Yield a temporary file opened with `mode`, flushed and renamed to `path` when the block ends:
+    a reader (or a rerun after a crash) sees the old file or the new, never half. The pid in its
+    name keeps processes apart; a failed write (Ctrl-C too) removes it."""
     tmp = f'{path}.tmp{os.getpid()}'
     try:
         with open(tmp, mode) as f:
@@ -84,7 +80,8 @@ def free_bytes(folder):
 @contextlib.contextmanager
 def disk_errors(folder, needed_bytes=None):
     """A full disk or a folder that cannot be written, inside the block, as one UserError naming the
-    folder and its free space (the block's writes clean up after themselves: atomic_write does)."""
+    folder and its free space, not a traceback from deep inside a write (the block's writes clean up
+    after themselves: atomic_write does)."""
     try:
         yield
     except OSError as e:
