@@ -189,10 +189,8 @@ def make_neox_tokenizer(out_dir, network=None, special=True):
     os.remove(path)
 
 
-# A model's own tokenizer (--tokenizer MODEL_FOLDER or a Hub repo id, as init_from takes), through
-# `tokenizers` like NeoX's: its ids exactly (the model has no rows for reserved ones), its document
-# start the token it puts before a text (Llama's BOS '<s>'), else its end-of-text (GPT-2's), and its
-# file's sha256, so train.py can check a folder against the model.
+# A model's own tokenizer (--tokenizer MODEL_FOLDER or a Hub repo id, as init_from takes): its ids,
+# document start and sha256 as docs/finetuning.md ("The data is in the model's tokens") says.
 
 
 def is_model(name):
@@ -572,11 +570,9 @@ def parquet_batches(path, start_row=0, batch_docs=1024, column='text'):
         groups = range(first, len(ends))
         for batch in parquet.iter_batches(batch_docs, groups, [column], use_threads=False):
             texts = batch.column(0)
-            if row + len(texts) <= start_row:  # the first row group's rows before start_row
-                row += len(texts)
-                continue
-            if row < start_row:
-                texts, row = texts.slice(start_row - row), start_row
+            if row < start_row:  # the first row group's rows before start_row
+                skip = min(len(texts), start_row - row)
+                texts, row = texts.slice(skip), row + skip
             if texts.type not in (pa.string(), pa.large_string()):
                 texts = texts.cast(pa.large_string())
             if texts.null_count:
