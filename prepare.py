@@ -367,10 +367,6 @@ def build(out_dir, request, make, tokens=None):
         return meta
 
 
-def shard_path(out_dir, prefix, split, index):
-    return os.path.join(out_dir, f'{prefix}_{split}_{index:06d}.bin')
-
-
 def remove_shards(out_dir, prefix, keep):
     """Delete the prefix's shards (and leftovers) not in `keep`: none may pass for the new set."""
     for path in glob.glob(os.path.join(glob.escape(out_dir), f'{prefix}_*.bin*')):
@@ -523,7 +519,7 @@ def tokenize_pystdlib(out_dir, request, workers, batch_docs=64):
             counts['text_bytes'] += int(sum(result[4].sum() for result in results))
             counts[f'{split}_tokens'], counts[f'{split}_shards'] = len(tokens), 0
             for start in range(0, len(tokens), shard_tokens):
-                written.append(shard_path(out_dir, 'pystdlib', split, len(written)))
+                written.append(data.shard_path(out_dir, 'pystdlib', split, len(written)))
                 largest = data.write_shard(written[-1], tokens[start : start + shard_tokens])
                 counts['max_token_id'] = max(counts['max_token_id'], largest)
                 counts[f'{split}_shards'] += 1
@@ -720,7 +716,8 @@ class Shards:
         return self.job.val_tokens + index * self.job.shard_tokens
 
     def path(self, index):
-        return shard_path(self.job.out_dir, self.prefix, 'val' if index == 0 else 'train', index)
+        split = 'val' if index == 0 else 'train'
+        return data.shard_path(self.job.out_dir, self.prefix, split, index)
 
     def add(self, file_index, first_row, tokens, doc_tokens, doc_bytes):
         """Buffer a tokenized batch and write the shards it completes; True once at the target."""

@@ -104,6 +104,10 @@ SOURCES = dict(
 )
 
 
+def shard_path(data_dir, prefix, split, index):
+    return os.path.join(data_dir, f'{prefix}_{split}_{index:06d}.bin')
+
+
 def list_shards(data_dir, split):
     paths = sorted(glob.glob(os.path.join(glob.escape(data_dir), f'*_{split}_*.bin')))
     if not paths:
@@ -122,8 +126,7 @@ def open_split(data_dir, meta, split):
     remake = f"remake the folder ({prepare_command(data_dir)}, same options)"
     prefix = os.path.basename(paths[0]).rsplit(f'_{split}_', 1)[0]
     first = 0 if split == 'val' else meta['val_shards']
-    names = [f'{prefix}_{split}_{i:06d}.bin' for i in range(first, first + listed)]
-    expected = [os.path.join(data_dir, name) for name in names]
+    expected = [shard_path(data_dir, prefix, split, i) for i in range(first, first + listed)]
     if len(paths) < listed:
         missing = next((p for p in expected if p not in paths), f"one of the {split} shards")
         raise DataError(

@@ -15,19 +15,15 @@ from ledgergpt.config import MIXTURE_UNITS, data_sources
 GOLDEN = 0x9E3779B97F4A7C15
 
 
-def source_names(folders):
-    """A short name per folder for logs: its last path component, or all of it if not unique."""
-    names = [folder.rstrip('/').split('/')[-1] or folder for folder in folders]
-    return [name if names.count(name) == 1 else folder for name, folder in zip(names, folders)]
-
-
 class Schedule:
     """The schedule for `data` (config.py's mixture text) and `seed`: locate(k) and drawn(n)."""
 
     def __init__(self, data, seed):
         sources = data_sources(data)
         self.folders = [folder for folder, _ in sources]
-        self.names = source_names(self.folders)
+        # a short name per folder for logs: its last path component, or all of it if not unique
+        last = [folder.rstrip('/').split('/')[-1] or folder for folder in self.folders]
+        self.names = [n if last.count(n) == 1 else folder for n, folder in zip(last, self.folders)]
         # none is 0: config.mixture_text checks
         units = [round(weight * MIXTURE_UNITS) for _, weight in sources]
         self.units = [unit // math.gcd(*units) for unit in units]

@@ -876,7 +876,7 @@ def test_fineweb_rerun_skips_finished_work(hub, reference, tmp_path, capsys):
     finished = {
         p: os.stat(p).st_mtime_ns
         for p in [
-            prepare.shard_path(str(out), 'fineweb_edu', 'val' if i == 0 else 'train', i)
+            data.shard_path(str(out), 'fineweb_edu', 'val' if i == 0 else 'train', i)
             for i in range(progress['shards'])
         ]
     }
