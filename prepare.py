@@ -692,8 +692,7 @@ def bpe_sample(documents, val_tokens, sample_chars, tokens=0):
 
 class Shards:
     """A run's token stream cut into shards at the offsets above, the last at the target (--tokens)
-    or where the documents end. After each full shard, progress.json (`state`) records where the
-    next one starts, and done_with_files(n) hears that no rerun will read files 0..n-1 again."""
+    or where the documents end; done_with_files(n) hears that no rerun will read files 0..n-1."""
 
     def __init__(self, job, prefix, state, done_with_files):
         self.job, self.prefix, self.state = job, prefix, state
@@ -985,8 +984,7 @@ class HubFiles:
 
     def fetch(self, index):
         """File `index`, downloaded (or found) and verified, once a run. If every download disagrees
-        with files.json, the files are listed again (once a run): files.json may be what is
-        wrong."""
+        with files.json, the files are listed again (once a run): files.json may be wrong."""
         listed, path = self.listed[index], self.paths[index]
         if index in self.verified:
             return path
@@ -1047,11 +1045,9 @@ def from_hub(
     request = job.request(dict(head, revision=job.revision), job.tokens)
 
     def make(state):
-        listing = HubFiles(job, prefix, repo, folder, split)
-        counts = job.tokenize(
-            request, state, listing.paths, listing.fetch, listing.done_with, column
-        )
-        return source, listing.revision, counts
+        hub = HubFiles(job, prefix, repo, folder, split)
+        counts = job.tokenize(request, state, hub.paths, hub.fetch, hub.done_with, column)
+        return source, hub.revision, counts
 
     return build(out_dir, request, make, job.tokens)
 
