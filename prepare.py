@@ -248,7 +248,6 @@ def make_model_tokenizer(out_dir, name, network=None):
 # starts mid-stream still sees where documents begin), and each document's tokens and bytes.
 
 _worker_encoding = None
-_worker_dtype = None
 
 
 @contextlib.contextmanager
@@ -265,14 +264,13 @@ def worker_pool(workers, data_dir):
 
 
 def init_worker(data_dir):
-    global _worker_encoding, _worker_dtype
+    global _worker_encoding
     # Ctrl-C reaches the whole process group: the main process answers it, not a traceback per
     # worker. SIGTERM kills a worker as by default: cli's handler, forked with it, raises to unwind
     # a command, which a worker blocked in C never runs.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     _worker_encoding = data.load_tokenizer(data_dir)
-    _worker_dtype = data.token_dtype(_worker_encoding.n_vocab)
 
 
 def pooled(pool, function, items, in_flight):
@@ -309,7 +307,8 @@ def tokenize_batch(batch):
     doc_tokens = np.empty(len(texts), dtype=np.int64)
     # one array for the batch, each document encoded into its place: a document of n bytes has at
     # most n tokens (a token is at least a byte), + 1 eot
-    tokens = np.empty(int(offsets[-1] - offsets[0]) + len(texts), dtype=_worker_dtype)
+    dtype = data.token_dtype(_worker_encoding.n_vocab)
+    tokens = np.empty(int(offsets[-1] - offsets[0]) + len(texts), dtype=dtype)
     end = 0
     for i, text in enumerate(texts):
         # encode_to_numpy makes no list of ints; with no special tokens allowed or disallowed it is
