@@ -19,6 +19,7 @@ n_shared_experts = 1
 n_dense_layers = 1
 route_scale = 1.0
 
+out_dir = 'out/h200_moe'
 data = 'data/fineweb_edu'
 train_tokens = 26_000_000_000
 dataset_tokens = 100_000_000_000
