@@ -9,10 +9,13 @@ the ledger reads too): no wrapper's prefix decides.
     adamw: torch.optim.AdamW, decay on matrices only (the book's recipe).
     muon:  MuonAdamW, torch.optim.Muon's update on the blocks' matrices and AdamW on the rest, its
            Newton-Schulz in the run's compute dtype (bf16 as torch's, or fp32 where the run computes
-           fp32). Under ZeRO-2 and FSDP2 each matrix's momentum-updated gradient is all-gathered in
-           that dtype (so the result is the one process's to the bit), orthogonalised on every
-           rank, and each rank keeps its own rows (Ledger 5 counts the gathers).
+           fp32). Under ZeRO-2 and FSDP2 each matrix has an owner rank (config.deal): its rows are
+           gathered there in that dtype, orthogonalised once (the one process's result to the bit)
+           and scattered back, so each rank runs 1/N of the Newton-Schulz work (Ledger 5 counts
+           the gathers and scatters).
 """
+
+from types import SimpleNamespace
 
 import torch
 import torch.distributed as dist
@@ -91,25 +94,36 @@ def _local(tensor):
     return tensor.to_local() if isinstance(tensor, DTensor) else tensor
 
 
-def _whole(update, param, dtype):
-    """A rank's rows of a sharded matrix's update -> the whole matrix, all-gathered in dtype (what
-    Newton-Schulz casts it to first) from FSDP2's Shard(0) rows: ceil(rows / N) a rank, the last
-    ranks' padded with zeros, as FSDP2 pads its own gathers (sums.collectives counts them so)."""
-    group, ranks = param.device_mesh.get_group(), param.device_mesh.size()
-    rows, chunk = param.shape[0], -(-param.shape[0] // ranks)
-    mine = update.new_zeros((chunk, *param.shape[1:]), dtype=dtype)
-    mine[: len(update)] = update
-    whole = mine.new_empty((ranks * chunk, *param.shape[1:]))
-    dist.all_gather_into_tensor(whole, mine, group=group)
-    return whole[:rows]
-
-
-def _own_rows(whole, param):
-    """This rank's rows of a whole matrix, as FSDP2 shards it (sums.fsdp_rows: ceil(rows / N) a
-    rank)."""
-    ranks, rank = param.device_mesh.size(), param.device_mesh.get_local_rank()
-    chunk = -(-whole.shape[0] // ranks)
-    return whole[rank * chunk : (rank + 1) * chunk]
+def orthogonalise_sharded(params, updates, group, dtype):
+    """Newton-Schulz on FSDP2's Shard(0) matrices, each once: -> this rank's rows of each result.
+    config.deal gives each matrix an owner rank; every rank sends the owner its rows in dtype (what
+    Newton-Schulz casts to first), ceil(rows / N) a rank, the last padded with zeros as FSDP2 pads
+    its own gathers (sums.collectives counts them so); the owner orthogonalises the whole matrix and
+    scatters its rows back. All gathers are in flight together, then all scatters."""
+    mesh = params[0].device_mesh
+    pg, ranks, rank = mesh.get_group(), mesh.size(), mesh.get_local_rank()
+    steps = SimpleNamespace(muon_ns_steps=group['ns_steps'])  # newton_schulz_flops's train keys
+    owners = config.deal([config.newton_schulz_flops(p.shape, steps) for p in params], ranks)
+    rows = [-(-param.shape[0] // ranks) for param in params]  # a rank's, padded
+    mine, wholes, works = [], [], []
+    for param, update, owner, chunk in zip(params, updates, owners, rows):
+        mine.append(update.new_zeros((chunk, *param.shape[1:]), dtype=dtype))
+        mine[-1][: len(update)] = update
+        wholes.append([torch.empty_like(mine[-1]) for _ in range(ranks)] if owner == rank else None)
+        dst = dist.get_global_rank(pg, owner)
+        works.append(dist.gather(mine[-1], wholes[-1], dst=dst, group=pg, async_op=True))
+    for work in works:
+        work.wait()
+    for param, whole, owner, chunk, out in zip(params, wholes, owners, rows, mine):
+        if whole is not None:  # the owner's: orthogonalised, padded again and dealt out by rows
+            result = newton_schulz(torch.cat(whole)[: param.shape[0]], group, dtype)
+            padding = result.new_zeros((ranks * chunk - len(result), *result.shape[1:]))
+            whole = list(torch.cat([result, padding]).split(chunk))
+        src = dist.get_global_rank(pg, owner)
+        works.append(dist.scatter(out, whole, src=src, group=pg, async_op=True))
+    for work in works:
+        work.wait()
+    return [out[: len(update)] for out, update in zip(mine, updates)]
 
 
 def _adamw_groups(groups):
@@ -154,20 +168,21 @@ class MuonAdamW(torch.optim.AdamW):
 
     def _muon_step(self, group):
         lr, momentum = group['lr'] * group['lr_ratio'], group['momentum']
-        for param in group['params']:
-            if param.grad is None:
-                continue
+        params = [param for param in group['params'] if param.grad is not None]
+        updates = []
+        for param in params:
             state = self.state[param]
             if 'momentum_buffer' not in state:
                 state['momentum_buffer'] = torch.zeros_like(param.grad)
-            buf, grad, weight = (_local(t) for t in (state['momentum_buffer'], param.grad, param))
+            buf, grad = _local(state['momentum_buffer']), _local(param.grad)
             buf.lerp_(grad, 1 - momentum)
-            update = grad.lerp(buf, momentum) if group['nesterov'] else buf
-            if isinstance(param, DTensor):
-                whole = _whole(update, param, self.ns_dtype)
-                update = _own_rows(newton_schulz(whole, group, self.ns_dtype), param)
-            else:
-                update = newton_schulz(update, group, self.ns_dtype)
+            updates.append(grad.lerp(buf, momentum) if group['nesterov'] else buf)
+        if params and isinstance(params[0], DTensor):  # FSDP2, ZeRO-2: each matrix on its owner
+            updates = orthogonalise_sharded(params, updates, group, self.ns_dtype)
+        else:
+            updates = [newton_schulz(update, group, self.ns_dtype) for update in updates]
+        for param, update in zip(params, updates):
+            weight = _local(param)
             weight.mul_(1 - lr * group['weight_decay'])
             weight.add_(update, alpha=-_muon._adjust_lr(lr, group['adjust_lr_fn'], param.shape))
 
