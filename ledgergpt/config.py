@@ -438,15 +438,21 @@ def muon_takes(name, shape):
     return name.startswith('blocks.') and len(shape) == 2 and '.router.' not in name
 
 
-def deal(costs, ranks):
-    """-> each job's rank: the costliest first, each to the least loaded rank (the lowest on a tie).
-    Muon under FSDP2 deals its matrices so (optimizers.py): each orthogonalised once, by its owner;
-    h200_1b3_muon's 88 matrices (5.4e13 FLOPs) over 8 ranks: 11 a rank, 6.66e12 to 6.79e12 each."""
-    load, owner = [0] * ranks, [0] * len(costs)
-    for job in sorted(range(len(costs)), key=lambda job: -costs[job]):
-        owner[job] = load.index(min(load))
-        load[owner[job]] += costs[job]
-    return owner
+def muon_blocks(shapes, ranks):
+    """Muon's matrices under FSDP2 and ZeRO-2 (optimizers.py) in blocks of up to `ranks` of one
+    shape, each matrix with an owner rank that orthogonalises it: -> [(shape, [(matrix's index,
+    owner)])]. Owners go round the ranks across blocks, so that a shape's last, partial block does
+    not always load the first ranks: h200_1b3_muon's 88 matrices (4 shapes x 22) over 8 ranks are
+    12 blocks, 11 matrices a rank."""
+    indices, blocks, turn = {}, [], 0
+    for index, shape in enumerate(shapes):
+        indices.setdefault(tuple(shape), []).append(index)
+    for shape, same in indices.items():
+        for first in range(0, len(same), ranks):
+            block = same[first : first + ranks]
+            blocks.append((shape, [(i, (turn + j) % ranks) for j, i in enumerate(block)]))
+            turn += len(block)
+    return blocks
 
 
 # An optimizer is a row as a part is: optimizers.py builds it by the row's name (its BUILDERS), the

@@ -9,13 +9,11 @@ the ledger reads too): no wrapper's prefix decides.
     adamw: torch.optim.AdamW, decay on matrices only (the book's recipe).
     muon:  MuonAdamW, torch.optim.Muon's update on the blocks' matrices and AdamW on the rest, its
            Newton-Schulz in the run's compute dtype (bf16 as torch's, or fp32 where the run computes
-           fp32). Under ZeRO-2 and FSDP2 each matrix has an owner rank (config.deal): its rows are
-           gathered there in that dtype, orthogonalised once (the one process's result to the bit)
-           and scattered back, so each rank runs 1/N of the Newton-Schulz work (Ledger 5 counts
-           the gathers and scatters).
+           fp32). Under ZeRO-2 and FSDP2 each matrix has an owner rank (config.muon_blocks): its
+           rows go there in that dtype, it is orthogonalised once (the one process's result to the
+           bit) and its rows come back, so each rank runs 1/N of the Newton-Schulz work (Ledger 5
+           counts the all-to-alls).
 """
-
-from types import SimpleNamespace
 
 import torch
 import torch.distributed as dist
@@ -96,34 +94,28 @@ def _local(tensor):
 
 def orthogonalise_sharded(params, updates, group, dtype):
     """Newton-Schulz on FSDP2's Shard(0) matrices, each once: -> this rank's rows of each result.
-    config.deal gives each matrix an owner rank; every rank sends the owner its rows in dtype (what
-    Newton-Schulz casts to first), ceil(rows / N) a rank, the last padded with zeros as FSDP2 pads
-    its own gathers (sums.collectives counts them so); the owner orthogonalises the whole matrix and
-    scatters its rows back. All gathers are in flight together, then all scatters."""
+    In blocks of one shape (config.muon_blocks), an all-to-all sends each matrix's rows to its owner
+    in dtype (what Newton-Schulz casts to first), ceil(rows / N) a rank, the last padded with zeros
+    as FSDP2 pads its own gathers; the owner orthogonalises the whole matrix, and a second
+    all-to-all sends each rank its rows back (sums.collectives counts both)."""
     mesh = params[0].device_mesh
     pg, ranks, rank = mesh.get_group(), mesh.size(), mesh.get_local_rank()
-    steps = SimpleNamespace(muon_ns_steps=group['ns_steps'])  # newton_schulz_flops's train keys
-    owners = config.deal([config.newton_schulz_flops(p.shape, steps) for p in params], ranks)
-    rows = [-(-param.shape[0] // ranks) for param in params]  # a rank's, padded
-    mine, wholes, works = [], [], []
-    for param, update, owner, chunk in zip(params, updates, owners, rows):
-        mine.append(update.new_zeros((chunk, *param.shape[1:]), dtype=dtype))
-        mine[-1][: len(update)] = update
-        wholes.append([torch.empty_like(mine[-1]) for _ in range(ranks)] if owner == rank else None)
-        dst = dist.get_global_rank(pg, owner)
-        works.append(dist.gather(mine[-1], wholes[-1], dst=dst, group=pg, async_op=True))
-    for work in works:
-        work.wait()
-    for param, whole, owner, chunk, out in zip(params, wholes, owners, rows, mine):
-        if whole is not None:  # the owner's: orthogonalised, padded again and dealt out by rows
-            result = newton_schulz(torch.cat(whole)[: param.shape[0]], group, dtype)
-            padding = result.new_zeros((ranks * chunk - len(result), *result.shape[1:]))
-            whole = list(torch.cat([result, padding]).split(chunk))
-        src = dist.get_global_rank(pg, owner)
-        works.append(dist.scatter(out, whole, src=src, group=pg, async_op=True))
-    for work in works:
-        work.wait()
-    return [out[: len(update)] for out, update in zip(mine, updates)]
+    results = [None] * len(params)
+    for (rows, *cols), block in config.muon_blocks([p.shape for p in params], ranks):
+        chunk = -(-rows // ranks)
+        # send[owner]: my rows of the matrix that rank owns; got[r]: rank r's rows of mine
+        send = updates[block[0][0]].new_zeros((ranks, chunk, *cols), dtype=dtype)
+        for i, owner in block:
+            send[owner, : len(updates[i])] = updates[i]
+        got = torch.empty_like(send)
+        dist.all_to_all_single(got, send, group=pg)
+        if rank in (owner for _, owner in block):
+            whole = got.view(ranks * chunk, *cols)
+            whole[:rows] = newton_schulz(whole[:rows], group, dtype)
+        dist.all_to_all_single(send, got, group=pg)  # each rank's rows back
+        for i, owner in block:
+            results[i] = send[owner, : len(updates[i])]
+    return results
 
 
 def _adamw_groups(groups):

@@ -286,7 +286,7 @@ def test_the_books_muon_figures_are_the_ledgers():
 
 
 # Muon under FSDP2 (Shard(0) DTensor matrices): each matrix orthogonalised once, by the owner
-# config.deal gives it, its rows gathered there and scattered back.
+# config.muon_blocks gives it, its rows sent there and back by all-to-alls.
 SHARDED_MUON = '''
 import json, sys
 import torch, torch.distributed as dist
@@ -297,7 +297,7 @@ dist.init_process_group('gloo')
 ranks, rank = dist.get_world_size(), dist.get_rank()
 torch.manual_seed(0)
 # rows 64 and 40 split evenly or not; 5 and 3 leave a rank padded or empty
-shapes = [(64, 32), (40, 96), (5, 16), (3, 8), (96, 64)]
+shapes = [(64, 32), (40, 96), (5, 16), (3, 8), (96, 64), (64, 32), (64, 32), (5, 16)]
 fulls = [torch.randn(shape) for shape in shapes]
 grads = [[torch.randn(shape) for shape in shapes] for _ in range(2)]
 options = dict(lr=0.02, ns_dtype=torch.bfloat16, momentum=0.95, nesterov=True, ns_steps=5,
@@ -324,8 +324,7 @@ def sharded(tensor):
     return distribute_tensor(tensor.clone(), mesh, [Shard(0)])
 spread = run([torch.nn.Parameter(sharded(full)) for full in fulls], sharded)
 equal = [torch.equal(p.full_tensor(), q.detach()) for p, q in zip(spread, alone)]
-owned = [i for i, owner in enumerate(config.deal([config.newton_schulz_flops(s, config.TrainConfig())
-                                                  for s in shapes], ranks)) if owner == rank]
+owned = [i for _, block in config.muon_blocks(shapes, ranks) for i, owner in block if owner == rank]
 json.dump(dict(equal=equal, calls=calls, owned=owned), open(f'{sys.argv[1]}/rank{rank}.json', 'w'))
 '''
 
@@ -342,7 +341,7 @@ def test_muon_under_fsdp2_orthogonalises_each_matrix_once_to_the_bit(processes, 
     assert result.returncode == 0, result.stderr[-3000:]
     ranks = [json.load(open(tmp_path / f'rank{r}.json')) for r in range(processes)]
     assert all(all(rank['equal']) for rank in ranks)
-    shapes = [(64, 32), (40, 96), (5, 16), (3, 8), (96, 64)]
+    shapes = [(64, 32), (40, 96), (5, 16), (3, 8), (96, 64), (64, 32), (64, 32), (5, 16)]
     owned = sorted(i for rank in ranks for i in rank['owned'])
     assert owned == list(range(len(shapes))) and all(rank['owned'] for rank in ranks[:2])
     for rank in ranks:  # two steps, each of its own matrices once
