@@ -160,6 +160,24 @@ def test_recompute_activations_hold_the_largest_block_rerun():
 # Balance.
 
 
+def test_compile_leaves_the_moe_layers_eager():
+    """torch.compile traces the dense parts, never the routing: its slice sizes change every step
+    (a host read), so a traced expert loop would recompile on them."""
+    model = built(moe(n_dense_layers=1))
+    traced = []
+
+    def backend(graph, inputs):  # dynamo's graphs, run as traced
+        traced.extend(str(node.target) for node in graph.graph.nodes)
+        return graph.forward
+
+    model.compile(backend=backend)
+    for _ in range(3):
+        idx, targets = batch(model.config, micro_batch=2)
+        model(idx, targets)[1].backward()
+    assert any('scaled_dot_product_attention' in op for op in traced)
+    assert not any('topk' in op or 'bincount' in op for op in traced)
+
+
 def test_bias_update_evens_out_a_skewed_router():
     config = moe(n_layer=1, n_experts=4, top_k=1)
     model = built(config)
