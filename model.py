@@ -140,11 +140,13 @@ ATTENTIONS = {'causal': Attention}
 # cheaper than GELU and sparse.
 
 
+# width: an expert's (moe.py builds its experts from the same row); else the config's H'
 class GeluMLP(nn.Module):
-    def __init__(self, config):
+    def __init__(self, config, width=None):
         super().__init__()
-        self.up_proj = nn.Linear(config.n_embd, config.ffn_width, bias=config.biases)
-        self.down_proj = nn.Linear(config.ffn_width, config.n_embd, bias=config.biases)
+        width = width or config.ffn_width
+        self.up_proj = nn.Linear(config.n_embd, width, bias=config.biases)
+        self.down_proj = nn.Linear(width, config.n_embd, bias=config.biases)
 
     def forward(self, x):
         return self.down_proj(F.gelu(self.up_proj(x), approximate='tanh'))
@@ -157,7 +159,6 @@ class ReluSquaredMLP(GeluMLP):  # the same two matrices
 
 
 class SwiGLU(nn.Module):
-    # width: an expert's (moe.py); else the config's FFN width
     def __init__(self, config, width=None):
         super().__init__()
         self.width = width or config.ffn_width
@@ -178,7 +179,8 @@ class Block(nn.Module):
         self.attn_norm = make_norm(config)
         self.attn = ATTENTIONS[config.attention](config)
         self.mlp_norm = make_norm(config)
-        self.mlp = MoE(config, SwiGLU) if moe else MLPS[config.part_name('mlp')](config)
+        mlp = MLPS[config.part_name('mlp')]  # the dense FFN, or each expert of an MoE
+        self.mlp = MoE(config, mlp) if moe else mlp(config)
 
     def forward(self, x, cos, sin):
         x = x + self.attn(self.attn_norm(x), cos, sin)

@@ -10,6 +10,7 @@ block_size = 1024
 bias = True
 tie_embeddings = True
 
+out_dir = 'out/gpt2_124m'
 data = 'data/fineweb_edu'
 train_tokens = 10_000_000_000
 dataset_tokens = 100_000_000_000  # FineWeb-Edu sample-100BT

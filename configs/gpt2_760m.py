@@ -10,6 +10,7 @@ block_size = 2048
 bias = True
 tie_embeddings = True
 
+out_dir = 'out/gpt2_760m'
 data = 'data/fineweb_edu'
 train_tokens = 25_000_000_000
 # the seed's question: are 25B FineWeb-Edu tokens enough? (for 760M: yes)

@@ -11,6 +11,7 @@ vocab_size = 50304  # GPT-2's 50257, padded to a multiple of 128 (fits uint16 sh
 block_size = 2048
 tie_embeddings = False
 
+out_dir = 'out/h200_1b3'
 data = 'data/fineweb_edu'  # python prepare.py fineweb_edu
 train_tokens = 26_000_000_000
 # sample-100BT: room for the seed's second experiment (over-train to 100B)

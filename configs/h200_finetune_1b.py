@@ -6,6 +6,7 @@
 #   python train.py configs/h200_finetune_1b.py --init_from=TinyLlama/TinyLlama_v1.1
 init_from = 'configs/tinyllama_1b'
 
+out_dir = 'out/h200_finetune_1b'
 data = 'data/finetune'  # made with the model's own tokenizer (prepare.py --tokenizer, as above)
 train_tokens = 2_000_000_000
 batch_tokens = 262_144  # 128 sequences of 2048 = 8 micro-batches of 16

@@ -19,6 +19,7 @@ n_shared_experts = 1
 n_dense_layers = 1
 route_scale = 1.0
 
+out_dir = 'out/h200_moe'
 data = 'data/fineweb_edu'
 train_tokens = 26_000_000_000
 dataset_tokens = 100_000_000_000
@@ -28,7 +29,7 @@ lr = 6e-4  # a quarter of the 1.3B's active size: a larger LR, as smaller dense 
 warmup_frac = 0.003
 router_bias_speed = 0.001
 aux_loss_coef = 0.0001  # DeepSeek-V3's alpha: against extreme imbalance within one sequence
-compile = True  # the dense parts compile; each MoE layer's routing breaks the graph
+compile = True  # the dense parts compile; each MoE layer runs eager (moe.py)
 gpu = 'H200'
 n_gpu = 1
 mfu = 0.25

@@ -12,6 +12,7 @@ block_size = 2048
 tie_embeddings = False
 
 train_tokens = 1_000_000_000_000  # LLaMA-7B saw 1T tokens
+out_dir = 'out/llama_7b'
 batch_tokens = 4_194_304  # LLaMA: 4M tokens per step
 lr = 3e-4  # LLaMA-7B's peak learning rate
 gpu = 'A800'

@@ -378,6 +378,7 @@ def moe_rows(p):
     if not model.n_experts:
         return []
     e, k, s, width = model.n_experts, model.top_k, model.n_shared_experts, model.expert_hidden
+    expert = model.part('mlp').formula.replace("H'", 'E')  # an expert's: the mlp row's at H' = E
     every = (6 * n['matmul_total'] + f['attention']) / f['matmul']
     book, held, states = (
         memory['book_active_model_states'], memory['model_states'], memory['book_formula']
@@ -387,8 +388,8 @@ def moe_rows(p):
          f'{e} routed experts of {width}, {k} per token, {s} shared; the first '
          f'{model.n_dense_layers} dense; sigmoid router, gates x {model.route_scale:g} '
          '(DeepSeek-V3)'),
-        ('MoE layer FFN', n['moe_layer'], f'router {e}H + ({e} + {s}) x 3HE: every expert'),
-        ('  used by a token', n['moe_layer_active'], f'router {e}H + ({k} + {s}) x 3HE'),
+        ('MoE layer FFN', n['moe_layer'], f'router {e}H + ({e} + {s}) x {expert}: every expert'),
+        ('  used by a token', n['moe_layer_active'], f'router {e}H + ({k} + {s}) x {expert}'),
         ('total P', n['total'], f"{si(n['total'])}: what model.py builds"),
         ('active P per token', n['active'],
          f"{si(n['active'])}, {n['active'] / n['total']:.1%} of P: all but the {e - k} routed "

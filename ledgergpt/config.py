@@ -438,6 +438,23 @@ def muon_takes(name, shape):
     return name.startswith('blocks.') and len(shape) == 2 and '.router.' not in name
 
 
+def muon_blocks(shapes, ranks):
+    """Muon's matrices under FSDP2 and ZeRO-2 (optimizers.py) in blocks of up to `ranks` of one
+    shape, each matrix with an owner rank that orthogonalises it: -> [(shape, [(matrix's index,
+    owner)])]. Owners go round the ranks across blocks, so that a shape's last, partial block does
+    not always load the first ranks: h200_1b3_muon's 88 matrices (4 shapes x 22) over 8 ranks are
+    12 blocks, 11 matrices a rank."""
+    indices, blocks, turn = {}, [], 0
+    for index, shape in enumerate(shapes):
+        indices.setdefault(tuple(shape), []).append(index)
+    for shape, same in indices.items():
+        for first in range(0, len(same), ranks):
+            block = same[first : first + ranks]
+            blocks.append((shape, [(i, (turn + j) % ranks) for j, i in enumerate(block)]))
+            turn += len(block)
+    return blocks
+
+
 # An optimizer is a row as a part is: optimizers.py builds it by the row's name (its BUILDERS), the
 # ledger bills its states and its step from the row, and the run measures both after its first step.
 # fmt: off
@@ -568,8 +585,8 @@ class ModelConfig:
     # mixture of experts (DeepSeekMoE, moe.py; llama family). n_experts = 0: every FFN dense
     n_experts: int = 0  # routed experts in each MoE layer
     top_k: int = 0  # routed experts each token visits (1..n_experts)
-    expert_hidden: int = 0  # each expert's SwiGLU width (routed and shared experts alike)
-    # experts every token visits, fused into one SwiGLU of n_shared x expert_hidden
+    expert_hidden: int = 0  # each expert's width (routed and shared alike), an MLP of the mlp row
+    # experts every token visits, fused into one MLP of n_shared x expert_hidden
     n_shared_experts: int = 0
     n_dense_layers: int = 0  # the first layers keep the dense FFN (DeepSeek-V3: 3 of 61)
     route_scale: float = 1.0  # the routed scaling factor on the normalised gates (DeepSeek-V3: 2.5)
@@ -1239,11 +1256,6 @@ def validate_moe(model):
                     " too"
                 )
         return
-    if model.part_name('mlp') != 'swiglu':
-        raise ConfigError(
-            f"n_experts = {model.n_experts}: the experts are SwiGLU FFNs, not "
-            f"{model.part_name('mlp')} (arch 'llama', or mlp = 'swiglu')"
-        )
     if not 1 <= model.top_k <= model.n_experts:
         raise ConfigError(f"top_k must be in 1..n_experts ({model.n_experts}), got {model.top_k}")
     if not model.expert_hidden:

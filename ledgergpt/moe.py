@@ -1,16 +1,16 @@
 """
 moe.py: the mixture of experts, the FFN that model.py's Block takes in place of the dense one in the
-blocks after the first n_dense_layers (n_experts > 0, llama), and the router-bias update train.py
-calls after each optimizer step.
+blocks after the first n_dense_layers (n_experts > 0), and the router-bias update train.py calls
+after each optimizer step.
 
-DeepSeekMoE's shape (n_experts small SwiGLUs, top_k per token, n_shared_experts every token visits,
-fused into one) routed as DeepSeek-V3 does (arXiv:2412.19437, sec. 2.1.2; its inference/model.py
-Gate): affinities s = sigmoid(u . e_i), the top_k of s + b pick, the bias b never weighs; gates =
-the chosen s summing to 1, x route_scale. Dropless (a loop over experts; the slice sizes read back
-once per layer, as DeepSeek's code does), so a token costs exactly top_k experts' matmuls. b moves
-outside the gradient (update_router_bias); optionally the sequence-wise balance loss alpha * sum_i
-f_i P_i (eq. 17-20) joins the loss (GPT.forward adds it). ledger.py's Ledger MoE counts its
-parameters, FLOPs and saved tensors; tests/test_moe.py holds the two together.
+DeepSeekMoE's shape (n_experts small MLPs of the config's mlp row, top_k per token, n_shared_experts
+every token visits, fused into one) routed as DeepSeek-V3 does (arXiv:2412.19437, sec. 2.1.2; its
+inference/model.py Gate): affinities s = sigmoid(u . e_i), the top_k of s + b pick, the bias b never
+weighs; gates = the chosen s summing to 1, x route_scale. Dropless (a loop over experts; the slice
+sizes read back once per layer, as DeepSeek's code does), so a token costs exactly top_k experts'
+matmuls. b moves outside the gradient (update_router_bias); optionally the sequence-wise balance
+loss alpha * sum_i f_i P_i (eq. 17-20) joins the loss (GPT.forward adds it). ledger.py's Ledger MoE
+counts its parameters, FLOPs and saved tensors; tests/test_moe.py holds the two together.
 """
 
 import torch
@@ -19,7 +19,7 @@ import torch.nn as nn
 
 
 class MoE(nn.Module):
-    # expert: one expert's class, built as expert(config, width) (model.SwiGLU)
+    # expert: the config's MLP row's class (model.MLPS), built as expert(config, width)
     def __init__(self, config, expert):
         super().__init__()
         self.n_experts, self.top_k, self.route_scale = (
@@ -46,6 +46,9 @@ class MoE(nn.Module):
         self.router_bias.zero_()
         self.load.zero_()
 
+    # eager under torch.compile, the layer whole: its slice sizes are read to the host and change
+    # every step, so a compiled expert loop would recompile on them (or break its graph each layer)
+    @torch.compiler.disable
     def forward(self, x):
         B, T, H = x.shape
         x = x.reshape(B * T, H)

@@ -9,9 +9,10 @@ the ledger reads too): no wrapper's prefix decides.
     adamw: torch.optim.AdamW, decay on matrices only (the book's recipe).
     muon:  MuonAdamW, torch.optim.Muon's update on the blocks' matrices and AdamW on the rest, its
            Newton-Schulz in the run's compute dtype (bf16 as torch's, or fp32 where the run computes
-           fp32). Under ZeRO-2 and FSDP2 each matrix's momentum-updated gradient is all-gathered in
-           that dtype (so the result is the one process's to the bit), orthogonalised on every
-           rank, and each rank keeps its own rows (Ledger 5 counts the gathers).
+           fp32). Under ZeRO-2 and FSDP2 each matrix has an owner rank (config.muon_blocks): its
+           rows go there in that dtype, it is orthogonalised once (the one process's result to the
+           bit) and its rows come back, so each rank runs 1/N of the Newton-Schulz work (Ledger 5
+           counts the all-to-alls).
 """
 
 import torch
@@ -91,25 +92,30 @@ def _local(tensor):
     return tensor.to_local() if isinstance(tensor, DTensor) else tensor
 
 
-def _whole(update, param, dtype):
-    """A rank's rows of a sharded matrix's update -> the whole matrix, all-gathered in dtype (what
-    Newton-Schulz casts it to first) from FSDP2's Shard(0) rows: ceil(rows / N) a rank, the last
-    ranks' padded with zeros, as FSDP2 pads its own gathers (sums.collectives counts them so)."""
-    group, ranks = param.device_mesh.get_group(), param.device_mesh.size()
-    rows, chunk = param.shape[0], -(-param.shape[0] // ranks)
-    mine = update.new_zeros((chunk, *param.shape[1:]), dtype=dtype)
-    mine[: len(update)] = update
-    whole = mine.new_empty((ranks * chunk, *param.shape[1:]))
-    dist.all_gather_into_tensor(whole, mine, group=group)
-    return whole[:rows]
-
-
-def _own_rows(whole, param):
-    """This rank's rows of a whole matrix, as FSDP2 shards it (sums.fsdp_rows: ceil(rows / N) a
-    rank)."""
-    ranks, rank = param.device_mesh.size(), param.device_mesh.get_local_rank()
-    chunk = -(-whole.shape[0] // ranks)
-    return whole[rank * chunk : (rank + 1) * chunk]
+def orthogonalise_sharded(params, updates, group, dtype):
+    """Newton-Schulz on FSDP2's Shard(0) matrices, each once: -> this rank's rows of each result.
+    In blocks of one shape (config.muon_blocks), an all-to-all sends each matrix's rows to its owner
+    in dtype (what Newton-Schulz casts to first), ceil(rows / N) a rank, the last padded with zeros
+    as FSDP2 pads its own gathers; the owner orthogonalises the whole matrix, and a second
+    all-to-all sends each rank its rows back (sums.collectives counts both)."""
+    mesh = params[0].device_mesh
+    pg, ranks, rank = mesh.get_group(), mesh.size(), mesh.get_local_rank()
+    results = [None] * len(params)
+    for (rows, *cols), block in config.muon_blocks([p.shape for p in params], ranks):
+        chunk = -(-rows // ranks)
+        # send[owner]: my rows of the matrix that rank owns; got[r]: rank r's rows of mine
+        send = updates[block[0][0]].new_zeros((ranks, chunk, *cols), dtype=dtype)
+        for i, owner in block:
+            send[owner, : len(updates[i])] = updates[i]
+        got = torch.empty_like(send)
+        dist.all_to_all_single(got, send, group=pg)
+        if rank in (owner for _, owner in block):
+            whole = got.view(ranks * chunk, *cols)
+            whole[:rows] = newton_schulz(whole[:rows], group, dtype)
+        dist.all_to_all_single(send, got, group=pg)  # each rank's rows back
+        for i, owner in block:
+            results[i] = send[owner, : len(updates[i])]
+    return results
 
 
 def _adamw_groups(groups):
@@ -154,20 +160,21 @@ class MuonAdamW(torch.optim.AdamW):
 
     def _muon_step(self, group):
         lr, momentum = group['lr'] * group['lr_ratio'], group['momentum']
-        for param in group['params']:
-            if param.grad is None:
-                continue
+        params = [param for param in group['params'] if param.grad is not None]
+        updates = []
+        for param in params:
             state = self.state[param]
             if 'momentum_buffer' not in state:
                 state['momentum_buffer'] = torch.zeros_like(param.grad)
-            buf, grad, weight = (_local(t) for t in (state['momentum_buffer'], param.grad, param))
+            buf, grad = _local(state['momentum_buffer']), _local(param.grad)
             buf.lerp_(grad, 1 - momentum)
-            update = grad.lerp(buf, momentum) if group['nesterov'] else buf
-            if isinstance(param, DTensor):
-                whole = _whole(update, param, self.ns_dtype)
-                update = _own_rows(newton_schulz(whole, group, self.ns_dtype), param)
-            else:
-                update = newton_schulz(update, group, self.ns_dtype)
+            updates.append(grad.lerp(buf, momentum) if group['nesterov'] else buf)
+        if params and isinstance(params[0], DTensor):  # FSDP2, ZeRO-2: each matrix on its owner
+            updates = orthogonalise_sharded(params, updates, group, self.ns_dtype)
+        else:
+            updates = [newton_schulz(update, group, self.ns_dtype) for update in updates]
+        for param, update in zip(params, updates):
+            weight = _local(param)
             weight.mul_(1 - lr * group['weight_decay'])
             weight.add_(update, alpha=-_muon._adjust_lr(lr, group['adjust_lr_fn'], param.shape))
 

@@ -295,12 +295,11 @@ def block_shapes(model, i):
     shapes += [(f'{block}.mlp_norm.{n}', s) for n, s in norm]
     if i < model.n_layer - model.moe_layers:
         return shapes + [(f'{block}.mlp.{n}', s) for n, s in model.part('mlp').shapes(model)]
-    E, S = model.expert_hidden, model.n_shared_experts * model.expert_hidden  # SwiGLU experts
+    E, S = model.expert_hidden, model.n_shared_experts * model.expert_hidden
     shapes += [(f'{block}.mlp.router.weight', (model.n_experts, H))]
     experts = [(f'experts.{j}', E) for j in range(model.n_experts)] + ([('shared', S)] if S else [])
     for name, width in experts:
-        shapes += config.linear(f'{block}.mlp.{name}.gate_up_proj', H, 2 * width, bias)
-        shapes += config.linear(f'{block}.mlp.{name}.down_proj', width, H, bias)
+        shapes += [(f'{block}.mlp.{name}.{n}', s) for n, s in expert_shapes(model, width)]
     return shapes
 
 
@@ -351,7 +350,7 @@ def count_params(model):
     counts['blocks_matmul_total'] = blocks_matmul
     counts['total'] = sum(counts[k] for k in BILL_PARTS)
     counts['active'] = counts['total'] - M * moe['idle']
-    counts['blocks_matmul'] = blocks_matmul - M * moe['idle']  # the FLOPs count these
+    counts['blocks_matmul'] = blocks_matmul - M * moe['idle_matmul']  # the FLOPs count these
     counts['matmul'] = counts['blocks_matmul'] + VH
     counts['matmul_total'] = blocks_matmul + VH
     counts['moe_layer'], counts['moe_layer_active'] = moe['layer'], moe['layer'] - moe['idle']
@@ -1082,31 +1081,47 @@ def parallelism_verdict(model, train, n_gpu, device, fits, exposed_fraction):
 # Derivations: Ledger MoE)
 
 
+def expert_shapes(model, width):
+    """An expert's (name, shape)s: the mlp row's (a SwiGLU's, a ReLU²'s...) at H' = width."""
+    return model.part('mlp').shapes(dataclasses.replace(model, ffn_hidden=width))
+
+
 def moe_params(model):
-    """An MoE layer's FFN parameters: 'layer' all, 'idle' the routed experts a token does not visit,
-    'router' the router's. All 0 for a dense model."""
+    """An MoE layer's FFN parameters: 'layer' all, 'idle' the routed experts a token does not visit
+    ('idle_matmul' their matrices), 'router' the router's. All 0 for a dense model."""
     if not model.n_experts:
-        return {'layer': 0, 'idle': 0, 'router': 0}
-    n, k, H = model.n_experts, model.top_k, model.n_embd
-    expert = 3 * H * model.expert_hidden  # a SwiGLU: gate, up, down
-    layer = n * H + (n + model.n_shared_experts) * expert
-    return {'layer': layer, 'idle': (n - k) * expert, 'router': n * H}
+        return dict.fromkeys(('layer', 'idle', 'idle_matmul', 'router'), 0)
+    n, k, H, E = model.n_experts, model.top_k, model.n_embd, model.expert_hidden
+
+    def size(width, matrices=False):  # a SwiGLU's 3HE, a GELU's or ReLU²'s 2HE (+ biases)
+        shapes = expert_shapes(model, width) if width else []
+        return sum(math.prod(s) for _, s in shapes if len(s) == 2 or not matrices)
+
+    layer = n * H + n * size(E) + size(model.n_shared_experts * E)
+    idle = {'idle': (n - k) * size(E), 'idle_matmul': (n - k) * size(E, matrices=True)}
+    return {'layer': layer, **idle, 'router': n * H}
 
 
 def moe_activation_bytes(model, a, autocast):
-    """Bytes an MoE layer's FFN saves a token (eager, moe.py), for the dense FFN's a*H + 4a*H'; a:
-    activation bytes, k routed experts a token: inputs a*H (the router's and the shared experts';
-    under autocast those keep their own bf16 copy, a*H more); router: fp32 affinities 4n, the
-    chosen ids (int64) 8k, chosen affinities and their sum 4k + 4, gates 4k; dispatched: each token
-    copied to its k experts a*k*H and their outputs back a*k*H, the two gathers' ids 8k each;
-    experts: 4a*E each (gate|up, silu(gate), the product), shared 4a*s*E."""
+    """Bytes an MoE layer's FFN saves a token (eager, moe.py), for the dense FFN's; a: activation
+    bytes, k routed experts a token: inputs a*H (the router's and the shared experts'; under
+    autocast those keep their own bf16 copy, a*H more); router: fp32 affinities 4n, the chosen ids
+    (int64) 8k, chosen affinities and their sum 4k + 4, gates 4k; dispatched: each token copied to
+    its k experts a*k*H and their outputs back a*k*H, the two gathers' ids 8k each; experts: the mlp
+    row's eager bytes at width E less its input (counted above): a SwiGLU's 4a*E (gate|up,
+    silu(gate), the product), a ReLU²'s 2a*E; the shared ones' at width s*E."""
     n, k, H, E = model.n_experts, model.top_k, model.n_embd, model.expert_hidden
     shared = model.n_shared_experts * E
+
+    def expert(width):  # one expert's saved bytes a token without its input
+        at_width = dataclasses.replace(model, ffn_hidden=width)
+        return model.part('mlp').saved(at_width, a, a, False) - a * H if width else 0
+
     parts = {
         'inputs': a * H * (2 if autocast and shared else 1),
         'router': 4 * n + 8 * k + 4 * k + 4 + 4 * k,
         'dispatched': 2 * a * k * H + 16 * k,
-        'experts': 4 * a * k * E + 4 * a * shared,
+        'experts': k * expert(E) + expert(shared),
     }
     parts['total'] = sum(parts.values())
     return parts

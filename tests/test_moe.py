@@ -68,8 +68,11 @@ CONFIGS = [
         expert_hidden=24,
         route_scale=2.5,
     ),
+    # the experts are the mlp row's, as the dense FFN: ReLU² (nanochat's), GPT-2's GELU with biases
+    moe(mlp='relu2', n_shared_experts=1),
+    moe(arch='gpt2', n_shared_experts=1, n_dense_layers=1, tie_embeddings=True, bias=True),
 ]
-IDS = ['routed', 'shared-dense1', 'shared2-gqa-tied']
+IDS = ['routed', 'shared-dense1', 'shared2-gqa-tied', 'relu2-experts', 'gpt2-gelu-experts']
 
 
 def built(config, seed=0):
@@ -155,6 +158,24 @@ def test_recompute_activations_hold_the_largest_block_rerun():
 
 # -----------------------------------------------------------------------------------------------------
 # Balance.
+
+
+def test_compile_leaves_the_moe_layers_eager():
+    """torch.compile traces the dense parts, never the routing: its slice sizes change every step
+    (a host read), so a traced expert loop would recompile on them."""
+    model = built(moe(n_dense_layers=1))
+    traced = []
+
+    def backend(graph, inputs):  # dynamo's graphs, run as traced
+        traced.extend(str(node.target) for node in graph.graph.nodes)
+        return graph.forward
+
+    model.compile(backend=backend)
+    for _ in range(3):
+        idx, targets = batch(model.config, micro_batch=2)
+        model(idx, targets)[1].backward()
+    assert any('scaled_dot_product_attention' in op for op in traced)
+    assert not any('topk' in op or 'bincount' in op for op in traced)
 
 
 def test_bias_update_evens_out_a_skewed_router():
@@ -267,7 +288,6 @@ def test_train_logs_the_load_at_log_steps(tmp_path):
             'top_k must be in 1..n_experts (4), got 5',
         ),
         (['--n_experts=4', '--top_k=2'], 'needs expert_hidden'),
-        (['--arch=gpt2', '--n_experts=4', '--top_k=2', '--expert_hidden=8'], 'SwiGLU'),
         (
             [
                 '--n_experts=4',
@@ -307,6 +327,17 @@ def test_ledger_prints_total_beside_active(path):
     assert memory['book_active_model_states'] == 16 * params['active']
     assert memory['model_states'] > memory['book_active_model_states']  # held: ~16 x the total
     assert 'book: 16 x active' in text
+
+
+def test_the_bill_writes_the_experts_mlp_row():
+    """An expert is the mlp row's MLP at width E: the bill's formula and the counts follow the row."""
+    for mlp, formula in (('swiglu', '3HE'), ('relu2', '2HE')):
+        model, train_config = load_config(
+            os.path.join(ROOT, 'configs/pystdlib_moe.py'), ['--gpu=H200', f'--mlp={mlp}']
+        )
+        prediction = sums.predict(model, train_config)
+        assert f'(8 + 1) x {formula}: every expert' in bill.format_report(prediction)
+        assert sum(p.numel() for p in GPT(model).parameters()) == prediction['params']['total']
 
 
 # -----------------------------------------------------------------------------------------------------

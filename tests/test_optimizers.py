@@ -11,6 +11,8 @@ import dataclasses
 import json
 import os
 import re
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -21,6 +23,8 @@ import train
 from ledgergpt import config, optimizers, sums
 from ledgergpt.config import ConfigError, load_config
 from model import GPT
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 TINY = [
     '--n_layer=2',
@@ -279,3 +283,66 @@ def test_the_books_muon_figures_are_the_ledgers():
     assert f"{a['memory']['model_states'] / 2**30:.1f}" == adamw
     assert f"{p['optimizer_flops_per_step']:.2e}".replace('e+', 'e') == per_step
     assert f"{p['total_flops'] / p['steps']:.2e}".replace('e+', 'e') == step
+
+
+# Muon under FSDP2 (Shard(0) DTensor matrices): each matrix orthogonalised once, by the owner
+# config.muon_blocks gives it, its rows sent there and back by all-to-alls.
+SHARDED_MUON = '''
+import json, sys
+import torch, torch.distributed as dist
+from torch.distributed.tensor import Shard, distribute_tensor, init_device_mesh
+from ledgergpt import config, optimizers
+
+dist.init_process_group('gloo')
+ranks, rank = dist.get_world_size(), dist.get_rank()
+torch.manual_seed(0)
+# rows 64 and 40 split evenly or not; 5 and 3 leave a rank padded or empty
+shapes = [(64, 32), (40, 96), (5, 16), (3, 8), (96, 64), (64, 32), (64, 32), (5, 16)]
+fulls = [torch.randn(shape) for shape in shapes]
+grads = [[torch.randn(shape) for shape in shapes] for _ in range(2)]
+options = dict(lr=0.02, ns_dtype=torch.bfloat16, momentum=0.95, nesterov=True, ns_steps=5,
+               ns_coefficients=(3.4445, -4.775, 2.0315), muon_eps=1e-7,
+               adjust_lr_fn='match_rms_adamw', lr_ratio=1.0, weight_decay=0.1)
+calls = []
+newton_schulz = optimizers.newton_schulz
+def counted(update, group, dtype):
+    calls.append(tuple(update.shape))
+    return newton_schulz(update, group, dtype)
+
+def run(params, shard):
+    optimizer = optimizers.MuonAdamW([dict(params=params, kind='muon')], **options)
+    for step in grads:
+        for param, grad in zip(params, step):
+            param.grad = shard(grad)
+        optimizer.step()
+    return params
+
+alone = run([torch.nn.Parameter(full.clone()) for full in fulls], lambda grad: grad.clone())
+optimizers.newton_schulz = counted
+mesh = init_device_mesh('cpu', (ranks,))
+def sharded(tensor):
+    return distribute_tensor(tensor.clone(), mesh, [Shard(0)])
+spread = run([torch.nn.Parameter(sharded(full)) for full in fulls], sharded)
+equal = [torch.equal(p.full_tensor(), q.detach()) for p, q in zip(spread, alone)]
+owned = [i for _, block in config.muon_blocks(shapes, ranks) for i, owner in block if owner == rank]
+json.dump(dict(equal=equal, calls=calls, owned=owned), open(f'{sys.argv[1]}/rank{rank}.json', 'w'))
+'''
+
+
+@pytest.mark.parametrize('processes', [2, 4])
+def test_muon_under_fsdp2_orthogonalises_each_matrix_once_to_the_bit(processes, tmp_path):
+    """Two steps of Muon on Shard(0) DTensor matrices over 2 and 4 gloo processes equal one process's
+    to the bit, and each rank ran Newton-Schulz on its own matrices only: each matrix once."""
+    (tmp_path / 'run.py').write_text(SHARDED_MUON)
+    command = [sys.executable, '-m', 'torch.distributed.run', '--standalone']
+    command += [f'--nproc_per_node={processes}', str(tmp_path / 'run.py'), str(tmp_path)]
+    env = dict(os.environ, OMP_NUM_THREADS='1', PYTHONPATH=ROOT)
+    result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, env=env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    ranks = [json.load(open(tmp_path / f'rank{r}.json')) for r in range(processes)]
+    assert all(all(rank['equal']) for rank in ranks)
+    shapes = [(64, 32), (40, 96), (5, 16), (3, 8), (96, 64), (64, 32), (64, 32), (5, 16)]
+    owned = sorted(i for rank in ranks for i in rank['owned'])
+    assert owned == list(range(len(shapes))) and all(rank['owned'] for rank in ranks[:2])
+    for rank in ranks:  # two steps, each of its own matrices once
+        assert rank['calls'] == [list(shapes[i]) for i in rank['owned']] * 2

@@ -218,3 +218,31 @@ if __name__ == '__main__':
     )
     print(f'functions over {FUNCTION_LINES} lines: {len(long_functions)} {long_functions[:5]}')
     print(f'lines over {COLUMNS} characters: {len(wide)} {wide[:5]}')
+
+
+# a run folder a command reads: sample/export/evals RUN, the plot's RUN, --resume= and --cooldown_from=
+RUN_READ = re.compile(
+    r'(?:(?:sample|export|evals)\.py|ledgergpt\.plot|--resume=|--cooldown_from=)\s*(out/[\w.-]+)'
+)
+
+
+def test_each_config_names_its_folder_and_the_docs_read_where_runs_write():
+    """Every shipped config writes to out/<its name>, and every run folder the README and docs/ hand
+    to sample.py, export.py, evals.py, the plot or --resume is one a config or a printed --out_dir=
+    writes."""
+    sys.path.insert(0, ROOT)
+    from ledgergpt.config import load_config
+
+    written = set()
+    for path in sorted(glob.glob(os.path.join(ROOT, 'configs', '*.py'))):
+        name = os.path.basename(path)[:-3]
+        out_dir = load_config(path)[1].out_dir
+        assert out_dir == f'out/{name}', (path, out_dir)
+        written.add(out_dir)
+    docs = [os.path.join(ROOT, 'README.md')] + glob.glob(os.path.join(ROOT, 'docs', '*.md'))
+    text = '\n'.join(open(doc).read() for doc in docs)
+    written |= set(re.findall(r'--out_dir[= ](out/[\w.-]+)', text))
+    read = set(RUN_READ.findall(text))
+    assert 'out/h200_1b3' in read and 'out/pystdlib_cpu' in read  # the README's own commands
+    # placeholders: out/RUN (any run), out/run_a and out/run_b (the plot's two-run example)
+    assert read - written <= {'out/RUN', 'out/run_a', 'out/run_b'}, sorted(read - written)
