@@ -6,11 +6,9 @@ plot.py: the loss curve of one run, or of several overlaid, as a PNG.
     python -m ledgergpt.plot out/pystdlib_overtrain --branches      # -> its branches.png
 
 Against tokens seen: the train loss (faint) and its moving average, the val loss (a mixture's per
-source too), rollbacks, Chinchilla's 20 x P (Hoffmann et al. 2022; P from ledger.json), HellaSwag,
-ARC and MMLU on a second axis; steps logged again after a rollback or a resume replace the ones they
-repeat. moe.png: a mixture of experts' load. --branches: overtrain.py's runs (docs/overtraining.md).
-train.py redraws out_dir/loss.png with draw_run(out_dir), which never raises. matplotlib is imported
-only here, drawing through its Agg backend (to a file; no display needed).
+source too), rollbacks, Chinchilla's 20 x P, HellaSwag, ARC and MMLU on a second axis. moe.png: a
+mixture of experts' load. --branches: overtrain.py's runs (docs/overtraining.md). matplotlib is
+imported only here (its Agg backend: no display needed).
 """
 
 import argparse
@@ -23,7 +21,7 @@ import numpy as np
 
 from ledgergpt import bill, scaling, sums
 from ledgergpt.config import EVAL_TASKS, ConfigError, UserError, cli
-from ledgergpt.files import atomic_write
+from ledgergpt.files import atomic_write, load_json
 
 SMOOTHING = 0.02  # the moving average spans 2% of the logged steps (101 of 5,000), and at least 5
 # a Chinchilla point past 1.5 x the run's tokens is named, not drawn (it would squash the curve)
@@ -130,8 +128,8 @@ def read_run(run_dir):
 def chinchilla_tokens(run_dir):
     """20 x P from the run's ledger.json (the ledger counts P exactly as model.py builds it)."""
     try:
-        with open(os.path.join(run_dir, 'ledger.json')) as f:
-            return sums.CHINCHILLA_TOKENS_PER_PARAM * json.load(f)['params']['total']
+        ledger = load_json(os.path.join(run_dir, 'ledger.json'))
+        return sums.CHINCHILLA_TOKENS_PER_PARAM * ledger['params']['total']
     except (OSError, ValueError, KeyError, TypeError):
         return None
 
@@ -301,8 +299,7 @@ def branch_figure(main_dir, fit=None):
 def fitted_loss(ax, fit, run_dir, last):
     """Our fit's L(N, D) for the run's N (its ledger.json, the fit's convention) along the tokens:
     the loss a run of each length is predicted to end at, its 95% interval shaded."""
-    with open(os.path.join(run_dir, 'ledger.json')) as f:
-        n_params = json.load(f)['params']['matmul']
+    n_params = load_json(os.path.join(run_dir, 'ledger.json'))['params']['matmul']
     seen = np.linspace(STEEP_START * last, last, 60)
     predicted = [scaling.predict(fit, n_params, d) for d in seen]
     ours = f"our fit ({fit.get('path', '')}, {fit['data']})"

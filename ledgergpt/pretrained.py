@@ -2,8 +2,8 @@
 pretrained.py: start a run from a published model: `init_from` names a Hugging Face model folder or
 a Hub repo id (fetched into a cache), and the run fine-tunes it or continues its pretraining. Our
 GPT, its keys read from config.json and its weights through hf.py's tables, the ones export.py
-writes with, read backwards: each is a view of one of our
-parameters, so copying the file's tensor into it fills ours. docs/finetuning.md: what is checked.
+writes with, read backwards: each is a view of one of our parameters, so copying the file's tensor
+into it fills ours. docs/finetuning.md: what is checked.
 
     python prepare.py files notes.txt --out data/notes --tokenizer hf/gpt2   # the model's tokenizer
     python train.py configs/finetune_cpu.py --init_from=hf/gpt2 --data=data/notes
