@@ -257,6 +257,15 @@ def gguf_vocab(writer, encoding, vocab_size, pre):
     writer.add_add_bos_token(False)  # a prompt starts with end-of-text as its ids say (sample.py's)
 
 
+# our config's value under each llama.cpp key (GGUFWriter.add_KEY), in the order written: every
+# model's, then Llama's (arcee, qwen3 too) or GPT-2's
+GGUF_KEYS = 'context_length:block_size embedding_length:n_embd feed_forward_length:ffn_width '
+GGUF_KEYS += 'block_count:n_layer head_count:n_head '
+LLAMA_GGUF_KEYS = 'head_count_kv:kv_heads rope_freq_base:rope_theta layer_norm_rms_eps:norm_eps '
+LLAMA_GGUF_KEYS += 'rope_dimension_count:head_dim key_length:head_dim value_length:head_dim '
+LLAMA_GGUF_KEYS += 'vocab_size:vocab_size'
+
+
 def write_gguf(path, model, encoding, dtype, out_dir):
     """model.gguf: the hyperparameters, the tokenizer, the weights in dtype; named for out_dir."""
     import gguf
@@ -265,26 +274,14 @@ def write_gguf(path, model, encoding, dtype, out_dir):
     _, _, arch, adjacent_pairs = hf.LAYOUTS[hf_class]
     writer = gguf.GGUFWriter(path, gguf.MODEL_ARCH_NAMES[getattr(gguf.MODEL_ARCH, arch)])
     writer.add_name(os.path.basename(out_dir))
-    # the hyperparameters under llama.cpp's keys
-    writer.add_context_length(c.block_size)
-    writer.add_embedding_length(c.n_embd)
-    writer.add_feed_forward_length(c.ffn_width)
-    writer.add_block_count(c.n_layer)
-    writer.add_head_count(c.n_head)
-    if hf_class != 'GPT2LMHeadModel':  # llama, arcee, qwen3
-        writer.add_head_count_kv(c.kv_heads)
-        writer.add_rope_freq_base(c.rope_theta)
-        writer.add_layer_norm_rms_eps(c.norm_eps)
-        writer.add_rope_dimension_count(c.head_dim)
-        writer.add_key_length(c.head_dim)
-        writer.add_value_length(c.head_dim)
-        writer.add_vocab_size(c.vocab_size)
-    else:
-        writer.add_layer_norm_eps(c.norm_eps)
+    conv1d = hf_class == 'GPT2LMHeadModel'
+    keys = GGUF_KEYS + ('layer_norm_eps:norm_eps' if conv1d else LLAMA_GGUF_KEYS)
+    for key, attr in (pair.split(':') for pair in keys.split()):
+        getattr(writer, f'add_{key}')(getattr(c, attr))
     writer.add_file_type(getattr(gguf.LlamaFileType, GGUF_FILE_TYPES[dtype]))
     gguf_vocab(writer, encoding, c.vocab_size, pre)
     names = gguf.get_tensor_name_map(getattr(gguf.MODEL_ARCH, arch), c.n_layer)
-    tensors, conv1d = hf.hf_tensors(model, hf_class), hf_class == 'GPT2LMHeadModel'
+    tensors = hf.hf_tensors(model, hf_class)
     if conv1d:
         tensors.setdefault('lm_head.weight', tensors['transformer.wte.weight'])
     for hf_name, tensor in tensors.items():
@@ -295,13 +292,13 @@ def write_gguf(path, model, encoding, dtype, out_dir):
             tensor = halves.transpose(1, 2).reshape(tensor.shape)
         if conv1d and tensor.dim() == 2 and '.h.' in hf_name:
             tensor = tensor.t()  # Conv1D (in, out) -> (out, in)
-        if tensor.dim() == 1 or dtype == 'float32':
-            writer.add_tensor(name, tensor.float().contiguous().numpy())
-        elif dtype == 'float16':
-            writer.add_tensor(name, tensor.half().contiguous().numpy())
-        else:  # numpy has no bfloat16: its bits, typed by the header; 1-D tensors stay float32
+        if tensor.dim() > 1 and dtype == 'bfloat16':
+            # numpy has no bfloat16: its bits, typed by the header
             bits = tensor.to(torch.bfloat16).contiguous().view(torch.int16).numpy()
             writer.add_tensor(name, bits, raw_dtype=gguf.GGMLQuantizationType.BF16)
+        else:  # 1-D tensors (norms, biases) stay float32
+            as_type = torch.float32 if tensor.dim() == 1 else DTYPES[dtype]
+            writer.add_tensor(name, tensor.to(as_type).contiguous().numpy())
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()

@@ -18,7 +18,6 @@ would be one token (half a word) is harder for it: training split documents at t
 import argparse
 import math
 import sys
-from contextlib import nullcontext
 
 import torch
 
@@ -72,10 +71,8 @@ def parse(argv):
     add = parser.add_argument
     add('checkpoint', help="a run's out_dir (latest checkpoint) or a ckpt/step_* folder")
     add('--prompt', default='', help='text to continue (default: start a new document)')
-    add(
-        '--prefix', default=None, help='fill in the middle (objective=fim): the text before the gap'
-    )
-    add('--suffix', default=None, help='fill in the middle (objective=fim): the text after the gap')
+    add('--prefix', help='fill in the middle (objective=fim): the text before the gap')
+    add('--suffix', help='fill in the middle (objective=fim): the text after the gap')
     add('--tokens', type=int, default=200, help='new tokens per sample')
     add('--temperature', type=float, default=0.8, help='0 is greedy')
     add('--top_k', type=int, default=200, help='sample among the k most likely tokens (0: all)')
@@ -135,8 +132,7 @@ def main(argv):
         prompt = [tokenizer.eot_token] + tokenizer.encode(args.prompt, allowed_special='all')
     start = torch.tensor([prompt] * args.num_samples, dtype=torch.long, device=device)
     torch.manual_seed(args.seed)
-    cuda = device.type == 'cuda'
-    autocast = torch.autocast('cuda', dtype=torch.bfloat16) if cuda else nullcontext()
+    autocast = torch.autocast(device.type, torch.bfloat16, enabled=device.type == 'cuda')
     top_k = args.top_k or None
     with torch.no_grad(), autocast:
         if infill:

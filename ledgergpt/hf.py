@@ -15,7 +15,8 @@ from ledgergpt.config import FAMILIES, PART_KEYS, ConfigError
 # model.py implements (transformers' default where config.json has none). rope_scaling: Llama
 # 3.1's, YaRN, linear or dynamic NTK; our RoPE is plain. Qwen3 writes a sliding_window it uses only
 # where use_sliding_window is true. GPT-2's scale_attn_weights: scores / sqrt(head_dim), as SDPA.
-LLAMA_ONLY = {'rope_scaling': None, 'attention_bias': False, 'mlp_bias': False}
+NO_BIAS = {'attention_bias': False, 'mlp_bias': False}
+LLAMA_ONLY = {'rope_scaling': None, **NO_BIAS}
 QWEN3_ONLY = {**LLAMA_ONLY, 'use_sliding_window': False}
 GPT2_ONLY = {'scale_attn_weights': True, 'scale_attn_by_inverse_layer_idx': False}
 CLASSES = {
@@ -142,7 +143,6 @@ def gpt2_tensors(model):
     return tensors
 
 
-NO_BIAS = {'attention_bias': False, 'mlp_bias': False}
 QWEN3_WRITTEN = {**NO_BIAS, 'use_sliding_window': False, 'sliding_window': None}
 GPT2_WRITTEN = {'resid_pdrop': 0.0, 'embd_pdrop': 0.0, 'attn_pdrop': 0.0}
 # A Hugging Face class (CLASSES) -> its weights, config.json's values beside FIELDS (the

@@ -6,11 +6,9 @@ plot.py: the loss curve of one run, or of several overlaid, as a PNG.
     python -m ledgergpt.plot out/pystdlib_overtrain --branches      # -> its branches.png
 
 Against tokens seen: the train loss (faint) and its moving average, the val loss (a mixture's per
-source too), rollbacks, Chinchilla's 20 x P (Hoffmann et al. 2022; P from ledger.json), HellaSwag,
-ARC and MMLU on a second axis; steps logged again after a rollback or a resume replace the ones they
-repeat. moe.png: a mixture of experts' load. --branches: overtrain.py's runs (docs/overtraining.md).
-train.py redraws out_dir/loss.png with draw_run(out_dir), which never raises. matplotlib is imported
-only here, drawing through its Agg backend (to a file; no display needed).
+source too), rollbacks, Chinchilla's 20 x P, HellaSwag, ARC and MMLU on a second axis. moe.png: a
+mixture of experts' load. --branches: overtrain.py's runs (docs/overtraining.md). matplotlib is
+imported only here (its Agg backend: no display needed).
 """
 
 import argparse
@@ -21,9 +19,9 @@ import sys
 
 import numpy as np
 
-from ledgergpt import bill, sums
+from ledgergpt import bill, scaling, sums
 from ledgergpt.config import EVAL_TASKS, ConfigError, UserError, cli
-from ledgergpt.files import atomic_write
+from ledgergpt.files import atomic_write, load_json
 
 SMOOTHING = 0.02  # the moving average spans 2% of the logged steps (101 of 5,000), and at least 5
 # a Chinchilla point past 1.5 x the run's tokens is named, not drawn (it would squash the curve)
@@ -130,8 +128,8 @@ def read_run(run_dir):
 def chinchilla_tokens(run_dir):
     """20 x P from the run's ledger.json (the ledger counts P exactly as model.py builds it)."""
     try:
-        with open(os.path.join(run_dir, 'ledger.json')) as f:
-            return sums.CHINCHILLA_TOKENS_PER_PARAM * json.load(f)['params']['total']
+        ledger = load_json(os.path.join(run_dir, 'ledger.json'))
+        return sums.CHINCHILLA_TOKENS_PER_PARAM * ledger['params']['total']
     except (OSError, ValueError, KeyError, TypeError):
         return None
 
@@ -167,10 +165,11 @@ def save(fig, out):
     return out
 
 
-def tokens_axis(ax):
-    ax.set_xlabel('tokens seen')
+def si_axis(ax, label='tokens seen', which='major'):
+    """The x-axis labelled, its numbers in SI units (26B), a grid behind."""
+    ax.set_xlabel(label)
     ax.xaxis.set_major_formatter(lambda x, _: bill.si(x))
-    ax.grid(alpha=0.3)
+    ax.grid(alpha=0.3, which=which)
 
 
 def train_and_val(ax, run, color, train_label):
@@ -239,7 +238,7 @@ def loss_axis(ax, runs):
         bottom = min(np.min(run['train'][1]) for run in runs)
         ax.set_ylim(bottom - 0.05 * (top - bottom), top + 0.05 * (top - bottom))
     ax.set_ylabel('loss (nats per token)')
-    tokens_axis(ax)
+    si_axis(ax)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -300,10 +299,7 @@ def branch_figure(main_dir, fit=None):
 def fitted_loss(ax, fit, run_dir, last):
     """Our fit's L(N, D) for the run's N (its ledger.json, the fit's convention) along the tokens:
     the loss a run of each length is predicted to end at, its 95% interval shaded."""
-    from ledgergpt import scaling
-
-    with open(os.path.join(run_dir, 'ledger.json')) as f:
-        n_params = json.load(f)['params']['matmul']
+    n_params = load_json(os.path.join(run_dir, 'ledger.json'))['params']['matmul']
     seen = np.linspace(STEEP_START * last, last, 60)
     predicted = [scaling.predict(fit, n_params, d) for d in seen]
     ours = f"our fit ({fit.get('path', '')}, {fit['data']})"
@@ -320,8 +316,6 @@ def fitted_loss(ax, fit, run_dir, last):
 
 
 def ladder_figure(fit):
-    from ledgergpt import scaling
-
     fig = blank_figure()
     ax = fig.add_subplot()
     low, high = fit['range']['N']
@@ -345,10 +339,8 @@ def ladder_figure(fit):
             x, error = run['N'] * 1.04, [[p['loss'] - p['low']], [p['high'] - p['loss']]]
             ax.errorbar(x, p['loss'], error, color='black', capsize=4, marker='D', label=label)
     ax.set_xscale('log')
-    ax.set_xlabel(f"N (the ledger's matmul parameters: {LADDER_N})")
+    si_axis(ax, f"N (the ledger's matmul parameters: {LADDER_N})", 'both')
     ax.set_ylabel('final val loss (nats per token)')
-    ax.xaxis.set_major_formatter(lambda x, _: bill.si(x))
-    ax.grid(alpha=0.3, which='both')
     ax.legend(fontsize='small')
     fitted = len([run for run in fit['runs'] if not run['held_out']])
     E, A, B, alpha, beta = (fit[key] for key in ('E', 'A', 'B', 'alpha', 'beta'))
@@ -359,8 +351,6 @@ def ladder_figure(fit):
 
 
 def draw_ladder(fit_path, out):
-    from ledgergpt import scaling
-
     return save(ladder_figure(scaling.load_fit(fit_path)), out)
 
 
@@ -395,7 +385,7 @@ def load_figure(run_dir):
     marker = '.' if len(tokens) < FEW else None
     for layer in range(cv.shape[1]):
         ax.plot(tokens, cv[:, layer], marker=marker, label=f'MoE layer {layer + 1}')
-    tokens_axis(ax)
+    si_axis(ax)
     ax.set_ylabel('load CV (std / mean of tokens per expert)')
     ax.legend(fontsize='small')
     image = grid.imshow(shares, aspect='auto', cmap='viridis', vmin=0)

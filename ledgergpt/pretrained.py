@@ -2,8 +2,8 @@
 pretrained.py: start a run from a published model: `init_from` names a Hugging Face model folder or
 a Hub repo id (fetched into a cache), and the run fine-tunes it or continues its pretraining. Our
 GPT, its keys read from config.json and its weights through hf.py's tables, the ones export.py
-writes with, read backwards: each is a view of one of our
-parameters, so copying the file's tensor into it fills ours. docs/finetuning.md: what is checked.
+writes with, read backwards: each is a view of one of our parameters, so copying the file's tensor
+into it fills ours. docs/finetuning.md: what is checked.
 
     python prepare.py files notes.txt --out data/notes --tokenizer hf/gpt2   # the model's tokenizer
     python train.py configs/finetune_cpu.py --init_from=hf/gpt2 --data=data/notes
@@ -12,13 +12,13 @@ Standard library at import: `python ledger.py` plans a fine-tune before torch is
 """
 
 import hashlib
-import json
 import os
 import pathlib
 import re
 
 from ledgergpt import config
 from ledgergpt.config import FAMILIES, PARTS, ConfigError, DataError
+from ledgergpt.files import load_json, write_text_atomic
 from ledgergpt.hf import CLASSES, FIELDS, hf_class_of, hf_tensors
 
 # GPT-2's GELU, the tanh approximation, by either name
@@ -66,7 +66,6 @@ def fetch(repo, network=None, weights=True):
     """The cached folder of a Hub model repo (its main branch): the files of HUB_FILES it has and,
     unless weights=False, its *.safetensors, each verified against the listing."""
     from ledgergpt.downloads import Hub, download, say
-    from ledgergpt.files import write_text_atomic
 
     root = cache_dir(repo)
     markers = {marker: pathlib.Path(root, marker) for marker in ('COMPLETE', 'FILES')}
@@ -98,8 +97,7 @@ def fetch(repo, network=None, weights=True):
 
 def read_json(path):
     try:
-        with open(path, 'rb') as f:
-            return json.loads(f.read())
+        return load_json(path)
     except FileNotFoundError:
         raise ConfigError(f"{path}: no such file") from None
     except ValueError as e:

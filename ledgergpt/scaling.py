@@ -22,6 +22,7 @@ import time
 from ledgergpt import sums
 from ledgergpt.bill import duration, si
 from ledgergpt.config import ConfigError
+from ledgergpt.files import load_json
 
 HUBER_DELTA = 1e-3  # Hoffmann et al. 2022, section D.2
 BOOTSTRAP = 200  # resamples of the runs
@@ -47,7 +48,7 @@ def law(fit, n_params, n_tokens):
     return fit['E'] + fit['A'] / n_params ** fit['alpha'] + fit['B'] / n_tokens ** fit['beta']
 
 
-def fit_law(n_params, n_tokens, losses, bootstrap=BOOTSTRAP, seed=0, starts=STARTS):
+def fit_law(n_params, n_tokens, losses, bootstrap=BOOTSTRAP):
     """Runs (N, D, final loss) -> {E, A, B, alpha, beta, bootstrap: [[E, A, B, alpha, beta], ...],
     residuals: log L - log law per run, huber: the objective's optimum, at_bounds}."""
     import numpy as np
@@ -84,11 +85,11 @@ def fit_law(n_params, n_tokens, losses, bootstrap=BOOTSTRAP, seed=0, starts=STAR
         a, b, e, alpha, beta = (float(v) for v in theta)
         return {'E': math.exp(e), 'A': math.exp(a), 'B': math.exp(b), 'alpha': alpha, 'beta': beta}
 
-    grid = np.asarray(starts, dtype=np.float64)
+    grid = np.asarray(STARTS, dtype=np.float64)
     logs = [np.log(np.asarray(v, dtype=np.float64)) for v in (n_params, n_tokens, losses)]
     best = best_of(logs)
     fitted = as_law(best.x)
-    rng = np.random.default_rng(seed)
+    rng = np.random.default_rng(0)
     samples = []
     for _ in range(bootstrap):
         pick = rng.integers(0, len(losses), len(losses))
@@ -200,8 +201,7 @@ OPTIONAL = ('residuals', 'val_bytes_per_token', 'at_bounds')
 def load_fit(path):
     """A fit file, checked key by key: one line (ConfigError) if it is missing, bad, or not one."""
     try:
-        with open(path) as f:
-            fit = json.load(f)
+        fit = load_json(path)
     except OSError as e:
         raise ConfigError(
             f"fit {path}: cannot read it ({e.strerror}): experiments/ladder.py writes one "
@@ -230,8 +230,7 @@ def load_fit(path):
 def read_summary(out_dir):
     """A run's summary.json (train.py writes it at each eval, whole or not at all), or {} before."""
     try:
-        with open(os.path.join(out_dir, 'summary.json')) as f:
-            return json.load(f)
+        return load_json(os.path.join(out_dir, 'summary.json'))
     except (OSError, ValueError):
         return {}
 
@@ -360,13 +359,10 @@ def bill_section(fit, prediction):
     for multiple in (0.5, 1, 2, 4):
         q = predict(fit, n_params, multiple * tokens)
         bits = f", {q['bpb']:.4f} bpb" if q['bpb'] is not None else ''
-        cost = (
-            f"{duration(multiple * prediction['days'])}, ${multiple * prediction['cost_usd']:,.0f}"
-        )
+        days, usd = multiple * prediction['days'], multiple * prediction['cost_usd']
+        note = f"[{q['low']:.3f}, {q['high']:.3f}]{bits}; {duration(days)}, ${usd:,.0f}"
         label = f'{multiple:g}x the tokens: {si(multiple * tokens)}'
-        rows.append(
-            (label, f"{q['loss']:.3f} nats", f"[{q['low']:.3f}, {q['high']:.3f}]{bits}; {cost}")
-        )
+        rows.append((label, f"{q['loss']:.3f} nats", note))
     title = (
         'Predicted loss: L = E + A/N^alpha + B/D^beta fitted to OUR runs (experiments/ladder.py; '
         "Hoffmann et al.'s approach 3)"
