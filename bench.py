@@ -1,5 +1,6 @@
 """
-bench.py: measured speed and memory beside the ledger's prediction, for the device at hand.
+bench.py: measured speed and memory beside the ledger's prediction, for the device at hand (what
+it measures: docs/measured.md, the device script).
 
     python bench.py                               # the device script: the default cases
     python bench.py "configs/h200_1b3.py --micro_batch=8" --steps=20
@@ -7,15 +8,10 @@ bench.py: measured speed and memory beside the ledger's prediction, for the devi
     python bench.py loop configs/pystdlib_cpu.py  # train.py's loop against a plain PyTorch loop
     python bench.py loss configs/pystdlib_cpu.py  # train.py's loop with the full and chunked loss
 
-The device script builds each case (a config and its overrides, in quotes) as train.py does, on
-synthetic tokens, warms up (torch.compile compiles there), then times optimizer steps of one
-micro-step with train.py's train_step, the device synchronised around the clock (and around each
-optimizer step: Muon's Newton-Schulz against the ledger's FLOPs at the assumed MFU). A JSON line per
-case: tokens/s, MFU, the optimizer step, peak allocated and reserved memory and the allocator's
-retries, each beside the ledger's prediction. `--micro_batch=max` takes the largest micro-batch the
-ledger says fits. The cases share --budget_s (420 s: 7 minutes on one H200), each its share sized by
-the predicted step time; the lines go to stdout, and to $OUT/bench.jsonl when $OUT is set (the
-device machine's output folder).
+A case is a config and its overrides, in quotes (`--micro_batch=max`: the largest micro-batch the
+ledger says fits), built as train.py builds it on synthetic tokens. The cases share --budget_s (420
+s: 7 minutes on one H200), each its share; a JSON line each goes to stdout, and to $OUT/bench.jsonl
+when $OUT is set (the device machine's output folder).
 """
 
 import contextlib

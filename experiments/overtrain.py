@@ -3,14 +3,12 @@ overtrain.py: the planning note's second experiment (docs/overtraining.md): a ws
 config's train_tokens, a cooldown branch of it for each of its `cooldowns`, cosine runs of each of
 those lengths; then their final val bits per byte and branches.png (plot.py --branches).
 
-    python prepare.py pystdlib --tokenizer bpe:512 --out data/pystdlib_bpe512   # ~10 s
     python experiments/overtrain.py configs/pystdlib_overtrain.py            # minutes on a CPU
     python experiments/overtrain.py configs/h200_1b3_overtrain.py --plan     # runs, commands, bill
     python experiments/overtrain.py configs/pystdlib_overtrain.py --lrs=1e-3,3e-3,1e-2
 
---lrs runs it all at each peak LR (folders OUT_DIR_lr0.001, ...) and compares each schedule at its
-best LR per length. --plan prints the runs, commands and bill, and runs nothing. Stopped, the same
-command carries on. Overrides (--key=value) go to every run.
+--lrs: it all at each peak LR (folders OUT_DIR_lr0.001, ...), each schedule then compared at its
+best LR per length; --plan runs nothing. Overrides (--key=value) go to every run.
 """
 
 import dataclasses
@@ -27,12 +25,9 @@ from ledgergpt.config import ConfigError, UserError, cli, load_config
 
 USAGE = 'usage: python experiments/overtrain.py CONFIG [--key=value ...] [--lrs=LR,LR,...] [--plan]'
 
-# Cooldown branches (Hägele et al. 2024, sec. 3; docs/overtraining.md): a wsd run holds the peak LR
-# until its last decay_frac, so a checkpoint of that stable phase, decayed in a short run of its
-# own, is a finished run of that length. train.py keeps the checkpoints it is told to (--keep_steps)
-# and cools down any it is given (--cooldown_from, --cooldown_tokens); this file picks the steps, so
-# that a branch decays over decay_frac of its own length, and names the folders plot.py --branches
-# finds.
+# Cooldown branches (Hägele et al. 2024, sec. 3; docs/overtraining.md): train.py keeps the
+# checkpoints it is told to and cools down any it is given; this file picks the steps, so that a
+# branch decays over decay_frac of its own length, and names the folders plot.py --branches finds.
 
 
 def stable_steps(total_steps, train_cfg):
