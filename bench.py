@@ -14,7 +14,6 @@ s: 7 minutes on one H200), each its share; a JSON line each goes to stdout, and 
 when $OUT is set (the device machine's output folder).
 """
 
-import contextlib
 import dataclasses
 import json
 import os
@@ -206,8 +205,7 @@ def plain_loop(model_cfg, train_cfg, dtype, steps):
     if train_cfg.compile:
         model.compile()
     optimizer = torch.optim.AdamW(model.parameters(), **optimizers.adamw_options(train_cfg, 1))
-    bf16 = dtype == 'bfloat16'
-    autocast = torch.autocast('cpu', dtype=torch.bfloat16) if bf16 else contextlib.nullcontext()
+    autocast = torch.autocast('cpu', dtype=torch.bfloat16, enabled=dtype == 'bfloat16')
     tokens = data.open_shard(data.list_shards(train_cfg.data, 'train')[0])
     rng = np.random.default_rng(train_cfg.seed)
 

@@ -19,6 +19,7 @@ import time
 # the repo's modules
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+import train
 from ledgergpt import bill, checkpoint, files, plot, scaling, sums
 from ledgergpt.config import ConfigError, UserError, cli, load_config
 
@@ -140,8 +141,6 @@ def plan_bill(rungs):
 
 def run_all(rungs):
     """Each run not yet finished, one after another (in this process, as overtrain.py runs them)."""
-    import train  # torch: only for running
-
     for rung in (rung for rung in rungs if not finished(rung)):
         resume = ['--resume'] if checkpoint.latest(rung.out_dir) else []
         print(f"\n== {rung.name}: N {rung.n_params:,}, D {rung.tokens:,}", flush=True)

@@ -172,25 +172,17 @@ def plan_bill(model_cfg, train_cfg, runs):
     return rows, prediction
 
 
-# The comparison's header: one peak LR's runs (key None), or each schedule at its best LR of a sweep
-COMPARED = {
-    None: [
-        '| tokens | x Chinchilla | wsd + cooldown: val bpb | cosine: val bpb | wsd - cosine |',
-        '| ---: | ---: | ---: | ---: | ---: |',
-    ],
-    'best': [
-        '| tokens | x Chinchilla | wsd + cooldown: best val bpb | at lr | cosine: best val bpb | '
-        'at lr | wsd - cosine |',
-        '| ---: | ---: | ---: | ---: | ---: | ---: | ---: |',
-    ],
-}
+# The comparison's header at one peak LR; a sweep's puts each schedule's best LR beside its loss
+COMPARED = '| tokens | x Chinchilla | wsd + cooldown: val bpb | cosine: val bpb | wsd - cosine |'
 
 
 def at_best_lr(sweep, chinchilla):
     """A row per length: each schedule's final val bits per byte at the best peak LR of the sweep
     ({lr: runs}) for that length, as Hägele et al. compare them (one peak LR, tuned for neither,
     would favour whichever it suits); {None: runs}: the one LR's, without its column."""
-    rows = list(COMPARED[None if None in sweep else 'best'])
+    swept = None not in sweep
+    header = COMPARED.replace(': val bpb |', ': best val bpb | at lr |') if swept else COMPARED
+    rows = [header, '|' + ' ---: |' * (header.count('|') - 1)]
     for length in sorted({run.length for runs in sweep.values() for run in runs}):
         best = []
         for cosine in (False, True):
@@ -202,7 +194,7 @@ def at_best_lr(sweep, chinchilla):
             ]
             best.append(min(((v, lr) for v, lr in scores if v is not None), default=(None, None)))
         cells = [f'{v:.4f}' if v is not None else '-' for v, _ in best]
-        if None not in sweep:
+        if swept:
             cells = [
                 f'{v} | {lr:g}' if lr is not None else '- | -' for v, (_, lr) in zip(cells, best)
             ]
@@ -262,10 +254,8 @@ def experiment(config_path, overrides, planning):
     fit = scaling.load_fit(train_cfg.fit) if train_cfg.fit else None  # drawn beside the branches
     runs = plan(model_cfg, train_cfg)
     rows, prediction = plan_bill(model_cfg, train_cfg, runs)
-    gpus = train_cfg.n_gpu
-    launcher = (
-        f"torchrun --nproc_per_node={gpus}" if prediction['gpu']['kind'] == 'gpu' else 'python'
-    )
+    gpus, on_gpu = train_cfg.n_gpu, prediction['gpu']['kind'] == 'gpu'
+    launcher = f"torchrun --nproc_per_node={gpus}" if on_gpu else 'python'
     commands = [shlex.join(['train.py', config_path, *overrides, *run.flags]) for run in runs]
     print(
         f"the experiment, billed by the ledger for {gpus} x {prediction['gpu']['name']} at an "

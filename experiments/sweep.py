@@ -235,12 +235,10 @@ def race(seconds, out):
 
     def train_point(point, data, out_dir, steps=None):
         """run_ours, its calibration shared by the points that differ only in lr and seed."""
-        if steps is not None:
-            return run_ours(point, data, out_dir, steps)
         same = json.dumps(dict(point, lr=None, seed=None), sort_keys=True)
-        if same not in calibrated:
+        if steps is None and same not in calibrated:
             calibrated[same] = run_ours(point, data, out_dir)
-        return calibrated[same]
+        return calibrated[same] if steps is None else run_ours(point, data, out_dir, steps)
 
     def run(overrides):
         """The val bits per byte of GRID's point 0 with `overrides`, run now or kept."""
