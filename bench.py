@@ -172,11 +172,8 @@ def format_results(results):
         if 'error' in r:
             rows.append(f"| {r['case']} | {r['error']} | | | | | | |")
             continue
-        reserved = '-'
-        if r['reserved_bytes'] is not None:
-            reserved = (
-                f"{r['reserved_bytes'] / gib:.1f} ({r['reserved_bytes_predicted'] / gib:.1f})"
-            )
+        reserved, predicted = r['reserved_bytes'], r['reserved_bytes_predicted']
+        reserved = '-' if reserved is None else f"{reserved / gib:.1f} ({predicted / gib:.1f})"
         rows.append(
             f"| {r['case']} (micro-batch {r['micro_batch']}) | {r['sdpa']} | "
             f"{r['tokens_per_s']:,.0f} ({r['tokens_per_s_predicted']:,.0f}) | {r['mfu']:.1%} "
@@ -268,9 +265,6 @@ def run_loop_bench(config_path, overrides, steps, rounds):
 def run_loss_bench(config_path, overrides, steps, rounds):
     loops = {loss: ([f'--loss={loss}'], train_loop) for loss in PARTS['loss']}
     return run_paired(config_path, overrides, steps, rounds, loops, ('chunked', 'full'))
-
-
-# --------------------------------------------------------------------------------------------------
 
 
 def option(argv, name, default, kind=int):

@@ -155,7 +155,6 @@ def run_all(rungs):
 @cli
 def main(argv):
     options = dict(a[2:].split('=', 1) for a in argv if a.startswith('--') and '=' in a)
-    planning = '--plan' in argv
     known = set(options) <= {'preset', 'out'} and len(options) + argv.count('--plan') == len(argv)
     if not known or options.get('preset') not in PRESETS:
         raise ConfigError(f"{USAGE} (got {' '.join(argv) or 'nothing'})")
@@ -169,7 +168,7 @@ def main(argv):
         "largest budget; billed by the ledger:\n" + '\n'.join(plan_bill(rungs)),
         flush=True,
     )
-    if planning:
+    if '--plan' in argv:
         return 0
     return run_all(rungs) or report(preset, rungs, out)
 

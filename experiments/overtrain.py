@@ -86,9 +86,8 @@ def check_branch_start(path, model_cfg, train_cfg):
             f"phase of a wsd run (a {main['schedule']} run's LR falls at every step)"
         )
     # the main run's schedule as it was written: this config with the checkpoint's own keys
-    main_train = dataclasses.replace(
-        train_cfg, **{k: v for k, v in main.items() if hasattr(train_cfg, k)}
-    )
+    written = {key: value for key, value in main.items() if hasattr(train_cfg, key)}
+    main_train = dataclasses.replace(train_cfg, **written)
     micro_step_tokens = train.tokens_per_micro_step(model_cfg, main_train, 1)
     stable = stable_steps(train.planned_steps(main_train, micro_step_tokens), main_train)
     if step not in stable:
@@ -194,10 +193,8 @@ def at_best_lr(sweep, chinchilla):
             ]
             best.append(min(((v, lr) for v, lr in scores if v is not None), default=(None, None)))
         cells = [f'{v:.4f}' if v is not None else '-' for v, _ in best]
-        if swept:
-            cells = [
-                f'{v} | {lr:g}' if lr is not None else '- | -' for v, (_, lr) in zip(cells, best)
-            ]
+        if swept:  # each loss beside its LR
+            cells = [f'{v} | {lr:g}' if lr else '- | -' for v, (_, lr) in zip(cells, best)]
         (wsd, _), (cosine, _) = best
         difference = f'{wsd - cosine:+.4f}' if wsd is not None and cosine is not None else '-'
         rows.append(
@@ -241,9 +238,8 @@ def main(argv):
         sweep[lr] = plan(*load_config(config_path, swept))
     if not planning:
         params = sums.count_params(load_config(config_path, overrides)[0])['total']
-        compared = at_best_lr(sweep, sums.CHINCHILLA_TOKENS_PER_PARAM * params)
         print('\neach schedule at its best peak LR, final val loss in bits per byte:')
-        print('\n'.join(compared))
+        print('\n'.join(at_best_lr(sweep, sums.CHINCHILLA_TOKENS_PER_PARAM * params)))
     return 0
 
 
