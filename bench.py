@@ -1,5 +1,6 @@
 """
-bench.py: measured speed and memory beside the ledger's prediction, for the device at hand.
+bench.py: measured speed and memory beside the ledger's prediction, for the device at hand (what
+it measures: docs/measured.md, the device script).
 
     python bench.py                               # the device script: the default cases
     python bench.py "configs/h200_1b3.py --micro_batch=8" --steps=20
@@ -7,18 +8,12 @@ bench.py: measured speed and memory beside the ledger's prediction, for the devi
     python bench.py loop configs/pystdlib_cpu.py  # train.py's loop against a plain PyTorch loop
     python bench.py loss configs/pystdlib_cpu.py  # train.py's loop with the full and chunked loss
 
-The device script builds each case (a config and its overrides, in quotes) as train.py does, on
-synthetic tokens, warms up (torch.compile compiles there), then times optimizer steps of one
-micro-step with train.py's train_step, the device synchronised around the clock (and around each
-optimizer step: Muon's Newton-Schulz against the ledger's FLOPs at the assumed MFU). A JSON line per
-case: tokens/s, MFU, the optimizer step, peak allocated and reserved memory and the allocator's
-retries, each beside the ledger's prediction. `--micro_batch=max` takes the largest micro-batch the
-ledger says fits. The cases share --budget_s (420 s: 7 minutes on one H200), each its share sized by
-the predicted step time; the lines go to stdout, and to $OUT/bench.jsonl when $OUT is set (the
-device machine's output folder).
+A case is a config and its overrides, in quotes (`--micro_batch=max`: the largest micro-batch the
+ledger says fits), built as train.py builds it on synthetic tokens. The cases share --budget_s (420
+s: 7 minutes on one H200), each its share; a JSON line each goes to stdout, and to $OUT/bench.jsonl
+when $OUT is set (the device machine's output folder).
 """
 
-import contextlib
 import dataclasses
 import json
 import os
@@ -177,11 +172,8 @@ def format_results(results):
         if 'error' in r:
             rows.append(f"| {r['case']} | {r['error']} | | | | | | |")
             continue
-        reserved = '-'
-        if r['reserved_bytes'] is not None:
-            reserved = (
-                f"{r['reserved_bytes'] / gib:.1f} ({r['reserved_bytes_predicted'] / gib:.1f})"
-            )
+        reserved, predicted = r['reserved_bytes'], r['reserved_bytes_predicted']
+        reserved = '-' if reserved is None else f"{reserved / gib:.1f} ({predicted / gib:.1f})"
         rows.append(
             f"| {r['case']} (micro-batch {r['micro_batch']}) | {r['sdpa']} | "
             f"{r['tokens_per_s']:,.0f} ({r['tokens_per_s_predicted']:,.0f}) | {r['mfu']:.1%} "
@@ -210,8 +202,7 @@ def plain_loop(model_cfg, train_cfg, dtype, steps):
     if train_cfg.compile:
         model.compile()
     optimizer = torch.optim.AdamW(model.parameters(), **optimizers.adamw_options(train_cfg, 1))
-    bf16 = dtype == 'bfloat16'
-    autocast = torch.autocast('cpu', dtype=torch.bfloat16) if bf16 else contextlib.nullcontext()
+    autocast = torch.autocast('cpu', dtype=torch.bfloat16, enabled=dtype == 'bfloat16')
     tokens = data.open_shard(data.list_shards(train_cfg.data, 'train')[0])
     rng = np.random.default_rng(train_cfg.seed)
 
@@ -274,9 +265,6 @@ def run_loop_bench(config_path, overrides, steps, rounds):
 def run_loss_bench(config_path, overrides, steps, rounds):
     loops = {loss: ([f'--loss={loss}'], train_loop) for loss in PARTS['loss']}
     return run_paired(config_path, overrides, steps, rounds, loops, ('chunked', 'full'))
-
-
-# --------------------------------------------------------------------------------------------------
 
 
 def option(argv, name, default, kind=int):

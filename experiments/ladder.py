@@ -3,15 +3,12 @@ ladder.py: a scaling law fitted to your own runs (docs/measured.md): an IsoFLOP 
 (compute budgets x model sizes) on a config's data and recipe, L(N, D) fitted to it (scaling.py),
 and held-out runs at a few times its largest compute beside the fit's predictions.
 
-    python prepare.py pystdlib                                  # the default data, ~10 s
     python experiments/ladder.py --preset=cpu                   # 16 runs, ~30 min on 2 cores
     python experiments/ladder.py --preset=gpu --plan            # the H200 hour's grid, billed
     python ledger.py configs/pystdlib_cpu.py --fit=out/ladder_cpu/fit.json   # the bill with the fit
 
-A run's --train_tokens is its budget over the ledger's model FLOPs per token, so that its schedule
-spans its own tokens: a run cut short is not a smaller run (Hoffmann et al. 2022, section 3.1).
-Stopped, the same command carries on. --plan prints the grid and runs nothing; --out=FOLDER puts
-the runs and fit.json elsewhere (default out/ladder_PRESET).
+Stopped, the same command carries on. --plan runs nothing; --out=FOLDER puts the runs and fit.json
+elsewhere (default out/ladder_PRESET).
 """
 
 import dataclasses
@@ -22,15 +19,15 @@ import time
 # the repo's modules
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from ledgergpt import bill, checkpoint, files, scaling, sums
+import train
+from ledgergpt import bill, checkpoint, files, plot, scaling, sums
 from ledgergpt.config import ConfigError, UserError, cli, load_config
 
 USAGE = 'usage: python experiments/ladder.py --preset=cpu|gpu [--plan] [--out=FOLDER]'
 
 # A preset: the config every run shares, the overrides each gets, the shapes, the compute budgets in
 # model FLOPs (6 N_matmul + 12 L H T per token, times D), and the held-out runs: shapes (indices)
-# at held_out_factor x the largest budget. cpu: N 0.32M-1.57M (mostly the 8192-wide output
-# projection), 102 TFLOPs, ~25 min on 2 cores; gpu: the H200 hour, N 104M-309M, 1.2e18 FLOPs.
+# at held_out_factor x the largest budget. cpu: N 0.32M-1.57M, 102 TFLOPs; gpu: N 104M-309M.
 # one eval and one checkpoint, at the end: the final val loss is what the fit reads
 ONCE = dict(eval_every=10**9, ckpt_every=10**9, sample_tokens=0)
 # fp32, eager: the compile's ~30 s a shape would outweigh the small runs
@@ -88,6 +85,8 @@ def plan(preset, out):
         flags = [f'--{k}={v}' for k, v in [*spec['overrides'].items(), *shape.items()]]
         model_cfg, train_cfg = load_config(spec['config'], flags)
         per_token = sums.flops_per_token(model_cfg)['matmul']
+        # whole batches to the budget, its schedule spanning them: a run cut short is not a smaller
+        # run (Hoffmann et al. 2022, section 3.1)
         batch = train_cfg.batch_tokens
         tokens = max(1, round(budget / per_token / batch)) * batch
         budget_name = f'{budget:.2g}'.replace('+', '')  # 1.5e12, 1.5e13
@@ -142,8 +141,6 @@ def plan_bill(rungs):
 
 def run_all(rungs):
     """Each run not yet finished, one after another (in this process, as overtrain.py runs them)."""
-    import train  # torch: only for running
-
     for rung in (rung for rung in rungs if not finished(rung)):
         resume = ['--resume'] if checkpoint.latest(rung.out_dir) else []
         print(f"\n== {rung.name}: N {rung.n_params:,}, D {rung.tokens:,}", flush=True)
@@ -158,12 +155,8 @@ def run_all(rungs):
 @cli
 def main(argv):
     options = dict(a[2:].split('=', 1) for a in argv if a.startswith('--') and '=' in a)
-    flags = {a for a in argv if a.startswith('--') and '=' not in a}
-    if (
-        set(options) - {'preset', 'out'}
-        or flags - {'--plan'}
-        or options.get('preset') not in PRESETS
-    ):
+    known = set(options) <= {'preset', 'out'} and len(options) + argv.count('--plan') == len(argv)
+    if not known or options.get('preset') not in PRESETS:
         raise ConfigError(f"{USAGE} (got {' '.join(argv) or 'nothing'})")
     preset = options['preset']
     spec, out = PRESETS[preset], options.get('out', os.path.join('out', f'ladder_{preset}'))
@@ -175,7 +168,7 @@ def main(argv):
         "largest budget; billed by the ledger:\n" + '\n'.join(plan_bill(rungs)),
         flush=True,
     )
-    if '--plan' in flags:
+    if '--plan' in argv:
         return 0
     return run_all(rungs) or report(preset, rungs, out)
 
@@ -194,8 +187,6 @@ def report(preset, rungs, out):
     files.save_json(path, fit)
     print('\n' + scaling.format_fit(fit))
     try:
-        from ledgergpt import plot
-
         print(plot.draw_ladder(path, os.path.join(out, 'ladder.png')))
     except UserError as e:  # matplotlib missing: the fit stands without the picture
         print(f"ladder.png not drawn: {e}")

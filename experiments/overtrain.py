@@ -3,14 +3,12 @@ overtrain.py: the planning note's second experiment (docs/overtraining.md): a ws
 config's train_tokens, a cooldown branch of it for each of its `cooldowns`, cosine runs of each of
 those lengths; then their final val bits per byte and branches.png (plot.py --branches).
 
-    python prepare.py pystdlib --tokenizer bpe:512 --out data/pystdlib_bpe512   # ~10 s
     python experiments/overtrain.py configs/pystdlib_overtrain.py            # minutes on a CPU
     python experiments/overtrain.py configs/h200_1b3_overtrain.py --plan     # runs, commands, bill
     python experiments/overtrain.py configs/pystdlib_overtrain.py --lrs=1e-3,3e-3,1e-2
 
---lrs runs it all at each peak LR (folders OUT_DIR_lr0.001, ...) and compares each schedule at its
-best LR per length. --plan prints the runs, commands and bill, and runs nothing. Stopped, the same
-command carries on. Overrides (--key=value) go to every run.
+--lrs: it all at each peak LR (folders OUT_DIR_lr0.001, ...), each schedule then compared at its
+best LR per length; --plan runs nothing. Overrides (--key=value) go to every run.
 """
 
 import dataclasses
@@ -27,12 +25,9 @@ from ledgergpt.config import ConfigError, UserError, cli, load_config
 
 USAGE = 'usage: python experiments/overtrain.py CONFIG [--key=value ...] [--lrs=LR,LR,...] [--plan]'
 
-# Cooldown branches (Hägele et al. 2024, sec. 3; docs/overtraining.md): a wsd run holds the peak LR
-# until its last decay_frac, so a checkpoint of that stable phase, decayed in a short run of its
-# own, is a finished run of that length. train.py keeps the checkpoints it is told to (--keep_steps)
-# and cools down any it is given (--cooldown_from, --cooldown_tokens); this file picks the steps, so
-# that a branch decays over decay_frac of its own length, and names the folders plot.py --branches
-# finds.
+# Cooldown branches (Hägele et al. 2024, sec. 3; docs/overtraining.md): train.py keeps the
+# checkpoints it is told to and cools down any it is given; this file picks the steps, so that a
+# branch decays over decay_frac of its own length, and names the folders plot.py --branches finds.
 
 
 def stable_steps(total_steps, train_cfg):
@@ -91,9 +86,8 @@ def check_branch_start(path, model_cfg, train_cfg):
             f"phase of a wsd run (a {main['schedule']} run's LR falls at every step)"
         )
     # the main run's schedule as it was written: this config with the checkpoint's own keys
-    main_train = dataclasses.replace(
-        train_cfg, **{k: v for k, v in main.items() if hasattr(train_cfg, k)}
-    )
+    written = {key: value for key, value in main.items() if hasattr(train_cfg, key)}
+    main_train = dataclasses.replace(train_cfg, **written)
     micro_step_tokens = train.tokens_per_micro_step(model_cfg, main_train, 1)
     stable = stable_steps(train.planned_steps(main_train, micro_step_tokens), main_train)
     if step not in stable:
@@ -177,25 +171,17 @@ def plan_bill(model_cfg, train_cfg, runs):
     return rows, prediction
 
 
-# The comparison's header: one peak LR's runs (key None), or each schedule at its best LR of a sweep
-COMPARED = {
-    None: [
-        '| tokens | x Chinchilla | wsd + cooldown: val bpb | cosine: val bpb | wsd - cosine |',
-        '| ---: | ---: | ---: | ---: | ---: |',
-    ],
-    'best': [
-        '| tokens | x Chinchilla | wsd + cooldown: best val bpb | at lr | cosine: best val bpb | '
-        'at lr | wsd - cosine |',
-        '| ---: | ---: | ---: | ---: | ---: | ---: | ---: |',
-    ],
-}
+# The comparison's header at one peak LR; a sweep's puts each schedule's best LR beside its loss
+COMPARED = '| tokens | x Chinchilla | wsd + cooldown: val bpb | cosine: val bpb | wsd - cosine |'
 
 
 def at_best_lr(sweep, chinchilla):
     """A row per length: each schedule's final val bits per byte at the best peak LR of the sweep
     ({lr: runs}) for that length, as Hägele et al. compare them (one peak LR, tuned for neither,
     would favour whichever it suits); {None: runs}: the one LR's, without its column."""
-    rows = list(COMPARED[None if None in sweep else 'best'])
+    swept = None not in sweep
+    header = COMPARED.replace(': val bpb |', ': best val bpb | at lr |') if swept else COMPARED
+    rows = [header, '|' + ' ---: |' * (header.count('|') - 1)]
     for length in sorted({run.length for runs in sweep.values() for run in runs}):
         best = []
         for cosine in (False, True):
@@ -207,10 +193,8 @@ def at_best_lr(sweep, chinchilla):
             ]
             best.append(min(((v, lr) for v, lr in scores if v is not None), default=(None, None)))
         cells = [f'{v:.4f}' if v is not None else '-' for v, _ in best]
-        if None not in sweep:
-            cells = [
-                f'{v} | {lr:g}' if lr is not None else '- | -' for v, (_, lr) in zip(cells, best)
-            ]
+        if swept:  # each loss beside its LR
+            cells = [f'{v} | {lr:g}' if lr else '- | -' for v, (_, lr) in zip(cells, best)]
         (wsd, _), (cosine, _) = best
         difference = f'{wsd - cosine:+.4f}' if wsd is not None and cosine is not None else '-'
         rows.append(
@@ -254,9 +238,8 @@ def main(argv):
         sweep[lr] = plan(*load_config(config_path, swept))
     if not planning:
         params = sums.count_params(load_config(config_path, overrides)[0])['total']
-        compared = at_best_lr(sweep, sums.CHINCHILLA_TOKENS_PER_PARAM * params)
         print('\neach schedule at its best peak LR, final val loss in bits per byte:')
-        print('\n'.join(compared))
+        print('\n'.join(at_best_lr(sweep, sums.CHINCHILLA_TOKENS_PER_PARAM * params)))
     return 0
 
 
@@ -267,10 +250,8 @@ def experiment(config_path, overrides, planning):
     fit = scaling.load_fit(train_cfg.fit) if train_cfg.fit else None  # drawn beside the branches
     runs = plan(model_cfg, train_cfg)
     rows, prediction = plan_bill(model_cfg, train_cfg, runs)
-    gpus = train_cfg.n_gpu
-    launcher = (
-        f"torchrun --nproc_per_node={gpus}" if prediction['gpu']['kind'] == 'gpu' else 'python'
-    )
+    gpus, on_gpu = train_cfg.n_gpu, prediction['gpu']['kind'] == 'gpu'
+    launcher = f"torchrun --nproc_per_node={gpus}" if on_gpu else 'python'
     commands = [shlex.join(['train.py', config_path, *overrides, *run.flags]) for run in runs]
     print(
         f"the experiment, billed by the ledger for {gpus} x {prediction['gpu']['name']} at an "

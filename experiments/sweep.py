@@ -1,18 +1,16 @@
 """
 sweep.py: the best model two CPU cores train in a fixed wall-clock budget, by a recorded sweep, and
-the same sweep for nanoGPT's train.py (from a checkout you pass) on the same text.
+the same sweep for nanoGPT's train.py (from a checkout you pass) on the same text. The protocol and
+its results: docs/measured.md (the five-minute sweep; the race).
 
     python experiments/sweep.py                        # our grid, 5 minutes a point
     python experiments/sweep.py --nanogpt=../nanoGPT   # nanoGPT's train.py too, point by point
     python experiments/sweep.py --minutes=1 --points=0,3   # a quick look at points 0 and 3
     python experiments/sweep.py --race     # AdamW against Muon, then the recipe's parts
-
-The protocol (docs/measured.md): each trainer gets the same seconds of training a point (its steps'
-own times), as many steps as a calibration run says fit, and both are scored here on the same val
-sequences in bits per byte. nanoGPT's train.py and model.py run as they are, on our tokens.
 """
 
 import functools
+import importlib.util
 import json
 import os
 import pickle
@@ -23,14 +21,15 @@ import sys
 import time
 
 import numpy as np
+import torch
 
 # the repo's root (train.py, configs/, data/) and its modules
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 import prepare
+from ledgergpt import checkpoint, sums
 from ledgergpt import data as data_files  # the module; `data` names a data folder below
-from ledgergpt import sums
 from ledgergpt.config import ConfigError, cli, load_config
 
 USAGE = (
@@ -85,8 +84,6 @@ def val_bytes_per_token(data, block_size):
 
 def score(forward, data, block_size, batch=16):
     """Mean val loss (nats per token) of `forward(x, y) -> loss` on the val set; bits per byte."""
-    import torch
-
     sequences = torch.from_numpy(val_sequences(data, block_size))
     total = 0.0
     with torch.no_grad():
@@ -135,10 +132,6 @@ def run_ours(point, data, out_dir, steps=None):
         steady = [e['batch_tokens'] / e['tokens_per_s'] for e in logged if not e['warmup']]
         per_step = statistics.fmean(steady)
         return elapsed - per_step * len(steady), per_step
-    import torch
-
-    from ledgergpt import checkpoint
-
     model, _ = checkpoint.load_model(out_dir, torch.device('cpu'))
     val_loss = score(lambda x, y: model(x, y)[1], data, model.config.block_size)[0]
     return elapsed, val_loss, sum(e['batch_tokens'] / e['tokens_per_s'] for e in logged)
@@ -180,21 +173,15 @@ def run_nanogpt(point, data, out_dir, steps=None, nanogpt=None):
     if steps is None:
         per_step = statistics.fmean(times[2:])  # iter 0 and 1: compile and warm-up
         return elapsed - per_step * (len(times) - 1), per_step
-    checkpoint = os.path.join(nanogpt, out_dir, 'ckpt.pt')
-    return elapsed, score_nanogpt(nanogpt, checkpoint, data, model_cfg.block_size), sum(times)
+    return elapsed, score_nanogpt(nanogpt, out_dir, data, model_cfg.block_size), sum(times)
 
 
-def score_nanogpt(nanogpt, path, data, block_size):
-    """nanoGPT's checkpoint, loaded with its own model.py, scored on our val sequences."""
-    import importlib.util
-
-    import torch
-
-    spec = importlib.util.spec_from_file_location(
-        'nanogpt_model', os.path.join(nanogpt, 'model.py')
-    )
+def score_nanogpt(nanogpt, out_dir, data, block_size):
+    """nanoGPT's checkpoint in out_dir, loaded by its own model.py, scored on our val sequences."""
+    spec = importlib.util.spec_from_file_location('nanogpt', os.path.join(nanogpt, 'model.py'))
     theirs = importlib.util.module_from_spec(spec)  # nanoGPT's model.py, not ours
     spec.loader.exec_module(theirs)
+    path = os.path.join(nanogpt, out_dir, 'ckpt.pt')
     saved = torch.load(path, map_location='cpu', weights_only=False)
     model = theirs.GPT(theirs.GPTConfig(**saved['model_args']))
     model.load_state_dict({k.removeprefix('_orig_mod.'): v for k, v in saved['model'].items()})
@@ -248,14 +235,10 @@ def race(seconds, out):
 
     def train_point(point, data, out_dir, steps=None):
         """run_ours, its calibration shared by the points that differ only in lr and seed."""
-        if steps is not None:
-            return run_ours(point, data, out_dir, steps)
-        same = json.dumps(
-            {k: v for k, v in point.items() if k not in ('lr', 'seed')}, sort_keys=True
-        )
-        if same not in calibrated:
+        same = json.dumps(dict(point, lr=None, seed=None), sort_keys=True)
+        if steps is None and same not in calibrated:
             calibrated[same] = run_ours(point, data, out_dir)
-        return calibrated[same]
+        return calibrated[same] if steps is None else run_ours(point, data, out_dir, steps)
 
     def run(overrides):
         """The val bits per byte of GRID's point 0 with `overrides`, run now or kept."""
@@ -320,7 +303,7 @@ def format_table(rows):
         lines.append(
             f"| {r['point']} | {r['trainer']} | {r['vocab_size']} | {r['n_layer']} x {r['n_embd']} "
             f"| {r['batch_tokens']:,} | {r['lr']:g} | {r['steps']:,} | {r['tokens']:,} | "
-            f"{r.get('train_seconds', '-')} | {r['seconds']} | {r['val_bpb']:.4f} |"
+            f"{r['train_seconds']} | {r['seconds']} | {r['val_bpb']:.4f} |"
         )
     return '\n'.join(lines)
 
@@ -332,18 +315,22 @@ def main(argv):
     allowed = {'minutes', 'out'} if racing else {'minutes', 'out', 'nanogpt', 'points'}
     if set(options) - allowed or len(options) + racing != len(argv):
         raise ConfigError(USAGE)
-    seconds = 60 * float(options.get('minutes', 5))
-    chosen = (
-        [int(i) for i in options['points'].split(',')] if 'points' in options else range(len(GRID))
-    )
+    points = options.get('points', ','.join(map(str, range(len(GRID)))))
+    try:
+        seconds, chosen = 60 * float(options.get('minutes', 5)), [int(i) for i in points.split(',')]
+    except ValueError:
+        seconds, chosen = 0, []
+    if not 0 < seconds < float('inf') or not set(chosen) <= set(range(len(GRID))):
+        raise ConfigError(
+            f"{' '.join(argv)}: expected --minutes above 0 and --points of the grid's "
+            f"{len(GRID)} points (0 to {len(GRID) - 1}), comma-separated"
+        )
     out = os.path.abspath(options.get('out', os.path.join(ROOT, 'out', 'sweep')))
     nanogpt = os.path.abspath(options['nanogpt']) if 'nanogpt' in options else None
     if nanogpt and not os.path.isfile(os.path.join(nanogpt, 'train.py')):
         raise ConfigError(
             f"--nanogpt={nanogpt}: no train.py there (a checkout of github.com/karpathy/nanoGPT)"
         )
-    import torch
-
     when = time.strftime('%Y-%m-%d %H:%M')
     machine = f"{torch.get_num_threads()} threads, torch {torch.__version__}, {when}"
     if racing:
@@ -358,13 +345,10 @@ def main(argv):
     for index in chosen:
         point, data = GRID[index], data_folder(GRID[index]['vocab_size'])
         for name, train_point in trainers.items():  # alternating: the machine's drift falls on both
-            steps, elapsed, val_loss, trained = budgeted_run(
-                train_point, point, data, os.path.join(out, f'{index}_{name}'), seconds
-            )
-            measured = row(point, data, steps, elapsed, val_loss, trained)
-            rows.append(
-                dict(point=index, trainer=name, **measured, val_loss=round(val_loss, 4), **point)
-            )
+            folder = os.path.join(out, f'{index}_{name}')
+            result = budgeted_run(train_point, point, data, folder, seconds)
+            measured = dict(point=index, trainer=name, **row(point, data, *result))
+            rows.append(dict(measured, val_loss=round(result[2], 4), **point))
             print(json.dumps(rows[-1]), flush=True)
     print(format_table(rows))
     return 0

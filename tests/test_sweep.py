@@ -173,3 +173,11 @@ def test_the_race_takes_each_optimizers_best_lr_then_adds_parts_to_the_winner(
     ran.clear()
     # every row kept: nothing trains again
     assert sweep.race(60, str(tmp_path)) == rows and ran == []
+
+
+def test_a_bad_option_is_one_line(capsys):
+    for argv in (['--points=x'], ['--points=0,9'], ['--minutes=x'], ['--race', '--minutes=0']):
+        assert sweep.main(argv) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"error: {' '.join(argv)}: expected --minutes above 0 and --points")
+        assert err.count('\n') == 1
