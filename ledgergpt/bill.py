@@ -236,9 +236,8 @@ def time_rows(p):
 
 
 def state_rows(p):
-    """Ledger 4's model states: weights, gradients, the optimizer's states (its rows' labels and
-    formulas; what a row holds for an empty tensor is what it holds a tensor: AdamW's step count),
-    FSDP2's gathered weights."""
+    """Ledger 4's model states: weights, gradients, the optimizer's states (what a row holds for an
+    empty tensor is what it holds per tensor: AdamW's step count), FSDP2's gathered weights."""
     t, memory, n_gpu = p['train'], p['memory'], p['n_gpu']
     fsdp2 = sharded(t['parallel'], n_gpu)
     optimizer, rest, states = optimizer_rows(t)

@@ -328,7 +328,7 @@ def measure_first_step(run, force=False):
     """Rank 0's first optimizer step: its matmul FLOPs (none for an elementwise update) and the
     model states it leaves (weights, gradients, optimizer states, as test_memory.py counts them),
     for report.md. Optimizer states other than the ledger's stop the run (unverified): the
-    optimizer's row bills what it does not hold. From the second step on, the class's own step."""
+    optimizer's row bills what it does not hold."""
     from torch.utils.flop_counter import FlopCounterMode
 
     optimizer, name, metrics = run.optimizer, run.train.optimizer, run.metrics
