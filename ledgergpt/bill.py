@@ -1,11 +1,8 @@
 """
-bill.py: the ledger as text. sums.py does the sums (predict: one JSON-able dict); here each section
-of the bill is a list of rows (label, value, where it comes from: a formula or a source) read off
-the prediction and off the parts' and optimizers' rows (config.PARTS and config.OPTIMIZERS give
-their labels and formulas: no part or optimizer is named here). One renderer writes the rows: the
-whole bill (`python ledger.py`, out_dir/ledger.md), the rows train.py prints before step 1,
-report.md's predicted-against-measured table and `ledger.py --book`. Standard library only, like
-sums.py.
+bill.py: the ledger as text, standard library only. Each section is a list of rows (label, value,
+formula or source) read off sums.predict's dict and config.PARTS' and config.OPTIMIZERS' rows (no
+part or optimizer is named here), for the bill (ledger.py, ledger.md), the short bill train.py
+prints, report.md's predicted-against-measured table and `ledger.py --book`.
 """
 
 from ledgergpt import pretrained
@@ -89,7 +86,6 @@ def render(lines, sections):
 
 
 def markdown(header, rows):
-    """A markdown table: the header's cells, then one line per row of cells."""
     lines = ['| ' + ' | '.join(header) + ' |', '| --- |' + ' ---: |' * (len(header) - 1)]
     return '\n'.join(lines + ['| ' + ' | '.join(row) + ' |' for row in rows])
 
@@ -99,9 +95,10 @@ def markdown(header, rows):
 
 
 def optimizer_rows(train):
-    """The optimizer's row, and the row of the tensors it leaves to another (or None)."""
+    """The optimizer's row, the row of the tensors it leaves to another (or None), their states."""
     row = OPTIMIZERS[train['optimizer']]
-    return row, OPTIMIZERS[row.rest] if row.rest else None
+    rest = OPTIMIZERS[row.rest] if row.rest else None
+    return row, rest, row.label + (f' + {rest.label}' if rest else '')
 
 
 def header(p):
@@ -239,12 +236,11 @@ def time_rows(p):
 
 
 def state_rows(p):
-    """Ledger 4's model states: weights, gradients, the optimizer's states (its rows' labels and
-    formulas; what a row holds for an empty tensor is what it holds a tensor: AdamW's step count),
-    FSDP2's gathered weights."""
+    """Ledger 4's model states: weights, gradients, the optimizer's states (what a row holds for an
+    empty tensor is what it holds per tensor: AdamW's step count), FSDP2's gathered weights."""
     t, memory, n_gpu = p['train'], p['memory'], p['n_gpu']
     fsdp2 = sharded(t['parallel'], n_gpu)
-    optimizer, rest = optimizer_rows(t)
+    optimizer, rest, states = optimizer_rows(t)
     per_tensor = (rest or optimizer).state_bytes((0,))
     formula = f'({optimizer.formula} + {rest.formula}_rest)' if rest else optimizer.formula
     formula += "/N, each rank's rows" if fsdp2 else ''
@@ -264,8 +260,7 @@ def state_rows(p):
          '4P/N, chunks padded to equal rows (FSDP2)' if fsdp2
          else f'4P: master weights, updated by {optimizer.name}'),
         ('fp32 gradients', gib(memory['grads']), f'4P{grads}'),
-        (optimizer.label + (f' + {rest.label}' if rest else ''), gib(memory['optimizer']),
-         formula),
+        (states, gib(memory['optimizer']), formula),
         fsdp2 and (f"gathered {'bf16' if p['dtype'] == 'bfloat16' else 'fp32'} weights",
                    gib(memory['gathered']), gathered),
         ('model states', gib(memory['model_states']),
@@ -332,8 +327,7 @@ def memory_rows(p):
 def data_rows(p):
     """The planning note's rows: tokens against Chinchilla, the dataset, the bytes it takes."""
     t, d = p['train'], p['data']
-    optimizer, rest = optimizer_rows(t)
-    states = optimizer.label + (f' + {rest.label}' if rest else '')
+    states = optimizer_rows(t)[2]
     # the book's 12P, the optimizer's states 8P (sums.data_ledger), or what they hold
     weights = '12P: fp32 weights + ' if d['checkpoint_bytes'] == 12 * p['params']['total'] else (
         "4P fp32 weights + the optimizer's states: ")
@@ -550,7 +544,6 @@ def sections(p):
 
 
 def format_report(prediction):
-    """The whole ledger as text: parameters, compute, time and money, memory, data, loss."""
     return render(header(prediction), sections(prediction))
 
 
@@ -575,9 +568,7 @@ def short_notes(p):
 
 
 def format_short(p, full):
-    """The rows train.py prints before step 1: the model, its FLOPs, the device, the predicted speed
-    and time, memory against the device's, the data against Chinchilla, and what only some runs
-    have. `full` says where the whole bill is."""
+    """The rows train.py prints before step 1, and where the whole bill is (`full`)."""
     memory, d, device, comm = p['memory'], p['data'], p['gpu'], p['comm']
     model, t, flops = ModelConfig(**p['model']), p['train'], p['flops_per_token']
     held, seconds = short_notes(p)

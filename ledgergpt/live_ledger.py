@@ -13,9 +13,9 @@ import dataclasses
 import gc
 import json
 import os
-import statistics
 import subprocess
 import time
+from statistics import median
 
 import torch
 import torch.distributed as dist
@@ -115,9 +115,7 @@ def learn_speed(key, tokens_per_s, run):
         runs = {**cache[key].get('reached_runs', {}), run: tokens_per_s}  # a run keeps its place
         runs = dict(list(runs.items())[-REACHED_KEPT:])
         now = time.strftime('%Y-%m-%d %H:%M:%S')
-        cache[key].update(
-            reached=statistics.median(runs.values()), reached_runs=runs, reached_at=now
-        )
+        cache[key].update(reached=median(runs.values()), reached_runs=runs, reached_at=now)
         with contextlib.suppress(OSError):
             files.save_json(sums.cache_path(), cache)
 
@@ -129,11 +127,10 @@ def synthetic_run(model_cfg, train, cluster, dtype, build_run):
 
 
 def _time_steps(model_cfg, train, dtype, cluster, trainer):
-    """-> the probe's entry: tokens_per_s of one process in the run's own step (trainer's: the
-    wrapper, its collectives, the clipping, the optimizer), the module called (`wrapper`), and
-    `step_seconds`: [micro-steps, median seconds of PROBE_STEPS] per size. A step of A >
-    PROBE_MICRO_STEPS micro-steps is timed at 1 and PROBE_MICRO_STEPS: t1 + (A - 1) x the micro-step
-    between. Every rank runs the same steps, so their collectives pair up."""
+    """-> the probe's entry: tokens_per_s of one process in the run's own step (the wrapper, its
+    collectives, the clipping, the optimizer), and per size [micro-steps, median seconds]. A step of
+    A > PROBE_MICRO_STEPS micro-steps is t1 + (A - 1) x the micro-step between 1 and
+    PROBE_MICRO_STEPS. Every rank runs the same steps, so their collectives pair up."""
     build_run, train_step = trainer
     micro_step_tokens = tokens_per_micro_step(model_cfg, train, cluster.world_size)
     accumulation = train.batch_tokens // micro_step_tokens
@@ -148,7 +145,7 @@ def _time_steps(model_cfg, train, dtype, cluster, trainer):
             begin = PROBE_CLOCK()
             train_step(run)
             times.append(PROBE_CLOCK() - begin)
-        seconds.append([micro_steps, statistics.median(times[1:])])
+        seconds.append([micro_steps, median(times[1:])])
     del run  # before the run builds its own: a DDP reducer goes while the process group is whole
     gc.collect()
     (_, first), (_, last) = seconds[0], seconds[-1]
@@ -167,9 +164,8 @@ def probed_prediction(prediction, model_cfg, billed, dtype, device, cluster, tra
     step_flops = step_tokens * prediction['flops_per_token']['hardware']
     step_flops += prediction['optimizer_flops_per_step']
     mfu = tokens_per_s * step_flops / step_tokens / device.peak_flops
-    prediction = sums.predict(
-        model_cfg, dataclasses.replace(billed, mfu=mfu), cluster.world_size, device
-    )
+    probed = dataclasses.replace(billed, mfu=mfu)
+    prediction = sums.predict(model_cfg, probed, cluster.world_size, device)
     runs = len(probe.get('reached_runs', [0]))  # an entry from before the median: one run
     how = f"{'compiled' if billed.compile else 'eager'} as the run"
     source = (
@@ -263,11 +259,9 @@ def check_fits(memory, device, force):
     h200_1b3 on a 24 GiB CPU was 4 minutes of building 1.3B parameters, then the OOM kill."""
     if memory['fits'] or force:
         return
-    where = (
-        f"this machine's {device.memory_source} holds"
-        if device.kind == 'cpu'
-        else f'{device.name} has'
-    )
+    where = f'{device.name} has'
+    if device.kind == 'cpu':
+        where = f"this machine's {device.memory_source} holds"
     gib = {k: memory[k] / 2**30 for k in ('total', 'model_states', 'gpu_memory', 'headroom_needed')}
     raise ConfigError(
         f"the ledger predicts {gib['total']:.1f} GiB per process ({gib['model_states']:.1f} GiB of "
@@ -309,10 +303,8 @@ def params_built(model, prediction, force, cluster):
     if built != counted:  # (a DTensor's numel is its full size)
         rows = dict(sums.parameter_shapes(model.config))
         tensors = {name: tuple(p.shape) for name, p in model.named_parameters()}
-        differ = [n for n in tensors if rows.get(n) != tensors[n]] + [
-            n for n in rows if n not in tensors
-        ]
-        name = differ[0]
+        # the first built tensor the rows give another shape, else the first row not built
+        name = next(n for n in {**tensors, **rows} if rows.get(n) != tensors.get(n))
         reason = (
             f"the ledger counts {counted:,} parameters but the built model has {built:,}: {name} "
             f"is {tensors.get(name, 'not built')} in model.py and {rows.get(name, 'absent')} in "
@@ -336,7 +328,7 @@ def measure_first_step(run, force=False):
     """Rank 0's first optimizer step: its matmul FLOPs (none for an elementwise update) and the
     model states it leaves (weights, gradients, optimizer states, as test_memory.py counts them),
     for report.md. Optimizer states other than the ledger's stop the run (unverified): the
-    optimizer's row bills what it does not hold. From the second step on, the class's own step."""
+    optimizer's row bills what it does not hold."""
     from torch.utils.flop_counter import FlopCounterMode
 
     optimizer, name, metrics = run.optimizer, run.train.optimizer, run.metrics
@@ -569,19 +561,13 @@ class Metrics:
         """A mixture's eval, results {source: (loss, bytes per token)}: each source's val loss and
         bits per byte into metrics.jsonl ('val_sources'), the log and summary.json. -> the weighted
         totals (sum_s w_s L_s, sum_s w_s B_s), whose ratio is the mixture's bits per byte."""
-        scored = {
-            name: dict(
-                weight=sources[name]['weight'], loss=loss, bpb=sums.bits_per_byte(loss, size)
-            )
-            for name, (loss, size) in results.items()
-        }
+        scored, each = {}, []
+        for name, (loss, size) in results.items():
+            weight, bpb = sources[name]['weight'], sums.bits_per_byte(loss, size)
+            scored[name] = dict(weight=weight, loss=loss, bpb=bpb)
+            each.append(f"{name} ({weight:.1%}) {loss:.4f}" + (f", {bpb:.4f} bpb" if bpb else ''))
         self.record({'step': step, 'tokens': tokens_seen, 'val_sources': scored})
         self.measured['val_sources'] = scored
-        each = [
-            f"{name} ({s['weight']:.1%}) {s['loss']:.4f}"
-            + (f", {s['bpb']:.4f} bpb" if s['bpb'] else '')
-            for name, s in scored.items()
-        ]
         log(self.cluster, f"step {step}: val per source: " + '; '.join(each))
         weights = [sources[name]['weight'] for name in results]
         loss = sum(w * loss for w, (loss, _) in zip(weights, results.values()))
