@@ -184,7 +184,7 @@ def predict(config_path, model_cfg, train, cluster, force, cooldown, trainer):
     dtype). One line if the ledger says it does not fit, unless forced. trainer: as step_probe's."""
     device = live_device(cluster, model_cfg, train)
     dtype = sums.run_dtype(train, device)  # 'auto': bf16 on a GPU, on a CPU the faster probed
-    if train.gpu.lower() not in ('auto', device.name.lower()):
+    if not sums.names_device(train.gpu, device.name):
         log(
             cluster,
             f"the config plans for gpu={train.gpu} (`python ledger.py {config_path}` prints that "

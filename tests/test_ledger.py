@@ -232,6 +232,22 @@ def test_gpu_table():
     assert sums.gpu_spec('A800').memory_bytes == 80 * GIB
 
 
+def test_a_config_names_the_gpu_it_runs_on_by_cudas_name():
+    """torch.cuda.get_device_name's names hold the table's keys: gpu = 'H200' is the H200 at hand
+    (no 'the config plans for another GPU' line on the planned machine), 'H100' is not an H100 NVL."""
+    assert (
+        sums.table_key('NVIDIA H200') == 'H200' and sums.table_key('NVIDIA H100 NVL') == 'H100-NVL'
+    )
+    assert sums.table_key('NVIDIA H100 80GB HBM3') == 'H100' and sums.table_key('Tesla T4') == ''
+    assert sums.names_device('H200', 'NVIDIA H200') and sums.names_device(
+        'h100-nvl', 'NVIDIA H100 NVL'
+    )
+    assert sums.names_device('auto', 'Tesla T4')
+    assert not sums.names_device('H100', 'NVIDIA H100 NVL') and not sums.names_device(
+        'H200', 'NVIDIA H100'
+    )
+
+
 # -----------------------------------------------------------------------------------------------------
 # Ledger 4: memory
 
