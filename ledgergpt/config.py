@@ -417,8 +417,8 @@ class Optimizer:
     # `rest`'s row
     takes: object = None
     rest: str = ''
-    # its update needs each tensor whole (Muon's Newton-Schulz): FSDP2's shards are gathered for it,
-    # and the bill names the gather with this text
+    # its update needs each tensor whole (Muon's Newton-Schulz): under FSDP2 each goes to an owner
+    # rank and back (config.muon_blocks), and the bill names that traffic with this text
     gathers: str = ''
 
 
@@ -471,7 +471,7 @@ OPTIMIZERS = {
         name='Muon', label='Muon momentum', formula='4P_muon',
         state_bytes=lambda shape: 4 * math.prod(shape), step_flops=newton_schulz_flops,
         step_formula='Newton-Schulz, {muon_ns_steps} steps x (4m^2 n + 2m^3) per m x n matrix',
-        takes=muon_takes, rest='adamw', gathers='Muon: whole matrices for Newton-Schulz'),
+        takes=muon_takes, rest='adamw', gathers="Muon: each matrix's rows to its owner and back"),
 }
 # fmt: on
 

@@ -73,6 +73,17 @@ def gpu_spec(name):
     )
 
 
+def table_key(label):
+    """The GPUS key a device's name holds, the longest ('NVIDIA H100 NVL': 'H100-NVL'), or ''."""
+    known = [key for key in GPUS if key.lower().replace('-', ' ') in label.lower()]
+    return max(known, key=len, default='')
+
+
+def names_device(gpu, label):
+    """Whether a `gpu` key names the device whose own name is `label` ('H200': 'NVIDIA H200')."""
+    return gpu.lower() in ('auto', label.lower(), table_key(label).lower())
+
+
 def device_spec(name, dtype='auto'):
     """The Device a `gpu` key names: a table entry, or ('auto', 'cpu') the device at hand measured
     in the compute dtype `dtype` ('auto', 'bfloat16', 'float32') gives on it."""
@@ -159,9 +170,8 @@ def measure_device(name='auto', dtype='auto', seconds=1.0):
         label, threads, device = torch.cuda.get_device_name(index), 0, torch.device('cuda', index)
         total = torch.cuda.get_device_properties(index).total_memory
         fields = dict(memory_bytes=total, memory_source='torch.cuda.get_device_properties')
-        known = [key for key in GPUS if key.lower().replace('-', ' ') in label.lower()]
-        if known:
-            key = max(known, key=len)  # 'H100 NVL' before 'H100'
+        key = table_key(label)
+        if key:
             source = f'vendor datasheet ({key}), dense BF16'
             return dataclasses.replace(
                 GPUS[key], name=label, peak_source=source, dtype=dtype, **fields
@@ -489,7 +499,7 @@ def optimizer_row(optimizer, name, shape):
 
 def optimizer_step_flops(model, train, n_gpu):
     """Matmul FLOPs of an optimizer step (Muon's Newton-Schulz; AdamW none) on each rank: over every
-    tensor (DDP; ZeRO-2 and FSDP2 orthogonalise every gathered matrix), or ZeRO-1's own."""
+    tensor (DDP), ZeRO-1's own, or under ZeRO-2 and FSDP2 the matrices each rank owns."""
     row = partial(optimizer_row, train.optimizer)
 
     def flops(name, shape):
@@ -497,7 +507,34 @@ def optimizer_step_flops(model, train, n_gpu):
 
     if n_gpu > 1 and train.parallel == 'zero1':
         return zero1_partition(model, n_gpu, train.optimizer, flops)
+    if n_gpu > 1 and train.parallel in ('zero2', 'fsdp'):  # the rest's (AdamW's) step: no matmul
+        whole = config.OPTIMIZERS[train.optimizer].step_flops
+        return [
+            sum(mine * whole(shape, train) for shape, mine in owned)
+            for owned in owned_matrices(model, train.optimizer, n_gpu)
+        ]
     return [sum(k * flops(n, s) for n, s, k in tensor_copies(model))] * n_gpu
+
+
+def whole_matrix_shapes(model, optimizer):
+    """-> {shape: matrices} of the tensors an optimizer row needs whole (its `gathers`: Muon's), in
+    the parameters' order of first appearance: config.muon_blocks's order."""
+    row, counts = config.OPTIMIZERS[optimizer], {}
+    for name, shape, copies in tensor_copies(model):
+        if row.gathers and optimizer_row(optimizer, name, shape) is row:
+            counts[tuple(shape)] = counts.get(tuple(shape), 0) + copies
+    return counts
+
+
+def owned_matrices(model, optimizer, n_gpu):
+    """Per rank, [(shape, matrices it orthogonalises)] under ZeRO-2 and FSDP2: config.muon_blocks's
+    dealing (a shape's c matrices to ranks turn, turn + 1, ... mod N) in closed form."""
+    owned, turn = [[] for _ in range(n_gpu)], 0
+    for shape, c in whole_matrix_shapes(model, optimizer).items():
+        for rank, mine in enumerate(owned):
+            mine.append((shape, c // n_gpu + ((rank - turn) % n_gpu < c % n_gpu)))
+        turn += c
+    return owned
 
 
 def fsdp_rows(rows, n_gpu, rank):
@@ -752,6 +789,7 @@ BUS_FACTORS = {  # NCCL-tests' doc/PERFORMANCE.md: bus bytes = algorithm bytes x
     'all_gather': lambda n: (n - 1) / n,
     'reduce_scatter': lambda n: (n - 1) / n,
     'broadcast': lambda n: 1.0,
+    'all_to_all': lambda n: (n - 1) / n,
 }
 COLLECTIVE_FIELDS = ('what', 'op', 'dtype', 'elements', 'calls', 'phase')  # then bytes, bus_bytes
 
@@ -773,9 +811,9 @@ def ddp_buckets(
 
 def collectives(model, parallel, n_gpu, accumulation, dtype='bfloat16', optimizer='adamw'):
     """Every collective of a step of train.py, the same on every rank, as dicts of
-    COLLECTIVE_FIELDS (op: 'all_reduce', 'all_gather', 'reduce_scatter', 'broadcast'; elements:
-    NCCL-tests' S; phase: 'step' and 'update' outside the micro-steps, 'forward', 'backward'), and
-    bytes, bus_bytes a step. One process: none. dtype: the compute dtype."""
+    COLLECTIVE_FIELDS (op: a key of BUS_FACTORS; elements: NCCL-tests' S; phase: 'step' and
+    'update' outside the micro-steps, 'forward', 'backward'), and bytes, bus_bytes a step. One
+    process: none. dtype: the compute dtype."""
     if n_gpu == 1:
         return []
     items = [
@@ -831,15 +869,13 @@ def fsdp_collectives(model, parallel, n_gpu, accumulation, dtype, optimizer):
         ('gradients, root unit', 'reduce_scatter', 'float32', root, A, 'backward'),
         ('gradient norm (DTensor)', 'all_reduce', 'float32', n_tensors, 1, 'update'),
     ]
-    # Muon: each matrix's update whole for Newton-Schulz, in the compute dtype, padded as FSDP2's
-    row, whole = config.OPTIMIZERS[optimizer], collections.Counter()
-    for name, shape, copies in tensors:
-        if row.gathers and optimizer_row(optimizer, name, shape) is row:
-            whole[fsdp_padded(shape, n_gpu)] += copies
-    items += [
-        (row.gathers, 'all_gather', dtype, n, k, 'update')
-        for n, k in sorted(whole.items(), reverse=True)
-    ]
+    # Muon: blocks of up to N matrices of one shape (config.muon_blocks), each block's rows to their
+    # owners and back: two all-to-alls of N x ceil(rows / N) x cols, in the compute dtype
+    blocks = collections.Counter()
+    for shape, c in whole_matrix_shapes(model, optimizer).items():
+        blocks[fsdp_padded(shape, n_gpu)] += 2 * -(-c // n_gpu)
+    what = config.OPTIMIZERS[optimizer].gathers
+    items += [(what, 'all_to_all', dtype, n, k, 'update') for n, k in sorted(blocks.items())[::-1]]
     return items
 
 

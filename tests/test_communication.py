@@ -79,7 +79,7 @@ cases = [
     for dtype in (('float32', 'bfloat16') if mode in ('zero2', 'fsdp') and accumulation == 1 else ('float32',))
 ]
 cases += [(mode, 1, 'float32', MOE) for mode in ('ddp', 'fsdp')]  # an MoE second layer: its block is the larger
-# Muon: under zero2 and fsdp each block matrix's update gathered whole, in the compute dtype; elsewhere nothing
+# Muon: under zero2 and fsdp each block matrix's rows to its owner and back, in the compute dtype; elsewhere nothing
 cases += [(mode, 1, 'float32', ['--optimizer=muon']) for mode in ('ddp', 'zero1', 'zero2', 'fsdp')]
 cases += [(mode, 1, 'bfloat16', ['--optimizer=muon']) for mode in ('zero2', 'fsdp')]
 for mode, accumulation, dtype, extra in cases:
@@ -250,17 +250,18 @@ def test_the_modes_differ_as_the_ledger_says(counted):
     # fp32 reductions
     assert volume('fsdp 1 bfloat16', 'all_reduce') == volume('fsdp 1 float32', 'all_reduce')
     assert volume('zero2 1 float32', 'all_gather') > 4 * P  # the padded rows
-    # Muon: nothing more under ddp and zero1; under zero2 and fsdp its block matrices once more, whole, in the
-    # compute dtype (Newton-Schulz's)
+    # Muon: nothing more under ddp and zero1; under zero2 and fsdp two all-to-alls a block of up to N
+    # matrices of one shape (here 2 of each: one block), N x ceil(rows / N) x cols, in the compute dtype
     assert volume('ddp 1 float32 muon') == volume('ddp 1 float32')
     assert volume('zero1 1 float32 muon') == volume('zero1 1 float32')
-    matrices = [
+    matrices = {
         s for n, s in sums.parameter_shapes(model) if n.startswith('blocks.') and len(s) == 2
-    ]
-    padded = sum(-(-rows // world_size) * world_size * cols for rows, cols in matrices)
+    }
+    padded = sum(2 * -(-rows // world_size) * world_size * cols for rows, cols in matrices)
     for mode in ('zero2', 'fsdp'):
         assert volume(f'{mode} 1 float32 muon') == volume(f'{mode} 1 float32') + 4 * padded
         assert volume(f'{mode} 1 bfloat16 muon') == volume(f'{mode} 1 bfloat16') + 2 * padded
+        assert volume(f'{mode} 1 float32 muon', 'all_to_all') == 4 * padded
 
 
 # -----------------------------------------------------------------------------------------------------
@@ -274,6 +275,14 @@ def test_bus_bytes_are_nccl_tests_factors():
     gradients = [i for i in items if 'DDP bucket' in i['what']]
     assert sum(i['bytes'] for i in gradients) == 4 * P  # fp32 gradients, once per step
     assert sum(i['bus_bytes'] for i in gradients) == pytest.approx(4 * P * 2 * 7 / 8)
+    # Muon under FSDP2: 22 layers' 4 shapes of matrix, each in 3 blocks (8 + 8 + 6), 2 all-to-alls each
+    muon = [
+        i
+        for i in sums.collectives(model, 'fsdp', 8, 4, 'bfloat16', 'muon')
+        if i['op'] == 'all_to_all'
+    ]
+    assert sum(i['calls'] for i in muon) == 4 * 3 * 2
+    assert sum(i['bus_bytes'] for i in muon) == pytest.approx(sum(i['bytes'] for i in muon) * 7 / 8)
     sharded = sums.collectives(model, 'zero2', 8, 4, 'bfloat16')
     gathers = sum(i['bus_bytes'] for i in sharded if i['op'] == 'all_gather')
     root, blocks = sums.fsdp_unit_elements(model, 8)

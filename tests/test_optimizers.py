@@ -6,6 +6,7 @@ resume that switches the optimizer is refused unless allowed (then its states st
 test_memory.py; its collectives: test_communication.py; 2 processes in every mode: test_distributed.py.
 """
 
+import collections
 import copy
 import dataclasses
 import json
@@ -346,3 +347,24 @@ def test_muon_under_fsdp2_orthogonalises_each_matrix_once_to_the_bit(processes, 
     assert owned == list(range(len(shapes))) and all(rank['owned'] for rank in ranks[:2])
     for rank in ranks:  # two steps, each of its own matrices once
         assert rank['calls'] == [list(shapes[i]) for i in rank['owned']] * 2
+
+
+@pytest.mark.parametrize('ranks', [2, 3, 8])
+def test_the_ledger_deals_muons_matrices_as_the_optimizer_does(ranks):
+    """sums.owned_matrices, config.muon_blocks in closed form: each rank's matrices of each shape, and
+    its Newton-Schulz FLOPs, on a dense and an MoE model (routed and shared experts' shapes)."""
+    for flags in ([], MOE + ['--n_shared_experts=1']):
+        model_cfg, train_cfg = load_config(None, TINY + ['--optimizer=muon', *flags])
+        train_cfg = dataclasses.replace(train_cfg, parallel='fsdp')
+        shapes = [s for n, s in sums.parameter_shapes(model_cfg) if config.muon_takes(n, s)]
+        dealt = [collections.Counter() for _ in range(ranks)]
+        for shape, block in config.muon_blocks(shapes, ranks):
+            for _, owner in block:
+                dealt[owner][shape] += 1
+        owned = sums.owned_matrices(model_cfg, 'muon', ranks)
+        assert [{s: k for s, k in mine if k} for mine in owned] == [dict(d) for d in dealt]
+        flops = [
+            sum(k * config.newton_schulz_flops(s, train_cfg) for s, k in d.items()) for d in dealt
+        ]
+        assert sums.optimizer_step_flops(model_cfg, train_cfg, ranks) == flops
+        assert sum(flops) == sums.optimizer_step_flops(model_cfg, train_cfg, 1)[0]
