@@ -9,16 +9,20 @@ it measures: docs/measured.md, the device script).
     python bench.py loss configs/pystdlib_cpu.py  # train.py's loop with the full and chunked loss
 
 A case is a config and its overrides, in quotes (`--micro_batch=max`: the largest micro-batch the
-ledger says fits), built as train.py builds it on synthetic tokens. The cases share --budget_s (420
-s: 7 minutes on one H200), each its share; a JSON line each goes to stdout, and to $OUT/bench.jsonl
-when $OUT is set (the device machine's output folder).
+ledger says fits), built as train.py builds it on synthetic tokens. The script ends within
+--budget_s (420 s: 7 minutes on one H200), every build, compile and warm-up counted: each case its
+share of the time left, at least 3 timed steps or skipped; a case that fails is its error line (and
+traceback) and the next runs. A JSON line each goes to stdout, and to $OUT/bench.jsonl when $OUT is
+set (the device machine's output folder).
 """
 
 import dataclasses
+import gc
 import json
 import os
 import sys
 import time
+import traceback
 
 import numpy as np
 import torch
@@ -28,11 +32,12 @@ from ledgergpt import data, live_ledger, optimizers, processes, sums
 from ledgergpt.config import PARTS, ConfigError, load_config
 from model import GPT
 
-DEFAULT_CASES = [
-    'configs/gpt2_124m.py',  # GPT-2 small at its micro-batch, compiled
+DEFAULT_CASES = [  # by value: a budget that runs short still measures the seed's run
     'configs/h200_1b3.py',  # the seed's 1.3B run, compiled
-    'configs/h200_1b3.py --recompute=True --micro_batch=max',  # recompute, the largest micro-batch
     'configs/h200_1b3.py --optimizer=muon',  # Muon: its Newton-Schulz step beside the ledger's
+    'configs/gpt2_124m.py',  # GPT-2 small at its micro-batch, compiled
+    # recompute at 64 sequences, which only recompute fits (without it 32 leaves 2.6 GiB)
+    'configs/h200_1b3.py --recompute=True --micro_batch=64',
     # the full logits' loss at the largest micro-batch it fits, beside the chunked loss above
     'configs/h200_1b3.py --loss=full --micro_batch=max',
 ]
@@ -41,7 +46,9 @@ TINY = (
     '--block_size=32 --micro_batch=2 --compile=False'
 ).split()
 TINY_MAX_MICRO_BATCH = 8  # --tiny: a tiny model "fits" thousands of sequences in RAM
-COMPILE_SECONDS = 90  # a budget for a case's torch.compile on a GPU (the CPU: ~60 s tiny)
+MIN_TIMED = 3  # timed steps a case takes at least; when they no longer fit, it is skipped
+# the budget's clock: every second counts, the builds, compiles and warm-ups too
+CLOCK = time.perf_counter
 
 
 # --------------------------------------------------------------------------------------------------
@@ -89,13 +96,30 @@ def time_optimizer_steps(optimizer, cluster):
     return seconds
 
 
-def bench_case(case, cluster, steps, warmup, seconds, tiny):
-    """Warm up, then time up to `steps` optimizer steps within `seconds`: -> one result dict."""
-    run, p, attention = build(case.split(), cluster, tiny)
-    budget = seconds - (0 if tiny else COMPILE_SECONDS)
-    steps = max(1, min(steps, int(budget / p['step_seconds'])))
+def warm_up(run, cluster, warmup, deadline):
+    """Up to `warmup` steps (the first compiles), fewer when MIN_TIMED more would pass `deadline`:
+    -> the last one's seconds."""
     for _ in range(warmup):
+        begin = CLOCK()
         train.train_step(run)
+        live_ledger.synchronize(cluster.device)
+        seconds = CLOCK() - begin
+        if CLOCK() + (MIN_TIMED + 1) * seconds > deadline:
+            break
+    return seconds
+
+
+def bench_case(case, cluster, steps, warmup, share_end, end, tiny):
+    """Build and warm up, then time up to `steps` optimizer steps by `share_end`, MIN_TIMED at least
+    while they end by `end` (a case before others may take of their shares): -> one result dict."""
+    begin = CLOCK()
+    run, p, attention = build(case.split(), cluster, tiny)
+    step_s = warm_up(run, cluster, max(warmup, 1), share_end)
+    setup_s = CLOCK() - begin
+    steps = max(MIN_TIMED, min(steps, int((share_end - CLOCK()) / step_s)))
+    if CLOCK() + steps * step_s > end:
+        error = f'skipped: {MIN_TIMED} steps of {step_s:.3g} s pass the budget'
+        return {'case': case, 'error': error, 'setup_s': setup_s}
     optimizer_seconds = time_optimizer_steps(run.optimizer, cluster)
     live_ledger.synchronize(cluster.device)
     if cluster.device.type == 'cuda':
@@ -128,34 +152,50 @@ def bench_case(case, cluster, steps, warmup, seconds, tiny):
     line.update(peak_flops=p['gpu']['peak_flops'], peak_bytes=peak, reserved_bytes=reserved)
     line.update(peak_bytes_predicted=memory['allocated' if on_gpu else 'total'])
     line.update(reserved_bytes_predicted=memory['total'] if on_gpu else None)
-    line.update(alloc_retries=retries, fits_predicted=memory['fits'])
+    line.update(alloc_retries=retries, fits_predicted=memory['fits'], setup_s=setup_s)
+    del run.optimizer.step  # the timed wrapper's cycle (optimizer -> wrapper -> optimizer) undone
     return line
 
 
 def run_device_script(cases, steps, warmup, budget_s, tiny):
+    """Each case in turn within budget_s, its share the time left over the cases left; a case starts
+    only while the time left covers the longest set-up (build, compile, warm-up) seen so far. A
+    failure is the case's line (its traceback with it), and the next case runs."""
     cluster = processes.setup_cluster()
     processes.join_process_group(cluster)
-    out, results = os.environ.get('OUT'), []
-    deadline = time.perf_counter() + budget_s
+    out, results, start = os.environ.get('OUT'), [], CLOCK()
+    deadline = start + budget_s
     for index, case in enumerate(cases):
-        share = (deadline - time.perf_counter()) / (len(cases) - index)
+        left, setup_s = deadline - CLOCK(), max((r['setup_s'] for r in results), default=0)
         try:
-            result = bench_case(case, cluster, steps, warmup, share, tiny)
+            if left < setup_s:
+                raise ConfigError(f'skipped: {left:.0f} s left, a set-up took {setup_s:.0f} s')
+            share_end = CLOCK() + left / (len(cases) - index)
+            result = bench_case(case, cluster, steps, warmup, share_end, deadline, tiny)
         except torch.OutOfMemoryError as e:
             result = {'case': case, 'error': f'out of memory: {str(e).splitlines()[0]}'}
         except ConfigError as e:
             result = {'case': case, 'error': str(e)}
-        # between cases: compiled graphs and cached blocks dropped, so the next measures its own
+        except Exception as e:  # an inductor, cuBLAS or SDPA failure: recorded, the next case runs
+            first = (str(e).splitlines() or [''])[0]
+            result = {'case': case, 'error': f'{type(e).__name__}: {first}'}
+            result['traceback'] = traceback.format_exc()
+        # between cases: the case's model and optimizer (reference cycles: gc), compiled graphs and
+        # cached blocks dropped, so that the next measures its own
+        gc.collect()
         torch._dynamo.reset()
         if cluster.device.type == 'cuda':
             torch.cuda.empty_cache()
-        results.append(result)
+        results.append({'setup_s': 0, **result})
         processes.log(cluster, json.dumps(result))
         if out and cluster.is_master:
             os.makedirs(out, exist_ok=True)
             with open(os.path.join(out, 'bench.jsonl'), 'a') as f:
                 f.write(json.dumps(result) + '\n')
     processes.log(cluster, format_results(results))
+    processes.log(
+        cluster, f'{len(cases)} cases in {CLOCK() - start:.0f} s of a {budget_s:.0f} s budget'
+    )
     processes.leave_process_group()  # each case's model is gone already
     return results
 
