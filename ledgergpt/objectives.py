@@ -14,6 +14,7 @@ FIM; a gap UL2 cannot fill is end-of-text tokens without loss). test_objectives.
 of positions that carry loss to the ledger's sums.loss_fraction.
 """
 
+import bisect
 import dataclasses
 
 import numpy as np
@@ -206,11 +207,7 @@ def _ul2(objective, fragment, lead, room, rng):
 
     length = len(fragment) - lead
     if size(length) > room:  # the longest piece that fits (size() grows with the length): bisect
-        low, high = 0, min(length, room)
-        while low < high:
-            middle = (low + high + 1) // 2
-            low, high = (middle, high) if size(middle) <= room else (low, middle - 1)
-        length = low
+        length = bisect.bisect_right(range(min(length, room) + 1), room, key=size) - 1
     if length < 2:  # nothing to mask
         return _prefix_lm(objective, fragment, lead, room, rng, s_mode)
     doc = fragment[lead : lead + length]

@@ -313,7 +313,8 @@ def test_truncated_or_damaged_files_are_one_line(trained, tmp_path, capsys):
     errors = capsys.readouterr().err.strip().split('\n')
     assert len(errors) == 4 and all(line.startswith('error: ') for line in errors), errors
     assert 'line 5: not a HellaSwag item' in errors[0] and 'truncated' in errors[0]
-    assert 'something else than the file' in errors[1]
+    # the advice names the flag that chooses HellaSwag's URL (evals.py takes --url, not --endpoint)
+    assert 'something else than the file' in errors[1] and '--url or HELLASWAG_URL' in errors[1]
     assert 'HTTP 404' in errors[2]
     assert 'line 2: not a HellaSwag item' in errors[3] and 'label 0..3' in errors[3]
 
