@@ -6,11 +6,9 @@ evals.py: a checkpoint's HellaSwag, ARC-Easy, ARC-Challenge and MMLU (0/5-shot) 
     python evals.py out/pystdlib_cpu all --limit 500         # 500 items of each (on a CPU)
     python evals.py out/pystdlib_cpu mmlu_5shot              # or arc_easy, arc_challenge, mmlu
 
-Each beside chance and the published figures of the nearest model sizes: HellaSwag scored as llm.c
-scores it, so that the GPT-2 figures it measured compare with ours, ARC and MMLU as
-lm-evaluation-harness does (docs/after-training.md: the protocols, the figures). The files are
-downloaded once into ~/.cache/ledgergpt (or $XDG_CACHE_HOME/ledgergpt) by downloads.py, resumable
-and checked. train.py scores during training through the hooks of the section "During training".
+Each beside chance and the published figures of the nearest sizes: HellaSwag scored as llm.c does
+(so that its GPT-2 figures compare), ARC and MMLU as lm-evaluation-harness (docs/after-training.md:
+the protocols, the figures, the cache). train.py scores through the hooks of "During training".
 """
 
 import argparse
@@ -57,7 +55,6 @@ def download_hellaswag(url=None, folder=None, network=None):
     dest, url = hellaswag_path(folder), url or os.environ.get('HELLASWAG_URL', HELLASWAG_URL)
     if os.path.exists(dest):
         return dest
-    os.makedirs(os.path.dirname(dest), exist_ok=True)
     # its error lines name the flag that chooses this URL
     where = dataclasses.replace(network or downloads.Network(), advice='--url or HELLASWAG_URL')
     hub = downloads.Hub(where)
@@ -309,7 +306,6 @@ def download_hub_split(repo, folder, split, cache=None, network=None):
             f"not one: the dataset has changed its layout; check --endpoint or HF_ENDPOINT, or "
             f"report it"
         )
-    os.makedirs(os.path.dirname(dest), exist_ok=True)
     return downloads.download(hub, hub.url('datasets', repo, sha, mine[0]['path']), dest, mine[0])
 
 

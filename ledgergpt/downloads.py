@@ -305,9 +305,9 @@ def file_digest(path, listed):
 
 
 def download(hub, url, dest, listed, starts_with=b'PAR1'):
-    """`url` to `dest` through `dest`.partial (resumed after drops), renamed once its size and hash
-    match `listed` (its listing entry), up to HASH_ATTEMPTS downloads; a file at `dest` is checked
-    alike. `starts_with`: a good file's first bytes (parquet's magic), so another body is named."""
+    """`url` to `dest` (its folder made) via `dest`.partial, resumed after drops, renamed once its
+    size and hash match `listed` (its listing entry), up to HASH_ATTEMPTS tries; a file at `dest` is
+    checked too. `starts_with`: a good file's first bytes (parquet's magic): other bodies named."""
     name, size = os.path.basename(dest), listed['size']
     if os.path.exists(dest):
         on_disk = os.path.getsize(dest)
@@ -319,6 +319,7 @@ def download(hub, url, dest, listed, starts_with=b'PAR1'):
             wrong = f'{kind} {actual}, not {expected}'
         say(f"{dest} does not match the listing ({wrong}): downloading it again")
         os.remove(dest)
+    os.makedirs(os.path.dirname(dest) or '.', exist_ok=True)
     partial, etag_path = dest + '.partial', dest + '.etag'
     retries = Retries(listed['path'], hub.network)
     for attempt in range(1, HASH_ATTEMPTS + 1):
