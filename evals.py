@@ -55,9 +55,9 @@ def download_hellaswag(url=None, folder=None, network=None):
     dest, url = hellaswag_path(folder), url or os.environ.get('HELLASWAG_URL', HELLASWAG_URL)
     if os.path.exists(dest):
         return dest
-    # its error lines name the flag that chooses this URL
-    where = dataclasses.replace(network or downloads.Network(), advice='--url or HELLASWAG_URL')
-    hub = downloads.Hub(where)
+    # its error lines name the flags that choose this URL
+    flags = dict(advice='--url or HELLASWAG_URL', not_found='--url or HELLASWAG_URL')
+    hub = downloads.Hub(dataclasses.replace(network or downloads.Network(), **flags))
     hub.token = ''  # HF_TOKEN is for the Hugging Face Hub: never sent to this URL
     # identity: a server that gzips text (GitHub does) would announce the compressed size
     hub.session.headers['Accept-Encoding'] = 'identity'
@@ -574,7 +574,7 @@ def main(argv):
             )
         encoding = data.load_tokenizer(train_config['data'])
         autocast = torch.autocast('cuda', dtype=torch.bfloat16) if device.type == 'cuda' else None
-        network = downloads.Network(endpoint=args.endpoint)
+        network = downloads.Network(endpoint=args.endpoint, not_found='--endpoint')
         limit, batch = args.limit or None, args.batch
         for task in TASKS if args.task == 'all' else (args.task,):
             items = task_items(task, args.cache, world_size, network, args.url)[:limit]

@@ -105,8 +105,10 @@ class Network:
     read_timeout_s: float = 30.0  # of silence in the middle of an answer (a stalled server)
     retry_budget_s: float = 90.0  # how long a request may keep failing, waits included
     backoff_s: float = 1.0  # the first wait between tries; doubled after each, up to MAX_BACKOFF_S
-    # what an error line advises checking for the server: the flags of the command that chose it
+    # what an error line advises checking (of a 404: not_found): the flags of the command that
+    # chose the server and the files
     advice: str = '--endpoint or HF_ENDPOINT'
+    not_found: str = '--sample, --revision and --endpoint'
 
     @property
     def base_url(self):
@@ -221,9 +223,7 @@ class Hub:
             if status in (401, 403):
                 raise DataError(self.refused(url, status))
             if status == 404:
-                raise DataError(
-                    f"{url}: not found (HTTP 404): check --sample, --revision and --endpoint"
-                )
+                raise DataError(f"{url}: not found (HTTP 404): check {self.network.not_found}")
             if status == 429:
                 retries.wait("rate-limited by the Hub (HTTP 429)", retry_after_s(response))
             elif status >= 500 or status == 408:
