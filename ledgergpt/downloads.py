@@ -79,14 +79,10 @@ class Progress:
 # (paged with a Link: <next>; rel="next" header); a file at {endpoint}/[datasets/]{repo}/resolve/
 # {sha}/{path}, which redirects (302) to a CDN. HF_ENDPOINT (a mirror) and HF_TOKEN are honoured.
 #
-# The network is assumed hostile. A file grows in DEST.partial and is renamed to DEST only once it
-# matches the listing: the size the server announces (another total is an error, not a restart),
-# what the body is (a captive portal's HTML page is named so) and, once complete, the sha256. A
-# rerun or a retry after a drop carries on with a Range request made conditional with If-Range on
-# the ETag, so a file that changed meanwhile comes whole instead of stitched to a stale prefix. A
-# request is retried (time-outs, dropped connections, 5xx, 429) with a doubling wait, or the
-# Retry-After asked for if it fits the budget, and given up after HTTP_ATTEMPTS tries or
-# retry_budget_s of failing.
+# The network is assumed hostile (docs/data.md, "FineWeb-Edu": the checks and the retries). A file
+# grows in DEST.partial, renamed to DEST once it matches the listing (another total the server
+# announces is an error, not a restart); a retry carries on with a Range made conditional with
+# If-Range on the ETag, so a file that changed meanwhile comes whole, not glued to a stale prefix.
 
 HUB_ENDPOINT = 'https://huggingface.co'
 HTTP_ATTEMPTS = 10  # tries per request (a download's count starts again whenever bytes arrive)

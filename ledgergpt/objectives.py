@@ -1,9 +1,8 @@
 """
-objectives.py: what the model learns to predict (docs/objectives.md; BOOK.md, "Pretraining
-objectives"): clm, or prefix_lm, fim or ul2, which transform the train stream's packed sequences on
-the host: `objective(sequences, first_index) -> (inputs, targets)`, IGNORE_INDEX where no loss.
-Sequence k draws from its own generator seeded by (seed, k): a resume and any world size transform
-it alike.
+objectives.py: what the model learns to predict (docs/objectives.md, the seeding too; BOOK.md,
+"Pretraining objectives"): clm, or prefix_lm, fim or ul2, which transform the train stream's packed
+sequences on the host: `objective(sequences, first_index) -> (inputs, targets)`, IGNORE_INDEX where
+no loss.
 
 Context-level, as the FIM paper's appendix recommends: a sequence is cut at its end-of-text tokens
 into fragments, each transformed on its own and packed back into the block_size + 1 positions. The
