@@ -216,9 +216,8 @@ def hellaswag_accuracy(
 
 # --------------------------------------------------------------------------------------------------
 # ARC and MMLU in the cloze formulation small models are measured with (each choice's text scored
-# as the question's continuation, the choices never shown), as lm-evaluation-harness's (v0.4)
-# arc_easy, arc_challenge and mmlu_continuation score them (docs/after-training.md, "ARC and MMLU"),
-# from allenai/ai2_arc's and cais/mmlu's parquet on the Hub (--endpoint or HF_ENDPOINT, HF_TOKEN).
+# as the question's continuation, never shown), as lm-evaluation-harness (v0.4) scores them
+# (docs/after-training.md, "ARC and MMLU"), from the Hub's parquet (--endpoint or HF_ENDPOINT).
 
 # repo: the dataset on the Hub; folder: its config, where the split files are
 # {split}-00000-of-00001.parquet; items: in the test split; title: the report's name for it;
