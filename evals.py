@@ -6,16 +6,15 @@ evals.py: a checkpoint's HellaSwag, ARC-Easy, ARC-Challenge and MMLU (0/5-shot) 
     python evals.py out/pystdlib_cpu all --limit 500         # 500 items of each (on a CPU)
     python evals.py out/pystdlib_cpu mmlu_5shot              # or arc_easy, arc_challenge, mmlu
 
-Each beside chance and the published figures of the nearest model sizes: HellaSwag scored as llm.c
-scores it, so that the GPT-2 figures it measured compare with ours, ARC and MMLU as
-lm-evaluation-harness does (docs/after-training.md: the protocols, the figures). The files are
-downloaded once into ~/.cache/ledgergpt (or $XDG_CACHE_HOME/ledgergpt) by downloads.py, resumable
-and checked. train.py scores during training through the hooks of the section "During training".
+Each beside chance and the published figures of the nearest sizes: HellaSwag scored as llm.c does
+(so that its GPT-2 figures compare), ARC and MMLU as lm-evaluation-harness (docs/after-training.md:
+the protocols, the figures, the cache). train.py scores through the hooks of "During training".
 """
 
 import argparse
 import collections
 import contextlib
+import dataclasses
 import functools
 import json
 import math
@@ -51,14 +50,14 @@ def hellaswag_path(folder=None):
 
 
 def download_hellaswag(url=None, folder=None, network=None):
-    """hellaswag_val.jsonl's path in `folder` (default: cache_folder()), downloaded first if missing
-    from `url` (default: $HELLASWAG_URL, else HELLASWAG_URL; the published one is checked by its
-    git blob id, a mirror's by its size)."""
+    """hellaswag_val.jsonl's path in `folder`, downloaded first if missing from `url` (default:
+    $HELLASWAG_URL, else HELLASWAG_URL, checked by its git blob id; a mirror's by its size)."""
     dest, url = hellaswag_path(folder), url or os.environ.get('HELLASWAG_URL', HELLASWAG_URL)
     if os.path.exists(dest):
         return dest
-    os.makedirs(os.path.dirname(dest), exist_ok=True)
-    hub = downloads.Hub(network)
+    # its error lines name the flags that choose this URL
+    flags = dict(advice='--url or HELLASWAG_URL', not_found='--url or HELLASWAG_URL')
+    hub = downloads.Hub(dataclasses.replace(network or downloads.Network(), **flags))
     hub.token = ''  # HF_TOKEN is for the Hugging Face Hub: never sent to this URL
     # identity: a server that gzips text (GitHub does) would announce the compressed size
     hub.session.headers['Accept-Encoding'] = 'identity'
@@ -117,11 +116,6 @@ def downloaded_once_per_machine(download, world_size):
         raise DataError(error)
 
 
-def hellaswag_items(url=None, folder=None, world_size=1):
-    downloaded_once_per_machine(lambda: download_hellaswag(url, folder), world_size)
-    return load_items(hellaswag_path(folder))
-
-
 # --------------------------------------------------------------------------------------------------
 # Scoring. A row is the context and one ending (or choice), its loss that of the ending's tokens,
 # each predicted from all before it; rows too long lose context from the left. HellaSwag's pick is
@@ -132,8 +126,8 @@ def hellaswag_items(url=None, folder=None, world_size=1):
 
 
 def cut(rows, context, length):
-    """(the rows cut to their last `length` tokens, the index of each one's first ending token:
-    the first token has nothing before it to be predicted from)."""
+    """(the rows cut to their last `length` tokens, the index of each one's first ending token: 1
+    or more, as the first token has nothing before it to be predicted from)."""
     cuts = [max(0, len(row) - length) for row in rows]
     return [row[cut:] for row, cut in zip(rows, cuts)], [max(1, context - cut) for cut in cuts]
 
@@ -149,26 +143,24 @@ def render(encoding, item, block_size):
 def ending_losses(model, rows, starts, device, autocast, reduction='mean'):
     """Mean (or with reduction='sum' summed) loss over the ending tokens of each row, batched: rows
     padded on the right (the causal mask keeps it from earlier positions; it is not counted)."""
-    length = max(len(row) for row in rows) - 1
-    inputs = torch.zeros(len(rows), length, dtype=torch.long)
-    targets = torch.zeros(len(rows), length, dtype=torch.long)
-    scored = torch.zeros(len(rows), length)
+    length = max(len(row) for row in rows)
+    tokens = torch.zeros(len(rows), length, dtype=torch.long)
+    scored = torch.zeros(len(rows), length - 1)
     for r, (row, start) in enumerate(zip(rows, starts)):
-        inputs[r, : len(row) - 1] = torch.tensor(row[:-1])
-        targets[r, : len(row) - 1] = torch.tensor(row[1:])
+        tokens[r, : len(row)] = torch.tensor(row)
         scored[r, start - 1 : len(row) - 1] = 1  # target j is token j + 1 of the row
-    inputs, targets, scored = inputs.to(device), targets.to(device), scored.to(device)
+    tokens, scored = tokens.to(device), scored.to(device)
     with autocast:
-        logits, _ = model(inputs)
-    losses = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), reduction='none')
+        logits, _ = model(tokens[:, :-1])
+    targets = tokens[:, 1:].flatten()
+    losses = F.cross_entropy(logits.float().flatten(0, 1), targets, reduction='none')
     summed = (losses.view_as(scored) * scored).sum(1)
     return summed / scored.sum(1) if reduction == 'mean' else summed
 
 
 @torch.no_grad()
 def row_losses(model, items, render_item, device, autocast, batch_items, reduction):
-    """[[each row's loss] per item] (render_item(item, block_size) -> rows, starts), batch_items
-    items per forward, the model in eval mode meanwhile."""
+    """[[each row's loss] per item] of render_item(item, block_size)'s rows, in eval mode."""
     autocast = autocast or contextlib.nullcontext()
     block_size = getattr(model, 'module', model).config.block_size  # DDP keeps the GPT in .module
     was_training = model.training
@@ -177,10 +169,8 @@ def row_losses(model, items, render_item, device, autocast, batch_items, reducti
     for first in range(0, len(items), batch_items):
         rendered = [render_item(item, block_size) for item in items[first : first + batch_items]]
         rows, starts = (sum(part, []) for part in zip(*rendered))
-        flat = ending_losses(model, rows, starts, device, autocast, reduction).tolist()
-        for item_rows, _ in rendered:
-            losses.append(flat[: len(item_rows)])
-            flat = flat[len(item_rows) :]
+        flat = iter(ending_losses(model, rows, starts, device, autocast, reduction).tolist())
+        losses += [[next(flat) for _ in item_rows] for item_rows, _ in rendered]
     model.train(was_training)
     return losses
 
@@ -192,9 +182,8 @@ def my_slice(items, rank, world_size):
 
 
 def tally(items, mine, picks, device, world_size):
-    """{'items', 'acc', 'acc_stderr', 'acc_norm', 'acc_norm_stderr', 'chance'} of the (acc's,
-    acc_norm's) choices picked for `mine`, counted per subject of `items`, summed over the ranks;
-    with several subjects (MMLU) also their macro averages, 'acc_macro' and 'acc_norm_macro'."""
+    """{'items', 'chance', 'acc', 'acc_norm' and their '_stderr'} of the (acc, acc_norm) picks for
+    `mine`, summed over the ranks; with several subjects (MMLU) also their '_macro' averages."""
     subjects = sorted({item.get('subject', '') for item in items})
     # per subject: items, right, right by norm, chance
     totals = torch.zeros(len(subjects), 4, dtype=torch.float64)
@@ -227,9 +216,8 @@ def hellaswag_accuracy(
 
 # --------------------------------------------------------------------------------------------------
 # ARC and MMLU in the cloze formulation small models are measured with (each choice's text scored
-# as the question's continuation, the choices never shown), as lm-evaluation-harness's (v0.4)
-# arc_easy, arc_challenge and mmlu_continuation score them (docs/after-training.md, "ARC and MMLU"),
-# from allenai/ai2_arc's and cais/mmlu's parquet on the Hub (--endpoint or HF_ENDPOINT, HF_TOKEN).
+# as the question's continuation, never shown), as lm-evaluation-harness (v0.4) scores them
+# (docs/after-training.md, "ARC and MMLU"), from the Hub's parquet (--endpoint or HF_ENDPOINT).
 
 # repo: the dataset on the Hub; folder: its config, where the split files are
 # {split}-00000-of-00001.parquet; items: in the test split; title: the report's name for it;
@@ -317,7 +305,6 @@ def download_hub_split(repo, folder, split, cache=None, network=None):
             f"not one: the dataset has changed its layout; check --endpoint or HF_ENDPOINT, or "
             f"report it"
         )
-    os.makedirs(os.path.dirname(dest), exist_ok=True)
     return downloads.download(hub, hub.url('datasets', repo, sha, mine[0]['path']), dest, mine[0])
 
 
@@ -391,8 +378,11 @@ def mmlu_items(test_path, dev_path, shots):
     return items
 
 
-def task_items(task, cache=None, world_size=1, network=None):
-    """A Hub task's items, its files downloaded once per machine (network: downloads.Network)."""
+def task_items(task, cache=None, world_size=1, network=None, url=None):
+    """A task's items, its files downloaded once per machine (url: HellaSwag's)."""
+    if task == 'hellaswag':
+        downloaded_once_per_machine(lambda: download_hellaswag(url, cache, network), world_size)
+        return load_items(hellaswag_path(cache))
     spec = HUB_TASKS[task]
     splits = ['test'] + (['dev'] if spec.shots else [])
     where = spec.repo, spec.folder
@@ -453,18 +443,17 @@ def task_accuracy(
 def items_for_training(run):
     """run.hellaswag and run.eval_tasks ({task: items}): the first hellaswag_items and
     eval_tasks_items (0: all) of the tasks it scores, downloaded in setup."""
-    train, world_size = run.train, run.cluster.world_size
+    train, items = run.train, functools.partial(task_items, world_size=run.cluster.world_size)
     for key in ('hellaswag_every', 'eval_tasks_every'):
         if getattr(train, key) and run.tokenizer is None:
             raise ConfigError(
                 f'{key} needs text: a data folder made by prepare.py, not synthetic tokens'
             )
     if train.hellaswag_every:
-        run.hellaswag = hellaswag_items(world_size=world_size)[: train.hellaswag_items or None]
+        run.hellaswag = items('hellaswag')[: train.hellaswag_items or None]
     if train.eval_tasks_every:
         names = [task for task in train.eval_tasks.split(',') if task]
-        limit = train.eval_tasks_items or None
-        run.eval_tasks = {task: task_items(task, world_size=world_size)[:limit] for task in names}
+        run.eval_tasks = {task: items(task)[: train.eval_tasks_items or None] for task in names}
 
 
 def scored(run, scorer, items):
@@ -569,12 +558,11 @@ def main(argv):
     results, model = {}, None
     try:
         rank, world_size = int(os.environ.get('RANK', 0)), int(os.environ.get('WORLD_SIZE', 1))
-        device = checkpoint.device_of(args.device)
-        if world_size > 1:
-            if device.type == 'cuda':
-                device = torch.device('cuda', int(os.environ.get('LOCAL_RANK', 0)))
-                torch.cuda.set_device(device)
-            dist.init_process_group('nccl' if device.type == 'cuda' else 'gloo')
+        local_rank, device = int(os.environ.get('LOCAL_RANK', 0)), checkpoint.device_of(args.device)
+        if world_size > 1 and device.type == 'cuda':
+            device = torch.device('cuda', local_rank)
+            torch.cuda.set_device(device)
+        processes.join_process_group(processes.Cluster(rank, world_size, local_rank, device))
         path = checkpoint.find(args.checkpoint)
         model, train_config = checkpoint.load_model(path, device)
         params = sum(p.numel() for p in model.parameters())
@@ -585,13 +573,10 @@ def main(argv):
             )
         encoding = data.load_tokenizer(train_config['data'])
         autocast = torch.autocast('cuda', dtype=torch.bfloat16) if device.type == 'cuda' else None
-        network = downloads.Network(endpoint=args.endpoint)
+        network = downloads.Network(endpoint=args.endpoint, not_found='--endpoint')
         limit, batch = args.limit or None, args.batch
         for task in TASKS if args.task == 'all' else (args.task,):
-            if task == 'hellaswag':
-                items = hellaswag_items(args.url, args.cache, world_size)[:limit]
-            else:
-                items = task_items(task, args.cache, world_size, network)[:limit]
+            items = task_items(task, args.cache, world_size, network, args.url)[:limit]
             started = time.perf_counter()
             score = task_accuracy(model, encoding, items, device, autocast, rank, world_size, batch)
             results[task] = score, time.perf_counter() - started

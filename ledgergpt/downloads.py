@@ -38,8 +38,7 @@ def say(line):
 
 
 class Progress:
-    """One job's progress: bytes and their rate (downloads), or tokens with an ETA when the total is
-    known."""
+    """One job's progress: bytes and their rate (downloads), or tokens, ETA if total known."""
 
     def __init__(self, desc, total=None, unit=' tokens', initial=0, leave=True):
         from tqdm import tqdm
@@ -61,8 +60,7 @@ class Progress:
             say(self.format_meter(self.n, elapsed=elapsed, ncols=0, **self.meter))
 
     def waited_for(self, seconds):
-        """A wait between tries is over: the rate leaves it out (a 60 s Retry-After is not a slow
-        download)."""
+        """A wait between tries ended: not in the rate (a 60 s Retry-After is no slow download)."""
         self.waited += seconds
         if self.bar is not None:
             self.bar.unpause()  # tqdm's clock restarts from its last print: the wait is not counted
@@ -81,14 +79,10 @@ class Progress:
 # (paged with a Link: <next>; rel="next" header); a file at {endpoint}/[datasets/]{repo}/resolve/
 # {sha}/{path}, which redirects (302) to a CDN. HF_ENDPOINT (a mirror) and HF_TOKEN are honoured.
 #
-# The network is assumed hostile. A file grows in DEST.partial and is renamed to DEST only once it
-# matches the listing: the size the server announces (another total is an error, not a restart),
-# what the body is (a captive portal's HTML page is named so) and, once complete, the sha256. A
-# rerun or a retry after a drop carries on with a Range request made conditional with If-Range on
-# the ETag, so a file that changed meanwhile comes whole instead of stitched to a stale prefix. A
-# request is retried (time-outs, dropped connections, 5xx, 429) with a doubling wait, or the
-# Retry-After asked for if it fits the budget, and given up after HTTP_ATTEMPTS tries or
-# retry_budget_s of failing.
+# The network is assumed hostile (docs/data.md, "FineWeb-Edu": the checks and the retries). A file
+# grows in DEST.partial, renamed to DEST once it matches the listing (another total the server
+# announces is an error, not a restart); a retry carries on with a Range made conditional with
+# If-Range on the ETag, so a file that changed meanwhile comes whole, not glued to a stale prefix.
 
 HUB_ENDPOINT = 'https://huggingface.co'
 HTTP_ATTEMPTS = 10  # tries per request (a download's count starts again whenever bytes arrive)
@@ -107,6 +101,10 @@ class Network:
     read_timeout_s: float = 30.0  # of silence in the middle of an answer (a stalled server)
     retry_budget_s: float = 90.0  # how long a request may keep failing, waits included
     backoff_s: float = 1.0  # the first wait between tries; doubled after each, up to MAX_BACKOFF_S
+    # what an error line advises checking (of a 404: not_found): the flags of the command that
+    # chose the server and the files
+    advice: str = '--endpoint or HF_ENDPOINT'
+    not_found: str = '--sample, --revision and --endpoint'
 
     @property
     def base_url(self):
@@ -114,8 +112,7 @@ class Network:
 
 
 class Retries:
-    """One request's retry policy (above). A download calls progress() whenever bytes arrive: the
-    count starts again."""
+    """One request's retry policy (above); a download calls progress() whenever bytes arrive."""
 
     def __init__(self, what, network):
         self.what, self.network = what, network
@@ -140,7 +137,7 @@ class Retries:
                 "kept)"
             )
         if self.tries >= HTTP_ATTEMPTS or failing_s + wait > budget:
-            advice = "check the network (and --endpoint or HF_ENDPOINT), then rerun"
+            advice = f"check the network (and {self.network.advice}), then rerun"
             advice = "wait a while and rerun" if 'rate-limited' in problem else advice
             raise DataError(
                 f"{self.what}: {problem}, still after {self.tries} tries in {failing_s:.0f} s: "
@@ -222,9 +219,7 @@ class Hub:
             if status in (401, 403):
                 raise DataError(self.refused(url, status))
             if status == 404:
-                raise DataError(
-                    f"{url}: not found (HTTP 404): check --sample, --revision and --endpoint"
-                )
+                raise DataError(f"{url}: not found (HTTP 404): check {self.network.not_found}")
             if status == 429:
                 retries.wait("rate-limited by the Hub (HTTP 429)", retry_after_s(response))
             elif status >= 500 or status == 408:
@@ -276,22 +271,19 @@ class Hub:
         return f"{self.endpoint}/{where}/resolve/{sha}/{path}"
 
     def api_json(self, url):
-        """(response, its JSON) of a GET of the Hub's API; anything else (a captive portal's page,
-        sent with status 200) is one DataError line."""
+        """(response, its JSON) of the Hub's API; a captive portal's page is one DataError."""
         response = self.get(url)
         try:
             return response, response.json()
         except ValueError:
             raise DataError(
                 f"{url}: not an answer of the Hub's API ({what_came(response, response.content)}): "
-                f"a captive portal or proxy in the way? check the network and --endpoint or "
-                f"HF_ENDPOINT"
+                f"a captive portal or proxy in the way? check the network and {self.network.advice}"
             ) from None
 
 
 class ListingMismatch(DataError):
-    """Every download of a file disagreed with its listing's hash: the file is damaged on the way,
-    or the listing is wrong (prepare.py then lists the files again, once)."""
+    """Every download disagreed with the listing's hash (prepare.py lists them again, once)."""
 
 
 def file_digest(path, listed):
@@ -302,19 +294,16 @@ def file_digest(path, listed):
     if kind is None:
         return None, None, None
     size = os.path.getsize(path)
-    digest = hashlib.sha256() if kind == 'sha256' else hashlib.sha1(b'blob %d\0' % size)
+    new = hashlib.sha256 if kind == 'sha256' else lambda: hashlib.sha1(b'blob %d\0' % size)
     with open(path, 'rb') as f:
-        for block in iter(lambda: f.read(1 << 24), b''):
-            digest.update(block)
-    return kind, digest.hexdigest(), listed['sha256' if kind == 'sha256' else 'git_sha1']
+        actual = hashlib.file_digest(f, new).hexdigest()
+    return kind, actual, listed['sha256' if kind == 'sha256' else 'git_sha1']
 
 
 def download(hub, url, dest, listed, starts_with=b'PAR1'):
-    """`url` to `dest` through `dest`.partial, resuming after drops (Range + If-Range), renamed to
-    `dest` only once its size and hash match `listed` (its listing entry: path, size, sha256). A
-    mismatch downloads it again, up to HASH_ATTEMPTS times. A file already at `dest` is checked the
-    same way. `starts_with`: a good file's first bytes (parquet's magic), so another body is named
-    at once."""
+    """`url` to `dest` (its folder made) via `dest`.partial, resumed after drops, renamed once its
+    size and hash match `listed` (its listing entry), up to HASH_ATTEMPTS tries; a file at `dest` is
+    checked too. `starts_with`: a good file's first bytes (parquet's magic): other bodies named."""
     name, size = os.path.basename(dest), listed['size']
     if os.path.exists(dest):
         on_disk = os.path.getsize(dest)
@@ -326,6 +315,7 @@ def download(hub, url, dest, listed, starts_with=b'PAR1'):
             wrong = f'{kind} {actual}, not {expected}'
         say(f"{dest} does not match the listing ({wrong}): downloading it again")
         os.remove(dest)
+    os.makedirs(os.path.dirname(dest) or '.', exist_ok=True)
     partial, etag_path = dest + '.partial', dest + '.etag'
     retries = Retries(listed['path'], hub.network)
     for attempt in range(1, HASH_ATTEMPTS + 1):
@@ -336,14 +326,13 @@ def download(hub, url, dest, listed, starts_with=b'PAR1'):
             while size_of(partial) != size:
                 fetch_rest(hub, url, partial, etag_path, size, starts_with, retries, progress)
         kind, actual, expected = file_digest(partial, listed)
+        remove_quietly(etag_path)
         if actual == expected:
             os.replace(partial, dest)
-            remove_quietly(etag_path)
             verified = f', {kind} verified' if kind else ''
             say(f"{name}: {human_bytes(size)} in {time.monotonic() - started:.0f} s{verified}")
             return dest
         remove_quietly(partial)
-        remove_quietly(etag_path)
         if attempt < HASH_ATTEMPTS:
             say(
                 f"{name}: {kind} {actual} differs from the listing's {expected}: downloading it "
@@ -352,8 +341,8 @@ def download(hub, url, dest, listed, starts_with=b'PAR1'):
             time.sleep(hub.network.backoff_s * 2**attempt)
     raise ListingMismatch(
         f"{name}: {kind} {actual} after {HASH_ATTEMPTS} downloads, but the listing says "
-        f"{expected}: the data is damaged on the way (a proxy or mirror?): check --endpoint or "
-        "HF_ENDPOINT and rerun"
+        f"{expected}: the data is damaged on the way (a proxy or mirror?): check "
+        f"{hub.network.advice} and rerun"
     )
 
 
@@ -362,9 +351,8 @@ def size_of(path):
 
 
 def fetch_rest(hub, url, partial, etag_path, size, starts_with, retries, progress):
-    """One request for what `partial` lacks, streamed onto its end until done or dropped (then the
-    caller asks again). The answer is checked first: its total must be the listing's size and its
-    body no web page."""
+    """One request for what `partial` lacks (its answer checked first), streamed onto its end until
+    done or dropped (then the caller asks again)."""
     import requests
 
     dropped = (requests.ConnectionError, requests.Timeout, requests.exceptions.ChunkedEncodingError)
@@ -372,14 +360,12 @@ def fetch_rest(hub, url, partial, etag_path, size, starts_with, retries, progres
     if have > size:  # longer than the file: damaged, start over
         os.remove(partial)
         have = 0
-    headers, etag = {'Range': f'bytes={have}-'} if have else {}, ''
+    headers = {'Range': f'bytes={have}-'} if have else {}
     if have and os.path.exists(etag_path):
         with open(etag_path) as f:
-            etag = f.read()
-    if etag:
-        headers['If-Range'] = etag
+            headers['If-Range'] = f.read()
     with hub.get(url, retries, headers, stream=True) as response:
-        start = check_answer(response, url, have, size)
+        start = check_answer(response, url, have, size, hub.network.advice)
         if have and not start:
             say(
                 f"{url}: the server sent the whole file again (it changed, or ignores ranges): "
@@ -399,10 +385,11 @@ def fetch_rest(hub, url, partial, etag_path, size, starts_with, retries, progres
                         raise DataError(
                             f"{url}: the server sent something else than the file "
                             f"({what_came(response, chunk)}): a proxy or captive portal in the "
-                            f"way? check the network and --endpoint or HF_ENDPOINT"
+                            f"way? check the network and {hub.network.advice}"
                         )
                     if f.tell() + len(chunk) > size:
-                        raise DataError(size_mismatch(url, f"more than {size:,}", size))
+                        more = f"more than {size:,}"
+                        raise DataError(size_mismatch(url, more, size, hub.network.advice))
                     f.write(chunk)
                     progress.update(len(chunk))
                     retries.progress()
@@ -413,10 +400,10 @@ def fetch_rest(hub, url, partial, etag_path, size, starts_with, retries, progres
             retries.wait(network_problem(e, hub.network))
 
 
-def size_mismatch(url, sent, size):
+def size_mismatch(url, sent, size, advice):
     return (
         f"{url}: the server sends {sent} bytes but the Hub's listing says {size:,}: a proxy or "
-        f"mirror in the way (check --endpoint or HF_ENDPOINT), or a stale files.json in the data "
+        f"mirror in the way (check {advice}), or a stale files.json in the data "
         f"folder (delete it to list the files again)"
     )
 
@@ -427,28 +414,27 @@ def what_came(response, body):
     return f"{response.headers.get('Content-Type', 'no Content-Type')}: {start!r}"
 
 
-def check_answer(response, url, have, size):
-    """Where the body goes in the file: at `have` for a 206 that continues it, at 0 for a 200 (the
-    whole file). A total other than the listing's size, or an HTML page (a captive portal's login),
-    is a DataError."""
+def check_answer(response, url, have, size, advice):
+    """Where the body goes: at `have` for a 206 that continues it, at 0 for a 200 (the whole file).
+    A total other than the listing's size, or an HTML page (a captive portal's login): DataError."""
     if 'text/html' in response.headers.get('Content-Type', ''):
         page = next(response.iter_content(200), b'')
         raise DataError(
             f"{url}: the server answered with a web page ({what_came(response, page)}) instead of "
             f"the file: a captive portal or proxy login? open any web page to log in, or check "
-            f"--endpoint or HF_ENDPOINT"
+            f"{advice}"
         )
     if response.status_code == 206:
         match = re.fullmatch(r'bytes (\d+)-\d+/(\d+|\*)', response.headers.get('Content-Range', ''))
         if not match or int(match[1]) != have:
             raise DataError(
                 f"{url}: asked for bytes {have:,}- but the server sent "
-                f"{response.headers.get('Content-Range')!r}: check --endpoint or HF_ENDPOINT"
+                f"{response.headers.get('Content-Range')!r}: check {advice}"
             )
         if match[2] != '*' and int(match[2]) != size:
-            raise DataError(size_mismatch(url, f"{int(match[2]):,}", size))
+            raise DataError(size_mismatch(url, f"{int(match[2]):,}", size, advice))
         return have
     length = response.headers.get('Content-Length')
     if length is not None and int(length) != size:
-        raise DataError(size_mismatch(url, f"{int(length):,}", size))
+        raise DataError(size_mismatch(url, f"{int(length):,}", size, advice))
     return 0

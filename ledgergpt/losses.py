@@ -1,23 +1,20 @@
 """
-losses.py: the training loss, found by the name of its row in config.PARTS['loss'] (model.py's
-LOSSES). Both take the final hidden states h (B, T, H), lm_head's weight (V, H) and the targets (B,
-T), and return the cross-entropy of the targets that are not IGNORE_INDEX: their sum, or their mean.
+losses.py: the training loss, by the name of its row in config.PARTS['loss'] (model.py's LOSSES).
+Each takes the final hidden states h (B, T, H), lm_head's weight (V, H) and the targets (B, T), and
+returns the cross-entropy of the targets that are not IGNORE_INDEX: their sum, or their mean.
 
-    full:    F.cross_entropy over the whole fp32 logits, B x T x V of them (12 bytes a logit
-             held eager).
+    full:    F.cross_entropy over the whole fp32 logits, B x T x V of them (12 bytes a logit eager).
     chunked: the same sum, CHUNK_ROWS rows at a time, each chunk's gradients with respect to h and
              to the weight taken in the same forward pass (Liger's fused linear cross-entropy; Cut
              Cross-Entropy, Wijmans et al. 2024): one chunk's logits exist at a time, and backward
-             multiplies two saved gradients by the loss's scalar gradient, no matmul repeated. At
-             nanochat's 32 x 2048 x 65,536 the full loss holds 48 GiB, this one CHUNK_ROWS x V x 6
-             bytes in bf16 (0.75 GiB; compiled, 8 bytes in three buffers: 1 GiB) and two
-             gradients (h's 0.3 GiB, the weight's 0.3 GiB).
+             multiplies two saved gradients by the loss's scalar gradient. At nanochat's 32 x 2048 x
+             65,536 the full loss holds 48 GiB, this one CHUNK_ROWS x V x 6 bytes in bf16 (0.75 GiB;
+             compiled, 8 bytes in three buffers: 1 GiB) and two gradients (0.3 GiB each).
 
 The numerics are the full loss's: the logits in the compute dtype (autocast's, else h's), then fp32
-for the softmax; the gradients leave in that compute dtype for the two matmuls, as lm_head's
-backward runs them. A soft cap (the model's logit_softcap) makes the fp32 logits z into cap * tanh(z
-/ cap) before the softmax, and multiplies their gradient by its slope, 1 - tanh(z / cap)^2: the
-chunked loss alone takes it (config.validate).
+for the softmax; the gradients leave in that dtype for the two matmuls, as lm_head's backward runs
+them. A soft cap (logit_softcap, the chunked loss's alone: config.validate) makes the fp32 logits z
+into cap * tanh(z / cap) and multiplies their gradient by its slope, 1 - tanh(z / cap)^2.
 """
 
 import torch
@@ -30,8 +27,7 @@ from ledgergpt.config import CHUNK_ROWS, IGNORE_INDEX
 
 
 def softcap(logits, cap):
-    """cap * tanh(logits / cap) (Gemma 2; nanochat): the logits model.py returns, bounded to (-cap,
-    cap)."""
+    """cap * tanh(logits / cap) (Gemma 2; nanochat): model.py's logits, bounded to (-cap, cap)."""
     return cap * torch.tanh(logits / cap) if cap else logits
 
 

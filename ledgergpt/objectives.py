@@ -1,9 +1,8 @@
 """
-objectives.py: what the model learns to predict (docs/objectives.md; BOOK.md, "Pretraining
-objectives"): clm, or prefix_lm, fim or ul2, which transform the train stream's packed sequences on
-the host: `objective(sequences, first_index) -> (inputs, targets)`, IGNORE_INDEX where no loss.
-Sequence k draws from its own generator seeded by (seed, k): a resume and any world size transform
-it alike.
+objectives.py: what the model learns to predict (docs/objectives.md, the seeding too; BOOK.md,
+"Pretraining objectives"): clm, or prefix_lm, fim or ul2, which transform the train stream's packed
+sequences on the host: `objective(sequences, first_index) -> (inputs, targets)`, IGNORE_INDEX where
+no loss.
 
 Context-level, as the FIM paper's appendix recommends: a sequence is cut at its end-of-text tokens
 into fragments, each transformed on its own and packed back into the block_size + 1 positions. The
@@ -14,6 +13,7 @@ FIM; a gap UL2 cannot fill is end-of-text tokens without loss). test_objectives.
 of positions that carry loss to the ledger's sums.loss_fraction.
 """
 
+import bisect
 import dataclasses
 
 import numpy as np
@@ -206,11 +206,7 @@ def _ul2(objective, fragment, lead, room, rng):
 
     length = len(fragment) - lead
     if size(length) > room:  # the longest piece that fits (size() grows with the length): bisect
-        low, high = 0, min(length, room)
-        while low < high:
-            middle = (low + high + 1) // 2
-            low, high = (middle, high) if size(middle) <= room else (low, middle - 1)
-        length = low
+        length = bisect.bisect_right(range(min(length, room) + 1), room, key=size) - 1
     if length < 2:  # nothing to mask
         return _prefix_lm(objective, fragment, lead, room, rng, s_mode)
     doc = fragment[lead : lead + length]

@@ -313,8 +313,9 @@ def test_truncated_or_damaged_files_are_one_line(trained, tmp_path, capsys):
     errors = capsys.readouterr().err.strip().split('\n')
     assert len(errors) == 4 and all(line.startswith('error: ') for line in errors), errors
     assert 'line 5: not a HellaSwag item' in errors[0] and 'truncated' in errors[0]
-    assert 'something else than the file' in errors[1]
-    assert 'HTTP 404' in errors[2]
+    # the advice names the flag that chooses HellaSwag's URL (evals.py takes --url, not --endpoint)
+    assert 'something else than the file' in errors[1] and '--url or HELLASWAG_URL' in errors[1]
+    assert 'HTTP 404' in errors[2] and '--url or HELLASWAG_URL' in errors[2]
     assert 'line 2: not a HellaSwag item' in errors[3] and 'label 0..3' in errors[3]
 
 
@@ -717,7 +718,7 @@ def test_bad_task_files_are_one_line(trained, tmp_path, capsys, monkeypatch):
     assert len(errors) == 3 and all(line.startswith('error: ') for line in errors), errors
     assert 'row 2: not an ARC item' in errors[0]
     assert 'not a parquet file' in errors[1] and 'delete it and rerun' in errors[1]
-    assert 'HTTP 404' in errors[2]
+    assert 'HTTP 404' in errors[2] and errors[2].endswith('check --endpoint')  # evals.py's flag
 
 
 def test_an_unreachable_hub_is_one_line_naming_a_flag_evals_takes(
