@@ -3,12 +3,10 @@ config.py: the config vocabulary shared by every ledgergpt command, and the one 
 reported.
 
 A config file is plain Python that assigns keys (see configs/); `--key=value` after it overrides one
-key, parsed to the type of the key's default. Loading collects the file's names into two dataclasses
-and checks every value's type and range, so a typo or an impossible value is one line that names the
-key, the value and what is allowed, before anything is built. The tables the other files read live
-here too: the model families (FAMILIES), which keys break a resumed run (CONTINUATION_KEYS), the
-parallel modes and the objectives' vocabulary. Standard library only: `python ledger.py CONFIG` runs
-before torch is installed.
+key. Every value's type and range is checked before anything is built: a typo or an impossible value
+is one line naming the key, the value and what is allowed. The tables the other files read live here
+too (PARTS, OPTIMIZERS, FAMILIES, CONTINUATION_KEYS, ...). Standard library only: `python ledger.py
+CONFIG` runs before torch is installed.
 """
 
 import dataclasses
@@ -28,8 +26,7 @@ SECONDS_PER_DAY = 86400
 
 
 class UserError(Exception):
-    """Bad input or a state the user can fix: one line on stderr ('error: ...'), no traceback,
-    exit_code."""
+    """Bad input or a state the user can fix: one line on stderr ('error: ...'), no traceback."""
 
     exit_code = 2
 
@@ -87,23 +84,18 @@ def quiet_stops():
     def one_line(kind, value, traceback):
         if not issubclass(kind, KeyboardInterrupt):
             return python_hook(kind, value, traceback)
-        message, code = _stop_line(value)
-        print(message, file=sys.stderr, flush=True)
-        os._exit(code)  # outside main(), nothing is left to unwind
+        os._exit(_say(*_stop_line(value)))  # outside main(), nothing is left to unwind
 
     sys.excepthook = one_line
 
 
 def cli(function=None, *, reports=None, stopped=None):
-    """The one error wrapper of every command's main(argv): a UserError becomes one 'error: ...'
-    line on stderr and its exit code; Ctrl-C and SIGTERM are one line and exit 130 or 143, not a
-    traceback (what was written completely stays; a rerun of the same command carries on); a reader
-    of stdout that leaves early (`| head`) ends the command quietly. Under torchrun the lines come
-    from rank 0, or with `reports` (processes.cli's: whether this rank is the job's first to fail)
-    from the first rank that fails, its rank named: a rank's own error (its copy of the data) is
-    then shown, and a verdict every rank reaches is still one line. `stopped` (train.py's,
-    continuation.rank_lost): (exception, argv) -> (line, exit code) for a stop or an error it knows
-    better, or None."""
+    """The one error wrapper of every command's main(argv): a UserError is one 'error: ...' line on
+    stderr and its exit code; Ctrl-C and SIGTERM one line and exit 130 or 143; a reader of stdout
+    that leaves early (`| head`) ends the command quietly. Under torchrun rank 0 says the line, or
+    with `reports` (processes.cli's: whether this rank is the job's first to fail) the first rank
+    that fails, named. `stopped` (continuation.rank_lost): (exception, argv) -> (line, exit code)
+    for a stop or an error it knows better, or None."""
     if function is None:  # @cli(reports=..., stopped=...)
         return functools.partial(cli, reports=reports, stopped=stopped)
 
@@ -115,17 +107,15 @@ def cli(function=None, *, reports=None, stopped=None):
         if previous == signal.SIG_DFL:
             signal.signal(signal.SIGTERM, _terminate)
         args = sys.argv[1:] if argv is None else list(argv)
+        rank, world = int(os.environ.get('RANK', 0)), int(os.environ.get('WORLD_SIZE', 1))
         try:
             code = function(args)
             sys.stdout.flush()  # here, where a closed pipe is caught, not at exit
             return code
         except UserError as e:
-            rank, world = int(os.environ.get('RANK', 0)), int(os.environ.get('WORLD_SIZE', 1))
-            if reports is not None and world > 1:
-                if not reports():
-                    return e.exit_code
-                return _say(f'error: rank {rank} of {world}: {e}', e.exit_code)
             message, code = f'error: {e}', e.exit_code
+            if reports is not None and world > 1:
+                return _say(f'error: rank {rank} of {world}: {e}', code) if reports() else code
         except KeyboardInterrupt as e:
             message, code = (stopped and stopped(e, args)) or _stop_line(e)
         # `| head` read what it wanted: no traceback, and none from the flush at exit
@@ -142,9 +132,7 @@ def cli(function=None, *, reports=None, stopped=None):
         finally:
             if previous == signal.SIG_DFL:
                 signal.signal(signal.SIGTERM, previous)
-        if int(os.environ.get('RANK', 0)) == 0:
-            _say(message, code)
-        return code
+        return _say(message, code) if rank == 0 else code
 
     return main
 
@@ -155,17 +143,12 @@ def _say(message, code):
 
 
 # --------------------------------------------------------------------------------------------------
-# Parts. A model is a stack of blocks built from parts; each part is one row of PARTS, and the row
-# is all the other files know of it: its tensors (names and shapes as model.py builds them: the
-# ledger counts its parameters and its matmul FLOPs from them, 2 per weight forward and 4 backward),
-# the bytes it saves for backward a token (Ledger 4b, eager and compiled), its label and formula in
-# the bill, its Hugging Face export. model.py builds a block from the rows' names; sums.py, bill.py
-# and export.py read the rows and name no part. A fork adds a row here, a class in model.py and a
-# test. A family (FAMILIES) is a named choice of rows; a model key (attention, norm, mlp, positions,
-# qk_norm, loss) takes a part into any family. Shapes are (out, in) as nn.Linear holds them; H is
-# n_embd, H' the FFN width, d the head size, a and r the bytes of an activation and of the residual
-# stream. Each `saved` is derived term by term in BOOK.md (Derivations: Ledger 4b) and measured
-# exact by tests/test_parts.py and tests/test_model.py.
+# Parts. Each part of a model is one row of PARTS, all the other files know of it (docs/forking.md:
+# a model part): the ledger counts its parameters and matmul FLOPs (2 per weight forward, 4
+# backward) from its tensors. Shapes are (out, in) as nn.Linear holds them; H is n_embd, H' the FFN
+# width, d the head size, a and r the bytes of an activation and of the residual stream. Each
+# `saved` is derived term by term in BOOK.md (Derivations: Ledger 4b) and measured exact by
+# tests/test_parts.py and tests/test_model.py.
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -212,10 +195,8 @@ def layernorm_shapes(c):
 
 
 def norm_saved(stats, composite):
-    """A norm's bytes a token: eager its input r*H and fp32 statistics (`stats`), and x/rms too
-    where torch runs it as several ops (composite: RMSNorm on the CPU); compiled the statistics and
-    its output a*H (the partitioner keeps the next matmul's input and recomputes the normalisation).
-    """
+    """A norm's bytes a token, with `stats` bytes of fp32 statistics; composite: x/rms too where
+    torch runs it as several ops (RMSNorm on the CPU)."""
 
     def saved(c, a, r, compiled, fused=True):
         if compiled:
@@ -226,8 +207,7 @@ def norm_saved(stats, composite):
 
 
 def mlp_saved(eager, compiled):
-    """An FFN's bytes a token: eager its input a*H and `eager` H'-wide tensors; compiled `compiled`
-    of them (its input is the norm's output, counted there)."""
+    """An FFN's bytes a token: its input a*H and `eager` H'-wide tensors; compiled, `compiled`."""
     return lambda c, a, r, is_compiled: (
         compiled * a * c.ffn_width if is_compiled else a * c.n_embd + eager * a * c.ffn_width
     )
@@ -236,7 +216,7 @@ def mlp_saved(eager, compiled):
 def qk_norm_saved(learned):
     """QK-norm's bytes a token: each head's fp32 1/rms; under autocast (a < r) its fp32 copy of q
     and k; a learned gain's normalised q and k; without RoPE (whose row counts the rotated ones) the
-    normalised q and k attention keeps. Compiled: counted as eager (not measured)."""
+    normalised q and k attention keeps. Compiled: as eager (not measured)."""
 
     def saved(c, a, r, compiled):
         heads = c.n_head + c.kv_heads
@@ -251,9 +231,7 @@ def qk_norm_saved(learned):
 
 
 def flash_attention_saved(c, a, r, compiled):
-    """Attention's bytes a token with a flash kernel: the fused qkv output (v is a view of it), the
-    fp32 log-sum-exp per head, the output a*H; eager also its input a*H. SDPA's math kernel keeps
-    the T x T probabilities instead (sums.activation_bytes, attention='math')."""
+    """Attention's bytes a token with a flash kernel (the math kernel's: sums.activation_bytes)."""
     qkv = a * (c.n_head + 2 * c.kv_heads) * c.head_dim
     return (0 if compiled else a * c.n_embd) + qkv + 4 * c.n_head + a * c.n_embd
 
@@ -263,9 +241,8 @@ def nothing_saved(c, a, r, compiled):
 
 
 def full_loss_buffers(c, tokens, a, compiled):
-    """The full loss's buffers at the start of the backward, tokens x V elements each: eager the
-    fp32 log-softmax and the gradients of it and of the logits, 12 bytes a logit (measured on the
-    CPU: 11.9 in fp32, 12.1 under bf16 autocast); compiled the logits and their gradient, 2a."""
+    """The full loss's buffers at the start of the backward, tokens x V elements each (measured on
+    the CPU: 11.9 bytes a logit in fp32, 12.1 under bf16 autocast)."""
     elements = tokens * c.vocab_size
     if compiled:
         return {'logits': elements * a, 'grad_logits': elements * a}
@@ -278,17 +255,13 @@ CHUNK_ROWS = 2048  # losses.py's rows a chunk (docs/measured.md: the paired benc
 
 def chunk_logit_bytes(a, compiled):
     """Bytes a logit of the chunk holds: compiled, three buffers (a + 4 + a: inductor's graph is
-    functional); eager, the fp32 one the softmax runs in place in, beside the matmul's output in a
-    when that is not fp32."""
+    functional); eager, the fp32 softmax's in place, beside the matmul's output when a is not 4."""
     return 2 * a + 4 if compiled else 4 if a == 4 else 4 + a
 
 
 def chunked_loss_buffers(c, tokens, a, compiled):
-    """The chunked loss's buffers at its peak, the last chunk of its forward: the chunk's logits
-    (chunk_logit_bytes), lm_head's gradient accumulated in fp32 (compiled: the partitioner keeps the
-    smaller of that and the chunks' shares in a) and the chunk's share before it is added;
-    soft-capped logits add their slope, one more fp32 chunk (counted as eager, an upper bound).
-    Derived in BOOK.md (Derivations: Ledger 4b); measured by test_memory.py and test_losses.py."""
+    """The chunked loss's buffers at its peak, the last chunk of its forward (BOOK.md, Derivations:
+    Ledger 4b; measured by test_memory.py and test_losses.py)."""
     rows, V, H = min(tokens, CHUNK_ROWS), c.vocab_size, c.n_embd
     chunks = -(-tokens // CHUNK_ROWS)
     buffers = {
@@ -423,10 +396,8 @@ class Optimizer:
 
 
 def newton_schulz_flops(shape, train):
-    """Muon's Newton-Schulz iteration on an A x B matrix, m = min(A, B), n = max(A, B)
-    (torch.optim.Muon works on the m x n orientation): each of muon_ns_steps steps multiplies X X^T
-    (2m^2 n), the Gram matrix by itself (2m^3) and the result by X (2m^2 n). A 2048-square matrix at
-    5 steps: 5 x 6 x 2048^3 = 2.6e11 FLOPs."""
+    """Muon's Newton-Schulz FLOPs on an A x B matrix (BOOK.md, Derivations: Muon's model states and
+    step). A 2048-square matrix at 5 steps: 5 x 6 x 2048^3 = 2.6e11 FLOPs."""
     m, n = sorted(shape)
     return train.muon_ns_steps * (4 * m * m * n + 2 * m**3)
 
@@ -438,8 +409,7 @@ def muon_takes(name, shape):
     return name.startswith('blocks.') and len(shape) == 2 and '.router.' not in name
 
 
-# An optimizer is a row as a part is: optimizers.py builds it by the row's name (its BUILDERS), the
-# ledger bills its states and its step from the row, and the run measures both after its first step.
+# An optimizer is a row as a part is (docs/forking.md: an optimizer).
 # fmt: off
 OPTIMIZERS = {
     # AdamW (Loshchilov and Hutter 2019): exp_avg and exp_avg_sq in fp32, and a 4-byte step count
@@ -476,9 +446,7 @@ def param_groups(optimizer, shapes):
 
 
 # --------------------------------------------------------------------------------------------------
-# Terms added to the cross-entropy, each weighed by a key (0: off): the bill names the ones a run
-# adds. Where a term is computed is its own: moe.py's balance loss, or a term of the logits in
-# losses.py's chunk (docs/forking.md: PaLM's z-loss as a fork, a row, its key and its code).
+# Terms added to the cross-entropy, each weighed by a key (0: off; docs/forking.md: a loss term).
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -915,28 +883,49 @@ NANOGPT_NAMES = {
 
 def _unknown_key_error(key, where):
     close = difflib.get_close_matches(key, list(DEFAULTS), n=1, cutoff=0.5)
-    hint = (
-        f"did you mean '{close[0]}'?"
-        if close
-        else "the keys are ModelConfig's and TrainConfig's in config.py"
-    )
+    hint = "the keys are ModelConfig's and TrainConfig's in config.py"
+    if close:
+        hint = f"did you mean '{close[0]}'?"
     if key in NANOGPT_NAMES:
         hint = f"nanoGPT's '{key}': {NANOGPT_NAMES[key]}"
     return ConfigError(f"unknown config key '{key}' in {where}: {hint}")
 
 
+def _number(value):
+    """An int or a finite float; not a bool."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _whole(value):
+    """An int, or a float that is whole (26e9); not a bool."""
+    return _number(value) and value == int(value)
+
+
+# What a key takes, by the type of its default: (accepts, converts, the words an error uses). Whole
+# floats are accepted for ints (26e9, 1e6); ints for floats; bools only as True/False (a string
+# 'False' would read as true); a list or tuple of whole numbers (token counts) for a tuple.
+# fmt: off
+_TYPES = {
+    bool: (lambda v: isinstance(v, bool), bool, 'True or False'),
+    int: (_whole, int, 'a whole number'),
+    float: (_number, float, 'a finite number'),
+    tuple: (lambda v: isinstance(v, (tuple, list)) and all(map(_whole, v)),
+            lambda v: tuple(map(int, v)), 'a list of whole numbers'),
+    str: (lambda v: isinstance(v, str), str, 'a string'),
+}
+# fmt: on
+_BOOLEANS = {'1': True, 'true': True, 'yes': True, 'on': True}
+_BOOLEANS |= {'0': False, 'false': False, 'no': False, 'off': False}
+
+
 def _parse_value(key, text):
-    """A --key=value string -> a value of the type of the key's default."""
+    """A --key=value string -> a value of the type of the key's default (_typed checks it)."""
     default = DEFAULTS[key]
     try:
         if isinstance(default, bool):
-            if text.lower() in ('1', 'true', 'yes', 'on'):
-                return True
-            if text.lower() in ('0', 'false', 'no', 'off'):
-                return False
-            raise ValueError
+            return _BOOLEANS[text.lower()]
         if isinstance(default, int):
-            # 26e9: checked whole below
+            # 26e9: checked whole by _typed
             return int(text) if text.lstrip('+-').isdigit() else float(text)
         if isinstance(default, float):
             return float(text)
@@ -944,7 +933,7 @@ def _parse_value(key, text):
         if isinstance(default, tuple):
             return tuple(float(part) for part in text.split(',') if part)
         return text
-    except ValueError:
+    except (KeyError, ValueError):
         kind = (
             'whole numbers, comma-separated (1000,2000)'
             if isinstance(default, tuple)
@@ -953,45 +942,17 @@ def _parse_value(key, text):
         raise ConfigError(f"--{key}={text}: expected {kind}") from None
 
 
-def _typed_whole(value):
-    """An int, or a float that is whole (26e9); not a bool."""
-    number = isinstance(value, (int, float)) and not isinstance(value, bool)
-    return number and math.isfinite(value) and value == int(value)
-
-
 def _typed(key, value, where):
-    """value with the type of the key's default, or ConfigError. Whole floats are accepted for ints
-    (26e9, 1e6); ints for floats; bools only as True/False (a string 'False' would read as true); a
-    list or tuple of whole numbers for a tuple."""
-    default = DEFAULTS[key]
-    if isinstance(default, bool):
-        if isinstance(value, bool):
-            return value
-        expected = 'True or False'
-    elif isinstance(default, int):
-        if _typed_whole(value):
-            return int(value)
-        expected = 'a whole number'
-    elif isinstance(default, float):
-        if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
-            return float(value)
-        expected = 'a finite number'
-    elif isinstance(default, tuple):  # whole numbers: token counts
-        if isinstance(value, (tuple, list)) and all(_typed_whole(v) for v in value):
-            return tuple(int(v) for v in value)
-        expected = 'a list of whole numbers'
-    else:
-        # a weighted mixture: kept as its text (data_sources)
-        if key == 'data' and isinstance(value, dict):
-            return mixture_text(value.items(), where)
-        if isinstance(value, str):
-            return (
-                value
-                if key != 'data' or not is_mixture(value)
-                else mixture_text(data_sources(value), where)
-            )
-        expected = 'a string'
-    raise ConfigError(f"{key} = {value!r} in {where}: expected {expected}")
+    """value with the type of the key's default (_TYPES), or ConfigError. The data key's mixture
+    (a dict in a config file) is kept as its text."""
+    if key == 'data' and isinstance(value, dict):
+        return mixture_text(value.items(), where)
+    accepts, convert, expected = _TYPES[type(DEFAULTS[key])]
+    if not accepts(value):
+        raise ConfigError(f"{key} = {value!r} in {where}: expected {expected}")
+    if key == 'data' and is_mixture(value):
+        return mixture_text(data_sources(value), where)
+    return convert(value)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -1043,11 +1004,7 @@ def mixture_text(sources, where):
             raise ConfigError(
                 f"data: {folder!r} in {where} is not a folder name (a string without commas)"
             )
-        if (
-            isinstance(weight, bool)
-            or not isinstance(weight, (int, float))
-            or not 0 < weight < math.inf
-        ):
+        if not (_number(weight) and weight > 0):
             raise ConfigError(
                 f"data: {folder}'s weight in {where} must be a positive number, got {weight!r}"
             )
@@ -1061,8 +1018,7 @@ def mixture_text(sources, where):
         if round(weight / total * MIXTURE_UNITS) == 0:
             raise ConfigError(
                 f"data: {folder}'s weight {weight / total:.2g} in {where} rounds to 0 (mixture "
-                "weights are kept to "
-                f"1/{MIXTURE_UNITS}): raise it or drop the folder"
+                f"weights are kept to 1/{MIXTURE_UNITS}): raise it or drop the folder"
             )
     return ','.join(f'{folder}:{weight / total:.6g}' for folder, weight in sources)
 
@@ -1191,11 +1147,8 @@ def validate(model, train):
     validate_moe(model)
     for key in DEFAULTS:  # an optimizer's own keys (muon_lr, ...) only with that optimizer
         owner = key.split('_')[0]
-        if (
-            owner in OPTIMIZERS
-            and owner != train.optimizer
-            and getattr(train, key) != DEFAULTS[key]
-        ):
+        changed = owner in OPTIMIZERS and getattr(train, key) != DEFAULTS[key]
+        if changed and owner != train.optimizer:
             raise ConfigError(
                 f"{key} = {getattr(train, key)!r} is for optimizer = {owner!r}: set it too, or "
                 f"drop {key}"
