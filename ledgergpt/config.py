@@ -323,8 +323,7 @@ PARTS = {
         'learned': Part(label='learned positions', formula='T*H', saved=nothing_saved,
                         shapes=lambda c: [('weight', (c.block_size, c.n_embd))],
                         hf=('GPT2LMHeadModel',)),
-        # RoPE (Su et al. 2021): q and k rotated in each block; no parameters, the rotated q and k
-        # saved
+        # RoPE (Su et al. 2021): q and k rotated in each block; no parameters, rotated q and k saved
         'rope': Part(label='RoPE', formula='none', shapes=lambda c: [],
                      saved=lambda c, a, r, compiled: a * (c.n_head + c.kv_heads) * c.head_dim,
                      hf=('LlamaForCausalLM', 'Qwen3ForCausalLM', 'ArceeForCausalLM')),
@@ -345,10 +344,8 @@ PARTS = {
     # the training loss (losses.py): what it saves for backward a token beyond the final norm's,
     # and its buffers at their peak (sums.logits_bytes)
     'loss': {
-        # F.cross_entropy over the whole fp32 logits: lm_head keeps its input a*H; eager the fp32
-        # log-softmax, its gradient and the logits' gradient, 12 bytes a logit; compiled (inductor
-        # fuses the softmax's gradient) the logits and their gradient, 2a a logit, and the
-        # log-sum-exp's 8 bytes a token
+        # F.cross_entropy over the whole fp32 logits: lm_head keeps its input a*H; compiled
+        # (inductor fuses the softmax's gradient) the log-sum-exp's 8 bytes a token
         'full': Part(
             label='cross-entropy over the full logits', formula='none', shapes=lambda c: [],
             saved=lambda c, a, r, compiled: 8 if compiled else a * c.n_embd, hf=('*',),
@@ -379,19 +376,16 @@ class Optimizer:
     name: str  # its name in the bill
     label: str  # its states in the bill
     formula: str  # their bytes as the bill prints them (P: the parameters of the tensors it takes)
-    # (shape) -> bytes of state it holds for a tensor of that shape (a rank's rows of it under
-    # FSDP2)
+    # (shape) -> the bytes of state it holds for a tensor (a rank's rows of it under FSDP2)
     state_bytes: object
     # (shape, TrainConfig) -> matmul FLOPs of one step on one tensor it takes: 0 for an elementwise
     # update; and the bill's formula for them (the train keys fill it in)
     step_flops: object
     step_formula: str = ''
-    # (name, shape) -> whether it updates that parameter tensor (None: every one); the others go to
-    # `rest`'s row
+    # (name, shape) -> whether it updates the tensor (None: every one); `rest`'s row the others
     takes: object = None
     rest: str = ''
-    # its update needs each tensor whole (Muon's Newton-Schulz): FSDP2's shards are gathered for it,
-    # and the bill names the gather with this text
+    # the bill's name for gathering FSDP2's shards whole for its update (Muon's Newton-Schulz)
     gathers: str = ''
 
 
@@ -640,10 +634,8 @@ class TrainConfig:
     # start from a published model (pretrained.py): a Hugging Face model folder or Hub repo id; the
     # model keys come from its config.json. A resumed run reads its own checkpoints
     init_from: str = exact('')
-    # what the model learns to predict (objectives.py): 'clm' the next token at every position,
-    # 'prefix_lm' the part after a random cut, 'fim' fill-in-the-middle (Bavarian et al. 2022),
-    # 'ul2' UL2's mixture of denoisers (Tay et al. 2022); fim and ul2 need the special tokens
-    # prepare.py reserves
+    # what the model learns to predict (objectives.py; docs/objectives.md): 'clm', 'prefix_lm',
+    # 'fim' or 'ul2' (the last two need the special tokens prepare.py reserves)
     objective: str = exact('clm')
     fim_rate: float = exact(0.5)  # fim: the share of documents rearranged ("FIM for free": to 0.9)
     fim_spm_rate: float = exact(0.5)  # fim: the share of those in SPM order, the rest PSM
@@ -736,8 +728,7 @@ CONTINUATION_KEYS = tuple(
 # --------------------------------------------------------------------------------------------------
 # Parallel modes (train.py builds them, the ledger counts what each holds): 'ddp' replicates
 # everything, 'zero1' shards the optimizer's states (ZeroRedundancyOptimizer), 'zero2' and 'fsdp'
-# (ZeRO-3) are FSDP2's fully_shard and shard the weights and gradients too: a rank holds its rows of
-# every tensor, each block is compiled on its own, the weights cast to bf16. One process is whole in
+# (ZeRO-3) are FSDP2's fully_shard and shard the weights and gradients too. One process is whole in
 # every mode.
 
 PARALLEL_MODES = ('ddp', 'zero1', 'zero2', 'fsdp')
@@ -760,11 +751,9 @@ EVAL_TASKS = ('arc_easy', 'arc_challenge', 'mmlu', 'mmlu_5shot')  # evals.py's H
 OBJECTIVES = ('clm', 'prefix_lm', 'fim', 'ul2')
 EOT = '<|endoftext|>'  # every document starts with it (the shard format's rule)
 
-# The special tokens, reserved in every new data folder: fill-in-the-middle's three sentinels
-# (Bavarian et al. 2022; spelled as tiktoken's cl100k_base), UL2's mode tokens ([S], [R], [X]: Tay
-# et al. 2022) and 16 span sentinels (T5's <extra_id_N>, reused in order past 16). 22 ids fit the
-# padding of GPT-2's 50,257 to 50,304 (47) and of NeoX's 50,277 (27); our bpe:V learns 22 merges
-# fewer. Never in the shards: a document's text '<|fim_prefix|>' is plain text, like
+# The special tokens, reserved in every new data folder (docs/objectives.md): FIM's three (spelled
+# as tiktoken's cl100k_base), UL2's mode tokens and 16 span sentinels (T5's <extra_id_N>, reused in
+# order past 16). Never in the shards: a document's text '<|fim_prefix|>' is plain text, like
 # '<|endoftext|>'; the objective inserts the ids as it packs a batch.
 FIM_TOKENS = ('<|fim_prefix|>', '<|fim_suffix|>', '<|fim_middle|>')
 UL2_MODES = ('<|ul2_s|>', '<|ul2_r|>', '<|ul2_x|>')
@@ -808,28 +797,27 @@ def _or_0(meaning):
     return lambda v: v >= 0, f'positive (or 0: {meaning})'
 
 
-POSITIVE = (lambda v: v > 0, 'positive')
-POSITIVE_OR_0 = (lambda v: v >= 0, 'positive (or 0)')
-FRACTION = (lambda v: 0 <= v < 1, 'in [0, 1)')
-UNIT = (lambda v: 0 <= v <= 1, 'in [0, 1]')
 RULES = {
     **dict.fromkeys(
         'n_layer n_head n_embd vocab_size block_size norm_eps rope_theta route_scale train_tokens '
         'batch_tokens micro_batch batch_ramp_start lr eps log_every eval_every eval_tokens '
         'ckpt_every keep_ckpts spike_factor spike_window n_gpu'.split(),
-        POSITIVE,
+        (lambda v: v > 0, 'positive'),
     ),
     **dict.fromkeys(
         'n_experts top_k expert_hidden n_shared_experts n_dense_layers router_bias_speed '
         'aux_loss_coef seed max_steps train_minutes dataset_tokens batch_ramp_tokens weight_decay '
         'sample_every hellaswag_every hellaswag_items eval_tasks_every eval_tasks_items '
         'sample_tokens spike_min_std max_rollbacks usd_per_gpu_hour'.split(),
-        POSITIVE_OR_0,
+        (lambda v: v >= 0, 'positive (or 0)'),
     ),
     **dict.fromkeys(
-        'min_lr_ratio fim_rate fim_spm_rate ul2_s_rate ul2_r_rate ul2_x_rate'.split(), UNIT
+        'min_lr_ratio fim_rate fim_spm_rate ul2_s_rate ul2_r_rate ul2_x_rate'.split(),
+        (lambda v: 0 <= v <= 1, 'in [0, 1]'),
     ),
-    **dict.fromkeys('warmup_frac muon_momentum beta1 beta2'.split(), FRACTION),
+    **dict.fromkeys(
+        'warmup_frac muon_momentum beta1 beta2'.split(), (lambda v: 0 <= v < 1, 'in [0, 1)')
+    ),
     'arch': _one_of(*FAMILIES),
     **{kind: _part_rule(kind) for kind in PARTS},
     'n_kv_head': _or_0('the default'),
@@ -916,30 +904,25 @@ _TYPES = {
 # fmt: on
 _BOOLEANS = {'1': True, 'true': True, 'yes': True, 'on': True}
 _BOOLEANS |= {'0': False, 'false': False, 'no': False, 'off': False}
+# --key=VALUE's text -> a value of the type of the key's default, which _typed then checks
+_PARSE = {
+    bool: lambda text: _BOOLEANS[text.lower()],
+    int: lambda text: int(text) if text.lstrip('+-').isdigit() else float(text),  # 26e9 too
+    float: float,
+    tuple: lambda text: tuple(float(part) for part in text.split(',') if part),  # 26e9,52e9
+    str: str,
+}
 
 
 def _parse_value(key, text):
-    """A --key=value string -> a value of the type of the key's default (_typed checks it)."""
-    default = DEFAULTS[key]
+    kind = type(DEFAULTS[key])
     try:
-        if isinstance(default, bool):
-            return _BOOLEANS[text.lower()]
-        if isinstance(default, int):
-            # 26e9: checked whole by _typed
-            return int(text) if text.lstrip('+-').isdigit() else float(text)
-        if isinstance(default, float):
-            return float(text)
-        # numbers, comma-separated: --cooldowns=26e9,52e9 (empty: none)
-        if isinstance(default, tuple):
-            return tuple(float(part) for part in text.split(',') if part)
-        return text
+        return _PARSE[kind](text)
     except (KeyError, ValueError):
-        kind = (
-            'whole numbers, comma-separated (1000,2000)'
-            if isinstance(default, tuple)
-            else f'a value of type {type(default).__name__}'
-        )
-        raise ConfigError(f"--{key}={text}: expected {kind}") from None
+        expected = f'a value of type {kind.__name__}'
+        if kind is tuple:
+            expected = 'whole numbers, comma-separated (1000,2000)'
+        raise ConfigError(f"--{key}={text}: expected {expected}") from None
 
 
 def _typed(key, value, where):
@@ -957,10 +940,8 @@ def _typed(key, value, where):
 
 # --------------------------------------------------------------------------------------------------
 # The data key: one folder, or a weighted mixture of folders (mixture.py's schedule, data.py's
-# MixtureStream). A config file writes a mixture as a dict {'data/web': 0.6, 'data/code': 0.4}, the
-# command line as --data=data/web:0.6,data/code:0.4; either is kept as that text with the weights
-# normalised to sum to 1, so a resumed run compares one string and every tool reads one form.
-
+# MixtureStream), kept in the command line's text with the weights normalised to sum to 1, so a
+# resumed run compares one string and every tool reads one form.
 
 MIXTURE_UNITS = 1000  # mixture weights are kept to multiples of 1/1000 (mixture.py)
 
