@@ -116,19 +116,17 @@ def cli(function=None, *, reports=None, stopped=None):
             message, code = f'error: {e}', e.exit_code
             if reports is not None and world > 1:
                 return _say(f'error: rank {rank} of {world}: {e}', code) if reports() else code
-        except KeyboardInterrupt as e:
-            message, code = (stopped and stopped(e, args)) or _stop_line(e)
         # `| head` read what it wanted: no traceback, and none from the flush at exit
         except BrokenPipeError:
             if not _stdout_gone():
                 raise
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
             return 128 + signal.SIGPIPE  # what a command killed by SIGPIPE exits with
-        except Exception as e:
+        except (KeyboardInterrupt, Exception) as e:
             known = stopped and stopped(e, args)
-            if not known:
+            if not known and not isinstance(e, KeyboardInterrupt):
                 raise
-            message, code = known
+            message, code = known or _stop_line(e)
         finally:
             if previous == signal.SIG_DFL:
                 signal.signal(signal.SIGTERM, previous)
@@ -1004,13 +1002,21 @@ def mixture_text(sources, where):
     return ','.join(f'{folder}:{weight / total:.6g}' for folder, weight in sources)
 
 
-def _run_config(code, namespace, path):
-    """Run a config file's code. An exception it raises is bad input too, one line, no traceback; so
-    are its own sys.exit() (which ended the command silently, rc 0 for sys.exit(0)) and a
-    KeyboardInterrupt it raises itself (read as a Ctrl-C). A real Ctrl-C meanwhile stays one: the
-    SIGINT handler notes that it came."""
+def _run_config(path):
+    """The names a config file sets, run in a fresh namespace, never in our globals. An exception it
+    raises is bad input too, one line, no traceback; so are its own sys.exit() (which ended the
+    command silently, rc 0 for sys.exit(0)) and a KeyboardInterrupt it raises itself (read as a
+    Ctrl-C). A real Ctrl-C meanwhile stays one: the SIGINT handler notes that it came."""
+    with open(path) as f:
+        source = f.read()
+    try:
+        code = compile(source, path, 'exec')
+    except SyntaxError as e:  # `n_layer = `: the file and the line, not a traceback
+        raise ConfigError(
+            f"{path}:{e.lineno}: {e.msg}: a config file is `key = value` lines"
+        ) from None
     ended = ": a config file sets keys (`key = value` lines); it may not end the command"
-    signalled, previous = [], None
+    signalled, previous, namespace = [], None, {}
 
     def interrupted(signum, frame):
         signalled.append(signum)
@@ -1022,6 +1028,7 @@ def _run_config(code, namespace, path):
         previous = signal.signal(signal.SIGINT, interrupted)
     try:
         exec(code, namespace)
+        return namespace
     except Exception as e:  # a typo in a config file, say
         raise ConfigError(f"{path} does not run: {type(e).__name__}: {e}") from None
     except SystemExit as e:
@@ -1040,23 +1047,12 @@ def _run_config(code, namespace, path):
 
 def read_values(path=None, overrides=()):
     """The keys a config file (plain Python assignments) and `--key=value` overrides set, typed:
-    (values, where each was set). The file runs in a fresh namespace, never in our globals; names
-    starting with '_' and modules are ignored."""
+    (values, where each was set). A file's names starting with '_' and modules are ignored."""
     values, where = {}, {}
     if path:
         if not os.path.isfile(path):
             raise ConfigError(f"config file not found: {path} (the configs are in configs/)")
-        namespace = {}
-        with open(path) as f:
-            source = f.read()
-        try:
-            code = compile(source, path, 'exec')
-        except SyntaxError as e:  # `n_layer = `: the file and the line, not a traceback
-            raise ConfigError(
-                f"{path}:{e.lineno}: {e.msg}: a config file is `key = value` lines"
-            ) from None
-        _run_config(code, namespace, path)
-        for key, value in namespace.items():
+        for key, value in _run_config(path).items():
             if key.startswith('_') or type(value).__name__ == 'module':
                 continue
             if key not in DEFAULTS:
