@@ -177,9 +177,8 @@ class Part:
 
 def linear(name, fan_in, fan_out, bias):
     """An nn.Linear's tensors: weight (out, in), and its bias when the model has biases."""
-    return [(f'{name}.weight', (fan_out, fan_in))] + (
-        [(f'{name}.bias', (fan_out,))] if bias else []
-    )
+    biases = [(f'{name}.bias', (fan_out,))] if bias else []
+    return [(f'{name}.weight', (fan_out, fan_in))] + biases
 
 
 def up_down_shapes(c):
@@ -220,10 +219,8 @@ def qk_norm_saved(learned):
         heads = c.n_head + c.kv_heads
         autocast, width = a < r, heads * c.head_dim
         learned_bytes = (4 if autocast else a) * width if learned else 0
-        rope = c.part_name('positions') == 'rope'
-        return (
-            4 * heads + (4 * width if autocast else 0) + learned_bytes + (0 if rope else a * width)
-        )
+        normalised = 0 if c.part_name('positions') == 'rope' else a * width
+        return 4 * heads + (4 * width if autocast else 0) + learned_bytes + normalised
 
     return saved
 
@@ -353,8 +350,7 @@ PARTS = {
                 else "B*T*V x 12 bytes: fp32 log-softmax, its gradient, the logits' gradient")),
         # the same sum a chunk of rows at a time, each chunk's gradients taken in its forward
         # (Liger's fused linear cross-entropy; Cut Cross-Entropy, Wijmans et al. 2024): it keeps
-        # h's gradient, r*H a token; compiled, in the compute dtype a, the bytes of the final
-        # norm's output that its row counts
+        # h's gradient, r*H a token (compiled: a*H, in the place of the final norm's output)
         'chunked': Part(
             label='chunked cross-entropy', formula='none', shapes=lambda c: [],
             saved=lambda c, a, r, compiled: 0 if compiled else r * c.n_embd, hf=('*',),
@@ -490,9 +486,8 @@ FAMILIES = {
 
 
 # --------------------------------------------------------------------------------------------------
-# The keys. Model keys use nanoGPT's names. Every one of them breaks a continuation: a checkpoint is
-# for one model (train.py refuses to resume it with another), so unlike TrainConfig's they carry no
-# mark.
+# The keys. Model keys use nanoGPT's names. Each breaks a continuation: a checkpoint is for one
+# model (train.py refuses to resume it with another), so unlike TrainConfig's they carry no mark.
 
 
 @dataclass
@@ -621,12 +616,11 @@ class TrainConfig:
     schedule: str = exact('cosine')  # 'cosine' or 'wsd' (warmup-stable-decay)
     warmup_frac: float = exact(0.003)  # fraction of steps spent in linear warmup
     decay_frac: float = exact(0.2)  # wsd only: fraction of steps spent in the final linear decay
-    # a wsd run's cooldown branches, their lengths in tokens, e.g. (26e9, 52e9): a stable-phase
-    # checkpoint decayed to the floor is a finished run of that length (Hägele et al. 2024);
-    # experiments/overtrain.py takes them, train.py does not read it
+    # a wsd run's cooldown branches, their lengths in tokens, e.g. (26e9, 52e9), for
+    # experiments/overtrain.py (train.py does not read it; docs/overtraining.md)
     cooldowns: tuple = free(())
-    # a cooldown starts from another run's checkpoint folder (weights, optimizer states, step, data
-    # position) and decays the LR linearly from the peak to the floor over cooldown_tokens
+    # a cooldown decays the LR from the peak to the floor over cooldown_tokens from another run's
+    # checkpoint folder (its weights, optimizer states, step and data position)
     cooldown_from: str = exact('')
     cooldown_tokens: int = exact(0)
     # start from a published model (pretrained.py): a Hugging Face model folder or Hub repo id; the
@@ -786,9 +780,8 @@ def _part_rule(kind):
 
 
 def _names_among(names):
-    return lambda v: all(name in names for name in v.split(',') if name), (
-        'comma-separated names among ' + ', '.join(names)
-    )
+    allowed = 'comma-separated names among ' + ', '.join(names)
+    return lambda v: all(name in names for name in v.split(',') if name), allowed
 
 
 def _or_0(meaning):
