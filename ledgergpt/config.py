@@ -3,12 +3,10 @@ config.py: the config vocabulary shared by every ledgergpt command, and the one 
 reported.
 
 A config file is plain Python that assigns keys (see configs/); `--key=value` after it overrides one
-key, parsed to the type of the key's default. Loading collects the file's names into two dataclasses
-and checks every value's type and range, so a typo or an impossible value is one line that names the
-key, the value and what is allowed, before anything is built. The tables the other files read live
-here too: the model families (FAMILIES), which keys break a resumed run (CONTINUATION_KEYS), the
-parallel modes and the objectives' vocabulary. Standard library only: `python ledger.py CONFIG` runs
-before torch is installed.
+key. Every value's type and range is checked before anything is built: a typo or an impossible value
+is one line naming the key, the value and what is allowed. The tables the other files read live here
+too (PARTS, OPTIMIZERS, FAMILIES, CONTINUATION_KEYS, ...). Standard library only: `python ledger.py
+CONFIG` runs before torch is installed.
 """
 
 import dataclasses
@@ -28,8 +26,7 @@ SECONDS_PER_DAY = 86400
 
 
 class UserError(Exception):
-    """Bad input or a state the user can fix: one line on stderr ('error: ...'), no traceback,
-    exit_code."""
+    """Bad input or a state the user can fix: one line on stderr ('error: ...'), no traceback."""
 
     exit_code = 2
 
@@ -87,23 +84,18 @@ def quiet_stops():
     def one_line(kind, value, traceback):
         if not issubclass(kind, KeyboardInterrupt):
             return python_hook(kind, value, traceback)
-        message, code = _stop_line(value)
-        print(message, file=sys.stderr, flush=True)
-        os._exit(code)  # outside main(), nothing is left to unwind
+        os._exit(_say(*_stop_line(value)))  # outside main(), nothing is left to unwind
 
     sys.excepthook = one_line
 
 
 def cli(function=None, *, reports=None, stopped=None):
-    """The one error wrapper of every command's main(argv): a UserError becomes one 'error: ...'
-    line on stderr and its exit code; Ctrl-C and SIGTERM are one line and exit 130 or 143, not a
-    traceback (what was written completely stays; a rerun of the same command carries on); a reader
-    of stdout that leaves early (`| head`) ends the command quietly. Under torchrun the lines come
-    from rank 0, or with `reports` (processes.cli's: whether this rank is the job's first to fail)
-    from the first rank that fails, its rank named: a rank's own error (its copy of the data) is
-    then shown, and a verdict every rank reaches is still one line. `stopped` (train.py's,
-    continuation.rank_lost): (exception, argv) -> (line, exit code) for a stop or an error it knows
-    better, or None."""
+    """The one error wrapper of every command's main(argv): a UserError is one 'error: ...' line on
+    stderr and its exit code; Ctrl-C and SIGTERM one line and exit 130 or 143; a reader of stdout
+    that leaves early (`| head`) ends the command quietly. Under torchrun rank 0 says the line, or
+    with `reports` (processes.cli's: whether this rank is the job's first to fail) the first rank
+    that fails, named. `stopped` (continuation.rank_lost): (exception, argv) -> (line, exit code)
+    for a stop or an error it knows better, or None."""
     if function is None:  # @cli(reports=..., stopped=...)
         return functools.partial(cli, reports=reports, stopped=stopped)
 
@@ -115,36 +107,30 @@ def cli(function=None, *, reports=None, stopped=None):
         if previous == signal.SIG_DFL:
             signal.signal(signal.SIGTERM, _terminate)
         args = sys.argv[1:] if argv is None else list(argv)
+        rank, world = int(os.environ.get('RANK', 0)), int(os.environ.get('WORLD_SIZE', 1))
         try:
             code = function(args)
             sys.stdout.flush()  # here, where a closed pipe is caught, not at exit
             return code
         except UserError as e:
-            rank, world = int(os.environ.get('RANK', 0)), int(os.environ.get('WORLD_SIZE', 1))
-            if reports is not None and world > 1:
-                if not reports():
-                    return e.exit_code
-                return _say(f'error: rank {rank} of {world}: {e}', e.exit_code)
             message, code = f'error: {e}', e.exit_code
-        except KeyboardInterrupt as e:
-            message, code = (stopped and stopped(e, args)) or _stop_line(e)
+            if reports is not None and world > 1:
+                return _say(f'error: rank {rank} of {world}: {e}', code) if reports() else code
         # `| head` read what it wanted: no traceback, and none from the flush at exit
         except BrokenPipeError:
             if not _stdout_gone():
                 raise
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
             return 128 + signal.SIGPIPE  # what a command killed by SIGPIPE exits with
-        except Exception as e:
+        except (KeyboardInterrupt, Exception) as e:
             known = stopped and stopped(e, args)
-            if not known:
+            if not known and not isinstance(e, KeyboardInterrupt):
                 raise
-            message, code = known
+            message, code = known or _stop_line(e)
         finally:
             if previous == signal.SIG_DFL:
                 signal.signal(signal.SIGTERM, previous)
-        if int(os.environ.get('RANK', 0)) == 0:
-            _say(message, code)
-        return code
+        return _say(message, code) if rank == 0 else code
 
     return main
 
@@ -155,17 +141,12 @@ def _say(message, code):
 
 
 # --------------------------------------------------------------------------------------------------
-# Parts. A model is a stack of blocks built from parts; each part is one row of PARTS, and the row
-# is all the other files know of it: its tensors (names and shapes as model.py builds them: the
-# ledger counts its parameters and its matmul FLOPs from them, 2 per weight forward and 4 backward),
-# the bytes it saves for backward a token (Ledger 4b, eager and compiled), its label and formula in
-# the bill, its Hugging Face export. model.py builds a block from the rows' names; sums.py, bill.py
-# and export.py read the rows and name no part. A fork adds a row here, a class in model.py and a
-# test. A family (FAMILIES) is a named choice of rows; a model key (attention, norm, mlp, positions,
-# qk_norm, loss) takes a part into any family. Shapes are (out, in) as nn.Linear holds them; H is
-# n_embd, H' the FFN width, d the head size, a and r the bytes of an activation and of the residual
-# stream. Each `saved` is derived term by term in BOOK.md (Derivations: Ledger 4b) and measured
-# exact by tests/test_parts.py and tests/test_model.py.
+# Parts. Each part of a model is one row of PARTS, all the other files know of it (docs/forking.md:
+# a model part): the ledger counts its parameters and matmul FLOPs (2 per weight forward, 4
+# backward) from its tensors. Shapes are (out, in) as nn.Linear holds them; H is n_embd, H' the FFN
+# width, d the head size, a and r the bytes of an activation and of the residual stream. Each
+# `saved` is derived term by term in BOOK.md (Derivations: Ledger 4b) and measured exact by
+# tests/test_parts.py and tests/test_model.py.
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -196,9 +177,8 @@ class Part:
 
 def linear(name, fan_in, fan_out, bias):
     """An nn.Linear's tensors: weight (out, in), and its bias when the model has biases."""
-    return [(f'{name}.weight', (fan_out, fan_in))] + (
-        [(f'{name}.bias', (fan_out,))] if bias else []
-    )
+    biases = [(f'{name}.bias', (fan_out,))] if bias else []
+    return [(f'{name}.weight', (fan_out, fan_in))] + biases
 
 
 def up_down_shapes(c):
@@ -212,10 +192,8 @@ def layernorm_shapes(c):
 
 
 def norm_saved(stats, composite):
-    """A norm's bytes a token: eager its input r*H and fp32 statistics (`stats`), and x/rms too
-    where torch runs it as several ops (composite: RMSNorm on the CPU); compiled the statistics and
-    its output a*H (the partitioner keeps the next matmul's input and recomputes the normalisation).
-    """
+    """A norm's bytes a token, with `stats` bytes of fp32 statistics; composite: x/rms too where
+    torch runs it as several ops (RMSNorm on the CPU)."""
 
     def saved(c, a, r, compiled, fused=True):
         if compiled:
@@ -226,8 +204,7 @@ def norm_saved(stats, composite):
 
 
 def mlp_saved(eager, compiled):
-    """An FFN's bytes a token: eager its input a*H and `eager` H'-wide tensors; compiled `compiled`
-    of them (its input is the norm's output, counted there)."""
+    """An FFN's bytes a token: its input a*H and `eager` H'-wide tensors; compiled, `compiled`."""
     return lambda c, a, r, is_compiled: (
         compiled * a * c.ffn_width if is_compiled else a * c.n_embd + eager * a * c.ffn_width
     )
@@ -236,24 +213,20 @@ def mlp_saved(eager, compiled):
 def qk_norm_saved(learned):
     """QK-norm's bytes a token: each head's fp32 1/rms; under autocast (a < r) its fp32 copy of q
     and k; a learned gain's normalised q and k; without RoPE (whose row counts the rotated ones) the
-    normalised q and k attention keeps. Compiled: counted as eager (not measured)."""
+    normalised q and k attention keeps. Compiled: as eager (not measured)."""
 
     def saved(c, a, r, compiled):
         heads = c.n_head + c.kv_heads
         autocast, width = a < r, heads * c.head_dim
         learned_bytes = (4 if autocast else a) * width if learned else 0
-        rope = c.part_name('positions') == 'rope'
-        return (
-            4 * heads + (4 * width if autocast else 0) + learned_bytes + (0 if rope else a * width)
-        )
+        normalised = 0 if c.part_name('positions') == 'rope' else a * width
+        return 4 * heads + (4 * width if autocast else 0) + learned_bytes + normalised
 
     return saved
 
 
 def flash_attention_saved(c, a, r, compiled):
-    """Attention's bytes a token with a flash kernel: the fused qkv output (v is a view of it), the
-    fp32 log-sum-exp per head, the output a*H; eager also its input a*H. SDPA's math kernel keeps
-    the T x T probabilities instead (sums.activation_bytes, attention='math')."""
+    """Attention's bytes a token with a flash kernel (the math kernel's: sums.activation_bytes)."""
     qkv = a * (c.n_head + 2 * c.kv_heads) * c.head_dim
     return (0 if compiled else a * c.n_embd) + qkv + 4 * c.n_head + a * c.n_embd
 
@@ -263,9 +236,8 @@ def nothing_saved(c, a, r, compiled):
 
 
 def full_loss_buffers(c, tokens, a, compiled):
-    """The full loss's buffers at the start of the backward, tokens x V elements each: eager the
-    fp32 log-softmax and the gradients of it and of the logits, 12 bytes a logit (measured on the
-    CPU: 11.9 in fp32, 12.1 under bf16 autocast); compiled the logits and their gradient, 2a."""
+    """The full loss's buffers at the start of the backward, tokens x V elements each (measured on
+    the CPU: 11.9 bytes a logit in fp32, 12.1 under bf16 autocast)."""
     elements = tokens * c.vocab_size
     if compiled:
         return {'logits': elements * a, 'grad_logits': elements * a}
@@ -278,17 +250,13 @@ CHUNK_ROWS = 2048  # losses.py's rows a chunk (docs/measured.md: the paired benc
 
 def chunk_logit_bytes(a, compiled):
     """Bytes a logit of the chunk holds: compiled, three buffers (a + 4 + a: inductor's graph is
-    functional); eager, the fp32 one the softmax runs in place in, beside the matmul's output in a
-    when that is not fp32."""
+    functional); eager, the fp32 softmax's in place, beside the matmul's output when a is not 4."""
     return 2 * a + 4 if compiled else 4 if a == 4 else 4 + a
 
 
 def chunked_loss_buffers(c, tokens, a, compiled):
-    """The chunked loss's buffers at its peak, the last chunk of its forward: the chunk's logits
-    (chunk_logit_bytes), lm_head's gradient accumulated in fp32 (compiled: the partitioner keeps the
-    smaller of that and the chunks' shares in a) and the chunk's share before it is added;
-    soft-capped logits add their slope, one more fp32 chunk (counted as eager, an upper bound).
-    Derived in BOOK.md (Derivations: Ledger 4b); measured by test_memory.py and test_losses.py."""
+    """The chunked loss's buffers at its peak, the last chunk of its forward (BOOK.md, Derivations:
+    Ledger 4b; measured by test_memory.py and test_losses.py)."""
     rows, V, H = min(tokens, CHUNK_ROWS), c.vocab_size, c.n_embd
     chunks = -(-tokens // CHUNK_ROWS)
     buffers = {
@@ -350,8 +318,7 @@ PARTS = {
         'learned': Part(label='learned positions', formula='T*H', saved=nothing_saved,
                         shapes=lambda c: [('weight', (c.block_size, c.n_embd))],
                         hf=('GPT2LMHeadModel',)),
-        # RoPE (Su et al. 2021): q and k rotated in each block; no parameters, the rotated q and k
-        # saved
+        # RoPE (Su et al. 2021): q and k rotated in each block; no parameters, rotated q and k saved
         'rope': Part(label='RoPE', formula='none', shapes=lambda c: [],
                      saved=lambda c, a, r, compiled: a * (c.n_head + c.kv_heads) * c.head_dim,
                      hf=('LlamaForCausalLM', 'Qwen3ForCausalLM', 'ArceeForCausalLM')),
@@ -372,10 +339,8 @@ PARTS = {
     # the training loss (losses.py): what it saves for backward a token beyond the final norm's,
     # and its buffers at their peak (sums.logits_bytes)
     'loss': {
-        # F.cross_entropy over the whole fp32 logits: lm_head keeps its input a*H; eager the fp32
-        # log-softmax, its gradient and the logits' gradient, 12 bytes a logit; compiled (inductor
-        # fuses the softmax's gradient) the logits and their gradient, 2a a logit, and the
-        # log-sum-exp's 8 bytes a token
+        # F.cross_entropy over the whole fp32 logits: lm_head keeps its input a*H; compiled
+        # (inductor fuses the softmax's gradient) the log-sum-exp's 8 bytes a token
         'full': Part(
             label='cross-entropy over the full logits', formula='none', shapes=lambda c: [],
             saved=lambda c, a, r, compiled: 8 if compiled else a * c.n_embd, hf=('*',),
@@ -385,8 +350,7 @@ PARTS = {
                 else "B*T*V x 12 bytes: fp32 log-softmax, its gradient, the logits' gradient")),
         # the same sum a chunk of rows at a time, each chunk's gradients taken in its forward
         # (Liger's fused linear cross-entropy; Cut Cross-Entropy, Wijmans et al. 2024): it keeps
-        # h's gradient, r*H a token; compiled, in the compute dtype a, the bytes of the final
-        # norm's output that its row counts
+        # h's gradient, r*H a token (compiled: a*H, in the place of the final norm's output)
         'chunked': Part(
             label='chunked cross-entropy', formula='none', shapes=lambda c: [],
             saved=lambda c, a, r, compiled: 0 if compiled else r * c.n_embd, hf=('*',),
@@ -406,27 +370,23 @@ class Optimizer:
     name: str  # its name in the bill
     label: str  # its states in the bill
     formula: str  # their bytes as the bill prints them (P: the parameters of the tensors it takes)
-    # (shape) -> bytes of state it holds for a tensor of that shape (a rank's rows of it under
-    # FSDP2)
+    # (shape) -> the bytes of state it holds for a tensor (a rank's rows of it under FSDP2)
     state_bytes: object
     # (shape, TrainConfig) -> matmul FLOPs of one step on one tensor it takes: 0 for an elementwise
     # update; and the bill's formula for them (the train keys fill it in)
     step_flops: object
     step_formula: str = ''
-    # (name, shape) -> whether it updates that parameter tensor (None: every one); the others go to
-    # `rest`'s row
+    # (name, shape) -> whether it updates the tensor (None: every one); `rest`'s row the others
     takes: object = None
     rest: str = ''
-    # its update needs each tensor whole (Muon's Newton-Schulz): under FSDP2 each goes to an owner
-    # rank and back (config.muon_blocks), and the bill names that traffic with this text
+    # the bill's name for the traffic that puts each tensor whole on an owner rank and back under
+    # FSDP2, for its update (Muon's Newton-Schulz; muon_blocks)
     gathers: str = ''
 
 
 def newton_schulz_flops(shape, train):
-    """Muon's Newton-Schulz iteration on an A x B matrix, m = min(A, B), n = max(A, B)
-    (torch.optim.Muon works on the m x n orientation): each of muon_ns_steps steps multiplies X X^T
-    (2m^2 n), the Gram matrix by itself (2m^3) and the result by X (2m^2 n). A 2048-square matrix at
-    5 steps: 5 x 6 x 2048^3 = 2.6e11 FLOPs."""
+    """Muon's Newton-Schulz FLOPs on an A x B matrix (BOOK.md, Derivations: Muon's model states and
+    step). A 2048-square matrix at 5 steps: 5 x 6 x 2048^3 = 2.6e11 FLOPs."""
     m, n = sorted(shape)
     return train.muon_ns_steps * (4 * m * m * n + 2 * m**3)
 
@@ -455,8 +415,7 @@ def muon_blocks(shapes, ranks):
     return blocks
 
 
-# An optimizer is a row as a part is: optimizers.py builds it by the row's name (its BUILDERS), the
-# ledger bills its states and its step from the row, and the run measures both after its first step.
+# An optimizer is a row as a part is (docs/forking.md: an optimizer).
 # fmt: off
 OPTIMIZERS = {
     # AdamW (Loshchilov and Hutter 2019): exp_avg and exp_avg_sq in fp32, and a 4-byte step count
@@ -493,9 +452,7 @@ def param_groups(optimizer, shapes):
 
 
 # --------------------------------------------------------------------------------------------------
-# Terms added to the cross-entropy, each weighed by a key (0: off): the bill names the ones a run
-# adds. Where a term is computed is its own: moe.py's balance loss, or a term of the logits in
-# losses.py's chunk (docs/forking.md: PaLM's z-loss as a fork, a row, its key and its code).
+# Terms added to the cross-entropy, each weighed by a key (0: off; docs/forking.md: a loss term).
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -547,9 +504,8 @@ FAMILIES = {
 
 
 # --------------------------------------------------------------------------------------------------
-# The keys. Model keys use nanoGPT's names. Every one of them breaks a continuation: a checkpoint is
-# for one model (train.py refuses to resume it with another), so unlike TrainConfig's they carry no
-# mark.
+# The keys. Model keys use nanoGPT's names. Each breaks a continuation: a checkpoint is for one
+# model (train.py refuses to resume it with another), so unlike TrainConfig's they carry no mark.
 
 
 @dataclass
@@ -678,21 +634,18 @@ class TrainConfig:
     schedule: str = exact('cosine')  # 'cosine' or 'wsd' (warmup-stable-decay)
     warmup_frac: float = exact(0.003)  # fraction of steps spent in linear warmup
     decay_frac: float = exact(0.2)  # wsd only: fraction of steps spent in the final linear decay
-    # a wsd run's cooldown branches, their lengths in tokens, e.g. (26e9, 52e9): a stable-phase
-    # checkpoint decayed to the floor is a finished run of that length (Hägele et al. 2024);
-    # experiments/overtrain.py takes them, train.py does not read it
+    # a wsd run's cooldown branches, their lengths in tokens, e.g. (26e9, 52e9), for
+    # experiments/overtrain.py (train.py does not read it; docs/overtraining.md)
     cooldowns: tuple = free(())
-    # a cooldown starts from another run's checkpoint folder (weights, optimizer states, step, data
-    # position) and decays the LR linearly from the peak to the floor over cooldown_tokens
+    # a cooldown decays the LR from the peak to the floor over cooldown_tokens from another run's
+    # checkpoint folder (its weights, optimizer states, step and data position)
     cooldown_from: str = exact('')
     cooldown_tokens: int = exact(0)
     # start from a published model (pretrained.py): a Hugging Face model folder or Hub repo id; the
     # model keys come from its config.json. A resumed run reads its own checkpoints
     init_from: str = exact('')
-    # what the model learns to predict (objectives.py): 'clm' the next token at every position,
-    # 'prefix_lm' the part after a random cut, 'fim' fill-in-the-middle (Bavarian et al. 2022),
-    # 'ul2' UL2's mixture of denoisers (Tay et al. 2022); fim and ul2 need the special tokens
-    # prepare.py reserves
+    # what the model learns to predict (objectives.py; docs/objectives.md): 'clm', 'prefix_lm',
+    # 'fim' or 'ul2' (the last two need the special tokens prepare.py reserves)
     objective: str = exact('clm')
     fim_rate: float = exact(0.5)  # fim: the share of documents rearranged ("FIM for free": to 0.9)
     fim_spm_rate: float = exact(0.5)  # fim: the share of those in SPM order, the rest PSM
@@ -785,8 +738,7 @@ CONTINUATION_KEYS = tuple(
 # --------------------------------------------------------------------------------------------------
 # Parallel modes (train.py builds them, the ledger counts what each holds): 'ddp' replicates
 # everything, 'zero1' shards the optimizer's states (ZeroRedundancyOptimizer), 'zero2' and 'fsdp'
-# (ZeRO-3) are FSDP2's fully_shard and shard the weights and gradients too: a rank holds its rows of
-# every tensor, each block is compiled on its own, the weights cast to bf16. One process is whole in
+# (ZeRO-3) are FSDP2's fully_shard and shard the weights and gradients too. One process is whole in
 # every mode.
 
 PARALLEL_MODES = ('ddp', 'zero1', 'zero2', 'fsdp')
@@ -809,11 +761,9 @@ EVAL_TASKS = ('arc_easy', 'arc_challenge', 'mmlu', 'mmlu_5shot')  # evals.py's H
 OBJECTIVES = ('clm', 'prefix_lm', 'fim', 'ul2')
 EOT = '<|endoftext|>'  # every document starts with it (the shard format's rule)
 
-# The special tokens, reserved in every new data folder: fill-in-the-middle's three sentinels
-# (Bavarian et al. 2022; spelled as tiktoken's cl100k_base), UL2's mode tokens ([S], [R], [X]: Tay
-# et al. 2022) and 16 span sentinels (T5's <extra_id_N>, reused in order past 16). 22 ids fit the
-# padding of GPT-2's 50,257 to 50,304 (47) and of NeoX's 50,277 (27); our bpe:V learns 22 merges
-# fewer. Never in the shards: a document's text '<|fim_prefix|>' is plain text, like
+# The special tokens, reserved in every new data folder (docs/objectives.md): FIM's three (spelled
+# as tiktoken's cl100k_base), UL2's mode tokens and 16 span sentinels (T5's <extra_id_N>, reused in
+# order past 16). Never in the shards: a document's text '<|fim_prefix|>' is plain text, like
 # '<|endoftext|>'; the objective inserts the ids as it packs a batch.
 FIM_TOKENS = ('<|fim_prefix|>', '<|fim_suffix|>', '<|fim_middle|>')
 UL2_MODES = ('<|ul2_s|>', '<|ul2_r|>', '<|ul2_x|>')
@@ -848,37 +798,35 @@ def _part_rule(kind):
 
 
 def _names_among(names):
-    return lambda v: all(name in names for name in v.split(',') if name), (
-        'comma-separated names among ' + ', '.join(names)
-    )
+    allowed = 'comma-separated names among ' + ', '.join(names)
+    return lambda v: all(name in names for name in v.split(',') if name), allowed
 
 
 def _or_0(meaning):
     return lambda v: v >= 0, f'positive (or 0: {meaning})'
 
 
-POSITIVE = (lambda v: v > 0, 'positive')
-POSITIVE_OR_0 = (lambda v: v >= 0, 'positive (or 0)')
-FRACTION = (lambda v: 0 <= v < 1, 'in [0, 1)')
-UNIT = (lambda v: 0 <= v <= 1, 'in [0, 1]')
 RULES = {
     **dict.fromkeys(
         'n_layer n_head n_embd vocab_size block_size norm_eps rope_theta route_scale train_tokens '
         'batch_tokens micro_batch batch_ramp_start lr eps log_every eval_every eval_tokens '
         'ckpt_every keep_ckpts spike_factor spike_window n_gpu'.split(),
-        POSITIVE,
+        (lambda v: v > 0, 'positive'),
     ),
     **dict.fromkeys(
         'n_experts top_k expert_hidden n_shared_experts n_dense_layers router_bias_speed '
         'aux_loss_coef seed max_steps train_minutes dataset_tokens batch_ramp_tokens weight_decay '
         'sample_every hellaswag_every hellaswag_items eval_tasks_every eval_tasks_items '
         'sample_tokens spike_min_std max_rollbacks usd_per_gpu_hour'.split(),
-        POSITIVE_OR_0,
+        (lambda v: v >= 0, 'positive (or 0)'),
     ),
     **dict.fromkeys(
-        'min_lr_ratio fim_rate fim_spm_rate ul2_s_rate ul2_r_rate ul2_x_rate'.split(), UNIT
+        'min_lr_ratio fim_rate fim_spm_rate ul2_s_rate ul2_r_rate ul2_x_rate'.split(),
+        (lambda v: 0 <= v <= 1, 'in [0, 1]'),
     ),
-    **dict.fromkeys('warmup_frac muon_momentum beta1 beta2'.split(), FRACTION),
+    **dict.fromkeys(
+        'warmup_frac muon_momentum beta1 beta2'.split(), (lambda v: 0 <= v < 1, 'in [0, 1)')
+    ),
     'arch': _one_of(*FAMILIES),
     **{kind: _part_rule(kind) for kind in PARTS},
     'n_kv_head': _or_0('the default'),
@@ -932,91 +880,77 @@ NANOGPT_NAMES = {
 
 def _unknown_key_error(key, where):
     close = difflib.get_close_matches(key, list(DEFAULTS), n=1, cutoff=0.5)
-    hint = (
-        f"did you mean '{close[0]}'?"
-        if close
-        else "the keys are ModelConfig's and TrainConfig's in config.py"
-    )
+    hint = "the keys are ModelConfig's and TrainConfig's in config.py"
+    if close:
+        hint = f"did you mean '{close[0]}'?"
     if key in NANOGPT_NAMES:
         hint = f"nanoGPT's '{key}': {NANOGPT_NAMES[key]}"
     return ConfigError(f"unknown config key '{key}' in {where}: {hint}")
 
 
-def _parse_value(key, text):
-    """A --key=value string -> a value of the type of the key's default."""
-    default = DEFAULTS[key]
-    try:
-        if isinstance(default, bool):
-            if text.lower() in ('1', 'true', 'yes', 'on'):
-                return True
-            if text.lower() in ('0', 'false', 'no', 'off'):
-                return False
-            raise ValueError
-        if isinstance(default, int):
-            # 26e9: checked whole below
-            return int(text) if text.lstrip('+-').isdigit() else float(text)
-        if isinstance(default, float):
-            return float(text)
-        # numbers, comma-separated: --cooldowns=26e9,52e9 (empty: none)
-        if isinstance(default, tuple):
-            return tuple(float(part) for part in text.split(',') if part)
-        return text
-    except ValueError:
-        kind = (
-            'whole numbers, comma-separated (1000,2000)'
-            if isinstance(default, tuple)
-            else f'a value of type {type(default).__name__}'
-        )
-        raise ConfigError(f"--{key}={text}: expected {kind}") from None
+def _number(value):
+    """An int or a finite float; not a bool."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
-def _typed_whole(value):
+def _whole(value):
     """An int, or a float that is whole (26e9); not a bool."""
-    number = isinstance(value, (int, float)) and not isinstance(value, bool)
-    return number and math.isfinite(value) and value == int(value)
+    return _number(value) and value == int(value)
+
+
+# What a key takes, by the type of its default: (accepts, converts, the words an error uses). Whole
+# floats are accepted for ints (26e9, 1e6); ints for floats; bools only as True/False (a string
+# 'False' would read as true); a list or tuple of whole numbers (token counts) for a tuple.
+# fmt: off
+_TYPES = {
+    bool: (lambda v: isinstance(v, bool), bool, 'True or False'),
+    int: (_whole, int, 'a whole number'),
+    float: (_number, float, 'a finite number'),
+    tuple: (lambda v: isinstance(v, (tuple, list)) and all(map(_whole, v)),
+            lambda v: tuple(map(int, v)), 'a list of whole numbers'),
+    str: (lambda v: isinstance(v, str), str, 'a string'),
+}
+# fmt: on
+_BOOLEANS = {'1': True, 'true': True, 'yes': True, 'on': True}
+_BOOLEANS |= {'0': False, 'false': False, 'no': False, 'off': False}
+# --key=VALUE's text -> a value of the type of the key's default, which _typed then checks
+_PARSE = {
+    bool: lambda text: _BOOLEANS[text.lower()],
+    int: lambda text: int(text) if text.lstrip('+-').isdigit() else float(text),  # 26e9 too
+    float: float,
+    tuple: lambda text: tuple(float(part) for part in text.split(',') if part),  # 26e9,52e9
+    str: str,
+}
+
+
+def _parse_value(key, text):
+    kind = type(DEFAULTS[key])
+    try:
+        return _PARSE[kind](text)
+    except (KeyError, ValueError):
+        expected = f'a value of type {kind.__name__}'
+        if kind is tuple:
+            expected = 'whole numbers, comma-separated (1000,2000)'
+        raise ConfigError(f"--{key}={text}: expected {expected}") from None
 
 
 def _typed(key, value, where):
-    """value with the type of the key's default, or ConfigError. Whole floats are accepted for ints
-    (26e9, 1e6); ints for floats; bools only as True/False (a string 'False' would read as true); a
-    list or tuple of whole numbers for a tuple."""
-    default = DEFAULTS[key]
-    if isinstance(default, bool):
-        if isinstance(value, bool):
-            return value
-        expected = 'True or False'
-    elif isinstance(default, int):
-        if _typed_whole(value):
-            return int(value)
-        expected = 'a whole number'
-    elif isinstance(default, float):
-        if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
-            return float(value)
-        expected = 'a finite number'
-    elif isinstance(default, tuple):  # whole numbers: token counts
-        if isinstance(value, (tuple, list)) and all(_typed_whole(v) for v in value):
-            return tuple(int(v) for v in value)
-        expected = 'a list of whole numbers'
-    else:
-        # a weighted mixture: kept as its text (data_sources)
-        if key == 'data' and isinstance(value, dict):
-            return mixture_text(value.items(), where)
-        if isinstance(value, str):
-            return (
-                value
-                if key != 'data' or not is_mixture(value)
-                else mixture_text(data_sources(value), where)
-            )
-        expected = 'a string'
-    raise ConfigError(f"{key} = {value!r} in {where}: expected {expected}")
+    """value with the type of the key's default (_TYPES), or ConfigError. The data key's mixture
+    (a dict in a config file) is kept as its text."""
+    if key == 'data' and isinstance(value, dict):
+        return mixture_text(value.items(), where)
+    accepts, convert, expected = _TYPES[type(DEFAULTS[key])]
+    if not accepts(value):
+        raise ConfigError(f"{key} = {value!r} in {where}: expected {expected}")
+    if key == 'data' and is_mixture(value):
+        return mixture_text(data_sources(value), where)
+    return convert(value)
 
 
 # --------------------------------------------------------------------------------------------------
 # The data key: one folder, or a weighted mixture of folders (mixture.py's schedule, data.py's
-# MixtureStream). A config file writes a mixture as a dict {'data/web': 0.6, 'data/code': 0.4}, the
-# command line as --data=data/web:0.6,data/code:0.4; either is kept as that text with the weights
-# normalised to sum to 1, so a resumed run compares one string and every tool reads one form.
-
+# MixtureStream), kept in the command line's text with the weights normalised to sum to 1, so a
+# resumed run compares one string and every tool reads one form.
 
 MIXTURE_UNITS = 1000  # mixture weights are kept to multiples of 1/1000 (mixture.py)
 
@@ -1060,11 +994,7 @@ def mixture_text(sources, where):
             raise ConfigError(
                 f"data: {folder!r} in {where} is not a folder name (a string without commas)"
             )
-        if (
-            isinstance(weight, bool)
-            or not isinstance(weight, (int, float))
-            or not 0 < weight < math.inf
-        ):
+        if not (_number(weight) and weight > 0):
             raise ConfigError(
                 f"data: {folder}'s weight in {where} must be a positive number, got {weight!r}"
             )
@@ -1078,19 +1008,26 @@ def mixture_text(sources, where):
         if round(weight / total * MIXTURE_UNITS) == 0:
             raise ConfigError(
                 f"data: {folder}'s weight {weight / total:.2g} in {where} rounds to 0 (mixture "
-                "weights are kept to "
-                f"1/{MIXTURE_UNITS}): raise it or drop the folder"
+                f"weights are kept to 1/{MIXTURE_UNITS}): raise it or drop the folder"
             )
     return ','.join(f'{folder}:{weight / total:.6g}' for folder, weight in sources)
 
 
-def _run_config(code, namespace, path):
-    """Run a config file's code. An exception it raises is bad input too, one line, no traceback; so
-    are its own sys.exit() (which ended the command silently, rc 0 for sys.exit(0)) and a
-    KeyboardInterrupt it raises itself (read as a Ctrl-C). A real Ctrl-C meanwhile stays one: the
-    SIGINT handler notes that it came."""
+def _run_config(path):
+    """The names a config file sets, run in a fresh namespace, never in our globals. An exception it
+    raises is bad input too, one line, no traceback; so are its own sys.exit() (which ended the
+    command silently, rc 0 for sys.exit(0)) and a KeyboardInterrupt it raises itself (read as a
+    Ctrl-C). A real Ctrl-C meanwhile stays one: the SIGINT handler notes that it came."""
+    with open(path) as f:
+        source = f.read()
+    try:
+        code = compile(source, path, 'exec')
+    except SyntaxError as e:  # `n_layer = `: the file and the line, not a traceback
+        raise ConfigError(
+            f"{path}:{e.lineno}: {e.msg}: a config file is `key = value` lines"
+        ) from None
     ended = ": a config file sets keys (`key = value` lines); it may not end the command"
-    signalled, previous = [], None
+    signalled, previous, namespace = [], None, {}
 
     def interrupted(signum, frame):
         signalled.append(signum)
@@ -1102,6 +1039,7 @@ def _run_config(code, namespace, path):
         previous = signal.signal(signal.SIGINT, interrupted)
     try:
         exec(code, namespace)
+        return namespace
     except Exception as e:  # a typo in a config file, say
         raise ConfigError(f"{path} does not run: {type(e).__name__}: {e}") from None
     except SystemExit as e:
@@ -1120,23 +1058,12 @@ def _run_config(code, namespace, path):
 
 def read_values(path=None, overrides=()):
     """The keys a config file (plain Python assignments) and `--key=value` overrides set, typed:
-    (values, where each was set). The file runs in a fresh namespace, never in our globals; names
-    starting with '_' and modules are ignored."""
+    (values, where each was set). A file's names starting with '_' and modules are ignored."""
     values, where = {}, {}
     if path:
         if not os.path.isfile(path):
             raise ConfigError(f"config file not found: {path} (the configs are in configs/)")
-        namespace = {}
-        with open(path) as f:
-            source = f.read()
-        try:
-            code = compile(source, path, 'exec')
-        except SyntaxError as e:  # `n_layer = `: the file and the line, not a traceback
-            raise ConfigError(
-                f"{path}:{e.lineno}: {e.msg}: a config file is `key = value` lines"
-            ) from None
-        _run_config(code, namespace, path)
-        for key, value in namespace.items():
+        for key, value in _run_config(path).items():
             if key.startswith('_') or type(value).__name__ == 'module':
                 continue
             if key not in DEFAULTS:
@@ -1208,11 +1135,8 @@ def validate(model, train):
     validate_moe(model)
     for key in DEFAULTS:  # an optimizer's own keys (muon_lr, ...) only with that optimizer
         owner = key.split('_')[0]
-        if (
-            owner in OPTIMIZERS
-            and owner != train.optimizer
-            and getattr(train, key) != DEFAULTS[key]
-        ):
+        changed = owner in OPTIMIZERS and getattr(train, key) != DEFAULTS[key]
+        if changed and owner != train.optimizer:
             raise ConfigError(
                 f"{key} = {getattr(train, key)!r} is for optimizer = {owner!r}: set it too, or "
                 f"drop {key}"

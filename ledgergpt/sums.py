@@ -849,7 +849,7 @@ def collectives(model, parallel, n_gpu, accumulation, dtype='bfloat16', optimize
 
 def fsdp_collectives(model, parallel, n_gpu, accumulation, dtype, optimizer):
     """FSDP2's, every micro-step: each unit gathered in forward (fsdp: the blocks again in
-    backward), its gradients reduce-scattered; then the gradient norm, and Muon's owners' traffic."""
+    backward), its gradients reduce-scattered; then the gradient norm, and Muon's owner traffic."""
     gathered = dtype if dtype in ('bfloat16', 'float32') else 'float32'  # the policy's param_dtype
     root, units = fsdp_units(model, n_gpu)
     A = accumulation
