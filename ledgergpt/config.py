@@ -808,7 +808,7 @@ def _or_0(meaning):
 
 RULES = {
     **dict.fromkeys(
-        'n_layer n_head n_embd vocab_size block_size norm_eps rope_theta route_scale train_tokens '
+        'n_layer n_head n_embd block_size norm_eps rope_theta route_scale train_tokens '
         'batch_tokens micro_batch batch_ramp_start lr eps log_every eval_every eval_tokens '
         'ckpt_every keep_ckpts spike_factor spike_window n_gpu'.split(),
         (lambda v: v > 0, 'positive'),
@@ -827,6 +827,8 @@ RULES = {
     **dict.fromkeys(
         'warmup_frac muon_momentum beta1 beta2'.split(), (lambda v: 0 <= v < 1, 'in [0, 1)')
     ),
+    # one token: nothing to predict (the loss 0 from the first step), whatever the data
+    'vocab_size': (lambda v: v >= 2, 'at least 2'),
     'arch': _one_of(*FAMILIES),
     **{kind: _part_rule(kind) for kind in PARTS},
     'n_kv_head': _or_0('the default'),

@@ -5,6 +5,9 @@ for a run sharded by FSDP2. Pure Python, well under a second.
 """
 
 import dataclasses
+import os
+import subprocess
+import sys
 
 import pytest
 
@@ -21,6 +24,8 @@ from ledgergpt.config import (
     load_config,
     sharded,
 )
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # train.py's list before the keys were marked: the keys whose change breaks an exact continuation
 BREAK_A_CONTINUATION = {
@@ -145,6 +150,20 @@ def test_family_rules(overrides, message):
     assert message in str(error.value)
     # learned positions: odd ok
     assert load_config(None, ['--arch=gpt2', '--n_embd=36', '--n_head=4'])[0].head_dim == 9
+
+
+def test_the_ledger_refuses_what_train_refuses(tmp_path):
+    """One set of rules: a vocabulary of one token is refused by the ledger as by train.py, on any
+    data (synthetic tokens too, where the run would "train" at a loss of 0)."""
+    for command in (
+        ['ledger.py', 'configs/pystdlib_cpu.py'],
+        ['train.py', 'configs/pystdlib_cpu.py'],
+    ):
+        argv = command + ['--vocab_size=1', '--data=synthetic', f'--out_dir={tmp_path}']
+        result = subprocess.run([sys.executable, *argv], cwd=ROOT, capture_output=True, text=True)
+        assert result.returncode == 2, result.stderr[-2000:]
+        assert result.stderr == 'error: vocab_size must be at least 2, got 1\n'
+    assert not os.listdir(tmp_path)
 
 
 def test_a_list_key_that_is_not_numbers_is_one_line_saying_what_it_takes():
