@@ -286,7 +286,6 @@ def _write(tmp, step, model, optimizer, train_state, rank, world):
 
     # Before the first step AdamW has no state, and saving it would create one with a zero-lr step
     # (its step count 1 changes the bias correction): the step-0 checkpoint holds the model alone.
-    # zero1 keeps the optimizer gathered in optimizer.pt, so one process and many read each other's.
     gathered, with_optimizer = train_state['train_config']['parallel'] == 'zero1', step > 0
     state = _dcp_state(model, optimizer if with_optimizer and not gathered else None)
     try:

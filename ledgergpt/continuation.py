@@ -1,7 +1,6 @@
 """
 continuation.py: stopping and carrying on, so that train.py's loop reads as the training it is:
-train.py's flags and the command that resumes a run; the resume checks; the clean stop (Ctrl-C or
-SIGTERM: the step, a checkpoint, the command that resumes; before the loop, one line); the spike
+train.py's flags and the command that resumes a run; the resume checks; the clean stop; the spike
 guard (a loss far above the recent window rolls back and skips the data that led into it).
 """
 
