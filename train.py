@@ -5,16 +5,9 @@ train.py: pretrain a GPT-2 or Llama model from a config file, on one CPU or on m
     torchrun --nproc_per_node=1 train.py configs/h200_1b3.py   # the book's 1.3B run on one H200
     python train.py CONFIG --max_steps=100 --lr=3e-4 --resume  # overrides; on from ckpt/LATEST
 
-Flags besides --key=value: --resume[=CKPT_DIR], --allow_change=KEY,... (a resumed run may change
-keys that break an exact continuation, such as lr), --force (start even when the ledger says the run
-does not fit, or counts other parameters than the model has). Ctrl-C or SIGTERM finishes the step,
-writes a checkpoint and prints the command that resumes.
-
-In the order a run happens: 1. the batch and the LR schedule, 2. model and optimizer, 3. eval,
-4. setup, 5. the step, 6. the loop. Around it: data.py (shards, the seeded stream), processes.py
-(ranks, devices, DDP and FSDP2), continuation.py (resume checks, the clean stop, the spike guard),
-live_ledger.py (the live ledger), checkpoint.py; and a line of hook each for evals.py (HellaSwag,
-ARC, MMLU), sample.py (text samples) and moe.py (the router-bias update).
+--resume, --allow_change, --force, Ctrl-C, and what a run writes and survives: docs/running.md.
+Its sections in the order a run happens; around them data.py, processes.py, continuation.py,
+live_ledger.py and checkpoint.py, and a line of hook each for evals.py, sample.py and moe.py.
 """
 
 import contextlib
@@ -62,7 +55,6 @@ from ledgergpt import (
     processes,
 )
 from ledgergpt.config import IGNORE_INDEX, sharded, tokens_per_micro_step
-from ledgergpt.continuation import RunState
 from ledgergpt.processes import log
 from model import GPT
 
@@ -112,8 +104,7 @@ def lr_at(step, total_steps, train, cooldown=None):
     (the book: 0.1-0.5%) from lr/warmup to the peak at step warmup-1; then cosine decay (GPT-3,
     LLaMA) or warmup-stable-decay (constant, then a linear decay over the last decay_frac of the
     steps), both ending at min_lr_ratio x peak (10%) on the last step. cooldown: (first step,
-    steps) of a linear decay from the peak of its own, whatever the schedule (a run that starts
-    from another's checkpoint with cooldown_tokens)."""
+    steps) of a cooldown's own linear decay from the peak, whatever the schedule."""
     warmup = warmup_steps(total_steps, train)
     peak, floor = train.lr, train.lr * train.min_lr_ratio
     if step < warmup:
@@ -169,14 +160,12 @@ def clip_gradients(params, max_norm):
 
 
 @torch.no_grad()
-def evaluate(run, val=None, data_dir=None):
-    """-> (mean loss over the fixed val sequences (run.val, or a mixture source's `val` from
-    `data_dir`), UTF-8 bytes per token of the targets scored: bits per byte's exact denominator,
-    None on synthetic data). Rank r takes the r-th of world_size equal slices (all ranks run the
-    same number of forwards, which FSDP's collectives need); the sums are reduced over the ranks.
-    Whole micro-batches only: one more shape would mean one more compile."""
-    val, cluster, micro_batch = run.val if val is None else val, run.cluster, run.train.micro_batch
-    data_dir = run.train.data if data_dir is None else data_dir
+def evaluate(run, val, data_dir):
+    """-> (mean loss over the fixed val sequences `val` (of the data in `data_dir`), UTF-8 bytes per
+    token of the targets scored: bits per byte's exact denominator, None on synthetic data). Rank r
+    takes the r-th of world_size equal slices (all ranks run the same number of forwards, which
+    FSDP's collectives need). Whole micro-batches only: one more shape, one more compile."""
+    cluster, micro_batch = run.cluster, run.train.micro_batch
     run.model.eval()
     per_rank = len(val) // cluster.world_size
     if per_rank >= micro_batch:
@@ -220,7 +209,7 @@ class Run:
     micro_step_tokens: int  # tokens of one micro-step on all ranks together
     total_steps: int  # the steps the schedule spans (train_tokens)
     stop_step: int  # where this run stops (max_steps, or where a cooldown ends)
-    state: RunState = dataclasses.field(default_factory=RunState)
+    state: continuation.RunState = dataclasses.field(default_factory=continuation.RunState)
     val: np.ndarray = None  # the val sequences, (n, block_size + 1); a mixture's: {source: them}
     meta: dict = None  # the data folder's meta.json (None for synthetic data)
     metrics: live_ledger.Metrics = None
@@ -234,10 +223,8 @@ class Run:
 
 
 def build_run(model_cfg, train, cluster, dtype, stream, total_steps, stop_step, **fields):
-    """The model, its parallel wrapper, the optimizer and the autocast for the compute dtype, as a
-    Run: setup's, and bench.py's for timing train_step. Other Run fields (val, meta, ...) as
-    keywords.
-    Autocast: bf16 matmuls, fp32 weights and reductions (FSDP2 gets the same from its policy)."""
+    """The model, its parallel wrapper, the optimizer and the autocast (bf16 matmuls, fp32 weights
+    and reductions: FSDP2 gets the same from its policy) as a Run, other fields as keywords."""
     bf16 = dtype == 'bfloat16' and not sharded(train.parallel, cluster.world_size)
     autocast = contextlib.nullcontext()
     if bf16:
@@ -253,12 +240,11 @@ def build_run(model_cfg, train, cluster, dtype, stream, total_steps, stop_step, 
 
 def setup(argv, held=None):
     """-> a Run, or None when there is nothing to do. `held` (an ExitStack) keeps, for the run,
-    rank 0's lock on out_dir (one writer per folder: a second run there is one line naming the
-    first) and the translation of a full disk under out_dir into one line; without it (a tool or a
-    test that inspects a run's state), neither."""
+    rank 0's lock on out_dir and the translation of a full disk into one line; without it (a tool
+    or a test that inspects a run's state), neither."""
     locking = held is not None
     held = held or contextlib.ExitStack()  # a tool's own, never closed: so no lock goes into it
-    config_path, overrides, resume, force, allowed_changes = continuation.parse_args(argv)
+    config_path, overrides, resume, force, allowed = continuation.parse_args(argv)
     model_cfg, train = pretrained.load_config(config_path, overrides)  # init_from: its config.json
     train = continuation.keep_budgeted_tokens(train, resume)  # train_minutes: the plan it made
     cluster = processes.setup_cluster()
@@ -280,9 +266,7 @@ def setup(argv, held=None):
     resume_from = continuation.check_out_dir(train, resume, stop_step, cluster)
     if resume_from == 'done':
         return None
-    continuation.check_continuation(
-        resume_from, cooldown, model_cfg, train, allowed_changes, cluster
-    )
+    continuation.check_continuation(resume_from, cooldown, model_cfg, train, allowed, cluster)
     processes.join_process_group(cluster)
     torch.manual_seed(train.seed)
     if cluster.device.type == 'cuda':
@@ -299,8 +283,7 @@ def setup(argv, held=None):
         stop_step = min(end_step, train.max_steps) if train.max_steps else end_step
     if cluster.is_master and (line := objectives.describe(objective, stream)):  # fim, ul2's spans
         log(cluster, line)
-    needed = prediction['data']['checkpoint_bytes']
-    held.enter_context(files.disk_errors(train.out_dir, needed_bytes=needed))
+    held.enter_context(files.disk_errors(train.out_dir, prediction['data']['checkpoint_bytes']))
     fields = dict(val=val, meta=meta, last_checkpoint=resume_from, cooldown=cooldown)
     fields.update(objective=objective, argv=list(argv))
     run = build_run(model_cfg, train, cluster, dtype, stream, total_steps, stop_step, **fields)
@@ -320,13 +303,7 @@ def first_state(run, prediction, resume_from, end_step, force, locking):
     live_ledger.measure_first_step(run, force)  # its FLOPs and model states, for report.md
     if cluster.is_master and locking:
         live_ledger.record_code(train.out_dir)
-    start_from = resume_from or train.cooldown_from  # a cooldown starts from another's checkpoint
-    if start_from:
-        saved = checkpoint.load(start_from, run.model, run.optimizer, train.optimizer)
-        run.state = RunState(**saved['run'])
-        log(cluster, continuation.carried_on(run, start_from, saved['world_size'], resume_from))
-    if run.cooldown and not resume_from:
-        continuation.log_cooldown(run, end_step)
+    continuation.carry_on(run, resume_from, end_step)  # a resume, or a cooldown of another run
     if not resume_from:  # something to roll back to in this run's own folder
         save_checkpoint(run)
     if (train.sample_tokens or train.hellaswag_every or train.eval_tasks_every) and run.meta:
@@ -412,20 +389,14 @@ def train_step(run):
 
 
 def due_after(run, stopping):
-    """What the step just done calls for: a set of 'log', 'eval', 'hellaswag', 'tasks',
-    'checkpoint', 'sample'. After a signal: log it and checkpoint it, nothing else."""
+    """What the step just done calls for (a set of names); after a signal: log and checkpoint."""
     step, train, done = run.state.step, run.train, run.state.step == run.stop_step
     if stopping:
         saved = checkpoint.step_of(run.last_checkpoint) == step
         return {'log'} | (set() if saved else {'checkpoint'})
-    every = (
-        ('log', train.log_every),
-        ('eval', train.eval_every),
-        ('checkpoint', train.ckpt_every),
-        ('hellaswag', train.hellaswag_every),
-        ('tasks', train.eval_tasks_every),
-    )
-    due = {what for what, n in every if n and (step % n == 0 or done)}
+    every = dict(log=train.log_every, eval=train.eval_every, checkpoint=train.ckpt_every)
+    every.update(hellaswag=train.hellaswag_every, tasks=train.eval_tasks_every)
+    due = {what for what, n in every.items() if n and (step % n == 0 or done)}
     if step in train.keep_steps:
         due.add('checkpoint')
     if train.sample_every and step % train.sample_every == 0 and run.tokenizer and not done:
@@ -443,7 +414,7 @@ def eval_step(run, step, tokens):
         }
         val_loss, val_bytes_per_token = run.metrics.record_sources(step, tokens, scored, sources)
     else:
-        val_loss, val_bytes_per_token = evaluate(run)
+        val_loss, val_bytes_per_token = evaluate(run, run.val, run.train.data)
     run.metrics.log_val(step, tokens, val_loss, val_bytes_per_token)
 
 

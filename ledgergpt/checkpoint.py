@@ -14,12 +14,10 @@ into any world size, so sample.py reads any run's weights in one process. ZeroRe
 gives its states only whole, on one rank, which DCP cannot take as sharded: zero1 writes
 optimizer.pt instead.
 
-A process killed mid-write leaves a tmp_ folder, and LATEST still names the previous checkpoint; one
-killed while pruning leaves an old step_ folder without its manifest (removed first). Nothing reads
-either; the next save removes both.
+A process killed mid-write leaves a tmp_ folder (LATEST names the previous checkpoint), or mid-prune
+a step_ folder without its manifest: nothing reads either, and the next save removes both (_prune).
 """
 
-import contextlib
 import hashlib
 import os
 import random
@@ -186,12 +184,14 @@ def _barrier():
         dist.barrier()
 
 
-@contextlib.contextmanager
-def _quiet_single_process_dcp():
-    # DCP in one process warns that it assumes one process: that is the intent
+def _dcp(action, state, path, **options):
+    """DCP's save or load of `state` in folder `path`. In one process DCP warns that it assumes
+    one process: that is the intent."""
+    import torch.distributed.checkpoint as dcp
+
     with warnings.catch_warnings():
         warnings.filterwarnings('ignore', message='torch.distributed is disabled')
-        yield
+        getattr(dcp, action)(state, checkpoint_id=path, **options)
 
 
 def _dcp_state(model, optimizer=None):
@@ -272,8 +272,7 @@ def _prune(out_dir, final, keep, kept_steps):
             # the manifest first: killed in what follows, it is no checkpoint
             os.remove(os.path.join(old, MANIFEST))
             shutil.rmtree(old)
-    # tmp_ folders of writes, and step_ folders before this one that a prune had begun (no manifest:
-    # a write renames its folder only once the manifest is in, so nothing else leaves one so)
+    # a begun prune's step_ folders: a write renames its folder only once the manifest is in
     for leftover in os.listdir(root(out_dir)):
         path = os.path.join(root(out_dir), leftover)
         begun = leftover.startswith('step_') and path < final and os.path.isdir(path)
@@ -283,21 +282,18 @@ def _prune(out_dir, final, keep, kept_steps):
 
 
 def _write(tmp, step, model, optimizer, train_state, rank, world):
-    import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.api import CheckpointException
 
     # Before the first step AdamW has no state, and saving it would create one with a zero-lr step
     # (its step count 1 changes the bias correction): the step-0 checkpoint holds the model alone.
-    # zero1 keeps the optimizer gathered in optimizer.pt, so one process and many read each other's.
     gathered, with_optimizer = train_state['train_config']['parallel'] == 'zero1', step > 0
     state = _dcp_state(model, optimizer if with_optimizer and not gathered else None)
-    with _quiet_single_process_dcp():
-        try:
-            dcp.save(state, checkpoint_id=tmp)
-        # each failed rank's own exception inside: raise the first (a full disk is then an OSError
-        # or torch.save's RuntimeError, which files.disk_errors turns into one line)
-        except CheckpointException as e:
-            raise e.failures[min(e.failures)][0] from None
+    try:
+        _dcp('save', state, tmp)
+    # each failed rank's own exception inside: raise the first (a full disk is then an OSError or
+    # torch.save's RuntimeError, which files.disk_errors turns into one line)
+    except CheckpointException as e:
+        raise e.failures[min(e.failures)][0] from None
     if gathered and with_optimizer:
         if hasattr(optimizer, 'consolidate_state_dict'):
             optimizer.consolidate_state_dict(to=0)  # ZeRO-1: every rank sends its part to rank 0
@@ -314,7 +310,6 @@ def load(path, model, optimizer, kind='adamw'):
     """Restore the model, the optimizer (as built where the checkpoint holds none: step 0, or
     another optimizer's than `kind`, which a resume allowed to change it starts afresh) and this
     rank's RNG streams in place; -> the saved train_state dict."""
-    import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_state_dict
 
     saved = read_state(path)
@@ -323,8 +318,7 @@ def load(path, model, optimizer, kind='adamw'):
     gathered = gathered if own and os.path.isfile(gathered) else None
     sharded = own and not gathered  # the optimizer is in DCP's files
     state = _dcp_state(model, optimizer if sharded else None)
-    with _quiet_single_process_dcp():
-        dcp.load(state, checkpoint_id=path)
+    _dcp('load', state, path)
     if sharded:
         set_state_dict(
             model, optimizer, model_state_dict=state['model'], optim_state_dict=state['optimizer']
@@ -365,8 +359,6 @@ def device_of(name):
 
 def load_model(path, device):
     """-> (GPT in eval mode on `device`, its saved train config) from a checkpoint or out_dir."""
-    import torch.distributed.checkpoint as dcp
-
     path = find(path)
     saved = read_state(path)
     with torch.device('meta'):
@@ -374,8 +366,7 @@ def load_model(path, device):
     model.to_empty(device=device)
     model.init_weights()  # fills the RoPE tables; every weight is overwritten below
     state = {'model': model.state_dict()}
-    with _quiet_single_process_dcp():
-        dcp.load(state, checkpoint_id=path, no_dist=True)
+    _dcp('load', state, path, no_dist=True)
     model.load_state_dict(state['model'])
     model.eval()
     return model, saved['train_config']

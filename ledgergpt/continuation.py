@@ -1,7 +1,6 @@
 """
 continuation.py: stopping and carrying on, so that train.py's loop reads as the training it is:
-train.py's flags and the command that resumes a run; the resume checks; the clean stop (Ctrl-C or
-SIGTERM: the step, a checkpoint, the command that resumes; before the loop, one line); the spike
+train.py's flags and the command that resumes a run; the resume checks; the clean stop; the spike
 guard (a loss far above the recent window rolls back and skips the data that led into it).
 """
 
@@ -77,28 +76,24 @@ def rank_lost(exception, argv):
     """config.cli's `stopped`: under torchrun a SIGTERM, or a collective that loses its peer, most
     often means a rank died (torchrun stops the others), where "rerun the same command" would be
     refused without --resume: -> (the line that says so and resumes, exit code), or None."""
-    world = int(os.environ.get('WORLD_SIZE', 1))
-    lost = isinstance(exception, dist.DistError) or (
-        isinstance(exception, RuntimeError)
-        and any(word in str(exception) for word in ('gloo', 'NCCL', 'Connection'))
-    )
-    if world == 1 or not (isinstance(exception, Terminated) or lost):
+    world, terminated = int(os.environ.get('WORLD_SIZE', 1)), isinstance(exception, Terminated)
+    words = ('gloo', 'NCCL', 'Connection')
+    lost = isinstance(exception, RuntimeError) and any(word in str(exception) for word in words)
+    if world == 1 or not (terminated or lost or isinstance(exception, dist.DistError)):
         return None
-    what = 'SIGTERM' if isinstance(exception, Terminated) else str(exception).splitlines()[0][:120]
+    what = 'SIGTERM' if terminated else str(exception).splitlines()[0][:120]
     return (
         f"a rank died, or the job was stopped (torchrun stops every rank when one exits; here: "
         f"{what}): the complete checkpoints are kept; resume with: {resume_command(argv, world)}",
-        128 + signal.SIGTERM if isinstance(exception, Terminated) else 1,
+        128 + signal.SIGTERM if terminated else 1,
     )
 
 
 @contextlib.contextmanager
 def interruptible():
-    """Ctrl-C stops the block (or the function it decorates) in one line wherever it lands.
-    Python drops a KeyboardInterrupt raised in a finalizer, with a traceback (the step probe's
-    gc runs torch's weakref callbacks), and the run trained on: that one is kept quiet and raised
-    when the block ends. SIGINT inherited ignored (`python train.py &` in a script) is caught, as
-    the loop's Stop catches it."""
+    """Ctrl-C stops the block (or the function it decorates) in one line wherever it lands, even
+    with SIGINT inherited ignored. Python drops a KeyboardInterrupt raised in a finalizer (the step
+    probe's gc runs torch's weakref callbacks) and the run trained on: it is raised at the end."""
     raised, unraisable = [], sys.unraisablehook
 
     def interrupt(signum, frame):
@@ -131,15 +126,14 @@ def cli(main):
 def check_out_dir(train, resume, stop_step, cluster):
     """-> the checkpoint to resume from (None: start), or 'done' when out_dir holds this run,
     complete. Checkpoints are continued only when asked, never overwritten."""
+    found = carried_on_from(train, resume)
+    if resume and found is None:
+        raise ConfigError(
+            f"--resume: no complete checkpoint at {checkpoint.root(train.out_dir)}: run without "
+            f"--resume to start"
+        )
     if resume:
-        path = carried_on_from(train, resume)
-        if path is None:
-            raise ConfigError(
-                f"--resume: no complete checkpoint at {checkpoint.root(train.out_dir)}: run "
-                f"without --resume to start"
-            )
-        return checkpoint.verified(path, '--resume')
-    found = checkpoint.latest(train.out_dir, '--resume')
+        return checkpoint.verified(found, '--resume')
     if not found:
         return None
     finished = checkpoint.step_of(found)
@@ -183,8 +177,7 @@ def carried_on_from(train, resume):
 
 def cooldown_start(train):
     """A run may start from another run's checkpoint (cooldown_from) and decay the LR over
-    cooldown_tokens: a wsd run's stable phase so decayed is a finished run of that length (Hägele
-    et al. 2024). -> the checkpoint's run state (step, tokens_seen, ...), or None."""
+    cooldown_tokens (docs/overtraining.md): -> that checkpoint's run state, or None."""
     if not train.cooldown_from:
         if train.cooldown_tokens:
             raise ConfigError(
@@ -204,27 +197,29 @@ def cooldown_start(train):
     return checkpoint.read_state(checkpoint.verified(train.cooldown_from))['run']
 
 
-def carried_on(run, start_from, world_size, resumed):
-    """The line a run prints once it has loaded the checkpoint it carries on from."""
-    state = run.state
-    return (
-        f"{'resumed' if resumed else 'cooling down'} from {start_from}: step {state.step}, "
-        f"{state.tokens_seen:,} tokens, data position {state.position:,} sequences (written by "
-        f"{world_size} process(es), read by {run.cluster.world_size}: the position is global, the "
-        f"stream continues where it stopped)"
-    )
-
-
-def log_cooldown(run, end_step):
-    """A cooldown's first line once its checkpoint is loaded: the LR's decay."""
-    train, first = run.train, run.cooldown[0] + 1
+def carry_on(run, resumed, end_step):
+    """A resumed run's state from its own checkpoint, or a cooldown's from another run's, and the
+    lines that say so (a cooldown's: its LR's decay)."""
+    start_from, train = resumed or run.train.cooldown_from, run.train
+    if not start_from:
+        return
+    saved = checkpoint.load(start_from, run.model, run.optimizer, train.optimizer)
+    run.state = state = RunState(**saved['run'])
     log(
         run.cluster,
-        f"cooldown: the LR falls linearly from {train.lr:.3g} to "
-        f"{train.lr * train.min_lr_ratio:.3g} over steps {first:,} to {end_step:,} "
-        f"({train.cooldown_tokens:,} tokens; the ledger above bills these), to "
-        f"{run.state.tokens_seen + train.cooldown_tokens:,} tokens seen",
+        f"{'resumed' if resumed else 'cooling down'} from {start_from}: step {state.step}, "
+        f"{state.tokens_seen:,} tokens, data position {state.position:,} sequences (written by "
+        f"{saved['world_size']} process(es), read by {run.cluster.world_size}: the position is "
+        f"global, the stream continues where it stopped)",
     )
+    if not resumed:
+        log(
+            run.cluster,
+            f"cooldown: the LR falls linearly from {train.lr:.3g} to "
+            f"{train.lr * train.min_lr_ratio:.3g} over steps {run.cooldown[0] + 1:,} to "
+            f"{end_step:,} ({train.cooldown_tokens:,} tokens; the ledger above bills these), to "
+            f"{state.tokens_seen + train.cooldown_tokens:,} tokens seen",
+        )
 
 
 def check_resumable(path, model_cfg, train, allowed, cluster, action='resume'):
@@ -286,10 +281,8 @@ def warn(line):
 
 
 class Stop:
-    """SIGINT and SIGTERM (a scheduler's preemption; torchrun passes both on to every rank) end the
-    run cleanly: the step finishes, a checkpoint is written, a line gives the command that resumes,
-    exit 128 + the signal. The same signal again exits at once (a checkpoint being written stays a
-    tmp_ folder). The ranks agree on the step with a one-number host all-reduce a step (gloo)."""
+    """SIGINT and SIGTERM end the run cleanly (docs/running.md), exit 128 + the signal. The ranks
+    agree on the step with a one-number host all-reduce a step (gloo)."""
 
     def __init__(self, cluster):
         self.signal, self.group, self.world_size = None, None, cluster.world_size
@@ -387,8 +380,6 @@ def roll_back(run, spike):
         f"{train.max_rollbacks} to {os.path.basename(run.last_checkpoint)}, skipping sequences "
         f"[{skipped[0]:,}, {skipped[1]:,}) of the data stream",
     )
-    run.metrics.record(
-        dict(event='rollback', step=result.step, loss=loss, to_step=run.state.step)
-        | dict(skipped=skipped, rollbacks=rollbacks)
-    )
+    record = dict(event='rollback', step=result.step, loss=loss, to_step=run.state.step)
+    run.metrics.record(record | dict(skipped=skipped, rollbacks=rollbacks))
     run.metrics.restart()

@@ -46,11 +46,10 @@ def join_process_group(cluster):
     is written yet; its out_dir lock is taken over as a dead process's)."""
     if cluster.world_size > 1 and not dist.is_initialized():
         previous = signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        on_gpu = cluster.device.type == 'cuda'  # NCCL bound to this rank's GPU, else gloo
         try:
-            if cluster.device.type == 'cuda':  # NCCL bound to this rank's GPU
-                dist.init_process_group('nccl', device_id=cluster.device)
-            else:
-                dist.init_process_group('gloo')
+            device_id = cluster.device if on_gpu else None
+            dist.init_process_group('nccl' if on_gpu else 'gloo', device_id=device_id)
         finally:
             signal.signal(signal.SIGTERM, previous)
 
@@ -107,8 +106,8 @@ def reduce_mean(values, cluster):
 
 
 def compile_as_run(model, train, world_size):
-    """Compile in place as the run does, if it does: the whole model where it is not sharded (one
-    process, ddp, zero1), each block under FSDP2 (zero2, fsdp: the root and the loss stay eager)."""
+    """Compile in place as the run does, if it does: each block under FSDP2 (the root and the loss
+    stay eager), else the whole model."""
     if not train.compile:
         return
     if sharded(train.parallel, world_size):

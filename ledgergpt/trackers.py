@@ -2,11 +2,7 @@
 trackers.py: every record live_ledger.Metrics writes to metrics.jsonl also goes to TensorBoard
 and/or W&B (the key tracker = 'tensorboard', 'wandb' or both; nanoGPT's wandb_log = True adds W&B),
 offline first, from rank 0; a tracker missing or failing is one warning line and the run goes on
-without it (docs/after-training.md, "Watching a run").
-
-    python train.py configs/pystdlib_cpu.py --tracker=tensorboard,wandb
-    tensorboard --logdir out/pystdlib_cpu/tensorboard    # the dashboard, here or over ssh -L
-    wandb sync out/pystdlib_cpu/wandb/offline-run-*      # the offline W&B run, uploaded
+without it. The commands that watch a run: docs/after-training.md, "Watching a run".
 """
 
 import json
@@ -51,8 +47,7 @@ def warn(text):
 
 class TensorBoard:
     """Event files in out_dir/tensorboard, every value a float64 scalar (new-style summaries: what
-    metrics.jsonl holds, exactly). The writer starts at the first step it logs, which hides the
-    steps a killed run logged past its last checkpoint (TensorBoard's own purge after a crash)."""
+    metrics.jsonl holds, exactly)."""
 
     def __init__(self, train, prediction, ledger_text, resume):
         from torch.utils.tensorboard import SummaryWriter  # needs the tensorboard package
@@ -116,10 +111,7 @@ class WandB:
         import wandb
 
         path = os.path.join(train.out_dir, 'trackers.json')
-        saved = {}
-        if resume and os.path.exists(path):
-            with open(path) as f:
-                saved = json.load(f)
+        saved = files.load_json(path) if resume and os.path.exists(path) else {}
         run_id = saved.get('wandb_id') or secrets.token_hex(4)  # 8 characters, as wandb's own ids
         mode = os.environ.get('WANDB_MODE', 'offline')
         # wandb.init hooks it (its hook exits 0 for sys.exit()): finish gives it back
@@ -149,8 +141,7 @@ class WandB:
     def finish(self, out_dir):
         path = os.path.join(out_dir, 'summary.json')
         if os.path.exists(path):
-            with open(path) as f:
-                self.run.summary['ledger'] = json.load(f)
+            self.run.summary['ledger'] = files.load_json(path)
         for name in ('report.md', 'loss.png'):  # the run's files folder is uploaded with it
             if os.path.exists(os.path.join(out_dir, name)):
                 shutil.copyfile(os.path.join(out_dir, name), os.path.join(self.run.dir, name))
