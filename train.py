@@ -267,7 +267,7 @@ def setup(argv, held=None):
     if resume_from == 'done':
         return None
     continuation.check_continuation(resume_from, cooldown, model_cfg, train, allowed, cluster)
-    processes.join_process_group(cluster)
+    processes.join_process_group(cluster, train.collective_timeout_s)
     torch.manual_seed(train.seed)
     if cluster.device.type == 'cuda':
         torch.set_float32_matmul_precision('high')  # fp32 matmuls (outside autocast) may use TF32

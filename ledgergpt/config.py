@@ -674,6 +674,10 @@ class TrainConfig:
     recompute: bool = free(False)  # activation recomputation per block (the ledger's 8P)
     # 'ddp', 'zero1', 'zero2' or 'fsdp' (ZeRO-3); a checkpoint resumes in its own mode
     parallel: str = free('ddp')
+    # how long a collective waits for every rank before the job fails (NCCL's default: 10 minutes):
+    # the longest waits are legitimate ones, 8 ranks compiling before the first all-reduce, or rank
+    # 0 writing h200_1b3's 11 GB ZeRO-1 optimizer.pt while the others wait at a barrier
+    collective_timeout_s: int = free(1800)
     # --- logging, evals, samples, checkpoints, spike guard
     log_every: int = free(10)
     eval_every: int = free(250)
@@ -809,8 +813,8 @@ def _or_0(meaning):
 RULES = {
     **dict.fromkeys(
         'n_layer n_head n_embd block_size norm_eps rope_theta route_scale train_tokens '
-        'batch_tokens micro_batch batch_ramp_start lr eps log_every eval_every eval_tokens '
-        'ckpt_every keep_ckpts spike_factor spike_window n_gpu'.split(),
+        'batch_tokens micro_batch batch_ramp_start lr eps collective_timeout_s log_every '
+        'eval_every eval_tokens ckpt_every keep_ckpts spike_factor spike_window n_gpu'.split(),
         (lambda v: v > 0, 'positive'),
     ),
     **dict.fromkeys(

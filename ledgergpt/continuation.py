@@ -6,12 +6,15 @@ guard (a loss far above the recent window rolls back and skips the data that led
 
 import contextlib
 import dataclasses
+import glob
 import math
 import os
 import shlex
 import signal
 import statistics
 import sys
+import time
+import traceback
 
 import torch
 import torch.distributed as dist
@@ -72,19 +75,41 @@ def resume_command(argv, world_size):
     return f"{launcher} {shlex.join(['train.py'] + args)}"
 
 
+# where a rank's traceback goes when a collective fails (check_out_dir sets it), and since when
+FAILURES = {'out_dir': None, 'since': time.time()}
+
+
+def kept_tracebacks(exception):
+    """A failed collective's cause, kept: this rank's traceback in out_dir/rank{R}_error.txt (not
+    for a SIGTERM; a write that fails is let go) -> every such file this job's ranks wrote."""
+    if FAILURES['out_dir'] is None:
+        return []
+    name = os.path.join(FAILURES['out_dir'], 'rank{}_error.txt')
+    if not isinstance(exception, Terminated):
+        with contextlib.suppress(OSError), open(name.format(os.environ.get('RANK', 0)), 'w') as f:
+            f.write(''.join(traceback.format_exception(exception)))
+    kept = [
+        path for path in glob.glob(name.format('*')) if os.stat(path).st_mtime >= FAILURES['since']
+    ]
+    return sorted(kept)
+
+
 def rank_lost(exception, argv):
     """config.cli's `stopped`: under torchrun a SIGTERM, or a collective that loses its peer, most
     often means a rank died (torchrun stops the others), where "rerun the same command" would be
-    refused without --resume: -> (the line that says so and resumes, exit code), or None."""
+    refused without --resume: -> (the line that says so and resumes, and names the ranks'
+    tracebacks, exit code), or None."""
     world, terminated = int(os.environ.get('WORLD_SIZE', 1)), isinstance(exception, Terminated)
     words = ('gloo', 'NCCL', 'Connection')
     lost = isinstance(exception, RuntimeError) and any(word in str(exception) for word in words)
     if world == 1 or not (terminated or lost or isinstance(exception, dist.DistError)):
         return None
     what = 'SIGTERM' if terminated else str(exception).splitlines()[0][:120]
+    kept = kept_tracebacks(exception)
     return (
         f"a rank died, or the job was stopped (torchrun stops every rank when one exits; here: "
-        f"{what}): the complete checkpoints are kept; resume with: {resume_command(argv, world)}",
+        f"{what}): the complete checkpoints are kept; resume with: {resume_command(argv, world)}"
+        + (f"; the failing ranks' tracebacks: {', '.join(kept)}" if kept else ''),
         128 + signal.SIGTERM if terminated else 1,
     )
 
@@ -126,6 +151,7 @@ def cli(main):
 def check_out_dir(train, resume, stop_step, cluster):
     """-> the checkpoint to resume from (None: start), or 'done' when out_dir holds this run,
     complete. Checkpoints are continued only when asked, never overwritten."""
+    FAILURES['out_dir'] = train.out_dir
     found = carried_on_from(train, resume)
     if resume and found is None:
         raise ConfigError(

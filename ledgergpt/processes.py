@@ -39,17 +39,21 @@ def setup_cluster():
     return Cluster(rank, world_size, local_rank, device)
 
 
-def join_process_group(cluster):
+def join_process_group(cluster, timeout_s=1800):
     """After the input checks: a bad config is one line, not a rendezvous timeout. A rank that
     failed them never comes, and torchrun sends the others SIGTERM, which a Python handler would see
     only after the rendezvous's timeout: so SIGTERM kills a waiting rank at once (nothing of the run
-    is written yet; its out_dir lock is taken over as a dead process's)."""
+    is written yet; its out_dir lock is taken over as a dead process's). timeout_s: a collective's
+    wait for every rank (the key collective_timeout_s says why 30 minutes)."""
     if cluster.world_size > 1 and not dist.is_initialized():
         previous = signal.signal(signal.SIGTERM, signal.SIG_DFL)
         on_gpu = cluster.device.type == 'cuda'  # NCCL bound to this rank's GPU, else gloo
         try:
             device_id = cluster.device if on_gpu else None
-            dist.init_process_group('nccl' if on_gpu else 'gloo', device_id=device_id)
+            timeout = datetime.timedelta(seconds=timeout_s)
+            dist.init_process_group(
+                'nccl' if on_gpu else 'gloo', device_id=device_id, timeout=timeout
+            )
         finally:
             signal.signal(signal.SIGTERM, previous)
 

@@ -5,6 +5,7 @@ logits' F.cross_entropy on one), resume exactly on the same world size and close
 disjoint slices of the single-process batch. fp32, a 2-layer x 64 Llama, 12 steps.
 """
 
+import datetime
 import json
 import os
 import re
@@ -16,6 +17,7 @@ import sys
 import numpy as np
 import pytest
 import torch
+import torch.distributed as dist
 
 import helpers
 import train
@@ -517,7 +519,11 @@ def dying(run):  # rank 1 killed before its fourth step, as an OOM kill or a los
     if run.cluster.rank == 1 and run.state.step == 3:
         os.kill(os.getpid(), signal.SIGKILL)
     return step(run)
-train.train_step = dying
+def failing(run):  # rank 1's collective fails before its fourth step, as an NCCL error would
+    if run.cluster.rank == 1 and run.state.step == 3:
+        raise RuntimeError('[gloo] Connection closed by peer [injected]')
+    return step(run)
+train.train_step = failing if os.environ.get('FAIL') else dying
 sys.exit(train.main(sys.argv[1:]))
 """
 
@@ -546,6 +552,47 @@ def test_a_rank_killed_under_fsdp_is_one_line_with_the_resume_command(pystdlib_d
         r"checkpoints are kept; resume with: "
         + re.escape(
             f"torchrun --nproc_per_node=2 train.py {config} --out_dir={out} --parallel=fsdp --resume"
-        ),
+        )
+        + r"(; the failing ranks' tracebacks: .+)?",  # rank 0's own, when a collective failed it
         ours[0],
     ), result.stderr[-3000:]
+
+
+def test_a_failed_collective_keeps_each_failing_ranks_traceback(pystdlib_data, tmp_path):
+    """An NCCL error (here gloo's, injected on rank 1) ends in rank 0's one line, which names the
+    file where each failing rank wrote its traceback: the cause is not lost to the summary."""
+    config = write_config(tmp_path, pystdlib_data)
+    script = tmp_path / 'failing.py'
+    script.write_text(KILLED)
+    out = tmp_path / 'out'
+    command = [sys.executable, '-m', 'torch.distributed.run', '--standalone', '--nproc_per_node=2']
+    result = subprocess.run(
+        command + [str(script), config, f'--out_dir={out}'],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, FAIL='1'),
+    )
+    assert result.returncode != 0
+    (line,) = [line for line in result.stderr.splitlines() if 'rank died' in line]
+    assert line.split("; the failing ranks' tracebacks: ")[1].split(', ')[-1] == str(
+        out / 'rank1_error.txt'
+    )
+    kept = (out / 'rank1_error.txt').read_text()
+    assert kept.startswith('Traceback') and 'in failing' in kept
+    assert kept.endswith('RuntimeError: [gloo] Connection closed by peer [injected]\n')
+
+
+def test_the_process_group_waits_the_configs_collective_timeout(monkeypatch):
+    """NCCL's default 10 minutes would fail a job whose ranks wait legitimately longer (8 compiling
+    before the first all-reduce; rank 0 writing an 11 GB optimizer.pt)."""
+    joined = {}
+    monkeypatch.setattr(dist, 'is_initialized', lambda: False)
+    monkeypatch.setattr(
+        dist, 'init_process_group', lambda backend, **options: joined.update(options)
+    )
+    cluster = processes.Cluster(0, 2, 0, torch.device('cpu'))
+    _, train_cfg = load_config(None, ['--collective_timeout_s=2700'])
+    processes.join_process_group(cluster, train_cfg.collective_timeout_s)
+    assert joined['timeout'] == datetime.timedelta(minutes=45)
+    assert load_config(None)[1].collective_timeout_s == 1800
