@@ -259,6 +259,10 @@ def setup(argv, held=None):
     end_step = sum(cooldown) if cooldown else total_steps
     stop_step = min(end_step, train.max_steps) if train.max_steps else end_step
     stream, val, meta = data.open_data(model_cfg, train)
+    if meta:  # bits per byte's token bytes, built now: a missing package stops the first seconds,
+        # not the first eval 250 steps in
+        for source in meta.get('sources', {}).values() or [dict(folder=train.data)]:
+            data.target_bytes(source['folder'], [])
     objective = objectives.build(train, meta)  # its keys and the folder's special tokens checked
     # the ledger's "is the dataset big enough": the real count
     if meta and not train.dataset_tokens:

@@ -233,6 +233,7 @@ def load_tokenizer(data_dir):
     path = os.path.join(data_dir, 'tokenizer.json')
     if not os.path.exists(path):
         raise DataError(f"no tokenizer.json in {data_dir}: make the folder with prepare.py")
+    package = 'tiktoken'
     try:
         spec = load_json(path)
         name = spec['name']
@@ -245,18 +246,17 @@ def load_tokenizer(data_dir):
                 name, pat_str=spec['pattern'], mergeable_ranks=ranks, special_tokens=special
             )
         hub = (json.dumps(spec['tokenizers']), spec.get('special_tokens', ()))
-        start = spec.get('document_start', EOT)
+        package = 'tokenizers'
+        return HFEncoding(name, *hub, spec.get('document_start', EOT))
     except (ValueError, KeyError, TypeError) as e:
         raise DataError(
             f"{path} is damaged ({type(e).__name__}: {e}): delete the folder and rerun "
             f"{prepare_command(data_dir)}"
         ) from None
-    try:
-        return HFEncoding(name, *hub, start)
     except ImportError:
         raise DataError(
-            f"{path} is {name}'s tokenizer, which needs the tokenizers package: pip install "
-            f"tokenizers (it is in requirements.txt)"
+            f"{path} is {name}'s tokenizer, which needs the {package} package: pip install "
+            f"{package} (it is in requirements.txt)"
         ) from None
 
 

@@ -545,6 +545,26 @@ def test_shard_stream_is_a_seeded_permutation_of_whole_sequences(tmp_path):
 # Bad input: one line on stderr, exit 2, no traceback.
 
 
+def test_what_the_evals_need_is_built_before_the_first_step(
+    pystdlib_data, tmp_path, monkeypatch, capsys
+):
+    """Bits per byte's table of token bytes needs the tokenizer's package: without it the run
+    stops before its first step, not at its first eval."""
+    monkeypatch.setitem(sys.modules, 'tiktoken', None)  # `import tiktoken` raises ImportError
+    monkeypatch.setattr(data, '_byte_lengths', {})
+    config = write_config(tmp_path, pystdlib_data)
+    assert run(config, tmp_path / 'out', '--eval_every=1000') == 2
+    error = capsys.readouterr().err
+    assert (
+        error.endswith(
+            "tokenizer, which needs the tiktoken package: pip install tiktoken (it is in "
+            "requirements.txt)\n"
+        )
+        and error.count('\n') == 1
+    )
+    assert not os.path.exists(tmp_path / 'out' / 'metrics.jsonl')
+
+
 def test_cli_config_typo_is_one_line(pystdlib_data, tmp_path):
     config = write_config(tmp_path, pystdlib_data)
     result = subprocess.run(
