@@ -24,6 +24,10 @@ import sys
 import time
 import traceback
 
+from ledgergpt import config
+
+config.set_cuda_allocator()  # before torch is imported
+
 import numpy as np
 import torch
 

@@ -13,9 +13,7 @@ live_ledger.py and checkpoint.py, and a line of hook each for evals.py, sample.p
 import contextlib
 import dataclasses
 import gc
-import importlib.metadata
 import math
-import os
 import shlex
 import sys
 
@@ -25,17 +23,9 @@ from ledgergpt import config
 if __name__ == '__main__':
     config.quiet_stops()
 
-# The CUDA caching allocator reads its settings once, so they are set before torch is imported.
-# Expandable segments let freed blocks grow and merge instead of fragmenting: at h200_1b3's 86 of
-# 141 GiB, with multi-GB loss buffers of changing shapes, fragmentation is what turns a fit into an
-# out-of-memory (nanochat and torchtitan set it too). torch 2.10 renamed the variable; 2.9 still
-# ignored the new name for this setting (pytorch #183387).
-if not (os.environ.get('PYTORCH_ALLOC_CONF') or os.environ.get('PYTORCH_CUDA_ALLOC_CONF')):
-    release = tuple(int(part) for part in importlib.metadata.version('torch').split('.')[:2])
-    name = 'PYTORCH_ALLOC_CONF' if release >= (2, 10) else 'PYTORCH_CUDA_ALLOC_CONF'
-    os.environ[name] = 'expandable_segments:True'
+config.set_cuda_allocator()  # before torch is imported
 
-import numpy as np  # after the allocator's settings
+import numpy as np
 import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor

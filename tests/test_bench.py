@@ -148,3 +148,21 @@ def test_loop_benchmark_times_both_loops(pystdlib_data, tmp_path, capsys):
     best = bench.run_loop_bench(str(config), [], steps=2, rounds=1)
     assert best['train.py'] > 0 and best['plain loop'] > 0
     assert 'train.py / plain loop:' in capsys.readouterr().out
+
+
+@pytest.mark.parametrize('command', ['bench', 'train'])
+def test_the_allocators_settings_are_made_before_torch_is_imported(command):
+    """The CUDA caching allocator reads its settings once, when torch starts it: bench.py, the
+    first device script, makes train.py's (expandable segments) before it imports torch."""
+    script = (
+        'import os, sys; from ledgergpt import config; seen = []; set = config.set_cuda_allocator\n'
+        "config.set_cuda_allocator = lambda: seen.append('torch' in sys.modules) or set()\n"
+        f'import {command}\n'
+        "print(seen[0], os.environ.get('PYTORCH_ALLOC_CONF'))"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith('PYTORCH_')}
+    result = subprocess.run(
+        [sys.executable, '-c', script], cwd=ROOT, capture_output=True, text=True, env=env
+    )
+    # the first call (bench's, then train's again when bench imports it) saw no torch yet
+    assert result.stdout.strip() == 'False expandable_segments:True', result.stderr[-2000:]
