@@ -8,7 +8,6 @@ torch is imported only to measure the device at hand (measure_device, gemm_flops
 import collections
 import dataclasses
 import difflib
-import json
 import math
 import os
 import sys
@@ -18,7 +17,7 @@ from functools import partial
 
 from ledgergpt import config
 from ledgergpt.config import GIB, MIB, SECONDS_PER_DAY, ConfigError, ModelConfig, sharded
-from ledgergpt.files import save_json
+from ledgergpt.files import load_json, save_json
 
 # --------------------------------------------------------------------------------------------------
 # Devices. A GPU is known by its name: the dense BF16 tensor-core peak (no 2:4 sparsity) from the
@@ -60,8 +59,12 @@ GPUS = {
 MEASURED = ('auto', 'cpu')  # the `gpu` names that mean "measure the device at hand"
 
 
-def gpu_spec(name):
-    """The GPU table's entry for a name, case-insensitive; ConfigError naming the known ones."""
+def gpu_spec(name, dtype='auto'):
+    """The Device a `gpu` key names, case-insensitive: the GPU table's entry, or ('auto', 'cpu') the
+    device at hand measured in the compute dtype `dtype` ('auto', 'bfloat16', 'float32') gives on
+    it; ConfigError naming the known ones."""
+    if name.lower() in MEASURED:
+        return measure_device(name.lower(), dtype)
     by_lower = {key.lower(): key for key in GPUS}
     if name.lower() in by_lower:
         return GPUS[by_lower[name.lower()]]
@@ -71,14 +74,6 @@ def gpu_spec(name):
         f"unknown gpu '{name}': {hint}known: {', '.join(GPUS)}, or 'auto' / 'cpu' to measure this "
         f"machine (add yours to GPUS in ledger.py)"
     )
-
-
-def device_spec(name, dtype='auto'):
-    """The Device a `gpu` key names: a table entry, or ('auto', 'cpu') the device at hand measured
-    in the compute dtype `dtype` ('auto', 'bfloat16', 'float32') gives on it."""
-    if name.lower() in MEASURED:
-        return measure_device(name.lower(), dtype)
-    return gpu_spec(name)
 
 
 def run_dtype(train, device):
@@ -244,8 +239,7 @@ def probe_due(key, cache=None):
 
 def read_probes(path=None):
     try:
-        with open(path or cache_path()) as f:
-            return json.load(f)
+        return load_json(path or cache_path())
     except (OSError, ValueError):
         return {}
 
@@ -427,13 +421,10 @@ def model_state_bytes(n_params, parallel='ddp', n_gpu=1):
     shards = {'ddp': (1, 1, 1), 'zero1': (1, 1, N), 'zero2': (1, N, N), 'fsdp': (N, N, N)}
     if parallel not in shards:
         raise ConfigError(f"parallel must be one of {', '.join(shards)}, not '{parallel}'")
-    weights_over, grads_over, optimizer_over = shards[parallel]
-    states = {
-        'weights': 2 * n_params / weights_over,  # 16-bit weights
-        'grads': 2 * n_params / grads_over,  # 16-bit gradients
-        'optimizer': 12 * n_params / optimizer_over,  # fp32 master weights, Adam's m and v
-    }
-    states['total'] = states['weights'] + states['grads'] + states['optimizer']
+    # bytes a parameter: 16-bit weights 2 and gradients 2, fp32 master weights, Adam's m and v 12
+    parts = zip(('weights', 'grads', 'optimizer'), (2, 2, 12), shards[parallel])
+    states = {part: size * n_params / over for part, size, over in parts}
+    states['total'] = sum(states.values())
     return states
 
 
@@ -491,10 +482,9 @@ def optimizer_row(optimizer, name, shape):
 def optimizer_step_flops(model, train, n_gpu):
     """Matmul FLOPs of an optimizer step (Muon's Newton-Schulz; AdamW none) on each rank: over every
     tensor (DDP; ZeRO-2 and FSDP2 orthogonalise every gathered matrix), or ZeRO-1's own."""
-    row = partial(optimizer_row, train.optimizer)
 
     def flops(name, shape):
-        return row(name, shape).step_flops(shape, train)
+        return optimizer_row(train.optimizer, name, shape).step_flops(shape, train)
 
     if n_gpu > 1 and train.parallel == 'zero1':
         return zero1_partition(model, n_gpu, train.optimizer, flops)
@@ -533,26 +523,24 @@ def held_model_states(model, parallel, n_gpu, dtype='bfloat16', rank=0, optimize
     dtype) on `rank`, as train.py holds them; 'book' the book's figure for the same strategy."""
     tensors = tensor_copies(model)
     n_params = padded = sum(k * math.prod(s) for _, s, k in tensors)
-    row = partial(optimizer_row, optimizer)
 
     def state(name, shape, held=None):  # of the shape this rank holds (FSDP2: its rows)
-        return row(name, shape).state_bytes(held or shape)
+        return optimizer_row(optimizer, name, shape).state_bytes(held or shape)
 
-    optimizer_bytes, gathered = sum(k * state(n, s) for n, s, k in tensors), 0
+    optimizer_held, gathered = sum(k * state(n, s) for n, s, k in tensors), 0
     if n_gpu > 1 and parallel == 'zero1':
-        optimizer_bytes = zero1_partition(model, n_gpu, optimizer, state)[rank]
+        optimizer_held = zero1_partition(model, n_gpu, optimizer, state)[rank]
     elif sharded(parallel, n_gpu):
         rows = [(*fsdp_rows(s[0], n_gpu, rank), n, s, k) for n, s, k in tensors]
         padded = sum(k * rows_padded * math.prod(s[1:]) for rows_padded, _, _, s, k in rows)
-        optimizer_bytes = sum(k * state(n, s, (real, *s[1:])) for _, real, n, s, k in rows)
+        optimizer_held = sum(k * state(n, s, (real, *s[1:])) for _, real, n, s, k in rows)
         root, units = fsdp_units(model, n_gpu)
         # zero2 keeps every block gathered, fsdp two at a time; and one block's unsharded gradients
         two = [elements for elements, count in units for _ in range(min(count, 2))][:2]
         blocks = sum(e * count for e, count in units) if parallel == 'zero2' else sum(two)
         gathered = (2 if dtype == 'bfloat16' else 4) * (root + blocks + units[0][0])
-    states = {'weights': 4 * padded, 'grads': 4 * padded, 'optimizer': optimizer_bytes}
-    states['gathered'] = gathered
-    states['total'] = states['weights'] + states['grads'] + states['optimizer'] + gathered
+    states = dict(weights=4 * padded, grads=4 * padded, optimizer=optimizer_held, gathered=gathered)
+    states['total'] = sum(states.values())
     states['book'] = model_state_bytes(n_params, parallel, n_gpu)['total']
     # MoE: the book's "16 x active parameters"; every expert's states are held all the same
     active = count_params(model)['active']
@@ -672,7 +660,7 @@ def memory_per_gpu(model, train, n_gpu=None, micro_batch=None, device=None, rank
     (at least HEADROOM_FRACTION of the device's memory left)."""
     n_gpu = n_gpu or train.n_gpu
     micro_batch = micro_batch or train.micro_batch
-    device = device or device_spec(train.gpu, train.dtype)
+    device = device or gpu_spec(train.gpu, train.dtype)
     dtype = run_dtype(train, device)
     a = 2 if dtype == 'bfloat16' else 4
     # the residual stream: fp32 under autocast; bf16 where FSDP2 casts the weights (zero2, fsdp)
@@ -717,7 +705,7 @@ def memory_per_gpu(model, train, n_gpu=None, micro_batch=None, device=None, rank
 
 def max_micro_batch(model, train, n_gpu=None, device=None):
     """The largest micro-batch whose total fits, headroom kept (memory_per_gpu); 0 if none does."""
-    device = device or device_spec(train.gpu, train.dtype)
+    device = device or gpu_spec(train.gpu, train.dtype)
 
     def fits(micro_batch):
         return memory_per_gpu(model, train, n_gpu, micro_batch, device)['fits']
@@ -757,18 +745,16 @@ BUS_FACTORS = {  # NCCL-tests' doc/PERFORMANCE.md: bus bytes = algorithm bytes x
 COLLECTIVE_FIELDS = ('what', 'op', 'dtype', 'elements', 'calls', 'phase')  # then bytes, bus_bytes
 
 
-def ddp_buckets(
-    model, first_bytes=DDP_FIRST_BUCKET_BYTES, cap_bytes=DDP_BUCKET_BYTES, element_bytes=4
-):
+def ddp_buckets(model):
     """Elements of each DDP bucket in all-reduce order (the reducer's
-    compute_bucket_assignment_by_size over the tensors in reverse: a bucket closes once it holds its
-    cap). A row per bucket, as long as the model: ddp and zero1 on n_gpu > 1 only."""
-    buckets, current, limit = [], 0, first_bytes
+    compute_bucket_assignment_by_size over the tensors in reverse: a bucket closes once its fp32
+    gradients fill its cap). A row per bucket, as long as the model: ddp and zero1 on n_gpu > 1."""
+    buckets, current, limit = [], 0, DDP_FIRST_BUCKET_BYTES
     for _, shape in reversed(parameter_shapes(model)):
         current += math.prod(shape)
-        if current * element_bytes >= limit:
+        if current * 4 >= limit:
             buckets.append(current)
-            current, limit = 0, cap_bytes
+            current, limit = 0, DDP_BUCKET_BYTES
     return buckets + ([current] if current else [])
 
 
@@ -801,13 +787,11 @@ def collectives(model, parallel, n_gpu, accumulation, dtype='bfloat16', optimize
             ('updated weights, ZeRO-1 broadcast', 'broadcast', 'float32', n, count, 'update')
             for n, count in sorted(sizes.items(), reverse=True)
         ]
-    result = []
-    for item in items:
-        row = dict(zip(COLLECTIVE_FIELDS, item))
+    rows = [dict(zip(COLLECTIVE_FIELDS, item)) for item in items]
+    for row in rows:
         row['bytes'] = row['elements'] * DTYPE_BYTES[row['dtype']] * row['calls']
         row['bus_bytes'] = row['bytes'] * BUS_FACTORS[row['op']](n_gpu)
-        result.append(row)
-    return result
+    return rows
 
 
 def fsdp_collectives(model, parallel, n_gpu, accumulation, dtype, optimizer):
@@ -900,11 +884,7 @@ def topology(train, n_gpu, device):
         )
     per_node = math.ceil(n_gpu / nodes)
     # a GPU of the table, named or measured and recognised
-    known = [
-        key
-        for key, gpu in GPUS.items()
-        if device.name == gpu.name or f'({key})' in device.peak_source
-    ]
+    known = [k for k, g in GPUS.items() if g.name == device.name or f'({k})' in device.peak_source]
     links = LINKS[known[0]] if known and device.kind == 'gpu' else None
     if train.intra_node_busbw:
         intra, intra_source = train.intra_node_busbw * 1e9, 'intra_node_busbw (config)'
@@ -984,13 +964,9 @@ def exposed_communication(items, busbw, step_seconds, hidden, recompute):
         # last), DDP's last bucket (the first layers' gradients, ready as backward ends)
         edge = 'root unit' in item['what'] or (buckets and i == buckets[-1])
         seconds['edge' if edge else item['phase']] += item['seconds']
-    waits = (
-        seconds['step']
-        + seconds['update']
-        + seconds['edge']
-        + max(0.0, seconds['forward'] - hidden * forward_share)
-        + max(0.0, seconds['backward'] - hidden * (1 - forward_share))
-    )
+    waits = seconds['step'] + seconds['update'] + seconds['edge']
+    waits += max(0.0, seconds['forward'] - hidden * forward_share)
+    waits += max(0.0, seconds['backward'] - hidden * (1 - forward_share))
     fraction = waits / (step_seconds + waits)
     return dict(seconds=sum(seconds.values()), exposed_seconds=waits, exposed_fraction=fraction)
 
@@ -1199,8 +1175,7 @@ REPEAT_EPOCHS = 4
 def folder_meta(folder):
     """A data folder's meta.json, or None before prepare.py has finished there."""
     try:
-        with open(os.path.join(folder, 'meta.json')) as f:
-            meta = json.load(f)
+        meta = load_json(os.path.join(folder, 'meta.json'))
         return meta if isinstance(meta.get('train_tokens'), int) else None
     except (OSError, ValueError, AttributeError):
         return None
@@ -1293,7 +1268,7 @@ def predict(model, train, n_gpu=None, device=None):
     n_gpu = n_gpu or train.n_gpu
     # train.py's check: no plan it would refuse
     micro_step_tokens = config.tokens_per_micro_step(model, train, n_gpu)
-    device = device or device_spec(train.gpu, train.dtype)
+    device = device or gpu_spec(train.gpu, train.dtype)
     flops, optimizer_flops, optimizer_seconds, compute_tokens_per_s = step_compute(
         model, train, n_gpu, device
     )
@@ -1470,9 +1445,8 @@ def book_examples():
             matches, shown = value > book_value, f'{value:.1%}'
         else:
             whole = precision in ('d', ',d')
-            matches = format(round(value) if whole else value, precision) == format(
-                book_value, precision
-            )
+            rounded = round(value) if whole else value
+            matches = format(rounded, precision) == format(book_value, precision)
             shown = format(round(value), precision) if whole else f'{value:.4g}'
         examples.append({**example, 'shown': shown, 'matches': matches})
     return examples
