@@ -6,13 +6,13 @@ torch is imported only to measure the device at hand (measure_device, gemm_flops
 """
 
 import collections
+import contextlib
 import dataclasses
 import difflib
 import math
 import os
 import sys
 import time
-from dataclasses import dataclass
 from functools import partial
 
 from ledgergpt import config
@@ -26,7 +26,7 @@ from ledgergpt.files import load_json, save_json
 # over about a second (a GEMM probe, cached per machine), the memory what the machine gives.
 
 
-@dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True)
 class Device:
     name: str
     peak_flops: float  # FLOP/s of dense matmuls in the compute dtype, per device
@@ -118,13 +118,10 @@ def machine_memory():
 
 
 def cpu_name():
-    try:
-        with open('/proc/cpuinfo') as f:
-            for line in f:
-                if line.startswith('model name'):
-                    return line.split(':', 1)[1].strip()
-    except OSError:
-        pass
+    with contextlib.suppress(OSError), open('/proc/cpuinfo') as f:
+        for line in f:
+            if line.startswith('model name'):
+                return line.split(':', 1)[1].strip()
     import platform
 
     return platform.processor() or platform.machine()
@@ -223,11 +220,10 @@ def cached_probe(key, measure, best_of):
             cache[key] = {**entry, 'measured': time.strftime('%Y-%m-%d %H:%M:%S')}
         cache[key]['probes'] = old.get('probes', 0) + 1
         cache[key].pop('reprobe', None)
-        try:
+        # a read-only home only costs the next run another second
+        with contextlib.suppress(OSError):
             os.makedirs(os.path.dirname(path), exist_ok=True)
             save_json(path, cache)
-        except OSError:
-            pass  # a read-only home only costs the next run another second
     return cache[key]
 
 
@@ -266,9 +262,8 @@ def flag_reprobe(probe_key, reason):
 
 # --------------------------------------------------------------------------------------------------
 # Ledger 1: parameters, exact: the tensors model.py builds (== sum(p.numel())), from config.PARTS'
-# rows. Llama, n_kv_head = n_head, untied: the book's P = 2VH + H + L(4H^2 + 3HH' + 2H); LLaMA-7B
-# -> 6,738,415,616 (book_params). Every block of a kind (dense; MoE) has the same tensors, so the
-# sums count one and multiply (tensor_copies): a 1e9-layer model in milliseconds.
+# rows (the book's closed form: book_params). Every block of a kind (dense; MoE) has the same
+# tensors, so the sums count one and multiply (tensor_copies): a 1e9-layer model in milliseconds.
 
 # the bill's group of a tensor, by its module: outside the blocks, and in one (QK-norm's: 'attn')
 ROOT_PARTS = {'tok_emb': 'embedding', 'pos_emb': 'position', 'lm_head': 'output', 'norm_f': 'norms'}
@@ -397,8 +392,7 @@ def flops_per_token(model, recompute=False, compiled_blocks=False):
 
 
 # --------------------------------------------------------------------------------------------------
-# Ledger 3: days = total FLOPs / (n_gpu * peak * MFU) / 86400. The book's LLaMA-65B: 8CP =
-# 8 * 1.4e12 * 6.5e10 = 7.28e23 FLOPs on 2048 A100 at an effective 2e14 FLOP/s: 20.6 days (21).
+# Ledger 3: days = total FLOPs / (n_gpu * peak * MFU) / 86400 (the book's LLaMA-65B: BOOK_EXAMPLES)
 
 
 def train_days(total_flops, n_gpu, peak_flops, mfu):
@@ -407,9 +401,8 @@ def train_days(total_flops, n_gpu, peak_flops, mfu):
 
 # --------------------------------------------------------------------------------------------------
 # Ledger 4a: model states, the book's accounting (mixed precision + Adam; ZeRO, Rajbhandari et al.
-# 2020): 16-bit weight 2 + gradient 2 + fp32 master weight, momentum, variance 4 each = 16 bytes a
-# parameter, sharded over N GPUs: ZeRO-1 the optimizer states, ZeRO-2 also the gradients, ZeRO-3 /
-# FSDP also the weights. LLaMA-7B on 2 GPUs, ZeRO-3: 16P/2 = 50.2 GiB.
+# 2020): 16 bytes a parameter, sharded over N GPUs: ZeRO-1 the optimizer states, ZeRO-2 also the
+# gradients, ZeRO-3 / FSDP also the weights (BOOK.md, Ledger 4).
 
 BOOK_STATES = {'ddp': '16P', 'zero1': '4P + 12P/N', 'zero2': '2P + 14P/N', 'fsdp': '16P/N (ZeRO-3)'}
 
@@ -829,13 +822,12 @@ def fsdp_collectives(model, parallel, n_gpu, accumulation, dtype, optimizer):
 
 
 # Ledger 5b: seconds, an ESTIMATE until measured: a collective's bus bytes / the bus bandwidth NCCL
-# reaches on the slowest link it crosses (latency left out). Across nodes NCCL runs a ring per NIC
-# (a NIC per GPU, as DGX/HGX nodes have), so a node's NICs add up: 8 x 200 Gb/s HDR gave 192 GB/s
-# of all-reduce busbw across two DGX A100 (nccl#812). Where nothing is published, the line rate x
-# 370/450, NCCL's efficiency on NVLink4.
+# reaches on the slowest link it crosses (latency left out). Across nodes, a ring per NIC (one a
+# GPU, as DGX/HGX nodes have): a node's NICs add up. Where nothing is published, the line rate x
+# 370/450, NCCL's efficiency on NVLink4. (BOOK.md, Ledger 5: each figure's source)
 
 
-@dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True)
 class Links:
     fabric: str  # what joins the GPUs inside a node
     line_gbps: float  # its line rate per GPU and direction, GB/s (the bidirectional figure / 2)
@@ -1089,10 +1081,9 @@ def moe_activation_bytes(model, a, autocast):
 
 
 # --------------------------------------------------------------------------------------------------
-# Data and tokens (the planning note): Chinchilla (Hoffmann et al. 2022), compute-optimal at ~20
-# tokens a parameter; uint16 tokens while vocab <= 65,536 (the book: <), else uint32; FineWeb-Edu
-# parquet ~3-4 bytes/token; a checkpoint with Adam 12P bytes, a bf16 export 2P. A fitted
-# L(N, D) = E + A/N^alpha + B/D^beta is for ITS data and tokenizer: the curve's shape, not our nats.
+# Data and tokens (BOOK.md, Data and tokens; uint16 while vocab <= 65,536, where the book says <; a
+# bf16 export 2P bytes). A fitted L(N, D) = E + A/N^alpha + B/D^beta is for ITS data and tokenizer:
+# the curve's shape, not our nats.
 
 CHINCHILLA_TOKENS_PER_PARAM = 20
 CHINCHILLA_FITS = {  # Hoffmann et al. 2022; Besiroglu et al. (Epoch AI) 2024
@@ -1140,6 +1131,7 @@ def data_ledger(
     stored_tokens = dataset_tokens or train_tokens
     chinchilla_tokens = CHINCHILLA_TOKENS_PER_PARAM * n_params
     optimizer_bytes = 8 * n_params if optimizer_bytes is None else optimizer_bytes
+    expected = {fit: chinchilla_loss(n_params, train_tokens, fit) for fit in CHINCHILLA_FITS}
     return {
         'train_tokens': train_tokens,
         'loss_fraction': trained_fraction,
@@ -1157,9 +1149,7 @@ def data_ledger(
         'parquet_bytes_high': stored_tokens * 4,
         'checkpoint_bytes': 4 * n_params + optimizer_bytes,
         'export_bytes': 2 * n_params,
-        'expected_loss': {
-            fit: chinchilla_loss(n_params, train_tokens, fit) for fit in CHINCHILLA_FITS
-        },
+        'expected_loss': expected,
         'fits': CHINCHILLA_FITS,
     }
 
@@ -1191,9 +1181,8 @@ def mixture_ledger(data, seed, sequences, block_size, vocab_size):
 
     schedule = mixture.Schedule(data, seed)
     rows = []
-    for name, folder, weight, drawn in zip(
-        schedule.names, schedule.folders, schedule.weights, schedule.drawn(sequences)
-    ):
+    sources = zip(schedule.names, schedule.folders, schedule.weights, schedule.drawn(sequences))
+    for name, folder, weight, drawn in sources:
         meta = folder_meta(folder)
         tokens = drawn * block_size
         dataset = meta['train_tokens'] if meta else None
@@ -1281,9 +1270,7 @@ def predict(model, train, n_gpu=None, device=None):
     hardware_flops_per_s = n_gpu * device.peak_flops * train.mfu
     compute_seconds = tokens * flops['hardware'] / hardware_flops_per_s + steps * optimizer_seconds
     days = compute_seconds / SECONDS_PER_DAY * slowdown
-    verdict = parallelism_verdict(
-        model, train, n_gpu, device, memory['fits'], comm['exposed_fraction']
-    )
+    fits, exposed = memory['fits'], comm['exposed_fraction']
     params = count_params(model)
     return {
         'model': dataclasses.asdict(model),
@@ -1312,7 +1299,7 @@ def predict(model, train, n_gpu=None, device=None):
         'days_compute': compute_seconds / SECONDS_PER_DAY,
         'tokens_per_s_compute': compute_tokens_per_s,
         'comm': comm,
-        'parallelism': verdict,
+        'parallelism': parallelism_verdict(model, train, n_gpu, device, fits, exposed),
         'days_book': train_days(tokens * flops['book'], n_gpu, device.peak_flops, train.mfu),
         'gpu_hours': days * 24 * n_gpu,
         'cost_usd': days * 24 * n_gpu * train.usd_per_gpu_hour,
@@ -1460,8 +1447,9 @@ def book_examples():
 
 
 def bits_per_byte(loss_nats, bytes_per_token):
-    """None when the bytes per token are unknown (synthetic data)."""
-    return loss_nats / math.log(2) / bytes_per_token if bytes_per_token else None
+    """None when the loss (no eval yet) or the bytes per token (synthetic data) are unknown."""
+    known = loss_nats is not None and bytes_per_token
+    return loss_nats / math.log(2) / bytes_per_token if known else None
 
 
 # --------------------------------------------------------------------------------------------------
@@ -1475,7 +1463,7 @@ def summarize(prediction, measured):
     peak_memory_bytes, peak_reserved_bytes, val_loss, val_bytes_per_token, step, tokens_seen."""
     p, memory = prediction, prediction['memory']
     on_cpu = p['gpu']['kind'] == 'cpu'
-    val_loss = measured.get('val_loss')
+    kind = 'peak resident memory (VmHWM)' if on_cpu else 'peak allocated (max_memory_allocated)'
     return {
         'device': measured.get('device'),
         'torch': measured.get('torch'),
@@ -1494,9 +1482,7 @@ def summarize(prediction, measured):
         'mfu_source': p.get('mfu_source'),
         'mfu_predicted': p['mfu'],
         'mfu_measured': measured.get('mfu'),
-        'memory_kind': 'peak resident memory (VmHWM)'
-        if on_cpu
-        else 'peak allocated (max_memory_allocated)',
+        'memory_kind': kind,
         'memory_graph': memory['graph'],
         'memory_predicted_bytes': memory['total'] if on_cpu else memory['allocated'],
         'memory_measured_bytes': measured.get('peak_memory_bytes'),
@@ -1510,12 +1496,10 @@ def summarize(prediction, measured):
         'model_states_measured_bytes': measured.get('model_states_bytes'),
         'optimizer_flops_predicted': p.get('optimizer_flops_rank0'),
         'optimizer_flops_measured': measured.get('optimizer_flops'),
-        'val_loss': val_loss,
+        'val_loss': measured.get('val_loss'),
         'bytes_per_token': measured.get('bytes_per_token'),
         'val_bytes_per_token': measured.get('val_bytes_per_token'),
-        'val_bpb': None
-        if val_loss is None
-        else bits_per_byte(val_loss, measured.get('val_bytes_per_token')),
+        'val_bpb': bits_per_byte(measured.get('val_loss'), measured.get('val_bytes_per_token')),
         # a mixture's: {source: {weight, loss, bpb}} (live_ledger.py)
         'val_sources': measured.get('val_sources'),
         **comm_summary(p),
