@@ -168,17 +168,16 @@ def measure_device(name='auto', dtype='auto', seconds=1.0):
         return {'peak_flops': best, 'runtime_bytes': resident_bytes(), 'matmul': f'{n}x{n}x{n}'}
 
     probe = cached_probe(key, probe_it, 'peak_flops')
-    source = (
-        f"measured: GEMM probe, {probe['matmul']} {dtype}, the best of {probe.get('probes', 1)} "
-        f"probe(s), peak measured at {probe['measured']} (cache: {cache_path()})"
-    )
     if not on_gpu:
         ram, ram_source = machine_memory()
         runtime = 'measured: resident memory of the runtime (torch, its libraries and thread pools)'
         fields = dict(memory_bytes=ram, memory_source=ram_source, kind='cpu')
         fields.update(overhead_bytes=probe['runtime_bytes'], overhead_source=runtime)
-    peak = probe['peak_flops']
-    return Device(label, peak, dtype=dtype, peak_source=source, probe_key=key, **fields)
+    fields['peak_source'] = (
+        f"measured: GEMM probe, {probe['matmul']} {dtype}, the best of {probe.get('probes', 1)} "
+        f"probe(s), peak measured at {probe['measured']} (cache: {cache_path()})"
+    )
+    return Device(label, probe['peak_flops'], dtype=dtype, probe_key=key, **fields)
 
 
 def gemm_flops(n_max, device, dtype, seconds):
@@ -602,9 +601,8 @@ def saved_per_token(model, a, r, attention, fused_norm, compiled, recompute):
     if attention == 'math':  # q, k, v expanded to every head, and the softmax probabilities
         attn = a * H + 3 * a * H + a * model.n_head * model.block_size + a * H
     else:
-        attn = model.part('attention').saved(model, a, r, compiled)
-        attn += model.part('positions').saved(model, a, r, compiled)
-        attn += model.part('qk_norm').saved(model, a, r, compiled)
+        rows = ('attention', 'positions', 'qk_norm')
+        attn = sum(model.part(row).saved(model, a, r, compiled) for row in rows)
     ffn = mlp.saved(model, a, r, False)
     eager_norm = norm.saved(model, a, r, False, fused_norm)
     # the loss keeps lm_head's input, or h's gradient (chunked)
@@ -805,10 +803,8 @@ def fsdp_collectives(model, parallel, n_gpu, accumulation, dtype, optimizer):
         items += [(f'{what}, {name}', op, kind, n, calls, phase) for name, n, calls in per_size]
     tensors = tensor_copies(model)
     n_tensors = sum(copies for _, _, copies in tensors)
-    items += [
-        ('gradients, root unit', 'reduce_scatter', 'float32', root, A, 'backward'),
-        ('gradient norm (DTensor)', 'all_reduce', 'float32', n_tensors, 1, 'update'),
-    ]
+    items.append(('gradients, root unit', 'reduce_scatter', 'float32', root, A, 'backward'))
+    items.append(('gradient norm (DTensor)', 'all_reduce', 'float32', n_tensors, 1, 'update'))
     # Muon: each matrix's update whole for Newton-Schulz, in the compute dtype, padded as FSDP2's
     row, whole = config.OPTIMIZERS[optimizer], collections.Counter()
     for name, shape, copies in tensors:
@@ -966,12 +962,9 @@ def exposed_communication(items, busbw, step_seconds, hidden, recompute):
 # Ledger 5c: the book's rule as a verdict: data parallelism with ZeRO/FSDP is enough while every GPU
 # gets a sequence, the plan fits and at most COMM_EXPOSED_LIMIT of a step waits on communication;
 # else tensor or pipeline parallelism. (BOOK.md, Derivations: Ledger 5c)
-ELSEWHERE = (
-    'torchtitan (PyTorch: tensor, pipeline and context parallelism on FSDP2) '
-    'or Megatron-LM (NVIDIA)'
-)
 NOT_ENOUGH = (
-    'needs tensor or pipeline parallelism, which this trainer does not do: see ' + ELSEWHERE
+    'needs tensor or pipeline parallelism, which this trainer does not do: see torchtitan '
+    '(PyTorch: tensor, pipeline and context parallelism on FSDP2) or Megatron-LM (NVIDIA)'
 )
 PLANS = [(p, r) for p in ('ddp', 'zero1', 'zero2', 'fsdp') for r in (False, True)]  # tried in order
 
@@ -1020,10 +1013,8 @@ def parallelism_verdict(model, train, n_gpu, device, fits, exposed_fraction):
         return dict(enough=True, verdict=verdict, reasons=[], suggestion=None)
     reasons = []
     if sequences < n_gpu:
-        reasons.append(
-            f'the global batch has {sequences} sequences for {n_gpu} GPUs: data parallelism '
-            'needs one a GPU'
-        )
+        need = 'data parallelism needs one a GPU'
+        reasons.append(f'the global batch has {sequences} sequences for {n_gpu} GPUs: {need}')
     if not fits:
         reasons.append('the plan does not fit in memory')
     if not hides:
@@ -1113,13 +1104,11 @@ def loss_fraction(objective, ul2_rates=UL2_RATES):
     if objective != 'ul2':
         return {'clm': 1.0, 'fim': 1.0, 'prefix_lm': 0.5}[objective]
 
-    def mixture(denoisers):  # a fragment given R or X takes one of its settings uniformly
+    def share(denoisers):  # a fragment given R or X takes one of its settings uniformly
         return sum((r + r / mu) / (1 + 2 * r / mu) for mu, r in denoisers) / len(denoisers)
 
     s_rate, r_rate, x_rate = ul2_rates
-    return (
-        s_rate * 0.5 + r_rate * mixture(config.R_DENOISERS) + x_rate * mixture(config.X_DENOISERS)
-    )
+    return s_rate * 0.5 + r_rate * share(config.R_DENOISERS) + x_rate * share(config.X_DENOISERS)
 
 
 def data_ledger(
@@ -1344,16 +1333,7 @@ SEED_RUNS = [
     (13e9, 260e9, '593 (~590)', 593, '.3g'),
 ]
 # the book's figure as written, its value, the ledger's value (a function), the precision
-EXAMPLE_FIELDS = (
-    'section',
-    'what',
-    'formula',
-    'book',
-    'book_value',
-    'value',
-    'precision',
-    'source',
-)
+EXAMPLE_FIELDS = tuple('section what formula book book_value value precision source'.split())
 SEED_COST = f'($3-4: {seed_days(1.3e9, 26e9) * 72:.0f}-{seed_days(1.3e9, 26e9) * 96:.0f})'
 # fmt: off
 BOOK_EXAMPLES = [
@@ -1512,11 +1492,7 @@ def comm_summary(prediction):
     comm = prediction['comm']
     probe = comm.get('probe')
     meaningful = bool(probe and probe['meaningful'])
-    note = None
-    if probe and not meaningful:
-        note = (
-            f"{probe['backend']} on the CPU: the seconds are not meaningful (the bytes are exact)"
-        )
+    note = '{} on the CPU: the seconds are not meaningful (the bytes are exact)'
     return {
         'comm_bytes_per_step': comm['bytes'],
         'comm_bus_bytes_per_step': comm['bus_bytes'],
@@ -1524,5 +1500,5 @@ def comm_summary(prediction):
         'comm_busbw_measured': probe['busbw'] if probe else None,
         'comm_seconds_measured': comm['bus_bytes'] / probe['busbw'] if meaningful else None,
         'comm_exposed_fraction_predicted': comm['exposed_fraction'],
-        'comm_seconds_note': note,
+        'comm_seconds_note': note.format(probe['backend']) if probe and not meaningful else None,
     }
