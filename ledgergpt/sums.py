@@ -6,19 +6,18 @@ torch is imported only to measure the device at hand (measure_device, gemm_flops
 """
 
 import collections
+import contextlib
 import dataclasses
 import difflib
-import json
 import math
 import os
 import sys
 import time
-from dataclasses import dataclass
 from functools import partial
 
 from ledgergpt import config
 from ledgergpt.config import GIB, MIB, SECONDS_PER_DAY, ConfigError, ModelConfig, sharded
-from ledgergpt.files import save_json
+from ledgergpt.files import load_json, save_json
 
 # --------------------------------------------------------------------------------------------------
 # Devices. A GPU is known by its name: the dense BF16 tensor-core peak (no 2:4 sparsity) from the
@@ -27,7 +26,7 @@ from ledgergpt.files import save_json
 # over about a second (a GEMM probe, cached per machine), the memory what the machine gives.
 
 
-@dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True)
 class Device:
     name: str
     peak_flops: float  # FLOP/s of dense matmuls in the compute dtype, per device
@@ -60,8 +59,12 @@ GPUS = {
 MEASURED = ('auto', 'cpu')  # the `gpu` names that mean "measure the device at hand"
 
 
-def gpu_spec(name):
-    """The GPU table's entry for a name, case-insensitive; ConfigError naming the known ones."""
+def gpu_spec(name, dtype='auto'):
+    """The Device a `gpu` key names, case-insensitive: the GPU table's entry, or ('auto', 'cpu') the
+    device at hand measured in the compute dtype `dtype` ('auto', 'bfloat16', 'float32') gives on
+    it; ConfigError naming the known ones."""
+    if name.lower() in MEASURED:
+        return measure_device(name.lower(), dtype)
     by_lower = {key.lower(): key for key in GPUS}
     if name.lower() in by_lower:
         return GPUS[by_lower[name.lower()]]
@@ -82,14 +85,6 @@ def table_key(label):
 def names_device(gpu, label):
     """Whether a `gpu` key names the device whose own name is `label` ('H200': 'NVIDIA H200')."""
     return gpu.lower() in ('auto', label.lower(), table_key(label).lower())
-
-
-def device_spec(name, dtype='auto'):
-    """The Device a `gpu` key names: a table entry, or ('auto', 'cpu') the device at hand measured
-    in the compute dtype `dtype` ('auto', 'bfloat16', 'float32') gives on it."""
-    if name.lower() in MEASURED:
-        return measure_device(name.lower(), dtype)
-    return gpu_spec(name)
 
 
 def run_dtype(train, device):
@@ -134,13 +129,10 @@ def machine_memory():
 
 
 def cpu_name():
-    try:
-        with open('/proc/cpuinfo') as f:
-            for line in f:
-                if line.startswith('model name'):
-                    return line.split(':', 1)[1].strip()
-    except OSError:
-        pass
+    with contextlib.suppress(OSError), open('/proc/cpuinfo') as f:
+        for line in f:
+            if line.startswith('model name'):
+                return line.split(':', 1)[1].strip()
     import platform
 
     return platform.processor() or platform.machine()
@@ -186,17 +178,16 @@ def measure_device(name='auto', dtype='auto', seconds=1.0):
         return {'peak_flops': best, 'runtime_bytes': resident_bytes(), 'matmul': f'{n}x{n}x{n}'}
 
     probe = cached_probe(key, probe_it, 'peak_flops')
-    source = (
-        f"measured: GEMM probe, {probe['matmul']} {dtype}, the best of {probe.get('probes', 1)} "
-        f"probe(s), peak measured at {probe['measured']} (cache: {cache_path()})"
-    )
     if not on_gpu:
         ram, ram_source = machine_memory()
         runtime = 'measured: resident memory of the runtime (torch, its libraries and thread pools)'
         fields = dict(memory_bytes=ram, memory_source=ram_source, kind='cpu')
         fields.update(overhead_bytes=probe['runtime_bytes'], overhead_source=runtime)
-    peak = probe['peak_flops']
-    return Device(label, peak, dtype=dtype, peak_source=source, probe_key=key, **fields)
+    fields['peak_source'] = (
+        f"measured: GEMM probe, {probe['matmul']} {dtype}, the best of {probe.get('probes', 1)} "
+        f"probe(s), peak measured at {probe['measured']} (cache: {cache_path()})"
+    )
+    return Device(label, probe['peak_flops'], dtype=dtype, probe_key=key, **fields)
 
 
 def gemm_flops(n_max, device, dtype, seconds):
@@ -238,11 +229,10 @@ def cached_probe(key, measure, best_of):
             cache[key] = {**entry, 'measured': time.strftime('%Y-%m-%d %H:%M:%S')}
         cache[key]['probes'] = old.get('probes', 0) + 1
         cache[key].pop('reprobe', None)
-        try:
+        # a read-only home only costs the next run another second
+        with contextlib.suppress(OSError):
             os.makedirs(os.path.dirname(path), exist_ok=True)
             save_json(path, cache)
-        except OSError:
-            pass  # a read-only home only costs the next run another second
     return cache[key]
 
 
@@ -254,8 +244,7 @@ def probe_due(key, cache=None):
 
 def read_probes(path=None):
     try:
-        with open(path or cache_path()) as f:
-            return json.load(f)
+        return load_json(path or cache_path())
     except (OSError, ValueError):
         return {}
 
@@ -282,9 +271,8 @@ def flag_reprobe(probe_key, reason):
 
 # --------------------------------------------------------------------------------------------------
 # Ledger 1: parameters, exact: the tensors model.py builds (== sum(p.numel())), from config.PARTS'
-# rows. Llama, n_kv_head = n_head, untied: the book's P = 2VH + H + L(4H^2 + 3HH' + 2H); LLaMA-7B
-# -> 6,738,415,616 (book_params). Every block of a kind (dense; MoE) has the same tensors, so the
-# sums count one and multiply (tensor_copies): a 1e9-layer model in milliseconds.
+# rows (the book's closed form: book_params). Every block of a kind (dense; MoE) has the same
+# tensors, so the sums count one and multiply (tensor_copies): a 1e9-layer model in milliseconds.
 
 # the bill's group of a tensor, by its module: outside the blocks, and in one (QK-norm's: 'attn')
 ROOT_PARTS = {'tok_emb': 'embedding', 'pos_emb': 'position', 'lm_head': 'output', 'norm_f': 'norms'}
@@ -412,8 +400,7 @@ def flops_per_token(model, recompute=False, compiled_blocks=False):
 
 
 # --------------------------------------------------------------------------------------------------
-# Ledger 3: days = total FLOPs / (n_gpu * peak * MFU) / 86400. The book's LLaMA-65B: 8CP =
-# 8 * 1.4e12 * 6.5e10 = 7.28e23 FLOPs on 2048 A100 at an effective 2e14 FLOP/s: 20.6 days (21).
+# Ledger 3: days = total FLOPs / (n_gpu * peak * MFU) / 86400 (the book's LLaMA-65B: BOOK_EXAMPLES)
 
 
 def train_days(total_flops, n_gpu, peak_flops, mfu):
@@ -422,9 +409,8 @@ def train_days(total_flops, n_gpu, peak_flops, mfu):
 
 # --------------------------------------------------------------------------------------------------
 # Ledger 4a: model states, the book's accounting (mixed precision + Adam; ZeRO, Rajbhandari et al.
-# 2020): 16-bit weight 2 + gradient 2 + fp32 master weight, momentum, variance 4 each = 16 bytes a
-# parameter, sharded over N GPUs: ZeRO-1 the optimizer states, ZeRO-2 also the gradients, ZeRO-3 /
-# FSDP also the weights. LLaMA-7B on 2 GPUs, ZeRO-3: 16P/2 = 50.2 GiB.
+# 2020): 16 bytes a parameter, sharded over N GPUs: ZeRO-1 the optimizer states, ZeRO-2 also the
+# gradients, ZeRO-3 / FSDP also the weights (BOOK.md, Ledger 4).
 
 BOOK_STATES = {'ddp': '16P', 'zero1': '4P + 12P/N', 'zero2': '2P + 14P/N', 'fsdp': '16P/N (ZeRO-3)'}
 
@@ -436,13 +422,10 @@ def model_state_bytes(n_params, parallel='ddp', n_gpu=1):
     shards = {'ddp': (1, 1, 1), 'zero1': (1, 1, N), 'zero2': (1, N, N), 'fsdp': (N, N, N)}
     if parallel not in shards:
         raise ConfigError(f"parallel must be one of {', '.join(shards)}, not '{parallel}'")
-    weights_over, grads_over, optimizer_over = shards[parallel]
-    states = {
-        'weights': 2 * n_params / weights_over,  # 16-bit weights
-        'grads': 2 * n_params / grads_over,  # 16-bit gradients
-        'optimizer': 12 * n_params / optimizer_over,  # fp32 master weights, Adam's m and v
-    }
-    states['total'] = states['weights'] + states['grads'] + states['optimizer']
+    # bytes a parameter: 16-bit weights 2 and gradients 2, fp32 master weights, Adam's m and v 12
+    parts = zip(('weights', 'grads', 'optimizer'), (2, 2, 12), shards[parallel])
+    states = {part: size * n_params / over for part, size, over in parts}
+    states['total'] = sum(states.values())
     return states
 
 
@@ -500,10 +483,9 @@ def optimizer_row(optimizer, name, shape):
 def optimizer_step_flops(model, train, n_gpu):
     """Matmul FLOPs of an optimizer step (Muon's Newton-Schulz; AdamW none) on each rank: over every
     tensor (DDP), ZeRO-1's own, or under ZeRO-2 and FSDP2 the matrices each rank owns."""
-    row = partial(optimizer_row, train.optimizer)
 
     def flops(name, shape):
-        return row(name, shape).step_flops(shape, train)
+        return optimizer_row(train.optimizer, name, shape).step_flops(shape, train)
 
     if n_gpu > 1 and train.parallel == 'zero1':
         return zero1_partition(model, n_gpu, train.optimizer, flops)
@@ -569,26 +551,24 @@ def held_model_states(model, parallel, n_gpu, dtype='bfloat16', rank=0, optimize
     dtype) on `rank`, as train.py holds them; 'book' the book's figure for the same strategy."""
     tensors = tensor_copies(model)
     n_params = padded = sum(k * math.prod(s) for _, s, k in tensors)
-    row = partial(optimizer_row, optimizer)
 
     def state(name, shape, held=None):  # of the shape this rank holds (FSDP2: its rows)
-        return row(name, shape).state_bytes(held or shape)
+        return optimizer_row(optimizer, name, shape).state_bytes(held or shape)
 
-    optimizer_bytes, gathered = sum(k * state(n, s) for n, s, k in tensors), 0
+    optimizer_held, gathered = sum(k * state(n, s) for n, s, k in tensors), 0
     if n_gpu > 1 and parallel == 'zero1':
-        optimizer_bytes = zero1_partition(model, n_gpu, optimizer, state)[rank]
+        optimizer_held = zero1_partition(model, n_gpu, optimizer, state)[rank]
     elif sharded(parallel, n_gpu):
         rows = [(*fsdp_rows(s[0], n_gpu, rank), n, s, k) for n, s, k in tensors]
         padded = sum(k * rows_padded * math.prod(s[1:]) for rows_padded, _, _, s, k in rows)
-        optimizer_bytes = sum(k * state(n, s, (real, *s[1:])) for _, real, n, s, k in rows)
+        optimizer_held = sum(k * state(n, s, (real, *s[1:])) for _, real, n, s, k in rows)
         root, units = fsdp_units(model, n_gpu)
         # zero2 keeps every block gathered, fsdp two at a time; and one block's unsharded gradients
         two = [elements for elements, count in units for _ in range(min(count, 2))][:2]
         blocks = sum(e * count for e, count in units) if parallel == 'zero2' else sum(two)
         gathered = (2 if dtype == 'bfloat16' else 4) * (root + blocks + units[0][0])
-    states = {'weights': 4 * padded, 'grads': 4 * padded, 'optimizer': optimizer_bytes}
-    states['gathered'] = gathered
-    states['total'] = states['weights'] + states['grads'] + states['optimizer'] + gathered
+    states = dict(weights=4 * padded, grads=4 * padded, optimizer=optimizer_held, gathered=gathered)
+    states['total'] = sum(states.values())
     states['book'] = model_state_bytes(n_params, parallel, n_gpu)['total']
     # MoE: the book's "16 x active parameters"; every expert's states are held all the same
     active = count_params(model)['active']
@@ -657,9 +637,8 @@ def saved_per_token(model, a, r, attention, fused_norm, compiled, recompute):
     if attention == 'math':  # q, k, v expanded to every head, and the softmax probabilities
         attn = a * H + 3 * a * H + a * model.n_head * model.block_size + a * H
     else:
-        attn = model.part('attention').saved(model, a, r, compiled)
-        attn += model.part('positions').saved(model, a, r, compiled)
-        attn += model.part('qk_norm').saved(model, a, r, compiled)
+        rows = ('attention', 'positions', 'qk_norm')
+        attn = sum(model.part(row).saved(model, a, r, compiled) for row in rows)
     ffn = mlp.saved(model, a, r, False)
     eager_norm = norm.saved(model, a, r, False, fused_norm)
     # the loss keeps lm_head's input, or h's gradient (chunked)
@@ -708,7 +687,7 @@ def memory_per_gpu(model, train, n_gpu=None, micro_batch=None, device=None, rank
     (at least HEADROOM_FRACTION of the device's memory left)."""
     n_gpu = n_gpu or train.n_gpu
     micro_batch = micro_batch or train.micro_batch
-    device = device or device_spec(train.gpu, train.dtype)
+    device = device or gpu_spec(train.gpu, train.dtype)
     dtype = run_dtype(train, device)
     a = 2 if dtype == 'bfloat16' else 4
     # the residual stream: fp32 under autocast; bf16 where FSDP2 casts the weights (zero2, fsdp)
@@ -753,7 +732,7 @@ def memory_per_gpu(model, train, n_gpu=None, micro_batch=None, device=None, rank
 
 def max_micro_batch(model, train, n_gpu=None, device=None):
     """The largest micro-batch whose total fits, headroom kept (memory_per_gpu); 0 if none does."""
-    device = device or device_spec(train.gpu, train.dtype)
+    device = device or gpu_spec(train.gpu, train.dtype)
 
     def fits(micro_batch):
         return memory_per_gpu(model, train, n_gpu, micro_batch, device)['fits']
@@ -794,18 +773,16 @@ BUS_FACTORS = {  # NCCL-tests' doc/PERFORMANCE.md: bus bytes = algorithm bytes x
 COLLECTIVE_FIELDS = ('what', 'op', 'dtype', 'elements', 'calls', 'phase')  # then bytes, bus_bytes
 
 
-def ddp_buckets(
-    model, first_bytes=DDP_FIRST_BUCKET_BYTES, cap_bytes=DDP_BUCKET_BYTES, element_bytes=4
-):
+def ddp_buckets(model):
     """Elements of each DDP bucket in all-reduce order (the reducer's
-    compute_bucket_assignment_by_size over the tensors in reverse: a bucket closes once it holds its
-    cap). A row per bucket, as long as the model: ddp and zero1 on n_gpu > 1 only."""
-    buckets, current, limit = [], 0, first_bytes
+    compute_bucket_assignment_by_size over the tensors in reverse: a bucket closes once its fp32
+    gradients fill its cap). A row per bucket, as long as the model: ddp and zero1 on n_gpu > 1."""
+    buckets, current, limit = [], 0, DDP_FIRST_BUCKET_BYTES
     for _, shape in reversed(parameter_shapes(model)):
         current += math.prod(shape)
-        if current * element_bytes >= limit:
+        if current * 4 >= limit:
             buckets.append(current)
-            current, limit = 0, cap_bytes
+            current, limit = 0, DDP_BUCKET_BYTES
     return buckets + ([current] if current else [])
 
 
@@ -838,13 +815,11 @@ def collectives(model, parallel, n_gpu, accumulation, dtype='bfloat16', optimize
             ('updated weights, ZeRO-1 broadcast', 'broadcast', 'float32', n, count, 'update')
             for n, count in sorted(sizes.items(), reverse=True)
         ]
-    result = []
-    for item in items:
-        row = dict(zip(COLLECTIVE_FIELDS, item))
+    rows = [dict(zip(COLLECTIVE_FIELDS, item)) for item in items]
+    for row in rows:
         row['bytes'] = row['elements'] * DTYPE_BYTES[row['dtype']] * row['calls']
         row['bus_bytes'] = row['bytes'] * BUS_FACTORS[row['op']](n_gpu)
-        result.append(row)
-    return result
+    return rows
 
 
 def fsdp_collectives(model, parallel, n_gpu, accumulation, dtype, optimizer):
@@ -865,10 +840,8 @@ def fsdp_collectives(model, parallel, n_gpu, accumulation, dtype, optimizer):
         items += [(f'{what}, {name}', op, kind, n, calls, phase) for name, n, calls in per_size]
     tensors = tensor_copies(model)
     n_tensors = sum(copies for _, _, copies in tensors)
-    items += [
-        ('gradients, root unit', 'reduce_scatter', 'float32', root, A, 'backward'),
-        ('gradient norm (DTensor)', 'all_reduce', 'float32', n_tensors, 1, 'update'),
-    ]
+    items.append(('gradients, root unit', 'reduce_scatter', 'float32', root, A, 'backward'))
+    items.append(('gradient norm (DTensor)', 'all_reduce', 'float32', n_tensors, 1, 'update'))
     # Muon: blocks of up to N matrices of one shape (config.muon_blocks), each block's rows to their
     # owners and back: two all-to-alls of N x ceil(rows / N) x cols, in the compute dtype
     blocks = collections.Counter()
@@ -880,13 +853,12 @@ def fsdp_collectives(model, parallel, n_gpu, accumulation, dtype, optimizer):
 
 
 # Ledger 5b: seconds, an ESTIMATE until measured: a collective's bus bytes / the bus bandwidth NCCL
-# reaches on the slowest link it crosses (latency left out). Across nodes NCCL runs a ring per NIC
-# (a NIC per GPU, as DGX/HGX nodes have), so a node's NICs add up: 8 x 200 Gb/s HDR gave 192 GB/s
-# of all-reduce busbw across two DGX A100 (nccl#812). Where nothing is published, the line rate x
-# 370/450, NCCL's efficiency on NVLink4.
+# reaches on the slowest link it crosses (latency left out). Across nodes, a ring per NIC (one a
+# GPU, as DGX/HGX nodes have): a node's NICs add up. Where nothing is published, the line rate x
+# 370/450, NCCL's efficiency on NVLink4. (BOOK.md, Ledger 5: each figure's source)
 
 
-@dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True)
 class Links:
     fabric: str  # what joins the GPUs inside a node
     line_gbps: float  # its line rate per GPU and direction, GB/s (the bidirectional figure / 2)
@@ -935,11 +907,7 @@ def topology(train, n_gpu, device):
         )
     per_node = math.ceil(n_gpu / nodes)
     # a GPU of the table, named or measured and recognised
-    known = [
-        key
-        for key, gpu in GPUS.items()
-        if device.name == gpu.name or f'({key})' in device.peak_source
-    ]
+    known = [k for k, g in GPUS.items() if g.name == device.name or f'({k})' in device.peak_source]
     links = LINKS[known[0]] if known and device.kind == 'gpu' else None
     if train.intra_node_busbw:
         intra, intra_source = train.intra_node_busbw * 1e9, 'intra_node_busbw (config)'
@@ -1019,13 +987,9 @@ def exposed_communication(items, busbw, step_seconds, hidden, recompute):
         # last), DDP's last bucket (the first layers' gradients, ready as backward ends)
         edge = 'root unit' in item['what'] or (buckets and i == buckets[-1])
         seconds['edge' if edge else item['phase']] += item['seconds']
-    waits = (
-        seconds['step']
-        + seconds['update']
-        + seconds['edge']
-        + max(0.0, seconds['forward'] - hidden * forward_share)
-        + max(0.0, seconds['backward'] - hidden * (1 - forward_share))
-    )
+    waits = seconds['step'] + seconds['update'] + seconds['edge']
+    waits += max(0.0, seconds['forward'] - hidden * forward_share)
+    waits += max(0.0, seconds['backward'] - hidden * (1 - forward_share))
     fraction = waits / (step_seconds + waits)
     return dict(seconds=sum(seconds.values()), exposed_seconds=waits, exposed_fraction=fraction)
 
@@ -1033,12 +997,9 @@ def exposed_communication(items, busbw, step_seconds, hidden, recompute):
 # Ledger 5c: the book's rule as a verdict: data parallelism with ZeRO/FSDP is enough while every GPU
 # gets a sequence, the plan fits and at most COMM_EXPOSED_LIMIT of a step waits on communication;
 # else tensor or pipeline parallelism. (BOOK.md, Derivations: Ledger 5c)
-ELSEWHERE = (
-    'torchtitan (PyTorch: tensor, pipeline and context parallelism on FSDP2) '
-    'or Megatron-LM (NVIDIA)'
-)
 NOT_ENOUGH = (
-    'needs tensor or pipeline parallelism, which this trainer does not do: see ' + ELSEWHERE
+    'needs tensor or pipeline parallelism, which this trainer does not do: see torchtitan '
+    '(PyTorch: tensor, pipeline and context parallelism on FSDP2) or Megatron-LM (NVIDIA)'
 )
 PLANS = [(p, r) for p in ('ddp', 'zero1', 'zero2', 'fsdp') for r in (False, True)]  # tried in order
 
@@ -1087,10 +1048,8 @@ def parallelism_verdict(model, train, n_gpu, device, fits, exposed_fraction):
         return dict(enough=True, verdict=verdict, reasons=[], suggestion=None)
     reasons = []
     if sequences < n_gpu:
-        reasons.append(
-            f'the global batch has {sequences} sequences for {n_gpu} GPUs: data parallelism '
-            'needs one a GPU'
-        )
+        need = 'data parallelism needs one a GPU'
+        reasons.append(f'the global batch has {sequences} sequences for {n_gpu} GPUs: {need}')
     if not fits:
         reasons.append('the plan does not fit in memory')
     if not hides:
@@ -1164,10 +1123,9 @@ def moe_activation_bytes(model, a, autocast):
 
 
 # --------------------------------------------------------------------------------------------------
-# Data and tokens (the planning note): Chinchilla (Hoffmann et al. 2022), compute-optimal at ~20
-# tokens a parameter; uint16 tokens while vocab <= 65,536 (the book: <), else uint32; FineWeb-Edu
-# parquet ~3-4 bytes/token; a checkpoint with Adam 12P bytes, a bf16 export 2P. A fitted
-# L(N, D) = E + A/N^alpha + B/D^beta is for ITS data and tokenizer: the curve's shape, not our nats.
+# Data and tokens (BOOK.md, Data and tokens; uint16 while vocab <= 65,536, where the book says <; a
+# bf16 export 2P bytes). A fitted L(N, D) = E + A/N^alpha + B/D^beta is for ITS data and tokenizer:
+# the curve's shape, not our nats.
 
 CHINCHILLA_TOKENS_PER_PARAM = 20
 CHINCHILLA_FITS = {  # Hoffmann et al. 2022; Besiroglu et al. (Epoch AI) 2024
@@ -1197,13 +1155,11 @@ def loss_fraction(objective, ul2_rates=UL2_RATES):
     if objective != 'ul2':
         return {'clm': 1.0, 'fim': 1.0, 'prefix_lm': 0.5}[objective]
 
-    def mixture(denoisers):  # a fragment given R or X takes one of its settings uniformly
+    def share(denoisers):  # a fragment given R or X takes one of its settings uniformly
         return sum((r + r / mu) / (1 + 2 * r / mu) for mu, r in denoisers) / len(denoisers)
 
     s_rate, r_rate, x_rate = ul2_rates
-    return (
-        s_rate * 0.5 + r_rate * mixture(config.R_DENOISERS) + x_rate * mixture(config.X_DENOISERS)
-    )
+    return s_rate * 0.5 + r_rate * share(config.R_DENOISERS) + x_rate * share(config.X_DENOISERS)
 
 
 def data_ledger(
@@ -1215,6 +1171,7 @@ def data_ledger(
     stored_tokens = dataset_tokens or train_tokens
     chinchilla_tokens = CHINCHILLA_TOKENS_PER_PARAM * n_params
     optimizer_bytes = 8 * n_params if optimizer_bytes is None else optimizer_bytes
+    expected = {fit: chinchilla_loss(n_params, train_tokens, fit) for fit in CHINCHILLA_FITS}
     return {
         'train_tokens': train_tokens,
         'loss_fraction': trained_fraction,
@@ -1232,9 +1189,7 @@ def data_ledger(
         'parquet_bytes_high': stored_tokens * 4,
         'checkpoint_bytes': 4 * n_params + optimizer_bytes,
         'export_bytes': 2 * n_params,
-        'expected_loss': {
-            fit: chinchilla_loss(n_params, train_tokens, fit) for fit in CHINCHILLA_FITS
-        },
+        'expected_loss': expected,
         'fits': CHINCHILLA_FITS,
     }
 
@@ -1250,8 +1205,7 @@ REPEAT_EPOCHS = 4
 def folder_meta(folder):
     """A data folder's meta.json, or None before prepare.py has finished there."""
     try:
-        with open(os.path.join(folder, 'meta.json')) as f:
-            meta = json.load(f)
+        meta = load_json(os.path.join(folder, 'meta.json'))
         return meta if isinstance(meta.get('train_tokens'), int) else None
     except (OSError, ValueError, AttributeError):
         return None
@@ -1267,9 +1221,8 @@ def mixture_ledger(data, seed, sequences, block_size, vocab_size):
 
     schedule = mixture.Schedule(data, seed)
     rows = []
-    for name, folder, weight, drawn in zip(
-        schedule.names, schedule.folders, schedule.weights, schedule.drawn(sequences)
-    ):
+    sources = zip(schedule.names, schedule.folders, schedule.weights, schedule.drawn(sequences))
+    for name, folder, weight, drawn in sources:
         meta = folder_meta(folder)
         tokens = drawn * block_size
         dataset = meta['train_tokens'] if meta else None
@@ -1344,7 +1297,7 @@ def predict(model, train, n_gpu=None, device=None):
     n_gpu = n_gpu or train.n_gpu
     # train.py's check: no plan it would refuse
     micro_step_tokens = config.tokens_per_micro_step(model, train, n_gpu)
-    device = device or device_spec(train.gpu, train.dtype)
+    device = device or gpu_spec(train.gpu, train.dtype)
     flops, optimizer_flops, optimizer_seconds, compute_tokens_per_s = step_compute(
         model, train, n_gpu, device
     )
@@ -1357,9 +1310,7 @@ def predict(model, train, n_gpu=None, device=None):
     hardware_flops_per_s = n_gpu * device.peak_flops * train.mfu
     compute_seconds = tokens * flops['hardware'] / hardware_flops_per_s + steps * optimizer_seconds
     days = compute_seconds / SECONDS_PER_DAY * slowdown
-    verdict = parallelism_verdict(
-        model, train, n_gpu, device, memory['fits'], comm['exposed_fraction']
-    )
+    fits, exposed = memory['fits'], comm['exposed_fraction']
     params = count_params(model)
     return {
         'model': dataclasses.asdict(model),
@@ -1388,7 +1339,7 @@ def predict(model, train, n_gpu=None, device=None):
         'days_compute': compute_seconds / SECONDS_PER_DAY,
         'tokens_per_s_compute': compute_tokens_per_s,
         'comm': comm,
-        'parallelism': verdict,
+        'parallelism': parallelism_verdict(model, train, n_gpu, device, fits, exposed),
         'days_book': train_days(tokens * flops['book'], n_gpu, device.peak_flops, train.mfu),
         'gpu_hours': days * 24 * n_gpu,
         'cost_usd': days * 24 * n_gpu * train.usd_per_gpu_hour,
@@ -1433,16 +1384,7 @@ SEED_RUNS = [
     (13e9, 260e9, '593 (~590)', 593, '.3g'),
 ]
 # the book's figure as written, its value, the ledger's value (a function), the precision
-EXAMPLE_FIELDS = (
-    'section',
-    'what',
-    'formula',
-    'book',
-    'book_value',
-    'value',
-    'precision',
-    'source',
-)
+EXAMPLE_FIELDS = tuple('section what formula book book_value value precision source'.split())
 SEED_COST = f'($3-4: {seed_days(1.3e9, 26e9) * 72:.0f}-{seed_days(1.3e9, 26e9) * 96:.0f})'
 # fmt: off
 BOOK_EXAMPLES = [
@@ -1521,9 +1463,8 @@ def book_examples():
             matches, shown = value > book_value, f'{value:.1%}'
         else:
             whole = precision in ('d', ',d')
-            matches = format(round(value) if whole else value, precision) == format(
-                book_value, precision
-            )
+            rounded = round(value) if whole else value
+            matches = format(rounded, precision) == format(book_value, precision)
             shown = format(round(value), precision) if whole else f'{value:.4g}'
         examples.append({**example, 'shown': shown, 'matches': matches})
     return examples
@@ -1537,8 +1478,9 @@ def book_examples():
 
 
 def bits_per_byte(loss_nats, bytes_per_token):
-    """None when the bytes per token are unknown (synthetic data)."""
-    return loss_nats / math.log(2) / bytes_per_token if bytes_per_token else None
+    """None when the loss (no eval yet) or the bytes per token (synthetic data) are unknown."""
+    known = loss_nats is not None and bytes_per_token
+    return loss_nats / math.log(2) / bytes_per_token if known else None
 
 
 # --------------------------------------------------------------------------------------------------
@@ -1552,7 +1494,7 @@ def summarize(prediction, measured):
     peak_memory_bytes, peak_reserved_bytes, val_loss, val_bytes_per_token, step, tokens_seen."""
     p, memory = prediction, prediction['memory']
     on_cpu = p['gpu']['kind'] == 'cpu'
-    val_loss = measured.get('val_loss')
+    kind = 'peak resident memory (VmHWM)' if on_cpu else 'peak allocated (max_memory_allocated)'
     return {
         'device': measured.get('device'),
         'torch': measured.get('torch'),
@@ -1571,9 +1513,7 @@ def summarize(prediction, measured):
         'mfu_source': p.get('mfu_source'),
         'mfu_predicted': p['mfu'],
         'mfu_measured': measured.get('mfu'),
-        'memory_kind': 'peak resident memory (VmHWM)'
-        if on_cpu
-        else 'peak allocated (max_memory_allocated)',
+        'memory_kind': kind,
         'memory_graph': memory['graph'],
         'memory_predicted_bytes': memory['total'] if on_cpu else memory['allocated'],
         'memory_measured_bytes': measured.get('peak_memory_bytes'),
@@ -1587,12 +1527,10 @@ def summarize(prediction, measured):
         'model_states_measured_bytes': measured.get('model_states_bytes'),
         'optimizer_flops_predicted': p.get('optimizer_flops_rank0'),
         'optimizer_flops_measured': measured.get('optimizer_flops'),
-        'val_loss': val_loss,
+        'val_loss': measured.get('val_loss'),
         'bytes_per_token': measured.get('bytes_per_token'),
         'val_bytes_per_token': measured.get('val_bytes_per_token'),
-        'val_bpb': None
-        if val_loss is None
-        else bits_per_byte(val_loss, measured.get('val_bytes_per_token')),
+        'val_bpb': bits_per_byte(measured.get('val_loss'), measured.get('val_bytes_per_token')),
         # a mixture's: {source: {weight, loss, bpb}} (live_ledger.py)
         'val_sources': measured.get('val_sources'),
         **comm_summary(p),
@@ -1605,11 +1543,7 @@ def comm_summary(prediction):
     comm = prediction['comm']
     probe = comm.get('probe')
     meaningful = bool(probe and probe['meaningful'])
-    note = None
-    if probe and not meaningful:
-        note = (
-            f"{probe['backend']} on the CPU: the seconds are not meaningful (the bytes are exact)"
-        )
+    note = '{} on the CPU: the seconds are not meaningful (the bytes are exact)'
     return {
         'comm_bytes_per_step': comm['bytes'],
         'comm_bus_bytes_per_step': comm['bus_bytes'],
@@ -1617,5 +1551,5 @@ def comm_summary(prediction):
         'comm_busbw_measured': probe['busbw'] if probe else None,
         'comm_seconds_measured': comm['bus_bytes'] / probe['busbw'] if meaningful else None,
         'comm_exposed_fraction_predicted': comm['exposed_fraction'],
-        'comm_seconds_note': note,
+        'comm_seconds_note': note.format(probe['backend']) if probe and not meaningful else None,
     }
