@@ -252,7 +252,7 @@ def setup(argv, held=None):
     if meta:  # bits per byte's token bytes, built now: a missing package stops the first seconds,
         # not the first eval 250 steps in
         for source in meta.get('sources', {}).values() or [dict(folder=train.data)]:
-            data.target_bytes(source['folder'], [])
+            data.byte_lengths(source['folder'])
     objective = objectives.build(train, meta)  # its keys and the folder's special tokens checked
     # the ledger's "is the dataset big enough": the real count
     if meta and not train.dataset_tokens:

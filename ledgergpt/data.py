@@ -349,15 +349,20 @@ def token_byte_lengths(encoding):
     return lengths
 
 
-_byte_lengths = {}  # data folder -> its tokenizer's token_byte_lengths, built once per process
+_byte_lengths = {}  # data folder -> its tokenizer's token_byte_lengths
+
+
+def byte_lengths(data_dir):
+    """The folder's tokenizer's token_byte_lengths, built once per process."""
+    if data_dir not in _byte_lengths:
+        _byte_lengths[data_dir] = token_byte_lengths(load_tokenizer(data_dir))
+    return _byte_lengths[data_dir]
 
 
 def target_bytes(data_dir, targets):
     """The UTF-8 bytes of the text of `targets`, negative ones (IGNORE_INDEX: no loss) skipped."""
-    if data_dir not in _byte_lengths:
-        _byte_lengths[data_dir] = token_byte_lengths(load_tokenizer(data_dir))
     targets = np.asarray(targets)
-    return int(_byte_lengths[data_dir][targets[targets >= 0]].sum())
+    return int(byte_lengths(data_dir)[targets[targets >= 0]].sum())
 
 
 # --------------------------------------------------------------------------------------------------

@@ -761,7 +761,7 @@ def test_cli_json_and_overrides(capsys):
         ),
         (['configs/h200_1b3.py', '--n_kv_head=5'], 'must be divisible by n_kv_head'),
         (['configs/h200_1b3.py', '--n_layer=0'], 'n_layer must be positive'),
-        (['configs/h200_1b3.py', '--vocab_size=-3'], 'vocab_size must be positive'),
+        (['configs/h200_1b3.py', '--vocab_size=-3'], 'vocab_size must be at least 2'),
         (['configs/h200_1b3.py', '--gpu=H300'], "unknown gpu 'H300'"),
         (['configs/h200_1b3.py', '--dataset_tokens=-1'], 'dataset_tokens must be positive (or 0)'),
         (['configs/h200_1b3.py', '--n_layer=many'], 'expected a value of type int'),

@@ -694,6 +694,7 @@ BAD = {  # a value each rule must refuse
     'beta1': 2.0,
     'beta2': 1.0,
     'eps': 0.0,
+    'collective_timeout_s': 0,
     'grad_clip': -1.0,
     'dtype': 'float16',
     'parallel': 'zero3',
