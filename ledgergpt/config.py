@@ -272,15 +272,13 @@ def chunked_loss_buffers(c, tokens, a, compiled):
     Ledger 4b; measured by test_memory.py and test_losses.py)."""
     rows, V, H = min(tokens, CHUNK_ROWS), c.vocab_size, c.n_embd
     chunks = -(-tokens // CHUNK_ROWS)
-    buffers = {
+    return {
         'chunk_logits': rows * V * chunk_logit_bytes(a, compiled),
         'grad_weight': V * H * (min(4, a * chunks) if compiled else 4),
         'grad_weight_chunk': V * H * a,
+        # the slope 1 - tanh^2 of the cap, fp32 beside the chunk (compiled: counted as eager)
+        **({'softcap_slope': rows * V * 4} if c.logit_softcap else {}),
     }
-    # the slope 1 - tanh^2 of the cap, fp32 beside the chunk (compiled: counted as eager)
-    if c.logit_softcap:
-        buffers['softcap_slope'] = rows * V * 4
-    return buffers
 
 
 # fmt: off
@@ -1042,9 +1040,8 @@ def _run_config(path):
     try:
         code = compile(source, path, 'exec')
     except SyntaxError as e:  # `n_layer = `: the file and the line, not a traceback
-        raise ConfigError(
-            f"{path}:{e.lineno}: {e.msg}: a config file is `key = value` lines"
-        ) from None
+        line = f'{path}:{e.lineno}'
+        raise ConfigError(f"{line}: {e.msg}: a config file is `key = value` lines") from None
     ended = ": a config file sets keys (`key = value` lines); it may not end the command"
     signalled, previous, namespace = [], None, {}
 
@@ -1062,9 +1059,8 @@ def _run_config(path):
     except Exception as e:  # a typo in a config file, say
         raise ConfigError(f"{path} does not run: {type(e).__name__}: {e}") from None
     except SystemExit as e:
-        raise ConfigError(
-            f"{path} calls sys.exit({'' if e.code is None else repr(e.code)}){ended}"
-        ) from None
+        code = '' if e.code is None else repr(e.code)
+        raise ConfigError(f"{path} calls sys.exit({code}){ended}") from None
     except KeyboardInterrupt:
         # a Ctrl-C, or SIGTERM: the user's
         if signalled or isinstance(sys.exc_info()[1], Terminated):
@@ -1095,9 +1091,7 @@ def read_values(path=None, overrides=()):
         if key not in DEFAULTS:
             raise _unknown_key_error(key, 'the command line')
         values[key], where[key] = _parse_value(key, text), 'the command line'
-    for key, value in values.items():
-        values[key] = _typed(key, value, where[key])
-    return values, where
+    return {key: _typed(key, value, where[key]) for key, value in values.items()}, where
 
 
 def load_config(path=None, overrides=()):
@@ -1106,11 +1100,10 @@ def load_config(path=None, overrides=()):
     values, where = read_values(path, overrides)
     if where.get('train_tokens') == 'the command line' != where.get('train_minutes'):
         values['train_minutes'] = 0.0  # --train_tokens plans the run, over the file's minutes
-    # an unknown arch: validate names the known ones
-    family = FAMILIES.get(values.get('arch', DEFAULTS['arch']))
-    for key in ('bias', 'tie_embeddings'):  # the family's own, unless the config says otherwise
-        if family and key not in values:
-            values[key] = getattr(family, key)
+    # the family's bias and tying, unless the config says otherwise (an unknown arch: validate
+    # names the known ones)
+    if family := FAMILIES.get(values.get('arch', DEFAULTS['arch'])):
+        values = {'bias': family.bias, 'tie_embeddings': family.tie_embeddings} | values
     model, train = (
         cls(**{k: v for k, v in values.items() if k in {f.name for f in dataclasses.fields(cls)}})
         for cls in CONFIG_CLASSES
@@ -1122,44 +1115,40 @@ def load_config(path=None, overrides=()):
 def validate(model, train):
     """Every key's range (RULES), then the shapes that tie keys together; each failure is one
     ConfigError line naming the key, the value and what is allowed."""
-    for config in (model, train):
-        for f in dataclasses.fields(config):
-            value = getattr(config, f.name)
-            test, allowed = RULES.get(f.name, (None, None))
-            if test is not None and not test(value):
-                said = 'not' if allowed.startswith('one of') else 'got'
-                raise ConfigError(f"{f.name} must be {allowed}, {said} {value!r}")
-    if model.n_embd % model.n_head:
-        raise ConfigError(f"n_embd ({model.n_embd}) must be divisible by n_head ({model.n_head})")
-    if model.n_head % model.kv_heads:
-        raise ConfigError(
-            f"n_head ({model.n_head}) must be divisible by n_kv_head ({model.kv_heads})"
-        )
-    if model.part_name('positions') == 'rope' and model.head_dim % 2:
-        raise ConfigError(f"RoPE needs an even head size, got n_embd/n_head = {model.head_dim}")
-    if model.bias and not model.family.bias:
-        raise ConfigError(
-            f"bias = True: the {model.arch} family has no biases (FAMILIES in config.py)"
-        )
-    if model.logit_softcap and model.loss != 'chunked':
-        raise ConfigError(
-            f"logit_softcap = {model.logit_softcap:g} needs loss = 'chunked', not {model.loss!r}: "
-            "the full loss would hold the capped logits' tanh too, which the ledger does not count"
-        )
-    if 0 < model.logit_softcap < 1:  # tanh(z / cap) saturates: every logit +-cap, no gradient
-        raise ConfigError(
-            f"logit_softcap = {model.logit_softcap:g} is below 1: the model cannot "
-            "learn through it (Gemma 2 caps at 30, nanochat at 15)"
-        )
+    for key, value in (vars(model) | vars(train)).items():
+        test, allowed = RULES.get(key, (None, None))
+        if test is not None and not test(value):
+            said = 'not' if allowed.startswith('one of') else 'got'
+            raise ConfigError(f"{key} must be {allowed}, {said} {value!r}")
+    # the shapes that tie keys together, each (broken, its line), checked in order
+    # fmt: off
+    shapes = (
+        (model.n_embd % model.n_head,
+         f"n_embd ({model.n_embd}) must be divisible by n_head ({model.n_head})"),
+        (model.n_head % model.kv_heads,
+         f"n_head ({model.n_head}) must be divisible by n_kv_head ({model.kv_heads})"),
+        (model.part_name('positions') == 'rope' and model.head_dim % 2,
+         f"RoPE needs an even head size, got n_embd/n_head = {model.head_dim}"),
+        (model.bias and not model.family.bias,
+         f"bias = True: the {model.arch} family has no biases (FAMILIES in config.py)"),
+        (model.logit_softcap and model.loss != 'chunked',
+         f"logit_softcap = {model.logit_softcap:g} needs loss = 'chunked', not {model.loss!r}: "
+         "the full loss would hold the capped logits' tanh too, which the ledger does not count"),
+        # tanh(z / cap) saturates: every logit +-cap, no gradient
+        (0 < model.logit_softcap < 1,
+         f"logit_softcap = {model.logit_softcap:g} is below 1: the model cannot learn through it "
+         "(Gemma 2 caps at 30, nanochat at 15)"),
+    )
+    # fmt: on
+    for broken, line in shapes:
+        if broken:
+            raise ConfigError(line)
     validate_moe(model)
-    for key in DEFAULTS:  # an optimizer's own keys (muon_lr, ...) only with that optimizer
+    for key, value in vars(train).items():  # an optimizer's own keys (muon_lr, ...) only with it
         owner = key.split('_')[0]
-        changed = owner in OPTIMIZERS and getattr(train, key) != DEFAULTS[key]
-        if changed and owner != train.optimizer:
-            raise ConfigError(
-                f"{key} = {getattr(train, key)!r} is for optimizer = {owner!r}: set it too, or "
-                f"drop {key}"
-            )
+        if owner in OPTIMIZERS and owner != train.optimizer and value != DEFAULTS[key]:
+            drop = f'set it too, or drop {key}'
+            raise ConfigError(f"{key} = {value!r} is for optimizer = {owner!r}: {drop}")
     if train.batch_ramp_tokens and train.batch_ramp_start > train.batch_tokens:
         raise ConfigError(
             f"batch_ramp_start ({train.batch_ramp_start:,}) must be at most batch_tokens "
@@ -1192,12 +1181,10 @@ def validate_moe(model):
     their defaults."""
     moe_keys = ('top_k', 'expert_hidden', 'n_shared_experts', 'n_dense_layers')
     if not model.n_experts:
+        moe = 'a mixture of experts: set n_experts too'
         for key in moe_keys + ('route_scale',):
-            if getattr(model, key) != DEFAULTS[key]:
-                raise ConfigError(
-                    f"{key} = {getattr(model, key)!r} is for a mixture of experts: set n_experts"
-                    " too"
-                )
+            if (value := getattr(model, key)) != DEFAULTS[key]:
+                raise ConfigError(f"{key} = {value!r} is for {moe}")
         return
     if not 1 <= model.top_k <= model.n_experts:
         raise ConfigError(f"top_k must be in 1..n_experts ({model.n_experts}), got {model.top_k}")
