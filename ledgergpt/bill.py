@@ -135,9 +135,7 @@ def per_layer_formula(model):
 def parameter_rows(p):
     """Ledger 1: each part named, its formula given by its row of config.PARTS."""
     model, n = ModelConfig(**p['model']), p['params']
-    attn, mlp, norm, qk, pos = (
-        model.part(kind) for kind in ('attention', 'mlp', 'norm', 'qk_norm', 'positions')
-    )
+    attn, mlp, norm, qk, pos = map(model.part, 'attention mlp norm qk_norm positions'.split())
     qk_formula = '' if qk.formula == 'none' else f' + {qk.formula}'
     biases = ' + biases' if model.biases else ''
     ffn = f'L*({mlp.formula}{biases})' if biases else f'L*{mlp.formula}'
@@ -326,8 +324,7 @@ def memory_rows(p):
 
 def data_rows(p):
     """The planning note's rows: tokens against Chinchilla, the dataset, the bytes it takes."""
-    t, d = p['train'], p['data']
-    states = optimizer_rows(t)[2]
+    t, d, states = p['train'], p['data'], optimizer_rows(p['train'])[2]
     # the book's 12P, the optimizer's states 8P (sums.data_ledger), or what they hold
     weights = '12P: fp32 weights + ' if d['checkpoint_bytes'] == 12 * p['params']['total'] else (
         "4P fp32 weights + the optimizer's states: ")
@@ -374,9 +371,8 @@ def moe_rows(p):
     e, k, s, width = model.n_experts, model.top_k, model.n_shared_experts, model.expert_hidden
     expert = model.part('mlp').formula.replace("H'", 'E')  # an expert's: the mlp row's at H' = E
     every = (6 * n['matmul_total'] + f['attention']) / f['matmul']
-    book, held, states = (
-        memory['book_active_model_states'], memory['model_states'], memory['book_formula']
-    )
+    book, held = memory['book_active_model_states'], memory['model_states']
+    states = memory['book_formula']
     return [
         ('layers with experts', f'{model.moe_layers} of {model.n_layer}',
          f'{e} routed experts of {width}, {k} per token, {s} shared; the first '
@@ -465,9 +461,8 @@ def comm_time_rows(p):
         + ('; ZeRO-1 broadcasts after the update' if t['parallel'] == 'zero1' else '')
     )
     return [
-        ('time per step, ESTIMATE', ms(comm['seconds']),
-         f"bus bytes / {topo['busbw'] / 1e9:,.0f} GB/s busbw ({topo['link']} sets it); latency "
-         'left out'),
+        ('time per step, ESTIMATE', ms(comm['seconds']), f"bus bytes / {topo['busbw'] / 1e9:,.0f} "
+         f"GB/s busbw ({topo['link']} sets it); latency left out"),
         ('exposed per step, ESTIMATE', ms(comm['exposed_seconds']),
          f"{comm['exposed_fraction']:.1%} of a step: {hides}; step {p['step_seconds']:.3g} s"),
         ('bound, ESTIMATE', comm['bound'],
