@@ -839,6 +839,7 @@ RULES = {
         'min_lr_ratio fim_rate fim_spm_rate ul2_s_rate ul2_r_rate ul2_x_rate'.split(),
         (lambda v: 0 <= v <= 1, 'in [0, 1]'),
     ),
+    **dict.fromkeys(('decay_frac', 'mfu'), (lambda v: 0 < v <= 1, 'in (0, 1]')),
     **dict.fromkeys(
         'warmup_frac muon_momentum beta1 beta2'.split(), (lambda v: 0 <= v < 1, 'in [0, 1)')
     ),
@@ -846,14 +847,12 @@ RULES = {
     'vocab_size': (lambda v: v >= 2, 'at least 2'),
     'arch': _one_of(*FAMILIES),
     **{kind: _part_rule(kind) for kind in PARTS},
-    'n_kv_head': _or_0('the default'),
-    'ffn_hidden': _or_0('the default'),
+    **dict.fromkeys(('n_kv_head', 'ffn_hidden'), _or_0('the default')),
     'logit_softcap': _or_0('none'),
     'out_dir': (bool, 'a folder name'),
     'data': (bool, "a folder made by prepare.py, a weighted mixture of them, or 'synthetic'"),
     'schedule': _one_of('cosine', 'wsd'),
     'objective': _one_of(*OBJECTIVES),
-    'decay_frac': (lambda v: 0 < v <= 1, 'in (0, 1]'),
     'optimizer': _one_of(*OPTIMIZERS),
     'muon_lr': _or_0("AdamW's lr, match_rms_adamw"),
     'muon_ns_steps': (lambda v: 0 < v < 100, 'in 1..99 (torch.optim.Muon)'),
@@ -863,7 +862,6 @@ RULES = {
     'eval_tasks': _names_among(EVAL_TASKS),
     'tracker': _names_among(TRACKERS),
     'gpu': (bool, "a name in sums.py's GPU table, 'cpu' or 'auto'"),
-    'mfu': (lambda v: 0 < v <= 1, 'in (0, 1]'),
     'nodes': _or_0('8 devices per node'),
     'intra_node_busbw': (lambda v: v >= 0, "positive GB/s (or 0: sums.py's table)"),
     'inter_node_busbw': (lambda v: v >= 0, "positive GB/s per node (or 0: sums.py's table)"),
@@ -1035,10 +1033,9 @@ def _run_config(path):
     raises is bad input too, one line, no traceback; so are its own sys.exit() (which ended the
     command silently, rc 0 for sys.exit(0)) and a KeyboardInterrupt it raises itself (read as a
     Ctrl-C). A real Ctrl-C meanwhile stays one: the SIGINT handler notes that it came."""
-    with open(path) as f:
-        source = f.read()
     try:
-        code = compile(source, path, 'exec')
+        with open(path) as f:
+            code = compile(f.read(), path, 'exec')
     except SyntaxError as e:  # `n_layer = `: the file and the line, not a traceback
         line = f'{path}:{e.lineno}'
         raise ConfigError(f"{line}: {e.msg}: a config file is `key = value` lines") from None
@@ -1059,8 +1056,8 @@ def _run_config(path):
     except Exception as e:  # a typo in a config file, say
         raise ConfigError(f"{path} does not run: {type(e).__name__}: {e}") from None
     except SystemExit as e:
-        code = '' if e.code is None else repr(e.code)
-        raise ConfigError(f"{path} calls sys.exit({code}){ended}") from None
+        status = '' if e.code is None else repr(e.code)
+        raise ConfigError(f"{path} calls sys.exit({status}){ended}") from None
     except KeyboardInterrupt:
         # a Ctrl-C, or SIGTERM: the user's
         if signalled or isinstance(sys.exc_info()[1], Terminated):
