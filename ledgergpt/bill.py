@@ -482,7 +482,7 @@ def communication_rows(p):
     inside = f"{topo['intra_busbw'] / 1e9:,.0f} GB/s" if topo['intra_busbw'] else '?'
     between = topo['inter_busbw'] and (
         f"; between nodes {topo['inter_busbw'] / 1e9:,.0f} GB/s per node ({topo['inter_source']})")
-    factors = '2(N-1)/N all-reduce, (N-1)/N all-gather and reduce-scatter, 1 broadcast'
+    factors = '2(N-1)/N all-reduce, (N-1)/N all-gather, reduce-scatter and all-to-all, 1 broadcast'
     return [
         ('topology', f"{topo['nodes']} x {topo['gpus_per_node']} GPUs",
          f"{topo['nodes']} node(s); inside a node {topo['fabric'] or 'an unknown fabric'}, busbw "

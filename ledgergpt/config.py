@@ -441,7 +441,7 @@ OPTIMIZERS = {
         name='Muon', label='Muon momentum', formula='4P_muon',
         state_bytes=lambda shape: 4 * math.prod(shape), step_flops=newton_schulz_flops,
         step_formula='Newton-Schulz, {muon_ns_steps} steps x (4m^2 n + 2m^3) per m x n matrix',
-        takes=muon_takes, rest='adamw', gathers="Muon: each matrix's rows to its owner and back"),
+        takes=muon_takes, rest='adamw', gathers='Muon: rows to owners and back'),
 }
 # fmt: on
 
