@@ -118,11 +118,9 @@ def machine_memory():
     (containers, Slurm), else the machine's physical RAM."""
     ram, source = os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES'), 'physical RAM (sysconf)'
     for path in ('/sys/fs/cgroup/memory.max', '/sys/fs/cgroup/memory/memory.limit_in_bytes'):
-        try:
-            with open(path) as f:
-                limit = f.read().strip()
-        except OSError:
-            continue
+        limit = ''
+        with contextlib.suppress(OSError), open(path) as f:
+            limit = f.read().strip()
         if limit.isdigit() and int(limit) < ram:
             ram, source = int(limit), f'cgroup limit ({path})'
     return ram, source
@@ -162,12 +160,9 @@ def measure_device(name='auto', dtype='auto', seconds=1.0):
         label, threads, device = torch.cuda.get_device_name(index), 0, torch.device('cuda', index)
         total = torch.cuda.get_device_properties(index).total_memory
         fields = dict(memory_bytes=total, memory_source='torch.cuda.get_device_properties')
-        key = table_key(label)
-        if key:
-            source = f'vendor datasheet ({key}), dense BF16'
-            return dataclasses.replace(
-                GPUS[key], name=label, peak_source=source, dtype=dtype, **fields
-            )
+        if key := table_key(label):
+            fields['peak_source'] = f'vendor datasheet ({key}), dense BF16'
+            return dataclasses.replace(GPUS[key], name=label, dtype=dtype, **fields)
     else:
         threads, device = torch.get_num_threads(), torch.device('cpu')
         label = f'CPU ({cpu_name()}, {threads} threads)'
@@ -335,8 +330,7 @@ def count_params(model):
     """Parameters by part. 'matmul': the Linear weights, lm_head's even when tied (the lookup is
     free, the projection not); 'blocks_matmul' those in the blocks; 'active' and 'blocks_matmul'
     leave out the routed experts a token does not visit (Ledger MoE; the _total keys keep them)."""
-    counts = dict.fromkeys(BILL_PARTS, 0)
-    blocks_matmul = 0
+    counts, blocks_matmul = dict.fromkeys(BILL_PARTS, 0), 0
     for name, shape, copies in tensor_copies(model):
         in_block = name.startswith('blocks.')
         part = BLOCK_PARTS[name.split('.')[2]] if in_block else ROOT_PARTS[name.split('.')[0]]
@@ -489,12 +483,10 @@ def optimizer_step_flops(model, train, n_gpu):
 
     if n_gpu > 1 and train.parallel == 'zero1':
         return zero1_partition(model, n_gpu, train.optimizer, flops)
-    if n_gpu > 1 and train.parallel in ('zero2', 'fsdp'):  # the rest's (AdamW's) step: no matmul
+    if sharded(train.parallel, n_gpu):  # the rest's (AdamW's) step: no matmul
         whole = config.OPTIMIZERS[train.optimizer].step_flops
-        return [
-            sum(mine * whole(shape, train) for shape, mine in owned)
-            for owned in owned_matrices(model, train.optimizer, n_gpu)
-        ]
+        ranks = owned_matrices(model, train.optimizer, n_gpu)
+        return [sum(mine * whole(shape, train) for shape, mine in owned) for owned in ranks]
     return [sum(k * flops(n, s) for n, s, k in tensor_copies(model))] * n_gpu
 
 
@@ -609,11 +601,11 @@ def activation_bytes(
     # (layers, bytes a token saves, bf16 weight copies) of each kind: dense, MoE (Ledger MoE)
     copy, params = 2 if autocast else 0, count_params(model)
     shapes = model.part('attention').shapes(model)
-    attention_weights = sum(math.prod(s) for _, s in shapes if len(s) == 2)
-    kinds = [(L - M, layer, copy * (attention_weights + params['ffn_matmul']))]
+    attn_weights = sum(math.prod(s) for _, s in shapes if len(s) == 2)
+    kinds = [(L - M, layer, copy * (attn_weights + params['ffn_matmul']))]
     if M:
-        moe_saved = moe_activation_bytes(model, a, autocast)['total']
-        kinds.append((M, layer - ffn + moe_saved, copy * (attention_weights + params['moe_layer'])))
+        moe = moe_activation_bytes(model, a, autocast)
+        kinds.append((M, layer - ffn + moe['total'], copy * (attn_weights + params['moe_layer'])))
     kinds = [kind for kind in kinds if kind[0]]
     lm_head_copy = 2 * model.vocab_size * H if autocast else 0
     if recompute:  # lm_head's copy only: the blocks' are made again as each is rerun
@@ -625,8 +617,7 @@ def activation_bytes(
         parts['bf16_weights'] = sum(n * weights for n, _, weights in kinds) + lm_head_copy
     parts['total'] = sum(parts.values())
     if M:  # of which (not added again): the tokens' dispatched copies and the experts' outputs
-        dispatched = moe_activation_bytes(model, a, autocast)['dispatched']
-        parts['routing_buffers'] = (1 if recompute else M) * tokens * dispatched
+        parts['routing_buffers'] = (1 if recompute else M) * tokens * moe['dispatched']
     return parts
 
 
@@ -765,10 +756,8 @@ DDP_BUCKET_BYTES = 25 * 2**20  # DistributedDataParallel's bucket_cap_mb default
 DTYPE_BYTES = {'float32': 4, 'bfloat16': 2, 'int64': 8}
 BUS_FACTORS = {  # NCCL-tests' doc/PERFORMANCE.md: bus bytes = algorithm bytes x this, on N ranks
     'all_reduce': lambda n: 2 * (n - 1) / n,
-    'all_gather': lambda n: (n - 1) / n,
-    'reduce_scatter': lambda n: (n - 1) / n,
     'broadcast': lambda n: 1.0,
-    'all_to_all': lambda n: (n - 1) / n,
+    **dict.fromkeys(('all_gather', 'reduce_scatter', 'all_to_all'), lambda n: (n - 1) / n),
 }
 COLLECTIVE_FIELDS = ('what', 'op', 'dtype', 'elements', 'calls', 'phase')  # then bytes, bus_bytes
 
@@ -803,10 +792,8 @@ def collectives(model, parallel, n_gpu, accumulation, dtype='bfloat16', optimize
     if sharded(parallel, n_gpu):
         items += fsdp_collectives(model, parallel, n_gpu, accumulation, dtype, optimizer)
     else:  # DDP's buckets on the last micro-step's backward
-        items += [
-            (f'gradients, DDP bucket {i + 1}', 'all_reduce', 'float32', n, 1, 'backward')
-            for i, n in enumerate(ddp_buckets(model))
-        ]
+        for i, n in enumerate(ddp_buckets(model), 1):
+            items.append((f'gradients, DDP bucket {i}', 'all_reduce', 'float32', n, 1, 'backward'))
     if parallel == 'zero1':  # each tensor from its owner, a row per size
         sizes = collections.Counter()
         for _, shape, copies in tensor_copies(model):
@@ -838,8 +825,7 @@ def fsdp_collectives(model, parallel, n_gpu, accumulation, dtype, optimizer):
     items = [('weights, root unit', 'all_gather', gathered, root, A, 'forward')]
     for what, op, kind, phase in passes:
         items += [(f'{what}, {name}', op, kind, n, calls, phase) for name, n, calls in per_size]
-    tensors = tensor_copies(model)
-    n_tensors = sum(copies for _, _, copies in tensors)
+    n_tensors = sum(copies for _, _, copies in tensor_copies(model))
     items.append(('gradients, root unit', 'reduce_scatter', 'float32', root, A, 'backward'))
     items.append(('gradient norm (DTensor)', 'all_reduce', 'float32', n_tensors, 1, 'update'))
     # Muon: blocks of up to N matrices of one shape (config.muon_blocks), each block's rows to their
@@ -909,19 +895,16 @@ def topology(train, n_gpu, device):
     # a GPU of the table, named or measured and recognised
     known = [k for k, g in GPUS.items() if g.name == device.name or f'({k})' in device.peak_source]
     links = LINKS[known[0]] if known and device.kind == 'gpu' else None
-    if train.intra_node_busbw:
-        intra, intra_source = train.intra_node_busbw * 1e9, 'intra_node_busbw (config)'
-    elif links:
+    intra, intra_source = None, 'unknown: not a GPU of the table (set intra_node_busbw, GB/s)'
+    inter, inter_source = None, 'unknown (set inter_node_busbw, GB/s per node)'
+    if links:
         intra, intra_source = links.busbw_gbps * 1e9, links.busbw_source
-    else:
-        intra, intra_source = None, 'unknown: not a GPU of the table (set intra_node_busbw, GB/s)'
-    if train.inter_node_busbw:
-        inter, inter_source = train.inter_node_busbw * 1e9, 'inter_node_busbw (config), per node'
-    elif links:
         inter = per_node * links.nic_busbw_gbps * 1e9
         inter_source = f'{per_node} x {links.nic} per node: {links.nic_source}'
-    else:
-        inter, inter_source = None, 'unknown (set inter_node_busbw, GB/s per node)'
+    if train.intra_node_busbw:
+        intra, intra_source = train.intra_node_busbw * 1e9, 'intra_node_busbw (config)'
+    if train.inter_node_busbw:
+        inter, inter_source = train.inter_node_busbw * 1e9, 'inter_node_busbw (config), per node'
     if nodes == 1:
         busbw, link = intra, 'intra-node'
     else:  # one ring crosses both: the slower sets the pace
@@ -953,9 +936,7 @@ def communication(model, train, n_gpu, device, compute_step_seconds):
         bytes=sum(i['bytes'] for i in items),
         bus_bytes=sum(i['bus_bytes'] for i in items),
         topology=topology(train, n_gpu, device),
-        seconds=None,
-        exposed_seconds=None,
-        exposed_fraction=None,
+        **dict.fromkeys(('seconds', 'exposed_seconds', 'exposed_fraction')),
         exposed_limit=COMM_EXPOSED_LIMIT,
         bound='compute',
     )
@@ -1211,7 +1192,7 @@ def folder_meta(folder):
         return None
 
 
-def mixture_ledger(data, seed, sequences, block_size, vocab_size):
+def mixture_ledger(model, train, sequences):
     """Per source: weight, sequences and tokens drawn over the run's `sequences` (predict's planned
     steps x batch_tokens / block_size: a batch ramp lowers it by less than a step), the folder's
     train tokens, epochs, a warning past REPEAT_EPOCHS, its shards' bytes (the drawn tokens' while
@@ -1219,12 +1200,12 @@ def mixture_ledger(data, seed, sequences, block_size, vocab_size):
     # the run's schedule (standard library too); imported here: a one-folder ledger needs none
     from ledgergpt import mixture
 
-    schedule = mixture.Schedule(data, seed)
+    schedule = mixture.Schedule(train.data, train.seed)
     rows = []
     sources = zip(schedule.names, schedule.folders, schedule.weights, schedule.drawn(sequences))
     for name, folder, weight, drawn in sources:
         meta = folder_meta(folder)
-        tokens = drawn * block_size
+        tokens = drawn * model.block_size
         dataset = meta['train_tokens'] if meta else None
         epochs = tokens / dataset if dataset else None
         stored = meta['train_tokens'] + meta.get('val_tokens', 0) if meta else tokens
@@ -1238,7 +1219,7 @@ def mixture_ledger(data, seed, sequences, block_size, vocab_size):
                 'dataset_tokens': dataset,
                 'epochs': epochs,
                 'repeats_too_often': epochs is not None and epochs > REPEAT_EPOCHS,
-                'shard_bytes': stored * token_bytes(vocab_size),
+                'shard_bytes': stored * token_bytes(model.vocab_size),
             }
         )
     return {'period': schedule.period, 'sources': rows, 'repeat_epochs': REPEAT_EPOCHS}
@@ -1268,9 +1249,7 @@ def run_length(train, tokens_per_s):
     if train.train_minutes:
         batches = max(1, int(train.train_minutes * 60 * tokens_per_s // train.batch_tokens))
         train = dataclasses.replace(train, train_tokens=batches * train.batch_tokens)
-    tokens = train.train_tokens
-    if train.max_steps:
-        tokens = min(train.train_tokens, train.max_steps * train.batch_tokens)
+    tokens = min(train.train_tokens, train.max_steps * train.batch_tokens or math.inf)
     return train, tokens, math.ceil(tokens / train.batch_tokens)
 
 
@@ -1280,16 +1259,14 @@ def run_data(model, train, n_params, tokens):
     optimizer_bytes = None
     if train.optimizer != 'adamw':
         optimizer_bytes = held_model_states(model, 'ddp', 1, optimizer=train.optimizer)['optimizer']
-    rates = (train.ul2_s_rate, train.ul2_r_rate, train.ul2_x_rate)
-    fraction = loss_fraction(train.objective, rates)
+    fraction = loss_fraction(train.objective, [getattr(train, f'ul2_{d}_rate') for d in 'srx'])
     data = data_ledger(
         n_params, model.vocab_size, tokens, train.dataset_tokens, fraction, optimizer_bytes
     )
     if not config.is_mixture(train.data):
         return {'data': data, 'mixture': None}
     sequences = math.ceil(tokens / train.batch_tokens) * train.batch_tokens // model.block_size
-    mixture = mixture_ledger(train.data, train.seed, sequences, model.block_size, model.vocab_size)
-    return {'data': data, 'mixture': mixture}
+    return {'data': data, 'mixture': mixture_ledger(model, train, sequences)}
 
 
 def predict(model, train, n_gpu=None, device=None):
