@@ -77,9 +77,8 @@ def fetch(repo, network=None, weights=True):
     try:
         sha, listed = hub.files(repo, pinned.get('FILES', 'main'), '', '', kind='models')
     except DataError as e:  # a mistyped or not yet made folder reads as a repo id too: say so
-        raise DataError(
-            f"{repo} (not a folder here, so asked of the Hub as a repo id): {e}"
-        ) from None
+        asked = f"{repo} (not a folder here, so asked of the Hub as a repo id)"
+        raise DataError(f"{asked}: {e}") from None
     suffixes = ('.safetensors',) if weights else ()
     wanted = [f for f in listed if f['path'] in HUB_FILES or f['path'].endswith(suffixes)]
     if not any(f['path'] == 'config.json' for f in wanted):
@@ -200,8 +199,7 @@ def check_tokenizer(train, model_dir):
     theirs = os.path.join(train.data, 'tokenizer.json')
     if train.data == 'synthetic' or not (os.path.isfile(ours) and os.path.isfile(theirs)):
         return  # no data there yet: open_data says how to make it
-    with open(ours, 'rb') as f:
-        sha = hashlib.sha256(f.read()).hexdigest()
+    sha = hashlib.sha256(pathlib.Path(ours).read_bytes()).hexdigest()
     spec = read_json(theirs)
     if spec.get('sha256') != sha:
         raise DataError(
