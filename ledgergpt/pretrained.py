@@ -226,9 +226,8 @@ def describe(init_from):
     """The ledger's line for a run that starts from a checkpoint."""
     model_dir = folder(init_from, weights=False)
     hf_class, _ = model_values(model_dir)
-    tokens = card_tokens(model_dir)
     seen = 'unknown tokens (no count in a model card)'
-    if tokens:
+    if tokens := card_tokens(model_dir):
         seen = f"{tokens / 1e9:,.4g}B tokens (its card)"
     return (
         f"from: {init_from} ({hf_class}), pretrained on {seen}; full fine-tuning: every weight "
