@@ -120,9 +120,7 @@ def write_folder(folder, model, encoding, dtype):
     c, eot_id, hf_class = model.config, encoding.eot_token, hf.hf_class_of(model.config)
 
     def write_json(name, obj):
-        with open(os.path.join(folder, name), 'w') as f:
-            json.dump(obj, f, indent=2)
-            f.write('\n')
+        files.write_text_atomic(os.path.join(folder, name), json.dumps(obj, indent=2) + '\n')
 
     # the token every document starts with by its name: EOT, or a Hub tokenizer's (a Llama's '<s>')
     eot = encoding.plain.id_to_token(eot_id) if isinstance(encoding, data.HFEncoding) else EOT

@@ -201,8 +201,7 @@ def _dcp_state(model, optimizer=None):
 
     if optimizer is None:
         return {'model': get_model_state_dict(model)}
-    model_state, optimizer_state = get_state_dict(model, optimizer)
-    return {'model': model_state, 'optimizer': optimizer_state}
+    return dict(zip(('model', 'optimizer'), get_state_dict(model, optimizer)))
 
 
 def rng_states():

@@ -282,8 +282,7 @@ def branch_figure(main_dir, fit=None):
     loss_axis(ax, runs)
     if fit:
         fitted_loss(ax, fit, main_dir, last)
-    chinchilla = main['chinchilla']
-    if chinchilla:
+    if chinchilla := main['chinchilla']:
         said = f'20 x P = {bill.si(chinchilla)} tokens (Chinchilla)'
         ax.axvline(chinchilla, color='black', label=said, **CHINCHILLA)
         theirs, seen = ax.twinx(), np.linspace(STEEP_START * last, last, 200)
@@ -324,9 +323,8 @@ def ladder_figure(fit):
         runs = [run for run in fit['runs'] if run['budget'] == budget]
         held_out, color = runs[0]['held_out'], f'C{i}'
         label = f"C = {budget:.2g} FLOPs: the fit{' (extrapolated)' if held_out else ''}"
-        style = '--' if held_out else '-'
         law = scaling.law(fit, sizes, budget / (k * sizes))
-        ax.plot(sizes, law, style, color=color, label=label)
+        ax.plot(sizes, law, '--' if held_out else '-', color=color, label=label)
         best = scaling.compute_optimal(fit, budget, k)
         ax.plot(best['N'], best['loss'], marker='|', markersize=16, color=color)
         dots = dict(marker='*', markersize=14) if held_out else dict(marker='o', markersize=7)
@@ -343,8 +341,7 @@ def ladder_figure(fit):
     ax.set_ylabel('final val loss (nats per token)')
     ax.legend(fontsize='small')
     fitted = len([run for run in fit['runs'] if not run['held_out']])
-    E, A, B, alpha, beta = (fit[key] for key in ('E', 'A', 'B', 'alpha', 'beta'))
-    law = f"{E:.3g} + {A:.3g}/N^{alpha:.3g} + {B:.3g}/D^{beta:.3g}"
+    law = '{E:.3g} + {A:.3g}/N^{alpha:.3g} + {B:.3g}/D^{beta:.3g}'.format(**fit)
     on = f"{fit['data']} ({fit['tokenizer']})"
     ax.set_title(f"IsoFLOP ladder on {on}, {fitted} runs fitted: L = {law}")
     return fig
@@ -362,13 +359,11 @@ def read_load(run_dir):
     """-> (tokens (steps,), load CV (steps, MoE layers), the last logged load shares (MoE layers,
     n_experts)) from metrics.jsonl's 'expert_load' entries, or None without (a dense model)."""
     with open(os.path.join(run_dir, 'metrics.jsonl')) as f:
-        entries = [
-            json.loads(line) for line in f if '"expert_load"' in line and line.endswith('\n')
-        ]
-    if not entries:
+        lines = [line for line in f if '"expert_load"' in line and line.endswith('\n')]
+    if not lines:
         return None
     # a step logged again after a rollback or resume replaces the first
-    by_step = {e['step']: e for e in entries}
+    by_step = {e['step']: e for e in map(json.loads, lines)}
     steps = sorted(by_step)
     tokens = np.array([by_step[s]['tokens'] for s in steps], dtype=float)
     cv = np.array([by_step[s]['expert_load_cv'] for s in steps])

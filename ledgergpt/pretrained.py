@@ -77,9 +77,8 @@ def fetch(repo, network=None, weights=True):
     try:
         sha, listed = hub.files(repo, pinned.get('FILES', 'main'), '', '', kind='models')
     except DataError as e:  # a mistyped or not yet made folder reads as a repo id too: say so
-        raise DataError(
-            f"{repo} (not a folder here, so asked of the Hub as a repo id): {e}"
-        ) from None
+        asked = f"{repo} (not a folder here, so asked of the Hub as a repo id)"
+        raise DataError(f"{asked}: {e}") from None
     suffixes = ('.safetensors',) if weights else ()
     wanted = [f for f in listed if f['path'] in HUB_FILES or f['path'].endswith(suffixes)]
     if not any(f['path'] == 'config.json' for f in wanted):
@@ -200,8 +199,7 @@ def check_tokenizer(train, model_dir):
     theirs = os.path.join(train.data, 'tokenizer.json')
     if train.data == 'synthetic' or not (os.path.isfile(ours) and os.path.isfile(theirs)):
         return  # no data there yet: open_data says how to make it
-    with open(ours, 'rb') as f:
-        sha = hashlib.sha256(f.read()).hexdigest()
+    sha = hashlib.sha256(pathlib.Path(ours).read_bytes()).hexdigest()
     spec = read_json(theirs)
     if spec.get('sha256') != sha:
         raise DataError(
@@ -228,9 +226,8 @@ def describe(init_from):
     """The ledger's line for a run that starts from a checkpoint."""
     model_dir = folder(init_from, weights=False)
     hf_class, _ = model_values(model_dir)
-    tokens = card_tokens(model_dir)
     seen = 'unknown tokens (no count in a model card)'
-    if tokens:
+    if tokens := card_tokens(model_dir):
         seen = f"{tokens / 1e9:,.4g}B tokens (its card)"
     return (
         f"from: {init_from} ({hf_class}), pretrained on {seen}; full fine-tuning: every weight "

@@ -75,26 +75,21 @@ def fit_law(n_params, n_tokens, losses, bootstrap=BOOTSTRAP):
         bootstrap's refit descends from the fit's optimum and the grid's best 2, more loosely."""
         options = dict(zip(('ftol', 'gtol', 'maxiter'), tolerance))
         chosen = [*initial, *grid[np.argsort(huber(grid, *logs)[0])[:screened]]]
-        results = [
-            minimize(huber, x0, tuple(logs), 'L-BFGS-B', jac=True, bounds=BOUNDS, options=options)
-            for x0 in chosen
-        ]
-        return min(results, key=lambda result: result.fun)
+        lbfgs = dict(args=tuple(logs), method='L-BFGS-B', jac=True, bounds=BOUNDS, options=options)
+        return min((minimize(huber, x0, **lbfgs) for x0 in chosen), key=lambda result: result.fun)
 
     def as_law(theta):
         a, b, e, alpha, beta = (float(v) for v in theta)
-        return {'E': math.exp(e), 'A': math.exp(a), 'B': math.exp(b), 'alpha': alpha, 'beta': beta}
+        return dict(zip(KEYS, (math.exp(e), math.exp(a), math.exp(b), alpha, beta)))
 
     grid = np.asarray(STARTS, dtype=np.float64)
     logs = [np.log(np.asarray(v, dtype=np.float64)) for v in (n_params, n_tokens, losses)]
     best = best_of(logs)
     fitted = as_law(best.x)
     rng = np.random.default_rng(0)
-    samples = []
-    for _ in range(bootstrap):
-        pick = rng.integers(0, len(losses), len(losses))
-        refit = as_law(best_of([v[pick] for v in logs], [best.x], 2, (1e-12, 1e-8, 200)).x)
-        samples.append([refit[k] for k in KEYS])
+    picks = [rng.integers(0, len(losses), len(losses)) for _ in range(bootstrap)]
+    refits = [best_of([v[pick] for v in logs], [best.x], 2, (1e-12, 1e-8, 200)).x for pick in picks]
+    samples = [list(as_law(theta).values()) for theta in refits]
     predicted = np.log([law(fitted, n, d) for n, d in zip(n_params, n_tokens)])
     fitted.update(bootstrap=samples, residuals=[float(v) for v in logs[2] - predicted])
     # a parameter pushed to a bound is not measured by these runs (E at its floor: far from it)
@@ -319,6 +314,10 @@ def plan_point(prediction):
     return n_params, prediction['tokens'], prediction['flops_per_token']['matmul'] / n_params
 
 
+BILL_TITLE = 'Predicted loss: L = E + A/N^alpha + B/D^beta fitted to OUR runs '
+BILL_TITLE += "(experiments/ladder.py; Hoffmann et al.'s approach 3)"
+
+
 def bill_section(fit, prediction):
     """-> (title, [(label, value, note), ...]): the predicted final loss with its interval, the
     compute-optimal split of this plan's compute, and the loss at 0.5x to 4x the planned tokens."""
@@ -363,11 +362,7 @@ def bill_section(fit, prediction):
         note = f"[{q['low']:.3f}, {q['high']:.3f}]{bits}; {duration(days)}, ${usd:,.0f}"
         label = f'{multiple:g}x the tokens: {si(multiple * tokens)}'
         rows.append((label, f"{q['loss']:.3f} nats", note))
-    title = (
-        'Predicted loss: L = E + A/N^alpha + B/D^beta fitted to OUR runs (experiments/ladder.py; '
-        "Hoffmann et al.'s approach 3)"
-    )
-    return title, rows
+    return BILL_TITLE, rows
 
 
 def warnings(fit, prediction, data=None, tokenizer=None):
