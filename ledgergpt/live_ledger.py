@@ -316,12 +316,9 @@ def params_built(model, prediction, force, cluster):
 
 def held_bytes(tensors):
     """Bytes of the distinct storages behind tensors (a DTensor's shard, a DDP .grad's bucket)."""
-    storages = {}
-    for t in tensors:
-        if t is not None:
-            storage = (t.to_local() if isinstance(t, DTensor) else t).untyped_storage()
-            storages[storage.data_ptr(), storage.nbytes()] = storage.nbytes()
-    return sum(storages.values())
+    local = (t.to_local() if isinstance(t, DTensor) else t for t in tensors if t is not None)
+    storages = {(t.untyped_storage().data_ptr(), t.untyped_storage().nbytes()) for t in local}
+    return sum(nbytes for _, nbytes in storages)
 
 
 def measure_first_step(run, force=False):
