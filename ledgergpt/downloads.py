@@ -305,9 +305,8 @@ def download(hub, url, dest, listed, starts_with=b'PAR1'):
     checked too. `starts_with`: a good file's first bytes (parquet's magic): other bodies named."""
     name, size = os.path.basename(dest), listed['size']
     if os.path.exists(dest):
-        on_disk = os.path.getsize(dest)
-        wrong = f'{on_disk:,} bytes, not {size:,}'
-        if on_disk == size:
+        wrong = f'{os.path.getsize(dest):,} bytes, not {size:,}'
+        if os.path.getsize(dest) == size:
             kind, actual, expected = file_digest(dest, listed)
             if actual == expected:
                 return dest
@@ -318,8 +317,7 @@ def download(hub, url, dest, listed, starts_with=b'PAR1'):
     partial, etag_path = dest + '.partial', dest + '.etag'
     retries = Retries(listed['path'], hub.network)
     for attempt in range(1, HASH_ATTEMPTS + 1):
-        started = time.monotonic()
-        initial = min(size, size_of(partial))
+        started, initial = time.monotonic(), min(size, size_of(partial))
         with Progress(name, size, unit='B', initial=initial, leave=False) as progress:
             retries.after_wait = progress.waited_for
             while size_of(partial) != size:
