@@ -67,9 +67,8 @@ def download_hellaswag(url=None, folder=None, network=None):
         raise DataError(
             f"{url}: the server does not say the file's size (no Content-Length): use another URL"
         )
-    listed = {'path': 'hellaswag_val.jsonl', 'size': int(size)}
-    if url == HELLASWAG_URL:
-        listed['git_sha1'] = HELLASWAG_GIT_SHA1
+    git_sha1 = HELLASWAG_GIT_SHA1 if url == HELLASWAG_URL else None
+    listed = {'path': 'hellaswag_val.jsonl', 'size': int(size), 'git_sha1': git_sha1}
     return downloads.download(hub, url, dest, listed, starts_with=b'{')
 
 
@@ -206,11 +205,9 @@ def tally(items, mine, picks, device, world_size):
     return score
 
 
-def hellaswag_accuracy(
-    model, encoding, items, device, autocast=None, rank=0, world_size=1, batch_items=8
-):
-    """-> (accuracy, its standard error sqrt(p (1 - p) / n), n items)."""
-    score = task_accuracy(model, encoding, items, device, autocast, rank, world_size, batch_items)
+def hellaswag_accuracy(*args, **kwargs):
+    """task_accuracy's arguments -> (accuracy, its standard error sqrt(p (1 - p) / n), n items)."""
+    score = task_accuracy(*args, **kwargs)
     return score['acc'], score['acc_stderr'], score['items']
 
 
@@ -464,9 +461,8 @@ def scored(run, scorer, items):
 
 
 def recorded(run, entry, line):
-    state = run.state
-    run.metrics.record({'step': state.step, 'tokens': state.tokens_seen, **entry})
-    log(run.cluster, f"step {state.step}: {line}")
+    run.metrics.record({'step': run.state.step, 'tokens': run.state.tokens_seen, **entry})
+    log(run.cluster, f"step {run.state.step}: {line}")
 
 
 def evaluate_hellaswag(run):

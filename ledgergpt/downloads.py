@@ -117,7 +117,8 @@ class Retries:
     def __init__(self, what, network):
         self.what, self.network = what, network
         self.tries, self.first_failure = 0, None
-        self.after_wait = None  # called with the seconds waited (a download's Progress.waited_for)
+        # called with the seconds waited (a download's Progress.waited_for)
+        self.after_wait = lambda seconds: None
 
     def progress(self):
         self.tries, self.first_failure = 0, None
@@ -148,8 +149,7 @@ class Retries:
             f"{wait:g} s (retry budget {budget:g} s)"
         )
         time.sleep(wait)
-        if self.after_wait is not None:
-            self.after_wait(wait)
+        self.after_wait(wait)
 
 
 def retry_after_s(response):
@@ -254,9 +254,8 @@ class Hub:
                 if item['type'] == 'file' and item['path'].endswith(extension):
                     lfs = item.get('lfs') or {}
                     size, sha256 = lfs.get('size', item['size']), lfs.get('oid')
-                    listed.append({'path': item['path'], 'size': size, 'sha256': sha256})
-                    if not lfs:
-                        listed[-1]['git_sha1'] = item.get('oid')
+                    blob_id = {} if lfs else {'git_sha1': item.get('oid')}
+                    listed.append({'path': item['path'], 'size': size, 'sha256': sha256, **blob_id})
             url = response.links.get('next', {}).get('url')
         if not listed:
             raise DataError(
@@ -306,9 +305,8 @@ def download(hub, url, dest, listed, starts_with=b'PAR1'):
     checked too. `starts_with`: a good file's first bytes (parquet's magic): other bodies named."""
     name, size = os.path.basename(dest), listed['size']
     if os.path.exists(dest):
-        on_disk = os.path.getsize(dest)
-        wrong = f'{on_disk:,} bytes, not {size:,}'
-        if on_disk == size:
+        wrong = f'{os.path.getsize(dest):,} bytes, not {size:,}'
+        if os.path.getsize(dest) == size:
             kind, actual, expected = file_digest(dest, listed)
             if actual == expected:
                 return dest
@@ -319,8 +317,7 @@ def download(hub, url, dest, listed, starts_with=b'PAR1'):
     partial, etag_path = dest + '.partial', dest + '.etag'
     retries = Retries(listed['path'], hub.network)
     for attempt in range(1, HASH_ATTEMPTS + 1):
-        started = time.monotonic()
-        initial = min(size, size_of(partial))
+        started, initial = time.monotonic(), min(size, size_of(partial))
         with Progress(name, size, unit='B', initial=initial, leave=False) as progress:
             retries.after_wait = progress.waited_for
             while size_of(partial) != size:
@@ -374,10 +371,9 @@ def fetch_rest(hub, url, partial, etag_path, size, starts_with, retries, progres
             progress.update(-have)
         if not start:  # a new body: keep its ETag for If-Range (a weak W/ one cannot be used there)
             etag = response.headers.get('ETag', '')
+            remove_quietly(etag_path)
             if etag and not etag.startswith('W/'):
                 write_text_atomic(etag_path, etag)
-            else:
-                remove_quietly(etag_path)
         try:
             with open(partial, 'ab' if start else 'wb') as f:
                 for chunk in response.iter_content(chunk_size=DOWNLOAD_CHUNK_BYTES):
@@ -424,6 +420,7 @@ def check_answer(response, url, have, size, advice):
             f"the file: a captive portal or proxy login? open any web page to log in, or check "
             f"{advice}"
         )
+    total, start = response.headers.get('Content-Length'), 0
     if response.status_code == 206:
         match = re.fullmatch(r'bytes (\d+)-\d+/(\d+|\*)', response.headers.get('Content-Range', ''))
         if not match or int(match[1]) != have:
@@ -431,10 +428,7 @@ def check_answer(response, url, have, size, advice):
                 f"{url}: asked for bytes {have:,}- but the server sent "
                 f"{response.headers.get('Content-Range')!r}: check {advice}"
             )
-        if match[2] != '*' and int(match[2]) != size:
-            raise DataError(size_mismatch(url, f"{int(match[2]):,}", size, advice))
-        return have
-    length = response.headers.get('Content-Length')
-    if length is not None and int(length) != size:
-        raise DataError(size_mismatch(url, f"{int(length):,}", size, advice))
-    return 0
+        total, start = match[2], have
+    if total not in (None, '*') and int(total) != size:
+        raise DataError(size_mismatch(url, f"{int(total):,}", size, advice))
+    return start

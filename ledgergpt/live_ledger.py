@@ -316,12 +316,9 @@ def params_built(model, prediction, force, cluster):
 
 def held_bytes(tensors):
     """Bytes of the distinct storages behind tensors (a DTensor's shard, a DDP .grad's bucket)."""
-    storages = {}
-    for t in tensors:
-        if t is not None:
-            storage = (t.to_local() if isinstance(t, DTensor) else t).untyped_storage()
-            storages[storage.data_ptr(), storage.nbytes()] = storage.nbytes()
-    return sum(storages.values())
+    local = (t.to_local() if isinstance(t, DTensor) else t for t in tensors if t is not None)
+    storages = {(t.untyped_storage().data_ptr(), t.untyped_storage().nbytes()) for t in local}
+    return sum(nbytes for _, nbytes in storages)
 
 
 def measure_first_step(run, force=False):
@@ -561,18 +558,17 @@ class Metrics:
         """A mixture's eval, results {source: (loss, bytes per token)}: each source's val loss and
         bits per byte into metrics.jsonl ('val_sources'), the log and summary.json. -> the weighted
         totals (sum_s w_s L_s, sum_s w_s B_s), whose ratio is the mixture's bits per byte."""
-        scored, each = {}, []
+        scored, each, weighted = {}, [], []
         for name, (loss, size) in results.items():
             weight, bpb = sources[name]['weight'], sums.bits_per_byte(loss, size)
             scored[name] = dict(weight=weight, loss=loss, bpb=bpb)
             each.append(f"{name} ({weight:.1%}) {loss:.4f}" + (f", {bpb:.4f} bpb" if bpb else ''))
+            weighted.append((weight * loss, None if size is None else weight * size))
         self.record({'step': step, 'tokens': tokens_seen, 'val_sources': scored})
         self.measured['val_sources'] = scored
         log(self.cluster, f"step {step}: val per source: " + '; '.join(each))
-        weights = [sources[name]['weight'] for name in results]
-        loss = sum(w * loss for w, (loss, _) in zip(weights, results.values()))
-        per_token = [b for _, b in results.values()]
-        return loss, None if None in per_token else sum(w * b for w, b in zip(weights, per_token))
+        losses, sizes = zip(*weighted)
+        return sum(losses), None if None in sizes else sum(sizes)
 
     def check_probe(self, mfu):
         """A run faster than its prediction by sums.REPROBE_FACTOR or more on a measured peak: that
