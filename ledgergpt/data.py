@@ -99,9 +99,8 @@ def open_shard(path):
 # The folder: its shards by split, the command that makes it, meta.json, its largest token id.
 
 # prepare.py's sources (which name the shards) -> the arguments their command takes
-SOURCES = dict(
-    pystdlib='', fineweb_edu='', files=' PATH...', hub=' REPO --config NAME --column TEXT'
-)
+SOURCES = dict(pystdlib='', fineweb_edu='', files=' PATH...')
+SOURCES['hub'] = ' REPO --config NAME --column TEXT'
 
 
 def shard_path(data_dir, prefix, split, index):
@@ -531,9 +530,8 @@ def open_mixture(model_cfg, train):
         stream, vals[name], meta = open_data(model_cfg, one)
         streams.append(stream)
         metas.append(meta)
-        per_token, tokens = meta.get('bytes_per_token'), meta['train_tokens']
-        sources[name] = dict(folder=folder, weight=weight, bytes_per_token=per_token)
-        sources[name]['train_tokens'] = tokens
+        held = dict(bytes_per_token=meta.get('bytes_per_token'), train_tokens=meta['train_tokens'])
+        sources[name] = dict(folder=folder, weight=weight, **held)
     first, *others = (load_json(os.path.join(f, 'tokenizer.json')) for f in schedule.folders)
     for folder, tokenizer in zip(schedule.folders[1:], others):
         if tokenizer != first:
