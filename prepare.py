@@ -713,8 +713,7 @@ class Shards:
         return self.job.val_tokens + index * self.job.shard_tokens
 
     def path(self, index):
-        split = 'val' if index == 0 else 'train'
-        return data.shard_path(self.job.out_dir, self.prefix, split, index)
+        return data.shard_path(self.job.out_dir, self.prefix, 'train' if index else 'val', index)
 
     def add(self, file_index, first_row, tokens, doc_tokens, doc_bytes):
         """Buffer a tokenized batch and write the shards it completes; True once at the target."""

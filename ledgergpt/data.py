@@ -11,6 +11,7 @@ numpy and the standard library at import; tiktoken, tokenizers and torch where t
 """
 
 import base64
+import contextlib
 import dataclasses
 import glob
 import json
@@ -339,12 +340,10 @@ def token_byte_lengths(encoding):
                 lengths[token_id] = len(text) if byte_level else len(text.encode())
         return lengths
     special = {encoding.encode_single_token(name) for name in encoding.special_tokens_set}
-    for token_id in range(encoding.n_vocab):
-        if token_id not in special:
-            try:
-                lengths[token_id] = len(encoding.decode_single_token_bytes(token_id))
-            except KeyError:  # an id between the ranks and the special tokens: never in a shard
-                pass
+    for token_id in set(range(encoding.n_vocab)) - special:
+        # KeyError: an id between the ranks and the special tokens, never in a shard
+        with contextlib.suppress(KeyError):
+            lengths[token_id] = len(encoding.decode_single_token_bytes(token_id))
     return lengths
 
 
