@@ -809,8 +809,7 @@ class Job:
 
         make_tokenizer(self.out_dir, self.tokenizer, bpe_texts, self.network, self.special)
         shards, started = Shards(self, prefix, state, done_with_files), time.time()
-        first = shards.offset
-        if first:
+        if first := shards.offset:
             say(f"{prefix}: carrying on after {shards.shard} complete shards ({first:,} tokens)")
         batches = document_batches(paths, fetch, (state['file'], state['row']), 256, column)
         with (
