@@ -220,8 +220,7 @@ def make_model_tokenizer(out_dir, name, network=None):
 
     folder, text = model_tokenizer(name, network)
     tokenizer = Tokenizer.from_str(text.decode())
-    plain = tokenizer.encode('a', add_special_tokens=False).ids
-    added = tokenizer.encode('a', add_special_tokens=True).ids
+    plain, added = (tokenizer.encode('a', add_special_tokens=s).ids for s in (False, True))
     if len(added) > len(plain) and added[len(added) - len(plain) :] == plain:
         start = tokenizer.id_to_token(added[0])
     else:
@@ -325,8 +324,7 @@ def tokenize_batch(batch):
 
 
 def default_workers():
-    cores = os.sched_getaffinity(0) if hasattr(os, 'sched_getaffinity') else None
-    return max(1, len(cores) if cores is not None else os.cpu_count() or 1)
+    return len(os.sched_getaffinity(0)) if hasattr(os, 'sched_getaffinity') else os.cpu_count() or 1
 
 
 # --------------------------------------------------------------------------------------------------
@@ -376,9 +374,8 @@ def remove_shards(out_dir, prefix, keep):
 def request_change(old, new):
     """The settings of `new` that differ from `old`, as "tokenizer='gpt2' (this run: 'bpe:400')"."""
     old = dict(REQUEST_BEFORE, **old)
-    return ', '.join(
-        f"{k}={old.get(k)!r} (this run: {v!r})" for k, v in new.items() if old.get(k) != v
-    )
+    changes = (f"{k}={old.get(k)!r} (this run: {v!r})" for k, v in new.items() if old.get(k) != v)
+    return ', '.join(changes)
 
 
 def tokenizer_meta(encoding):

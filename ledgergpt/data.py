@@ -198,8 +198,7 @@ def check_token_ids(data_dir, meta, vocab_size):
     if largest is not None and largest < vocab_size:
         return largest
     largest = -1
-    for path in list_shards(data_dir, 'val') + list_shards(data_dir, 'train'):
-        shard = open_shard(path)
+    for shard in map(open_shard, list_shards(data_dir, 'val') + list_shards(data_dir, 'train')):
         largest = max(largest, int(shard.max()))
         if largest >= vocab_size:
             raise id_past_vocab(shard, 0, vocab_size, meta)
@@ -332,12 +331,10 @@ def token_byte_lengths(encoding):
         byte_chars = set(byte_alphabet().values())
         added = encoding.plain.get_added_tokens_decoder()
         for token_id in range(encoding.n_vocab):
-            if token_id in added:
-                token = added[token_id]
+            if (token := added.get(token_id)) is not None:
                 lengths[token_id] = 0 if token.special else len(token.content.encode())
             elif (text := encoding.plain.id_to_token(token_id)) is not None:
-                byte_level = all(c in byte_chars for c in text)
-                lengths[token_id] = len(text) if byte_level else len(text.encode())
+                lengths[token_id] = len(text) if set(text) <= byte_chars else len(text.encode())
         return lengths
     special = {encoding.encode_single_token(name) for name in encoding.special_tokens_set}
     for token_id in set(range(encoding.n_vocab)) - special:
