@@ -220,8 +220,7 @@ def make_model_tokenizer(out_dir, name, network=None):
 
     folder, text = model_tokenizer(name, network)
     tokenizer = Tokenizer.from_str(text.decode())
-    plain = tokenizer.encode('a', add_special_tokens=False).ids
-    added = tokenizer.encode('a', add_special_tokens=True).ids
+    plain, added = (tokenizer.encode('a', add_special_tokens=s).ids for s in (False, True))
     if len(added) > len(plain) and added[len(added) - len(plain) :] == plain:
         start = tokenizer.id_to_token(added[0])
     else:
@@ -325,8 +324,7 @@ def tokenize_batch(batch):
 
 
 def default_workers():
-    cores = os.sched_getaffinity(0) if hasattr(os, 'sched_getaffinity') else None
-    return max(1, len(cores) if cores is not None else os.cpu_count() or 1)
+    return len(os.sched_getaffinity(0)) if hasattr(os, 'sched_getaffinity') else os.cpu_count() or 1
 
 
 # --------------------------------------------------------------------------------------------------
@@ -376,9 +374,8 @@ def remove_shards(out_dir, prefix, keep):
 def request_change(old, new):
     """The settings of `new` that differ from `old`, as "tokenizer='gpt2' (this run: 'bpe:400')"."""
     old = dict(REQUEST_BEFORE, **old)
-    return ', '.join(
-        f"{k}={old.get(k)!r} (this run: {v!r})" for k, v in new.items() if old.get(k) != v
-    )
+    changes = (f"{k}={old.get(k)!r} (this run: {v!r})" for k, v in new.items() if old.get(k) != v)
+    return ', '.join(changes)
 
 
 def tokenizer_meta(encoding):
@@ -492,26 +489,25 @@ def prepare_pystdlib(
 def tokenize_pystdlib(out_dir, request, workers, batch_docs=64):
     started, version = time.time(), sys.version.split()[0]
     sources = pystdlib_files(request['max_files'])
-    texts = {'val': [], 'train': []}
+    val, train = [], []
     for path, text in sources:
-        split = 'val' if zlib.crc32(path.encode()) % 100 < PYSTDLIB_VAL_PERCENT else 'train'
-        texts[split].append(text)
-    if not texts['val'] or not texts['train']:
+        in_val = zlib.crc32(path.encode()) % 100 < PYSTDLIB_VAL_PERCENT
+        (val if in_val else train).append(text)
+    if not val or not train:
         raise DataError(
             f"{len(sources)} stdlib files leave one split empty: use more files (--max-files)"
         )
     say(
-        f"pystdlib: {len(texts['train'])} train + {len(texts['val'])} val files from "
+        f"pystdlib: {len(train)} train + {len(val)} val files from "
         f"{sysconfig.get_paths()['stdlib']} (Python {version})"
     )
     # the BPE learns from train files: val stays unseen
-    train = texts['train']
     make_tokenizer(out_dir, request['tokenizer'], lambda: train, None, request['special_tokens'])
     counts, written = dict(documents=len(sources), text_bytes=0, max_token_id=-1), []
     workers, shard_tokens = workers or default_workers(), request['shard_tokens']
     with worker_pool(workers, out_dir) as pool:
-        for split in ('val', 'train'):
-            docs, starts = texts[split], range(0, len(texts[split]), batch_docs)
+        for split, docs in (('val', val), ('train', train)):
+            starts = range(0, len(docs), batch_docs)
             batches = ((0, i, *pack_texts(docs[i : i + batch_docs])) for i in starts)
             results = list(pooled(pool, tokenize_batch, batches, 4 * workers))
             tokens = np.concatenate([result[2] for result in results])
@@ -714,8 +710,7 @@ class Shards:
         return self.job.val_tokens + index * self.job.shard_tokens
 
     def path(self, index):
-        split = 'val' if index == 0 else 'train'
-        return data.shard_path(self.job.out_dir, self.prefix, split, index)
+        return data.shard_path(self.job.out_dir, self.prefix, 'train' if index else 'val', index)
 
     def add(self, file_index, first_row, tokens, doc_tokens, doc_bytes):
         """Buffer a tokenized batch and write the shards it completes; True once at the target."""
@@ -727,8 +722,7 @@ class Shards:
         starts = self.offset + self.buffered + np.cumsum(doc_tokens) - doc_tokens
         self.buffer.append(tokens)
         self.buffered += len(tokens)
-        while self.offset + self.buffered >= min(self.end_of(self.shard), self.target):
-            end = min(self.end_of(self.shard), self.target)
+        while self.offset + self.buffered >= (end := min(self.end_of(self.shard), self.target)):
             self.write(end)
             # the documents begun before `end`, and the one holding stream token `end`
             before = np.searchsorted(starts, end, side='left')
@@ -737,12 +731,10 @@ class Shards:
             text_bytes = self.text_bytes + int((doc_bytes * counted)[:before].sum())
             if end == self.end_of(self.shard - 1):  # a full shard
                 row, skip = first_row + int(inside), int(end - starts[inside])
-                self.state.update(shards=self.shard, file=file_index, row=row, skip=skip)
-                self.state.update(documents=documents, text_bytes=text_bytes)
-                self.state['max_token_id'] = self.largest
+                counts = dict(documents=documents, text_bytes=text_bytes, max_token_id=self.largest)
+                self.state.update(shards=self.shard, file=file_index, row=row, skip=skip, **counts)
                 save_json(os.path.join(self.job.out_dir, 'progress.json'), self.state)
-                if self.done_with_files:
-                    self.done_with_files(file_index)
+                self.done_with_files(file_index)
             if end == self.target:
                 self.documents, self.text_bytes = documents, text_bytes
                 return True
@@ -802,7 +794,7 @@ class Job:
         settings = dict(tokenizer=self.tokenizer, shard_tokens=self.shard_tokens)
         return dict(head, **settings, val_tokens=self.val_tokens, special_tokens=self.special)
 
-    def tokenize(self, request, state, paths, fetch, done_with_files=None, column='text'):
+    def tokenize(self, request, state, paths, fetch, done_with_files=lambda n: None, column='text'):
         """The work from `state` on: the tokenizer (a BPE learns from the text after the val
         shard's), then the shards; returns meta.json's counts. fetch(i): file i's local path."""
         prefix, workers = request['source'], self.workers or default_workers()
@@ -814,8 +806,7 @@ class Job:
 
         make_tokenizer(self.out_dir, self.tokenizer, bpe_texts, self.network, self.special)
         shards, started = Shards(self, prefix, state, done_with_files), time.time()
-        first = shards.offset
-        if first:
+        if first := shards.offset:
             say(f"{prefix}: carrying on after {shards.shard} complete shards ({first:,} tokens)")
         batches = document_batches(paths, fetch, (state['file'], state['row']), 256, column)
         with (
@@ -827,8 +818,7 @@ class Job:
                 if shards.add(*result):
                     break
         counts = shards.finish()
-        if done_with_files:
-            done_with_files(len(paths))
+        done_with_files(len(paths))
         tokens, elapsed = shards.offset - first, time.time() - started
         rate = tokens / max(elapsed, 1e-9) / 1e6
         say(f"{prefix}: {tokens:,} tokens in {elapsed:.1f} s ({rate:.2f}M tokens/s)")
@@ -1032,15 +1022,14 @@ def prepare_hub(repo, out_dir, config='', column='text', split='', **options):
         )
     head = {'source': 'hub', 'repo': repo, 'config': config, 'column': column, 'split': split}
     source = '/'.join(part for part in (repo, config) if part)
-    return from_hub(out_dir, head, repo, config, source, column, split, **options)
+    return from_hub(out_dir, head, repo, config, source, **options)
 
 
-def from_hub(
-    out_dir, head, repo, folder, source, column='text', split='', tokenizer='gpt2', **options
-):
+def from_hub(out_dir, head, repo, folder, source, tokenizer='gpt2', **options):
     """fineweb_edu's and hub's work: shards named head['source'] of the files of `folder` in `repo`;
     meta.json's source is `source`, its request `head` (what names the source) and the options."""
     job, prefix = Job(out_dir, tokenizer, **options), head['source']
+    column, split = head.get('column', 'text'), head.get('split', '')
     request = job.request(dict(head, revision=job.revision), job.tokens)
 
     def make(state):
@@ -1123,10 +1112,8 @@ SOURCES = {  # name: (the function, help, --tokenizer's default, options, epilog
     'files': (prepare_files,
               'your own .txt, .jsonl ("text" field) or .parquet ("text" column) files', 'bpe:8192',
               ['paths'] + COMMON + [('--tokens', {'help': 'stop after this many tokens'}),
-                                    ('--val-tokens', {'help': 'tokens in the val shard (default: '
-                                                      '~10%% of the estimated total, at most one '
-                                                      'shard)'}),
-                                    '--bpe-sample-chars'], None),
+               ('--val-tokens', {'help': 'tokens in the val shard (default: ~10%% of the estimated '
+                                 'total, at most one shard)'}), '--bpe-sample-chars'], None),
 }
 # fmt: on
 

@@ -11,6 +11,7 @@ numpy and the standard library at import; tiktoken, tokenizers and torch where t
 """
 
 import base64
+import contextlib
 import dataclasses
 import glob
 import json
@@ -99,9 +100,8 @@ def open_shard(path):
 # The folder: its shards by split, the command that makes it, meta.json, its largest token id.
 
 # prepare.py's sources (which name the shards) -> the arguments their command takes
-SOURCES = dict(
-    pystdlib='', fineweb_edu='', files=' PATH...', hub=' REPO --config NAME --column TEXT'
-)
+SOURCES = dict(pystdlib='', fineweb_edu='', files=' PATH...')
+SOURCES['hub'] = ' REPO --config NAME --column TEXT'
 
 
 def shard_path(data_dir, prefix, split, index):
@@ -198,8 +198,7 @@ def check_token_ids(data_dir, meta, vocab_size):
     if largest is not None and largest < vocab_size:
         return largest
     largest = -1
-    for path in list_shards(data_dir, 'val') + list_shards(data_dir, 'train'):
-        shard = open_shard(path)
+    for shard in map(open_shard, list_shards(data_dir, 'val') + list_shards(data_dir, 'train')):
         largest = max(largest, int(shard.max()))
         if largest >= vocab_size:
             raise id_past_vocab(shard, 0, vocab_size, meta)
@@ -332,20 +331,16 @@ def token_byte_lengths(encoding):
         byte_chars = set(byte_alphabet().values())
         added = encoding.plain.get_added_tokens_decoder()
         for token_id in range(encoding.n_vocab):
-            if token_id in added:
-                token = added[token_id]
+            if (token := added.get(token_id)) is not None:
                 lengths[token_id] = 0 if token.special else len(token.content.encode())
             elif (text := encoding.plain.id_to_token(token_id)) is not None:
-                byte_level = all(c in byte_chars for c in text)
-                lengths[token_id] = len(text) if byte_level else len(text.encode())
+                lengths[token_id] = len(text) if set(text) <= byte_chars else len(text.encode())
         return lengths
     special = {encoding.encode_single_token(name) for name in encoding.special_tokens_set}
-    for token_id in range(encoding.n_vocab):
-        if token_id not in special:
-            try:
-                lengths[token_id] = len(encoding.decode_single_token_bytes(token_id))
-            except KeyError:  # an id between the ranks and the special tokens: never in a shard
-                pass
+    for token_id in set(range(encoding.n_vocab)) - special:
+        # KeyError: an id between the ranks and the special tokens, never in a shard
+        with contextlib.suppress(KeyError):
+            lengths[token_id] = len(encoding.decode_single_token_bytes(token_id))
     return lengths
 
 
@@ -531,9 +526,8 @@ def open_mixture(model_cfg, train):
         stream, vals[name], meta = open_data(model_cfg, one)
         streams.append(stream)
         metas.append(meta)
-        per_token, tokens = meta.get('bytes_per_token'), meta['train_tokens']
-        sources[name] = dict(folder=folder, weight=weight, bytes_per_token=per_token)
-        sources[name]['train_tokens'] = tokens
+        held = dict(bytes_per_token=meta.get('bytes_per_token'), train_tokens=meta['train_tokens'])
+        sources[name] = dict(folder=folder, weight=weight, **held)
     first, *others = (load_json(os.path.join(f, 'tokenizer.json')) for f in schedule.folders)
     for folder, tokenizer in zip(schedule.folders[1:], others):
         if tokenizer != first:
