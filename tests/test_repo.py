@@ -138,7 +138,7 @@ def test_command_1_installs_what_its_report_shows():
 # The budget: every feature in at most these (nanoGPT is 1.2K lines, nanochat's whole stack 6.7K).
 # They hold what the code has reached (13,204 lines, 9,189 of code at 08bcc5a, from 16,274 and
 # 11,900); the aim is 12,000 and 9,000.
-BUDGET = {'lines': 13_250, 'code lines': 9_200, 'files at the top level': 8}
+BUDGET = {'lines': 12_950, 'code lines': 9_000, 'files at the top level': 8}
 FUNCTION_LINES, COLUMNS = 60, 100
 
 
