@@ -791,7 +791,7 @@ def test_cli_bad_input_in_a_subprocess(tmp_path):
 
 
 def test_a_billion_layers_is_summed_not_listed():
-    """Issue 53: the sums count each kind of block once and multiply, so an absurd depth has its
+    """The sums count each kind of block once and multiply, so an absurd depth has its
     absurd answer at once (they built a list of every layer's tensors and never returned)."""
     args = ['configs/pystdlib_cpu.py', '--n_layer=1e9', '--gpu=H100']
     text, as_json = run_cli(*args), run_cli(*args, '--json')

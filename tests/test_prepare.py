@@ -1372,7 +1372,7 @@ print('rounds done', flush=True)
 
 
 def test_pool_comes_apart_with_work_in_flight(pystdlib_data):
-    """Issue 53: one `prepare.py fineweb_edu` run in 44 wrote its last shard and then hung. Its
+    """One `prepare.py fineweb_edu` run in 44 wrote its last shard and then hung. Its
     pool was a multiprocessing.Pool, torn down with terminate(), which kills the workers while the
     pool's task thread may still be writing a batch into their pipe, and then joins that thread,
     whose write never ends. Each round here leaves the pool as a run does when it reaches --tokens

@@ -200,7 +200,7 @@ runpy.run_path(sys.argv[0], run_name='__main__')
 
 @pytest.mark.parametrize('sigint', ['terminal', 'ignored'])
 def test_ctrl_c_during_the_step_probe_is_one_line(tmp_path, sigint):
-    """Issue 53: Ctrl-C during the step probe was swallowed (the run trained on, rc 0). Each of two
+    """Ctrl-C during the step probe was swallowed (the run trained on, rc 0). Each of two
     SIGINTs lands in a finalizer of the probe: the run stops after the probe, before its first
     checkpoint, in one line, exit 130."""
     config = write_config(tmp_path, 'synthetic', train_tokens=8 * 256, dtype='float32')
