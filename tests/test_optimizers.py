@@ -289,7 +289,7 @@ def test_the_books_muon_figures_are_the_ledgers():
 # Muon under FSDP2 (Shard(0) DTensor matrices): each matrix orthogonalised once, by the owner
 # config.muon_blocks gives it, its rows sent there and back by all-to-alls.
 SHARDED_MUON = '''
-import json, sys
+import json, os, sys
 import torch, torch.distributed as dist
 from torch.distributed.tensor import Shard, distribute_tensor, init_device_mesh
 from ledgergpt import config, optimizers
@@ -326,7 +326,13 @@ def sharded(tensor):
 spread = run([torch.nn.Parameter(sharded(full)) for full in fulls], sharded)
 equal = [torch.equal(p.full_tensor(), q.detach()) for p, q in zip(spread, alone)]
 owned = [i for _, block in config.muon_blocks(shapes, ranks) for i, owner in block if owner == rank]
-json.dump(dict(equal=equal, calls=calls, owned=owned), open(f'{sys.argv[1]}/rank{rank}.json', 'w'))
+with open(f'{sys.argv[1]}/rank{rank}.json', 'w') as f:
+    json.dump(dict(equal=equal, calls=calls, owned=owned), f)
+dist.barrier()
+dist.destroy_process_group()
+# no interpreter teardown: about one exit in ten here aborted after the last Python line, in C++
+# ("terminate called without an active exception", SIGABRT), with every rank's answer written
+os._exit(0)
 '''
 
 
