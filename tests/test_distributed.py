@@ -528,21 +528,29 @@ sys.exit(train.main(sys.argv[1:]))
 """
 
 
-def test_a_rank_killed_under_fsdp_is_one_line_with_the_resume_command(pystdlib_data, tmp_path):
-    """torchrun stops the other ranks with SIGTERM when one dies: rank 0 says a rank died and gives the command
-    that resumes (it said "interrupted (SIGTERM) ... rerun the same command", which without --resume is refused)."""
-    config = write_config(tmp_path, pystdlib_data)
+def run_killed(data, tmp_path, *flags, **env):
+    """KILLED's script on 2 processes (env FAIL=1: rank 1's collective fails, else rank 1 is
+    killed): -> (config, out_dir, the finished process), which failed."""
+    config = write_config(tmp_path, data)
     script = tmp_path / 'killed.py'
     script.write_text(KILLED)
     out = tmp_path / 'out'
     command = [sys.executable, '-m', 'torch.distributed.run', '--standalone', '--nproc_per_node=2']
     result = subprocess.run(
-        command + [str(script), config, f'--out_dir={out}', '--parallel=fsdp'],
+        command + [str(script), config, f'--out_dir={out}', *flags],
         cwd=ROOT,
         capture_output=True,
         text=True,
+        env=dict(os.environ, **env),
     )
     assert result.returncode != 0
+    return config, out, result
+
+
+def test_a_rank_killed_under_fsdp_is_one_line_with_the_resume_command(pystdlib_data, tmp_path):
+    """torchrun stops the other ranks with SIGTERM when one dies: rank 0 says a rank died and gives the command
+    that resumes (it said "interrupted (SIGTERM) ... rerun the same command", which without --resume is refused)."""
+    config, out, result = run_killed(pystdlib_data, tmp_path, '--parallel=fsdp')
     ours = [
         line for line in result.stderr.splitlines() if 'rank died' in line or 'interrupted' in line
     ]
@@ -561,19 +569,7 @@ def test_a_rank_killed_under_fsdp_is_one_line_with_the_resume_command(pystdlib_d
 def test_a_failed_collective_keeps_each_failing_ranks_traceback(pystdlib_data, tmp_path):
     """An NCCL error (here gloo's, injected on rank 1) ends in rank 0's one line, which names the
     file where each failing rank wrote its traceback: the cause is not lost to the summary."""
-    config = write_config(tmp_path, pystdlib_data)
-    script = tmp_path / 'failing.py'
-    script.write_text(KILLED)
-    out = tmp_path / 'out'
-    command = [sys.executable, '-m', 'torch.distributed.run', '--standalone', '--nproc_per_node=2']
-    result = subprocess.run(
-        command + [str(script), config, f'--out_dir={out}'],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        env=dict(os.environ, FAIL='1'),
-    )
-    assert result.returncode != 0
+    _, out, result = run_killed(pystdlib_data, tmp_path, FAIL='1')
     (line,) = [line for line in result.stderr.splitlines() if 'rank died' in line]
     assert line.split("; the failing ranks' tracebacks: ")[1].split(', ')[-1] == str(
         out / 'rank1_error.txt'
