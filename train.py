@@ -13,7 +13,6 @@ live_ledger.py and checkpoint.py, and a line of hook each for evals.py, sample.p
 import contextlib
 import dataclasses
 import gc
-import math
 import shlex
 import sys
 
@@ -43,69 +42,16 @@ from ledgergpt import (
     optimizers,
     pretrained,
     processes,
+    schedule,
 )
 from ledgergpt.config import IGNORE_INDEX, sharded, tokens_per_micro_step
 from ledgergpt.processes import log
+from ledgergpt.schedule import batch_tokens_at, lr_at, planned_steps
 from model import GPT
 
 # --------------------------------------------------------------------------------------------------
-# 1. The batch and the LR schedule (the book's training recipe).
-# One micro-step is a forward/backward of micro_batch sequences of block_size tokens on every rank,
-# so it covers micro_batch x block_size x world_size tokens; gradient accumulation repeats it until
-# batch_tokens, the global batch, is reached. The global batch is fixed by the config: more ranks
-# means fewer micro-steps, not a bigger batch. config.tokens_per_micro_step checks that it is a
-# whole number of them, for train.py and the ledger alike.
-
-
-def batch_tokens_at(tokens_seen, train, micro_step_tokens):
-    """The global batch for the next step. GPT-3 style ramp: linear in tokens seen from
-    batch_ramp_start to batch_tokens over the first batch_ramp_tokens, rounded down to whole
-    micro-steps (GPT-3 went 32K -> 3.2M tokens over its first 4-12B tokens). A small early batch
-    is enough while the gradient is large and coherent."""
-    if train.batch_ramp_tokens <= 0 or tokens_seen >= train.batch_ramp_tokens:
-        return train.batch_tokens
-    start, full = train.batch_ramp_start, train.batch_tokens
-    ramped = start + (full - start) * tokens_seen / train.batch_ramp_tokens
-    return max(micro_step_tokens, int(ramped) // micro_step_tokens * micro_step_tokens)
-
-
-def planned_steps(train, micro_step_tokens):
-    """Optimizer steps to see train_tokens: the length the schedule spans (max_steps may stop the
-    run earlier). The ramp is walked step by step (thousands of steps at most)."""
-    steps, tokens = 0, 0
-    while tokens < min(train.train_tokens, train.batch_ramp_tokens):
-        tokens += batch_tokens_at(tokens, train, micro_step_tokens)
-        steps += 1
-    return steps + max(0, math.ceil((train.train_tokens - tokens) / train.batch_tokens))
-
-
-def warmup_steps(total_steps, train):
-    return max(1, round(train.warmup_frac * total_steps))
-
-
-def wsd_decay(total_steps, train):
-    """wsd: (the first decayed step, the steps of the decay): the last decay_frac of total_steps."""
-    decay = max(1, round(train.decay_frac * total_steps))
-    return total_steps - decay, decay
-
-
-def lr_at(step, total_steps, train, cooldown=None):
-    """LR for 0-based step `step` of `total_steps`. Linear warmup over warmup_frac of the steps
-    (the book: 0.1-0.5%) from lr/warmup to the peak at step warmup-1; then cosine decay (GPT-3,
-    LLaMA) or warmup-stable-decay (constant, then a linear decay over the last decay_frac of the
-    steps), both ending at min_lr_ratio x peak (10%) on the last step. cooldown: (first step,
-    steps) of a cooldown's own linear decay from the peak, whatever the schedule."""
-    warmup = warmup_steps(total_steps, train)
-    peak, floor = train.lr, train.lr * train.min_lr_ratio
-    if step < warmup:
-        return peak * (step + 1) / warmup
-    if cooldown or train.schedule == 'wsd':
-        decay_start, decay = cooldown or wsd_decay(total_steps, train)  # the last step: the floor
-        if step < decay_start:
-            return peak
-        return peak + (floor - peak) * min(1.0, (step - decay_start + 1) / decay)
-    progress = min(1.0, (step - warmup + 1) / max(1, total_steps - warmup))  # 1.0 on the last step
-    return floor + (peak - floor) * 0.5 * (1 + math.cos(math.pi * progress))
+# 1. The batch and the LR schedule (the book's training recipe): ledgergpt/schedule.py, whose
+# batch_tokens_at and lr_at the step below follows, and whose law forecasts the loss they draw.
 
 
 # --------------------------------------------------------------------------------------------------
@@ -291,8 +237,9 @@ def first_state(run, prediction, resume_from, end_step, force, locking):
     train, cluster = run.train, run.cluster
     built = live_ledger.params_built(run.raw_model, prediction, force, cluster)  # or it stops here
     bytes_per_token = run.meta.get('bytes_per_token') if run.meta else None
+    plan = (run.stop_step, run.micro_step_tokens, run.cooldown)  # for the loss forecast
     run.metrics = live_ledger.Metrics(
-        cluster, train, prediction, built, bool(resume_from), bytes_per_token
+        cluster, train, prediction, built, bool(resume_from), bytes_per_token, plan
     )
     live_ledger.measure_first_step(run, force)  # its FLOPs and model states, for report.md
     if cluster.is_master and locking:
@@ -391,6 +338,8 @@ def due_after(run, stopping):
     every = dict(log=train.log_every, eval=train.eval_every, checkpoint=train.ckpt_every)
     every.update(hellaswag=train.hellaswag_every, tasks=train.eval_tasks_every)
     due = {what for what, n in every.items() if n and (step % n == 0 or done)}
+    if train.eval_every and step in {round(at * run.stop_step) for at in schedule.FORECAST_AT}:
+        due.add('eval')  # the forecasts the run keeps to check at its end
     if step in train.keep_steps:
         due.add('checkpoint')
     if train.sample_every and step % train.sample_every == 0 and run.tokenizer and not done:
@@ -436,7 +385,8 @@ def loop(run):
                 due = set()
             if 'log' in due:
                 steps = run.stop_step if run.cooldown else run.total_steps
-                run.metrics.log_step(pending[-1], steps, tokens, loss, grad_norm)
+                loss_mean = sum(loss for loss, _ in values) / len(values)  # the law's fit's
+                run.metrics.log_step(pending[-1], steps, tokens, loss, grad_norm, loss_mean)
                 if run.raw_model.moe:  # MoE: each expert's load, its CV and the router biases
                     moe_stats = live_ledger.router_stats(run.raw_model)
                     run.metrics.record({'step': step, 'tokens': tokens, **moe_stats})

@@ -20,7 +20,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import train
-from ledgergpt import bill, checkpoint, plot, scaling, sums
+from ledgergpt import bill, checkpoint, plot, scaling, schedule, sums
 from ledgergpt.config import ConfigError, UserError, cli, load_config
 
 USAGE = 'usage: python experiments/overtrain.py CONFIG [--key=value ...] [--lrs=LR,LR,...] [--plan]'
@@ -34,7 +34,7 @@ def stable_steps(total_steps, train_cfg):
     """wsd: the checkpoints (steps done) a branch may start from: warmup complete, the next step
     still at the peak. h200_1b3_overtrain: steps 572 to 152,587 of 190,735."""
     return range(
-        train.warmup_steps(total_steps, train_cfg), train.wsd_decay(total_steps, train_cfg)[0]
+        schedule.warmup_steps(total_steps, train_cfg), schedule.wsd_decay(total_steps, train_cfg)[0]
     )
 
 
@@ -46,12 +46,12 @@ def branch_points(train_cfg, micro_step_tokens):
             f"cooldowns need schedule = 'wsd': a {train_cfg.schedule} run's LR falls at every "
             'step, so no checkpoint of it is a stable point to branch from'
         )
-    stable = stable_steps(train.planned_steps(train_cfg, micro_step_tokens), train_cfg)
+    stable = stable_steps(schedule.planned_steps(train_cfg, micro_step_tokens), train_cfg)
     points = {}
     for length in train_cfg.cooldowns:
         start = round((1 - train_cfg.decay_frac) * length)
         before = dataclasses.replace(train_cfg, train_tokens=start)
-        step = train.planned_steps(before, micro_step_tokens)
+        step = schedule.planned_steps(before, micro_step_tokens)
         if step not in stable:
             raise ConfigError(
                 f'cooldowns: the branch of {length:,} tokens would start at step {step:,} '
@@ -89,7 +89,7 @@ def check_branch_start(path, model_cfg, train_cfg):
     written = {key: value for key, value in main.items() if hasattr(train_cfg, key)}
     main_train = dataclasses.replace(train_cfg, **written)
     micro_step_tokens = train.tokens_per_micro_step(model_cfg, main_train, 1)
-    stable = stable_steps(train.planned_steps(main_train, micro_step_tokens), main_train)
+    stable = stable_steps(schedule.planned_steps(main_train, micro_step_tokens), main_train)
     if step not in stable:
         where = 'still warming up' if step < stable.start else 'already decaying'
         raise ConfigError(
@@ -138,7 +138,7 @@ def plan(model_cfg, train_cfg):
             flags = [f'--cooldown_from={start}', f'--cooldown_tokens={decay}']
             out_dir = beside(main, 'cooldown', length)
             runs.append(Planned('cooldown', length, decay, out_dir, flags, start))
-        seen += train.batch_tokens_at(seen, train_cfg, micro_step_tokens)
+        seen += schedule.batch_tokens_at(seen, train_cfg, micro_step_tokens)
     for length in sorted(train_cfg.cooldowns) + [total]:
         flags = ['--schedule=cosine', f'--train_tokens={length}']
         runs.append(Planned('cosine', length, length, beside(main, 'cosine', length), flags))

@@ -627,12 +627,41 @@ def comparison_rows(s):
     ]
 
 
+def estimate_text(e):
+    """A forecast's val loss, its 95% interval and bits per byte (schedule.estimate's dict)."""
+    bpb = f", {e['val_bpb']:.4f} bpb" if e.get('val_bpb') else ''
+    return f"{e['val_loss']:.4f} (95%: {e['low']:.4f} to {e['high']:.4f}){bpb}"
+
+
+def forecast_line(f):
+    """train.py's line for schedule.forecast's dict: the run's end, then the what-ifs."""
+    if 'not_yet' in f:
+        return f"no forecast of the final val loss yet: {f['not_yet']}"
+    others = [(f'{name} the tokens', e) for name, e in f['what_if'].items()]
+    others += [('a cooldown from now', f['cooldown_now'])] if 'cooldown_now' in f else []
+    others += [(f'the branch to {int(t):,} tokens', e) for t, e in f['branches'].items()]
+    return f"forecast at step {f['end_step']:,}: val loss {estimate_text(f)}" + ''.join(
+        f"; {name} (step {e['steps']:,}): {e['val_loss']:.3f}" for name, e in others)
+
+
+def forecast_rows(s):
+    """report.md's rows of the forecasts made at 10%, 25% and 50% of the run, each against the val
+    loss measured at the step it forecast (None before)."""
+    return [
+        (f"final val loss, forecast at {at} of the run (step {f['step']:,}; 95%: "
+         f"{f['low']:.4f} to {f['high']:.4f}{'; said not yet' if 'not_yet' in f else ''})",
+         f['val_loss'], s['val_loss'] if s['step'] == f['end_step'] else None,
+         lambda x: f'{x:.4f}')
+        for at, f in s.get('forecasts', {}).items() if 'val_loss' in f
+    ]
+
+
 def format_comparison(s):
     """report.md's table from a summary (sums.summarize): what, predicted, measured, ratio."""
     cells = [
         (what, fmt(predicted), '-' if value is None else fmt(value),
          f'{value / predicted:.3f}' if value is not None and predicted else '-')
-        for what, predicted, value, fmt in filter(None, comparison_rows(s))
+        for what, predicted, value, fmt in filter(None, comparison_rows(s) + forecast_rows(s))
     ]
     mfu = (f"{s['mfu_assumed']:.0%} MFU ({s['mfu_source']})" if s.get('mfu_source')
            else f"an assumed {s['mfu_assumed']:.0%} MFU")

@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
-from ledgergpt import bill, data, files, plot, scaling, sums, trackers
+from ledgergpt import bill, data, files, plot, scaling, schedule, sums, trackers
 from ledgergpt.config import IGNORE_INDEX, OPTIMIZERS, ConfigError, tokens_per_micro_step
 from ledgergpt.continuation import TrainingStopped, interruptible
 from ledgergpt.processes import log
@@ -442,8 +442,10 @@ class Metrics:
     first interval after a start or a rollback (compile, warm-up) is logged but left out of the
     run's figures in summary.json."""
 
-    def __init__(self, cluster, train, prediction, params_built, append, bytes_per_token=None):
+    def __init__(self, cluster, train, prediction, built, append, bytes_per_token=None, plan=None):
         self.cluster, self.prediction, self.out_dir = cluster, prediction, train.out_dir
+        self.train, self.plan, self.forecasts = train, plan, {}  # plan: (stop step, micro-step
+        # tokens, cooldown) for schedule.forecast; forecasts: those made at FORECAST_AT
         # meta.json's mean bytes per token: the train loss in bits per byte too (the val loss's
         # are exact: evaluate counts the bytes of the targets it scores)
         self.bytes_per_token = bytes_per_token
@@ -454,7 +456,7 @@ class Metrics:
         if cluster.device.type == 'cuda':
             where = torch.cuda.get_device_name(cluster.device)
         self.measured = dict(device=f'{cluster.world_size} x {where}', torch=torch.__version__)
-        self.measured.update(params=params_built, bytes_per_token=bytes_per_token)
+        self.measured.update(params=built, bytes_per_token=bytes_per_token)
         self.run_tokens, self.run_seconds = 0, 0.0  # over the intervals after the first
         # what the probe cache files this run's speed under (learn_speed): its folder and start
         self.run_name = f"{os.path.abspath(train.out_dir)} {time.strftime('%Y-%m-%d %H:%M:%S')}"
@@ -515,14 +517,15 @@ class Metrics:
         if self.trackers is not None:
             self.trackers.finish(self.out_dir)
 
-    def log_step(self, result, total_steps, tokens_seen, loss, grad_norm):
+    def log_step(self, result, total_steps, tokens_seen, loss, grad_norm, loss_mean=None):
         tokens_per_s = self.interval_tokens / self.interval_seconds
         mfu, days, warmup = self.mfu(tokens_per_s), self.days(tokens_per_s), self.warmup
         peak, _ = peak_memory(self.cluster)
         bpb = sums.bits_per_byte(loss, self.bytes_per_token)
         step, lr = result.step, result.lr
         self.record(
-            dict(step=step, tokens=tokens_seen, loss=loss, bpb=bpb, lr=lr, grad_norm=grad_norm)
+            dict(step=step, tokens=tokens_seen, loss=loss, loss_mean=loss_mean, bpb=bpb, lr=lr)
+            | dict(grad_norm=grad_norm)
             | dict(batch_tokens=result.batch_tokens, tokens_per_s=tokens_per_s, mfu=mfu, days=days)
             | dict(peak_memory_bytes=peak, warmup=warmup)
         )
@@ -552,7 +555,24 @@ class Metrics:
         self.record({'step': step, 'tokens': tokens_seen, 'val_loss': val_loss, 'val_bpb': val_bpb})
         bpb = f", {val_bpb:.4f} bits per byte" if val_bpb is not None else ''
         log(self.cluster, f"step {step}: val loss {val_loss:.4f}{bpb}")
+        if self.plan and self.cluster.is_master:
+            self.forecast(step, tokens_seen)
         self.write_summary(step, tokens_seen, val_loss, val_bytes_per_token)
+
+    def forecast(self, step, tokens_seen):
+        """The run's final val loss forecast from its curve so far (schedule.forecast, ~10 ms
+        after the first): into the log and metrics.jsonl, and kept for summary.json when made at
+        one of FORECAST_AT. A failure is a line: training goes on."""
+        try:
+            made = schedule.forecast(self.metrics_path, self.train, *self.plan)
+        except Exception as e:  # noqa: BLE001 (whatever it is, the run goes on)
+            made = {'not_yet': f'{type(e).__name__}: {e}'}
+        for at in schedule.FORECAST_AT:
+            if step == round(at * self.plan[0]):
+                made['kept'] = f'{at:.0%}'  # for summary.json, report.md and loss.png
+                self.forecasts[made['kept']] = made
+        self.record({'step': step, 'tokens': tokens_seen, 'forecast': made})
+        log(self.cluster, f"step {step}: {bill.forecast_line(made)}")
 
     def record_sources(self, step, tokens_seen, results, sources):
         """A mixture's eval, results {source: (loss, bytes per token)}: each source's val loss and
@@ -606,6 +626,7 @@ class Metrics:
         if val_loss is not None:
             self.measured.update(val_loss=val_loss, val_bytes_per_token=val_bytes_per_token)
         summary = sums.summarize(self.prediction, self.measured)
+        summary['forecasts'] = self.forecasts  # the law's, at 10%, 25% and 50% of the run
         if self.fit:  # the fit's predicted final val loss beside the measured one
             summary.update(scaling.check(self.fit, self.prediction))
         files.save_json(os.path.join(self.out_dir, 'summary.json'), summary)

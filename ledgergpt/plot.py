@@ -46,6 +46,7 @@ SOURCE = dict(linestyle=':', markersize=4)
 ROLLBACK = dict(linestyle=(0, (6, 3)), linewidth=1, alpha=0.8)
 CHINCHILLA = dict(linestyle=':', linewidth=1.5)
 SCORE = dict(linestyle='-.', markersize=4, capsize=3)
+FORECAST_MARKERS = 'v^D'  # the forecasts at 10%, 25% and 50% of the run
 FINAL = dict(linestyle='', markersize=12, markeredgecolor='black')
 LADDER_N = 'the output projection in, the embedding lookup out'
 COOLDOWN, COSINE = dict(linewidth=2, linestyle='-'), dict(linewidth=1, linestyle='--')
@@ -60,7 +61,7 @@ LEGEND = dict(loc='outside lower center', ncols=2, fontsize='small', frameon=Fal
 def logged(path):
     """(train: {step: its log entry}, evals, rollbacks) of metrics.jsonl: a step logged again (after
     a rollback or a resume) replaces what followed it."""
-    train, evals, rollbacks = {}, [], []
+    train, evals, rollbacks, latest = {}, [], [], 0  # latest: the last step kept
     with open(path) as f:
         for line in f:
             try:
@@ -74,13 +75,17 @@ def logged(path):
             elif 'loss' in entry:
                 since = entry['step']
             else:
-                if {'val_loss', 'val_sources', *SCORES} & entry.keys():
+                if {'val_loss', 'val_sources', 'forecast', *SCORES} & entry.keys():
                     evals.append(entry)
+                    latest = max(latest, entry['step'])
                 continue
-            train = {step: e for step, e in train.items() if step < since}
-            evals = [e for e in evals if e['step'] < since]
+            if since <= latest:  # only then: a pass a line took 8 s at 9,500 lines (190K steps / 2)
+                train = {step: e for step, e in train.items() if step < since}
+                evals = [e for e in evals if e['step'] < since]
+                latest = since - 1
             if 'event' not in entry:
                 train[entry['step']] = entry
+                latest = entry['step']
     return train, evals, rollbacks
 
 
@@ -112,6 +117,8 @@ def read_run(run_dir):
         return curve(mixed, lambda e: e['val_sources'].get(name, {}).get('loss', np.nan))
 
     mixed = [e for e in evals if 'val_sources' in e]  # a mixture's evals: each source's val loss
+    # the forecasts kept (schedule.FORECAST_AT), each at its end: its step's tokens, scaled
+    kept = [(e['tokens'], e['forecast']) for e in evals if 'kept' in e.get('forecast', {})]
     scores = {name: score(name) for name in SCORES}
     return {
         'name': os.path.basename(os.path.normpath(run_dir)),
@@ -122,6 +129,11 @@ def read_run(run_dir):
         'scores': {name: values for name, values in scores.items() if len(values[0])},
         'chinchilla': chinchilla_tokens(run_dir),
         'sources': {name: source(name) for name in (mixed[-1]['val_sources'] if mixed else ())},
+        'forecasts': [
+            (f['kept'], tokens * f['end_step'] / f['step'], f['val_loss'], f['low'], f['high'])
+            for tokens, f in kept
+            if 'val_loss' in f
+        ],
     }
 
 
@@ -180,6 +192,11 @@ def train_and_val(ax, run, color, train_label):
     label = f'{train_label} train (moving average)'
     ax.plot(tokens, smooth(losses), color=color, linewidth=2, marker=marker, label=label)
     ax.plot(*run['val'], color=color, label=f"{run['name']} val", **VAL)
+    for marker, (at, x, loss, low, high) in zip(FORECAST_MARKERS, run['forecasts']):
+        label = f"{run['name']} final val loss, forecast at {at} (95%)"
+        ax.errorbar(
+            x, loss, [[loss - low], [high - loss]], marker=marker, color=color, label=label, **SCORE
+        )
 
 
 def figure(run_dirs):

@@ -89,14 +89,18 @@ def wandb_offline_runs(folder):
 
 
 def metrics_by_step(entries):
-    """{(step, key): value} of metrics.jsonl's numbers (True/False as 1/0), a later record of a step replacing an
-    earlier one: what a tracker shows of a run that was resumed."""
-    return {
-        (entry['step'], key): int(value) if isinstance(value, bool) else value
-        for entry in entries
-        for key, value in entry.items()
-        if key != 'step' and isinstance(value, (bool, int, float))
-    }
+    """{(step, key): value} of metrics.jsonl's numbers (True/False as 1/0; a nested record's, a forecast's, by
+    '/': forecast/what_if/2x/val_loss), a later record of a step replacing an earlier one: what a tracker shows of
+    a run that was resumed."""
+
+    def numbers(record, prefix=''):
+        for key, value in record.items():
+            if isinstance(value, dict):
+                yield from numbers(value, f'{prefix}{key}/')
+            elif isinstance(value, (bool, int, float)) and (prefix or key != 'step'):
+                yield f'{prefix}{key}', int(value) if isinstance(value, bool) else value
+
+    return {(entry['step'], key): value for entry in entries for key, value in numbers(entry)}
 
 
 class LiveBytes(TorchDispatchMode):
