@@ -6,9 +6,6 @@ sample.py: text from a checkpoint that train.py wrote.
     python sample.py out/pystdlib_cpu --prompt "def " --tokens 300 --num_samples 3
     python sample.py out/fim --prefix $'def area(r):\n    ' --suffix $'\n    return a\n'   # FIM
 
-The checkpoint carries the model and data config; the text is decoded by the tokenizer prepare.py
-saved in the data folder. Any run's weights load in one process (checkpoint.load_model).
-
 --prefix and --suffix ask a model trained with objective='fim' for the middle between them
 (docs/objectives.md): the prompt is PSM, <|fim_prefix|> prefix <|fim_suffix|> suffix <|fim_middle|>,
 and the middle ends at the end-of-text token (or after --tokens). A prefix or suffix that cuts what
@@ -23,13 +20,6 @@ import torch
 
 from ledgergpt import checkpoint, data, objectives
 from ledgergpt.config import ConfigError, cli, sharded
-
-
-def fim_prompt(eot_id, ids, prefix, suffix):
-    """The PSM prompt (token ids) for the middle between prefix and suffix (token ids): a fresh
-    document, as in training, ids holding the data folder's FIM tokens by name."""
-    pre, suf, mid = (ids[name] for name in objectives.FIM_TOKENS)
-    return [eot_id, pre, *prefix, suf, *suffix, mid]
 
 
 def generate_until(model, idx, max_new_tokens, stop_id, temperature, top_k):
@@ -100,7 +90,9 @@ def infill_prompt(args, path, train_config, tokenizer, block_size):
     user = 'sample.py --prefix/--suffix (fill in the middle)'
     ids = objectives.special_ids(meta, train_config['data'], objectives.FIM_TOKENS, user)
     prefix, suffix = (tokenizer.encode_ordinary(text or '') for text in (args.prefix, args.suffix))
-    prompt = fim_prompt(tokenizer.eot_token, ids, prefix, suffix)
+    pre, suf, mid = (ids[name] for name in objectives.FIM_TOKENS)
+    # PSM, as a fresh document in training
+    prompt = [tokenizer.eot_token, pre, *prefix, suf, *suffix, mid]
     if len(prompt) >= block_size:
         raise ConfigError(
             f"--prefix and --suffix are {len(prompt)} tokens with the FIM tokens: the model sees "
