@@ -7,6 +7,7 @@ without it. The commands that watch a run: docs/after-training.md, "Watching a r
 
 import json
 import os
+import pathlib
 import secrets
 import shutil
 import sys
@@ -91,8 +92,7 @@ class TensorBoard:
             return
         report, picture = os.path.join(out_dir, 'report.md'), os.path.join(out_dir, 'loss.png')
         if os.path.exists(report):
-            with open(report) as f:
-                self.writer.add_text('report', f.read(), self.step)
+            self.writer.add_text('report', pathlib.Path(report).read_text(), self.step)
         if os.path.exists(picture):
             import matplotlib.image
 
