@@ -174,12 +174,6 @@ def row_losses(model, items, render_item, device, autocast, batch_items, reducti
     return losses
 
 
-def my_slice(items, rank, world_size):
-    per_rank = math.ceil(len(items) / world_size)
-    mine = items[rank * per_rank : (rank + 1) * per_rank]
-    return mine + [items[0]] * (per_rank - len(mine)), len(mine)
-
-
 def tally(items, mine, picks, device, world_size):
     """{'items', 'chance', 'acc', 'acc_norm' and their '_stderr'} of the (acc, acc_norm) picks for
     `mine`, summed over the ranks; with several subjects (MMLU) also their '_macro' averages."""
@@ -420,7 +414,9 @@ def task_accuracy(
 ):
     """tally's score of a task's items: HellaSwag's ('endings') picked by the lowest mean loss,
     the Hub tasks' by predictions."""
-    mine, counted = my_slice(items, rank, world_size)
+    per_rank = math.ceil(len(items) / world_size)
+    mine = items[rank * per_rank : (rank + 1) * per_rank]
+    counted, mine = len(mine), mine + [items[0]] * (per_rank - len(mine))
     if 'endings' in items[0]:
         render_item = functools.partial(render, encoding)
         losses = row_losses(model, mine, render_item, device, autocast, batch_items, 'mean')

@@ -7,9 +7,6 @@ llama.cpp's converter read as they read any model (docs/after-training.md: what 
     python export.py out/h200_1b3/ckpt/step_0049592 hf/1b3 --dtype float32
     python export.py out/pystdlib_cpu hf/pystdlib_cpu --push you/pystdlib-4x256  # and a model card
     python export.py out/pystdlib_cpu hf/pystdlib_cpu --gguf --dtype float16   # and model.gguf
-
-The model becomes its family's Hugging Face class, or the class that holds its parts (config.PARTS).
-bos, eos and pad are all our end-of-text token, which starts every training document.
 """
 
 import argparse

@@ -81,7 +81,6 @@ def fetch(repo, network=None, weights=True):
     if not any(f['path'] == 'config.json' for f in wanted):
         raise DataError(f"{repo} has no config.json at {sha}: not a transformers model repo")
     model_dir = os.path.join(root, sha)
-    os.makedirs(model_dir, exist_ok=True)
     what = 'files' if weights else 'files (not the weights: the first run fetches them)'
     say(f"init_from {repo}@{sha[:12]}: {len(wanted)} {what} into {model_dir}")
     for entry in wanted:
@@ -268,8 +267,7 @@ def load_weights(model, init_from):
     import torch
     from safetensors import safe_open
 
-    model_dir, c = folder(init_from), model.config
-    hf_class = hf_class_of(c)
+    model_dir, c, hf_class = folder(init_from), model.config, hf_class_of(model.config)
     targets = hf_tensors(model, hf_class)  # Hugging Face name -> a view of our parameter
     loaded = set()
     with torch.no_grad():
