@@ -5,6 +5,7 @@ offline first, from rank 0; a tracker missing or failing is one warning line and
 without it. The commands that watch a run: docs/after-training.md, "Watching a run".
 """
 
+import functools
 import json
 import os
 import pathlib
@@ -175,8 +176,7 @@ class Trackers:
                 warn(f"tracker {name} failed to {method} ({type(e).__name__}: {e})")
                 del self.running[name]
 
-    def log(self, entry):
-        self.call('log', entry)
+    log = functools.partialmethod(call, 'log')
 
     def finish(self, out_dir):
         self.call('finish', out_dir)
