@@ -250,9 +250,8 @@ def fineweb(web, edu, note=''):
 GPT2 = [f'GPT-2 {size}' for size in ('124M', '350M', '774M', '1558M')]
 GPT3_SIZES = ('Small 125M', 'Medium 350M', 'Large 760M', 'XL 1.3B', '2.7B', '6.7B', '13B', '175B')
 GPT3 = [f'GPT-3 {size}' for size in GPT3_SIZES]
-# Brown et al. 2020, Table H.1, zero-shot, HellaSwag's dev set and ARC's test set; Hendrycks et al.
-# 2021, Table 1; the FineWeb paper (Penedo et al. 2024, section 4): the protocol of each in
-# docs/after-training.md's table (the FineWeb paper's ARC is Easy and Challenge together).
+# Brown et al.'s are of HellaSwag's dev set and ARC's test set; the protocol of each source below:
+# docs/after-training.md's table.
 TABLE_H1 = {
     'hellaswag': (0.337, 0.436, 0.510, 0.547, 0.628, 0.674, 0.709, 0.789),
     'arc_easy': (0.436, 0.465, 0.530, 0.538, 0.582, 0.602, 0.638, 0.688),

@@ -301,9 +301,8 @@ def write_gguf(path, model, encoding, dtype, out_dir):
 
 
 # --------------------------------------------------------------------------------------------------
-# The Hub: the folder and a model card made from the run, pushed in one commit: a push that fails
-# leaves the repo as it was, and where the network or the Hub failed, the same command completes it
-# (the files already uploaded are not sent again: the Hub has them by their sha256).
+# The Hub: the folder and a model card made from the run, pushed in one commit (a failed push leaves
+# the repo as it was; rerun, the files the Hub has by their sha256 are not sent again).
 
 EVAL_KEYS = ('hellaswag', 'arc_easy', 'arc_challenge', 'mmlu', 'mmlu_5shot')  # evals.py's headline
 USE = """## Use

@@ -103,10 +103,9 @@ class TensorBoard:
 
 
 class WandB:
-    """A W&B run, offline in out_dir/wandb unless WANDB_MODE says otherwise; its id in
-    out_dir/trackers.json, so a resumed run continues it. 'step' is among the values and the x axis
-    of every chart (define_metric): W&B's own _step counts calls, so a step logged again after a
-    resume is kept, not refused as out of order."""
+    """A W&B run (docs/after-training.md: where, and how a resume continues it). 'step' is the x
+    axis of every chart (define_metric): W&B's own _step counts calls, so a step logged again after
+    a resume is kept, not refused as out of order."""
 
     def __init__(self, train, prediction, ledger_text, resume):
         import wandb
