@@ -150,8 +150,7 @@ def model_values(model_dir):
     try:
         for field, (key, default) in FIELDS[arch].items():
             value = field_value(hf, field, default)
-            if key == 'head_dim' and value != ours['n_embd'] // ours['n_head']:
-                width = ours['n_embd'] // ours['n_head']
+            if key == 'head_dim' and value != (width := ours['n_embd'] // ours['n_head']):
                 refuse(path, field, value, f'hidden_size / num_attention_heads = {width}')
             ours.setdefault(key, mlp_key(path, hf_class, field, value) if key == 'mlp' else value)
     except KeyError as e:
