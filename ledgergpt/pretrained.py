@@ -263,34 +263,32 @@ def load_weights(model, init_from):
     """Copy the model folder's weights into `model` (a GPT built from its config, on any device, not
     yet wrapped or sharded): every tensor of ours from exactly one of the file's, in our dtype
     (exact from bf16 or fp32). A tensor missing, left over or of another shape is one line."""
-    import torch
     from safetensors import safe_open
 
     model_dir, c, hf_class = folder(init_from), model.config, hf_class_of(model.config)
-    targets = hf_tensors(model, hf_class)  # Hugging Face name -> a view of our parameter
+    # Hugging Face name -> a view of our parameter (detached: copy_ into it needs no no_grad)
+    targets = hf_tensors(model, hf_class)
     loaded = set()
-    with torch.no_grad():
-        for path in weight_files(model_dir):
-            with safe_open(path, framework='pt') as f:
-                for stored in f.keys():
-                    name = hf_name(stored, hf_class)
-                    if name is None or (name == 'lm_head.weight' and c.tie_embeddings):
-                        continue
-                    if name not in targets:
-                        raise ConfigError(
-                            f"{path}: tensor {stored} is not part of a {hf_class} as model.py "
-                            f"builds it"
-                        )
-                    tensor, target = f.get_tensor(stored), targets[name]
-                    if name == 'transformer.wpe.weight':  # learned positions: the first block_size
-                        tensor = tensor[: c.block_size]
-                    if tensor.shape != target.shape:
-                        raise ConfigError(
-                            f"{path}: {stored} has shape {tuple(tensor.shape)}, config.json makes "
-                            f"it {tuple(target.shape)}: the weights and config.json disagree"
-                        )
-                    target.copy_(tensor)
-                    loaded.add(name)
+    for path in weight_files(model_dir):
+        with safe_open(path, framework='pt') as f:
+            for stored in f.keys():
+                name = hf_name(stored, hf_class)
+                if name is None or (name == 'lm_head.weight' and c.tie_embeddings):
+                    continue
+                if name not in targets:
+                    raise ConfigError(
+                        f"{path}: tensor {stored} is not part of a {hf_class} as model.py builds it"
+                    )
+                tensor, target = f.get_tensor(stored), targets[name]
+                if name == 'transformer.wpe.weight':  # learned positions: the first block_size
+                    tensor = tensor[: c.block_size]
+                if tensor.shape != target.shape:
+                    raise ConfigError(
+                        f"{path}: {stored} has shape {tuple(tensor.shape)}, config.json makes "
+                        f"it {tuple(target.shape)}: the weights and config.json disagree"
+                    )
+                target.copy_(tensor)
+                loaded.add(name)
     missing = sorted(set(targets) - loaded)
     if missing:
         raise ConfigError(
