@@ -36,7 +36,6 @@ def generate_until(model, idx, max_new_tokens, stop_id, temperature, top_k):
     return [row[: row.index(stop_id)] if stop_id in row else row for row in rows]
 
 
-@torch.no_grad()
 def sample_text(run):
     """train.py's samples: a short text from the end-of-text token (a document start), temperature
     0.8, top-k 200 (nanoGPT's defaults). Under FSDP every rank runs the forwards (they gather the
@@ -126,7 +125,7 @@ def main(argv):
     torch.manual_seed(args.seed)
     autocast = torch.autocast(device.type, torch.bfloat16, enabled=device.type == 'cuda')
     top_k = args.top_k or None
-    with torch.no_grad(), autocast:
+    with autocast:  # model.generate runs without autograd
         if infill:
             eot = tokenizer.eot_token
             rows = generate_until(model, start, args.tokens, eot, args.temperature, top_k)
