@@ -20,7 +20,7 @@ import sys
 import torch
 
 from ledgergpt import checkpoint, data, files, hf
-from ledgergpt.config import DEFAULTS, EOT, PART_KEYS, ConfigError, UserError, cli
+from ledgergpt.config import DEFAULTS, EOT, EVAL_TASKS, PART_KEYS, ConfigError, UserError, cli
 
 DTYPES = {'bfloat16': torch.bfloat16, 'float32': torch.float32, 'float16': torch.float16}
 
@@ -304,7 +304,7 @@ def write_gguf(path, model, encoding, dtype, out_dir):
 # The Hub: the folder and a model card made from the run, pushed in one commit (a failed push leaves
 # the repo as it was; rerun, the files the Hub has by their sha256 are not sent again).
 
-EVAL_KEYS = ('hellaswag', 'arc_easy', 'arc_challenge', 'mmlu', 'mmlu_5shot')  # evals.py's headline
+EVAL_KEYS = ('hellaswag', *EVAL_TASKS)  # evals.py's headline figures, as train.py records them
 USE = """## Use
 
 Every training document started with the end-of-text token: start a prompt with it.
