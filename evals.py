@@ -174,12 +174,6 @@ def row_losses(model, items, render_item, device, autocast, batch_items, reducti
     return losses
 
 
-def my_slice(items, rank, world_size):
-    per_rank = math.ceil(len(items) / world_size)
-    mine = items[rank * per_rank : (rank + 1) * per_rank]
-    return mine + [items[0]] * (per_rank - len(mine)), len(mine)
-
-
 def tally(items, mine, picks, device, world_size):
     """{'items', 'chance', 'acc', 'acc_norm' and their '_stderr'} of the (acc, acc_norm) picks for
     `mine`, summed over the ranks; with several subjects (MMLU) also their '_macro' averages."""
@@ -256,9 +250,8 @@ def fineweb(web, edu, note=''):
 GPT2 = [f'GPT-2 {size}' for size in ('124M', '350M', '774M', '1558M')]
 GPT3_SIZES = ('Small 125M', 'Medium 350M', 'Large 760M', 'XL 1.3B', '2.7B', '6.7B', '13B', '175B')
 GPT3 = [f'GPT-3 {size}' for size in GPT3_SIZES]
-# Brown et al. 2020, Table H.1, zero-shot, HellaSwag's dev set and ARC's test set; Hendrycks et al.
-# 2021, Table 1; the FineWeb paper (Penedo et al. 2024, section 4): the protocol of each in
-# docs/after-training.md's table (the FineWeb paper's ARC is Easy and Challenge together).
+# Brown et al.'s are of HellaSwag's dev set and ARC's test set; the protocol of each source below:
+# docs/after-training.md's table.
 TABLE_H1 = {
     'hellaswag': (0.337, 0.436, 0.510, 0.547, 0.628, 0.674, 0.709, 0.789),
     'arc_easy': (0.436, 0.465, 0.530, 0.538, 0.582, 0.602, 0.638, 0.688),
@@ -420,7 +413,9 @@ def task_accuracy(
 ):
     """tally's score of a task's items: HellaSwag's ('endings') picked by the lowest mean loss,
     the Hub tasks' by predictions."""
-    mine, counted = my_slice(items, rank, world_size)
+    per_rank = math.ceil(len(items) / world_size)
+    mine = items[rank * per_rank : (rank + 1) * per_rank]
+    counted, mine = len(mine), mine + [items[0]] * (per_rank - len(mine))
     if 'endings' in items[0]:
         render_item = functools.partial(render, encoding)
         losses = row_losses(model, mine, render_item, device, autocast, batch_items, 'mean')

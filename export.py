@@ -7,9 +7,6 @@ llama.cpp's converter read as they read any model (docs/after-training.md: what 
     python export.py out/h200_1b3/ckpt/step_0049592 hf/1b3 --dtype float32
     python export.py out/pystdlib_cpu hf/pystdlib_cpu --push you/pystdlib-4x256  # and a model card
     python export.py out/pystdlib_cpu hf/pystdlib_cpu --gguf --dtype float16   # and model.gguf
-
-The model becomes its family's Hugging Face class, or the class that holds its parts (config.PARTS).
-bos, eos and pad are all our end-of-text token, which starts every training document.
 """
 
 import argparse
@@ -23,7 +20,7 @@ import sys
 import torch
 
 from ledgergpt import checkpoint, data, files, hf
-from ledgergpt.config import DEFAULTS, EOT, PART_KEYS, ConfigError, UserError, cli
+from ledgergpt.config import DEFAULTS, EOT, EVAL_TASKS, PART_KEYS, ConfigError, UserError, cli
 
 DTYPES = {'bfloat16': torch.bfloat16, 'float32': torch.float32, 'float16': torch.float16}
 
@@ -304,11 +301,10 @@ def write_gguf(path, model, encoding, dtype, out_dir):
 
 
 # --------------------------------------------------------------------------------------------------
-# The Hub: the folder and a model card made from the run, pushed in one commit: a push that fails
-# leaves the repo as it was, and where the network or the Hub failed, the same command completes it
-# (the files already uploaded are not sent again: the Hub has them by their sha256).
+# The Hub: the folder and a model card made from the run, pushed in one commit (a failed push leaves
+# the repo as it was; rerun, the files the Hub has by their sha256 are not sent again).
 
-EVAL_KEYS = ('hellaswag', 'arc_easy', 'arc_challenge', 'mmlu', 'mmlu_5shot')  # evals.py's headline
+EVAL_KEYS = ('hellaswag', *EVAL_TASKS)  # evals.py's headline figures, as train.py records them
 USE = """## Use
 
 Every training document started with the end-of-text token: start a prompt with it.

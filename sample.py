@@ -6,9 +6,6 @@ sample.py: text from a checkpoint that train.py wrote.
     python sample.py out/pystdlib_cpu --prompt "def " --tokens 300 --num_samples 3
     python sample.py out/fim --prefix $'def area(r):\n    ' --suffix $'\n    return a\n'   # FIM
 
-The checkpoint carries the model and data config; the text is decoded by the tokenizer prepare.py
-saved in the data folder. Any run's weights load in one process (checkpoint.load_model).
-
 --prefix and --suffix ask a model trained with objective='fim' for the middle between them
 (docs/objectives.md): the prompt is PSM, <|fim_prefix|> prefix <|fim_suffix|> suffix <|fim_middle|>,
 and the middle ends at the end-of-text token (or after --tokens). A prefix or suffix that cuts what
@@ -25,13 +22,6 @@ from ledgergpt import checkpoint, data, objectives
 from ledgergpt.config import ConfigError, cli, sharded
 
 
-def fim_prompt(eot_id, ids, prefix, suffix):
-    """The PSM prompt (token ids) for the middle between prefix and suffix (token ids): a fresh
-    document, as in training, ids holding the data folder's FIM tokens by name."""
-    pre, suf, mid = (ids[name] for name in objectives.FIM_TOKENS)
-    return [eot_id, pre, *prefix, suf, *suffix, mid]
-
-
 def generate_until(model, idx, max_new_tokens, stop_id, temperature, top_k):
     """model.generate one token at a time until every row has written stop_id, or max_new_tokens;
     each row up to (not including) its first stop_id. Without a KV cache every token reruns the
@@ -46,7 +36,6 @@ def generate_until(model, idx, max_new_tokens, stop_id, temperature, top_k):
     return [row[: row.index(stop_id)] if stop_id in row else row for row in rows]
 
 
-@torch.no_grad()
 def sample_text(run):
     """train.py's samples: a short text from the end-of-text token (a document start), temperature
     0.8, top-k 200 (nanoGPT's defaults). Under FSDP every rank runs the forwards (they gather the
@@ -100,7 +89,9 @@ def infill_prompt(args, path, train_config, tokenizer, block_size):
     user = 'sample.py --prefix/--suffix (fill in the middle)'
     ids = objectives.special_ids(meta, train_config['data'], objectives.FIM_TOKENS, user)
     prefix, suffix = (tokenizer.encode_ordinary(text or '') for text in (args.prefix, args.suffix))
-    prompt = fim_prompt(tokenizer.eot_token, ids, prefix, suffix)
+    pre, suf, mid = (ids[name] for name in objectives.FIM_TOKENS)
+    # PSM, as a fresh document in training
+    prompt = [tokenizer.eot_token, pre, *prefix, suf, *suffix, mid]
     if len(prompt) >= block_size:
         raise ConfigError(
             f"--prefix and --suffix are {len(prompt)} tokens with the FIM tokens: the model sees "
@@ -134,7 +125,7 @@ def main(argv):
     torch.manual_seed(args.seed)
     autocast = torch.autocast(device.type, torch.bfloat16, enabled=device.type == 'cuda')
     top_k = args.top_k or None
-    with torch.no_grad(), autocast:
+    with autocast:  # model.generate runs without autograd
         if infill:
             eot = tokenizer.eot_token
             rows = generate_until(model, start, args.tokens, eot, args.temperature, top_k)

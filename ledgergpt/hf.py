@@ -206,7 +206,6 @@ def check_exportable(c, n_vocab):
             f"the model has vocab_size={c.vocab_size} but its tokenizer {n_vocab} tokens: this "
             f"checkpoint was not trained on that data folder's tokens"
         )
-    return hf_class
 
 
 def hf_tensors(model, hf_class):

@@ -1,9 +1,8 @@
 """
 pretrained.py: start a run from a published model: `init_from` names a Hugging Face model folder or
 a Hub repo id (fetched into a cache), and the run fine-tunes it or continues its pretraining. Our
-GPT, its keys read from config.json and its weights through hf.py's tables, the ones export.py
-writes with, read backwards: each is a view of one of our parameters, so copying the file's tensor
-into it fills ours. docs/finetuning.md: what is checked.
+GPT, its keys from config.json and its weights through hf.py's tables read backwards
+(docs/finetuning.md: what is checked).
 
     python prepare.py files notes.txt --out data/notes --tokenizer hf/gpt2   # the model's tokenizer
     python train.py configs/finetune_cpu.py --init_from=hf/gpt2 --data=data/notes
@@ -16,7 +15,7 @@ import os
 import pathlib
 import re
 
-from ledgergpt import config
+from ledgergpt import config, sums
 from ledgergpt.config import FAMILIES, PARTS, ConfigError, DataError
 from ledgergpt.files import load_json, write_text_atomic
 from ledgergpt.hf import CLASSES, FIELDS, hf_class_of, hf_tensors
@@ -48,18 +47,16 @@ def folder(init_from, network=None, weights=True):
     return init_from
 
 
-# A Hub repo id: the files a run reads (HUB_FILES, the weights), through downloads.py (resumable,
-# verified, retried, HF_ENDPOINT, HF_TOKEN) into $XDG_CACHE_HOME/ledgergpt/models/OWNER--NAME/SHA/.
-# A marker written last, COMPLETE (everything) or FILES (all but the weights, fetched later at its
-# commit), holds the commit: every later command (prepare, train, the ledger) needs no network. The
-# model card (README.md) tells the ledger the tokens the model was pretrained on (card_tokens).
+# A Hub repo id: HUB_FILES and the weights into $XDG_CACHE_HOME/ledgergpt/models/OWNER--NAME/SHA/
+# (docs/finetuning.md). A marker written last, COMPLETE (everything) or FILES (all but the weights,
+# fetched later at its commit), holds the commit: later commands need no network. The model card
+# (README.md) gives the ledger the tokens the model was pretrained on (card_tokens).
 HUB_FILES = ('config.json', 'generation_config.json', 'model.safetensors.index.json')
 HUB_FILES += ('tokenizer.json', 'tokenizer_config.json', 'special_tokens_map.json', 'README.md')
 
 
 def cache_dir(repo):
-    root = os.environ.get('XDG_CACHE_HOME') or os.path.join(os.path.expanduser('~'), '.cache')
-    return os.path.join(root, 'ledgergpt', 'models', repo.replace('/', '--'))
+    return os.path.join(os.path.dirname(sums.cache_path()), 'models', repo.replace('/', '--'))
 
 
 def fetch(repo, network=None, weights=True):
@@ -84,7 +81,6 @@ def fetch(repo, network=None, weights=True):
     if not any(f['path'] == 'config.json' for f in wanted):
         raise DataError(f"{repo} has no config.json at {sha}: not a transformers model repo")
     model_dir = os.path.join(root, sha)
-    os.makedirs(model_dir, exist_ok=True)
     what = 'files' if weights else 'files (not the weights: the first run fetches them)'
     say(f"init_from {repo}@{sha[:12]}: {len(wanted)} {what} into {model_dir}")
     for entry in wanted:
@@ -154,8 +150,7 @@ def model_values(model_dir):
     try:
         for field, (key, default) in FIELDS[arch].items():
             value = field_value(hf, field, default)
-            if key == 'head_dim' and value != ours['n_embd'] // ours['n_head']:
-                width = ours['n_embd'] // ours['n_head']
+            if key == 'head_dim' and value != (width := ours['n_embd'] // ours['n_head']):
                 refuse(path, field, value, f'hidden_size / num_attention_heads = {width}')
             ours.setdefault(key, mlp_key(path, hf_class, field, value) if key == 'mlp' else value)
     except KeyError as e:
@@ -212,14 +207,11 @@ def check_tokenizer(train, model_dir):
 def card_tokens(model_dir):
     """The tokens the model was pretrained on as its card (README.md) states them ('trained on 2
     trillion tokens', '3T tokens'), or None. The first such phrase counts: a summary comes first."""
-    path = os.path.join(model_dir, 'README.md')
-    if not os.path.isfile(path):
-        return None
-    with open(path, encoding='utf-8', errors='replace') as f:
-        found = re.search(r'(\d+(?:\.\d+)?)\s*(trillion|billion|T|B)\s+tokens', f.read(), re.I)
-    if not found:
-        return None
-    return round(float(found[1]) * (1e12 if found[2].lower() in ('t', 'trillion') else 1e9))
+    path = pathlib.Path(model_dir, 'README.md')
+    card = path.read_text(encoding='utf-8', errors='replace') if path.is_file() else ''
+    found = re.search(r'(\d+(?:\.\d+)?)\s*(trillion|billion|T|B)\s+tokens', card, re.I)
+    scale = {'t': 1e12, 'trillion': 1e12, 'b': 1e9, 'billion': 1e9}
+    return round(float(found[1]) * scale[found[2].lower()]) if found else None
 
 
 def describe(init_from):
@@ -271,35 +263,32 @@ def load_weights(model, init_from):
     """Copy the model folder's weights into `model` (a GPT built from its config, on any device, not
     yet wrapped or sharded): every tensor of ours from exactly one of the file's, in our dtype
     (exact from bf16 or fp32). A tensor missing, left over or of another shape is one line."""
-    import torch
     from safetensors import safe_open
 
-    model_dir, c = folder(init_from), model.config
-    hf_class = hf_class_of(c)
-    targets = hf_tensors(model, hf_class)  # Hugging Face name -> a view of our parameter
+    model_dir, c, hf_class = folder(init_from), model.config, hf_class_of(model.config)
+    # Hugging Face name -> a view of our parameter (detached: copy_ into it needs no no_grad)
+    targets = hf_tensors(model, hf_class)
     loaded = set()
-    with torch.no_grad():
-        for path in weight_files(model_dir):
-            with safe_open(path, framework='pt') as f:
-                for stored in f.keys():
-                    name = hf_name(stored, hf_class)
-                    if name is None or (name == 'lm_head.weight' and c.tie_embeddings):
-                        continue
-                    if name not in targets:
-                        raise ConfigError(
-                            f"{path}: tensor {stored} is not part of a {hf_class} as model.py "
-                            f"builds it"
-                        )
-                    tensor, target = f.get_tensor(stored), targets[name]
-                    if name == 'transformer.wpe.weight':  # learned positions: the first block_size
-                        tensor = tensor[: c.block_size]
-                    if tensor.shape != target.shape:
-                        raise ConfigError(
-                            f"{path}: {stored} has shape {tuple(tensor.shape)}, config.json makes "
-                            f"it {tuple(target.shape)}: the weights and config.json disagree"
-                        )
-                    target.copy_(tensor)
-                    loaded.add(name)
+    for path in weight_files(model_dir):
+        with safe_open(path, framework='pt') as f:
+            for stored in f.keys():
+                name = hf_name(stored, hf_class)
+                if name is None or (name == 'lm_head.weight' and c.tie_embeddings):
+                    continue
+                if name not in targets:
+                    raise ConfigError(
+                        f"{path}: tensor {stored} is not part of a {hf_class} as model.py builds it"
+                    )
+                tensor, target = f.get_tensor(stored), targets[name]
+                if name == 'transformer.wpe.weight':  # learned positions: the first block_size
+                    tensor = tensor[: c.block_size]
+                if tensor.shape != target.shape:
+                    raise ConfigError(
+                        f"{path}: {stored} has shape {tuple(tensor.shape)}, config.json makes "
+                        f"it {tuple(target.shape)}: the weights and config.json disagree"
+                    )
+                target.copy_(tensor)
+                loaded.add(name)
     missing = sorted(set(targets) - loaded)
     if missing:
         raise ConfigError(

@@ -5,8 +5,10 @@ offline first, from rank 0; a tracker missing or failing is one warning line and
 without it. The commands that watch a run: docs/after-training.md, "Watching a run".
 """
 
+import functools
 import json
 import os
+import pathlib
 import secrets
 import shutil
 import sys
@@ -91,8 +93,7 @@ class TensorBoard:
             return
         report, picture = os.path.join(out_dir, 'report.md'), os.path.join(out_dir, 'loss.png')
         if os.path.exists(report):
-            with open(report) as f:
-                self.writer.add_text('report', f.read(), self.step)
+            self.writer.add_text('report', pathlib.Path(report).read_text(), self.step)
         if os.path.exists(picture):
             import matplotlib.image
 
@@ -102,10 +103,9 @@ class TensorBoard:
 
 
 class WandB:
-    """A W&B run, offline in out_dir/wandb unless WANDB_MODE says otherwise; its id in
-    out_dir/trackers.json, so a resumed run continues it. 'step' is among the values and the x axis
-    of every chart (define_metric): W&B's own _step counts calls, so a step logged again after a
-    resume is kept, not refused as out of order."""
+    """A W&B run (docs/after-training.md: where, and how a resume continues it). 'step' is the x
+    axis of every chart (define_metric): W&B's own _step counts calls, so a step logged again after
+    a resume is kept, not refused as out of order."""
 
     def __init__(self, train, prediction, ledger_text, resume):
         import wandb
@@ -175,8 +175,7 @@ class Trackers:
                 warn(f"tracker {name} failed to {method} ({type(e).__name__}: {e})")
                 del self.running[name]
 
-    def log(self, entry):
-        self.call('log', entry)
+    log = functools.partialmethod(call, 'log')
 
     def finish(self, out_dir):
         self.call('finish', out_dir)
