@@ -637,9 +637,9 @@ def forecast_line(f):
     """train.py's line for schedule.forecast's dict: the run's end, then the what-ifs."""
     if 'not_yet' in f:
         return f"no forecast of the final val loss yet: {f['not_yet']}"
-    others = [(f'{name} the tokens', e) for name, e in f['what_if'].items()]
+    others = [(f'{name} the tokens', e) for name, e in f.get('what_if', {}).items()]
     others += [('a cooldown from now', f['cooldown_now'])] if 'cooldown_now' in f else []
-    others += [(f'the branch to {int(t):,} tokens', e) for t, e in f['branches'].items()]
+    others += [(f'the branch to {int(t):,} tokens', e) for t, e in f.get('branches', {}).items()]
     return f"forecast at step {f['end_step']:,}: val loss {estimate_text(f)}" + ''.join(
         f"; {name} (step {e['steps']:,}): {e['val_loss']:.3f}" for name, e in others)
 

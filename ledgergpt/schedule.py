@@ -97,8 +97,8 @@ class Law:
     params: object  # L0, A, alpha, C
     covariance: object
     memory: float  # steps
-    gap: float  # the val loss minus the law at the evals, their mean
-    gap_variance: float  # of that mean
+    gap: float  # the val loss minus the law at the latest eval
+    gap_variance: float  # how far the gap moved between evals (their spread), squared
     bits_per_nat: float  # the latest eval's val bits per byte over its val loss (None: no bytes)
     step: int  # the latest eval's
 
