@@ -471,6 +471,9 @@ class Metrics:
             files.write_text_atomic(os.path.join(train.out_dir, 'ledger.md'), report + '\n')
             if not append:
                 open(self.metrics_path, 'w').close()
+            elif os.path.exists(self.metrics_path):  # a resume keeps the forecasts made before it
+                made = [e['forecast'] for e in plot.logged(self.metrics_path)[1] if 'forecast' in e]
+                self.forecasts = {f['kept']: f for f in made if 'kept' in f}
             self.trackers = trackers.Trackers(train, prediction, report, resume=append)
 
     def start_clock(self):

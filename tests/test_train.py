@@ -296,6 +296,9 @@ def test_kill_while_writing_a_checkpoint_keeps_the_previous_one(reference, tmp_p
     assert (out / 'ckpt' / 'LATEST').read_text().strip() == 'step_0000004'
     assert run(config, out, '--resume', trackers) == 0
     check_trackers(out)
+    # the forecasts made at steps 1 and 3 by the killed process, at 6 again by the resumed one
+    summary = json.loads((out / 'summary.json').read_text())
+    assert sorted(summary['forecasts']) == ['10%', '25%', '50%']
     resumed = [e for e in read_metrics(out) if 'loss' in e]
     assert [e['step'] for e in resumed[-8:]] == list(range(5, 13))
     assert [e['loss'] for e in resumed[-8:]] == [expected[s] for s in range(5, 13)]
