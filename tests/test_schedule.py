@@ -32,9 +32,8 @@ def test_lr_schedule_endpoints():
     wsd = TrainConfig(lr=1e-3, warmup_frac=0.01, schedule='wsd', decay_frac=0.2)
     # stable
     assert schedule.lr_at(9, total, wsd) == schedule.lr_at(799, total, wsd) == pytest.approx(1e-3)
-    assert schedule.lr_at(899, total, wsd) == pytest.approx(
-        5.5e-4
-    )  # half-way down the linear decay
+    # half-way down the linear decay
+    assert schedule.lr_at(899, total, wsd) == pytest.approx(5.5e-4)
     assert schedule.lr_at(total - 1, total, wsd) == pytest.approx(1e-4)
     assert np.allclose(
         schedule.lrs(total, wsd),
@@ -70,10 +69,8 @@ def test_batch_ramp():
 # The forecast.
 
 TRUE = dict(L0=2.0, A=3.0, alpha=0.3, C=0.003)  # L = L0 + A S1^-alpha - C S2
-GAP, BITS_PER_NAT = (
-    0.1,
-    0.4,
-)  # the val loss's offset from the train law; val bits per byte / val loss
+# the val loss's offset from the train law; val bits per byte over the val loss
+GAP, BITS_PER_NAT = 0.1, 0.4
 
 
 def drawn_curve(lrs, memory):
@@ -94,9 +91,8 @@ def write_metrics(path, law, until, seed=0, log_every=10, eval_every=200):
     rng = np.random.default_rng(seed)
     with open(path, 'w') as f:
         for step in range(log_every, until + 1, log_every):
-            mean = law[step - log_every : step].mean() + rng.normal(
-                0, 0.01
-            )  # the losses of steps step-9..step
+            # the mean of the losses of steps step-9 .. step
+            mean = law[step - log_every : step].mean() + rng.normal(0, 0.01)
             f.write(
                 json.dumps(dict(step=step, tokens=256 * step, loss=mean + 0.05, loss_mean=mean))
                 + '\n'
@@ -163,9 +159,8 @@ def test_a_wsd_run_forecasts_a_cooldown_now_and_its_branches(tmp_path):
         drawn_curve(schedule.lrs(2000, cfg, cooldown=(600, 150), steps=750), memory=100)[750] + GAP
     )
     assert made['cooldown_now']['val_loss'] == pytest.approx(cooled, rel=0.01)
-    assert (
-        made['cooldown_now']['val_loss'] < law[600] + GAP - 0.1
-    )  # the decay's gain, seen before it runs
+    # the decay's gain, seen before it runs
+    assert made['cooldown_now']['val_loss'] < law[600] + GAP - 0.1
     assert sorted(made['branches']) == [500 * 256, 1000 * 256]
     assert [b['steps'] for b in made['branches'].values()] == [500, 1000]
     branch = (
@@ -180,9 +175,8 @@ def test_a_forecast_says_why_it_is_not_made_yet(tmp_path):
         lr=1e-3, warmup_frac=0.01, train_tokens=2000 * 256, batch_tokens=256, micro_batch=8
     )
     law = drawn_curve(schedule.lrs(2000, cfg), memory=100)
-    few = write_metrics(
-        tmp_path / 'few.jsonl', law, 90
-    )  # 9 log steps, the first in warm-up (20 steps)
+    # 9 log steps, the first in warm-up (20 steps)
+    few = write_metrics(tmp_path / 'few.jsonl', law, 90)
     assert schedule.forecast(few, cfg, 2000, 256) == {
         'not_yet': '7 log intervals after warm-up, 8 needed'
     }
@@ -221,9 +215,8 @@ def test_a_run_forecasts_at_its_evals_and_checks_them_at_the_end(
     entries = [json.loads(line) for line in open(out / 'metrics.jsonl')]
     evals = [e['step'] for e in entries if 'val_loss' in e]
     made = {e['step']: e['forecast'] for e in entries if 'forecast' in e}
-    assert (
-        evals == sorted(made) == [6, 15, 20, 30, 40, 60]
-    )  # 10%, 25%, 50% of 60 steps, and every 20
+    # 10%, 25%, 50% of 60 steps, and every 20
+    assert evals == sorted(made) == [6, 15, 20, 30, 40, 60]
     summary = json.load(open(out / 'summary.json'))
     assert sorted(summary['forecasts']) == ['10%', '25%', '50%']
     assert summary['forecasts']['25%'] == made[15] and summary['forecasts']['50%'] == made[30]
@@ -231,9 +224,8 @@ def test_a_run_forecasts_at_its_evals_and_checks_them_at_the_end(
     report = open(out / 'report.md').read()
     row = f"| final val loss, forecast at 50% of the run (step 30; 95%: {made[30]['low']:.4f}"
     assert row in report and f"| {made[30]['val_loss']:.4f} | {summary['val_loss']:.4f} |" in report
-    drawn = [
-        at for at, f in summary['forecasts'].items() if 'val_loss' in f
-    ]  # loss.png's error bars
+    # loss.png's error bars
+    drawn = [at for at, f in summary['forecasts'].items() if 'val_loss' in f]
     assert '50%' in drawn and [f[0] for f in plot.read_run(str(out))['forecasts']] == drawn
     # the ledger reads the same curve: at the run's end, and twice as long
     assert ledger.main([config, f'--forecast={out}', f'--train_tokens={120 * 256}']) == 0
