@@ -85,7 +85,7 @@ def quiet_stops():
     def one_line(kind, value, traceback):
         if not issubclass(kind, KeyboardInterrupt):
             return python_hook(kind, value, traceback)
-        os._exit(_say(*_stop_line(value)))  # outside main(), nothing is left to unwind
+        os._exit(say(*_stop_line(value)))  # outside main(), nothing is left to unwind
 
     sys.excepthook = one_line
 
@@ -128,7 +128,7 @@ def cli(function=None, *, reports=None, stopped=None):
         except UserError as e:
             message, code = f'error: {e}', e.exit_code
             if reports is not None and world > 1:
-                return _say(f'error: rank {rank} of {world}: {e}', code) if reports() else code
+                return say(f'error: rank {rank} of {world}: {e}', code) if reports() else code
         # `| head` read what it wanted: no traceback, and none from the flush at exit
         except BrokenPipeError:
             if not _stdout_gone():
@@ -143,12 +143,12 @@ def cli(function=None, *, reports=None, stopped=None):
         finally:
             if previous == signal.SIG_DFL:
                 signal.signal(signal.SIGTERM, previous)
-        return _say(message, code) if rank == 0 else code
+        return say(message, code) if rank == 0 else code
 
     return main
 
 
-def _say(message, code):
+def say(message, code=None):
     print(message, file=sys.stderr, flush=True)
     return code
 
@@ -1135,12 +1135,23 @@ def validate(model, train):
         (0 < model.logit_softcap < 1,
          f"logit_softcap = {model.logit_softcap:g} is below 1: the model cannot learn through it "
          "(Gemma 2 caps at 30, nanochat at 15)"),
+        # a mixture of experts needs the rest of an MoE layer's shape
+        (model.n_experts and not 1 <= model.top_k <= model.n_experts,
+         f"top_k must be in 1..n_experts ({model.n_experts}), got {model.top_k}"),
+        (model.n_experts and not model.expert_hidden,
+         f"n_experts = {model.n_experts} needs expert_hidden, each expert's width (e.g. H'/top_k)"),
+        (model.n_experts and model.n_dense_layers >= model.n_layer,
+         f"n_dense_layers ({model.n_dense_layers}) must be below n_layer ({model.n_layer}): no "
+         "layer has experts"),
     )
     # fmt: on
     for broken, line in shapes:
         if broken:
             raise ConfigError(line)
-    validate_moe(model)
+    # without experts, the MoE keys keep their defaults
+    for key in ('top_k', 'expert_hidden', 'n_shared_experts', 'n_dense_layers', 'route_scale'):
+        if not model.n_experts and (value := getattr(model, key)) != DEFAULTS[key]:
+            raise ConfigError(f"{key} = {value!r} is for a mixture of experts: set n_experts too")
     for key, value in vars(train).items():  # an optimizer's own keys (muon_lr, ...) only with it
         owner = key.split('_')[0]
         if owner in OPTIMIZERS and owner != train.optimizer and value != DEFAULTS[key]:
@@ -1167,31 +1178,3 @@ def tokens_per_micro_step(model, train, world_size):
             "micro_batch or the number of processes (n_gpu in the ledger)"
         )
     return tokens
-
-
-# --------------------------------------------------------------------------------------------------
-# Mixture of experts: the keys that go together.
-
-
-def validate_moe(model):
-    """n_experts > 0 needs the rest of an MoE layer's shape; n_experts = 0 leaves the MoE keys at
-    their defaults."""
-    moe_keys = ('top_k', 'expert_hidden', 'n_shared_experts', 'n_dense_layers')
-    if not model.n_experts:
-        moe = 'a mixture of experts: set n_experts too'
-        for key in moe_keys + ('route_scale',):
-            if (value := getattr(model, key)) != DEFAULTS[key]:
-                raise ConfigError(f"{key} = {value!r} is for {moe}")
-        return
-    if not 1 <= model.top_k <= model.n_experts:
-        raise ConfigError(f"top_k must be in 1..n_experts ({model.n_experts}), got {model.top_k}")
-    if not model.expert_hidden:
-        raise ConfigError(
-            f"n_experts = {model.n_experts} needs expert_hidden, each expert's width (e.g. "
-            "H'/top_k)"
-        )
-    if model.n_dense_layers >= model.n_layer:
-        raise ConfigError(
-            f"n_dense_layers ({model.n_dense_layers}) must be below n_layer ({model.n_layer}): no "
-            "layer has experts"
-        )

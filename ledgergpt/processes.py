@@ -48,12 +48,10 @@ def join_process_group(cluster, timeout_s=1800):
     if cluster.world_size > 1 and not dist.is_initialized():
         previous = signal.signal(signal.SIGTERM, signal.SIG_DFL)
         on_gpu = cluster.device.type == 'cuda'  # NCCL bound to this rank's GPU, else gloo
+        backend, device_id = ('nccl', cluster.device) if on_gpu else ('gloo', None)
         try:
-            device_id = cluster.device if on_gpu else None
             timeout = datetime.timedelta(seconds=timeout_s)
-            dist.init_process_group(
-                'nccl' if on_gpu else 'gloo', device_id=device_id, timeout=timeout
-            )
+            dist.init_process_group(backend, device_id=device_id, timeout=timeout)
         finally:
             signal.signal(signal.SIGTERM, previous)
 
