@@ -913,35 +913,31 @@ def _whole(value):
     return _number(value) and value == int(value)
 
 
-# What a key takes, by the type of its default: (accepts, converts, the words an error uses). Whole
-# floats are accepted for ints (26e9, 1e6); ints for floats; bools only as True/False (a string
-# 'False' would read as true); a list or tuple of whole numbers (token counts) for a tuple.
-# fmt: off
-_TYPES = {
-    bool: (lambda v: isinstance(v, bool), bool, 'True or False'),
-    int: (_whole, int, 'a whole number'),
-    float: (_number, float, 'a finite number'),
-    tuple: (lambda v: isinstance(v, (tuple, list)) and all(map(_whole, v)),
-            lambda v: tuple(map(int, v)), 'a list of whole numbers'),
-    str: (lambda v: isinstance(v, str), str, 'a string'),
-}
-# fmt: on
 _BOOLEANS = {'1': True, 'true': True, 'yes': True, 'on': True}
 _BOOLEANS |= {'0': False, 'false': False, 'no': False, 'off': False}
-# --key=VALUE's text -> a value of the type of the key's default, which _typed then checks
-_PARSE = {
-    bool: lambda text: _BOOLEANS[text.lower()],
-    int: lambda text: int(text) if text.lstrip('+-').isdigit() else float(text),  # 26e9 too
-    float: float,
-    tuple: lambda text: tuple(float(part) for part in text.split(',') if part),  # 26e9,52e9
-    str: str,
+# What a key takes, by the type of its default: (accepts, converts, the words an error uses, reads
+# --key=VALUE's text as that type for _typed to check). Whole floats are accepted for ints (26e9,
+# 1e6); ints for floats; bools only as True/False (a string 'False' would read as true); a list or
+# tuple of whole numbers (token counts) for a tuple.
+# fmt: off
+_TYPES = {
+    bool: (lambda v: isinstance(v, bool), bool, 'True or False',
+           lambda text: _BOOLEANS[text.lower()]),
+    int: (_whole, int, 'a whole number',
+          lambda text: int(text) if text.lstrip('+-').isdigit() else float(text)),  # 26e9 too
+    float: (_number, float, 'a finite number', float),
+    tuple: (lambda v: isinstance(v, (tuple, list)) and all(map(_whole, v)),
+            lambda v: tuple(map(int, v)), 'a list of whole numbers',
+            lambda text: tuple(float(part) for part in text.split(',') if part)),  # 26e9,52e9
+    str: (lambda v: isinstance(v, str), str, 'a string', str),
 }
+# fmt: on
 
 
 def _parse_value(key, text):
     kind = type(DEFAULTS[key])
     try:
-        return _PARSE[kind](text)
+        return _TYPES[kind][3](text)
     except (KeyError, ValueError):
         expected = f'a value of type {kind.__name__}'
         if kind is tuple:
@@ -954,7 +950,7 @@ def _typed(key, value, where):
     (a dict in a config file) is kept as its text."""
     if key == 'data' and isinstance(value, dict):
         return mixture_text(value.items(), where)
-    accepts, convert, expected = _TYPES[type(DEFAULTS[key])]
+    accepts, convert, expected, _ = _TYPES[type(DEFAULTS[key])]
     if not accepts(value):
         raise ConfigError(f"{key} = {value!r} in {where}: expected {expected}")
     if key == 'data' and is_mixture(value):
