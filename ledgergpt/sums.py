@@ -252,16 +252,13 @@ REPROBE_FACTOR = 1.5
 
 def flag_reprobe(probe_key, reason):
     """Mark a cached probe to be measured again at its next use. -> whether it was marked."""
-    path = cache_path()
-    cache = read_probes(path)
-    if probe_key not in cache:
-        return False
-    cache[probe_key]['reprobe'] = reason
-    try:
-        save_json(path, cache)
-    except OSError:
-        return False
-    return True
+    cache = read_probes()
+    if probe_key in cache:
+        cache[probe_key]['reprobe'] = reason
+        with contextlib.suppress(OSError):
+            save_json(cache_path(), cache)
+            return True
+    return False
 
 
 # --------------------------------------------------------------------------------------------------
@@ -1181,6 +1178,8 @@ def data_ledger(
 # train tokens (meta.json). Muennighoff et al. 2023 (Scaling Data-Constrained Language Models):
 # repeated tokens are worth about as much as new ones up to ~4 epochs, nearly nothing by ~40.
 REPEAT_EPOCHS = 4
+SOURCE_FIELDS = ('name', 'folder', 'weight', 'sequences', 'tokens', 'dataset_tokens', 'epochs')
+SOURCE_FIELDS += ('repeats_too_often', 'shard_bytes')  # a source's row in mixture_ledger
 
 
 def folder_meta(folder):
@@ -1209,19 +1208,10 @@ def mixture_ledger(model, train, sequences):
         dataset = meta['train_tokens'] if meta else None
         epochs = tokens / dataset if dataset else None
         stored = meta['train_tokens'] + meta.get('val_tokens', 0) if meta else tokens
-        rows.append(
-            {
-                'name': name,
-                'folder': folder,
-                'weight': weight,
-                'sequences': drawn,
-                'tokens': tokens,
-                'dataset_tokens': dataset,
-                'epochs': epochs,
-                'repeats_too_often': epochs is not None and epochs > REPEAT_EPOCHS,
-                'shard_bytes': stored * token_bytes(model.vocab_size),
-            }
-        )
+        shard_bytes = stored * token_bytes(model.vocab_size)
+        repeats = epochs is not None and epochs > REPEAT_EPOCHS
+        row = (name, folder, weight, drawn, tokens, dataset, epochs, repeats, shard_bytes)
+        rows.append(dict(zip(SOURCE_FIELDS, row)))
     return {'period': schedule.period, 'sources': rows, 'repeat_epochs': REPEAT_EPOCHS}
 
 
