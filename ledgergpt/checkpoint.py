@@ -20,6 +20,7 @@ a step_ folder without its manifest: nothing reads either, and the next save rem
 
 import hashlib
 import os
+import pickle
 import random
 import shutil
 import warnings
@@ -155,8 +156,6 @@ ALLOWED.add(f'{_RECONSTRUCT.__module__}.{_RECONSTRUCT.__name__}')
 def read_state(path):
     """train_state.pt, read with torch.load(weights_only=True): a checkpoint someone shared runs no
     code. A file that needs more is one ConfigError line, before anything in it runs."""
-    import pickle
-
     file = os.path.join(path, STATE_FILE)
     with torch.serialization.safe_globals(ARRAYS):
         try:

@@ -15,6 +15,7 @@ import functools
 import importlib.metadata
 import math
 import os
+import select
 import signal
 import sys
 import threading
@@ -68,8 +69,6 @@ def _terminate(signum, frame):
 def _stdout_gone():
     """Whether stdout is a pipe whose reader has left (`| head`), as opposed to a broken socket
     elsewhere."""
-    import select
-
     poller = select.poll()
     poller.register(sys.stdout.fileno(), select.POLLOUT)
     return any(event & select.POLLERR for _, event in poller.poll(0))
@@ -563,7 +562,6 @@ class ModelConfig:
         return FAMILIES[self.arch]
 
     def part_name(self, kind):
-        """The row of PARTS[kind] this model uses: its key, or the family's."""
         return getattr(self, kind) or getattr(self.family, kind)
 
     def part(self, kind):
@@ -571,7 +569,6 @@ class ModelConfig:
 
     @property
     def biases(self):
-        """Whether the Linear layers and norms have biases: `bias`, in a family that has them."""
         return self.bias and self.family.bias
 
     @property
@@ -598,7 +595,6 @@ class ModelConfig:
 
     @property
     def moe_layers(self):
-        """The layers whose FFN is a mixture of experts: all but the first n_dense_layers."""
         return self.n_layer - self.n_dense_layers if self.n_experts else 0
 
 

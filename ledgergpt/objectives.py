@@ -28,9 +28,8 @@ STREAM = 0x6F626A  # 'obj': the generators' middle seed word, apart from the dat
 
 @dataclasses.dataclass
 class Objective:
-    """A run's objective: its name, seed, rates and the data folder's token ids. Default rates: FIM
-    at the paper's 0.5 ("FIM for free" holds up to 0.9), half of them SPM (its joint PSM+SPM
-    training); UL2 half S, as U-PaLM's UL2R, so left-to-right prediction stays half the diet."""
+    """A run's objective: its name, seed, rates (TrainConfig's keys say why their defaults) and the
+    data folder's token ids."""
 
     name: str = 'clm'
     seed: int = 0
@@ -228,9 +227,7 @@ def _ul2(objective, fragment, lead, room, rng):
     # sentinel, span, sentinel, span ...
     targets = np.insert(doc[is_masked], np.cumsum(span_lengths) - span_lengths, sentinel)
     tokens = np.concatenate((head, inputs, targets)).astype(fragment.dtype, copy=False)
-    mask = np.zeros(len(tokens), dtype=bool)
-    mask[len(head) + len(inputs) :] = True
-    return tokens, mask, lead + length
+    return tokens, np.arange(len(tokens)) >= len(head) + len(inputs), lead + length
 
 
 def _composition(total, parts, rng):

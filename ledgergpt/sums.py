@@ -11,6 +11,7 @@ import dataclasses
 import difflib
 import math
 import os
+import platform
 import sys
 import time
 from functools import partial
@@ -88,7 +89,6 @@ def names_device(gpu, label):
 
 
 def run_dtype(train, device):
-    """A run's compute dtype: the config's, or for 'auto' the device's."""
     return device.dtype if train.dtype == 'auto' else train.dtype
 
 
@@ -131,8 +131,6 @@ def cpu_name():
         for line in f:
             if line.startswith('model name'):
                 return line.split(':', 1)[1].strip()
-    import platform
-
     return platform.processor() or platform.machine()
 
 
@@ -232,7 +230,6 @@ def cached_probe(key, measure, best_of):
 
 
 def probe_due(key, cache=None):
-    """Whether the probe cache lacks `key` or has it flagged for another measurement."""
     entry = (read_probes() if cache is None else cache).get(key)
     return entry is None or bool(entry.get('reprobe'))
 
@@ -408,7 +405,6 @@ BOOK_STATES = {'ddp': '16P', 'zero1': '4P + 12P/N', 'zero2': '2P + 14P/N', 'fsdp
 
 def model_state_bytes(n_params, parallel='ddp', n_gpu=1):
     """The book's bytes of weights, gradients and optimizer states per GPU (BOOK_STATES)."""
-    # the GPUs each of weights, gradients and optimizer states is sharded over
     N = n_gpu
     shards = {'ddp': (1, 1, 1), 'zero1': (1, 1, N), 'zero2': (1, N, N), 'fsdp': (N, N, N)}
     if parallel not in shards:
