@@ -371,7 +371,7 @@ PARTS = {
     },
 }
 # fmt: on
-# the model keys that name a part: attention, norm, mlp, positions, qk_norm
+# the model keys that name a part: attention, norm, mlp, positions, qk_norm, loss
 PART_KEYS = tuple(PARTS)
 
 
@@ -525,8 +525,7 @@ class ModelConfig:
     n_head: int = 12
     n_kv_head: int = 0  # key/value heads for GQA; 0 means n_head (plain multi-head attention)
     n_embd: int = 768
-    # FFN width H'; 0 means the family's default (gpt2: 4H; llama: 8H/3 rounded up to 256)
-    ffn_hidden: int = 0
+    ffn_hidden: int = 0  # FFN width H' (0: the family's, gpt2 4H, llama 8H/3 rounded up to 256)
     vocab_size: int = 50304  # padded to a multiple of 128 in the configs, for speed
     block_size: int = 1024  # context length T (training sequence length)
     # the next two default to the family's in a config file (load_config), to llama's in code:
@@ -541,8 +540,7 @@ class ModelConfig:
     norm: str = ''  # 'layernorm' or 'rmsnorm'
     mlp: str = ''  # 'gelu', 'swiglu' or 'relu2'
     positions: str = ''  # 'learned' or 'rope'
-    # 'none', 'weightless' (nanochat) or 'learned' (a gain per head dimension: Qwen3)
-    qk_norm: str = 'none'
+    qk_norm: str = 'none'  # 'none', 'weightless' (nanochat) or 'learned' (gains per dim: Qwen3)
     # the training loss: 'chunked' (one chunk of the logits at a time) or 'full' (all B x T x V)
     loss: str = 'chunked'
     # cap * tanh(logits / cap) on the output logits (Gemma 2's 30, nanochat's 15); 0: none. The
@@ -552,8 +550,7 @@ class ModelConfig:
     n_experts: int = 0  # routed experts in each MoE layer
     top_k: int = 0  # routed experts each token visits (1..n_experts)
     expert_hidden: int = 0  # each expert's width (routed and shared alike), an MLP of the mlp row
-    # experts every token visits, fused into one MLP of n_shared x expert_hidden
-    n_shared_experts: int = 0
+    n_shared_experts: int = 0  # experts every token visits, one MLP of n_shared x expert_hidden
     n_dense_layers: int = 0  # the first layers keep the dense FFN (DeepSeek-V3: 3 of 61)
     route_scale: float = 1.0  # the routed scaling factor on the normalised gates (DeepSeek-V3: 2.5)
 
