@@ -73,7 +73,7 @@ def gpu_spec(name, dtype='auto'):
     hint = f"did you mean '{by_lower.get(close[0], close[0])}'? " if close else ''
     raise ConfigError(
         f"unknown gpu '{name}': {hint}known: {', '.join(GPUS)}, or 'auto' / 'cpu' to measure this "
-        f"machine (add yours to GPUS in ledger.py)"
+        f"machine (add yours to GPUS in ledgergpt/sums.py)"
     )
 
 
@@ -354,9 +354,8 @@ def book_params(model):
 
 
 # --------------------------------------------------------------------------------------------------
-# Ledger 2: the FLOPs a token forward + backward: the book's 6P (8P with recompute), PaLM's
-# 6N_matmul + 12LHT (what MFU counts), nanoGPT's 6N + 12LHT, and what recomputation really reruns
-# (FlopCounterMode's count, exactly). (BOOK.md, Derivations: Ledger 2)
+# Ledger 2: the FLOPs a token forward + backward, by each convention and as the GPU executes them
+# (BOOK.md, Derivations: Ledger 2)
 
 
 def flops_per_token(model, recompute=False, compiled_blocks=False):
@@ -397,8 +396,7 @@ def train_days(total_flops, n_gpu, peak_flops, mfu):
 
 # --------------------------------------------------------------------------------------------------
 # Ledger 4a: model states, the book's accounting (mixed precision + Adam; ZeRO, Rajbhandari et al.
-# 2020): 16 bytes a parameter, sharded over N GPUs: ZeRO-1 the optimizer states, ZeRO-2 also the
-# gradients, ZeRO-3 / FSDP also the weights (BOOK.md, Ledger 4).
+# 2020): 16 bytes a parameter, sharded as BOOK_STATES says (BOOK.md, Ledger 4).
 
 BOOK_STATES = {'ddp': '16P', 'zero1': '4P + 12P/N', 'zero2': '2P + 14P/N', 'fsdp': '16P/N (ZeRO-3)'}
 
@@ -417,9 +415,8 @@ def model_state_bytes(n_params, parallel='ddp', n_gpu=1):
 
 
 # --------------------------------------------------------------------------------------------------
-# Ledger 4a': model states as train.py holds them, exact to the byte on each rank (test_memory.py):
-# fp32 weights and gradients, the optimizer's states (its row of config.OPTIMIZERS), FSDP2's padded
-# shards and gathered weights. (BOOK.md, Derivations: Ledger 4a', Muon's model states and step)
+# Ledger 4a': model states as train.py holds them, exact to the byte on each rank (test_memory.py;
+# BOOK.md, Derivations: Ledger 4a', Muon's model states and step)
 
 
 def zero1_partition(model, n_gpu, optimizer, value):
@@ -562,9 +559,8 @@ def held_model_states(model, parallel, n_gpu, dtype='bfloat16', rank=0, optimize
 
 
 # --------------------------------------------------------------------------------------------------
-# Ledger 4b: activations, what autograd saves for backward a token, each part's bytes from its row
-# of config.PARTS, held to model.py's tensors (test_model.py, test_parts.py), eager and under
-# torch.compile's min-cut partitioner (4b'). (BOOK.md, Derivations: Ledger 4b)
+# Ledger 4b: activations, what autograd saves for backward a token, eager and compiled (4b'), each
+# part's from its row of config.PARTS (BOOK.md, Derivations: Ledger 4b)
 
 
 def activation_bytes(
@@ -741,8 +737,7 @@ def gpus_for_model_states(n_params, gpu_memory_bytes):
 
 # --------------------------------------------------------------------------------------------------
 # Ledger 5: communication, the bytes each parallel mode moves per optimizer step as train.py moves
-# them (test_communication.py holds every rank's collectives to this list, call by call), in
-# NCCL-tests' algorithm and bus bytes. (BOOK.md, Derivations: Ledger 5)
+# them, call by call, in NCCL-tests' algorithm and bus bytes (BOOK.md, Derivations: Ledger 5)
 
 DDP_FIRST_BUCKET_BYTES = 2**20  # torch.distributed._DEFAULT_FIRST_BUCKET_BYTES
 DDP_BUCKET_BYTES = 25 * 2**20  # DistributedDataParallel's bucket_cap_mb default, 25 MiB
@@ -968,9 +963,8 @@ def exposed_communication(items, busbw, step_seconds, hidden, recompute):
     return dict(seconds=sum(seconds.values()), exposed_seconds=waits, exposed_fraction=fraction)
 
 
-# Ledger 5c: the book's rule as a verdict: data parallelism with ZeRO/FSDP is enough while every GPU
-# gets a sequence, the plan fits and at most COMM_EXPOSED_LIMIT of a step waits on communication;
-# else tensor or pipeline parallelism. (BOOK.md, Derivations: Ledger 5c)
+# Ledger 5c: the book's rule as a verdict, data parallelism with ZeRO/FSDP or else tensor or
+# pipeline parallelism (BOOK.md, Derivations: Ledger 5c)
 NOT_ENOUGH = (
     'needs tensor or pipeline parallelism, which this trainer does not do: see torchtitan '
     '(PyTorch: tensor, pipeline and context parallelism on FSDP2) or Megatron-LM (NVIDIA)'
@@ -1046,8 +1040,7 @@ def parallelism_verdict(model, train, n_gpu, device, fits, exposed_fraction):
 
 
 # Ledger MoE: FLOPs, days, cost and activations scale with the ACTIVE parameters, the model states
-# with the TOTAL (every expert's are held); the book's 16 x active beside them. (BOOK.md,
-# Derivations: Ledger MoE)
+# with the TOTAL (BOOK.md, Derivations: Ledger MoE)
 
 
 def expert_shapes(model, width):
@@ -1117,8 +1110,7 @@ def token_bytes(vocab_size):
     return 2 if vocab_size <= 2**16 else 4
 
 
-# The share of the positions that carry loss: clm and fim 1, prefix_lm 1/2, ul2 its denoisers' (0.40
-# by default); compute counts every one.
+# The share of the positions that carry loss (ul2's: 0.40 by default); compute counts every one
 # (BOOK.md, Derivations: The share of the positions that carry loss)
 UL2_RATES = tuple(config.DEFAULTS[f'ul2_{d}_rate'] for d in 'srx')
 
@@ -1315,9 +1307,8 @@ def predict(model, train, n_gpu=None, device=None):
 
 
 # --------------------------------------------------------------------------------------------------
-# The book's worked examples (BOOK.md), recomputed: the book's figure beside the ledger's, compared
-# at its precision (a format spec; '>' for a bound). test_ledger.py checks every one; `ledger.py
-# --book` prints them.
+# The book's worked examples (BOOK.md), recomputed and compared at the book's precision (a format
+# spec; '>' for a bound): `ledger.py --book` prints them, test_ledger.py checks every one.
 LLAMA_7B = ModelConfig(  # a llama
     n_layer=32, n_head=32, n_embd=4096, ffn_hidden=11008, vocab_size=32000, block_size=2048
 )
