@@ -138,10 +138,9 @@ def parallelize(model, train, cluster, dtype):
             model, device_ids=device_ids, broadcast_buffers=False, gradient_as_bucket_view=True
         )
     # FSDP2: shard each block, then the root (embeddings, final norm, lm_head: a tied weight stays
-    # in one unit with both its users). ZeRO-3 ('fsdp') frees a block's gathered weights after its
-    # forward and gathers them again for backward; ZeRO-2 ('zero2') keeps them, so only gradients
-    # and optimizer states stay sharded (the book's 2P + 14P/N). The root is kept either way:
-    # backward starts with its lm_head. bf16: bf16 weights for the matmuls, gradients in fp32.
+    # in one unit with both its users). fsdp (ZeRO-3) gathers a block again for backward, zero2
+    # keeps it (the book's 2P + 14P/N), both the root: backward starts with its lm_head (BOOK.md,
+    # Derivations: Ledger 5). bf16: bf16 weights for the matmuls, gradients in fp32.
     bf16 = dict(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
     policy = MixedPrecisionPolicy(**(bf16 if dtype == 'bfloat16' else {}))
     mesh = init_device_mesh(cluster.device.type, (cluster.world_size,))
