@@ -157,10 +157,8 @@ def _prefix_lm(objective, fragment, lead, room, rng, mode=()):
     kept = fragment[lead : lead + room - len(head)]
     tokens = np.concatenate((head, kept)).astype(fragment.dtype, copy=False)
     first = max(1, len(head))  # the first target position
-    mask = np.zeros(len(tokens), dtype=bool)
-    if len(tokens) > first:
-        mask[rng.integers(first, len(tokens)) :] = True
-    return tokens, mask, lead + len(kept)
+    cut = rng.integers(first, len(tokens)) if len(tokens) > first else len(tokens)
+    return tokens, np.arange(len(tokens)) >= cut, lead + len(kept)
 
 
 def _fim(objective, fragment, lead, room, rng):
