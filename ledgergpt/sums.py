@@ -272,12 +272,9 @@ BILL_PARTS = ('embedding', 'position', 'attention', 'ffn', 'norms', 'output')
 def block_shapes(model, i):
     """(name, shape) of block i's tensors as model.Block registers them: norms, attention (and its
     QK-norm's), FFN (the MLP row's, or an MoE's router, experts and shared experts)."""
-    H, block, bias = model.n_embd, f'blocks.{i}', model.biases
-    norm = model.part('norm').shapes(model)
-    qkv_width = (model.n_head + 2 * model.kv_heads) * model.head_dim
+    H, block, norm = model.n_embd, f'blocks.{i}', model.part('norm').shapes(model)
     shapes = [(f'{block}.attn_norm.{n}', s) for n, s in norm]
-    shapes += config.linear(f'{block}.attn.qkv_proj', H, qkv_width, bias)
-    shapes += config.linear(f'{block}.attn.o_proj', H, H, bias)
+    shapes += [(f'{block}.attn.{n}', s) for n, s in model.part('attention').shapes(model)]
     shapes += [(f'{block}.attn.qk_norm.{n}', s) for n, s in model.part('qk_norm').shapes(model)]
     shapes += [(f'{block}.mlp_norm.{n}', s) for n, s in norm]
     if i < model.n_layer - model.moe_layers:
