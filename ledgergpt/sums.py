@@ -877,9 +877,8 @@ def topology(train, n_gpu, device):
             f"nodes ({nodes}) must be at most n_gpu ({n_gpu}): each node holds at least one device"
         )
     per_node = math.ceil(n_gpu / nodes)
-    # a GPU of the table, named or measured and recognised
-    known = [k for k, g in GPUS.items() if g.name == device.name or f'({k})' in device.peak_source]
-    links = LINKS[known[0]] if known and device.kind == 'gpu' else None
+    # a GPU of the table, named or measured and recognised: the key its name holds (table_key)
+    links = LINKS.get(table_key(device.name)) if device.kind == 'gpu' else None
     intra, intra_source = None, 'unknown: not a GPU of the table (set intra_node_busbw, GB/s)'
     inter, inter_source = None, 'unknown (set inter_node_busbw, GB/s per node)'
     if links:
