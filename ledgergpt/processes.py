@@ -14,7 +14,7 @@ import signal
 import torch
 import torch.distributed as dist
 
-from ledgergpt import config
+from ledgergpt import config, sums
 from ledgergpt.config import sharded
 
 
@@ -110,12 +110,11 @@ def reduce_mean(values, cluster):
 def compile_as_run(model, train, world_size):
     """Compile in place as the run does, if it does: each block under FSDP2 (the root and the loss
     stay eager), else the whole model."""
-    if not train.compile:
-        return
-    if sharded(train.parallel, world_size):
+    mode = sums.compile_mode(train, world_size)
+    if mode == 'blocks':
         for block in model.blocks:
             block.compile()  # per block, as torchtune does under FSDP2: the blocks share one graph
-    else:
+    elif mode == 'model':
         model.compile()  # in place: the state dict keeps its names (no `_orig_mod.` prefix)
 
 
