@@ -235,9 +235,8 @@ def set_rng_states(states):
 
 
 def save(out_dir, step, model, optimizer, train_state, keep, kept_steps=()):
-    """Write step_NNNNNNN (model, optimizer, train_state with every rank's RNG states, the manifest
-    last), point LATEST at it, keep the newest `keep` up to it and those of kept_steps; return its
-    path. A failed write (a full disk, Ctrl-C) leaves no tmp_ folder, and LATEST as it was."""
+    """Write step_NNNNNNN as laid out above, point LATEST at it, keep the newest `keep` up to it and
+    those of kept_steps; -> its path. A failed write (a full disk, Ctrl-C) leaves no tmp_ folder."""
     rank, world = _rank_and_world()
     folder, name = root(out_dir), f'step_{step:07d}'
     final, tmp = os.path.join(folder, name), os.path.join(folder, 'tmp_' + name)

@@ -1154,10 +1154,9 @@ def validate(model, train):
 
 
 def tokens_per_micro_step(model, train, world_size):
-    """Tokens one micro-step covers on all processes, micro_batch x block_size x world_size;
-    ConfigError if the global batch is not a whole number of them. The one check of a plan's batch:
-    train.py makes it with its world size, the ledger with n_gpu, so the ledger never prints a plan
-    that train.py refuses."""
+    """Tokens one micro-step covers on all processes; ConfigError if the global batch is not a whole
+    number of them. The one check of a plan's batch: train.py makes it with its world size, the
+    ledger with n_gpu, so the ledger never prints a plan that train.py refuses."""
     tokens = train.micro_batch * model.block_size * world_size
     if train.batch_tokens % tokens:
         raise ConfigError(
