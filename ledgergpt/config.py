@@ -166,9 +166,9 @@ class Part:
     label: str  # its name in the bill
     formula: str  # its parameters as the bill prints them
     # (ModelConfig) -> [(name, shape)] of its tensors inside its module, in model.py's order
-    shapes: object
+    shapes: object = lambda c: []
     # (ModelConfig, a, r, compiled) -> the bytes it saves for backward per token (Ledger 4b)
-    saved: object
+    saved: object = lambda c, a, r, compiled: 0
     hf: tuple = ()  # the Hugging Face classes that hold it (export.py); () is "not exportable"
     hf_act: str = ''  # an MLP's activation as Hugging Face names it (config.json's hidden_act)
     # the classes of hf whose llama.cpp architecture computes it (export.py --gguf); '*': all
@@ -241,10 +241,6 @@ def flash_attention_saved(c, a, r, compiled):
     """Attention's bytes a token with a flash kernel (the math kernel's: sums.activation_bytes)."""
     qkv = a * (c.n_head + 2 * c.kv_heads) * c.head_dim
     return (0 if compiled else a * c.n_embd) + qkv + 4 * c.n_head + a * c.n_embd
-
-
-def nothing_saved(c, a, r, compiled):
-    return 0
 
 
 def full_loss_buffers(c, tokens, a, compiled):
@@ -325,20 +321,18 @@ PARTS = {
     },
     'positions': {
         # GPT-2: a block_size x H table added to the embedding (its position ids saved, eager)
-        'learned': Part(label='learned positions', formula='T*H', saved=nothing_saved,
-                        shapes=lambda c: [('weight', (c.block_size, c.n_embd))],
-                        hf=('GPT2LMHeadModel',)),
+        'learned': Part(label='learned positions', formula='T*H', hf=('GPT2LMHeadModel',),
+                        shapes=lambda c: [('weight', (c.block_size, c.n_embd))]),
         # RoPE (Su et al. 2021): q and k rotated in each block; no parameters, rotated q and k saved
-        'rope': Part(label='RoPE', formula='none', shapes=lambda c: [],
+        'rope': Part(label='RoPE', formula='none',
                      saved=lambda c, a, r, compiled: a * (c.n_head + c.kv_heads) * c.head_dim,
                      hf=('LlamaForCausalLM', 'Qwen3ForCausalLM', 'ArceeForCausalLM')),
     },
     # an RMSNorm of each head of q and k before RoPE (Dehghani et al. 2023; OLMo 2, Qwen3, nanochat)
     'qk_norm': {
-        'none': Part(label='no QK-norm', formula='none', shapes=lambda c: [], saved=nothing_saved,
-                     hf=('*',)),
+        'none': Part(label='no QK-norm', formula='none', hf=('*',)),
         # nanochat's: no parameters (exported with gains of 1)
-        'weightless': Part(label='QK-norm (weightless)', formula='none', shapes=lambda c: [],
+        'weightless': Part(label='QK-norm (weightless)', formula='none',
                            saved=qk_norm_saved(False), hf=('Qwen3ForCausalLM',)),
         # a learned gain per head dimension, one for q and one for k (Qwen3's q_norm, k_norm)
         'learned': Part(
@@ -352,7 +346,7 @@ PARTS = {
         # F.cross_entropy over the whole fp32 logits: lm_head keeps its input a*H; compiled
         # (inductor fuses the softmax's gradient) the log-sum-exp's 8 bytes a token
         'full': Part(
-            label='cross-entropy over the full logits', formula='none', shapes=lambda c: [],
+            label='cross-entropy over the full logits', formula='none',
             saved=lambda c, a, r, compiled: 8 if compiled else a * c.n_embd, hf=('*',),
             buffers=full_loss_buffers,
             buffers_formula=lambda compiled, a: (
@@ -362,7 +356,7 @@ PARTS = {
         # (Liger's fused linear cross-entropy; Cut Cross-Entropy, Wijmans et al. 2024): it keeps
         # h's gradient, r*H a token (compiled: a*H, in the place of the final norm's output)
         'chunked': Part(
-            label='chunked cross-entropy', formula='none', shapes=lambda c: [],
+            label='chunked cross-entropy', formula='none',
             saved=lambda c, a, r, compiled: 0 if compiled else r * c.n_embd, hf=('*',),
             buffers=chunked_loss_buffers,
             buffers_formula=lambda compiled, a: (
