@@ -346,9 +346,8 @@ PARTS = {
         # F.cross_entropy over the whole fp32 logits: lm_head keeps its input a*H; compiled
         # (inductor fuses the softmax's gradient) the log-sum-exp's 8 bytes a token
         'full': Part(
-            label='cross-entropy over the full logits', formula='none',
+            label='cross-entropy over the full logits', formula='none', buffers=full_loss_buffers,
             saved=lambda c, a, r, compiled: 8 if compiled else a * c.n_embd, hf=('*',),
-            buffers=full_loss_buffers,
             buffers_formula=lambda compiled, a: (
                 f'B*T*V x {2 * a} bytes: the logits and their gradient (fused)' if compiled
                 else "B*T*V x 12 bytes: fp32 log-softmax, its gradient, the logits' gradient")),
@@ -356,9 +355,8 @@ PARTS = {
         # (Liger's fused linear cross-entropy; Cut Cross-Entropy, Wijmans et al. 2024): it keeps
         # h's gradient, r*H a token (compiled: a*H, in the place of the final norm's output)
         'chunked': Part(
-            label='chunked cross-entropy', formula='none',
+            label='chunked cross-entropy', formula='none', buffers=chunked_loss_buffers,
             saved=lambda c, a, r, compiled: 0 if compiled else r * c.n_embd, hf=('*',),
-            buffers=chunked_loss_buffers,
             buffers_formula=lambda compiled, a: (
                 f"min(B*T, {CHUNK_ROWS}) x V x {chunk_logit_bytes(a, compiled)} bytes: one chunk's "
                 f"logits; V*H x {4 + a}: lm_head's gradient")),
