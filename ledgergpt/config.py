@@ -922,7 +922,7 @@ _TYPES = {
 def _parse_value(key, text):
     kind = type(DEFAULTS[key])
     try:
-        return _TYPES[kind][3](text)
+        return _TYPES[kind][3](text)  # the type's reader
     except (KeyError, ValueError):
         expected = f'a value of type {kind.__name__}'
         if kind is tuple:

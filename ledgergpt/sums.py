@@ -698,7 +698,6 @@ def memory_per_gpu(model, train, n_gpu=None, micro_batch=None, device=None, rank
     )
     memory['allocated'] = memory['model_states'] + memory['activations'] + memory['logits']
     memory['total'] = memory['allocated'] + memory['overhead'] + memory['compile_host']
-    # a CPU's memory is shared by its processes
     processes = device.shared_by or (n_gpu if device.kind == 'cpu' else 1)
     memory['gpu_memory'] = device.memory_bytes // processes
     memory['headroom'] = memory['gpu_memory'] - memory['total']
