@@ -692,7 +692,6 @@ def memory_per_gpu(model, train, n_gpu=None, micro_batch=None, device=None, rank
         graph=GRAPHS[compiled],
         overhead=device.overhead_bytes,
         compile_host=COMPILE_HOST_BYTES if compiled and device.kind == 'cpu' else 0,
-        # MoE: the book's 16 x active parameters; the activations' dispatched copies
         book_active_model_states=states['book_active'],
         routing_buffers=eager.get('routing_buffers', 0),
     )
@@ -1245,7 +1244,6 @@ def run_data(model, train, n_params, tokens):
 def predict(model, train, n_gpu=None, device=None):
     """Every sum of the ledger for a plan: n_gpu (train.n_gpu) of `device` (the config's gpu)."""
     n_gpu = n_gpu or train.n_gpu
-    # train.py's check: no plan it would refuse
     micro_step_tokens = config.tokens_per_micro_step(model, train, n_gpu)
     device = device or gpu_spec(train.gpu, train.dtype)
     flops, optimizer_flops, optimizer_seconds, compute_tokens_per_s = step_compute(
