@@ -520,11 +520,9 @@ class ModelConfig:
     ffn_hidden: int = 0  # FFN width H' (0: the family's, gpt2 4H, llama 8H/3 rounded up to 256)
     vocab_size: int = 50304  # padded to a multiple of 128 in the configs, for speed
     block_size: int = 1024  # context length T (training sequence length)
-    # the next two default to the family's in a config file (load_config), to llama's in code:
-    # the input embedding shared with the output projection (GPT-2 does), and biases in Linear
-    # layers and norms (gpt2 has them; llama has none)
-    tie_embeddings: bool = False
-    bias: bool = False
+    # the family's in a config file (load_config), llama's in code (FAMILIES: GPT-2 has both)
+    tie_embeddings: bool = False  # the input embedding shared with the output projection
+    bias: bool = False  # biases in the Linear layers and norms
     norm_eps: float = 1e-5
     rope_theta: float = 10000.0
     # parts (PARTS above) in place of the family's: '' is the family's own
