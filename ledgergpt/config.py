@@ -171,8 +171,7 @@ class Part:
     saved: object = lambda c, a, r, compiled: 0
     hf: tuple = ()  # the Hugging Face classes that hold it (export.py); () is "not exportable"
     hf_act: str = ''  # an MLP's activation as Hugging Face names it (config.json's hidden_act)
-    # the classes of hf whose llama.cpp architecture computes it (export.py --gguf); '*': all
-    gguf: tuple = ('*',)
+    gguf: tuple = ('*',)  # hf's classes whose llama.cpp architecture computes it (--gguf); '*': all
     # an FFN's default width H' (ffn_hidden = 0): ffn_ratio x H, rounded up to ffn_multiple
     ffn_ratio: Fraction = Fraction(0)
     ffn_multiple: int = 1
@@ -378,8 +377,7 @@ class Optimizer:
     # update; and the bill's formula for them (the train keys fill it in)
     step_flops: object
     step_formula: str = ''
-    # (name, shape) -> whether it updates the tensor (None: every one); `rest`'s row the others
-    takes: object = None
+    takes: object = None  # (name, shape) -> whether it updates it (None: all); `rest`'s the others
     rest: str = ''
     # the bill's name for the traffic that puts each tensor whole on an owner rank and back under
     # FSDP2, for its update (Muon's Newton-Schulz; muon_blocks)
@@ -531,8 +529,7 @@ class ModelConfig:
     mlp: str = ''  # 'gelu', 'swiglu' or 'relu2'
     positions: str = ''  # 'learned' or 'rope'
     qk_norm: str = 'none'  # 'none', 'weightless' (nanochat) or 'learned' (gains per dim: Qwen3)
-    # the training loss: 'chunked' (one chunk of the logits at a time) or 'full' (all B x T x V)
-    loss: str = 'chunked'
+    loss: str = 'chunked'  # 'chunked' (one chunk of the logits at a time) or 'full' (B x T x V)
     # cap * tanh(logits / cap) on the output logits (Gemma 2's 30, nanochat's 15); 0: none. The
     # chunked loss keeps its slope, one more fp32 chunk (chunked_loss_buffers)
     logit_softcap: float = 0.0
@@ -666,8 +663,7 @@ class TrainConfig:
     dtype: str = exact('auto')  # 'auto' (bf16 on CUDA; on a CPU the faster, measured) or a dtype
     compile: bool = free(True)
     recompute: bool = free(False)  # activation recomputation per block (the ledger's 8P)
-    # 'ddp', 'zero1', 'zero2' or 'fsdp' (ZeRO-3); a checkpoint resumes in its own mode
-    parallel: str = free('ddp')
+    parallel: str = free('ddp')  # ddp, zero1, zero2 or fsdp; a checkpoint resumes in its own mode
     # how long a collective waits for every rank before the job fails (NCCL's default: 10 minutes):
     # the longest waits are legitimate ones, 8 ranks compiling before the first all-reduce, or rank
     # 0 writing h200_1b3's 11 GB ZeRO-1 optimizer.pt while the others wait at a barrier

@@ -38,8 +38,7 @@ class Objective:
     fim_rate: float = config.DEFAULTS['fim_rate']
     fim_spm_rate: float = config.DEFAULTS['fim_spm_rate']
     ul2_rates: tuple = tuple(config.DEFAULTS[f'ul2_{mode}_rate'] for mode in 'srx')
-    # a list: UL2's R and X fragments append (mode, mean, rate, length, span lengths) to it
-    record: list = None
+    record: list = None  # a list: UL2's R and X fragments append (mode, mean, rate, length, spans)
 
     def __post_init__(self):
         sentinels = [self.ids[name] for name in SENTINELS if name in self.ids]
