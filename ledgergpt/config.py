@@ -115,8 +115,7 @@ def cli(function=None, *, reports=None, stopped=None):
     def main(argv=None):
         in_charge = threading.current_thread() is threading.main_thread()
         previous = signal.getsignal(signal.SIGTERM) if in_charge else None
-        # SIGTERM unwinds like Ctrl-C (a handler someone else set is kept)
-        if previous == signal.SIG_DFL:
+        if previous == signal.SIG_DFL:  # SIGTERM unwinds like Ctrl-C (another's handler is kept)
             signal.signal(signal.SIGTERM, _terminate)
         args = sys.argv[1:] if argv is None else list(argv)
         rank, world = int(os.environ.get('RANK', 0)), int(os.environ.get('WORLD_SIZE', 1))
@@ -1034,8 +1033,7 @@ def _run_config(path):
         status = '' if e.code is None else repr(e.code)
         raise ConfigError(f"{path} calls sys.exit({status}){ended}") from None
     except KeyboardInterrupt:
-        # a Ctrl-C, or SIGTERM: the user's
-        if signalled or isinstance(sys.exc_info()[1], Terminated):
+        if signalled or isinstance(sys.exc_info()[1], Terminated):  # Ctrl-C or SIGTERM: the user's
             raise
         raise ConfigError(f"{path} raises KeyboardInterrupt{ended}") from None
     finally:

@@ -222,8 +222,7 @@ def cached_probe(key, measure, best_of):
             cache[key] = {**entry, 'measured': time.strftime('%Y-%m-%d %H:%M:%S')}
         cache[key]['probes'] = old.get('probes', 0) + 1
         cache[key].pop('reprobe', None)
-        # a read-only home only costs the next run another second
-        with contextlib.suppress(OSError):
+        with contextlib.suppress(OSError):  # a read-only home costs the next run another second
             os.makedirs(os.path.dirname(path), exist_ok=True)
             save_json(path, cache)
     return cache[key]
@@ -1227,8 +1226,7 @@ def run_length(train, tokens_per_s):
 
 def run_data(model, train, n_params, tokens):
     """-> {'data': the run's data ledger, 'mixture': a mixture's per source, else None}."""
-    # Muon's momentum and AdamW's m, v for the rest; AdamW alone: the book's 12P
-    optimizer_bytes = None
+    optimizer_bytes = None  # Muon's momentum + AdamW's m, v for the rest; AdamW's alone: 12P
     if train.optimizer != 'adamw':
         optimizer_bytes = held_model_states(model, 'ddp', 1, optimizer=train.optimizer)['optimizer']
     fraction = loss_fraction(train.objective, [getattr(train, f'ul2_{d}_rate') for d in 'srx'])
