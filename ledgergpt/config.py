@@ -67,8 +67,7 @@ def _terminate(signum, frame):
 
 
 def _stdout_gone():
-    """Whether stdout is a pipe whose reader has left (`| head`), as opposed to a broken socket
-    elsewhere."""
+    """Whether stdout is a pipe whose reader has left (`| head`), not a broken socket elsewhere."""
     poller = select.poll()
     poller.register(sys.stdout.fileno(), select.POLLOUT)
     return any(event & select.POLLERR for _, event in poller.poll(0))
@@ -945,8 +944,7 @@ MIXTURE_UNITS = 1000  # mixture weights are kept to multiples of 1/1000 (mixture
 
 
 def is_mixture(data):
-    """'a:0.6,b:0.4' or 'a:1' is a mixture; a folder that exists is a folder, whatever its name
-    ('runs:2')."""
+    """'a:0.6,b:0.4', 'a:1': a mixture; a folder that exists is one, whatever its name ('x:2')."""
     return not os.path.isdir(data) and (',' in data or _weight(data.rpartition(':')[2]) is not None)
 
 
@@ -975,8 +973,7 @@ def data_sources(data):
 
 
 def mixture_text(sources, where):
-    """(folder, weight) pairs -> 'folder:weight,...' with the weights normalised to sum to 1, after
-    checking them."""
+    """(folder, weight) pairs, checked -> 'folder:weight,...', the weights normalised to sum 1."""
     sources = list(sources)
     for folder, weight in sources:
         if not isinstance(folder, str) or not folder or ',' in folder:

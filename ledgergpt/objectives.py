@@ -28,8 +28,7 @@ STREAM = 0x6F626A  # 'obj': the generators' middle seed word, apart from the dat
 
 @dataclasses.dataclass
 class Objective:
-    """A run's objective: its name, seed, rates (TrainConfig's keys say why their defaults) and the
-    data folder's token ids."""
+    """A run's objective: its name, seed, rates (TrainConfig's defaults), the data's token ids."""
 
     name: str = 'clm'
     seed: int = 0

@@ -1000,8 +1000,7 @@ def passing_plan(model, train, n_gpu, device, sequences):
 
 
 def parallelism_verdict(model, train, n_gpu, device, fits, exposed_fraction):
-    """-> dict: enough (bool), verdict (one line), reasons, and a suggestion (a passing plan's
-    flags)."""
+    """-> dict: enough (bool), verdict (one line), reasons, suggestion (a passing plan's flags)."""
     sequences = train.batch_tokens // model.block_size
     hides = exposed_fraction is None or exposed_fraction <= COMM_EXPOSED_LIMIT
     if sequences >= n_gpu and fits and hides:
