@@ -42,9 +42,8 @@ class DataError(UserError, ValueError):
 
 
 class Terminated(KeyboardInterrupt):
-    """SIGTERM, raised where the process is (as Ctrl-C raises KeyboardInterrupt), so that the blocks
-    around it unwind: a folder's lock is released, a temporary file removed. A training loop handles
-    it itself (continuation.Stop)."""
+    """SIGTERM, raised where the process is, so that the blocks around it unwind: a folder's lock is
+    released, a temporary file removed. A training loop handles it itself (continuation.Stop)."""
 
 
 def _stop_line(interrupt):
@@ -74,9 +73,8 @@ def _stdout_gone():
 
 
 def quiet_stops():
-    """For a command's `if __name__ == '__main__'` start, before its slow imports (torch takes
-    seconds): Ctrl-C or SIGTERM while they run is one line and exit 130 or 143 too, not a traceback
-    or a silent exit."""
+    """For a command's `if __name__ == '__main__'` start, before its slow imports (torch's): Ctrl-C
+    or SIGTERM while they run is one line and exit 130 or 143, not a traceback or a silent exit."""
     signal.signal(signal.SIGTERM, _terminate)
     python_hook = sys.excepthook
 
@@ -422,8 +420,7 @@ OPTIMIZERS = {
                        state_bytes=lambda shape: 8 * math.prod(shape) + 4,
                        step_flops=lambda shape, train: 0),
     # Muon (Jordan et al. 2024; torch.optim.Muon): one fp32 momentum buffer for the blocks'
-    # matrices, no step count; its update orthogonalises the momentum by Newton-Schulz (matmuls,
-    # counted); AdamW for the rest
+    # matrices, no step count; its update orthogonalises it by Newton-Schulz (matmuls, counted)
     'muon': Optimizer(
         name='Muon', label='Muon momentum', formula='4P_muon',
         state_bytes=lambda shape: 4 * math.prod(shape), step_flops=newton_schulz_flops,
@@ -683,9 +680,8 @@ class TrainConfig:
     ckpt_every: int = free(1000)
     keep_ckpts: int = free(3)
     keep_steps: tuple = free(())  # steps whose checkpoints are never pruned, e.g. (1000, 2000)
-    # a loss above mean + spike_factor * std of the recent window is a spike; the std has a floor,
-    # a fraction of the mean: late in a run the loss is so steady (std ~0.01) that 3 std would read
-    # ordinary noise as spikes
+    # the spike guard (continuation.find_spike); the std has a floor, a fraction of the mean:
+    # late in a run the loss is so steady (std ~0.01) that 3 std would read ordinary noise as spikes
     spike_factor: float = free(3.0)
     spike_window: int = free(50)
     spike_min_std: float = free(0.02)
@@ -707,9 +703,8 @@ class TrainConfig:
     gpu: str = free('auto')
     n_gpu: int = free(1)  # train.py uses the real world size
     mfu: float = free(0.40)
-    # Ledger 5's topology: the nodes the n_gpu devices span (0: 8 per node), and the bus
-    # bandwidths NCCL reaches inside a node (per GPU) and between nodes (per node), GB/s (0: the
-    # table's)
+    # Ledger 5's topology: the nodes the n_gpu devices span (0: 8 per node), and the bus bandwidths
+    # inside a node (per GPU) and between nodes (per node), GB/s (0: the table's)
     nodes: int = free(0)
     intra_node_busbw: float = free(0.0)
     inter_node_busbw: float = free(0.0)
@@ -728,10 +723,9 @@ CONTINUATION_KEYS = tuple(
 
 
 # --------------------------------------------------------------------------------------------------
-# Parallel modes (train.py builds them, the ledger counts what each holds): 'ddp' replicates
-# everything, 'zero1' shards the optimizer's states (ZeroRedundancyOptimizer), 'zero2' and 'fsdp'
-# (ZeRO-3) are FSDP2's fully_shard and shard the weights and gradients too. One process is whole in
-# every mode.
+# Parallel modes (train.py's; the ledger counts what each holds): 'ddp' replicates everything,
+# 'zero1' shards the optimizer's states (ZeroRedundancyOptimizer), 'zero2' and 'fsdp' (ZeRO-3) are
+# FSDP2's fully_shard and shard the weights and gradients too. One process is whole in every mode.
 
 PARALLEL_MODES = ('ddp', 'zero1', 'zero2', 'fsdp')
 FSDP_MODES = ('zero2', 'fsdp')
@@ -1067,8 +1061,7 @@ def load_config(path=None, overrides=()):
     values, where = read_values(path, overrides)
     if where.get('train_tokens') == 'the command line' != where.get('train_minutes'):
         values['train_minutes'] = 0.0  # --train_tokens plans the run, over the file's minutes
-    # the family's bias and tying, unless the config says otherwise (an unknown arch: validate
-    # names the known ones)
+    # the family's bias and tying unless the config sets them (an unknown arch: validate says)
     if family := FAMILIES.get(values.get('arch', DEFAULTS['arch'])):
         values = {'bias': family.bias, 'tie_embeddings': family.tie_embeddings} | values
     model, train = (

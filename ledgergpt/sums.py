@@ -350,8 +350,7 @@ def book_params(model):
 
 
 # --------------------------------------------------------------------------------------------------
-# Ledger 2: the FLOPs a token forward + backward, by each convention and as the GPU executes them
-# (BOOK.md, Derivations: Ledger 2)
+# Ledger 2: a token's FLOPs forward + backward, each convention's (BOOK.md, Derivations: Ledger 2)
 
 
 def flops_per_token(model, recompute=False, compiled_blocks=False):
