@@ -888,7 +888,7 @@ _BOOLEANS = {'1': True, 'true': True, 'yes': True, 'on': True}
 _BOOLEANS |= {'0': False, 'false': False, 'no': False, 'off': False}
 # What a key takes, by the type of its default: (accepts, converts, the words an error uses, reads
 # --key=VALUE's text). Whole floats pass for ints (26e9, 1e6); ints for floats; bools only as
-# True/False (a string 'False' would read as true); a list or tuple of token counts for a tuple.
+# True/False (a string 'False' would read as true); a list or tuple of whole numbers for a tuple.
 # fmt: off
 _TYPES = {
     bool: (lambda v: isinstance(v, bool), bool, 'True or False',
