@@ -1171,10 +1171,9 @@ def folder_meta(folder):
 
 
 def mixture_ledger(model, train, sequences):
-    """Per source: weight, sequences and tokens drawn over the run's `sequences` (predict's planned
-    steps x batch_tokens / block_size: a batch ramp lowers it by less than a step), the folder's
-    train tokens, epochs, a warning past REPEAT_EPOCHS, its shards' bytes (the drawn tokens' while
-    the folder is not made)."""
+    """Per source, a row of SOURCE_FIELDS over the run's `sequences` (predict's planned steps x
+    batch_tokens / block_size: a batch ramp lowers it by less than a step); the shards' bytes are
+    the drawn tokens' while the folder is not made."""
     # the run's schedule (standard library too); imported here: a one-folder ledger needs none
     from ledgergpt import mixture
 
@@ -1200,10 +1199,9 @@ def mixture_ledger(model, train, sequences):
 
 def step_compute(model, train, n_gpu, device):
     """-> (FLOPs a token, the optimizer's a step on each rank, their seconds, tokens/s of compute).
-    train.mfu is the share of peak spent on matmuls, recomputation included ('hardware' FLOPs);
-    MFU proper (PaLM, train.py's) counts the model's ('matmul'): lower by matmul / hardware with
-    recompute (LLaMA-7B: 1 / 1.33). The optimizer's (Muon's Newton-Schulz) follow, at the same MFU,
-    on the busiest rank."""
+    train.mfu is the share of peak spent on matmuls, recomputation included ('hardware' FLOPs); MFU
+    proper (PaLM, train.py's) counts the model's ('matmul'): lower by matmul / hardware with
+    recompute (LLaMA-7B: 1 / 1.33). The optimizer's follow, at the same MFU, on the busiest rank."""
     compiled_blocks = compile_mode(train, n_gpu) == 'blocks'  # train.py's build_model
     flops = flops_per_token(model, train.recompute, compiled_blocks)
     optimizer_flops = optimizer_step_flops(model, train, n_gpu)
