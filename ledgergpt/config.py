@@ -1,6 +1,5 @@
 """
-config.py: the config vocabulary shared by every ledgergpt command, and the one way bad input is
-reported.
+config.py: the config vocabulary of every ledgergpt command, and the one way bad input is reported.
 
 A config file is plain Python that assigns keys (see configs/); `--key=value` after it overrides one
 key. Every value's type and range is checked before anything is built: a typo or an impossible value

@@ -1,8 +1,7 @@
 """
 objectives.py: what the model learns to predict (docs/objectives.md, the seeding too; BOOK.md,
-"Pretraining objectives"): clm, or prefix_lm, fim or ul2, which transform the train stream's packed
-sequences on the host: `objective(sequences, first_index) -> (inputs, targets)`, IGNORE_INDEX where
-no loss.
+"Pretraining objectives"): clm, or prefix_lm, fim or ul2, which transform the packed sequences on
+the host: `objective(sequences, first_index) -> (inputs, targets)`, IGNORE_INDEX where no loss.
 
 Context-level, as the FIM paper's appendix recommends: a sequence is cut at its end-of-text tokens
 into fragments, each transformed on its own and packed back into the block_size + 1 positions. The
