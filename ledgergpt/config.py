@@ -642,10 +642,9 @@ class TrainConfig:
     optimizer: str = exact('adamw')  # a row of OPTIMIZERS
     # Muon's peak LR (0: AdamW's lr, scaled per matrix by torch's match_rms_adamw rule,
     # 0.2 sqrt(max(A, B)), so lr and weight_decay carry over (Liu et al. 2025); else Muon's own,
-    # e.g. 0.02, scaled by Keller Jordan's sqrt(max(1, A/B))), momentum, Nesterov and Newton-Schulz
-    # steps (torch's defaults)
+    # e.g. 0.02, scaled by Keller Jordan's sqrt(max(1, A/B)))
     muon_lr: float = exact(0.0)
-    muon_momentum: float = exact(0.95)
+    muon_momentum: float = exact(0.95)  # this and the next two: torch.optim.Muon's defaults
     muon_nesterov: bool = exact(True)
     muon_ns_steps: int = exact(5)
     weight_decay: float = exact(0.1)
