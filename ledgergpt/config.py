@@ -149,11 +149,10 @@ def say(message, code=None):
 
 # --------------------------------------------------------------------------------------------------
 # Parts. Each part of a model is one row of PARTS, all the other files know of it (docs/forking.md:
-# a model part): the ledger counts its parameters and matmul FLOPs (2 per weight forward, 4
-# backward) from its tensors. Shapes are (out, in) as nn.Linear holds them; H is n_embd, H' the FFN
-# width, d the head size, a and r the bytes of an activation and of the residual stream. Each
-# `saved` is derived term by term in BOOK.md (Derivations: Ledger 4b) and measured exact by
-# tests/test_parts.py and tests/test_model.py.
+# a model part): the ledger counts its parameters and matmul FLOPs from its tensors. Shapes are
+# (out, in) as nn.Linear holds them; H is n_embd, H' the FFN width, d the head size, a and r the
+# bytes of an activation and of the residual stream. Each `saved` is derived term by term in BOOK.md
+# (Derivations: Ledger 4b) and measured exact by tests/test_parts.py and tests/test_model.py.
 
 
 @dataclass(frozen=True, kw_only=True)
