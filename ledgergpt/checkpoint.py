@@ -184,8 +184,7 @@ def _barrier():
 
 
 def _dcp(action, state, path, **options):
-    """DCP's save or load of `state` in folder `path`. In one process DCP warns that it assumes
-    one process: that is the intent."""
+    """DCP's save or load of `state` in `path`; one process is intended: its warning is dropped."""
     import torch.distributed.checkpoint as dcp
 
     with warnings.catch_warnings():

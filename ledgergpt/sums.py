@@ -757,10 +757,9 @@ def ddp_buckets(model):
 
 
 def collectives(model, parallel, n_gpu, accumulation, dtype='bfloat16', optimizer='adamw'):
-    """Every collective of a step of train.py, the same on every rank, as dicts of
-    COLLECTIVE_FIELDS (op: a key of BUS_FACTORS; elements: NCCL-tests' S; phase: 'step' and
-    'update' outside the micro-steps, 'forward', 'backward'), and bytes, bus_bytes a step. One
-    process: none. dtype: the compute dtype."""
+    """Every collective of a step of train.py, the same on every rank, as dicts of COLLECTIVE_FIELDS
+    (op: a key of BUS_FACTORS; elements: NCCL-tests' S; phase: 'step' and 'update' outside the
+    micro-steps, 'forward', 'backward'), and bytes, bus_bytes a step. dtype: the compute dtype."""
     if n_gpu == 1:
         return []
     items = [
