@@ -94,9 +94,8 @@ def kept_tracebacks(exception):
 
 def rank_lost(exception, argv):
     """config.cli's `stopped`: under torchrun a SIGTERM, or a collective that loses its peer, most
-    often means a rank died (torchrun stops the others), where "rerun the same command" would be
-    refused without --resume: -> (the line that says so and resumes, and names the ranks'
-    tracebacks, exit code), or None."""
+    often means a rank died, where "rerun the same command" would be refused without --resume: ->
+    (the line that says so and resumes, and names the ranks' tracebacks, exit code), or None."""
     world, terminated = int(os.environ.get('WORLD_SIZE', 1)), isinstance(exception, Terminated)
     words = ('gloo', 'NCCL', 'Connection')
     lost = isinstance(exception, RuntimeError) and any(word in str(exception) for word in words)
