@@ -20,6 +20,7 @@ a step_ folder without its manifest: nothing reads either, and the next save rem
 
 import hashlib
 import os
+import pickle
 import random
 import shutil
 import warnings
@@ -155,8 +156,6 @@ ALLOWED.add(f'{_RECONSTRUCT.__module__}.{_RECONSTRUCT.__name__}')
 def read_state(path):
     """train_state.pt, read with torch.load(weights_only=True): a checkpoint someone shared runs no
     code. A file that needs more is one ConfigError line, before anything in it runs."""
-    import pickle
-
     file = os.path.join(path, STATE_FILE)
     with torch.serialization.safe_globals(ARRAYS):
         try:
@@ -185,8 +184,7 @@ def _barrier():
 
 
 def _dcp(action, state, path, **options):
-    """DCP's save or load of `state` in folder `path`. In one process DCP warns that it assumes
-    one process: that is the intent."""
+    """DCP's save or load of `state` in `path`; one process is intended: its warning is dropped."""
     import torch.distributed.checkpoint as dcp
 
     with warnings.catch_warnings():
@@ -236,9 +234,8 @@ def set_rng_states(states):
 
 
 def save(out_dir, step, model, optimizer, train_state, keep, kept_steps=()):
-    """Write step_NNNNNNN (model, optimizer, train_state with every rank's RNG states, the manifest
-    last), point LATEST at it, keep the newest `keep` up to it and those of kept_steps; return its
-    path. A failed write (a full disk, Ctrl-C) leaves no tmp_ folder, and LATEST as it was."""
+    """Write step_NNNNNNN as laid out above, point LATEST at it, keep the newest `keep` up to it and
+    those of kept_steps; -> its path. A failed write (a full disk, Ctrl-C) leaves no tmp_ folder."""
     rank, world = _rank_and_world()
     folder, name = root(out_dir), f'step_{step:07d}'
     final, tmp = os.path.join(folder, name), os.path.join(folder, 'tmp_' + name)

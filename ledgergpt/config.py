@@ -1,6 +1,5 @@
 """
-config.py: the config vocabulary shared by every ledgergpt command, and the one way bad input is
-reported.
+config.py: the config vocabulary of every ledgergpt command, and the one way bad input is reported.
 
 A config file is plain Python that assigns keys (see configs/); `--key=value` after it overrides one
 key. Every value's type and range is checked before anything is built: a typo or an impossible value
@@ -15,6 +14,7 @@ import functools
 import importlib.metadata
 import math
 import os
+import select
 import signal
 import sys
 import threading
@@ -41,9 +41,8 @@ class DataError(UserError, ValueError):
 
 
 class Terminated(KeyboardInterrupt):
-    """SIGTERM, raised where the process is (as Ctrl-C raises KeyboardInterrupt), so that the blocks
-    around it unwind: a folder's lock is released, a temporary file removed. A training loop handles
-    it itself (continuation.Stop)."""
+    """SIGTERM, raised where the process is, so that the blocks around it unwind: a folder's lock is
+    released, a temporary file removed. A training loop handles it itself (continuation.Stop)."""
 
 
 def _stop_line(interrupt):
@@ -66,26 +65,22 @@ def _terminate(signum, frame):
 
 
 def _stdout_gone():
-    """Whether stdout is a pipe whose reader has left (`| head`), as opposed to a broken socket
-    elsewhere."""
-    import select
-
+    """Whether stdout is a pipe whose reader has left (`| head`), not a broken socket elsewhere."""
     poller = select.poll()
     poller.register(sys.stdout.fileno(), select.POLLOUT)
     return any(event & select.POLLERR for _, event in poller.poll(0))
 
 
 def quiet_stops():
-    """For a command's `if __name__ == '__main__'` start, before its slow imports (torch takes
-    seconds): Ctrl-C or SIGTERM while they run is one line and exit 130 or 143 too, not a traceback
-    or a silent exit."""
+    """For a command's `if __name__ == '__main__'` start, before its slow imports (torch's): Ctrl-C
+    or SIGTERM while they run is one line and exit 130 or 143, not a traceback or a silent exit."""
     signal.signal(signal.SIGTERM, _terminate)
     python_hook = sys.excepthook
 
     def one_line(kind, value, traceback):
         if not issubclass(kind, KeyboardInterrupt):
             return python_hook(kind, value, traceback)
-        os._exit(_say(*_stop_line(value)))  # outside main(), nothing is left to unwind
+        os._exit(say(*_stop_line(value)))  # outside main(), nothing is left to unwind
 
     sys.excepthook = one_line
 
@@ -116,8 +111,7 @@ def cli(function=None, *, reports=None, stopped=None):
     def main(argv=None):
         in_charge = threading.current_thread() is threading.main_thread()
         previous = signal.getsignal(signal.SIGTERM) if in_charge else None
-        # SIGTERM unwinds like Ctrl-C (a handler someone else set is kept)
-        if previous == signal.SIG_DFL:
+        if previous == signal.SIG_DFL:  # SIGTERM unwinds like Ctrl-C (another's handler is kept)
             signal.signal(signal.SIGTERM, _terminate)
         args = sys.argv[1:] if argv is None else list(argv)
         rank, world = int(os.environ.get('RANK', 0)), int(os.environ.get('WORLD_SIZE', 1))
@@ -128,7 +122,7 @@ def cli(function=None, *, reports=None, stopped=None):
         except UserError as e:
             message, code = f'error: {e}', e.exit_code
             if reports is not None and world > 1:
-                return _say(f'error: rank {rank} of {world}: {e}', code) if reports() else code
+                return say(f'error: rank {rank} of {world}: {e}', code) if reports() else code
         # `| head` read what it wanted: no traceback, and none from the flush at exit
         except BrokenPipeError:
             if not _stdout_gone():
@@ -143,23 +137,22 @@ def cli(function=None, *, reports=None, stopped=None):
         finally:
             if previous == signal.SIG_DFL:
                 signal.signal(signal.SIGTERM, previous)
-        return _say(message, code) if rank == 0 else code
+        return say(message, code) if rank == 0 else code
 
     return main
 
 
-def _say(message, code):
+def say(message, code=None):
     print(message, file=sys.stderr, flush=True)
     return code
 
 
 # --------------------------------------------------------------------------------------------------
 # Parts. Each part of a model is one row of PARTS, all the other files know of it (docs/forking.md:
-# a model part): the ledger counts its parameters and matmul FLOPs (2 per weight forward, 4
-# backward) from its tensors. Shapes are (out, in) as nn.Linear holds them; H is n_embd, H' the FFN
-# width, d the head size, a and r the bytes of an activation and of the residual stream. Each
-# `saved` is derived term by term in BOOK.md (Derivations: Ledger 4b) and measured exact by
-# tests/test_parts.py and tests/test_model.py.
+# a model part): the ledger counts its parameters and matmul FLOPs from its tensors. Shapes are
+# (out, in) as nn.Linear holds them; H is n_embd, H' the FFN width, d the head size, a and r the
+# bytes of an activation and of the residual stream. Each `saved` is derived term by term in BOOK.md
+# (Derivations: Ledger 4b) and measured exact by tests/test_parts.py and tests/test_model.py.
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -167,13 +160,12 @@ class Part:
     label: str  # its name in the bill
     formula: str  # its parameters as the bill prints them
     # (ModelConfig) -> [(name, shape)] of its tensors inside its module, in model.py's order
-    shapes: object
+    shapes: object = lambda c: []
     # (ModelConfig, a, r, compiled) -> the bytes it saves for backward per token (Ledger 4b)
-    saved: object
+    saved: object = lambda c, a, r, compiled: 0
     hf: tuple = ()  # the Hugging Face classes that hold it (export.py); () is "not exportable"
     hf_act: str = ''  # an MLP's activation as Hugging Face names it (config.json's hidden_act)
-    # the classes of hf whose llama.cpp architecture computes it (export.py --gguf); '*': all
-    gguf: tuple = ('*',)
+    gguf: tuple = ('*',)  # hf's classes whose llama.cpp architecture computes it (--gguf); '*': all
     # an FFN's default width H' (ffn_hidden = 0): ffn_ratio x H, rounded up to ffn_multiple
     ffn_ratio: Fraction = Fraction(0)
     ffn_multiple: int = 1
@@ -242,10 +234,6 @@ def flash_attention_saved(c, a, r, compiled):
     """Attention's bytes a token with a flash kernel (the math kernel's: sums.activation_bytes)."""
     qkv = a * (c.n_head + 2 * c.kv_heads) * c.head_dim
     return (0 if compiled else a * c.n_embd) + qkv + 4 * c.n_head + a * c.n_embd
-
-
-def nothing_saved(c, a, r, compiled):
-    return 0
 
 
 def full_loss_buffers(c, tokens, a, compiled):
@@ -326,20 +314,18 @@ PARTS = {
     },
     'positions': {
         # GPT-2: a block_size x H table added to the embedding (its position ids saved, eager)
-        'learned': Part(label='learned positions', formula='T*H', saved=nothing_saved,
-                        shapes=lambda c: [('weight', (c.block_size, c.n_embd))],
-                        hf=('GPT2LMHeadModel',)),
+        'learned': Part(label='learned positions', formula='T*H', hf=('GPT2LMHeadModel',),
+                        shapes=lambda c: [('weight', (c.block_size, c.n_embd))]),
         # RoPE (Su et al. 2021): q and k rotated in each block; no parameters, rotated q and k saved
-        'rope': Part(label='RoPE', formula='none', shapes=lambda c: [],
+        'rope': Part(label='RoPE', formula='none',
                      saved=lambda c, a, r, compiled: a * (c.n_head + c.kv_heads) * c.head_dim,
                      hf=('LlamaForCausalLM', 'Qwen3ForCausalLM', 'ArceeForCausalLM')),
     },
     # an RMSNorm of each head of q and k before RoPE (Dehghani et al. 2023; OLMo 2, Qwen3, nanochat)
     'qk_norm': {
-        'none': Part(label='no QK-norm', formula='none', shapes=lambda c: [], saved=nothing_saved,
-                     hf=('*',)),
+        'none': Part(label='no QK-norm', formula='none', hf=('*',)),
         # nanochat's: no parameters (exported with gains of 1)
-        'weightless': Part(label='QK-norm (weightless)', formula='none', shapes=lambda c: [],
+        'weightless': Part(label='QK-norm (weightless)', formula='none',
                            saved=qk_norm_saved(False), hf=('Qwen3ForCausalLM',)),
         # a learned gain per head dimension, one for q and one for k (Qwen3's q_norm, k_norm)
         'learned': Part(
@@ -353,9 +339,8 @@ PARTS = {
         # F.cross_entropy over the whole fp32 logits: lm_head keeps its input a*H; compiled
         # (inductor fuses the softmax's gradient) the log-sum-exp's 8 bytes a token
         'full': Part(
-            label='cross-entropy over the full logits', formula='none', shapes=lambda c: [],
+            label='cross-entropy over the full logits', formula='none', buffers=full_loss_buffers,
             saved=lambda c, a, r, compiled: 8 if compiled else a * c.n_embd, hf=('*',),
-            buffers=full_loss_buffers,
             buffers_formula=lambda compiled, a: (
                 f'B*T*V x {2 * a} bytes: the logits and their gradient (fused)' if compiled
                 else "B*T*V x 12 bytes: fp32 log-softmax, its gradient, the logits' gradient")),
@@ -363,16 +348,15 @@ PARTS = {
         # (Liger's fused linear cross-entropy; Cut Cross-Entropy, Wijmans et al. 2024): it keeps
         # h's gradient, r*H a token (compiled: a*H, in the place of the final norm's output)
         'chunked': Part(
-            label='chunked cross-entropy', formula='none', shapes=lambda c: [],
+            label='chunked cross-entropy', formula='none', buffers=chunked_loss_buffers,
             saved=lambda c, a, r, compiled: 0 if compiled else r * c.n_embd, hf=('*',),
-            buffers=chunked_loss_buffers,
             buffers_formula=lambda compiled, a: (
                 f"min(B*T, {CHUNK_ROWS}) x V x {chunk_logit_bytes(a, compiled)} bytes: one chunk's "
                 f"logits; V*H x {4 + a}: lm_head's gradient")),
     },
 }
 # fmt: on
-# the model keys that name a part: attention, norm, mlp, positions, qk_norm
+# the model keys that name a part: attention, norm, mlp, positions, qk_norm, loss
 PART_KEYS = tuple(PARTS)
 
 
@@ -387,8 +371,7 @@ class Optimizer:
     # update; and the bill's formula for them (the train keys fill it in)
     step_flops: object
     step_formula: str = ''
-    # (name, shape) -> whether it updates the tensor (None: every one); `rest`'s row the others
-    takes: object = None
+    takes: object = None  # (name, shape) -> whether it updates it (None: all); `rest`'s the others
     rest: str = ''
     # the bill's name for the traffic that puts each tensor whole on an owner rank and back under
     # FSDP2, for its update (Muon's Newton-Schulz; muon_blocks)
@@ -435,8 +418,7 @@ OPTIMIZERS = {
                        state_bytes=lambda shape: 8 * math.prod(shape) + 4,
                        step_flops=lambda shape, train: 0),
     # Muon (Jordan et al. 2024; torch.optim.Muon): one fp32 momentum buffer for the blocks'
-    # matrices, no step count; its update orthogonalises the momentum by Newton-Schulz (matmuls,
-    # counted); AdamW for the rest
+    # matrices, no step count; its update orthogonalises it by Newton-Schulz (matmuls, counted)
     'muon': Optimizer(
         name='Muon', label='Muon momentum', formula='4P_muon',
         state_bytes=lambda shape: 4 * math.prod(shape), step_flops=newton_schulz_flops,
@@ -526,15 +508,12 @@ class ModelConfig:
     n_head: int = 12
     n_kv_head: int = 0  # key/value heads for GQA; 0 means n_head (plain multi-head attention)
     n_embd: int = 768
-    # FFN width H'; 0 means the family's default (gpt2: 4H; llama: 8H/3 rounded up to 256)
-    ffn_hidden: int = 0
+    ffn_hidden: int = 0  # FFN width H' (0: the family's, gpt2 4H, llama 8H/3 rounded up to 256)
     vocab_size: int = 50304  # padded to a multiple of 128 in the configs, for speed
     block_size: int = 1024  # context length T (training sequence length)
-    # the next two default to the family's in a config file (load_config), to llama's in code:
-    # the input embedding shared with the output projection (GPT-2 does), and biases in Linear
-    # layers and norms (gpt2 has them; llama has none)
-    tie_embeddings: bool = False
-    bias: bool = False
+    # the family's in a config file (load_config), llama's in code (FAMILIES: GPT-2 has both)
+    tie_embeddings: bool = False  # the input embedding shared with the output projection
+    bias: bool = False  # biases in the Linear layers and norms
     norm_eps: float = 1e-5
     rope_theta: float = 10000.0
     # parts (PARTS above) in place of the family's: '' is the family's own
@@ -542,10 +521,8 @@ class ModelConfig:
     norm: str = ''  # 'layernorm' or 'rmsnorm'
     mlp: str = ''  # 'gelu', 'swiglu' or 'relu2'
     positions: str = ''  # 'learned' or 'rope'
-    # 'none', 'weightless' (nanochat) or 'learned' (a gain per head dimension: Qwen3)
-    qk_norm: str = 'none'
-    # the training loss: 'chunked' (one chunk of the logits at a time) or 'full' (all B x T x V)
-    loss: str = 'chunked'
+    qk_norm: str = 'none'  # 'none', 'weightless' (nanochat) or 'learned' (gains per dim: Qwen3)
+    loss: str = 'chunked'  # 'chunked' (one chunk of the logits at a time) or 'full' (B x T x V)
     # cap * tanh(logits / cap) on the output logits (Gemma 2's 30, nanochat's 15); 0: none. The
     # chunked loss keeps its slope, one more fp32 chunk (chunked_loss_buffers)
     logit_softcap: float = 0.0
@@ -553,8 +530,7 @@ class ModelConfig:
     n_experts: int = 0  # routed experts in each MoE layer
     top_k: int = 0  # routed experts each token visits (1..n_experts)
     expert_hidden: int = 0  # each expert's width (routed and shared alike), an MLP of the mlp row
-    # experts every token visits, fused into one MLP of n_shared x expert_hidden
-    n_shared_experts: int = 0
+    n_shared_experts: int = 0  # experts every token visits, one MLP of n_shared x expert_hidden
     n_dense_layers: int = 0  # the first layers keep the dense FFN (DeepSeek-V3: 3 of 61)
     route_scale: float = 1.0  # the routed scaling factor on the normalised gates (DeepSeek-V3: 2.5)
 
@@ -563,7 +539,6 @@ class ModelConfig:
         return FAMILIES[self.arch]
 
     def part_name(self, kind):
-        """The row of PARTS[kind] this model uses: its key, or the family's."""
         return getattr(self, kind) or getattr(self.family, kind)
 
     def part(self, kind):
@@ -571,7 +546,6 @@ class ModelConfig:
 
     @property
     def biases(self):
-        """Whether the Linear layers and norms have biases: `bias`, in a family that has them."""
         return self.bias and self.family.bias
 
     @property
@@ -598,7 +572,6 @@ class ModelConfig:
 
     @property
     def moe_layers(self):
-        """The layers whose FFN is a mixture of experts: all but the first n_dense_layers."""
         return self.n_layer - self.n_dense_layers if self.n_experts else 0
 
 
@@ -668,10 +641,9 @@ class TrainConfig:
     optimizer: str = exact('adamw')  # a row of OPTIMIZERS
     # Muon's peak LR (0: AdamW's lr, scaled per matrix by torch's match_rms_adamw rule,
     # 0.2 sqrt(max(A, B)), so lr and weight_decay carry over (Liu et al. 2025); else Muon's own,
-    # e.g. 0.02, scaled by Keller Jordan's sqrt(max(1, A/B))), momentum, Nesterov and Newton-Schulz
-    # steps (torch's defaults)
+    # e.g. 0.02, scaled by Keller Jordan's sqrt(max(1, A/B)))
     muon_lr: float = exact(0.0)
-    muon_momentum: float = exact(0.95)
+    muon_momentum: float = exact(0.95)  # this and the next two: torch.optim.Muon's defaults
     muon_nesterov: bool = exact(True)
     muon_ns_steps: int = exact(5)
     weight_decay: float = exact(0.1)
@@ -683,8 +655,7 @@ class TrainConfig:
     dtype: str = exact('auto')  # 'auto' (bf16 on CUDA; on a CPU the faster, measured) or a dtype
     compile: bool = free(True)
     recompute: bool = free(False)  # activation recomputation per block (the ledger's 8P)
-    # 'ddp', 'zero1', 'zero2' or 'fsdp' (ZeRO-3); a checkpoint resumes in its own mode
-    parallel: str = free('ddp')
+    parallel: str = free('ddp')  # ddp, zero1, zero2 or fsdp; a checkpoint resumes in its own mode
     # how long a collective waits for every rank before the job fails (NCCL's default: 10 minutes):
     # the longest waits are legitimate ones, 8 ranks compiling before the first all-reduce, or rank
     # 0 writing h200_1b3's 11 GB ZeRO-1 optimizer.pt while the others wait at a barrier
@@ -706,9 +677,8 @@ class TrainConfig:
     ckpt_every: int = free(1000)
     keep_ckpts: int = free(3)
     keep_steps: tuple = free(())  # steps whose checkpoints are never pruned, e.g. (1000, 2000)
-    # a loss above mean + spike_factor * std of the recent window is a spike; the std has a floor,
-    # a fraction of the mean: late in a run the loss is so steady (std ~0.01) that 3 std would read
-    # ordinary noise as spikes
+    # the spike guard (continuation.find_spike); the std has a floor, a fraction of the mean:
+    # late in a run the loss is so steady (std ~0.01) that 3 std would read ordinary noise as spikes
     spike_factor: float = free(3.0)
     spike_window: int = free(50)
     spike_min_std: float = free(0.02)
@@ -730,9 +700,8 @@ class TrainConfig:
     gpu: str = free('auto')
     n_gpu: int = free(1)  # train.py uses the real world size
     mfu: float = free(0.40)
-    # Ledger 5's topology: the nodes the n_gpu devices span (0: 8 per node), and the bus
-    # bandwidths NCCL reaches inside a node (per GPU) and between nodes (per node), GB/s (0: the
-    # table's)
+    # Ledger 5's topology: the nodes the n_gpu devices span (0: 8 per node), and the bus bandwidths
+    # inside a node (per GPU) and between nodes (per node), GB/s (0: the table's)
     nodes: int = free(0)
     intra_node_busbw: float = free(0.0)
     inter_node_busbw: float = free(0.0)
@@ -751,10 +720,9 @@ CONTINUATION_KEYS = tuple(
 
 
 # --------------------------------------------------------------------------------------------------
-# Parallel modes (train.py builds them, the ledger counts what each holds): 'ddp' replicates
-# everything, 'zero1' shards the optimizer's states (ZeroRedundancyOptimizer), 'zero2' and 'fsdp'
-# (ZeRO-3) are FSDP2's fully_shard and shard the weights and gradients too. One process is whole in
-# every mode.
+# Parallel modes (train.py's; the ledger counts what each holds): 'ddp' replicates everything,
+# 'zero1' shards the optimizer's states (ZeroRedundancyOptimizer), 'zero2' and 'fsdp' (ZeRO-3) are
+# FSDP2's fully_shard and shard the weights and gradients too. One process is whole in every mode.
 
 PARALLEL_MODES = ('ddp', 'zero1', 'zero2', 'fsdp')
 FSDP_MODES = ('zero2', 'fsdp')
@@ -913,35 +881,30 @@ def _whole(value):
     return _number(value) and value == int(value)
 
 
-# What a key takes, by the type of its default: (accepts, converts, the words an error uses). Whole
-# floats are accepted for ints (26e9, 1e6); ints for floats; bools only as True/False (a string
-# 'False' would read as true); a list or tuple of whole numbers (token counts) for a tuple.
-# fmt: off
-_TYPES = {
-    bool: (lambda v: isinstance(v, bool), bool, 'True or False'),
-    int: (_whole, int, 'a whole number'),
-    float: (_number, float, 'a finite number'),
-    tuple: (lambda v: isinstance(v, (tuple, list)) and all(map(_whole, v)),
-            lambda v: tuple(map(int, v)), 'a list of whole numbers'),
-    str: (lambda v: isinstance(v, str), str, 'a string'),
-}
-# fmt: on
 _BOOLEANS = {'1': True, 'true': True, 'yes': True, 'on': True}
 _BOOLEANS |= {'0': False, 'false': False, 'no': False, 'off': False}
-# --key=VALUE's text -> a value of the type of the key's default, which _typed then checks
-_PARSE = {
-    bool: lambda text: _BOOLEANS[text.lower()],
-    int: lambda text: int(text) if text.lstrip('+-').isdigit() else float(text),  # 26e9 too
-    float: float,
-    tuple: lambda text: tuple(float(part) for part in text.split(',') if part),  # 26e9,52e9
-    str: str,
+# What a key takes, by the type of its default: (accepts, converts, the words an error uses, reads
+# --key=VALUE's text). Whole floats pass for ints (26e9, 1e6); ints for floats; bools only as
+# True/False (a string 'False' would read as true); a list or tuple of whole numbers for a tuple.
+# fmt: off
+_TYPES = {
+    bool: (lambda v: isinstance(v, bool), bool, 'True or False',
+           lambda text: _BOOLEANS[text.lower()]),
+    int: (_whole, int, 'a whole number',
+          lambda text: int(text) if text.lstrip('+-').isdigit() else float(text)),  # 26e9 too
+    float: (_number, float, 'a finite number', float),
+    tuple: (lambda v: isinstance(v, (tuple, list)) and all(map(_whole, v)),
+            lambda v: tuple(map(int, v)), 'a list of whole numbers',
+            lambda text: tuple(float(part) for part in text.split(',') if part)),  # 26e9,52e9
+    str: (lambda v: isinstance(v, str), str, 'a string', str),
 }
+# fmt: on
 
 
 def _parse_value(key, text):
     kind = type(DEFAULTS[key])
     try:
-        return _PARSE[kind](text)
+        return _TYPES[kind][3](text)  # the type's reader
     except (KeyError, ValueError):
         expected = f'a value of type {kind.__name__}'
         if kind is tuple:
@@ -954,7 +917,7 @@ def _typed(key, value, where):
     (a dict in a config file) is kept as its text."""
     if key == 'data' and isinstance(value, dict):
         return mixture_text(value.items(), where)
-    accepts, convert, expected = _TYPES[type(DEFAULTS[key])]
+    accepts, convert, expected, _ = _TYPES[type(DEFAULTS[key])]
     if not accepts(value):
         raise ConfigError(f"{key} = {value!r} in {where}: expected {expected}")
     if key == 'data' and is_mixture(value):
@@ -971,8 +934,7 @@ MIXTURE_UNITS = 1000  # mixture weights are kept to multiples of 1/1000 (mixture
 
 
 def is_mixture(data):
-    """'a:0.6,b:0.4' or 'a:1' is a mixture; a folder that exists is a folder, whatever its name
-    ('runs:2')."""
+    """'a:0.6,b:0.4', 'a:1': a mixture; a folder that exists is one, whatever its name ('x:2')."""
     return not os.path.isdir(data) and (',' in data or _weight(data.rpartition(':')[2]) is not None)
 
 
@@ -1001,8 +963,7 @@ def data_sources(data):
 
 
 def mixture_text(sources, where):
-    """(folder, weight) pairs -> 'folder:weight,...' with the weights normalised to sum to 1, after
-    checking them."""
+    """(folder, weight) pairs, checked -> 'folder:weight,...', the weights normalised to sum 1."""
     sources = list(sources)
     for folder, weight in sources:
         if not isinstance(folder, str) or not folder or ',' in folder:
@@ -1059,8 +1020,7 @@ def _run_config(path):
         status = '' if e.code is None else repr(e.code)
         raise ConfigError(f"{path} calls sys.exit({status}){ended}") from None
     except KeyboardInterrupt:
-        # a Ctrl-C, or SIGTERM: the user's
-        if signalled or isinstance(sys.exc_info()[1], Terminated):
+        if signalled or isinstance(sys.exc_info()[1], Terminated):  # Ctrl-C or SIGTERM: the user's
             raise
         raise ConfigError(f"{path} raises KeyboardInterrupt{ended}") from None
     finally:
@@ -1097,8 +1057,7 @@ def load_config(path=None, overrides=()):
     values, where = read_values(path, overrides)
     if where.get('train_tokens') == 'the command line' != where.get('train_minutes'):
         values['train_minutes'] = 0.0  # --train_tokens plans the run, over the file's minutes
-    # the family's bias and tying, unless the config says otherwise (an unknown arch: validate
-    # names the known ones)
+    # the family's bias and tying unless the config sets them (an unknown arch: validate says)
     if family := FAMILIES.get(values.get('arch', DEFAULTS['arch'])):
         values = {'bias': family.bias, 'tie_embeddings': family.tie_embeddings} | values
     model, train = (
@@ -1135,12 +1094,23 @@ def validate(model, train):
         (0 < model.logit_softcap < 1,
          f"logit_softcap = {model.logit_softcap:g} is below 1: the model cannot learn through it "
          "(Gemma 2 caps at 30, nanochat at 15)"),
+        # a mixture of experts needs the rest of an MoE layer's shape
+        (model.n_experts and not 1 <= model.top_k <= model.n_experts,
+         f"top_k must be in 1..n_experts ({model.n_experts}), got {model.top_k}"),
+        (model.n_experts and not model.expert_hidden,
+         f"n_experts = {model.n_experts} needs expert_hidden, each expert's width (e.g. H'/top_k)"),
+        (model.n_experts and model.n_dense_layers >= model.n_layer,
+         f"n_dense_layers ({model.n_dense_layers}) must be below n_layer ({model.n_layer}): no "
+         "layer has experts"),
     )
     # fmt: on
     for broken, line in shapes:
         if broken:
             raise ConfigError(line)
-    validate_moe(model)
+    # without experts, the MoE keys keep their defaults
+    for key in ('top_k', 'expert_hidden', 'n_shared_experts', 'n_dense_layers', 'route_scale'):
+        if not model.n_experts and (value := getattr(model, key)) != DEFAULTS[key]:
+            raise ConfigError(f"{key} = {value!r} is for a mixture of experts: set n_experts too")
     for key, value in vars(train).items():  # an optimizer's own keys (muon_lr, ...) only with it
         owner = key.split('_')[0]
         if owner in OPTIMIZERS and owner != train.optimizer and value != DEFAULTS[key]:
@@ -1154,10 +1124,9 @@ def validate(model, train):
 
 
 def tokens_per_micro_step(model, train, world_size):
-    """Tokens one micro-step covers on all processes, micro_batch x block_size x world_size;
-    ConfigError if the global batch is not a whole number of them. The one check of a plan's batch:
-    train.py makes it with its world size, the ledger with n_gpu, so the ledger never prints a plan
-    that train.py refuses."""
+    """Tokens one micro-step covers on all processes; ConfigError if the global batch is not a whole
+    number of them. The one check of a plan's batch: train.py makes it with its world size, the
+    ledger with n_gpu, so the ledger never prints a plan that train.py refuses."""
     tokens = train.micro_batch * model.block_size * world_size
     if train.batch_tokens % tokens:
         raise ConfigError(
@@ -1167,31 +1136,3 @@ def tokens_per_micro_step(model, train, world_size):
             "micro_batch or the number of processes (n_gpu in the ledger)"
         )
     return tokens
-
-
-# --------------------------------------------------------------------------------------------------
-# Mixture of experts: the keys that go together.
-
-
-def validate_moe(model):
-    """n_experts > 0 needs the rest of an MoE layer's shape; n_experts = 0 leaves the MoE keys at
-    their defaults."""
-    moe_keys = ('top_k', 'expert_hidden', 'n_shared_experts', 'n_dense_layers')
-    if not model.n_experts:
-        moe = 'a mixture of experts: set n_experts too'
-        for key in moe_keys + ('route_scale',):
-            if (value := getattr(model, key)) != DEFAULTS[key]:
-                raise ConfigError(f"{key} = {value!r} is for {moe}")
-        return
-    if not 1 <= model.top_k <= model.n_experts:
-        raise ConfigError(f"top_k must be in 1..n_experts ({model.n_experts}), got {model.top_k}")
-    if not model.expert_hidden:
-        raise ConfigError(
-            f"n_experts = {model.n_experts} needs expert_hidden, each expert's width (e.g. "
-            "H'/top_k)"
-        )
-    if model.n_dense_layers >= model.n_layer:
-        raise ConfigError(
-            f"n_dense_layers ({model.n_dense_layers}) must be below n_layer ({model.n_layer}): no "
-            "layer has experts"
-        )

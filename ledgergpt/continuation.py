@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 
 from ledgergpt import checkpoint, config, processes
-from ledgergpt.config import CONTINUATION_KEYS, DEFAULTS, ConfigError, Terminated, UserError
+from ledgergpt.config import CONTINUATION_KEYS, DEFAULTS, ConfigError, Terminated, UserError, say
 from ledgergpt.processes import barrier, log
 
 USAGE = (
@@ -88,17 +88,14 @@ def kept_tracebacks(exception):
     if not isinstance(exception, Terminated):
         with contextlib.suppress(OSError), open(name.format(os.environ.get('RANK', 0)), 'w') as f:
             f.write(''.join(traceback.format_exception(exception)))
-    kept = [
-        path for path in glob.glob(name.format('*')) if os.stat(path).st_mtime >= FAILURES['since']
-    ]
-    return sorted(kept)
+    since = FAILURES['since']
+    return sorted(path for path in glob.glob(name.format('*')) if os.stat(path).st_mtime >= since)
 
 
 def rank_lost(exception, argv):
     """config.cli's `stopped`: under torchrun a SIGTERM, or a collective that loses its peer, most
-    often means a rank died (torchrun stops the others), where "rerun the same command" would be
-    refused without --resume: -> (the line that says so and resumes, and names the ranks'
-    tracebacks, exit code), or None."""
+    often means a rank died, where "rerun the same command" would be refused without --resume: ->
+    (the line that says so and resumes, and names the ranks' tracebacks, exit code), or None."""
     world, terminated = int(os.environ.get('WORLD_SIZE', 1)), isinstance(exception, Terminated)
     words = ('gloo', 'NCCL', 'Connection')
     lost = isinstance(exception, RuntimeError) and any(word in str(exception) for word in words)
@@ -265,12 +262,10 @@ def check_resumable(path, model_cfg, train, allowed, cluster, action='resume'):
         raise ConfigError(
             f"{path} was written with parallel={parallel}: resume with --parallel={parallel}"
         )
-    then = {k: saved['train_config'].get(k, DEFAULTS[k]) for k in DEFAULTS if hasattr(train, k)}
-    changes = {
-        k: (then[k], v)
-        for k, v in dataclasses.asdict(train).items()
-        if k != 'dataset_tokens' and then[k] != v
-    }
+    then = saved['train_config']
+    changes = {k: (then.get(k, DEFAULTS[k]), v) for k, v in dataclasses.asdict(train).items()}
+    changes = {k: (old, new) for k, (old, new) in changes.items() if old != new}
+    changes.pop('dataset_tokens', None)
     refused = [k for k in changes if k in CONTINUATION_KEYS and k not in allowed]
     if refused:
         listed = ', '.join(f'{k} {changes[k][0]!r} -> {changes[k][1]!r}' for k in refused)
@@ -302,10 +297,6 @@ def check_continuation(resume_from, cooldown, model_cfg, train, allowed, cluster
 # The clean stop.
 
 
-def warn(line):
-    print(line, file=sys.stderr, flush=True)
-
-
 class Stop:
     """SIGINT and SIGTERM end the run cleanly (docs/running.md), exit 128 + the signal. The ranks
     agree on the step with a one-number host all-reduce a step (gloo)."""
@@ -320,12 +311,12 @@ class Stop:
     def receive(self, signum, frame):
         name = signal.Signals(signum).name
         if signum == self.signal:
-            warn(f"{name} again: exiting now, without a checkpoint of the steps since the last one")
+            say(f"{name} again: exiting now, without a checkpoint of the steps since the last one")
             os._exit(128 + signum)
         if self.signal is None:
             self.signal = signum
             if int(os.environ.get('RANK', 0)) == 0:
-                warn(f"{name}: finishing this step, then a checkpoint ({name} again exits at once)")
+                say(f"{name}: finishing this step, then a checkpoint ({name} again exits at once)")
 
     def agreed(self):
         """The signal any rank has received, else 0, on every rank after the same step."""
@@ -339,7 +330,7 @@ class Stop:
         """The run stopped, its checkpoint complete: the line that resumes; -> exit code."""
         barrier(run.cluster)
         if run.cluster.is_master:
-            warn(
+            say(
                 f"stopped by {signal.Signals(signum).name} after step {run.state.step}: checkpoint "
                 f"{run.last_checkpoint} is complete; resume with: "
                 f"{resume_command(run.argv, run.cluster.world_size)}"

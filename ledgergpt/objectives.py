@@ -1,8 +1,7 @@
 """
 objectives.py: what the model learns to predict (docs/objectives.md, the seeding too; BOOK.md,
-"Pretraining objectives"): clm, or prefix_lm, fim or ul2, which transform the train stream's packed
-sequences on the host: `objective(sequences, first_index) -> (inputs, targets)`, IGNORE_INDEX where
-no loss.
+"Pretraining objectives"): clm, or prefix_lm, fim or ul2, which transform the packed sequences on
+the host: `objective(sequences, first_index) -> (inputs, targets)`, IGNORE_INDEX where no loss.
 
 Context-level, as the FIM paper's appendix recommends: a sequence is cut at its end-of-text tokens
 into fragments, each transformed on its own and packed back into the block_size + 1 positions. The
@@ -28,9 +27,7 @@ STREAM = 0x6F626A  # 'obj': the generators' middle seed word, apart from the dat
 
 @dataclasses.dataclass
 class Objective:
-    """A run's objective: its name, seed, rates and the data folder's token ids. Default rates: FIM
-    at the paper's 0.5 ("FIM for free" holds up to 0.9), half of them SPM (its joint PSM+SPM
-    training); UL2 half S, as U-PaLM's UL2R, so left-to-right prediction stays half the diet."""
+    """A run's objective: its name, seed, rates (TrainConfig's defaults), the data's token ids."""
 
     name: str = 'clm'
     seed: int = 0
@@ -39,8 +36,7 @@ class Objective:
     fim_rate: float = config.DEFAULTS['fim_rate']
     fim_spm_rate: float = config.DEFAULTS['fim_spm_rate']
     ul2_rates: tuple = tuple(config.DEFAULTS[f'ul2_{mode}_rate'] for mode in 'srx')
-    # a list: UL2's R and X fragments append (mode, mean, rate, length, span lengths) to it
-    record: list = None
+    record: list = None  # a list: UL2's R and X fragments append (mode, mean, rate, length, spans)
 
     def __post_init__(self):
         sentinels = [self.ids[name] for name in SENTINELS if name in self.ids]
@@ -158,10 +154,8 @@ def _prefix_lm(objective, fragment, lead, room, rng, mode=()):
     kept = fragment[lead : lead + room - len(head)]
     tokens = np.concatenate((head, kept)).astype(fragment.dtype, copy=False)
     first = max(1, len(head))  # the first target position
-    mask = np.zeros(len(tokens), dtype=bool)
-    if len(tokens) > first:
-        mask[rng.integers(first, len(tokens)) :] = True
-    return tokens, mask, lead + len(kept)
+    cut = rng.integers(first, len(tokens)) if len(tokens) > first else len(tokens)
+    return tokens, np.arange(len(tokens)) >= cut, lead + len(kept)
 
 
 def _fim(objective, fragment, lead, room, rng):
@@ -228,9 +222,7 @@ def _ul2(objective, fragment, lead, room, rng):
     # sentinel, span, sentinel, span ...
     targets = np.insert(doc[is_masked], np.cumsum(span_lengths) - span_lengths, sentinel)
     tokens = np.concatenate((head, inputs, targets)).astype(fragment.dtype, copy=False)
-    mask = np.zeros(len(tokens), dtype=bool)
-    mask[len(head) + len(inputs) :] = True
-    return tokens, mask, lead + length
+    return tokens, np.arange(len(tokens)) >= len(head) + len(inputs), lead + length
 
 
 def _composition(total, parts, rng):

@@ -14,7 +14,7 @@ import signal
 import torch
 import torch.distributed as dist
 
-from ledgergpt import config
+from ledgergpt import config, sums
 from ledgergpt.config import sharded
 
 
@@ -48,12 +48,10 @@ def join_process_group(cluster, timeout_s=1800):
     if cluster.world_size > 1 and not dist.is_initialized():
         previous = signal.signal(signal.SIGTERM, signal.SIG_DFL)
         on_gpu = cluster.device.type == 'cuda'  # NCCL bound to this rank's GPU, else gloo
+        backend, device_id = ('nccl', cluster.device) if on_gpu else ('gloo', None)
         try:
-            device_id = cluster.device if on_gpu else None
             timeout = datetime.timedelta(seconds=timeout_s)
-            dist.init_process_group(
-                'nccl' if on_gpu else 'gloo', device_id=device_id, timeout=timeout
-            )
+            dist.init_process_group(backend, device_id=device_id, timeout=timeout)
         finally:
             signal.signal(signal.SIGTERM, previous)
 
@@ -112,12 +110,11 @@ def reduce_mean(values, cluster):
 def compile_as_run(model, train, world_size):
     """Compile in place as the run does, if it does: each block under FSDP2 (the root and the loss
     stay eager), else the whole model."""
-    if not train.compile:
-        return
-    if sharded(train.parallel, world_size):
+    mode = sums.compile_mode(train, world_size)
+    if mode == 'blocks':
         for block in model.blocks:
             block.compile()  # per block, as torchtune does under FSDP2: the blocks share one graph
-    else:
+    elif mode == 'model':
         model.compile()  # in place: the state dict keeps its names (no `_orig_mod.` prefix)
 
 
@@ -140,10 +137,9 @@ def parallelize(model, train, cluster, dtype):
             model, device_ids=device_ids, broadcast_buffers=False, gradient_as_bucket_view=True
         )
     # FSDP2: shard each block, then the root (embeddings, final norm, lm_head: a tied weight stays
-    # in one unit with both its users). ZeRO-3 ('fsdp') frees a block's gathered weights after its
-    # forward and gathers them again for backward; ZeRO-2 ('zero2') keeps them, so only gradients
-    # and optimizer states stay sharded (the book's 2P + 14P/N). The root is kept either way:
-    # backward starts with its lm_head. bf16: bf16 weights for the matmuls, gradients in fp32.
+    # in one unit with both its users). fsdp (ZeRO-3) gathers a block again for backward, zero2
+    # keeps it (the book's 2P + 14P/N), both the root: backward starts with its lm_head (BOOK.md,
+    # Derivations: Ledger 5). bf16: bf16 weights for the matmuls, gradients in fp32.
     bf16 = dict(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
     policy = MixedPrecisionPolicy(**(bf16 if dtype == 'bfloat16' else {}))
     mesh = init_device_mesh(cluster.device.type, (cluster.world_size,))

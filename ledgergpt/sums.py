@@ -11,6 +11,7 @@ import dataclasses
 import difflib
 import math
 import os
+import platform
 import sys
 import time
 from functools import partial
@@ -72,7 +73,7 @@ def gpu_spec(name, dtype='auto'):
     hint = f"did you mean '{by_lower.get(close[0], close[0])}'? " if close else ''
     raise ConfigError(
         f"unknown gpu '{name}': {hint}known: {', '.join(GPUS)}, or 'auto' / 'cpu' to measure this "
-        f"machine (add yours to GPUS in ledger.py)"
+        f"machine (add yours to GPUS in ledgergpt/sums.py)"
     )
 
 
@@ -88,7 +89,6 @@ def names_device(gpu, label):
 
 
 def run_dtype(train, device):
-    """A run's compute dtype: the config's, or for 'auto' the device's."""
     return device.dtype if train.dtype == 'auto' else train.dtype
 
 
@@ -131,8 +131,6 @@ def cpu_name():
         for line in f:
             if line.startswith('model name'):
                 return line.split(':', 1)[1].strip()
-    import platform
-
     return platform.processor() or platform.machine()
 
 
@@ -224,15 +222,13 @@ def cached_probe(key, measure, best_of):
             cache[key] = {**entry, 'measured': time.strftime('%Y-%m-%d %H:%M:%S')}
         cache[key]['probes'] = old.get('probes', 0) + 1
         cache[key].pop('reprobe', None)
-        # a read-only home only costs the next run another second
-        with contextlib.suppress(OSError):
+        with contextlib.suppress(OSError):  # a read-only home costs the next run another second
             os.makedirs(os.path.dirname(path), exist_ok=True)
             save_json(path, cache)
     return cache[key]
 
 
 def probe_due(key, cache=None):
-    """Whether the probe cache lacks `key` or has it flagged for another measurement."""
     entry = (read_probes() if cache is None else cache).get(key)
     return entry is None or bool(entry.get('reprobe'))
 
@@ -252,16 +248,13 @@ REPROBE_FACTOR = 1.5
 
 def flag_reprobe(probe_key, reason):
     """Mark a cached probe to be measured again at its next use. -> whether it was marked."""
-    path = cache_path()
-    cache = read_probes(path)
-    if probe_key not in cache:
-        return False
-    cache[probe_key]['reprobe'] = reason
-    try:
-        save_json(path, cache)
-    except OSError:
-        return False
-    return True
+    cache = read_probes()
+    if probe_key in cache:
+        cache[probe_key]['reprobe'] = reason
+        with contextlib.suppress(OSError):
+            save_json(cache_path(), cache)
+            return True
+    return False
 
 
 # --------------------------------------------------------------------------------------------------
@@ -278,12 +271,9 @@ BILL_PARTS = ('embedding', 'position', 'attention', 'ffn', 'norms', 'output')
 def block_shapes(model, i):
     """(name, shape) of block i's tensors as model.Block registers them: norms, attention (and its
     QK-norm's), FFN (the MLP row's, or an MoE's router, experts and shared experts)."""
-    H, block, bias = model.n_embd, f'blocks.{i}', model.biases
-    norm = model.part('norm').shapes(model)
-    qkv_width = (model.n_head + 2 * model.kv_heads) * model.head_dim
+    H, block, norm = model.n_embd, f'blocks.{i}', model.part('norm').shapes(model)
     shapes = [(f'{block}.attn_norm.{n}', s) for n, s in norm]
-    shapes += config.linear(f'{block}.attn.qkv_proj', H, qkv_width, bias)
-    shapes += config.linear(f'{block}.attn.o_proj', H, H, bias)
+    shapes += [(f'{block}.attn.{n}', s) for n, s in model.part('attention').shapes(model)]
     shapes += [(f'{block}.attn.qk_norm.{n}', s) for n, s in model.part('qk_norm').shapes(model)]
     shapes += [(f'{block}.mlp_norm.{n}', s) for n, s in norm]
     if i < model.n_layer - model.moe_layers:
@@ -360,9 +350,7 @@ def book_params(model):
 
 
 # --------------------------------------------------------------------------------------------------
-# Ledger 2: the FLOPs a token forward + backward: the book's 6P (8P with recompute), PaLM's
-# 6N_matmul + 12LHT (what MFU counts), nanoGPT's 6N + 12LHT, and what recomputation really reruns
-# (FlopCounterMode's count, exactly). (BOOK.md, Derivations: Ledger 2)
+# Ledger 2: a token's FLOPs forward + backward, each convention's (BOOK.md, Derivations: Ledger 2)
 
 
 def flops_per_token(model, recompute=False, compiled_blocks=False):
@@ -403,15 +391,13 @@ def train_days(total_flops, n_gpu, peak_flops, mfu):
 
 # --------------------------------------------------------------------------------------------------
 # Ledger 4a: model states, the book's accounting (mixed precision + Adam; ZeRO, Rajbhandari et al.
-# 2020): 16 bytes a parameter, sharded over N GPUs: ZeRO-1 the optimizer states, ZeRO-2 also the
-# gradients, ZeRO-3 / FSDP also the weights (BOOK.md, Ledger 4).
+# 2020): 16 bytes a parameter, sharded as BOOK_STATES says (BOOK.md, Ledger 4).
 
 BOOK_STATES = {'ddp': '16P', 'zero1': '4P + 12P/N', 'zero2': '2P + 14P/N', 'fsdp': '16P/N (ZeRO-3)'}
 
 
 def model_state_bytes(n_params, parallel='ddp', n_gpu=1):
     """The book's bytes of weights, gradients and optimizer states per GPU (BOOK_STATES)."""
-    # the GPUs each of weights, gradients and optimizer states is sharded over
     N = n_gpu
     shards = {'ddp': (1, 1, 1), 'zero1': (1, 1, N), 'zero2': (1, N, N), 'fsdp': (N, N, N)}
     if parallel not in shards:
@@ -424,9 +410,8 @@ def model_state_bytes(n_params, parallel='ddp', n_gpu=1):
 
 
 # --------------------------------------------------------------------------------------------------
-# Ledger 4a': model states as train.py holds them, exact to the byte on each rank (test_memory.py):
-# fp32 weights and gradients, the optimizer's states (its row of config.OPTIMIZERS), FSDP2's padded
-# shards and gathered weights. (BOOK.md, Derivations: Ledger 4a', Muon's model states and step)
+# Ledger 4a': model states as train.py holds them, exact to the byte on each rank (test_memory.py;
+# BOOK.md, Derivations: Ledger 4a', Muon's model states and step)
 
 
 def zero1_partition(model, n_gpu, optimizer, value):
@@ -569,9 +554,8 @@ def held_model_states(model, parallel, n_gpu, dtype='bfloat16', rank=0, optimize
 
 
 # --------------------------------------------------------------------------------------------------
-# Ledger 4b: activations, what autograd saves for backward a token, each part's bytes from its row
-# of config.PARTS, held to model.py's tensors (test_model.py, test_parts.py), eager and under
-# torch.compile's min-cut partitioner (4b'). (BOOK.md, Derivations: Ledger 4b)
+# Ledger 4b: activations, what autograd saves for backward a token, eager and compiled (4b'), each
+# part's from its row of config.PARTS (BOOK.md, Derivations: Ledger 4b)
 
 
 def activation_bytes(
@@ -706,13 +690,11 @@ def memory_per_gpu(model, train, n_gpu=None, micro_batch=None, device=None, rank
         graph=GRAPHS[compiled],
         overhead=device.overhead_bytes,
         compile_host=COMPILE_HOST_BYTES if compiled and device.kind == 'cpu' else 0,
-        # MoE: the book's 16 x active parameters; the activations' dispatched copies
         book_active_model_states=states['book_active'],
         routing_buffers=eager.get('routing_buffers', 0),
     )
     memory['allocated'] = memory['model_states'] + memory['activations'] + memory['logits']
     memory['total'] = memory['allocated'] + memory['overhead'] + memory['compile_host']
-    # a CPU's memory is shared by its processes
     processes = device.shared_by or (n_gpu if device.kind == 'cpu' else 1)
     memory['gpu_memory'] = device.memory_bytes // processes
     memory['headroom'] = memory['gpu_memory'] - memory['total']
@@ -748,8 +730,7 @@ def gpus_for_model_states(n_params, gpu_memory_bytes):
 
 # --------------------------------------------------------------------------------------------------
 # Ledger 5: communication, the bytes each parallel mode moves per optimizer step as train.py moves
-# them (test_communication.py holds every rank's collectives to this list, call by call), in
-# NCCL-tests' algorithm and bus bytes. (BOOK.md, Derivations: Ledger 5)
+# them, call by call, in NCCL-tests' algorithm and bus bytes (BOOK.md, Derivations: Ledger 5)
 
 DDP_FIRST_BUCKET_BYTES = 2**20  # torch.distributed._DEFAULT_FIRST_BUCKET_BYTES
 DDP_BUCKET_BYTES = 25 * 2**20  # DistributedDataParallel's bucket_cap_mb default, 25 MiB
@@ -776,10 +757,9 @@ def ddp_buckets(model):
 
 
 def collectives(model, parallel, n_gpu, accumulation, dtype='bfloat16', optimizer='adamw'):
-    """Every collective of a step of train.py, the same on every rank, as dicts of
-    COLLECTIVE_FIELDS (op: a key of BUS_FACTORS; elements: NCCL-tests' S; phase: 'step' and
-    'update' outside the micro-steps, 'forward', 'backward'), and bytes, bus_bytes a step. One
-    process: none. dtype: the compute dtype."""
+    """Every collective of a step of train.py, the same on every rank, as dicts of COLLECTIVE_FIELDS
+    (op: a key of BUS_FACTORS; elements: NCCL-tests' S; phase: 'step' and 'update' outside the
+    micro-steps, 'forward', 'backward'), and bytes, bus_bytes a step. dtype: the compute dtype."""
     if n_gpu == 1:
         return []
     items = [
@@ -892,9 +872,8 @@ def topology(train, n_gpu, device):
             f"nodes ({nodes}) must be at most n_gpu ({n_gpu}): each node holds at least one device"
         )
     per_node = math.ceil(n_gpu / nodes)
-    # a GPU of the table, named or measured and recognised
-    known = [k for k, g in GPUS.items() if g.name == device.name or f'({k})' in device.peak_source]
-    links = LINKS[known[0]] if known and device.kind == 'gpu' else None
+    # a GPU of the table, named or measured and recognised: the key its name holds (table_key)
+    links = LINKS.get(table_key(device.name)) if device.kind == 'gpu' else None
     intra, intra_source = None, 'unknown: not a GPU of the table (set intra_node_busbw, GB/s)'
     inter, inter_source = None, 'unknown (set inter_node_busbw, GB/s per node)'
     if links:
@@ -975,9 +954,8 @@ def exposed_communication(items, busbw, step_seconds, hidden, recompute):
     return dict(seconds=sum(seconds.values()), exposed_seconds=waits, exposed_fraction=fraction)
 
 
-# Ledger 5c: the book's rule as a verdict: data parallelism with ZeRO/FSDP is enough while every GPU
-# gets a sequence, the plan fits and at most COMM_EXPOSED_LIMIT of a step waits on communication;
-# else tensor or pipeline parallelism. (BOOK.md, Derivations: Ledger 5c)
+# Ledger 5c: the book's rule as a verdict, data parallelism with ZeRO/FSDP or else tensor or
+# pipeline parallelism (BOOK.md, Derivations: Ledger 5c)
 NOT_ENOUGH = (
     'needs tensor or pipeline parallelism, which this trainer does not do: see torchtitan '
     '(PyTorch: tensor, pipeline and context parallelism on FSDP2) or Megatron-LM (NVIDIA)'
@@ -1020,8 +998,7 @@ def passing_plan(model, train, n_gpu, device, sequences):
 
 
 def parallelism_verdict(model, train, n_gpu, device, fits, exposed_fraction):
-    """-> dict: enough (bool), verdict (one line), reasons, and a suggestion (a passing plan's
-    flags)."""
+    """-> dict: enough (bool), verdict (one line), reasons, suggestion (a passing plan's flags)."""
     sequences = train.batch_tokens // model.block_size
     hides = exposed_fraction is None or exposed_fraction <= COMM_EXPOSED_LIMIT
     if sequences >= n_gpu and fits and hides:
@@ -1053,8 +1030,7 @@ def parallelism_verdict(model, train, n_gpu, device, fits, exposed_fraction):
 
 
 # Ledger MoE: FLOPs, days, cost and activations scale with the ACTIVE parameters, the model states
-# with the TOTAL (every expert's are held); the book's 16 x active beside them. (BOOK.md,
-# Derivations: Ledger MoE)
+# with the TOTAL (BOOK.md, Derivations: Ledger MoE)
 
 
 def expert_shapes(model, width):
@@ -1124,8 +1100,7 @@ def token_bytes(vocab_size):
     return 2 if vocab_size <= 2**16 else 4
 
 
-# The share of the positions that carry loss: clm and fim 1, prefix_lm 1/2, ul2 its denoisers' (0.40
-# by default); compute counts every one.
+# The share of the positions that carry loss (ul2's: 0.40 by default); compute counts every one
 # (BOOK.md, Derivations: The share of the positions that carry loss)
 UL2_RATES = tuple(config.DEFAULTS[f'ul2_{d}_rate'] for d in 'srx')
 
@@ -1181,6 +1156,8 @@ def data_ledger(
 # train tokens (meta.json). Muennighoff et al. 2023 (Scaling Data-Constrained Language Models):
 # repeated tokens are worth about as much as new ones up to ~4 epochs, nearly nothing by ~40.
 REPEAT_EPOCHS = 4
+SOURCE_FIELDS = ('name', 'folder', 'weight', 'sequences', 'tokens', 'dataset_tokens', 'epochs')
+SOURCE_FIELDS += ('repeats_too_often', 'shard_bytes')  # a source's row in mixture_ledger
 
 
 def folder_meta(folder):
@@ -1193,10 +1170,9 @@ def folder_meta(folder):
 
 
 def mixture_ledger(model, train, sequences):
-    """Per source: weight, sequences and tokens drawn over the run's `sequences` (predict's planned
-    steps x batch_tokens / block_size: a batch ramp lowers it by less than a step), the folder's
-    train tokens, epochs, a warning past REPEAT_EPOCHS, its shards' bytes (the drawn tokens' while
-    the folder is not made)."""
+    """Per source, a row of SOURCE_FIELDS over the run's `sequences` (predict's planned steps x
+    batch_tokens / block_size: a batch ramp lowers it by less than a step); the shards' bytes are
+    the drawn tokens' while the folder is not made."""
     # the run's schedule (standard library too); imported here: a one-folder ledger needs none
     from ledgergpt import mixture
 
@@ -1209,19 +1185,10 @@ def mixture_ledger(model, train, sequences):
         dataset = meta['train_tokens'] if meta else None
         epochs = tokens / dataset if dataset else None
         stored = meta['train_tokens'] + meta.get('val_tokens', 0) if meta else tokens
-        rows.append(
-            {
-                'name': name,
-                'folder': folder,
-                'weight': weight,
-                'sequences': drawn,
-                'tokens': tokens,
-                'dataset_tokens': dataset,
-                'epochs': epochs,
-                'repeats_too_often': epochs is not None and epochs > REPEAT_EPOCHS,
-                'shard_bytes': stored * token_bytes(model.vocab_size),
-            }
-        )
+        shard_bytes = stored * token_bytes(model.vocab_size)
+        repeats = epochs is not None and epochs > REPEAT_EPOCHS
+        row = (name, folder, weight, drawn, tokens, dataset, epochs, repeats, shard_bytes)
+        rows.append(dict(zip(SOURCE_FIELDS, row)))
     return {'period': schedule.period, 'sources': rows, 'repeat_epochs': REPEAT_EPOCHS}
 
 
@@ -1231,10 +1198,9 @@ def mixture_ledger(model, train, sequences):
 
 def step_compute(model, train, n_gpu, device):
     """-> (FLOPs a token, the optimizer's a step on each rank, their seconds, tokens/s of compute).
-    train.mfu is the share of peak spent on matmuls, recomputation included ('hardware' FLOPs);
-    MFU proper (PaLM, train.py's) counts the model's ('matmul'): lower by matmul / hardware with
-    recompute (LLaMA-7B: 1 / 1.33). The optimizer's (Muon's Newton-Schulz) follow, at the same MFU,
-    on the busiest rank."""
+    train.mfu is the share of peak spent on matmuls, recomputation included ('hardware' FLOPs); MFU
+    proper (PaLM, train.py's) counts the model's ('matmul'): lower by matmul / hardware with
+    recompute (LLaMA-7B: 1 / 1.33). The optimizer's follow, at the same MFU, on the busiest rank."""
     compiled_blocks = compile_mode(train, n_gpu) == 'blocks'  # train.py's build_model
     flops = flops_per_token(model, train.recompute, compiled_blocks)
     optimizer_flops = optimizer_step_flops(model, train, n_gpu)
@@ -1255,8 +1221,7 @@ def run_length(train, tokens_per_s):
 
 def run_data(model, train, n_params, tokens):
     """-> {'data': the run's data ledger, 'mixture': a mixture's per source, else None}."""
-    # Muon's momentum and AdamW's m, v for the rest; AdamW alone: the book's 12P
-    optimizer_bytes = None
+    optimizer_bytes = None  # Muon's momentum + AdamW's m, v for the rest; AdamW's alone: 12P
     if train.optimizer != 'adamw':
         optimizer_bytes = held_model_states(model, 'ddp', 1, optimizer=train.optimizer)['optimizer']
     fraction = loss_fraction(train.objective, [getattr(train, f'ul2_{d}_rate') for d in 'srx'])
@@ -1272,7 +1237,6 @@ def run_data(model, train, n_params, tokens):
 def predict(model, train, n_gpu=None, device=None):
     """Every sum of the ledger for a plan: n_gpu (train.n_gpu) of `device` (the config's gpu)."""
     n_gpu = n_gpu or train.n_gpu
-    # train.py's check: no plan it would refuse
     micro_step_tokens = config.tokens_per_micro_step(model, train, n_gpu)
     device = device or gpu_spec(train.gpu, train.dtype)
     flops, optimizer_flops, optimizer_seconds, compute_tokens_per_s = step_compute(
@@ -1329,9 +1293,8 @@ def predict(model, train, n_gpu=None, device=None):
 
 
 # --------------------------------------------------------------------------------------------------
-# The book's worked examples (BOOK.md), recomputed: the book's figure beside the ledger's, compared
-# at its precision (a format spec; '>' for a bound). test_ledger.py checks every one; `ledger.py
-# --book` prints them.
+# The book's worked examples (BOOK.md), recomputed and compared at the book's precision (a format
+# spec; '>' for a bound): `ledger.py --book` prints them, test_ledger.py checks every one.
 LLAMA_7B = ModelConfig(  # a llama
     n_layer=32, n_head=32, n_embd=4096, ffn_hidden=11008, vocab_size=32000, block_size=2048
 )
