@@ -10,11 +10,11 @@ its results: docs/measured.md (the five-minute sweep; the race).
 """
 
 import functools
-import importlib.util
 import json
 import os
 import pickle
 import re
+import runpy
 import statistics
 import subprocess
 import sys
@@ -178,12 +178,10 @@ def run_nanogpt(point, data, out_dir, steps=None, nanogpt=None):
 
 def score_nanogpt(nanogpt, out_dir, data, block_size):
     """nanoGPT's checkpoint in out_dir, loaded by its own model.py, scored on our val sequences."""
-    spec = importlib.util.spec_from_file_location('nanogpt', os.path.join(nanogpt, 'model.py'))
-    theirs = importlib.util.module_from_spec(spec)  # nanoGPT's model.py, not ours
-    spec.loader.exec_module(theirs)
+    theirs = runpy.run_path(os.path.join(nanogpt, 'model.py'))  # nanoGPT's model.py, not ours
     path = os.path.join(nanogpt, out_dir, 'ckpt.pt')
     saved = torch.load(path, map_location='cpu', weights_only=False)
-    model = theirs.GPT(theirs.GPTConfig(**saved['model_args']))
+    model = theirs['GPT'](theirs['GPTConfig'](**saved['model_args']))
     model.load_state_dict({k.removeprefix('_orig_mod.'): v for k, v in saved['model'].items()})
     model.eval()
     return score(lambda x, y: model(x, y)[1], data, block_size)[0]
