@@ -133,9 +133,8 @@ def bench_case(case, cluster, steps, warmup, share_end, end, tiny):
     peak, reserved = live_ledger.peak_memory(cluster)
     on_gpu, memory, t = reserved is not None, p['memory'], run.train
     retries = torch.cuda.memory_stats(cluster.device)['num_alloc_retries'] if on_gpu else None
-    mfu = (
-        p['flops_per_token']['matmul'] * tokens_per_s / cluster.world_size / p['gpu']['peak_flops']
-    )
+    flops_per_s = p['flops_per_token']['matmul'] * tokens_per_s / cluster.world_size
+    mfu = flops_per_s / p['gpu']['peak_flops']
     line = dict(case=case, device=p['gpu']['name'], processes=cluster.world_size, sdpa=attention)
     line.update(torch=torch.__version__, dtype=p['dtype'], micro_batch=t.micro_batch)
     line.update(block_size=run.model_cfg.block_size, compile=t.compile, recompute=t.recompute)
