@@ -1,6 +1,6 @@
 """
 bench.py: measured speed and memory beside the ledger's prediction, for the device at hand (what
-it measures, the budget's shares and skips, $OUT/bench.jsonl: docs/measured.md, the device script).
+it measures; --budget_s, each case's share of it, the skips: docs/measured.md, the device script).
 
     python bench.py                               # the device script: the default cases
     python bench.py "configs/h200_1b3.py --micro_batch=8" --steps=20

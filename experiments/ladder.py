@@ -121,16 +121,14 @@ def plan_bill(rungs):
         '| run | N | N total | D | C, FLOPs | ledger time | done |',
         '| --- | ---: | ---: | ---: | ---: | ---: | --- |',
     ]
-    total_days = 0.0
-    for rung in rungs:
-        days = sums.predict(*load_config(rung.flags[0], rung.flags[1:]))['days']
-        total_days += days
+    days = [sums.predict(*load_config(rung.flags[0], rung.flags[1:]))['days'] for rung in rungs]
+    for rung, run_days in zip(rungs, days):
         rows.append(
             f"| {rung.name} | {bill.si(rung.n_params)} | {bill.si(rung.params['total'])} | "
             f"{bill.si(rung.tokens)} | {rung.flops_per_token * rung.tokens:.3g} | "
-            f"{bill.duration(days)} | {'yes' if finished(rung) else '-'} |"
+            f"{bill.duration(run_days)} | {'yes' if finished(rung) else '-'} |"
         )
-    rows.append(f"| all {len(rungs)} | | | | | {bill.duration(total_days)} | |")
+    rows.append(f"| all {len(rungs)} | | | | | {bill.duration(sum(days))} | |")
     return rows
 
 
