@@ -292,18 +292,15 @@ def format_race(rows):
 
 
 def format_table(rows):
-    lines = [
-        '| # | trainer | vocab | layers x width | batch | lr | steps | tokens | training s '
-        '| wall s | val bpb |',
-        '| ---: | --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |',
-    ]
-    for r in rows:
-        lines.append(
-            f"| {r['point']} | {r['trainer']} | {r['vocab_size']} | {r['n_layer']} x {r['n_embd']} "
-            f"| {r['batch_tokens']:,} | {r['lr']:g} | {r['steps']:,} | {r['tokens']:,} | "
-            f"{r['train_seconds']} | {r['seconds']} | {r['val_bpb']:.4f} |"
-        )
-    return '\n'.join(lines)
+    head = (
+        '| # | trainer | vocab | layers x width | batch | lr | steps | tokens | training s | wall s'
+        ' | val bpb |\n| ---: | --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |'
+    )
+    row = (
+        '| {point} | {trainer} | {vocab_size} | {n_layer} x {n_embd} | {batch_tokens:,} | {lr:g} '
+        '| {steps:,} | {tokens:,} | {train_seconds} | {seconds} | {val_bpb:.4f} |'
+    )
+    return '\n'.join([head, *(row.format(**r) for r in rows)])
 
 
 @cli
