@@ -1,6 +1,6 @@
 """
 bench.py: measured speed and memory beside the ledger's prediction, for the device at hand (what
-it measures: docs/measured.md, the device script).
+it measures; --budget_s, each case's share of it, the skips: docs/measured.md, the device script).
 
     python bench.py                               # the device script: the default cases
     python bench.py "configs/h200_1b3.py --micro_batch=8" --steps=20
@@ -9,11 +9,8 @@ it measures: docs/measured.md, the device script).
     python bench.py loss configs/pystdlib_cpu.py  # train.py's loop with the full and chunked loss
 
 A case is a config and its overrides, in quotes (`--micro_batch=max`: the largest micro-batch the
-ledger says fits), built as train.py builds it on synthetic tokens. The script ends within
---budget_s (420 s: 7 minutes on one H200), every build, compile and warm-up counted: each case its
-share of the time left, at least 3 timed steps or skipped; a case that fails is its error line (and
-traceback) and the next runs. A JSON line each goes to stdout, and to $OUT/bench.jsonl when $OUT is
-set (the device machine's output folder).
+ledger says fits), built as train.py builds it on synthetic tokens; a JSON line each to stdout, and
+to $OUT/bench.jsonl when $OUT (the device machine's output folder) is set.
 """
 
 import dataclasses
@@ -53,10 +50,6 @@ TINY_MAX_MICRO_BATCH = 8  # --tiny: a tiny model "fits" thousands of sequences i
 MIN_TIMED = 3  # timed steps a case takes at least; when they no longer fit, it is skipped
 # the budget's clock: every second counts, the builds, compiles and warm-ups too
 CLOCK = time.perf_counter
-
-
-# --------------------------------------------------------------------------------------------------
-# The device script.
 
 
 def build(case_args, cluster, tiny):
@@ -140,9 +133,8 @@ def bench_case(case, cluster, steps, warmup, share_end, end, tiny):
     peak, reserved = live_ledger.peak_memory(cluster)
     on_gpu, memory, t = reserved is not None, p['memory'], run.train
     retries = torch.cuda.memory_stats(cluster.device)['num_alloc_retries'] if on_gpu else None
-    mfu = (
-        p['flops_per_token']['matmul'] * tokens_per_s / cluster.world_size / p['gpu']['peak_flops']
-    )
+    flops_per_s = p['flops_per_token']['matmul'] * tokens_per_s / cluster.world_size
+    mfu = flops_per_s / p['gpu']['peak_flops']
     line = dict(case=case, device=p['gpu']['name'], processes=cluster.world_size, sdpa=attention)
     line.update(torch=torch.__version__, dtype=p['dtype'], micro_batch=t.micro_batch)
     line.update(block_size=run.model_cfg.block_size, compile=t.compile, recompute=t.recompute)
@@ -197,9 +189,8 @@ def run_device_script(cases, steps, warmup, budget_s, tiny):
             with open(os.path.join(out, 'bench.jsonl'), 'a') as f:
                 f.write(json.dumps(result) + '\n')
     processes.log(cluster, format_results(results))
-    processes.log(
-        cluster, f'{len(cases)} cases in {CLOCK() - start:.0f} s of a {budget_s:.0f} s budget'
-    )
+    seconds = CLOCK() - start
+    processes.log(cluster, f'{len(cases)} cases in {seconds:.0f} s of a {budget_s:.0f} s budget')
     processes.leave_process_group()  # each case's model is gone already
     return results
 

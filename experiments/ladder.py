@@ -56,8 +56,6 @@ PRESETS = {
 
 @dataclasses.dataclass
 class Rung:
-    """One run of the ladder."""
-
     name: str
     budget: float  # the compute budget it belongs to, model FLOPs
     shape: dict
@@ -77,11 +75,11 @@ class Rung:
 def plan(preset, out):
     """The grid's runs, budget by budget (smallest first), then the held-out ones."""
     spec = PRESETS[preset]
-    held_out = spec['held_out_factor'] * max(spec['budgets'])
+    beyond = spec['held_out_factor'] * max(spec['budgets'])
     points = [(budget, shape, False) for budget in spec['budgets'] for shape in spec['shapes']]
-    points += [(held_out, spec['shapes'][i], True) for i in spec['held_out_shapes']]
+    points += [(beyond, spec['shapes'][i], True) for i in spec['held_out_shapes']]
     rungs = []
-    for budget, shape, is_held_out in points:
+    for budget, shape, held_out in points:
         flags = [f'--{k}={v}' for k, v in [*spec['overrides'].items(), *shape.items()]]
         model_cfg, train_cfg = load_config(spec['config'], flags)
         per_token = sums.flops_per_token(model_cfg)['matmul']
@@ -89,15 +87,12 @@ def plan(preset, out):
         # run (Hoffmann et al. 2022, section 3.1)
         batch = train_cfg.batch_tokens
         tokens = max(1, round(budget / per_token / batch)) * batch
-        budget_name = f'{budget:.2g}'.replace('+', '')  # 1.5e12, 1.5e13
-        shape_name = f'L{model_cfg.n_layer}_H{model_cfg.n_embd}'
-        name = f"{'heldout_' if is_held_out else ''}c{budget_name}_{shape_name}"
+        prefix = f"{'heldout_' if held_out else ''}c{budget:.2g}".replace('+', '')  # c1.5e12
+        name = f'{prefix}_L{model_cfg.n_layer}_H{model_cfg.n_embd}'
         out_dir = os.path.join(out, name)
         flags = [spec['config'], *flags, f'--train_tokens={tokens}', f'--out_dir={out_dir}']
         params = sums.count_params(model_cfg)
-        rungs.append(
-            Rung(name, budget, shape, is_held_out, flags, params, tokens, per_token, out_dir)
-        )
+        rungs.append(Rung(name, budget, shape, held_out, flags, params, tokens, per_token, out_dir))
     return rungs
 
 
@@ -126,16 +121,14 @@ def plan_bill(rungs):
         '| run | N | N total | D | C, FLOPs | ledger time | done |',
         '| --- | ---: | ---: | ---: | ---: | ---: | --- |',
     ]
-    total_days = 0.0
-    for rung in rungs:
-        days = sums.predict(*load_config(rung.flags[0], rung.flags[1:]))['days']
-        total_days += days
+    days = [sums.predict(*load_config(rung.flags[0], rung.flags[1:]))['days'] for rung in rungs]
+    for rung, run_days in zip(rungs, days):
         rows.append(
             f"| {rung.name} | {bill.si(rung.n_params)} | {bill.si(rung.params['total'])} | "
             f"{bill.si(rung.tokens)} | {rung.flops_per_token * rung.tokens:.3g} | "
-            f"{bill.duration(days)} | {'yes' if finished(rung) else '-'} |"
+            f"{bill.duration(run_days)} | {'yes' if finished(rung) else '-'} |"
         )
-    rows.append(f"| all {len(rungs)} | | | | | {bill.duration(total_days)} | |")
+    rows.append(f"| all {len(rungs)} | | | | | {bill.duration(sum(days))} | |")
     return rows
 
 

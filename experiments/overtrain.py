@@ -50,8 +50,7 @@ def branch_points(train_cfg, micro_step_tokens):
     points = {}
     for length in train_cfg.cooldowns:
         start = round((1 - train_cfg.decay_frac) * length)
-        before = dataclasses.replace(train_cfg, train_tokens=start)
-        step = schedule.planned_steps(before, micro_step_tokens)
+        step = schedule.steps_for(train_cfg, start, micro_step_tokens)
         if step not in stable:
             raise ConfigError(
                 f'cooldowns: the branch of {length:,} tokens would start at step {step:,} '
@@ -107,8 +106,6 @@ def beside(main, schedule, length):
 
 @dataclasses.dataclass
 class Planned:
-    """One run of the experiment."""
-
     schedule: str  # 'wsd' (the main run), 'cooldown' (a branch of it) or 'cosine'
     length: int  # the tokens seen when it ends
     tokens: int  # the tokens it trains (a branch: its decay alone)
@@ -182,25 +179,19 @@ def at_best_lr(sweep, chinchilla):
     swept = None not in sweep
     header = COMPARED.replace(': val bpb |', ': best val bpb | at lr |') if swept else COMPARED
     rows = [header, '|' + ' ---: |' * (header.count('|') - 1)]
+    scores = {}  # (length, cosine?) -> [(val bpb, lr)] of the runs that finished
+    for lr, run in ((lr, run) for lr, runs in sweep.items() for run in runs):
+        bpb = scaling.read_summary(run.out_dir).get('val_bpb')
+        if bpb is not None:
+            scores.setdefault((run.length, run.schedule == 'cosine'), []).append((bpb, lr))
     for length in sorted({run.length for runs in sweep.values() for run in runs}):
-        best = []
-        for cosine in (False, True):
-            scores = [
-                (scaling.read_summary(run.out_dir).get('val_bpb'), lr)
-                for lr, runs in sweep.items()
-                for run in runs
-                if run.length == length and (run.schedule == 'cosine') == cosine
-            ]
-            best.append(min(((v, lr) for v, lr in scores if v is not None), default=(None, None)))
+        best = [min(scores.get((length, c), []), default=(None, None)) for c in (False, True)]
         cells = [f'{v:.4f}' if v is not None else '-' for v, _ in best]
         if swept:  # each loss beside its LR
             cells = [f'{v} | {lr:g}' if lr else '- | -' for v, (_, lr) in zip(cells, best)]
         (wsd, _), (cosine, _) = best
-        difference = f'{wsd - cosine:+.4f}' if wsd is not None and cosine is not None else '-'
-        rows.append(
-            f"| {bill.si(length)} | {length / chinchilla:.2f} | {' | '.join(cells)} | "
-            f'{difference} |'
-        )
+        cells.append(f'{wsd - cosine:+.4f}' if wsd is not None and cosine is not None else '-')
+        rows.append(f"| {bill.si(length)} | {length / chinchilla:.2f} | {' | '.join(cells)} |")
     return rows
 
 

@@ -10,11 +10,11 @@ its results: docs/measured.md (the five-minute sweep; the race).
 """
 
 import functools
-import importlib.util
 import json
 import os
 import pickle
 import re
+import runpy
 import statistics
 import subprocess
 import sys
@@ -157,15 +157,15 @@ def run_nanogpt(point, data, out_dir, steps=None, nanogpt=None):
     model_cfg, train_cfg = point_config(point)
     iters = 6 if steps is None else steps
     accumulation = train_cfg.batch_tokens // (train_cfg.micro_batch * model_cfg.block_size)
-    flags = dict(dataset=export_for_nanogpt(data, nanogpt), out_dir=out_dir, device='cpu')
-    flags |= dict(dtype='float32', compile=train_cfg.compile, batch_size=train_cfg.micro_batch)
-    flags |= dict(block_size=model_cfg.block_size, gradient_accumulation_steps=accumulation)
-    flags |= dict(n_layer=model_cfg.n_layer, n_head=model_cfg.n_head, n_embd=model_cfg.n_embd)
-    flags |= dict(dropout=0.0, bias=False, learning_rate=train_cfg.lr, max_iters=iters)
+    flags = {k: getattr(model_cfg, k) for k in ('block_size', 'n_layer', 'n_head', 'n_embd')}
+    flags |= {k: getattr(train_cfg, k) for k in ('compile', 'beta2', 'weight_decay')}
+    flags |= dict(dataset=export_for_nanogpt(data, nanogpt), out_dir=out_dir, device='cpu')
+    flags |= dict(dtype='float32', batch_size=train_cfg.micro_batch, dropout=0.0, bias=False)
+    flags |= dict(gradient_accumulation_steps=accumulation, learning_rate=train_cfg.lr)
     warmup = max(1, round(train_cfg.warmup_frac * iters))
-    flags |= dict(lr_decay_iters=iters, warmup_iters=warmup, beta2=train_cfg.beta2)
-    flags |= dict(min_lr=train_cfg.lr * train_cfg.min_lr_ratio, weight_decay=train_cfg.weight_decay)
-    flags |= dict(eval_interval=iters, eval_iters=1, log_interval=1, always_save_checkpoint=True)
+    flags |= dict(max_iters=iters, lr_decay_iters=iters, warmup_iters=warmup, eval_interval=iters)
+    flags |= dict(min_lr=train_cfg.lr * train_cfg.min_lr_ratio, eval_iters=1, log_interval=1)
+    flags |= dict(always_save_checkpoint=True)
     command = [sys.executable, 'train.py', *(f'--{k}={v}' for k, v in flags.items())]
     elapsed, out = timed(command, nanogpt, f"nanoGPT's train.py failed on {point}")
     logged = re.findall(r'^iter \d+: loss [\d.]+, time ([\d.]+)ms', out, re.M)
@@ -178,12 +178,10 @@ def run_nanogpt(point, data, out_dir, steps=None, nanogpt=None):
 
 def score_nanogpt(nanogpt, out_dir, data, block_size):
     """nanoGPT's checkpoint in out_dir, loaded by its own model.py, scored on our val sequences."""
-    spec = importlib.util.spec_from_file_location('nanogpt', os.path.join(nanogpt, 'model.py'))
-    theirs = importlib.util.module_from_spec(spec)  # nanoGPT's model.py, not ours
-    spec.loader.exec_module(theirs)
+    theirs = runpy.run_path(os.path.join(nanogpt, 'model.py'))  # nanoGPT's model.py, not ours
     path = os.path.join(nanogpt, out_dir, 'ckpt.pt')
     saved = torch.load(path, map_location='cpu', weights_only=False)
-    model = theirs.GPT(theirs.GPTConfig(**saved['model_args']))
+    model = theirs['GPT'](theirs['GPTConfig'](**saved['model_args']))
     model.load_state_dict({k.removeprefix('_orig_mod.'): v for k, v in saved['model'].items()})
     model.eval()
     return score(lambda x, y: model(x, y)[1], data, block_size)[0]
@@ -294,18 +292,15 @@ def format_race(rows):
 
 
 def format_table(rows):
-    lines = [
-        '| # | trainer | vocab | layers x width | batch | lr | steps | tokens | training s '
-        '| wall s | val bpb |',
-        '| ---: | --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |',
-    ]
-    for r in rows:
-        lines.append(
-            f"| {r['point']} | {r['trainer']} | {r['vocab_size']} | {r['n_layer']} x {r['n_embd']} "
-            f"| {r['batch_tokens']:,} | {r['lr']:g} | {r['steps']:,} | {r['tokens']:,} | "
-            f"{r['train_seconds']} | {r['seconds']} | {r['val_bpb']:.4f} |"
-        )
-    return '\n'.join(lines)
+    head = (
+        '| # | trainer | vocab | layers x width | batch | lr | steps | tokens | training s | wall s'
+        ' | val bpb |\n| ---: | --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |'
+    )
+    row = (
+        '| {point} | {trainer} | {vocab_size} | {n_layer} x {n_embd} | {batch_tokens:,} | {lr:g} '
+        '| {steps:,} | {tokens:,} | {train_seconds} | {seconds} | {val_bpb:.4f} |'
+    )
+    return '\n'.join([head, *(row.format(**r) for r in rows)])
 
 
 @cli
