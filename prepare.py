@@ -38,7 +38,7 @@ if __name__ == '__main__':
 
 import numpy as np
 
-from ledgergpt import data, downloads, files, sums
+from ledgergpt import data, downloads, files, pretrained, sums
 from ledgergpt.config import EOT, SPECIAL_TOKENS, DataError, cli
 from ledgergpt.downloads import Hub, Network, Progress, download, say, size_of
 from ledgergpt.files import free_bytes, human_bytes, load_json, remove_quietly, save_json
@@ -167,8 +167,6 @@ def train_bpe_tokenizer(data_dir, vocab_size, texts, special=True):
 # (decode(encode(x)) is NFC(x)), and 23 runs of 2..24 spaces split off first, longest first: 4
 # spaces + 'return' is [4 spaces, 'return'], GPT-2's [3 spaces, ' return']. So it goes through
 # `tokenizers` (data.HFEncoding): exact by construction. A model pads its 50,277 ids to 50,304.
-
-
 def make_neox_tokenizer(out_dir, network=None, special=True):
     """NeoX's tokenizer.json, fetched once from the Hub like the data (HF_ENDPOINT, HF_TOKEN,
     verified), kept in ours with its commit and the SPECIAL_TOKENS HFEncoding adds after its ids."""
@@ -191,18 +189,12 @@ def make_neox_tokenizer(out_dir, network=None, special=True):
 
 # A model's own tokenizer (--tokenizer MODEL_FOLDER or a Hub repo id, as init_from takes): its ids,
 # document start and sha256 as docs/finetuning.md ("The data is in the model's tokens") says.
-
-
 def is_model(name):
-    from ledgergpt import pretrained
-
     return name not in NAMED_TOKENIZERS and (os.path.isdir(name) or pretrained.is_repo_id(name))
 
 
 def model_tokenizer(name, network=None):
     """(the model folder, its tokenizer.json's bytes)."""
-    from ledgergpt import pretrained
-
     folder = pretrained.folder(name, network, weights=False)
     path = os.path.join(folder, 'tokenizer.json')
     if not os.path.isfile(path):
@@ -215,8 +207,6 @@ def model_tokenizer(name, network=None):
 
 def make_model_tokenizer(out_dir, name, network=None):
     from tokenizers import Tokenizer
-
-    from ledgergpt import pretrained
 
     folder, text = model_tokenizer(name, network)
     tokenizer = Tokenizer.from_str(text.decode())
@@ -1044,8 +1034,6 @@ def from_hub(out_dir, head, repo, folder, source, tokenizer='gpt2', **options):
 # Command line: every option once, as its flag and add_argument's settings; a source takes the ones
 # it lists, as (flag, changes) where its help or default differs, and --out data/SOURCE. A help's
 # %(default)s is argparse's.
-
-
 def number(text):
     """26e9 or 26000000000 -> 26000000000 (argparse type for token counts)."""
     return int(float(text))

@@ -223,8 +223,6 @@ def id_past_vocab(tokens, start, vocab_size, meta):
 # The tokenizer, as prepare.py wrote it. gpt2's and bpe:V's tokenizer.json is what tiktoken.Encoding
 # needs: every rank's bytes (base64, list index = rank), the pre-split regex, the special tokens.
 # neox's holds the Hub's own tokenizer.json, read through the `tokenizers` library (HFEncoding).
-
-
 def load_tokenizer(data_dir):
     """The folder's tokenizer.json as a tiktoken.Encoding (an HFEncoding for neox): no download, no
     cache. A mixture reads its first folder's (all share one)."""
@@ -321,8 +319,6 @@ def reserved_ids(encoding):
 # A folder-wide ratio is not that: the pystdlib folder's 3.837 bytes per token (meta.json) is 3.796
 # on its val split and 3.867 on the targets train.py scores. Special tokens are no text, though
 # their loss counts (the cost of the document boundaries, part of compressing the text).
-
-
 def token_byte_lengths(encoding):
     """Each token id's UTF-8 bytes, 0 for special tokens (neox: byte-level token strings through
     GPT-2's byte alphabet, added tokens as their text)."""
@@ -363,8 +359,6 @@ def target_bytes(data_dir, targets):
 # --------------------------------------------------------------------------------------------------
 # Streams: the train split as an endless seeded stream of sequences (or synthetic tokens), the fixed
 # val set, a mixture's streams interleaved, and each rank's slice of a micro-step.
-
-
 class Stream:
     """sequence(k) is the k-th sequence; batch(first, count) stacks count of them as int64."""
 
