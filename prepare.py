@@ -177,7 +177,6 @@ def make_neox_tokenizer(out_dir, network=None, special=True):
         raise DataError(
             f"{NEOX_REPO} has no tokenizer.json at {sha}: check --endpoint or HF_ENDPOINT"
         )
-    os.makedirs(os.path.join(out_dir, 'downloads'), exist_ok=True)
     path = os.path.join(out_dir, 'downloads', 'gpt-neox-20b-tokenizer.json')
     url = hub.url('models', NEOX_REPO, sha, 'tokenizer.json')
     hub_spec = load_json(download(hub, url, path, listed, starts_with=b'{'))
@@ -279,9 +278,7 @@ def pooled(pool, function, items, in_flight):
 
 def pack_texts(texts):
     encoded = [text.encode('utf-8') for text in texts]
-    offsets = np.zeros(len(encoded) + 1, dtype=np.int64)
-    np.cumsum([len(b) for b in encoded], out=offsets[1:])
-    return b''.join(encoded), offsets
+    return b''.join(encoded), np.cumsum([0, *map(len, encoded)], dtype=np.int64)
 
 
 def unpack_texts(joined, offsets):
@@ -908,7 +905,6 @@ class HubFiles:
         self.job, self.prefix, self.repo, self.folder, self.split = job, prefix, repo, folder, split
         self.hub, self.verified, self.relisted = Hub(job.network), set(), False
         self.listed, self.revision = self.pin()
-        os.makedirs(os.path.join(job.out_dir, 'downloads'), exist_ok=True)
         names = [os.path.basename(f['path']) for f in self.listed]
         self.paths = [os.path.join(job.out_dir, 'downloads', name) for name in names]
         parquet = sum(f['size'] for f in self.listed)
