@@ -275,10 +275,8 @@ class Hub:
         try:
             return response, response.json()
         except ValueError:
-            raise DataError(
-                f"{url}: not an answer of the Hub's API ({what_came(response, response.content)}): "
-                f"a captive portal or proxy in the way? check the network and {self.network.advice}"
-            ) from None
+            what = "not an answer of the Hub's API"
+            raise not_the_file(url, what, response, response.content, self.network.advice) from None
 
 
 class ListingMismatch(DataError):
@@ -378,11 +376,8 @@ def fetch_rest(hub, url, partial, etag_path, size, starts_with, retries, progres
             with open(partial, 'ab' if start else 'wb') as f:
                 for chunk in response.iter_content(chunk_size=DOWNLOAD_CHUNK_BYTES):
                     if f.tell() == 0 and not chunk.startswith(starts_with[: len(chunk)]):
-                        raise DataError(
-                            f"{url}: the server sent something else than the file "
-                            f"({what_came(response, chunk)}): a proxy or captive portal in the "
-                            f"way? check the network and {hub.network.advice}"
-                        )
+                        what = "the server sent something else than the file"
+                        raise not_the_file(url, what, response, chunk, hub.network.advice)
                     if f.tell() + len(chunk) > size:
                         more = f"more than {size:,}"
                         raise DataError(size_mismatch(url, more, size, hub.network.advice))
@@ -404,10 +399,15 @@ def size_mismatch(url, sent, size, advice):
     )
 
 
-def what_came(response, body):
-    """The Content-Type and the start of a body, for an error line: "text/html: '<html>...'"."""
+def not_the_file(url, what, response, body, advice):
+    """An answer that is not what was asked, as one DataError naming its Content-Type and start
+    ("text/html: '<html>...'"): a captive portal's login page, a proxy's error page."""
     start = ' '.join(body[:200].decode('utf-8', 'replace').split())[:80]
-    return f"{response.headers.get('Content-Type', 'no Content-Type')}: {start!r}"
+    kind = response.headers.get('Content-Type', 'no Content-Type')
+    return DataError(
+        f"{url}: {what} ({kind}: {start!r}): a captive portal (open any web page to log in) or a "
+        f"proxy in the way? check the network and {advice}"
+    )
 
 
 def check_answer(response, url, have, size, advice):
@@ -415,11 +415,7 @@ def check_answer(response, url, have, size, advice):
     A total other than the listing's size, or an HTML page (a captive portal's login): DataError."""
     if 'text/html' in response.headers.get('Content-Type', ''):
         page = next(response.iter_content(200), b'')
-        raise DataError(
-            f"{url}: the server answered with a web page ({what_came(response, page)}) instead of "
-            f"the file: a captive portal or proxy login? open any web page to log in, or check "
-            f"{advice}"
-        )
+        raise not_the_file(url, "the server answered with a web page", response, page, advice)
     total, start = response.headers.get('Content-Length'), 0
     if response.status_code == 206:
         match = re.fullmatch(r'bytes (\d+)-\d+/(\d+|\*)', response.headers.get('Content-Range', ''))
