@@ -280,8 +280,7 @@ class HFEncoding:
                 f"the tokenizers library put {name}'s special tokens at ids {self.reserved}, not "
                 f"from {first} on: remake the folder with --no-special-tokens"
             )
-        self.n_vocab = self.plain.get_vocab_size(with_added_tokens=True)
-        self.eot_token = self.plain.token_to_id(document_start)
+        self.n_vocab, self.eot_token = first + len(reserved), self.plain.token_to_id(document_start)
 
     def encode_ordinary(self, text):
         return self.plain.encode(text, add_special_tokens=False).ids

@@ -185,6 +185,17 @@ def network_problem(error, network):
     return known or f"connection lost ({type(error).__name__})"
 
 
+# a 401 or 403, with a token in HF_TOKEN and without
+REFUSED = {
+    True: " with the token in HF_TOKEN: it has no access to this dataset (gated or private): "
+    "accept the dataset's terms on its Hub page with the token's account, or check the token "
+    "(read access)",
+    False: ": the dataset is gated or private (or does not exist): accept its terms on its Hub "
+    "page, then pass a read token from https://huggingface.co/settings/tokens as HF_TOKEN=hf_... "
+    "python prepare.py ...",
+}
+
+
 class Hub:
     """GET requests to the Hub (or the mirror HF_ENDPOINT names) with retries; HF_TOKEN, if set,
     goes to that host only: requests drops the header on a redirect to another host (the CDN)."""
@@ -217,7 +228,7 @@ class Hub:
                 return response
             response.close()
             if status in (401, 403):
-                raise DataError(self.refused(url, status))
+                raise DataError(f"{url}: HTTP {status}{REFUSED[bool(self.token)]}")
             if status == 404:
                 raise DataError(f"{url}: not found (HTTP 404): check {self.network.not_found}")
             if status == 429:
@@ -227,19 +238,6 @@ class Hub:
                 retries.wait(f"HTTP {status} {response.reason}", asked)
             else:
                 raise DataError(f"{url}: HTTP {status} {response.reason}")
-
-    def refused(self, url, status):
-        if self.token:
-            return (
-                f"{url}: HTTP {status} with the token in HF_TOKEN: it has no access to this "
-                "dataset (gated or private): accept the dataset's terms on its Hub page with the "
-                "token's account, or check the token (read access)"
-            )
-        return (
-            f"{url}: HTTP {status}: the dataset is gated or private (or does not exist): accept "
-            "its terms on its Hub page, then pass a read token from "
-            "https://huggingface.co/settings/tokens as HF_TOKEN=hf_... python prepare.py ..."
-        )
 
     def files(self, repo, revision, folder, extension, kind='datasets'):
         """(commit sha, sorted [{'path', 'size', 'sha256'}]) of the files ending in `extension` in a

@@ -86,8 +86,7 @@ def disk_errors(folder, needed_bytes=None):
         yield
     except OSError as e:
         # a file elsewhere that cannot be read (an input) is not ours to explain
-        ours = e.errno in FULL or e.errno in NOT_WRITABLE and on_the_way(e.filename, folder)
-        if not ours:
+        if not (e.errno in FULL or e.errno in NOT_WRITABLE and on_the_way(e.filename, folder)):
             raise
         where = e.filename or folder
         if e.errno in FULL:
