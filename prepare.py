@@ -328,6 +328,7 @@ def build(out_dir, request, make, tokens=None):
     """Make the folder for `request`, or find it complete; returns its meta. make(state) does the
     work from start_progress's state and returns meta.json's (source, revision, counts). --tokens is
     in meta.json's request, not progress.json's: a larger one carries on."""
+    parse_tokenizer(request['tokenizer'])  # a bad name is one line before anything is written
     whole = request if tokens is None else dict(request, tokens=tokens)
     with files.disk_errors(out_dir), files.folder_lock(out_dir, f"prepare.py {request['source']}"):
         meta = complete_meta(out_dir, whole)
@@ -469,7 +470,6 @@ def prepare_pystdlib(
     """Build (or find complete) the pystdlib data folder; returns its meta."""
     request = {'source': 'pystdlib', 'tokenizer': tokenizer, 'shard_tokens': shard_tokens}
     request.update(max_files=max_files, special_tokens=special)
-    parse_tokenizer(tokenizer)  # a bad name is one line before anything is written
     return build(out_dir, request, lambda state: tokenize_pystdlib(out_dir, request, workers))
 
 
@@ -775,7 +775,6 @@ class Job:
         """The request the folder is made for (meta.json's adds --tokens). --val-tokens defaults to
         ~10% of the tokens expected (0: unknown, many), at most a shard (llm.c's first shard is
         val): most of the text is left to the BPE sample, which skips 8 characters per val token."""
-        parse_tokenizer(self.tokenizer)  # a bad name is one line before anything is written
         default = max(1, min(self.shard_tokens, expected_tokens // 10))
         self.val_tokens = self.val_tokens or (default if expected_tokens else self.shard_tokens)
         settings = dict(tokenizer=self.tokenizer, shard_tokens=self.shard_tokens)
@@ -860,11 +859,9 @@ PARQUET_BYTES_PER_TOKEN = (3, 4)
 def disk_plan(
     out_dir, listed, paths, tokens, shard_tokens, vocab_size, keep_downloads, prefix='fineweb_edu'
 ):
-    """Say what the run will download and write; one line refuses it if the free space cannot hold
-    the high end. The files read: those whose sizes add up to 3-4 bytes per token (all without
-    --tokens). The shards, whole (the listing at 3 bytes per token without --tokens). The parquet on
-    disk at once: all of it with --keep-downloads, else a shard's worth plus two files (a file goes
-    once every shard holding its tokens is written)."""
+    """Say what the run will download and write (docs/data.md, "FineWeb-Edu: disk"); one line
+    refuses it if the free space cannot hold the high end: the shards, whole, and the parquet on
+    disk at once: all of it with --keep-downloads, else a shard's worth plus two files."""
     sizes = [f['size'] for f in listed]
     totals = list(itertools.accumulate(sizes))  # the bytes of files 0..i
     reach = [bisect.bisect_left(totals, tokens * b) + 1 for b in PARQUET_BYTES_PER_TOKEN]
