@@ -37,7 +37,7 @@ def say(line):
     sys.stdout.flush()
 
 
-class Progress:
+class Progress(contextlib.AbstractContextManager):
     """One job's progress: bytes and their rate (downloads), or tokens, ETA if total known."""
 
     def __init__(self, desc, total=None, unit=' tokens', initial=0, leave=True):
@@ -64,9 +64,6 @@ class Progress:
         self.waited += seconds
         if self.bar is not None:
             self.bar.unpause()  # tqdm's clock restarts from its last print: the wait is not counted
-
-    def __enter__(self):
-        return self
 
     def __exit__(self, *exc):
         if self.bar is not None:

@@ -168,8 +168,7 @@ def folder_lock(folder, command):
                 f"cannot make the folder {folder}: {e.filename or folder} is a file, not a folder; "
                 f"choose another folder"
             ) from None
-        with open(mine, 'w') as f:
-            json.dump(me, f)
+        save_json(mine, me)
     try:
         # another process may take over a stale lock at the same moment: look again
         for _ in range(3):
