@@ -282,15 +282,14 @@ class HFEncoding:
             )
         self.n_vocab, self.eot_token = first + len(reserved), self.plain.token_to_id(document_start)
 
-    def encode_ordinary(self, text):
-        return self.plain.encode(text, add_special_tokens=False).ids
-
     def encode(self, text, allowed_special=(), disallowed_special=()):
         tokenizer = self.special if allowed_special else self.plain
         return tokenizer.encode(text, add_special_tokens=False).ids
 
+    encode_ordinary = encode  # nothing allowed: '<|endoftext|>' in the text is text
+
     def encode_to_numpy(self, text, disallowed_special=()):
-        return np.array(self.encode_ordinary(text), dtype=np.uint32)
+        return np.array(self.encode(text), dtype=np.uint32)
 
     def decode(self, tokens):
         return self.plain.decode(list(tokens), skip_special_tokens=False)
