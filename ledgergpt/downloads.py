@@ -204,15 +204,14 @@ class Hub:
         self.endpoint = self.network.base_url
         self.token = os.environ.get('HF_TOKEN', '')
         self.session = requests.Session()
+        if self.token:
+            self.session.headers['Authorization'] = f'Bearer {self.token}'
 
     def get(self, url, retries=None, headers=None, stream=False):
         """The response to a GET of `url` (status < 400), retrying time-outs, drops, 5xx and 429."""
         import requests
 
         retries = retries or Retries(url, self.network)
-        headers = dict(headers or {})
-        if self.token:
-            headers['Authorization'] = f'Bearer {self.token}'
         timeout = (self.network.connect_timeout_s, self.network.read_timeout_s)
         while True:
             try:
