@@ -373,8 +373,7 @@ def fetch_rest(hub, url, partial, etag_path, size, starts_with, retries, progres
                         what = "the server sent something else than the file"
                         raise not_the_file(url, what, response, chunk, hub.network.advice)
                     if f.tell() + len(chunk) > size:
-                        more = f"more than {size:,}"
-                        raise DataError(size_mismatch(url, more, size, hub.network.advice))
+                        raise size_mismatch(url, f"more than {size:,}", size, hub.network.advice)
                     f.write(chunk)
                     progress.update(len(chunk))
                     retries.progress()
@@ -386,7 +385,7 @@ def fetch_rest(hub, url, partial, etag_path, size, starts_with, retries, progres
 
 
 def size_mismatch(url, sent, size, advice):
-    return (
+    return DataError(
         f"{url}: the server sends {sent} bytes but the Hub's listing says {size:,}: a proxy or "
         f"mirror in the way (check {advice}), or a stale files.json in the data "
         f"folder (delete it to list the files again)"
@@ -420,5 +419,5 @@ def check_answer(response, url, have, size, advice):
             )
         total, start = match[2], have
     if total not in (None, '*') and int(total) != size:
-        raise DataError(size_mismatch(url, f"{int(total):,}", size, advice))
+        raise size_mismatch(url, f"{int(total):,}", size, advice)
     return start
