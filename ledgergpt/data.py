@@ -451,16 +451,15 @@ def open_data(model_cfg, train):
     list_shards(train.data, 'train')  # DataError naming `python prepare.py ...` when none
     meta = load_meta(train.data)
     train_shards, val_shards = (open_split(train.data, meta, split) for split in ('train', 'val'))
-    data_vocab = meta['vocab_size']
+    data_vocab, padded = meta['vocab_size'], padded_vocab(meta['vocab_size'])
     # The model's vocab may be the data's padded up to a multiple of 128 (the spare rows are never
     # targets); smaller cannot hold the tokens, larger means another tokenizer made the data.
-    if not data_vocab <= V <= padded_vocab(data_vocab):
+    if not data_vocab <= V <= padded:
         raise DataError(
-            f"vocab mismatch: {train.data} was tokenized with {meta['tokenizer']} "
-            f"({data_vocab:,} tokens) but the model has vocab_size={V:,}: set vocab_size = "
-            f"{padded_vocab(data_vocab)}, or make another folder with a tokenizer of the model's "
-            f"size (--tokenizer gpt2, neox or bpe:V; this one came from "
-            f"`{prepare_command(train.data)}`)"
+            f"vocab mismatch: {train.data} was tokenized with {meta['tokenizer']} ({data_vocab:,} "
+            f"tokens) but the model has vocab_size={V:,}: set vocab_size = {padded}, or make "
+            "another folder with a tokenizer of the model's size (--tokenizer gpt2, neox or "
+            f"bpe:V; this one came from `{prepare_command(train.data)}`)"
         )
     check_token_ids(train.data, meta, V)
     stream = ShardStream(train_shards, T, train.seed, V, meta)
