@@ -72,8 +72,7 @@ def open_shard(path):
         raise DataError(f"{path}: no such shard") from None
     if size < HEADER_BYTES:
         raise DataError(
-            f"{path}: {size} bytes, shorter than the {HEADER_BYTES}-byte shard header "
-            f"(truncated file?)"
+            f"{path}: {size} bytes, shorter than the {HEADER_BYTES}-byte shard header (truncated?)"
         )
     magic, version, n_tokens = np.fromfile(path, dtype='<i4', count=3).tolist()
     if magic not in {m for m, _ in SHARD_FORMATS}:

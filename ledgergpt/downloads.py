@@ -131,8 +131,7 @@ class Retries:
         if retry_after is not None and retry_after > budget:
             raise DataError(
                 f"{self.what}: {problem}: the Hub asks to wait {retry_after:g} s, more than the "
-                f"retry budget of {budget:g} s (--retry-budget): rerun later (finished work is "
-                "kept)"
+                f"retry budget of {budget:g} s (--retry-budget): rerun later (what is done is kept)"
             )
         if self.tries >= HTTP_ATTEMPTS or failing_s + wait > budget:
             advice = f"check the network (and {self.network.advice}), then rerun"
