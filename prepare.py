@@ -174,9 +174,7 @@ def make_neox_tokenizer(out_dir, network=None, special=True):
     sha, listing = hub.files(NEOX_REPO, 'main', '', 'tokenizer.json', kind='models')
     listed = next((f for f in listing if f['path'] == 'tokenizer.json'), None)
     if listed is None:
-        raise DataError(
-            f"{NEOX_REPO} has no tokenizer.json at {sha}: check --endpoint or HF_ENDPOINT"
-        )
+        raise DataError(f"{NEOX_REPO}@{sha} has no tokenizer.json: check --endpoint or HF_ENDPOINT")
     path = os.path.join(out_dir, 'downloads', 'gpt-neox-20b-tokenizer.json')
     url = hub.url('models', NEOX_REPO, sha, 'tokenizer.json')
     hub_spec = load_json(download(hub, url, path, listed, starts_with=b'{'))
@@ -412,9 +410,7 @@ def start_progress(out_dir, request):
             state = load_json(path)
             change = request_change(state['request'], request)
         except (ValueError, KeyError, TypeError, AttributeError):
-            raise DataError(
-                f"{path} is damaged: delete it to start the folder over, and rerun"
-            ) from None
+            raise DataError(f"{path} is damaged: delete it and rerun to start over") from None
         if not change:
             return state
         if state.get('shards'):
@@ -422,10 +418,7 @@ def start_progress(out_dir, request):
                 f"{out_dir} holds an unfinished dataset made with other settings: {change}: rerun "
                 f"with its settings to finish it, or delete the folder or choose another --out"
             )
-        say(
-            f"{out_dir}: starting over (a run with other settings, {change}, stopped before its "
-            "first shard)"
-        )
+        say(f"{out_dir}: starting over (a run with other settings, {change}, wrote no shard)")
         for name in ('tokenizer.json', 'files.json'):
             remove_quietly(os.path.join(out_dir, name))
     state = dict(request=request, **START)
@@ -481,9 +474,7 @@ def tokenize_pystdlib(out_dir, request, workers, batch_docs=64):
         in_val = zlib.crc32(path.encode()) % 100 < PYSTDLIB_VAL_PERCENT
         (val if in_val else train).append(text)
     if not val or not train:
-        raise DataError(
-            f"{len(sources)} stdlib files leave one split empty: use more files (--max-files)"
-        )
+        raise DataError(f"{len(sources)} stdlib files leave a split empty: raise --max-files")
     say(
         f"pystdlib: {len(train)} train + {len(val)} val files from "
         f"{sysconfig.get_paths()['stdlib']} (Python {version})"

@@ -50,9 +50,7 @@ def write_shard(path, tokens):
     largest = int(tokens.max()) if tokens.size else -1
     if tokens.dtype not in (np.uint16, np.uint32):
         if tokens.size and (tokens.min() < 0 or largest >= 2**32):
-            raise DataError(
-                f"{path}: token ids must lie in [0, 2^32), got {tokens.min()}..{largest}"
-            )
+            raise DataError(f"{path}: token ids {tokens.min()}..{largest} are not all in [0, 2^32)")
         tokens = tokens.astype(token_dtype(largest + 1))
     magic, version = WRITTEN_FORMATS[tokens.dtype.itemsize]
     header = np.zeros(HEADER_BYTES // 4, dtype='<i4')

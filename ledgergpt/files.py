@@ -184,9 +184,7 @@ def folder_lock(folder, command):
                 raise UserError(lock_message(folder, path, owner))
             take_over(path, owner)
         else:
-            raise UserError(
-                f"could not take the lock {path}: other processes keep taking it; try again"
-            )
+            raise UserError(f"could not take {path}: other processes keep taking it; try again")
     finally:
         remove_quietly(mine)
     try:
