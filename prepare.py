@@ -195,9 +195,7 @@ def model_tokenizer(name, network=None):
     folder = pretrained.folder(name, network, weights=False)
     path = os.path.join(folder, 'tokenizer.json')
     if not os.path.isfile(path):
-        raise DataError(
-            f"{folder} has no tokenizer.json (a fast tokenizer): --tokenizer {name} needs one"
-        )
+        raise DataError(f"{folder} has no tokenizer.json (a fast tokenizer): --tokenizer needs one")
     with open(path, 'rb') as f:
         return folder, f.read()
 
@@ -576,11 +574,11 @@ def read_documents(path, start_row=0, column='text'):
     elif path.endswith('.jsonl'):
         with open(path, 'rb') as f:
             row = 0
-            for line_number, line in enumerate(f, 1):
+            for lineno, line in enumerate(f, 1):
                 try:
                     line = line.decode('utf-8')
                 except UnicodeDecodeError as e:
-                    raise not_utf8(path, e, f':{line_number}') from None
+                    raise not_utf8(path, e, f':{lineno}') from None
                 if not line.strip():
                     continue
                 if row >= start_row:
@@ -588,9 +586,7 @@ def read_documents(path, start_row=0, column='text'):
                     with contextlib.suppress(ValueError, KeyError, TypeError):
                         text = json.loads(line)['text']
                     if not isinstance(text, str):
-                        raise DataError(
-                            f"{path}:{line_number}: not a JSON object with a \"text\" string"
-                        )
+                        raise DataError(f'{path}:{lineno}: not a JSON object with a "text" string')
                     yield row, text
                 row += 1
     elif start_row == 0:
@@ -809,8 +805,7 @@ FILE_TYPES = ('.txt', '.jsonl', '.parquet')
 
 
 def prepare_files(paths, out_dir, tokenizer='bpe:8192', **options):
-    """Build (or carry on, or find complete) a folder of local files; returns its meta. options:
-    Job's."""
+    """Build (or carry on, or find complete) a folder of local files -> its meta. options: Job's."""
     for path in paths:
         if os.path.isdir(path):
             raise DataError(
