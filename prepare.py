@@ -1010,8 +1010,7 @@ def from_hub(out_dir, head, repo, folder, source, tokenizer='gpt2', **options):
 
 # --------------------------------------------------------------------------------------------------
 # Command line: every option once, as its flag and add_argument's settings; a source takes the ones
-# it lists, as (flag, changes) where its help or default differs, and --out data/SOURCE. A help's
-# %(default)s is argparse's.
+# it lists, as (flag, changes) where its help or default differs, and --out data/SOURCE.
 def number(text):
     """26e9 or 26000000000 -> 26000000000 (argparse type for token counts)."""
     return int(float(text))
