@@ -652,8 +652,7 @@ def bpe_sample(documents, val_tokens, sample_chars, tokens=0):
         raise DataError(
             f"no text left for the BPE to learn from: the text has {seen:,} characters and the "
             f"first {skip:,} are held out for the {val_tokens:,}-token val shard (8 per token): "
-            f"lower --val-tokens (about {seen // 16:,} would leave half the text), or give more "
-            "text"
+            f"lower --val-tokens (about {seen // 16:,} would leave half the text) or add text"
         )
     return itertools.chain([first], texts)
 

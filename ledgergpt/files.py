@@ -214,10 +214,9 @@ def lock_message(folder, path, owner):
             f"{folder} is locked by {path}, which cannot be read: if no other command uses the "
             f"folder, delete it"
         )
-    host = owner.get('host')
+    host, pid, command, since = (owner.get(key) for key in ('host', 'pid', 'command', 'since'))
     where = 'this host' if host == socket.gethostname() else f"host {host}"
     return (
-        f"{folder} is in use by pid {owner.get('pid')} on {where} ({owner.get('command')}, since "
-        f"{owner.get('since')}): wait for it to finish or stop it; if it is not running, delete "
-        f"{path}"
+        f"{folder} is in use by pid {pid} on {where} ({command}, since {since}): wait for it to "
+        f"finish or stop it; if it is not running, delete {path}"
     )
