@@ -780,14 +780,12 @@ class Job:
         if first := shards.offset:
             say(f"{prefix}: carrying on after {shards.shard} complete shards ({first:,} tokens)")
         batches = document_batches(paths, fetch, (state['file'], state['row']), 256, column)
-        with (
-            worker_pool(workers, self.out_dir) as pool,
-            Progress(prefix, self.tokens or None, initial=first) as progress,
-        ):
-            for result in pooled(pool, tokenize_batch, batches, 4 * workers):
-                progress.update(min(len(result[2]) - shards.skip, shards.target - progress.n))
-                if shards.add(*result):
-                    break
+        with worker_pool(workers, self.out_dir) as pool:
+            with Progress(prefix, self.tokens or None, initial=first) as progress:
+                for result in pooled(pool, tokenize_batch, batches, 4 * workers):
+                    progress.update(min(len(result[2]) - shards.skip, shards.target - progress.n))
+                    if shards.add(*result):
+                        break
         counts = shards.finish()
         done_with_files(len(paths))
         tokens, elapsed = shards.offset - first, time.time() - started
