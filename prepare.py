@@ -285,25 +285,15 @@ def unpack_texts(joined, offsets):
 
 def tokenize_batch(batch):
     file_index, first_row, joined, offsets = batch
-    texts = unpack_texts(joined, offsets)
-    doc_tokens = np.empty(len(texts), dtype=np.int64)
-    # one array for the batch, each document encoded into its place: a document of n bytes has at
-    # most n tokens (a token is at least a byte), + 1 eot
-    dtype = data.token_dtype(_worker_encoding.n_vocab)
-    tokens = np.empty(int(offsets[-1] - offsets[0]) + len(texts), dtype=dtype)
-    end = 0
-    for i, text in enumerate(texts):
-        # encode_to_numpy makes no list of ints; with no special tokens allowed or disallowed it is
-        # encode_ordinary: '<|endoftext|>' written in a document stays plain text
-        ids = _worker_encoding.encode_to_numpy(text, disallowed_special=())
-        # only if normalizing lengthened the text (NFC can, rarely: neox)
-        if end + 1 + len(ids) > len(tokens):
-            tokens = np.resize(tokens, 2 * (end + 1 + len(ids)))
-        tokens[end] = _worker_encoding.eot_token
-        tokens[end + 1 : end + 1 + len(ids)] = ids
-        end += 1 + len(ids)
-        doc_tokens[i] = 1 + len(ids)
-    return file_index, first_row, tokens[:end], doc_tokens, np.diff(offsets)
+    encoding, texts = _worker_encoding, unpack_texts(joined, offsets)
+    # encode_to_numpy makes no list of ints; with no special tokens allowed or disallowed it is
+    # encode_ordinary: '<|endoftext|>' written in a document stays plain text
+    docs = [encoding.encode_to_numpy(text, disallowed_special=()) for text in texts]
+    # each document after its end-of-text token, in the shards' dtype
+    eot = np.array([encoding.eot_token], dtype=data.token_dtype(encoding.n_vocab))
+    tokens = np.concatenate([part for ids in docs for part in (eot, ids)], dtype=eot.dtype)
+    doc_tokens = np.array([1 + len(ids) for ids in docs], dtype=np.int64)
+    return file_index, first_row, tokens, doc_tokens, np.diff(offsets)
 
 
 def default_workers():
