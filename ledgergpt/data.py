@@ -227,7 +227,6 @@ def load_tokenizer(data_dir):
     path = os.path.join(data_dir, 'tokenizer.json')
     if not os.path.exists(path):
         raise DataError(f"no tokenizer.json in {data_dir}: make the folder with prepare.py")
-    package = 'tiktoken'
     try:
         spec = load_json(path)
         name = spec['name']
@@ -240,17 +239,16 @@ def load_tokenizer(data_dir):
                 name, pat_str=spec['pattern'], mergeable_ranks=ranks, special_tokens=special
             )
         hub = (json.dumps(spec['tokenizers']), spec.get('special_tokens', ()))
-        package = 'tokenizers'
         return HFEncoding(name, *hub, spec.get('document_start', EOT))
     except (ValueError, KeyError, TypeError) as e:
         raise DataError(
             f"{path} is damaged ({type(e).__name__}: {e}): delete the folder and rerun "
             f"{prepare_command(data_dir)}"
         ) from None
-    except ImportError:
+    except ImportError as e:
         raise DataError(
-            f"{path} is {name}'s tokenizer, which needs the {package} package: pip install "
-            f"{package} (it is in requirements.txt)"
+            f"{path} is {name}'s tokenizer, which needs the {e.name} package: pip install "
+            f"{e.name} (it is in requirements.txt)"
         ) from None
 
 
