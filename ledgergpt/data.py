@@ -403,15 +403,13 @@ class ShardStream(Stream):
         return sequences
 
 
-@dataclasses.dataclass(eq=False)  # hashed by identity, as the other streams
 class SyntheticStream(Stream):
     """data = 'synthetic': uniform random tokens, sequence k drawn by its own generator (seed,
     split, k). For benchmarks without a dataset (the loss stays near ln V)."""
 
-    vocab_size: int
-    block_size: int
-    seed: int
-    split: int
+    def __init__(self, vocab_size, block_size, seed, split):
+        self.vocab_size, self.block_size, self.seed = vocab_size, block_size, seed
+        self.split = split
 
     def sequence(self, k):
         rng = np.random.default_rng([self.seed, self.split, k])
