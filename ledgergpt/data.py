@@ -356,8 +356,7 @@ class Stream:
     """sequence(k) is the k-th sequence; batch(first, count) stacks count of them as int64."""
 
     def batch(self, first, count):
-        sequences = [self.sequence(k) for k in range(first, first + count)]
-        return np.stack(sequences).astype(np.int64, copy=False)
+        return np.stack([self.sequence(k) for k in range(first, first + count)], dtype=np.int64)
 
 
 class ShardStream(Stream):
