@@ -23,6 +23,7 @@ import hashlib
 import itertools
 import json
 import os
+import pathlib
 import signal
 import sys
 import sysconfig
@@ -75,10 +76,7 @@ def parse_tokenizer(name):
     if name.startswith('bpe:') and name[4:].isdigit() and int(name[4:]) > 256:
         return int(name[4:])
     if is_model(name):
-        from tokenizers import Tokenizer
-
-        tokenizer = Tokenizer.from_str(model_tokenizer(name)[1].decode())
-        return tokenizer.get_vocab_size(with_added_tokens=True)
+        return model_tokenizer(name)[2].get_vocab_size(with_added_tokens=True)
     raise DataError(
         f"unknown tokenizer '{name}': use gpt2, neox, bpe:V with V > 256 (e.g. bpe:8192), or a "
         f"model's: a Hugging Face model folder or Hub repo id"
@@ -191,20 +189,19 @@ def is_model(name):
 
 
 def model_tokenizer(name, network=None):
-    """(the model folder, its tokenizer.json's bytes)."""
+    """(the model folder, its tokenizer.json's bytes, that tokenizers.Tokenizer)."""
+    from tokenizers import Tokenizer
+
     folder = pretrained.folder(name, network, weights=False)
     path = os.path.join(folder, 'tokenizer.json')
     if not os.path.isfile(path):
         raise DataError(f"{folder} has no tokenizer.json (a fast tokenizer): --tokenizer needs one")
-    with open(path, 'rb') as f:
-        return folder, f.read()
+    text = pathlib.Path(path).read_bytes()
+    return folder, text, Tokenizer.from_str(text.decode())
 
 
 def make_model_tokenizer(out_dir, name, network=None):
-    from tokenizers import Tokenizer
-
-    folder, text = model_tokenizer(name, network)
-    tokenizer = Tokenizer.from_str(text.decode())
+    folder, text, tokenizer = model_tokenizer(name, network)
     plain, added = (tokenizer.encode('a', add_special_tokens=s).ids for s in (False, True))
     if len(added) > len(plain) and added[len(added) - len(plain) :] == plain:
         start = tokenizer.id_to_token(added[0])
@@ -580,8 +577,7 @@ def read_documents(path, start_row=0, column='text'):
                     yield row, text
                 row += 1
     elif start_row == 0:
-        with open(path, 'rb') as f:
-            raw = f.read()
+        raw = pathlib.Path(path).read_bytes()
         if 0 in raw:  # text has no NUL bytes; executables, images and archives are full of them
             raise DataError(
                 f"{path}: a binary file (NUL bytes at byte {raw.index(0):,}), not text: leave it "
