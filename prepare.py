@@ -528,8 +528,7 @@ def parquet_batches(path, start_row=0, batch_docs=1024, column='text'):
                 texts, row = texts.slice(skip), row + skip
             if texts.type not in (pa.string(), pa.large_string()):
                 texts = texts.cast(pa.large_string())
-            if texts.null_count:
-                texts = texts.fill_null('')
+            texts = texts.fill_null('') if texts.null_count else texts
             _, offsets, joined = texts.buffers()
             offsets = np.frombuffer(offsets, np.int32 if texts.type == pa.string() else np.int64)
             offsets = offsets[texts.offset : texts.offset + len(texts) + 1].astype(np.int64)

@@ -540,6 +540,4 @@ def to_device(array, device):
 
     tensor = torch.from_numpy(array)
     # pinned host memory lets the copy run asynchronously with the GPU's work
-    if device.type == 'cuda':
-        return tensor.pin_memory().to(device, non_blocking=True)
-    return tensor
+    return tensor.pin_memory().to(device, non_blocking=True) if device.type == 'cuda' else tensor
