@@ -337,9 +337,8 @@ def build(out_dir, request, make, tokens=None):
 
 def remove_shards(out_dir, prefix, keep):
     """Delete the prefix's shards (and leftovers) not in `keep`: none may pass for the new set."""
-    for path in glob.glob(os.path.join(glob.escape(out_dir), f'{prefix}_*.bin*')):
-        if path not in keep:
-            os.remove(path)
+    for path in set(glob.glob(os.path.join(glob.escape(out_dir), f'{prefix}_*.bin*'))) - set(keep):
+        os.remove(path)
 
 
 def request_change(old, new):
