@@ -452,17 +452,14 @@ def prepare_pystdlib(
 
 def tokenize_pystdlib(out_dir, request, workers, batch_docs=64):
     started, version = time.time(), sys.version.split()[0]
-    sources = pystdlib_files(request['max_files'])
+    sources, stdlib = pystdlib_files(request['max_files']), sysconfig.get_paths()['stdlib']
     val, train = [], []
     for path, text in sources:
         in_val = zlib.crc32(path.encode()) % 100 < PYSTDLIB_VAL_PERCENT
         (val if in_val else train).append(text)
     if not val or not train:
         raise DataError(f"{len(sources)} stdlib files leave a split empty: raise --max-files")
-    say(
-        f"pystdlib: {len(train)} train + {len(val)} val files from "
-        f"{sysconfig.get_paths()['stdlib']} (Python {version})"
-    )
+    say(f"pystdlib: {len(train)} train + {len(val)} val files from {stdlib} (Python {version})")
     # the BPE learns from train files: val stays unseen
     make_tokenizer(out_dir, request['tokenizer'], lambda: train, None, request['special_tokens'])
     counts, written = dict(documents=len(sources), text_bytes=0, max_token_id=-1), []
