@@ -505,9 +505,7 @@ def parquet_batches(path, start_row=0, batch_docs=1024, column='text'):
         parquet = pq.ParquetFile(path)
         schema = parquet.schema_arrow
         if column not in schema.names:
-            raise DataError(
-                f"{path}: no '{column}' column (it has {', '.join(schema.names)}): use --column"
-            )
+            raise DataError(f"{path}: no '{column}' column (it has {schema.names}): use --column")
         kind = schema.field(column).type
         if not any(getattr(pa.types, f'is_{t}', lambda _: False)(kind) for t in TEXT_TYPES):
             raise DataError(f"{path}: the '{column}' column holds {kind}, not text: --column")
