@@ -112,13 +112,12 @@ class Retries:
     """One request's retry policy (above); a download calls progress() whenever bytes arrive."""
 
     def __init__(self, what, network):
-        self.what, self.network = what, network
-        self.tries, self.first_failure = 0, None
+        self.what, self.network, self.tries = what, network, 0
         # called with the seconds waited (a download's Progress.waited_for)
         self.after_wait = lambda seconds: None
 
     def progress(self):
-        self.tries, self.first_failure = 0, None
+        self.tries = 0
 
     def wait(self, problem, retry_after=None):
         """Sleep before the next try, or raise the DataError that gives up."""
