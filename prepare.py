@@ -314,8 +314,7 @@ def build(out_dir, request, make, tokens=None):
     parse_tokenizer(request['tokenizer'])  # a bad name is one line before anything is written
     whole = request if tokens is None else dict(request, tokens=tokens)
     with files.disk_errors(out_dir), files.folder_lock(out_dir, f"prepare.py {request['source']}"):
-        meta = complete_meta(out_dir, whole)
-        if meta is not None:
+        if (meta := complete_meta(out_dir, whole)) is not None:
             return meta
         source, revision, counts = make(start_progress(out_dir, request))
         meta = {'source': source, 'revision': revision, 'tokenizer': request['tokenizer']}
@@ -622,8 +621,7 @@ def bpe_sample(documents, val_tokens, sample_chars, tokens=0):
                 return
 
     texts = sample()
-    first = next(texts, None)
-    if first is None:
+    if (first := next(texts, None)) is None:
         if not seen:
             raise DataError(
                 "there is no text in the input (every document is empty): give files with text"

@@ -137,8 +137,7 @@ def open_split(data_dir, meta, split):
             f"here): delete it, or {remake}"
         )
     shards = [open_shard(p) for p in paths]
-    held = sum(len(s) for s in shards)
-    if held != meta[f'{split}_tokens']:
+    if (held := sum(len(s) for s in shards)) != meta[f'{split}_tokens']:
         raise DataError(
             f"the {split} shards of {data_dir} hold {held:,} tokens, but meta.json says "
             f"{meta[f'{split}_tokens']:,}: a shard was replaced or damaged; {remake}"
@@ -191,8 +190,7 @@ def check_token_ids(data_dir, meta, vocab_size):
     """The largest token id of the folder's shards, checked below `vocab_size`: past the embedding
     an id fails far from its cause (a GPU's device-side assert). meta.json's max_token_id answers at
     once; without it (llm.c's shards) each shard is read once."""
-    largest = meta.get('max_token_id')
-    if largest is not None and largest < vocab_size:
+    if (largest := meta.get('max_token_id')) is not None and largest < vocab_size:
         return largest
     largest = -1
     for shard in map(open_shard, list_shards(data_dir, 'val') + list_shards(data_dir, 'train')):

@@ -217,8 +217,7 @@ class Hub:
             except (requests.ConnectionError, requests.Timeout) as e:
                 retries.wait(network_problem(e, self.network))
                 continue
-            status = response.status_code
-            if status < 400:
+            if (status := response.status_code) < 400:
                 return response
             response.close()
             if status in (401, 403):
