@@ -792,8 +792,7 @@ def prepare_files(paths, out_dir, tokenizer='bpe:8192', **options):
         if not os.access(path, os.R_OK):
             raise DataError(f"{path}: not readable by this user")
     paths = [os.path.abspath(p) for p in paths]
-    input_bytes = sum(os.path.getsize(p) for p in paths)
-    if not input_bytes:
+    if not (input_bytes := sum(os.path.getsize(p) for p in paths)):
         raise DataError(f"the input is empty ({', '.join(paths)}: 0 bytes): give files with text")
     job = Job(out_dir, tokenizer, **options)
     # ~4 bytes of file per token: text and jsonl ~4-5, parquet ~3-4 compressed

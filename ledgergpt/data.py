@@ -106,8 +106,7 @@ def shard_path(data_dir, prefix, split, index):
 
 
 def list_shards(data_dir, split):
-    paths = sorted(glob.glob(os.path.join(glob.escape(data_dir), f'*_{split}_*.bin')))
-    if not paths:
+    if not (paths := sorted(glob.glob(os.path.join(glob.escape(data_dir), f'*_{split}_*.bin')))):
         raise DataError(
             f"no {split} shards (*_{split}_*.bin) in {data_dir}: make them with "
             f"`python prepare.py pystdlib --out {data_dir}` (or fineweb_edu, or files PATH...)"

@@ -149,8 +149,7 @@ class Retries:
 
 def retry_after_s(response):
     """Seconds a 429 or 503 answer asks to wait (Retry-After: seconds or an HTTP date), or None."""
-    value = response.headers.get('Retry-After', '').strip()
-    if value.isdigit():
+    if (value := response.headers.get('Retry-After', '').strip()).isdigit():
         return float(value)
     with contextlib.suppress(TypeError, ValueError):
         return max(0.0, email.utils.parsedate_to_datetime(value).timestamp() - time.time())
