@@ -112,8 +112,7 @@ def make_tokenizer(out_dir, tokenizer, bpe_texts, network=None, special=True):
 
 
 def make_gpt2_tokenizer(data_dir, special=True):
-    """GPT-2's BPE from tiktoken, the special tokens in the model's padding (50,257 ...). tiktoken
-    downloads its two files once (then caches them): offline, that fails."""
+    """GPT-2's BPE from tiktoken, the special tokens in the model's padding (50,257 ...)."""
     from tiktoken_ext.openai_public import gpt2
 
     try:

@@ -200,8 +200,7 @@ def check_token_ids(data_dir, meta, vocab_size):
 
 
 def id_past_vocab(tokens, start, vocab_size, meta):
-    """The DataError naming the shard, position and value of the first id of `tokens` (a shard's
-    np.memmap from `start`) at or past vocab_size."""
+    """The DataError for the first id of `tokens` (a shard's memmap from `start`) >= vocab_size."""
     index = int(np.argmax(np.asarray(tokens) >= vocab_size))
     path = tokens.filename
     return DataError(

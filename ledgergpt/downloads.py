@@ -389,8 +389,7 @@ def size_mismatch(url, sent, size, advice):
 
 
 def not_the_file(url, what, response, body, advice):
-    """An answer that is not what was asked, as one DataError naming its Content-Type and start
-    ("text/html: '<html>...'"): a captive portal's login page, a proxy's error page."""
+    """What came instead (a captive portal's login page) as a DataError: "text/html: '<html>..."."""
     start = ' '.join(body[:200].decode('utf-8', 'replace').split())[:80]
     kind = response.headers.get('Content-Type', 'no Content-Type')
     return DataError(
