@@ -356,13 +356,12 @@ class Stream:
 
 
 class ShardStream(Stream):
-    """The train split as an endless stream of sequences in a fixed order from the seed.
-
-    A shard of n tokens holds (n - 1) // T sequences at multiples of T; neighbours share a token
-    (the last target of one is the next one's first input, as in llm.c). Epoch e visits the shards
-    in a seeded permutation, and each shard's sequences in their own (llm.c's shuffle): O(shard)
-    memory, never O(dataset). Each batch is checked for ids past vocab_size (a damaged or foreign
-    shard): a max on the host, before the device, so no sync."""
+    """The train split as an endless stream of sequences in a fixed order from the seed. A shard of
+    n tokens holds (n - 1) // T sequences at multiples of T; neighbours share a token (the last
+    target of one is the next one's first input, as in llm.c). Epoch e visits the shards in a seeded
+    permutation, and each shard's sequences in their own (llm.c's shuffle): O(shard) memory, never
+    O(dataset). Each batch is checked for ids past vocab_size (a damaged or foreign shard): a max on
+    the host, before the device, so no sync."""
 
     def __init__(self, shards, block_size, seed, vocab_size=None, meta=None):
         self.shards, self.block_size, self.seed = shards, block_size, seed
