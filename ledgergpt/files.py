@@ -126,10 +126,6 @@ def full_disk_message(folder, where, needed_bytes):
 # ends, by an exception too. A process killed outright leaves it behind: on this host a lock whose
 # pid no longer runs is stale and taken over; a live one, or one from another host (whose processes
 # we cannot see), is one line naming its owner.
-
-LOCK_NAME = '.lock'
-
-
 def process_alive(pid):
     try:
         os.kill(pid, 0)  # signal 0: only asks whether the process exists
@@ -155,7 +151,7 @@ def read_lock(path):
 def folder_lock(folder, command):
     """Hold `folder`/.lock for the block (the folder is made if needed) and yield its path. Another
     live holder, or a folder that cannot be made or written, is one UserError line."""
-    path = os.path.join(folder, LOCK_NAME)
+    path = os.path.join(folder, '.lock')
     me = dict(pid=os.getpid(), host=socket.gethostname(), command=command)
     me['since'] = time.strftime('%Y-%m-%d %H:%M:%S')
     mine = f'{path}.{me["pid"]}'
