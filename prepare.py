@@ -992,14 +992,12 @@ def number(text):
 OPTIONS = {
     '--out': dict(dest='out_dir', metavar='OUT', help='data folder (default %(default)s)'),
     '--tokenizer': dict(help="gpt2, neox (GPT-NeoX-20B, from the Hub), bpe:V, our own, or a model "
-                        "folder or Hub repo id: the model's own, for init_from "
-                        "(default %(default)s)"),
+                        "folder or Hub repo id: its own, for init_from (default %(default)s)"),
     '--workers': dict(type=int, default=0, help='tokenizer processes (default: all cores)'),
     '--shard-tokens': dict(type=number, default=100_000_000,
                            help='tokens per shard (default 100,000,000)'),
     '--no-special-tokens': dict(dest='special', action='store_false', help="reserve no ids for the "
-                                "fim and ul2 objectives' special tokens (a bpe:V learns 22 more "
-                                "merges)"),
+                                "fim and ul2 special tokens (a bpe:V learns 22 more merges)"),
     '--max-files': dict(type=int, default=0, help='an evenly spread subset of the files (0: all)'),
     '--sample': dict(default='100BT', help='10BT, 100BT or 350BT (default 100BT)'),
     'repo': dict(metavar='REPO', help='the dataset repo, OWNER/NAME'),
