@@ -954,8 +954,7 @@ def prepare_fineweb_edu(out_dir, sample='100BT', **options):
 
 
 def prepare_hub(repo, out_dir, config='', column='text', split='', **options):
-    """Build (or carry on, or find complete) a data folder of a parquet dataset on the Hub; returns
-    its meta. options: Job's."""
+    """prepare_fineweb_edu's work for any parquet dataset on the Hub, `config` naming its folder."""
     if repo.count('/') != 1 or not all(repo.split('/')):
         raise DataError(
             f"hub: '{repo}' is not a dataset repo: name it OWNER/NAME (e.g. HuggingFaceTB/finemath)"

@@ -449,8 +449,7 @@ def open_data(model_cfg, train):
             f"bpe:V; this one came from `{prepare_command(train.data)}`)"
         )
     check_token_ids(train.data, meta, V)
-    stream = ShardStream(train_shards, T, train.seed, V, meta)
-    if stream.per_epoch == 0:
+    if (stream := ShardStream(train_shards, T, train.seed, V, meta)).per_epoch == 0:
         raise DataError(
             f"the train shards in {train.data} hold fewer than block_size + 1 = {T + 1} tokens "
             f"each: prepare more data or lower block_size"
