@@ -939,9 +939,8 @@ class HubFiles:
         return path
 
     def done_with(self, n):
-        if not self.job.keep_downloads:
-            for path in self.paths[:n]:
-                remove_quietly(path)
+        for path in [] if self.job.keep_downloads else self.paths[:n]:
+            remove_quietly(path)
 
 
 def prepare_fineweb_edu(out_dir, sample='100BT', **options):

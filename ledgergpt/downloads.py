@@ -248,10 +248,8 @@ class Hub:
                     listed.append({'path': item['path'], 'size': size, 'sha256': sha256, **blob_id})
             url = response.links.get('next', {}).get('url')
         if not listed:
-            raise DataError(
-                f"no {extension} files in {repo}/{folder} at {revision}"
-                f"{': check --sample' if kind == 'datasets' else ''}"
-            )
+            advice = ': check --sample' if kind == 'datasets' else ''
+            raise DataError(f"no {extension} files in {repo}/{folder} at {revision}{advice}")
         return sha, sorted(listed, key=lambda item: item['path'])
 
     def url(self, kind, repo, sha, path):
