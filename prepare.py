@@ -23,6 +23,7 @@ import hashlib
 import itertools
 import json
 import os
+import pathlib
 import signal
 import sys
 import sysconfig
@@ -38,7 +39,7 @@ if __name__ == '__main__':
 
 import numpy as np
 
-from ledgergpt import data, downloads, files, sums
+from ledgergpt import data, downloads, files, pretrained, sums
 from ledgergpt.config import EOT, SPECIAL_TOKENS, DataError, cli
 from ledgergpt.downloads import Hub, Network, Progress, download, say, size_of
 from ledgergpt.files import free_bytes, human_bytes, load_json, remove_quietly, save_json
@@ -75,10 +76,7 @@ def parse_tokenizer(name):
     if name.startswith('bpe:') and name[4:].isdigit() and int(name[4:]) > 256:
         return int(name[4:])
     if is_model(name):
-        from tokenizers import Tokenizer
-
-        tokenizer = Tokenizer.from_str(model_tokenizer(name)[1].decode())
-        return tokenizer.get_vocab_size(with_added_tokens=True)
+        return model_tokenizer(name)[2].get_vocab_size(with_added_tokens=True)
     raise DataError(
         f"unknown tokenizer '{name}': use gpt2, neox, bpe:V with V > 256 (e.g. bpe:8192), or a "
         f"model's: a Hugging Face model folder or Hub repo id"
@@ -114,8 +112,7 @@ def make_tokenizer(out_dir, tokenizer, bpe_texts, network=None, special=True):
 
 
 def make_gpt2_tokenizer(data_dir, special=True):
-    """GPT-2's BPE from tiktoken, the special tokens in the model's padding (50,257 ...). tiktoken
-    downloads its two files once (then caches them): offline, that fails."""
+    """GPT-2's BPE from tiktoken, the special tokens in the model's padding (50,257 ...)."""
     from tiktoken_ext.openai_public import gpt2
 
     try:
@@ -167,8 +164,6 @@ def train_bpe_tokenizer(data_dir, vocab_size, texts, special=True):
 # (decode(encode(x)) is NFC(x)), and 23 runs of 2..24 spaces split off first, longest first: 4
 # spaces + 'return' is [4 spaces, 'return'], GPT-2's [3 spaces, ' return']. So it goes through
 # `tokenizers` (data.HFEncoding): exact by construction. A model pads its 50,277 ids to 50,304.
-
-
 def make_neox_tokenizer(out_dir, network=None, special=True):
     """NeoX's tokenizer.json, fetched once from the Hub like the data (HF_ENDPOINT, HF_TOKEN,
     verified), kept in ours with its commit and the SPECIAL_TOKENS HFEncoding adds after its ids."""
@@ -176,10 +171,7 @@ def make_neox_tokenizer(out_dir, network=None, special=True):
     sha, listing = hub.files(NEOX_REPO, 'main', '', 'tokenizer.json', kind='models')
     listed = next((f for f in listing if f['path'] == 'tokenizer.json'), None)
     if listed is None:
-        raise DataError(
-            f"{NEOX_REPO} has no tokenizer.json at {sha}: check --endpoint or HF_ENDPOINT"
-        )
-    os.makedirs(os.path.join(out_dir, 'downloads'), exist_ok=True)
+        raise DataError(f"{NEOX_REPO}@{sha} has no tokenizer.json: check --endpoint or HF_ENDPOINT")
     path = os.path.join(out_dir, 'downloads', 'gpt-neox-20b-tokenizer.json')
     url = hub.url('models', NEOX_REPO, sha, 'tokenizer.json')
     hub_spec = load_json(download(hub, url, path, listed, starts_with=b'{'))
@@ -191,35 +183,24 @@ def make_neox_tokenizer(out_dir, network=None, special=True):
 
 # A model's own tokenizer (--tokenizer MODEL_FOLDER or a Hub repo id, as init_from takes): its ids,
 # document start and sha256 as docs/finetuning.md ("The data is in the model's tokens") says.
-
-
 def is_model(name):
-    from ledgergpt import pretrained
-
     return name not in NAMED_TOKENIZERS and (os.path.isdir(name) or pretrained.is_repo_id(name))
 
 
 def model_tokenizer(name, network=None):
-    """(the model folder, its tokenizer.json's bytes)."""
-    from ledgergpt import pretrained
+    """(the model folder, its tokenizer.json's bytes, that tokenizers.Tokenizer)."""
+    from tokenizers import Tokenizer
 
     folder = pretrained.folder(name, network, weights=False)
     path = os.path.join(folder, 'tokenizer.json')
     if not os.path.isfile(path):
-        raise DataError(
-            f"{folder} has no tokenizer.json (a fast tokenizer): --tokenizer {name} needs one"
-        )
-    with open(path, 'rb') as f:
-        return folder, f.read()
+        raise DataError(f"{folder} has no tokenizer.json (a fast tokenizer): --tokenizer needs one")
+    text = pathlib.Path(path).read_bytes()
+    return folder, text, Tokenizer.from_str(text.decode())
 
 
 def make_model_tokenizer(out_dir, name, network=None):
-    from tokenizers import Tokenizer
-
-    from ledgergpt import pretrained
-
-    folder, text = model_tokenizer(name, network)
-    tokenizer = Tokenizer.from_str(text.decode())
+    folder, text, tokenizer = model_tokenizer(name, network)
     plain, added = (tokenizer.encode('a', add_special_tokens=s).ids for s in (False, True))
     if len(added) > len(plain) and added[len(added) - len(plain) :] == plain:
         start = tokenizer.id_to_token(added[0])
@@ -289,9 +270,7 @@ def pooled(pool, function, items, in_flight):
 
 def pack_texts(texts):
     encoded = [text.encode('utf-8') for text in texts]
-    offsets = np.zeros(len(encoded) + 1, dtype=np.int64)
-    np.cumsum([len(b) for b in encoded], out=offsets[1:])
-    return b''.join(encoded), offsets
+    return b''.join(encoded), np.cumsum([0, *map(len, encoded)], dtype=np.int64)
 
 
 def unpack_texts(joined, offsets):
@@ -302,25 +281,15 @@ def unpack_texts(joined, offsets):
 
 def tokenize_batch(batch):
     file_index, first_row, joined, offsets = batch
-    texts = unpack_texts(joined, offsets)
-    doc_tokens = np.empty(len(texts), dtype=np.int64)
-    # one array for the batch, each document encoded into its place: a document of n bytes has at
-    # most n tokens (a token is at least a byte), + 1 eot
-    dtype = data.token_dtype(_worker_encoding.n_vocab)
-    tokens = np.empty(int(offsets[-1] - offsets[0]) + len(texts), dtype=dtype)
-    end = 0
-    for i, text in enumerate(texts):
-        # encode_to_numpy makes no list of ints; with no special tokens allowed or disallowed it is
-        # encode_ordinary: '<|endoftext|>' written in a document stays plain text
-        ids = _worker_encoding.encode_to_numpy(text, disallowed_special=())
-        # only if normalizing lengthened the text (NFC can, rarely: neox)
-        if end + 1 + len(ids) > len(tokens):
-            tokens = np.resize(tokens, 2 * (end + 1 + len(ids)))
-        tokens[end] = _worker_encoding.eot_token
-        tokens[end + 1 : end + 1 + len(ids)] = ids
-        end += 1 + len(ids)
-        doc_tokens[i] = 1 + len(ids)
-    return file_index, first_row, tokens[:end], doc_tokens, np.diff(offsets)
+    encoding, texts = _worker_encoding, unpack_texts(joined, offsets)
+    # encode_to_numpy makes no list of ints; with no special tokens allowed or disallowed it is
+    # encode_ordinary: '<|endoftext|>' written in a document stays plain text
+    docs = [encoding.encode_to_numpy(text, disallowed_special=()) for text in texts]
+    # each document after its end-of-text token, in the shards' dtype
+    eot = np.array([encoding.eot_token], dtype=data.token_dtype(encoding.n_vocab))
+    tokens = np.concatenate([part for ids in docs for part in (eot, ids)], dtype=eot.dtype)
+    doc_tokens = np.array([1 + len(ids) for ids in docs], dtype=np.int64)
+    return file_index, first_row, tokens, doc_tokens, np.diff(offsets)
 
 
 def default_workers():
@@ -341,10 +310,10 @@ def build(out_dir, request, make, tokens=None):
     """Make the folder for `request`, or find it complete; returns its meta. make(state) does the
     work from start_progress's state and returns meta.json's (source, revision, counts). --tokens is
     in meta.json's request, not progress.json's: a larger one carries on."""
+    parse_tokenizer(request['tokenizer'])  # a bad name is one line before anything is written
     whole = request if tokens is None else dict(request, tokens=tokens)
     with files.disk_errors(out_dir), files.folder_lock(out_dir, f"prepare.py {request['source']}"):
-        meta = complete_meta(out_dir, whole)
-        if meta is not None:
+        if (meta := complete_meta(out_dir, whole)) is not None:
             return meta
         source, revision, counts = make(start_progress(out_dir, request))
         meta = {'source': source, 'revision': revision, 'tokenizer': request['tokenizer']}
@@ -366,9 +335,8 @@ def build(out_dir, request, make, tokens=None):
 
 def remove_shards(out_dir, prefix, keep):
     """Delete the prefix's shards (and leftovers) not in `keep`: none may pass for the new set."""
-    for path in glob.glob(os.path.join(glob.escape(out_dir), f'{prefix}_*.bin*')):
-        if path not in keep:
-            os.remove(path)
+    for path in set(glob.glob(os.path.join(glob.escape(out_dir), f'{prefix}_*.bin*'))) - set(keep):
+        os.remove(path)
 
 
 def request_change(old, new):
@@ -424,9 +392,7 @@ def start_progress(out_dir, request):
             state = load_json(path)
             change = request_change(state['request'], request)
         except (ValueError, KeyError, TypeError, AttributeError):
-            raise DataError(
-                f"{path} is damaged: delete it to start the folder over, and rerun"
-            ) from None
+            raise DataError(f"{path} is damaged: delete it and rerun to start over") from None
         if not change:
             return state
         if state.get('shards'):
@@ -434,10 +400,7 @@ def start_progress(out_dir, request):
                 f"{out_dir} holds an unfinished dataset made with other settings: {change}: rerun "
                 f"with its settings to finish it, or delete the folder or choose another --out"
             )
-        say(
-            f"{out_dir}: starting over (a run with other settings, {change}, stopped before its "
-            "first shard)"
-        )
+        say(f"{out_dir}: starting over (a run with other settings, {change}, wrote no shard)")
         for name in ('tokenizer.json', 'files.json'):
             remove_quietly(os.path.join(out_dir, name))
     state = dict(request=request, **START)
@@ -482,25 +445,19 @@ def prepare_pystdlib(
     """Build (or find complete) the pystdlib data folder; returns its meta."""
     request = {'source': 'pystdlib', 'tokenizer': tokenizer, 'shard_tokens': shard_tokens}
     request.update(max_files=max_files, special_tokens=special)
-    parse_tokenizer(tokenizer)  # a bad name is one line before anything is written
     return build(out_dir, request, lambda state: tokenize_pystdlib(out_dir, request, workers))
 
 
 def tokenize_pystdlib(out_dir, request, workers, batch_docs=64):
     started, version = time.time(), sys.version.split()[0]
-    sources = pystdlib_files(request['max_files'])
+    sources, stdlib = pystdlib_files(request['max_files']), sysconfig.get_paths()['stdlib']
     val, train = [], []
     for path, text in sources:
         in_val = zlib.crc32(path.encode()) % 100 < PYSTDLIB_VAL_PERCENT
         (val if in_val else train).append(text)
     if not val or not train:
-        raise DataError(
-            f"{len(sources)} stdlib files leave one split empty: use more files (--max-files)"
-        )
-    say(
-        f"pystdlib: {len(train)} train + {len(val)} val files from "
-        f"{sysconfig.get_paths()['stdlib']} (Python {version})"
-    )
+        raise DataError(f"{len(sources)} stdlib files leave a split empty: raise --max-files")
+    say(f"pystdlib: {len(train)} train + {len(val)} val files from {stdlib} (Python {version})")
     # the BPE learns from train files: val stays unseen
     make_tokenizer(out_dir, request['tokenizer'], lambda: train, None, request['special_tokens'])
     counts, written = dict(documents=len(sources), text_bytes=0, max_token_id=-1), []
@@ -546,10 +503,7 @@ def parquet_batches(path, start_row=0, batch_docs=1024, column='text'):
         parquet = pq.ParquetFile(path)
         schema = parquet.schema_arrow
         if column not in schema.names:
-            raise DataError(
-                f"{path}: no '{column}' column (it has {', '.join(schema.names)}): name it with "
-                "--column"
-            )
+            raise DataError(f"{path}: no '{column}' column (it has {schema.names}): use --column")
         kind = schema.field(column).type
         if not any(getattr(pa.types, f'is_{t}', lambda _: False)(kind) for t in TEXT_TYPES):
             raise DataError(f"{path}: the '{column}' column holds {kind}, not text: --column")
@@ -566,8 +520,7 @@ def parquet_batches(path, start_row=0, batch_docs=1024, column='text'):
                 texts, row = texts.slice(skip), row + skip
             if texts.type not in (pa.string(), pa.large_string()):
                 texts = texts.cast(pa.large_string())
-            if texts.null_count:
-                texts = texts.fill_null('')
+            texts = texts.fill_null('') if texts.null_count else texts
             _, offsets, joined = texts.buffers()
             offsets = np.frombuffer(offsets, np.int32 if texts.type == pa.string() else np.int64)
             offsets = offsets[texts.offset : texts.offset + len(texts) + 1].astype(np.int64)
@@ -599,11 +552,11 @@ def read_documents(path, start_row=0, column='text'):
     elif path.endswith('.jsonl'):
         with open(path, 'rb') as f:
             row = 0
-            for line_number, line in enumerate(f, 1):
+            for lineno, line in enumerate(f, 1):
                 try:
                     line = line.decode('utf-8')
                 except UnicodeDecodeError as e:
-                    raise not_utf8(path, e, f':{line_number}') from None
+                    raise not_utf8(path, e, f':{lineno}') from None
                 if not line.strip():
                     continue
                 if row >= start_row:
@@ -611,14 +564,11 @@ def read_documents(path, start_row=0, column='text'):
                     with contextlib.suppress(ValueError, KeyError, TypeError):
                         text = json.loads(line)['text']
                     if not isinstance(text, str):
-                        raise DataError(
-                            f"{path}:{line_number}: not a JSON object with a \"text\" string"
-                        )
+                        raise DataError(f'{path}:{lineno}: not a JSON object with a "text" string')
                     yield row, text
                 row += 1
     elif start_row == 0:
-        with open(path, 'rb') as f:
-            raw = f.read()
+        raw = pathlib.Path(path).read_bytes()
         if 0 in raw:  # text has no NUL bytes; executables, images and archives are full of them
             raise DataError(
                 f"{path}: a binary file (NUL bytes at byte {raw.index(0):,}), not text: leave it "
@@ -670,8 +620,7 @@ def bpe_sample(documents, val_tokens, sample_chars, tokens=0):
                 return
 
     texts = sample()
-    first = next(texts, None)
-    if first is None:
+    if (first := next(texts, None)) is None:
         if not seen:
             raise DataError(
                 "there is no text in the input (every document is empty): give files with text"
@@ -679,8 +628,7 @@ def bpe_sample(documents, val_tokens, sample_chars, tokens=0):
         raise DataError(
             f"no text left for the BPE to learn from: the text has {seen:,} characters and the "
             f"first {skip:,} are held out for the {val_tokens:,}-token val shard (8 per token): "
-            f"lower --val-tokens (about {seen // 16:,} would leave half the text), or give more "
-            "text"
+            f"lower --val-tokens (about {seen // 16:,} would leave half the text) or add text"
         )
     return itertools.chain([first], texts)
 
@@ -788,7 +736,6 @@ class Job:
         """The request the folder is made for (meta.json's adds --tokens). --val-tokens defaults to
         ~10% of the tokens expected (0: unknown, many), at most a shard (llm.c's first shard is
         val): most of the text is left to the BPE sample, which skips 8 characters per val token."""
-        parse_tokenizer(self.tokenizer)  # a bad name is one line before anything is written
         default = max(1, min(self.shard_tokens, expected_tokens // 10))
         self.val_tokens = self.val_tokens or (default if expected_tokens else self.shard_tokens)
         settings = dict(tokenizer=self.tokenizer, shard_tokens=self.shard_tokens)
@@ -809,14 +756,12 @@ class Job:
         if first := shards.offset:
             say(f"{prefix}: carrying on after {shards.shard} complete shards ({first:,} tokens)")
         batches = document_batches(paths, fetch, (state['file'], state['row']), 256, column)
-        with (
-            worker_pool(workers, self.out_dir) as pool,
-            Progress(prefix, self.tokens or None, initial=first) as progress,
-        ):
-            for result in pooled(pool, tokenize_batch, batches, 4 * workers):
-                progress.update(min(len(result[2]) - shards.skip, shards.target - progress.n))
-                if shards.add(*result):
-                    break
+        with worker_pool(workers, self.out_dir) as pool:
+            with Progress(prefix, self.tokens or None, initial=first) as progress:
+                for result in pooled(pool, tokenize_batch, batches, 4 * workers):
+                    progress.update(min(len(result[2]) - shards.skip, shards.target - progress.n))
+                    if shards.add(*result):
+                        break
         counts = shards.finish()
         done_with_files(len(paths))
         tokens, elapsed = shards.offset - first, time.time() - started
@@ -833,8 +778,7 @@ FILE_TYPES = ('.txt', '.jsonl', '.parquet')
 
 
 def prepare_files(paths, out_dir, tokenizer='bpe:8192', **options):
-    """Build (or carry on, or find complete) a folder of local files; returns its meta. options:
-    Job's."""
+    """Build (or carry on, or find complete) a folder of local files -> its meta. options: Job's."""
     for path in paths:
         if os.path.isdir(path):
             raise DataError(
@@ -847,8 +791,7 @@ def prepare_files(paths, out_dir, tokenizer='bpe:8192', **options):
         if not os.access(path, os.R_OK):
             raise DataError(f"{path}: not readable by this user")
     paths = [os.path.abspath(p) for p in paths]
-    input_bytes = sum(os.path.getsize(p) for p in paths)
-    if not input_bytes:
+    if not (input_bytes := sum(os.path.getsize(p) for p in paths)):
         raise DataError(f"the input is empty ({', '.join(paths)}: 0 bytes): give files with text")
     job = Job(out_dir, tokenizer, **options)
     # ~4 bytes of file per token: text and jsonl ~4-5, parquet ~3-4 compressed
@@ -873,11 +816,9 @@ PARQUET_BYTES_PER_TOKEN = (3, 4)
 def disk_plan(
     out_dir, listed, paths, tokens, shard_tokens, vocab_size, keep_downloads, prefix='fineweb_edu'
 ):
-    """Say what the run will download and write; one line refuses it if the free space cannot hold
-    the high end. The files read: those whose sizes add up to 3-4 bytes per token (all without
-    --tokens). The shards, whole (the listing at 3 bytes per token without --tokens). The parquet on
-    disk at once: all of it with --keep-downloads, else a shard's worth plus two files (a file goes
-    once every shard holding its tokens is written)."""
+    """Say what the run will download and write (docs/data.md, "FineWeb-Edu: disk"); one line
+    refuses it if the free space cannot hold the high end: the shards, whole, and the parquet on
+    disk at once: all of it with --keep-downloads, else a shard's worth plus two files."""
     sizes = [f['size'] for f in listed]
     totals = list(itertools.accumulate(sizes))  # the bytes of files 0..i
     reach = [bisect.bisect_left(totals, tokens * b) + 1 for b in PARQUET_BYTES_PER_TOKEN]
@@ -918,7 +859,6 @@ class HubFiles:
         self.job, self.prefix, self.repo, self.folder, self.split = job, prefix, repo, folder, split
         self.hub, self.verified, self.relisted = Hub(job.network), set(), False
         self.listed, self.revision = self.pin()
-        os.makedirs(os.path.join(job.out_dir, 'downloads'), exist_ok=True)
         names = [os.path.basename(f['path']) for f in self.listed]
         self.paths = [os.path.join(job.out_dir, 'downloads', name) for name in names]
         parquet = sum(f['size'] for f in self.listed)
@@ -999,9 +939,8 @@ class HubFiles:
         return path
 
     def done_with(self, n):
-        if not self.job.keep_downloads:
-            for path in self.paths[:n]:
-                remove_quietly(path)
+        for path in [] if self.job.keep_downloads else self.paths[:n]:
+            remove_quietly(path)
 
 
 def prepare_fineweb_edu(out_dir, sample='100BT', **options):
@@ -1014,8 +953,7 @@ def prepare_fineweb_edu(out_dir, sample='100BT', **options):
 
 
 def prepare_hub(repo, out_dir, config='', column='text', split='', **options):
-    """Build (or carry on, or find complete) a data folder of a parquet dataset on the Hub; returns
-    its meta. options: Job's."""
+    """prepare_fineweb_edu's work for any parquet dataset on the Hub, `config` naming its folder."""
     if repo.count('/') != 1 or not all(repo.split('/')):
         raise DataError(
             f"hub: '{repo}' is not a dataset repo: name it OWNER/NAME (e.g. HuggingFaceTB/finemath)"
@@ -1042,10 +980,7 @@ def from_hub(out_dir, head, repo, folder, source, tokenizer='gpt2', **options):
 
 # --------------------------------------------------------------------------------------------------
 # Command line: every option once, as its flag and add_argument's settings; a source takes the ones
-# it lists, as (flag, changes) where its help or default differs, and --out data/SOURCE. A help's
-# %(default)s is argparse's.
-
-
+# it lists, as (flag, changes) where its help or default differs, and --out data/SOURCE.
 def number(text):
     """26e9 or 26000000000 -> 26000000000 (argparse type for token counts)."""
     return int(float(text))
@@ -1055,14 +990,12 @@ def number(text):
 OPTIONS = {
     '--out': dict(dest='out_dir', metavar='OUT', help='data folder (default %(default)s)'),
     '--tokenizer': dict(help="gpt2, neox (GPT-NeoX-20B, from the Hub), bpe:V, our own, or a model "
-                        "folder or Hub repo id: the model's own, for init_from "
-                        "(default %(default)s)"),
+                        "folder or Hub repo id: its own, for init_from (default %(default)s)"),
     '--workers': dict(type=int, default=0, help='tokenizer processes (default: all cores)'),
     '--shard-tokens': dict(type=number, default=100_000_000,
                            help='tokens per shard (default 100,000,000)'),
     '--no-special-tokens': dict(dest='special', action='store_false', help="reserve no ids for the "
-                                "fim and ul2 objectives' special tokens (a bpe:V learns 22 more "
-                                "merges)"),
+                                "fim and ul2 special tokens (a bpe:V learns 22 more merges)"),
     '--max-files': dict(type=int, default=0, help='an evenly spread subset of the files (0: all)'),
     '--sample': dict(default='100BT', help='10BT, 100BT or 350BT (default 100BT)'),
     'repo': dict(metavar='REPO', help='the dataset repo, OWNER/NAME'),

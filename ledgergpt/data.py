@@ -50,9 +50,7 @@ def write_shard(path, tokens):
     largest = int(tokens.max()) if tokens.size else -1
     if tokens.dtype not in (np.uint16, np.uint32):
         if tokens.size and (tokens.min() < 0 or largest >= 2**32):
-            raise DataError(
-                f"{path}: token ids must lie in [0, 2^32), got {tokens.min()}..{largest}"
-            )
+            raise DataError(f"{path}: token ids {tokens.min()}..{largest} are not all in [0, 2^32)")
         tokens = tokens.astype(token_dtype(largest + 1))
     magic, version = WRITTEN_FORMATS[tokens.dtype.itemsize]
     header = np.zeros(HEADER_BYTES // 4, dtype='<i4')
@@ -72,8 +70,7 @@ def open_shard(path):
         raise DataError(f"{path}: no such shard") from None
     if size < HEADER_BYTES:
         raise DataError(
-            f"{path}: {size} bytes, shorter than the {HEADER_BYTES}-byte shard header "
-            f"(truncated file?)"
+            f"{path}: {size} bytes, shorter than the {HEADER_BYTES}-byte shard header (truncated?)"
         )
     magic, version, n_tokens = np.fromfile(path, dtype='<i4', count=3).tolist()
     if magic not in {m for m, _ in SHARD_FORMATS}:
@@ -109,8 +106,7 @@ def shard_path(data_dir, prefix, split, index):
 
 
 def list_shards(data_dir, split):
-    paths = sorted(glob.glob(os.path.join(glob.escape(data_dir), f'*_{split}_*.bin')))
-    if not paths:
+    if not (paths := sorted(glob.glob(os.path.join(glob.escape(data_dir), f'*_{split}_*.bin')))):
         raise DataError(
             f"no {split} shards (*_{split}_*.bin) in {data_dir}: make them with "
             f"`python prepare.py pystdlib --out {data_dir}` (or fineweb_edu, or files PATH...)"
@@ -140,8 +136,7 @@ def open_split(data_dir, meta, split):
             f"here): delete it, or {remake}"
         )
     shards = [open_shard(p) for p in paths]
-    held = sum(len(s) for s in shards)
-    if held != meta[f'{split}_tokens']:
+    if (held := sum(len(s) for s in shards)) != meta[f'{split}_tokens']:
         raise DataError(
             f"the {split} shards of {data_dir} hold {held:,} tokens, but meta.json says "
             f"{meta[f'{split}_tokens']:,}: a shard was replaced or damaged; {remake}"
@@ -194,8 +189,7 @@ def check_token_ids(data_dir, meta, vocab_size):
     """The largest token id of the folder's shards, checked below `vocab_size`: past the embedding
     an id fails far from its cause (a GPU's device-side assert). meta.json's max_token_id answers at
     once; without it (llm.c's shards) each shard is read once."""
-    largest = meta.get('max_token_id')
-    if largest is not None and largest < vocab_size:
+    if (largest := meta.get('max_token_id')) is not None and largest < vocab_size:
         return largest
     largest = -1
     for shard in map(open_shard, list_shards(data_dir, 'val') + list_shards(data_dir, 'train')):
@@ -206,8 +200,7 @@ def check_token_ids(data_dir, meta, vocab_size):
 
 
 def id_past_vocab(tokens, start, vocab_size, meta):
-    """The DataError naming the shard, position and value of the first id of `tokens` (a shard's
-    np.memmap from `start`) at or past vocab_size."""
+    """The DataError for the first id of `tokens` (a shard's memmap from `start`) >= vocab_size."""
     index = int(np.argmax(np.asarray(tokens) >= vocab_size))
     path = tokens.filename
     return DataError(
@@ -223,8 +216,6 @@ def id_past_vocab(tokens, start, vocab_size, meta):
 # The tokenizer, as prepare.py wrote it. gpt2's and bpe:V's tokenizer.json is what tiktoken.Encoding
 # needs: every rank's bytes (base64, list index = rank), the pre-split regex, the special tokens.
 # neox's holds the Hub's own tokenizer.json, read through the `tokenizers` library (HFEncoding).
-
-
 def load_tokenizer(data_dir):
     """The folder's tokenizer.json as a tiktoken.Encoding (an HFEncoding for neox): no download, no
     cache. A mixture reads its first folder's (all share one)."""
@@ -232,7 +223,6 @@ def load_tokenizer(data_dir):
     path = os.path.join(data_dir, 'tokenizer.json')
     if not os.path.exists(path):
         raise DataError(f"no tokenizer.json in {data_dir}: make the folder with prepare.py")
-    package = 'tiktoken'
     try:
         spec = load_json(path)
         name = spec['name']
@@ -245,17 +235,16 @@ def load_tokenizer(data_dir):
                 name, pat_str=spec['pattern'], mergeable_ranks=ranks, special_tokens=special
             )
         hub = (json.dumps(spec['tokenizers']), spec.get('special_tokens', ()))
-        package = 'tokenizers'
         return HFEncoding(name, *hub, spec.get('document_start', EOT))
     except (ValueError, KeyError, TypeError) as e:
         raise DataError(
             f"{path} is damaged ({type(e).__name__}: {e}): delete the folder and rerun "
             f"{prepare_command(data_dir)}"
         ) from None
-    except ImportError:
+    except ImportError as e:
         raise DataError(
-            f"{path} is {name}'s tokenizer, which needs the {package} package: pip install "
-            f"{package} (it is in requirements.txt)"
+            f"{path} is {name}'s tokenizer, which needs the {e.name} package: pip install "
+            f"{e.name} (it is in requirements.txt)"
         ) from None
 
 
@@ -282,18 +271,16 @@ class HFEncoding:
                 f"the tokenizers library put {name}'s special tokens at ids {self.reserved}, not "
                 f"from {first} on: remake the folder with --no-special-tokens"
             )
-        self.n_vocab = self.plain.get_vocab_size(with_added_tokens=True)
-        self.eot_token = self.plain.token_to_id(document_start)
-
-    def encode_ordinary(self, text):
-        return self.plain.encode(text, add_special_tokens=False).ids
+        self.n_vocab, self.eot_token = first + len(reserved), self.plain.token_to_id(document_start)
 
     def encode(self, text, allowed_special=(), disallowed_special=()):
         tokenizer = self.special if allowed_special else self.plain
         return tokenizer.encode(text, add_special_tokens=False).ids
 
+    encode_ordinary = encode  # nothing allowed: '<|endoftext|>' in the text is text
+
     def encode_to_numpy(self, text, disallowed_special=()):
-        return np.array(self.encode_ordinary(text), dtype=np.uint32)
+        return np.array(self.encode(text), dtype=np.uint32)
 
     def decode(self, tokens):
         return self.plain.decode(list(tokens), skip_special_tokens=False)
@@ -321,8 +308,6 @@ def reserved_ids(encoding):
 # A folder-wide ratio is not that: the pystdlib folder's 3.837 bytes per token (meta.json) is 3.796
 # on its val split and 3.867 on the targets train.py scores. Special tokens are no text, though
 # their loss counts (the cost of the document boundaries, part of compressing the text).
-
-
 def token_byte_lengths(encoding):
     """Each token id's UTF-8 bytes, 0 for special tokens (neox: byte-level token strings through
     GPT-2's byte alphabet, added tokens as their text)."""
@@ -363,24 +348,20 @@ def target_bytes(data_dir, targets):
 # --------------------------------------------------------------------------------------------------
 # Streams: the train split as an endless seeded stream of sequences (or synthetic tokens), the fixed
 # val set, a mixture's streams interleaved, and each rank's slice of a micro-step.
-
-
 class Stream:
     """sequence(k) is the k-th sequence; batch(first, count) stacks count of them as int64."""
 
     def batch(self, first, count):
-        sequences = [self.sequence(k) for k in range(first, first + count)]
-        return np.stack(sequences).astype(np.int64, copy=False)
+        return np.stack([self.sequence(k) for k in range(first, first + count)], dtype=np.int64)
 
 
 class ShardStream(Stream):
-    """The train split as an endless stream of sequences in a fixed order from the seed.
-
-    A shard of n tokens holds (n - 1) // T sequences at multiples of T; neighbours share a token
-    (the last target of one is the next one's first input, as in llm.c). Epoch e visits the shards
-    in a seeded permutation, and each shard's sequences in their own (llm.c's shuffle): O(shard)
-    memory, never O(dataset). Each batch is checked for ids past vocab_size (a damaged or foreign
-    shard): a max on the host, before the device, so no sync."""
+    """The train split as an endless stream of sequences in a fixed order from the seed. A shard of
+    n tokens holds (n - 1) // T sequences at multiples of T; neighbours share a token (the last
+    target of one is the next one's first input, as in llm.c). Epoch e visits the shards in a seeded
+    permutation, and each shard's sequences in their own (llm.c's shuffle): O(shard) memory, never
+    O(dataset). Each batch is checked for ids past vocab_size (a damaged or foreign shard): a max on
+    the host, before the device, so no sync."""
 
     def __init__(self, shards, block_size, seed, vocab_size=None, meta=None):
         self.shards, self.block_size, self.seed = shards, block_size, seed
@@ -416,15 +397,13 @@ class ShardStream(Stream):
         return sequences
 
 
-@dataclasses.dataclass(eq=False)  # hashed by identity, as the other streams
 class SyntheticStream(Stream):
     """data = 'synthetic': uniform random tokens, sequence k drawn by its own generator (seed,
     split, k). For benchmarks without a dataset (the loss stays near ln V)."""
 
-    vocab_size: int
-    block_size: int
-    seed: int
-    split: int
+    def __init__(self, vocab_size, block_size, seed, split):
+        self.vocab_size, self.block_size, self.seed = vocab_size, block_size, seed
+        self.split = split
 
     def sequence(self, k):
         rng = np.random.default_rng([self.seed, self.split, k])
@@ -459,20 +438,18 @@ def open_data(model_cfg, train):
     list_shards(train.data, 'train')  # DataError naming `python prepare.py ...` when none
     meta = load_meta(train.data)
     train_shards, val_shards = (open_split(train.data, meta, split) for split in ('train', 'val'))
-    data_vocab = meta['vocab_size']
+    data_vocab, padded = meta['vocab_size'], padded_vocab(meta['vocab_size'])
     # The model's vocab may be the data's padded up to a multiple of 128 (the spare rows are never
     # targets); smaller cannot hold the tokens, larger means another tokenizer made the data.
-    if not data_vocab <= V <= padded_vocab(data_vocab):
+    if not data_vocab <= V <= padded:
         raise DataError(
-            f"vocab mismatch: {train.data} was tokenized with {meta['tokenizer']} "
-            f"({data_vocab:,} tokens) but the model has vocab_size={V:,}: set vocab_size = "
-            f"{padded_vocab(data_vocab)}, or make another folder with a tokenizer of the model's "
-            f"size (--tokenizer gpt2, neox or bpe:V; this one came from "
-            f"`{prepare_command(train.data)}`)"
+            f"vocab mismatch: {train.data} was tokenized with {meta['tokenizer']} ({data_vocab:,} "
+            f"tokens) but the model has vocab_size={V:,}: set vocab_size = {padded}, or make "
+            "another folder with a tokenizer of the model's size (--tokenizer gpt2, neox or "
+            f"bpe:V; this one came from `{prepare_command(train.data)}`)"
         )
     check_token_ids(train.data, meta, V)
-    stream = ShardStream(train_shards, T, train.seed, V, meta)
-    if stream.per_epoch == 0:
+    if (stream := ShardStream(train_shards, T, train.seed, V, meta)).per_epoch == 0:
         raise DataError(
             f"the train shards in {train.data} hold fewer than block_size + 1 = {T + 1} tokens "
             f"each: prepare more data or lower block_size"
@@ -557,6 +534,4 @@ def to_device(array, device):
 
     tensor = torch.from_numpy(array)
     # pinned host memory lets the copy run asynchronously with the GPU's work
-    if device.type == 'cuda':
-        return tensor.pin_memory().to(device, non_blocking=True)
-    return tensor
+    return tensor.pin_memory().to(device, non_blocking=True) if device.type == 'cuda' else tensor

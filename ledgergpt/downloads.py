@@ -37,7 +37,7 @@ def say(line):
     sys.stdout.flush()
 
 
-class Progress:
+class Progress(contextlib.AbstractContextManager):
     """One job's progress: bytes and their rate (downloads), or tokens, ETA if total known."""
 
     def __init__(self, desc, total=None, unit=' tokens', initial=0, leave=True):
@@ -64,9 +64,6 @@ class Progress:
         self.waited += seconds
         if self.bar is not None:
             self.bar.unpause()  # tqdm's clock restarts from its last print: the wait is not counted
-
-    def __enter__(self):
-        return self
 
     def __exit__(self, *exc):
         if self.bar is not None:
@@ -115,13 +112,12 @@ class Retries:
     """One request's retry policy (above); a download calls progress() whenever bytes arrive."""
 
     def __init__(self, what, network):
-        self.what, self.network = what, network
-        self.tries, self.first_failure = 0, None
+        self.what, self.network, self.tries = what, network, 0
         # called with the seconds waited (a download's Progress.waited_for)
         self.after_wait = lambda seconds: None
 
     def progress(self):
-        self.tries, self.first_failure = 0, None
+        self.tries = 0
 
     def wait(self, problem, retry_after=None):
         """Sleep before the next try, or raise the DataError that gives up."""
@@ -134,8 +130,7 @@ class Retries:
         if retry_after is not None and retry_after > budget:
             raise DataError(
                 f"{self.what}: {problem}: the Hub asks to wait {retry_after:g} s, more than the "
-                f"retry budget of {budget:g} s (--retry-budget): rerun later (finished work is "
-                "kept)"
+                f"retry budget of {budget:g} s (--retry-budget): rerun later (what is done is kept)"
             )
         if self.tries >= HTTP_ATTEMPTS or failing_s + wait > budget:
             advice = f"check the network (and {self.network.advice}), then rerun"
@@ -154,8 +149,7 @@ class Retries:
 
 def retry_after_s(response):
     """Seconds a 429 or 503 answer asks to wait (Retry-After: seconds or an HTTP date), or None."""
-    value = response.headers.get('Retry-After', '').strip()
-    if value.isdigit():
+    if (value := response.headers.get('Retry-After', '').strip()).isdigit():
         return float(value)
     with contextlib.suppress(TypeError, ValueError):
         return max(0.0, email.utils.parsedate_to_datetime(value).timestamp() - time.time())
@@ -185,6 +179,17 @@ def network_problem(error, network):
     return known or f"connection lost ({type(error).__name__})"
 
 
+# a 401 or 403, with a token in HF_TOKEN and without
+REFUSED = {
+    True: " with the token in HF_TOKEN: it has no access to this dataset (gated or private): "
+    "accept the dataset's terms on its Hub page with the token's account, or check the token "
+    "(read access)",
+    False: ": the dataset is gated or private (or does not exist): accept its terms on its Hub "
+    "page, then pass a read token from https://huggingface.co/settings/tokens as HF_TOKEN=hf_... "
+    "python prepare.py ...",
+}
+
+
 class Hub:
     """GET requests to the Hub (or the mirror HF_ENDPOINT names) with retries; HF_TOKEN, if set,
     goes to that host only: requests drops the header on a redirect to another host (the CDN)."""
@@ -196,15 +201,14 @@ class Hub:
         self.endpoint = self.network.base_url
         self.token = os.environ.get('HF_TOKEN', '')
         self.session = requests.Session()
+        if self.token:
+            self.session.headers['Authorization'] = f'Bearer {self.token}'
 
     def get(self, url, retries=None, headers=None, stream=False):
         """The response to a GET of `url` (status < 400), retrying time-outs, drops, 5xx and 429."""
         import requests
 
         retries = retries or Retries(url, self.network)
-        headers = dict(headers or {})
-        if self.token:
-            headers['Authorization'] = f'Bearer {self.token}'
         timeout = (self.network.connect_timeout_s, self.network.read_timeout_s)
         while True:
             try:
@@ -212,12 +216,11 @@ class Hub:
             except (requests.ConnectionError, requests.Timeout) as e:
                 retries.wait(network_problem(e, self.network))
                 continue
-            status = response.status_code
-            if status < 400:
+            if (status := response.status_code) < 400:
                 return response
             response.close()
             if status in (401, 403):
-                raise DataError(self.refused(url, status))
+                raise DataError(f"{url}: HTTP {status}{REFUSED[bool(self.token)]}")
             if status == 404:
                 raise DataError(f"{url}: not found (HTTP 404): check {self.network.not_found}")
             if status == 429:
@@ -227,19 +230,6 @@ class Hub:
                 retries.wait(f"HTTP {status} {response.reason}", asked)
             else:
                 raise DataError(f"{url}: HTTP {status} {response.reason}")
-
-    def refused(self, url, status):
-        if self.token:
-            return (
-                f"{url}: HTTP {status} with the token in HF_TOKEN: it has no access to this "
-                "dataset (gated or private): accept the dataset's terms on its Hub page with the "
-                "token's account, or check the token (read access)"
-            )
-        return (
-            f"{url}: HTTP {status}: the dataset is gated or private (or does not exist): accept "
-            "its terms on its Hub page, then pass a read token from "
-            "https://huggingface.co/settings/tokens as HF_TOKEN=hf_... python prepare.py ..."
-        )
 
     def files(self, repo, revision, folder, extension, kind='datasets'):
         """(commit sha, sorted [{'path', 'size', 'sha256'}]) of the files ending in `extension` in a
@@ -258,10 +248,8 @@ class Hub:
                     listed.append({'path': item['path'], 'size': size, 'sha256': sha256, **blob_id})
             url = response.links.get('next', {}).get('url')
         if not listed:
-            raise DataError(
-                f"no {extension} files in {repo}/{folder} at {revision}"
-                f"{': check --sample' if kind == 'datasets' else ''}"
-            )
+            advice = ': check --sample' if kind == 'datasets' else ''
+            raise DataError(f"no {extension} files in {repo}/{folder} at {revision}{advice}")
         return sha, sorted(listed, key=lambda item: item['path'])
 
     def url(self, kind, repo, sha, path):
@@ -275,10 +263,8 @@ class Hub:
         try:
             return response, response.json()
         except ValueError:
-            raise DataError(
-                f"{url}: not an answer of the Hub's API ({what_came(response, response.content)}): "
-                f"a captive portal or proxy in the way? check the network and {self.network.advice}"
-            ) from None
+            what = "not an answer of the Hub's API"
+            raise not_the_file(url, what, response, response.content, self.network.advice) from None
 
 
 class ListingMismatch(DataError):
@@ -378,14 +364,10 @@ def fetch_rest(hub, url, partial, etag_path, size, starts_with, retries, progres
             with open(partial, 'ab' if start else 'wb') as f:
                 for chunk in response.iter_content(chunk_size=DOWNLOAD_CHUNK_BYTES):
                     if f.tell() == 0 and not chunk.startswith(starts_with[: len(chunk)]):
-                        raise DataError(
-                            f"{url}: the server sent something else than the file "
-                            f"({what_came(response, chunk)}): a proxy or captive portal in the "
-                            f"way? check the network and {hub.network.advice}"
-                        )
+                        what = "the server sent something else than the file"
+                        raise not_the_file(url, what, response, chunk, hub.network.advice)
                     if f.tell() + len(chunk) > size:
-                        more = f"more than {size:,}"
-                        raise DataError(size_mismatch(url, more, size, hub.network.advice))
+                        raise size_mismatch(url, f"more than {size:,}", size, hub.network.advice)
                     f.write(chunk)
                     progress.update(len(chunk))
                     retries.progress()
@@ -397,17 +379,21 @@ def fetch_rest(hub, url, partial, etag_path, size, starts_with, retries, progres
 
 
 def size_mismatch(url, sent, size, advice):
-    return (
+    return DataError(
         f"{url}: the server sends {sent} bytes but the Hub's listing says {size:,}: a proxy or "
         f"mirror in the way (check {advice}), or a stale files.json in the data "
         f"folder (delete it to list the files again)"
     )
 
 
-def what_came(response, body):
-    """The Content-Type and the start of a body, for an error line: "text/html: '<html>...'"."""
+def not_the_file(url, what, response, body, advice):
+    """What came instead (a captive portal's login page) as a DataError: "text/html: '<html>..."."""
     start = ' '.join(body[:200].decode('utf-8', 'replace').split())[:80]
-    return f"{response.headers.get('Content-Type', 'no Content-Type')}: {start!r}"
+    kind = response.headers.get('Content-Type', 'no Content-Type')
+    return DataError(
+        f"{url}: {what} ({kind}: {start!r}): a captive portal (open any web page to log in) or a "
+        f"proxy in the way? check the network and {advice}"
+    )
 
 
 def check_answer(response, url, have, size, advice):
@@ -415,11 +401,7 @@ def check_answer(response, url, have, size, advice):
     A total other than the listing's size, or an HTML page (a captive portal's login): DataError."""
     if 'text/html' in response.headers.get('Content-Type', ''):
         page = next(response.iter_content(200), b'')
-        raise DataError(
-            f"{url}: the server answered with a web page ({what_came(response, page)}) instead of "
-            f"the file: a captive portal or proxy login? open any web page to log in, or check "
-            f"{advice}"
-        )
+        raise not_the_file(url, "the server answered with a web page", response, page, advice)
     total, start = response.headers.get('Content-Length'), 0
     if response.status_code == 206:
         match = re.fullmatch(r'bytes (\d+)-\d+/(\d+|\*)', response.headers.get('Content-Range', ''))
@@ -430,5 +412,5 @@ def check_answer(response, url, have, size, advice):
             )
         total, start = match[2], have
     if total not in (None, '*') and int(total) != size:
-        raise DataError(size_mismatch(url, f"{int(total):,}", size, advice))
+        raise size_mismatch(url, f"{int(total):,}", size, advice)
     return start

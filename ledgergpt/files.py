@@ -86,8 +86,7 @@ def disk_errors(folder, needed_bytes=None):
         yield
     except OSError as e:
         # a file elsewhere that cannot be read (an input) is not ours to explain
-        ours = e.errno in FULL or e.errno in NOT_WRITABLE and on_the_way(e.filename, folder)
-        if not ours:
+        if not (e.errno in FULL or e.errno in NOT_WRITABLE and on_the_way(e.filename, folder)):
             raise
         where = e.filename or folder
         if e.errno in FULL:
@@ -127,10 +126,6 @@ def full_disk_message(folder, where, needed_bytes):
 # ends, by an exception too. A process killed outright leaves it behind: on this host a lock whose
 # pid no longer runs is stale and taken over; a live one, or one from another host (whose processes
 # we cannot see), is one line naming its owner.
-
-LOCK_NAME = '.lock'
-
-
 def process_alive(pid):
     try:
         os.kill(pid, 0)  # signal 0: only asks whether the process exists
@@ -156,7 +151,7 @@ def read_lock(path):
 def folder_lock(folder, command):
     """Hold `folder`/.lock for the block (the folder is made if needed) and yield its path. Another
     live holder, or a folder that cannot be made or written, is one UserError line."""
-    path = os.path.join(folder, LOCK_NAME)
+    path = os.path.join(folder, '.lock')
     me = dict(pid=os.getpid(), host=socket.gethostname(), command=command)
     me['since'] = time.strftime('%Y-%m-%d %H:%M:%S')
     mine = f'{path}.{me["pid"]}'
@@ -169,8 +164,7 @@ def folder_lock(folder, command):
                 f"cannot make the folder {folder}: {e.filename or folder} is a file, not a folder; "
                 f"choose another folder"
             ) from None
-        with open(mine, 'w') as f:
-            json.dump(me, f)
+        save_json(mine, me)
     try:
         # another process may take over a stale lock at the same moment: look again
         for _ in range(3):
@@ -186,9 +180,7 @@ def folder_lock(folder, command):
                 raise UserError(lock_message(folder, path, owner))
             take_over(path, owner)
         else:
-            raise UserError(
-                f"could not take the lock {path}: other processes keep taking it; try again"
-            )
+            raise UserError(f"could not take {path}: other processes keep taking it; try again")
     finally:
         remove_quietly(mine)
     try:
@@ -218,10 +210,9 @@ def lock_message(folder, path, owner):
             f"{folder} is locked by {path}, which cannot be read: if no other command uses the "
             f"folder, delete it"
         )
-    host = owner.get('host')
+    host, pid, command, since = (owner.get(key) for key in ('host', 'pid', 'command', 'since'))
     where = 'this host' if host == socket.gethostname() else f"host {host}"
     return (
-        f"{folder} is in use by pid {owner.get('pid')} on {where} ({owner.get('command')}, since "
-        f"{owner.get('since')}): wait for it to finish or stop it; if it is not running, delete "
-        f"{path}"
+        f"{folder} is in use by pid {pid} on {where} ({command}, since {since}): wait for it to "
+        f"finish or stop it; if it is not running, delete {path}"
     )

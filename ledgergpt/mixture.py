@@ -19,13 +19,12 @@ class Schedule:
     """The schedule for `data` (config.py's mixture text) and `seed`: locate(k) and drawn(n)."""
 
     def __init__(self, data, seed):
-        sources = data_sources(data)
-        self.folders = [folder for folder, _ in sources]
+        self.folders, weights = map(list, zip(*data_sources(data)))
         # a short name per folder for logs: its last path component, or all of it if not unique
         last = [folder.rstrip('/').split('/')[-1] or folder for folder in self.folders]
         self.names = [n if last.count(n) == 1 else folder for n, folder in zip(last, self.folders)]
         # none is 0: config.mixture_text checks
-        units = [round(weight * MIXTURE_UNITS) for _, weight in sources]
+        units = [round(weight * MIXTURE_UNITS) for weight in weights]
         self.units = [unit // math.gcd(*units) for unit in units]
         self.period = sum(self.units)
         # the weights the schedule draws by, exactly
