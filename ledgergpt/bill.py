@@ -399,14 +399,11 @@ def collective_rows(comm):
     for item in comm['collectives']:
         bucket = 'DDP bucket' in item['what']
         name = item['what'].split(', DDP bucket')[0] + (', DDP buckets' if bucket else '')
-        zero = dict(count=0, bytes=0, bus_bytes=0, seconds=0.0, calls=0)
-        group = groups.setdefault(name, dict(item, **zero))
-        for key in ('bytes', 'bus_bytes', 'calls'):
-            group[key] += item[key]
-        group['seconds'] += item.get('seconds') or 0.0
-        group['count'] += 1
+        groups.setdefault(name, []).append(item)
     rows = []
-    for name, g in groups.items():
+    for name, items in groups.items():
+        g = {k: sum(i.get(k) or 0 for i in items) for k in 'bytes bus_bytes calls seconds'.split()}
+        g = dict(items[0], **g, count=len(items))
         sizes = (
             f"{g['count']} buckets (caps 1 MiB, then 25 MiB; the first {g['elements']:,} elements)"
             if g['count'] > 1 and 'DDP' in name
