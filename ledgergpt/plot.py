@@ -50,7 +50,6 @@ FORECAST_MARKERS = 'v^D'  # the forecasts at 10%, 25% and 50% of the run
 FINAL = dict(linestyle='', markersize=12, markeredgecolor='black')
 LADDER_N = 'the output projection in, the embedding lookup out'
 COOLDOWN, COSINE = dict(linewidth=2, linestyle='-'), dict(linewidth=1, linestyle='--')
-# one legend under the plot
 LEGEND = dict(loc='outside lower center', ncols=2, fontsize='small', frameon=False)
 
 
@@ -204,7 +203,7 @@ def figure(run_dirs):
     fig, runs = blank_figure(), [read_run(run_dir) for run_dir in run_dirs]
     ax = fig.add_subplot()
     scored = [name for name in SCORES if any(name in run['scores'] for run in runs)]
-    scores = fig.add_subplot(sharex=ax, frame_on=False) if scored else None
+    scores = ax.twinx() if scored else None
     axis_tokens = max(run['train'][0][-1] for run in runs)  # where the x-axis ends
     for i, run in enumerate(runs):
         color, name, chinchilla = f'C{i}', run['name'], run['chinchilla']
@@ -230,8 +229,6 @@ def figure(run_dirs):
             scores.errorbar(x, y, yerr, color=color, marker=marker, label=label, **SCORE)
     loss_axis(ax, runs)
     if scores is not None:
-        scores.yaxis.tick_right()
-        scores.yaxis.set_label_position('right')
         only_hellaswag = scored == ['hellaswag']
         scores.set_ylabel('HellaSwag accuracy (%)' if only_hellaswag else 'accuracy (%)')
         chance = 'HellaSwag chance (25%)' if only_hellaswag else 'chance with 4 choices (25%)'
