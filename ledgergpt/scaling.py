@@ -234,17 +234,15 @@ def read_summary(out_dir):
 # What the fit predicts.
 
 
-def percentile(values, q):
-    """The q-quantile of values, linearly interpolated (numpy's default), standard library only."""
-    ordered = sorted(values)
-    position = q * (len(ordered) - 1)
-    low = math.floor(position)
-    high = min(low + 1, len(ordered) - 1)
-    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
-
-
 def interval(values):
-    return tuple(percentile(values, q) for q in INTERVAL)
+    """INTERVAL's quantiles of values, linearly interpolated (numpy's default): standard library."""
+    ordered, last = sorted(values), len(values) - 1
+    bounds = []
+    for position in (q * last for q in INTERVAL):
+        low = math.floor(position)
+        high = min(low + 1, last)
+        bounds.append(ordered[low] + (ordered[high] - ordered[low]) * (position - low))
+    return tuple(bounds)
 
 
 def predict(fit, n_params, n_tokens):
