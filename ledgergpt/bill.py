@@ -59,12 +59,9 @@ def ms(seconds):
     return f'{seconds * 1e3:,.3g} ms' if seconds < 1 else f'{seconds:,.3g} s'
 
 
-# --------------------------------------------------------------------------------------------------
-# The renderer: a row is (label, value, note); an int value is written with thousands separators;
-# a row that is None or False is left out (a section lists an optional row as `condition and row`).
-
-
 def line(label, value, note=''):
+    """A row (label, value, note) as text, an int value with thousands separators. A section lists
+    an optional row as `condition and row`: its callers leave out a row that is None or False."""
     value = f'{value:,}' if isinstance(value, int) else value
     return f'  {label:<34} {value:>18}   {note}'.rstrip()
 
