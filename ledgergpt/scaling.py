@@ -195,29 +195,24 @@ OPTIONAL = ('residuals', 'val_bytes_per_token', 'at_bounds')
 
 def load_fit(path):
     """A fit file, checked key by key: one line (ConfigError) if it is missing, bad, or not one."""
+
+    def bad(why, example=''):
+        return ConfigError(f"fit {path}: {why}; experiments/ladder.py writes fit files{example}")
+
     try:
         fit = load_json(path)
     except OSError as e:
-        raise ConfigError(
-            f"fit {path}: cannot read it ({e.strerror}): experiments/ladder.py writes one "
-            '(out/ladder_cpu/fit.json)'
-        ) from None
+        raise bad(f'cannot read it ({e.strerror})', ' (out/ladder_cpu/fit.json)') from None
     except ValueError:
-        raise ConfigError(f"fit {path}: not JSON; experiments/ladder.py writes fit files") from None
+        raise bad('not JSON') from None
     needed = [k for k in FIT_CHECKS if k not in OPTIONAL]
     missing = [k for k in needed if k not in fit] if isinstance(fit, dict) else needed
     if missing:
-        raise ConfigError(
-            f"fit {path}: not a fit file (no {', '.join(missing)}); experiments/ladder.py writes "
-            'them'
-        )
+        raise bad(f"not a fit file (no {', '.join(missing)})")
     for key, (holds, what) in FIT_CHECKS.items():
         if key in fit and not holds(fit[key]):
             shown = json.dumps(fit[key])
-            shown = shown if len(shown) <= 40 else shown[:36] + ' ...'
-            raise ConfigError(
-                f"fit {path}: {key} is {shown}, not {what}; experiments/ladder.py writes fit files"
-            )
+            raise bad(f"{key} is {shown if len(shown) <= 40 else shown[:36] + ' ...'}, not {what}")
     fit['path'] = path
     return fit
 
