@@ -318,11 +318,9 @@ def bill_section(fit, prediction):
     p = predict(fit, n_params, tokens)
     compute = per_param * n_params * tokens
     best = compute_optimal(fit, compute, per_param)
-    bpb = (
+    bpb = p['bpb'] is not None and (
         f" = {p['bpb']:.4f} bits per byte [{p['bpb_low']:.4f}, {p['bpb_high']:.4f}] at the "
         f"{fit['val_bytes_per_token']:.3f} bytes per token of the fit's val targets"
-        if p['bpb'] is not None
-        else ''
     )
     grid = sum(not run['held_out'] for run in fit['runs'])
     fitted_on = (
@@ -335,7 +333,7 @@ def bill_section(fit, prediction):
     )
     spread = (
         f"95% interval {p['low']:.3f} to {p['high']:.3f} (bootstrap over the runs, with their "
-        f"scatter){bpb}"
+        f"scatter){bpb or ''}"
     )
     split = (
         f"D {si(best['D'])}, {best['tokens_per_param']:.3g} tokens per parameter (Chinchilla ~20), "
