@@ -250,10 +250,9 @@ def memory_notes(p):
     )
     if p['train']['recompute']:
         activations += ', block inputs and one block rerun (recompute)'
-    if compiled:
-        activations += f"; eager: {gib(memory['activations_eager'])}"
     buffers = model.part('loss').buffers_formula(whole, 2 if p['dtype'] == 'bfloat16' else 4)
     if compiled:
+        activations += f"; eager: {gib(memory['activations_eager'])}"
         buffers += (f"; eager: {gib(memory['logits_eager'])}" if whole
                     else ' (the loss runs eager around the compiled blocks)')
     if model.logit_softcap:
