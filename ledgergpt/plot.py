@@ -277,8 +277,7 @@ def mark_final(ax, run, color, marker, kind):
 
 
 def branch_figure(main_dir, fit=None):
-    """A matplotlib Figure of a main run, its branches and cosine runs (its first axes the losses,
-    a second one the published fit's loss when the main run's ledger.json gives P). fit: a scaling
+    """The figure above (their fit's axis when the main run's ledger.json gives P); fit: a scaling
     law fitted to our own runs (scaling.load_fit), drawn by fitted_loss."""
     fig, main = blank_figure(), read_run(main_dir)
     branches, cosines = beside(main_dir, 'cooldown'), beside(main_dir, 'cosine')
@@ -406,8 +405,7 @@ def load_figure(run_dir):
 
 
 def draw(run_dirs, out, branches=False, fit=None):
-    """Write the runs' figure (branches: run_dirs[0]'s branch_figure, with a fit's prediction if
-    given) to `out` as a PNG; -> out."""
+    """The runs' figure (or run_dirs[0]'s branch_figure, with fit) as a PNG at `out`; -> out."""
     return save(branch_figure(run_dirs[0], fit) if branches else figure(run_dirs), out)
 
 
