@@ -479,19 +479,16 @@ def sections(p):
     """-> [(title, rows)] of a prediction, in the book's order."""
     t, memory, model = p['train'], p['memory'], ModelConfig(**p['model'])
     mode = f"{t['parallel']}, N={p['n_gpu']}" if p['n_gpu'] > 1 else 'one process'
-    memory_title = (
-        f"Ledger 4: memory per {'process' if p['gpu']['kind'] == 'cpu' else 'GPU'} ({mode}, as "
-        f"train.py holds it; micro-batch {t['micro_batch']} x {model.block_size}, "
-        f"{'bf16' if p['dtype'] == 'bfloat16' else 'fp32'} compute, {memory['graph']}, "
-        f"{'full' if t['recompute'] else 'no'} recomputation, flash attention)"
-    )
     return [
         ('Ledger 1: parameters (exact, the way model.py builds them: = sum(p.numel()))',
          parameter_rows(p)),
         ('Ledger 2: compute per token, forward + backward (a matmul (n x m)(m x p) is 2nmp FLOPs)',
          compute_rows(p)),
         ('Ledger 3: time and money (days = FLOPs / (n_gpu * peak * MFU) / 86400)', time_rows(p)),
-        (memory_title, memory_rows(p)),
+        (f"Ledger 4: memory per {'process' if p['gpu']['kind'] == 'cpu' else 'GPU'} ({mode}, as "
+         f"train.py holds it; micro-batch {t['micro_batch']} x {model.block_size}, "
+         f"{'bf16' if p['dtype'] == 'bfloat16' else 'fp32'} compute, {memory['graph']}, "
+         f"{'full' if t['recompute'] else 'no'} recomputation, flash attention)", memory_rows(p)),
         ('Ledger MoE: a mixture of experts (total parameters for memory, active ones for compute)',
          moe_rows(p)),
         (f"Ledger 5: communication per optimizer step ({t['parallel']}, N={p['n_gpu']}, as "
