@@ -384,9 +384,7 @@ def read_load(run_dir):
 
 
 def load_figure(run_dir):
-    """Left: each MoE layer's coefficient of variation of the tokens per expert (0: even) against
-    tokens; right: the last logged share of the routed tokens per expert and layer (x n_experts: 1
-    is an even share)."""
+    """Left: each MoE layer's load CV against tokens; right: the last logged share per expert."""
     tokens, cv, shares = read_load(run_dir)
     fig = blank_figure()
     ax, grid = fig.subplots(1, 2, width_ratios=(3, 2))
