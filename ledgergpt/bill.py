@@ -396,10 +396,9 @@ def collective_rows(comm):
         bucket = 'DDP bucket' in item['what']
         name = item['what'].split(', DDP bucket')[0] + (', DDP buckets' if bucket else '')
         groups.setdefault(name, []).append(item)
-    rows = []
+    rows, keys = [], 'bytes bus_bytes calls seconds'.split()  # keys: summed over a group
     for name, items in groups.items():
-        g = {k: sum(i.get(k) or 0 for i in items) for k in 'bytes bus_bytes calls seconds'.split()}
-        g = dict(items[0], **g, count=len(items))
+        g = dict(items[0], count=len(items), **{k: sum(i.get(k) or 0 for i in items) for k in keys})
         sizes = (
             f"{g['count']} buckets (caps 1 MiB, then 25 MiB; the first {g['elements']:,} elements)"
             if g['count'] > 1 and 'DDP' in name
