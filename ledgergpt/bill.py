@@ -5,16 +5,8 @@ part or optimizer is named here), for the bill (ledger.py, ledger.md), the short
 prints, report.md's predicted-against-measured table and `ledger.py --book`.
 """
 
-from ledgergpt import pretrained
-from ledgergpt.config import (
-    GIB,
-    LOSS_TERMS,
-    OPTIMIZERS,
-    PART_KEYS,
-    SECONDS_PER_DAY,
-    ModelConfig,
-    sharded,
-)
+from ledgergpt import config, pretrained
+from ledgergpt.config import GIB, OPTIMIZERS, PART_KEYS, SECONDS_PER_DAY, ModelConfig, sharded
 
 # --------------------------------------------------------------------------------------------------
 # Units. si and duration are public: the other commands name tokens and times the same way.
@@ -67,27 +59,11 @@ def ms(seconds):
     return f'{seconds * 1e3:,.3g} ms' if seconds < 1 else f'{seconds:,.3g} s'
 
 
-# --------------------------------------------------------------------------------------------------
-# The renderer: a row is (label, value, note); an int value is written with thousands separators;
-# a row that is None or False is left out (a section lists an optional row as `condition and row`).
-
-
 def line(label, value, note=''):
+    """A row (label, value, note) as text, an int value with thousands separators. A section lists
+    an optional row as `condition and row`: its callers leave out a row that is None or False."""
     value = f'{value:,}' if isinstance(value, int) else value
     return f'  {label:<34} {value:>18}   {note}'.rstrip()
-
-
-def render(lines, sections):
-    """Header lines, then each section that has rows: a blank line, its title, its rows."""
-    for title, rows in sections:
-        rows = [line(*row) for row in rows if row]
-        lines += ['', title, *rows] if rows else []
-    return '\n'.join(lines)
-
-
-def markdown(header, rows):
-    lines = ['| ' + ' | '.join(header) + ' |', '| --- |' + ' ---: |' * (len(header) - 1)]
-    return '\n'.join(lines + ['| ' + ' | '.join(row) + ' |' for row in rows])
 
 
 # --------------------------------------------------------------------------------------------------
@@ -163,10 +139,8 @@ def compute_rows(p):
     t, f, k = p['train'], p['flops_per_token'], p['flops_per_token']['keys_symbol']
     recompute, optimizer = t['recompute'], optimizer_rows(t)[0]
     book = '8P' if recompute else '6P'
-    rerun, blocks = (
-        ('2N_blocks', 'whole (each block compiled on its own)') if p['compiled_blocks']
-        else ("2(N_blocks-LHH')", "all but down_proj (H'H), never lm_head")
-    )
+    rerun, blocks = (('2N_blocks', 'whole (each block compiled on its own)') if p['compiled_blocks']
+                     else ("2(N_blocks-LHH')", "all but down_proj (H'H), never lm_head"))
     step = p.get('optimizer_flops_per_step')
     embedding = '' if p['model']['tie_embeddings'] else ', input embedding'
     nanogpt = f"{f['nanogpt'] / f['matmul'] - 1:+.3%}"
@@ -200,7 +174,7 @@ def loss_term_rows(p):
     keys = {**p['model'], **p['train']}
     return [
         (f'loss term: {term.label}', f'{keys[term.key]:g}', f'{term.formula}; {term.key}')
-        for term in LOSS_TERMS.values() if keys.get(term.key)
+        for term in config.LOSS_TERMS.values() if keys.get(term.key)
     ]
 
 
@@ -249,10 +223,8 @@ def state_rows(p):
     grads = '/N, reduce-scattered (FSDP2)' if fsdp2 else ''
     if n_gpu > 1 and not fsdp2:
         grads = ": DDP's buckets, the .grad tensors are views of them"
-    gathered = (
-        'all blocks, forward to backward (zero2)' if t['parallel'] == 'zero2'
-        else 'embeddings, lm_head and 2 blocks at a time (fsdp), + one block of gradients'
-    )
+    gathered = ('all blocks, forward to backward (zero2)' if t['parallel'] == 'zero2'
+                else 'embeddings, lm_head and 2 blocks at a time (fsdp), + one block of gradients')
     return [
         ('fp32 weights', gib(memory['weights']),
          '4P/N, chunks padded to equal rows (FSDP2)' if fsdp2
@@ -278,10 +250,9 @@ def memory_notes(p):
     )
     if p['train']['recompute']:
         activations += ', block inputs and one block rerun (recompute)'
-    if compiled:
-        activations += f"; eager: {gib(memory['activations_eager'])}"
     buffers = model.part('loss').buffers_formula(whole, 2 if p['dtype'] == 'bfloat16' else 4)
     if compiled:
+        activations += f"; eager: {gib(memory['activations_eager'])}"
         buffers += (f"; eager: {gib(memory['logits_eager'])}" if whole
                     else ' (the loss runs eager around the compiled blocks)')
     if model.logit_softcap:
@@ -305,10 +276,8 @@ def memory_rows(p):
     """Ledger 4: what each process holds, as train.py holds it."""
     memory, model, largest = p['memory'], ModelConfig(**p['model']), p['max_micro_batch']
     activations, buffers, total = memory_notes(p)
-    advice = (
-        '' if memory['fits'] else f': try --micro_batch={largest}' if largest
-        else ': not even one; try --recompute=1, or --parallel=fsdp over more GPUs'
-    )
+    advice = ('' if memory['fits'] else f': try --micro_batch={largest}' if largest
+              else ': not even one; try --recompute=1, or --parallel=fsdp over more GPUs')
     return state_rows(p) + [
         ('activations', gib(memory['activations']), activations),
         (f"logits and {model.part('loss').label}", gib(memory['logits']), buffers),
@@ -426,14 +395,10 @@ def collective_rows(comm):
     for item in comm['collectives']:
         bucket = 'DDP bucket' in item['what']
         name = item['what'].split(', DDP bucket')[0] + (', DDP buckets' if bucket else '')
-        zero = dict(count=0, bytes=0, bus_bytes=0, seconds=0.0, calls=0)
-        group = groups.setdefault(name, dict(item, **zero))
-        for key in ('bytes', 'bus_bytes', 'calls'):
-            group[key] += item[key]
-        group['seconds'] += item.get('seconds') or 0.0
-        group['count'] += 1
-    rows = []
-    for name, g in groups.items():
+        groups.setdefault(name, []).append(item)
+    rows, keys = [], 'bytes bus_bytes calls seconds'.split()  # keys: summed over a group
+    for name, items in groups.items():
+        g = dict(items[0], count=len(items), **{k: sum(i.get(k) or 0 for i in items) for k in keys})
         sizes = (
             f"{g['count']} buckets (caps 1 MiB, then 25 MiB; the first {g['elements']:,} elements)"
             if g['count'] > 1 and 'DDP' in name
@@ -513,19 +478,16 @@ def sections(p):
     """-> [(title, rows)] of a prediction, in the book's order."""
     t, memory, model = p['train'], p['memory'], ModelConfig(**p['model'])
     mode = f"{t['parallel']}, N={p['n_gpu']}" if p['n_gpu'] > 1 else 'one process'
-    memory_title = (
-        f"Ledger 4: memory per {'process' if p['gpu']['kind'] == 'cpu' else 'GPU'} ({mode}, as "
-        f"train.py holds it; micro-batch {t['micro_batch']} x {model.block_size}, "
-        f"{'bf16' if p['dtype'] == 'bfloat16' else 'fp32'} compute, {memory['graph']}, "
-        f"{'full' if t['recompute'] else 'no'} recomputation, flash attention)"
-    )
     return [
         ('Ledger 1: parameters (exact, the way model.py builds them: = sum(p.numel()))',
          parameter_rows(p)),
         ('Ledger 2: compute per token, forward + backward (a matmul (n x m)(m x p) is 2nmp FLOPs)',
          compute_rows(p)),
         ('Ledger 3: time and money (days = FLOPs / (n_gpu * peak * MFU) / 86400)', time_rows(p)),
-        (memory_title, memory_rows(p)),
+        (f"Ledger 4: memory per {'process' if p['gpu']['kind'] == 'cpu' else 'GPU'} ({mode}, as "
+         f"train.py holds it; micro-batch {t['micro_batch']} x {model.block_size}, "
+         f"{'bf16' if p['dtype'] == 'bfloat16' else 'fp32'} compute, {memory['graph']}, "
+         f"{'full' if t['recompute'] else 'no'} recomputation, flash attention)", memory_rows(p)),
         ('Ledger MoE: a mixture of experts (total parameters for memory, active ones for compute)',
          moe_rows(p)),
         (f"Ledger 5: communication per optimizer step ({t['parallel']}, N={p['n_gpu']}, as "
@@ -538,22 +500,23 @@ def sections(p):
     ]
 
 
-def format_report(prediction):
-    return render(header(prediction), sections(prediction))
+def format_report(p):
+    """The header's lines, then each section that has rows: a blank line, its title, its rows."""
+    lines = header(p)
+    for title, rows in sections(p):
+        rows = [line(*row) for row in rows if row]
+        lines += ['', title, *rows] if rows else []
+    return '\n'.join(lines)
 
 
 def short_notes(p):
     """format_short's longer notes: the memory held, and the communication's seconds."""
     memory, comm, device = p['memory'], p['comm'], p['gpu']
-    held = (
-        f"states {gib(memory['model_states'])}, activations {gib(memory['activations'])}, loss "
-        f"{gib(memory['logits'])}, runtime {gib(memory['overhead'])}"
-        + (f", compile {gib(memory['compile_host'])}" if memory['compile_host'] else '')
-    )
-    seconds = (
-        'gloo on the CPU: seconds not meaningful' if device['kind'] == 'cpu'
-        else 'seconds not estimated (no link figures for this device)'
-    )
+    held = (f"states {gib(memory['model_states'])}, activations {gib(memory['activations'])}, loss "
+            f"{gib(memory['logits'])}, runtime {gib(memory['overhead'])}"
+            + (f", compile {gib(memory['compile_host'])}" if memory['compile_host'] else ''))
+    seconds = ('gloo on the CPU: seconds not meaningful' if device['kind'] == 'cpu'
+               else 'seconds not estimated (no link figures for this device)')
     if comm['seconds'] is not None:
         busbw = comm['topology']['busbw'] / 1e9
         exposed = comm['exposed_fraction']
@@ -669,13 +632,13 @@ def format_comparison(s):
         f"Predicted by ledger.py for {s['predicted_for']} (peak: {s['peak_source']}) at {mfu}; "
         f"measured on {s['device'] or 'an unnamed device'}"
         + (f", torch {s['torch']}" if s['torch'] else '')
-        + (f", step {s['step']:,}" if s['step'] else '')
-        + '.'
+        + (f", step {s['step']:,}" if s['step'] else '') + '.'
     )
     lines = [heading, '']
     if s.get('ledger_unverified'):
         lines[1:1] = ['', f"LEDGER UNVERIFIED (--force): {s['ledger_unverified']}"]
-    lines.append(markdown(('quantity', 'predicted', 'measured', 'measured / predicted'), cells))
+    head = ('quantity', 'predicted', 'measured', 'measured / predicted'), ('---', *['---:'] * 3)
+    lines += ['| ' + ' | '.join(row) + ' |' for row in (*head, *cells)]
     if s['val_loss'] is not None:
         bpb = s['val_bpb'] is not None and (
             f" = {s['val_bpb']:.4f} bits per byte (at {s['val_bytes_per_token']:.4f} text bytes "

@@ -50,7 +50,6 @@ FORECAST_MARKERS = 'v^D'  # the forecasts at 10%, 25% and 50% of the run
 FINAL = dict(linestyle='', markersize=12, markeredgecolor='black')
 LADDER_N = 'the output projection in, the embedding lookup out'
 COOLDOWN, COSINE = dict(linewidth=2, linestyle='-'), dict(linewidth=1, linestyle='--')
-# one legend under the plot
 LEGEND = dict(loc='outside lower center', ncols=2, fontsize='small', frameon=False)
 
 
@@ -204,7 +203,7 @@ def figure(run_dirs):
     fig, runs = blank_figure(), [read_run(run_dir) for run_dir in run_dirs]
     ax = fig.add_subplot()
     scored = [name for name in SCORES if any(name in run['scores'] for run in runs)]
-    scores = fig.add_subplot(sharex=ax, frame_on=False) if scored else None
+    scores = ax.twinx() if scored else None
     axis_tokens = max(run['train'][0][-1] for run in runs)  # where the x-axis ends
     for i, run in enumerate(runs):
         color, name, chinchilla = f'C{i}', run['name'], run['chinchilla']
@@ -230,8 +229,6 @@ def figure(run_dirs):
             scores.errorbar(x, y, yerr, color=color, marker=marker, label=label, **SCORE)
     loss_axis(ax, runs)
     if scores is not None:
-        scores.yaxis.tick_right()
-        scores.yaxis.set_label_position('right')
         only_hellaswag = scored == ['hellaswag']
         scores.set_ylabel('HellaSwag accuracy (%)' if only_hellaswag else 'accuracy (%)')
         chance = 'HellaSwag chance (25%)' if only_hellaswag else 'chance with 4 choices (25%)'
@@ -280,8 +277,7 @@ def mark_final(ax, run, color, marker, kind):
 
 
 def branch_figure(main_dir, fit=None):
-    """A matplotlib Figure of a main run, its branches and cosine runs (its first axes the losses,
-    a second one the published fit's loss when the main run's ledger.json gives P). fit: a scaling
+    """The figure above (their fit's axis when the main run's ledger.json gives P); fit: a scaling
     law fitted to our own runs (scaling.load_fit), drawn by fitted_loss."""
     fig, main = blank_figure(), read_run(main_dir)
     branches, cosines = beside(main_dir, 'cooldown'), beside(main_dir, 'cosine')
@@ -388,9 +384,7 @@ def read_load(run_dir):
 
 
 def load_figure(run_dir):
-    """Left: each MoE layer's coefficient of variation of the tokens per expert (0: even) against
-    tokens; right: the last logged share of the routed tokens per expert and layer (x n_experts: 1
-    is an even share)."""
+    """Left: each MoE layer's load CV against tokens; right: the last logged share per expert."""
     tokens, cv, shares = read_load(run_dir)
     fig = blank_figure()
     ax, grid = fig.subplots(1, 2, width_ratios=(3, 2))
@@ -409,8 +403,7 @@ def load_figure(run_dir):
 
 
 def draw(run_dirs, out, branches=False, fit=None):
-    """Write the runs' figure (branches: run_dirs[0]'s branch_figure, with a fit's prediction if
-    given) to `out` as a PNG; -> out."""
+    """The runs' figure (or run_dirs[0]'s branch_figure, with fit) as a PNG at `out`; -> out."""
     return save(branch_figure(run_dirs[0], fit) if branches else figure(run_dirs), out)
 
 

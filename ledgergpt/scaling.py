@@ -195,29 +195,24 @@ OPTIONAL = ('residuals', 'val_bytes_per_token', 'at_bounds')
 
 def load_fit(path):
     """A fit file, checked key by key: one line (ConfigError) if it is missing, bad, or not one."""
+
+    def bad(why, example=''):
+        return ConfigError(f"fit {path}: {why}; experiments/ladder.py writes fit files{example}")
+
     try:
         fit = load_json(path)
     except OSError as e:
-        raise ConfigError(
-            f"fit {path}: cannot read it ({e.strerror}): experiments/ladder.py writes one "
-            '(out/ladder_cpu/fit.json)'
-        ) from None
+        raise bad(f'cannot read it ({e.strerror})', ' (out/ladder_cpu/fit.json)') from None
     except ValueError:
-        raise ConfigError(f"fit {path}: not JSON; experiments/ladder.py writes fit files") from None
+        raise bad('not JSON') from None
     needed = [k for k in FIT_CHECKS if k not in OPTIONAL]
     missing = [k for k in needed if k not in fit] if isinstance(fit, dict) else needed
     if missing:
-        raise ConfigError(
-            f"fit {path}: not a fit file (no {', '.join(missing)}); experiments/ladder.py writes "
-            'them'
-        )
+        raise bad(f"not a fit file (no {', '.join(missing)})")
     for key, (holds, what) in FIT_CHECKS.items():
         if key in fit and not holds(fit[key]):
             shown = json.dumps(fit[key])
-            shown = shown if len(shown) <= 40 else shown[:36] + ' ...'
-            raise ConfigError(
-                f"fit {path}: {key} is {shown}, not {what}; experiments/ladder.py writes fit files"
-            )
+            raise bad(f"{key} is {shown if len(shown) <= 40 else shown[:36] + ' ...'}, not {what}")
     fit['path'] = path
     return fit
 
@@ -234,17 +229,15 @@ def read_summary(out_dir):
 # What the fit predicts.
 
 
-def percentile(values, q):
-    """The q-quantile of values, linearly interpolated (numpy's default), standard library only."""
-    ordered = sorted(values)
-    position = q * (len(ordered) - 1)
-    low = math.floor(position)
-    high = min(low + 1, len(ordered) - 1)
-    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
-
-
 def interval(values):
-    return tuple(percentile(values, q) for q in INTERVAL)
+    """INTERVAL's quantiles of values, linearly interpolated (numpy's default): standard library."""
+    ordered, last = sorted(values), len(values) - 1
+    bounds = []
+    for position in (q * last for q in INTERVAL):
+        low = math.floor(position)
+        high = min(low + 1, last)
+        bounds.append(ordered[low] + (ordered[high] - ordered[low]) * (position - low))
+    return tuple(bounds)
 
 
 def predict(fit, n_params, n_tokens):
@@ -325,11 +318,9 @@ def bill_section(fit, prediction):
     p = predict(fit, n_params, tokens)
     compute = per_param * n_params * tokens
     best = compute_optimal(fit, compute, per_param)
-    bpb = (
+    bpb = p['bpb'] is not None and (
         f" = {p['bpb']:.4f} bits per byte [{p['bpb_low']:.4f}, {p['bpb_high']:.4f}] at the "
         f"{fit['val_bytes_per_token']:.3f} bytes per token of the fit's val targets"
-        if p['bpb'] is not None
-        else ''
     )
     grid = sum(not run['held_out'] for run in fit['runs'])
     fitted_on = (
@@ -342,7 +333,7 @@ def bill_section(fit, prediction):
     )
     spread = (
         f"95% interval {p['low']:.3f} to {p['high']:.3f} (bootstrap over the runs, with their "
-        f"scatter){bpb}"
+        f"scatter){bpb or ''}"
     )
     split = (
         f"D {si(best['D'])}, {best['tokens_per_param']:.3g} tokens per parameter (Chinchilla ~20), "
