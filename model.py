@@ -27,10 +27,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-from ledgergpt.config import (  # re-exported: `from model import ModelConfig` works
-    IGNORE_INDEX,
-    ModelConfig,
-)
+# re-exported: `from model import ModelConfig` works
+from ledgergpt.config import IGNORE_INDEX, ModelConfig
 from ledgergpt.losses import LOSSES, softcap
 from ledgergpt.moe import MoE
 
@@ -44,11 +42,12 @@ __all__ = ['ModelConfig', 'GPT', 'Block', 'IGNORE_INDEX']
 # (tiny), not q or k.
 
 
-def rope_tables(head_dim, block_size, theta, device=None):
+def rope_tables(config, device=None):
     """cos and sin of shape (block_size, head_dim // 2), in fp32."""
+    head_dim = config.head_dim
     steps = torch.arange(0, head_dim, 2, dtype=torch.float32, device=device) / head_dim
-    positions = torch.arange(block_size, dtype=torch.float32, device=device)
-    angles = torch.outer(positions, 1.0 / theta**steps)
+    positions = torch.arange(config.block_size, dtype=torch.float32, device=device)
+    angles = torch.outer(positions, 1.0 / config.rope_theta**steps)
     return angles.cos(), angles.sin()
 
 
@@ -209,7 +208,7 @@ class GPT(nn.Module):
         self.tie_weights()
         # RoPE tables: derived constants, not state (not in checkpoints), rebuilt by init_weights.
         if not self.learned_positions:
-            cos, sin = rope_tables(config.head_dim, config.block_size, config.rope_theta)
+            cos, sin = rope_tables(config)
             self.register_buffer('rope_cos', cos, persistent=False)
             self.register_buffer('rope_sin', sin, persistent=False)
         if self.tok_emb.weight.device.type != 'meta':
@@ -246,16 +245,12 @@ class GPT(nn.Module):
                     nn.init.zeros_(module.bias)
             elif isinstance(module, (nn.LayerNorm, nn.RMSNorm, MoE)):  # an MoE's router bias, load
                 module.reset_parameters()
-        for (
-            name,
-            param,
-        ) in self.named_parameters():  # o_proj and the FFN's down_proj (every expert's)
+        # o_proj and the FFN's down_proj (every expert's)
+        for name, param in self.named_parameters():
             if name.endswith(('o_proj.weight', 'down_proj.weight')):
                 nn.init.normal_(param, mean=0.0, std=residual_std)
         if not self.learned_positions:
-            cos, sin = rope_tables(
-                c.head_dim, c.block_size, c.rope_theta, device=self.rope_cos.device
-            )
+            cos, sin = rope_tables(c, device=self.rope_cos.device)
             self.rope_cos.copy_(cos)
             self.rope_sin.copy_(sin)
 
@@ -293,17 +288,12 @@ class GPT(nn.Module):
             return softcap(self.lm_head(x), cap), None
         # losses.py
         loss = LOSSES[self.config.loss](x, self.lm_head.weight, targets, reduction, self.config)
-        if (
-            self.moe
-            and self.moe[0].aux_loss is not None
-            and self.training
-            and torch.is_grad_enabled()
-        ):
-            # MoE: weighed per target as the loss
+        # MoE: this forward's balance loss (a training one's), weighed per target as the loss
+        if self.moe and self.moe[0].aux_loss is not None:
             balance = sum(layer.aux_loss for layer in self.moe)
-            loss = loss + (
-                balance * (targets != IGNORE_INDEX).sum() if reduction == 'sum' else balance
-            )
+            if reduction == 'sum':
+                balance = balance * (targets != IGNORE_INDEX).sum()
+            loss = loss + balance
         return None, loss
 
     @torch.no_grad()

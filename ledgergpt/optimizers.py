@@ -8,11 +8,8 @@ the ledger reads too): no wrapper's prefix decides.
 
     adamw: torch.optim.AdamW, decay on matrices only (the book's recipe).
     muon:  MuonAdamW, torch.optim.Muon's update on the blocks' matrices and AdamW on the rest, its
-           Newton-Schulz in the run's compute dtype (bf16 as torch's, or fp32 where the run computes
-           fp32). Under ZeRO-2 and FSDP2 each matrix has an owner rank (config.muon_blocks): its
-           rows go there in that dtype, it is orthogonalised once (the one process's result to the
-           bit) and its rows come back, so each rank runs 1/N of the Newton-Schulz work (Ledger 5
-           counts the all-to-alls).
+           Newton-Schulz in the run's compute dtype; under ZeRO-2 and FSDP2 each matrix once, on its
+           owner rank (BOOK.md, Derivations: Muon's model states and step).
 """
 
 import torch
@@ -32,22 +29,18 @@ def adamw_options(train, world_size):
     return dict(lr=train.lr, betas=betas, eps=train.eps, fused=not zero1, foreach=zero1)
 
 
-def muon_options(train, dtype):
-    """torch.optim.Muon's settings from the muon_ keys. muon_lr 0: AdamW's lr with the
-    match_rms_adamw scaling (lr_ratio 1); else Muon's own peak, the ratio to lr applied at each
-    step, so that one schedule drives both. dtype: the run's compute dtype ('bfloat16' or
+def muon_options(train, world_size, dtype):
+    """AdamW's options and torch.optim.Muon's settings from the muon_ keys. muon_lr 0: AdamW's lr
+    with the match_rms_adamw scaling (lr_ratio 1); else Muon's own peak, the ratio to lr applied at
+    each step, so that one schedule drives both. dtype: the run's compute dtype ('bfloat16' or
     'float32'), which Newton-Schulz runs in."""
     own = train.muon_lr > 0
-    return dict(
-        ns_dtype=getattr(torch, dtype),
-        momentum=train.muon_momentum,
-        nesterov=train.muon_nesterov,
-        ns_steps=train.muon_ns_steps,
-        ns_coefficients=(_muon.DEFAULT_A, _muon.DEFAULT_B, _muon.DEFAULT_C),
-        muon_eps=_muon.EPS,
-        adjust_lr_fn='original' if own else 'match_rms_adamw',
-        lr_ratio=train.muon_lr / train.lr if own else 1.0,
-    )
+    options = adamw_options(train, world_size) | dict(ns_dtype=getattr(torch, dtype))
+    options.update(momentum=train.muon_momentum, nesterov=train.muon_nesterov, muon_eps=_muon.EPS)
+    coefficients = (_muon.DEFAULT_A, _muon.DEFAULT_B, _muon.DEFAULT_C)
+    options.update(ns_steps=train.muon_ns_steps, ns_coefficients=coefficients)
+    lr_ratio = train.muon_lr / train.lr if own else 1.0
+    return options | dict(adjust_lr_fn='original' if own else 'match_rms_adamw', lr_ratio=lr_ratio)
 
 
 def build(raw_model, train, world_size, dtype):
@@ -183,8 +176,5 @@ class MuonAdamW(torch.optim.AdamW):
 # optimizer's class, its options). A fork's optimizer adds its row, its builder here and a test.
 BUILDERS = {
     'adamw': lambda train, world_size, dtype: (torch.optim.AdamW, adamw_options(train, world_size)),
-    'muon': lambda train, world_size, dtype: (
-        MuonAdamW,
-        dict(adamw_options(train, world_size), **muon_options(train, dtype)),
-    ),
+    'muon': lambda train, world_size, dtype: (MuonAdamW, muon_options(train, world_size, dtype)),
 }
