@@ -64,34 +64,25 @@ def apply_rope(x, cos, sin):
 # per head dimension.
 
 
-def make_norm(config, width=None):
+def make_norm(config):
     """The model's norm, torch's own module: LayerNorm (a bias with the model's) or RMSNorm."""
-    width, eps = width or config.n_embd, config.norm_eps
     if config.part_name('norm') == 'layernorm':
-        return nn.LayerNorm(width, eps=eps, bias=config.biases)
-    return nn.RMSNorm(width, eps=eps)
+        return nn.LayerNorm(config.n_embd, eps=config.norm_eps, bias=config.biases)
+    return nn.RMSNorm(config.n_embd, eps=config.norm_eps)
 
 
-class WeightlessQKNorm(nn.Module):
+class QKNorm(nn.Module):
     def __init__(self, config):
         super().__init__()
-        self.eps = config.norm_eps
-
-    def forward(self, q, k):
-        return F.rms_norm(q, q.shape[-1:], eps=self.eps), F.rms_norm(k, k.shape[-1:], eps=self.eps)
-
-
-class LearnedQKNorm(nn.Module):
-    def __init__(self, config):
-        super().__init__()
-        self.q_norm = nn.RMSNorm(config.head_dim, eps=config.norm_eps)
-        self.k_norm = nn.RMSNorm(config.head_dim, eps=config.norm_eps)
+        learned, width = config.qk_norm == 'learned', config.head_dim
+        self.q_norm = nn.RMSNorm(width, eps=config.norm_eps, elementwise_affine=learned)
+        self.k_norm = nn.RMSNorm(width, eps=config.norm_eps, elementwise_affine=learned)
 
     def forward(self, q, k):
         return self.q_norm(q), self.k_norm(k)
 
 
-QK_NORMS = {'none': None, 'weightless': WeightlessQKNorm, 'learned': LearnedQKNorm}
+QK_NORMS = {'none': None, 'weightless': QKNorm, 'learned': QKNorm}
 
 
 # --------------------------------------------------------------------------------------------------
@@ -256,13 +247,12 @@ class GPT(nn.Module):
 
     def forward(self, idx, targets=None, reduction='mean'):
         """idx, targets: (B, T), T <= block_size -> (logits (B, T, V), None) without targets, else
-        (None, loss). The loss (losses.py, by the `loss` row): the cross-entropy of the targets that
-        are not IGNORE_INDEX, from fp32 logits (a bf16 log-softmax over 50K classes loses digits),
-        chunked by default so that B x T x V logits never exist; their mean, or their sum for
-        a trainer that divides by the step's loss-carrying targets (all micro-batches and ranks), so
-        that every target weighs the same. Training gets no logits back: a caller holding them keeps
-        B x T x V alive into the next micro-step (3.3 GB at h200_1b3's 16 x 2048 x 50304 in bf16);
-        compiled, the graph need not write them out."""
+        (None, loss): the cross-entropy of the targets that are not IGNORE_INDEX (losses.py, by the
+        `loss` row: fp32, chunked by default), their mean, or their sum for a trainer that divides
+        by the step's loss-carrying targets (all micro-batches and ranks), so that every target
+        weighs the same. Training gets no logits back: a caller holding them keeps B x T x V alive
+        into the next micro-step (3.3 GB at h200_1b3's 16 x 2048 x 50304 in bf16); compiled, the
+        graph need not write them out."""
         B, T = idx.shape
         if T > self.config.block_size:
             raise ValueError(

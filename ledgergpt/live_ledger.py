@@ -54,12 +54,10 @@ def live_device(cluster, model_cfg, train):
 
 
 # --------------------------------------------------------------------------------------------------
-# The CPU's MFU, measured at the model's own shapes (a CPU's GEMM peak says little of what a small
-# model reaches: ~18% of it on a Xeon with AMX, ~58% on a 2-core EPYC). A CPU run is predicted from
-# its own step: train.py's build_run and train_step on synthetic tokens, compiled as the run, the
-# median step kept, cached per machine (docs/measured.md: "The probe times the run's own step"). The
-# run's compile then reuses the probe's graphs. Once runs of the config have measured their speed,
-# the next is predicted from the median of the last REACHED_KEPT (learn_speed).
+# The CPU's MFU, from the run's own step timed at its shapes (train.py's build_run and train_step on
+# synthetic tokens, compiled as the run, which then reuses the probe's graphs), cached per machine:
+# a CPU's GEMM peak says little of what a small model reaches (docs/ledger.md, docs/measured.md).
+# Later runs of the config are predicted from the median speed the last REACHED_KEPT reached.
 
 PROBE_STEPS = 5  # timed steps at each size, after one that warms up: their median is kept
 # the most micro-steps a probed step takes: a longer step is extrapolated from 1 and this
@@ -259,9 +257,8 @@ def check_fits(memory, device, force):
     h200_1b3 on a 24 GiB CPU was 4 minutes of building 1.3B parameters, then the OOM kill."""
     if memory['fits'] or force:
         return
-    where = f'{device.name} has'
-    if device.kind == 'cpu':
-        where = f"this machine's {device.memory_source} holds"
+    cpu = device.kind == 'cpu'
+    where = f"this machine's {device.memory_source} holds" if cpu else f'{device.name} has'
     gib = {k: memory[k] / 2**30 for k in ('total', 'model_states', 'gpu_memory', 'headroom_needed')}
     raise ConfigError(
         f"the ledger predicts {gib['total']:.1f} GiB per process ({gib['model_states']:.1f} GiB of "
@@ -368,10 +365,8 @@ def collective_probe(cluster):
     synchronize(cluster.device)
     seconds = (time.perf_counter() - started) / iterations
     size, n = buffer.numel() * 4, cluster.world_size
-    busbw = size * 2 * (n - 1) / n / seconds
-    return dict(
-        bytes=size, seconds=seconds, busbw=busbw, backend=dist.get_backend(), meaningful=on_gpu
-    )
+    bus = dict(bytes=size, seconds=seconds, busbw=size * 2 * (n - 1) / n / seconds)
+    return bus | dict(backend=dist.get_backend(), meaningful=on_gpu)
 
 
 def synchronize(device):

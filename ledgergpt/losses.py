@@ -20,9 +20,8 @@ into cap * tanh(z / cap) and multiplies their gradient by its slope, 1 - tanh(z 
 import torch
 import torch.nn.functional as F
 
-# Rows of h per chunk (config's, where the ledger reads it too): 2048 rows x V 65,536 x 6 bytes is
-# 0.75 GiB, 1/64 of nanochat's full 48 GiB; large enough that the chunk's GEMMs run as fast as the
-# whole one (docs/measured.md, the paired bench: no slower on the CPU).
+# Rows of h per chunk (config's, where the ledger reads it too): large enough that the chunk's GEMMs
+# run as fast as the whole one (docs/measured.md, the paired bench: no slower on the CPU).
 from ledgergpt.config import CHUNK_ROWS, IGNORE_INDEX
 
 

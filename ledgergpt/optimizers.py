@@ -49,14 +49,10 @@ def build(raw_model, train, world_size, dtype):
     (sums.zero1_partition follows its assignment)."""
     named = dict(raw_model.named_parameters())
     shapes = [(name, tuple(p.shape)) for name, p in named.items() if p.requires_grad]
-    groups = [
-        {
-            'params': [named[name] for name in names],
-            'kind': kind,
-            'weight_decay': train.weight_decay if decayed else 0.0,
-        }
-        for kind, decayed, names in config.param_groups(train.optimizer, shapes)
-    ]
+    groups = []
+    for kind, decayed, names in config.param_groups(train.optimizer, shapes):
+        decay = train.weight_decay if decayed else 0.0
+        groups.append(dict(params=[named[name] for name in names], kind=kind, weight_decay=decay))
     cls, options = BUILDERS[train.optimizer](train, world_size, dtype)
     if train.parallel == 'zero1' and world_size > 1:
         from torch.distributed.optim import ZeroRedundancyOptimizer  # its import warns 67 times
