@@ -19,9 +19,8 @@ from statistics import median
 
 import torch
 import torch.distributed as dist
-from torch.distributed.tensor import DTensor
 
-from ledgergpt import bill, data, files, plot, scaling, schedule, sums, trackers
+from ledgergpt import bill, data, files, optimizers, plot, scaling, schedule, sums, trackers
 from ledgergpt.config import IGNORE_INDEX, OPTIMIZERS, ConfigError, tokens_per_micro_step
 from ledgergpt.continuation import TrainingStopped, interruptible
 from ledgergpt.processes import log
@@ -37,9 +36,7 @@ def from_rank0(cluster, value):
 
 
 def live_device(cluster, model_cfg, train):
-    """The ledger's Device for the hardware at hand (sums.measure_device), rank 0's on every rank.
-    On the CPU the runtime overhead is rank 0's resident memory before the model's tensors exist,
-    and the RAM is shared by the processes on this machine."""
+    """The ledger's Device for the hardware at hand (sums.measure_device), rank 0's on all ranks."""
     device = sums.measure_device('auto', train.dtype) if cluster.is_master else None
     if device and device.kind == 'cpu':
         # what building the model loads besides its tensors (meta kernels import sympy and torch's
@@ -313,7 +310,7 @@ def params_built(model, prediction, force, cluster):
 
 def held_bytes(tensors):
     """Bytes of the distinct storages behind tensors (a DTensor's shard, a DDP .grad's bucket)."""
-    local = (t.to_local() if isinstance(t, DTensor) else t for t in tensors if t is not None)
+    local = (optimizers.to_local(t) for t in tensors if t is not None)
     storages = {(t.untyped_storage().data_ptr(), t.untyped_storage().nbytes()) for t in local}
     return sum(nbytes for _, nbytes in storages)
 
@@ -355,8 +352,8 @@ def collective_probe(cluster):
     GPUs (the same number on every rank) after two for warm-up; busbw = bytes x 2(N-1)/N / seconds,
     as NCCL-tests computes it. On the CPU (gloo) 4 MiB thrice: the seconds mean nothing there."""
     on_gpu = cluster.device.type == 'cuda'
-    buffer = torch.ones((256 if on_gpu else 4) * 2**20 // 4, device=cluster.device)
-    iterations = 20 if on_gpu else 3
+    size, iterations = (256 * 2**20, 20) if on_gpu else (4 * 2**20, 3)
+    buffer = torch.ones(size // 4, device=cluster.device)
     for i in range(2 + iterations):
         if i == 2:  # after the warm-up, with the device idle
             synchronize(cluster.device)
@@ -364,8 +361,8 @@ def collective_probe(cluster):
         dist.all_reduce(buffer)
     synchronize(cluster.device)
     seconds = (time.perf_counter() - started) / iterations
-    size, n = buffer.numel() * 4, cluster.world_size
-    bus = dict(bytes=size, seconds=seconds, busbw=size * 2 * (n - 1) / n / seconds)
+    factor = sums.BUS_FACTORS['all_reduce'](cluster.world_size)
+    bus = dict(bytes=size, seconds=seconds, busbw=size * factor / seconds)
     return bus | dict(backend=dist.get_backend(), meaningful=on_gpu)
 
 

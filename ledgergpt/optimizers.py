@@ -77,7 +77,7 @@ def newton_schulz(update, group, dtype):
     return x.T if tall else x
 
 
-def _local(tensor):
+def to_local(tensor):
     return tensor.to_local() if isinstance(tensor, DTensor) else tensor
 
 
@@ -155,7 +155,7 @@ class MuonAdamW(torch.optim.AdamW):
             state = self.state[param]
             if 'momentum_buffer' not in state:
                 state['momentum_buffer'] = torch.zeros_like(param.grad)
-            buf, grad = _local(state['momentum_buffer']), _local(param.grad)
+            buf, grad = to_local(state['momentum_buffer']), to_local(param.grad)
             buf.lerp_(grad, 1 - momentum)
             updates.append(grad.lerp(buf, momentum) if group['nesterov'] else buf)
         if params and isinstance(params[0], DTensor):  # FSDP2, ZeRO-2: each matrix on its owner
@@ -163,7 +163,7 @@ class MuonAdamW(torch.optim.AdamW):
         else:
             updates = [newton_schulz(update, group, self.ns_dtype) for update in updates]
         for param, update in zip(params, updates):
-            weight = _local(param)
+            weight = to_local(param)
             weight.mul_(1 - lr * group['weight_decay'])
             weight.add_(update, alpha=-_muon._adjust_lr(lr, group['adjust_lr_fn'], param.shape))
 
