@@ -52,7 +52,7 @@ class ChunkedCrossEntropy(torch.autograd.Function):
             for start in range(0, h.shape[0], CHUNK_ROWS):
                 rows = slice(start, start + CHUNK_ROWS)
                 hc, t, kc = h[rows].to(dtype), targets[rows].clamp_min(0), keep[rows]
-                logits, slope = (hc @ w.t()).float(), None
+                logits, slope, grad = (hc @ w.t()).float(), None, None
                 # cap * tanh(z / cap) in place, and its slope for the gradient: one more fp32 chunk
                 if cap:
                     logits.div_(cap).tanh_()
@@ -71,8 +71,7 @@ class ChunkedCrossEntropy(torch.autograd.Function):
                     grad = grad.to(dtype)
                     grad_h[rows] = grad @ w
                     grad_w += grad.t() @ hc
-                    del grad
-                del logits, probs, slope  # freed before the next chunk's: one chunk at a time
+                del logits, probs, slope, grad  # freed before the next chunk's: one chunk at a time
         if mean:  # F.cross_entropy's mean: over the carried targets (0 of them: nan, as it gives)
             loss, grad_h, grad_w = loss / count, grad_h / count, grad_w / count
         ctx.save_for_backward(grad_h, grad_w)
