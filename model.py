@@ -112,8 +112,7 @@ class Attention(nn.Module):
         if self.use_rope:
             q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         # SDPA wants (B, heads, T, head_dim); transposes are free views. enable_gqa lets each group
-        # of n_head / n_kv_head query heads read one K/V head without a repeat_interleave copy
-        # (torch >= 2.5).
+        # of n_head / n_kv_head query heads read one K/V head without a repeat_interleave copy.
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))
         gqa = self.n_kv_head != self.n_head
         y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)

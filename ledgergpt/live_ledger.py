@@ -377,8 +377,7 @@ SDPA_BACKENDS = ('math', 'flash attention', 'memory-efficient attention', 'cuDNN
 
 def sdpa_backend(model_cfg, device, dtype):
     """The kernel F.scaled_dot_product_attention picks for this run's shapes and dtype, asked as
-    SDPA asks. Flash, memory-efficient and cuDNN keep the output and the log-sum-exp for backward,
-    as the ledger assumes; math keeps every head's T x T scores."""
+    SDPA asks: flash, memory-efficient and cuDNN keep what the ledger counts; math does not."""
     head_dim, T, kind = model_cfg.head_dim, model_cfg.block_size, getattr(torch, dtype)
     q, k, v = (
         torch.empty(1, heads, T, head_dim, device=device, dtype=kind, requires_grad=True)
@@ -584,9 +583,7 @@ class Metrics:
 
     def check_probe(self, mfu):
         """A run faster than its prediction by sums.REPROBE_FACTOR or more on a measured peak: that
-        probe read low (a busy machine), so it is flagged, and the next run probes again. A CPU run
-        predicted from its step probe learns the speed it reached (learn_speed), and flags the peak
-        only past 100% MFU."""
+        probe read low (a busy machine), so it is flagged, and the next run probes again."""
         if not self.cluster.is_master:
             return
         probe_key, assumed = self.prediction['gpu'].get('probe_key'), self.prediction['mfu']
