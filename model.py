@@ -226,8 +226,7 @@ class GPT(nn.Module):
         does not grow with depth (each of the 2L branches adds its output to it). Deterministic from
         torch's RNG, in module order. Call after `to_empty(device=...)` when the model was built on
         the meta device."""
-        c = self.config
-        std, residual_std = 0.02, 0.02 / math.sqrt(2 * c.n_layer)
+        std, residual_std = 0.02, 0.02 / math.sqrt(2 * self.config.n_layer)
         for module in self.modules():
             if isinstance(module, (nn.Linear, nn.Embedding)):
                 nn.init.normal_(module.weight, mean=0.0, std=std)
@@ -240,7 +239,7 @@ class GPT(nn.Module):
             if name.endswith(('o_proj.weight', 'down_proj.weight')):
                 nn.init.normal_(param, mean=0.0, std=residual_std)
         if not self.learned_positions:
-            cos, sin = rope_tables(c, device=self.rope_cos.device)
+            cos, sin = rope_tables(self.config, device=self.rope_cos.device)
             self.rope_cos.copy_(cos)
             self.rope_sin.copy_(sin)
 
@@ -272,10 +271,8 @@ class GPT(nn.Module):
             else:
                 x = block(x, cos, sin)
         x = self.norm_f(x)
-        cap = self.config.logit_softcap
         if targets is None:
-            return softcap(self.lm_head(x), cap), None
-        # losses.py
+            return softcap(self.lm_head(x), self.config.logit_softcap), None
         loss = LOSSES[self.config.loss](x, self.lm_head.weight, targets, reduction, self.config)
         # MoE: this forward's balance loss (a training one's), weighed per target as the loss
         if self.moe and self.moe[0].aux_loss is not None:
