@@ -28,11 +28,10 @@ from model import GPT
 
 
 def from_rank0(cluster, value):
+    shared = [value]
     if cluster.world_size > 1:
-        shared = [value]
         dist.broadcast_object_list(shared, src=0)
-        value = shared[0]
-    return value
+    return shared[0]
 
 
 def live_device(cluster, model_cfg, train):
