@@ -83,10 +83,9 @@ def to_local(tensor):
 
 def orthogonalise_sharded(params, updates, group, dtype):
     """Newton-Schulz on FSDP2's Shard(0) matrices, each once: -> this rank's rows of each result.
-    In blocks of one shape (config.muon_blocks), an all-to-all sends each matrix's rows to its owner
-    in dtype (what Newton-Schulz casts to first), ceil(rows / N) a rank, the last padded with zeros
-    as FSDP2 pads its own gathers; the owner orthogonalises the whole matrix, and a second
-    all-to-all sends each rank its rows back (sums.collectives counts both)."""
+    In blocks of one shape (config.muon_blocks), an all-to-all in dtype sends each matrix's rows to
+    its owner (ceil(rows / N) a rank, zero-padded as FSDP2 pads), which orthogonalises it, and a
+    second sends each rank its rows back (sums.collectives counts both)."""
     mesh = params[0].device_mesh
     pg, ranks, rank = mesh.get_group(), mesh.size(), mesh.get_local_rank()
     results = [None] * len(params)
