@@ -27,10 +27,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-from ledgergpt.config import (  # re-exported: `from model import ModelConfig` works
-    IGNORE_INDEX,
-    ModelConfig,
-)
+# re-exported: `from model import ModelConfig` works
+from ledgergpt.config import IGNORE_INDEX, ModelConfig
 from ledgergpt.losses import LOSSES, softcap
 from ledgergpt.moe import MoE
 
@@ -44,11 +42,12 @@ __all__ = ['ModelConfig', 'GPT', 'Block', 'IGNORE_INDEX']
 # (tiny), not q or k.
 
 
-def rope_tables(head_dim, block_size, theta, device=None):
+def rope_tables(config, device=None):
     """cos and sin of shape (block_size, head_dim // 2), in fp32."""
+    head_dim = config.head_dim
     steps = torch.arange(0, head_dim, 2, dtype=torch.float32, device=device) / head_dim
-    positions = torch.arange(block_size, dtype=torch.float32, device=device)
-    angles = torch.outer(positions, 1.0 / theta**steps)
+    positions = torch.arange(config.block_size, dtype=torch.float32, device=device)
+    angles = torch.outer(positions, 1.0 / config.rope_theta**steps)
     return angles.cos(), angles.sin()
 
 
@@ -65,34 +64,25 @@ def apply_rope(x, cos, sin):
 # per head dimension.
 
 
-def make_norm(config, width=None):
+def make_norm(config):
     """The model's norm, torch's own module: LayerNorm (a bias with the model's) or RMSNorm."""
-    width, eps = width or config.n_embd, config.norm_eps
     if config.part_name('norm') == 'layernorm':
-        return nn.LayerNorm(width, eps=eps, bias=config.biases)
-    return nn.RMSNorm(width, eps=eps)
+        return nn.LayerNorm(config.n_embd, eps=config.norm_eps, bias=config.biases)
+    return nn.RMSNorm(config.n_embd, eps=config.norm_eps)
 
 
-class WeightlessQKNorm(nn.Module):
+class QKNorm(nn.Module):
     def __init__(self, config):
         super().__init__()
-        self.eps = config.norm_eps
-
-    def forward(self, q, k):
-        return F.rms_norm(q, q.shape[-1:], eps=self.eps), F.rms_norm(k, k.shape[-1:], eps=self.eps)
-
-
-class LearnedQKNorm(nn.Module):
-    def __init__(self, config):
-        super().__init__()
-        self.q_norm = nn.RMSNorm(config.head_dim, eps=config.norm_eps)
-        self.k_norm = nn.RMSNorm(config.head_dim, eps=config.norm_eps)
+        learned, width = config.qk_norm == 'learned', config.head_dim
+        self.q_norm = nn.RMSNorm(width, eps=config.norm_eps, elementwise_affine=learned)
+        self.k_norm = nn.RMSNorm(width, eps=config.norm_eps, elementwise_affine=learned)
 
     def forward(self, q, k):
         return self.q_norm(q), self.k_norm(k)
 
 
-QK_NORMS = {'none': None, 'weightless': WeightlessQKNorm, 'learned': LearnedQKNorm}
+QK_NORMS = {'none': None, 'weightless': QKNorm, 'learned': QKNorm}
 
 
 # --------------------------------------------------------------------------------------------------
@@ -122,8 +112,7 @@ class Attention(nn.Module):
         if self.use_rope:
             q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         # SDPA wants (B, heads, T, head_dim); transposes are free views. enable_gqa lets each group
-        # of n_head / n_kv_head query heads read one K/V head without a repeat_interleave copy
-        # (torch >= 2.5).
+        # of n_head / n_kv_head query heads read one K/V head without a repeat_interleave copy.
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))
         gqa = self.n_kv_head != self.n_head
         y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
@@ -209,7 +198,7 @@ class GPT(nn.Module):
         self.tie_weights()
         # RoPE tables: derived constants, not state (not in checkpoints), rebuilt by init_weights.
         if not self.learned_positions:
-            cos, sin = rope_tables(config.head_dim, config.block_size, config.rope_theta)
+            cos, sin = rope_tables(config)
             self.register_buffer('rope_cos', cos, persistent=False)
             self.register_buffer('rope_sin', sin, persistent=False)
         if self.tok_emb.weight.device.type != 'meta':
@@ -237,8 +226,7 @@ class GPT(nn.Module):
         does not grow with depth (each of the 2L branches adds its output to it). Deterministic from
         torch's RNG, in module order. Call after `to_empty(device=...)` when the model was built on
         the meta device."""
-        c = self.config
-        std, residual_std = 0.02, 0.02 / math.sqrt(2 * c.n_layer)
+        std, residual_std = 0.02, 0.02 / math.sqrt(2 * self.config.n_layer)
         for module in self.modules():
             if isinstance(module, (nn.Linear, nn.Embedding)):
                 nn.init.normal_(module.weight, mean=0.0, std=std)
@@ -246,28 +234,23 @@ class GPT(nn.Module):
                     nn.init.zeros_(module.bias)
             elif isinstance(module, (nn.LayerNorm, nn.RMSNorm, MoE)):  # an MoE's router bias, load
                 module.reset_parameters()
-        for (
-            name,
-            param,
-        ) in self.named_parameters():  # o_proj and the FFN's down_proj (every expert's)
+        # o_proj and the FFN's down_proj (every expert's)
+        for name, param in self.named_parameters():
             if name.endswith(('o_proj.weight', 'down_proj.weight')):
                 nn.init.normal_(param, mean=0.0, std=residual_std)
         if not self.learned_positions:
-            cos, sin = rope_tables(
-                c.head_dim, c.block_size, c.rope_theta, device=self.rope_cos.device
-            )
+            cos, sin = rope_tables(self.config, device=self.rope_cos.device)
             self.rope_cos.copy_(cos)
             self.rope_sin.copy_(sin)
 
     def forward(self, idx, targets=None, reduction='mean'):
         """idx, targets: (B, T), T <= block_size -> (logits (B, T, V), None) without targets, else
-        (None, loss). The loss (losses.py, by the `loss` row): the cross-entropy of the targets that
-        are not IGNORE_INDEX, from fp32 logits (a bf16 log-softmax over 50K classes loses digits),
-        chunked by default so that B x T x V logits never exist; their mean, or their sum for
-        a trainer that divides by the step's loss-carrying targets (all micro-batches and ranks), so
-        that every target weighs the same. Training gets no logits back: a caller holding them keeps
-        B x T x V alive into the next micro-step (3.3 GB at h200_1b3's 16 x 2048 x 50304 in bf16);
-        compiled, the graph need not write them out."""
+        (None, loss): the cross-entropy of the targets that are not IGNORE_INDEX (losses.py, by the
+        `loss` row: fp32, chunked by default), their mean, or their sum for a trainer that divides
+        by the step's loss-carrying targets (all micro-batches and ranks), so that every target
+        weighs the same. Training gets no logits back: a caller holding them keeps B x T x V alive
+        into the next micro-step (3.3 GB at h200_1b3's 16 x 2048 x 50304 in bf16); compiled, the
+        graph need not write them out."""
         B, T = idx.shape
         if T > self.config.block_size:
             raise ValueError(
@@ -288,22 +271,15 @@ class GPT(nn.Module):
             else:
                 x = block(x, cos, sin)
         x = self.norm_f(x)
-        cap = self.config.logit_softcap
         if targets is None:
-            return softcap(self.lm_head(x), cap), None
-        # losses.py
+            return softcap(self.lm_head(x), self.config.logit_softcap), None
         loss = LOSSES[self.config.loss](x, self.lm_head.weight, targets, reduction, self.config)
-        if (
-            self.moe
-            and self.moe[0].aux_loss is not None
-            and self.training
-            and torch.is_grad_enabled()
-        ):
-            # MoE: weighed per target as the loss
+        # MoE: this forward's balance loss (a training one's), weighed per target as the loss
+        if self.moe and self.moe[0].aux_loss is not None:
             balance = sum(layer.aux_loss for layer in self.moe)
-            loss = loss + (
-                balance * (targets != IGNORE_INDEX).sum() if reduction == 'sum' else balance
-            )
+            if reduction == 'sum':
+                balance = balance * (targets != IGNORE_INDEX).sum()
+            loss = loss + balance
         return None, loss
 
     @torch.no_grad()

@@ -19,9 +19,8 @@ from statistics import median
 
 import torch
 import torch.distributed as dist
-from torch.distributed.tensor import DTensor
 
-from ledgergpt import bill, data, files, plot, scaling, schedule, sums, trackers
+from ledgergpt import bill, data, files, optimizers, plot, scaling, schedule, sums, trackers
 from ledgergpt.config import IGNORE_INDEX, OPTIMIZERS, ConfigError, tokens_per_micro_step
 from ledgergpt.continuation import TrainingStopped, interruptible
 from ledgergpt.processes import log
@@ -29,17 +28,14 @@ from model import GPT
 
 
 def from_rank0(cluster, value):
+    shared = [value]
     if cluster.world_size > 1:
-        shared = [value]
         dist.broadcast_object_list(shared, src=0)
-        value = shared[0]
-    return value
+    return shared[0]
 
 
 def live_device(cluster, model_cfg, train):
-    """The ledger's Device for the hardware at hand (sums.measure_device), rank 0's on every rank.
-    On the CPU the runtime overhead is rank 0's resident memory before the model's tensors exist,
-    and the RAM is shared by the processes on this machine."""
+    """The ledger's Device for the hardware at hand (sums.measure_device), rank 0's on all ranks."""
     device = sums.measure_device('auto', train.dtype) if cluster.is_master else None
     if device and device.kind == 'cpu':
         # what building the model loads besides its tensors (meta kernels import sympy and torch's
@@ -54,12 +50,10 @@ def live_device(cluster, model_cfg, train):
 
 
 # --------------------------------------------------------------------------------------------------
-# The CPU's MFU, measured at the model's own shapes (a CPU's GEMM peak says little of what a small
-# model reaches: ~18% of it on a Xeon with AMX, ~58% on a 2-core EPYC). A CPU run is predicted from
-# its own step: train.py's build_run and train_step on synthetic tokens, compiled as the run, the
-# median step kept, cached per machine (docs/measured.md: "The probe times the run's own step"). The
-# run's compile then reuses the probe's graphs. Once runs of the config have measured their speed,
-# the next is predicted from the median of the last REACHED_KEPT (learn_speed).
+# The CPU's MFU, from the run's own step timed at its shapes (train.py's build_run and train_step on
+# synthetic tokens, compiled as the run, which then reuses the probe's graphs), cached per machine:
+# a CPU's GEMM peak says little of what a small model reaches (docs/ledger.md, docs/measured.md).
+# Later runs of the config are predicted from the median speed the last REACHED_KEPT reached.
 
 PROBE_STEPS = 5  # timed steps at each size, after one that warms up: their median is kept
 # the most micro-steps a probed step takes: a longer step is extrapolated from 1 and this
@@ -259,9 +253,8 @@ def check_fits(memory, device, force):
     h200_1b3 on a 24 GiB CPU was 4 minutes of building 1.3B parameters, then the OOM kill."""
     if memory['fits'] or force:
         return
-    where = f'{device.name} has'
-    if device.kind == 'cpu':
-        where = f"this machine's {device.memory_source} holds"
+    cpu = device.kind == 'cpu'
+    where = f"this machine's {device.memory_source} holds" if cpu else f'{device.name} has'
     gib = {k: memory[k] / 2**30 for k in ('total', 'model_states', 'gpu_memory', 'headroom_needed')}
     raise ConfigError(
         f"the ledger predicts {gib['total']:.1f} GiB per process ({gib['model_states']:.1f} GiB of "
@@ -316,7 +309,7 @@ def params_built(model, prediction, force, cluster):
 
 def held_bytes(tensors):
     """Bytes of the distinct storages behind tensors (a DTensor's shard, a DDP .grad's bucket)."""
-    local = (t.to_local() if isinstance(t, DTensor) else t for t in tensors if t is not None)
+    local = (optimizers.to_local(t) for t in tensors if t is not None)
     storages = {(t.untyped_storage().data_ptr(), t.untyped_storage().nbytes()) for t in local}
     return sum(nbytes for _, nbytes in storages)
 
@@ -358,8 +351,8 @@ def collective_probe(cluster):
     GPUs (the same number on every rank) after two for warm-up; busbw = bytes x 2(N-1)/N / seconds,
     as NCCL-tests computes it. On the CPU (gloo) 4 MiB thrice: the seconds mean nothing there."""
     on_gpu = cluster.device.type == 'cuda'
-    buffer = torch.ones((256 if on_gpu else 4) * 2**20 // 4, device=cluster.device)
-    iterations = 20 if on_gpu else 3
+    size, iterations = (256 * 2**20, 20) if on_gpu else (4 * 2**20, 3)
+    buffer = torch.ones(size // 4, device=cluster.device)
     for i in range(2 + iterations):
         if i == 2:  # after the warm-up, with the device idle
             synchronize(cluster.device)
@@ -367,11 +360,9 @@ def collective_probe(cluster):
         dist.all_reduce(buffer)
     synchronize(cluster.device)
     seconds = (time.perf_counter() - started) / iterations
-    size, n = buffer.numel() * 4, cluster.world_size
-    busbw = size * 2 * (n - 1) / n / seconds
-    return dict(
-        bytes=size, seconds=seconds, busbw=busbw, backend=dist.get_backend(), meaningful=on_gpu
-    )
+    factor = sums.BUS_FACTORS['all_reduce'](cluster.world_size)
+    bus = dict(bytes=size, seconds=seconds, busbw=size * factor / seconds)
+    return bus | dict(backend=dist.get_backend(), meaningful=on_gpu)
 
 
 def synchronize(device):
@@ -385,8 +376,7 @@ SDPA_BACKENDS = ('math', 'flash attention', 'memory-efficient attention', 'cuDNN
 
 def sdpa_backend(model_cfg, device, dtype):
     """The kernel F.scaled_dot_product_attention picks for this run's shapes and dtype, asked as
-    SDPA asks. Flash, memory-efficient and cuDNN keep the output and the log-sum-exp for backward,
-    as the ledger assumes; math keeps every head's T x T scores."""
+    SDPA asks: flash, memory-efficient and cuDNN keep what the ledger counts; math does not."""
     head_dim, T, kind = model_cfg.head_dim, model_cfg.block_size, getattr(torch, dtype)
     q, k, v = (
         torch.empty(1, heads, T, head_dim, device=device, dtype=kind, requires_grad=True)
@@ -595,9 +585,7 @@ class Metrics:
 
     def check_probe(self, mfu):
         """A run faster than its prediction by sums.REPROBE_FACTOR or more on a measured peak: that
-        probe read low (a busy machine), so it is flagged, and the next run probes again. A CPU run
-        predicted from its step probe learns the speed it reached (learn_speed), and flags the peak
-        only past 100% MFU."""
+        probe read low (a busy machine), so it is flagged, and the next run probes again."""
         if not self.cluster.is_master:
             return
         probe_key, assumed = self.prediction['gpu'].get('probe_key'), self.prediction['mfu']

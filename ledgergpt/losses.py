@@ -20,9 +20,8 @@ into cap * tanh(z / cap) and multiplies their gradient by its slope, 1 - tanh(z 
 import torch
 import torch.nn.functional as F
 
-# Rows of h per chunk (config's, where the ledger reads it too): 2048 rows x V 65,536 x 6 bytes is
-# 0.75 GiB, 1/64 of nanochat's full 48 GiB; large enough that the chunk's GEMMs run as fast as the
-# whole one (docs/measured.md, the paired bench: no slower on the CPU).
+# Rows of h per chunk (config's, where the ledger reads it too): large enough that the chunk's GEMMs
+# run as fast as the whole one (docs/measured.md, the paired bench: no slower on the CPU).
 from ledgergpt.config import CHUNK_ROWS, IGNORE_INDEX
 
 
@@ -53,7 +52,7 @@ class ChunkedCrossEntropy(torch.autograd.Function):
             for start in range(0, h.shape[0], CHUNK_ROWS):
                 rows = slice(start, start + CHUNK_ROWS)
                 hc, t, kc = h[rows].to(dtype), targets[rows].clamp_min(0), keep[rows]
-                logits, slope = (hc @ w.t()).float(), None
+                logits, slope, grad = (hc @ w.t()).float(), None, None
                 # cap * tanh(z / cap) in place, and its slope for the gradient: one more fp32 chunk
                 if cap:
                     logits.div_(cap).tanh_()
@@ -72,8 +71,7 @@ class ChunkedCrossEntropy(torch.autograd.Function):
                     grad = grad.to(dtype)
                     grad_h[rows] = grad @ w
                     grad_w += grad.t() @ hc
-                    del grad
-                del logits, probs, slope  # freed before the next chunk's: one chunk at a time
+                del logits, probs, slope, grad  # freed before the next chunk's: one chunk at a time
         if mean:  # F.cross_entropy's mean: over the carried targets (0 of them: nan, as it gives)
             loss, grad_h, grad_w = loss / count, grad_h / count, grad_w / count
         ctx.save_for_backward(grad_h, grad_w)

@@ -22,24 +22,20 @@ class MoE(nn.Module):
     # expert: the config's MLP row's class (model.MLPS), built as expert(config, width)
     def __init__(self, config, expert):
         super().__init__()
-        self.n_experts, self.top_k, self.route_scale = (
-            config.n_experts,
-            config.top_k,
-            config.route_scale,
-        )
+        self.n_experts, self.top_k = config.n_experts, config.top_k
+        self.route_scale = config.route_scale
         # the experts' centroids e_i
         self.router = nn.Linear(config.n_embd, config.n_experts, bias=False)
-        self.experts = nn.ModuleList(
-            expert(config, config.expert_hidden) for _ in range(config.n_experts)
-        )
-        shared = config.n_shared_experts * config.expert_hidden
+        hidden = config.expert_hidden
+        self.experts = nn.ModuleList(expert(config, hidden) for _ in range(self.n_experts))
+        shared = config.n_shared_experts * hidden
         self.shared = expert(config, shared) if shared else None
         # b: in checkpoints, not trained
         self.register_buffer('router_bias', torch.zeros(config.n_experts))
         # tokens per expert, this step
         self.register_buffer('load', torch.zeros(config.n_experts), persistent=False)
         # alpha (train.py sets it) and this forward's balance loss
-        self.aux_loss_coef, self.aux_loss = (0.0, None)
+        self.aux_loss_coef, self.aux_loss = 0.0, None
 
     # GPT.init_weights: the bias and the load start at 0 (the Linears it inits itself)
     def reset_parameters(self):
@@ -53,13 +49,13 @@ class MoE(nn.Module):
         B, T, H = x.shape
         x = x.reshape(B * T, H)
         scores = self.router(x).float().sigmoid()  # (tokens, n_experts) affinities, fp32
-        chosen = torch.topk(
-            scores + self.router_bias, self.top_k, dim=-1
-        ).indices  # the bias only picks
+        # the bias only picks
+        chosen = torch.topk(scores + self.router_bias, self.top_k, dim=-1).indices
         gates = scores.gather(1, chosen)
         gates = gates / gates.sum(-1, keepdim=True) * self.route_scale  # (tokens, top_k)
         counts = torch.bincount(chosen.flatten(), minlength=self.n_experts)
-        # a training forward counts towards the bias update
+        # a training forward counts towards the bias update and has a balance loss (else None)
+        self.aux_loss = None
         if self.training and torch.is_grad_enabled():
             self.load += counts
             # f_i: the share of the sequence's picks on expert i, x n_experts / top_k
@@ -94,7 +90,6 @@ def update_router_bias(model, speed):
         if dist.is_initialized():
             dist.all_reduce(model.expert_load)
         error = (model.expert_load.mean(-1, keepdim=True) - model.expert_load).sign()
-        torch._foreach_add_(
-            [layer.router_bias for layer in model.moe], error.unbind(0), alpha=speed
-        )
+        biases = [layer.router_bias for layer in model.moe]
+        torch._foreach_add_(biases, error.unbind(0), alpha=speed)
         torch._foreach_zero_([layer.load for layer in model.moe])

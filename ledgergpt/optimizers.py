@@ -8,11 +8,8 @@ the ledger reads too): no wrapper's prefix decides.
 
     adamw: torch.optim.AdamW, decay on matrices only (the book's recipe).
     muon:  MuonAdamW, torch.optim.Muon's update on the blocks' matrices and AdamW on the rest, its
-           Newton-Schulz in the run's compute dtype (bf16 as torch's, or fp32 where the run computes
-           fp32). Under ZeRO-2 and FSDP2 each matrix has an owner rank (config.muon_blocks): its
-           rows go there in that dtype, it is orthogonalised once (the one process's result to the
-           bit) and its rows come back, so each rank runs 1/N of the Newton-Schulz work (Ledger 5
-           counts the all-to-alls).
+           Newton-Schulz in the run's compute dtype; under ZeRO-2 and FSDP2 each matrix once, on its
+           owner rank (BOOK.md, Derivations: Muon's model states and step).
 """
 
 import torch
@@ -32,22 +29,18 @@ def adamw_options(train, world_size):
     return dict(lr=train.lr, betas=betas, eps=train.eps, fused=not zero1, foreach=zero1)
 
 
-def muon_options(train, dtype):
-    """torch.optim.Muon's settings from the muon_ keys. muon_lr 0: AdamW's lr with the
-    match_rms_adamw scaling (lr_ratio 1); else Muon's own peak, the ratio to lr applied at each
-    step, so that one schedule drives both. dtype: the run's compute dtype ('bfloat16' or
+def muon_options(train, world_size, dtype):
+    """AdamW's options and torch.optim.Muon's settings from the muon_ keys. muon_lr 0: AdamW's lr
+    with the match_rms_adamw scaling (lr_ratio 1); else Muon's own peak, the ratio to lr applied at
+    each step, so that one schedule drives both. dtype: the run's compute dtype ('bfloat16' or
     'float32'), which Newton-Schulz runs in."""
     own = train.muon_lr > 0
-    return dict(
-        ns_dtype=getattr(torch, dtype),
-        momentum=train.muon_momentum,
-        nesterov=train.muon_nesterov,
-        ns_steps=train.muon_ns_steps,
-        ns_coefficients=(_muon.DEFAULT_A, _muon.DEFAULT_B, _muon.DEFAULT_C),
-        muon_eps=_muon.EPS,
-        adjust_lr_fn='original' if own else 'match_rms_adamw',
-        lr_ratio=train.muon_lr / train.lr if own else 1.0,
-    )
+    options = adamw_options(train, world_size) | dict(ns_dtype=getattr(torch, dtype))
+    options.update(momentum=train.muon_momentum, nesterov=train.muon_nesterov, muon_eps=_muon.EPS)
+    coefficients = (_muon.DEFAULT_A, _muon.DEFAULT_B, _muon.DEFAULT_C)
+    options.update(ns_steps=train.muon_ns_steps, ns_coefficients=coefficients)
+    lr_ratio = train.muon_lr / train.lr if own else 1.0
+    return options | dict(adjust_lr_fn='original' if own else 'match_rms_adamw', lr_ratio=lr_ratio)
 
 
 def build(raw_model, train, world_size, dtype):
@@ -56,14 +49,10 @@ def build(raw_model, train, world_size, dtype):
     (sums.zero1_partition follows its assignment)."""
     named = dict(raw_model.named_parameters())
     shapes = [(name, tuple(p.shape)) for name, p in named.items() if p.requires_grad]
-    groups = [
-        {
-            'params': [named[name] for name in names],
-            'kind': kind,
-            'weight_decay': train.weight_decay if decayed else 0.0,
-        }
-        for kind, decayed, names in config.param_groups(train.optimizer, shapes)
-    ]
+    groups = []
+    for kind, decayed, names in config.param_groups(train.optimizer, shapes):
+        decay = train.weight_decay if decayed else 0.0
+        groups.append(dict(params=[named[name] for name in names], kind=kind, weight_decay=decay))
     cls, options = BUILDERS[train.optimizer](train, world_size, dtype)
     if train.parallel == 'zero1' and world_size > 1:
         from torch.distributed.optim import ZeroRedundancyOptimizer  # its import warns 67 times
@@ -88,16 +77,15 @@ def newton_schulz(update, group, dtype):
     return x.T if tall else x
 
 
-def _local(tensor):
+def to_local(tensor):
     return tensor.to_local() if isinstance(tensor, DTensor) else tensor
 
 
 def orthogonalise_sharded(params, updates, group, dtype):
     """Newton-Schulz on FSDP2's Shard(0) matrices, each once: -> this rank's rows of each result.
-    In blocks of one shape (config.muon_blocks), an all-to-all sends each matrix's rows to its owner
-    in dtype (what Newton-Schulz casts to first), ceil(rows / N) a rank, the last padded with zeros
-    as FSDP2 pads its own gathers; the owner orthogonalises the whole matrix, and a second
-    all-to-all sends each rank its rows back (sums.collectives counts both)."""
+    In blocks of one shape (config.muon_blocks), an all-to-all in dtype sends each matrix's rows to
+    its owner (ceil(rows / N) a rank, zero-padded as FSDP2 pads), which orthogonalises it, and a
+    second sends each rank its rows back (sums.collectives counts both)."""
     mesh = params[0].device_mesh
     pg, ranks, rank = mesh.get_group(), mesh.size(), mesh.get_local_rank()
     results = [None] * len(params)
@@ -166,7 +154,7 @@ class MuonAdamW(torch.optim.AdamW):
             state = self.state[param]
             if 'momentum_buffer' not in state:
                 state['momentum_buffer'] = torch.zeros_like(param.grad)
-            buf, grad = _local(state['momentum_buffer']), _local(param.grad)
+            buf, grad = to_local(state['momentum_buffer']), to_local(param.grad)
             buf.lerp_(grad, 1 - momentum)
             updates.append(grad.lerp(buf, momentum) if group['nesterov'] else buf)
         if params and isinstance(params[0], DTensor):  # FSDP2, ZeRO-2: each matrix on its owner
@@ -174,7 +162,7 @@ class MuonAdamW(torch.optim.AdamW):
         else:
             updates = [newton_schulz(update, group, self.ns_dtype) for update in updates]
         for param, update in zip(params, updates):
-            weight = _local(param)
+            weight = to_local(param)
             weight.mul_(1 - lr * group['weight_decay'])
             weight.add_(update, alpha=-_muon._adjust_lr(lr, group['adjust_lr_fn'], param.shape))
 
@@ -183,8 +171,5 @@ class MuonAdamW(torch.optim.AdamW):
 # optimizer's class, its options). A fork's optimizer adds its row, its builder here and a test.
 BUILDERS = {
     'adamw': lambda train, world_size, dtype: (torch.optim.AdamW, adamw_options(train, world_size)),
-    'muon': lambda train, world_size, dtype: (
-        MuonAdamW,
-        dict(adamw_options(train, world_size), **muon_options(train, dtype)),
-    ),
+    'muon': lambda train, world_size, dtype: (MuonAdamW, muon_options(train, world_size, dtype)),
 }
