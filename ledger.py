@@ -13,7 +13,7 @@ seconds, the verdict).
 The sums are ledgergpt/sums.py's (predict: one JSON-able dict), the text ledgergpt/bill.py's;
 BOOK.md lists every formula with its source. Standard library only: a bill for a named GPU needs
 nothing installed. --forecast RUN_DIR: that run's final val loss, and under CONFIG's schedule and
-length, from its curve so far (ledgergpt/schedule.py's law; numpy and scipy).
+length, from its curve so far (ledgergpt/schedule.py's law; numpy).
 """
 
 import json
@@ -95,11 +95,11 @@ def forecast(run_dir, model, train):
         for what, e in (
             (
                 f'{run_dir} at its planned end, fitted to its curve to step {law.step:,}',
-                schedule.estimate(law, schedule.lrs(end, ran_train)),
+                schedule.estimate(law, schedule.areas(end, ran_train, law.memory)),
             ),
             (
                 f"under this config: {train.schedule}, {train.train_tokens:,} tokens",
-                schedule.estimate(law, schedule.lrs(steps, train)),
+                schedule.estimate(law, schedule.areas(steps, train, law.memory)),
             ),
         )
     )

@@ -156,6 +156,7 @@ class Run:
     objective: objectives.Objective = dataclasses.field(default_factory=lambda: objectives.CLM)
     cooldown: tuple = None  # (first step, steps) of the LR's decay when cooling down another run
     argv: list = dataclasses.field(default_factory=list)  # for the commands it prints
+    forecast_steps: frozenset = frozenset()  # evals for the loss forecast (schedule.forecast_steps)
 
 
 def build_run(model_cfg, train, cluster, dtype, stream, total_steps, stop_step, **fields):
@@ -226,6 +227,7 @@ def setup(argv, held=None):
     held.enter_context(files.disk_errors(train.out_dir, prediction['data']['checkpoint_bytes']))
     fields = dict(val=val, meta=meta, last_checkpoint=resume_from, cooldown=cooldown)
     fields.update(objective=objective, argv=list(argv))
+    fields.update(forecast_steps=schedule.forecast_steps(train, total_steps, stop_step))
     run = build_run(model_cfg, train, cluster, dtype, stream, total_steps, stop_step, **fields)
     return first_state(run, prediction, resume_from, end_step, force, locking)
 
@@ -338,7 +340,7 @@ def due_after(run, stopping):
     every = dict(log=train.log_every, eval=train.eval_every, checkpoint=train.ckpt_every)
     every.update(hellaswag=train.hellaswag_every, tasks=train.eval_tasks_every)
     due = {what for what, n in every.items() if n and (step % n == 0 or done)}
-    if train.eval_every and step in {round(at * run.stop_step) for at in schedule.FORECAST_AT}:
+    if train.eval_every and step in run.forecast_steps:
         due.add('eval')  # the forecasts the run keeps to check at its end
     if step in train.keep_steps:
         due.add('checkpoint')

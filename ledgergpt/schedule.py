@@ -11,8 +11,11 @@ beside the val loss measured at the end); docs/measured.md has how far it was of
 
 import dataclasses
 import functools
+import itertools
 import math
 import types
+
+import numpy as np
 
 # One micro-step is a forward/backward of micro_batch sequences of block_size tokens on every rank,
 # so it covers micro_batch x block_size x world_size tokens; gradient accumulation repeats it until
@@ -85,6 +88,7 @@ WHAT_IF = (0.5, 2, 4)  # x the planned tokens, the schedule's shape kept: "26B o
 MIN_POINTS = 8  # log intervals after warm-up before a fit of the law's 4 parameters
 TOO_WIDE = 0.1  # a 95% interval wider than +-10% of the forecast is said as "not yet"
 MEMORY, MEMORY_FRACTION = 1000, 0.05
+GOLDEN = (1 + 5**0.5) / 2
 SHAPE = ('warmup_frac', 'min_lr_ratio', 'schedule', 'decay_frac')  # what lr_at reads
 
 
@@ -104,27 +108,23 @@ class Law:
 
 
 def lrs(total_steps, train, cooldown=None, steps=None):
-    """The LRs of steps 0 .. steps-1 (default: all of total_steps) over the peak LR, cached: a
+    """The LRs of steps 0 .. steps-1 (default: all of total_steps) over the peak LR."""
+    steps = range(steps or total_steps)
+    return np.array([lr_at(s, total_steps, train, cooldown) for s in steps]) / train.lr
+
+
+def areas(total_steps, train, memory, cooldown=None, steps=None):
+    """(S1, S2) after k updates, k = 0 .. steps (entry 0: 0, 0) of lrs' schedule, cached: a
     190K-step run's 4x is 760K calls of lr_at, a second, made once."""
     shape = tuple(getattr(train, key) for key in SHAPE)
-    return shape_lrs(total_steps, shape, cooldown, steps or total_steps)
+    return shape_areas(total_steps, shape, memory, cooldown, steps or total_steps)
 
 
 @functools.lru_cache(maxsize=16)
-def shape_lrs(total_steps, shape, cooldown, steps):
-    import numpy as np
-
-    train = types.SimpleNamespace(lr=1.0, **dict(zip(SHAPE, shape)))
-    return np.array([lr_at(s, total_steps, train, cooldown) for s in range(steps)])
-
-
-def areas(lr, memory):
-    """(S1, S2) after k updates, k = 0 .. len(lr): entry 0 is (0, 0)."""
-    import numpy as np
-    from scipy.signal import lfilter
-
-    falls = -np.diff(lr, prepend=lr[0])  # lr_(i-1) - lr_i
-    m = lfilter([1.0], [1.0, -(1 - 1 / memory)], falls)
+def shape_areas(total_steps, shape, memory, cooldown, steps):
+    lr = lrs(total_steps, types.SimpleNamespace(lr=1.0, **dict(zip(SHAPE, shape))), cooldown, steps)
+    lam, falls = 1 - 1 / memory, -np.diff(lr, prepend=lr[0])  # lr_(i-1) - lr_i
+    m = np.fromiter(itertools.accumulate(falls, lambda m, fall: lam * m + fall), float, len(lr))
     return np.concatenate(([0.0], np.cumsum(lr))), np.concatenate(([0.0], np.cumsum(m)))
 
 
@@ -133,14 +133,41 @@ def law_at(params, s1, s2):
     return l0 + a * s1**-alpha - c * s2
 
 
+def fit_law(ks, y, s1, s2):
+    """The law's least squares to the mean losses y of intervals ks (updates done before each step's
+    loss) -> (L0, A, alpha, C), their covariance (Gauss-Newton's, as scipy's curve_fit gives it).
+    Given alpha the law is linear in L0, A and C, solved exactly (variable projection): alpha is
+    searched, on a grid and then by golden section (numpy only: scipy held 77 MB more)."""
+    flat, counts = np.concatenate(ks), np.array([len(k) for k in ks])
+    starts = np.cumsum(counts) - counts
+
+    def mean(values):  # over each interval
+        return np.add.reduceat(values, starts) / counts
+
+    def solve(alpha):
+        design = np.stack([np.ones_like(y), mean(s1[flat] ** -alpha), -mean(s2[flat])], 1)
+        coef = np.linalg.lstsq(design, y, rcond=None)[0]
+        return float(((design @ coef - y) ** 2).sum()), coef
+
+    grid = np.arange(1, 300) * 0.01  # alpha 0.01 to 2.99
+    best = grid[np.argmin([solve(alpha)[0] for alpha in grid])]
+    low, high = max(best - 0.01, 1e-3), best + 0.01
+    for _ in range(30):  # golden section: the bracket shrinks by 0.618 a step
+        left, right = high - (high - low) / GOLDEN, low + (high - low) / GOLDEN
+        low, high = (low, right) if solve(left)[0] < solve(right)[0] else (left, high)
+    alpha = (low + high) / 2
+    ssr, (l0, a, c) = solve(alpha)
+    power = s1[flat] ** -alpha
+    jacobian = np.stack(
+        [np.ones_like(y), mean(power), -a * mean(power * np.log(s1[flat])), -mean(s2[flat])], 1
+    )
+    covariance = ssr / (len(y) - 4) * np.linalg.inv(jacobian.T @ jacobian)
+    return (l0, a, alpha, c), covariance
+
+
 def fit_run(path, train, end_step, cooldown=None):
     """The law fitted to a run's metrics.jsonl (plot.logged's view: a rolled-back or resumed step's
     later entries dropped) at its latest eval, the run's schedule planned to end_step -> Law."""
-    import warnings
-
-    import numpy as np
-    from scipy.optimize import OptimizeWarning, curve_fit
-
     from ledgergpt.plot import logged
 
     logs, evals, _ = logged(path)
@@ -160,45 +187,45 @@ def fit_run(path, train, end_step, cooldown=None):
     if not evals:
         raise NotYet('no eval after warm-up yet')
     memory = max(1.0, min(MEMORY, MEMORY_FRACTION * end_step))
-    s1, s2 = areas(lrs(end_step, train, cooldown), memory)
+    s1, s2 = areas(end_step, train, memory, cooldown)
     ks = [np.arange(first - 1, last) for first, last, _ in points]
-    flat, starts = np.concatenate(ks), np.cumsum([0] + [len(k) for k in ks[:-1]])
-    counts, y = np.array([len(k) for k in ks]), np.array([loss for *_, loss in points])
-
-    def interval_means(_, *params):
-        return np.add.reduceat(law_at(params, s1[flat], s2[flat]), starts) / counts
-
-    guess = (y.min() / 2, (y[0] - y.min() / 2) * s1[flat[0]] ** 0.5, 0.5, 0.0)
-    with warnings.catch_warnings():
-        warnings.simplefilter('error', OptimizeWarning)  # no covariance: no interval, no forecast
-        try:
-            params, covariance = curve_fit(interval_means, None, y, p0=guess, maxfev=20_000)
-        except (RuntimeError, OptimizeWarning, ValueError) as e:
-            raise NotYet(f"the law did not fit ({e})") from None
-    residual = y - interval_means(None, *params)
+    y = np.array([loss for *_, loss in points])
+    try:
+        params, covariance = fit_law(ks, y, s1, s2)
+    except np.linalg.LinAlgError as e:
+        raise NotYet(f"the law did not fit ({e})") from None
     # the gap at the latest eval; how far it moved between evals, its uncertainty at the end
     gaps = [e['val_loss'] - law_at(params, s1[e['step']], s2[e['step']]) for e in evals]
+    residual = y - [law_at(params, s1[k], s2[k]).mean() for k in ks]
     spread = np.std(gaps, ddof=1) if len(gaps) > 1 else np.sqrt(np.mean(residual**2))
     last = evals[-1]
     per_nat = last['val_bpb'] / last['val_loss'] if last.get('val_bpb') else None
     return Law(params, covariance, memory, float(gaps[-1]), spread**2, per_nat, last['step'])
 
 
-def estimate(law, lr):
-    """The val loss the law gives after the updates of `lr` (a schedule's LRs over the peak):
-    {'steps', 'val_loss', 'low', 'high' (95%: the fit's covariance by the delta method, and the
-    gap's variance), 'val_bpb'}."""
-    import numpy as np
-
-    s1, s2 = (float(area[-1]) for area in areas(lr, law.memory))
+def estimate(law, curve):
+    """The val loss the law gives at the end of a schedule's (S1, S2) (areas'): {'steps',
+    'val_loss', 'low', 'high' (95%: the fit's covariance by the delta method, and the gap's
+    variance), 'val_bpb'}."""
+    s1, s2 = (float(area[-1]) for area in curve)
     _, a, alpha, _ = law.params
     gradient = np.array([1.0, s1**-alpha, -a * s1**-alpha * math.log(s1), -s2])
     sigma = math.sqrt(max(0.0, gradient @ law.covariance @ gradient) + law.gap_variance)
     loss = float(law_at(law.params, s1, s2)) + law.gap
     bpb = loss * law.bits_per_nat if law.bits_per_nat else None
     return dict(
-        steps=len(lr), val_loss=loss, low=loss - 1.96 * sigma, high=loss + 1.96 * sigma, val_bpb=bpb
+        steps=len(curve[0]) - 1,
+        val_loss=loss,
+        low=loss - 1.96 * sigma,
+        high=loss + 1.96 * sigma,
+        val_bpb=bpb,
     )
+
+
+def forecast_steps(train, total_steps, stop_step):
+    """The steps of FORECAST_AT of the run, past warm-up: an eval each, its forecast kept."""
+    warmup = warmup_steps(total_steps, train)
+    return frozenset(s for at in FORECAST_AT if (s := round(at * stop_step)) > warmup)
 
 
 def steps_for(train, tokens, micro_step_tokens):
@@ -217,25 +244,29 @@ def forecast(path, train, end_step, micro_step_tokens, cooldown=None):
         return {'not_yet': str(e)}
     now = law.step
     result = dict(step=now, at=now / end_step, end_step=end_step)
-    result.update(estimate(law, lrs(end_step, train, cooldown)))
+    result.update(estimate(law, areas(end_step, train, law.memory, cooldown)))
     if result['high'] - result['val_loss'] > TOO_WIDE * result['val_loss']:
         wide = result['high'] - result['val_loss']
         result['not_yet'] = f"its 95% interval, +-{wide:.3f} nats, is over {TOO_WIDE:.0%} of it"
     if cooldown:
         return result
-    result['what_if'] = {
-        f'{times:g}x': estimate(
-            law, lrs(steps_for(train, times * train.train_tokens, micro_step_tokens), train)
+
+    def branch(end, cooldown=None):  # a run of the same shape to `end` steps, or a cooldown of it
+        return estimate(
+            law, areas(end if cooldown is None else end_step, train, law.memory, cooldown, end)
         )
+
+    result['what_if'] = {
+        f'{times:g}x': branch(steps_for(train, times * train.train_tokens, micro_step_tokens))
         for times in WHAT_IF
     }
     decay_start, _ = wsd_decay(end_step, train)
     if train.schedule == 'wsd' and now < decay_start:  # a branch decaying over decay_frac of it
         end = round(now / (1 - train.decay_frac))
-        result['cooldown_now'] = estimate(law, lrs(end_step, train, (now, end - now), end))
+        result['cooldown_now'] = branch(end, (now, end - now))
     result['branches'] = {}
     for tokens in train.cooldowns:
         end = steps_for(train, tokens, micro_step_tokens)
         decay = max(1, round(train.decay_frac * end))
-        result['branches'][tokens] = estimate(law, lrs(end_step, train, (end - decay, decay), end))
+        result['branches'][tokens] = branch(end, (end - decay, decay))
     return result
