@@ -184,7 +184,8 @@ def test_a_mixture_trains_and_scores_each_source(mixture_run):
     entries = read_metrics(out)
     scored = [e for e in entries if 'val_sources' in e]
     totals = [e for e in entries if 'val_loss' in e]
-    assert [e['step'] for e in scored] == [e['step'] for e in totals] == [4, 8]
+    # every 4 steps, and at 25% of the run (the loss forecast's eval)
+    assert [e['step'] for e in scored] == [e['step'] for e in totals] == [2, 4, 8]
     for by_source, total in zip(scored, totals):
         sources = by_source['val_sources']
         assert [s['weight'] for s in sources.values()] == [0.7, 0.3]
