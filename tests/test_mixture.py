@@ -198,7 +198,7 @@ def test_a_mixture_trains_and_scores_each_source(mixture_run):
     assert summary['val_loss'] == totals[-1]['val_loss']
     curves = plot.read_run(str(out))['sources']  # loss.png draws each source's val loss
     for name, (tokens, losses) in curves.items():
-        assert list(tokens) == [4 * 256, 8 * 256] and list(losses) == [
+        assert list(tokens) == [2 * 256, 4 * 256, 8 * 256] and list(losses) == [
             e['val_sources'][name]['loss'] for e in scored
         ]
     assert list(curves) == list(scored[-1]['val_sources']) and (out / 'loss.png').exists()
