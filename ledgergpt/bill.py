@@ -601,7 +601,6 @@ def forecast_line(f):
     if 'not_yet' in f:
         return f"no forecast of the final val loss yet: {f['not_yet']}"
     others = [(f'{name} the tokens', e) for name, e in f.get('what_if', {}).items()]
-    others += [('a cooldown from now', f['cooldown_now'])] if 'cooldown_now' in f else []
     others += [(f'the branch to {int(t):,} tokens', e) for t, e in f.get('branches', {}).items()]
     return f"forecast at step {f['end_step']:,}: val loss {estimate_text(f)}" + ''.join(
         f"; {name} (step {e['steps']:,}): {e['val_loss']:.3f}" for name, e in others)

@@ -86,6 +86,7 @@ def lr_at(step, total_steps, train, cooldown=None):
 FORECAST_AT = (0.1, 0.25, 0.5)  # of the run's steps: an eval each, its forecast kept to the end
 WHAT_IF = (0.5, 2, 4)  # x the planned tokens, the schedule's shape kept: "26B or 100B?"
 MIN_POINTS = 8  # log intervals after warm-up before a fit of the law's 4 parameters
+MIN_FALL = 0.1  # of the peak LR, over the points fitted
 TOO_WIDE = 0.1  # a 95% interval wider than +-10% of the forecast is said as "not yet"
 MEMORY, MEMORY_FRACTION = 1000, 0.05
 GOLDEN = (1 + 5**0.5) / 2
@@ -188,6 +189,13 @@ def fit_run(path, train, end_step, cooldown=None):
         raise NotYet('no eval after warm-up yet')
     memory = max(1.0, min(MEMORY, MEMORY_FRACTION * end_step))
     s1, s2 = areas(end_step, train, memory, cooldown)
+    # C is measured only where the LR fell: a wsd run's stable phase leaves it to any value
+    fallen = 1 - np.diff(s1)[points[0][0] - 1 : points[-1][1]].min()  # the LRs over the peak
+    if fallen < MIN_FALL:
+        raise NotYet(
+            f"the LR has fallen {fallen:.0%} from its peak, {MIN_FALL:.0%} needed to "
+            "measure what its decay buys"
+        )
     ks = [np.arange(first - 1, last) for first, last, _ in points]
     y = np.array([loss for *_, loss in points])
     try:
@@ -234,9 +242,9 @@ def steps_for(train, tokens, micro_step_tokens):
 
 def forecast(path, train, end_step, micro_step_tokens, cooldown=None):
     """train.py's forecast at its latest eval: the run's end, and for a run that is not a cooldown
-    branch its length x WHAT_IF, a wsd run's cooldown started now and each of its planned
-    branches -> {'step', 'at', 'end_step', the run's end as estimate's, 'what_if': {'2x': ...},
-    'cooldown_now', 'branches': {tokens: ...}, 'not_yet' (why, when too wide)}; or only
+    branch its length x WHAT_IF and each branch its `cooldowns` plan (a wsd run: once its own
+    decay has begun, MIN_FALL) -> {'step', 'at', 'end_step', the run's end as estimate's,
+    'what_if': {'2x': ...}, 'branches': {tokens: ...}, 'not_yet' (why, when too wide)}; or only
     {'not_yet': why} when it cannot be fitted yet."""
     try:
         law = fit_run(path, train, end_step, cooldown)
@@ -260,10 +268,6 @@ def forecast(path, train, end_step, micro_step_tokens, cooldown=None):
         f'{times:g}x': branch(steps_for(train, times * train.train_tokens, micro_step_tokens))
         for times in WHAT_IF
     }
-    decay_start, _ = wsd_decay(end_step, train)
-    if train.schedule == 'wsd' and now < decay_start:  # a branch decaying over decay_frac of it
-        end = round(now / (1 - train.decay_frac))
-        result['cooldown_now'] = branch(end, (now, end - now))
     result['branches'] = {}
     for tokens in train.cooldowns:
         end = steps_for(train, tokens, micro_step_tokens)
