@@ -387,8 +387,9 @@ def loop(run):
                 due = set()
             if 'log' in due:
                 steps = run.stop_step if run.cooldown else run.total_steps
-                loss_mean = sum(loss for loss, _ in values) / len(values)  # the law's fit's
-                run.metrics.log_step(pending[-1], steps, tokens, loss, grad_norm, loss_mean)
+                # the mean loss of the steps read back now: the forecast's fit's point
+                mean = (sum(loss for loss, _ in values) / len(values), pending[0].step)
+                run.metrics.log_step(pending[-1], steps, tokens, loss, grad_norm, mean)
                 if run.raw_model.moe:  # MoE: each expert's load, its CV and the router biases
                     moe_stats = live_ledger.router_stats(run.raw_model)
                     run.metrics.record({'step': step, 'tokens': tokens, **moe_stats})

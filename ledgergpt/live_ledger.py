@@ -510,15 +510,15 @@ class Metrics:
         if self.trackers is not None:
             self.trackers.finish(self.out_dir)
 
-    def log_step(self, result, total_steps, tokens_seen, loss, grad_norm, loss_mean=None):
+    def log_step(self, result, total_steps, tokens_seen, loss, grad_norm, mean=(None, None)):
         tokens_per_s = self.interval_tokens / self.interval_seconds
         mfu, days, warmup = self.mfu(tokens_per_s), self.days(tokens_per_s), self.warmup
         peak, _ = peak_memory(self.cluster)
         bpb = sums.bits_per_byte(loss, self.bytes_per_token)
         step, lr = result.step, result.lr
         self.record(
-            dict(step=step, tokens=tokens_seen, loss=loss, loss_mean=loss_mean, bpb=bpb, lr=lr)
-            | dict(grad_norm=grad_norm)
+            dict(step=step, tokens=tokens_seen, loss=loss, bpb=bpb, lr=lr, grad_norm=grad_norm)
+            | dict(loss_mean=mean[0], mean_from=mean[1])  # over steps mean_from .. step
             | dict(batch_tokens=result.batch_tokens, tokens_per_s=tokens_per_s, mfu=mfu, days=days)
             | dict(peak_memory_bytes=peak, warmup=warmup)
         )

@@ -180,7 +180,7 @@ def fit_run(path, train, end_step, cooldown=None):
     points = []
     for before, step in zip([0, *steps], steps):
         mean = logs[step].get('loss_mean')  # None in older runs: the step's own loss then
-        first = step if mean is None else before + 1
+        first = step if mean is None else logs[step].get('mean_from') or before + 1
         if first > warmup:
             points.append((first, step, logs[step]['loss'] if mean is None else mean))
     if len(points) < MIN_POINTS:

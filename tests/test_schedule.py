@@ -215,6 +215,10 @@ def test_a_run_forecasts_at_its_evals_and_checks_them_at_the_end(
     log = capsys.readouterr().out
     assert 'step 15: no forecast of the final val loss yet: RuntimeError: injected' in log
     entries = [json.loads(line) for line in open(out / 'metrics.jsonl')]
+    # a log every step: each interval the step alone (its mean: the loss; from: itself)
+    assert all(
+        e['loss_mean'] == e['loss'] and e['mean_from'] == e['step'] for e in entries if 'loss' in e
+    )
     evals = [e['step'] for e in entries if 'val_loss' in e]
     made = {e['step']: e['forecast'] for e in entries if 'forecast' in e}
     # 25% and 50% of 60 steps (10% is the last warm-up step: no forecast), and every 20
