@@ -74,11 +74,17 @@ def main(argv):
 def forecast(run_dir, model, train):
     """The run's final val loss by the law fitted to its curve so far, and the same law under the
     config's schedule and length (another train_tokens, schedule or decay_frac)."""
-    from ledgergpt import bill, schedule
+    try:
+        from ledgergpt import bill, schedule  # the fit needs numpy
+    except ImportError as e:
+        raise ConfigError(f"--forecast needs {e.name}: pip install -r requirements.txt") from None
     from ledgergpt.config import TrainConfig, tokens_per_micro_step
     from ledgergpt.files import load_json
 
-    ran = load_json(os.path.join(run_dir, 'ledger.json'))  # what the run planned
+    planned = os.path.join(run_dir, 'ledger.json')  # what the run planned
+    if not os.path.isfile(planned):
+        raise ConfigError(f"no ledger.json in {run_dir}: --forecast takes a train.py run's out_dir")
+    ran = load_json(planned)
     ran_train = TrainConfig(**ran['train'])
     if ran_train.cooldown_from:
         raise ConfigError(f"{run_dir} is a cooldown branch: give its main run to --forecast")

@@ -221,13 +221,8 @@ def estimate(law, curve):
     sigma = math.sqrt(max(0.0, gradient @ law.covariance @ gradient) + law.gap_variance)
     loss = float(law_at(law.params, s1, s2)) + law.gap
     bpb = loss * law.bits_per_nat if law.bits_per_nat else None
-    return dict(
-        steps=len(curve[0]) - 1,
-        val_loss=loss,
-        low=loss - 1.96 * sigma,
-        high=loss + 1.96 * sigma,
-        val_bpb=bpb,
-    )
+    low, high = loss - 1.96 * sigma, loss + 1.96 * sigma
+    return dict(steps=len(curve[0]) - 1, val_loss=loss, low=low, high=high, val_bpb=bpb)
 
 
 def forecast_steps(train, total_steps, stop_step):

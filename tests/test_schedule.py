@@ -233,6 +233,11 @@ def test_a_run_forecasts_at_its_evals_and_checks_them_at_the_end(
     # loss.png's error bars
     drawn = [at for at, f in summary['forecasts'].items() if 'val_loss' in f]
     assert '50%' in drawn and [f[0] for f in plot.read_run(str(out))['forecasts']] == drawn
+    # a folder that is not a run: one line
+    assert ledger.main([config, f'--forecast={tmp_path}']) == 2
+    assert capsys.readouterr().err.strip() == (
+        f"error: no ledger.json in {tmp_path}: --forecast takes a train.py run's out_dir"
+    )
     # the ledger reads the same curve: at the run's end, and twice as long
     assert ledger.main([config, f'--forecast={out}', f'--train_tokens={120 * 256}']) == 0
     lines = capsys.readouterr().out.splitlines()
