@@ -156,7 +156,7 @@ class Run:
     objective: objectives.Objective = dataclasses.field(default_factory=lambda: objectives.CLM)
     cooldown: tuple = None  # (first step, steps) of the LR's decay when cooling down another run
     argv: list = dataclasses.field(default_factory=list)  # for the commands it prints
-    forecast_steps: frozenset = frozenset()  # evals for the loss forecast (schedule.forecast_steps)
+    forecast_steps: dict = dataclasses.field(default_factory=dict)  # {step: '25%'}: an eval each
 
 
 def build_run(model_cfg, train, cluster, dtype, stream, total_steps, stop_step, **fields):
@@ -239,9 +239,10 @@ def first_state(run, prediction, resume_from, end_step, force, locking):
     train, cluster = run.train, run.cluster
     built = live_ledger.params_built(run.raw_model, prediction, force, cluster)  # or it stops here
     bytes_per_token = run.meta.get('bytes_per_token') if run.meta else None
-    plan = (run.stop_step, run.micro_step_tokens, run.cooldown)  # for the loss forecast
+    # the loss forecast's: the run's schedule, and the steps whose forecasts summary.json keeps
+    plan = dict(plan=(run.stop_step, run.micro_step_tokens, run.cooldown), kept=run.forecast_steps)
     run.metrics = live_ledger.Metrics(
-        cluster, train, prediction, built, bool(resume_from), bytes_per_token, plan
+        cluster, train, prediction, built, bool(resume_from), bytes_per_token, **plan
     )
     live_ledger.measure_first_step(run, force)  # its FLOPs and model states, for report.md
     if cluster.is_master and locking:

@@ -432,10 +432,12 @@ class Metrics:
     first interval after a start or a rollback (compile, warm-up) is logged but left out of the
     run's figures in summary.json."""
 
-    def __init__(self, cluster, train, prediction, built, append, bytes_per_token=None, plan=None):
+    def __init__(
+        self, cluster, train, prediction, built, append, bytes_per_token=None, plan=None, kept=()
+    ):
         self.cluster, self.prediction, self.out_dir = cluster, prediction, train.out_dir
-        self.train, self.plan, self.forecasts = train, plan, {}  # plan: (stop step, micro-step
-        # tokens, cooldown) for schedule.forecast; forecasts: those made at FORECAST_AT
+        # plan: (stop step, micro-step tokens, cooldown) for schedule.forecast; kept: {step: '25%'}
+        self.train, self.plan, self.kept, self.forecasts = train, plan, kept, {}
         # meta.json's mean bytes per token: the train loss in bits per byte too (the val loss's
         # are exact: evaluate counts the bytes of the targets it scores)
         self.bytes_per_token = bytes_per_token
@@ -560,10 +562,9 @@ class Metrics:
             made = schedule.forecast(self.metrics_path, self.train, *self.plan)
         except Exception as e:  # noqa: BLE001 (whatever it is, the run goes on)
             made = {'not_yet': f'{type(e).__name__}: {e}'}
-        for at in schedule.FORECAST_AT:
-            if step == round(at * self.plan[0]):
-                made['kept'] = f'{at:.0%}'  # for summary.json, report.md and loss.png
-                self.forecasts[made['kept']] = made
+        if step in self.kept:  # for summary.json, report.md and loss.png
+            made['kept'] = self.kept[step]
+            self.forecasts[made['kept']] = made
         self.record({'step': step, 'tokens': tokens_seen, 'forecast': made})
         log(self.cluster, f"step {step}: {bill.forecast_line(made)}")
 

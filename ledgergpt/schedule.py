@@ -136,7 +136,8 @@ def law_at(params, s1, s2):
 
 def fit_law(ks, y, s1, s2):
     """The law's least squares to the mean losses y of intervals ks (updates done before each step's
-    loss) -> (L0, A, alpha, C), their covariance (Gauss-Newton's, as scipy's curve_fit gives it).
+    loss) -> (L0, A, alpha, C), their covariance (Gauss-Newton's, as scipy's curve_fit gives it),
+    the mean squared residual.
     Given alpha the law is linear in L0, A and C, solved exactly (variable projection): alpha is
     searched, on a grid and then by golden section (numpy only: scipy held 77 MB more)."""
     flat, counts = np.concatenate(ks), np.array([len(k) for k in ks])
@@ -163,7 +164,7 @@ def fit_law(ks, y, s1, s2):
         [np.ones_like(y), mean(power), -a * mean(power * np.log(s1[flat])), -mean(s2[flat])], 1
     )
     covariance = ssr / (len(y) - 4) * np.linalg.inv(jacobian.T @ jacobian)
-    return (l0, a, alpha, c), covariance
+    return (l0, a, alpha, c), covariance, ssr / len(y)
 
 
 def fit_run(path, train, end_step, cooldown=None):
@@ -199,13 +200,12 @@ def fit_run(path, train, end_step, cooldown=None):
     ks = [np.arange(first - 1, last) for first, last, _ in points]
     y = np.array([loss for *_, loss in points])
     try:
-        params, covariance = fit_law(ks, y, s1, s2)
+        params, covariance, mean_square = fit_law(ks, y, s1, s2)
     except np.linalg.LinAlgError as e:
         raise NotYet(f"the law did not fit ({e})") from None
     # the gap at the latest eval; how far it moved between evals, its uncertainty at the end
     gaps = [e['val_loss'] - law_at(params, s1[e['step']], s2[e['step']]) for e in evals]
-    residual = y - [law_at(params, s1[k], s2[k]).mean() for k in ks]
-    spread = np.std(gaps, ddof=1) if len(gaps) > 1 else np.sqrt(np.mean(residual**2))
+    spread = np.std(gaps, ddof=1) if len(gaps) > 1 else np.sqrt(mean_square)
     last = evals[-1]
     per_nat = last['val_bpb'] / last['val_loss'] if last.get('val_bpb') else None
     return Law(params, covariance, memory, float(gaps[-1]), spread**2, per_nat, last['step'])
@@ -226,9 +226,10 @@ def estimate(law, curve):
 
 
 def forecast_steps(train, total_steps, stop_step):
-    """The steps of FORECAST_AT of the run, past warm-up: an eval each, its forecast kept."""
+    """{step: '25%'} of FORECAST_AT of the run, past warm-up: an eval each, its forecast kept."""
     warmup = warmup_steps(total_steps, train)
-    return frozenset(s for at in FORECAST_AT if (s := round(at * stop_step)) > warmup)
+    steps = {round(at * stop_step): f'{at:.0%}' for at in FORECAST_AT}
+    return {step: at for step, at in steps.items() if step > warmup}
 
 
 def steps_for(train, tokens, micro_step_tokens):

@@ -136,7 +136,7 @@ def test_command_1_installs_what_its_report_shows():
 
 # --------------------------------------------------------------------------------------------------
 # The budget: every feature in at most these (nanoGPT is 1.2K lines, nanochat's whole stack 6.7K).
-# They hold what the code has reached (12,847 lines, 8,958 of code at 11c9847, from 16,274 and
+# They hold what the code has reached (12,850 lines, 8,959 of code, from 16,274 and
 # 11,900 at 1e8bcd6); the aim is 12,000 and 9,000.
 BUDGET = {'lines': 12_850, 'code lines': 8_960, 'files at the top level': 8}
 FUNCTION_LINES, COLUMNS = 60, 100
